@@ -1,0 +1,3 @@
+"""Tiffany: durable agent-task orchestration on a generator kernel."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,64 @@
+"""The Tiffany kernel: a single-threaded scheduler for generator tasks.
+
+Public API::
+
+    from tiffany.kernel import (Scheduler, GetTid, NewTask, WaitTask, KillTask,
+        ReadWait, WriteWait, Sleep, Now, Random, RunInThread, Event, Queue)
+
+See ``scheduler.py`` for the design and ARCHITECTURE.md for the contract.
+"""
+
+from tiffany.errors import TaskCancelled, TaskCrashed, TaskKilled, WaitTimeout
+from tiffany.kernel.calls import (
+    Coroutine,
+    GetTid,
+    KillTask,
+    NewTask,
+    Now,
+    Random,
+    ReadWait,
+    RunInThread,
+    Sleep,
+    SystemCall,
+    WaitTask,
+    WriteWait,
+)
+from tiffany.kernel.clock import Clock, ManualClock, MonotonicClock
+from tiffany.kernel.instrument import HOOKS, Instrument
+from tiffany.kernel.scheduler import PARKED, Handler, Scheduler
+from tiffany.kernel.sync import Event, Queue
+from tiffany.kernel.task import Task, TaskState
+from tiffany.kernel.watchdog import SlowDispatch, SlowDispatchWatchdog
+
+__all__ = [
+    "HOOKS",
+    "PARKED",
+    "Clock",
+    "Coroutine",
+    "Event",
+    "GetTid",
+    "Handler",
+    "Instrument",
+    "KillTask",
+    "ManualClock",
+    "MonotonicClock",
+    "NewTask",
+    "Now",
+    "Queue",
+    "Random",
+    "ReadWait",
+    "RunInThread",
+    "Scheduler",
+    "Sleep",
+    "SlowDispatch",
+    "SlowDispatchWatchdog",
+    "SystemCall",
+    "Task",
+    "TaskCancelled",
+    "TaskCrashed",
+    "TaskKilled",
+    "TaskState",
+    "WaitTask",
+    "WaitTimeout",
+    "WriteWait",
+]

@@ -1,0 +1,946 @@
+"""The scheduler: a single-threaded loop that runs generator-based tasks.
+
+This is the Tiffany kernel (Beazley's PyOS and curio lineage). Design
+principles, in the manner of curio's kernel header:
+
+* **Microkernel.** The loop runs tasks and handles system calls; nothing
+  else. The journal, the activity log and metrics attach as instruments
+  (``instrument.py``); the kernel imports none of them.
+* **Determinism.** A FIFO ready queue; each pass runs only the tasks that
+  were ready when it began (asyncio's ``_run_once``); task ids come from a
+  per-scheduler counter; time and randomness come from an injected clock and
+  a seeded generator, reached by tasks only through system calls. For the
+  same sequence of external events (I/O readiness, thread completions, timer
+  expiries) the dispatch order is the same.
+* **Task errors are task outcomes; kernel errors are fatal.** A task that
+  raises is recorded as crashed and its joiners are told; the loop goes on.
+  A misuse (yielding garbage) becomes an exception thrown into the task. An
+  exception escaping a handler is a kernel bug and stops the loop as
+  :class:`~tiffany.errors.KernelInternalError`.
+* **The loop never blocks** except in the selector, when nothing is ready.
+
+One loop iteration (see :meth:`Scheduler.run`):
+
+1. *dispatch*: run each task that was ready at the start of the pass until it
+   yields; handle what it yielded. Calls that complete at once resume the
+   same task (up to ``MAX_IMMEDIATE_RESUMES``); a bare ``yield`` requeues it.
+2. *commit*: the ``before_wait`` hook (the journal's group commit), then the
+   effects the pass requested (thread jobs) are released.
+3. *wait*: poll the selector (blocking only if nothing is ready) and fire due
+   timers; woken tasks join the ready queue for the next pass.
+
+Handlers are plain functions ``handler(sched, task, call)`` looked up by the
+call's exact type in a table built once. A handler returns the value to send
+into the task at once, or :data:`PARKED` when the task is parked or
+requeued; to raise in the task at once it sets ``task._throw`` and returns
+None.
+"""
+
+from __future__ import annotations
+
+import heapq
+import selectors
+import types
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any, Final
+
+import structlog
+
+from tiffany.errors import (
+    InstrumentFailure,
+    KernelError,
+    KernelInternalError,
+    SystemCallMisuse,
+    TaskCancelled,
+    TaskCrashed,
+    TaskKilled,
+    UnknownTask,
+    WaitTimeout,
+)
+from tiffany.kernel.calls import (
+    Coroutine,
+    GetTid,
+    KillTask,
+    NewTask,
+    Now,
+    Random,
+    ReadWait,
+    RunInThread,
+    Sleep,
+    SystemCall,
+    WaitTask,
+    WriteWait,
+)
+from tiffany.kernel.clock import Clock, MonotonicClock
+from tiffany.kernel.entropy import Entropy
+from tiffany.kernel.instrument import Instrument, InstrumentSet
+from tiffany.kernel.sync import EventWait, QueueGet, _bind
+from tiffany.kernel.task import Task, TaskState
+from tiffany.kernel.threads import ThreadPool
+
+__all__ = ["MAX_IMMEDIATE_RESUMES", "PARKED", "Handler", "Scheduler"]
+
+log = structlog.get_logger("tiffany.kernel")
+
+#: Consecutive immediate resumes of one task before it must requeue.
+MAX_IMMEDIATE_RESUMES: Final = 100
+#: The longest the selector blocks in one call, in seconds (asyncio's cap).
+MAX_SELECT_TIMEOUT_S: Final = 24 * 3600.0
+#: Compact the timer heap when more than this fraction of it is cancelled...
+TIMER_COMPACT_FRACTION: Final = 0.5
+#: ...and it holds at least this many entries.
+TIMER_COMPACT_MIN: Final = 100
+
+
+class _Parked:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "PARKED"
+
+
+#: What a handler returns when the task does not resume at once.
+PARKED: Final = _Parked()
+
+Handler = Callable[["Scheduler", Task, Any], Any]
+
+
+class _CloseTask(TaskCancelled):
+    """Marks a queued task whose second kill closes it instead of throwing."""
+
+
+_READY = TaskState.READY
+_RUNNING = TaskState.RUNNING
+_GENERATOR = types.GeneratorType
+
+
+class Scheduler:
+    """Runs tasks until none is left.
+
+    Args:
+        clock: Where time comes from (default: the real clock).
+        seed: Seed of the generator behind ``Random()``.
+        instruments: Observers to attach (see :class:`Instrument`).
+        max_threads: Size of the ``RunInThread`` pool.
+        handlers: Extra ``{call type: handler}`` entries (extensions such as
+            the durable layer's system calls).
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock | None = None,
+        seed: int = 0,
+        instruments: Iterable[Instrument] = (),
+        max_threads: int = 8,
+        handlers: dict[type[SystemCall], Handler] | None = None,
+    ) -> None:
+        self.clock: Clock = clock or MonotonicClock()
+        self.entropy = Entropy(seed)
+        self._ready: deque[Task] = deque()
+        self._tasks: dict[int, Task] = {}
+        self._next_id = 1
+        self._alive = 0
+        # Timers: a heap of (deadline, sequence, task); an entry is live only
+        # while it is the task's ``_timer`` (lazy cancellation).
+        self._timers: list[tuple[float, int, Task]] = []
+        self._timer_seq = 0
+        self._timers_cancelled = 0
+        self._selector: selectors.BaseSelector | None = None
+        self._io_waiting = 0
+        self._max_threads = max_threads
+        self._pool: ThreadPool | None = None
+        self._threads_pending = 0
+        self._outbox: list[tuple[Task, RunInThread]] = []
+        self._handlers: dict[type, Handler] = dict(_HANDLERS)
+        if handlers:
+            self._handlers.update(handlers)
+        self._instruments = InstrumentSet(self._instrument_failed)
+        self._hooks_dirty = True
+        self._fatal: BaseException | None = None
+        self._running = False
+        self._closed = False
+        #: How many turns (a task run until it parks or requeues) so far.
+        self.turns = 0
+        # Hooks the handlers call (the loop keeps its own locals).
+        self._on_block: Callable[[Task, SystemCall], None] | None = None
+        self._on_wake: Callable[[Task, Any], None] | None = None
+        self._on_spawn: Callable[[Task], None] | None = None
+        for inst in instruments:
+            self.add_instrument(inst)
+
+    # -- public API ----------------------------------------------------------
+
+    def spawn(self, coro: Coroutine, name: str | None = None, *, daemon: bool = False) -> int:
+        """Create a top-level task running ``coro``; return its id."""
+        return self._spawn(coro, name, None, daemon).id
+
+    def run(self) -> None:
+        """Run until no task is left (or none can ever run again).
+
+        Raises:
+            InstrumentFailure: A critical instrument (the journal) failed.
+            KernelInternalError: A bug in the kernel.
+        """
+        if self._running:
+            raise KernelError("the scheduler is already running")
+        if self._closed:
+            raise KernelError("the scheduler is closed")
+        self._running = True
+        try:
+            self._loop()
+        finally:
+            self._running = False
+
+    def wake(self, task: Task, value: Any = None) -> None:
+        """Make the parked ``task`` ready; ``value`` is what its yield returns.
+
+        For kernel primitives (``Queue.put``, ``Event.set``); callable from
+        task code running on this scheduler, never from another thread.
+        """
+        task._send = value
+        task.state = _READY
+        self._ready.append(task)
+        if self._on_wake is not None:
+            self._call_hook(self._on_wake, task, value)
+        task.blocked_on = None
+
+    def task(self, tid: int) -> Task:
+        """Return the task record for ``tid`` (alive or finished, not yet reaped)."""
+        try:
+            return self._tasks[tid]
+        except KeyError:
+            raise UnknownTask(f"no task {tid}", tid=tid) from None
+
+    def tasks(self) -> list[Task]:
+        """Return every task on record, in id order."""
+        return list(self._tasks.values())
+
+    def result(self, tid: int) -> Any:
+        """Return the result of finished task ``tid``, raising as ``WaitTask`` would."""
+        task = self.task(tid)
+        if not task.finished:
+            raise KernelError(f"task {tid} has not finished", tid=tid, state=task.state.value)
+        err = _join_error(task)
+        if err is not None:
+            raise err
+        return task.result
+
+    def forget(self, tid: int) -> None:
+        """Drop the record of finished top-level task ``tid``."""
+        task = self.task(tid)
+        if not task.finished:
+            raise KernelError(f"task {tid} is still alive", tid=tid)
+        del self._tasks[tid]
+
+    @property
+    def alive(self) -> int:
+        """How many tasks have not finished."""
+        return self._alive
+
+    def add_instrument(self, instrument: Instrument) -> None:
+        """Attach an observer (takes effect at the next dispatch)."""
+        self._instruments.add(instrument)
+        self._hooks_changed()
+
+    def remove_instrument(self, instrument: Instrument) -> None:
+        """Detach an observer."""
+        self._instruments.remove(instrument)
+        self._hooks_changed()
+
+    @property
+    def instruments(self) -> list[Instrument]:
+        """The attached instruments."""
+        return list(self._instruments.instruments)
+
+    def close(self) -> None:
+        """Release the selector and the thread pool. Alive tasks are closed."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in list(self._tasks.values()):
+            if not task.finished:
+                for gen in [task.coro, *reversed(task.stack or ())]:
+                    if gen is not None:
+                        try:
+                            gen.close()
+                        except Exception as exc:  # noqa: BLE001 - logged
+                            log.warning("kernel.close_failed", tid=task.id, error=repr(exc))
+        if self._pool is not None:
+            self._pool.close()
+        if self._selector is not None:
+            self._selector.close()
+
+    def __enter__(self) -> Scheduler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the loop ------------------------------------------------------------
+
+    def _loop(self) -> None:
+        ready = self._ready
+        popleft = ready.popleft
+        append = ready.append
+        handlers = self._handlers
+        before = after = None
+        wait_hooks = False
+        while True:
+            if self._hooks_dirty:
+                self._hooks_dirty = False
+                hooks = self._instruments.hooks
+                before = hooks["before_dispatch"]
+                after = hooks["after_dispatch"]
+                wait_hooks = hooks["before_wait"] is not None or hooks["after_wait"] is not None
+            ntodo = len(ready)
+            self.turns += ntodo
+            # -- stage 1: dispatch what was ready when the pass began --------
+            while ntodo:
+                ntodo -= 1
+                task = popleft()
+                task.state = _RUNNING
+                value = task._send
+                budget = MAX_IMMEDIATE_RESUMES
+                while True:
+                    if before is not None:
+                        self._call_hook(before, task)
+                        if self._fatal is not None:
+                            raise self._fatal
+                    coro = task.coro
+                    exc = task._throw
+                    if exc is not None and exc.__class__ is _CloseTask:
+                        task._throw = None
+                        self._close_for_good(task)
+                        break
+                    try:
+                        if exc is None:
+                            y = coro.send(value)  # type: ignore[union-attr]
+                        else:
+                            task._throw = None
+                            y = coro.throw(exc)  # type: ignore[union-attr]
+                    except StopIteration as stop:
+                        if after is not None:
+                            self._call_hook(after, task, None)
+                        if task.stack:
+                            task.coro = task.stack.pop()
+                            value = stop.value
+                            continue
+                        self._finish(task, stop.value)
+                        break
+                    except BaseException as err:
+                        if after is not None:
+                            self._call_hook(after, task, None)
+                        if task.stack:
+                            task.coro = task.stack.pop()
+                            task._throw = err
+                            value = None
+                            continue
+                        self._crash(task, err)
+                        if isinstance(err, KeyboardInterrupt | SystemExit):
+                            raise
+                        break
+                    if after is not None:
+                        self._call_hook(after, task, y)
+                        if self._fatal is not None:
+                            raise self._fatal
+                    if y is None:
+                        task._send = None
+                        task.state = _READY
+                        append(task)
+                        break
+                    handler = handlers.get(y.__class__)
+                    if handler is not None:
+                        try:
+                            value = handler(self, task, y)
+                        except Exception as exc:
+                            raise KernelInternalError(
+                                f"handler for {type(y).__name__} failed", tid=task.id
+                            ) from exc
+                        if value is PARKED:
+                            break
+                    elif y.__class__ is _GENERATOR:
+                        # Trampolining: call the nested coroutine.
+                        if task.stack is None:
+                            task.stack = [coro]  # type: ignore[list-item]
+                        else:
+                            task.stack.append(coro)  # type: ignore[arg-type]
+                        task.coro = y
+                        value = None
+                    elif task.stack:
+                        # PyOS-style result: a nested coroutine yielding a
+                        # plain value returns it to its caller (the seed's
+                        # ``yield client, addr`` in Accept).
+                        coro.close()  # type: ignore[union-attr]
+                        task.coro = task.stack.pop()
+                        value = y
+                    else:
+                        task._throw = SystemCallMisuse(
+                            f"task {task.id} ({task.name}) yielded {y!r}: expected a system "
+                            "call, a generator or None",
+                            tid=task.id,
+                            yielded=repr(y)[:200],
+                        )
+                        value = None
+                    budget -= 1
+                    if not budget:
+                        task._send = value
+                        task.state = _READY
+                        append(task)
+                        break
+            if self._fatal is not None:
+                raise self._fatal
+            # -- stages 2 and 3: commit, then wait for events ------------------
+            if (
+                wait_hooks
+                or self._timers
+                or self._io_waiting
+                or self._threads_pending
+                or self._outbox
+            ):
+                if not self._wait():
+                    break
+            elif not ready:
+                break
+        if self._alive:
+            log.info("kernel.stalled", blocked=self._alive)
+
+    def _wait(self) -> bool:
+        """Commit, release effects, poll for events and fire due timers.
+
+        Returns False when nothing is ready and nothing can ever wake a task.
+        """
+        hooks = self._instruments.hooks
+        clock = self.clock
+        timers = self._timers
+        if self._ready or self._outbox:
+            timeout: float | None = 0.0
+        elif timers:
+            timeout = min(max(0.0, timers[0][0] - clock.monotonic()), MAX_SELECT_TIMEOUT_S)
+            timeout = clock.wait_timeout(timeout)
+        elif self._io_waiting or self._threads_pending:
+            timeout = None
+        else:
+            timeout = -1.0  # nothing to wait for
+        if hooks["before_wait"] is not None:
+            self._call_hook(hooks["before_wait"], None if timeout == -1.0 else timeout)
+            if self._fatal is not None:
+                raise self._fatal
+        if timeout == -1.0:
+            return False
+        if self._outbox:
+            self._release_outbox()
+        woken = 0
+        if self._io_waiting or self._threads_pending:
+            woken += self._poll(timeout)
+        elif timeout:
+            self._sleep(timeout)
+        if timers:
+            now = clock.monotonic()
+            if timers[0][0] > now and not woken and not self._ready:
+                clock.idle(timers[0][0])
+                now = clock.monotonic()
+            woken += self._fire_timers(now)
+        if hooks["after_wait"] is not None:
+            self._call_hook(hooks["after_wait"], woken)
+            if self._fatal is not None:
+                raise self._fatal
+        return True
+
+    def _sleep(self, timeout: float) -> None:
+        sel = self._selector or self._make_selector()
+        sel.select(timeout)
+
+    def _make_selector(self) -> selectors.BaseSelector:
+        self._selector = selectors.DefaultSelector()
+        return self._selector
+
+    def _poll(self, timeout: float | None) -> int:
+        sel = self._selector or self._make_selector()
+        woken = 0
+        pool = self._pool
+        for key, mask in sel.select(timeout):
+            if pool is not None and key.fd == pool.fileno():
+                woken += self._thread_completions(pool)
+                continue
+            waiters: list[Task | None] = key.data
+            left = key.events
+            if mask & selectors.EVENT_READ and waiters[0] is not None:
+                task, waiters[0] = waiters[0], None
+                left &= ~selectors.EVENT_READ
+                self._io_waiting -= 1
+                self.wake(task)
+                woken += 1
+            if mask & selectors.EVENT_WRITE and waiters[1] is not None:
+                task, waiters[1] = waiters[1], None
+                left &= ~selectors.EVENT_WRITE
+                self._io_waiting -= 1
+                self.wake(task)
+                woken += 1
+            if left:
+                sel.modify(key.fd, left, waiters)
+            else:
+                sel.unregister(key.fd)
+        return woken
+
+    def _fire_timers(self, now: float) -> int:
+        timers = self._timers
+        woken = 0
+        while timers and timers[0][0] <= now:
+            entry = heapq.heappop(timers)
+            task = entry[2]
+            if task._timer is not entry:
+                self._timers_cancelled -= 1
+                continue
+            task._timer = None
+            woken += 1
+            if task.state is TaskState.BLOCKED_SLEEP:
+                self.wake(task, None)
+            else:  # a WaitTask timeout
+                call = task.blocked_on
+                assert isinstance(call, WaitTask)
+                target = self._tasks.get(call.tid)
+                if target is not None and target.joiners and task in target.joiners:
+                    target.joiners.remove(task)
+                task._throw = WaitTimeout(
+                    f"task {call.tid} did not finish within {call.timeout} s",
+                    tid=call.tid,
+                    timeout=call.timeout,
+                )
+                self.wake(task, None)
+        return woken
+
+    # -- task life -----------------------------------------------------------
+
+    def _spawn(self, coro: Coroutine, name: str | None, parent: Task | None, daemon: bool) -> Task:
+        if coro.__class__ is not _GENERATOR:
+            raise SystemCallMisuse(
+                f"a task must be a generator, got {coro!r}", got=repr(coro)[:200]
+            )
+        tid = self._next_id
+        self._next_id = tid + 1
+        task = Task(tid, coro, name, parent.id if parent is not None else None, daemon)
+        self._tasks[tid] = task
+        if parent is not None:
+            if parent.children is None:
+                parent.children = {}
+            parent.children[tid] = task
+        self._alive += 1
+        task.state = _READY
+        self._ready.append(task)
+        if self._on_spawn is not None:
+            self._call_hook(self._on_spawn, task)
+        return task
+
+    def _finish(self, task: Task, result: Any) -> None:
+        task.result = result
+        task.state = TaskState.DONE
+        self._ended(task)
+
+    def _crash(self, task: Task, err: BaseException) -> None:
+        task.error = err
+        if isinstance(err, TaskCancelled):
+            task.state = TaskState.CANCELLED
+        else:
+            task.state = TaskState.CRASHED
+            log.error(
+                "kernel.task_crashed",
+                tid=task.id,
+                name=task.name,
+                error=repr(err),
+                exc_info=(type(err), err, err.__traceback__),
+            )
+        self._ended(task)
+
+    def _ended(self, task: Task) -> None:
+        _ = task.name  # fix the name before the generator goes
+        task.coro = None
+        task.stack = None
+        task.blocked_on = None
+        self._alive -= 1
+        joiners = task.joiners
+        if joiners:
+            task.joiners = None
+            err = _join_error(task)
+            for waiter in joiners:
+                self._cancel_timer(waiter)
+                if err is not None:
+                    waiter._throw = err
+                self.wake(waiter, task.result if err is None else None)
+        hooks = self._instruments.hooks
+        hook = hooks["task_crashed"] if task.state is TaskState.CRASHED else hooks["task_exited"]
+        if hook is not None:
+            if task.state is TaskState.CRASHED:
+                self._call_hook(hook, task, task.error)
+            else:
+                self._call_hook(hook, task)
+        self._reap(task)
+
+    def _reap(self, task: Task) -> None:
+        """Drop records nobody can wait for any more (see ``NewTask``)."""
+        tasks = self._tasks
+        if task.children:
+            for child in task.children.values():
+                if child.finished:
+                    tasks.pop(child.id, None)
+            task.children = None
+        if task.parent is not None:
+            parent = tasks.get(task.parent)
+            if parent is None or parent.finished:
+                tasks.pop(task.id, None)
+            elif task.daemon:
+                tasks.pop(task.id, None)
+                if parent.children:
+                    parent.children.pop(task.id, None)
+        elif task.daemon:
+            tasks.pop(task.id, None)
+
+    def _kill(self, target: Task, caller: Task) -> None:
+        target.kills += 1
+        if target.kills > 1 and target is not caller:
+            if target.state is _READY:  # still in the ready queue: close it there
+                target._throw = _CloseTask()
+            else:
+                self._close_for_good(target)
+            return
+        exc = TaskCancelled(f"task {target.id} killed by task {caller.id}")
+        if target is caller or target.state is _READY:
+            target._throw = exc
+            return
+        self._unpark(target)
+        target._throw = exc
+        self.wake(target, None)
+
+    def _close_for_good(self, target: Task) -> None:
+        """The second kill: close the generators; ``finally`` blocks run now."""
+        if target.state.blocked:
+            self._unpark(target)
+        err: BaseException = TaskCancelled(f"task {target.id} killed twice: closed")
+        for gen in [target.coro, *reversed(target.stack or ())]:
+            if gen is None:
+                continue
+            try:
+                gen.close()
+            except Exception as exc:  # noqa: BLE001 - recorded as the task's error
+                err = exc
+        self._crash(target, err)
+
+    def _unpark(self, task: Task) -> None:
+        """Remove a blocked task from whatever it waits on."""
+        call = task.blocked_on
+        self._cancel_timer(task)
+        if isinstance(call, WaitTask):
+            target = self._tasks.get(call.tid)
+            if target is not None and target.joiners and task in target.joiners:
+                target.joiners.remove(task)
+        elif isinstance(call, ReadWait | WriteWait):
+            self._io_forget(task, call)
+        elif isinstance(call, QueueGet):
+            getters = call.queue._getters
+            if getters and task in getters:
+                getters.remove(task)
+        elif isinstance(call, EventWait):
+            waiters = call.event._waiters
+            if waiters and task in waiters:
+                waiters.remove(task)
+        elif isinstance(call, RunInThread):
+            pass  # the thread runs on; its completion finds the task gone
+        task.blocked_on = None
+
+    def park(self, task: Task, call: SystemCall, state: TaskState) -> Any:
+        """Mark ``task`` blocked on ``call``; return :data:`PARKED` (for handlers)."""
+        task.state = state
+        task.blocked_on = call
+        if self._on_block is not None:
+            self._call_hook(self._on_block, task, call)
+        return PARKED
+
+    # -- timers, I/O, threads ------------------------------------------------
+
+    def _add_timer(self, task: Task, deadline: float) -> None:
+        self._timer_seq += 1
+        entry = (deadline, self._timer_seq, task)
+        task._timer = entry
+        heapq.heappush(self._timers, entry)
+
+    def _cancel_timer(self, task: Task) -> None:
+        if task._timer is not None:
+            task._timer = None
+            self._timers_cancelled += 1
+            n = len(self._timers)
+            if n >= TIMER_COMPACT_MIN and self._timers_cancelled > n * TIMER_COMPACT_FRACTION:
+                self._timers = [e for e in self._timers if e[2]._timer is e]
+                heapq.heapify(self._timers)
+                self._timers_cancelled = 0
+
+    def _io_wait(self, task: Task, fd: int, event: int, call: SystemCall) -> Any:
+        sel = self._selector or self._make_selector()
+        slot = 0 if event == selectors.EVENT_READ else 1
+        try:
+            key = sel.get_key(fd)
+        except KeyError:
+            waiters: list[Task | None] = [None, None]
+            waiters[slot] = task
+            try:
+                sel.register(fd, event, waiters)
+            except (OSError, ValueError) as exc:
+                task._throw = exc
+                return None
+        else:
+            waiters = key.data
+            other = waiters[slot]
+            if other is not None:
+                task._throw = KernelError(
+                    f"fd {fd} is already waited on by task {other.id}", fd=fd, tid=other.id
+                )
+                return None
+            waiters[slot] = task
+            sel.modify(fd, key.events | event, waiters)
+        self._io_waiting += 1
+        return self.park(task, call, TaskState.BLOCKED_IO)
+
+    def _io_forget(self, task: Task, call: ReadWait | WriteWait) -> None:
+        sel = self._selector
+        if sel is None:
+            return
+        try:
+            key = sel.get_key(call.fd)
+        except KeyError:
+            return
+        waiters = key.data
+        slot = 0 if isinstance(call, ReadWait) else 1
+        if waiters[slot] is task:
+            waiters[slot] = None
+            self._io_waiting -= 1
+            left = key.events & ~(selectors.EVENT_READ if slot == 0 else selectors.EVENT_WRITE)
+            try:
+                if left:
+                    sel.modify(call.fd, left, waiters)
+                else:
+                    sel.unregister(call.fd)
+            except (OSError, ValueError, KeyError):
+                pass  # the descriptor was closed under us; epoll dropped it already
+
+    def _release_outbox(self) -> None:
+        pool = self._pool
+        if pool is None:
+            pool = self._pool = ThreadPool(self._max_threads)
+            sel = self._selector or self._make_selector()
+            sel.register(pool.fileno(), selectors.EVENT_READ, None)
+        outbox, self._outbox = self._outbox, []
+        for task, call in outbox:
+            if task.blocked_on is call:
+                pool.submit((task, call), call.fn, call.args)
+            else:  # killed before it started
+                self._threads_pending -= 1
+
+    def _thread_completions(self, pool: ThreadPool) -> int:
+        woken = 0
+        for (task, call), value, exc in pool.drain():
+            self._threads_pending -= 1
+            if task.blocked_on is not call:
+                continue  # the task was killed meanwhile
+            if exc is not None:
+                task._throw = exc
+                value = None
+            self.wake(task, value)
+            woken += 1
+        return woken
+
+    # -- instruments ---------------------------------------------------------
+
+    def _hooks_changed(self) -> None:
+        hooks = self._instruments.hooks
+        self._on_block = hooks["task_blocked"]
+        self._on_wake = hooks["task_woken"]
+        self._on_spawn = hooks["task_spawned"]
+        self._hooks_dirty = True
+
+    def _call_hook(self, hook: Callable[..., None], *args: Any) -> None:
+        try:
+            hook(*args)
+        except Exception as exc:
+            owner = self._instruments.owner(hook)
+            if owner is not None:
+                self._instrument_failed(owner, getattr(hook, "__name__", "?"), exc)
+            else:  # a fan-out reports per instrument; anything else is ours
+                raise KernelInternalError("instrument fan-out failed") from exc
+
+    def _instrument_failed(self, inst: Instrument, hook: str, exc: BaseException) -> None:
+        if inst.critical:
+            log.error(
+                "kernel.instrument_failed",
+                instrument=repr(inst),
+                hook=hook,
+                error=repr(exc),
+                fatal=True,
+            )
+            if self._fatal is None:
+                fatal = InstrumentFailure(
+                    f"critical instrument {inst!r} failed in {hook}: {exc!r}", hook=hook
+                )
+                fatal.__cause__ = exc
+                self._fatal = fatal
+        else:
+            log.error(
+                "kernel.instrument_disabled",
+                instrument=repr(inst),
+                hook=hook,
+                error=repr(exc),
+                exc_info=(type(exc), exc, exc.__traceback__),
+            )
+        self._instruments.remove(inst)
+        self._hooks_changed()
+
+
+def _join_error(task: Task) -> BaseException | None:
+    """What ``WaitTask`` raises for a finished ``task`` (None when it returned)."""
+    if task.state is TaskState.CRASHED:
+        err: BaseException = TaskCrashed(
+            f"task {task.id} ({task.name}) crashed: {task.error!r}", tid=task.id, name=task.name
+        )
+        err.__cause__ = task.error
+        return err
+    if task.state is TaskState.CANCELLED:
+        err = TaskKilled(f"task {task.id} ({task.name}) was killed", tid=task.id, name=task.name)
+        err.__cause__ = task.error
+        return err
+    return None
+
+
+# -- handlers ----------------------------------------------------------------
+
+
+def _h_get_tid(sched: Scheduler, task: Task, call: GetTid) -> Any:
+    return task.id
+
+
+def _h_new_task(sched: Scheduler, task: Task, call: NewTask) -> Any:
+    try:
+        return sched._spawn(call.coro, call.name, task, call.daemon).id
+    except SystemCallMisuse as exc:
+        task._throw = exc
+        return None
+
+
+def _h_wait_task(sched: Scheduler, task: Task, call: WaitTask) -> Any:
+    target = sched._tasks.get(call.tid)
+    if target is None:
+        task._throw = UnknownTask(f"no task {call.tid} to wait for", tid=call.tid)
+        return None
+    if target is task:
+        task._throw = KernelError(f"task {task.id} cannot wait for itself", tid=task.id)
+        return None
+    if target.finished:
+        err = _join_error(target)
+        if err is not None:
+            task._throw = err
+        return target.result if err is None else None
+    if call.timeout is not None:
+        if call.timeout <= 0:
+            task._throw = WaitTimeout(
+                f"task {call.tid} has not finished", tid=call.tid, timeout=call.timeout
+            )
+            return None
+        sched._add_timer(task, sched.clock.monotonic() + call.timeout)
+    if target.joiners is None:
+        target.joiners = [task]
+    else:
+        target.joiners.append(task)
+    return sched.park(task, call, TaskState.BLOCKED_JOIN)
+
+
+def _h_kill_task(sched: Scheduler, task: Task, call: KillTask) -> Any:
+    target = sched._tasks.get(call.tid)
+    if target is None or target.finished:
+        return False
+    sched._kill(target, task)
+    return True
+
+
+def _h_sleep(sched: Scheduler, task: Task, call: Sleep) -> Any:
+    if call.seconds <= 0:
+        task._send = None
+        task.state = _READY
+        sched._ready.append(task)
+        return PARKED
+    sched._add_timer(task, sched.clock.monotonic() + call.seconds)
+    return sched.park(task, call, TaskState.BLOCKED_SLEEP)
+
+
+def _h_read_wait(sched: Scheduler, task: Task, call: ReadWait) -> Any:
+    return sched._io_wait(task, call.fd, selectors.EVENT_READ, call)
+
+
+def _h_write_wait(sched: Scheduler, task: Task, call: WriteWait) -> Any:
+    return sched._io_wait(task, call.fd, selectors.EVENT_WRITE, call)
+
+
+def _h_now(sched: Scheduler, task: Task, call: Now) -> Any:
+    return sched.clock.time()
+
+
+def _h_random(sched: Scheduler, task: Task, call: Random) -> Any:
+    return sched.entropy.random()
+
+
+def _h_run_in_thread(sched: Scheduler, task: Task, call: RunInThread) -> Any:
+    sched._outbox.append((task, call))
+    sched._threads_pending += 1
+    return sched.park(task, call, TaskState.BLOCKED_THREAD)
+
+
+def _h_queue_get(sched: Scheduler, task: Task, call: QueueGet) -> Any:
+    q = call.queue
+    items = q._items
+    if items:
+        return items.popleft()
+    if q._sched is not sched:
+        try:
+            _bind(q, sched)
+        except KernelError as exc:
+            task._throw = exc
+            return None
+    if q._getters is None:
+        q._getters = [task]
+    else:
+        q._getters.append(task)
+    task.state = TaskState.BLOCKED_SYNC
+    task.blocked_on = call
+    if sched._on_block is not None:
+        sched._call_hook(sched._on_block, task, call)
+    return PARKED
+
+
+def _h_event_wait(sched: Scheduler, task: Task, call: EventWait) -> Any:
+    ev = call.event
+    if ev._set:
+        return True
+    if ev._sched is not sched:
+        try:
+            _bind(ev, sched)
+        except KernelError as exc:
+            task._throw = exc
+            return None
+    if ev._waiters is None:
+        ev._waiters = [task]
+    else:
+        ev._waiters.append(task)
+    return sched.park(task, call, TaskState.BLOCKED_SYNC)
+
+
+_HANDLERS: dict[type, Handler] = {
+    GetTid: _h_get_tid,
+    NewTask: _h_new_task,
+    WaitTask: _h_wait_task,
+    KillTask: _h_kill_task,
+    Sleep: _h_sleep,
+    ReadWait: _h_read_wait,
+    WriteWait: _h_write_wait,
+    Now: _h_now,
+    Random: _h_random,
+    RunInThread: _h_run_in_thread,
+    QueueGet: _h_queue_get,
+    EventWait: _h_event_wait,
+}

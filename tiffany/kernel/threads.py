@@ -1,0 +1,120 @@
+"""The thread pool behind ``RunInThread``.
+
+Blocking libraries run here so the scheduler thread never blocks. Workers
+take jobs from a ``SimpleQueue``, append their outcome to a deque and bump an
+eventfd (a self-pipe where there is no eventfd) that the scheduler watches
+in its selector: a completion wakes the loop without polling.
+
+Invariants: the scheduler is the only consumer of completions (``drain``);
+outcomes come back in completion order, which is external nondeterminism
+the journal records. Workers are daemon threads started on demand up to
+``max_workers``; ``close`` stops them.
+
+Rejected: ``concurrent.futures.ThreadPoolExecutor`` costs a Future, a lock
+and a callback per job and its shutdown joins at interpreter exit; the
+dozen lines here do what the loop needs.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections import deque
+from typing import Any
+
+__all__ = ["Completion", "ThreadPool"]
+
+#: (job token, result, exception): exactly one of result/exception is meaningful.
+Completion = tuple[Any, Any, BaseException | None]
+
+
+class ThreadPool:
+    """A small pool of worker threads that report back through a descriptor.
+
+    Args:
+        max_workers: The most threads to start.
+    """
+
+    def __init__(self, max_workers: int = 8) -> None:
+        if max_workers < 1:
+            raise ValueError("max_workers must be >= 1")
+        self.max_workers = max_workers
+        self._jobs: queue.SimpleQueue[tuple[Any, Any, tuple[Any, ...]] | None] = queue.SimpleQueue()
+        self._done: deque[Completion] = deque()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0
+        self._closed = False
+        if hasattr(os, "eventfd"):
+            self._rfd = self._wfd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        else:  # pragma: no cover - non-Linux fallback
+            self._rfd, self._wfd = os.pipe()
+            os.set_blocking(self._rfd, False)
+
+    def fileno(self) -> int:
+        """Return the descriptor that becomes readable when a job completes."""
+        return self._rfd
+
+    def submit(self, token: Any, fn: Any, args: tuple[Any, ...]) -> None:
+        """Run ``fn(*args)`` on a worker; its outcome comes back with ``token``."""
+        if self._closed:
+            raise RuntimeError("thread pool is closed")
+        if self._idle == 0 and len(self._threads) < self.max_workers:
+            t = threading.Thread(
+                target=self._work, name=f"tiffany-pool-{len(self._threads)}", daemon=True
+            )
+            self._threads.append(t)
+            t.start()
+        self._jobs.put((token, fn, args))
+
+    def drain(self) -> list[Completion]:
+        """Return the completions that arrived, oldest first (scheduler only)."""
+        try:
+            if self._rfd == self._wfd:
+                os.eventfd_read(self._rfd)
+            else:  # pragma: no cover
+                os.read(self._rfd, 4096)
+        except BlockingIOError:
+            pass
+        done = self._done
+        out = []
+        while done:
+            out.append(done.popleft())
+        return out
+
+    def close(self) -> None:
+        """Stop the workers (running jobs finish first) and close the descriptor."""
+        if self._closed:
+            return
+        self._closed = True
+        for _ in self._threads:
+            self._jobs.put(None)
+        for t in self._threads:
+            t.join(timeout=1.0)
+        os.close(self._rfd)
+        if self._wfd != self._rfd:  # pragma: no cover
+            os.close(self._wfd)
+
+    def _work(self) -> None:
+        jobs, done, wfd = self._jobs, self._done, self._wfd
+        eventfd = self._rfd == self._wfd
+        while True:
+            self._idle += 1
+            job = jobs.get()
+            self._idle -= 1
+            if job is None:
+                return
+            token, fn, args = job
+            try:
+                outcome: Completion = (token, fn(*args), None)
+            except BaseException as exc:  # noqa: BLE001 - delivered to the task
+                outcome = (token, None, exc)
+            done.append(outcome)
+            del job, token, fn, args, outcome
+            try:
+                if eventfd:
+                    os.eventfd_write(wfd, 1)
+                else:  # pragma: no cover
+                    os.write(wfd, b"\0")
+            except OSError:  # closed during shutdown
+                return
