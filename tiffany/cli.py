@@ -1,0 +1,164 @@
+"""The ``tiffany`` command line.
+
+The CLI is an entry point: it builds :class:`~tiffany.config.Settings` once
+(from ``TIFFANY_*`` variables and the global options), configures logging, and
+passes the settings down. It sits at the top of the layer table and may import
+anything, but it imports heavy layers (kernel, engine, API) lazily, inside the
+command that needs them, so ``tiffany version`` stays fast.
+
+Commands that exist:
+
+* ``tiffany demo``: run the kernel demo (:mod:`tiffany.demo`).
+* ``tiffany config``: print the effective settings, secrets masked.
+* ``tiffany version``: print the version.
+
+Commands to come, each added together with its implementation (see
+ARCHITECTURE.md; nothing is stubbed here): ``serve`` (engine + API processes),
+``run PLAN`` (in-process engine with a live view), ``replay RUN_ID
+[--verify]``, ``wal dump|verify|repair``, ``db upgrade|rebuild``, and ``plan``
+(validate a plan file). Command groups are ``typer.Typer()`` sub-apps added
+with ``app.add_typer(wal_app, name="wal")``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+import tiffany
+
+if TYPE_CHECKING:
+    from tiffany.config import Settings
+
+app = typer.Typer(
+    name="tiffany",
+    help="Tiffany: durable agent-task orchestration on a generator kernel.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+#: Exit status for bad configuration or usage (as click uses for usage errors).
+EXIT_USAGE = 2
+
+
+@dataclass
+class _Options:
+    """Global options, turned into :class:`Settings` by :func:`_settings`."""
+
+    data_dir: Path | None = None
+    log_format: str | None = None
+    log_level: str | None = None
+    settings: Settings | None = None
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"tiffany {tiffany.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--data-dir",
+            help="Data directory (WAL, SQLite store). [env: TIFFANY_DATA_DIR]",
+            show_default=False,
+        ),
+    ] = None,
+    log_format: Annotated[
+        str | None,
+        typer.Option(
+            "--log-format",
+            help="auto, console or json. [env: TIFFANY_LOG_FORMAT]",
+            show_default=False,
+        ),
+    ] = None,
+    log_level: Annotated[
+        str | None,
+        typer.Option(
+            "--log-level",
+            help="debug, info, warning, error. [env: TIFFANY_LOG_LEVEL]",
+            show_default=False,
+        ),
+    ] = None,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_version_callback,
+            is_eager=True,
+            help="Print the version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Tiffany: durable agent-task orchestration on a generator kernel."""
+    ctx.obj = _Options(data_dir=data_dir, log_format=log_format, log_level=log_level)
+
+
+def _settings(ctx: typer.Context) -> Settings:
+    """Build the settings once per invocation and configure logging.
+
+    Commands that need configuration call this; commands that do not
+    (``version``) never read the environment, so a bad variable cannot break
+    them.
+    """
+    from pydantic import ValidationError
+
+    from tiffany.config import Settings
+    from tiffany.log import configure_logging
+
+    options = ctx.find_object(_Options) or _Options()
+    if options.settings is None:
+        overrides: dict[str, Any] = {
+            name: value
+            for name, value in (
+                ("data_dir", options.data_dir),
+                ("log_format", options.log_format),
+                ("log_level", options.log_level),
+            )
+            if value is not None
+        }
+        try:
+            options.settings = Settings(**overrides)
+        except ValidationError as exc:
+            typer.echo(f"tiffany: invalid configuration:\n{exc}", err=True)
+            raise typer.Exit(EXIT_USAGE) from None
+        configure_logging(options.settings)
+    return options.settings
+
+
+@app.command()
+def version() -> None:
+    """Print the version of Tiffany and of the Python running it."""
+    py = ".".join(str(part) for part in sys.version_info[:3])
+    typer.echo(f"tiffany {tiffany.__version__} (Python {py})")
+
+
+@app.command("config")
+def show_config(ctx: typer.Context) -> None:
+    """Print the effective settings as JSON (API token and passwords masked)."""
+    settings = _settings(ctx)
+    typer.echo(json.dumps(settings.public_dict(), indent=2))
+
+
+@app.command()
+def demo(ctx: typer.Context) -> None:
+    """Run the kernel demo: a few tasks sleeping, spawning and joining."""
+    _settings(ctx)
+    from tiffany.demo import main as demo_main
+
+    raise typer.Exit(demo_main())
+
+
+def main() -> None:
+    """Run the ``tiffany`` command line (the console-script entry point)."""
+    app(prog_name="tiffany")

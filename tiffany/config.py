@@ -1,0 +1,170 @@
+"""Tiffany's settings, read from ``TIFFANY_*`` environment variables.
+
+A :class:`Settings` object is built once, at an entry point (a CLI command,
+``create_app(settings)`` in tests), and passed down to whatever needs it. There
+is deliberately no module-level instance: an import-time ``settings =
+Settings()`` freezes the environment at import and stops tests from injecting
+their own configuration.
+
+Examples:
+    >>> s = Settings(data_dir="/srv/tiffany", _env_file=None)
+    >>> s.database_url
+    'sqlite:////srv/tiffany/tiffany.db'
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+ENV_PREFIX = "TIFFANY_"
+
+#: File name of the embedded SQLite store inside the data dir.
+SQLITE_FILE_NAME = "tiffany.db"
+
+#: Tools a server runs unless its operator says otherwise. ``shell`` is off by
+#: default (ARCHITECTURE.md, "Plans"): it has to be enabled on purpose.
+DEFAULT_ENABLED_TOOLS: tuple[str, ...] = (
+    "file.read",
+    "file.write",
+    "http",
+    "llm",
+    "python",
+    "sleep",
+)
+
+LogFormat = Literal["auto", "console", "json"]
+WalFsync = Literal["always", "batch", "off"]
+
+_LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+
+
+class Settings(BaseSettings):
+    """Configuration of a Tiffany process.
+
+    Every field can be set from the environment as ``TIFFANY_<FIELD>`` (for
+    example ``TIFFANY_DATA_DIR``), or passed as a keyword argument, which wins.
+
+    Attributes:
+        data_dir: Directory of the WAL, the embedded SQLite store and run
+            workspaces. Made absolute at construction.
+        database_url: SQLAlchemy URL of the store. Empty or unset means the
+            embedded SQLite file ``<data_dir>/tiffany.db``; after construction
+            it is always a non-empty URL.
+        api_token: When set, every HTTP route but ``/healthz`` requires
+            ``Authorization: Bearer <token>``.
+        host: Address the API binds to.
+        port: TCP port the API binds to (0 picks a free one).
+        log_format: ``console`` (human), ``json`` (one object a line), or
+            ``auto``: console on a terminal, JSON otherwise.
+        log_level: Minimum level of log records, a :mod:`logging` level name.
+        wal_fsync: WAL durability policy: ``always`` (fsync every record),
+            ``batch`` (one fsync per loop iteration, group commit) or ``off``.
+        slow_dispatch_threshold_s: A task step slower than this many seconds is
+            reported by the watchdog.
+        enabled_tools: Names of the tools this server may run. From the
+            environment: a comma-separated list (``shell,http``) or a JSON list.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_file=None,
+        extra="ignore",
+        validate_default=True,
+    )
+
+    data_dir: Path = Path(".tiffany")
+    database_url: str = ""
+    api_token: SecretStr | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    log_format: LogFormat = "auto"
+    log_level: str = "INFO"
+    wal_fsync: WalFsync = "batch"
+    slow_dispatch_threshold_s: float = Field(default=0.1, gt=0)
+    enabled_tools: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: list(DEFAULT_ENABLED_TOOLS)
+    )
+
+    @field_validator("data_dir", mode="after")
+    @classmethod
+    def _absolute_data_dir(cls, value: Path) -> Path:
+        return value.expanduser().absolute()
+
+    @field_validator("database_url", mode="before")
+    @classmethod
+    def _none_is_empty(cls, value: Any) -> Any:
+        return "" if value is None else value
+
+    @field_validator("api_token", mode="before")
+    @classmethod
+    def _empty_token_is_none(cls, value: Any) -> Any:
+        # docker-compose's ``${TIFFANY_API_TOKEN:-}`` yields an empty string:
+        # that means "no token", not "the empty token".
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _known_log_level(cls, value: Any) -> Any:
+        if isinstance(value, int):
+            value = logging.getLevelName(value)
+        if isinstance(value, str):
+            value = value.strip().upper()
+            if value not in _LOG_LEVELS:
+                choices = ", ".join(_LOG_LEVELS)
+                raise ValueError(f"unknown log level {value!r}; use one of {choices}")
+        return value
+
+    @field_validator("enabled_tools", mode="before")
+    @classmethod
+    def _split_tools(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                import json
+
+                return json.loads(text)
+            return [name.strip() for name in text.split(",") if name.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _derive_database_url(self) -> Settings:
+        if not self.database_url.strip():
+            path = self.data_dir / SQLITE_FILE_NAME
+            self.database_url = f"sqlite:///{path}"
+        return self
+
+    @property
+    def log_level_number(self) -> int:
+        """The :mod:`logging` level number of :attr:`log_level`."""
+        level: int = logging.getLevelNamesMapping()[self.log_level]
+        return level
+
+    def public_dict(self) -> dict[str, Any]:
+        """Return the settings as JSON-able data with secrets masked.
+
+        Passwords inside ``database_url`` are masked too, so the result can be
+        logged or printed.
+        """
+        data = self.model_dump(mode="json")
+        data["api_token"] = "**********" if self.api_token is not None else None
+        data["database_url"] = _mask_url_password(self.database_url)
+        return data
+
+
+def _mask_url_password(url: str) -> str:
+    """Hide the password of a URL such as ``postgresql://user:pw@host/db``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    credentials, _, location = rest.rpartition("@")
+    if ":" not in credentials:
+        return url
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{location}"

@@ -1,0 +1,149 @@
+"""Logging setup: one :func:`configure_logging` for the whole process.
+
+Follows the structlog documentation's "standard library" recipe: structlog
+loggers and foreign stdlib loggers (uvicorn, SQLAlchemy, Alembic) share one
+processor chain and one renderer, so every line looks the same:
+
+* shared processors: ``merge_contextvars`` (per-task context bound with
+  ``structlog.contextvars.bind_contextvars``), logger name, level, and an ISO
+  UTC timestamp;
+* renderer: ``ConsoleRenderer`` on a terminal, otherwise ``dict_tracebacks`` and
+  ``JSONRenderer`` (one JSON object a line);
+* output: one stdlib handler on the root logger writing to stderr, so that
+  standard output stays free for command output (``tiffany version``, dumps).
+
+Logs are best effort. They are not the PAL (observable product events) nor the
+WAL (the durability contract): never rely on a log line for either.
+
+Discussion:
+    ``cache_logger_on_first_use`` is off. Caching saves a dictionary lookup per
+    log call, but a cached logger ignores later reconfiguration, which breaks
+    ``structlog.testing.capture_logs()`` in tests. Hot paths (the kernel loop)
+    must not log per iteration anyway; they report through instruments.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import TYPE_CHECKING, TextIO
+
+import structlog
+
+if TYPE_CHECKING:
+    from tiffany.config import LogFormat, Settings
+
+#: Stdlib loggers that install handlers of their own; we strip those and let
+#: records propagate to the root handler so they are rendered like ours.
+#: (uvicorn must also be started with ``log_config=None``.)
+FOREIGN_LOGGERS: tuple[str, ...] = (
+    "uvicorn",
+    "uvicorn.error",
+    "uvicorn.access",
+    "sqlalchemy",
+    "alembic",
+)
+
+_HANDLER_NAME = "tiffany"
+
+
+def shared_processors() -> list[structlog.types.Processor]:
+    """Return the processors run on every record, structlog's and stdlib's."""
+    return [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_logger_name,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.ExtraAdder(),
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+
+
+def configure_logging(
+    settings: Settings | None = None,
+    *,
+    log_format: LogFormat | None = None,
+    log_level: str | int | None = None,
+    stream: TextIO | None = None,
+) -> None:
+    """Configure structlog and stdlib logging for this process.
+
+    Call it once at an entry point. Calling it again replaces the previous
+    configuration (no handler is added twice), so it is idempotent.
+
+    Args:
+        settings: Source of ``log_format`` and ``log_level``; explicit keyword
+            arguments override it. Without either, ``auto`` and ``INFO``.
+        log_format: ``console``, ``json`` or ``auto`` (console when ``stream``
+            is a terminal).
+        log_level: Minimum level, as a name (``"debug"``) or a number.
+        stream: Where lines go; standard error by default.
+    """
+    fmt: LogFormat = log_format or (settings.log_format if settings else "auto")
+    level = _level_number(
+        log_level if log_level is not None else (settings.log_level if settings else "INFO")
+    )
+    out = stream if stream is not None else sys.stderr
+
+    if fmt == "auto":
+        fmt = "console" if _isatty(out) else "json"
+    renderers: list[structlog.types.Processor]
+    if fmt == "console":
+        renderers = [structlog.dev.ConsoleRenderer(colors=_isatty(out))]
+    else:
+        renderers = [
+            structlog.processors.dict_tracebacks,
+            structlog.processors.JSONRenderer(),
+        ]
+
+    shared = shared_processors()
+    structlog.configure(
+        processors=[
+            structlog.stdlib.filter_by_level,
+            *shared,
+            structlog.stdlib.PositionalArgumentsFormatter(),
+            structlog.processors.StackInfoRenderer(),
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
+
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=shared,
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            *renderers,
+        ],
+    )
+    handler = logging.StreamHandler(out)
+    handler.set_name(_HANDLER_NAME)
+    handler.setFormatter(formatter)
+
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if h.get_name() == _HANDLER_NAME]:
+        root.removeHandler(old)
+        old.close()
+    root.addHandler(handler)
+    root.setLevel(level)
+
+    for name in FOREIGN_LOGGERS:
+        foreign = logging.getLogger(name)
+        foreign.handlers.clear()
+        foreign.propagate = True
+
+    logging.captureWarnings(True)
+
+
+def _level_number(level: str | int) -> int:
+    if isinstance(level, int):
+        return level
+    number = logging.getLevelNamesMapping().get(level.strip().upper())
+    if number is None:
+        raise ValueError(f"unknown log level {level!r}")
+    return number
+
+
+def _isatty(stream: TextIO) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
