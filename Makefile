@@ -1,0 +1,64 @@
+# Tiffany developer entry points. On a fresh machine with Python >= 3.11:
+#
+#   make run     create .venv if needed, install, run the main job
+#   make test    the same setup, then the test suite
+#
+# The install is recorded in a stamp file inside .venv that depends on
+# pyproject.toml, so a second `make test` does not touch pip at all.
+
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+
+# First interpreter on PATH that is Python >= 3.11 (override: make PYTHON=...).
+PYTHON ?= $(shell for p in python3 python3.13 python3.12 python3.11; do \
+	command -v $$p >/dev/null 2>&1 && \
+	$$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && \
+	{ echo $$p; break; }; done)
+
+VENV := .venv
+BIN := $(VENV)/bin
+DEV_STAMP := $(VENV)/.tiffany-dev.stamp
+BENCH_STAMP := $(VENV)/.tiffany-bench.stamp
+PIP_INSTALL := $(BIN)/python -m pip install --disable-pip-version-check -q
+PYTEST_ARGS ?=
+
+.PHONY: help install run test lint bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | \
+		awk 'BEGIN {FS = ":.*## "}; {printf "  make %-8s %s\n", $$1, $$2}'
+
+$(BIN)/python:
+	@if [ -z "$(PYTHON)" ]; then \
+		echo "error: Tiffany needs Python >= 3.11 (none found on PATH; set PYTHON=...)" >&2; \
+		exit 1; fi
+	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		{ echo "error: $(PYTHON) is older than Python 3.11" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+
+$(DEV_STAMP): pyproject.toml | $(BIN)/python
+	$(PIP_INSTALL) -e '.[dev]'
+	@touch $@
+
+$(BENCH_STAMP): pyproject.toml | $(BIN)/python
+	$(PIP_INSTALL) -e '.[dev,bench]'
+	@touch $@
+
+install: $(DEV_STAMP) ## create .venv and install the project with the dev extras
+
+run: $(DEV_STAMP) ## run the main job (for now: the kernel demo)
+	$(BIN)/tiffany demo
+
+test: $(DEV_STAMP) ## run the test suite (PYTEST_ARGS=... to pass options)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: $(DEV_STAMP) ## ruff on the tree, mypy (strict on the kernel)
+	$(BIN)/ruff check .
+	$(BIN)/mypy tiffany/kernel tiffany/config.py tiffany/log.py tiffany/cli.py
+
+bench: $(BENCH_STAMP) ## run the kernel benchmark (prints a table; no pass/fail)
+	$(BIN)/python bench/ring.py
+
+clean: ## remove caches and test artifacts (keeps .venv and .tiffany)
+	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis test-artifacts
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
