@@ -91,7 +91,11 @@ def configure_logging(
         renderers = [structlog.dev.ConsoleRenderer(colors=_isatty(out))]
     else:
         renderers = [
-            structlog.processors.dict_tracebacks,
+            # structlog's ``dict_tracebacks`` with ``show_locals=False``: local
+            # variables may hold tokens or payloads, which logs must not carry.
+            structlog.processors.ExceptionRenderer(
+                structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
+            ),
             structlog.processors.JSONRenderer(),
         ]
 

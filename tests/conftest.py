@@ -1,0 +1,115 @@
+"""Shared test fixtures.
+
+Services: tests that need a real service (PostgreSQL, ...) ask for it through
+:func:`require_service`. When the service is unreachable the test is skipped,
+unless ``TIFFANY_REQUIRE_SERVICES=1`` (set by ``.ci/run``), in which case it
+fails: CI must never go green by skipping the integration tests.
+
+Nothing here touches the kernel: kernel fixtures (manual clock, recording
+instrument) live with the kernel tests.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+import pytest
+
+if TYPE_CHECKING:
+    from tiffany.config import Settings
+
+REQUIRE_SERVICES_ENV = "TIFFANY_REQUIRE_SERVICES"
+
+#: PostgreSQL the integration tests use (trust auth on the CI machine).
+#: Override with TIFFANY_TEST_POSTGRES_URL.
+DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+#: Where tests may leave files for a person to inspect (screenshots, logs,
+#: broken WAL copies). Git-ignored. Override with TIFFANY_TEST_ARTIFACTS.
+DEFAULT_ARTIFACTS_DIR = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+SERVICE_CONNECT_TIMEOUT_S = 2.0
+
+
+def services_required() -> bool:
+    """Return True when missing services must fail tests instead of skip them."""
+    return os.environ.get(REQUIRE_SERVICES_ENV, "").strip() == "1"
+
+
+def _unavailable(reason: str) -> None:
+    if services_required():
+        pytest.fail(f"{reason} ({REQUIRE_SERVICES_ENV}=1)", pytrace=False)
+    pytest.skip(reason)
+
+
+def require_service(name: str, host: str, port: int) -> None:
+    """Skip the calling test unless ``host:port`` accepts TCP connections.
+
+    With ``TIFFANY_REQUIRE_SERVICES=1`` the test fails instead of skipping.
+
+    Args:
+        name: Human name of the service, for the message ("PostgreSQL").
+        host: Host to connect to.
+        port: TCP port to connect to.
+    """
+    try:
+        with socket.create_connection((host, port), timeout=SERVICE_CONNECT_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        _unavailable(f"{name} is not reachable at {host}:{port}: {exc}")
+
+
+def require_module(module: str, why: str) -> None:
+    """Skip (or, with ``TIFFANY_REQUIRE_SERVICES=1``, fail) if ``module`` is missing."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        _unavailable(f"{module} is not installed ({why})")
+
+
+@pytest.fixture(name="require_service")
+def require_service_fixture() -> Callable[[str, str, int], None]:
+    """The :func:`require_service` helper, for tests that prefer a fixture."""
+    return require_service
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """URL of a reachable PostgreSQL test database (skips or fails otherwise).
+
+    The database is shared: a test creates its own tables or schema and drops
+    them, and never assumes the database is empty.
+    """
+    url = os.environ.get("TIFFANY_TEST_POSTGRES_URL", DEFAULT_POSTGRES_URL)
+    parts = urlsplit(url)
+    require_module("psycopg", "pip install -e '.[postgres]'")
+    require_service("PostgreSQL", parts.hostname or "127.0.0.1", parts.port or 5432)
+    return url
+
+
+@pytest.fixture
+def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """Default settings with a fresh data dir, blind to the caller's environment.
+
+    The ``TIFFANY_*`` variables that name settings are removed for the test, so
+    a developer's own configuration cannot leak into it.
+    """
+    from tiffany.config import ENV_PREFIX, Settings
+
+    for field in Settings.model_fields:
+        monkeypatch.delenv(f"{ENV_PREFIX}{field.upper()}", raising=False)
+    return Settings(data_dir=tmp_path / "data")
+
+
+@pytest.fixture(scope="session")
+def artifacts_dir() -> Path:
+    """A directory kept after the run for files a person may want to look at."""
+    path = Path(os.environ.get("TIFFANY_TEST_ARTIFACTS", DEFAULT_ARTIFACTS_DIR))
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,126 @@
+"""The ``tiffany`` command line, in-process and as a real process."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+from typer.testing import CliRunner
+
+import tiffany
+from tiffany.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """Undo the logging setup that commands do, so later tests see none of it.
+
+    Inside ``CliRunner`` the handler would otherwise keep writing to the
+    runner's stream, which is closed once the command returns.
+    """
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    config = structlog.get_config()
+    yield
+    for handler in root.handlers:
+        if handler not in handlers:
+            root.removeHandler(handler)
+    root.setLevel(level)
+    structlog.configure(**config)
+
+
+SUBPROCESS_TIMEOUT_S = 60
+
+
+def test_version_in_process() -> None:
+    result = runner.invoke(app, ["version"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"tiffany {tiffany.__version__} ")
+
+
+def test_version_flag() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == f"tiffany {tiffany.__version__}"
+
+
+def test_version_ignores_bad_configuration() -> None:
+    result = runner.invoke(app, ["version"], env={"TIFFANY_PORT": "not-a-port"})
+    assert result.exit_code == 0, result.output
+
+
+def test_no_arguments_shows_help() -> None:
+    result = runner.invoke(app, [])
+    assert "version" in result.output
+    assert "demo" in result.output
+
+
+def test_config_prints_settings_with_secrets_masked(tmp_path: Path) -> None:
+    env = {
+        "TIFFANY_API_TOKEN": "s3cret-token",
+        "TIFFANY_DATABASE_URL": "postgresql+psycopg://tiffany:hunter2@db:5432/tiffany",
+        "TIFFANY_ENABLED_TOOLS": "shell, http",
+        "TIFFANY_WAL_FSYNC": "always",
+    }
+    result = runner.invoke(app, ["--data-dir", str(tmp_path), "config"], env=env)
+    assert result.exit_code == 0, result.output
+    assert "s3cret-token" not in result.output
+    assert "hunter2" not in result.output
+    shown = json.loads(result.output)
+    assert shown["data_dir"] == str(tmp_path)
+    assert shown["database_url"] == "postgresql+psycopg://tiffany:***@db:5432/tiffany"
+    assert shown["enabled_tools"] == ["shell", "http"]
+    assert shown["wal_fsync"] == "always"
+    assert shown["api_token"] is not None
+
+
+def test_config_defaults_to_sqlite_under_the_data_dir(tmp_path: Path) -> None:
+    env = {"TIFFANY_DATABASE_URL": "", "TIFFANY_API_TOKEN": ""}
+    result = runner.invoke(app, ["--data-dir", str(tmp_path), "config"], env=env)
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output)
+    assert shown["database_url"] == f"sqlite:///{tmp_path}/tiffany.db"
+    assert shown["api_token"] is None
+
+
+def test_bad_configuration_is_a_usage_error() -> None:
+    result = runner.invoke(app, ["config"], env={"TIFFANY_WAL_FSYNC": "sometimes"})
+    assert result.exit_code == 2
+    assert "wal_fsync" in result.output
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")}
+    return subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+        env=env,
+        check=False,
+    )
+
+
+def test_version_as_python_m_tiffany() -> None:
+    proc = _run([sys.executable, "-m", "tiffany", "version"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"tiffany {tiffany.__version__} ")
+
+
+def test_version_as_console_script() -> None:
+    script = shutil.which("tiffany", path=str(Path(sys.executable).parent))
+    if script is None:
+        pytest.skip("the tiffany console script is not installed next to this Python")
+    proc = _run([script, "version"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"tiffany {tiffany.__version__} ")

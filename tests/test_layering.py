@@ -1,0 +1,325 @@
+"""Layers import downwards only (STYLE.md rule 1, ARCHITECTURE.md "Layers").
+
+Every module under ``tiffany/`` is parsed with :mod:`ast` (nothing is
+imported) and each import it contains is checked against :data:`LAYERS`: which
+Tiffany packages a package may import, and, for the packages that must stay
+lean, which third-party distributions. Every import counts, including imports
+inside functions and under ``if TYPE_CHECKING:``: a lazy or type-only import is
+still a dependency in the design.
+
+A new top-level package or module under ``tiffany/`` fails this test until it
+is given a row in :data:`LAYERS`: placing it in the layer order is a decision,
+not a default.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "tiffany"
+PACKAGE_DIR = Path(__file__).resolve().parent.parent / PACKAGE
+
+
+@dataclass(frozen=True)
+class Layer:
+    """What one top-level part of ``tiffany`` may import.
+
+    Attributes:
+        may_import: Tiffany parts it may import (``"kernel"`` for
+            ``tiffany.kernel``); ``ANYTHING`` for the composition roots. Its
+            own part and the ``tiffany`` root (only ``__version__``) are
+            always allowed.
+        third_party: Top-level names of the non-stdlib libraries it may import,
+            or None for "any library".
+    """
+
+    may_import: frozenset[str]
+    third_party: frozenset[str] | None = None
+
+
+def _parts(*names: str) -> frozenset[str]:
+    return frozenset(names)
+
+
+ANYTHING = _parts("*")
+STDLIB_ONLY = _parts()
+BOTTOM_LIBS = _parts("pydantic", "pydantic_settings", "structlog")
+CODEC_LIBS = _parts("msgspec", "crc32c", "google_crc32c", "orjson", "cbor2")
+
+#: The layer table, bottom to top. "" is the root ``tiffany/__init__.py``: it
+#: imports nothing, because every ``import tiffany.x`` runs it first and the API
+#: process must not pull in the kernel through it.
+LAYERS: dict[str, Layer] = {
+    "": Layer(STDLIB_ONLY, STDLIB_ONLY),
+    # Bottom: the error tree, settings, logging setup.
+    "errors": Layer(STDLIB_ONLY, STDLIB_ONLY),
+    "config": Layer(_parts("errors"), BOTTOM_LIBS),
+    "log": Layer(_parts("errors", "config"), BOTTOM_LIBS),
+    # The kernel knows nothing of WAL, PAL, database or HTTP.
+    "kernel": Layer(_parts("errors"), _parts("structlog")),
+    "io": Layer(_parts("errors", "kernel")),
+    # The WAL treats payloads as opaque bytes.
+    "wal": Layer(_parts("errors"), CODEC_LIBS),
+    "durable": Layer(_parts("errors", "kernel", "wal")),
+    "pal": Layer(_parts("errors")),
+    "store": Layer(_parts("errors", "config")),
+    "agents": Layer(_parts("errors", "kernel", "io")),
+    # The kernel demo run by `tiffany demo` / `make run`.
+    "demo": Layer(_parts("errors", "config", "log", "kernel", "io")),
+    # Composition root of the engine process: everything below the API.
+    "engine": Layer(
+        _parts(
+            "errors",
+            "config",
+            "log",
+            "kernel",
+            "io",
+            "wal",
+            "durable",
+            "pal",
+            "store",
+            "agents",
+        )
+    ),
+    # The API side-process never imports kernel, wal, durable or agents.
+    "api": Layer(_parts("errors", "config", "log", "store", "pal")),
+    "cli": Layer(ANYTHING),
+    "__main__": Layer(_parts("cli")),
+}
+
+
+def module_name(path: Path, package_dir: Path = PACKAGE_DIR) -> str:
+    """Return the dotted module name of a file under ``package_dir``."""
+    rel = path.relative_to(package_dir).with_suffix("")
+    parts = [PACKAGE, *rel.parts]
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def part_of(module: str) -> str:
+    """Return the layer key of a ``tiffany`` module ("" for the root)."""
+    pieces = module.split(".")
+    return pieces[1] if len(pieces) > 1 else ""
+
+
+def imported_modules(
+    module: str, tree: ast.AST, *, is_package: bool, package_dir: Path
+) -> list[tuple[int, str]]:
+    """Return ``(line, absolute module name)`` for every import in ``tree``."""
+    found: list[tuple[int, str]] = []
+    here = module.split(".") if is_package else module.split(".")[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                keep = len(here) - (node.level - 1)
+                if keep < 1:
+                    found.append((node.lineno, "." * node.level + (node.module or "")))
+                    continue
+                base = ".".join(here[:keep])
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            if target == PACKAGE:
+                # `from tiffany import kernel` imports tiffany.kernel;
+                # `from tiffany import __version__` only the root.
+                for alias in node.names:
+                    name = alias.name
+                    is_part = (
+                        name in LAYERS
+                        or (package_dir / name).is_dir()
+                        or (package_dir / f"{name}.py").is_file()
+                    )
+                    found.append((node.lineno, f"{PACKAGE}.{name}" if is_part else PACKAGE))
+            else:
+                found.append((node.lineno, target))
+    return found
+
+
+def check_source(
+    module: str,
+    source: str,
+    *,
+    is_package: bool = False,
+    filename: str = "<source>",
+    package_dir: Path = PACKAGE_DIR,
+) -> list[str]:
+    """Return the layering violations of one module's source (empty if none).
+
+    Args:
+        module: Dotted name of the module, e.g. ``tiffany.kernel.task``.
+        source: Its Python source.
+        is_package: True for an ``__init__.py`` (relative imports resolve
+            against the package itself).
+        filename: Used in messages.
+        package_dir: The ``tiffany`` directory, to tell subpackages from names.
+    """
+    part = part_of(module)
+    layer = LAYERS.get(part)
+    if layer is None:
+        return [
+            f"{filename}: {PACKAGE}.{part} is not in the layer table; add a row "
+            f"for it to LAYERS in tests/test_layering.py (see ARCHITECTURE.md)"
+        ]
+    tree = ast.parse(source, filename=filename)
+    problems: list[str] = []
+    for line, target in imported_modules(
+        module, tree, is_package=is_package, package_dir=package_dir
+    ):
+        where = f"{filename}:{line}: {module} imports {target}"
+        if target.startswith("."):
+            problems.append(f"{where}: relative import beyond the {PACKAGE} package")
+        elif target == PACKAGE or target.startswith(f"{PACKAGE}."):
+            other = part_of(target)
+            if other in ("", part) or layer.may_import == ANYTHING:
+                continue
+            if other not in layer.may_import:
+                allowed = ", ".join(sorted(layer.may_import)) or "no other tiffany package"
+                problems.append(f"{where}: {PACKAGE}.{part or '<root>'} may import only: {allowed}")
+        else:
+            top = target.split(".")[0]
+            if top in sys.stdlib_module_names or layer.third_party is None:
+                continue
+            if top not in layer.third_party:
+                allowed = ", ".join(sorted(layer.third_party)) or "the standard library"
+                problems.append(f"{where}: {PACKAGE}.{part or '<root>'} may use only {allowed}")
+    return problems
+
+
+def check_tree(package_dir: Path = PACKAGE_DIR) -> list[str]:
+    """Return the layering violations of every module under ``package_dir``."""
+    problems: list[str] = []
+    for path in sorted(package_dir.rglob("*.py")):
+        problems.extend(
+            check_source(
+                module_name(path, package_dir),
+                path.read_text(encoding="utf-8"),
+                is_package=path.name == "__init__.py",
+                filename=str(path.relative_to(package_dir.parent)),
+                package_dir=package_dir,
+            )
+        )
+    return problems
+
+
+# -- The real tree --------------------------------------------------------------
+
+
+def test_tiffany_imports_only_downwards() -> None:
+    problems = check_tree()
+    assert not problems, "upward or unlisted imports:\n" + "\n".join(problems)
+
+
+def test_the_tree_is_actually_scanned() -> None:
+    modules = {module_name(p) for p in PACKAGE_DIR.rglob("*.py")}
+    assert {"tiffany", "tiffany.errors", "tiffany.config", "tiffany.cli"} <= modules
+
+
+def test_layer_table_names_only_known_parts() -> None:
+    for part, layer in LAYERS.items():
+        if layer.may_import != ANYTHING:
+            unknown = layer.may_import - LAYERS.keys()
+            assert not unknown, f"LAYERS[{part!r}] names unknown parts {unknown}"
+
+
+# -- The checker itself, on synthetic modules --------------------------------------
+
+# "tiffany.kernel.__init__" stands for the package tiffany.kernel itself.
+BAD = {
+    "kernel-imports-wal": ("tiffany.kernel.task", "import tiffany.wal.writer"),
+    "from-root-import-part": ("tiffany.kernel.task", "from tiffany import wal"),
+    "relative-upward": ("tiffany.kernel.task", "from ..wal.writer import W"),
+    "package-relative-upward": ("tiffany.kernel.__init__", "from ..api import app"),
+    "kernel-third-party": ("tiffany.kernel.task", "import sqlalchemy"),
+    "kernel-imports-log": ("tiffany.kernel.task", "from tiffany.log import setup"),
+    "wal-imports-kernel": ("tiffany.wal.writer", "from tiffany.kernel import Sleep"),
+    "wal-third-party": ("tiffany.wal.writer", "import sqlalchemy.orm"),
+    "io-imports-agents": ("tiffany.io.sockets", "from tiffany.agents import tools"),
+    "api-imports-kernel": ("tiffany.api.app", "from tiffany.kernel import Scheduler"),
+    "api-imports-engine": ("tiffany.api.app", "from tiffany.engine import Engine"),
+    "type-checking-import-counts": (
+        "tiffany.api.app",
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from tiffany.durable import Journal\n",
+    ),
+    "lazy-import-counts": ("tiffany.store.models", "def f():\n    import tiffany.engine\n"),
+    "engine-imports-api": ("tiffany.engine.root", "from tiffany.api import create_app"),
+    "config-imports-kernel": ("tiffany.config", "from tiffany.kernel import Scheduler"),
+    "root-imports-kernel": ("tiffany.__init__", "from tiffany.kernel import Scheduler"),
+    "errors-third-party": ("tiffany.errors", "import pydantic"),
+    "unknown-package": ("tiffany.widgets", "import os"),
+    "relative-beyond-package": ("tiffany.kernel.task", "from .... import x"),
+}
+
+GOOD = {
+    "kernel-errors": ("tiffany.kernel.task", "from tiffany.errors import KernelError"),
+    "kernel-relative": ("tiffany.kernel.task", "from . import calls\nfrom .calls import Sleep"),
+    "package-relative": ("tiffany.kernel.__init__", "from .scheduler import Scheduler"),
+    "kernel-stdlib-structlog": (
+        "tiffany.kernel.task",
+        "from __future__ import annotations\nimport selectors, structlog",
+    ),
+    "io-kernel": ("tiffany.io.sockets", "from tiffany.kernel import ReadWait"),
+    "wal-codecs": (
+        "tiffany.wal.frame",
+        "import crc32c\nimport msgspec\nfrom ..errors import WalError",
+    ),
+    "durable": (
+        "tiffany.durable.journal",
+        "from tiffany.wal import Writer\nfrom tiffany.kernel import Instrument",
+    ),
+    "api": (
+        "tiffany.api.app",
+        "import fastapi\nfrom tiffany.store import models\nfrom tiffany.pal.events import E",
+    ),
+    "engine": ("tiffany.engine.__init__", "from tiffany import agents, durable, kernel, store"),
+    "cli-anything": (
+        "tiffany.cli",
+        "def serve():\n    from tiffany.api import create_app\n    from tiffany.engine import run",
+    ),
+    "root-version": (
+        "tiffany.log",
+        "from tiffany import __version__\nfrom tiffany.config import Settings",
+    ),
+}
+
+
+def _check(module: str, source: str) -> list[str]:
+    is_package = module.endswith(".__init__")
+    return check_source(module.removesuffix(".__init__"), source, is_package=is_package)
+
+
+@pytest.mark.parametrize(("module", "source"), BAD.values(), ids=BAD.keys())
+def test_checker_rejects_upward_import(module: str, source: str) -> None:
+    assert _check(module, source), f"{module} should not be allowed: {source!r}"
+
+
+@pytest.mark.parametrize(("module", "source"), GOOD.values(), ids=GOOD.keys())
+def test_checker_accepts_downward_import(module: str, source: str) -> None:
+    assert _check(module, source) == []
+
+
+def test_checker_reports_file_and_line_in_a_tree(tmp_path: Path) -> None:
+    pkg = tmp_path / PACKAGE
+    (pkg / "kernel").mkdir(parents=True)
+    (pkg / "wal").mkdir()
+    (pkg / "__init__.py").write_text('__version__ = "0"\n')
+    (pkg / "errors.py").write_text("class TiffanyError(Exception): ...\n")
+    (pkg / "wal" / "__init__.py").write_text("")
+    (pkg / "kernel" / "__init__.py").write_text("from .scheduler import Scheduler\n")
+    (pkg / "kernel" / "scheduler.py").write_text(
+        "import heapq\n\nfrom tiffany.errors import TiffanyError\nfrom tiffany.wal import Writer\n"
+    )
+    problems = check_tree(pkg)
+    assert len(problems) == 1
+    assert problems[0].startswith(
+        "tiffany/kernel/scheduler.py:4: tiffany.kernel.scheduler imports tiffany.wal"
+    )
