@@ -1,0 +1,48 @@
+# syntax=docker/dockerfile:1
+# Tiffany engine + API image.
+#
+#   docker build -t tiffany .
+#   docker run --rm -v tiffany-data:/data tiffany
+#
+# Two stages: the first builds a virtualenv with the package (and the PostgreSQL
+# driver), the second copies only that venv onto a clean slim image.
+
+FROM python:3.11-slim AS build
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+WORKDIR /src
+# Metadata first, so the dependency layer is reused while only code changes.
+COPY pyproject.toml README.md ./
+COPY tiffany ./tiffany
+RUN pip install '.[postgres]'
+
+FROM python:3.11-slim
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    TIFFANY_DATA_DIR=/data \
+    TIFFANY_HOST=0.0.0.0 \
+    TIFFANY_PORT=8000 \
+    TIFFANY_LOG_FORMAT=json
+# A fixed non-root uid/gid, so volume ownership (and Kubernetes fsGroup) is
+# predictable.
+RUN groupadd --system --gid 10001 tiffany \
+    && useradd --system --uid 10001 --gid tiffany --home-dir /home/tiffany \
+       --create-home --shell /usr/sbin/nologin tiffany \
+    && mkdir -p /data \
+    && chown tiffany:tiffany /data
+COPY --from=build /opt/venv /opt/venv
+WORKDIR /app
+# Migrations travel with the image for `tiffany db upgrade` / `alembic upgrade head`.
+COPY alembic.ini ./
+COPY migrations ./migrations
+USER tiffany:tiffany
+# /data holds the WAL: it must outlive the container.
+VOLUME ["/data"]
+EXPOSE 8000
+# The service will run `tiffany serve` (engine + API on port 8000, graceful on
+# SIGTERM) once that command exists; until then the image runs the kernel demo.
+# TODO(serve): CMD ["tiffany", "serve"], plus a HEALTHCHECK on /healthz.
+CMD ["tiffany", "demo"]
