@@ -156,6 +156,11 @@ class Scheduler:
         self._handlers: dict[type, Handler] = dict(_HANDLERS)
         if handlers:
             self._handlers.update(handlers)
+        self._unparkers: dict[type, Callable[[Scheduler, Task, Any], None]] = {}
+        # Wake-ups handed to the next wait stage (see ``defer_wake``), and
+        # callables run at every wait stage (see ``add_injector``).
+        self._deferred: list[tuple[Task, Any, BaseException | None]] = []
+        self._injectors: list[Callable[[], None]] = []
         self._instruments = InstrumentSet(self._instrument_failed)
         self._hooks_dirty = True
         self._fatal: BaseException | None = None
@@ -205,6 +210,52 @@ class Scheduler:
         if self._on_wake is not None:
             self._call_hook(self._on_wake, task, value)
         task.blocked_on = None
+
+    def defer_wake(self, task: Task, value: Any = None, error: BaseException | None = None) -> None:
+        """Wake ``task`` at the next wait stage, as if by an external event.
+
+        For completions of work outside the task tree's deterministic part
+        (a durable step's worker): they then enter the ready queue at a loop
+        boundary, exactly where thread completions and timers do, which is
+        what makes them replayable.
+        """
+        self._deferred.append((task, value, error))
+
+    def add_injector(self, fn: Callable[[], None]) -> None:
+        """Run ``fn()`` at the start of every wait stage (replay injects wake-ups there)."""
+        self._injectors.append(fn)
+        self._hooks_dirty = True
+
+    def remove_injector(self, fn: Callable[[], None]) -> None:
+        """Stop running ``fn`` at wait stages."""
+        if fn in self._injectors:
+            self._injectors.remove(fn)
+        self._hooks_dirty = True
+
+    def register(
+        self,
+        call_type: type[SystemCall],
+        handler: Handler,
+        unpark: Callable[[Scheduler, Task, Any], None] | None = None,
+    ) -> Handler | None:
+        """Install ``handler`` for ``call_type``; return the handler it replaces.
+
+        Args:
+            call_type: The exact system-call class.
+            handler: ``handler(sched, task, call)``: the value to send at once,
+                or :data:`PARKED` (use :meth:`park`).
+            unpark: Called as ``unpark(sched, task, call)`` when a task parked
+                on such a call is killed, to take it off whatever holds it.
+        """
+        previous = self._handlers.get(call_type)
+        self._handlers[call_type] = handler
+        if unpark is not None:
+            self._unparkers[call_type] = unpark
+        return previous
+
+    def handler(self, call_type: type[SystemCall]) -> Handler | None:
+        """Return the handler installed for ``call_type``."""
+        return self._handlers.get(call_type)
 
     def task(self, tid: int) -> Task:
         """Return the task record for ``tid`` (alive or finished, not yet reaped)."""
@@ -293,7 +344,11 @@ class Scheduler:
                 hooks = self._instruments.hooks
                 before = hooks["before_dispatch"]
                 after = hooks["after_dispatch"]
-                wait_hooks = hooks["before_wait"] is not None or hooks["after_wait"] is not None
+                wait_hooks = (
+                    hooks["before_wait"] is not None
+                    or hooks["after_wait"] is not None
+                    or bool(self._injectors)
+                )
             ntodo = len(ready)
             self.turns += ntodo
             # -- stage 1: dispatch what was ready when the pass began --------
@@ -398,6 +453,7 @@ class Scheduler:
                 or self._io_waiting
                 or self._threads_pending
                 or self._outbox
+                or self._deferred
             ):
                 if not self._wait():
                     break
@@ -414,7 +470,7 @@ class Scheduler:
         hooks = self._instruments.hooks
         clock = self.clock
         timers = self._timers
-        if self._ready or self._outbox:
+        if self._ready or self._outbox or self._deferred or self._injectors:
             timeout: float | None = 0.0
         elif timers:
             timeout = min(max(0.0, timers[0][0] - clock.monotonic()), MAX_SELECT_TIMEOUT_S)
@@ -427,11 +483,25 @@ class Scheduler:
             self._call_hook(hooks["before_wait"], None if timeout == -1.0 else timeout)
             if self._fatal is not None:
                 raise self._fatal
-        if timeout == -1.0:
+        woken = 0
+        for inject in self._injectors:
+            inject()
+        if self._deferred:
+            deferred, self._deferred = self._deferred, []
+            for task, value, error in deferred:
+                if error is not None:
+                    task._throw = error
+                self.wake(task, value)
+                woken += 1
+        if not self._ready and not self._wait_possible():
+            if hooks["after_wait"] is not None:
+                self._call_hook(hooks["after_wait"], woken)
             return False
+        if timeout == -1.0 or (timeout == 0.0 and not self._ready and self._injectors):
+            # An injector found nothing to deliver yet: wait for real events.
+            timeout = self._live_timeout()
         if self._outbox:
             self._release_outbox()
-        woken = 0
         if self._io_waiting or self._threads_pending:
             woken += self._poll(timeout)
         elif timeout:
@@ -447,6 +517,19 @@ class Scheduler:
             if self._fatal is not None:
                 raise self._fatal
         return True
+
+    def _live_timeout(self) -> float | None:
+        if self._ready or self._outbox:
+            return 0.0
+        if self._timers:
+            timeout = min(
+                max(0.0, self._timers[0][0] - self.clock.monotonic()), MAX_SELECT_TIMEOUT_S
+            )
+            return self.clock.wait_timeout(timeout)
+        return None
+
+    def _wait_possible(self) -> bool:
+        return bool(self._timers or self._io_waiting or self._threads_pending or self._outbox)
 
     def _sleep(self, timeout: float) -> None:
         sel = self._selector or self._make_selector()
@@ -630,7 +713,10 @@ class Scheduler:
         """Remove a blocked task from whatever it waits on."""
         call = task.blocked_on
         self._cancel_timer(task)
-        if isinstance(call, WaitTask):
+        unpark = self._unparkers.get(type(call))
+        if unpark is not None:
+            unpark(self, task, call)
+        elif isinstance(call, WaitTask):
             target = self._tasks.get(call.tid)
             if target is not None and target.joiners and task in target.joiners:
                 target.joiners.remove(task)
