@@ -25,7 +25,7 @@ from tiffany.kernel.calls import (
 )
 from tiffany.kernel.clock import Clock, ManualClock, MonotonicClock
 from tiffany.kernel.instrument import HOOKS, Instrument
-from tiffany.kernel.scheduler import PARKED, Handler, Scheduler
+from tiffany.kernel.scheduler import PARKED, RETURNED, Handler, Scheduler
 from tiffany.kernel.sync import Event, Queue
 from tiffany.kernel.task import Task, TaskState
 from tiffany.kernel.watchdog import SlowDispatch, SlowDispatchWatchdog
@@ -33,6 +33,7 @@ from tiffany.kernel.watchdog import SlowDispatch, SlowDispatchWatchdog
 __all__ = [
     "HOOKS",
     "PARKED",
+    "RETURNED",
     "Clock",
     "Coroutine",
     "Event",

@@ -56,7 +56,12 @@ class Instrument:
         """Call right before the scheduler resumes ``task``'s coroutine."""
 
     def after_dispatch(self, task: Task, yielded: Any) -> None:
-        """Call when ``task`` yielded ``yielded`` (None when it ended)."""
+        """Call when ``task`` yielded ``yielded``.
+
+        ``yielded`` is :data:`~tiffany.kernel.scheduler.RETURNED` when the
+        running coroutine returned or raised instead (a nested coroutine
+        returning to its caller, or the task ending).
+        """
 
     def task_blocked(self, task: Task, call: SystemCall) -> None:
         """Call when ``task`` parks on ``call`` (its state says what kind)."""

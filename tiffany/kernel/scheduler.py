@@ -79,7 +79,7 @@ from tiffany.kernel.sync import EventWait, QueueGet, _bind
 from tiffany.kernel.task import Task, TaskState
 from tiffany.kernel.threads import ThreadPool
 
-__all__ = ["MAX_IMMEDIATE_RESUMES", "PARKED", "Handler", "Scheduler"]
+__all__ = ["MAX_IMMEDIATE_RESUMES", "PARKED", "RETURNED", "Handler", "Scheduler"]
 
 log = structlog.get_logger("tiffany.kernel")
 
@@ -102,6 +102,18 @@ class _Parked:
 
 #: What a handler returns when the task does not resume at once.
 PARKED: Final = _Parked()
+
+
+class _Returned:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "RETURNED"
+
+
+#: What ``after_dispatch`` sees when the running coroutine returned or raised
+#: instead of yielding (a nested coroutine, or the task itself).
+RETURNED: Final = _Returned()
 
 Handler = Callable[["Scheduler", Task, Any], Any]
 
@@ -152,7 +164,7 @@ class Scheduler:
         self._max_threads = max_threads
         self._pool: ThreadPool | None = None
         self._threads_pending = 0
-        self._outbox: list[tuple[Task, RunInThread]] = []
+        self._outbox: list[tuple[Task, Any]] = []
         self._handlers: dict[type, Handler] = dict(_HANDLERS)
         if handlers:
             self._handlers.update(handlers)
@@ -377,7 +389,7 @@ class Scheduler:
                             y = coro.throw(exc)  # type: ignore[union-attr]
                     except StopIteration as stop:
                         if after is not None:
-                            self._call_hook(after, task, None)
+                            self._call_hook(after, task, RETURNED)
                         if task.stack:
                             task.coro = task.stack.pop()
                             value = stop.value
@@ -386,7 +398,7 @@ class Scheduler:
                         break
                     except BaseException as err:
                         if after is not None:
-                            self._call_hook(after, task, None)
+                            self._call_hook(after, task, RETURNED)
                         if task.stack:
                             task.coro = task.stack.pop()
                             task._throw = err
@@ -734,6 +746,16 @@ class Scheduler:
             pass  # the thread runs on; its completion finds the task gone
         task.blocked_on = None
 
+    def start_thread(self, task: Task, call: Any) -> Any:
+        """Park ``task`` on ``call`` and run ``call.fn(*call.args)`` in the pool.
+
+        The job starts after the current pass's commit point; its outcome
+        wakes the task at a wait stage. Returns :data:`PARKED` (for handlers).
+        """
+        self._outbox.append((task, call))
+        self._threads_pending += 1
+        return self.park(task, call, TaskState.BLOCKED_THREAD)
+
     def park(self, task: Task, call: SystemCall, state: TaskState) -> Any:
         """Mark ``task`` blocked on ``call``; return :data:`PARKED` (for handlers)."""
         task.state = state
@@ -972,9 +994,7 @@ def _h_random(sched: Scheduler, task: Task, call: Random) -> Any:
 
 
 def _h_run_in_thread(sched: Scheduler, task: Task, call: RunInThread) -> Any:
-    sched._outbox.append((task, call))
-    sched._threads_pending += 1
-    return sched.park(task, call, TaskState.BLOCKED_THREAD)
+    return sched.start_thread(task, call)
 
 
 def _h_queue_get(sched: Scheduler, task: Task, call: QueueGet) -> Any:

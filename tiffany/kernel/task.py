@@ -87,6 +87,8 @@ class Task:
         error: The exception, once CRASHED or CANCELLED.
         daemon: Dropped from the task table as soon as it ends.
         kills: How many times ``KillTask`` targeted it.
+        meta: Free for the layers above (the journal keeps the task's run
+            and run-local id here); the kernel never reads it.
     """
 
     __slots__ = (
@@ -103,6 +105,7 @@ class Task:
         "id",
         "joiners",
         "kills",
+        "meta",
         "parent",
         "result",
         "stack",
@@ -130,6 +133,7 @@ class Task:
         self.result: Any = None
         self.error: BaseException | None = None
         self.kills = 0
+        self.meta: Any = None
         self._send: Any = None
         self._throw: BaseException | None = None
         self._timer: Any = None
