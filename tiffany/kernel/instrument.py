@@ -27,6 +27,7 @@ __all__ = ["HOOKS", "Instrument", "InstrumentSet"]
 
 #: Every hook an instrument may define, in the order they occur for a task.
 HOOKS = (
+    "before_run",
     "task_spawned",
     "before_dispatch",
     "after_dispatch",
@@ -36,6 +37,7 @@ HOOKS = (
     "task_crashed",
     "before_wait",
     "after_wait",
+    "after_run",
 )
 
 
@@ -48,6 +50,12 @@ class Instrument:
 
     #: A critical instrument's failure stops the kernel (fail-stop).
     critical: ClassVar[bool] = False
+
+    def before_run(self) -> None:
+        """Call when ``Scheduler.run`` starts its loop."""
+
+    def after_run(self) -> None:
+        """Call when ``Scheduler.run`` returns or raises."""
 
     def task_spawned(self, task: Task) -> None:
         """Call after ``task`` was created and put on the ready queue."""

@@ -38,8 +38,6 @@ None.
 
 from __future__ import annotations
 
-import heapq
-import selectors
 import types
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -53,31 +51,17 @@ from tiffany.errors import (
     KernelInternalError,
     SystemCallMisuse,
     TaskCancelled,
-    TaskCrashed,
-    TaskKilled,
     UnknownTask,
-    WaitTimeout,
 )
-from tiffany.kernel.calls import (
-    Coroutine,
-    GetTid,
-    KillTask,
-    NewTask,
-    Now,
-    Random,
-    ReadWait,
-    RunInThread,
-    Sleep,
-    SystemCall,
-    WaitTask,
-    WriteWait,
-)
+from tiffany.kernel.calls import Coroutine, ReadWait, RunInThread, SystemCall, WaitTask, WriteWait
 from tiffany.kernel.clock import Clock, MonotonicClock
 from tiffany.kernel.entropy import Entropy
+from tiffany.kernel.handlers import HANDLERS, Handler
 from tiffany.kernel.instrument import Instrument, InstrumentSet
-from tiffany.kernel.sync import EventWait, QueueGet, _bind
+from tiffany.kernel.markers import PARKED, RETURNED, CloseTask, join_error
+from tiffany.kernel.reactor import Reactor
+from tiffany.kernel.sync import EventWait, QueueGet
 from tiffany.kernel.task import Task, TaskState
-from tiffany.kernel.threads import ThreadPool
 
 __all__ = ["MAX_IMMEDIATE_RESUMES", "PARKED", "RETURNED", "Handler", "Scheduler"]
 
@@ -87,47 +71,13 @@ log = structlog.get_logger("tiffany.kernel")
 MAX_IMMEDIATE_RESUMES: Final = 100
 #: The longest the selector blocks in one call, in seconds (asyncio's cap).
 MAX_SELECT_TIMEOUT_S: Final = 24 * 3600.0
-#: Compact the timer heap when more than this fraction of it is cancelled...
-TIMER_COMPACT_FRACTION: Final = 0.5
-#: ...and it holds at least this many entries.
-TIMER_COMPACT_MIN: Final = 100
-
-
-class _Parked:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "PARKED"
-
-
-#: What a handler returns when the task does not resume at once.
-PARKED: Final = _Parked()
-
-
-class _Returned:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "RETURNED"
-
-
-#: What ``after_dispatch`` sees when the running coroutine returned or raised
-#: instead of yielding (a nested coroutine, or the task itself).
-RETURNED: Final = _Returned()
-
-Handler = Callable[["Scheduler", Task, Any], Any]
-
-
-class _CloseTask(TaskCancelled):
-    """Marks a queued task whose second kill closes it instead of throwing."""
-
 
 _READY = TaskState.READY
 _RUNNING = TaskState.RUNNING
 _GENERATOR = types.GeneratorType
 
 
-class Scheduler:
+class Scheduler(Reactor):
     """Runs tasks until none is left.
 
     Args:
@@ -148,24 +98,14 @@ class Scheduler:
         max_threads: int = 8,
         handlers: dict[type[SystemCall], Handler] | None = None,
     ) -> None:
+        super().__init__(max_threads)
         self.clock: Clock = clock or MonotonicClock()
         self.entropy = Entropy(seed)
         self._ready: deque[Task] = deque()
         self._tasks: dict[int, Task] = {}
         self._next_id = 1
         self._alive = 0
-        # Timers: a heap of (deadline, sequence, task); an entry is live only
-        # while it is the task's ``_timer`` (lazy cancellation).
-        self._timers: list[tuple[float, int, Task]] = []
-        self._timer_seq = 0
-        self._timers_cancelled = 0
-        self._selector: selectors.BaseSelector | None = None
-        self._io_waiting = 0
-        self._max_threads = max_threads
-        self._pool: ThreadPool | None = None
-        self._threads_pending = 0
-        self._outbox: list[tuple[Task, Any]] = []
-        self._handlers: dict[type, Handler] = dict(_HANDLERS)
+        self._handlers: dict[type, Handler] = dict(HANDLERS)
         if handlers:
             self._handlers.update(handlers)
         self._unparkers: dict[type, Callable[[Scheduler, Task, Any], None]] = {}
@@ -205,10 +145,15 @@ class Scheduler:
         if self._closed:
             raise KernelError("the scheduler is closed")
         self._running = True
+        hooks = self._instruments.hooks
         try:
+            if hooks["before_run"] is not None:
+                self._call_hook(hooks["before_run"])
             self._loop()
         finally:
             self._running = False
+            if hooks["after_run"] is not None:
+                self._call_hook(hooks["after_run"])
 
     def wake(self, task: Task, value: Any = None) -> None:
         """Make the parked ``task`` ready; ``value`` is what its yield returns.
@@ -285,7 +230,7 @@ class Scheduler:
         task = self.task(tid)
         if not task.finished:
             raise KernelError(f"task {tid} has not finished", tid=tid, state=task.state.value)
-        err = _join_error(task)
+        err = join_error(task)
         if err is not None:
             raise err
         return task.result
@@ -377,7 +322,7 @@ class Scheduler:
                             raise self._fatal
                     coro = task.coro
                     exc = task._throw
-                    if exc is not None and exc.__class__ is _CloseTask:
+                    if exc is not None and exc.__class__ is CloseTask:
                         task._throw = None
                         self._close_for_good(task)
                         break
@@ -482,6 +427,22 @@ class Scheduler:
         hooks = self._instruments.hooks
         clock = self.clock
         timers = self._timers
+        if self._ready and not (
+            timers
+            or self._io_waiting
+            or self._threads_pending
+            or self._outbox
+            or self._deferred
+            or self._injectors
+        ):
+            # Fast path: only the hooks want this stage (the commit point).
+            if hooks["before_wait"] is not None:
+                self._call_hook(hooks["before_wait"], 0.0)
+            if hooks["after_wait"] is not None:
+                self._call_hook(hooks["after_wait"], 0)
+            if self._fatal is not None:
+                raise self._fatal
+            return True
         if self._ready or self._outbox or self._deferred or self._injectors:
             timeout: float | None = 0.0
         elif timers:
@@ -543,69 +504,6 @@ class Scheduler:
     def _wait_possible(self) -> bool:
         return bool(self._timers or self._io_waiting or self._threads_pending or self._outbox)
 
-    def _sleep(self, timeout: float) -> None:
-        sel = self._selector or self._make_selector()
-        sel.select(timeout)
-
-    def _make_selector(self) -> selectors.BaseSelector:
-        self._selector = selectors.DefaultSelector()
-        return self._selector
-
-    def _poll(self, timeout: float | None) -> int:
-        sel = self._selector or self._make_selector()
-        woken = 0
-        pool = self._pool
-        for key, mask in sel.select(timeout):
-            if pool is not None and key.fd == pool.fileno():
-                woken += self._thread_completions(pool)
-                continue
-            waiters: list[Task | None] = key.data
-            left = key.events
-            if mask & selectors.EVENT_READ and waiters[0] is not None:
-                task, waiters[0] = waiters[0], None
-                left &= ~selectors.EVENT_READ
-                self._io_waiting -= 1
-                self.wake(task)
-                woken += 1
-            if mask & selectors.EVENT_WRITE and waiters[1] is not None:
-                task, waiters[1] = waiters[1], None
-                left &= ~selectors.EVENT_WRITE
-                self._io_waiting -= 1
-                self.wake(task)
-                woken += 1
-            if left:
-                sel.modify(key.fd, left, waiters)
-            else:
-                sel.unregister(key.fd)
-        return woken
-
-    def _fire_timers(self, now: float) -> int:
-        timers = self._timers
-        woken = 0
-        while timers and timers[0][0] <= now:
-            entry = heapq.heappop(timers)
-            task = entry[2]
-            if task._timer is not entry:
-                self._timers_cancelled -= 1
-                continue
-            task._timer = None
-            woken += 1
-            if task.state is TaskState.BLOCKED_SLEEP:
-                self.wake(task, None)
-            else:  # a WaitTask timeout
-                call = task.blocked_on
-                assert isinstance(call, WaitTask)
-                target = self._tasks.get(call.tid)
-                if target is not None and target.joiners and task in target.joiners:
-                    target.joiners.remove(task)
-                task._throw = WaitTimeout(
-                    f"task {call.tid} did not finish within {call.timeout} s",
-                    tid=call.tid,
-                    timeout=call.timeout,
-                )
-                self.wake(task, None)
-        return woken
-
     # -- task life -----------------------------------------------------------
 
     def _spawn(self, coro: Coroutine, name: str | None, parent: Task | None, daemon: bool) -> Task:
@@ -657,7 +555,7 @@ class Scheduler:
         joiners = task.joiners
         if joiners:
             task.joiners = None
-            err = _join_error(task)
+            err = join_error(task)
             for waiter in joiners:
                 self._cancel_timer(waiter)
                 if err is not None:
@@ -695,7 +593,7 @@ class Scheduler:
         target.kills += 1
         if target.kills > 1 and target is not caller:
             if target.state is _READY:  # still in the ready queue: close it there
-                target._throw = _CloseTask()
+                target._throw = CloseTask()
             else:
                 self._close_for_good(target)
             return
@@ -746,16 +644,6 @@ class Scheduler:
             pass  # the thread runs on; its completion finds the task gone
         task.blocked_on = None
 
-    def start_thread(self, task: Task, call: Any) -> Any:
-        """Park ``task`` on ``call`` and run ``call.fn(*call.args)`` in the pool.
-
-        The job starts after the current pass's commit point; its outcome
-        wakes the task at a wait stage. Returns :data:`PARKED` (for handlers).
-        """
-        self._outbox.append((task, call))
-        self._threads_pending += 1
-        return self.park(task, call, TaskState.BLOCKED_THREAD)
-
     def park(self, task: Task, call: SystemCall, state: TaskState) -> Any:
         """Mark ``task`` blocked on ``call``; return :data:`PARKED` (for handlers)."""
         task.state = state
@@ -763,98 +651,6 @@ class Scheduler:
         if self._on_block is not None:
             self._call_hook(self._on_block, task, call)
         return PARKED
-
-    # -- timers, I/O, threads ------------------------------------------------
-
-    def _add_timer(self, task: Task, deadline: float) -> None:
-        self._timer_seq += 1
-        entry = (deadline, self._timer_seq, task)
-        task._timer = entry
-        heapq.heappush(self._timers, entry)
-
-    def _cancel_timer(self, task: Task) -> None:
-        if task._timer is not None:
-            task._timer = None
-            self._timers_cancelled += 1
-            n = len(self._timers)
-            if n >= TIMER_COMPACT_MIN and self._timers_cancelled > n * TIMER_COMPACT_FRACTION:
-                self._timers = [e for e in self._timers if e[2]._timer is e]
-                heapq.heapify(self._timers)
-                self._timers_cancelled = 0
-
-    def _io_wait(self, task: Task, fd: int, event: int, call: SystemCall) -> Any:
-        sel = self._selector or self._make_selector()
-        slot = 0 if event == selectors.EVENT_READ else 1
-        try:
-            key = sel.get_key(fd)
-        except KeyError:
-            waiters: list[Task | None] = [None, None]
-            waiters[slot] = task
-            try:
-                sel.register(fd, event, waiters)
-            except (OSError, ValueError) as exc:
-                task._throw = exc
-                return None
-        else:
-            waiters = key.data
-            other = waiters[slot]
-            if other is not None:
-                task._throw = KernelError(
-                    f"fd {fd} is already waited on by task {other.id}", fd=fd, tid=other.id
-                )
-                return None
-            waiters[slot] = task
-            sel.modify(fd, key.events | event, waiters)
-        self._io_waiting += 1
-        return self.park(task, call, TaskState.BLOCKED_IO)
-
-    def _io_forget(self, task: Task, call: ReadWait | WriteWait) -> None:
-        sel = self._selector
-        if sel is None:
-            return
-        try:
-            key = sel.get_key(call.fd)
-        except KeyError:
-            return
-        waiters = key.data
-        slot = 0 if isinstance(call, ReadWait) else 1
-        if waiters[slot] is task:
-            waiters[slot] = None
-            self._io_waiting -= 1
-            left = key.events & ~(selectors.EVENT_READ if slot == 0 else selectors.EVENT_WRITE)
-            try:
-                if left:
-                    sel.modify(call.fd, left, waiters)
-                else:
-                    sel.unregister(call.fd)
-            except (OSError, ValueError, KeyError):
-                pass  # the descriptor was closed under us; epoll dropped it already
-
-    def _release_outbox(self) -> None:
-        pool = self._pool
-        if pool is None:
-            pool = self._pool = ThreadPool(self._max_threads)
-            sel = self._selector or self._make_selector()
-            sel.register(pool.fileno(), selectors.EVENT_READ, None)
-        outbox, self._outbox = self._outbox, []
-        for task, call in outbox:
-            if task.blocked_on is call:
-                pool.submit((task, call), call.fn, call.args)
-            else:  # killed before it started
-                self._threads_pending -= 1
-
-    def _thread_completions(self, pool: ThreadPool) -> int:
-        woken = 0
-        for (task, call), value, exc in pool.drain():
-            self._threads_pending -= 1
-            if task.blocked_on is not call:
-                continue  # the task was killed meanwhile
-            if exc is not None:
-                task._throw = exc
-                value = None
-            self.wake(task, value)
-            woken += 1
-        return woken
 
     # -- instruments ---------------------------------------------------------
 
@@ -900,153 +696,3 @@ class Scheduler:
             )
         self._instruments.remove(inst)
         self._hooks_changed()
-
-
-def _join_error(task: Task) -> BaseException | None:
-    """What ``WaitTask`` raises for a finished ``task`` (None when it returned)."""
-    if task.state is TaskState.CRASHED:
-        err: BaseException = TaskCrashed(
-            f"task {task.id} ({task.name}) crashed: {task.error!r}", tid=task.id, name=task.name
-        )
-        err.__cause__ = task.error
-        return err
-    if task.state is TaskState.CANCELLED:
-        err = TaskKilled(f"task {task.id} ({task.name}) was killed", tid=task.id, name=task.name)
-        err.__cause__ = task.error
-        return err
-    return None
-
-
-# -- handlers ----------------------------------------------------------------
-
-
-def _h_get_tid(sched: Scheduler, task: Task, call: GetTid) -> Any:
-    return task.id
-
-
-def _h_new_task(sched: Scheduler, task: Task, call: NewTask) -> Any:
-    try:
-        return sched._spawn(call.coro, call.name, task, call.daemon).id
-    except SystemCallMisuse as exc:
-        task._throw = exc
-        return None
-
-
-def _h_wait_task(sched: Scheduler, task: Task, call: WaitTask) -> Any:
-    target = sched._tasks.get(call.tid)
-    if target is None:
-        task._throw = UnknownTask(f"no task {call.tid} to wait for", tid=call.tid)
-        return None
-    if target is task:
-        task._throw = KernelError(f"task {task.id} cannot wait for itself", tid=task.id)
-        return None
-    if target.finished:
-        err = _join_error(target)
-        if err is not None:
-            task._throw = err
-        return target.result if err is None else None
-    if call.timeout is not None:
-        if call.timeout <= 0:
-            task._throw = WaitTimeout(
-                f"task {call.tid} has not finished", tid=call.tid, timeout=call.timeout
-            )
-            return None
-        sched._add_timer(task, sched.clock.monotonic() + call.timeout)
-    if target.joiners is None:
-        target.joiners = [task]
-    else:
-        target.joiners.append(task)
-    return sched.park(task, call, TaskState.BLOCKED_JOIN)
-
-
-def _h_kill_task(sched: Scheduler, task: Task, call: KillTask) -> Any:
-    target = sched._tasks.get(call.tid)
-    if target is None or target.finished:
-        return False
-    sched._kill(target, task)
-    return True
-
-
-def _h_sleep(sched: Scheduler, task: Task, call: Sleep) -> Any:
-    if call.seconds <= 0:
-        task._send = None
-        task.state = _READY
-        sched._ready.append(task)
-        return PARKED
-    sched._add_timer(task, sched.clock.monotonic() + call.seconds)
-    return sched.park(task, call, TaskState.BLOCKED_SLEEP)
-
-
-def _h_read_wait(sched: Scheduler, task: Task, call: ReadWait) -> Any:
-    return sched._io_wait(task, call.fd, selectors.EVENT_READ, call)
-
-
-def _h_write_wait(sched: Scheduler, task: Task, call: WriteWait) -> Any:
-    return sched._io_wait(task, call.fd, selectors.EVENT_WRITE, call)
-
-
-def _h_now(sched: Scheduler, task: Task, call: Now) -> Any:
-    return sched.clock.time()
-
-
-def _h_random(sched: Scheduler, task: Task, call: Random) -> Any:
-    return sched.entropy.random()
-
-
-def _h_run_in_thread(sched: Scheduler, task: Task, call: RunInThread) -> Any:
-    return sched.start_thread(task, call)
-
-
-def _h_queue_get(sched: Scheduler, task: Task, call: QueueGet) -> Any:
-    q = call.queue
-    items = q._items
-    if items:
-        return items.popleft()
-    if q._sched is not sched:
-        try:
-            _bind(q, sched)
-        except KernelError as exc:
-            task._throw = exc
-            return None
-    if q._getters is None:
-        q._getters = [task]
-    else:
-        q._getters.append(task)
-    task.state = TaskState.BLOCKED_SYNC
-    task.blocked_on = call
-    if sched._on_block is not None:
-        sched._call_hook(sched._on_block, task, call)
-    return PARKED
-
-
-def _h_event_wait(sched: Scheduler, task: Task, call: EventWait) -> Any:
-    ev = call.event
-    if ev._set:
-        return True
-    if ev._sched is not sched:
-        try:
-            _bind(ev, sched)
-        except KernelError as exc:
-            task._throw = exc
-            return None
-    if ev._waiters is None:
-        ev._waiters = [task]
-    else:
-        ev._waiters.append(task)
-    return sched.park(task, call, TaskState.BLOCKED_SYNC)
-
-
-_HANDLERS: dict[type, Handler] = {
-    GetTid: _h_get_tid,
-    NewTask: _h_new_task,
-    WaitTask: _h_wait_task,
-    KillTask: _h_kill_task,
-    Sleep: _h_sleep,
-    ReadWait: _h_read_wait,
-    WriteWait: _h_write_wait,
-    Now: _h_now,
-    Random: _h_random,
-    RunInThread: _h_run_in_thread,
-    QueueGet: _h_queue_get,
-    EventWait: _h_event_wait,
-}

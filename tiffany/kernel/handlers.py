@@ -1,0 +1,175 @@
+"""System-call handlers of the kernel, one function per call type.
+
+A handler is ``handler(sched, task, call)``. It returns the value to send
+into the task at once, or :data:`~tiffany.kernel.markers.PARKED` when the
+task is parked (or requeued); to raise in the task at once it sets
+``task._throw`` and returns None. A handler never raises for a task-level
+problem: an exception escaping a handler is a kernel bug.
+
+The table at the bottom is built once; a scheduler copies it and layers
+above add their own calls with ``Scheduler.register``.
+"""
+
+from __future__ import annotations
+
+import selectors
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from tiffany.errors import KernelError, SystemCallMisuse, UnknownTask, WaitTimeout
+from tiffany.kernel.calls import (
+    GetTid,
+    KillTask,
+    NewTask,
+    Now,
+    Random,
+    ReadWait,
+    RunInThread,
+    Sleep,
+    WaitTask,
+    WriteWait,
+)
+from tiffany.kernel.markers import PARKED, join_error
+from tiffany.kernel.sync import EventWait, QueueGet, _bind
+from tiffany.kernel.task import Task, TaskState
+
+if TYPE_CHECKING:
+    from tiffany.kernel.scheduler import Scheduler
+
+__all__ = ["HANDLERS", "Handler"]
+
+Handler = Callable[["Scheduler", Task, Any], Any]
+
+_READY = TaskState.READY
+
+
+def _h_get_tid(sched: Scheduler, task: Task, call: GetTid) -> Any:
+    return task.id
+
+
+def _h_new_task(sched: Scheduler, task: Task, call: NewTask) -> Any:
+    try:
+        return sched._spawn(call.coro, call.name, task, call.daemon).id
+    except SystemCallMisuse as exc:
+        task._throw = exc
+        return None
+
+
+def _h_wait_task(sched: Scheduler, task: Task, call: WaitTask) -> Any:
+    target = sched._tasks.get(call.tid)
+    if target is None:
+        task._throw = UnknownTask(f"no task {call.tid} to wait for", tid=call.tid)
+        return None
+    if target is task:
+        task._throw = KernelError(f"task {task.id} cannot wait for itself", tid=task.id)
+        return None
+    if target.finished:
+        err = join_error(target)
+        if err is not None:
+            task._throw = err
+        return target.result if err is None else None
+    if call.timeout is not None:
+        if call.timeout <= 0:
+            task._throw = WaitTimeout(
+                f"task {call.tid} has not finished", tid=call.tid, timeout=call.timeout
+            )
+            return None
+        sched._add_timer(task, sched.clock.monotonic() + call.timeout)
+    if target.joiners is None:
+        target.joiners = [task]
+    else:
+        target.joiners.append(task)
+    return sched.park(task, call, TaskState.BLOCKED_JOIN)
+
+
+def _h_kill_task(sched: Scheduler, task: Task, call: KillTask) -> Any:
+    target = sched._tasks.get(call.tid)
+    if target is None or target.finished:
+        return False
+    sched._kill(target, task)
+    return True
+
+
+def _h_sleep(sched: Scheduler, task: Task, call: Sleep) -> Any:
+    if call.seconds <= 0:
+        task._send = None
+        task.state = _READY
+        sched._ready.append(task)
+        return PARKED
+    sched._add_timer(task, sched.clock.monotonic() + call.seconds)
+    return sched.park(task, call, TaskState.BLOCKED_SLEEP)
+
+
+def _h_read_wait(sched: Scheduler, task: Task, call: ReadWait) -> Any:
+    return sched._io_wait(task, call.fd, selectors.EVENT_READ, call)
+
+
+def _h_write_wait(sched: Scheduler, task: Task, call: WriteWait) -> Any:
+    return sched._io_wait(task, call.fd, selectors.EVENT_WRITE, call)
+
+
+def _h_now(sched: Scheduler, task: Task, call: Now) -> Any:
+    return sched.clock.time()
+
+
+def _h_random(sched: Scheduler, task: Task, call: Random) -> Any:
+    return sched.entropy.random()
+
+
+def _h_run_in_thread(sched: Scheduler, task: Task, call: RunInThread) -> Any:
+    return sched.start_thread(task, call)
+
+
+def _h_queue_get(sched: Scheduler, task: Task, call: QueueGet) -> Any:
+    q = call.queue
+    items = q._items
+    if items:
+        return items.popleft()
+    if q._sched is not sched:
+        try:
+            _bind(q, sched)
+        except KernelError as exc:
+            task._throw = exc
+            return None
+    if q._getters is None:
+        q._getters = [task]
+    else:
+        q._getters.append(task)
+    task.state = TaskState.BLOCKED_SYNC
+    task.blocked_on = call
+    if sched._on_block is not None:
+        sched._call_hook(sched._on_block, task, call)
+    return PARKED
+
+
+def _h_event_wait(sched: Scheduler, task: Task, call: EventWait) -> Any:
+    ev = call.event
+    if ev._set:
+        return True
+    if ev._sched is not sched:
+        try:
+            _bind(ev, sched)
+        except KernelError as exc:
+            task._throw = exc
+            return None
+    if ev._waiters is None:
+        ev._waiters = [task]
+    else:
+        ev._waiters.append(task)
+    return sched.park(task, call, TaskState.BLOCKED_SYNC)
+
+
+HANDLERS: dict[type, Handler] = {
+    GetTid: _h_get_tid,
+    NewTask: _h_new_task,
+    WaitTask: _h_wait_task,
+    KillTask: _h_kill_task,
+    Sleep: _h_sleep,
+    ReadWait: _h_read_wait,
+    WriteWait: _h_write_wait,
+    Now: _h_now,
+    Random: _h_random,
+    RunInThread: _h_run_in_thread,
+    QueueGet: _h_queue_get,
+    EventWait: _h_event_wait,
+}

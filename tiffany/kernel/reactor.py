@@ -1,0 +1,225 @@
+"""The reactor half of the scheduler: timers, descriptors and the thread pool.
+
+Everything that wakes a task from outside the task tree lives here: the
+timer heap (deadline, sequence, task) with lazy cancellation, the selector
+(epoll) with one reader and one writer slot per descriptor, and the thread
+pool whose completions arrive through an eventfd. The scheduler's wait
+stage drives it; the loop itself never touches these structures.
+
+Invariants: a timer entry is live only while it is its task's ``_timer``;
+``_io_waiting`` counts tasks parked in the selector; ``_threads_pending``
+counts thread jobs queued or running whose completion is still to come.
+"""
+
+from __future__ import annotations
+
+import heapq
+import selectors
+from collections import deque
+from typing import Any, Final
+
+from tiffany.errors import KernelError, WaitTimeout
+from tiffany.kernel.calls import ReadWait, SystemCall, WaitTask, WriteWait
+from tiffany.kernel.clock import Clock
+from tiffany.kernel.task import Task, TaskState
+from tiffany.kernel.threads import ThreadPool
+
+__all__ = ["TIMER_COMPACT_FRACTION", "TIMER_COMPACT_MIN", "Reactor"]
+
+#: Compact the timer heap when more than this fraction of it is cancelled...
+TIMER_COMPACT_FRACTION: Final = 0.5
+#: ...and it holds at least this many entries.
+TIMER_COMPACT_MIN: Final = 100
+
+
+class Reactor:
+    """Timers, selector and thread pool, mixed into the scheduler."""
+
+    clock: Clock
+    _tasks: dict[int, Task]
+    _ready: deque[Task]
+
+    def __init__(self, max_threads: int) -> None:
+        # Timers: a heap of (deadline, sequence, task); an entry is live only
+        # while it is the task's ``_timer`` (lazy cancellation).
+        self._timers: list[tuple[float, int, Task]] = []
+        self._timer_seq = 0
+        self._timers_cancelled = 0
+        self._selector: selectors.BaseSelector | None = None
+        self._io_waiting = 0
+        self._max_threads = max_threads
+        self._pool: ThreadPool | None = None
+        self._threads_pending = 0
+        self._outbox: list[tuple[Task, Any]] = []
+
+    def wake(self, task: Task, value: Any = None) -> None:
+        """Make a parked task ready (the scheduler implements it)."""
+        raise NotImplementedError
+
+    def park(self, task: Task, call: SystemCall, state: TaskState) -> Any:
+        """Mark a task blocked (the scheduler implements it)."""
+        raise NotImplementedError
+
+    def start_thread(self, task: Task, call: Any) -> Any:
+        """Park ``task`` on ``call`` and run ``call.fn(*call.args)`` in the pool.
+
+        The job starts after the current pass's commit point; its outcome
+        wakes the task at a wait stage. Returns :data:`PARKED` (for handlers).
+        """
+        self._outbox.append((task, call))
+        self._threads_pending += 1
+        return self.park(task, call, TaskState.BLOCKED_THREAD)
+
+    def _sleep(self, timeout: float) -> None:
+        sel = self._selector or self._make_selector()
+        sel.select(timeout)
+
+    def _make_selector(self) -> selectors.BaseSelector:
+        self._selector = selectors.DefaultSelector()
+        return self._selector
+
+    def _poll(self, timeout: float | None) -> int:
+        sel = self._selector or self._make_selector()
+        woken = 0
+        pool = self._pool
+        for key, mask in sel.select(timeout):
+            if pool is not None and key.fd == pool.fileno():
+                woken += self._thread_completions(pool)
+                continue
+            waiters: list[Task | None] = key.data
+            left = key.events
+            if mask & selectors.EVENT_READ and waiters[0] is not None:
+                task, waiters[0] = waiters[0], None
+                left &= ~selectors.EVENT_READ
+                self._io_waiting -= 1
+                self.wake(task)
+                woken += 1
+            if mask & selectors.EVENT_WRITE and waiters[1] is not None:
+                task, waiters[1] = waiters[1], None
+                left &= ~selectors.EVENT_WRITE
+                self._io_waiting -= 1
+                self.wake(task)
+                woken += 1
+            if left:
+                sel.modify(key.fd, left, waiters)
+            else:
+                sel.unregister(key.fd)
+        return woken
+
+    def _fire_timers(self, now: float) -> int:
+        timers = self._timers
+        woken = 0
+        while timers and timers[0][0] <= now:
+            entry = heapq.heappop(timers)
+            task = entry[2]
+            if task._timer is not entry:
+                self._timers_cancelled -= 1
+                continue
+            task._timer = None
+            woken += 1
+            if task.state is TaskState.BLOCKED_SLEEP:
+                self.wake(task, None)
+            else:  # a WaitTask timeout
+                call = task.blocked_on
+                assert isinstance(call, WaitTask)
+                target = self._tasks.get(call.tid)
+                if target is not None and target.joiners and task in target.joiners:
+                    target.joiners.remove(task)
+                task._throw = WaitTimeout(
+                    f"task {call.tid} did not finish within {call.timeout} s",
+                    tid=call.tid,
+                    timeout=call.timeout,
+                )
+                self.wake(task, None)
+        return woken
+
+    def _add_timer(self, task: Task, deadline: float) -> None:
+        self._timer_seq += 1
+        entry = (deadline, self._timer_seq, task)
+        task._timer = entry
+        heapq.heappush(self._timers, entry)
+
+    def _cancel_timer(self, task: Task) -> None:
+        if task._timer is not None:
+            task._timer = None
+            self._timers_cancelled += 1
+            n = len(self._timers)
+            if n >= TIMER_COMPACT_MIN and self._timers_cancelled > n * TIMER_COMPACT_FRACTION:
+                self._timers = [e for e in self._timers if e[2]._timer is e]
+                heapq.heapify(self._timers)
+                self._timers_cancelled = 0
+
+    def _io_wait(self, task: Task, fd: int, event: int, call: SystemCall) -> Any:
+        sel = self._selector or self._make_selector()
+        slot = 0 if event == selectors.EVENT_READ else 1
+        try:
+            key = sel.get_key(fd)
+        except KeyError:
+            waiters: list[Task | None] = [None, None]
+            waiters[slot] = task
+            try:
+                sel.register(fd, event, waiters)
+            except (OSError, ValueError) as exc:
+                task._throw = exc
+                return None
+        else:
+            waiters = key.data
+            other = waiters[slot]
+            if other is not None:
+                task._throw = KernelError(
+                    f"fd {fd} is already waited on by task {other.id}", fd=fd, tid=other.id
+                )
+                return None
+            waiters[slot] = task
+            sel.modify(fd, key.events | event, waiters)
+        self._io_waiting += 1
+        return self.park(task, call, TaskState.BLOCKED_IO)
+
+    def _io_forget(self, task: Task, call: ReadWait | WriteWait) -> None:
+        sel = self._selector
+        if sel is None:
+            return
+        try:
+            key = sel.get_key(call.fd)
+        except KeyError:
+            return
+        waiters = key.data
+        slot = 0 if isinstance(call, ReadWait) else 1
+        if waiters[slot] is task:
+            waiters[slot] = None
+            self._io_waiting -= 1
+            left = key.events & ~(selectors.EVENT_READ if slot == 0 else selectors.EVENT_WRITE)
+            try:
+                if left:
+                    sel.modify(call.fd, left, waiters)
+                else:
+                    sel.unregister(call.fd)
+            except (OSError, ValueError, KeyError):
+                pass  # the descriptor was closed under us; epoll dropped it already
+
+    def _release_outbox(self) -> None:
+        pool = self._pool
+        if pool is None:
+            pool = self._pool = ThreadPool(self._max_threads)
+            sel = self._selector or self._make_selector()
+            sel.register(pool.fileno(), selectors.EVENT_READ, None)
+        outbox, self._outbox = self._outbox, []
+        for task, call in outbox:
+            fn, args = call.fn, call.args
+            if task.blocked_on is call:
+                pool.submit((task, call), fn, args)
+            else:  # killed before it started
+                self._threads_pending -= 1
+
+    def _thread_completions(self, pool: ThreadPool) -> int:
+        woken = 0
+        for (task, call), value, exc in pool.drain():
+            self._threads_pending -= 1
+            if task.blocked_on is not call:
+                continue  # the task was killed meanwhile
+            if exc is not None:
+                task._throw = exc
+                value = None
+            self.wake(task, value)
+            woken += 1
+        return woken
