@@ -168,6 +168,18 @@ class Scheduler(Reactor):
             self._call_hook(self._on_wake, task, value)
         task.blocked_on = None
 
+    def kill(self, tid: int) -> bool:
+        """Cancel task ``tid`` from outside any task (as ``KillTask`` does).
+
+        Returns True if the task was alive. Call it from the scheduler's
+        thread (an injector, a hook or before ``run``), never from another.
+        """
+        target = self._tasks.get(tid)
+        if target is None or target.finished:
+            return False
+        self._kill(target, None)
+        return True
+
     def defer_wake(self, task: Task, value: Any = None, error: BaseException | None = None) -> None:
         """Wake ``task`` at the next wait stage, as if by an external event.
 
@@ -589,7 +601,7 @@ class Scheduler(Reactor):
         elif task.daemon:
             tasks.pop(task.id, None)
 
-    def _kill(self, target: Task, caller: Task) -> None:
+    def _kill(self, target: Task, caller: Task | None) -> None:
         target.kills += 1
         if target.kills > 1 and target is not caller:
             if target.state is _READY:  # still in the ready queue: close it there
@@ -597,7 +609,8 @@ class Scheduler(Reactor):
             else:
                 self._close_for_good(target)
             return
-        exc = TaskCancelled(f"task {target.id} killed by task {caller.id}")
+        by = f"task {caller.id}" if caller is not None else "the host"
+        exc = TaskCancelled(f"task {target.id} killed by {by}")
         if target is caller or target.state is _READY:
             target._throw = exc
             return
