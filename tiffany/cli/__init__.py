@@ -162,3 +162,13 @@ def demo(ctx: typer.Context) -> None:
 def main() -> None:
     """Run the ``tiffany`` command line (the console-script entry point)."""
     app(prog_name="tiffany")
+
+
+def _register_subcommands() -> None:
+    # Imported here so each command module can use ``app`` and ``_settings``.
+    from tiffany.cli import durable
+
+    durable.register(app)
+
+
+_register_subcommands()
