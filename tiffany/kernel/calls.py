@@ -45,6 +45,7 @@ __all__ = [
     "ReadWait",
     "RunInThread",
     "Sleep",
+    "Step",
     "SystemCall",
     "WaitTask",
     "WriteWait",
@@ -232,6 +233,40 @@ class RunInThread(SystemCall):
 
     def fields(self) -> dict[str, Any]:
         """Return the function's qualified name and argument count."""
+        module = getattr(self.fn, "__module__", "?")
+        qualname = getattr(self.fn, "__qualname__", repr(self.fn))
+        return {"fn": f"{module}:{qualname}", "nargs": len(self.args)}
+
+
+class Step(SystemCall):
+    """Run ``fn(*args)`` as a unit of work whose outcome the journal records.
+
+    ``result = yield Step(fn, *args)``: a plain function runs in the thread
+    pool (like ``RunInThread``); a generator function runs as its own child
+    task (it may wait on descriptors), and the caller gets its return value.
+    On its own the kernel just runs it; with the durable layer attached the
+    outcome is journaled and a replay returns it without calling ``fn``
+    again. Killing the caller kills a generator step's task.
+
+    Args:
+        fn: A plain function or a generator function.
+        *args: Its arguments.
+        name: The step's name in the journal (default: ``module:qualname``).
+    """
+
+    __slots__ = ("args", "child", "fn", "name")
+    kind = "step"
+
+    def __init__(self, fn: Callable[..., Any], *args: Any, name: str | None = None) -> None:
+        self.fn = fn
+        self.args = args
+        self.name = name
+        self.child: int | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """Return the step's name and argument count."""
+        if self.name is not None:
+            return {"fn": self.name, "nargs": len(self.args)}
         module = getattr(self.fn, "__module__", "?")
         qualname = getattr(self.fn, "__qualname__", repr(self.fn))
         return {"fn": f"{module}:{qualname}", "nargs": len(self.args)}

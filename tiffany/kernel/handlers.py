@@ -12,12 +12,14 @@ above add their own calls with ``Scheduler.register``.
 
 from __future__ import annotations
 
+import inspect
 import selectors
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tiffany.errors import KernelError, SystemCallMisuse, UnknownTask, WaitTimeout
+from tiffany.errors import KernelError, SystemCallMisuse, TaskKilled, UnknownTask, WaitTimeout
 from tiffany.kernel.calls import (
+    Coroutine,
     GetTid,
     KillTask,
     NewTask,
@@ -26,6 +28,7 @@ from tiffany.kernel.calls import (
     ReadWait,
     RunInThread,
     Sleep,
+    Step,
     WaitTask,
     WriteWait,
 )
@@ -159,7 +162,47 @@ def _h_event_wait(sched: Scheduler, task: Task, call: EventWait) -> Any:
     return sched.park(task, call, TaskState.BLOCKED_SYNC)
 
 
+def _h_step(sched: Scheduler, task: Task, call: Step) -> Any:
+    if not inspect.isgeneratorfunction(call.fn):
+        return sched.start_thread(task, call)
+    name = call.fields()["fn"]
+    child = sched._spawn(step_body(sched, task, call), f"step:{name}", task, True)
+    call.child = child.id
+    return sched.park(task, call, TaskState.BLOCKED_JOIN)
+
+
+def unpark_step(sched: Scheduler, task: Task, call: Step) -> None:
+    """Kill a generator step's task when its caller is killed."""
+    if call.child is not None:
+        sched.kill(call.child)
+
+
+def step_body(sched: Scheduler, caller: Task, call: Step) -> Coroutine:
+    """Run a generator step as a task; hand its outcome to the caller at a wait stage.
+
+    Discussion: the outcome goes through ``defer_wake`` rather than a direct
+    wake, so the caller re-enters the ready queue at a loop boundary, like a
+    thread completion: that is what lets a replay put it back at the same
+    place without running the step.
+    """
+    try:
+        result = yield call.fn(*call.args)
+    except Exception as exc:  # noqa: BLE001 - delivered to the caller as the step's outcome
+        if caller.blocked_on is call:
+            sched.defer_wake(caller, None, exc)
+        return None
+    except BaseException:
+        if caller.blocked_on is call:
+            name = call.fields()["fn"]
+            sched.defer_wake(caller, None, TaskKilled(f"step {name} was killed", step=name))
+        raise
+    if caller.blocked_on is call:
+        sched.defer_wake(caller, result)
+    return result
+
+
 HANDLERS: dict[type, Handler] = {
+    Step: _h_step,
     GetTid: _h_get_tid,
     NewTask: _h_new_task,
     WaitTask: _h_wait_task,

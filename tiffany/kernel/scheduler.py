@@ -53,10 +53,18 @@ from tiffany.errors import (
     TaskCancelled,
     UnknownTask,
 )
-from tiffany.kernel.calls import Coroutine, ReadWait, RunInThread, SystemCall, WaitTask, WriteWait
+from tiffany.kernel.calls import (
+    Coroutine,
+    ReadWait,
+    RunInThread,
+    Step,
+    SystemCall,
+    WaitTask,
+    WriteWait,
+)
 from tiffany.kernel.clock import Clock, MonotonicClock
 from tiffany.kernel.entropy import Entropy
-from tiffany.kernel.handlers import HANDLERS, Handler
+from tiffany.kernel.handlers import HANDLERS, Handler, unpark_step
 from tiffany.kernel.instrument import Instrument, InstrumentSet
 from tiffany.kernel.markers import PARKED, RETURNED, CloseTask, join_error
 from tiffany.kernel.reactor import Reactor
@@ -653,6 +661,8 @@ class Scheduler(Reactor):
             waiters = call.event._waiters
             if waiters and task in waiters:
                 waiters.remove(task)
+        elif isinstance(call, Step):
+            unpark_step(self, task, call)
         elif isinstance(call, RunInThread):
             pass  # the thread runs on; its completion finds the task gone
         task.blocked_on = None
