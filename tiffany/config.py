@@ -68,6 +68,13 @@ class Settings(BaseSettings):
             reported by the watchdog.
         enabled_tools: Names of the tools this server may run. From the
             environment: a comma-separated list (``shell,http``) or a JSON list.
+        llm_base_url: An OpenAI-compatible endpoint for the ``llm`` tool; unset
+            means the offline scripted provider.
+        llm_model: The model name sent to that endpoint.
+        llm_api_key: Its bearer key.
+        llm_script: A JSON/YAML file of scripted replies (offline provider).
+        shell_sandbox: ``auto`` (bubblewrap when installed), ``bwrap``
+            (required; the shell tool fails closed without it) or ``none``.
     """
 
     model_config = SettingsConfigDict(
@@ -89,6 +96,11 @@ class Settings(BaseSettings):
     enabled_tools: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: list(DEFAULT_ENABLED_TOOLS)
     )
+    llm_base_url: str | None = None
+    llm_model: str = "scripted"
+    llm_api_key: SecretStr | None = None
+    llm_script: Path | None = None
+    shell_sandbox: Literal["auto", "bwrap", "none"] = "auto"
 
     @field_validator("data_dir", mode="after")
     @classmethod
@@ -154,6 +166,7 @@ class Settings(BaseSettings):
         """
         data = self.model_dump(mode="json")
         data["api_token"] = "**********" if self.api_token is not None else None
+        data["llm_api_key"] = "**********" if self.llm_api_key is not None else None
         data["database_url"] = _mask_url_password(self.database_url)
         return data
 

@@ -139,6 +139,19 @@ class Reactor:
         task._timer = entry
         heapq.heappush(self._timers, entry)
 
+    def _purge_timers(self) -> None:
+        """Drop cancelled entries from the top of the heap.
+
+        Discussion: cancellation is lazy, so a cancelled entry may still sit
+        at the top. Left there it would set the selector's timeout (the loop
+        would sleep until a deadline nobody waits for) and keep ``run`` from
+        returning; popping them here keeps the top of the heap live.
+        """
+        timers = self._timers
+        while timers and timers[0][2]._timer is not timers[0]:
+            heapq.heappop(timers)
+            self._timers_cancelled -= 1
+
     def _cancel_timer(self, task: Task) -> None:
         if task._timer is not None:
             task._timer = None

@@ -446,6 +446,7 @@ class Scheduler(Reactor):
         """
         hooks = self._instruments.hooks
         clock = self.clock
+        self._purge_timers()
         timers = self._timers
         if self._ready and not (
             timers
