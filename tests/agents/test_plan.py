@@ -1,0 +1,134 @@
+"""Plan validation: every problem named by the path of the field at fault."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tiffany.agents.plan import PlanError, load_plan, parse_plan
+from tiffany.agents.refs import RefError, find_refs, resolve
+
+TOOLS = ["http", "shell", "python", "llm", "file.read", "file.write", "sleep"]
+
+
+def _plan(*steps, **extra):
+    return {"name": "p", "steps": list(steps), **extra}
+
+
+def _errors(doc, tools=TOOLS):
+    with pytest.raises(PlanError) as info:
+        parse_plan(doc, tools)
+    return {e["loc"]: e["msg"] for e in info.value.errors}
+
+
+def test_a_valid_plan_parses():
+    doc = _plan(
+        {
+            "id": "fetch",
+            "tool": "http",
+            "args": {"method": "GET", "url": "http://x/${inputs.repo}"},
+        },
+        {
+            "id": "count",
+            "tool": "shell",
+            "args": {"argv": ["wc", "-c"], "stdin": "${steps.fetch.output.body}"},
+            "after": ["fetch"],
+            "retries": 2,
+            "timeout_s": 10,
+        },
+        inputs={"repo": "demo"},
+        outputs={"size": "${steps.count.output.stdout}"},
+    )
+    plan = parse_plan(doc, TOOLS)
+    assert [s.id for s in plan.steps] == ["fetch", "count"]
+    assert plan.step("count").retries == 2
+
+
+def test_unknown_after_is_named_by_its_path():
+    errors = _errors(
+        _plan(
+            {"id": "a", "tool": "sleep"},
+            {"id": "b", "tool": "sleep"},
+            {"id": "c", "tool": "sleep", "after": ["b", "zz"]},
+        )
+    )
+    assert errors == {"steps[2].after[1]": "unknown step 'zz'"}
+
+
+def test_cycles_are_named_with_their_members():
+    errors = _errors(
+        _plan(
+            {"id": "a", "tool": "sleep", "after": ["c"]},
+            {"id": "b", "tool": "sleep", "after": ["a"]},
+            {"id": "c", "tool": "sleep", "after": ["b"]},
+        )
+    )
+    (msg,) = errors.values()
+    assert msg.startswith("cycle: ")
+    assert {"a", "b", "c"} <= set(msg.replace("cycle: ", "").split(" -> "))
+
+
+def test_unknown_tools_are_rejected_before_anything_runs():
+    errors = _errors(_plan({"id": "a", "tool": "rm-rf"}))
+    assert "steps[0].tool" in errors
+    assert "unknown tool 'rm-rf'" in errors["steps[0].tool"]
+
+
+def test_shape_errors_come_from_pydantic_with_paths():
+    errors = _errors(_plan({"id": "a", "tool": "sleep", "retries": -1}, {"tool": "sleep"}))
+    assert "steps[0].retries" in errors
+    assert "steps[1].id" in errors
+
+
+def test_references_must_point_upstream():
+    errors = _errors(
+        _plan(
+            {"id": "a", "tool": "sleep"},
+            {"id": "b", "tool": "shell", "args": {"argv": ["echo", "${steps.a.output.x}"]}},
+        )
+    )
+    assert errors == {"steps[1].args.argv[1]": "step 'a' is not upstream of 'b': add it to after"}
+
+
+def test_unknown_inputs_and_bad_references():
+    errors = _errors(
+        _plan({"id": "a", "tool": "shell", "args": {"argv": ["${inputs.nope}", "${bogus}"]}})
+    )
+    assert errors["steps[0].args.argv[0]"] == "unknown input 'nope'"
+    assert "bad reference" in errors["steps[0].args.argv[1]"]
+
+
+def test_duplicate_ids_and_extra_fields():
+    errors = _errors(_plan({"id": "a", "tool": "sleep"}, {"id": "a", "tool": "sleep"}))
+    assert errors == {"steps[1].id": "duplicate step id 'a'"}
+    errors = _errors(_plan({"id": "a", "tool": "sleep", "colour": "red"}))
+    assert errors == {"steps[0].colour": "Extra inputs are not permitted"}
+
+
+def test_resolve_keeps_types_for_whole_references_and_interpolates_text():
+    inputs = {"n": 3}
+    outputs = {"fetch": {"items": [{"name": "x"}], "body": "hello"}}
+    assert resolve("${inputs.n}", inputs, outputs) == 3
+    assert resolve("${steps.fetch.output.items}", inputs, outputs) == [{"name": "x"}]
+    assert (
+        resolve("n=${inputs.n} first=${steps.fetch.output.items[0].name}", inputs, outputs)
+        == "n=3 first=x"
+    )
+    assert resolve({"a": ["${steps.fetch.output.body}"]}, inputs, outputs) == {"a": ["hello"]}
+    with pytest.raises(RefError):
+        resolve("${steps.fetch.output.items[5]}", inputs, outputs)
+    assert [r.name for r in find_refs({"x": "${inputs.n} ${steps.fetch.output.body}"})] == [
+        "n",
+        "fetch",
+    ]
+
+
+def test_load_plan_reads_json_and_yaml_and_names_syntax_errors(tmp_path):
+    (tmp_path / "p.json").write_text(json.dumps(_plan({"id": "a", "tool": "sleep"})))
+    (tmp_path / "p.yaml").write_text("name: p\nsteps:\n  - id: a\n    tool: sleep\n")
+    (tmp_path / "bad.json").write_text("{nope")
+    assert load_plan(tmp_path / "p.json")["name"] == "p"
+    assert load_plan(tmp_path / "p.yaml")["steps"][0]["id"] == "a"
+    with pytest.raises(PlanError, match=r"bad\.json: not valid json"):
+        load_plan(tmp_path / "bad.json")

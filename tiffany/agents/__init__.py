@@ -1,0 +1,46 @@
+"""Agent plans: the planner, worker and tool tasks, and the tools.
+
+Public API::
+
+    from tiffany.agents import AgentEnv, ToolRegistry, parse_plan, plan_entry, plan_resolver
+
+``plan_entry(doc, inputs)`` is what a run's first journal record holds;
+``plan_resolver(env)`` turns it back into the planner coroutine (the durable
+runtime's resolver for the ``plan`` entry kind).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Mapping
+from typing import Any
+
+from tiffany.agents.plan import Plan, PlanError, StepSpec, load_plan, parse_plan
+from tiffany.agents.planner import PlanFailed, run_plan
+from tiffany.agents.worker import AgentEnv
+
+__all__ = [
+    "AgentEnv",
+    "Plan",
+    "PlanError",
+    "PlanFailed",
+    "StepSpec",
+    "load_plan",
+    "parse_plan",
+    "plan_entry",
+    "plan_resolver",
+    "run_plan",
+]
+
+
+def plan_entry(doc: Mapping[str, Any], inputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Return the run entry (journaled in RUN_START) for a plan document and inputs."""
+    return {"kind": "plan", "plan": dict(doc), "inputs": dict(inputs or {})}
+
+
+def plan_resolver(env: AgentEnv) -> Callable[[dict[str, Any], str], Generator[Any, Any, Any]]:
+    """Return the runtime resolver that rebuilds a plan run's planner task."""
+
+    def resolve(entry: dict[str, Any], run_id: str) -> Generator[Any, Any, Any]:
+        return run_plan(env, run_id, entry["plan"], entry.get("inputs") or {})
+
+    return resolve

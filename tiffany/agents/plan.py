@@ -1,0 +1,289 @@
+"""Plans: the JSON/YAML documents users write, and their validation.
+
+A plan names its inputs (with defaults), its steps (each a tool call with
+arguments) and its outputs. Steps form a DAG through ``after``; arguments
+and outputs may reference inputs and earlier results::
+
+    {"name": "triage",
+     "inputs": {"repo": "demo"},
+     "steps": [
+       {"id": "fetch", "tool": "http", "args": {"method": "GET", "url": "http://127.0.0.1:9000/a"}},
+       {"id": "count", "tool": "shell",
+        "args": {"argv": ["wc", "-c"], "stdin": "${steps.fetch.output.body}"},
+        "after": ["fetch"], "retries": 2, "timeout_s": 10}],
+     "outputs": {"size": "${steps.count.output.stdout}"}}
+
+Validation happens before anything runs and reports every problem with the
+path of the field at fault (``steps[2].after[0]: unknown step 'b'``): shape
+errors from pydantic, then unknown tools, duplicate ids, unknown ``after``
+targets, cycles (named with their members) and references to steps that are
+not upstream of the step that uses them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from tiffany.agents.refs import find_refs
+from tiffany.errors import TiffanyError
+
+__all__ = ["Plan", "PlanError", "StepSpec", "load_plan", "parse_plan"]
+
+#: Most steps a plan may hold (static plus added at run time).
+MAX_STEPS = 10_000
+#: Most retries of one step.
+MAX_RETRIES = 20
+
+
+class PlanError(TiffanyError):
+    """A plan is invalid; ``errors`` lists ``{"loc": "steps[2].after[0]", "msg": ...}``."""
+
+    code = "plan.invalid"
+
+    def __init__(self, errors: list[dict[str, str]]) -> None:
+        lines = "; ".join(f"{e['loc']}: {e['msg']}" if e["loc"] else e["msg"] for e in errors)
+        super().__init__(f"invalid plan: {lines}", errors=errors)
+        self.errors = errors
+
+
+class StepSpec(BaseModel):
+    """One step: a tool call with arguments, dependencies and a retry policy."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+    tool: str = Field(min_length=1)
+    args: dict[str, Any] = Field(default_factory=dict)
+    after: list[str] = Field(default_factory=list)
+    retries: int = Field(default=0, ge=0, le=MAX_RETRIES)
+    backoff: float = Field(
+        default=1.0, ge=0, le=3600, description="first retry delay, doubled each time"
+    )
+    timeout_s: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)
+    continue_on_error: bool = False
+    dynamic: bool = Field(default=False, description="the tool's result['steps'] extend the plan")
+
+    @field_validator("after")
+    @classmethod
+    def _no_duplicates(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("lists a step twice")
+        return v
+
+
+class Plan(BaseModel):
+    """A validated plan."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200)
+    description: str = ""
+    inputs: dict[str, Any] = Field(default_factory=dict)
+    steps: list[StepSpec] = Field(min_length=1, max_length=MAX_STEPS)
+    outputs: dict[str, Any] = Field(default_factory=dict)
+
+    def step(self, step_id: str) -> StepSpec:
+        """Return the step with ``step_id``."""
+        for s in self.steps:
+            if s.id == step_id:
+                return s
+        raise KeyError(step_id)
+
+
+def _loc(parts: Iterable[Any]) -> str:
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        else:
+            out += f".{p}" if out else str(p)
+    return out
+
+
+def parse_plan(
+    data: Mapping[str, Any],
+    tools: Iterable[str] | None = None,
+    *,
+    known_steps: Iterable[str] = (),
+    loc_prefix: str = "",
+) -> Plan:
+    """Validate ``data`` as a plan; raise :class:`PlanError` listing every problem.
+
+    Args:
+        data: The decoded plan document.
+        tools: Tool names that exist (None: do not check).
+        known_steps: Ids of steps already in the plan (for steps added at run time).
+        loc_prefix: Prefix of error locations (for added steps).
+    """
+    try:
+        plan = Plan.model_validate(data)
+    except ValidationError as exc:
+        errors = [
+            {"loc": loc_prefix + _loc(e["loc"]), "msg": e["msg"]}
+            for e in exc.errors(include_url=False)
+        ]
+        raise PlanError(errors) from None
+    errors = check_steps(
+        plan.steps, plan.inputs, tools, known_steps=known_steps, loc_prefix=loc_prefix
+    )
+    for name, value in plan.outputs.items():
+        for ref in find_refs(value):
+            if ref.scope == "inputs" and ref.name not in plan.inputs:
+                errors.append({"loc": f"outputs.{name}", "msg": f"unknown input {ref.name!r}"})
+            elif ref.scope == "steps" and ref.name not in {s.id for s in plan.steps}:
+                errors.append({"loc": f"outputs.{name}", "msg": f"unknown step {ref.name!r}"})
+    if errors:
+        raise PlanError(errors)
+    return plan
+
+
+def check_steps(
+    steps: list[StepSpec],
+    inputs: Mapping[str, Any],
+    tools: Iterable[str] | None,
+    *,
+    known_steps: Iterable[str] = (),
+    loc_prefix: str = "",
+) -> list[dict[str, str]]:
+    """Return the semantic problems of ``steps`` (ids, after, cycles, references, tools)."""
+    errors: list[dict[str, str]] = []
+    tool_names = set(tools) if tools is not None else None
+    known = set(known_steps)
+    ids: dict[str, int] = {}
+    for i, s in enumerate(steps):
+        loc = f"{loc_prefix}steps[{i}]"
+        if s.id in ids or s.id in known:
+            errors.append({"loc": f"{loc}.id", "msg": f"duplicate step id {s.id!r}"})
+        ids.setdefault(s.id, i)
+        if tool_names is not None and s.tool not in tool_names:
+            errors.append(
+                {
+                    "loc": f"{loc}.tool",
+                    "msg": f"unknown tool {s.tool!r} (known: {', '.join(sorted(tool_names))})",
+                }
+            )
+    all_ids = set(ids) | known
+    for i, s in enumerate(steps):
+        for j, dep in enumerate(s.after):
+            if dep not in all_ids:
+                errors.append(
+                    {"loc": f"{loc_prefix}steps[{i}].after[{j}]", "msg": f"unknown step {dep!r}"}
+                )
+            elif dep == s.id:
+                errors.append(
+                    {
+                        "loc": f"{loc_prefix}steps[{i}].after[{j}]",
+                        "msg": "a step cannot wait for itself",
+                    }
+                )
+    cycle = _find_cycle({s.id: [d for d in s.after if d in ids] for s in steps})
+    if cycle:
+        errors.append(
+            {"loc": f"{loc_prefix}steps", "msg": "cycle: " + " -> ".join([*cycle, cycle[0]])}
+        )
+        return errors
+    upstream = _upstream({s.id: list(s.after) for s in steps})
+    for i, s in enumerate(steps):
+        for path, ref in _refs_in(s.args, f"{loc_prefix}steps[{i}].args"):
+            if ref.scope == "invalid":
+                errors.append(
+                    {
+                        "loc": path,
+                        "msg": f"bad reference ${{{ref.text}}}: use inputs.NAME or steps.ID.output",
+                    }
+                )
+            elif ref.scope == "inputs" and ref.name not in inputs:
+                errors.append({"loc": path, "msg": f"unknown input {ref.name!r}"})
+            elif ref.scope == "steps":
+                if ref.name not in all_ids:
+                    errors.append({"loc": path, "msg": f"unknown step {ref.name!r}"})
+                elif ref.name not in upstream.get(s.id, set()) and ref.name not in known:
+                    errors.append(
+                        {
+                            "loc": path,
+                            "msg": (
+                                f"step {ref.name!r} is not upstream of {s.id!r}: add it to after"
+                            ),
+                        }
+                    )
+    return errors
+
+
+def _refs_in(value: Any, path: str) -> Iterable[tuple[str, Any]]:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _refs_in(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _refs_in(v, f"{path}[{i}]")
+    elif isinstance(value, str):
+        for ref in find_refs(value):
+            yield path, ref
+
+
+def _find_cycle(graph: dict[str, list[str]]) -> list[str] | None:
+    white, grey, black = 0, 1, 2
+    color = dict.fromkeys(graph, white)
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        color[node] = grey
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if color.get(nxt) == grey:
+                return stack[stack.index(nxt) :]
+            if color.get(nxt) == white:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        color[node] = black
+        return None
+
+    for node in graph:
+        if color[node] == white:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def _upstream(graph: dict[str, list[str]]) -> dict[str, set[str]]:
+    memo: dict[str, set[str]] = {}
+
+    def up(node: str) -> set[str]:
+        if node not in memo:
+            memo[node] = set()
+            acc: set[str] = set()
+            for dep in graph.get(node, ()):
+                acc.add(dep)
+                acc |= up(dep)
+            memo[node] = acc
+        return memo[node]
+
+    for node in graph:
+        up(node)
+    return memo
+
+
+def load_plan(path: str | Path) -> dict[str, Any]:
+    """Read a plan file (JSON, or YAML for .yaml/.yml); return the raw document."""
+    p = Path(path)
+    text = p.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text) if p.suffix in (".yaml", ".yml") else json.loads(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise PlanError(
+            [{"loc": "", "msg": f"{p.name}: not valid {p.suffix.lstrip('.') or 'JSON'}: {exc}"}]
+        ) from None
+    if not isinstance(data, dict):
+        raise PlanError(
+            [{"loc": "", "msg": f"{p.name}: a plan is an object, got {type(data).__name__}"}]
+        )
+    return data

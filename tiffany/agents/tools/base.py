@@ -1,0 +1,92 @@
+"""The tool contract: what the worker task calls to run a plan step.
+
+A tool is an object with a ``name``, a pydantic ``Args`` model that
+validates its arguments (errors name the field), and a ``run(args, ctx)``:
+
+* a **plain function** ``run`` runs in the scheduler's thread pool (blocking
+  libraries are fine there);
+* a **generator function** ``run`` runs as its own kernel task and may wait
+  on descriptors through ``ReadWait``/``WriteWait`` (``tiffany.io``).
+
+Either way the worker runs it inside a durable ``Step``: its result is
+journaled and a replay never calls it again. A tool whose ``durable`` is
+False (``sleep``) instead runs inside the worker task itself, journaled
+dispatch by dispatch; such a tool must be deterministic.
+
+Results must be JSON-like (dict, list, str, numbers, bool, None, bytes).
+Tools raise :class:`ToolError` (with a stable ``code`` and fields) for
+failures the plan should see; the worker retries according to the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from tiffany.errors import TiffanyError
+
+__all__ = ["Tool", "ToolArgs", "ToolContext", "ToolError", "ToolSettings"]
+
+
+class ToolError(TiffanyError):
+    """A tool failed in a way the plan should see (retried per the step)."""
+
+    code = "tool.error"
+
+
+class ToolArgs(BaseModel):
+    """Base of every tool's argument model: unknown fields are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSettings:
+    """Operator settings the tools read (built once from Settings)."""
+
+    llm_base_url: str | None = None
+    llm_model: str = "scripted"
+    llm_api_key: str | None = None
+    llm_script: str | None = None
+    shell_sandbox: str = "auto"  # "auto": bubblewrap when installed, "bwrap": required, "none"
+    env_allowlist: tuple[str, ...] = ("PATH", "LANG", "LC_ALL", "HOME", "TZ")
+    max_output_bytes: int = 1 << 20
+    http_max_body_bytes: int = 10 << 20
+
+
+@dataclass(slots=True)
+class ToolContext:
+    """What a running tool knows about where it runs.
+
+    Attributes:
+        run_id: The run.
+        step_id: The plan step.
+        attempt: 1 for the first try, 2... for retries and re-runs.
+        workspace: The run's workspace directory (file tools and shell cwd stay inside).
+        settings: Operator settings.
+        emit: ``emit(kind, data)`` publishes an activity event (best effort;
+            e.g. ``tool.output`` lines, ``llm.usage``). Never blocks.
+    """
+
+    run_id: str
+    step_id: str
+    attempt: int
+    workspace: Path
+    settings: ToolSettings = field(default_factory=ToolSettings)
+    emit: Callable[[str, Mapping[str, Any]], None] = lambda kind, data: None
+
+
+class Tool(Protocol):
+    """What the registry holds."""
+
+    name: ClassVar[str]
+    Args: ClassVar[type[ToolArgs]]
+    durable: ClassVar[bool]
+
+    def run(self, args: Any, ctx: ToolContext) -> Any:
+        """Run the tool (a plain function or a generator function)."""
+        ...

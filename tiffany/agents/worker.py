@@ -1,0 +1,151 @@
+"""The worker task (the seed's Task_Worker): one plan step, with its retries.
+
+A worker resolves the step's references, validates the arguments against
+the tool's model, and runs the tool as a *tool task* (Task_Tool) inside a
+durable ``Step``. It waits for the tool task with the step's timeout and
+kills it when the time is up; between attempts it sleeps with exponential
+backoff through the kernel's (journaled, durable) timers. Every attempt is
+recorded (start, end, outcome) in what the worker reports to the planner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from tiffany.agents.plan import StepSpec
+from tiffany.agents.refs import RefError, resolve
+from tiffany.agents.tools.base import ToolContext, ToolSettings
+from tiffany.errors import TaskCrashed, TaskKilled, TiffanyError, WaitTimeout
+from tiffany.kernel import KillTask, NewTask, Now, Queue, Sleep, Step, WaitTask
+
+if TYPE_CHECKING:
+    from tiffany.agents.registry import ToolRegistry
+
+__all__ = ["AgentEnv", "StepOutcome", "error_info", "worker"]
+
+Co = Generator[Any, Any, Any]
+
+
+@dataclass(slots=True)
+class AgentEnv:
+    """What plan tasks need from the engine (rebuilt, not journaled, on recovery)."""
+
+    registry: ToolRegistry
+    workspace_root: Path
+    settings: ToolSettings = field(default_factory=ToolSettings)
+    emit: Callable[[str, str, Mapping[str, Any]], None] = lambda run_id, kind, data: None
+
+    def workspace(self, run_id: str) -> Path:
+        """Return (creating it) the run's workspace directory."""
+        path = self.workspace_root / run_id
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    """What a worker reports to the planner."""
+
+    step_id: str
+    ok: bool
+    output: Any = None
+    error: dict[str, Any] | None = None
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+
+
+def error_info(exc: BaseException) -> dict[str, Any]:
+    """Return a JSON-able description of an error (code, type, message, fields)."""
+    info: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
+    if isinstance(exc, TiffanyError):
+        info["code"] = exc.code
+        info.update(
+            {k: v for k, v in exc.fields.items() if isinstance(v, str | int | float | bool)}
+        )
+    return info
+
+
+def _tool_task(fn: Any, args: Any, ctx: ToolContext, name: str) -> Co:
+    """Task_Tool: run the tool inside a durable step."""
+    return (yield Step(fn, args, ctx, name=name))
+
+
+def worker(
+    env: AgentEnv,
+    run_id: str,
+    spec: StepSpec,
+    inputs: Mapping[str, Any],
+    outputs: Mapping[str, Any],
+    results: Queue[StepOutcome],
+) -> Co:
+    """Run one step to success or to the end of its retries; report to ``results``."""
+    outcome = StepOutcome(spec.id, False)
+    try:
+        tool = env.registry.get(spec.tool)
+        args = tool.Args.model_validate(resolve(spec.args, inputs, outputs))
+    except ValidationError as exc:
+        fields = "; ".join(
+            f"args.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+            for e in exc.errors(include_url=False)
+        )
+        outcome.error = {"type": "ValidationError", "code": "plan.args", "message": fields}
+        results.put(outcome)
+        return outcome
+    except (RefError, TiffanyError) as exc:
+        outcome.error = error_info(exc)
+        results.put(outcome)
+        return outcome
+    workspace = env.workspace(run_id)
+    for attempt in range(1, spec.retries + 2):
+        started = yield Now()
+        ctx = ToolContext(
+            run_id, spec.id, attempt, workspace, env.settings, _emitter(env, run_id, spec.id)
+        )
+        record: dict[str, Any] = {"attempt": attempt, "started_at": started}
+        try:
+            if tool.durable:
+                tid = yield NewTask(
+                    _tool_task(tool.run, args, ctx, spec.tool), name=f"tool:{spec.tool}:{spec.id}"
+                )
+                try:
+                    output = yield WaitTask(tid, timeout=spec.timeout_s)
+                except WaitTimeout:
+                    yield KillTask(tid)
+                    raise TiffanyError(
+                        f"step {spec.id} timed out after {spec.timeout_s} s",
+                        timeout_s=spec.timeout_s,
+                    ) from None
+            else:
+                output = yield tool.run(args, ctx)
+        except TaskCrashed as exc:
+            cause = exc.__cause__ or exc
+            record.update(ok=False, error=error_info(cause))
+        except (TiffanyError, TaskKilled) as exc:
+            record.update(ok=False, error=error_info(exc))
+        else:
+            record.update(ok=True, ended_at=(yield Now()))
+            outcome.attempts.append(record)
+            outcome.ok, outcome.output = True, output
+            results.put(outcome)
+            return outcome
+        record["ended_at"] = yield Now()
+        outcome.attempts.append(record)
+        outcome.error = record["error"]
+        if attempt <= spec.retries:
+            delay = spec.backoff * (2 ** (attempt - 1))
+            env.emit(run_id, "step.retry", {"step": spec.id, "attempt": attempt, "delay_s": delay})
+            if delay > 0:
+                yield Sleep(delay)
+    results.put(outcome)
+    return outcome
+
+
+def _emitter(env: AgentEnv, run_id: str, step_id: str) -> Callable[[str, Mapping[str, Any]], None]:
+    def emit(kind: str, data: Mapping[str, Any]) -> None:
+        env.emit(run_id, kind, {"step": step_id, **data})
+
+    return emit
