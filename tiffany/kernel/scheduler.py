@@ -400,17 +400,23 @@ class Scheduler(Reactor):
                             task.stack.append(coro)  # type: ignore[arg-type]
                         task.coro = y
                         value = None
-                    elif task.stack:
+                    elif task.stack and not isinstance(y, SystemCall):
                         # PyOS-style result: a nested coroutine yielding a
                         # plain value returns it to its caller (the seed's
-                        # ``yield client, addr`` in Accept).
+                        # ``yield client, addr`` in Accept). A system call
+                        # with no handler is not a plain value: it is a
+                        # misuse at any depth.
                         coro.close()  # type: ignore[union-attr]
                         task.coro = task.stack.pop()
                         value = y
                     else:
+                        what = (
+                            "no handler is registered for it"
+                            if isinstance(y, SystemCall)
+                            else "expected a system call, a generator or None"
+                        )
                         task._throw = SystemCallMisuse(
-                            f"task {task.id} ({task.name}) yielded {y!r}: expected a system "
-                            "call, a generator or None",
+                            f"task {task.id} ({task.name}) yielded {y!r}: {what}",
                             tid=task.id,
                             yielded=repr(y)[:200],
                         )
