@@ -167,6 +167,9 @@ class Reactor:
         slot = 0 if event == selectors.EVENT_READ else 1
         try:
             key = sel.get_key(fd)
+        except ValueError as exc:  # a negative descriptor: a closed socket's fileno()
+            task._throw = exc
+            return None
         except KeyError:
             waiters: list[Task | None] = [None, None]
             waiters[slot] = task
