@@ -64,7 +64,7 @@ LAYERS: dict[str, Layer] = {
     "kernel": Layer(_parts("errors"), _parts("structlog")),
     "io": Layer(_parts("errors", "kernel")),
     # The WAL treats payloads as opaque bytes.
-    "wal": Layer(_parts("errors"), CODEC_LIBS),
+    "wal": Layer(_parts("errors"), CODEC_LIBS | _parts("structlog")),
     "durable": Layer(_parts("errors", "kernel", "wal")),
     "pal": Layer(_parts("errors")),
     "store": Layer(_parts("errors", "config")),
