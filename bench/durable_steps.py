@@ -1,0 +1,128 @@
+"""Durable steps: Tiffany against DBOS Transact, same machine, same run.
+
+    python bench/durable_steps.py [--seq 10000] [--runs 100] [--steps 100] [--quick]
+
+Workloads (a trivial function journaled as a step):
+
+* sequential: one run of ``--seq`` steps, one after the other;
+* concurrent: ``--runs`` runs of ``--steps`` steps each, all at once.
+
+Tiffany runs in this process on a fresh WAL (fsync policy ``batch``: one
+fdatasync per loop iteration). DBOS 3.4 runs in its own virtual environment
+(``bench/.envs/dbos``, created on first use from PyPI) on SQLite, in a
+subprocess, so neither library's imports disturb the other. Printed: steps/s
+for each and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from tiffany.durable import Runtime, Step  # noqa: E402
+
+ENV_DIR = ROOT / "bench" / ".envs" / "dbos"
+DBOS_SPEC = "dbos==3.4.0"
+
+
+def trivial(i: int) -> int:
+    return i + 1
+
+
+def sequential(n: int) -> object:
+    total = 0
+    for i in range(n):
+        total += yield Step(trivial, i)
+    return total
+
+
+def _tiffany(seq: int, runs: int, per_run: int, fsync: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as d:
+        with Runtime(d, fsync=fsync) as rt:
+            t0 = time.perf_counter()
+            run_id = rt.submit("durable_steps:sequential", seq)
+            rt.run()
+            out["sequential_steps_per_s"] = seq / (time.perf_counter() - t0)
+            assert rt.status(run_id).result == sum(range(1, seq + 1))
+            commits = rt.wal.durable_seq
+        out["records"] = commits
+    with tempfile.TemporaryDirectory() as d, Runtime(d, fsync=fsync) as rt:
+        t0 = time.perf_counter()
+        ids = [rt.submit("durable_steps:sequential", per_run) for _ in range(runs)]
+        rt.run()
+        elapsed = time.perf_counter() - t0
+        assert all(rt.status(i).result == sum(range(1, per_run + 1)) for i in ids)
+        out["concurrent_steps_per_s"] = runs * per_run / elapsed
+        out["concurrent_runs_per_s"] = runs / elapsed
+    return out
+
+
+def _dbos(seq: int, runs: int, per_run: int) -> dict[str, float] | None:
+    python = ENV_DIR / "bin" / "python"
+    if not python.exists():
+        print(f"creating {ENV_DIR} with {DBOS_SPEC} (first run only)...", flush=True)
+        venv.create(ENV_DIR, with_pip=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", DBOS_SPEC], check=True)
+    with tempfile.TemporaryDirectory() as d:
+        proc = subprocess.run(
+            [
+                str(python),
+                str(ROOT / "bench" / "dbos_driver.py"),
+                d,
+                str(seq),
+                str(runs),
+                str(per_run),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    if proc.returncode != 0:
+        print("DBOS failed:", proc.stderr[-2000:], file=sys.stderr)
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--seq", type=int, default=10_000)
+    ap.add_argument("--runs", type=int, default=100)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--fsync", default="batch", choices=["always", "batch", "off"])
+    ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    ap.add_argument("--no-dbos", action="store_true")
+    args = ap.parse_args()
+    if args.quick:
+        args.seq, args.runs, args.steps = 500, 10, 20
+    # DBOS is slow: give it the same work but cap its sequential run at 2,000 steps.
+    dbos_seq = min(args.seq, 2_000)
+    tif = _tiffany(args.seq, args.runs, args.steps, args.fsync)
+    dbos = None if args.no_dbos else _dbos(dbos_seq, args.runs, args.steps)
+    print(
+        f"\ndurable steps: trivial function, Tiffany fsync={args.fsync}, DBOS {DBOS_SPEC} on SQLite"
+    )
+    print(f"{'workload':<44}{'tiffany/s':>12}{'dbos/s':>12}{'ratio':>9}")
+    rows = [
+        (f"sequential: 1 run x {args.seq} steps (dbos {dbos_seq})", "sequential_steps_per_s"),
+        (f"concurrent: {args.runs} runs x {args.steps} steps", "concurrent_steps_per_s"),
+    ]
+    for label, key in rows:
+        d = dbos[key] if dbos else float("nan")
+        print(f"{label:<44}{tif[key]:>12,.0f}{d:>12,.0f}{tif[key] / d:>8.1f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""Workloads for the durable-execution tests (importable by name: replay re-imports them).
+
+Every root function here is a generator function taking JSON-able arguments,
+because a run is re-created from its first journal record.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tiffany.durable import Step
+from tiffany.errors import TaskCancelled
+from tiffany.kernel import (
+    KillTask,
+    NewTask,
+    Now,
+    Queue,
+    Random,
+    RunInThread,
+    Sleep,
+    WaitTask,
+)
+
+CALLS: list[object] = []
+
+
+def record_call(i: int) -> int:
+    CALLS.append(i)
+    return i * 10
+
+
+def append_line(path: str, text: str) -> str:
+    """The side effect of the crash tests: one line per completed step."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(text + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return text
+
+
+def _worker(i: int, q: Queue) -> object:
+    yield Sleep(0.001 * (i % 3))
+    r = yield Step(record_call, i)
+    yield Now()
+    yield Random()
+    q.put((i, r))
+    return r
+
+
+def fan_in(n: int) -> object:
+    """N workers, a queue, joins, sleeps, steps, Now and Random."""
+    q: Queue = Queue()
+    tids = []
+    for i in range(n):
+        tids.append((yield NewTask(_worker(i, q), name=f"worker-{i}")))
+    got = []
+    for _ in range(n):
+        got.append((yield q.get()))
+    total = 0
+    for t in tids:
+        total += yield WaitTask(t)
+    return [total, got]
+
+
+def _appender(path: str, worker: int, steps: int, q: Queue) -> object:
+    for s in range(steps):
+        text = yield Step(append_line, path, f"w{worker}-s{s}")
+        q.put(text)
+        if s % 2:
+            yield
+        else:
+            yield Sleep(0.0005)
+    return worker
+
+
+def appenders(path: str, workers: int, steps: int) -> object:
+    """Workers appending lines through steps; the crash tests' run."""
+    q: Queue = Queue()
+    tids = []
+    for w in range(workers):
+        tids.append((yield NewTask(_appender(path, w, steps, q), name=f"appender-{w}")))
+    order = []
+    for _ in range(workers * steps):
+        order.append((yield q.get()))
+    for t in tids:
+        yield WaitTask(t)
+    return sorted(order)  # thread completion order is external: compare as a set
+
+
+def _count(path: str) -> object:
+    """A generator step: waits on a subprocess's pipe through ReadWait."""
+    from tiffany.io import spawn_process
+
+    proc = spawn_process(["wc", "-c", path], stdin=False)
+    out = yield proc.communicate()
+    return int(out.stdout.split()[0])
+
+
+def generator_steps(path: str) -> object:
+    """Steps that run as kernel tasks (subprocess I/O inside a step)."""
+    Path(path).write_text("hello\n")
+    first = yield Step(_count, path, name="count")
+    second = yield RunInThread(len, "abc")
+    return [first, second]
+
+
+def _sleeper(seconds: float) -> object:
+    try:
+        yield Sleep(seconds)
+        return "slept"
+    except TaskCancelled:
+        CALLS.append(("cancelled", "sleeper"))
+        raise
+
+
+def cancellable(seconds: float) -> object:
+    """A run that sleeps long; cancelling it kills both tasks (their handlers run)."""
+    tid = yield NewTask(_sleeper(seconds))
+    try:
+        return (yield WaitTask(tid))
+    except TaskCancelled:
+        CALLS.append(("cancelled", "root"))
+        raise
+
+
+def killer() -> object:
+    """Internal kills and crashes are reproduced by replay, not journaled as external."""
+
+    def victim() -> object:
+        while True:
+            yield Sleep(10)
+
+    def crasher() -> object:
+        yield
+        raise ValueError("boom")
+
+    v = yield NewTask(victim())
+    c = yield NewTask(crasher())
+    yield Sleep(0.001)
+    yield KillTask(v)
+    outcomes = []
+    for t in (v, c):
+        try:
+            yield WaitTask(t)
+            outcomes.append("ok")
+        except Exception as exc:
+            outcomes.append(type(exc).__name__)
+    return outcomes
+
+
+MODE = {"value": os.environ.get("TIFFANY_GOLDEN_MODE", "a")}
+
+
+def moody(n: int) -> object:
+    """Deliberately nondeterministic: its path depends on a module global."""
+    total = 0
+    for i in range(n):
+        if MODE["value"] == "a":
+            yield Sleep(0.001)
+        else:
+            yield
+        total += i
+    return total

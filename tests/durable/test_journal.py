@@ -1,0 +1,175 @@
+"""The journal and replay: record, replay identically, recover from any cut."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import durable_workloads as wl
+import pytest
+from conftest import cut_wal
+
+from tiffany.durable import RecordType, Runtime, scan, verify
+from tiffany.durable.history import decoded_records
+from tiffany.errors import NondeterminismError
+from tiffany.wal import iter_records
+
+
+def _run(data_dir: Path, target: str, *args):
+    with Runtime(data_dir) as rt:
+        run_id = rt.submit(target, *args)
+        rt.run()
+        state = rt.status(run_id)
+        return run_id, state.status, state.result
+
+
+def test_a_finished_run_replays_identically_without_side_effects(tmp_path):
+    run_id, status, result = _run(tmp_path, "durable_workloads:fan_in", 5)
+    assert status == "succeeded"
+    assert result[0] == sum(i * 10 for i in range(5))
+    assert sorted(wl.CALLS) == list(range(5))
+    wl.CALLS.clear()
+    report = verify(tmp_path, run_id)
+    assert report.ok, report.to_dict()
+    assert report.dispatches > 20
+    assert wl.CALLS == []  # no step ran again
+
+
+def test_every_dispatch_is_journaled_with_its_outcomes(tmp_path):
+    run_id, _, _ = _run(tmp_path, "durable_workloads:fan_in", 3)
+    info = scan(tmp_path / "wal").get(run_id)
+    kinds: dict[int, int] = {}
+    dispatch_kinds = set()
+    for _seq, rtype, fields in decoded_records(tmp_path / "wal", info):
+        kinds[rtype] = kinds.get(rtype, 0) + 1
+        if rtype == RecordType.DISPATCH:
+            dispatch_kinds.add(fields[2])
+    assert {
+        "new_task",
+        "queue_get",
+        "wait_task",
+        "sleep",
+        "step",
+        "now",
+        "random",
+        "return",
+    } <= dispatch_kinds
+    assert kinds[RecordType.SPAWN] == 4
+    assert kinds[RecordType.OUTCOME] >= 6  # 3 Now + 3 Random (+ sleeps)
+    assert kinds[RecordType.TASK_EXIT] == 4
+    assert kinds[RecordType.RUN_END] == 1
+    steps = kinds[RecordType.STEP_START]
+    assert steps == 3
+
+
+def test_a_changed_program_raises_nondeterminism_with_details(tmp_path):
+    run_id, _, _ = _run(tmp_path, "durable_workloads:moody", 5)
+    assert verify(tmp_path, run_id).ok
+    wl.MODE["value"] = "b"
+    report = verify(tmp_path, run_id)
+    assert not report.ok
+    d = report.divergence
+    assert d is not None
+    assert d["run_id"] == run_id
+    assert d["code"] == "replay.nondeterminism"
+    assert d["expected"][2] == "sleep"
+    assert d["actual"][2] == "yield"
+    assert d["task"] == 1
+    assert any("moody" in frame for frame in d["stack"])
+
+
+def test_runtime_replay_raises_nondeterminism_error(tmp_path):
+    with Runtime(tmp_path) as rt:
+        run_id = rt.submit("durable_workloads:moody", 4)
+        rt.run()
+    wal = tmp_path / "wal"
+    cut = tmp_path / "cut"
+    n = sum(1 for _ in iter_records(wal))
+    cut_wal(wal, cut / "wal", n - 6)
+    wl.MODE["value"] = "b"
+    with Runtime(cut) as rt:
+        rt.recover()
+        with pytest.raises(NondeterminismError) as info:
+            rt.run()
+    assert info.value.fields["run_id"] == run_id
+
+
+@pytest.mark.parametrize(
+    ("target", "args"), [("durable_workloads:fan_in", (4,)), ("durable_workloads:killer", ())]
+)
+def test_recovery_from_every_record_prefix(tmp_path, target, args):
+    run_id, status, expected = _run(tmp_path / "full", target, *args)
+    records = list(iter_records(tmp_path / "full" / "wal"))
+    completed_total = len(wl.CALLS)
+    for keep in range(1, len(records)):
+        wl.CALLS.clear()
+        d = tmp_path / f"cut{keep}"
+        cut_wal(tmp_path / "full" / "wal", d / "wal", keep)
+        done_steps = sum(
+            1 for r in records[:keep] if r.rtype == RecordType.WAKE and b"step" in bytes(r.payload)
+        )
+        with Runtime(d) as rt:
+            resumed = rt.recover()
+            assert resumed == [run_id]
+            rt.run()
+            state = rt.status(run_id)
+        assert (state.status, state.result) == (status, expected), keep
+        # completed steps are not re-run; the others run exactly once more
+        assert len(wl.CALLS) == completed_total - done_steps, keep
+        assert verify(d, run_id).ok, keep
+
+
+def test_timers_resume_with_their_remaining_time(tmp_path):
+    with Runtime(tmp_path / "a") as rt:
+        rt.submit("durable_workloads:cancellable", 0.2)
+        rt.run()
+    records = list(iter_records(tmp_path / "a" / "wal"))
+    # keep everything up to (not including) the sleeper's wake-up
+    wake = next(i for i, r in enumerate(records) if r.rtype == RecordType.WAKE)
+    cut_wal(tmp_path / "a" / "wal", tmp_path / "b" / "wal", wake)
+    import time
+
+    start = time.monotonic()
+    with Runtime(tmp_path / "b") as rt:
+        (run_id,) = rt.recover()
+        rt.run()
+        assert rt.status(run_id).result == "slept"
+    assert time.monotonic() - start < 0.2  # the remaining time, not the full sleep again
+
+
+def test_cancel_a_run_kills_its_tasks_and_replays(tmp_path):
+    with Runtime(tmp_path) as rt:
+        run_id = rt.submit("durable_workloads:cancellable", 30.0)
+        from tiffany.kernel import Instrument
+
+        class CancelSoon(Instrument):
+            def after_wait(self, events):
+                rt.journal.request_cancel(run_id, "test")
+
+        rt.sched.add_instrument(CancelSoon())
+        rt.run()
+        state = rt.status(run_id)
+    assert state.status == "cancelled"
+    assert sorted(wl.CALLS) == [("cancelled", "root"), ("cancelled", "sleeper")]
+    assert verify(tmp_path, run_id).ok
+
+
+def test_generator_steps_run_as_tasks_and_replay_from_the_journal(tmp_path):
+    target = tmp_path / "f.txt"
+    run_id, status, result = _run(tmp_path, "durable_workloads:generator_steps", str(target))
+    assert (status, result) == ("succeeded", [6, 3])
+    target.write_text("changed to something longer\n")  # a re-run would see this
+    report = verify(tmp_path, run_id)
+    assert report.ok, report.to_dict()
+
+
+def test_several_runs_share_one_wal_and_replay_alone(tmp_path):
+    with Runtime(tmp_path) as rt:
+        ids = [rt.submit("durable_workloads:fan_in", n) for n in (2, 3, 4)]
+        ids.append(rt.submit("durable_workloads:killer"))
+        rt.run()
+        results = {i: rt.status(i).result for i in ids}
+    index = scan(tmp_path / "wal")
+    assert [index.get(i).status for i in ids] == ["succeeded"] * 4
+    for i in ids:
+        assert verify(tmp_path, i).ok
+    assert results[ids[0]][0] == 10

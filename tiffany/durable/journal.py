@@ -1,0 +1,683 @@
+"""The journal: the kernel instrument that makes runs durable and replayable.
+
+A *run* is a root task and its descendants. The journal follows every
+dispatch of every run's tasks and appends it to the WAL; for a run being
+replayed it does the opposite: it checks each dispatch against the WAL and
+feeds the recorded outcomes back.
+
+What is recorded (see ``records.py`` for the layout):
+
+* every dispatch: which task (by its run-local id), what it yielded (the
+  call's kind and a small deterministic argument);
+* every value from outside the run, in full: ``Now()``, ``Random()``, step
+  and thread results, and every wake-up that entered the ready queue at a
+  wait stage (timers, I/O, thread and step completions, cancel requests),
+  with the run's dispatch count at that moment;
+* spawns, step starts (with the attempt number), task exits, the run's end.
+
+Why that suffices: the kernel is deterministic for a given sequence of
+external events, and the only place external events enter the ready queue
+is the wait stage. A run's tasks are appended to the FIFO ready queue either
+by their own dispatches (reproduced by re-running the code) or at a wait
+stage (reproduced by injecting the recorded wake-up when the run's dispatch
+count reaches the recorded value). Other runs sharing the scheduler never
+touch this run's tasks, so each run replays alone, in the same order.
+
+Invariants:
+
+* Write-ahead: records of one loop iteration are committed (one
+  ``fdatasync`` under the ``batch`` policy) at the ``before_wait`` hook; the
+  kernel releases thread jobs only after that hook, and a step's task starts
+  in the next pass. So no effect leaves the process before the records that
+  led to it are durable.
+
+Discussion: a wake-up recorded at a wait stage (a step's result) is *not*
+committed before the task it wakes runs; it is committed with the records
+of that next pass, before any effect of that pass leaves the process.
+Committing it first would cost a second ``fdatasync`` per iteration (half
+the throughput of sequential steps) and buys nothing observable: if the
+engine dies before the commit, everything the woken task did is lost with
+it and replay redoes it from the last durable record, and none of it had
+left the process. The one thing a task could do that escapes this is raw
+I/O from journaled code, which is why I/O belongs inside steps.
+* Fail-stop: the journal is a critical instrument; a WAL error stops the
+  kernel. A replay mismatch raises :class:`~tiffany.errors.NondeterminismError`
+  the same way.
+* Opaque tasks (the body of a generator step) are not journaled dispatch by
+  dispatch: only their outcome is, as a wake-up of the caller.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import deque
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import structlog
+
+from tiffany.durable.records import (
+    RecordType,
+    Unencodable,
+    encode,
+    pack_error,
+    pack_value,
+    unpack_error,
+    unpack_value,
+)
+from tiffany.errors import NondeterminismError, TiffanyError
+from tiffany.kernel import (
+    RETURNED,
+    Instrument,
+    KillTask,
+    NewTask,
+    Now,
+    Random,
+    ReadWait,
+    RunInThread,
+    Scheduler,
+    Sleep,
+    Step,
+    SystemCall,
+    Task,
+    TaskState,
+    WaitTask,
+    WriteWait,
+)
+from tiffany.wal import Wal
+
+__all__ = ["Journal", "RecoveryError", "RunState", "TaskMeta"]
+
+log = structlog.get_logger("tiffany.durable")
+
+#: Longest argument text kept in a DISPATCH record.
+MAX_ARG_CHARS: Final = 120
+
+_GENERATOR_KIND: Final = "call"
+
+
+class RecoveryError(TiffanyError):
+    """A task was parked on something that cannot survive a crash (raw I/O)."""
+
+    code = "recovery.io_lost"
+
+
+@dataclass(eq=False, slots=True)
+class ReplayCursor:
+    """What is left to replay of one run."""
+
+    dispatches: list[tuple[int, list[Any]]]  # (wal seq, [n, ltid, kind, arg])
+    outcomes: dict[int, list[Any]]  # n -> [n, ltid, kind, value]
+    wakes: deque[tuple[int, list[Any]]]  # (wal seq, [at, ltid, cause, ok, value])
+    exits: dict[int, list[Any]]  # ltid -> [n, ltid, state, value]
+    attempts: dict[tuple[int, int], int]  # (ltid, ordinal) -> last attempt started
+    run_end: list[Any] | None
+    index: int = 0
+    parked: dict[Task, tuple[SystemCall, Any]] = field(default_factory=dict)
+
+    @property
+    def exhausted(self) -> bool:
+        """True once every dispatch and wake-up was replayed."""
+        return self.index >= len(self.dispatches) and not self.wakes
+
+
+@dataclass(eq=False, slots=True)
+class RunState:
+    """One run as the journal sees it."""
+
+    run_no: int
+    run_id: str
+    name: str
+    prefix: bytes
+    n: int = 0
+    next_ltid: int = 1
+    root: Task | None = None
+    tasks: dict[int, Task] = field(default_factory=dict)
+    replay: ReplayCursor | None = None
+    status: str = "running"
+    result: Any = None
+    error: BaseException | None = None
+    on_end: Callable[[RunState], None] | None = None
+
+
+@dataclass(eq=False, slots=True)
+class TaskMeta:
+    """The journal's note on a task (kept in ``Task.meta``)."""
+
+    run: RunState
+    ltid: int
+    opaque: bool = False
+    steps: int = 0
+
+
+def _describe(journal: Journal, y: Any) -> tuple[str, Any]:
+    """Return the (kind, argument) recorded for a yielded value."""
+    if y is None:
+        return "yield", None
+    if y is RETURNED:
+        return "return", None
+    cls = y.__class__
+    if cls is WaitTask or cls is KillTask:
+        return y.kind, journal.ltid_of(y.tid)
+    if cls is Sleep:
+        return "sleep", y.seconds
+    if cls is NewTask:
+        return "new_task", y.fields()["name"]
+    if cls is Step or cls is RunInThread:
+        return y.kind, y.fields()["fn"]
+    if isinstance(y, SystemCall):
+        return y.kind, None
+    if isinstance(y, Generator):
+        return _GENERATOR_KIND, getattr(y, "__qualname__", "?")
+    return "value", type(y).__name__
+
+
+class Journal(Instrument):
+    """Record runs into the WAL, and replay them from it.
+
+    Args:
+        wal: The open WAL (the journal appends and commits); None to replay
+            without recording.
+        sched: The scheduler it is attached to (it installs handlers).
+        allow_live: When false (``--verify``), a replay that runs past the
+            end of its journal is a divergence instead of going live.
+    """
+
+    critical = True
+
+    def __init__(self, wal: Wal | None, sched: Scheduler, *, allow_live: bool = True) -> None:
+        self.wal = wal
+        self.sched = sched
+        self.allow_live = allow_live
+        self.runs: dict[str, RunState] = {}
+        self._by_no: dict[int, RunState] = {}
+        self._next_run_no = 1
+        self._starting: RunState | None = None
+        self._opaque_parent: RunState | None = None
+        self._in_wait = False
+        self._dirty = False
+        self._replaying: list[RunState] = []
+        self._cancels: list[tuple[RunState, str]] = []
+        self._live: dict[type, Any] = {}
+        for call_type, handler, unpark in (
+            (Now, self._h_now, None),
+            (Random, self._h_random, None),
+            (Sleep, self._h_sleep, None),
+            (WaitTask, self._h_wait_task, None),
+            (RunInThread, self._h_step, self._unpark_step),
+            (Step, self._h_step, self._unpark_step),
+            (ReadWait, self._h_io, None),
+            (WriteWait, self._h_io, None),
+        ):
+            self._live[call_type] = sched.handler(call_type)
+            sched.register(call_type, handler, unpark)
+        sched.add_instrument(self)
+        sched.add_injector(self._inject)
+
+    # -- runs ------------------------------------------------------------------
+
+    def start_run(
+        self,
+        run_id: str,
+        name: str,
+        entry: dict[str, Any],
+        coro: Generator[Any, Any, Any],
+        *,
+        run_no: int | None = None,
+        replay: ReplayCursor | None = None,
+        on_end: Callable[[RunState], None] | None = None,
+    ) -> RunState:
+        """Spawn ``coro`` as the root of run ``run_id`` and journal it.
+
+        With ``replay``, the run's records already exist: nothing is
+        appended until the replay reaches their end.
+        """
+        if run_id in self.runs:
+            raise TiffanyError(f"run {run_id} exists", run_id=run_id)
+        no = run_no if run_no is not None else self._next_run_no
+        self._next_run_no = max(self._next_run_no, no + 1)
+        run = RunState(no, run_id, name, no.to_bytes(4, "little"), replay=replay, on_end=on_end)
+        self.runs[run_id] = run
+        self._by_no[no] = run
+        if replay is None:
+            self._append(RecordType.RUN_START, run, [run_id, name, entry, self.sched.clock.time()])
+        else:
+            self._replaying.append(run)
+        self._starting = run
+        try:
+            self.sched.spawn(coro, name=name)
+        finally:
+            self._starting = None
+        return run
+
+    def reserve_run_no(self, run_no: int) -> None:
+        """Make sure new runs get numbers above ``run_no`` (after a WAL scan)."""
+        self._next_run_no = max(self._next_run_no, run_no + 1)
+
+    def request_cancel(self, run_id: str, reason: str = "cancelled") -> bool:
+        """Cancel a run at the next wait stage; False if it already ended."""
+        run = self.runs.get(run_id)
+        if run is None or run.status != "running":
+            return False
+        self._cancels.append((run, reason))
+        return True
+
+    def ltid_of(self, tid: int) -> int | None:
+        """Return the run-local id of global task ``tid`` (None if unknown)."""
+        try:
+            meta = self.sched.task(tid).meta
+        except LookupError:
+            return None
+        return meta.ltid if isinstance(meta, TaskMeta) else None
+
+    def commit(self) -> None:
+        """Make everything appended so far durable (per the fsync policy)."""
+        if self._dirty and self.wal is not None:
+            self._dirty = False
+            self.wal.commit()
+
+    # -- instrument hooks ----------------------------------------------------
+
+    def task_spawned(self, task: Task) -> None:
+        """Give the new task its run and run-local id; journal the spawn."""
+        run = self._starting
+        parent_ltid = 0
+        if run is None:
+            if task.parent is None:
+                return
+            parent = self.sched._tasks.get(task.parent)
+            pmeta = parent.meta if parent is not None else None
+            if not isinstance(pmeta, TaskMeta):
+                return
+            run = pmeta.run
+            if pmeta.opaque or self._opaque_parent is run:
+                task.meta = TaskMeta(run, -1, opaque=True)
+                return
+            parent_ltid = pmeta.ltid
+        ltid = run.next_ltid
+        run.next_ltid += 1
+        task.meta = TaskMeta(run, ltid)
+        run.tasks[ltid] = task
+        if run.root is None:
+            run.root = task
+        if run.replay is None:
+            self._append(RecordType.SPAWN, run, [run.n, ltid, parent_ltid, task.name])
+
+    def after_dispatch(self, task: Task, yielded: Any) -> None:
+        """Journal the dispatch, or check it against the journal when replaying."""
+        meta = task.meta
+        if meta is None or meta.opaque:
+            return
+        run = meta.run
+        run.n += 1
+        kind, arg = _describe(self, yielded)
+        if arg is not None and not isinstance(arg, int | float | bool):
+            arg = str(arg)[:MAX_ARG_CHARS]
+        cur = run.replay
+        if cur is None:
+            self._append(RecordType.DISPATCH, run, [run.n, meta.ltid, kind, arg])
+            return
+        if cur.index >= len(cur.dispatches):
+            self._go_live(run)
+            self._append(RecordType.DISPATCH, run, [run.n, meta.ltid, kind, arg])
+            return
+        seq, rec = cur.dispatches[cur.index]
+        cur.index += 1
+        if rec[0] != run.n or rec[1] != meta.ltid or rec[2] != kind or rec[3] != arg:
+            raise self._divergence(run, task, seq, rec, [run.n, meta.ltid, kind, arg])
+
+    def task_woken(self, task: Task, value: Any) -> None:
+        """Journal a wake-up that came from outside the run (at a wait stage)."""
+        meta = task.meta
+        if meta is None or meta.opaque:
+            return
+        if meta.run.replay is not None:
+            meta.run.replay.parked.pop(task, None)  # woken by the replayed code itself
+            return
+        if not self._in_wait:
+            return
+        call = task.blocked_on
+        cause = call.kind if call is not None else "?"
+        err = task._throw
+        if err is not None:
+            fields = [meta.run.n, meta.ltid, cause, False, pack_error(err)]
+        else:
+            fields = [meta.run.n, meta.ltid, cause, True, pack_value(value)]
+        self._append(RecordType.WAKE, meta.run, fields)
+
+    def task_exited(self, task: Task) -> None:
+        """Journal the task's end (and the run's, for the root)."""
+        self._exit(task)
+
+    def task_crashed(self, task: Task, error: BaseException) -> None:
+        """Journal the task's crash (and the run's failure, for the root)."""
+        self._exit(task)
+
+    def before_wait(self, timeout: float | None) -> None:
+        """Group commit: make this pass's records durable before effects leave."""
+        self.commit()
+        self._in_wait = True
+
+    def after_wait(self, events: int) -> None:
+        """Stop treating wake-ups as external (the pass begins)."""
+        self._in_wait = False
+
+    def after_run(self) -> None:
+        """Commit whatever is left when the loop stops."""
+        self._in_wait = False
+        self.commit()
+
+    # -- internals -------------------------------------------------------------
+
+    def _append(self, rtype: RecordType, run: RunState, fields: list[Any]) -> None:
+        if self.wal is not None:
+            self.wal.append(rtype, encode(run.prefix, fields))
+            self._dirty = True
+
+    def _exit(self, task: Task) -> None:
+        meta = task.meta
+        if meta is None or meta.opaque:
+            return
+        run = meta.run
+        if task.state is TaskState.DONE:
+            value: Any = pack_value(task.result)
+        else:
+            value = pack_error(task.error) if task.error is not None else None
+        fields = [run.n, meta.ltid, task.state.value, value]
+        cur = run.replay
+        rec = cur.exits.get(meta.ltid) if cur is not None else None
+        if rec is None:
+            # Live, or the journal ends right before this record (a torn pass).
+            self._append(RecordType.TASK_EXIT, run, fields)
+        else:
+            if rec[2] != fields[2] or (rec[2] == "done" and not _same(rec[3], task.result)):
+                raise self._divergence(run, task, -1, rec, fields, what="task exit")
+        if task is run.root:
+            self._end_run(run, task)
+
+    def _end_run(self, run: RunState, root: Task) -> None:
+        run.status = {
+            TaskState.DONE: "succeeded",
+            TaskState.CRASHED: "failed",
+            TaskState.CANCELLED: "cancelled",
+        }[root.state]
+        run.result, run.error = root.result, root.error
+        value = pack_value(root.result) if root.error is None else pack_error(root.error)
+        cur = run.replay
+        if cur is None or cur.run_end is None:
+            self._append(RecordType.RUN_END, run, [run.status, value, self.sched.clock.time()])
+        elif cur.run_end[0] != run.status or (
+            run.status == "succeeded" and not _same(cur.run_end[1], root.result)
+        ):
+            raise self._divergence(run, root, -1, cur.run_end, [run.status, value], what="run end")
+        if run.on_end is not None:
+            run.on_end(run)
+
+    def _divergence(
+        self,
+        run: RunState,
+        task: Task,
+        seq: int,
+        expected: list[Any],
+        actual: list[Any],
+        what: str = "dispatch",
+    ) -> NondeterminismError:
+        meta = task.meta
+        frames = [f"{fn} ({path}:{line})" for fn, path, line in task.frames()]
+        err = NondeterminismError(
+            f"run {run.run_id}: {what} #{run.n} of task {meta.ltid if meta else '?'} "
+            f"({task.name}) diverged from the journal: expected {expected!r}, got {actual!r}",
+            run_id=run.run_id,
+            task=meta.ltid if meta else None,
+            task_name=task.name,
+            dispatch=run.n,
+            seq=seq,
+            what=what,
+            expected=expected,
+            actual=actual,
+            stack=frames,
+        )
+        log.error(
+            "replay.nondeterminism",
+            **{k: v for k, v in err.fields.items() if k != "stack"},
+            frames=frames,
+        )
+        return err
+
+    def _inject(self) -> None:
+        """Wait-stage injector: recorded wake-ups, cancel requests, go-live.
+
+        Wake-ups caused *by* what it injects (a cancelled task's joiners...)
+        are consequences the replay reproduces, so they are not journaled as
+        external: recording is suspended while it works.
+        """
+        self._in_wait = False
+        try:
+            self._inject_now()
+        finally:
+            self._in_wait = True
+        # Steps restarted at go-live must be durable before their threads start.
+        self.commit()
+
+    def _inject_now(self) -> None:
+        if self._cancels:
+            cancels, self._cancels = self._cancels, []
+            for run, reason in cancels:
+                if run.status == "running":
+                    self._append(RecordType.WAKE, run, [run.n, 0, "cancel", True, reason])
+                    self._cancel_tasks(run)
+        if not self._replaying:
+            return
+        for run in list(self._replaying):
+            cur = run.replay
+            if cur is None:
+                continue
+            while cur.wakes and cur.wakes[0][1][0] == run.n:
+                seq, rec = cur.wakes.popleft()
+                self._deliver(run, cur, seq, rec)
+            if cur.wakes and cur.wakes[0][1][0] < run.n:
+                seq, rec = cur.wakes[0]
+                raise self._stalled(run, seq, rec, "its dispatch count passed the wake-up")
+            if cur.exhausted:
+                self._go_live(run)
+            elif not self.sched._ready and not cur.wakes:
+                seq, rec = cur.dispatches[cur.index]
+                raise self._stalled(run, seq, rec, "no task is ready for the next dispatch")
+            elif not self.sched._ready and cur.wakes[0][1][0] > run.n:
+                seq, rec = cur.wakes[0]
+                raise self._stalled(run, seq, rec, "no task is ready before the wake-up")
+
+    def _stalled(self, run: RunState, seq: int, rec: list[Any], why: str) -> NondeterminismError:
+        err = NondeterminismError(
+            f"run {run.run_id}: replay stalled at dispatch #{run.n} ({why}); "
+            f"next journal record seq {seq}: {rec!r}",
+            run_id=run.run_id,
+            dispatch=run.n,
+            seq=seq,
+            expected=rec,
+            actual=None,
+        )
+        log.error("replay.stalled", **err.fields)
+        return err
+
+    def _deliver(self, run: RunState, cur: ReplayCursor, seq: int, rec: list[Any]) -> None:
+        _at, ltid, cause, ok, value = rec
+        if cause == "cancel":
+            self._cancel_tasks(run)
+            return
+        task = run.tasks.get(ltid)
+        parked = cur.parked.pop(task, None) if task is not None else None
+        if task is None or parked is None or parked[0].kind != cause:
+            raise self._stalled(run, seq, rec, f"task {ltid} is not waiting on {cause}")
+        call = parked[0]
+        if call.__class__ is WaitTask:
+            target = self.sched._tasks.get(call.tid)
+            if target is not None and target.joiners and task in target.joiners:
+                target.joiners.remove(task)
+        if ok:
+            self.sched.wake(task, unpack_value(value))
+        else:
+            task._throw = unpack_error(value)
+            self.sched.wake(task, None)
+
+    def _cancel_tasks(self, run: RunState) -> None:
+        for ltid in sorted(run.tasks):
+            task = run.tasks[ltid]
+            if not task.finished:
+                self.sched.kill(task.id)
+
+    def _go_live(self, run: RunState) -> None:
+        """The replay reached the end of the journal: continue for real."""
+        cur = run.replay
+        if cur is None:
+            return
+        if not self.allow_live:
+            alive = [t for t in run.tasks.values() if not t.finished]
+            if alive or cur.index < len(cur.dispatches) or cur.wakes:
+                task = alive[0] if alive else run.root
+                assert task is not None
+                raise self._divergence(
+                    run,
+                    task,
+                    -1,
+                    ["end of journal"],
+                    [f"{len(alive)} task(s) still running"],
+                    what="replay end",
+                )
+        run.replay = None
+        self._replaying.remove(run)
+        sched = self.sched
+        for task, (call, extra) in cur.parked.items():
+            cls = call.__class__
+            if cls is Sleep or cls is WaitTask:
+                remaining = max(0.0, float(extra) - sched.clock.time())
+                sched._add_timer(task, sched.clock.monotonic() + remaining)
+            elif isinstance(call, Step | RunInThread):
+                meta = task.meta
+                attempt = cur.attempts.get((meta.ltid, extra), 0) + 1
+                self._start_step(task, call, extra, attempt)
+            else:  # raw I/O: the descriptor did not survive the crash
+                sched.defer_wake(
+                    task,
+                    None,
+                    RecoveryError(
+                        f"task {task.name} was waiting on {call.kind} when the engine "
+                        "stopped; descriptors do not survive a restart (do I/O inside a Step)",
+                        call=call.kind,
+                    ),
+                )
+        log.info("replay.live", run_id=run.run_id, dispatches=run.n, resumed=len(cur.parked))
+
+    # -- handlers for calls whose outcome comes from outside -------------------
+
+    def _outcome(self, task: Task, call: SystemCall, live: Callable[[], Any]) -> Any:
+        meta = task.meta
+        if meta is None or meta.opaque:
+            return live()
+        run = meta.run
+        cur = run.replay
+        if cur is not None:
+            rec = cur.outcomes.get(run.n)
+            if rec is not None and rec[1] == meta.ltid and rec[2] == call.kind:
+                return unpack_value(rec[3])
+            if rec is not None or cur.index < len(cur.dispatches):
+                raise self._divergence(
+                    run, task, -1, rec or [], [run.n, meta.ltid, call.kind], what="outcome"
+                )
+            self._go_live(run)  # the journal ends between a dispatch and its outcome
+        value = live()
+        self._append(RecordType.OUTCOME, run, [run.n, meta.ltid, call.kind, pack_value(value)])
+        return value
+
+    def _h_now(self, sched: Scheduler, task: Task, call: Now) -> Any:
+        return self._outcome(task, call, lambda: self._live[Now](sched, task, call))
+
+    def _h_random(self, sched: Scheduler, task: Task, call: Random) -> Any:
+        return self._outcome(task, call, lambda: self._live[Random](sched, task, call))
+
+    def _replayed_park(self, task: Task, call: SystemCall, extra: Any, state: TaskState) -> Any:
+        meta: TaskMeta = task.meta
+        cur = meta.run.replay
+        assert cur is not None
+        cur.parked[task] = (call, extra)
+        return self.sched.park(task, call, state)
+
+    def _h_sleep(self, sched: Scheduler, task: Task, call: Sleep) -> Any:
+        meta = task.meta
+        if meta is None or meta.opaque or call.seconds <= 0:
+            return self._live[Sleep](sched, task, call)
+        deadline = self._outcome(task, call, lambda: sched.clock.time() + call.seconds)
+        if meta.run.replay is not None:
+            return self._replayed_park(task, call, deadline, TaskState.BLOCKED_SLEEP)
+        return self._live[Sleep](sched, task, call)
+
+    def _h_wait_task(self, sched: Scheduler, task: Task, call: WaitTask) -> Any:
+        meta = task.meta
+        live = self._live[WaitTask]
+        if meta is None or meta.opaque or call.timeout is None or call.timeout <= 0:
+            return live(sched, task, call)
+        target = sched._tasks.get(call.tid)
+        if target is None or target.finished or target is task:
+            return live(sched, task, call)
+        timeout = float(call.timeout)
+        deadline = self._outcome(task, call, lambda: sched.clock.time() + timeout)
+        if meta.run.replay is None:
+            return live(sched, task, call)
+        if target.joiners is None:
+            target.joiners = [task]
+        else:
+            target.joiners.append(task)
+        return self._replayed_park(task, call, deadline, TaskState.BLOCKED_JOIN)
+
+    def _h_io(self, sched: Scheduler, task: Task, call: ReadWait | WriteWait) -> Any:
+        meta = task.meta
+        if meta is not None and not meta.opaque and meta.run.replay is not None:
+            return self._replayed_park(task, call, None, TaskState.BLOCKED_IO)
+        return self._live[type(call)](sched, task, call)
+
+    def _h_step(self, sched: Scheduler, task: Task, call: Step | RunInThread) -> Any:
+        meta = task.meta
+        if meta is None or meta.opaque:
+            return self._start_step(task, call, 0, 0)
+        meta.steps += 1
+        ordinal = meta.steps
+        if meta.run.replay is not None:
+            state = TaskState.BLOCKED_JOIN if _is_generator_step(call) else TaskState.BLOCKED_THREAD
+            return self._replayed_park(task, call, ordinal, state)
+        return self._start_step(task, call, ordinal, 1)
+
+    def _start_step(self, task: Task, call: Step | RunInThread, ordinal: int, attempt: int) -> Any:
+        meta = task.meta
+        name = call.fields()["fn"]
+        if isinstance(meta, TaskMeta) and not meta.opaque:
+            fields = [meta.run.n, meta.ltid, ordinal, name, attempt]
+            self._append(RecordType.STEP_START, meta.run, fields)
+            if attempt > 1:
+                log.warning("step.rerun", run_id=meta.run.run_id, task=meta.ltid, step=name)
+        if not _is_generator_step(call):
+            return self.sched.start_thread(task, call)
+        self._opaque_parent = meta.run if isinstance(meta, TaskMeta) else None
+        try:
+            return self._live[Step](self.sched, task, call)
+        finally:
+            self._opaque_parent = None
+
+    def _unpark_step(self, sched: Scheduler, task: Task, call: Any) -> None:
+        child = getattr(call, "child", None)
+        if child is not None:
+            sched.kill(child)
+        meta = task.meta
+        if isinstance(meta, TaskMeta) and meta.run.replay is not None:
+            meta.run.replay.parked.pop(task, None)
+
+
+def _same(recorded: Any, actual: Any) -> bool:
+    """Compare a journaled value (decoded) with a value produced by the replay."""
+    if isinstance(recorded, Unencodable):
+        return recorded.repr == repr(actual)[:2000]
+    return bool(unpack_value(recorded) == actual)
+
+
+def _is_generator_step(call: Step | RunInThread) -> bool:
+    return isinstance(call, Step) and inspect.isgeneratorfunction(call.fn)
