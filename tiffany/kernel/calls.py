@@ -252,15 +252,22 @@ class Step(SystemCall):
         fn: A plain function or a generator function.
         *args: Its arguments.
         name: The step's name in the journal (default: ``module:qualname``).
+        inline: For a quick plain function: call it on the scheduler's thread
+            at the commit point instead of in the pool (no thread hand-off;
+            Temporal's "local activity"). It holds the loop while it runs,
+            so keep it to sub-millisecond work; the watchdog reports abuse.
     """
 
-    __slots__ = ("args", "child", "fn", "name")
+    __slots__ = ("args", "child", "fn", "inline", "name")
     kind = "step"
 
-    def __init__(self, fn: Callable[..., Any], *args: Any, name: str | None = None) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], *args: Any, name: str | None = None, inline: bool = False
+    ) -> None:
         self.fn = fn
         self.args = args
         self.name = name
+        self.inline = inline
         self.child: int | None = None
 
     def fields(self) -> dict[str, Any]:

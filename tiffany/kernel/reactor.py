@@ -222,10 +222,22 @@ class Reactor:
         outbox, self._outbox = self._outbox, []
         for task, call in outbox:
             fn, args = call.fn, call.args
-            if task.blocked_on is call:
-                pool.submit((task, call), fn, args)
-            else:  # killed before it started
+            if task.blocked_on is not call:  # killed before it started
                 self._threads_pending -= 1
+            elif getattr(call, "inline", False):
+                self._threads_pending -= 1
+                self._run_inline(task, fn, args)
+            else:
+                pool.submit((task, call), fn, args)
+
+    def _run_inline(self, task: Task, fn: Any, args: tuple[Any, ...]) -> None:
+        """Run a quick step on this thread; its outcome wakes the task now."""
+        try:
+            value = fn(*args)
+        except Exception as exc:  # noqa: BLE001 - the step's outcome, delivered to the task
+            task._throw = exc
+            value = None
+        self.wake(task, value)
 
     def _thread_completions(self, pool: ThreadPool) -> int:
         woken = 0

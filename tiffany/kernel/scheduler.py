@@ -502,6 +502,8 @@ class Scheduler(Reactor):
             timeout = self._live_timeout()
         if self._outbox:
             self._release_outbox()
+            if self._ready:  # inline steps completed: do not block
+                timeout = 0.0
         if self._io_waiting or self._threads_pending:
             woken += self._poll(timeout)
         elif timeout:
