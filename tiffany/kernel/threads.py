@@ -43,7 +43,10 @@ class ThreadPool:
         self._jobs: queue.SimpleQueue[tuple[Any, Any, tuple[Any, ...]] | None] = queue.SimpleQueue()
         self._done: deque[Completion] = deque()
         self._threads: list[threading.Thread] = []
-        self._idle = 0
+        # One permit per worker that finished a job and is back at ``get``;
+        # ``submit`` takes one to hand its job to that worker, or else starts
+        # a thread (the scheme of ``concurrent.futures.thread``).
+        self._idle = threading.Semaphore(0)
         self._closed = False
         if hasattr(os, "eventfd"):
             self._rfd = self._wfd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -59,13 +62,13 @@ class ThreadPool:
         """Run ``fn(*args)`` on a worker; its outcome comes back with ``token``."""
         if self._closed:
             raise RuntimeError("thread pool is closed")
-        if self._idle == 0 and len(self._threads) < self.max_workers:
+        self._jobs.put((token, fn, args))
+        if not self._idle.acquire(blocking=False) and len(self._threads) < self.max_workers:
             t = threading.Thread(
                 target=self._work, name=f"tiffany-pool-{len(self._threads)}", daemon=True
             )
             self._threads.append(t)
             t.start()
-        self._jobs.put((token, fn, args))
 
     def drain(self) -> list[Completion]:
         """Return the completions that arrived, oldest first (scheduler only)."""
@@ -99,9 +102,7 @@ class ThreadPool:
         jobs, done, wfd = self._jobs, self._done, self._wfd
         eventfd = self._rfd == self._wfd
         while True:
-            self._idle += 1
             job = jobs.get()
-            self._idle -= 1
             if job is None:
                 return
             token, fn, args = job
@@ -111,6 +112,7 @@ class ThreadPool:
                 outcome = (token, None, exc)
             done.append(outcome)
             del job, token, fn, args, outcome
+            self._idle.release()
             try:
                 if eventfd:
                     os.eventfd_write(wfd, 1)
