@@ -67,8 +67,11 @@ class Recorder(Instrument):
 
     def of(self, tid: int) -> list[tuple[Any, ...]]:
         """The events of task ``tid``, without the task id."""
-        return [(e[0], *e[2:]) for e in self.events if len(e) > 1 and e[1] == tid
-                and e[0] not in ("before_wait", "after_wait")]
+        return [
+            (e[0], *e[2:])
+            for e in self.events
+            if len(e) > 1 and e[1] == tid and e[0] not in ("before_wait", "after_wait")
+        ]
 
     def hooks(self, name: str) -> list[tuple[Any, ...]]:
         """The events of one hook."""
@@ -90,8 +93,14 @@ class Recorder(Instrument):
                 prev_after = None
             elif e[0] == "after_dispatch":
                 prev_after = e
-            elif e[0] in ("before_wait", "after_wait", "task_blocked", "task_woken",
-                          "task_exited", "task_crashed"):
+            elif e[0] in (
+                "before_wait",
+                "after_wait",
+                "task_blocked",
+                "task_woken",
+                "task_exited",
+                "task_crashed",
+            ):
                 prev_after = None
         return out
 

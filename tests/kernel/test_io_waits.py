@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import tempfile
@@ -32,10 +33,8 @@ def pipe():
     os.set_blocking(w, False)
     yield r, w
     for fd in (r, w):
-        try:
+        with contextlib.suppress(OSError):
             os.close(fd)
-        except OSError:
-            pass
 
 
 @pytest.fixture
@@ -83,10 +82,8 @@ def test_read_and_write_wait_on_a_socket(sched: Scheduler, sockpair) -> None:
         waits = 0
         while view:
             yield WriteWait(a)  # a file object: its fileno() is used
-            try:
-                view = view[a.send(view):]
-            except BlockingIOError:
-                pass
+            with contextlib.suppress(BlockingIOError):
+                view = view[a.send(view) :]
             waits += 1
         a.shutdown(socket.SHUT_WR)
         return waits

@@ -14,7 +14,6 @@ from tiffany.kernel import (
     Event,
     GetTid,
     KillTask,
-    ManualClock,
     NewTask,
     Now,
     Queue,

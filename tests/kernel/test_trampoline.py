@@ -83,7 +83,7 @@ def test_nested_exception_propagates_to_the_caller_with_its_frames(sched: Schedu
     tid = sched.spawn(outer())
     sched.run()
     assert sched.result(tid) == "recovered"
-    (msg, names), = seen
+    ((msg, names),) = seen
     assert msg == "deep"
     assert names.index("outer") < names.index("middle") < names.index("innermost")
 
@@ -173,7 +173,7 @@ def test_plain_value_from_a_nested_coroutine_returns_it_and_closes_it(sched: Sch
 # -- the seed's Accept(sock), as written there ------------------------------------------
 
 
-def Accept(sock):  # noqa: N802 - the seed's name
+def Accept(sock):
     yield ReadWait(sock)
     client, addr = sock.accept()  # accept connection (once socket is ready)
     yield client, addr  # yield the result back to caller

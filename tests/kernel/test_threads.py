@@ -1,0 +1,240 @@
+"""RunInThread: blocking work off the loop thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from kernel_support import Recorder
+
+from tiffany.kernel import (
+    KillTask,
+    ManualClock,
+    MonotonicClock,
+    NewTask,
+    RunInThread,
+    Scheduler,
+    Sleep,
+    TaskState,
+    WaitTask,
+)
+from tiffany.kernel.threads import ThreadPool
+
+
+def test_result_is_delivered(sched: Scheduler) -> None:
+    def task():
+        return (yield RunInThread(lambda a, b: (a + b, threading.current_thread().name), 2, 3))
+
+    main = threading.current_thread().name
+    tid = sched.spawn(task())
+    sched.run()
+    value, thread = sched.result(tid)
+    assert value == 5
+    assert thread != main
+    assert thread.startswith("tiffany-pool-")
+
+
+def test_exception_is_raised_in_the_task(sched: Scheduler) -> None:
+    def fails():
+        raise ZeroDivisionError("in thread")
+
+    def task():
+        try:
+            yield RunInThread(fails)
+        except ZeroDivisionError as exc:
+            return str(exc)
+
+    tid = sched.spawn(task())
+    sched.run()
+    assert sched.result(tid) == "in thread"
+
+
+def test_several_concurrent_calls_run_in_parallel() -> None:
+    n = 4
+    barrier = threading.Barrier(n, timeout=2)
+    sched = Scheduler(clock=ManualClock(), max_threads=n)
+
+    def blocking(i):
+        barrier.wait()  # deadlocks unless all n calls run at the same time
+        return i * i
+
+    def task(i):
+        return (yield RunInThread(blocking, i))
+
+    try:
+        tids = [sched.spawn(task(i)) for i in range(n)]
+        sched.run()
+    finally:
+        sched.close()
+    assert [sched.result(t) for t in tids] == [i * i for i in range(n)]
+
+
+def test_more_calls_than_threads_all_complete(sched: Scheduler) -> None:
+    def task(i):
+        return (yield RunInThread(time.sleep, 0.001)), i
+
+    tids = [sched.spawn(task(i)) for i in range(40)]
+    sched.run()
+    assert [sched.result(t) for t in tids] == [(None, i) for i in range(40)]
+
+
+def test_loop_keeps_running_other_tasks_while_a_thread_blocks(
+    sched: Scheduler, recorder: Recorder
+) -> None:
+    done = []
+    count = [0]
+
+    def blocker():
+        yield RunInThread(time.sleep, 0.2)
+        done.append(count[0])
+
+    def counter():
+        while not done:
+            count[0] += 1
+            yield
+
+    sched.spawn(blocker())
+    sched.spawn(counter())
+    t0 = time.monotonic()
+    sched.run()
+    assert time.monotonic() - t0 >= 0.2
+    assert done[0] > 100, "the loop stalled while the thread slept"
+
+
+def test_thread_starts_after_the_commit_point(sched: Scheduler) -> None:
+    # The job is released only after before_wait (the journal's group commit).
+    started = threading.Event()
+    at_commit = []
+
+    class Commit(Recorder):
+        def before_wait(self, timeout):
+            if not at_commit:
+                time.sleep(0.05)  # time enough for a thread released too early
+            at_commit.append(started.is_set())
+
+    sched.add_instrument(Commit())
+
+    def task():
+        yield RunInThread(started.set)
+
+    sched.spawn(task())
+    sched.run()
+    assert started.is_set()
+    assert at_commit[0] is False
+
+
+def test_kill_a_task_blocked_in_run_in_thread(sched: Scheduler) -> None:
+    gate = threading.Event()
+    finished = threading.Event()
+    log = []
+
+    def slow():
+        gate.wait(5)
+        finished.set()
+        return "discarded"
+
+    def target():
+        try:
+            log.append((yield RunInThread(slow)))
+        finally:
+            log.append("finally")
+
+    def main():
+        tid = yield NewTask(target())
+        yield
+        yield
+        assert sched.task(tid).state is TaskState.BLOCKED_THREAD
+        assert (yield KillTask(tid)) is True
+        gate.set()
+        try:
+            yield WaitTask(tid)
+        except Exception as exc:
+            log.append(type(exc).__name__)
+        yield Sleep(0)
+
+    sched.spawn(main())
+    sched.run()
+    assert finished.is_set()  # run() waited for the thread's completion
+    assert log == ["finally", "TaskKilled"]
+
+
+def test_thread_with_manual_clock_timers(sched: Scheduler, clock: ManualClock) -> None:
+    # A blocking thread while another task sleeps on the manual clock.
+    log = []
+
+    def sleeper():
+        yield Sleep(10)
+        log.append(("slept", clock.monotonic()))
+
+    def threaded():
+        log.append(("thread", (yield RunInThread(time.sleep, 0.05))))
+
+    sched.spawn(sleeper())
+    sched.spawn(threaded())
+    sched.run()
+    assert sorted(log) == [("slept", 10.0), ("thread", None)]
+
+
+def test_thread_pool_starts_a_worker_per_concurrent_job() -> None:
+    # Jobs submitted while the first workers are still starting up must not
+    # queue behind a busy worker when the pool may start more.
+    for _ in range(20):
+        pool = ThreadPool(4)
+        gate = threading.Event()
+        for i in range(4):
+            pool.submit(i, gate.wait, (5,))
+        assert len(pool._threads) == 4
+        gate.set()
+        pool.close()
+
+
+def test_thread_pool_reuses_idle_workers() -> None:
+    pool = ThreadPool(4)
+    for i in range(10):
+        pool.submit(i, int, ())
+        deadline = time.monotonic() + 5
+        while not pool._done and time.monotonic() < deadline:
+            time.sleep(0.001)
+        pool.drain()
+        time.sleep(0.005)  # let the worker get back to its queue
+    assert len(pool._threads) <= 2  # never more than one job at a time
+    pool.close()
+
+
+def test_thread_pool_unit() -> None:
+    with pytest.raises(ValueError, match="max_workers"):
+        ThreadPool(0)
+    pool = ThreadPool(2)
+    pool.submit("a", lambda: 1, ())
+    pool.submit("b", lambda: 1 / 0, ())
+    deadline = time.monotonic() + 5
+    got = []
+    while len(got) < 2 and time.monotonic() < deadline:
+        got.extend(pool.drain())
+        time.sleep(0.001)
+    pool.close()
+    by_token = {token: (value, exc) for token, value, exc in got}
+    assert by_token["a"] == (1, None)
+    assert isinstance(by_token["b"][1], ZeroDivisionError)
+    with pytest.raises(RuntimeError):
+        pool.submit("c", lambda: 1, ())
+
+
+def test_real_clock_sleep_and_thread() -> None:
+    sched = Scheduler(clock=MonotonicClock())
+    log = []
+
+    def a():
+        yield Sleep(0.05)
+        log.append("sleep")
+
+    def b():
+        yield RunInThread(time.sleep, 0.1)
+        log.append("thread")
+
+    sched.spawn(a())
+    sched.spawn(b())
+    sched.run()
+    sched.close()
+    assert log == ["sleep", "thread"]
