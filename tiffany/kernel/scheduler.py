@@ -83,6 +83,7 @@ MAX_SELECT_TIMEOUT_S: Final = 24 * 3600.0
 _READY = TaskState.READY
 _RUNNING = TaskState.RUNNING
 _GENERATOR = types.GeneratorType
+_Hook = Callable[..., None]
 
 
 class Scheduler(Reactor):
@@ -317,15 +318,7 @@ class Scheduler(Reactor):
         wait_hooks = False
         while True:
             if self._hooks_dirty:
-                self._hooks_dirty = False
-                hooks = self._instruments.hooks
-                before = hooks["before_dispatch"]
-                after = hooks["after_dispatch"]
-                wait_hooks = (
-                    hooks["before_wait"] is not None
-                    or hooks["after_wait"] is not None
-                    or bool(self._injectors)
-                )
+                before, after, wait_hooks = self._dispatch_hooks()
             ntodo = len(ready)
             self.turns += ntodo
             # -- stage 1: dispatch what was ready when the pass began --------
@@ -340,6 +333,8 @@ class Scheduler(Reactor):
                         self._call_hook(before, task)
                         if self._fatal is not None:
                             raise self._fatal
+                        if self._hooks_dirty:  # an instrument went or came
+                            before, after, wait_hooks = self._dispatch_hooks()
                     coro = task.coro
                     exc = task._throw
                     if exc is not None and exc.__class__ is CloseTask:
@@ -355,6 +350,8 @@ class Scheduler(Reactor):
                     except StopIteration as stop:
                         if after is not None:
                             self._call_hook(after, task, RETURNED)
+                            if self._hooks_dirty:
+                                before, after, wait_hooks = self._dispatch_hooks()
                         if task.stack:
                             task.coro = task.stack.pop()
                             value = stop.value
@@ -364,6 +361,8 @@ class Scheduler(Reactor):
                     except BaseException as err:
                         if after is not None:
                             self._call_hook(after, task, RETURNED)
+                            if self._hooks_dirty:
+                                before, after, wait_hooks = self._dispatch_hooks()
                         if task.stack:
                             task.coro = task.stack.pop()
                             task._throw = err
@@ -377,6 +376,8 @@ class Scheduler(Reactor):
                         self._call_hook(after, task, y)
                         if self._fatal is not None:
                             raise self._fatal
+                        if self._hooks_dirty:
+                            before, after, wait_hooks = self._dispatch_hooks()
                     if y is None:
                         task._send = None
                         task.state = _READY
@@ -444,6 +445,25 @@ class Scheduler(Reactor):
                 break
         if self._alive:
             log.info("kernel.stalled", blocked=self._alive)
+
+    def _dispatch_hooks(self) -> tuple[_Hook | None, _Hook | None, bool]:
+        """Return the before/after dispatch hooks and whether the wait stage has hooks.
+
+        Discussion: the loop keeps the dispatch hooks in locals. It re-reads
+        them at the start of a pass and, when some dispatch hook is attached,
+        right after calling one: an instrument removed mid-pass (failed, or
+        detached by a task) is then never called again, and one attached
+        mid-pass sees the next dispatch. With no instrument attached the
+        re-check costs nothing.
+        """
+        self._hooks_dirty = False
+        hooks = self._instruments.hooks
+        wait_hooks = (
+            hooks["before_wait"] is not None
+            or hooks["after_wait"] is not None
+            or bool(self._injectors)
+        )
+        return hooks["before_dispatch"], hooks["after_dispatch"], wait_hooks
 
     def _wait(self) -> bool:
         """Commit, release effects, poll for events and fire due timers.
