@@ -318,6 +318,11 @@ class Scheduler(Reactor):
         wait_hooks = False
         while True:
             if self._hooks_dirty:
+                # A failed instrument always dirties the hooks: a critical
+                # failure outside a dispatch (before_run, a spawn, a wake-up)
+                # stops the loop here, before another task runs.
+                if self._fatal is not None:
+                    raise self._fatal
                 before, after, wait_hooks = self._dispatch_hooks()
             ntodo = len(ready)
             self.turns += ntodo
