@@ -291,7 +291,7 @@ def test_instrument_detached_by_a_task_is_not_called_again(
     d = sched.spawn(detacher())
     others = [sched.spawn(spin(3)) for _ in range(3)]
     sched.run()
-    # The last thing recorded is the detacher's own dispatch; the tasks after
-    # it in the same pass were not reported to the detached instrument.
-    assert recorder.events[-1] == ("before_dispatch", d, "running")
+    # The last thing recorded is the end of the detacher's own dispatch; the
+    # tasks after it in the same pass were not reported to the instrument.
+    assert recorder.events[-2:] == [("before_dispatch", d, "running"), ("after_dispatch", d, None)]
     assert all(sched.task(t).state is TaskState.DONE for t in others)
