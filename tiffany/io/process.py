@@ -19,7 +19,7 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from tiffany.kernel import NewTask, ReadWait, WaitTask, WriteWait
+from tiffany.kernel import KillTask, NewTask, ReadWait, WaitTask, WriteWait
 
 __all__ = ["CompletedRun", "Process", "spawn_process"]
 
@@ -153,6 +153,14 @@ class Process:
             out, out_dropped = yield WaitTask(out_tid)
             err, err_dropped = yield WaitTask(err_tid)
             code = yield self.wait()
+        except BaseException as exc:
+            if not isinstance(exc, GeneratorExit):  # a closing generator cannot yield
+                # Stop the readers before their pipes close under them: epoll
+                # forgets a closed descriptor, so a reader parked on it would
+                # never wake and would keep the loop alive for ever.
+                yield KillTask(out_tid)
+                yield KillTask(err_tid)
+            raise
         finally:
             self.close_pipes()
         return CompletedRun(code, out, err, out_dropped, err_dropped)
