@@ -489,3 +489,28 @@ def test_crashing_task_is_isolated_logged_and_reported_to_joiners(
     assert joined[0].__cause__ is boom
     with pytest.raises(TaskCrashed):
         sched.result(bad)
+
+
+def test_run_returns_when_no_task_can_ever_wake_and_close_runs_finally(
+    sched: Scheduler,
+) -> None:
+    ev = Event()
+    log = []
+
+    def stuck():
+        try:
+            yield ev.wait()  # nobody will ever set it
+        finally:
+            log.append("finally")
+
+    tid = sched.spawn(stuck())
+    sched.spawn(spin(3))
+    with structlog.testing.capture_logs() as logs:
+        sched.run()
+    assert sched.task(tid).state is TaskState.BLOCKED_SYNC
+    assert sched.alive == 1
+    assert [e["blocked"] for e in logs if e["event"] == "kernel.stalled"] == [1]
+    sched.close()
+    assert log == ["finally"]
+    with pytest.raises(KernelError):
+        sched.run()  # closed

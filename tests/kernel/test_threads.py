@@ -238,3 +238,21 @@ def test_real_clock_sleep_and_thread() -> None:
     sched.run()
     sched.close()
     assert log == ["sleep", "thread"]
+
+
+def test_kill_before_the_thread_job_is_released(sched: Scheduler) -> None:
+    ran = []
+
+    def target():
+        yield RunInThread(ran.append, "ran")
+
+    def killer(tid):
+        return (yield KillTask(tid))  # same pass: the job is still in the outbox
+
+    t = sched.spawn(target())
+    k = sched.spawn(killer(t))
+    sched.run()
+    assert sched.result(k) is True
+    assert sched.task(t).state is TaskState.CANCELLED
+    assert ran == []  # the job never started
+    assert sched._threads_pending == 0
