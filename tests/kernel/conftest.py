@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from kernel_support import Recorder
 
 from tiffany.kernel import ManualClock, Scheduler
+
+from .kernel_support import Recorder
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import structlog
-from kernel_support import Recorder, noop, spin
 
 from tiffany.errors import InstrumentFailure
 from tiffany.kernel import (
@@ -18,6 +17,8 @@ from tiffany.kernel import (
     Sleep,
     TaskState,
 )
+
+from .kernel_support import Recorder, noop, spin
 
 
 def _workload(sched: Scheduler) -> list[int]:

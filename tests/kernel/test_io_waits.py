@@ -10,7 +10,6 @@ import threading
 import time
 
 import pytest
-from kernel_support import Recorder
 
 from tiffany.errors import KernelError
 from tiffany.kernel import (
@@ -24,6 +23,8 @@ from tiffany.kernel import (
     WaitTask,
     WriteWait,
 )
+
+from .kernel_support import Recorder
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import threading
 
 import pytest
 import structlog
-from kernel_support import Recorder, noop, spin
 
 from tiffany.errors import (
     KernelError,
@@ -30,6 +29,8 @@ from tiffany.kernel import (
     TaskState,
     WaitTask,
 )
+
+from .kernel_support import Recorder, noop, spin
 
 # -- WaitTask ------------------------------------------------------------------------
 

@@ -7,7 +7,6 @@ import os
 
 import pytest
 import structlog
-from kernel_support import Recorder, make_sched, noop, returns_now, spin
 
 from tiffany.errors import KernelError, TaskCrashed
 from tiffany.kernel import (
@@ -26,6 +25,8 @@ from tiffany.kernel import (
     WaitTask,
 )
 from tiffany.kernel.scheduler import MAX_IMMEDIATE_RESUMES
+
+from .kernel_support import Recorder, make_sched, noop, returns_now, spin
 
 # -- the contract -------------------------------------------------------------
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from kernel_support import Recorder, make_sched
 
 from tiffany.errors import KernelError, QueueEmpty, QueueFull
 from tiffany.kernel import Event, GetTid, KillTask, NewTask, Queue, Scheduler, Sleep, TaskState
+
+from .kernel_support import Recorder, make_sched
 
 # -- Queue -------------------------------------------------------------------------------
 

@@ -6,7 +6,6 @@ import threading
 import time
 
 import pytest
-from kernel_support import Recorder
 
 from tiffany.kernel import (
     KillTask,
@@ -20,6 +19,8 @@ from tiffany.kernel import (
     WaitTask,
 )
 from tiffany.kernel.threads import ThreadPool
+
+from .kernel_support import Recorder
 
 
 def test_result_is_delivered(sched: Scheduler) -> None:

@@ -6,7 +6,6 @@ import time
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_support import Recorder, make_sched, spin
 
 from tiffany.kernel import (
     KillTask,
@@ -18,6 +17,8 @@ from tiffany.kernel import (
     Sleep,
     TaskState,
 )
+
+from .kernel_support import Recorder, make_sched, spin
 
 
 def test_sleep_wakes_at_the_right_virtual_time(sched: Scheduler, clock: ManualClock) -> None:

@@ -7,7 +7,6 @@ import traceback
 
 import pytest
 import structlog
-from kernel_support import Recorder, spin
 
 from tiffany.errors import SystemCallMisuse
 from tiffany.io import connect, recv, send_all
@@ -21,6 +20,8 @@ from tiffany.kernel import (
     TaskState,
     WaitTask,
 )
+
+from .kernel_support import Recorder, spin
 
 DEPTH = 60
 

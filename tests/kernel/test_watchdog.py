@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 
 import structlog
-from kernel_support import spin
 
 from tiffany.kernel import Instrument, ManualClock, Scheduler, Sleep, SlowDispatchWatchdog
+
+from .kernel_support import spin
 
 
 class FakeTimer:
