@@ -15,17 +15,17 @@ index that can disagree with it is not worth its failure modes yet.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tiffany.durable.journal import ReplayCursor
-from tiffany.durable.records import RecordType, decode, run_of
+from tiffany.durable.records import RecordType, decode, decode_fields, run_of
 from tiffany.errors import TiffanyError
 from tiffany.wal import iter_records
 
-__all__ = ["RunInfo", "UnknownRun", "decoded_records", "load", "scan"]
+__all__ = ["RunInfo", "UnknownRun", "decoded_records", "load", "load_many", "scan"]
 
 
 class UnknownRun(TiffanyError):
@@ -98,20 +98,72 @@ def decoded_records(wal_dir: Path, info: RunInfo) -> Iterator[tuple[int, int, li
         payload = rec.payload
         if payload[:4] != prefix or rec.rtype == RecordType.RUN_START:
             continue
-        yield rec.seq, rec.rtype, decode(payload)[1]
+        yield rec.seq, rec.rtype, decode_fields(payload)
+
+
+def load_many(
+    wal_dir: Path, wanted: set[str] | None = None, *, unfinished_only: bool = False
+) -> tuple[RunIndex, dict[str, ReplayCursor]]:
+    """Build the index and the cursors of the wanted runs in one pass over the WAL.
+
+    Args:
+        wal_dir: The WAL directory.
+        wanted: Run ids to load (None: every run).
+        unfinished_only: Skip runs whose end is in the WAL (recovery).
+
+    Discussion: a run's first record is its RUN_START, so a single pass
+    can decide, at that record, whether to keep the run's records; only the
+    kept runs' payloads are held (undecoded) and decoded at the end.
+    """
+    index = RunIndex()
+    keep: dict[bytes, list[tuple[int, int, bytes]]] = {}
+    for rec in iter_records(wal_dir):
+        index.last_seq = rec.seq
+        rtype = rec.rtype
+        payload = rec.payload
+        if rtype == RecordType.RUN_START:
+            run_no, (run_id, name, entry, ts) = decode(payload)
+            info = RunInfo(run_no, run_id, name, entry, ts, rec.seq)
+            index.runs[run_id] = info
+            index.by_no[run_no] = info
+            index.max_run_no = max(index.max_run_no, run_no)
+            if wanted is None or run_id in wanted:
+                keep[payload[:4]] = []
+            continue
+        buf = keep.get(payload[:4])
+        if rtype == RecordType.RUN_END:
+            run_no, (status, value, ts) = decode(payload)
+            ended = index.by_no.get(run_no)
+            if ended is not None:
+                ended.status, ended.result, ended.ended_at = status, value, ts
+            if unfinished_only:
+                keep.pop(payload[:4], None)
+                continue
+        if buf is not None:
+            buf.append((rec.seq, rtype, payload))
+    cursors = {}
+    for prefix, raw in keep.items():
+        info = index.by_no[int.from_bytes(prefix, "little")]
+        info.records = len(raw)
+        cursors[info.run_id] = _cursor((seq, rtype, _fields(p)) for seq, rtype, p in raw)
+    return index, cursors
 
 
 def load(wal_dir: Path, info: RunInfo) -> ReplayCursor:
-    """Read one run's history into a replay cursor."""
+    """Read one run's history into a replay cursor (from its first record on)."""
+    records = list(decoded_records(wal_dir, info))
+    info.records = len(records)
+    return _cursor(records)
+
+
+def _cursor(records: Iterable[tuple[int, int, list[Any]]]) -> ReplayCursor:
     dispatches: list[tuple[int, list[Any]]] = []
     outcomes: dict[int, list[Any]] = {}
     wakes: deque[tuple[int, list[Any]]] = deque()
     exits: dict[int, list[Any]] = {}
     attempts: dict[tuple[int, int], int] = {}
     run_end: list[Any] | None = None
-    count = 0
-    for seq, rtype, fields in decoded_records(wal_dir, info):
-        count += 1
+    for seq, rtype, fields in records:
         if rtype == RecordType.DISPATCH:
             dispatches.append((seq, fields))
         elif rtype == RecordType.OUTCOME:
@@ -125,10 +177,12 @@ def load(wal_dir: Path, info: RunInfo) -> ReplayCursor:
             attempts[key] = max(attempts.get(key, 0), fields[4])
         elif rtype == RecordType.RUN_END:
             run_end = fields
-    info.records = count
     return ReplayCursor(dispatches, outcomes, wakes, exits, attempts, run_end)
 
 
 def first_run_of(payload: bytes) -> int:
     """Return the run number a payload belongs to (for dump tools)."""
     return run_of(payload)
+
+
+_fields = decode_fields

@@ -49,6 +49,7 @@ __all__ = [
     "RecordType",
     "ReplayedError",
     "decode",
+    "decode_fields",
     "encode",
     "pack_error",
     "pack_value",
@@ -187,6 +188,11 @@ def decode(payload: bytes | memoryview) -> tuple[int, list[Any]]:
     """Return ``(run_no, fields)`` of a journal record's payload."""
     (run_no,) = RUN_PREFIX.unpack_from(payload, 0)
     return run_no, _decoder.decode(memoryview(payload)[RUN_PREFIX.size :])
+
+
+def decode_fields(payload: bytes) -> list[Any]:
+    """Return only the fields of a record (the caller already knows its run)."""
+    return _decoder.decode(payload[4:])  # type: ignore[no-any-return]
 
 
 def run_of(payload: bytes | memoryview) -> int:

@@ -26,7 +26,7 @@ from typing import Any
 
 import structlog
 
-from tiffany.durable.history import RunIndex, RunInfo, load, scan
+from tiffany.durable.history import RunIndex, load_many
 from tiffany.durable.journal import Journal, RunState
 from tiffany.errors import InstrumentFailure, NondeterminismError, TiffanyError
 from tiffany.kernel import Clock, Instrument, Scheduler
@@ -170,14 +170,17 @@ class Runtime:
 
     def recover(self, only: Iterable[str] | None = None) -> list[str]:
         """Replay unfinished runs from the WAL; each goes live where its journal ends."""
-        index = self.index = scan(self.wal_dir)
-        self.journal.reserve_run_no(index.max_run_no)
         wanted = set(only) if only is not None else None
+        index, cursors = load_many(self.wal_dir, wanted, unfinished_only=True)
+        self.index = index
+        self.journal.reserve_run_no(index.max_run_no)
         resumed = []
-        for info in index.runs.values():
-            if info.finished or (wanted is not None and info.run_id not in wanted):
-                continue
-            self._replay_into(self.journal, info)
+        for run_id, cursor in cursors.items():
+            info = index.get(run_id)
+            coro = self._resolve(info.entry, info.run_id)
+            self.journal.start_run(
+                info.run_id, info.name, info.entry, coro, run_no=info.run_no, replay=cursor
+            )
             resumed.append(info.run_id)
         if wanted is not None:
             for run_id in wanted - set(resumed):
@@ -220,13 +223,6 @@ class Runtime:
             raise EntryError(f"unknown entry kind {entry.get('kind')!r}", kind=entry.get("kind"))
         return resolver(entry, run_id)
 
-    def _replay_into(self, journal: Journal, info: RunInfo) -> RunState:
-        cursor = load(self.wal_dir, info)
-        coro = self._resolve(info.entry, info.run_id)
-        return journal.start_run(
-            info.run_id, info.name, info.entry, coro, run_no=info.run_no, replay=cursor
-        )
-
 
 def verify(
     data_dir: str | Path,
@@ -235,9 +231,9 @@ def verify(
 ) -> VerifyReport:
     """Replay finished run ``run_id`` without side effects; report divergences."""
     wal_dir = Path(data_dir) / "wal"
-    index = scan(wal_dir)
+    index, cursors = load_many(wal_dir, {run_id})
     info = index.get(run_id)
-    cursor = load(wal_dir, info)
+    cursor = cursors[run_id]
     report = VerifyReport(run_id, False, info.status, len(cursor.dispatches), info.records)
     if not info.finished:
         report.problems.append("the run has not finished; resume it with `tiffany replay RUN_ID`")

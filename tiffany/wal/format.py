@@ -31,8 +31,8 @@ VERSION: Final = 1
 #: (u64), CRC32C of the preceding 20 bytes (u32); little-endian.
 HEADER: Final = struct.Struct("<8sHHQI")
 HEADER_SIZE_BYTES: Final = 24
-#: Record header: payload length (u32), CRC32C (u32), type (u8); little-endian.
-#: The CRC covers the type byte, the 4 length bytes, then the payload.
+#: Record header: CRC32C (u32), payload length (u32), type (u8); little-endian.
+#: The CRC covers everything after it: the length, the type, the payload.
 RECORD_HEADER: Final = struct.Struct("<IIB")
 RECORD_HEADER_SIZE_BYTES: Final = 9
 #: Type 0 is reserved: a zero-filled header is never a record.

@@ -140,31 +140,30 @@ def scan_segment(
     size = len(data)
     off = HEADER_SIZE_BYTES
     unpack = RECORD_HEADER.unpack_from
+    view = memoryview(data)
+    hsize = RECORD_HEADER_SIZE_BYTES
     while off < size:
-        seq = seg.first_seq + len(out)
         reason = None
-        if size - off < RECORD_HEADER_SIZE_BYTES:
+        if size - off < hsize:
             reason = "short header"
         else:
-            length, crc, rtype = unpack(data, off)
-            end = off + RECORD_HEADER_SIZE_BYTES + length
+            crc, length, rtype = unpack(data, off)
+            end = off + hsize + length
             if rtype == ZERO_TYPE and length == 0 and crc == 0:
                 reason = "zero fill"
             elif length > MAX_RECORD_BYTES:
                 reason = f"impossible length {length}"
             elif end > size:
                 reason = "short payload"
+            elif rtype == ZERO_TYPE:
+                reason = "record of reserved type 0"
+            elif crc32c(view[off + 4 : end]) != crc:
+                reason = "bad checksum"
             else:
-                start = off + RECORD_HEADER_SIZE_BYTES
-                want = crc32c(
-                    data[start:end], crc32c(data[off + 8 : off + 9] + data[off : off + 4])
-                )
-                if rtype == ZERO_TYPE or want != crc:
-                    reason = "bad checksum" if rtype != ZERO_TYPE else "record of reserved type 0"
-                else:
-                    out.append((off, rtype, start, length))
-                    off = end
-                    continue
+                out.append((off, rtype, off + hsize, length))
+                off = end
+                continue
+        seq = seg.first_seq + len(out)
         # Something does not check out at ``off``: a torn tail only if it is in
         # the last segment and no valid record follows it anywhere.
         if last and not _valid_record_after(data, off):
@@ -193,13 +192,13 @@ def _valid_record_after(data: bytes, off: int) -> bool:
     """
     size = len(data)
     unpack = RECORD_HEADER.unpack_from
+    view = memoryview(data)
     for k in range(off + 1, size - RECORD_HEADER_SIZE_BYTES + 1):
-        length, crc, rtype = unpack(data, k)
+        crc, length, rtype = unpack(data, k)
         end = k + RECORD_HEADER_SIZE_BYTES + length
         if rtype == ZERO_TYPE or length > MAX_RECORD_BYTES or end > size:
             continue
-        start = k + RECORD_HEADER_SIZE_BYTES
-        if crc32c(data[start:end], crc32c(data[k + 8 : k + 9] + data[k : k + 4])) == crc:
+        if crc32c(view[k + 4 : end]) == crc:
             return True
     return False
 

@@ -25,6 +25,7 @@ import enum
 import fcntl
 import os
 import shutil
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,6 @@ from tiffany.wal.format import (
     LOCK_NAME,
     MAGIC,
     MAX_RECORD_BYTES,
-    RECORD_HEADER,
     RECORD_HEADER_SIZE_BYTES,
     SEGMENT_SIZE_BYTES,
     VERSION,
@@ -52,8 +52,8 @@ __all__ = ["FsyncPolicy", "Wal"]
 
 log = structlog.get_logger("tiffany.wal")
 
-_pack_header = RECORD_HEADER.pack
-_type_len = [bytes([t]) for t in range(256)]
+_pack_crc = struct.Struct("<I").pack
+_pack_len_type = struct.Struct("<IB").pack
 
 
 class FsyncPolicy(enum.StrEnum):
@@ -220,9 +220,10 @@ class Wal:
             self._seg_bytes + len(self._buf) > HEADER_SIZE_BYTES
         ):
             self._rotate()
-        crc = crc32c(payload, crc32c(_type_len[rtype] + n.to_bytes(4, "little")))
+        head = _pack_len_type(n, rtype)
         buf = self._buf
-        buf += _pack_header(n, crc, rtype)
+        buf += _pack_crc(crc32c(payload, crc32c(head)))
+        buf += head
         buf += payload
         seq = self.next_seq
         self.next_seq = seq + 1
