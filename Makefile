@@ -54,7 +54,7 @@ test: $(DEV_STAMP) ## run the test suite (PYTEST_ARGS=... to pass options)
 
 lint: $(DEV_STAMP) ## ruff on the tree, mypy (strict on the kernel)
 	$(BIN)/ruff check .
-	$(BIN)/mypy tiffany/kernel tiffany/config.py tiffany/log.py tiffany/cli.py
+	$(BIN)/mypy tiffany/kernel tiffany/wal tiffany/durable tiffany/config.py tiffany/log.py tiffany/cli
 
 bench: $(BENCH_STAMP) ## run the kernel benchmark (prints a table; no pass/fail)
 	$(BIN)/python bench/ring.py
