@@ -13,6 +13,7 @@ counts thread jobs queued or running whose completion is still to come.
 
 from __future__ import annotations
 
+import errno
 import heapq
 import selectors
 from collections import deque
@@ -186,8 +187,22 @@ class Reactor:
                     f"fd {fd} is already waited on by task {other.id}", fd=fd, tid=other.id
                 )
                 return None
+            try:
+                sel.modify(fd, key.events | event, waiters)
+            except OSError as exc:
+                # The descriptor was closed under a parked waiter and its
+                # number reused: epoll forgot it (ENOENT) and the selector
+                # dropped the stale key. A task-level error, not a kernel one;
+                # the waiter parked on the old descriptor gets EBADF.
+                for i, orphan in enumerate(waiters):
+                    if orphan is not None:
+                        waiters[i] = None
+                        self._io_waiting -= 1
+                        orphan._throw = OSError(errno.EBADF, f"fd {fd} was closed while waited on")
+                        self.wake(orphan)
+                task._throw = exc
+                return None
             waiters[slot] = task
-            sel.modify(fd, key.events | event, waiters)
         self._io_waiting += 1
         return self.park(task, call, TaskState.BLOCKED_IO)
 
