@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 import tempfile
@@ -273,3 +274,41 @@ def test_io_waiters_and_timers_together(sched: Scheduler, pipe) -> None:
     sched.run()
     assert log == [("slept", 3), ("read", b"x", 3)]
     assert sched.task(1).state is TaskState.DONE
+
+
+def test_descriptor_closed_and_reused_under_a_parked_waiter(sched: Scheduler) -> None:
+    r, w = os.pipe()
+    errors = []
+
+    def parked():
+        yield ReadWait(r)
+
+    def closer():
+        yield Sleep(1)
+        os.close(r)  # closed while ``parked`` waits on it: epoll forgets it
+        r2, w2 = os.pipe()
+        try:
+            assert r2 == r  # the number is reused
+            try:
+                yield WriteWait(r2)
+            except OSError as exc:
+                errors.append(exc)
+            os.write(w2, b"x")
+            yield ReadWait(r2)  # the descriptor can be waited on again
+            return os.read(r2, 1)
+        finally:
+            os.close(r2)
+            os.close(w2)
+
+    p = sched.spawn(parked())
+    c = sched.spawn(closer())
+    try:
+        sched.run()  # neither a KernelInternalError nor a hang
+    finally:
+        os.close(w)
+    assert len(errors) == 1
+    assert sched.result(c) == b"x"
+    task = sched.task(p)
+    assert task.state is TaskState.CRASHED
+    assert isinstance(task.error, OSError)
+    assert task.error.errno == errno.EBADF
