@@ -88,7 +88,13 @@ def configure_logging(
         fmt = "console" if _isatty(out) else "json"
     renderers: list[structlog.types.Processor]
     if fmt == "console":
-        renderers = [structlog.dev.ConsoleRenderer(colors=_isatty(out))]
+        # plain_traceback: rich's pretty tracebacks take seconds for a deep
+        # trampolined stack, and a crash is logged on the scheduler thread.
+        renderers = [
+            structlog.dev.ConsoleRenderer(
+                colors=_isatty(out), exception_formatter=structlog.dev.plain_traceback
+            )
+        ]
     else:
         renderers = [
             # structlog's ``dict_tracebacks`` with ``show_locals=False``: local

@@ -135,7 +135,11 @@ class Process:
         return code
 
     def communicate(self, stdin: bytes = b"", max_output_bytes: int = 1 << 20) -> Co:
-        """Feed ``stdin``, collect stdout/stderr (capped), wait; return CompletedRun."""
+        """Feed ``stdin``, collect stdout/stderr (capped), wait; return CompletedRun.
+
+        If the calling task is killed (or anything fails) meanwhile, the child's
+        process group is killed too: a process never outlives its task.
+        """
         p = self.popen
         assert p.stdout is not None
         assert p.stderr is not None
@@ -154,6 +158,8 @@ class Process:
             err, err_dropped = yield WaitTask(err_tid)
             code = yield self.wait()
         except BaseException as exc:
+            # Cancelled or failed: the child must not outlive the task that owns it.
+            self.kill()
             if not isinstance(exc, GeneratorExit):  # a closing generator cannot yield
                 # Stop the readers before their pipes close under them: epoll
                 # forgets a closed descriptor, so a reader parked on it would
