@@ -64,7 +64,7 @@ from tiffany.kernel.calls import (
 )
 from tiffany.kernel.clock import Clock, MonotonicClock
 from tiffany.kernel.entropy import Entropy
-from tiffany.kernel.handlers import HANDLERS, Handler, unpark_step
+from tiffany.kernel.handlers import HANDLERS, Handler, _h_queue_get, unpark_step
 from tiffany.kernel.instrument import Instrument, InstrumentSet
 from tiffany.kernel.markers import PARKED, RETURNED, CloseTask, join_error
 from tiffany.kernel.reactor import Reactor
@@ -82,6 +82,8 @@ MAX_SELECT_TIMEOUT_S: Final = 24 * 3600.0
 
 _READY = TaskState.READY
 _RUNNING = TaskState.RUNNING
+_BLOCKED_SYNC = TaskState.BLOCKED_SYNC
+_QUEUE_GET = QueueGet
 _GENERATOR = types.GeneratorType
 _Hook = Callable[..., None]
 
@@ -225,6 +227,7 @@ class Scheduler(Reactor):
             unpark: Called as ``unpark(sched, task, call)`` when a task parked
                 on such a call is killed, to take it off whatever holds it.
         """
+        self._hooks_dirty = True  # the loop caches which fast paths apply
         previous = self._handlers.get(call_type)
         self._handlers[call_type] = handler
         if unpark is not None:
@@ -315,7 +318,7 @@ class Scheduler(Reactor):
         append = ready.append
         handlers = self._handlers
         before = after = None
-        wait_hooks = False
+        wait_hooks = fast_queue = False
         while True:
             if self._hooks_dirty:
                 # A failed instrument always dirties the hooks: a critical
@@ -323,7 +326,7 @@ class Scheduler(Reactor):
                 # stops the loop here, before another task runs.
                 if self._fatal is not None:
                     raise self._fatal
-                before, after, wait_hooks = self._dispatch_hooks()
+                before, after, wait_hooks, fast_queue = self._dispatch_hooks()
             ntodo = len(ready)
             self.turns += ntodo
             # -- stage 1: dispatch what was ready when the pass began --------
@@ -339,7 +342,7 @@ class Scheduler(Reactor):
                         if self._fatal is not None:
                             raise self._fatal
                         if self._hooks_dirty:  # an instrument went or came
-                            before, after, wait_hooks = self._dispatch_hooks()
+                            before, after, wait_hooks, fast_queue = self._dispatch_hooks()
                     coro = task.coro
                     exc = task._throw
                     if exc is not None and exc.__class__ is CloseTask:
@@ -356,7 +359,7 @@ class Scheduler(Reactor):
                         if after is not None:
                             self._call_hook(after, task, RETURNED)
                             if self._hooks_dirty:
-                                before, after, wait_hooks = self._dispatch_hooks()
+                                before, after, wait_hooks, fast_queue = self._dispatch_hooks()
                         if task.stack:
                             task.coro = task.stack.pop()
                             value = stop.value
@@ -367,7 +370,7 @@ class Scheduler(Reactor):
                         if after is not None:
                             self._call_hook(after, task, RETURNED)
                             if self._hooks_dirty:
-                                before, after, wait_hooks = self._dispatch_hooks()
+                                before, after, wait_hooks, fast_queue = self._dispatch_hooks()
                         if task.stack:
                             task.coro = task.stack.pop()
                             task._throw = err
@@ -382,13 +385,39 @@ class Scheduler(Reactor):
                         if self._fatal is not None:
                             raise self._fatal
                         if self._hooks_dirty:
-                            before, after, wait_hooks = self._dispatch_hooks()
+                            before, after, wait_hooks, fast_queue = self._dispatch_hooks()
                     if y is None:
                         task._send = None
                         task.state = _READY
                         append(task)
                         break
-                    handler = handlers.get(y.__class__)
+                    cls = y.__class__
+                    if cls is _QUEUE_GET and fast_queue:
+                        # Inlined ``_h_queue_get`` (the messaging hot path; see
+                        # _dispatch_hooks for when it applies).
+                        q = y.queue
+                        if q._items:
+                            value = q._items.popleft()
+                        elif q._sched is self:
+                            if q._getters is None:
+                                q._getters = [task]
+                            else:
+                                q._getters.append(task)
+                            task.state = _BLOCKED_SYNC
+                            task.blocked_on = y
+                            break
+                        else:
+                            value = _h_queue_get(self, task, y)
+                            if value is PARKED:
+                                break
+                        budget -= 1
+                        if not budget:
+                            task._send = value
+                            task.state = _READY
+                            append(task)
+                            break
+                        continue
+                    handler = handlers.get(cls)
                     if handler is not None:
                         try:
                             value = handler(self, task, y)
@@ -451,8 +480,11 @@ class Scheduler(Reactor):
         if self._alive:
             log.info("kernel.stalled", blocked=self._alive)
 
-    def _dispatch_hooks(self) -> tuple[_Hook | None, _Hook | None, bool]:
-        """Return the before/after dispatch hooks and whether the wait stage has hooks.
+    def _dispatch_hooks(self) -> tuple[_Hook | None, _Hook | None, bool, bool]:
+        """Return the dispatch hooks, whether the wait stage has hooks, and the queue fast path.
+
+        The loop handles ``yield q.get()`` inline (no handler call) while the
+        standard handler is installed and no instrument watches blocks.
 
         Discussion: the loop keeps the dispatch hooks in locals. It re-reads
         them at the start of a pass and, when some dispatch hook is attached,
@@ -468,7 +500,8 @@ class Scheduler(Reactor):
             or hooks["after_wait"] is not None
             or bool(self._injectors)
         )
-        return hooks["before_dispatch"], hooks["after_dispatch"], wait_hooks
+        fast_queue = self._handlers.get(QueueGet) is _h_queue_get and self._on_block is None
+        return hooks["before_dispatch"], hooks["after_dispatch"], wait_hooks, fast_queue
 
     def _wait(self) -> bool:
         """Commit, release effects, poll for events and fire due timers.

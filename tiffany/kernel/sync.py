@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from tiffany.errors import KernelError, QueueEmpty, QueueFull
 from tiffany.kernel.calls import SystemCall
+from tiffany.kernel.task import TaskState
 
 if TYPE_CHECKING:
     from tiffany.kernel.scheduler import Scheduler
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
 __all__ = ["Event", "EventWait", "Queue", "QueueGet"]
 
 T = TypeVar("T")
+
+_READY = TaskState.READY
 
 
 class QueueGet(SystemCall):
@@ -92,10 +95,16 @@ class Queue(Generic[T]):
         """Hand ``item`` to the first parked getter, or buffer it. Never blocks."""
         getters = self._getters
         if getters:
+            # Inlined ``Scheduler.wake`` (the messaging hot path).
             task = getters.pop(0)
             sched = self._sched
             assert sched is not None
-            sched.wake(task, item)
+            task._send = item
+            task.state = _READY
+            sched._ready.append(task)
+            if sched._on_wake is not None:
+                sched._call_hook(sched._on_wake, task, item)
+            task.blocked_on = None
             return
         items = self._items
         if items is None:
