@@ -1,0 +1,130 @@
+"""The tool registry: which tools exist, and which this server may run.
+
+``ToolRegistry.default()`` holds every built-in tool (``shell``, ``http``,
+``python``, ``llm``, ``file.read``, ``file.write``, ``sleep``) and loads the
+``tiffany.tools`` entry points (callables for the ``python`` tool). A
+server runs only the tools its operator enabled: :data:`DEFAULT_ENABLED` is
+every built-in but ``shell``; ``tiffany run`` enables them all
+(``enabled=registry.all_names()``).
+
+``names()`` is what plans are validated against (the *enabled* tools), so a
+plan that uses a disabled tool is refused before it runs; ``get`` of a
+disabled tool raises :class:`ToolDisabled`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tiffany.agents.tools import BUILTIN_TOOLS
+from tiffany.agents.tools.base import Tool, ToolError
+from tiffany.agents.tools.python import load_entry_points
+
+__all__ = ["DEFAULT_ENABLED", "ToolDisabled", "ToolRegistry", "UnknownTool"]
+
+#: Tools a server runs unless its operator says otherwise (``shell`` is opt-in).
+DEFAULT_ENABLED: frozenset[str] = frozenset(
+    {"file.read", "file.write", "http", "llm", "python", "sleep"}
+)
+
+
+class UnknownTool(ToolError):
+    """No tool of that name is registered."""
+
+    code = "tool.unknown"
+
+
+class ToolDisabled(ToolError):
+    """The tool exists but this server's operator has not enabled it."""
+
+    code = "tool.disabled"
+
+
+class ToolRegistry:
+    """Tools by name, and the set of enabled names.
+
+    Args:
+        tools: The tools to register.
+        enabled: Names allowed to run (default: every registered tool). Each
+            must be registered: a typo in an operator's list is an error.
+
+    Raises:
+        UnknownTool: ``enabled`` names a tool that is not registered.
+    """
+
+    def __init__(self, tools: Iterable[Tool] | None = None, enabled: Iterable[str] | None = None):
+        self._tools: dict[str, Tool] = {}
+        for tool in tools or ():
+            self.register(tool)
+        self.enabled: set[str] = set(self._tools)
+        if enabled is not None:
+            self.enable(enabled, only=True)
+
+    @classmethod
+    def default(cls, enabled: Iterable[str] | None = None) -> ToolRegistry:
+        """Return a registry of the built-in tools (entry points loaded).
+
+        Args:
+            enabled: The enabled names (default: :data:`DEFAULT_ENABLED`).
+        """
+        load_entry_points()
+        return cls(
+            [tool_cls() for tool_cls in BUILTIN_TOOLS],
+            DEFAULT_ENABLED if enabled is None else enabled,
+        )
+
+    def register(self, tool: Tool, *, enable: bool = False) -> None:
+        """Add ``tool`` (replacing one of the same name); ``enable`` it at once if asked."""
+        self._tools[tool.name] = tool
+        if enable:
+            self.enabled.add(tool.name)
+
+    def enable(self, names: Iterable[str], *, only: bool = False) -> None:
+        """Enable ``names`` (and, with ``only``, disable every other tool).
+
+        Raises:
+            UnknownTool: A name is not registered.
+        """
+        names = set(names)
+        unknown = sorted(names - self._tools.keys())
+        if unknown:
+            raise UnknownTool(
+                f"cannot enable unknown tools {unknown}; known tools: {self.all_names()}",
+                tools=", ".join(unknown),
+            )
+        self.enabled = names if only else self.enabled | names
+
+    def get(self, name: str) -> Tool:
+        """Return the enabled tool ``name``.
+
+        Raises:
+            UnknownTool: No such tool (the message lists the known ones).
+            ToolDisabled: It exists but is not enabled here.
+        """
+        tool = self._tools.get(name)
+        if tool is None:
+            known = ", ".join(self.all_names()) or "none"
+            raise UnknownTool(f"unknown tool {name!r}; known tools: {known}", tool=name)
+        if name not in self.enabled:
+            raise ToolDisabled(
+                f"tool {name!r} is not enabled on this server (--enable-tool {name})", tool=name
+            )
+        return tool
+
+    def is_enabled(self, name: str) -> bool:
+        """Return True if ``name`` is registered and enabled."""
+        return name in self.enabled and name in self._tools
+
+    def names(self) -> list[str]:
+        """Return the enabled tool names, sorted (what plans are validated against)."""
+        return sorted(n for n in self._tools if n in self.enabled)
+
+    def all_names(self) -> list[str]:
+        """Return every registered tool name, sorted, enabled or not."""
+        return sorted(self._tools)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __len__(self) -> int:
+        return len(self._tools)

@@ -1,0 +1,50 @@
+"""The built-in tools a plan step can call (see ``base.py`` for the contract).
+
+* ``shell`` (:class:`ShellTool`): a kernel task; a subprocess, under bubblewrap when available.
+* ``http`` (:class:`HttpTool`): in a thread (urllib).
+* ``python`` (:class:`PythonTool`): a kernel task; plain callables go to a thread.
+* ``llm`` (:class:`LlmTool`): in a thread; OpenAI-compatible endpoint or scripted.
+* ``file.read`` / ``file.write`` (:class:`FileReadTool`, :class:`FileWriteTool`):
+  in a thread, confined to the run's workspace.
+* ``sleep`` (:class:`SleepTool`): in the worker task itself (a durable timer).
+
+:class:`~tiffany.agents.registry.ToolRegistry` holds them by name.
+"""
+
+from __future__ import annotations
+
+from tiffany.agents.tools.base import Tool, ToolArgs, ToolContext, ToolError, ToolSettings
+from tiffany.agents.tools.file import FileReadTool, FileWriteTool
+from tiffany.agents.tools.http import HttpTool
+from tiffany.agents.tools.llm import LlmTool
+from tiffany.agents.tools.python import PythonTool, python_tool
+from tiffany.agents.tools.shell import ShellTool
+from tiffany.agents.tools.sleep import SleepTool
+
+__all__ = [
+    "BUILTIN_TOOLS",
+    "FileReadTool",
+    "FileWriteTool",
+    "HttpTool",
+    "LlmTool",
+    "PythonTool",
+    "ShellTool",
+    "SleepTool",
+    "Tool",
+    "ToolArgs",
+    "ToolContext",
+    "ToolError",
+    "ToolSettings",
+    "python_tool",
+]
+
+#: Every built-in tool class, in the order listings show them.
+BUILTIN_TOOLS: tuple[type, ...] = (
+    ShellTool,
+    HttpTool,
+    PythonTool,
+    LlmTool,
+    FileReadTool,
+    FileWriteTool,
+    SleepTool,
+)

@@ -1,0 +1,293 @@
+"""``http``: one HTTP(S) request with the standard library's ``urllib``.
+
+Only ``http`` and ``https`` URLs (also after a redirect). The response body
+is read up to ``max_body_bytes`` (more is dropped and ``truncated`` is
+True); ``timeout_s`` bounds the whole exchange, not each socket operation.
+:func:`request` is shared with the ``llm`` tool's OpenAI-compatible client.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json as jsonlib
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from email.message import Message
+from typing import Any, ClassVar, Literal
+from urllib.parse import urlsplit
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from tiffany.agents.tools.base import ToolArgs, ToolContext, ToolError
+
+__all__ = [
+    "HttpArgs",
+    "HttpConnectError",
+    "HttpResponse",
+    "HttpStatusError",
+    "HttpTimeout",
+    "HttpTool",
+    "request",
+]
+
+#: Bytes read from the socket per call.
+READ_CHUNK_BYTES = 1 << 16
+#: Default timeout of a request, in seconds.
+DEFAULT_TIMEOUT_S = 30.0
+#: Longest timeout a plan may ask for, in seconds.
+MAX_TIMEOUT_S = 3600.0
+_SCHEMES = ("http", "https")
+
+
+class HttpStatusError(ToolError):
+    """The server answered with a status >= 400 (fields: the response)."""
+
+    code = "tool.http.status"
+
+
+class HttpConnectError(ToolError):
+    """No response: DNS, refused connection, TLS, reset."""
+
+    code = "tool.http.connect"
+
+
+class HttpTimeout(HttpConnectError):
+    """No complete response within ``timeout_s``."""
+
+    code = "tool.http.timeout"
+
+
+@dataclass(slots=True)
+class HttpResponse:
+    """What :func:`request` returns."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    truncated: bool
+    url: str
+
+
+class _Redirects(urllib.request.HTTPRedirectHandler):
+    """Follow redirects to http(s) URLs only (urllib would also follow ftp://)."""
+
+    def redirect_request(
+        self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str
+    ) -> Any:
+        if urlsplit(newurl).scheme not in _SCHEMES:
+            raise HttpConnectError(f"refusing redirect to {newurl!r}", url=newurl)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any) -> None:
+        return None  # the 3xx response itself is returned
+
+
+def _headers(message: Message) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in message.items():
+        k = key.lower()
+        out[k] = f"{out[k]}, {value}" if k in out else value
+    return out
+
+
+def request(
+    method: str,
+    url: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+    data: bytes | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    max_body_bytes: int = 10 << 20,
+    follow_redirects: bool = True,
+) -> HttpResponse:
+    """Send one request and read the response (blocking: call it in a thread).
+
+    Statuses >= 400 are returned, not raised.
+
+    Raises:
+        HttpTimeout: ``timeout_s`` passed before the body was complete.
+        HttpConnectError: No response (or a refused redirect).
+    """
+    if urlsplit(url).scheme not in _SCHEMES:
+        raise HttpConnectError(f"only http and https URLs, not {url!r}", url=url)
+    handler = _Redirects() if follow_redirects else _NoRedirects()
+    opener = urllib.request.build_opener(handler)
+    req = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
+    deadline = time.monotonic() + timeout_s
+    try:
+        try:
+            resp = opener.open(req, timeout=timeout_s)
+        except urllib.error.HTTPError as exc:  # a status >= 400 (or an unfollowed 3xx)
+            resp = exc
+        try:
+            body, truncated = _read_body(resp, deadline, max_body_bytes)
+        finally:
+            resp.close()
+    except TimeoutError as exc:
+        raise HttpTimeout(f"{method} {url}: no response within {timeout_s} s", url=url) from exc
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, TimeoutError):
+            raise HttpTimeout(f"{method} {url}: no response within {timeout_s} s", url=url) from exc
+        raise HttpConnectError(f"{method} {url}: {exc.reason}", url=url) from exc
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # reset, bad status line...
+        raise HttpConnectError(f"{method} {url}: {exc}", url=url) from exc
+    return HttpResponse(resp.status or 0, _headers(resp.headers), body, truncated, resp.geturl())
+
+
+def _read_body(resp: Any, deadline: float, max_body_bytes: int) -> tuple[bytes, bool]:
+    """Read up to ``max_body_bytes`` (True if there was more) before ``deadline``."""
+    sock = _socket_of(resp)
+    chunks: list[bytes] = []
+    kept = 0
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        if sock is not None:
+            sock.settimeout(left)
+        chunk = resp.read(min(READ_CHUNK_BYTES, max_body_bytes + 1 - kept))
+        if not chunk:
+            return b"".join(chunks), False
+        chunks.append(chunk)
+        kept += len(chunk)
+        if kept > max_body_bytes:
+            return b"".join(chunks)[:max_body_bytes], True
+
+
+def _socket_of(resp: Any) -> socket.socket | None:
+    """Return the response's socket (to shrink its timeout to the time left), if found."""
+    obj = resp
+    for _ in range(4):  # HTTPError -> HTTPResponse -> BufferedReader -> SocketIO
+        sock = getattr(obj, "_sock", None)
+        if isinstance(sock, socket.socket):
+            return sock
+        obj = getattr(obj, "fp", None) or getattr(obj, "raw", None)
+        if obj is None:
+            return None
+    return None
+
+
+def is_json(content_type: str | None) -> bool:
+    """Return True for ``application/json`` and ``*/*+json`` content types."""
+    mime = (content_type or "").split(";")[0].strip().lower()
+    return mime == "application/json" or mime.endswith("+json")
+
+
+def charset_of(content_type: str | None) -> str:
+    """Return the charset a content type names (UTF-8 when it names none or a bad one)."""
+    msg = Message()
+    msg["content-type"] = content_type or "text/plain"
+    charset = msg.get_content_charset() or "utf-8"
+    try:
+        "".encode(charset)
+    except LookupError:
+        return "utf-8"
+    return charset
+
+
+class HttpArgs(ToolArgs):
+    """Arguments of ``http``.
+
+    Attributes:
+        method: The HTTP method.
+        url: An ``http://`` or ``https://`` URL.
+        headers: Request headers.
+        body: A text body (UTF-8), or
+        json: a JSON body (sets ``Content-Type: application/json``).
+        timeout_s: Bound on the whole request, in seconds.
+        max_body_bytes: Keep at most this many bytes of the response body
+            (default and ceiling: the operator's ``http_max_body_bytes``).
+        raise_for_status: Raise ``tool.http.status`` on a status >= 400.
+        follow_redirects: Follow 3xx redirects (to http/https only).
+    """
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    method: Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"] = "GET"
+    url: str
+    headers: dict[str, str] = Field(default_factory=dict)
+    body: str | None = None
+    json_body: Any = Field(default=None, alias="json")
+    timeout_s: float = Field(default=DEFAULT_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S)
+    max_body_bytes: int | None = Field(default=None, ge=0)
+    raise_for_status: bool = True
+    follow_redirects: bool = True
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in _SCHEMES or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL with a host")
+        return url
+
+    @model_validator(mode="after")
+    def _one_body(self) -> HttpArgs:
+        if self.body is not None and "json_body" in self.model_fields_set:
+            raise ValueError("give either body or json, not both")
+        return self
+
+
+class HttpTool:
+    """Send a request: ``{"status", "headers", "body", "json", "truncated"}``.
+
+    ``headers`` has lower-case names; ``body`` is text decoded with the
+    response's charset (``errors="replace"``); ``json`` is the parsed body
+    when the content type is JSON and the body complete and valid, else None.
+    """
+
+    name: ClassVar[str] = "http"
+    Args: ClassVar[type[ToolArgs]] = HttpArgs
+    durable: ClassVar[bool] = True
+
+    def run(self, args: HttpArgs, ctx: ToolContext) -> dict[str, Any]:
+        """Send the request (in the thread pool)."""
+        cap = ctx.settings.http_max_body_bytes
+        if args.max_body_bytes is not None:
+            cap = min(cap, args.max_body_bytes)
+        headers = dict(args.headers)
+        data: bytes | None = None
+        if "json_body" in args.model_fields_set:
+            data = jsonlib.dumps(args.json_body).encode("utf-8")
+            if not any(k.lower() == "content-type" for k in headers):
+                headers["Content-Type"] = "application/json"
+        elif args.body is not None:
+            data = args.body.encode("utf-8")
+        resp = request(
+            args.method,
+            args.url,
+            headers=headers,
+            data=data,
+            timeout_s=args.timeout_s,
+            max_body_bytes=cap,
+            follow_redirects=args.follow_redirects,
+        )
+        content_type = resp.headers.get("content-type")
+        text = resp.body.decode(charset_of(content_type), errors="replace")
+        parsed: Any = None
+        if is_json(content_type) and not resp.truncated:
+            try:
+                parsed = jsonlib.loads(text)
+            except ValueError:
+                parsed = None
+        result = {
+            "status": resp.status,
+            "headers": resp.headers,
+            "body": text,
+            "json": parsed,
+            "truncated": resp.truncated,
+        }
+        if args.raise_for_status and resp.status >= 400:
+            raise HttpStatusError(f"{args.method} {args.url}: HTTP {resp.status}", **result)
+        return result

@@ -1,0 +1,180 @@
+"""``python``: run a registered Python callable by name.
+
+A plan cannot run arbitrary code: it names a function that the operator's
+code registered, either with the decorator::
+
+    from tiffany.agents.tools.python import python_tool
+
+    @python_tool("word_count")
+    def word_count(text: str) -> dict:
+        return {"words": len(text.split())}
+
+or through the ``tiffany.tools`` entry-point group of an installed
+distribution (``word_count = "mypkg.tools:word_count"``: the entry point's
+name is the function's name).
+
+Design: ``PythonTool.run`` is a generator function, so the worker always
+runs it as a kernel task inside a durable ``Step``. A *plain* callable is
+then handed to the thread pool with ``yield RunInThread(...)`` (blocking
+code is fine there); a *generator* callable is trampolined with ``yield
+fn(**kwargs)`` and may wait on descriptors through ``tiffany.io``. Rejected:
+a plain ``run`` that calls the function (a generator callable would then
+come back unrun), and choosing per call (the worker picks thread or task
+from ``run`` itself, once).
+
+An exception other than :class:`ToolError` raised by the function becomes a
+``tool.python.error`` ToolError naming its type, so the plan sees a stable
+code and the journal a rebuildable error.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from typing import Any, ClassVar, TypeVar
+
+from pydantic import Field
+
+from tiffany.agents.tools.base import ToolArgs, ToolContext, ToolError
+from tiffany.kernel import Coroutine, RunInThread
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "PythonArgs",
+    "PythonError",
+    "PythonTool",
+    "UnknownFunction",
+    "functions",
+    "load_entry_points",
+    "lookup",
+    "python_tool",
+    "register_function",
+    "unregister_function",
+]
+
+#: The entry-point group scanned for callables.
+ENTRY_POINT_GROUP = "tiffany.tools"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# The process-wide table: registration happens at import time of the
+# operator's modules, before any scheduler runs; the lock covers the rare
+# registration from a thread.
+_FUNCTIONS: dict[str, Callable[..., Any]] = {}
+_LOCK = threading.Lock()
+_entry_points_loaded = False
+
+
+class UnknownFunction(ToolError):
+    """No callable is registered under the name."""
+
+    code = "tool.python.unknown"
+
+
+class PythonError(ToolError):
+    """The registered callable raised (its type and message are in the fields)."""
+
+    code = "tool.python.error"
+
+
+def register_function(name: str, fn: Callable[..., Any], *, replace: bool = False) -> None:
+    """Register ``fn`` under ``name`` (a ValueError if taken and not ``replace``)."""
+    if not callable(fn):
+        raise TypeError(f"python tool {name!r}: {fn!r} is not callable")
+    with _LOCK:
+        if not replace and name in _FUNCTIONS and _FUNCTIONS[name] is not fn:
+            raise ValueError(f"a python tool function named {name!r} is already registered")
+        _FUNCTIONS[name] = fn
+
+
+def unregister_function(name: str) -> None:
+    """Forget the callable registered under ``name`` (no error if there is none)."""
+    with _LOCK:
+        _FUNCTIONS.pop(name, None)
+
+
+def python_tool(name: str) -> Callable[[F], F]:
+    """Decorator: register the decorated function under ``name``; returns it unchanged."""
+
+    def decorate(fn: F) -> F:
+        register_function(name, fn)
+        return fn
+
+    return decorate
+
+
+def load_entry_points(*, force: bool = False) -> list[str]:
+    """Register the callables of the ``tiffany.tools`` entry points; return their names.
+
+    Done once per process unless ``force``. A name already registered by the
+    decorator keeps its callable.
+    """
+    global _entry_points_loaded
+    if _entry_points_loaded and not force:
+        return []
+    _entry_points_loaded = True
+    loaded: list[str] = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in _FUNCTIONS:
+            continue
+        register_function(ep.name, ep.load())
+        loaded.append(ep.name)
+    return loaded
+
+
+def lookup(name: str) -> Callable[..., Any]:
+    """Return the callable registered under ``name`` (entry points are loaded first).
+
+    Raises:
+        UnknownFunction: Nothing is registered under that name.
+    """
+    fn = _FUNCTIONS.get(name)
+    if fn is None:
+        load_entry_points()
+        fn = _FUNCTIONS.get(name)
+    if fn is None:
+        known = ", ".join(sorted(_FUNCTIONS)) or "none"
+        raise UnknownFunction(
+            f"no python tool function {name!r} (registered: {known})", function=name
+        )
+    return fn
+
+
+def functions() -> list[str]:
+    """Return the registered names, sorted."""
+    with _LOCK:
+        return sorted(_FUNCTIONS)
+
+
+class PythonArgs(ToolArgs):
+    """Arguments of ``python``: the registered ``function`` and its keyword arguments."""
+
+    function: str = Field(min_length=1)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class PythonTool:
+    """Run a registered callable; its return value is the step's result."""
+
+    name: ClassVar[str] = "python"
+    Args: ClassVar[type[ToolArgs]] = PythonArgs
+    durable: ClassVar[bool] = True
+
+    def run(self, args: PythonArgs, ctx: ToolContext) -> Coroutine:
+        """Run the function: plain ones in the thread pool, generator ones here."""
+        fn = lookup(args.function)
+        try:
+            if inspect.isgeneratorfunction(fn):
+                return (yield fn(**args.kwargs))
+            return (yield RunInThread(functools.partial(fn, **args.kwargs)))
+        except ToolError:
+            raise
+        except Exception as exc:
+            raise PythonError(
+                f"python tool {args.function!r} raised {type(exc).__name__}: {exc}",
+                function=args.function,
+                type=type(exc).__name__,
+            ) from exc

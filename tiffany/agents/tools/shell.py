@@ -1,0 +1,282 @@
+"""``shell``: run a command (an argv, never a shell string) in the run's workspace.
+
+To use a shell the plan says so: ``["sh", "-c", "ls | wc -l"]``. The child
+gets the workspace (or a directory inside it) as its cwd, an environment
+built from the operator's allowlist (``ToolSettings.env_allowlist``) plus
+the step's ``env``, nothing else from the engine's environment, and its own
+session, so killing its process group reaches everything it started.
+
+Timeouts are the worker's: it kills the tool task, :class:`TaskCancelled`
+lands at the ``yield`` in :meth:`Process.communicate`, which kills the
+process group; :meth:`ShellTool.run` then reaps the child before it lets the
+cancellation go on, so no process outlives its step (not even as a zombie).
+
+Sandbox (``ToolSettings.shell_sandbox``):
+
+* ``"none"``: run the argv directly.
+* ``"bwrap"``: run it under bubblewrap or not at all (``tool.shell.sandbox``
+  when ``bwrap`` is missing or cannot create its namespaces here: fail closed).
+* ``"auto"`` (default): bubblewrap when it is installed and works, else run
+  directly and emit a ``tool.warning`` event.
+
+Under bubblewrap the child sees a read-only ``/usr`` (and the ``/bin``,
+``/lib*`` links or directories), a handful of ``/etc`` files, a fresh
+``/proc``, ``/dev`` and ``/tmp``, and the workspace read-write at its own
+path; it has no network (a new, empty network namespace), its own pid, IPC
+and UTS namespaces, no capabilities, and dies with its parent. Resource
+limits are set by wrapping the argv in util-linux ``prlimit`` inside the
+sandbox (no ``preexec_fn``, which is unsafe with threads):
+``SANDBOX_CPU_S`` of CPU time, files of at most ``SANDBOX_FSIZE_BYTES``,
+``SANDBOX_NPROC`` processes. Note: Linux does not enforce ``RLIMIT_NPROC``
+against uid 0, so a fork bomb is bounded only when the engine runs as an
+ordinary user (it should); the step timeout is the backstop either way.
+Whether bubblewrap works is probed once per process with ``true``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar, Final
+
+from pydantic import Field, field_validator
+
+from tiffany.agents.tools.base import ToolArgs, ToolContext, ToolError
+from tiffany.agents.tools.workspace import workspace_dir
+from tiffany.io import spawn_process
+from tiffany.kernel import Coroutine
+
+__all__ = [
+    "SANDBOX_CPU_S",
+    "SANDBOX_FSIZE_BYTES",
+    "SANDBOX_NPROC",
+    "SandboxUnavailable",
+    "ShellArgs",
+    "ShellExit",
+    "ShellTool",
+    "bwrap_argv",
+]
+
+#: CPU seconds a sandboxed command may use (RLIMIT_CPU).
+SANDBOX_CPU_S: int = 600
+#: Largest file a sandboxed command may write, in bytes (RLIMIT_FSIZE).
+SANDBOX_FSIZE_BYTES: int = 1 << 30
+#: Processes the sandboxed command's user may have (RLIMIT_NPROC; not enforced for root).
+SANDBOX_NPROC: int = 512
+#: Hard ceiling on ``max_output_bytes`` whatever the settings say.
+MAX_OUTPUT_BYTES_CEILING: Final = 64 << 20
+
+#: Top-level directories bound read-only (or re-created as the symlinks they are).
+_SYSTEM_DIRS: Final = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+#: The only /etc entries a sandboxed command sees.
+_ETC_ENTRIES: Final = (
+    "/etc/alternatives",
+    "/etc/group",
+    "/etc/hosts",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/nsswitch.conf",
+    "/etc/passwd",
+)
+#: Environment of the probe command.
+_PROBE_ENV: Final = {"PATH": "/usr/bin:/bin"}
+
+# bwrap path -> None when it works here, else why not (probed once per process).
+_PROBES: dict[str, str | None] = {}
+
+
+class ShellExit(ToolError):
+    """The command exited with a non-zero status (fields: the result)."""
+
+    code = "tool.shell.exit"
+
+
+class SandboxUnavailable(ToolError):
+    """The sandbox is required but bubblewrap is missing or does not work here."""
+
+    code = "tool.shell.sandbox"
+
+
+class CommandNotFound(ToolError):
+    """The command's executable does not exist (unsandboxed runs)."""
+
+    code = "tool.shell.not_found"
+
+
+class ShellArgs(ToolArgs):
+    """Arguments of ``shell``.
+
+    Attributes:
+        argv: The command and its arguments (non-empty; no shell involved).
+        stdin: Text fed to the command's standard input (UTF-8).
+        cwd: Working directory, relative to the workspace (confined like file paths).
+        env: Variables set over the allowlisted ones.
+        max_output_bytes: Keep at most this many bytes of stdout and of stderr
+            each (default and ceiling: the operator's ``max_output_bytes``).
+        check: Raise ``tool.shell.exit`` on a non-zero exit (else return it).
+    """
+
+    argv: list[str] = Field(min_length=1)
+    stdin: str | None = None
+    cwd: str = "."
+    env: dict[str, str] = Field(default_factory=dict)
+    max_output_bytes: int | None = Field(default=None, ge=1, le=MAX_OUTPUT_BYTES_CEILING)
+    check: bool = True
+
+    @field_validator("argv")
+    @classmethod
+    def _argv(cls, argv: list[str]) -> list[str]:
+        if not argv[0]:
+            raise ValueError("argv[0] must name a command")
+        if any("\x00" in a for a in argv):
+            raise ValueError("argv holds a NUL byte")
+        return argv
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, env: dict[str, str]) -> dict[str, str]:
+        for key, value in env.items():
+            if not key or "=" in key or "\x00" in key or "\x00" in value:
+                raise ValueError(f"invalid environment variable {key!r}")
+        return env
+
+
+def bwrap_argv(bwrap: str, workspace: Path, cwd: Path, argv: list[str]) -> list[str]:
+    """Return the argv that runs ``argv`` in the sandbox (see the module docstring).
+
+    Args:
+        bwrap: Path of the ``bwrap`` executable.
+        workspace: The workspace (a real path: bound read-write at the same path).
+        cwd: The command's directory inside the workspace.
+        argv: The command.
+    """
+    out = [
+        bwrap,
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-net",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--cap-drop",
+        "ALL",
+    ]
+    for top in _SYSTEM_DIRS:
+        if os.path.islink(top):
+            out += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            out += ["--ro-bind", top, top]
+    out += ["--dir", "/etc"]
+    for entry in _ETC_ENTRIES:
+        out += ["--ro-bind-try", entry, entry]
+    # /tmp first: the workspace may live under /tmp, and its bind must land on the tmpfs.
+    out += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    out += ["--bind", str(workspace), str(workspace), "--chdir", str(cwd), "--"]
+    prlimit = shutil.which("prlimit")
+    if prlimit is not None:
+        out += [
+            prlimit,
+            f"--cpu={SANDBOX_CPU_S}",
+            f"--fsize={SANDBOX_FSIZE_BYTES}",
+            f"--nproc={SANDBOX_NPROC}",
+            "--",
+        ]
+    return out + argv
+
+
+def _probe(bwrap: str) -> Coroutine:
+    """Return None if bubblewrap can create its sandbox here, else the reason."""
+    if bwrap in _PROBES:
+        return _PROBES[bwrap]
+    here = Path("/tmp")
+    argv = bwrap_argv(bwrap, here, here, ["true"])
+    try:
+        proc = spawn_process(argv, cwd="/", env=_PROBE_ENV, stdin=False)
+        done = yield proc.communicate(max_output_bytes=4096)
+    except OSError as exc:
+        reason: str | None = f"cannot start {bwrap}: {exc}"
+    else:
+        err = done.stderr.decode("utf-8", "replace").strip()
+        reason = None if done.returncode == 0 else f"exit {done.returncode}: {err}"
+    _PROBES[bwrap] = reason
+    return reason
+
+
+def _sandbox(ctx: ToolContext) -> Coroutine:
+    """Return the bwrap path to use, or None to run directly (or raise: fail closed)."""
+    mode = ctx.settings.shell_sandbox
+    if mode == "none":
+        return None
+    if mode not in ("auto", "bwrap"):
+        raise SandboxUnavailable(f"unknown shell_sandbox mode {mode!r}", mode=mode)
+    bwrap = shutil.which("bwrap")
+    reason = "bubblewrap (bwrap) is not installed" if bwrap is None else (yield _probe(bwrap))
+    if reason is None:
+        return bwrap
+    if mode == "bwrap":
+        raise SandboxUnavailable(f"shell sandbox required but unavailable: {reason}", mode=mode)
+    ctx.emit("tool.warning", {"tool": "shell", "message": f"running unsandboxed: {reason}"})
+    return None
+
+
+def _environment(allowlist: tuple[str, ...], extra: Mapping[str, str]) -> dict[str, str]:
+    env = {k: os.environ[k] for k in allowlist if k in os.environ}
+    env.update(extra)
+    return env
+
+
+class ShellTool:
+    """Run a command: ``{"exit_code", "stdout", "stderr", "stdout_truncated", "stderr_truncated"}``.
+
+    ``exit_code`` is negative when a signal ended the command (``-9``: SIGKILL).
+    """
+
+    name: ClassVar[str] = "shell"
+    Args: ClassVar[type[ToolArgs]] = ShellArgs
+    durable: ClassVar[bool] = True
+
+    def run(self, args: ShellArgs, ctx: ToolContext) -> Coroutine:
+        """Run the command as a kernel task (pipes and exit wait through the selector)."""
+        workspace = Path(os.path.realpath(ctx.workspace))
+        cwd = workspace_dir(workspace, args.cwd)
+        cap = min(args.max_output_bytes or ctx.settings.max_output_bytes, MAX_OUTPUT_BYTES_CEILING)
+        cap = min(cap, ctx.settings.max_output_bytes)
+        env = _environment(ctx.settings.env_allowlist, args.env)
+        bwrap = yield _sandbox(ctx)
+        argv = list(args.argv)
+        if bwrap is not None:
+            argv = bwrap_argv(bwrap, workspace, cwd, argv)
+        try:
+            proc = spawn_process(argv, cwd=cwd, env=env, stdin=args.stdin is not None)
+        except FileNotFoundError as exc:
+            raise CommandNotFound(
+                f"command not found: {args.argv[0]}", command=args.argv[0]
+            ) from exc
+        except PermissionError as exc:
+            raise CommandNotFound(
+                f"cannot execute {args.argv[0]}: {exc}", command=args.argv[0]
+            ) from exc
+        ctx.emit("tool.process", {"tool": "shell", "pid": proc.pid, "sandbox": bool(bwrap)})
+        try:
+            done = yield proc.communicate((args.stdin or "").encode("utf-8"), max_output_bytes=cap)
+        except GeneratorExit:
+            proc.kill()  # the scheduler is closing: no yield allowed, kill only
+            raise
+        except BaseException:
+            proc.kill()  # communicate already did; a kill before it started needs this
+            yield proc.wait()  # reap: the child must not outlive the step, even as a zombie
+            raise
+        result: dict[str, Any] = {
+            "exit_code": done.returncode,
+            "stdout": done.stdout.decode("utf-8", errors="replace"),
+            "stderr": done.stderr.decode("utf-8", errors="replace"),
+            "stdout_truncated": done.stdout_dropped > 0,
+            "stderr_truncated": done.stderr_dropped > 0,
+        }
+        if args.check and done.returncode != 0:
+            raise ShellExit(f"{args.argv[0]} exited with status {done.returncode}", **result)
+        return result
