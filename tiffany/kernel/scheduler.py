@@ -338,7 +338,10 @@ class Scheduler(Reactor):
                 budget = MAX_IMMEDIATE_RESUMES
                 while True:
                     if before is not None:
-                        self._call_hook(before, task)
+                        try:
+                            before(task)
+                        except Exception as hook_exc:  # noqa: BLE001 - an instrument's failure
+                            self._hook_failed(before, hook_exc)
                         if self._fatal is not None:
                             raise self._fatal
                         if self._hooks_dirty:  # an instrument went or came
@@ -357,7 +360,10 @@ class Scheduler(Reactor):
                             y = coro.throw(exc)  # type: ignore[union-attr]
                     except StopIteration as stop:
                         if after is not None:
-                            self._call_hook(after, task, RETURNED)
+                            try:
+                                after(task, RETURNED)
+                            except Exception as hook_exc:  # noqa: BLE001 - an instrument's failure
+                                self._hook_failed(after, hook_exc)
                             if self._hooks_dirty:
                                 before, after, wait_hooks, fast_queue = self._dispatch_hooks()
                         if task.stack:
@@ -368,7 +374,10 @@ class Scheduler(Reactor):
                         break
                     except BaseException as err:
                         if after is not None:
-                            self._call_hook(after, task, RETURNED)
+                            try:
+                                after(task, RETURNED)
+                            except Exception as hook_exc:  # noqa: BLE001 - an instrument's failure
+                                self._hook_failed(after, hook_exc)
                             if self._hooks_dirty:
                                 before, after, wait_hooks, fast_queue = self._dispatch_hooks()
                         if task.stack:
@@ -381,7 +390,10 @@ class Scheduler(Reactor):
                             raise
                         break
                     if after is not None:
-                        self._call_hook(after, task, y)
+                        try:
+                            after(task, y)
+                        except Exception as hook_exc:  # noqa: BLE001 - an instrument's failure
+                            self._hook_failed(after, hook_exc)
                         if self._fatal is not None:
                             raise self._fatal
                         if self._hooks_dirty:
@@ -754,12 +766,15 @@ class Scheduler(Reactor):
     def _call_hook(self, hook: Callable[..., None], *args: Any) -> None:
         try:
             hook(*args)
-        except Exception as exc:
-            owner = self._instruments.owner(hook)
-            if owner is not None:
-                self._instrument_failed(owner, getattr(hook, "__name__", "?"), exc)
-            else:  # a fan-out reports per instrument; anything else is ours
-                raise KernelInternalError("instrument fan-out failed") from exc
+        except Exception as exc:  # noqa: BLE001 - an instrument's failure
+            self._hook_failed(hook, exc)
+
+    def _hook_failed(self, hook: Callable[..., None], exc: Exception) -> None:
+        owner = self._instruments.owner(hook)
+        if owner is not None:
+            self._instrument_failed(owner, getattr(hook, "__name__", "?"), exc)
+        else:  # a fan-out reports per instrument; anything else is ours
+            raise KernelInternalError("instrument fan-out failed") from exc
 
     def _instrument_failed(self, inst: Instrument, hook: str, exc: BaseException) -> None:
         if inst.critical:
