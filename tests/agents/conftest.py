@@ -66,19 +66,27 @@ def tool_body(tool: Any, args: Any, ctx: ToolContext) -> Any:
     return (yield RunInThread(tool.run, args, ctx))
 
 
+def _catching(body: Any) -> Any:
+    # The error comes back as a value: a crashed task would be logged with a
+    # (slow to render) traceback, and the test wants the exception itself.
+    try:
+        return True, (yield body)
+    except Exception as exc:  # handed back to the test
+        return False, exc
+
+
 def run_tool(
     tool: Any, args: dict[str, Any], ctx: ToolContext, *, clock: Clock | None = None
 ) -> Any:
     """Run ``tool`` with ``args`` on a fresh scheduler; return its result or raise its error."""
     parsed = tool.Args.model_validate(args)
     with Scheduler(clock=clock) as sched:
-        tid = sched.spawn(tool_body(tool, parsed, ctx), name=f"tool:{tool.name}")
+        tid = sched.spawn(_catching(tool_body(tool, parsed, ctx)), name=f"tool:{tool.name}")
         sched.run()
-        task = sched.task(tid)
-        if task.error is not None:
-            raise task.error
-        assert task.state.value == "done", task.state
-        return task.result
+        ok, value = sched.result(tid)
+    if not ok:
+        raise value
+    return value
 
 
 @pytest.fixture(name="run_tool")
@@ -124,7 +132,7 @@ def http_server() -> Iterator[Callable[[dict[str, Handler]], str]]:
         server.daemon_threads = True
         server.block_on_close = False  # type: ignore[attr-defined]
         server.stop = stop  # type: ignore[attr-defined]
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
         servers.append(server)
         host, port = server.server_address[:2]
         return f"http://{host}:{port}"

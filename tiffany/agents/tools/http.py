@@ -143,15 +143,18 @@ def request(
 def _read_body(resp: Any, deadline: float, max_body_bytes: int) -> tuple[bytes, bool]:
     """Read up to ``max_body_bytes`` (True if there was more) before ``deadline``."""
     sock = _socket_of(resp)
+    # read1: what has arrived (one recv), so the deadline is checked between
+    # receives; read(n) would block until n bytes came, however slowly.
+    read = getattr(resp, "read1", resp.read)
     chunks: list[bytes] = []
     kept = 0
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError
-        if sock is not None:
+        if sock is not None and sock.fileno() != -1:  # -1: the body is complete, closed
             sock.settimeout(left)
-        chunk = resp.read(min(READ_CHUNK_BYTES, max_body_bytes + 1 - kept))
+        chunk = read(min(READ_CHUNK_BYTES, max_body_bytes + 1 - kept))
         if not chunk:
             return b"".join(chunks), False
         chunks.append(chunk)
