@@ -152,7 +152,7 @@ def test_cancel_kills_the_process_group_and_reaps_the_child(make_ctx, events, wo
         sched.spawn(controller())
         sched.run()
     assert outcome == {"killed": True}
-    (pid,) = [data["pid"] for kind, data in events if kind == "tool.process"]
+    (pid,) = [data["pid"] for kind, data in events if kind == "tool.output" and "pid" in data]
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # killed and reaped, not a zombie
     bg = int((workspace / "bg.pid").read_text())
@@ -225,7 +225,7 @@ def test_sandbox_limits_file_size(run_tool, sandboxed, workspace, monkeypatch):
 def test_auto_uses_the_sandbox_when_it_works(run_tool, make_ctx, events, sandboxed):
     out = run_tool(SH, {"argv": ["ls", "/etc"]}, make_ctx(shell_sandbox="auto"))
     assert "os-release" not in out["stdout"]
-    assert [d["sandbox"] for k, d in events if k == "tool.process"][-1] is True
+    assert [d["sandbox"] for k, d in events if k == "tool.output" and "pid" in d][-1] is True
 
 
 def test_required_sandbox_fails_closed_without_bwrap(
@@ -243,7 +243,10 @@ def test_required_sandbox_fails_closed_without_bwrap(
     # "auto" runs unsandboxed, and says so
     run_tool(SH, args, make_ctx(shell_sandbox="auto"))
     assert (workspace / "ran.txt").exists()
-    assert any(k == "tool.warning" and "unsandboxed" in d["message"] for k, d in events)
+    assert any(
+        k == "tool.output" and d["level"] == "warning" and "unsandboxed" in d["message"]
+        for k, d in events
+    )
 
 
 def test_a_bwrap_that_cannot_sandbox_here_fails_the_probe(

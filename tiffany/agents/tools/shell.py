@@ -17,7 +17,7 @@ Sandbox (``ToolSettings.shell_sandbox``):
 * ``"bwrap"``: run it under bubblewrap or not at all (``tool.shell.sandbox``
   when ``bwrap`` is missing or cannot create its namespaces here: fail closed).
 * ``"auto"`` (default): bubblewrap when it is installed and works, else run
-  directly and emit a ``tool.warning`` event.
+  directly and emit a ``tool.output`` event with ``level: "warning"``.
 
 Under bubblewrap the child sees a read-only ``/usr`` (and the ``/bin``,
 ``/lib*`` links or directories), a handful of ``/etc`` files, a fresh
@@ -219,7 +219,10 @@ def _sandbox(ctx: ToolContext) -> Coroutine:
         return bwrap
     if mode == "bwrap":
         raise SandboxUnavailable(f"shell sandbox required but unavailable: {reason}", mode=mode)
-    ctx.emit("tool.warning", {"tool": "shell", "message": f"running unsandboxed: {reason}"})
+    ctx.emit(
+        "tool.output",
+        {"tool": "shell", "level": "warning", "message": f"running unsandboxed: {reason}"},
+    )
     return None
 
 
@@ -260,7 +263,16 @@ class ShellTool:
             raise CommandNotFound(
                 f"cannot execute {args.argv[0]}: {exc}", command=args.argv[0]
             ) from exc
-        ctx.emit("tool.process", {"tool": "shell", "pid": proc.pid, "sandbox": bool(bwrap)})
+        ctx.emit(
+            "tool.output",
+            {
+                "tool": "shell",
+                "level": "info",
+                "message": f"started pid {proc.pid}" + (" in the sandbox" if bwrap else ""),
+                "pid": proc.pid,
+                "sandbox": bwrap is not None,
+            },
+        )
         try:
             done = yield proc.communicate((args.stdin or "").encode("utf-8"), max_output_bytes=cap)
         except GeneratorExit:
