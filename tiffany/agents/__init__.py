@@ -16,6 +16,7 @@ from typing import Any
 
 from tiffany.agents.plan import Plan, PlanError, StepSpec, load_plan, parse_plan
 from tiffany.agents.planner import PlanFailed, run_plan
+from tiffany.agents.registry import ToolRegistry
 from tiffany.agents.worker import AgentEnv
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "PlanError",
     "PlanFailed",
     "StepSpec",
+    "ToolRegistry",
     "load_plan",
     "parse_plan",
     "plan_entry",

@@ -166,9 +166,10 @@ def main() -> None:
 
 def _register_subcommands() -> None:
     # Imported here so each command module can use ``app`` and ``_settings``.
-    from tiffany.cli import durable
+    from tiffany.cli import durable, run
 
     durable.register(app)
+    run.register(app)
 
 
 _register_subcommands()

@@ -1,0 +1,184 @@
+"""``tiffany run PLAN`` and ``tiffany plan validate|graph``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+__all__ = ["register"]
+
+plan_app = typer.Typer(help="Validate and draw plans.", no_args_is_help=True)
+
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+
+
+def _parse_inputs(pairs: list[str] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            typer.echo(f"tiffany: --input wants key=value, got {pair!r}", err=True)
+            raise typer.Exit(EXIT_INVALID)
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _load(path: Path) -> dict[str, Any]:
+    from tiffany.agents import PlanError, load_plan
+
+    try:
+        return load_plan(path)
+    except FileNotFoundError:
+        typer.echo(f"tiffany: no such plan file: {path}", err=True)
+        raise typer.Exit(EXIT_INVALID) from None
+    except PlanError as exc:
+        _print_plan_errors(exc)
+        raise typer.Exit(EXIT_INVALID) from None
+
+
+def _print_plan_errors(exc: Any) -> None:
+    typer.echo("invalid plan:", err=True)
+    for e in exc.errors:
+        typer.echo(f"  {e['loc'] or '(plan)'}: {e['msg']}", err=True)
+
+
+def run(
+    ctx: typer.Context,
+    plan_path: Annotated[Path, typer.Argument(metavar="PLAN", help="A plan file (JSON or YAML).")],
+    inputs: Annotated[
+        list[str] | None,
+        typer.Option("--input", "-i", help="An input, key=value (JSON values allowed)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON only.")] = False,
+    live: Annotated[
+        bool, typer.Option("--live/--no-live", help="The live task view (on a terminal).")
+    ] = True,
+) -> None:
+    """Run a plan on the embedded engine with a live view; print its outputs."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from tiffany.agents import PlanError
+    from tiffany.cli import _settings
+    from tiffany.cli.live import LiveView
+    from tiffany.engine import build
+
+    settings = _settings(ctx)
+    doc = _load(plan_path)
+    console = Console(stderr=True)
+    view = LiveView(total_steps=len(doc.get("steps") or ()))
+    from tiffany.agents.registry import ToolRegistry
+
+    engine = build(settings, enabled_tools=ToolRegistry.default().all_names(), instruments=[view])
+    try:
+        try:
+            run_id = engine.submit_plan(doc, _parse_inputs(inputs))
+        except PlanError as exc:
+            _print_plan_errors(exc)
+            raise typer.Exit(EXIT_INVALID) from None
+        use_live = live and console.is_terminal and not as_json
+        if use_live:
+            with Live(
+                get_renderable=view.render, console=console, refresh_per_second=8, transient=False
+            ):
+                engine.runtime.run()
+        else:
+            engine.runtime.run()
+        state = engine.runtime.status(run_id)
+    finally:
+        engine.runtime.close()
+    result: dict[str, Any] = {"run_id": run_id, "status": state.status}
+    if state.status == "succeeded":
+        result["outputs"] = (
+            state.result.get("outputs") if isinstance(state.result, dict) else state.result
+        )
+        result["steps"] = {k: v["status"] for k, v in state.result.get("steps", {}).items()}
+    else:
+        result["error"] = f"{type(state.error).__name__}: {state.error}" if state.error else None
+        steps = getattr(state.error, "fields", {}).get("steps")
+        if steps:
+            result["steps"] = {
+                k: {"status": v["status"], "error": v["error"]} for k, v in steps.items()
+            }
+    if as_json:
+        typer.echo(json.dumps(result, default=repr))
+    else:
+        if not use_live:
+            console.print(view.summary())
+        typer.echo(json.dumps(result, indent=2, default=repr))
+    raise typer.Exit(0 if state.status == "succeeded" else EXIT_FAILED)
+
+
+@plan_app.command("validate")
+def validate(
+    ctx: typer.Context,
+    plan_path: Annotated[Path, typer.Argument(metavar="PLAN")],
+) -> None:
+    """Check a plan file; print every problem with the path of the field at fault."""
+    from tiffany.agents import PlanError, parse_plan
+    from tiffany.agents.registry import ToolRegistry
+
+    doc = _load(plan_path)
+    try:
+        plan = parse_plan(doc, ToolRegistry.default().all_names())
+    except PlanError as exc:
+        _print_plan_errors(exc)
+        raise typer.Exit(EXIT_INVALID) from None
+    typer.echo(f"plan {plan.name!r} is valid: {len(plan.steps)} steps")
+
+
+@plan_app.command("graph")
+def graph(
+    ctx: typer.Context,
+    plan_path: Annotated[Path, typer.Argument(metavar="PLAN")],
+    mermaid: Annotated[
+        bool, typer.Option("--mermaid", help="Mermaid flowchart instead of text.")
+    ] = False,
+) -> None:
+    """Print the plan's DAG as text or as a Mermaid flowchart."""
+    from tiffany.agents import PlanError, parse_plan
+
+    doc = _load(plan_path)
+    try:
+        plan = parse_plan(doc, None)
+    except PlanError as exc:
+        _print_plan_errors(exc)
+        raise typer.Exit(EXIT_INVALID) from None
+    if mermaid:
+        typer.echo("flowchart TD")
+        for s in plan.steps:
+            typer.echo(f'    {s.id}["{s.id}: {s.tool}"]')
+        for s in plan.steps:
+            for dep in s.after:
+                typer.echo(f"    {dep} --> {s.id}")
+        return
+    level: dict[str, int] = {}
+
+    def depth(step_id: str) -> int:
+        if step_id not in level:
+            level[step_id] = 0
+            deps = plan.step(step_id).after
+            level[step_id] = 1 + max((depth(d) for d in deps), default=-1)
+        return level[step_id]
+
+    for s in sorted(plan.steps, key=lambda s: (depth(s.id), s.id)):
+        arrow = f"  <- {', '.join(s.after)}" if s.after else ""
+        extra = []
+        if s.retries:
+            extra.append(f"retries={s.retries}")
+        if s.timeout_s:
+            extra.append(f"timeout={s.timeout_s:g}s")
+        typer.echo(f"{'  ' * depth(s.id)}{s.id} [{s.tool}]{arrow} {' '.join(extra)}".rstrip())
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``run`` and ``plan`` to the root app."""
+    app.command("run")(run)
+    app.add_typer(plan_app, name="plan")

@@ -1,0 +1,88 @@
+"""The engine's composition root: kernel + durable runtime + agents (+ PAL, store).
+
+:func:`build` wires a :class:`~tiffany.durable.Runtime` whose ``plan``
+entries run through the agents layer, with the tools the operator enabled.
+``tiffany run`` uses it in-process; ``tiffany serve`` (the engine process)
+adds the activity log, the store projector and the control channel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tiffany.agents import AgentEnv, plan_entry, plan_resolver
+from tiffany.agents.registry import ToolRegistry
+from tiffany.agents.tools.base import ToolSettings
+from tiffany.config import Settings
+from tiffany.durable import Runtime
+from tiffany.kernel import Instrument, SlowDispatchWatchdog
+
+__all__ = ["Engine", "build", "tool_settings"]
+
+
+def tool_settings(settings: Settings) -> ToolSettings:
+    """Return the tools' settings taken from the process settings."""
+    return ToolSettings(
+        llm_base_url=settings.llm_base_url,
+        llm_model=settings.llm_model,
+        llm_api_key=settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
+        llm_script=str(settings.llm_script) if settings.llm_script else None,
+        shell_sandbox=settings.shell_sandbox,
+    )
+
+
+@dataclass(slots=True)
+class Engine:
+    """A runtime ready to take plans."""
+
+    runtime: Runtime
+    env: AgentEnv
+    watchdog: SlowDispatchWatchdog
+
+    def submit_plan(
+        self,
+        doc: Mapping[str, Any],
+        inputs: Mapping[str, Any] | None = None,
+        *,
+        run_id: str | None = None,
+    ) -> str:
+        """Start a plan run (validated first); return its run id."""
+        from tiffany.agents import parse_plan
+
+        plan = parse_plan(doc, self.env.registry.names())
+        unknown = sorted(set(inputs or {}) - set(plan.inputs))
+        if unknown:
+            from tiffany.agents import PlanError
+
+            raise PlanError(
+                [{"loc": f"inputs.{k}", "msg": "not an input of this plan"} for k in unknown]
+            )
+        return self.runtime.submit_entry(plan_entry(doc, inputs), run_id=run_id, name=plan.name)
+
+
+def build(
+    settings: Settings,
+    *,
+    enabled_tools: Iterable[str] | None = None,
+    instruments: Iterable[Instrument] = (),
+    emit: Callable[[str, str, Mapping[str, Any]], None] | None = None,
+) -> Engine:
+    """Wire an engine under ``settings.data_dir``."""
+    data_dir = Path(settings.data_dir)
+    registry = ToolRegistry.default(
+        enabled=list(enabled_tools) if enabled_tools is not None else settings.enabled_tools
+    )
+    env = AgentEnv(registry, data_dir / "workspaces", tool_settings(settings))
+    if emit is not None:
+        env.emit = emit
+    watchdog = SlowDispatchWatchdog(settings.slow_dispatch_threshold_s)
+    runtime = Runtime(
+        data_dir,
+        fsync=settings.wal_fsync,
+        instruments=[watchdog, *instruments],
+        resolvers={"plan": plan_resolver(env)},
+    )
+    return Engine(runtime, env, watchdog)

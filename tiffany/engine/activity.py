@@ -1,0 +1,102 @@
+"""The activity instrument: every dispatch becomes a PAL event.
+
+It runs on the scheduler thread, so it only builds a small tuple and appends
+it to the hub's inbox (never blocks, never encodes); the hub's thread does
+the rest. Run and run-local task ids come from the journal's note on each
+task (``Task.meta``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tiffany.durable.journal import TaskMeta
+from tiffany.kernel import RETURNED, Instrument, SystemCall, Task
+from tiffany.pal import Hub, task_kind
+
+__all__ = ["ActivityLog"]
+
+
+def _label(call: Any) -> str:
+    if call is None:
+        return "yield"
+    if call is RETURNED:
+        return "return"
+    if isinstance(call, SystemCall):
+        f = call.fields()
+        if call.kind == "sleep":
+            return f"sleep {f['seconds']:g}s"
+        if call.kind in ("wait_task", "kill_task"):
+            return f"{call.kind} {f['tid']}"
+        if call.kind in ("step", "run_in_thread"):
+            return f"{call.kind} {f['fn']}"
+        return call.kind
+    return f"call {getattr(call, '__qualname__', type(call).__name__)}"
+
+
+class ActivityLog(Instrument):
+    """Publish task activity to a :class:`~tiffany.pal.Hub`."""
+
+    def __init__(self, hub: Hub, *, dispatches: bool = True) -> None:
+        self.hub = hub
+        self.dispatches = dispatches
+
+    def _ids(self, task: Task) -> dict[str, Any]:
+        meta = task.meta
+        if isinstance(meta, TaskMeta):
+            root = meta.run.root is task
+            return {
+                "task_id": task.id,
+                "ltid": meta.ltid if meta.ltid >= 0 else None,
+                "run_id": meta.run.run_id,
+                "task": task.name,
+                "task_kind": task_kind(task.name, root),
+            }
+        return {"task_id": task.id, "task": task.name, "task_kind": task_kind(task.name)}
+
+    def task_spawned(self, task: Task) -> None:
+        """Publish ``spawned`` (and ``tool.started`` for tool tasks)."""
+        ids = self._ids(task)
+        data = {"parent": task.parent}
+        self.hub.publish("spawned", label=f"spawned {task.name}", data=data, **ids)
+        if ids["task_kind"] == "tool":
+            self.hub.publish("tool.started", label=task.name, data=data, **ids)
+
+    def after_dispatch(self, task: Task, yielded: Any) -> None:
+        """Publish ``step`` with what the task yielded."""
+        if self.dispatches:
+            self.hub.publish("step", label=_label(yielded), **self._ids(task))
+
+    def task_blocked(self, task: Task, call: SystemCall) -> None:
+        """Publish ``blocked`` with the reason."""
+        self.hub.publish(
+            "blocked", label=_label(call), data={"state": task.state.value}, **self._ids(task)
+        )
+
+    def task_woken(self, task: Task, value: Any) -> None:
+        """Publish ``woke``."""
+        self.hub.publish("woke", label="woke", **self._ids(task))
+
+    def task_exited(self, task: Task) -> None:
+        """Publish ``exit`` or ``cancelled`` (and ``tool.finished``, ``run.finished``)."""
+        ids = self._ids(task)
+        kind = "cancelled" if task.state.value == "cancelled" else "exit"
+        self.hub.publish(kind, label=task.state.value, **ids)
+        self._finished(task, ids, ok=kind == "exit")
+
+    def task_crashed(self, task: Task, error: BaseException) -> None:
+        """Publish ``crash`` with the error."""
+        ids = self._ids(task)
+        err = {"type": type(error).__name__, "message": str(error)[:500]}
+        self.hub.publish("crash", label=f"{err['type']}: {err['message'][:80]}", data=err, **ids)
+        self._finished(task, ids, ok=False, error=err)
+
+    def _finished(
+        self, task: Task, ids: Mapping[str, Any], ok: bool, error: Mapping[str, Any] | None = None
+    ) -> None:
+        data = {"ok": ok, "error": dict(error) if error else None}
+        if ids.get("task_kind") == "tool":
+            self.hub.publish("tool.finished", label=task.name, data=data, **ids)
+        if ids.get("task_kind") == "planner":
+            self.hub.publish("run.finished", label=task.state.value, data=data, **ids)
