@@ -106,7 +106,7 @@ def test_wal_verify_and_repair_on_a_corrupted_log(golden):
 
 
 def test_replay_resumes_a_crashed_run(tmp_path):
-    from conftest import cut_wal
+    from walcut import cut_wal
 
     from tiffany.durable import Runtime
     from tiffany.wal import iter_records

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import durable_workloads as wl
 import pytest
-from conftest import cut_wal
+from walcut import cut_wal
 
 from tiffany.durable import RecordType, Runtime, scan, verify
 from tiffany.durable.history import decoded_records

@@ -69,9 +69,18 @@ def error_info(exc: BaseException) -> dict[str, Any]:
     return info
 
 
-def _tool_task(fn: Any, args: Any, ctx: ToolContext, name: str) -> Co:
-    """Task_Tool: run the tool inside a durable step."""
-    return (yield Step(fn, args, ctx, name=name))
+def _tool_task(tool: Any, args: Any, ctx: ToolContext, name: str) -> Co:
+    """Task_Tool: run the tool inside a durable step.
+
+    A tool may offer ``step_for(args, ctx)``: a ready-made step (the python
+    tool calls a plain function straight from the thread pool that way);
+    otherwise its ``run`` is the step.
+    """
+    step_for = getattr(tool, "step_for", None)
+    step = step_for(args, ctx) if step_for is not None else None
+    if step is None:
+        step = Step(tool.run, args, ctx, name=name)
+    return (yield step)
 
 
 def worker(
@@ -109,7 +118,7 @@ def worker(
         try:
             if tool.durable:
                 tid = yield NewTask(
-                    _tool_task(tool.run, args, ctx, spec.tool), name=f"tool:{spec.tool}:{spec.id}"
+                    _tool_task(tool, args, ctx, spec.tool), name=f"tool:{spec.tool}:{spec.id}"
                 )
                 try:
                     output = yield WaitTask(tid, timeout=spec.timeout_s)

@@ -31,6 +31,14 @@ Invariants:
   in the next pass. So no effect leaves the process before the records that
   led to it are durable.
 
+Discussion: records that lead to no effect (a dispatch, a spawn, a task's
+exit) are not synced on their own: they are committed with the next record
+that does lead to one (a step starting, a run accepted or finished), when
+the loop is about to block, or after ``GROUP_COMMIT_MAX_S``. A chain of
+steps then costs one ``fdatasync`` per step, not one per loop iteration of
+the planner, worker and tool tasks that carry it; a crash before the sync
+loses only work that no effect depended on, which replay redoes.
+
 Discussion: a wake-up recorded at a wait stage (a step's result) is *not*
 committed before the task it wakes runs; it is committed with the records
 of that next pass, before any effect of that pass leaves the process.
@@ -50,6 +58,7 @@ I/O from journaled code, which is why I/O belongs inside steps.
 from __future__ import annotations
 
 import inspect
+import time
 from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
@@ -93,6 +102,13 @@ log = structlog.get_logger("tiffany.durable")
 
 #: Longest argument text kept in a DISPATCH record.
 MAX_ARG_CHARS: Final = 120
+#: Commit at least this often while records are pending, even with no effect.
+GROUP_COMMIT_MAX_S: Final = 0.010
+#: Records whose effect leaves the process right after the commit: a step
+#: starting, a run accepted or finished, a cancel acknowledged.
+_SYNC_BEFORE_EFFECT: Final = frozenset(
+    {RecordType.STEP_START, RecordType.RUN_START, RecordType.RUN_END}
+)
 
 _GENERATOR_KIND: Final = "call"
 
@@ -197,6 +213,8 @@ class Journal(Instrument):
         self._opaque_parent: RunState | None = None
         self._in_wait = False
         self._dirty = False
+        self._need_sync = False
+        self._last_commit = time.monotonic()
         self._replaying: list[RunState] = []
         self._cancels: list[tuple[RunState, str]] = []
         self._live: dict[type, Any] = {}
@@ -275,7 +293,13 @@ class Journal(Instrument):
         """Make everything appended so far durable (per the fsync policy)."""
         if self._dirty and self.wal is not None:
             self._dirty = False
+            self._need_sync = False
+            self._last_commit = time.monotonic()
             self.wal.commit()
+
+    def require_commit(self) -> None:
+        """Commit at the next wait stage (before an acknowledgement leaves)."""
+        self._need_sync = True
 
     # -- instrument hooks ----------------------------------------------------
 
@@ -355,8 +379,19 @@ class Journal(Instrument):
         self._exit(task)
 
     def before_wait(self, timeout: float | None) -> None:
-        """Group commit: make this pass's records durable before effects leave."""
-        self.commit()
+        """Group commit: make the records durable before any effect leaves.
+
+        Commits when an effect is about to leave the process (a step starts,
+        a run starts or ends: ``_need_sync``), when the loop is about to
+        block (``timeout`` not 0), or when the last commit is older than
+        ``GROUP_COMMIT_MAX_S``.
+        """
+        if self._dirty and (
+            self._need_sync
+            or timeout != 0.0
+            or time.monotonic() - self._last_commit >= GROUP_COMMIT_MAX_S
+        ):
+            self.commit()
         self._in_wait = True
 
     def after_wait(self, events: int) -> None:
@@ -374,6 +409,8 @@ class Journal(Instrument):
         if self.wal is not None:
             self.wal.append(rtype, encode(run.prefix, fields))
             self._dirty = True
+            if rtype in _SYNC_BEFORE_EFFECT:
+                self._need_sync = True
 
     def _exit(self, task: Task) -> None:
         meta = task.meta
@@ -457,8 +494,10 @@ class Journal(Instrument):
             self._inject_now()
         finally:
             self._in_wait = True
-        # Steps restarted at go-live must be durable before their threads start.
-        self.commit()
+        # Steps restarted at go-live (or a cancel acknowledged) must be durable
+        # before their effects start: the kernel releases them right after this.
+        if self._need_sync:
+            self.commit()
 
     def _inject_now(self) -> None:
         if self._cancels:
