@@ -54,8 +54,9 @@ def run_plan(env: AgentEnv, run_id: str, doc: Mapping[str, Any], inputs: Mapping
             [{"loc": f"inputs.{k}", "msg": "not an input of this plan"} for k in unknown]
         )
     values = {**plan.inputs, **inputs}
-    specs: dict[str, StepSpec] = {s.id: s for s in plan.steps}
-    status: dict[str, str] = dict.fromkeys(specs, PENDING)
+    dag = _Dag()
+    for spec in plan.steps:
+        dag.add(spec)
     reasons: dict[str, Any] = {}
     outputs: dict[str, Any] = {}
     attempts: dict[str, list[dict[str, Any]]] = {}
@@ -63,14 +64,12 @@ def run_plan(env: AgentEnv, run_id: str, doc: Mapping[str, Any], inputs: Mapping
     results: Queue[StepOutcome] = Queue(name=f"{run_id}.results")
     try:
         while True:
-            _schedule_ready(specs, status, reasons)
-            for sid, spec in specs.items():
-                if status[sid] == PENDING and _deps_done(spec, specs, status):
-                    status[sid] = RUNNING
-                    running[sid] = yield NewTask(
-                        worker(env, run_id, spec, values, dict(outputs), results),
-                        name=f"worker:{sid}",
-                    )
+            for sid in dag.take_ready():
+                dag.status[sid] = RUNNING
+                running[sid] = yield NewTask(
+                    worker(env, run_id, dag.specs[sid], values, outputs, results),
+                    name=f"worker:{sid}",
+                )
             if not running:
                 break
             outcome: StepOutcome = yield results.get()
@@ -78,17 +77,17 @@ def run_plan(env: AgentEnv, run_id: str, doc: Mapping[str, Any], inputs: Mapping
             running.pop(sid, None)
             attempts[sid] = outcome.attempts
             if outcome.ok:
-                status[sid] = SUCCEEDED
                 outputs[sid] = outcome.output
-                if specs[sid].dynamic:
-                    _extend(specs, status, reasons, sid, outcome.output, values, env)
+                if dag.specs[sid].dynamic:
+                    _extend(dag, reasons, sid, outcome.output, values, env)
             else:
-                status[sid] = FAILED
                 reasons[sid] = outcome.error
+            dag.finish(sid, outcome.ok and dag.status[sid] != FAILED, reasons)
     except TaskCancelled:
         for tid in running.values():
             yield KillTask(tid)
         raise
+    status, specs = dag.status, dag.specs
     failed = [
         sid for sid, st in status.items() if st == FAILED and not specs[sid].continue_on_error
     ]
@@ -109,42 +108,68 @@ def run_plan(env: AgentEnv, run_id: str, doc: Mapping[str, Any], inputs: Mapping
     return {"outputs": final, "steps": summary}
 
 
-def _deps_done(spec: StepSpec, specs: Mapping[str, StepSpec], status: Mapping[str, str]) -> bool:
-    for dep in spec.after:
-        st = status[dep]
-        if st == SUCCEEDED:
-            continue
-        if st == FAILED and specs[dep].continue_on_error:
-            continue
-        return False
-    return True
+class _Dag:
+    """The plan's steps, their states, and which are ready: all O(1) per event.
 
+    ``waiting[sid]`` counts the ``after`` steps of ``sid`` not yet settled;
+    a step becomes ready when it drops to zero. A settled step is one that
+    succeeded, or failed with ``continue_on_error``; a step that failed
+    otherwise (or was skipped) skips its dependents, transitively.
+    """
 
-def _schedule_ready(
-    specs: Mapping[str, StepSpec], status: dict[str, str], reasons: dict[str, Any]
-) -> None:
-    """Skip the pending steps that can never run (an upstream step failed)."""
-    changed = True
-    while changed:
-        changed = False
-        for sid, spec in specs.items():
-            if status[sid] != PENDING:
+    def __init__(self) -> None:
+        self.specs: dict[str, StepSpec] = {}
+        self.status: dict[str, str] = {}
+        self.waiting: dict[str, int] = {}
+        self.dependents: dict[str, list[str]] = {}
+        self.ready: list[str] = []
+
+    def add(self, spec: StepSpec) -> None:
+        sid = spec.id
+        self.specs[sid] = spec
+        self.status[sid] = PENDING
+        self.dependents.setdefault(sid, [])
+        left = 0
+        for dep in spec.after:
+            st = self.status.get(dep, PENDING)
+            if st == SUCCEEDED or (st == FAILED and self.specs[dep].continue_on_error):
                 continue
-            for dep in spec.after:
-                st = status[dep]
-                if st == SKIPPED or (st == FAILED and not specs[dep].continue_on_error):
-                    status[sid] = SKIPPED
-                    reasons[sid] = {
-                        "message": f"skipped: upstream step {dep!r} {st}",
-                        "upstream": dep,
-                    }
-                    changed = True
-                    break
+            left += 1
+            self.dependents.setdefault(dep, []).append(sid)
+        self.waiting[sid] = left
+        if left == 0:
+            self.ready.append(sid)
+
+    def take_ready(self) -> list[str]:
+        ready, self.ready = self.ready, []
+        return [sid for sid in ready if self.status[sid] == PENDING]
+
+    def finish(self, sid: str, ok: bool, reasons: dict[str, Any]) -> None:
+        self.status[sid] = SUCCEEDED if ok else FAILED
+        if ok or self.specs[sid].continue_on_error:
+            for dep in self.dependents.get(sid, ()):
+                self.waiting[dep] -= 1
+                if self.waiting[dep] == 0 and self.status[dep] == PENDING:
+                    self.ready.append(dep)
+        else:
+            self._skip_dependents(sid, reasons)
+
+    def _skip_dependents(self, sid: str, reasons: dict[str, Any]) -> None:
+        todo = [(sid, d) for d in self.dependents.get(sid, ())]
+        while todo:
+            cause, dep = todo.pop(0)
+            if self.status[dep] != PENDING:
+                continue
+            self.status[dep] = SKIPPED
+            reasons[dep] = {
+                "message": f"skipped: upstream step {cause!r} {self.status[cause]}",
+                "upstream": cause,
+            }
+            todo.extend((dep, d) for d in self.dependents.get(dep, ()))
 
 
 def _extend(
-    specs: dict[str, StepSpec],
-    status: dict[str, str],
+    dag: _Dag,
     reasons: dict[str, Any],
     parent: str,
     output: Any,
@@ -160,17 +185,20 @@ def _extend(
             StepSpec.model_validate({**s, "after": sorted({*s.get("after", ()), parent})})
             for s in raw
         ]
-    except (TypeError, ValueError) as exc:
-        status[parent] = FAILED
+    except (TypeError, ValueError, AttributeError) as exc:
+        dag.status[parent] = FAILED
         reasons[parent] = {"code": "plan.dynamic", "message": f"returned steps are invalid: {exc}"}
         return
     errors = check_steps(
-        new, values, env.registry.names(), known_steps=specs.keys(), loc_prefix=f"{parent}.output."
+        new,
+        values,
+        env.registry.names(),
+        known_steps=dag.specs.keys(),
+        loc_prefix=f"{parent}.output.",
     )
     if errors:
-        status[parent] = FAILED
+        dag.status[parent] = FAILED
         reasons[parent] = {"code": "plan.dynamic", "message": PlanError(errors).message}
         return
     for s in new:
-        specs[s.id] = s
-        status[s.id] = PENDING
+        dag.add(s)

@@ -40,10 +40,14 @@ class AgentEnv:
     settings: ToolSettings = field(default_factory=ToolSettings)
     emit: Callable[[str, str, Mapping[str, Any]], None] = lambda run_id, kind, data: None
 
+    _made: set[str] = field(default_factory=set)
+
     def workspace(self, run_id: str) -> Path:
-        """Return (creating it) the run's workspace directory."""
+        """Return (creating it once) the run's workspace directory."""
         path = self.workspace_root / run_id
-        path.mkdir(parents=True, exist_ok=True)
+        if run_id not in self._made:
+            path.mkdir(parents=True, exist_ok=True)
+            self._made.add(run_id)
         return path
 
 
