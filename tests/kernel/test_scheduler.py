@@ -485,11 +485,27 @@ def test_crashing_task_is_isolated_logged_and_reported_to_joiners(
     assert len(crashed) == 1
     assert crashed[0]["tid"] == bad
     assert crashed[0]["name"] == "crasher"
-    assert crashed[0]["log_level"] == "error"
+    # a joiner handles the error: a warning, without the traceback
+    assert crashed[0]["log_level"] == "warning"
+    assert "exc_info" not in crashed[0]
     assert len(joined) == 1
     assert joined[0].__cause__ is boom
     with pytest.raises(TaskCrashed):
         sched.result(bad)
+
+
+def test_an_unobserved_crash_is_an_error_with_its_traceback(sched: Scheduler) -> None:
+    def crasher():
+        yield
+        raise KeyError("nobody waits for me")
+
+    with structlog.testing.capture_logs() as logs:
+        bad = sched.spawn(crasher(), name="lonely")
+        sched.run()
+    (entry,) = [e for e in logs if e["event"] == "kernel.task_crashed"]
+    assert entry["tid"] == bad
+    assert entry["log_level"] == "error"
+    assert entry["exc_info"][0] is KeyError
 
 
 def test_run_returns_when_no_task_can_ever_wake_and_close_runs_finally(

@@ -636,13 +636,18 @@ class Scheduler(Reactor):
             task.state = TaskState.CANCELLED
         else:
             task.state = TaskState.CRASHED
-            log.error(
-                "kernel.task_crashed",
-                tid=task.id,
-                name=task.name,
-                error=repr(err),
-                exc_info=(type(err), err, err.__traceback__),
-            )
+            if task.joiners:
+                # Someone waits for it: the error is theirs to handle (a worker
+                # retrying a tool); record it without a traceback.
+                log.warning("kernel.task_crashed", tid=task.id, name=task.name, error=repr(err))
+            else:
+                log.error(
+                    "kernel.task_crashed",
+                    tid=task.id,
+                    name=task.name,
+                    error=repr(err),
+                    exc_info=(type(err), err, err.__traceback__),
+                )
         self._ended(task)
 
     def _ended(self, task: Task) -> None:

@@ -1,0 +1,39 @@
+"""Run the research example: serve docs/ on 127.0.0.1, then ``tiffany run`` the plan.
+
+    python examples/research/run.py [--data-dir DIR] [extra tiffany run options]
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def main() -> int:
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    handler = functools.partial(Quiet, directory=str(HERE / "docs"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    print(f"serving {HERE / 'docs'} at {url}", file=sys.stderr)
+    data_dir = ["--data-dir", sys.argv[2]] if len(sys.argv) > 2 and sys.argv[1] == "--data-dir" else []
+    rest = sys.argv[3:] if data_dir else sys.argv[1:]
+    try:
+        cmd = [sys.executable, "-m", "tiffany", *data_dir, "run", str(HERE / "plan.yaml"),
+               "--input", f"base_url={url}", *rest]
+        return subprocess.call(cmd)
+    finally:
+        server.shutdown()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
