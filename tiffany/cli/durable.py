@@ -56,15 +56,17 @@ def replay(
     ] = None,
 ) -> None:
     """Resume a crashed run from the WAL, or verify that a finished one replays identically."""
+    from tiffany.agents.registry import ToolRegistry
     from tiffany.cli import _settings
-    from tiffany.durable import Runtime, UnknownRun, verify
+    from tiffany.durable import UnknownRun, verify
+    from tiffany.engine import build, replay_resolvers
 
     settings = _settings(ctx)
     _add_paths(path)
     data_dir = Path(settings.data_dir)
     try:
         if verify_only:
-            report = verify(data_dir, run_id)
+            report = verify(data_dir, run_id, resolvers=replay_resolvers(settings))
             if as_json:
                 _emit(report.to_dict(), True)
             elif report.ok:
@@ -88,7 +90,8 @@ def replay(
                 for problem in report.problems:
                     typer.echo(f"  {problem}", err=True)
             raise typer.Exit(0 if report.ok else EXIT_DIVERGED)
-        with Runtime(data_dir, fsync=settings.wal_fsync) as rt:
+        engine = build(settings, enabled_tools=ToolRegistry.default().all_names())
+        with engine.runtime as rt:
             resumed = rt.recover(only=[run_id])
             if not resumed:
                 typer.echo(f"run {run_id} has already finished; nothing to resume", err=True)

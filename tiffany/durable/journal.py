@@ -69,6 +69,7 @@ import structlog
 from tiffany.durable.records import (
     RecordType,
     Unencodable,
+    canonical,
     encode,
     pack_error,
     pack_value,
@@ -712,10 +713,14 @@ class Journal(Instrument):
 
 
 def _same(recorded: Any, actual: Any) -> bool:
-    """Compare a journaled value (decoded) with a value produced by the replay."""
+    """Compare a journaled value (decoded) with a value produced by the replay.
+
+    Both are compared in their journaled form, so a dataclass result equals
+    the dict it was recorded as, and a tuple still differs from a list.
+    """
     if isinstance(recorded, Unencodable):
         return recorded.repr == repr(actual)[:2000]
-    return bool(unpack_value(recorded) == actual)
+    return bool(canonical(recorded) == canonical(actual))
 
 
 def _is_generator_step(call: Step | RunInThread) -> bool:

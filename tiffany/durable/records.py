@@ -48,6 +48,7 @@ __all__ = [
     "RUN_PREFIX",
     "RecordType",
     "ReplayedError",
+    "canonical",
     "decode",
     "decode_fields",
     "encode",
@@ -157,26 +158,44 @@ class ReplayedError(TiffanyError):
 
 
 def pack_error(exc: BaseException) -> list[Any]:
-    """Return ``[qualified type, args, repr]`` for a journaled exception."""
+    """Return ``[qualified type, args, repr, fields]`` for a journaled exception.
+
+    ``fields`` holds a :class:`~tiffany.errors.TiffanyError`'s structured
+    fields (a tool error's exit code and output), so a replay rebuilds the
+    same error, not just its message.
+    """
     cls = type(exc)
     args = [pack_value(a) for a in exc.args]
-    return [f"{cls.__module__}:{cls.__qualname__}", args, repr(exc)[:2000]]
+    fields = getattr(exc, "fields", None)
+    packed_fields = pack_value(fields) if isinstance(fields, dict) else None
+    return [f"{cls.__module__}:{cls.__qualname__}", args, repr(exc)[:2000], packed_fields]
 
 
 def unpack_error(packed: Iterable[Any]) -> BaseException:
-    """Rebuild a journaled exception (same type and args where possible)."""
-    name, args, text = list(packed)
+    """Rebuild a journaled exception (same type, args and fields where possible)."""
+    items = list(packed)
+    name, args, text = items[:3]
+    fields = items[3] if len(items) > 3 else None
     module, _, qualname = str(name).partition(":")
+    exc: BaseException | None = None
     try:
         obj: Any = builtins if module == "builtins" else importlib.import_module(module)
         for part in qualname.split("."):
             obj = getattr(obj, part)
         if isinstance(obj, type) and issubclass(obj, BaseException):
             exc = obj(*[unpack_value(a) for a in args])
-            return exc
-    except Exception:  # noqa: BLE001, S110 - fall back to a stand-in below
-        pass
-    return ReplayedError(f"{name}: {text}", type=name, repr=text)
+    except Exception:  # noqa: BLE001 - not importable or not constructible: a stand-in below
+        exc = None
+    if exc is None:
+        return ReplayedError(f"{name}: {text}", type=name, repr=text)
+    if isinstance(fields, dict) and hasattr(exc, "fields"):
+        exc.fields = unpack_value(fields)
+    return exc
+
+
+def canonical(value: Any) -> bytes:
+    """Return the journaled bytes of ``value`` (for comparing values exactly)."""
+    return _encoder.encode(pack_value(value))
 
 
 def encode(prefix: bytes, fields: list[Any] | tuple[Any, ...]) -> bytes:

@@ -20,7 +20,7 @@ from tiffany.config import Settings
 from tiffany.durable import Runtime
 from tiffany.kernel import Instrument, SlowDispatchWatchdog
 
-__all__ = ["Engine", "build", "tool_settings"]
+__all__ = ["Engine", "build", "replay_resolvers", "tool_settings"]
 
 
 def tool_settings(settings: Settings) -> ToolSettings:
@@ -61,6 +61,13 @@ class Engine:
                 [{"loc": f"inputs.{k}", "msg": "not an input of this plan"} for k in unknown]
             )
         return self.runtime.submit_entry(plan_entry(doc, inputs), run_id=run_id, name=plan.name)
+
+
+def replay_resolvers(settings: Settings) -> dict[str, Any]:
+    """Return the entry resolvers a local replay needs (plans with every tool known)."""
+    registry = ToolRegistry.default(enabled=ToolRegistry.default().all_names())
+    env = AgentEnv(registry, Path(settings.data_dir) / "workspaces", tool_settings(settings))
+    return {"plan": plan_resolver(env)}
 
 
 def build(
