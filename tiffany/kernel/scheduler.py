@@ -77,8 +77,6 @@ log = structlog.get_logger("tiffany.kernel")
 
 #: Consecutive immediate resumes of one task before it must requeue.
 MAX_IMMEDIATE_RESUMES: Final = 100
-#: The longest the selector blocks in one call, in seconds (asyncio's cap).
-MAX_SELECT_TIMEOUT_S: Final = 24 * 3600.0
 
 _READY = TaskState.READY
 _RUNNING = TaskState.RUNNING
@@ -514,96 +512,6 @@ class Scheduler(Reactor):
         )
         fast_queue = self._handlers.get(QueueGet) is _h_queue_get and self._on_block is None
         return hooks["before_dispatch"], hooks["after_dispatch"], wait_hooks, fast_queue
-
-    def _wait(self) -> bool:
-        """Commit, release effects, poll for events and fire due timers.
-
-        Returns False when nothing is ready and nothing can ever wake a task.
-        """
-        hooks = self._instruments.hooks
-        clock = self.clock
-        self._purge_timers()
-        timers = self._timers
-        if self._ready and not (
-            timers
-            or self._io_waiting
-            or self._threads_pending
-            or self._outbox
-            or self._deferred
-            or self._injectors
-        ):
-            # Fast path: only the hooks want this stage (the commit point).
-            if hooks["before_wait"] is not None:
-                self._call_hook(hooks["before_wait"], 0.0)
-            if hooks["after_wait"] is not None:
-                self._call_hook(hooks["after_wait"], 0)
-            if self._fatal is not None:
-                raise self._fatal
-            return True
-        if self._ready or self._outbox or self._deferred or self._injectors:
-            timeout: float | None = 0.0
-        elif timers:
-            timeout = min(max(0.0, timers[0][0] - clock.monotonic()), MAX_SELECT_TIMEOUT_S)
-            timeout = clock.wait_timeout(timeout)
-        elif self._io_waiting or self._threads_pending:
-            timeout = None
-        else:
-            timeout = -1.0  # nothing to wait for
-        if hooks["before_wait"] is not None:
-            self._call_hook(hooks["before_wait"], None if timeout == -1.0 else timeout)
-            if self._fatal is not None:
-                raise self._fatal
-        woken = 0
-        for inject in self._injectors:
-            inject()
-        if self._deferred:
-            deferred, self._deferred = self._deferred, []
-            for task, value, error in deferred:
-                if error is not None:
-                    task._throw = error
-                self.wake(task, value)
-                woken += 1
-        if not self._ready and not self._wait_possible():
-            if hooks["after_wait"] is not None:
-                self._call_hook(hooks["after_wait"], woken)
-            return False
-        if timeout == -1.0 or (timeout == 0.0 and not self._ready and self._injectors):
-            # An injector found nothing to deliver yet: wait for real events.
-            timeout = self._live_timeout()
-        if self._outbox:
-            self._release_outbox()
-            if self._ready:  # inline steps completed: do not block
-                timeout = 0.0
-        if self._io_waiting or self._threads_pending:
-            woken += self._poll(timeout)
-        elif timeout:
-            self._sleep(timeout)
-        if timers:
-            now = clock.monotonic()
-            if timers[0][0] > now and not woken and not self._ready:
-                clock.idle(timers[0][0])
-                now = clock.monotonic()
-            woken += self._fire_timers(now)
-        if hooks["after_wait"] is not None:
-            self._call_hook(hooks["after_wait"], woken)
-            if self._fatal is not None:
-                raise self._fatal
-        return True
-
-    def _live_timeout(self) -> float | None:
-        if self._ready or self._outbox:
-            return 0.0
-        if self._timers:
-            timeout = min(
-                max(0.0, self._timers[0][0] - self.clock.monotonic()), MAX_SELECT_TIMEOUT_S
-            )
-            return self.clock.wait_timeout(timeout)
-        return None
-
-    def _wait_possible(self) -> bool:
-        return bool(self._timers or self._io_waiting or self._threads_pending or self._outbox)
-
-    # -- task life -----------------------------------------------------------
 
     def _spawn(self, coro: Coroutine, name: str | None, parent: Task | None, daemon: bool) -> Task:
         if coro.__class__ is not _GENERATOR:
