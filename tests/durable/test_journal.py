@@ -173,3 +173,34 @@ def test_several_runs_share_one_wal_and_replay_alone(tmp_path):
     for i in ids:
         assert verify(tmp_path, i).ok
     assert results[ids[0]][0] == 10
+
+
+def test_an_fsync_error_stops_the_engine_and_no_effect_follows(tmp_path):
+    import errno
+    import os
+
+    from tiffany.errors import InstrumentFailure, WalFailedError
+
+    syncs = {"n": 0}
+
+    def flaky(fd: int) -> None:
+        syncs["n"] += 1
+        if syncs["n"] == 3:
+            raise OSError(errno.EIO, "injected EIO")
+        os.fdatasync(fd)
+
+    with Runtime(tmp_path) as rt:
+        rt.wal._fdatasync = flaky  # the WAL's injectable sync
+        rt.submit("durable_workloads:appenders", str(tmp_path / "out.txt"), 1, 6)
+        with pytest.raises(InstrumentFailure) as info:
+            rt.run()
+        assert isinstance(info.value.__cause__, WalFailedError)
+        durable = rt.wal.durable_seq
+        assert rt.wal.failed
+    # only the steps whose start record was durable ran; nothing after the failure
+    out = tmp_path / "out.txt"
+    lines = out.read_text().splitlines() if out.exists() else []
+    # sync 1 made the run's start durable, sync 2 the first step's: one step ran
+    assert len(lines) == syncs["n"] - 2
+    records = list(iter_records(tmp_path / "wal"))
+    assert records[-1].seq >= durable  # what was acknowledged is on disk
