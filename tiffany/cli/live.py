@@ -12,6 +12,7 @@ retries the rare copy that races with a resize.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,7 @@ class _Row:
     detail: str = ""
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None
+    note: str = ""
 
 
 def _detail(call: SystemCall) -> str:
@@ -66,6 +68,25 @@ class LiveView(Instrument):
         self.total_steps = total_steps
         self.workers_done = 0
         self.workers_started = 0
+
+    def on_event(self, run_id: str, kind: str, data: Mapping[str, Any]) -> None:
+        """Show a tool's activity event (llm usage, retries...) on its worker's row.
+
+        Called from tool threads too: it only replaces one string.
+        """
+        step = data.get("step")
+        if kind == "llm.usage":
+            note = (
+                f"llm {data.get('model')}: {data.get('total_tokens')} tokens, "
+                f"${float(data.get('cost_usd') or 0):.4f}"
+            )
+        elif kind == "step.retry":
+            note = f"retry after attempt {data.get('attempt')} in {data.get('delay_s')}s"
+        else:
+            return
+        for row in list(self.rows.values()):
+            if row.name == f"worker:{step}":
+                row.note = note
 
     def task_spawned(self, task: Task) -> None:
         """Add a row."""
@@ -127,6 +148,8 @@ class LiveView(Instrument):
             )
             if row.detail:
                 text.append(f"  {row.detail}", style="dim")
+            if row.note:
+                text.append(f"  [{row.note}]", style="magenta")
             return text
 
         tree = Tree("tasks")
@@ -159,5 +182,6 @@ class LiveView(Instrument):
             table.add_column(col)
         for tid, row in sorted(self._snapshot().items()):
             seconds = (row.ended or time.monotonic()) - row.started
-            table.add_row(str(tid), Text(row.name), row.state, f"{seconds:.2f}", Text(row.detail))
+            detail = " ".join(x for x in (row.detail, row.note) if x)
+            table.add_row(str(tid), Text(row.name), row.state, f"{seconds:.2f}", Text(detail))
         return table

@@ -76,7 +76,12 @@ def run(
     view = LiveView(total_steps=len(doc.get("steps") or ()))
     from tiffany.agents.registry import ToolRegistry
 
-    engine = build(settings, enabled_tools=ToolRegistry.default().all_names(), instruments=[view])
+    engine = build(
+        settings,
+        enabled_tools=ToolRegistry.default().all_names(),
+        instruments=[view],
+        emit=view.on_event,
+    )
     try:
         try:
             run_id = engine.submit_plan(doc, _parse_inputs(inputs))
