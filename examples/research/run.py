@@ -1,6 +1,6 @@
 """Run the research example: serve docs/ on 127.0.0.1, then ``tiffany run`` the plan.
 
-    python examples/research/run.py [--data-dir DIR] [extra tiffany run options]
+python examples/research/run.py [--data-dir DIR] [extra tiffany run options]
 """
 
 from __future__ import annotations
@@ -25,11 +25,21 @@ def main() -> int:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     print(f"serving {HERE / 'docs'} at {url}", file=sys.stderr)
-    data_dir = ["--data-dir", sys.argv[2]] if len(sys.argv) > 2 and sys.argv[1] == "--data-dir" else []
-    rest = sys.argv[3:] if data_dir else sys.argv[1:]
+    args = sys.argv[1:]
+    data_dir = args[:2] if len(args) > 1 and args[0] == "--data-dir" else []
+    rest = args[len(data_dir) :]
     try:
-        cmd = [sys.executable, "-m", "tiffany", *data_dir, "run", str(HERE / "plan.yaml"),
-               "--input", f"base_url={url}", *rest]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tiffany",
+            *data_dir,
+            "run",
+            str(HERE / "plan.yaml"),
+            "--input",
+            f"base_url={url}",
+            *rest,
+        ]
         return subprocess.call(cmd)
     finally:
         server.shutdown()
