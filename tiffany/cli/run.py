@@ -72,9 +72,22 @@ def run(
 
     settings = _settings(ctx)
     doc = _load(plan_path)
+    given = _parse_inputs(inputs)
+    from tiffany.agents import parse_plan
+    from tiffany.agents.registry import ToolRegistry
+
+    try:  # validate before the engine opens the data directory
+        plan = parse_plan(doc, ToolRegistry.default().all_names())
+        unknown = sorted(set(given) - set(plan.inputs))
+        if unknown:
+            raise PlanError(
+                [{"loc": f"inputs.{k}", "msg": "not an input of this plan"} for k in unknown]
+            )
+    except PlanError as exc:
+        _print_plan_errors(exc)
+        raise typer.Exit(EXIT_INVALID) from None
     console = Console(stderr=True)
     view = LiveView(total_steps=len(doc.get("steps") or ()))
-    from tiffany.agents.registry import ToolRegistry
 
     engine = build(
         settings,
@@ -84,7 +97,7 @@ def run(
     )
     try:
         try:
-            run_id = engine.submit_plan(doc, _parse_inputs(inputs))
+            run_id = engine.submit_plan(doc, given)
         except PlanError as exc:
             _print_plan_errors(exc)
             raise typer.Exit(EXIT_INVALID) from None

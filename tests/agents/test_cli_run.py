@@ -1,0 +1,81 @@
+"""``tiffany run`` and ``tiffany plan`` as a user runs them (real subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiffany(*args: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tiffany", "--data-dir", str(data_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_run_prints_outputs_and_exits_zero(tmp_path):
+    proc = tiffany(
+        "run", str(ROOT / "examples" / "build" / "plan.yaml"), "--json", data_dir=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["status"] == "succeeded"
+    assert out["outputs"]["tests"] == "wordcount: ok\n"
+    assert out["steps"]["flaky_integration"] == "succeeded"
+    assert (tmp_path / "wal").is_dir()
+    assert (tmp_path / "workspaces" / out["run_id"] / "dist").is_dir()
+
+
+def test_a_failing_plan_exits_one_with_the_failed_step(tmp_path):
+    plan = tmp_path / "p.json"
+    plan.write_text(
+        json.dumps(
+            {
+                "name": "fails",
+                "steps": [
+                    {
+                        "id": "bad",
+                        "tool": "shell",
+                        "args": {"argv": ["sh", "-c", "echo nope >&2; exit 3"]},
+                    },
+                    {"id": "after_bad", "tool": "sleep", "args": {"seconds": 0}, "after": ["bad"]},
+                ],
+            }
+        )
+    )
+    proc = tiffany("run", str(plan), "--json", data_dir=tmp_path / "d")
+    assert proc.returncode == 1
+    out = json.loads(proc.stdout)
+    assert out["status"] == "failed"
+    assert out["steps"]["bad"]["status"] == "failed"
+    assert out["steps"]["bad"]["error"]["code"] == "tool.shell.exit"
+    assert out["steps"]["after_bad"]["status"] == "skipped"
+
+
+def test_an_invalid_plan_exits_two_naming_the_field(tmp_path):
+    plan = tmp_path / "p.yaml"
+    plan.write_text("name: x\nsteps:\n  - id: a\n    tool: sleep\n    after: [nope]\n")
+    for cmd in (("run", str(plan)), ("plan", "validate", str(plan))):
+        proc = tiffany(*cmd, data_dir=tmp_path / "d")
+        assert proc.returncode == 2
+        assert "steps[0].after[0]: unknown step 'nope'" in proc.stderr
+    assert not (tmp_path / "d" / "wal").exists()  # nothing was opened, nothing written
+
+
+def test_plan_graph_text_and_mermaid(tmp_path):
+    plan = str(ROOT / "examples" / "build" / "plan.yaml")
+    text = tiffany("plan", "graph", plan, data_dir=tmp_path)
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert lines[0].startswith("write_lib [file.write]") or lines[0].startswith("write_test")
+    assert any("package [shell]  <- flaky_integration" in ln for ln in lines)
+    mermaid = tiffany("plan", "graph", plan, "--mermaid", data_dir=tmp_path)
+    assert mermaid.stdout.splitlines()[0] == "flowchart TD"
+    assert "    test --> flaky_integration" in mermaid.stdout
