@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tiffany.durable.journal import ReplayCursor
-from tiffany.durable.records import RecordType, decode, decode_fields, run_of
+from tiffany.durable.records import RecordType, decode, decode_fields
 from tiffany.errors import TiffanyError
 from tiffany.wal import iter_records
 
@@ -145,7 +145,7 @@ def load_many(
     for prefix, raw in keep.items():
         info = index.by_no[int.from_bytes(prefix, "little")]
         info.records = len(raw)
-        cursors[info.run_id] = _cursor((seq, rtype, _fields(p)) for seq, rtype, p in raw)
+        cursors[info.run_id] = _cursor((seq, rtype, decode_fields(p)) for seq, rtype, p in raw)
     return index, cursors
 
 
@@ -178,11 +178,3 @@ def _cursor(records: Iterable[tuple[int, int, list[Any]]]) -> ReplayCursor:
         elif rtype == RecordType.RUN_END:
             run_end = fields
     return ReplayCursor(dispatches, outcomes, wakes, exits, attempts, run_end)
-
-
-def first_run_of(payload: bytes) -> int:
-    """Return the run number a payload belongs to (for dump tools)."""
-    return run_of(payload)
-
-
-_fields = decode_fields
