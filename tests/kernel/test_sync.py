@@ -257,3 +257,29 @@ def test_reused_call_objects_allocate_nothing(sched: Scheduler) -> None:
 
     sched.spawn(task())
     sched.run()
+
+
+def test_an_item_handed_to_a_getter_killed_before_it_runs_is_not_lost() -> None:
+    from tiffany.kernel import KillTask, NewTask, Scheduler
+
+    q: Queue = Queue()
+    got = []
+
+    def getter():
+        got.append((yield q.get()))
+
+    def main():
+        g1 = yield NewTask(getter())
+        yield  # g1 parks on the queue
+        q.put("precious")  # handed straight to g1...
+        yield KillTask(g1)  # ...which is killed before it runs
+        g2 = yield NewTask(getter())
+        yield
+        yield
+        return g2
+
+    with Scheduler() as sched:
+        sched.spawn(main())
+        sched.run()
+    assert got == ["precious"]
+    assert len(q) == 0

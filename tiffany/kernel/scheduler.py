@@ -332,6 +332,7 @@ class Scheduler(Reactor):
                 ntodo -= 1
                 task = popleft()
                 task.state = _RUNNING
+                task.blocked_on = None  # a queue hand-off leaves it set until now
                 value = task._send
                 budget = MAX_IMMEDIATE_RESUMES
                 while True:
@@ -612,16 +613,40 @@ class Scheduler(Reactor):
         by = f"task {caller.id}" if caller is not None else "the host"
         exc = TaskCancelled(f"task {target.id} killed by {by}")
         if target is caller or target.state is _READY:
+            if target.state is _READY and target.blocked_on.__class__ is QueueGet:
+                self._return_item(target)
             target._throw = exc
             return
         self._unpark(target)
         target._throw = exc
         self.wake(target, None)
 
+    def _return_item(self, target: Task) -> None:
+        """Give back the item a killed task was handed but never received.
+
+        Discussion: ``Queue.put`` hands an item straight to a parked getter
+        and leaves ``blocked_on`` set until that getter runs; a kill in
+        between would otherwise lose the item. It goes to the next getter,
+        or back to the front of the queue.
+        """
+        call = target.blocked_on
+        assert isinstance(call, QueueGet)
+        item, target._send = target._send, None
+        target.blocked_on = None
+        q = call.queue
+        if q._getters:
+            q.put(item)
+        else:
+            if q._items is None:
+                q._items = deque()
+            q._items.appendleft(item)
+
     def _close_for_good(self, target: Task) -> None:
         """The second kill: close the generators; ``finally`` blocks run now."""
         if target.state.blocked:
             self._unpark(target)
+        elif target.state is _READY and target.blocked_on.__class__ is QueueGet:
+            self._return_item(target)
         err: BaseException = TaskCancelled(f"task {target.id} killed twice: closed")
         for gen in [target.coro, *reversed(target.stack or ())]:
             if gen is None:

@@ -104,7 +104,8 @@ class Queue(Generic[T]):
             sched._ready.append(task)
             if sched._on_wake is not None:
                 sched._call_hook(sched._on_wake, task, item)
-            task.blocked_on = None
+            # ``blocked_on`` stays set until the task runs: if it is killed
+            # first, the scheduler gives the item back (nothing is lost).
             return
         items = self._items
         if items is None:
