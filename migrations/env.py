@@ -20,15 +20,16 @@ from alembic import context
 from sqlalchemy import engine_from_config, pool
 from sqlalchemy.engine import Connection, make_url
 
+from tiffany.store.models import Base
+from tiffany.store.session import normalize_url
+
 config = context.config
 
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):
     fileConfig(config.config_file_name, disable_existing_loggers=False)
 
-# The schema's metadata, for `alembic revision --autogenerate`. The store
-# package will provide it: target_metadata = tiffany.store.models.Base.metadata
-# (import it here once tiffany/store/models.py exists).
-target_metadata = None
+# The schema's metadata, for `alembic revision --autogenerate` and `alembic check`.
+target_metadata = Base.metadata
 
 
 def database_url() -> str:
@@ -92,7 +93,7 @@ def run_migrations_online() -> None:
     url = database_url()
     _ensure_sqlite_dir(url)
     section = config.get_section(config.config_ini_section, {})
-    section["sqlalchemy.url"] = url
+    section["sqlalchemy.url"] = normalize_url(url).render_as_string(hide_password=False)
     engine = engine_from_config(section, prefix="sqlalchemy.", poolclass=pool.NullPool)
     try:
         with engine.connect() as connection:

@@ -1,0 +1,218 @@
+"""The SQL store's tables: runs, their tasks and plan steps, and the projector's mark.
+
+The store is a projection of the journal (ARCHITECTURE.md, "Storage"): every
+row here can be rebuilt from the WAL (``tiffany db rebuild``), so nothing in
+it is a source of truth. Alembic owns the schema (``migrations/versions/``);
+a change here needs a new revision, and ``alembic check`` (run by the tests)
+fails when they disagree.
+
+Times are float seconds since the epoch, as the journal records them (the
+run's clock, ``Now()``), not database timestamps: the projection must come
+out the same whenever it is rebuilt.
+
+Discussion: states are strings with a CHECK constraint rather than native
+enum types. A native PostgreSQL enum needs its own migration to gain a
+value, and SQLite has none; the Python side names the values in the
+``StrEnum`` classes below.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+__all__ = [
+    "PROJECTOR_STATE_ID",
+    "Base",
+    "ProjectorState",
+    "Run",
+    "RunStatus",
+    "Step",
+    "StepStatus",
+    "Task",
+    "TaskKind",
+    "TaskState",
+]
+
+#: Constraint and index names the same on every database (Alembic compares them).
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+#: The primary key of the single ``projector_state`` row.
+PROJECTOR_STATE_ID = 1
+
+
+class RunStatus(enum.StrEnum):
+    """Where a run is (the API's ``status``)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class TaskState(enum.StrEnum):
+    """A task's state as the journal shows it (the kernel's names)."""
+
+    READY = "ready"
+    RUNNING = "running"
+    BLOCKED_IO = "blocked_io"
+    BLOCKED_SLEEP = "blocked_sleep"
+    BLOCKED_JOIN = "blocked_join"
+    BLOCKED_SYNC = "blocked_sync"
+    BLOCKED_THREAD = "blocked_thread"
+    DONE = "done"
+    CRASHED = "crashed"
+    CANCELLED = "cancelled"
+
+
+class TaskKind(enum.StrEnum):
+    """What a task is, derived from its name (``worker:ID``, ``tool:TOOL:ID``...)."""
+
+    PLANNER = "planner"
+    WORKER = "worker"
+    TOOL = "tool"
+    STEP = "step"
+    TASK = "task"
+
+
+class StepStatus(enum.StrEnum):
+    """A plan step's status (the planner's names)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+def _one_of(column: str, values: type[enum.StrEnum]) -> str:
+    listed = ", ".join(f"'{v.value}'" for v in values)
+    return f"{column} IN ({listed})"
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the store's models (``Base.metadata`` is Alembic's target)."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Run(Base):
+    """One run: a plan or a callable root task and everything it spawned."""
+
+    __tablename__ = "runs"
+    __table_args__ = (
+        CheckConstraint(_one_of("status", RunStatus), name="status"),
+        Index("ix_runs_created_at_run_no", "created_at", "run_no"),
+        Index("ix_runs_status_created_at_run_no", "status", "created_at", "run_no"),
+    )
+
+    run_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    #: The run's number in the WAL (the 4-byte prefix of its records).
+    run_no: Mapped[int] = mapped_column(Integer, unique=True)
+    name: Mapped[str] = mapped_column(String)
+    status: Mapped[str] = mapped_column(String(16))
+    #: The RUN_START entry: ``{"kind": "plan", "plan": ..., "inputs": ...}`` or a callable.
+    entry: Mapped[Any] = mapped_column(JSON)
+    inputs: Mapped[Any | None] = mapped_column(JSON)
+    outputs: Mapped[Any | None] = mapped_column(JSON)
+    #: ``{"type", "message", "args", "repr", "fields"}`` of a failed or cancelled run.
+    error: Mapped[Any | None] = mapped_column(JSON)
+    created_at: Mapped[float] = mapped_column(Double)
+    started_at: Mapped[float | None] = mapped_column(Double)
+    ended_at: Mapped[float | None] = mapped_column(Double)
+    #: The latest time the run's journal recorded (its clock, ``Now()``, its end).
+    updated_at: Mapped[float | None] = mapped_column(Double)
+    #: The run's dispatch count (the ``n`` of its last DISPATCH record).
+    dispatches: Mapped[int] = mapped_column(Integer, default=0)
+    #: The WAL sequence number of the run's last projected record.
+    last_seq: Mapped[int] = mapped_column(BigInteger)
+
+    tasks: Mapped[list[Task]] = relationship(
+        back_populates="run", order_by="Task.ltid", cascade="all, delete-orphan"
+    )
+    steps: Mapped[list[Step]] = relationship(
+        back_populates="run", order_by="Step.position", cascade="all, delete-orphan"
+    )
+
+
+class Task(Base):
+    """One journaled task of a run (``ltid`` is its id within the run, 1 for the root)."""
+
+    __tablename__ = "tasks"
+    __table_args__ = (
+        CheckConstraint(_one_of("state", TaskState), name="state"),
+        CheckConstraint(_one_of("kind", TaskKind), name="kind"),
+    )
+
+    run_id: Mapped[str] = mapped_column(
+        String(128), ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True
+    )
+    ltid: Mapped[int] = mapped_column(Integer, primary_key=True)
+    #: The parent's ltid (None for the root).
+    parent_ltid: Mapped[int | None] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String)
+    kind: Mapped[str] = mapped_column(String(16))
+    #: The plan step a worker or tool task serves.
+    step_id: Mapped[str | None] = mapped_column(String)
+    state: Mapped[str] = mapped_column(String(32))
+    #: What a blocked task waits on: its call's kind and argument ("sleep 2.0").
+    blocked_on: Mapped[str | None] = mapped_column(String)
+    started_at: Mapped[float | None] = mapped_column(Double)
+    ended_at: Mapped[float | None] = mapped_column(Double)
+    result: Mapped[Any | None] = mapped_column(JSON)
+    error: Mapped[Any | None] = mapped_column(JSON)
+
+    run: Mapped[Run] = relationship(back_populates="tasks")
+
+
+class Step(Base):
+    """One step of a plan run (declared in the plan, or added by a dynamic step)."""
+
+    __tablename__ = "steps"
+    __table_args__ = (CheckConstraint(_one_of("status", StepStatus), name="status"),)
+
+    run_id: Mapped[str] = mapped_column(
+        String(128), ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True
+    )
+    step_id: Mapped[str] = mapped_column(String, primary_key=True)
+    #: Order of appearance: plan order, then dynamic steps as they were spawned.
+    position: Mapped[int] = mapped_column(Integer)
+    tool: Mapped[str | None] = mapped_column(String)
+    status: Mapped[str] = mapped_column(String(16))
+    #: The worker's attempt records: ``[{"attempt", "started_at", "ok", "ended_at", ...}]``.
+    attempts: Mapped[Any | None] = mapped_column(JSON)
+    output: Mapped[Any | None] = mapped_column(JSON)
+    error: Mapped[Any | None] = mapped_column(JSON)
+    started_at: Mapped[float | None] = mapped_column(Double)
+    ended_at: Mapped[float | None] = mapped_column(Double)
+
+    run: Mapped[Run] = relationship(back_populates="steps")
+
+
+class ProjectorState(Base):
+    """The projector's mark: the last WAL sequence number applied (one row)."""
+
+    __tablename__ = "projector_state"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    last_seq: Mapped[int] = mapped_column(BigInteger, default=0)

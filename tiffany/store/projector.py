@@ -1,0 +1,560 @@
+"""The projector: journal records in, rows of runs, tasks and steps out.
+
+The engine hands :meth:`Projector.apply` batches of journal records it has
+already decoded, ``(seq, rtype, run_no, fields)``; the store never reads the
+WAL itself (it sits below the durable layer). ``tiffany db rebuild`` feeds
+the same method from the start of the WAL, so a rebuilt store and one
+projected incrementally are row for row the same.
+
+Invariants:
+
+* Idempotent by sequence number: a batch is applied in one transaction
+  that also moves ``projector_state.last_seq``; records at or below the
+  mark are skipped. A crash between the WAL and the database therefore
+  never counts a record twice: the engine re-sends from its last durable
+  point and the projector drops what it already has.
+* Deterministic: every value comes from the records (times are the run's
+  journal clock, not the database's), so a rebuild reproduces the rows.
+* Batch-friendly: a batch's changes are merged per row in dicts, then
+  flushed with one INSERT per table and one UPDATE per (table, set of
+  columns), each an executemany.
+
+What the journal says, and what the projection makes of it:
+
+* ``RUN_START``: a ``running`` run; for a plan run, a ``pending`` step per
+  declared step.
+* ``SPAWN``: a ``ready`` task whose kind comes from its name (``worker:ID``,
+  ``tool:TOOL:ID``, ``step:...``, the plan run's root is the ``planner``); a
+  worker's spawn marks its step ``running``.
+* ``DISPATCH``: the run's dispatch count; a call that blocks (``sleep``,
+  ``wait_task``, ``step``...) makes the task ``blocked_*`` with what it
+  waits on, anything else ``running``.
+* ``WAKE``: the task is ``ready`` again. ``OUTCOME`` of ``Now()``: the run's
+  clock moves (task and step start and end times are read from it).
+* ``TASK_EXIT``: ``done``, ``crashed`` or ``cancelled`` with the result or
+  error. A worker's result (its ``StepOutcome``, a dict in the journal)
+  settles its step; a tool task's result is the step's latest output.
+* ``RUN_END``: the run's status, outputs or error; for a plan run, the
+  root's step summary (in its result, or in the ``PlanFailed`` error's
+  fields) is final: status, error and attempts of every step. Steps a
+  cancelled run never finished are ``skipped``.
+
+Discussion: a task's state between records is a guess the journal cannot
+settle: a wake-up from inside the run (a joined task ending, a queue put)
+is not journaled, so a ``blocked_join`` task shows as blocked until its
+next dispatch. That next dispatch usually follows in the same group
+commit, so the store is at most one batch behind the truth.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from sqlalchemy import Connection, Engine, Table, and_, bindparam, delete, func, insert, select
+from sqlalchemy import update as sql_update
+
+from tiffany.store.models import (
+    PROJECTOR_STATE_ID,
+    ProjectorState,
+    Run,
+    RunStatus,
+    Step,
+    StepStatus,
+    Task,
+    TaskKind,
+    TaskState,
+)
+from tiffany.store.records import (
+    BLOCKING_KINDS,
+    RecordType,
+    attempt_times,
+    error_dict,
+    jsonable,
+    task_kind,
+    tool_of,
+)
+
+__all__ = ["ApplyReport", "Projector", "Record"]
+
+
+#: Finished runs whose context is kept in memory (more are reloaded on demand).
+MAX_CACHED_FINISHED_RUNS: Final = 256
+
+_EXIT_STATES: Final = {s.value: s for s in (TaskState.DONE, TaskState.CRASHED, TaskState.CANCELLED)}
+_RUN_END_STATUSES: Final = {
+    s.value: s for s in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+}
+_UNSETTLED_STEPS: Final = (StepStatus.PENDING.value, StepStatus.RUNNING.value)
+_STEP_STATUSES: Final = frozenset(s.value for s in StepStatus)
+
+#: A decoded journal record: ``(seq, rtype, run_no, fields)``.
+Record = tuple[int, int, int, Sequence[Any]]
+
+
+@dataclass(slots=True)
+class _StepInfo:
+    status: str
+    tool: str | None
+
+
+@dataclass(slots=True)
+class _RunCtx:
+    """What the projector keeps of a run between records (reloadable from the rows)."""
+
+    run_id: str
+    plan: bool
+    clock: float | None
+    dispatches: int
+    finished: bool
+    tasks: dict[int, tuple[str, str | None]] = field(default_factory=dict)  # ltid -> kind, step
+    steps: dict[str, _StepInfo] = field(default_factory=dict)
+
+
+class _Rows:
+    """One table's changes in a batch: new rows, and column updates by primary key."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+        self.keys = [c.name for c in table.primary_key.columns]
+        self.new: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self.changed: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+    def insert(self, key: tuple[Any, ...], row: dict[str, Any]) -> None:
+        full = {c.name: None for c in self.table.columns}
+        full.update(row)
+        full.update(zip(self.keys, key, strict=True))
+        self.new[key] = full
+
+    def update(self, key: tuple[Any, ...], **values: Any) -> None:
+        row = self.new.get(key)
+        if row is not None:
+            row.update(values)
+        else:
+            self.changed.setdefault(key, {}).update(values)
+
+    def flush(self, conn: Connection) -> int:
+        statements = 0
+        if self.new:
+            conn.execute(insert(self.table), list(self.new.values()))
+            statements += 1
+        groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+        for key, values in self.changed.items():
+            params = {f"k_{k}": v for k, v in zip(self.keys, key, strict=True)}
+            params.update({f"v_{c}": v for c, v in values.items()})
+            groups.setdefault(tuple(sorted(values)), []).append(params)
+        for columns, params_list in groups.items():
+            where = and_(*(self.table.c[k] == bindparam(f"k_{k}") for k in self.keys))
+            stmt = (
+                sql_update(self.table)
+                .where(where)
+                .values({c: bindparam(f"v_{c}") for c in columns})
+            )
+            conn.execute(stmt, params_list)
+            statements += 1
+        return statements
+
+
+@dataclass(slots=True)
+class ApplyReport:
+    """What one :meth:`Projector.apply` did."""
+
+    applied: int = 0
+    skipped: int = 0  # at or below the mark: already applied
+    orphans: int = 0  # records of a run whose start the store never saw
+    last_seq: int = 0
+    statements: int = 0
+
+
+class _Batch:
+    def __init__(self) -> None:
+        self.runs = _Rows(Run.__table__)  # type: ignore[arg-type]
+        self.tasks = _Rows(Task.__table__)  # type: ignore[arg-type]
+        self.steps = _Rows(Step.__table__)  # type: ignore[arg-type]
+
+    def flush(self, conn: Connection) -> int:
+        # Parents first: tasks and steps reference runs.
+        return self.runs.flush(conn) + self.tasks.flush(conn) + self.steps.flush(conn)
+
+
+class Projector:
+    """Apply decoded journal records to the store.
+
+    Args:
+        engine: The store's engine; the schema must exist (``tiffany db upgrade``).
+
+    One projector writes to a store at a time (the engine's projector thread,
+    or ``tiffany db rebuild``); the mark is read with ``FOR UPDATE`` in each
+    transaction, so a second one would wait rather than double-apply.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._run_ids: dict[int, str] = {}
+        self._run_ids_stale = False
+        self._ctx: dict[int, _RunCtx] = {}
+        with engine.begin() as conn:
+            self._ensure_state(conn)
+            self._load_run_ids(conn)
+
+    # -- public ----------------------------------------------------------------
+
+    @property
+    def last_seq(self) -> int:
+        """The sequence number of the last record applied (0 for an empty store)."""
+        with self.engine.connect() as conn:
+            value = conn.scalar(
+                select(ProjectorState.last_seq).where(ProjectorState.id == PROJECTOR_STATE_ID)
+            )
+        return int(value or 0)
+
+    def apply(self, batch: Iterable[Record]) -> ApplyReport:
+        """Apply ``(seq, rtype, run_no, fields)`` records in one transaction.
+
+        Records at or below the last applied sequence number are skipped.
+        On an error nothing of the batch is kept and the in-memory contexts
+        are dropped (they are reloaded from the rows).
+        """
+        report = ApplyReport()
+        try:
+            with self.engine.begin() as conn:
+                mark = self._lock_mark(conn)
+                if self._run_ids_stale:
+                    self._load_run_ids(conn)
+                report.last_seq = mark
+                changes = _Batch()
+                for seq, rtype, run_no, fields in batch:
+                    if seq <= report.last_seq:
+                        report.skipped += 1
+                        continue
+                    report.last_seq = seq
+                    if self._apply_one(conn, changes, seq, rtype, run_no, fields):
+                        report.applied += 1
+                    else:
+                        report.orphans += 1
+                report.statements = changes.flush(conn)
+                if report.last_seq > mark:
+                    conn.execute(
+                        sql_update(ProjectorState)
+                        .where(ProjectorState.id == PROJECTOR_STATE_ID)
+                        .values(last_seq=report.last_seq)
+                    )
+                    report.statements += 1
+        except BaseException:
+            self._forget()
+            raise
+        self._evict()
+        return report
+
+    def reset(self) -> None:
+        """Delete every projected row and set the mark back to 0 (before a rebuild)."""
+        try:
+            with self.engine.begin() as conn:
+                self._lock_mark(conn)
+                for model in (Step, Task, Run):
+                    conn.execute(delete(model))
+                conn.execute(
+                    sql_update(ProjectorState)
+                    .where(ProjectorState.id == PROJECTOR_STATE_ID)
+                    .values(last_seq=0)
+                )
+        finally:
+            self._forget()
+
+    # -- records ---------------------------------------------------------------
+
+    def _apply_one(
+        self,
+        conn: Connection,
+        b: _Batch,
+        seq: int,
+        rtype: int,
+        run_no: int,
+        f: Sequence[Any],
+    ) -> bool:
+        if rtype == RecordType.RUN_START:
+            self._run_start(b, seq, run_no, f)
+            return True
+        ctx = self._context(conn, run_no)
+        if ctx is None:
+            return False
+        b.runs.update((ctx.run_id,), last_seq=seq)
+        if rtype == RecordType.DISPATCH:
+            self._dispatch(b, ctx, f)
+        elif rtype == RecordType.SPAWN:
+            self._spawn(b, ctx, f)
+        elif rtype == RecordType.WAKE:
+            ltid = f[1]
+            if ltid in ctx.tasks:
+                b.tasks.update((ctx.run_id, ltid), state=TaskState.READY.value, blocked_on=None)
+        elif rtype == RecordType.OUTCOME:
+            if f[2] == "now" and isinstance(f[3], int | float) and not isinstance(f[3], bool):
+                self._tick(b, ctx, float(f[3]))
+        elif rtype == RecordType.TASK_EXIT:
+            self._task_exit(b, ctx, f)
+        elif rtype == RecordType.RUN_END:
+            self._run_end(b, ctx, f)
+        # STEP_START and CANCEL change nothing the store shows.
+        return True
+
+    def _run_start(self, b: _Batch, seq: int, run_no: int, f: Sequence[Any]) -> None:
+        run_id, name, entry, ts = f[0], f[1], f[2], f[3]
+        entry = entry if isinstance(entry, Mapping) else {}
+        plan_doc = entry.get("plan") if entry.get("kind") == "plan" else None
+        plan = isinstance(plan_doc, Mapping)
+        clock = float(ts) if isinstance(ts, int | float) else None
+        if plan:
+            assert isinstance(plan_doc, Mapping)
+            defaults = plan_doc.get("inputs")
+            given = entry.get("inputs")
+            inputs: Any = {
+                **(defaults if isinstance(defaults, Mapping) else {}),
+                **(given if isinstance(given, Mapping) else {}),
+            }
+        else:
+            inputs = {"args": entry.get("args", []), "kwargs": entry.get("kwargs", {})}
+        ctx = _RunCtx(str(run_id), plan, clock, 0, False)
+        self._run_ids[run_no] = ctx.run_id
+        self._ctx[run_no] = ctx
+        b.runs.insert(
+            (ctx.run_id,),
+            {
+                "run_no": run_no,
+                "name": str(name),
+                "status": RunStatus.RUNNING.value,
+                "entry": jsonable(entry),
+                "inputs": jsonable(inputs),
+                "created_at": clock if clock is not None else 0.0,
+                "started_at": clock,
+                "updated_at": clock,
+                "dispatches": 0,
+                "last_seq": seq,
+            },
+        )
+        if plan:
+            assert isinstance(plan_doc, Mapping)
+            steps = plan_doc.get("steps")
+            for spec in steps if isinstance(steps, list) else ():
+                if isinstance(spec, Mapping) and isinstance(spec.get("id"), str):
+                    tool = spec.get("tool")
+                    self._new_step(b, ctx, spec["id"], tool if isinstance(tool, str) else None)
+
+    def _spawn(self, b: _Batch, ctx: _RunCtx, f: Sequence[Any]) -> None:
+        _n, ltid, parent, name = f[0], f[1], f[2], str(f[3])
+        kind, step_id = task_kind(name, ltid, ctx.plan)
+        if not ctx.plan:
+            step_id = None
+        ctx.tasks[ltid] = (kind.value, step_id)
+        b.tasks.insert(
+            (ctx.run_id, ltid),
+            {
+                "parent_ltid": parent or None,
+                "name": name,
+                "kind": kind.value,
+                "step_id": step_id,
+                "state": TaskState.READY.value,
+                "started_at": ctx.clock,
+            },
+        )
+        if step_id is None:
+            return
+        step = ctx.steps.get(step_id)
+        if step is None:
+            step = self._new_step(b, ctx, step_id, None)
+        if kind is TaskKind.WORKER and step.status == StepStatus.PENDING.value:
+            step.status = StepStatus.RUNNING.value
+            b.steps.update((ctx.run_id, step_id), status=step.status, started_at=ctx.clock)
+        elif kind is TaskKind.TOOL and step.tool is None:
+            step.tool = tool_of(name)
+            b.steps.update((ctx.run_id, step_id), tool=step.tool)
+
+    def _dispatch(self, b: _Batch, ctx: _RunCtx, f: Sequence[Any]) -> None:
+        n, ltid, kind, arg = f[0], f[1], f[2], f[3]
+        if isinstance(n, int) and n > ctx.dispatches:
+            ctx.dispatches = n
+            b.runs.update((ctx.run_id,), dispatches=n)
+        if ltid not in ctx.tasks:
+            return
+        blocked = BLOCKING_KINDS.get(kind)
+        if blocked is None:
+            b.tasks.update((ctx.run_id, ltid), state=TaskState.RUNNING.value, blocked_on=None)
+        else:
+            on = str(kind) if arg is None else f"{kind} {arg}"
+            b.tasks.update((ctx.run_id, ltid), state=blocked.value, blocked_on=on)
+
+    def _task_exit(self, b: _Batch, ctx: _RunCtx, f: Sequence[Any]) -> None:
+        ltid, state, value = f[1], f[2], f[3]
+        known = ctx.tasks.get(ltid)
+        final = _EXIT_STATES.get(state)
+        if known is None or final is None:
+            return
+        key = (ctx.run_id, ltid)
+        if final is TaskState.DONE:
+            b.tasks.update(
+                key, state=final.value, blocked_on=None, ended_at=ctx.clock, result=jsonable(value)
+            )
+        else:
+            b.tasks.update(
+                key, state=final.value, blocked_on=None, ended_at=ctx.clock, error=error_dict(value)
+            )
+        kind, step_id = known
+        if step_id is None or step_id not in ctx.steps or final is not TaskState.DONE:
+            return
+        if kind == TaskKind.WORKER.value and isinstance(value, Mapping):
+            self._settle_step(b, ctx, step_id, value)
+        elif kind == TaskKind.TOOL.value:
+            b.steps.update((ctx.run_id, step_id), output=jsonable(value))
+
+    def _settle_step(
+        self, b: _Batch, ctx: _RunCtx, step_id: str, outcome: Mapping[str, Any]
+    ) -> None:
+        """A worker's StepOutcome: ``{"step_id", "ok", "output", "error", "attempts"}``."""
+        step = ctx.steps[step_id]
+        step.status = (StepStatus.SUCCEEDED if outcome.get("ok") else StepStatus.FAILED).value
+        values: dict[str, Any] = {
+            "status": step.status,
+            "output": jsonable(outcome.get("output")),
+            "error": jsonable(outcome.get("error")),
+        }
+        values.update(attempt_times(outcome.get("attempts")))
+        b.steps.update((ctx.run_id, step_id), **values)
+
+    def _run_end(self, b: _Batch, ctx: _RunCtx, f: Sequence[Any]) -> None:
+        status, value, ts = f[0], f[1], f[2]
+        final = _RUN_END_STATUSES.get(status)
+        if final is None:
+            return
+        if isinstance(ts, int | float):
+            self._tick(b, ctx, float(ts))
+        ctx.finished = True
+        if 1 in ctx.tasks:  # the root's exit came just before, on the previous clock
+            b.tasks.update((ctx.run_id, 1), ended_at=ctx.clock)
+        summary: Any = None
+        if final is RunStatus.SUCCEEDED:
+            outputs = value
+            if ctx.plan and isinstance(value, Mapping):
+                outputs, summary = value.get("outputs"), value.get("steps")
+            b.runs.update(
+                (ctx.run_id,), status=final.value, ended_at=ctx.clock, outputs=jsonable(outputs)
+            )
+        else:
+            if ctx.plan and isinstance(value, list | tuple) and len(value) > 3:
+                fields = value[3]
+                summary = fields.get("steps") if isinstance(fields, Mapping) else None
+            b.runs.update(
+                (ctx.run_id,), status=final.value, ended_at=ctx.clock, error=error_dict(value)
+            )
+        if not ctx.plan:
+            return
+        for step_id, info in summary.items() if isinstance(summary, Mapping) else ():
+            if not isinstance(info, Mapping) or info.get("status") not in _STEP_STATUSES:
+                continue
+            step = ctx.steps.get(step_id) or self._new_step(b, ctx, str(step_id), None)
+            step.status = str(info["status"])
+            values: dict[str, Any] = {
+                "status": step.status,
+                "error": jsonable(info.get("error")),
+                "attempts": jsonable(info.get("attempts") or []),
+            }
+            values.update(attempt_times(info.get("attempts")))
+            b.steps.update((ctx.run_id, str(step_id)), **values)
+        for step_id, step in ctx.steps.items():
+            if step.status in _UNSETTLED_STEPS:
+                step.status = StepStatus.SKIPPED.value
+                b.steps.update(
+                    (ctx.run_id, step_id),
+                    status=step.status,
+                    error={"message": f"skipped: the run {final.value}"},
+                    ended_at=ctx.clock,
+                )
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _new_step(self, b: _Batch, ctx: _RunCtx, step_id: str, tool: str | None) -> _StepInfo:
+        info = _StepInfo(StepStatus.PENDING.value, tool)
+        b.steps.insert(
+            (ctx.run_id, step_id),
+            {
+                "position": len(ctx.steps),
+                "tool": tool,
+                "status": info.status,
+                "attempts": [],
+            },
+        )
+        ctx.steps[step_id] = info
+        return info
+
+    def _tick(self, b: _Batch, ctx: _RunCtx, ts: float) -> None:
+        if math.isfinite(ts) and (ctx.clock is None or ts > ctx.clock):
+            ctx.clock = ts
+            b.runs.update((ctx.run_id,), updated_at=ts)
+
+    def _context(self, conn: Connection, run_no: int) -> _RunCtx | None:
+        ctx = self._ctx.get(run_no)
+        if ctx is not None:
+            return ctx
+        run_id = self._run_ids.get(run_no)
+        if run_id is None:
+            return None  # its RUN_START was never projected
+        run = conn.execute(
+            select(Run.run_id, Run.entry, Run.updated_at, Run.dispatches, Run.status).where(
+                Run.run_id == run_id
+            )
+        ).one_or_none()
+        if run is None:
+            return None
+        entry = run.entry if isinstance(run.entry, Mapping) else {}
+        plan = entry.get("kind") == "plan" and isinstance(entry.get("plan"), Mapping)
+        finished = run.status in _RUN_END_STATUSES
+        ctx = _RunCtx(run.run_id, plan, run.updated_at, run.dispatches, finished)
+        for ltid, kind, step_id in conn.execute(
+            select(Task.ltid, Task.kind, Task.step_id).where(Task.run_id == run.run_id)
+        ):
+            ctx.tasks[ltid] = (kind, step_id)
+        for step_id, status, tool in conn.execute(
+            select(Step.step_id, Step.status, Step.tool)
+            .where(Step.run_id == run.run_id)
+            .order_by(Step.position)
+        ):
+            ctx.steps[step_id] = _StepInfo(status, tool)
+        self._ctx[run_no] = ctx
+        return ctx
+
+    def _ensure_state(self, conn: Connection) -> None:
+        exists = conn.scalar(
+            select(func.count())
+            .select_from(ProjectorState)
+            .where(ProjectorState.id == PROJECTOR_STATE_ID)
+        )
+        if not exists:
+            conn.execute(insert(ProjectorState).values(id=PROJECTOR_STATE_ID, last_seq=0))
+
+    def _lock_mark(self, conn: Connection) -> int:
+        value = conn.scalar(
+            select(ProjectorState.last_seq)
+            .where(ProjectorState.id == PROJECTOR_STATE_ID)
+            .with_for_update()
+        )
+        if value is None:
+            self._ensure_state(conn)
+            return 0
+        return int(value)
+
+    def _load_run_ids(self, conn: Connection) -> None:
+        self._run_ids = {
+            int(no): str(rid) for no, rid in conn.execute(select(Run.run_no, Run.run_id))
+        }
+        self._run_ids_stale = False
+
+    def _forget(self) -> None:
+        """Drop what memory holds of the rows (reloaded in the next transaction)."""
+        self._ctx.clear()
+        self._run_ids.clear()
+        self._run_ids_stale = True
+
+    def _evict(self) -> None:
+        finished = [no for no, ctx in self._ctx.items() if ctx.finished]
+        for no in finished[: max(0, len(finished) - MAX_CACHED_FINISHED_RUNS)]:
+            del self._ctx[no]

@@ -1,0 +1,138 @@
+"""Read-side queries of the store (what ``GET /api/runs...`` serves).
+
+Functions take a :class:`~sqlalchemy.orm.Session` and return model objects
+or plain dicts; :func:`run_summary` and :func:`run_detail` give the JSON
+shapes of the HTTP API contract (ARCHITECTURE.md, "HTTP API"). The journal
+records of a run (``/events``) are not in the store: the API reads them
+from the WAL.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, selectinload
+
+from tiffany.store.models import Run, RunStatus, Step, Task
+
+__all__ = [
+    "DEFAULT_PAGE_SIZE",
+    "MAX_PAGE_SIZE",
+    "counts_by_status",
+    "get_run",
+    "list_runs",
+    "run_detail",
+    "run_summary",
+    "step_dict",
+    "task_dict",
+]
+
+#: Runs in a page when the caller does not say.
+DEFAULT_PAGE_SIZE: Final = 50
+#: The most runs one page returns.
+MAX_PAGE_SIZE: Final = 500
+
+
+def list_runs(
+    session: Session,
+    status: str | RunStatus | None = None,
+    limit: int = DEFAULT_PAGE_SIZE,
+    offset: int = 0,
+) -> list[Run]:
+    """Return runs newest first (by start time, then run number), optionally of one status.
+
+    Args:
+        session: An open session.
+        status: Only runs with this status (None: all).
+        limit: Page size, clamped to 1..``MAX_PAGE_SIZE``.
+        offset: Runs to skip (paging).
+    """
+    stmt = select(Run).order_by(Run.created_at.desc(), Run.run_no.desc())
+    if status is not None:
+        stmt = stmt.where(Run.status == str(status))
+    stmt = stmt.limit(max(1, min(limit, MAX_PAGE_SIZE))).offset(max(0, offset))
+    return list(session.scalars(stmt))
+
+
+def get_run(session: Session, run_id: str) -> Run | None:
+    """Return the run with its tasks (by ltid) and steps (plan order) loaded, or None."""
+    stmt = (
+        select(Run)
+        .where(Run.run_id == run_id)
+        .options(selectinload(Run.tasks), selectinload(Run.steps))
+    )
+    return session.scalars(stmt).one_or_none()
+
+
+def counts_by_status(session: Session) -> dict[str, int]:
+    """Return how many runs have each status (every status present, zeros included)."""
+    counts = {s.value: 0 for s in RunStatus}
+    for status, n in session.execute(select(Run.status, func.count()).group_by(Run.status)):
+        counts[status] = int(n)
+    return counts
+
+
+def run_summary(run: Run) -> dict[str, Any]:
+    """Return a run as the runs list shows it (JSON-able)."""
+    return {
+        "run_id": run.run_id,
+        "run_no": run.run_no,
+        "name": run.name,
+        "status": run.status,
+        "kind": (run.entry or {}).get("kind") if isinstance(run.entry, dict) else None,
+        "created_at": run.created_at,
+        "started_at": run.started_at,
+        "ended_at": run.ended_at,
+        "updated_at": run.updated_at,
+        "dispatches": run.dispatches,
+        "last_seq": run.last_seq,
+    }
+
+
+def task_dict(task: Task) -> dict[str, Any]:
+    """Return a task row as JSON-able data."""
+    return {
+        "ltid": task.ltid,
+        "parent_ltid": task.parent_ltid,
+        "name": task.name,
+        "kind": task.kind,
+        "step_id": task.step_id,
+        "state": task.state,
+        "blocked_on": task.blocked_on,
+        "started_at": task.started_at,
+        "ended_at": task.ended_at,
+        "result": task.result,
+        "error": task.error,
+    }
+
+
+def step_dict(step: Step) -> dict[str, Any]:
+    """Return a step row as JSON-able data."""
+    return {
+        "step_id": step.step_id,
+        "position": step.position,
+        "tool": step.tool,
+        "status": step.status,
+        "attempts": step.attempts or [],
+        "output": step.output,
+        "error": step.error,
+        "started_at": step.started_at,
+        "ended_at": step.ended_at,
+    }
+
+
+def run_detail(run: Run) -> dict[str, Any]:
+    """Return a run with its entry, inputs, outputs, error, steps and tasks (JSON-able).
+
+    The run must come from :func:`get_run` (tasks and steps loaded).
+    """
+    return {
+        **run_summary(run),
+        "entry": run.entry,
+        "inputs": run.inputs,
+        "outputs": run.outputs,
+        "error": run.error,
+        "steps": [step_dict(s) for s in run.steps],
+        "tasks": [task_dict(t) for t in run.tasks],
+    }

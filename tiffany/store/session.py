@@ -1,0 +1,84 @@
+"""Engines and sessions of the store: built at entry points, never at import.
+
+:func:`make_engine` turns a URL from the settings into an engine set up for
+the store's access pattern: one writer (the projector) and many readers (the
+API). On SQLite that means WAL journal mode (readers never block the
+writer), foreign keys on (SQLite's default is off) and a busy timeout
+instead of an immediate ``database is locked``; on PostgreSQL, the psycopg
+(3) driver and a pool that checks connections before handing them out.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Final
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+__all__ = ["SQLITE_BUSY_TIMEOUT_MS", "is_sqlite", "make_engine", "normalize_url", "session_factory"]
+
+#: How long a SQLite connection waits for a lock before failing.
+SQLITE_BUSY_TIMEOUT_MS: Final = 5_000
+
+
+def normalize_url(url: str | URL) -> URL:
+    """Return ``url`` with PostgreSQL pinned to the psycopg (3) driver.
+
+    ``postgresql://`` (what operators write) would otherwise mean psycopg2,
+    which the store does not depend on.
+    """
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def is_sqlite(url: str | URL) -> bool:
+    """True when ``url`` names a SQLite database."""
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def _sqlite_pragmas(memory: bool) -> Any:
+    def on_connect(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        try:
+            if not memory:
+                cur.execute("PRAGMA journal_mode=WAL")
+                cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        finally:
+            cur.close()
+
+    return on_connect
+
+
+def make_engine(url: str | URL, **kwargs: Any) -> Engine:
+    """Create the store's engine for ``url`` (SQLite file or PostgreSQL).
+
+    Args:
+        url: A SQLAlchemy URL (``settings.database_url``).
+        **kwargs: Passed on to :func:`sqlalchemy.create_engine`.
+
+    The directory of a SQLite file is created if missing (the data dir may
+    not exist yet on a first start).
+    """
+    parsed = normalize_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        database = parsed.database or ""
+        memory = database in ("", ":memory:") or database.startswith("file::memory:")
+        if not memory:
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
+        kwargs.setdefault("connect_args", {}).setdefault("check_same_thread", False)
+        engine = create_engine(parsed, **kwargs)
+        event.listen(engine, "connect", _sqlite_pragmas(memory))
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_engine(parsed, **kwargs)
+
+
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    """Return a session factory bound to ``engine`` (objects stay usable after commit)."""
+    return sessionmaker(engine, expire_on_commit=False)
