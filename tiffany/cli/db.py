@@ -1,0 +1,151 @@
+"""CLI commands of the SQL store: ``tiffany db upgrade`` and ``tiffany db rebuild``.
+
+``db upgrade`` migrates the store named by the settings
+(``TIFFANY_DATABASE_URL``, else the SQLite file in the data dir) to the
+newest Alembic revision. ``db rebuild`` empties the store and projects the
+whole WAL into it again: the store is a projection of the journal, so this
+is always safe, and it is how a store that was lost, or projected by an
+older version, is brought back. Stop the engine first: two projectors
+writing one store would wait on each other's mark, not corrupt it, but the
+rebuild would start over under the engine's feet.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Final
+
+import typer
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+__all__ = ["RebuildReport", "decoded_batches", "rebuild_store", "register"]
+
+db_app = typer.Typer(
+    help="The SQL store: migrate its schema, rebuild it from the WAL.", no_args_is_help=True
+)
+
+#: Records per projector transaction during a rebuild.
+REBUILD_BATCH_RECORDS: Final = 5_000
+
+EXIT_FAILED = 1
+
+
+@dataclass(slots=True)
+class RebuildReport:
+    """What a rebuild did."""
+
+    records: int = 0
+    last_seq: int = 0
+    runs: int = 0
+    tasks: int = 0
+    steps: int = 0
+    orphans: int = 0
+    status: dict[str, int] = field(default_factory=dict)
+
+
+def decoded_batches(
+    wal_dir: Path, batch_records: int = REBUILD_BATCH_RECORDS, from_seq: int = 1
+) -> Iterator[list[tuple[int, int, int, list[Any]]]]:
+    """Yield the WAL's journal records as decoded ``(seq, rtype, run_no, fields)`` batches."""
+    from tiffany.durable.records import decode
+    from tiffany.wal import iter_records
+
+    batch: list[tuple[int, int, int, list[Any]]] = []
+    for rec in iter_records(wal_dir, from_seq=from_seq):
+        run_no, fields = decode(rec.payload)
+        batch.append((rec.seq, rec.rtype, run_no, fields))
+        if len(batch) >= batch_records:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def rebuild_store(
+    engine: Engine, wal_dir: Path, batch_records: int = REBUILD_BATCH_RECORDS
+) -> RebuildReport:
+    """Empty the store and project every record of the WAL into it again."""
+    from sqlalchemy import func, select
+
+    from tiffany.store import Projector, Run, Step, Task, queries, session_factory
+
+    projector = Projector(engine)
+    projector.reset()
+    report = RebuildReport()
+    for batch in decoded_batches(wal_dir, batch_records):
+        applied = projector.apply(batch)
+        report.records += len(batch)
+        report.orphans += applied.orphans
+        report.last_seq = applied.last_seq
+    with session_factory(engine)() as session:
+        report.runs = session.scalar(select(func.count()).select_from(Run)) or 0
+        report.tasks = session.scalar(select(func.count()).select_from(Task)) or 0
+        report.steps = session.scalar(select(func.count()).select_from(Step)) or 0
+        report.status = queries.counts_by_status(session)
+    return report
+
+
+def _engine(ctx: typer.Context) -> tuple[Engine, str]:
+    from tiffany.cli import _settings
+    from tiffany.store import make_engine
+
+    settings = _settings(ctx)
+    return make_engine(settings.database_url), settings.public_dict()["database_url"]
+
+
+@db_app.command("upgrade")
+def upgrade(
+    ctx: typer.Context,
+    revision: Annotated[str, typer.Option("--revision", help="Target revision.")] = "head",
+) -> None:
+    """Migrate the store's schema (Alembic) to the newest revision."""
+    from tiffany.store.migrate import upgrade as alembic_upgrade
+
+    engine, shown = _engine(ctx)
+    try:
+        at = alembic_upgrade(engine, revision)
+    finally:
+        engine.dispose()
+    typer.echo(f"store {shown} is at revision {at}")
+
+
+@db_app.command("rebuild")
+def rebuild(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
+) -> None:
+    """Empty the store and project the whole WAL into it again (engine stopped)."""
+    from tiffany.cli import _settings
+    from tiffany.errors import TiffanyError
+    from tiffany.store.migrate import upgrade as alembic_upgrade
+
+    wal_dir = Path(_settings(ctx).data_dir) / "wal"
+    engine, shown = _engine(ctx)
+    try:
+        alembic_upgrade(engine)
+        report = rebuild_store(engine, wal_dir)
+    except TiffanyError as exc:
+        typer.echo(f"tiffany: {exc}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    finally:
+        engine.dispose()
+    if as_json:
+        typer.echo(json.dumps(asdict(report)))
+        return
+    statuses = ", ".join(f"{n} {s}" for s, n in report.status.items() if n)
+    typer.echo(
+        f"rebuilt {shown} from {report.records} records (last seq {report.last_seq}): "
+        f"{report.runs} runs ({statuses or 'none'}), {report.tasks} tasks, {report.steps} steps"
+    )
+    if report.orphans:
+        typer.echo(f"{report.orphans} records belonged to runs with no start in the WAL", err=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``db`` command group to the root app."""
+    app.add_typer(db_app, name="db")
