@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from conftest import Journal, dump
 from sqlalchemy import Engine
+from sqlalchemy.exc import IntegrityError
 
 from tiffany.cli.db import rebuild_store
 from tiffany.store import Projector, RecordType, queries, session_factory
@@ -198,14 +199,26 @@ def test_small_batches_and_restarts_equal_a_rebuild(
 
 
 def test_a_failed_batch_leaves_nothing_and_can_be_retried(store: Engine, journal: Journal):
+    records = journal.records
     projector = Projector(store)
-    bad = [*journal.records[:10], (journal.records[10][0], RecordType.RUN_START, 99, [None])]
-    with pytest.raises(Exception):  # noqa: B017, PT011 - whatever the database says
-        projector.apply(bad)
-    assert projector.last_seq == 0
-    assert dump(store)["runs"] == []
-    _project(store, journal)
+    projector.apply(records[:10])
+    before = dump(store)
+    first = records[0]
+    assert first[1] == RecordType.RUN_START
+    clash = (records[20][0] + 1, RecordType.RUN_START, 99, list(first[3]))  # same run id
+    with pytest.raises(IntegrityError):
+        projector.apply([*records[10:20], clash])
+    assert projector.last_seq == records[9][0]
+    assert dump(store) == before
+    projector.apply(records)
     assert len(dump(store)["runs"]) == len(journal.run_ids)
+
+
+def test_malformed_records_are_counted_and_skipped(store: Engine, journal: Journal):
+    projector = Projector(store)
+    report = projector.apply([journal.records[0], (journal.records[0][0] + 1, 3, 1, [1, 1])])
+    assert (report.applied, report.malformed) == (1, 1)
+    assert projector.last_seq == journal.records[0][0] + 1
 
 
 def test_records_of_unknown_runs_are_counted_not_applied(store: Engine, journal: Journal):

@@ -148,10 +148,16 @@ class Run(Base):
     last_seq: Mapped[int] = mapped_column(BigInteger)
 
     tasks: Mapped[list[Task]] = relationship(
-        back_populates="run", order_by="Task.ltid", cascade="all, delete-orphan"
+        back_populates="run",
+        order_by="Task.ltid",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
     )
     steps: Mapped[list[Step]] = relationship(
-        back_populates="run", order_by="Step.position", cascade="all, delete-orphan"
+        back_populates="run",
+        order_by="Step.position",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
     )
 
 

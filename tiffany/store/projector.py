@@ -69,11 +69,13 @@ from tiffany.store.models import (
 )
 from tiffany.store.records import (
     BLOCKING_KINDS,
+    FIELD_COUNTS,
     RecordType,
     attempt_times,
     error_dict,
     jsonable,
     task_kind,
+    text,
     tool_of,
 )
 
@@ -164,6 +166,7 @@ class ApplyReport:
     applied: int = 0
     skipped: int = 0  # at or below the mark: already applied
     orphans: int = 0  # records of a run whose start the store never saw
+    malformed: int = 0  # too few fields for their type (another journal version)
     last_seq: int = 0
     statements: int = 0
 
@@ -230,7 +233,9 @@ class Projector:
                         report.skipped += 1
                         continue
                     report.last_seq = seq
-                    if self._apply_one(conn, changes, seq, rtype, run_no, fields):
+                    if len(fields) < FIELD_COUNTS.get(rtype, 0):
+                        report.malformed += 1
+                    elif self._apply_one(conn, changes, seq, rtype, run_no, fields):
                         report.applied += 1
                     else:
                         report.orphans += 1
@@ -322,7 +327,7 @@ class Projector:
             (ctx.run_id,),
             {
                 "run_no": run_no,
-                "name": str(name),
+                "name": text(name),
                 "status": RunStatus.RUNNING.value,
                 "entry": jsonable(entry),
                 "inputs": jsonable(inputs),
@@ -342,7 +347,7 @@ class Projector:
                     self._new_step(b, ctx, spec["id"], tool if isinstance(tool, str) else None)
 
     def _spawn(self, b: _Batch, ctx: _RunCtx, f: Sequence[Any]) -> None:
-        _n, ltid, parent, name = f[0], f[1], f[2], str(f[3])
+        _n, ltid, parent, name = f[0], f[1], f[2], text(f[3])
         kind, step_id = task_kind(name, ltid, ctx.plan)
         if not ctx.plan:
             step_id = None
@@ -381,7 +386,7 @@ class Projector:
         if blocked is None:
             b.tasks.update((ctx.run_id, ltid), state=TaskState.RUNNING.value, blocked_on=None)
         else:
-            on = str(kind) if arg is None else f"{kind} {arg}"
+            on = text(kind if arg is None else f"{kind} {arg}")
             b.tasks.update((ctx.run_id, ltid), state=blocked.value, blocked_on=on)
 
     def _task_exit(self, b: _Batch, ctx: _RunCtx, f: Sequence[Any]) -> None:

@@ -18,11 +18,13 @@ from tiffany.store.models import TaskKind, TaskState
 
 __all__ = [
     "BLOCKING_KINDS",
+    "FIELD_COUNTS",
     "RecordType",
     "attempt_times",
     "error_dict",
     "jsonable",
     "task_kind",
+    "text",
     "tool_of",
 ]
 
@@ -43,6 +45,20 @@ class RecordType(enum.IntEnum):
     RUN_END = 8
     CANCEL = 9
 
+
+#: The fields each record type has (records.py of the durable layer); a
+#: record with fewer is not applied.
+FIELD_COUNTS: Final[Mapping[int, int]] = {
+    RecordType.RUN_START: 4,
+    RecordType.SPAWN: 4,
+    RecordType.DISPATCH: 4,
+    RecordType.OUTCOME: 4,
+    RecordType.STEP_START: 5,
+    RecordType.WAKE: 5,
+    RecordType.TASK_EXIT: 4,
+    RecordType.RUN_END: 3,
+    RecordType.CANCEL: 2,
+}
 
 #: Dispatched call kinds that park the task, and the state they park it in.
 BLOCKING_KINDS: Final[Mapping[str, TaskState]] = {
@@ -78,6 +94,12 @@ def jsonable(value: Any) -> Any:
         return bytes(value).decode("utf-8", "replace")
     text = getattr(value, "repr", None)  # the durable layer's Unencodable
     return text if isinstance(text, str) else repr(value)
+
+
+def text(value: Any) -> str:
+    """Return ``value`` as text a column takes (PostgreSQL refuses NUL characters)."""
+    out = value if isinstance(value, str) else str(value)
+    return out.replace("\x00", "\\x00") if "\x00" in out else out
 
 
 def error_dict(packed: Any) -> dict[str, Any]:
