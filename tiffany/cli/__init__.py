@@ -166,10 +166,11 @@ def main() -> None:
 
 def _register_subcommands() -> None:
     # Imported here so each command module can use ``app`` and ``_settings``.
-    from tiffany.cli import durable, run
+    from tiffany.cli import db, durable, run
 
     durable.register(app)
     run.register(app)
+    db.register(app)
 
 
 _register_subcommands()
