@@ -31,6 +31,14 @@ def test_run_prints_outputs_and_exits_zero(tmp_path):
     assert out["steps"]["flaky_integration"] == "succeeded"
     assert (tmp_path / "wal").is_dir()
     assert (tmp_path / "workspaces" / out["run_id"] / "dist").is_dir()
+    # the embedded SQLite store holds the run, its steps and tasks
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "tiffany.db")
+    status = db.execute("select status from runs where run_id = ?", (out["run_id"],)).fetchone()
+    assert status == ("succeeded",)
+    steps = dict(db.execute("select step_id, status from steps where run_id = ?", (out["run_id"],)))
+    assert steps == dict.fromkeys(out["steps"], "succeeded")
 
 
 def test_a_failing_plan_exits_one_with_the_failed_step(tmp_path):

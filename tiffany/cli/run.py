@@ -112,6 +112,9 @@ def run(
         state = engine.runtime.status(run_id)
     finally:
         engine.runtime.close()
+    from tiffany.engine.projection import project_wal
+
+    project_wal(settings.database_url, Path(settings.data_dir) / "wal")  # the SQLite store
     result: dict[str, Any] = {"run_id": run_id, "status": state.status}
     if state.status == "succeeded":
         result["outputs"] = (

@@ -1,0 +1,48 @@
+"""Bring the SQL store up to date with the WAL (off the scheduler thread).
+
+The store is a projection of the journal: records are applied in batches,
+idempotently by WAL sequence number, after they are durable. ``tiffany run``
+projects once the loop has stopped; the service's projector thread will call
+the same function after each group commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
+
+from tiffany.durable.records import decode
+from tiffany.store import Projector, make_engine
+from tiffany.store.migrate import upgrade
+from tiffany.wal import iter_records
+
+__all__ = ["BATCH_RECORDS", "project_wal"]
+
+#: Records applied per transaction.
+BATCH_RECORDS: Final = 5_000
+
+
+def _batches(wal_dir: Path, from_seq: int) -> Iterator[list[tuple[int, int, int, list[Any]]]]:
+    batch: list[tuple[int, int, int, list[Any]]] = []
+    for rec in iter_records(wal_dir, from_seq=from_seq):
+        run_no, fields = decode(rec.payload)
+        batch.append((rec.seq, rec.rtype, run_no, fields))
+        if len(batch) >= BATCH_RECORDS:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def project_wal(database_url: str, wal_dir: Path) -> int:
+    """Apply the WAL's records the store has not seen yet; return the store's last seq."""
+    engine = make_engine(database_url)
+    try:
+        upgrade(engine)
+        projector = Projector(engine)
+        for batch in _batches(wal_dir, projector.last_seq + 1):
+            projector.apply(batch)
+        return projector.last_seq
+    finally:
+        engine.dispose()
