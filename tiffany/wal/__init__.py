@@ -1,22 +1,34 @@
-"""The write-ahead log: append-only segments of CRC-framed records.
+"""The write-ahead log: append-only segments of CRC-framed, opaque records.
 
-The WAL knows nothing of tasks: payloads are opaque bytes with a type byte
-(1..255). The format is ``docs/wal-format.md``.
+The WAL knows nothing of tasks: a record is a type byte (1..255) and opaque
+payload bytes, numbered by an implicit, gapless sequence number. The format
+is ``docs/wal-format.md`` (normative; the constants here cite it).
 
 Public API::
 
-    from tiffany.wal import Wal, FsyncPolicy, iter_records, verify, repair
+    from tiffany.wal import Wal, FsyncPolicy, Record, iter_records, verify, repair
 
-    wal = Wal.open(path, fsync=FsyncPolicy.BATCH)   # locks, recovers a torn tail
-    seq = wal.append(rtype, payload)                # buffered
-    wal.commit()                                    # one fdatasync (group commit)
-    for rec in iter_records(path, from_seq=1): ...  # Record(seq, rtype, payload, segment, offset)
+    wal = Wal.open(path, fsync=FsyncPolicy.BATCH)  # lock, check, cut a torn tail
+    wal.recovery                                   # Recovery(segment, offset, ...) or None
+    seq = wal.append(rtype, payload)               # buffered, no system call
+    wal.commit()                                   # write + one fdatasync (group commit)
+    wal.next_seq, wal.durable_seq, wal.failed
+    wal.close()                                    # commits, releases the lock
+    for rec in iter_records(path, from_seq=1):     # Record(seq, rtype, payload, segment, offset)
+        ...
+    verify(path)                                   # VerifyReport, changes nothing
+    repair(path)                                   # RepairReport, truncates at corruption
+
+Modules: ``format`` (constants, segment header), ``frame`` (one record),
+``segments`` (files), ``lock``, ``reader``, ``recovery`` (what open does),
+``writer``, ``repair``.
 """
 
 from tiffany.wal.format import MAX_RECORD_BYTES, SEGMENT_SIZE_BYTES
 from tiffany.wal.reader import Record, TornTail, iter_records
+from tiffany.wal.recovery import Recovery
 from tiffany.wal.repair import RepairReport, VerifyReport, repair, verify
-from tiffany.wal.writer import FsyncPolicy, Recovery, Wal
+from tiffany.wal.writer import FsyncPolicy, Wal
 
 __all__ = [
     "MAX_RECORD_BYTES",

@@ -1,37 +1,58 @@
 """Checking and repairing a WAL directory (``tiffany wal verify|repair``).
 
-``verify`` reads every segment and reports; it changes nothing. ``repair``
-is for corruption (a bad record with good ones after it), which ``Wal.open``
-refuses: it copies the damaged segment to ``<name>.broken``, truncates it
-at the last good record, and moves every later segment aside as
-``<name>.broken`` too, so no record is silently lost. It runs only when a
-person asks for it.
+``verify`` reads every segment, applies the reader's rules, and reports; it
+changes nothing and takes no lock (it may run beside a live engine, whose
+unsynced tail then looks torn).
+
+``repair`` is for corruption, which ``Wal.open`` refuses. It runs only when
+a person asks, with the lock held (so never under a live engine), and loses
+no byte: it copies the damaged segment to ``<name>.broken`` and truncates it
+at the bad record (or, if its header is bad, renames it ``.broken`` whole),
+then renames every later segment ``.broken`` too, and fsyncs the directory.
+What remains is the log up to the record before the corruption; a later
+``Wal.open`` continues from there.
+
+Discussion: we do not try to salvage the records after a bad one (LevelDB's
+reader skips to the next block). The journal is a history: a replay that
+skipped a dispatch would diverge, so the only safe log is a prefix. The
+``.broken`` files keep the rest for a person to look at.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tiffany.errors import WalCorruptionError
 from tiffany.wal.format import HEADER_SIZE_BYTES
-from tiffany.wal.reader import TornTail, list_segments, scan_segment
+from tiffany.wal.lock import lock_dir, unlock
+from tiffany.wal.reader import TornTail, scan_segment, sequence_gap
+from tiffany.wal.segments import fsync_dir, keep_copy, list_segments, read_segment, set_aside
 
 __all__ = ["RepairReport", "VerifyReport", "repair", "verify"]
 
 
 @dataclass(slots=True)
 class VerifyReport:
-    """The state of a WAL directory."""
+    """The state of a WAL directory.
+
+    Attributes:
+        segments: How many segment files.
+        records: How many records check out (up to the corruption, if any).
+        first_seq: The first segment's first sequence number (0: no segment).
+        last_seq: The last good record's sequence number (0: none).
+        torn: The torn tail of the last segment, if any (not an error).
+        corruption: The error's fields (segment, offset, seq, reason,
+            message), or None.
+    """
 
     segments: int = 0
     records: int = 0
     first_seq: int = 0
     last_seq: int = 0
-    torn: dict[str, Any] | None = None
+    torn: TornTail | None = None
     corruption: dict[str, Any] | None = None
 
     @property
@@ -46,11 +67,23 @@ class VerifyReport:
 
 @dataclass(slots=True)
 class RepairReport:
-    """What ``repair`` did."""
+    """What ``repair`` did.
 
+    Attributes:
+        corruption: What it repaired (as in :class:`VerifyReport`), or None
+            when there was nothing to do.
+        truncated: The segment it truncated, if any.
+        offset: Where it truncated it.
+        moved_aside: Segments renamed ``.broken`` whole.
+        copies: The ``.broken`` copies it made of truncated segments.
+        records_kept: How many records the log holds now.
+    """
+
+    corruption: dict[str, Any] | None = None
     truncated: str | None = None
     offset: int | None = None
     moved_aside: list[str] = field(default_factory=list)
+    copies: list[str] = field(default_factory=list)
     records_kept: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -59,76 +92,77 @@ class RepairReport:
 
 
 def verify(wal_dir: str | os.PathLike[str]) -> VerifyReport:
-    """Read every record of every segment; report torn tail and corruption."""
-    path = Path(wal_dir)
+    """Check every record of every segment; report, change nothing.
+
+    Raises:
+        WalFormatError: A stray segment name or another format version
+            (not corruption: this build cannot judge the file).
+    """
     report = VerifyReport()
-    segments = list_segments(path)
+    segments = list_segments(Path(wal_dir))
     report.segments = len(segments)
-    if segments:
-        report.first_seq = segments[0].first_seq
-    expected = report.first_seq
+    if not segments:
+        return report
+    report.first_seq = expected = segments[0].first_seq
     for i, seg in enumerate(segments):
-        last = i == len(segments) - 1
-        if seg.first_seq != expected:
-            report.corruption = {
-                "segment": seg.path.name,
-                "offset": 0,
-                "seq": expected,
-                "reason": f"sequence gap: expected a segment starting at {expected}",
-            }
-            return report
         try:
-            frames, torn = scan_segment(seg, seg.path.read_bytes(), last=last)
+            if seg.first_seq != expected:
+                raise sequence_gap(seg, expected)
+            scan = scan_segment(seg, read_segment(seg), last=i == len(segments) - 1)
         except WalCorruptionError as exc:
             report.corruption = {**exc.fields, "message": exc.message}
-            return report
-        report.records += len(frames)
-        expected = seg.first_seq + len(frames)
-        if torn is not None:
-            report.torn = _torn_dict(torn)
+            expected = int(exc.fields["seq"])  # what the bad record would have had
+            break
+        report.torn = scan.torn
+        expected = seg.first_seq + scan.records
     report.last_seq = expected - 1
+    report.records = expected - report.first_seq
     return report
 
 
-def _torn_dict(torn: TornTail) -> dict[str, Any]:
-    return {
-        "segment": torn.segment,
-        "offset": torn.offset,
-        "bytes": torn.bytes_dropped,
-        "reason": torn.reason,
-    }
-
-
 def repair(wal_dir: str | os.PathLike[str]) -> RepairReport:
-    """Truncate at the first corruption (keeping ``.broken`` copies)."""
+    """Truncate the log at its first corruption, keeping ``.broken`` copies.
+
+    Does nothing when :func:`verify` finds no corruption (a torn tail is
+    left for ``Wal.open``, which cuts it).
+
+    Raises:
+        WalLockedError: The log is open (an engine is running on it).
+        WalFormatError: See :func:`verify`.
+    """
     path = Path(wal_dir)
-    report = RepairReport()
-    found = verify(path)
-    if found.corruption is None:
-        report.records_kept = found.records
-        return report
-    bad = found.corruption
-    segments = list_segments(path)
-    names = [s.path.name for s in segments]
-    idx = names.index(bad["segment"])
-    seg = segments[idx]
-    offset = int(bad.get("offset") or 0)
-    shutil.copyfile(seg.path, seg.path.with_name(seg.path.name + ".broken"))
-    if offset < HEADER_SIZE_BYTES:
-        seg.path.rename(seg.path.with_name(seg.path.name + ".broken"))
-        report.moved_aside.append(seg.path.name)
-    else:
-        with open(seg.path, "r+b") as f:
-            f.truncate(offset)
-            os.fsync(f.fileno())
-        report.truncated, report.offset = seg.path.name, offset
-    for later in segments[idx + 1 :]:
-        later.path.rename(later.path.with_name(later.path.name + ".broken"))
-        report.moved_aside.append(later.path.name)
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    lock_fd = lock_dir(path)
     try:
-        os.fsync(fd)
+        return _repair(path)
     finally:
-        os.close(fd)
+        unlock(lock_fd)
+
+
+def _repair(path: Path) -> RepairReport:
+    found = verify(path)
+    report = RepairReport(corruption=found.corruption, records_kept=found.records)
+    if found.corruption is None:
+        return report
+    segments = list_segments(path)
+    names = [s.name for s in segments]
+    idx = names.index(found.corruption["segment"])
+    seg = segments[idx]
+    offset = int(found.corruption["offset"])
+    if offset < HEADER_SIZE_BYTES:
+        set_aside(seg.path)
+        report.moved_aside.append(seg.name)
+    else:
+        report.copies.append(keep_copy(seg.path).name)
+        fd = os.open(seg.path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.ftruncate(fd, offset)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        report.truncated, report.offset = seg.name, offset
+    for later in segments[idx + 1 :]:
+        set_aside(later.path)
+        report.moved_aside.append(later.name)
+    fsync_dir(path)
     report.records_kept = verify(path).records
     return report

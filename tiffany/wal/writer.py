@@ -1,115 +1,119 @@
-"""Writing the WAL: append into a buffer, group commit, fail-stop.
+"""Writing the WAL: buffered appends, group commit, rotation, fail-stop, the lock.
 
 Invariants:
 
-* ``append`` only encodes into an in-memory buffer and hands out the next
-  sequence number; nothing touches the disk until ``commit``.
-* ``commit`` writes the buffer and, unless the policy is ``off``, calls
-  ``fdatasync`` once for everything appended since the last commit (group
-  commit): the scheduler calls it once per loop iteration. ``durable_seq``
-  moves only after the sync returns.
-* Policy ``always`` commits inside every ``append``.
-* A new segment is fsynced (file and directory) before any record goes
-  into it, so a crash never leaves a record in a segment the directory
-  does not know.
-* Fail-stop: a failed ``write`` or ``fdatasync`` puts the WAL in a failed
-  state. It never retries (after a failed fsync the kernel may have dropped
-  the dirty pages: PostgreSQL's "fsyncgate"), ``durable_seq`` stays where it
-  was, and every later call raises :class:`~tiffany.errors.WalFailedError`.
-* One writer per directory: an exclusive ``flock`` on ``LOCK``.
+* ``append`` encodes one record into an in-memory buffer and hands out the
+  next sequence number. It makes no system call (unless the policy is
+  ``always``, where it commits).
+* ``commit`` writes the buffer with ``os.write`` and, unless the policy is
+  ``off``, calls ``fdatasync`` once for everything appended since the last
+  commit (group commit: the engine commits once per loop iteration).
+  ``durable_seq`` moves only after that returns.
+* Rotation is decided in ``append`` (where a record would overflow the
+  segment, the buffer offset is noted as a cut) and done in ``commit``: the
+  old segment is written up to the cut and fdatasynced, then the new one is
+  created, headed and fsynced with its directory before records go into it.
+* Fail-stop: a failed ``write`` or ``fsync`` puts the WAL in a failed state.
+  It is never retried (after a failed fsync Linux may have dropped the dirty
+  pages, and the next fsync would succeed: PostgreSQL's "fsyncgate"),
+  ``durable_seq`` stays, and every later ``append`` and ``commit`` raise
+  :class:`~tiffany.errors.WalFailedError`.
+* One writer per directory: an exclusive ``flock`` on ``LOCK``, held until
+  :meth:`Wal.close` or the process's death.
+* Not thread-safe: the kernel loop is the only caller.
+
+Discussion: the system calls are injectable (``Wal.open(_write=...,
+_fdatasync=..., _fsync=...)``) and looked up on the instance at each use, so
+a test can make a running WAL's next fdatasync fail with EIO. We rejected a
+module-level indirection: it would leak between tests and processes.
 """
 
 from __future__ import annotations
 
 import enum
-import fcntl
 import os
-import shutil
 import struct
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import structlog
 from crc32c import crc32c
 
-from tiffany.errors import WalFailedError, WalLockedError
+from tiffany.errors import WalFailedError
 from tiffany.wal.format import (
-    HEADER,
     HEADER_SIZE_BYTES,
-    LOCK_NAME,
-    MAGIC,
     MAX_RECORD_BYTES,
+    MAX_TYPE,
+    RECORD_HEADER,
     RECORD_HEADER_SIZE_BYTES,
     SEGMENT_SIZE_BYTES,
-    VERSION,
-    segment_name,
 )
-from tiffany.wal.reader import Segment, TornTail, list_segments, scan_segment
+from tiffany.wal.frame import check_record
+from tiffany.wal.lock import lock_dir
+from tiffany.wal.recovery import Recovery, recover
+from tiffany.wal.segments import SyncFn, WriteFn, create_segment, write_all
 
-__all__ = ["FsyncPolicy", "Wal"]
+__all__ = ["FsyncPolicy", "Recovery", "Wal"]
 
 log = structlog.get_logger("tiffany.wal")
 
-_pack_crc = struct.Struct("<I").pack
 _pack_len_type = struct.Struct("<IB").pack
+_pack_record_header = RECORD_HEADER.pack
 
 
 class FsyncPolicy(enum.StrEnum):
-    """When appended records are made durable."""
+    """When appended records are made durable (docs/wal-format.md, "Writing")."""
 
-    ALWAYS = "always"  # every append is written and fdatasync'ed before it returns
-    BATCH = "batch"  # one fdatasync per commit (once per loop iteration)
+    ALWAYS = "always"  # each append is written and fdatasynced before it returns
+    BATCH = "batch"  # one fdatasync per commit, for everything appended since the last
     OFF = "off"  # written at commit, never synced (tests, benchmarks)
 
 
-@dataclass(frozen=True, slots=True)
-class Recovery:
-    """What ``Wal.open`` found and did."""
-
-    segments: int
-    records: int
-    torn: TornTail | None
-
-
-def _segment_header(first_seq: int) -> bytes:
-    head = HEADER.pack(MAGIC, VERSION, 0, first_seq, 0)[: HEADER_SIZE_BYTES - 4]
-    return head + crc32c(head).to_bytes(4, "little")
-
-
 class Wal:
-    """An open write-ahead log directory (use :meth:`open`)."""
+    """An open write-ahead log directory; create it with :meth:`open`.
+
+    Attributes:
+        path: The WAL directory.
+        policy: The fsync policy.
+        segment_size_bytes: The rotation size.
+        recovery: What :meth:`open` found at the end of the log, or None.
+    """
 
     def __init__(
         self,
         path: Path,
-        fsync: FsyncPolicy,
+        policy: FsyncPolicy,
         segment_size_bytes: int,
-        lock_fd: int,
         *,
-        fdatasync: Callable[[int], None],
-        fsync_dir: Callable[[Path], None],
-        write: Callable[[int, Any], int],
+        write: WriteFn,
+        fdatasync: SyncFn,
+        fsync: SyncFn,
     ) -> None:
+        """Set up a closed WAL; :meth:`open` locks, recovers and opens it."""
+        if segment_size_bytes <= HEADER_SIZE_BYTES:
+            raise ValueError(f"segment_size_bytes must exceed {HEADER_SIZE_BYTES}")
         self.path = path
-        self.fsync = fsync
+        self.policy = policy
         self.segment_size_bytes = segment_size_bytes
-        self._lock_fd = lock_fd
-        self._fdatasync = fdatasync
-        self._fsync_dir = fsync_dir
+        self.recovery: Recovery | None = None
         self._write = write
+        self._fdatasync = fdatasync
+        self._fsync = fsync
+        self._always = policy is FsyncPolicy.ALWAYS
+        self._lock_fd = -1
+        self._fd = -1  # the current segment, open for appending
+        self._seg_bytes = HEADER_SIZE_BYTES  # its size on disk
         self._buf = bytearray()
-        self._fd = -1
-        self._seg_bytes = 0
-        self._unsynced: list[int] = []  # fds of rotated-out segments awaiting sync
-        self.next_seq = 1
-        self.durable_seq = 0
+        # Rotation points in the buffer: (offset, first seq of the new segment).
+        self._cuts: list[tuple[int, int]] = []
+        self._seg_start = 0  # buffer offset where the newest segment's records start
+        self._seg_empty = True  # whether that segment holds no record on disk
+        self._limit = 0  # a payload of n bytes fits while len(buf) + n <= _limit
+        self._next_seq = 1
+        self._durable_seq = 0
         self._failed: WalFailedError | None = None
         self._closed = False
-        self.recovery: Recovery | None = None
 
-    # -- opening -------------------------------------------------------------------
+    # -- opening ---------------------------------------------------------------
 
     @classmethod
     def open(
@@ -118,176 +122,193 @@ class Wal:
         fsync: FsyncPolicy | str = FsyncPolicy.BATCH,
         segment_size_bytes: int = SEGMENT_SIZE_BYTES,
         *,
-        fdatasync: Callable[[int], None] = os.fdatasync,
-        fsync_dir: Callable[[Path], None] | None = None,
-        write: Callable[[int, Any], int] = os.write,
+        _write: WriteFn = os.write,
+        _fdatasync: SyncFn = os.fdatasync,
+        _fsync: SyncFn = os.fsync,
     ) -> Wal:
-        """Open (or create) the WAL in ``path``: lock it, recover a torn tail.
+        """Open (creating if need be) the WAL in ``path``.
+
+        Locks the directory, checks every segment, truncates a torn tail of
+        the last one (keeping a ``.broken`` copy, see :attr:`recovery`), and
+        opens the last segment for appending.
+
+        Args:
+            path: The WAL directory (created with its parents if missing).
+            fsync: The fsync policy.
+            segment_size_bytes: The rotation size (tests shrink it).
+            _write: Stand-in for ``os.write`` (tests inject failures).
+            _fdatasync: Stand-in for ``os.fdatasync``, used at commit.
+            _fsync: Stand-in for ``os.fsync``, used on new segments, their
+                directory, and truncated tails.
 
         Raises:
-            WalLockedError: Another process (or this one) has it open.
+            WalLockedError: Another ``Wal`` (in any process) has it open.
             WalCorruptionError: A bad record that is not a torn tail.
+            WalFormatError: A stray segment name or another format version.
         """
-        wal_dir = Path(path)
-        wal_dir.mkdir(parents=True, exist_ok=True)
-        lock_fd = _lock(wal_dir)
+        wal = cls(
+            Path(path),
+            FsyncPolicy(fsync),
+            segment_size_bytes,
+            write=_write,
+            fdatasync=_fdatasync,
+            fsync=_fsync,
+        )
+        wal.path.mkdir(parents=True, exist_ok=True)
+        wal._lock_fd = lock_dir(wal.path)
         try:
-            wal = cls(
-                wal_dir,
-                FsyncPolicy(fsync),
-                segment_size_bytes,
-                lock_fd,
-                fdatasync=fdatasync,
-                fsync_dir=fsync_dir or _fsync_dir,
-                write=write,
-            )
-            wal._recover()
+            wal._open_log()
         except BaseException:
-            os.close(lock_fd)
+            wal._release()
             raise
         return wal
 
-    def _recover(self) -> None:
-        segments = list_segments(self.path)
-        records = 0
-        torn = None
-        if segments:
-            for i, seg in enumerate(segments):
-                last = i == len(segments) - 1
-                with open(seg.path, "rb") as f:
-                    data = f.read()
-                frames, torn = scan_segment(seg, data, last=last)
-                records += len(frames)
-                if last:
-                    end = frames[-1][2] + frames[-1][3] if frames else HEADER_SIZE_BYTES
-                    if torn is not None:
-                        self._truncate_torn(seg, torn, end)
-                    self.next_seq = seg.first_seq + len(frames)
-                    self._open_segment(seg, end)
-        else:
-            self._new_segment(1)
-        self.durable_seq = self.next_seq - 1
-        self.recovery = Recovery(len(segments), records, torn)
+    def _open_log(self) -> None:
+        sync = None if self.policy is FsyncPolicy.OFF else self._fsync
+        state = recover(self.path, write=self._write, fsync=sync)
+        self.recovery = state.recovery
+        self._fd = state.fd
+        self._seg_bytes = state.segment_bytes
+        self._next_seq = state.next_seq
+        self._durable_seq = state.next_seq - 1
+        self._reset_buffer()
 
-    def _truncate_torn(self, seg: Segment, torn: TornTail, end: int) -> None:
-        broken = seg.path.with_name(seg.path.name + ".broken")
-        shutil.copyfile(seg.path, broken)
-        with open(seg.path, "r+b") as f:
-            f.truncate(end)
-            f.flush()
-            os.fsync(f.fileno())
-        log.warning(
-            "wal.torn_tail_truncated",
-            segment=seg.path.name,
-            offset=torn.offset,
-            bytes_dropped=torn.bytes_dropped,
-            reason=torn.reason,
-            copy=broken.name,
-        )
-
-    def _open_segment(self, seg: Segment, size: int) -> None:
-        self._fd = os.open(seg.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-        self._seg_bytes = size
-
-    def _new_segment(self, first_seq: int) -> None:
-        path = self.path / segment_name(first_seq)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        try:
-            _write_all(self._write, fd, _segment_header(first_seq))
-            os.fsync(fd)
-            self._fsync_dir(self.path)
-        except OSError as exc:
-            os.close(fd)
-            raise self._fail(exc) from exc
-        if self._fd >= 0:
-            self._unsynced.append(self._fd)
-        self._fd = fd
-        self._seg_bytes = HEADER_SIZE_BYTES
+    def _reset_buffer(self) -> None:
+        self._buf = bytearray()
+        self._cuts.clear()
+        self._seg_start = 0
+        self._seg_empty = self._seg_bytes <= HEADER_SIZE_BYTES
+        room = self.segment_size_bytes - self._seg_bytes - RECORD_HEADER_SIZE_BYTES
+        self._limit = room
 
     # -- appending ---------------------------------------------------------------
 
-    def append(self, rtype: int, payload: bytes) -> int:
-        """Buffer one record; return its sequence number."""
-        if self._failed is not None:
-            raise self._failed
-        n = len(payload)
-        if n > MAX_RECORD_BYTES:
-            raise ValueError(f"record of {n} bytes exceeds MAX_RECORD_BYTES ({MAX_RECORD_BYTES})")
-        if not 0 < rtype < 256:
-            raise ValueError(f"record type must be 1..255 (0 is reserved), got {rtype}")
-        size = RECORD_HEADER_SIZE_BYTES + n
-        if self._seg_bytes + len(self._buf) + size > self.segment_size_bytes and (
-            self._seg_bytes + len(self._buf) > HEADER_SIZE_BYTES
-        ):
-            self._rotate()
-        head = _pack_len_type(n, rtype)
-        buf = self._buf
-        buf += _pack_crc(crc32c(payload, crc32c(head)))
-        buf += head
-        buf += payload
-        seq = self.next_seq
-        self.next_seq = seq + 1
-        if self.fsync is FsyncPolicy.ALWAYS:
-            self.commit()
-        return seq
+    @property
+    def next_seq(self) -> int:
+        """The sequence number the next ``append`` returns."""
+        return self._next_seq
 
-    def _rotate(self) -> None:
-        """Write what is buffered to the current segment and start the next one."""
-        self._flush()
-        self._new_segment(self.next_seq)
-
-    def _flush(self) -> None:
-        if self._buf:
-            try:
-                _write_all(self._write, self._fd, self._buf)
-            except OSError as exc:
-                raise self._fail(exc) from exc
-            self._seg_bytes += len(self._buf)
-            self._buf = bytearray()
-
-    def commit(self) -> int:
-        """Write the buffer and fdatasync (per policy); return the durable seq."""
-        if self._failed is not None:
-            raise self._failed
-        last = self.next_seq - 1
-        if last == self.durable_seq and not self._buf:
-            return self.durable_seq
-        self._flush()
-        if self.fsync is not FsyncPolicy.OFF:
-            try:
-                for fd in self._unsynced:
-                    self._fdatasync(fd)
-                self._fdatasync(self._fd)
-            except OSError as exc:
-                raise self._fail(exc) from exc
-        for fd in self._unsynced:
-            os.close(fd)
-        self._unsynced.clear()
-        self.durable_seq = last
-        return last
-
-    def _fail(self, exc: OSError) -> WalFailedError:
-        if self._failed is None:
-            self._failed = WalFailedError(
-                f"WAL write or sync failed in {self.path}: {exc}; the WAL is stopped "
-                f"(durable up to seq {self.durable_seq})",
-                path=str(self.path),
-                durable_seq=self.durable_seq,
-                errno=exc.errno,
-            )
-            self._failed.__cause__ = exc
-            log.error(
-                "wal.failed", path=str(self.path), error=repr(exc), durable_seq=self.durable_seq
-            )
-        return self._failed
+    @property
+    def durable_seq(self) -> int:
+        """The last sequence number made durable (per policy); 0 if none."""
+        return self._durable_seq
 
     @property
     def failed(self) -> bool:
         """True once a write or sync failed (fail-stop)."""
         return self._failed is not None
 
+    def append(self, rtype: int, payload: bytes) -> int:
+        """Buffer one record and return its sequence number.
+
+        Args:
+            rtype: The record type, 1..255 (0 is reserved).
+            payload: Opaque bytes, at most ``MAX_RECORD_BYTES``.
+
+        Raises:
+            ValueError: A type or size the format cannot hold.
+            WalFailedError: The WAL has failed (or, under ``always``, fails now).
+        """
+        if self._failed is not None:
+            self._refuse()
+        n = len(payload)
+        if n > MAX_RECORD_BYTES or not 0 < rtype <= MAX_TYPE:
+            check_record(rtype, n)
+        buf = self._buf
+        if len(buf) + n > self._limit:
+            self._cut()
+        # frame.encode, inlined (see frame.py): crc over length, type, payload.
+        buf += _pack_record_header(crc32c(payload, crc32c(_pack_len_type(n, rtype))), n, rtype)
+        buf += payload
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        if self._always:
+            self.commit()
+        return seq
+
+    def _cut(self) -> None:
+        """The next record does not fit: start a new segment before it.
+
+        Discussion: an empty segment takes any one record, however large, so
+        a record bigger than the rotation size goes alone into its own
+        segment; the next record then finds the segment full and cuts.
+        """
+        here = len(self._buf)
+        if self._seg_empty and here == self._seg_start:
+            return
+        self._cuts.append((here, self._next_seq))
+        self._seg_start = here
+        self._seg_empty = True
+        self._limit = here + self.segment_size_bytes - HEADER_SIZE_BYTES - RECORD_HEADER_SIZE_BYTES
+
+    def commit(self) -> int:
+        """Write what was appended and make it durable (per policy).
+
+        Returns:
+            The new ``durable_seq``.
+
+        Raises:
+            WalFailedError: A write or sync failed, now or before; the
+                ``OSError`` is the ``__cause__``.
+        """
+        if self._failed is not None:
+            self._refuse()
+        buf = self._buf
+        if not buf:
+            return self._durable_seq
+        sync = None if self.policy is FsyncPolicy.OFF else self._fdatasync
+        write = self._write
+        view = memoryview(buf)
+        start = 0
+        try:
+            for cut, first_seq in self._cuts:
+                if cut > start:
+                    write_all(write, self._fd, view[start:cut])
+                    if sync is not None:
+                        sync(self._fd)
+                fd, self._fd = self._fd, -1
+                os.close(fd)
+                self._fd = create_segment(
+                    self.path, first_seq, write=write, fsync=None if sync is None else self._fsync
+                )
+                self._seg_bytes = HEADER_SIZE_BYTES
+                start = cut
+            write_all(write, self._fd, view[start:])
+            if sync is not None:
+                sync(self._fd)
+        except OSError as exc:
+            raise self._fail(exc) from exc
+        finally:
+            view.release()
+        self._seg_bytes += len(buf) - start
+        self._durable_seq = self._next_seq - 1
+        self._reset_buffer()
+        return self._durable_seq
+
+    # -- failing and closing -------------------------------------------------------
+
+    def _fail(self, exc: OSError) -> WalFailedError:
+        self._failed = WalFailedError(
+            f"WAL write or sync failed in {self.path}: {exc}; the WAL is stopped "
+            f"(durable up to seq {self._durable_seq}, nothing after it is acknowledged)",
+            path=str(self.path),
+            durable_seq=self._durable_seq,
+            errno=exc.errno,
+        )
+        log.error("wal.failed", path=str(self.path), error=repr(exc), durable_seq=self._durable_seq)
+        return self._failed
+
+    def _refuse(self) -> None:
+        failed = self._failed
+        assert failed is not None
+        raise WalFailedError(failed.message, **failed.fields) from failed.__cause__
+
     def close(self) -> None:
-        """Commit what is buffered (unless failed), close files, release the lock."""
+        """Commit what is buffered (unless failed), close the files, release the lock.
+
+        Raises:
+            WalFailedError: The final commit failed (the files are closed anyway).
+        """
         if self._closed:
             return
         self._closed = True
@@ -295,54 +316,26 @@ class Wal:
             if self._failed is None:
                 self.commit()
         finally:
-            for fd in [*self._unsynced, self._fd]:
-                if fd >= 0:
-                    os.close(fd)
-            self._unsynced.clear()
-            self._fd = -1
-            os.close(self._lock_fd)
+            self._release()
+
+    def _release(self) -> None:
+        for fd in (self._fd, self._lock_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._fd = self._lock_fd = -1
 
     def __enter__(self) -> Wal:
+        """Return self; ``with Wal.open(...) as wal:`` closes on exit."""
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Close (which commits)."""
         self.close()
 
-
-def _write_all(write: Callable[[int, Any], int], fd: int, data: bytes | bytearray) -> None:
-    view = memoryview(data)
-    while view:
-        n = write(fd, view)
-        view = view[n:]
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _lock(wal_dir: Path) -> int:
-    lock_path = wal_dir / LOCK_NAME
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = ""
-        try:
-            holder = os.pread(fd, 32, 0).decode().strip()
-        except OSError:
-            holder = ""
-        os.close(fd)
-        by = f" by pid {holder}" if holder else ""
-        raise WalLockedError(
-            f"the WAL in {wal_dir} is in use{by}: another engine is running on this data "
-            "directory (stop it, or use another --data-dir)",
-            path=str(wal_dir),
-            pid=holder or None,
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
-    return fd
+    def __repr__(self) -> str:
+        """Show the directory, policy and sequence numbers."""
+        state = "failed" if self.failed else "closed" if self._closed else "open"
+        return (
+            f"<Wal {self.path} {self.policy} next_seq={self._next_seq} "
+            f"durable_seq={self._durable_seq} {state}>"
+        )

@@ -1,0 +1,139 @@
+"""Opening a log after a stop or a crash: check it, cut a torn tail, find the end.
+
+What ``Wal.open`` does once it holds the lock:
+
+1. list the segments; none: create the first one (seq 1);
+2. check every segment and the sequence numbers between them
+   (:func:`~tiffany.wal.reader.scan_segment`): corruption anywhere raises,
+   and the log refuses to open;
+3. a torn tail of the last segment is copied to ``<name>.broken``, then
+   truncated at its last good record and fsynced; a torn *creation* (a last
+   segment shorter than its header, or all zeros) is renamed ``.broken``
+   and created afresh. Either way it is logged and reported as
+   :class:`Recovery`;
+4. open the last segment for appending.
+
+Invariants: nothing is deleted (damaged bytes are kept as ``.broken``
+files), and nothing but a torn tail of the last segment is ever changed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import structlog
+
+from tiffany.wal.format import HEADER_SIZE_BYTES
+from tiffany.wal.frame import is_benign
+from tiffany.wal.reader import TORN_CREATION, SegmentScan, TornTail, scan_segment, sequence_gap
+from tiffany.wal.segments import (
+    Segment,
+    SyncFn,
+    WriteFn,
+    create_segment,
+    keep_copy,
+    list_segments,
+    read_segment,
+    set_aside,
+)
+
+__all__ = ["OpenState", "Recovery", "recover"]
+
+log = structlog.get_logger("tiffany.wal")
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """A torn tail that ``Wal.open`` cut off the last segment.
+
+    Attributes:
+        segment: The segment's file name.
+        offset: Where its last good record ends (now its size); 0 when the
+            segment itself was torn at creation and was made afresh.
+        bytes_dropped: How many bytes were cut.
+        reason: The problem found at ``offset`` (``"short payload"``, ...).
+        copy: The file name of the ``.broken`` copy of the segment as found.
+    """
+
+    segment: str
+    offset: int
+    bytes_dropped: int
+    reason: str
+    copy: str
+
+
+class OpenState(NamedTuple):
+    """Where appending resumes."""
+
+    fd: int  # the last segment, open for appending
+    segment_bytes: int  # its size
+    next_seq: int
+    recovery: Recovery | None
+
+
+def recover(wal_dir: Path, *, write: WriteFn, fsync: SyncFn | None) -> OpenState:
+    """Check the log in ``wal_dir`` and get it ready for appending.
+
+    Args:
+        wal_dir: The WAL directory (locked by the caller).
+        write: ``os.write`` or a stand-in, for a new segment's header.
+        fsync: ``os.fsync`` or a stand-in; None (policy ``off``) syncs nothing.
+
+    Raises:
+        WalCorruptionError: A bad record that is not a torn tail.
+        WalFormatError: A stray segment name or another format version.
+    """
+    segments = list_segments(wal_dir)
+    if not segments:
+        fd = create_segment(wal_dir, 1, write=write, fsync=fsync)
+        return OpenState(fd, HEADER_SIZE_BYTES, 1, None)
+    expected = segments[0].first_seq
+    scan = SegmentScan(0, HEADER_SIZE_BYTES, None)
+    for i, seg in enumerate(segments):
+        if seg.first_seq != expected:
+            raise sequence_gap(seg, expected)
+        scan = scan_segment(seg, read_segment(seg), last=i == len(segments) - 1)
+        expected = seg.first_seq + scan.records
+    last = segments[-1]
+    recovery = None
+    if scan.torn is not None:
+        recovery = _cut_tail(wal_dir, last, scan.torn, fsync=fsync)
+        if scan.torn.reason == TORN_CREATION:
+            fd = create_segment(wal_dir, last.first_seq, write=write, fsync=fsync)
+            return OpenState(fd, HEADER_SIZE_BYTES, last.first_seq, recovery)
+    fd = os.open(last.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    return OpenState(fd, scan.end, expected, recovery)
+
+
+def _cut_tail(wal_dir: Path, seg: Segment, torn: TornTail, *, fsync: SyncFn | None) -> Recovery:
+    """Keep a ``.broken`` copy of the last segment, then cut its torn tail."""
+    if torn.reason == TORN_CREATION:
+        copy = set_aside(seg.path)  # create_segment makes it afresh
+    else:
+        copy = keep_copy(seg.path)
+        fd = os.open(seg.path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.ftruncate(fd, torn.offset)
+            if fsync is not None:
+                fsync(fd)
+        finally:
+            os.close(fd)
+    recovery = Recovery(seg.name, torn.offset, torn.bytes_dropped, torn.reason, copy.name)
+    fields = {
+        "path": str(wal_dir),
+        "segment": seg.name,
+        "offset": torn.offset,
+        "bytes_dropped": torn.bytes_dropped,
+        "reason": torn.reason,
+        "copy": copy.name,
+    }
+    if is_benign(torn.reason) or torn.reason == TORN_CREATION:
+        log.warning("wal.torn_tail_truncated", **fields)
+    else:
+        # A complete record that does not check out may have been acknowledged:
+        # we stay tail-tolerant (docs/wal-format.md) but say so loudly.
+        log.error("wal.torn_tail_truncated", damaged_last_record=True, **fields)
+    return recovery

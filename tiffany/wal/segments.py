@@ -1,0 +1,204 @@
+"""Segment files: naming, listing, creating, checking headers, setting aside.
+
+Invariants:
+
+* A segment is named after its first sequence number
+  (``segment_name(first_seq)``, 20 digits), so sorting names sorts segments;
+  the header repeats the number and the two must agree.
+* A segment is created with ``O_EXCL``, gets its header, and is made durable
+  (the file, then the directory that names it) before any record is written
+  into it. After a crash, a segment the directory knows has a header, unless
+  the crash struck during creation: then it is the last segment, shorter than
+  a header or all zeros, and recovery recreates it.
+* Nothing here deletes a file: damaged ones are copied or renamed with
+  ``BROKEN_SUFFIX``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tiffany.errors import WalCorruptionError, WalFormatError
+from tiffany.wal.format import (
+    BROKEN_SUFFIX,
+    HEADER_SIZE_BYTES,
+    SEGMENT_NAME_DIGITS,
+    SEGMENT_SUFFIX,
+    VERSION,
+    encode_header,
+    header_problem,
+    segment_name,
+)
+
+__all__ = [
+    "Segment",
+    "check_header",
+    "create_segment",
+    "fsync_dir",
+    "is_torn_creation",
+    "keep_copy",
+    "list_segments",
+    "read_segment",
+    "set_aside",
+    "write_all",
+]
+
+#: ``os.write``-like: write some of the bytes, return how many.
+WriteFn = Callable[[int, memoryview], int]
+#: ``os.fsync``-like.
+SyncFn = Callable[[int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A segment file and the first sequence number its name announces."""
+
+    path: Path
+    first_seq: int
+
+    @property
+    def name(self) -> str:
+        """The file name (what errors and records report)."""
+        return self.path.name
+
+
+def list_segments(wal_dir: Path) -> list[Segment]:
+    """Return the directory's segments, in order (none if it does not exist).
+
+    Raises:
+        WalFormatError: A ``*.wal`` file whose name is not a segment name.
+    """
+    if not wal_dir.is_dir():
+        return []
+    segments = []
+    for path in wal_dir.iterdir():
+        if path.suffix != SEGMENT_SUFFIX:
+            continue  # LOCK, *.broken, anything else
+        stem = path.stem
+        if len(stem) != SEGMENT_NAME_DIGITS or not stem.isdigit() or int(stem) == 0:
+            raise WalFormatError(
+                f"{path}: not a WAL segment name (want {SEGMENT_NAME_DIGITS} digits + "
+                f"{SEGMENT_SUFFIX}, e.g. {segment_name(1)})",
+                segment=path.name,
+            )
+        segments.append(Segment(path, int(stem)))
+    segments.sort(key=lambda s: s.first_seq)
+    return segments
+
+
+def read_segment(seg: Segment) -> bytes:
+    """Return a whole segment file (segments are read whole; 64 MiB at most by default)."""
+    with open(seg.path, "rb") as f:
+        return f.read()
+
+
+def check_header(seg: Segment, data: bytes) -> None:
+    """Check the segment header at the start of ``data``.
+
+    Raises:
+        WalFormatError: The header checks out but has another format version.
+        WalCorruptionError: Anything else wrong with it (offset 0).
+    """
+    problem = header_problem(data, seg.first_seq)
+    if problem is None:
+        return
+    if problem.startswith("version "):
+        raise WalFormatError(
+            f"{seg.name}: format {problem}; this build reads version {VERSION}",
+            segment=seg.name,
+            version=int(problem.split()[1]),
+        )
+    raise WalCorruptionError(
+        f"{seg.name}: {problem} at offset 0 (segment of seq {seg.first_seq})",
+        segment=seg.name,
+        offset=0,
+        seq=seg.first_seq,
+        reason=problem,
+    )
+
+
+def is_torn_creation(data: bytes) -> bool:
+    """True for the trace of a crash while a segment was being created.
+
+    The header is written and fsynced before any record, so such a file is
+    shorter than a header or holds only zeros (its size reached the disk,
+    its bytes did not). Only meaningful for the last segment.
+    """
+    return len(data) < HEADER_SIZE_BYTES or not data.strip(b"\x00")
+
+
+def write_all(write: WriteFn, fd: int, data: bytes | bytearray | memoryview) -> None:
+    """Write every byte of ``data`` to ``fd``, looping over short writes.
+
+    Raises:
+        OSError: Whatever ``write`` raised (the caller fails stop).
+    """
+    view = memoryview(data)
+    while view:
+        view = view[write(fd, view) :]
+
+
+def fsync_dir(path: Path, fsync: SyncFn = os.fsync) -> None:
+    """Fsync a directory, so that the names created in it survive a crash."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def create_segment(wal_dir: Path, first_seq: int, *, write: WriteFn, fsync: SyncFn | None) -> int:
+    """Create a segment with its header; return its descriptor (append mode).
+
+    Args:
+        wal_dir: The WAL directory.
+        first_seq: The first sequence number that will go into it.
+        write: ``os.write`` or a test's stand-in.
+        fsync: ``os.fsync`` or a stand-in, called on the file and then on the
+            directory; None (policy ``off``) syncs nothing.
+
+    Raises:
+        OSError: Creating, writing or syncing failed (the caller fails stop);
+            the file may be left behind with a partial header, which is the
+            torn creation that recovery handles.
+    """
+    path = wal_dir / segment_name(first_seq)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o644)
+    try:
+        write_all(write, fd, encode_header(first_seq))
+        if fsync is not None:
+            fsync(fd)
+            fsync_dir(wal_dir, fsync)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _broken_name(path: Path) -> Path:
+    """Return ``<name>.broken``, or ``<name>.broken.2``, ... if taken: never overwrite."""
+    broken = path.with_name(path.name + BROKEN_SUFFIX)
+    n = 1
+    while broken.exists():
+        n += 1
+        broken = path.with_name(f"{path.name}{BROKEN_SUFFIX}.{n}")
+    return broken
+
+
+def keep_copy(path: Path) -> Path:
+    """Copy ``path`` to ``<name>.broken`` (see :func:`_broken_name`); return the copy."""
+    broken = _broken_name(path)
+    shutil.copyfile(path, broken)
+    return broken
+
+
+def set_aside(path: Path) -> Path:
+    """Rename ``path`` to ``<name>.broken`` (see :func:`_broken_name`); return the new path."""
+    broken = _broken_name(path)
+    path.rename(broken)
+    return broken
