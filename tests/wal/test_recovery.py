@@ -86,8 +86,8 @@ def test_truncation_at_every_byte_is_a_torn_tail(tmp_path, small_log):
 def _flip_cases(layout):
     """The middle record of the last segment (good records after it, in the last
     segment: the tricky case), and the last record of the first segment."""
-    last_name, _, last_ends = layout[-1]
-    first_name, _, first_ends = layout[0]
+    _, _, last_ends = layout[-1]
+    _, _, first_ends = layout[0]
     n_before_last = sum(len(e) for _, _, e in layout[:-1])
     return [
         (len(layout) - 1, last_ends[0], last_ends[1], n_before_last + 2),

@@ -120,7 +120,7 @@ def test_bad_types_and_sizes_are_refused(tmp_path):
     with Wal.open(tmp_path) as wal:
         with pytest.raises(ValueError, match="0 is reserved"):
             wal.append(0, b"x")
-        with pytest.raises(ValueError, match="1..255"):
+        with pytest.raises(ValueError, match=r"1\.\.255"):
             wal.append(256, b"x")
         with pytest.raises(ValueError, match="exceeds MAX_RECORD_BYTES"):
             wal.append(1, bytes(MAX_RECORD_BYTES + 1))
