@@ -200,5 +200,14 @@ def test_cancelling_a_running_plan_kills_its_subprocesses(tmp_path):
     assert state.status == "cancelled"
     assert time.monotonic() - started < 10
     status = Path(f"/proc/{found['pid']}/status")
-    gone = not status.exists() or "State:\tZ" in status.read_text()
-    assert gone, f"sleep {found['pid']} survived its run's cancellation"
+
+    def gone() -> bool:
+        try:
+            return "State:\tZ" in status.read_text()
+        except FileNotFoundError:
+            return True
+
+    deadline = time.monotonic() + 5  # SIGKILL is delivered asynchronously
+    while not gone() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert gone(), f"sleep {found['pid']} survived its run's cancellation"
