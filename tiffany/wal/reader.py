@@ -32,7 +32,7 @@ records/s instead of 1.4 M.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, cast
@@ -171,34 +171,6 @@ def scan_segment(seg: Segment, data: bytes, *, last: bool) -> SegmentScan:
     return SegmentScan(count, off, _problem(seg, data, off, seg.first_seq + count, last=last))
 
 
-def _records(
-    seg: Segment, data: bytes, from_seq: int, *, last: bool
-) -> Generator[Record, None, int]:
-    """Yield the segment's records with ``seq >= from_seq``; return the count."""
-    if _start(seg, data, last=last) is not None:
-        return 0
-    unpack = RECORD_HEADER.unpack_from
-    view = memoryview(data)
-    size = len(data)
-    name = seg.name
-    seq = seg.first_seq
-    off = HEADER_SIZE_BYTES
-    limit = size - RECORD_HEADER_SIZE_BYTES
-    new = _new_record
-    while off <= limit:
-        crc, n, rtype = unpack(data, off)
-        end = off + RECORD_HEADER_SIZE_BYTES + n
-        if not rtype or end > size or n > MAX_RECORD_BYTES or crc32c(view[off + 4 : end]) != crc:
-            break
-        if seq >= from_seq:
-            yield new(Record, (seq, rtype, data[end - n : end], name, off))
-        off = end
-        seq += 1
-    if off != size:
-        _problem(seg, data, off, seq, last=last)
-    return seq - seg.first_seq
-
-
 def sequence_gap(seg: Segment, expected: int) -> WalCorruptionError:
     """Return the error for a segment that does not start where the previous one ended."""
     return WalCorruptionError(
@@ -226,9 +198,15 @@ def iter_records(wal_dir: str | os.PathLike[str], from_seq: int = 1) -> Iterator
         WalCorruptionError: A bad record that is not a torn tail (raised when
             the iteration reaches it; records before it are yielded first).
         WalFormatError: A stray ``*.wal`` name or another format version.
+
+    Discussion: the per-record loop is written out here rather than in a
+    per-segment generator that this one would ``yield from``: the delegation
+    costs more than the loop body (1.2 M records/s instead of 2 M).
     """
     segments = list_segments(Path(wal_dir))
     expected = segments[0].first_seq if segments else 1
+    unpack = RECORD_HEADER.unpack_from
+    new = _new_record
     for i, seg in enumerate(segments):
         last = i == len(segments) - 1
         if seg.first_seq != expected:
@@ -236,5 +214,31 @@ def iter_records(wal_dir: str | os.PathLike[str], from_seq: int = 1) -> Iterator
         if not last and segments[i + 1].first_seq <= from_seq:
             expected = segments[i + 1].first_seq  # checked when a reader reads it
             continue
-        count = yield from _records(seg, read_segment(seg), from_seq, last=last)
-        expected = seg.first_seq + count
+        data = read_segment(seg)
+        if _start(seg, data, last=last) is not None:
+            return  # a torn creation: the end of the log
+        view = memoryview(data)
+        size = len(data)
+        name = seg.name
+        seq = seg.first_seq
+        off = HEADER_SIZE_BYTES
+        limit = size - RECORD_HEADER_SIZE_BYTES
+        # frame.decode, inlined for the good case (see frame.py).
+        while off <= limit:
+            crc, n, rtype = unpack(data, off)
+            end = off + RECORD_HEADER_SIZE_BYTES + n
+            if (
+                not rtype
+                or end > size
+                or n > MAX_RECORD_BYTES
+                or crc32c(view[off + 4 : end]) != crc
+            ):
+                break
+            if seq >= from_seq:
+                yield new(Record, (seq, rtype, data[end - n : end], name, off))
+            off = end
+            seq += 1
+        if off != size:
+            _problem(seg, data, off, seq, last=last)  # raises, or a torn tail: the end
+            return
+        expected = seq
