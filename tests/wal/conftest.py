@@ -50,7 +50,7 @@ class Syscalls:
         if self.fail_on.get(call) == n:
             raise OSError(5, f"injected EIO on {call} #{n}")
 
-    def write(self, fd: int, data: memoryview) -> int:
+    def write(self, fd: int, data: bytes | bytearray | memoryview) -> int:
         self._note("write", fd)
         return os.write(fd, data)
 

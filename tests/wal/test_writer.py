@@ -231,3 +231,17 @@ def test_the_frame_layout_is_what_the_format_says(tmp_path):
     from tiffany.wal.frame import encode
 
     assert data[HEADER_SIZE_BYTES:] == encode(7, b"abc")
+
+
+def test_short_writes_are_completed(tmp_path, fill):
+    def dribble(fd: int, data) -> int:
+        return os.write(fd, bytes(data[:7]))
+
+    payloads = [bytes([i]) * (i * 3) for i in range(40)]
+    with Wal.open(tmp_path, segment_size_bytes=300, _write=dribble) as wal:
+        for i, p in enumerate(payloads):
+            wal.append(1, p)
+            if i % 6 == 0:
+                wal.commit()
+    assert [r.payload for r in iter_records(tmp_path)] == payloads
+    assert len(list(tmp_path.glob("*.wal"))) > 3

@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 #: ``os.write``-like: write some of the bytes, return how many.
-WriteFn = Callable[[int, memoryview], int]
+WriteFn = Callable[[int, bytes | bytearray | memoryview], int]
 #: ``os.fsync``-like.
 SyncFn = Callable[[int], None]
 

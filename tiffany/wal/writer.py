@@ -257,10 +257,34 @@ class Wal:
         if not buf:
             return self._durable_seq
         sync = None if self.policy is FsyncPolicy.OFF else self._fdatasync
-        write = self._write
-        view = memoryview(buf)
-        start = 0
         try:
+            tail = self._write_cuts(buf, sync) if self._cuts else buf
+            fd = self._fd
+            written = self._write(fd, tail)
+            if written != len(tail):
+                write_all(self._write, fd, memoryview(tail)[written:])
+            if sync is not None:
+                sync(fd)
+        except OSError as exc:
+            raise self._fail(exc) from exc
+        self._seg_bytes += len(tail)
+        self._buf = bytearray()
+        self._seg_empty = False
+        self._limit = self.segment_size_bytes - self._seg_bytes - RECORD_HEADER_SIZE_BYTES
+        self._durable_seq = seq = self._next_seq - 1
+        return seq
+
+    def _write_cuts(self, buf: bytearray, sync: SyncFn | None) -> bytearray:
+        """Write ``buf`` up to its last cut, rotating at each; return what is left.
+
+        Each segment left behind is written to its end and fdatasynced, then
+        closed; each new one is created durable (file and directory) before
+        anything else is written into it. Rotation is rare (once per 64 MiB
+        by default), so copying the rest of the buffer does not matter.
+        """
+        write = self._write
+        start = 0
+        with memoryview(buf) as view:
             for cut, first_seq in self._cuts:
                 if cut > start:
                     write_all(write, self._fd, view[start:cut])
@@ -273,17 +297,9 @@ class Wal:
                 )
                 self._seg_bytes = HEADER_SIZE_BYTES
                 start = cut
-            write_all(write, self._fd, view[start:])
-            if sync is not None:
-                sync(self._fd)
-        except OSError as exc:
-            raise self._fail(exc) from exc
-        finally:
-            view.release()
-        self._seg_bytes += len(buf) - start
-        self._durable_seq = self._next_seq - 1
-        self._reset_buffer()
-        return self._durable_seq
+        self._cuts.clear()
+        self._seg_start = 0
+        return buf[start:]
 
     # -- failing and closing -------------------------------------------------------
 
