@@ -1,293 +1,153 @@
 """The usched ring benchmark: Tiffany's kernel against its peers, in one run.
 
-    python bench/ring.py [--quick] [--sizes 16,400,4000] [--impls tiffany,asyncio] [--journal]
+    python bench/ring.py                      # the full run (< ~10 min on 2 cores)
+    python bench/ring.py --quick              # a smoke run (~1 min)
+    python bench/ring.py --sizes 16,4000 --impls tiffany,asyncio,bare --repeat 5
+    python bench/ring.py --json results.json  # also write machine-readable results
 
-R rings of N coroutines; each ring performs M rounds; in each round a
-message goes once around the ring, each coroutine relaying what it receives
-from its left neighbour to its right one; a round ends when the message is
-back where it started and the next begins there (seed 004). One message per
-ring is in flight, so every receive blocks and every message is a switch.
-N*R coroutines, N*R*M messages; printed as messages per second and as
-ratios, all in one run.
+Table 1 -- the ring (seed 004, usched's ``gmain.go``): R rings of N
+coroutines; each ring performs M rounds; round k is started by coroutine
+k mod N, which sends a token to its right neighbour and waits for it to come
+back; every other coroutine relays what it receives from the left to the
+right. N*R coroutines, N*R*M messages, printed as messages per second for
+each implementation and as Tiffany's ratio to each peer; then Tiffany with
+one instrument attached (the slow-dispatch watchdog) against asyncio.
 
-Implementations: Tiffany (``yield q.get()`` / ``q.put()``), Tiffany with one
-instrument attached (the slow-dispatch watchdog), asyncio (``asyncio.Queue``),
-uvloop (the same code), trio (memory channels), curio (``curio.Queue``), and a
-bare generator loop: the practical floor of pure Python (a deque of ready
-generators, a mailbox per coroutine, the message sent straight into the
-woken generator; no states, no system calls, no instruments).
+Table 2 -- 1,000 tasks each doing 300 cooperative yields (a bare ``yield``;
+``await asyncio.sleep(0)``; ``trio.lowlevel.checkpoint()``; ``curio.sleep(0)``).
 
-Also printed: 1,000 tasks each doing 300 cooperative yields (a bare
-``yield`` against ``await asyncio.sleep(0)`` and friends), and the memory of
-a parked task (100,000 tasks blocked on their own queue, tracemalloc, each
-implementation in its own subprocess).
+Table 3 -- memory per parked task: 100,000 tasks each blocked forever on a
+get from its own queue, tracemalloc, one subprocess per implementation.
 
-``--journal``: the Tiffany ring as a durable run, every dispatch journaled
-to a WAL with fsync policy ``batch`` (issue 3's figure).
+``--journal``: the Tiffany ring as a durable run (see :func:`journal_hook`).
 
-Method: each cell runs ``--repeat`` times (best kept), with the garbage
-collector collected before and disabled during the timed part, for every
-implementation alike. Messages per cell are scaled so a cell takes about a
-second for the fast implementations; slow ones (trio, curio) get fewer.
+Peers (``bench/_peers.py``): asyncio, uvloop (the same code), trio, curio,
+and a bare generator loop, the floor of pure Python. Method: gc collected
+before and disabled from build to end of every timed run, for every
+implementation alike; only the run is timed (not building the rings); best
+of ``--repeat`` runs. Each implementation gets a message budget per run
+sized to its speed (so a run takes about a second); M = budget / (N*R).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import gc
+import datetime
 import json
-import math
+import os
 import platform
 import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+for _p in (str(ROOT), str(HERE)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import _peers  # noqa: E402
+from _peers import RingError, bad_token, check, gc_off  # noqa: E402
 
 SIZES = (16, 400, 4_000, 40_000, 400_000)
+QUICK_SIZES = (16, 4_000)
+NS = (2, 8)
 IMPLS = ("tiffany", "tiffany+instr", "asyncio", "uvloop", "trio", "curio", "bare")
-#: Messages per cell, by implementation speed class.
-FAST_MESSAGES = 1_000_000
-SLOW_MESSAGES = 150_000
-SLOW = {"trio", "curio"}
+PEERS = ("asyncio", "uvloop", "trio", "curio", "bare")
+
+#: Messages per timed run (about a second on the reference machine). The
+#: 400,000-coroutine cells use the same budget, so M shrinks (to 1 at least).
+BUDGET = {
+    "tiffany": 3_000_000,
+    "tiffany+instr": 2_000_000,
+    "bare": 3_000_000,
+    "uvloop": 400_000,
+    "asyncio": 300_000,
+    "trio": 150_000,
+    "curio": 60_000,
+}
+QUICK_SCALE = 0.1
+#: From this many coroutines a cell runs once (``--repeat-large``).
+LARGE = 100_000
+#: curio's spawn cost grows with the task count (about 8 s to build 40,000
+#: tasks, minutes for 400,000): its cells past this size are skipped.
+CURIO_MAX = 40_000
+
+YIELD_TASKS, YIELD_COUNT = 1_000, 300
+MEMORY_TASKS = 100_000
+MEMORY_IMPLS = ("tiffany", "asyncio", "trio", "curio", "bare")
+#: Spawning 100,000 curio tasks under tracemalloc takes over two minutes;
+#: its figure is taken over 10,000 (the per-task cost does not depend on it).
+MEMORY_TASKS_CURIO = 10_000
 
 
-# -- Tiffany ----------------------------------------------------------------------
+# -- Tiffany ---------------------------------------------------------------------------------
 
 
-def _tiffany_node(i: int, n: int, m: int, inbox: Any, outbox: Any, counts: list[int]) -> Any:
-    if i == 0:
-        outbox.put(0)  # the token that goes round
-    last = m - 1 if i == 0 else -1
+def tiffany_missing(instrumented: bool = False) -> str | None:
+    """Return why the kernel cannot be benchmarked, or None if it can."""
+    try:
+        from tiffany.kernel import Queue, Scheduler  # noqa: F401
+
+        if instrumented:
+            from tiffany.kernel import SlowDispatchWatchdog  # noqa: F401
+    except ImportError as exc:
+        return str(exc)
+    return None
+
+
+def _tiffany_node(i: int, m: int, period: int, inbox: Any, outbox: Any, out: list[int]) -> Any:
+    get, put = inbox.get, outbox.put
     for k in range(m):
-        msg = yield inbox.get()
-        if k != last:
-            outbox.put(msg)
-    counts.append(m)
-    return m
-
-
-def ring_root(r: int, n: int, m: int) -> Any:
-    """A whole ring benchmark as one task tree (for the journaled run)."""
-    from tiffany.kernel import NewTask, Queue, WaitTask
-
-    counts: list[int] = []
-    tids = []
-    for _ in range(r):
-        qs = [Queue() for _ in range(n)]
-        for i in range(n):
-            tids.append((yield NewTask(_tiffany_node(i, n, m, qs[i], qs[(i + 1) % n], counts))))
-    total = 0
-    for t in tids:
-        total += yield WaitTask(t)
-    return total
-
-
-def run_tiffany(r: int, n: int, m: int, instrumented: bool = False) -> float:
-    from tiffany.kernel import Queue, Scheduler, SlowDispatchWatchdog
-
-    sched = Scheduler(instruments=[SlowDispatchWatchdog()] if instrumented else [])
-    counts: list[int] = []
-    for _ in range(r):
-        qs = [Queue() for _ in range(n)]
-        for i in range(n):
-            sched.spawn(_tiffany_node(i, n, m, qs[i], qs[(i + 1) % n], counts))
-    elapsed = _timed(sched.run)
-    _check(sum(counts), r, n, m)
-    sched.close()
-    return elapsed
-
-
-def run_tiffany_journal(r: int, n: int, m: int) -> tuple[float, int]:
-    from tiffany.durable import Runtime
-
-    with tempfile.TemporaryDirectory() as d, Runtime(d, fsync="batch") as rt:
-        run_id = rt.submit("ring:ring_root", r, n, m)
-        elapsed = _timed(rt.run)
-        _check(rt.status(run_id).result, r, n, m)
-        records = rt.wal.durable_seq
-    return elapsed, records
-
-
-# -- asyncio / uvloop -----------------------------------------------------------------
-
-
-async def _aio_node(i: int, n: int, m: int, inbox: Any, outbox: Any) -> int:
-    if i == 0:
-        outbox.put_nowait(0)
-    last = m - 1 if i == 0 else -1
-    for k in range(m):
-        msg = await inbox.get()
-        if k != last:
-            outbox.put_nowait(msg)
-    return m
-
-
-def run_asyncio(r: int, n: int, m: int, use_uvloop: bool = False) -> float:
-    async def main() -> float:
-        tasks = []
-        for _ in range(r):
-            qs = [asyncio.Queue() for _ in range(n)]
-            for i in range(n):
-                tasks.append(asyncio.ensure_future(_aio_node(i, n, m, qs[i], qs[(i + 1) % n])))
-        t0 = time.perf_counter()
-        counts = await asyncio.gather(*tasks)
-        elapsed = time.perf_counter() - t0
-        _check(sum(counts), r, n, m)
-        return elapsed
-
-    return _run_async(main, use_uvloop)
-
-
-def _run_async(main: Callable[[], Any], use_uvloop: bool) -> float:
-    gc.collect()
-    gc.disable()
-    try:
-        if use_uvloop:
-            import uvloop
-
-            return uvloop.run(main())  # type: ignore[no-any-return]
-        return asyncio.run(main())
-    finally:
-        gc.enable()
-
-
-# -- trio ---------------------------------------------------------------------------------
-
-
-def run_trio(r: int, n: int, m: int) -> float:
-    import trio
-
-    async def node(i: int, recv: Any, send: Any, out: list[int]) -> None:
-        if i == 0:
-            send.send_nowait(0)
-        last = m - 1 if i == 0 else -1
-        for k in range(m):
-            msg = await recv.receive()
-            if k != last:
-                send.send_nowait(msg)
-        out.append(m)
-
-    async def main() -> float:
-        counts: list[int] = []
-        t0 = time.perf_counter()
-        async with trio.open_nursery() as nursery:
-            for _ in range(r):
-                chans = [trio.open_memory_channel(math.inf) for _ in range(n)]
-                for i in range(n):
-                    nursery.start_soon(node, i, chans[i][1], chans[(i + 1) % n][0], counts)
-        elapsed = time.perf_counter() - t0
-        _check(sum(counts), r, n, m)
-        return elapsed
-
-    gc.collect()
-    gc.disable()
-    try:
-        return trio.run(main)  # type: ignore[no-any-return]
-    finally:
-        gc.enable()
-
-
-# -- curio --------------------------------------------------------------------------------
-
-
-def run_curio(r: int, n: int, m: int) -> float:
-    import curio
-
-    async def node(i: int, inbox: Any, outbox: Any) -> int:
-        if i == 0:
-            await outbox.put(0)
-        last = m - 1 if i == 0 else -1
-        for k in range(m):
-            msg = await inbox.get()
-            if k != last:
-                await outbox.put(msg)
-        return m
-
-    async def main() -> float:
-        tasks = []
-        for _ in range(r):
-            qs = [curio.Queue() for _ in range(n)]
-            for i in range(n):
-                tasks.append(await curio.spawn(node, i, qs[i], qs[(i + 1) % n]))
-        t0 = time.perf_counter()
-        total = 0
-        for t in tasks:
-            total += await t.join()
-        elapsed = time.perf_counter() - t0
-        _check(total, r, n, m)
-        return elapsed
-
-    gc.collect()
-    gc.disable()
-    try:
-        return curio.run(main)  # type: ignore[no-any-return]
-    finally:
-        gc.enable()
-
-
-# -- the bare generator loop (the floor) -------------------------------------------------
-
-
-def run_bare(r: int, n: int, m: int) -> float:
-    ready: deque[tuple[Any, Any]] = deque()
-    waiting: set[Any] = set()
-    boxes: dict[Any, deque[Any]] = {}
-    counts: list[int] = []
-
-    def send(target: Any, msg: Any) -> None:
-        if target in waiting:
-            waiting.discard(target)
-            ready.append((target, msg))
+        if k % period == i:
+            put(k)
+            msg = yield get()
         else:
-            boxes[target].append(msg)
+            msg = yield get()
+            put(msg)
+        if msg != k:
+            raise bad_token("tiffany", i, k, msg)
+    out.append(m)
 
-    def node(i: int, right: list[Any]) -> Any:
-        if i == 0:
-            send(right[0], 0)
-        last = m - 1 if i == 0 else -1
-        for k in range(m):
-            msg = yield
-            if k != last:
-                send(right[0], msg)
-        counts.append(m)
 
-    for _ in range(r):
-        cells: list[list[Any]] = [[None] for _ in range(n)]
-        gens = [node(i, cells[(i + 1) % n]) for i in range(n)]
-        for i, g in enumerate(gens):
-            cells[i][0] = g
-            boxes[g] = deque()
-            ready.append((g, None))
+#: Filled by the last Tiffany ring run: the kernel's turns (a task run until
+#: it parks or requeues) per message (1.0 = every receive blocked).
+LAST_TURNS: dict[str, float] = {}
 
-    def loop() -> None:
-        popleft, append = ready.popleft, ready.append
-        while ready:
-            g, v = popleft()
-            try:
-                g.send(v)
-            except StopIteration:
-                continue
-            box = boxes[g]
-            if box:
-                append((g, box.popleft()))
-            else:
-                waiting.add(g)
 
-    elapsed = _timed(loop)
-    _check(sum(counts), r, n, m)
+def ring_tiffany(r: int, n: int, m: int, period: int, instrumented: bool = False) -> float:
+    from tiffany.kernel import Queue, Scheduler
+
+    instruments = []
+    if instrumented:
+        from tiffany.kernel import SlowDispatchWatchdog
+
+        instruments.append(SlowDispatchWatchdog())
+    name = "tiffany+instr" if instrumented else "tiffany"
+    out: list[int] = []
+    with gc_off():
+        sched = Scheduler(instruments=instruments)
+        for _ in range(r):
+            qs = [Queue() for _ in range(n)]
+            for i in range(n):
+                sched.spawn(_tiffany_node(i, m, period, qs[i], qs[(i + 1) % n], out))
+        t0 = time.perf_counter()
+        sched.run()
+        elapsed = time.perf_counter() - t0
+    alive = sched.alive
+    LAST_TURNS[name] = sched.turns / (n * r * m)
+    sched.close()
+    check(out, r, n, m, name, f"; {alive} task(s) still alive after run() returned")
     return elapsed
 
 
-# -- yields -------------------------------------------------------------------------------------
+def ring_tiffany_instr(r: int, n: int, m: int, period: int) -> float:
+    return ring_tiffany(r, n, m, period, instrumented=True)
 
 
 def yields_tiffany(tasks: int, count: int) -> float:
@@ -297,278 +157,393 @@ def yields_tiffany(tasks: int, count: int) -> float:
         for _ in range(count):
             yield
 
-    sched = Scheduler()
-    for _ in range(tasks):
-        sched.spawn(spin())
-    return _timed(sched.run)
-
-
-def yields_bare(tasks: int, count: int) -> float:
-    def spin() -> Any:
-        for _ in range(count):
-            yield
-
-    ready = deque(spin() for _ in range(tasks))
-
-    def loop() -> None:
-        popleft, append = ready.popleft, ready.append
-        while ready:
-            g = popleft()
-            try:
-                next(g)
-            except StopIteration:
-                continue
-            append(g)
-
-    return _timed(loop)
-
-
-def yields_async(tasks: int, count: int, use_uvloop: bool) -> float:
-    async def spin() -> None:
-        for _ in range(count):
-            await asyncio.sleep(0)
-
-    async def main() -> float:
+    with gc_off():
+        sched = Scheduler()
+        for _ in range(tasks):
+            sched.spawn(spin())
         t0 = time.perf_counter()
-        await asyncio.gather(*(spin() for _ in range(tasks)))
-        return time.perf_counter() - t0
-
-    return _run_async(main, use_uvloop)
-
-
-def yields_trio(tasks: int, count: int) -> float:
-    import trio
-
-    async def spin() -> None:
-        for _ in range(count):
-            await trio.lowlevel.checkpoint()
-
-    async def main() -> float:
-        t0 = time.perf_counter()
-        async with trio.open_nursery() as nursery:
-            for _ in range(tasks):
-                nursery.start_soon(spin)
-        return time.perf_counter() - t0
-
-    return trio.run(main)  # type: ignore[no-any-return]
+        sched.run()
+        elapsed = time.perf_counter() - t0
+    if sched.alive:
+        raise RingError(f"tiffany: {sched.alive} spinning task(s) alive after run()")
+    sched.close()
+    return elapsed
 
 
-def yields_curio(tasks: int, count: int) -> float:
-    import curio
-
-    async def spin() -> None:
-        for _ in range(count):
-            await curio.sleep(0)
-
-    async def main() -> float:
-        t0 = time.perf_counter()
-        ts = [await curio.spawn(spin) for _ in range(tasks)]
-        for t in ts:
-            await t.join()
-        return time.perf_counter() - t0
-
-    return curio.run(main)  # type: ignore[no-any-return]
-
-
-# -- memory per parked task (run in a subprocess) ----------------------------------------
-
-
-MEMORY_CODE = r"""
-import asyncio, gc, sys, tracemalloc
-sys.path.insert(0, {root!r})
-impl, n = sys.argv[1], int(sys.argv[2])
-gc.collect(); tracemalloc.start()
-before = tracemalloc.get_traced_memory()[0]
-if impl == "tiffany":
+def memory_tiffany(n: int, measure: Callable[[], int]) -> int:
     from tiffany.kernel import Queue, Scheduler
-    def waiter(q):
+
+    def waiter(q: Any) -> Any:
         yield q.get()
+
     sched = Scheduler()
     for _ in range(n):
         sched.spawn(waiter(Queue()))
-    sched.run()  # every task parks; run returns (nothing can wake them)
-    assert sched.alive == n
-elif impl == "asyncio":
-    async def waiter(q):
-        await q.get()
-    async def main():
-        tasks = [asyncio.ensure_future(waiter(asyncio.Queue())) for _ in range(n)]
-        for _ in range(3):
-            await asyncio.sleep(0)
-        gc.collect()
-        print(tracemalloc.get_traced_memory()[0] - before)
-        for t in tasks:
-            t.cancel()
-    asyncio.run(main())
-    raise SystemExit(0)
-elif impl == "bare":
-    waiting = {{}}
-    def waiter():
-        yield
-    for _ in range(n):
-        g = waiter(); next(g); waiting[g] = []
-gc.collect()
-print(tracemalloc.get_traced_memory()[0] - before)
-"""
+    sched.run()  # every task parks; nothing can wake them, so run() returns
+    if sched.alive != n:
+        raise RingError(f"tiffany: {sched.alive} of {n} waiters parked")
+    return measure()
 
 
-def memory_per_task(impl: str, n: int) -> float:
-    code = MEMORY_CODE.format(root=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, "-c", code, impl, str(n)], capture_output=True, text=True, check=True
-    )
-    return int(proc.stdout.strip().splitlines()[-1]) / n
+# -- the journaled ring (the durable layer's hook) ----------------------------------------
 
 
-# -- harness ---------------------------------------------------------------------------------
+def ring_root(r: int, n: int, m: int, period: int) -> Any:
+    """The whole ring as one task tree (a durable run's entry point)."""
+    from tiffany.kernel import NewTask, Queue, WaitTask
+
+    out: list[int] = []
+    tids = []
+    for _ in range(r):
+        qs = [Queue() for _ in range(n)]
+        for i in range(n):
+            node = _tiffany_node(i, m, period, qs[i], qs[(i + 1) % n], out)
+            tids.append((yield NewTask(node)))
+    for t in tids:
+        yield WaitTask(t)
+    return sum(out)
 
 
-def _timed(fn: Callable[[], Any]) -> float:
-    gc.collect()
-    gc.disable()
+def journal_available() -> str | None:
+    """Return why the journaled ring cannot run, or None if it can."""
     try:
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
-    finally:
-        gc.enable()
+        import tiffany.durable  # noqa: F401
+    except ImportError as exc:
+        return str(exc)
+    return None
 
 
-def _check(total: int, r: int, n: int, m: int) -> None:
-    if total != r * n * m:
-        raise AssertionError(f"ring delivered {total} messages, expected {r * n * m}")
+def journal_hook(sizes: list[int], scale: float) -> dict[str, Any]:
+    """The journaled ring: every dispatch of the Tiffany ring recorded in the WAL.
+
+    One durable run per size (N = 2, at most 40,000 coroutines), fsync policy
+    ``batch``; prints durable dispatches (messages) per second and returns
+    them for the JSON. The plain ring's figure is the ceiling this is
+    compared with.
+    """
+    from tiffany.durable import Runtime
+
+    results: dict[str, Any] = {}
+    n, period = 2, 2
+    print("\nJournaled ring (Tiffany durable run, fsync=batch), N=2")
+    rows = []
+    for total in [s for s in sizes if s <= 40_000] or [4_000]:
+        r = max(1, total // n)
+        m = max(1, int(400_000 * scale) // (r * n))
+        with tempfile.TemporaryDirectory() as d, Runtime(d, fsync="batch") as rt:
+            run_id = rt.submit("ring:ring_root", r, n, m, period)
+            with gc_off():
+                t0 = time.perf_counter()
+                rt.run()
+                elapsed = time.perf_counter() - t0
+            got = rt.status(run_id).result
+            records = rt.wal.durable_seq
+        check([got], 1, 1, r * n * m, "tiffany journaled")
+        rate = r * n * m / elapsed
+        results[str(total)] = {"R": r, "M": m, "msgs_per_s": rate, "wal_records": records}
+        rows.append([f"{total:,}", f"{m:,}", f"{rate / 1e6:.3f}", f"{records:,}"])
+    print_table(["coroutines", "M", "M msgs/s", "WAL records"], rows)
+    return results
 
 
-RUNNERS: dict[str, Callable[[int, int, int], float]] = {
-    "tiffany": run_tiffany,
-    "tiffany+instr": lambda r, n, m: run_tiffany(r, n, m, True),
-    "asyncio": run_asyncio,
-    "uvloop": lambda r, n, m: run_asyncio(r, n, m, True),
-    "trio": run_trio,
-    "curio": run_curio,
-    "bare": run_bare,
+# -- harness -------------------------------------------------------------------------------
+
+
+RING: dict[str, Callable[[int, int, int, int], float]] = {
+    "tiffany": ring_tiffany,
+    "tiffany+instr": ring_tiffany_instr,
+    "asyncio": _peers.ring_asyncio,
+    "uvloop": _peers.ring_uvloop,
+    "trio": _peers.ring_trio,
+    "curio": _peers.ring_curio,
+    "bare": _peers.ring_bare,
 }
+YIELDS: dict[str, Callable[[int, int], float]] = {
+    "tiffany": yields_tiffany,
+    "asyncio": _peers.yields_asyncio,
+    "uvloop": _peers.yields_uvloop,
+    "trio": _peers.yields_trio,
+    "curio": _peers.yields_curio,
+    "bare": _peers.yields_bare,
+}
+MEMORY: dict[str, Callable[[int, Callable[[], int]], int]] = {"tiffany": memory_tiffany, **_peers.MEMORY}
 
 
-def _available(impl: str) -> bool:
+def missing(impl: str) -> str | None:
+    """Why ``impl`` cannot run here (shown as n/a), or None."""
+    if impl.startswith("tiffany"):
+        return tiffany_missing(impl == "tiffany+instr")
     mod = {"uvloop": "uvloop", "trio": "trio", "curio": "curio"}.get(impl)
-    if mod is None:
-        return True
-    try:
-        __import__(mod)
-    except ImportError:
-        return False
-    return True
+    if mod:
+        try:
+            __import__(mod)
+        except ImportError as exc:
+            return str(exc)
+    return None
 
 
-#: Past this many coroutines curio takes minutes per cell (its per-task cost
-#: grows with the task count): those cells are skipped and printed as nan.
-CURIO_MAX_COROUTINES = 40_000
-
-
-def ring_cell(impl: str, total: int, n: int, repeat: int, scale: float) -> float:
-    if impl == "curio" and total > CURIO_MAX_COROUTINES:
-        return math.nan
+def ring_cell(impl: str, total: int, n: int, period: int, repeat: int, scale: float) -> dict[str, Any]:
     r = max(1, total // n)
-    budget = (SLOW_MESSAGES if impl in SLOW else FAST_MESSAGES) * scale
-    m = max(1, int(budget // (r * n)))
-    best = min(RUNNERS[impl](r, n, m) for _ in range(repeat))
-    return r * n * m / best
+    m = max(1, int(BUDGET[impl] * scale) // (r * n))
+    cell: dict[str, Any] = {"R": r, "M": m, "messages": r * n * m}
+    if impl == "curio" and r * n > CURIO_MAX:
+        cell["skipped"] = f"curio past {CURIO_MAX:,} coroutines (build takes minutes)"
+        return cell
+    times = [RING[impl](r, n, m, period) for _ in range(repeat)]
+    cell["seconds"] = min(times)
+    cell["msgs_per_s"] = r * n * m / min(times)
+    if impl in LAST_TURNS:
+        cell["turns_per_msg"] = LAST_TURNS.pop(impl)
+    return cell
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--quick", action="store_true", help="small sizes and budgets (a smoke run)")
-    ap.add_argument("--sizes", help="comma-separated coroutine counts")
-    ap.add_argument("--impls", help=f"comma-separated subset of {','.join(IMPLS)}")
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--journal", action="store_true", help="also the journaled Tiffany ring")
-    ap.add_argument("--no-memory", action="store_true")
-    ap.add_argument("--json", type=Path, help="write the results here too")
-    args = ap.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else list(SIZES)
-    scale = 0.1 if args.quick else 1.0
-    if args.quick and not args.sizes:
-        sizes = [16, 4_000]
-    impls = [i for i in (args.impls.split(",") if args.impls else IMPLS) if _available(i)]
-    results: dict[str, Any] = {"ring": {}, "yields": {}, "memory": {}, "journal": {}}
-    cpu = next(
-        (
-            ln.split(":", 1)[1].strip()
-            for ln in Path("/proc/cpuinfo").read_text().splitlines()
-            if ln.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    print(f"Python {platform.python_version()} on {cpu}, {time.strftime('%Y-%m-%d %H:%M')}")
-    for n in (2, 8):
-        print(f"\nring, N={n}: messages/s (M), and Tiffany's ratio to each")
-        head = f"{'coroutines':>10}" + "".join(f"{i:>14}" for i in impls)
-        others = [i for i in impls if not i.startswith("tiffany")]
-        head += "".join(f"{'/' + i:>10}" for i in others)
-        if "tiffany+instr" in impls and "asyncio" in impls:
-            head += f"{'instr/aio':>10}"
-        print(head)
+def fmt_rate(v: float | None) -> str:
+    return "n/a" if v is None else f"{v / 1e6:.3f}"
+
+
+def fmt_ratio(a: float | None, b: float | None) -> str:
+    return "n/a" if a is None or b is None else f"{a / b:.2f}"
+
+
+def print_table(head: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(h), *(len(row[j]) for row in rows)) for j, h in enumerate(head)]
+    print("  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)), flush=True)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for mod in ("uvloop", "trio", "curio"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except ImportError:
+            out[mod] = "missing"
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()
+        out["tiffany"] = rev
+    except (OSError, subprocess.CalledProcessError):
+        out["tiffany"] = "?"
+    return out
+
+
+def table_ring(args: argparse.Namespace, impls: list[str], sizes: list[int], scale: float) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    variants = ("rotate", "fixed") if args.originator == "both" else (args.originator,)
+    for variant, n in [(v, n) for v in variants for n in NS]:
+        period = n if variant == "rotate" else 1
+        label = "" if variant == "rotate" else ", fixed originator (one token per ring)"
+        print(f"\nTable 1 (N={n}{label}): ring messages per second (millions); ratios are Tiffany / peer")
+        rate: dict[tuple[int, str], float | None] = {}
+        rows, instr_rows = [], []
         for total in sizes:
             if total < n:
                 continue
-            rep = 1 if total >= 400_000 else args.repeat
-            row = {i: ring_cell(i, total, n, rep, scale) for i in impls}
-            results["ring"][f"N={n},total={total}"] = row
-            line = f"{total:>10}" + "".join(f"{row[i] / 1e6:>14.3f}" for i in impls)
-            if "tiffany" in row:
-                line += "".join(f"{row['tiffany'] / row[i]:>10.2f}" for i in others)
-            if "tiffany+instr" in row and "asyncio" in row:
-                line += f"{row['tiffany+instr'] / row['asyncio']:>10.2f}"
-            print(line, flush=True)
-    tasks, count = 1_000, 300
-    print(f"\nyields: {tasks} tasks x {count} cooperative yields, switches/s (M)")
-    yrow: dict[str, float] = {}
-    ycalls: dict[str, Callable[[], float]] = {
-        "tiffany": lambda: yields_tiffany(tasks, count),
-        "asyncio": lambda: yields_async(tasks, count, False),
-        "uvloop": lambda: yields_async(tasks, count, True),
-        "trio": lambda: yields_trio(tasks, count),
-        "curio": lambda: yields_curio(tasks, count),
-        "bare": lambda: yields_bare(tasks, count),
-    }
-    for name, fn in ycalls.items():
-        if _available(name):
-            yrow[name] = tasks * count / min(fn() for _ in range(args.repeat))
-    results["yields"] = yrow
-    print(
-        "".join(f"{k:>12}" for k in yrow)
-        + "".join(f"{'tiffany/' + k:>16}" for k in yrow if k != "tiffany")
-    )
-    print(
-        "".join(f"{v / 1e6:>12.3f}" for v in yrow.values())
-        + "".join(f"{yrow['tiffany'] / v:>16.2f}" for k, v in yrow.items() if k != "tiffany")
-    )
-    if not args.no_memory:
-        n_tasks = 100_000
-        print(f"\nmemory per parked task ({n_tasks:,} tasks, tracemalloc, bytes)")
-        for impl in ("tiffany", "asyncio", "bare"):
-            results["memory"][impl] = memory_per_task(impl, n_tasks)
-            print(f"{impl:>12}{results['memory'][impl]:>10.0f}")
-    if args.journal:
-        print("\njournaled ring (every dispatch to the WAL, fsync batch): durable dispatches/s")
-        for total in [s for s in sizes if s <= 40_000] or [4_000]:
-            n = 2
-            r = total // n
-            m = max(1, int(400_000 * scale // total))
-            elapsed, records = run_tiffany_journal(r, n, m)
-            rate = r * n * m / elapsed
-            results["journal"][f"N={n},total={total}"] = {
-                "dispatches_per_s": rate,
-                "records": records,
-            }
-            print(
-                f"{total:>10} coroutines: {rate / 1e6:.3f} M dispatches/s ({records:,} WAL records)"
+            key = f"N={n},coroutines={total}" + ("" if variant == "rotate" else ",fixed")
+            results[key] = {}
+            repeat = args.repeat if total < LARGE else args.repeat_large
+            for impl in impls:
+                why = missing(impl)
+                if why:
+                    results[key][impl] = {"n/a": why}
+                    rate[total, impl] = None
+                    continue
+                cell = ring_cell(impl, total, n, period, repeat, scale)
+                results[key][impl] = cell
+                rate[total, impl] = cell.get("msgs_per_s")
+            t = rate[total, "tiffany"] if "tiffany" in impls else None
+            row = [f"{total:,}", f"{max(1, total // n):,}"]
+            row += [fmt_rate(rate[total, i]) for i in impls if i != "tiffany+instr"]
+            if "tiffany" in impls:
+                row += [fmt_ratio(t, rate[total, p]) for p in PEERS if p in impls]
+            rows.append(row)
+            if "tiffany+instr" in impls:
+                ti = rate[total, "tiffany+instr"]
+                a = rate[total, "asyncio"] if "asyncio" in impls else None
+                tpm = results[key].get("tiffany", {}).get("turns_per_msg")
+                instr_rows.append([
+                    f"{total:,}", fmt_rate(ti), fmt_ratio(ti, a), fmt_ratio(ti, t),
+                    "n/a" if tpm is None else f"{tpm:.2f}",
+                ])
+        head = ["coroutines", "R"] + [i for i in impls if i != "tiffany+instr"]
+        if "tiffany" in impls:
+            head += [f"t/{p}" for p in PEERS if p in impls]
+        print_table(head, rows)
+        if instr_rows:
+            print(f"\nTable 1b (N={n}{label}): tiffany + 1 instrument (SlowDispatchWatchdog)")
+            print_table(
+                ["coroutines", "tiffany+instr", "instr/asyncio", "instr/tiffany", "turns/msg"],
+                instr_rows,
             )
+    return results
+
+
+def table_yields(args: argparse.Namespace, impls: list[str]) -> dict[str, Any]:
+    names = [i for i in YIELDS if i in impls]
+    print(
+        f"\nTable 2: {YIELD_TASKS:,} tasks x {YIELD_COUNT} cooperative yields, "
+        "switches per second (millions), best of {}".format(max(args.repeat, 3))
+    )
+    rate: dict[str, float | None] = {}
+    for name in names:
+        if missing(name):
+            rate[name] = None
+            continue
+        best = min(YIELDS[name](YIELD_TASKS, YIELD_COUNT) for _ in range(max(args.repeat, 3)))
+        rate[name] = YIELD_TASKS * YIELD_COUNT / best
+    t = rate.get("tiffany")
+    print_table(
+        ["impl", "M switches/s", "tiffany/impl"],
+        [[name, fmt_rate(rate[name]), fmt_ratio(t, rate[name])] for name in names],
+    )
+    return {k: {"switches_per_s": v} for k, v in rate.items()}
+
+
+def memory_child(impl: str, n: int) -> None:
+    """Runs in a subprocess: print the traced bytes of ``n`` parked tasks."""
+    if missing(impl):
+        print("RESULT n/a")
+        return
+    if impl == "tiffany":
+        import tiffany.kernel  # noqa: F401 - imported before tracing starts
+    elif impl in ("trio", "curio"):
+        __import__(impl)
+        if impl == "trio":
+            import trio.testing  # noqa: F401
+
+    def measure() -> int:
+        import gc
+
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0] - base
+
+    import gc
+
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    used = MEMORY[impl](n, measure)
+    print(f"RESULT {used}", flush=True)
+    os._exit(0)  # skip tearing 100,000 parked tasks down
+
+
+def table_memory(impls: list[str], n: int) -> dict[str, Any]:
+    names = [i for i in MEMORY_IMPLS if i in impls]
+    print(f"\nTable 3: memory per parked task ({n:,} tasks, each blocked on its own queue; tracemalloc)")
+    per: dict[str, float | None] = {}
+    count: dict[str, int] = {}
+    for impl in names:
+        count[impl] = k = min(n, MEMORY_TASKS_CURIO) if impl == "curio" else n
+        proc = subprocess.run(
+            [sys.executable, __file__, "--memory-child", impl, "--memory-tasks", str(k)],
+            capture_output=True, text=True,
+        )
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        if proc.returncode != 0 or not lines:
+            raise RingError(f"memory child {impl} failed (rc={proc.returncode}):\n{proc.stderr[-2000:]}")
+        value = lines[-1].split()[1]
+        per[impl] = None if value == "n/a" else int(value) / count[impl]
+    t = per.get("tiffany")
+    print_table(
+        ["impl", "tasks", "bytes/task", "impl/tiffany"],
+        [
+            [k, f"{count[k]:,}", "n/a" if v is None else f"{v:,.0f}", fmt_ratio(v, t)]
+            for k, v in per.items()
+        ],
+    )
+    return {k: {"bytes_per_task": v, "tasks": count[k]} for k, v in per.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smoke run: sizes 16,4000, a tenth of the messages")
+    ap.add_argument("--sizes", help="comma-separated coroutine counts N*R (default 16,400,4000,40000,400000)")
+    ap.add_argument("--impls", help=f"comma-separated subset of {','.join(IMPLS)}")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per cell below 100,000 coroutines, best kept")
+    ap.add_argument("--repeat-large", type=int, default=1, help="runs per cell from 100,000 coroutines")
+    ap.add_argument(
+        "--originator", choices=("rotate", "fixed", "both"), default="rotate",
+        help="rotate: round k starts at coroutine k mod N (the seed's gmain.go; rounds overlap, "
+        "up to N tokens per ring); fixed: always coroutine 0 (one token per ring, every receive "
+        "blocks); both: Table 1 twice",
+    )
+    ap.add_argument("--tables", default="1,2,3", help="which tables to print (default 1,2,3)")
+    ap.add_argument("--journal", action="store_true", help="also the journaled Tiffany ring (needs tiffany.durable)")
+    ap.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON")
+    ap.add_argument("--memory-child", help=argparse.SUPPRESS)
+    ap.add_argument("--memory-tasks", type=int, default=MEMORY_TASKS, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.memory_child:
+        memory_child(args.memory_child, args.memory_tasks)
+        return
+    if args.journal:
+        why = journal_available()
+        if why:
+            sys.exit(f"ring.py: --journal: journaling not available yet (tiffany.durable: {why})")
+    impls = args.impls.split(",") if args.impls else list(IMPLS)
+    unknown = [i for i in impls if i not in IMPLS]
+    if unknown:
+        ap.error(f"unknown implementation(s) {unknown}; choose from {','.join(IMPLS)}")
+    impls = [i for i in IMPLS if i in impls]  # canonical order
+    if args.sizes:
+        sizes = [int(s.replace("_", "")) for s in args.sizes.split(",")]
+    else:
+        sizes = list(QUICK_SIZES if args.quick else SIZES)
+    scale = QUICK_SCALE if args.quick else 1.0
+    tables = set(args.tables.split(","))
+
+    ver = versions()
+    started = time.perf_counter()
+    print(
+        f"Python {ver['python']} ({platform.python_implementation()}), {cpu_model()}, "
+        f"{os.cpu_count()} CPUs, {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}; "
+        f"uvloop {ver['uvloop']}, trio {ver['trio']}, curio {ver['curio']}; tiffany @ {ver['tiffany']}"
+    )
+    print(
+        f"gc collected before and disabled during every timed run; best of {args.repeat} "
+        f"(below {LARGE:,} coroutines) / {args.repeat_large} (from {LARGE:,}); "
+        f"originator: {args.originator}{'; QUICK' if args.quick else ''}"
+    )
+    for impl in impls:
+        why = missing(impl)
+        if why:
+            print(f"  {impl}: n/a ({why})")
+    results: dict[str, Any] = {
+        "env": {**ver, "cpu": cpu_model(), "date": datetime.datetime.now().astimezone().isoformat()},
+        "params": {
+            "sizes": sizes, "N": list(NS), "budget": {k: int(v * scale) for k, v in BUDGET.items()},
+            "repeat": args.repeat, "repeat_large": args.repeat_large, "originator": args.originator,
+            "quick": args.quick,
+        },
+    }
+    if "1" in tables:
+        results["ring"] = table_ring(args, impls, sizes, scale)
+    if "2" in tables:
+        results["yields"] = table_yields(args, impls)
+    if "3" in tables:
+        results["memory"] = table_memory(impls, MEMORY_TASKS)
+    if args.journal:
+        results["journal"] = journal_hook(sizes, scale)
+    results["wall_seconds"] = time.perf_counter() - started
+    print(f"\n(wall time {results['wall_seconds']:.0f} s)")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
+        print(f"results written to {args.json}")
 
 
 if __name__ == "__main__":
