@@ -185,8 +185,10 @@ def main(argv: list[str] | None = None) -> None:
 
 def report(root: Path, seconds: float, *, quick: bool) -> None:
     """Run every table and print it."""
-    print(f"# WAL append benchmark: Python {platform.python_version()}, {platform.machine()}, ")
-    print(f"# {os.cpu_count()} CPUs, files under {root} ({seconds:g} s per cell)\n")
+    print(
+        f"# WAL append benchmark: Python {platform.python_version()}, {platform.machine()}, "
+        f"{os.cpu_count()} CPUs\n# files under {root} ({seconds:g} s per cell)\n"
+    )
     results: dict[tuple[str, int, int], float] = {}
     print("Table 1 -- appends/s")
     print(
