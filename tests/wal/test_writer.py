@@ -245,3 +245,13 @@ def test_short_writes_are_completed(tmp_path, fill):
                 wal.commit()
     assert [r.payload for r in iter_records(tmp_path)] == payloads
     assert len(list(tmp_path.glob("*.wal"))) > 3
+
+
+def test_open_syncs_what_a_previous_writer_left_unsynced(tmp_path, syscalls, fill):
+    fill(tmp_path, [b"a", b"b"], fsync=FsyncPolicy.OFF)
+    with syscalls.open(tmp_path) as wal:
+        assert wal.durable_seq == 2
+        assert syscalls.of("fsync") == [segment_name(1)]
+    syscalls.calls.clear()
+    with syscalls.open(tmp_path, fsync="off"):
+        assert syscalls.calls == []

@@ -11,7 +11,9 @@ What ``Wal.open`` does once it holds the lock:
    segment shorter than its header, or all zeros) is renamed ``.broken``
    and created afresh. Either way it is logged and reported as
    :class:`Recovery`;
-4. open the last segment for appending.
+4. open the last segment for appending, and fsync it: what a previous
+   writer left unsynced in the page cache becomes durable, so
+   ``durable_seq`` starts honest.
 
 Invariants: nothing is deleted (damaged bytes are kept as ``.broken``
 files), and nothing but a torn tail of the last segment is ever changed.
@@ -105,6 +107,15 @@ def recover(wal_dir: Path, *, write: WriteFn, fsync: SyncFn | None) -> OpenState
             fd = create_segment(wal_dir, last.first_seq, write=write, fsync=fsync)
             return OpenState(fd, HEADER_SIZE_BYTES, last.first_seq, recovery)
     fd = os.open(last.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    try:
+        if fsync is not None:
+            # What a previous writer wrote but never synced (policy off, or a
+            # failed sync) may still be only in the page cache: sync it now, so
+            # that everything this open found counts as durable.
+            fsync(fd)
+    except BaseException:
+        os.close(fd)
+        raise
     return OpenState(fd, scan.end, expected, recovery)
 
 
