@@ -67,7 +67,12 @@ def bad_token(impl: str, i: int, k: int, msg: Any) -> RingError:
 
 
 async def _aio_node(
-    i: int, m: int, period: int, inbox: asyncio.Queue[int], outbox: asyncio.Queue[int], out: list[int]
+    i: int,
+    m: int,
+    period: int,
+    inbox: asyncio.Queue[int],
+    outbox: asyncio.Queue[int],
+    out: list[int],
 ) -> None:
     get, put = inbox.get, outbox.put_nowait
     for k in range(m):
@@ -97,7 +102,9 @@ def ring_asyncio(r: int, n: int, m: int, period: int, use_uvloop: bool = False) 
         for _ in range(r):
             qs: list[asyncio.Queue[int]] = [asyncio.Queue() for _ in range(n)]
             for i in range(n):
-                tasks.append(asyncio.ensure_future(_aio_node(i, m, period, qs[i], qs[(i + 1) % n], out)))
+                tasks.append(
+                    asyncio.ensure_future(_aio_node(i, m, period, qs[i], qs[(i + 1) % n], out))
+                )
         t0 = time.perf_counter()
         await asyncio.gather(*tasks)
         elapsed = time.perf_counter() - t0
@@ -136,7 +143,7 @@ def ring_trio(r: int, n: int, m: int, period: int) -> float:
         async with trio.open_nursery() as nursery:
             for _ in range(r):
                 # chans[i] = (send end, receive end) of coroutine i's inbox
-                chans = [trio.open_memory_channel(math.inf) for _ in range(n)]
+                chans: list[Any] = [trio.open_memory_channel(math.inf) for _ in range(n)]
                 for i in range(n):
                     nursery.start_soon(node, i, chans[i][1], chans[(i + 1) % n][0], out)
             # start_soon only schedules: nothing has run yet
@@ -146,7 +153,7 @@ def ring_trio(r: int, n: int, m: int, period: int) -> float:
         return elapsed
 
     with gc_off():
-        return trio.run(main)  # type: ignore[no-any-return]
+        return trio.run(main)
 
 
 # -- curio ----------------------------------------------------------------------------------
@@ -291,7 +298,7 @@ def yields_trio(tasks: int, count: int) -> float:
         return time.perf_counter() - t0
 
     with gc_off():
-        return trio.run(main)  # type: ignore[no-any-return]
+        return trio.run(main)
 
 
 def yields_curio(tasks: int, count: int) -> float:
@@ -373,7 +380,7 @@ def memory_trio(n: int, measure: Callable[[], int]) -> int:
             nursery.cancel_scope.cancel()
         return used
 
-    return trio.run(main)  # type: ignore[no-any-return]
+    return trio.run(main)
 
 
 def memory_curio(n: int, measure: Callable[[], int]) -> int:

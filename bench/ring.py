@@ -25,8 +25,8 @@ Peers (``bench/_peers.py``): asyncio, uvloop (the same code), trio, curio,
 and a bare generator loop, the floor of pure Python. Method: gc collected
 before and disabled from build to end of every timed run, for every
 implementation alike; only the run is timed (not building the rings); best
-of ``--repeat`` runs. Each implementation gets a message budget per run
-sized to its speed (so a run takes about a second); M = budget / (N*R).
+of ``--repeat`` runs. M = 600,000 / (N*R) (at least 1), the same for every
+implementation in a cell.
 """
 
 from __future__ import annotations
@@ -34,8 +34,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -60,23 +62,23 @@ NS = (2, 8)
 IMPLS = ("tiffany", "tiffany+instr", "asyncio", "uvloop", "trio", "curio", "bare")
 PEERS = ("asyncio", "uvloop", "trio", "curio", "bare")
 
-#: Messages per timed run (about a second on the reference machine). The
-#: 400,000-coroutine cells use the same budget, so M shrinks (to 1 at least).
-BUDGET = {
-    "tiffany": 3_000_000,
-    "tiffany+instr": 2_000_000,
-    "bare": 3_000_000,
-    "uvloop": 400_000,
-    "asyncio": 300_000,
-    "trio": 150_000,
-    "curio": 60_000,
-}
+#: Messages per run: M = MESSAGES / (N*R), at least 1, the same M for every
+#: implementation in a cell (a task's start and end are inside the timed run,
+#: so a smaller M for the slow ones would charge them more per message). A
+#: run takes ~0.2 s for Tiffany and the bare loop, ~1.5 s for asyncio, ~5 s
+#: for trio; at 400,000 coroutines M = 1 (one round per ring).
+MESSAGES = 600_000
 QUICK_SCALE = 0.1
 #: From this many coroutines a cell runs once (``--repeat-large``).
 LARGE = 100_000
-#: curio's spawn cost grows with the task count (about 8 s to build 40,000
-#: tasks, minutes for 400,000): its cells past this size are skipped.
+#: curio's costs grow with the task count (about 8 s to spawn 40,000 tasks,
+#: minutes for 400,000; at N=2 0.09 M msgs/s with 4,000 coroutines, 0.009
+#: with 40,000): its cells from this size on are skipped...
 CURIO_MAX = 40_000
+#: ... and from this size on it runs once (a 4,000-coroutine N=2 run takes ~7 s).
+CURIO_ONCE = 4_000
+#: ``--progress``: a line on stderr per cell.
+PROGRESS = False
 
 YIELD_TASKS, YIELD_COUNT = 1_000, 300
 MEMORY_TASKS = 100_000
@@ -133,7 +135,7 @@ def ring_tiffany(r: int, n: int, m: int, period: int, instrumented: bool = False
     with gc_off():
         sched = Scheduler(instruments=instruments)
         for _ in range(r):
-            qs = [Queue() for _ in range(n)]
+            qs: list[Any] = [Queue() for _ in range(n)]
             for i in range(n):
                 sched.spawn(_tiffany_node(i, m, period, qs[i], qs[(i + 1) % n], out))
         t0 = time.perf_counter()
@@ -195,7 +197,7 @@ def ring_root(r: int, n: int, m: int, period: int) -> Any:
     out: list[int] = []
     tids = []
     for _ in range(r):
-        qs = [Queue() for _ in range(n)]
+        qs: list[Any] = [Queue() for _ in range(n)]
         for i in range(n):
             node = _tiffany_node(i, m, period, qs[i], qs[(i + 1) % n], out)
             tids.append((yield NewTask(node)))
@@ -266,7 +268,10 @@ YIELDS: dict[str, Callable[[int, int], float]] = {
     "curio": _peers.yields_curio,
     "bare": _peers.yields_bare,
 }
-MEMORY: dict[str, Callable[[int, Callable[[], int]], int]] = {"tiffany": memory_tiffany, **_peers.MEMORY}
+MEMORY: dict[str, Callable[[int, Callable[[], int]], int]] = {
+    "tiffany": memory_tiffany,
+    **_peers.MEMORY,
+}
 
 
 def missing(impl: str) -> str | None:
@@ -282,14 +287,44 @@ def missing(impl: str) -> str | None:
     return None
 
 
-def ring_cell(impl: str, total: int, n: int, period: int, repeat: int, scale: float) -> dict[str, Any]:
-    r = max(1, total // n)
-    m = max(1, int(BUDGET[impl] * scale) // (r * n))
+#: A run that has not finished after this long is reported as a deadlock
+#: (asyncio, trio and curio would otherwise wait forever for a lost message;
+#: Tiffany's and the bare loop's run return, and the count check fails).
+RUN_TIMEOUT_S = 300
+
+
+def guarded(impl: str, fn: Callable[..., float], *args: Any) -> float:
+    """Run ``fn(*args)``; raise RingError if it takes over RUN_TIMEOUT_S."""
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise RingError(f"{impl}: no result after {RUN_TIMEOUT_S} s (deadlock? lost message?)")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(RUN_TIMEOUT_S)
+    try:
+        return fn(*args)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def ring_cell(impl: str, r: int, n: int, m: int, period: int, repeat: int) -> dict[str, Any]:
     cell: dict[str, Any] = {"R": r, "M": m, "messages": r * n * m}
-    if impl == "curio" and r * n > CURIO_MAX:
-        cell["skipped"] = f"curio past {CURIO_MAX:,} coroutines (build takes minutes)"
+    if impl == "curio" and r * n >= CURIO_MAX:
+        cell["skipped"] = f"curio from {CURIO_MAX:,} coroutines (minutes per run)"
         return cell
-    times = [RING[impl](r, n, m, period) for _ in range(repeat)]
+    if impl == "curio" and r * n >= CURIO_ONCE:
+        repeat = 1
+    wall = time.perf_counter()
+    times = [guarded(impl, RING[impl], r, n, m, period) for _ in range(repeat)]
+    cell["wall_seconds"] = time.perf_counter() - wall
+    if PROGRESS:
+        print(
+            f"  [{impl} N={n} coroutines={r * n:,} M={m:,}: best {min(times):.2f} s of {repeat}, "
+            f"cell {cell['wall_seconds']:.1f} s]",
+            file=sys.stderr,
+            flush=True,
+        )
     cell["seconds"] = min(times)
     cell["msgs_per_s"] = r * n * m / min(times)
     if impl in LAST_TURNS:
@@ -298,19 +333,31 @@ def ring_cell(impl: str, total: int, n: int, period: int, repeat: int, scale: fl
 
 
 def fmt_rate(v: float | None) -> str:
-    return "n/a" if v is None else f"{v / 1e6:.3f}"
+    return "n/a" if v is None else "skip" if v != v else f"{v / 1e6:.3f}"
 
 
 def fmt_ratio(a: float | None, b: float | None) -> str:
-    return "n/a" if a is None or b is None else f"{a / b:.2f}"
+    if a is None or b is None or a != a or b != b:
+        return "n/a"
+    return f"{a / b:.2f}"
+
+
+class Table:
+    """An aligned text table printed row by row (a long run shows progress)."""
+
+    def __init__(self, head: list[str], min_width: int = 7) -> None:
+        self.widths = [max(len(h), min_width) for h in head]
+        print("  ".join(h.rjust(w) for h, w in zip(head, self.widths, strict=True)))
+        print("  ".join("-" * w for w in self.widths), flush=True)
+
+    def row(self, cells: list[str]) -> None:
+        print("  ".join(c.rjust(w) for c, w in zip(cells, self.widths, strict=True)), flush=True)
 
 
 def print_table(head: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(h), *(len(row[j]) for row in rows)) for j, h in enumerate(head)]
-    print("  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)))
-    print("  ".join("-" * w for w in widths))
+    table = Table(head, max((len(c) for row in rows for c in row), default=1))
     for row in rows:
-        print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)), flush=True)
+        table.row(row)
 
 
 def cpu_model() -> str:
@@ -333,7 +380,9 @@ def versions() -> dict[str, str]:
     try:
         rev = subprocess.run(
             ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
         out["tiffany"] = rev
     except (OSError, subprocess.CalledProcessError):
@@ -341,19 +390,30 @@ def versions() -> dict[str, str]:
     return out
 
 
-def table_ring(args: argparse.Namespace, impls: list[str], sizes: list[int], scale: float) -> dict[str, Any]:
+def table_ring(
+    args: argparse.Namespace, impls: list[str], sizes: list[int], scale: float
+) -> dict[str, Any]:
     results: dict[str, Any] = {}
     variants = ("rotate", "fixed") if args.originator == "both" else (args.originator,)
     for variant, n in [(v, n) for v in variants for n in NS]:
         period = n if variant == "rotate" else 1
         label = "" if variant == "rotate" else ", fixed originator (one token per ring)"
-        print(f"\nTable 1 (N={n}{label}): ring messages per second (millions); ratios are Tiffany / peer")
+        print(
+            f"\nTable 1 (N={n}{label}): ring messages per second (millions); "
+            "ratios are Tiffany / peer"
+        )
         rate: dict[tuple[int, str], float | None] = {}
-        rows, instr_rows = [], []
+        instr_rows = []
+        head = ["coroutines", "R", "M"] + [i for i in impls if i != "tiffany+instr"]
+        if "tiffany" in impls:
+            head += [f"t/{p}" for p in PEERS if p in impls]
+        table = Table(head)
         for total in sizes:
             if total < n:
                 continue
             key = f"N={n},coroutines={total}" + ("" if variant == "rotate" else ",fixed")
+            r = max(1, total // n)
+            m = max(1, int(MESSAGES * scale) // (r * n))
             results[key] = {}
             repeat = args.repeat if total < LARGE else args.repeat_large
             for impl in impls:
@@ -362,27 +422,28 @@ def table_ring(args: argparse.Namespace, impls: list[str], sizes: list[int], sca
                     results[key][impl] = {"n/a": why}
                     rate[total, impl] = None
                     continue
-                cell = ring_cell(impl, total, n, period, repeat, scale)
+                cell = ring_cell(impl, r, n, m, period, repeat)
                 results[key][impl] = cell
-                rate[total, impl] = cell.get("msgs_per_s")
+                rate[total, impl] = cell.get("msgs_per_s", math.nan)
             t = rate[total, "tiffany"] if "tiffany" in impls else None
-            row = [f"{total:,}", f"{max(1, total // n):,}"]
+            row = [f"{total:,}", f"{r:,}", f"{m:,}"]
             row += [fmt_rate(rate[total, i]) for i in impls if i != "tiffany+instr"]
             if "tiffany" in impls:
                 row += [fmt_ratio(t, rate[total, p]) for p in PEERS if p in impls]
-            rows.append(row)
+            table.row(row)
             if "tiffany+instr" in impls:
                 ti = rate[total, "tiffany+instr"]
                 a = rate[total, "asyncio"] if "asyncio" in impls else None
                 tpm = results[key].get("tiffany", {}).get("turns_per_msg")
-                instr_rows.append([
-                    f"{total:,}", fmt_rate(ti), fmt_ratio(ti, a), fmt_ratio(ti, t),
-                    "n/a" if tpm is None else f"{tpm:.2f}",
-                ])
-        head = ["coroutines", "R"] + [i for i in impls if i != "tiffany+instr"]
-        if "tiffany" in impls:
-            head += [f"t/{p}" for p in PEERS if p in impls]
-        print_table(head, rows)
+                instr_rows.append(
+                    [
+                        f"{total:,}",
+                        fmt_rate(ti),
+                        fmt_ratio(ti, a),
+                        fmt_ratio(ti, t),
+                        "n/a" if tpm is None else f"{tpm:.2f}",
+                    ]
+                )
         if instr_rows:
             print(f"\nTable 1b (N={n}{label}): tiffany + 1 instrument (SlowDispatchWatchdog)")
             print_table(
@@ -443,18 +504,24 @@ def memory_child(impl: str, n: int) -> None:
 
 def table_memory(impls: list[str], n: int) -> dict[str, Any]:
     names = [i for i in MEMORY_IMPLS if i in impls]
-    print(f"\nTable 3: memory per parked task ({n:,} tasks, each blocked on its own queue; tracemalloc)")
+    print(
+        f"\nTable 3: memory per parked task ({n:,} tasks, each blocked on its own queue; "
+        "tracemalloc)"
+    )
     per: dict[str, float | None] = {}
     count: dict[str, int] = {}
     for impl in names:
         count[impl] = k = min(n, MEMORY_TASKS_CURIO) if impl == "curio" else n
         proc = subprocess.run(
             [sys.executable, __file__, "--memory-child", impl, "--memory-tasks", str(k)],
-            capture_output=True, text=True,
+            capture_output=True,
+            text=True,
         )
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
         if proc.returncode != 0 or not lines:
-            raise RingError(f"memory child {impl} failed (rc={proc.returncode}):\n{proc.stderr[-2000:]}")
+            raise RingError(
+                f"memory child {impl} failed (rc={proc.returncode}):\n{proc.stderr[-2000:]}"
+            )
         value = lines[-1].split()[1]
         per[impl] = None if value == "n/a" else int(value) / count[impl]
     t = per.get("tiffany")
@@ -469,25 +536,44 @@ def table_memory(impls: list[str], n: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="smoke run: sizes 16,4000, a tenth of the messages")
-    ap.add_argument("--sizes", help="comma-separated coroutine counts N*R (default 16,400,4000,40000,400000)")
-    ap.add_argument("--impls", help=f"comma-separated subset of {','.join(IMPLS)}")
-    ap.add_argument("--repeat", type=int, default=3, help="runs per cell below 100,000 coroutines, best kept")
-    ap.add_argument("--repeat-large", type=int, default=1, help="runs per cell from 100,000 coroutines")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument(
-        "--originator", choices=("rotate", "fixed", "both"), default="rotate",
+        "--quick", action="store_true", help="smoke run: sizes 16,4000, a tenth of the messages"
+    )
+    ap.add_argument(
+        "--sizes", help="comma-separated coroutine counts N*R (default 16,400,4000,40000,400000)"
+    )
+    ap.add_argument("--impls", help=f"comma-separated subset of {','.join(IMPLS)}")
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="runs per cell below 100,000 coroutines, best kept"
+    )
+    ap.add_argument(
+        "--repeat-large", type=int, default=1, help="runs per cell from 100,000 coroutines"
+    )
+    ap.add_argument(
+        "--originator",
+        choices=("rotate", "fixed", "both"),
+        default="rotate",
         help="rotate: round k starts at coroutine k mod N (the seed's gmain.go; rounds overlap, "
         "up to N tokens per ring); fixed: always coroutine 0 (one token per ring, every receive "
         "blocks); both: Table 1 twice",
     )
     ap.add_argument("--tables", default="1,2,3", help="which tables to print (default 1,2,3)")
-    ap.add_argument("--journal", action="store_true", help="also the journaled Tiffany ring (needs tiffany.durable)")
+    ap.add_argument(
+        "--journal",
+        action="store_true",
+        help="also the journaled Tiffany ring (needs tiffany.durable)",
+    )
     ap.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON")
+    ap.add_argument("--progress", action="store_true", help="a line on stderr per cell (timings)")
     ap.add_argument("--memory-child", help=argparse.SUPPRESS)
     ap.add_argument("--memory-tasks", type=int, default=MEMORY_TASKS, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
+    global PROGRESS
+    PROGRESS = args.progress
     if args.memory_child:
         memory_child(args.memory_child, args.memory_tasks)
         return
@@ -512,7 +598,8 @@ def main() -> None:
     print(
         f"Python {ver['python']} ({platform.python_implementation()}), {cpu_model()}, "
         f"{os.cpu_count()} CPUs, {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}; "
-        f"uvloop {ver['uvloop']}, trio {ver['trio']}, curio {ver['curio']}; tiffany @ {ver['tiffany']}"
+        f"uvloop {ver['uvloop']}, trio {ver['trio']}, curio {ver['curio']}; "
+        f"tiffany @ {ver['tiffany']}"
     )
     print(
         f"gc collected before and disabled during every timed run; best of {args.repeat} "
@@ -524,10 +611,18 @@ def main() -> None:
         if why:
             print(f"  {impl}: n/a ({why})")
     results: dict[str, Any] = {
-        "env": {**ver, "cpu": cpu_model(), "date": datetime.datetime.now().astimezone().isoformat()},
+        "env": {
+            **ver,
+            "cpu": cpu_model(),
+            "date": datetime.datetime.now().astimezone().isoformat(),
+        },
         "params": {
-            "sizes": sizes, "N": list(NS), "budget": {k: int(v * scale) for k, v in BUDGET.items()},
-            "repeat": args.repeat, "repeat_large": args.repeat_large, "originator": args.originator,
+            "sizes": sizes,
+            "N": list(NS),
+            "messages_per_run": int(MESSAGES * scale),
+            "repeat": args.repeat,
+            "repeat_large": args.repeat_large,
+            "originator": args.originator,
             "quick": args.quick,
         },
     }
