@@ -603,8 +603,9 @@ def main() -> None:
     )
     print(
         f"gc collected before and disabled during every timed run; best of {args.repeat} "
-        f"(below {LARGE:,} coroutines) / {args.repeat_large} (from {LARGE:,}); "
-        f"originator: {args.originator}{'; QUICK' if args.quick else ''}"
+        f"(below {LARGE:,} coroutines) / {args.repeat_large} (from {LARGE:,}; "
+        f"curio 1 from {CURIO_ONCE:,}); originator: {args.originator}"
+        f"{'; QUICK' if args.quick else ''}"
     )
     for impl in impls:
         why = missing(impl)
