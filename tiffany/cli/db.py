@@ -13,17 +13,16 @@ rebuild would start over under the engine's feet.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Final
+from typing import TYPE_CHECKING, Annotated, Final
 
 import typer
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
-__all__ = ["RebuildReport", "decoded_batches", "rebuild_store", "register"]
+__all__ = ["RebuildReport", "rebuild_store", "register"]
 
 db_app = typer.Typer(
     help="The SQL store: migrate its schema, rebuild it from the WAL.", no_args_is_help=True
@@ -48,30 +47,13 @@ class RebuildReport:
     status: dict[str, int] = field(default_factory=dict)
 
 
-def decoded_batches(
-    wal_dir: Path, batch_records: int = REBUILD_BATCH_RECORDS, from_seq: int = 1
-) -> Iterator[list[tuple[int, int, int, list[Any]]]]:
-    """Yield the WAL's journal records as decoded ``(seq, rtype, run_no, fields)`` batches."""
-    from tiffany.durable.records import decode
-    from tiffany.wal import iter_records
-
-    batch: list[tuple[int, int, int, list[Any]]] = []
-    for rec in iter_records(wal_dir, from_seq=from_seq):
-        run_no, fields = decode(rec.payload)
-        batch.append((rec.seq, rec.rtype, run_no, fields))
-        if len(batch) >= batch_records:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
 def rebuild_store(
     engine: Engine, wal_dir: Path, batch_records: int = REBUILD_BATCH_RECORDS
 ) -> RebuildReport:
     """Empty the store and project every record of the WAL into it again."""
     from sqlalchemy import func, select
 
+    from tiffany.engine.projection import decoded_batches
     from tiffany.store import Projector, Run, Step, Task, queries, session_factory
 
     projector = Projector(engine)

@@ -17,18 +17,21 @@ from tiffany.store import Projector, make_engine
 from tiffany.store.migrate import upgrade
 from tiffany.wal import iter_records
 
-__all__ = ["BATCH_RECORDS", "project_wal"]
+__all__ = ["BATCH_RECORDS", "decoded_batches", "project_wal"]
 
 #: Records applied per transaction.
 BATCH_RECORDS: Final = 5_000
 
 
-def _batches(wal_dir: Path, from_seq: int) -> Iterator[list[tuple[int, int, int, list[Any]]]]:
+def decoded_batches(
+    wal_dir: Path, batch_records: int = BATCH_RECORDS, from_seq: int = 1
+) -> Iterator[list[tuple[int, int, int, list[Any]]]]:
+    """Yield the WAL's journal records as decoded ``(seq, rtype, run_no, fields)`` batches."""
     batch: list[tuple[int, int, int, list[Any]]] = []
     for rec in iter_records(wal_dir, from_seq=from_seq):
         run_no, fields = decode(rec.payload)
         batch.append((rec.seq, rec.rtype, run_no, fields))
-        if len(batch) >= BATCH_RECORDS:
+        if len(batch) >= batch_records:
             yield batch
             batch = []
     if batch:
@@ -41,7 +44,7 @@ def project_wal(database_url: str, wal_dir: Path) -> int:
     try:
         upgrade(engine)
         projector = Projector(engine)
-        for batch in _batches(wal_dir, projector.last_seq + 1):
+        for batch in decoded_batches(wal_dir, from_seq=projector.last_seq + 1):
             projector.apply(batch)
         return projector.last_seq
     finally:
