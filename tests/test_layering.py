@@ -67,6 +67,8 @@ LAYERS: dict[str, Layer] = {
     "wal": Layer(_parts("errors"), CODEC_LIBS | _parts("structlog")),
     "durable": Layer(_parts("errors", "kernel", "wal")),
     "pal": Layer(_parts("errors")),
+    # The control channel's protocol and clients (engine <- API commands).
+    "control": Layer(_parts("errors"), CODEC_LIBS),
     "store": Layer(_parts("errors", "config")),
     "agents": Layer(_parts("errors", "kernel", "io")),
     # The kernel demo run by `tiffany demo` / `make run`.
@@ -84,10 +86,11 @@ LAYERS: dict[str, Layer] = {
             "pal",
             "store",
             "agents",
+            "control",
         )
     ),
     # The API side-process never imports kernel, wal, durable or agents.
-    "api": Layer(_parts("errors", "config", "log", "store", "pal")),
+    "api": Layer(_parts("errors", "config", "log", "store", "pal", "control")),
     "cli": Layer(ANYTHING),
     "__main__": Layer(_parts("cli")),
 }

@@ -1,0 +1,238 @@
+"""The control channel: commands from the API side-process to the engine.
+
+The engine process listens on a Unix socket (``<data dir>/control.sock``,
+mode 0600); the API process is its client. Framing is one JSON object per
+line in both directions. A request carries an ``id`` the answer repeats, so
+one connection carries any number of requests in flight (the asyncio client
+below pipelines them).
+
+Requests (``op`` and its fields) and the answers' fields:
+
+=============  ====================================  ==========================================
+op             request fields                        answer (``ok: true``)
+=============  ====================================  ==========================================
+``status``     --                                    ``ready`` (false while recovering),
+                                                     ``recovering`` (runs still replaying),
+                                                     ``pid``, ``started_at``, ``runs_active``
+``submit``     ``plan`` (object), ``inputs``,        ``run_id``, ``created`` (false when the
+               ``key`` (idempotency key or null)     key named an earlier submission)
+``cancel``     ``run_id``                            ``run_id``, ``status: "cancelling"``
+``verify``     ``run_id``                            the replay report (``tiffany replay --verify
+                                                     --json``)
+``metrics``    --                                    counters and histograms (see the engine)
+=============  ====================================  ==========================================
+
+A refused request answers ``{"id", "ok": false, "status", "error", "detail"}``
+where ``status`` is the HTTP status the API should give (404 unknown run,
+409 conflict, 422 invalid plan with ``detail`` a list of ``{"loc", "msg"}``,
+503 not ready) and ``error`` a short message.
+
+``submit`` answers only once the run's first record is durable in the WAL
+(write-ahead: the 201 means the run will happen, even across a crash).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import socket
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+
+from tiffany.errors import TiffanyError
+
+__all__ = [
+    "CONTROL_SOCKET",
+    "MAX_FRAME_BYTES",
+    "AsyncControlClient",
+    "ControlError",
+    "ControlUnavailable",
+    "call",
+    "socket_path",
+]
+
+#: File name of the control socket inside the data dir.
+CONTROL_SOCKET: Final = "control.sock"
+
+#: Largest request or answer line (plans are capped well below this by the API).
+MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+
+
+class ControlError(TiffanyError):
+    """The engine refused a request.
+
+    Attributes:
+        status: The HTTP status the API answers with.
+        detail: Structured detail (for 422: a list of ``{"loc", "msg"}``).
+    """
+
+    code = "control.refused"
+
+    def __init__(self, status: int, message: str, detail: Any = None) -> None:
+        super().__init__(message, status=status, detail=detail)
+        self.status = status
+        self.detail = detail
+
+
+class ControlUnavailable(TiffanyError):
+    """The engine process is not reachable (not started, restarting, or gone)."""
+
+    code = "control.unavailable"
+
+
+def socket_path(data_dir: str | os.PathLike[str]) -> Path:
+    """Return the control socket's path for a data dir."""
+    return Path(data_dir) / CONTROL_SOCKET
+
+
+def encode_frame(obj: Any) -> bytes:
+    """Return ``obj`` as one framed line."""
+    return _encode(obj) + b"\n"
+
+
+def decode_frame(line: bytes) -> Any:
+    """Decode one framed line (without or with its newline)."""
+    return _decode(line)
+
+
+def _answer(msg: dict[str, Any]) -> dict[str, Any]:
+    if msg.get("ok"):
+        return msg
+    raise ControlError(
+        int(msg.get("status", 500)), str(msg.get("error", "engine error")), msg.get("detail")
+    )
+
+
+def call(
+    data_dir: str | os.PathLike[str], op: str, *, timeout: float = 30.0, **fields: Any
+) -> dict[str, Any]:
+    """Send one request over a fresh connection and return the answer (blocking).
+
+    Raises:
+        ControlUnavailable: No engine listens on the data dir's socket.
+        ControlError: The engine refused the request.
+    """
+    path = socket_path(data_dir)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(str(path))
+        except OSError as exc:
+            raise ControlUnavailable(f"no engine listens on {path}: {exc}", path=str(path)) from exc
+        sock.sendall(encode_frame({"id": 1, "op": op, **fields}))
+        buf = bytearray()
+        while b"\n" not in buf:
+            chunk = sock.recv(1 << 16)
+            if not chunk:
+                raise ControlUnavailable(f"the engine closed {path} before answering")
+            buf += chunk
+            if len(buf) > MAX_FRAME_BYTES:
+                raise ControlUnavailable("answer too large")
+    line, _, _ = bytes(buf).partition(b"\n")
+    return _answer(decode_frame(line))
+
+
+class AsyncControlClient:
+    """An asyncio client that pipelines requests over one connection.
+
+    It connects on first use and reconnects after the engine restarts; a
+    request in flight when the connection drops fails with
+    :class:`ControlUnavailable` (the caller answers 503; a resubmission with
+    the same idempotency key is safe).
+    """
+
+    def __init__(self, data_dir: str | os.PathLike[str], *, timeout: float = 30.0) -> None:
+        self.path = socket_path(data_dir)
+        self.timeout = timeout
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._connecting: asyncio.Lock | None = None
+
+    async def request(
+        self, op: str, *, timeout: float | None = None, **fields: Any
+    ) -> dict[str, Any]:
+        """Send a request and return its answer.
+
+        Raises:
+            ControlUnavailable: The engine is not reachable or did not answer in time.
+            ControlError: The engine refused the request.
+        """
+        writer = await self._connect()
+        rid = next(self._ids)
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        try:
+            writer.write(encode_frame({"id": rid, "op": op, **fields}))
+            await writer.drain()
+            msg = await asyncio.wait_for(fut, timeout if timeout is not None else self.timeout)
+        except (OSError, ConnectionError) as exc:
+            self._drop(exc)
+            raise ControlUnavailable(f"lost the engine on {self.path}: {exc}") from exc
+        except TimeoutError as exc:
+            raise ControlUnavailable(f"the engine did not answer {op!r} in time") from exc
+        finally:
+            self._pending.pop(rid, None)
+        return _answer(msg)
+
+    async def close(self) -> None:
+        """Close the connection (pending requests fail)."""
+        self._drop(ControlUnavailable("client closed"))
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader_task
+            self._reader_task = None
+
+    async def _connect(self) -> asyncio.StreamWriter:
+        if self._writer is not None and not self._writer.is_closing():
+            return self._writer
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:
+            if self._writer is not None and not self._writer.is_closing():
+                return self._writer
+            try:
+                reader, writer = await asyncio.open_unix_connection(
+                    str(self.path), limit=MAX_FRAME_BYTES
+                )
+            except OSError as exc:
+                raise ControlUnavailable(
+                    f"no engine listens on {self.path}: {exc}", path=str(self.path)
+                ) from exc
+            self._writer = writer
+            self._reader_task = asyncio.create_task(self._read(reader, writer))
+            return writer
+
+    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    break
+                msg = decode_frame(line)
+                fut = self._pending.get(msg.get("id"))
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+        except (OSError, ValueError, msgspec.DecodeError) as exc:
+            if self._writer is writer:
+                self._drop(exc)
+            return
+        if self._writer is writer:
+            self._drop(ConnectionError("the engine closed the control connection"))
+
+    def _drop(self, exc: BaseException) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(ControlUnavailable(f"lost the engine on {self.path}: {exc}"))
