@@ -25,14 +25,16 @@ Modules: ``format`` (constants, segment header), ``frame`` (one record),
 """
 
 from tiffany.wal.format import MAX_RECORD_BYTES, SEGMENT_SIZE_BYTES
+from tiffany.wal.frame import split_frames
 from tiffany.wal.reader import Record, TornTail, iter_records
 from tiffany.wal.recovery import Recovery
 from tiffany.wal.repair import RepairReport, VerifyReport, repair, verify
-from tiffany.wal.writer import FsyncPolicy, Wal
+from tiffany.wal.writer import CommitListener, FsyncPolicy, Wal
 
 __all__ = [
     "MAX_RECORD_BYTES",
     "SEGMENT_SIZE_BYTES",
+    "CommitListener",
     "FsyncPolicy",
     "Record",
     "Recovery",
@@ -42,5 +44,6 @@ __all__ = [
     "Wal",
     "iter_records",
     "repair",
+    "split_frames",
     "verify",
 ]

@@ -33,6 +33,8 @@ from __future__ import annotations
 import enum
 import os
 import struct
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -52,7 +54,14 @@ from tiffany.wal.lock import lock_dir
 from tiffany.wal.recovery import Recovery, recover
 from tiffany.wal.segments import SyncFn, WriteFn, create_segment, write_all
 
-__all__ = ["FsyncPolicy", "Recovery", "Wal"]
+#: ``on_commit(first_seq, frames, sync_s)``: after a commit made records
+#: ``first_seq``.. durable; ``frames`` holds exactly their encoded frames, back
+#: to back (the format's record layout; :func:`tiffany.wal.frame.split_frames`
+#: splits them), and is never touched again by the WAL; ``sync_s`` is how long
+#: the fsync took (0 under ``off``). Runs on the committing thread: keep it O(1).
+CommitListener = Callable[[int, bytearray, float], None]
+
+__all__ = ["CommitListener", "FsyncPolicy", "Recovery", "Wal"]
 
 log = structlog.get_logger("tiffany.wal")
 
@@ -112,6 +121,8 @@ class Wal:
         self._durable_seq = 0
         self._failed: WalFailedError | None = None
         self._closed = False
+        #: Called after each commit that wrote records (see :meth:`commit`).
+        self.on_commit: CommitListener | None = None
 
     # -- opening ---------------------------------------------------------------
 
@@ -257,6 +268,8 @@ class Wal:
         if not buf:
             return self._durable_seq
         sync = None if self.policy is FsyncPolicy.OFF else self._fdatasync
+        listener = self.on_commit
+        sync_s = 0.0
         try:
             tail = self._write_cuts(buf, sync) if self._cuts else buf
             fd = self._fd
@@ -264,14 +277,22 @@ class Wal:
             if written != len(tail):
                 write_all(self._write, fd, memoryview(tail)[written:])
             if sync is not None:
-                sync(fd)
+                if listener is not None:
+                    t0 = time.perf_counter()
+                    sync(fd)
+                    sync_s = time.perf_counter() - t0
+                else:
+                    sync(fd)
         except OSError as exc:
             raise self._fail(exc) from exc
         self._seg_bytes += len(tail)
         self._buf = bytearray()
         self._seg_empty = False
         self._limit = self.segment_size_bytes - self._seg_bytes - RECORD_HEADER_SIZE_BYTES
+        first = self._durable_seq + 1
         self._durable_seq = seq = self._next_seq - 1
+        if listener is not None:
+            listener(first, buf, sync_s)
         return seq
 
     def _write_cuts(self, buf: bytearray, sync: SyncFn | None) -> bytearray:
