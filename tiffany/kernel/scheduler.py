@@ -127,6 +127,7 @@ class Scheduler(Reactor):
         self._fatal: BaseException | None = None
         self._running = False
         self._closed = False
+        self._stop_requested = False
         #: How many turns (a task run until it parks or requeues) so far.
         self.turns = 0
         # Hooks the handlers call (the loop keeps its own locals).
@@ -188,6 +189,16 @@ class Scheduler(Reactor):
             return False
         self._kill(target, None)
         return True
+
+    def stop(self) -> None:
+        """Make :meth:`run` return before the next pass, leaving every task as it is.
+
+        Nothing is killed or closed: a journaled run stays unfinished in the
+        WAL and is resumed by recovery, and ``run`` may be called again. Call
+        it from the scheduler's thread (a task, an injector, a hook).
+        """
+        self._stop_requested = True
+        self._hooks_dirty = True
 
     def defer_wake(self, task: Task, value: Any = None, error: BaseException | None = None) -> None:
         """Wake ``task`` at the next wait stage, as if by an external event.
@@ -324,6 +335,10 @@ class Scheduler(Reactor):
                 # stops the loop here, before another task runs.
                 if self._fatal is not None:
                     raise self._fatal
+                if self._stop_requested:
+                    self._stop_requested = False
+                    log.info("kernel.stopped", alive=self._alive)
+                    return
                 before, after, wait_hooks, fast_queue = self._dispatch_hooks()
             ntodo = len(ready)
             self.turns += ntodo
