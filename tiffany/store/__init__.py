@@ -15,7 +15,16 @@ decoded from the engine, and ``tiffany db rebuild`` reads the WAL for it.
 """
 
 from tiffany.store import queries
-from tiffany.store.models import Base, ProjectorState, Run, RunStatus, Step, StepStatus, Task
+from tiffany.store.models import (
+    Base,
+    JournalRecord,
+    ProjectorState,
+    Run,
+    RunStatus,
+    Step,
+    StepStatus,
+    Task,
+)
 from tiffany.store.projector import ApplyReport, Projector
 from tiffany.store.records import RecordType
 from tiffany.store.session import make_engine, session_factory
@@ -23,6 +32,7 @@ from tiffany.store.session import make_engine, session_factory
 __all__ = [
     "ApplyReport",
     "Base",
+    "JournalRecord",
     "Projector",
     "ProjectorState",
     "RecordType",

@@ -37,6 +37,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 __all__ = [
     "PROJECTOR_STATE_ID",
     "Base",
+    "JournalRecord",
     "ProjectorState",
     "Run",
     "RunStatus",
@@ -222,3 +223,23 @@ class ProjectorState(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     last_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class JournalRecord(Base):
+    """One journal record, decoded (the dashboard's journal table, ``GET /api/runs/{id}/events``).
+
+    ``data`` names the record's fields (``{"n", "ltid", "kind", "arg"}`` for a
+    DISPATCH: see ``tiffany/store/records.py``). Keyed by WAL sequence number,
+    so applying a batch twice changes nothing.
+    """
+
+    __tablename__ = "journal_records"
+    __table_args__ = (Index("ix_journal_records_run_no_seq", "run_no", "seq"),)
+
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    run_no: Mapped[int] = mapped_column(Integer)
+    #: The record type's name (``DISPATCH``...).
+    rtype: Mapped[str] = mapped_column(String(16))
+    #: The task's run-local id, for the records that concern one task.
+    ltid: Mapped[int | None] = mapped_column(Integer)
+    data: Mapped[Any] = mapped_column(JSON)

@@ -56,8 +56,10 @@ from typing import Any, Final
 from sqlalchemy import Connection, Engine, Table, and_, bindparam, delete, func, insert, select
 from sqlalchemy import update as sql_update
 
+from tiffany.store.journal import record_row
 from tiffany.store.models import (
     PROJECTOR_STATE_ID,
+    JournalRecord,
     ProjectorState,
     Run,
     RunStatus,
@@ -176,10 +178,15 @@ class _Batch:
         self.runs = _Rows(Run.__table__)  # type: ignore[arg-type]
         self.tasks = _Rows(Task.__table__)  # type: ignore[arg-type]
         self.steps = _Rows(Step.__table__)  # type: ignore[arg-type]
+        self.records: list[dict[str, Any]] = []  # journal_records rows
 
     def flush(self, conn: Connection) -> int:
         # Parents first: tasks and steps reference runs.
-        return self.runs.flush(conn) + self.tasks.flush(conn) + self.steps.flush(conn)
+        n = self.runs.flush(conn) + self.tasks.flush(conn) + self.steps.flush(conn)
+        if self.records:
+            conn.execute(insert(JournalRecord), self.records)
+            n += 1
+        return n
 
 
 class Projector:
@@ -233,6 +240,7 @@ class Projector:
                         report.skipped += 1
                         continue
                     report.last_seq = seq
+                    changes.records.append(record_row(seq, rtype, run_no, fields))
                     if len(fields) < FIELD_COUNTS.get(rtype, 0):
                         report.malformed += 1
                     elif self._apply_one(conn, changes, seq, rtype, run_no, fields):
@@ -258,7 +266,7 @@ class Projector:
         try:
             with self.engine.begin() as conn:
                 self._lock_mark(conn)
-                for model in (Step, Task, Run):
+                for model in (JournalRecord, Step, Task, Run):
                     conn.execute(delete(model))
                 conn.execute(
                     sql_update(ProjectorState)

@@ -2,9 +2,9 @@
 
 Functions take a :class:`~sqlalchemy.orm.Session` and return model objects
 or plain dicts; :func:`run_summary` and :func:`run_detail` give the JSON
-shapes of the HTTP API contract (ARCHITECTURE.md, "HTTP API"). The journal
-records of a run (``/events``) are not in the store: the API reads them
-from the WAL.
+shapes of the HTTP API contract (ARCHITECTURE.md, "HTTP API");
+:func:`run_records` (from ``journal.py``) pages a run's decoded journal
+records (``/events``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any, Final
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
+from tiffany.store.journal import run_records
 from tiffany.store.models import Run, RunStatus, Step, Task
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "get_run",
     "list_runs",
     "run_detail",
+    "run_records",
     "run_summary",
     "step_dict",
     "task_dict",
