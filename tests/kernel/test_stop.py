@@ -35,3 +35,32 @@ def test_stop_returns_without_killing_and_run_resumes() -> None:
     assert sorted(steps[1:]) == ["b", "c", "stopper-after"]
     assert sched.result(wid) == "done"
     sched.close()
+
+
+def test_stop_from_a_task_that_then_blocks_on_io() -> None:
+    """The loop must not go on to wait for events once stop() was called."""
+    import os
+    import threading
+
+    from tiffany.kernel import ReadWait
+
+    sched = Scheduler()
+    rfd, wfd = os.pipe()
+
+    def reader():
+        while True:
+            yield ReadWait(rfd)
+            if os.read(rfd, 1) == b"s":
+                sched.stop()
+
+    sched.spawn(reader())
+    timer = threading.Timer(0.05, os.write, (wfd, b"s"))
+    timer.start()
+    done = threading.Event()
+    runner = threading.Thread(target=lambda: (sched.run(), done.set()), daemon=True)
+    runner.start()
+    assert done.wait(5), "run() did not return after stop()"
+    assert sched.alive == 1
+    sched.close()
+    os.close(rfd)
+    os.close(wfd)

@@ -61,6 +61,8 @@ class Reactor:
         self._pool: ThreadPool | None = None
         self._threads_pending = 0
         self._outbox: list[tuple[Task, Any]] = []
+        # Set by Scheduler.stop: the wait stage returns at once.
+        self._stop_requested = False
 
     def wake(self, task: Task, value: Any = None) -> None:
         """Make a parked task ready (the scheduler implements it)."""
@@ -80,6 +82,8 @@ class Reactor:
 
         Returns False when nothing is ready and nothing can ever wake a task.
         """
+        if self._stop_requested:
+            return True  # back to the top of the loop, which stops (Scheduler.stop)
         hooks = self._instruments.hooks
         clock = self.clock
         self._purge_timers()

@@ -127,7 +127,6 @@ class Scheduler(Reactor):
         self._fatal: BaseException | None = None
         self._running = False
         self._closed = False
-        self._stop_requested = False
         #: How many turns (a task run until it parks or requeues) so far.
         self.turns = 0
         # Hooks the handlers call (the loop keeps its own locals).
