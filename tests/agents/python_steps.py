@@ -1,0 +1,15 @@
+"""Python tool functions for the python-step tests (imported by the test and its crash child)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tiffany.agents.tools.python import python_tool
+
+
+@python_tool("test.append_line")
+def append_line(path: str, line: str, carry: int = 0) -> int:
+    """Append ``line`` to the file at ``path`` (the step's visible effect); return carry + 1."""
+    with Path(path).open("a") as f:
+        f.write(line + "\n")
+    return carry + 1

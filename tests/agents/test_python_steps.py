@@ -1,0 +1,117 @@
+"""Plans of python steps on the journaled engine: no tool task, replay, kill -9 recovery."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import python_steps  # noqa: E402, F401 - registers the functions
+
+from tiffany.config import Settings  # noqa: E402
+from tiffany.durable import RecordType, scan, verify  # noqa: E402
+from tiffany.durable.history import decoded_records  # noqa: E402
+from tiffany.engine import build, replay_resolvers  # noqa: E402
+
+
+def _chain(log: Path, n: int, timeout_s: float | None = None) -> dict:
+    steps = []
+    for i in range(n):
+        args = {
+            "path": str(log),
+            "line": f"s{i}",
+            "carry": f"${{steps.s{i - 1}.output}}" if i else 0,
+        }
+        step = {
+            "id": f"s{i}",
+            "tool": "python",
+            "args": {"function": "test.append_line", "kwargs": args},
+        }
+        if i:
+            step["after"] = [f"s{i - 1}"]
+        if timeout_s is not None:
+            step["timeout_s"] = timeout_s
+        steps.append(step)
+    return {"name": "py-chain", "steps": steps, "outputs": {"last": f"${{steps.s{n - 1}.output}}"}}
+
+
+def _run(data_dir: Path, plan: dict) -> tuple[str, list[str]]:
+    engine = build(Settings(data_dir=data_dir), enabled_tools=["python"])
+    with engine.runtime as rt:
+        run_id = engine.submit_plan(plan)
+        rt.run()
+        state = rt.status(run_id)
+        assert state.status == "succeeded", state.error
+        assert state.result["outputs"]["last"] == len(plan["steps"])
+    info = scan(data_dir / "wal").get(run_id)
+    names = [
+        f[3]
+        for _s, rtype, f in decoded_records(data_dir / "wal", info)
+        if rtype == RecordType.SPAWN
+    ]
+    return run_id, names
+
+
+def _verify(data_dir: Path, run_id: str) -> None:
+    report = verify(data_dir, run_id, resolvers=replay_resolvers(Settings(data_dir=data_dir)))
+    assert report.ok, report.to_dict()
+
+
+def test_a_python_step_without_timeout_runs_in_its_worker(tmp_path):
+    log = tmp_path / "effects.log"
+    run_id, spawned = _run(tmp_path / "data", _chain(log, 3))
+    assert spawned == ["py-chain", "worker:s0", "worker:s1", "worker:s2"]  # no tool task
+    assert log.read_text().split() == ["s0", "s1", "s2"]
+    _verify(tmp_path / "data", run_id)
+    assert log.read_text().split() == ["s0", "s1", "s2"]  # the replay called nothing
+
+
+def test_a_python_step_with_a_timeout_keeps_its_tool_task(tmp_path):
+    log = tmp_path / "effects.log"
+    run_id, spawned = _run(tmp_path / "data", _chain(log, 2, timeout_s=60))
+    assert spawned == ["py-chain", "worker:s0", "tool:python:s0", "worker:s1", "tool:python:s1"]
+    _verify(tmp_path / "data", run_id)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill_at", [7, 12, 18, 25, 31])
+def test_a_python_plan_killed_mid_run_never_reruns_a_completed_step(tmp_path, kill_at):
+    log = tmp_path / "effects.log"
+    plan = _chain(log, 8)
+    child = subprocess.run(
+        [
+            sys.executable,
+            str(HERE / "python_crash_child.py"),
+            str(tmp_path / "data"),
+            json.dumps(plan),
+            str(kill_at),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
+    before = log.read_text().split() if log.exists() else []
+    engine = build(Settings(data_dir=tmp_path / "data"), enabled_tools=["python"])
+    with engine.runtime as rt:
+        assert rt.recover() == ["plan-run"]
+        rt.run()
+        state = rt.status("plan-run")
+        assert state.status == "succeeded", state.error
+        assert state.result["outputs"]["last"] == 8
+    after = Counter(log.read_text().split())
+    assert sorted(after) == sorted(f"s{i}" for i in range(8))
+    # a step completed before the crash ran once; at most the one in flight ran twice
+    assert sum(after.values()) - 8 <= 1, after
+    for line in before[:-1]:
+        assert after[line] == 1, (line, after)
+    _verify(tmp_path / "data", "plan-run")
