@@ -197,7 +197,6 @@ class Scheduler(Reactor):
         it from the scheduler's thread (a task, an injector, a hook).
         """
         self._stop_requested = True
-        self._hooks_dirty = True
 
     def defer_wake(self, task: Task, value: Any = None, error: BaseException | None = None) -> None:
         """Wake ``task`` at the next wait stage, as if by an external event.
@@ -334,11 +333,11 @@ class Scheduler(Reactor):
                 # stops the loop here, before another task runs.
                 if self._fatal is not None:
                     raise self._fatal
-                if self._stop_requested:
-                    self._stop_requested = False
-                    log.info("kernel.stopped", alive=self._alive)
-                    return
                 before, after, wait_hooks, fast_queue = self._dispatch_hooks()
+            if self._stop_requested:  # Scheduler.stop(): one read per pass
+                self._stop_requested = False
+                log.info("kernel.stopped", alive=self._alive)
+                return
             ntodo = len(ready)
             self.turns += ntodo
             # -- stage 1: dispatch what was ready when the pass began --------
