@@ -9,7 +9,11 @@
   code takes another path, and expect ``NondeterminismError``.
 
 Regenerate only on purpose (a WAL format or journal schema change): the
-point of a golden journal is that old histories keep replaying.
+point of a golden journal is that old histories keep replaying. Keep the
+previous recordings beside the new ones under a suffix (``fan_in_v1``,
+``nondeterministic_v1``: written before a NewTask, Now(), Random() or Step
+dispatch was carried by its SPAWN, OUTCOME or STEP_START record), and keep
+testing that they replay.
 """
 
 from __future__ import annotations

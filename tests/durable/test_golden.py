@@ -1,4 +1,10 @@
-"""Golden journals: histories recorded once, replayed by every build (Temporal's pattern)."""
+"""Golden journals: histories recorded once, replayed by every build (Temporal's pattern).
+
+Each is kept in the current journal schema and in the previous one (``_v1``:
+every dispatch had its own DISPATCH record, before a ``NewTask``, ``Now()``,
+``Random()`` or ``Step`` was carried by the record it causes): old histories
+must keep replaying.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +12,13 @@ import shutil
 from pathlib import Path
 
 import durable_workloads as wl
+import pytest
 
-from tiffany.durable import scan, verify
+from tiffany.durable import RecordType, scan, verify
+from tiffany.wal import iter_records
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
+SCHEMAS = ["", "_v1"]
 
 
 def _copy(name: str, tmp_path: Path) -> Path:
@@ -18,8 +27,9 @@ def _copy(name: str, tmp_path: Path) -> Path:
     return dst
 
 
-def test_the_golden_fan_in_journal_replays_identically(tmp_path):
-    data = _copy("fan_in", tmp_path)
+@pytest.mark.parametrize("schema", SCHEMAS)
+def test_the_golden_fan_in_journal_replays_identically(tmp_path, schema):
+    data = _copy(f"fan_in{schema}", tmp_path)
     info = scan(data / "wal").get("golden-fan_in")
     assert info.status == "succeeded"
     report = verify(data, "golden-fan_in")
@@ -28,8 +38,19 @@ def test_the_golden_fan_in_journal_replays_identically(tmp_path):
     assert wl.CALLS == []  # steps were not called again
 
 
-def test_the_nondeterministic_golden_journal_raises(tmp_path):
-    data = _copy("nondeterministic", tmp_path)
+def test_the_two_schemas_hold_the_same_dispatches_in_fewer_records(tmp_path):
+    new, old = ([r.rtype for r in iter_records(GOLDEN / f"fan_in{s}" / "wal")] for s in SCHEMAS)
+    assert len(new) < len(old)
+    assert new.count(RecordType.DISPATCH) < old.count(RecordType.DISPATCH)
+    assert (
+        verify(_copy("fan_in", tmp_path), "golden-fan_in").dispatches
+        == verify(_copy("fan_in_v1", tmp_path), "golden-fan_in").dispatches
+    )
+
+
+@pytest.mark.parametrize("schema", SCHEMAS)
+def test_the_nondeterministic_golden_journal_raises(tmp_path, schema):
+    data = _copy(f"nondeterministic{schema}", tmp_path)
     report = verify(data, "golden-nondeterministic")
     assert not report.ok
     div = report.divergence

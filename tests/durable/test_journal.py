@@ -8,7 +8,7 @@ import durable_workloads as wl
 import pytest
 from walcut import cut_wal
 
-from tiffany.durable import RecordType, Runtime, scan, verify
+from tiffany.durable import RecordType, Runtime, load, scan, verify
 from tiffany.durable.history import decoded_records
 from tiffany.errors import NondeterminismError
 from tiffany.wal import iter_records
@@ -38,11 +38,17 @@ def test_every_dispatch_is_journaled_with_its_outcomes(tmp_path):
     run_id, _, _ = _run(tmp_path, "durable_workloads:fan_in", 3)
     info = scan(tmp_path / "wal").get(run_id)
     kinds: dict[int, int] = {}
-    dispatch_kinds = set()
+    explicit = set()
     for _seq, rtype, fields in decoded_records(tmp_path / "wal", info):
         kinds[rtype] = kinds.get(rtype, 0) + 1
         if rtype == RecordType.DISPATCH:
-            dispatch_kinds.add(fields[2])
+            explicit.add(fields[2])
+    # A NewTask, Now(), Random() or Step is journaled by the record it causes.
+    assert not explicit & {"new_task", "now", "random", "step"}
+    cursor = load(tmp_path / "wal", info)
+    ns = [rec[0] for _seq, rec in cursor.dispatches]
+    assert ns == list(range(1, len(ns) + 1))  # one record per dispatch, none missing
+    dispatch_kinds = {rec[2] for _seq, rec in cursor.dispatches}
     assert {
         "new_task",
         "queue_get",

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tiffany.durable.journal import ReplayCursor
+from tiffany.durable.journal import MAX_ARG_CHARS, ReplayCursor
 from tiffany.durable.records import RecordType, decode, decode_fields
 from tiffany.errors import TiffanyError
 from tiffany.wal import iter_records
@@ -163,11 +163,16 @@ def _cursor(records: Iterable[tuple[int, int, list[Any]]]) -> ReplayCursor:
     exits: dict[int, list[Any]] = {}
     attempts: dict[tuple[int, int], int] = {}
     run_end: list[Any] | None = None
+    last_n = 0  # the last dispatch seen: a carrying record above it is the next one
     for seq, rtype, fields in records:
         if rtype == RecordType.DISPATCH:
             dispatches.append((seq, fields))
+            last_n = fields[0]
         elif rtype == RecordType.OUTCOME:
             outcomes[fields[0]] = fields
+            if fields[0] > last_n:  # Now() / Random(): the OUTCOME is the dispatch
+                last_n = fields[0]
+                dispatches.append((seq, [last_n, fields[1], fields[2], None]))
         elif rtype == RecordType.WAKE:
             wakes.append((seq, fields))
         elif rtype == RecordType.TASK_EXIT:
@@ -175,6 +180,13 @@ def _cursor(records: Iterable[tuple[int, int, list[Any]]]) -> ReplayCursor:
         elif rtype == RecordType.STEP_START:
             key = (fields[1], fields[2])
             attempts[key] = max(attempts.get(key, 0), fields[4])
+            if fields[0] > last_n:  # a Step: its first start is the dispatch
+                last_n = fields[0]
+                dispatches.append((seq, [last_n, fields[1], "step", fields[3][:MAX_ARG_CHARS]]))
+        elif rtype == RecordType.SPAWN:
+            if fields[0] > last_n:  # a NewTask: the SPAWN is the parent's dispatch
+                last_n = fields[0]
+                dispatches.append((seq, [last_n, fields[2], "new_task", fields[3][:MAX_ARG_CHARS]]))
         elif rtype == RecordType.RUN_END:
             run_end = fields
     return ReplayCursor(dispatches, outcomes, wakes, exits, attempts, run_end)

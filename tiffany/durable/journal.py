@@ -15,6 +15,16 @@ What is recorded (see ``records.py`` for the layout):
   with the run's dispatch count at that moment;
 * spawns, step starts (with the attempt number), task exits, the run's end.
 
+One record per dispatch at most: a dispatch whose own record would follow
+at once (a ``NewTask`` and its SPAWN, a ``Now()`` or ``Random()`` and its
+OUTCOME, a ``Step`` and its STEP_START) is journaled by that record alone,
+which *stands for* the dispatch. The rule a reader applies (``history.py``,
+the store's projector) is that dispatch counts only grow: a SPAWN, OUTCOME
+or STEP_START whose ``n`` is above the last dispatch seen is the dispatch
+``n`` itself, with the call's kind and argument implied by the record (see
+``records.py``). Journals written before this rule (a DISPATCH record,
+then the SPAWN at the same ``n``) read the same way.
+
 Why that suffices: the kernel is deterministic for a given sequence of
 external events, and the only place external events enter the ready queue
 is the wait stage. A run's tasks are appended to the FIFO ready queue either
@@ -30,6 +40,15 @@ Invariants:
   kernel releases thread jobs only after that hook, and a step's task starts
   in the next pass. So no effect leaves the process before the records that
   led to it are durable.
+
+Discussion: the dispatch records carried by the next record halve what a
+trivial plan step journals (17 records per step before, with a tool task;
+see ``bench/plans.py``), and cost nothing in exactness: the implied record is
+built from fields the carrying record already has, and a replay compares
+it as it compared the explicit one. Rejected: dropping task-exit records
+into the task's last ``return`` dispatch the same way: the last dispatch of
+a run is its root's ``return``, which readers (the store's run row) take as
+the run's dispatch count, and an exit carries its value anyway.
 
 Discussion: records that lead to no effect (a dispatch, a spawn, a task's
 exit) are not synced on their own: they are committed with the next record
@@ -62,6 +81,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
+from types import GeneratorType
 from typing import Any, Final
 
 import structlog
@@ -335,18 +355,23 @@ class Journal(Instrument):
         if meta is None or meta.opaque:
             return
         run = meta.run
+        cur = run.replay
+        if cur is not None and cur.index >= len(cur.dispatches):
+            # Before counting this dispatch: steps restarted at go-live are
+            # journaled at the last recorded ``n``, so they carry no dispatch.
+            self._go_live(run)
+            cur = None
         run.n += 1
+        if cur is None:
+            if not _carried(yielded):
+                kind, arg = _describe(self, yielded)
+                if arg is not None and not isinstance(arg, int | float | bool):
+                    arg = str(arg)[:MAX_ARG_CHARS]
+                self._append(RecordType.DISPATCH, run, [run.n, meta.ltid, kind, arg])
+            return
         kind, arg = _describe(self, yielded)
         if arg is not None and not isinstance(arg, int | float | bool):
             arg = str(arg)[:MAX_ARG_CHARS]
-        cur = run.replay
-        if cur is None:
-            self._append(RecordType.DISPATCH, run, [run.n, meta.ltid, kind, arg])
-            return
-        if cur.index >= len(cur.dispatches):
-            self._go_live(run)
-            self._append(RecordType.DISPATCH, run, [run.n, meta.ltid, kind, arg])
-            return
         seq, rec = cur.dispatches[cur.index]
         cur.index += 1
         if rec[0] != run.n or rec[1] != meta.ltid or rec[2] != kind or rec[3] != arg:
@@ -721,6 +746,18 @@ def _same(recorded: Any, actual: Any) -> bool:
     if isinstance(recorded, Unencodable):
         return recorded.repr == repr(actual)[:2000]
     return bool(canonical(recorded) == canonical(actual))
+
+
+def _carried(y: Any) -> bool:
+    """True if the record that follows this dispatch stands for it (no DISPATCH record).
+
+    ``NewTask`` (its SPAWN; not when the kernel refuses a non-generator),
+    ``Now()`` and ``Random()`` (their OUTCOME), ``Step`` (its STEP_START).
+    """
+    cls = y.__class__
+    if cls is Now or cls is Random or cls is Step:
+        return True
+    return cls is NewTask and y.coro.__class__ is GeneratorType
 
 
 def _is_generator_step(call: Step | RunInThread) -> bool:

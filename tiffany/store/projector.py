@@ -28,7 +28,11 @@ What the journal says, and what the projection makes of it:
   worker's spawn marks its step ``running``.
 * ``DISPATCH``: the run's dispatch count; a call that blocks (``sleep``,
   ``wait_task``, ``step``...) makes the task ``blocked_*`` with what it
-  waits on, anything else ``running``.
+  waits on, anything else ``running``. A ``SPAWN``, ``OUTCOME`` or
+  ``STEP_START`` whose ``n`` is above the run's dispatch count stands for
+  the DISPATCH the journal did not write (``NewTask``, ``Now()``/``Random()``,
+  ``Step``; see ``tiffany/durable/records.py``) and is applied as that
+  dispatch too, so the rows are the same either way.
 * ``WAKE``: the task is ``ready`` again. ``OUTCOME`` of ``Now()``: the run's
   clock moves (task and step start and end times are read from it).
 * ``TASK_EXIT``: ``done``, ``crashed`` or ``cancelled`` with the result or
@@ -86,6 +90,8 @@ __all__ = ["ApplyReport", "Projector", "Record"]
 
 #: Finished runs whose context is kept in memory (more are reloaded on demand).
 MAX_CACHED_FINISHED_RUNS: Final = 256
+#: The longest argument a DISPATCH record keeps (the journal's ``MAX_ARG_CHARS``).
+MAX_DISPATCH_ARG_CHARS: Final = 120
 
 _EXIT_STATES: Final = {s.value: s for s in (TaskState.DONE, TaskState.CRASHED, TaskState.CANCELLED)}
 _RUN_END_STATUSES: Final = {
@@ -187,6 +193,16 @@ class _Batch:
             conn.execute(insert(JournalRecord), self.records)
             n += 1
         return n
+
+
+def _carries(ctx: _RunCtx, n: Any) -> bool:
+    """True if a SPAWN/OUTCOME/STEP_START at ``n`` stands for a dispatch (``n`` is new)."""
+    return isinstance(n, int) and not isinstance(n, bool) and n > ctx.dispatches
+
+
+def _arg(name: Any) -> str:
+    """A name as a DISPATCH record's argument holds it (cut to 120 characters)."""
+    return str(name)[:MAX_DISPATCH_ARG_CHARS]
 
 
 class Projector:
@@ -297,19 +313,25 @@ class Projector:
         if rtype == RecordType.DISPATCH:
             self._dispatch(b, ctx, f)
         elif rtype == RecordType.SPAWN:
+            if _carries(ctx, f[0]):
+                self._dispatch(b, ctx, [f[0], f[2], "new_task", _arg(f[3])])
             self._spawn(b, ctx, f)
         elif rtype == RecordType.WAKE:
             ltid = f[1]
             if ltid in ctx.tasks:
                 b.tasks.update((ctx.run_id, ltid), state=TaskState.READY.value, blocked_on=None)
         elif rtype == RecordType.OUTCOME:
+            if _carries(ctx, f[0]):
+                self._dispatch(b, ctx, [f[0], f[1], f[2], None])
             if f[2] == "now" and isinstance(f[3], int | float) and not isinstance(f[3], bool):
                 self._tick(b, ctx, float(f[3]))
         elif rtype == RecordType.TASK_EXIT:
             self._task_exit(b, ctx, f)
         elif rtype == RecordType.RUN_END:
             self._run_end(b, ctx, f)
-        # STEP_START and CANCEL change nothing the store shows.
+        elif rtype == RecordType.STEP_START and _carries(ctx, f[0]):
+            self._dispatch(b, ctx, [f[0], f[1], "step", _arg(f[3])])
+        # CANCEL (and a STEP_START after its DISPATCH) changes nothing the store shows.
         return True
 
     def _run_start(self, b: _Batch, seq: int, run_no: int, f: Sequence[Any]) -> None:
