@@ -1,0 +1,241 @@
+// Tiffany live dashboard: entry point. Wires the runs list, the submit
+// form, the run page and the activity tail to the HTTP API and the live
+// feed, and keeps the view (selected run, filters) in the URL hash:
+//   #/                      overview (submit form)
+//   #/run/<run_id>?status=failed&tail=<run_id>
+
+import { adoptTokenFromUrl, api, ApiError, Feed, getToken, onUnauthorized, setToken } from "./api.js";
+import { $, fill, h, toast } from "./dom.js";
+import { Live } from "./live.js";
+import { RunPage } from "./runpage.js";
+import { RunsPane } from "./runs.js";
+import { renderSubmit } from "./submit.js";
+import { Tail } from "./tail.js";
+
+const READY_POLL_MS = 2000;
+const READY_POLL_OK_MS = 15000;
+const RUNS_POLL_MS = 10000;
+
+adoptTokenFromUrl();
+
+// -- the hash route ------------------------------------------------------------
+
+function readRoute() {
+  const raw = location.hash.replace(/^#/, "");
+  const [path, query = ""] = raw.split("?");
+  const q = new URLSearchParams(query);
+  const m = path.match(/^\/run\/(.+)$/);
+  return {
+    view: m ? "run" : path === "/new" ? "new" : "home",
+    runId: m ? decodeURIComponent(m[1]) : null,
+    status: q.get("status") || null,
+    tail: q.get("tail") || null,
+  };
+}
+
+function routeHash(r) {
+  const path = r.runId ? `/run/${encodeURIComponent(r.runId)}` : r.view === "new" ? "/new" : "/";
+  const q = new URLSearchParams();
+  if (r.status) q.set("status", r.status);
+  if (r.tail) q.set("tail", r.tail);
+  const qs = q.toString();
+  return `#${path}${qs ? `?${qs}` : ""}`;
+}
+
+/** Change the route: `patch` over the current one; `replace` keeps history clean. */
+function navigate(patch, { replace = false } = {}) {
+  const next = { ...readRoute(), ...patch };
+  if (patch.view && patch.view !== "run") next.runId = null;
+  const hash = routeHash(next);
+  if (hash === location.hash) return;
+  if (replace) {
+    history.replaceState(null, "", hash);
+    onRoute();
+  } else location.hash = hash;
+}
+
+// -- the app ---------------------------------------------------------------------
+
+const live = new Live();
+let page = null; // the open RunPage
+let pageRunId = null;
+
+const runs = new RunsPane($("#runs-pane"), {
+  live,
+  route: readRoute,
+  navigate,
+  onError: reportError,
+  onLoaded: (list) => tail.updateFilterOptions(list),
+});
+
+const tail = new Tail($("#tail-pane"), {
+  live,
+  runName: (id) => {
+    const r = runs.runs.find((x) => x.run_id === id);
+    return r ? `${r.name} #${r.run_no}` : id.slice(0, 12);
+  },
+  openRun: (id) => navigate({ view: "run", runId: id }),
+  onFilter: (id) => navigate({ tail: id }, { replace: true }),
+});
+
+const main = $("#main");
+
+function onRoute() {
+  const r = readRoute();
+  tail.setFilter(r.tail);
+  if (r.view === "run") {
+    if (pageRunId !== r.runId) {
+      if (page) page.destroy();
+      const root = h("div");
+      fill(main, root);
+      pageRunId = r.runId;
+      page = new RunPage(root, r.runId, { live, onError: reportError, onRunChanged: () => runs.refreshSoon() });
+      document.title = `Tiffany · ${r.runId}`;
+    }
+  } else {
+    if (page) page.destroy();
+    page = null;
+    pageRunId = null;
+    const root = h("div", { class: "home" });
+    fill(main, root);
+    renderSubmit(root, {
+      onCreated: (runId, name) => {
+        runs.added(runId, name);
+        navigate({ view: "run", runId });
+      },
+    });
+    document.title = "Tiffany";
+  }
+  runs.render();
+}
+
+window.addEventListener("hashchange", onRoute);
+
+// -- live events, batched per animation frame -----------------------------------------
+
+let inbox = [];
+let flushQueued = false;
+
+function onEvent(ev) {
+  inbox.push(ev);
+  if (!flushQueued) {
+    flushQueued = true;
+    requestAnimationFrame(flush);
+  }
+}
+
+function flush() {
+  flushQueued = false;
+  const batch = inbox;
+  inbox = [];
+  const touched = new Set();
+  let finished = false;
+  const mine = [];
+  for (const ev of batch) {
+    live.apply(ev);
+    if (ev.run) touched.add(ev.run);
+    if (ev.kind === "run.finished" || ev.kind === "run.started") finished = true;
+    if (page && ev.run === pageRunId) mine.push(ev);
+  }
+  tail.push(batch);
+  if (touched.size) runs.touched(touched, finished);
+  if (page && mine.length) page.onEvents(mine);
+}
+
+const conn = $("#conn");
+const feed = new Feed({
+  onEvent,
+  onStatus: (st, delayMs) => {
+    conn.dataset.state = st;
+    conn.textContent =
+      st === "live" ? "live" : st === "connecting" ? "connecting…" : `reconnecting in ${Math.ceil(delayMs / 1000)} s`;
+    conn.title = feed.lastSeq != null ? `last event seq ${feed.lastSeq}` : "";
+  },
+  onGone: () => {
+    // We were away too long to resume: reload the state over HTTP.
+    toast("Missed too many events while disconnected; reloading.", "warn");
+    runs.refresh();
+    if (page) page.refresh();
+  },
+});
+
+// -- errors, the token prompt -------------------------------------------------------------
+
+let lastError = 0;
+function reportError(err) {
+  if (err instanceof ApiError && err.status === 401) return; // the token prompt handles it
+  if (Date.now() - lastError < 3000) return;
+  lastError = Date.now();
+  toast(err.message || String(err), "bad");
+}
+
+const dialog = $("#token-dialog");
+const tokenInput = $("#token-input");
+onUnauthorized(() => {
+  if (dialog.open) return;
+  $("#token-reason").textContent = getToken()
+    ? "The server refused the token this page has. Enter another."
+    : "This server needs an API token.";
+  dialog.showModal();
+  tokenInput.focus();
+});
+$("#token-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  setToken(tokenInput.value.trim());
+  tokenInput.value = "";
+  dialog.close();
+  runs.refresh();
+  if (page) page.refresh();
+  feed.restart();
+});
+
+// -- readiness banner -------------------------------------------------------------------
+
+const banner = $("#banner");
+async function pollReady() {
+  let next = READY_POLL_MS;
+  try {
+    const res = await fetch("readyz", { headers: { Accept: "application/json" } });
+    const body = await res.json().catch(() => ({}));
+    const ready = res.ok && body.ready !== false;
+    banner.hidden = ready;
+    if (!ready) {
+      fill(
+        banner,
+        h("strong", null, "Recovering. "),
+        body.detail || body.reason || "The engine is replaying its write-ahead log; runs may be incomplete until it is ready.",
+      );
+    }
+    if (ready) next = READY_POLL_OK_MS;
+  } catch {
+    banner.hidden = true; // the connection pill tells that the server is gone
+  }
+  setTimeout(pollReady, next);
+}
+
+// -- theme ---------------------------------------------------------------------------------
+
+const THEME_KEY = "tiffany.theme";
+function applyTheme(t) {
+  if (t) document.documentElement.dataset.theme = t;
+  else delete document.documentElement.dataset.theme;
+}
+applyTheme(localStorage.getItem(THEME_KEY));
+$("#theme-toggle").addEventListener("click", () => {
+  const dark =
+    document.documentElement.dataset.theme === "dark" ||
+    (!document.documentElement.dataset.theme && matchMedia("(prefers-color-scheme: dark)").matches);
+  const t = dark ? "light" : "dark";
+  localStorage.setItem(THEME_KEY, t);
+  applyTheme(t);
+});
+
+// -- start ------------------------------------------------------------------------------------
+
+onRoute();
+runs.refresh();
+feed.start();
+pollReady();
+setInterval(() => runs.refresh(), RUNS_POLL_MS);
+setInterval(() => runs.tick(), 1000);
+window.__tiffany = { live, feed, runs, tail }; // for debugging from the console

@@ -1,0 +1,179 @@
+// Small DOM and formatting helpers shared by the dashboard's views.
+
+/**
+ * Build an element: h("div", {class: "x", dataset: {testid: "y"}, onclick}, ...children).
+ * Children may be strings, numbers, nodes, arrays or null (skipped).
+ */
+export function h(tag, attrs = null, ...children) {
+  const el = document.createElement(tag);
+  if (attrs) {
+    for (const [k, v] of Object.entries(attrs)) {
+      if (v == null || v === false) continue;
+      if (k === "class") el.className = v;
+      else if (k === "dataset") Object.assign(el.dataset, v);
+      else if (k === "testid") el.dataset.testid = v;
+      else if (k === "style" && typeof v === "object") Object.assign(el.style, v);
+      else if (k.startsWith("on") && typeof v === "function") el.addEventListener(k.slice(2), v);
+      else if (k in el && typeof v !== "string") el[k] = v;
+      else el.setAttribute(k, v === true ? "" : v);
+    }
+  }
+  append(el, children);
+  return el;
+}
+
+function append(el, children) {
+  for (const c of children) {
+    if (c == null || c === false) continue;
+    if (Array.isArray(c)) append(el, c);
+    else el.append(c instanceof Node ? c : String(c));
+  }
+}
+
+/** Replace the children of `el`. */
+export function fill(el, ...children) {
+  el.replaceChildren();
+  append(el, children);
+  return el;
+}
+
+export const $ = (sel, root = document) => root.querySelector(sel);
+
+/** Pretty JSON for payload views (strings shown as they are). */
+export function pretty(value) {
+  if (value === undefined) return "";
+  if (typeof value === "string") return value;
+  try {
+    return JSON.stringify(value, null, 2);
+  } catch {
+    return String(value);
+  }
+}
+
+/** One-line JSON, cut at `max` characters. */
+export function compact(value, max = 140) {
+  let s;
+  try {
+    s = typeof value === "string" ? value : JSON.stringify(value);
+  } catch {
+    s = String(value);
+  }
+  if (s === undefined) return "";
+  return s.length > max ? s.slice(0, max - 1) + "…" : s;
+}
+
+/** A duration in seconds as "850 ms", "12.4 s", "3m 05s", "2h 10m". */
+export function duration(s) {
+  if (s == null || !isFinite(s)) return "";
+  if (s < 0) s = 0;
+  if (s < 1) return `${Math.round(s * 1000)} ms`;
+  if (s < 60) return `${s.toFixed(s < 10 ? 2 : 1)} s`;
+  const m = Math.floor(s / 60);
+  if (m < 60) return `${m}m ${String(Math.floor(s % 60)).padStart(2, "0")}s`;
+  return `${Math.floor(m / 60)}h ${String(m % 60).padStart(2, "0")}m`;
+}
+
+/** Epoch seconds as a local clock time with milliseconds. */
+export function clock(ts) {
+  if (ts == null) return "";
+  const d = new Date(ts * 1000);
+  const p = (n, w = 2) => String(n).padStart(w, "0");
+  return `${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}.${p(d.getMilliseconds(), 3)}`;
+}
+
+/** Epoch seconds as "just now", "5 s ago", "3 min ago", or a date. */
+export function ago(ts, now = Date.now() / 1000) {
+  if (ts == null) return "";
+  const s = now - ts;
+  if (s < 2) return "just now";
+  if (s < 60) return `${Math.floor(s)} s ago`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ago`;
+  if (s < 86400) return `${Math.floor(s / 3600)} h ago`;
+  return new Date(ts * 1000).toLocaleDateString();
+}
+
+/** Full local date-time for tooltips. */
+export function stamp(ts) {
+  return ts == null ? "" : new Date(ts * 1000).toLocaleString();
+}
+
+/** Run `fn` at most once per animation frame, however often it is scheduled. */
+export function frameBatcher(fn) {
+  let queued = false;
+  return () => {
+    if (queued) return;
+    queued = true;
+    requestAnimationFrame(() => {
+      queued = false;
+      fn();
+    });
+  };
+}
+
+/** Call `fn` at most every `ms` (trailing call kept). */
+export function throttle(fn, ms) {
+  let last = 0;
+  let timer = null;
+  return (...args) => {
+    const wait = last + ms - Date.now();
+    if (wait <= 0 && !timer) {
+      last = Date.now();
+      fn(...args);
+    } else if (!timer) {
+      timer = setTimeout(() => {
+        timer = null;
+        last = Date.now();
+        fn(...args);
+      }, Math.max(wait, 0));
+    }
+  };
+}
+
+/** A transient message in the corner. */
+export function toast(text, kind = "info") {
+  let box = $("#toasts");
+  const el = h("div", { class: `toast toast-${kind}`, role: "status", testid: "toast" }, text);
+  box.append(el);
+  setTimeout(() => el.classList.add("fade"), 4000);
+  setTimeout(() => el.remove(), 4600);
+}
+
+export const RUN_STATUSES = ["pending", "running", "succeeded", "failed", "cancelled"];
+export const TERMINAL_RUN = new Set(["succeeded", "failed", "cancelled"]);
+export const TERMINAL_TASK = new Set(["done", "crashed", "cancelled"]);
+
+/** Short label of a task state ("blocked_sleep" -> "sleeping"). */
+export function stateLabel(state) {
+  return (
+    {
+      blocked_io: "waiting on I/O",
+      blocked_sleep: "sleeping",
+      blocked_join: "waiting on task",
+      blocked_sync: "waiting",
+      blocked_thread: "in thread",
+    }[state] || state || "?"
+  );
+}
+
+/** A CSS class family for a run/step/task state. */
+export function tone(state) {
+  switch (state) {
+    case "succeeded":
+    case "done":
+    case "identical":
+      return "ok";
+    case "failed":
+    case "crashed":
+    case "diverged":
+      return "bad";
+    case "cancelled":
+    case "cancelling":
+    case "skipped":
+      return "warn";
+    case "running":
+    case "ready":
+      return "live";
+    default:
+      return state && state.startsWith("blocked") ? "wait" : "idle";
+  }
+}

@@ -1,0 +1,479 @@
+// The run page: summary and controls (cancel, verify replay), the timeline,
+// the task tree, the steps with their inputs/outputs/errors, the selected
+// task's activity, and the journal. Store state comes over HTTP and is
+// patched live from the activity feed between (throttled) refreshes.
+
+import { api, ApiError } from "./api.js";
+import { renderDiff } from "./diff.js";
+import {
+  clock,
+  compact,
+  duration,
+  fill,
+  h,
+  pretty,
+  stamp,
+  stateLabel,
+  TERMINAL_RUN,
+  TERMINAL_TASK,
+  throttle,
+  toast,
+  tone,
+} from "./dom.js";
+import { Journal } from "./journal.js";
+import { mergeTasks, treeOrder } from "./live.js";
+import { renderTimeline } from "./timeline.js";
+
+const TREE_ROWS = 500;
+const TASK_EVENTS = 60;
+
+export class RunPage {
+  constructor(root, runId, { live, onError, onRunChanged }) {
+    this.root = root;
+    this.runId = runId;
+    this.live = live;
+    this.onError = onError;
+    this.onRunChanged = onRunChanged;
+    this.detail = null;
+    this.sentMs = 0;
+    this.selected = null;
+    this.collapsed = new Set();
+    this.verify = null;
+    this.closed = false;
+    this.queued = false;
+    this.refreshSoon = throttle(() => this.refresh(), 1000);
+    this.build();
+    this.refresh(true);
+    this.timer = setInterval(() => {
+      if (this.isLive()) this.render();
+    }, 250);
+    this.poll = setInterval(() => {
+      if (this.isLive()) this.refresh();
+    }, 3000);
+  }
+
+  destroy() {
+    this.closed = true;
+    clearInterval(this.timer);
+    clearInterval(this.poll);
+  }
+
+  status() {
+    const d = this.detail;
+    const lr = this.live.runs.get(this.runId);
+    if (!d) return lr?.status || "pending";
+    if (TERMINAL_RUN.has(d.status)) return d.status;
+    if (lr && lr.status && (lr.updatedMs >= this.sentMs - 500 || TERMINAL_RUN.has(lr.status))) return lr.status;
+    return d.status;
+  }
+
+  isLive() {
+    return !this.closed && this.detail && !TERMINAL_RUN.has(this.detail.status);
+  }
+
+  build() {
+    this.headEl = h("section", { class: "card run-head", testid: "run-header" });
+    this.verifyEl = h("div", { class: "verify-slot", testid: "verify-slot" });
+    this.errorEl = h("div");
+    this.timelineEl = h("div", { class: "timeline", testid: "timeline" });
+    this.treeEl = h("ul", { class: "tree", testid: "task-tree", role: "tree" });
+    this.taskEl = h("div", { class: "task-detail", testid: "task-detail" });
+    this.stepsEl = h("div", { class: "steps", testid: "steps" });
+    this.ioEl = h("div", { class: "io" });
+    const journalEl = h("div", { class: "journal-wrap" });
+    fill(
+      this.root,
+      h(
+        "div",
+        { class: "run-page", testid: "run-page", dataset: { runId: this.runId } },
+        this.headEl,
+        this.verifyEl,
+        this.errorEl,
+        card("Timeline", this.timelineEl, "timeline-card"),
+        h(
+          "div",
+          { class: "two-col" },
+          card("Tasks", h("div", null, this.treeEl, this.taskEl), "tasks-card", "planner → workers → tools; click a task"),
+          card("Steps", this.stepsEl, "steps-card"),
+        ),
+        card("Inputs and outputs", this.ioEl, "io-card"),
+        card("Journal", journalEl, "journal-card", "decoded WAL records; click a row for its payload"),
+      ),
+    );
+    this.journal = new Journal(journalEl, this.runId, { onError: this.onError });
+    this.journal.load();
+    this.renderHead();
+  }
+
+  async refresh(first = false) {
+    if (this.closed) return;
+    const sent = Date.now();
+    try {
+      const d = await api(`api/runs/${encodeURIComponent(this.runId)}`);
+      if (this.closed) return;
+      const wasLive = this.detail && !TERMINAL_RUN.has(this.detail.status);
+      this.detail = d;
+      this.sentMs = sent;
+      if (wasLive && TERMINAL_RUN.has(d.status)) {
+        this.onRunChanged();
+        if (this.journal.done) this.journal.load();
+      }
+      this.render();
+    } catch (err) {
+      if (err instanceof ApiError && err.status === 404) {
+        if (first) {
+          // A run just submitted may not be in the store yet: retry briefly.
+          this.missing = (this.missing || 0) + 1;
+          if (this.missing < 10) {
+            setTimeout(() => this.refresh(true), 300);
+            return;
+          }
+        }
+        fill(
+          this.root,
+          h("section", { class: "card empty-state", testid: "run-missing" }, h("h2", null, "Run not found"), h("p", { class: "muted" }, `No run ${this.runId} in the store.`)),
+        );
+        this.destroy();
+        return;
+      }
+      this.onError(err);
+    }
+  }
+
+  /** Live events of this run arrived (batched per frame). */
+  onEvents(events) {
+    if (this.closed) return;
+    if (events.some((e) => e.kind === "run.finished")) {
+      setTimeout(() => this.refresh(), 300);
+      setTimeout(() => this.refresh(), 1200);
+    } else {
+      this.refreshSoon();
+    }
+    this.render();
+  }
+
+  render() {
+    if (this.queued || this.closed) return;
+    this.queued = true;
+    requestAnimationFrame(() => {
+      this.queued = false;
+      if (this.closed) return;
+      this.renderHead();
+      this.renderBody();
+    });
+  }
+
+  tasks() {
+    return mergeTasks(this.detail ? this.detail.tasks : [], this.live.runs.get(this.runId), this.sentMs);
+  }
+
+  renderHead() {
+    const d = this.detail || {};
+    const st = this.status();
+    const now = Date.now() / 1000;
+    const end = d.ended_at ?? (TERMINAL_RUN.has(st) ? this.live.runs.get(this.runId)?.lastTs : now);
+    const finished = TERMINAL_RUN.has(st);
+    const meta = (k, v, testid) => (v == null || v === "" ? null : h("div", { class: "meta", testid }, h("dt", null, k), h("dd", null, v)));
+    fill(
+      this.headEl,
+      h(
+        "div",
+        { class: "run-title" },
+        h("h1", null, d.name || this.runId),
+        h("span", { class: `pill tone-${tone(st)}${st === "running" ? " pulse" : ""}`, testid: "run-status", dataset: { status: st } }, st),
+        h("div", { class: "spacer" }),
+        h(
+          "button",
+          {
+            class: "btn",
+            testid: "verify-button",
+            disabled: this.verifying || !finished,
+            title: finished ? "Replay the run from its journal and compare every dispatch" : "Verify needs a finished run",
+            onclick: () => this.doVerify(),
+          },
+          this.verifying ? "Verifying…" : "Verify replay",
+        ),
+        h(
+          "button",
+          {
+            class: "btn btn-danger",
+            testid: "cancel-button",
+            disabled: finished || this.cancelling,
+            onclick: () => this.doCancel(),
+          },
+          this.cancelling ? "Cancelling…" : "Cancel",
+        ),
+      ),
+      h(
+        "dl",
+        { class: "run-meta-grid" },
+        meta("run", h("code", { class: "copy", title: "click to copy", onclick: () => navigator.clipboard?.writeText(this.runId) }, this.runId), "run-id"),
+        meta("no.", d.run_no != null ? `#${d.run_no}` : null),
+        meta("kind", d.kind),
+        meta("created", d.created_at ? h("span", { title: stamp(d.created_at) }, clock(d.created_at)) : null),
+        meta("duration", d.started_at != null && end != null ? duration(end - d.started_at) : null, "run-duration"),
+        meta("dispatches", d.dispatches != null ? String(d.dispatches) : null),
+        meta("last seq", d.last_seq != null ? String(d.last_seq) : null),
+      ),
+    );
+  }
+
+  renderBody() {
+    const d = this.detail;
+    if (!d) {
+      fill(this.timelineEl, h("div", { class: "empty" }, "Loading…"));
+      return;
+    }
+    const tasks = this.tasks();
+    const rows = treeOrder(tasks);
+    const now = Date.now() / 1000;
+    renderTimeline(this.timelineEl, rows, { now, selected: this.selected, onSelect: (lt) => this.select(lt) });
+    this.renderTree(rows, now);
+    this.renderTask(tasks);
+    this.renderSteps(d, tasks, now);
+    this.renderErrorAndIo(d);
+  }
+
+  select(ltid) {
+    this.selected = this.selected === ltid ? null : ltid;
+    this.journal.filter(this.selected);
+    this.render();
+  }
+
+  renderTree(rows, now) {
+    const hidden = new Set();
+    const out = [];
+    for (const { task, depth, children } of rows) {
+      if (task.parent_ltid != null && (hidden.has(task.parent_ltid) || this.collapsed.has(task.parent_ltid))) {
+        hidden.add(task.ltid);
+        continue;
+      }
+      if (out.length >= TREE_ROWS) break;
+      const st = task.state;
+      const end = task.ended_at ?? (TERMINAL_TASK.has(st) ? null : now);
+      const isCollapsed = this.collapsed.has(task.ltid);
+      out.push(
+        h(
+          "li",
+          {
+            class: `tree-node${this.selected === task.ltid ? " selected" : ""}`,
+            testid: "task-node",
+            role: "treeitem",
+            "aria-expanded": children ? String(!isCollapsed) : null,
+            dataset: { ltid: String(task.ltid), state: st, kind: task.kind, name: task.name },
+            style: { paddingLeft: `${6 + depth * 18}px` },
+            onclick: () => this.select(task.ltid),
+          },
+          children
+            ? h(
+                "button",
+                {
+                  class: "twisty",
+                  "aria-label": isCollapsed ? "expand" : "collapse",
+                  onclick: (e) => {
+                    e.stopPropagation();
+                    if (isCollapsed) this.collapsed.delete(task.ltid);
+                    else this.collapsed.add(task.ltid);
+                    this.render();
+                  },
+                },
+                isCollapsed ? "▸" : "▾",
+              )
+            : h("span", { class: "twisty-space" }),
+          h("span", { class: `kind-badge tk-${task.kind}`, title: task.kind }, task.kind[0].toUpperCase()),
+          h("span", { class: "tree-name" }, task.name, h("span", { class: "muted small" }, ` #${task.ltid}`)),
+          h("span", { class: `pill pill-sm tone-${tone(st)}`, testid: "task-state" }, stateLabel(st)),
+          task.blocked_on && !TERMINAL_TASK.has(st)
+            ? h("span", { class: "blocked-on", testid: "task-blocked-on", title: "blocked on" }, "⏸ ", task.blocked_on)
+            : null,
+          task.lastOutput && !TERMINAL_TASK.has(st) ? h("span", { class: "muted small mono ellipsis" }, compact(task.lastOutput, 60)) : null,
+          h("span", { class: "tree-dur muted small" }, task.started_at != null && end != null ? duration(end - task.started_at) : ""),
+        ),
+      );
+    }
+    fill(this.treeEl, out.length ? out : h("li", { class: "empty" }, "No tasks yet."));
+  }
+
+  renderTask(tasks) {
+    const t = this.selected == null ? null : tasks.find((x) => x.ltid === this.selected);
+    if (!t) {
+      fill(this.taskEl);
+      return;
+    }
+    const evs = this.live.events.filter((e) => e.run === this.runId && e.ltid === t.ltid).slice(-TASK_EVENTS);
+    fill(
+      this.taskEl,
+      h(
+        "div",
+        { class: "task-card" },
+        h("div", { class: "task-card-head" }, h("strong", null, t.name), h("span", { class: "muted small" }, ` ltid ${t.ltid} · ${t.kind} · ${stateLabel(t.state)}`)),
+        t.error ? h("pre", { class: "payload error-text" }, pretty(t.error)) : null,
+        t.result != null ? h("details", null, h("summary", null, "result"), h("pre", { class: "payload" }, pretty(t.result))) : null,
+        h("div", { class: "muted small" }, evs.length ? `Live activity of this task (${evs.length}):` : "No live activity seen for this task since the page opened."),
+        h(
+          "ol",
+          { class: "task-events" },
+          evs.reverse().map((e) => h("li", null, h("time", { class: "t" }, clock(e.ts)), " ", h("span", { class: "kind" }, e.kind), " ", e.label)),
+        ),
+      ),
+    );
+  }
+
+  renderSteps(d, tasks, now) {
+    const specs = new Map();
+    const plan = d.entry && d.entry.plan;
+    if (plan && Array.isArray(plan.steps)) for (const s of plan.steps) specs.set(s.id, s);
+    const liveWorker = new Map(tasks.filter((t) => t.step_id).map((t) => [t.step_id, t]));
+    const steps = d.steps || [];
+    if (!steps.length) {
+      fill(this.stepsEl, h("div", { class: "empty" }, "This run has no plan steps."));
+      return;
+    }
+    fill(
+      this.stepsEl,
+      steps.map((s) => {
+        let st = s.status;
+        const w = liveWorker.get(s.step_id);
+        if (st === "pending" && w && !TERMINAL_TASK.has(w.state)) st = "running";
+        const spec = specs.get(s.step_id) || {};
+        const end = s.ended_at ?? (st === "running" ? now : null);
+        const attempts = (s.attempts || []).length;
+        return h(
+          "div",
+          { class: `step tone-border-${tone(st)}`, testid: "step-row", dataset: { stepId: s.step_id, status: st } },
+          h(
+            "div",
+            { class: "step-head" },
+            h("span", { class: `status-dot tone-${tone(st)}${st === "running" ? " pulse" : ""}` }),
+            h("strong", { class: "mono" }, s.step_id),
+            h("span", { class: "tool-tag" }, s.tool),
+            spec.after && spec.after.length ? h("span", { class: "muted small" }, `after ${spec.after.join(", ")}`) : null,
+            h("div", { class: "spacer" }),
+            attempts > 1 ? h("span", { class: "muted small", title: "attempts" }, `${attempts} attempts`) : null,
+            h("span", { class: "muted small" }, s.started_at != null && end != null ? duration(end - s.started_at) : ""),
+            h("span", { class: `status-text tone-${tone(st)}`, testid: "step-status" }, st),
+          ),
+          h(
+            "div",
+            { class: "step-io" },
+            spec.args && Object.keys(spec.args).length ? kv("args", spec.args) : null,
+            s.output != null ? kv("output", s.output, "step-output") : null,
+            s.error != null ? kv("error", s.error, "step-error", "error-text") : null,
+          ),
+        );
+      }),
+    );
+  }
+
+  renderErrorAndIo(d) {
+    fill(
+      this.errorEl,
+      d.error
+        ? h("section", { class: "card error-card", testid: "run-error" }, h("h3", null, "Run failed"), h("pre", { class: "payload error-text" }, pretty(d.error)))
+        : null,
+    );
+    const key = JSON.stringify([d.inputs, d.outputs]);
+    if (key === this.ioKey) return; // keep <details> state while nothing changed
+    this.ioKey = key;
+    fill(
+      this.ioEl,
+      h("div", { class: "io-grid" }, kv("inputs", d.inputs ?? {}, "run-inputs"), kv("outputs", d.outputs ?? (TERMINAL_RUN.has(d.status) ? null : "…"), "run-outputs")),
+    );
+  }
+
+  async doCancel() {
+    if (!confirm(`Cancel run ${this.detail?.name || this.runId}?`)) return;
+    this.cancelling = true;
+    this.renderHead();
+    try {
+      await api(`api/runs/${encodeURIComponent(this.runId)}/cancel`, { method: "POST" });
+      toast("Cancel requested", "warn");
+      this.refreshSoon();
+    } catch (err) {
+      toast(err instanceof ApiError && err.status === 409 ? "The run has already finished." : `Cancel failed: ${err.message}`, "bad");
+    } finally {
+      this.cancelling = false;
+      this.renderHead();
+    }
+  }
+
+  async doVerify() {
+    this.verifying = true;
+    this.renderHead();
+    fill(this.verifyEl, h("section", { class: "card verify-card", testid: "verify-result" }, h("div", { class: "muted" }, "Replaying the journal…")));
+    try {
+      const v = await api(`api/runs/${encodeURIComponent(this.runId)}/verify`, { method: "POST" });
+      this.showVerify(v);
+    } catch (err) {
+      fill(
+        this.verifyEl,
+        h("section", { class: "card verify-card tone-border-bad", testid: "verify-result", dataset: { status: "error" } }, h("strong", null, "Verify failed: "), err.message),
+      );
+    } finally {
+      this.verifying = false;
+      this.renderHead();
+    }
+  }
+
+  showVerify(v) {
+    const div = v.divergence;
+    const rest = div ? Object.fromEntries(Object.entries(div).filter(([k]) => k !== "expected" && k !== "actual")) : null;
+    fill(
+      this.verifyEl,
+      h(
+        "section",
+        { class: `card verify-card tone-border-${tone(v.status)}`, testid: "verify-result", dataset: { status: v.status } },
+        h(
+          "div",
+          { class: "verify-head" },
+          h("h3", null, "Replay verification"),
+          h("span", { class: `pill tone-${tone(v.status)}`, testid: "verify-status" }, v.status),
+          h("span", { class: "muted small" }, `${v.dispatches ?? "?"} dispatches · ${v.records ?? "?"} records`),
+          h("div", { class: "spacer" }),
+          h("button", { class: "btn btn-ghost btn-sm", onclick: () => fill(this.verifyEl), "aria-label": "close" }, "✕"),
+        ),
+        v.status === "identical" ? h("p", { class: "muted" }, "The replay issued the same dispatches, in the same order, with the same arguments as the journal.") : null,
+        div
+          ? h(
+              "div",
+              { class: "divergence", testid: "divergence" },
+              h(
+                "p",
+                null,
+                "First divergence",
+                div.seq != null ? [" at journal seq ", h("code", null, String(div.seq))] : null,
+                div.ltid != null ? [", task ", h("code", null, String(div.ltid))] : null,
+                div.message ? [": ", div.message] : ".",
+              ),
+              renderDiff(div.expected, div.actual),
+              rest && Object.keys(rest).length ? h("details", null, h("summary", null, "details"), h("pre", { class: "payload" }, pretty(rest))) : null,
+            )
+          : null,
+        v.problems && v.problems.length
+          ? h("ul", { class: "problems", testid: "verify-problems" }, v.problems.map((p) => h("li", null, typeof p === "string" ? p : compact(p, 300))))
+          : null,
+      ),
+    );
+  }
+}
+
+function card(title, body, testid, hint) {
+  return h(
+    "section",
+    { class: "card", testid },
+    h("div", { class: "card-head" }, h("h2", null, title), hint ? h("span", { class: "muted small" }, hint) : null),
+    body,
+  );
+}
+
+function kv(label, value, testid, cls = "") {
+  const text = pretty(value);
+  const long = text.split("\n").length > 12 || text.length > 800;
+  const pre = h("pre", { class: `payload ${cls}` }, text);
+  return h(
+    "div",
+    { class: "kv", testid },
+    h("div", { class: "kv-label" }, label),
+    long ? h("details", null, h("summary", null, compact(value, 80)), pre) : pre,
+  );
+}

@@ -1,0 +1,197 @@
+// The runs list: status chips with counts, newest runs first, paged by
+// `before`, refreshed over HTTP and patched live from the activity feed.
+
+import { api } from "./api.js";
+import { ago, duration, fill, h, RUN_STATUSES, TERMINAL_RUN, throttle, tone } from "./dom.js";
+
+const PAGE = 50;
+
+export class RunsPane {
+  constructor(root, { live, route, navigate, onError, onLoaded }) {
+    this.root = root;
+    this.live = live;
+    this.route = route; // () => {runId, status}
+    this.navigate = navigate;
+    this.onError = onError;
+    this.onLoaded = onLoaded;
+    this.runs = [];
+    this.byId = new Map();
+    this.counts = {};
+    this.nextBefore = null;
+    this.sentMs = 0;
+    this.loading = false;
+    this.refreshSoon = throttle(() => this.refresh(), 700);
+    this.build();
+  }
+
+  build() {
+    this.chips = h("div", { class: "chips", role: "tablist", testid: "status-chips" });
+    this.list = h("ul", { class: "runs-list", testid: "runs-list" });
+    this.more = h(
+      "button",
+      { class: "btn btn-ghost more", testid: "runs-more", hidden: true, onclick: () => this.loadMore() },
+      "Older runs",
+    );
+    this.empty = h("div", { class: "empty", testid: "runs-empty", hidden: true });
+    fill(
+      this.root,
+      h(
+        "div",
+        { class: "pane-head" },
+        h("h2", null, "Runs"),
+        h("a", { class: "btn btn-primary btn-sm", href: "#/new", testid: "new-run-button" }, "+ New run"),
+      ),
+      this.chips,
+      h("div", { class: "runs-scroll" }, this.list, this.empty, this.more),
+    );
+  }
+
+  async refresh() {
+    const { status } = this.route();
+    const q = new URLSearchParams({ limit: String(PAGE) });
+    if (status) q.set("status", status);
+    this.sentMs = Date.now();
+    try {
+      const data = await api(`api/runs?${q}`);
+      if ((this.route().status || null) !== (status || null)) return; // filter changed meanwhile
+      this.runs = data.runs || [];
+      this.counts = data.counts || {};
+      this.nextBefore = data.next_before ?? null;
+      this.render();
+      if (this.onLoaded) this.onLoaded(this.runs);
+    } catch (err) {
+      this.onError(err);
+    }
+  }
+
+  async loadMore() {
+    if (this.nextBefore == null || this.loading) return;
+    const { status } = this.route();
+    const q = new URLSearchParams({ limit: String(PAGE), before: String(this.nextBefore) });
+    if (status) q.set("status", status);
+    this.loading = true;
+    try {
+      const data = await api(`api/runs?${q}`);
+      const seen = new Set(this.runs.map((r) => r.run_id));
+      this.runs.push(...(data.runs || []).filter((r) => !seen.has(r.run_id)));
+      this.nextBefore = data.next_before ?? null;
+      this.render();
+    } catch (err) {
+      this.onError(err);
+    } finally {
+      this.loading = false;
+    }
+  }
+
+  /** A live event arrived for `runId` (called once per animation frame batch). */
+  touched(runIds, finished) {
+    const unknown = [...runIds].some((id) => !this.runs.some((r) => r.run_id === id));
+    if (unknown || finished) {
+      this.refreshSoon();
+      if (finished) setTimeout(() => this.refreshSoon(), 1200); // the store lags the feed
+    }
+    this.render();
+  }
+
+  statusOf(run) {
+    const lr = this.live.runs.get(run.run_id);
+    if (!lr || !lr.status) return run.status;
+    if (TERMINAL_RUN.has(run.status)) return run.status;
+    if (lr.updatedMs >= this.sentMs - 500 || TERMINAL_RUN.has(lr.status)) return lr.status;
+    return run.status;
+  }
+
+  render() {
+    const { runId, status } = this.route();
+    const total = RUN_STATUSES.reduce((n, s) => n + (this.counts[s] || 0), 0);
+    const chip = (s, label, n) =>
+      h(
+        "a",
+        {
+          class: `chip tone-${s ? tone(s) : "all"}${(status || "") === (s || "") ? " active" : ""}`,
+          href: "#",
+          role: "tab",
+          "aria-selected": String((status || "") === (s || "")),
+          testid: `status-chip-${s || "all"}`,
+          dataset: { status: s || "" },
+          onclick: (e) => {
+            e.preventDefault();
+            this.navigate({ status: s || null }, { replace: true });
+            this.runs = [];
+            this.render();
+            this.refresh();
+          },
+        },
+        s ? h("span", { class: `dot tone-${tone(s)}` }) : null,
+        label,
+        h("span", { class: "count", testid: "chip-count" }, String(n ?? 0)),
+      );
+    fill(
+      this.chips,
+      chip(null, "All", total),
+      RUN_STATUSES.map((s) => chip(s, s, this.counts[s])),
+    );
+
+    const now = Date.now() / 1000;
+    const rows = [];
+    for (const run of this.runs) {
+      const st = this.statusOf(run);
+      if (status && st !== status && run.status !== status) continue;
+      const lr = this.live.runs.get(run.run_id);
+      const end = run.ended_at ?? (TERMINAL_RUN.has(st) ? (lr && lr.lastTs) : now);
+      const dur = run.started_at != null ? duration(end - run.started_at) : "";
+      rows.push(
+        h(
+          "li",
+          {
+            class: `run-row${run.run_id === runId ? " selected" : ""}`,
+            testid: "run-row",
+            dataset: { runId: run.run_id, status: st },
+          },
+          h(
+            "a",
+            { href: `#/run/${encodeURIComponent(run.run_id)}`, class: "run-link" },
+            h("span", { class: `status-dot tone-${tone(st)}${st === "running" ? " pulse" : ""}`, title: st }),
+            h(
+              "span",
+              { class: "run-main" },
+              h("span", { class: "run-name" }, run.name || run.run_id),
+              h("span", { class: "run-meta" }, `#${run.run_no} · ${ago(run.created_at, now)}`),
+            ),
+            h(
+              "span",
+              { class: "run-side" },
+              h("span", { class: `status-text tone-${tone(st)}`, testid: "run-row-status" }, st),
+              h("span", { class: "run-meta" }, dur),
+            ),
+          ),
+        ),
+      );
+    }
+    fill(this.list, rows);
+    this.empty.hidden = rows.length > 0;
+    fill(this.empty, status ? `No ${status} runs.` : "No runs yet. Start one with “New run”.");
+    this.more.hidden = this.nextBefore == null;
+  }
+
+  /** Insert a run we just created (before the list refresh brings it). */
+  added(runId, name) {
+    if (this.runs.some((r) => r.run_id === runId)) return;
+    const now = Date.now() / 1000;
+    this.runs.unshift({
+      run_id: runId,
+      run_no: "…",
+      name,
+      status: "pending",
+      created_at: now,
+      started_at: null,
+      ended_at: null,
+    });
+    this.render();
+    this.refreshSoon();
+  }
+
+  tick() {
+    if (this.runs.some((r) => !TERMINAL_RUN.has(this.statusOf(r)))) this.render();
+  }
+}

@@ -1,0 +1,191 @@
+// The live activity tail: the newest events first, pausable, filtered by
+// run (and optionally without the per-dispatch `step` events). The DOM holds
+// at most TAIL_ROWS rows; new events are added once per animation frame.
+
+import { clock, compact, fill, h, tone } from "./dom.js";
+
+export const TAIL_ROWS = 250;
+
+const KIND_TONE = {
+  spawned: "live",
+  step: "idle",
+  blocked: "wait",
+  woke: "live",
+  exit: "ok",
+  crash: "bad",
+  cancelled: "warn",
+  "tool.started": "live",
+  "tool.output": "idle",
+  "tool.finished": "ok",
+  retry: "warn",
+  "llm.usage": "idle",
+  "run.started": "live",
+  "run.finished": "ok",
+};
+
+export class Tail {
+  constructor(root, { live, runName, openRun, onFilter }) {
+    this.root = root;
+    this.live = live;
+    this.runName = runName; // run_id -> short display name
+    this.openRun = openRun;
+    this.onFilter = onFilter;
+    this.paused = false;
+    this.hideSteps = false;
+    this.runFilter = null;
+    this.missed = 0;
+    this.pending = [];
+    this.build();
+  }
+
+  build() {
+    this.pauseBtn = h(
+      "button",
+      { class: "btn btn-ghost btn-sm", testid: "tail-pause", "aria-pressed": "false", onclick: () => this.setPaused(!this.paused) },
+      "Pause",
+    );
+    this.filterSel = h("select", {
+      class: "select-sm",
+      testid: "tail-run-filter",
+      "aria-label": "Filter activity by run",
+      onchange: () => {
+        this.setFilter(this.filterSel.value || null);
+        this.onFilter(this.runFilter);
+      },
+    });
+    this.stepsBox = h("input", {
+      type: "checkbox",
+      testid: "tail-hide-steps",
+      onchange: () => {
+        this.hideSteps = this.stepsBox.checked;
+        this.rebuild();
+      },
+    });
+    this.note = h("span", { class: "muted small", testid: "tail-note" });
+    this.list = h("ol", { class: "tail-list", testid: "activity-tail", "aria-live": "off" });
+    this.emptyEl = h("div", { class: "empty" }, "Waiting for activity…");
+    fill(
+      this.root,
+      h(
+        "div",
+        { class: "pane-head" },
+        h("h2", null, "Activity"),
+        h("span", { class: "live-dot", title: "live feed" }),
+        h("div", { class: "spacer" }),
+        this.pauseBtn,
+      ),
+      h(
+        "div",
+        { class: "tail-controls" },
+        this.filterSel,
+        h("label", { class: "check small" }, this.stepsBox, "hide dispatches"),
+        this.note,
+      ),
+      h("div", { class: "tail-scroll" }, this.list, this.emptyEl),
+    );
+    this.updateFilterOptions([]);
+  }
+
+  /** Refill the run filter's options from the known runs. */
+  updateFilterOptions(runs) {
+    const cur = this.runFilter;
+    const opts = [h("option", { value: "" }, "All runs")];
+    let seen = false;
+    for (const r of runs.slice(0, 100)) {
+      if (r.run_id === cur) seen = true;
+      opts.push(h("option", { value: r.run_id }, `${r.name || r.run_id} #${r.run_no}`));
+    }
+    if (cur && !seen) opts.push(h("option", { value: cur }, cur));
+    fill(this.filterSel, opts);
+    this.filterSel.value = cur || "";
+  }
+
+  setFilter(runId) {
+    if (runId === this.runFilter) return;
+    this.runFilter = runId;
+    if ([...this.filterSel.options].every((o) => o.value !== (runId || ""))) {
+      this.filterSel.append(h("option", { value: runId }, runId));
+    }
+    this.filterSel.value = runId || "";
+    this.rebuild();
+  }
+
+  setPaused(p) {
+    this.paused = p;
+    this.pauseBtn.textContent = p ? "Resume" : "Pause";
+    this.pauseBtn.setAttribute("aria-pressed", String(p));
+    this.root.classList.toggle("paused", p);
+    if (!p) this.rebuild();
+    this.updateNote();
+  }
+
+  accepts(ev) {
+    if (this.runFilter && ev.run !== this.runFilter) return false;
+    if (this.hideSteps && ev.kind === "step") return false;
+    return true;
+  }
+
+  /** New events (already applied to the live model); called per frame. */
+  push(events) {
+    const mine = events.filter((e) => this.accepts(e));
+    if (!mine.length) return;
+    if (this.paused) {
+      this.missed += mine.length;
+      this.updateNote();
+      return;
+    }
+    const frag = document.createDocumentFragment();
+    const start = Math.max(0, mine.length - TAIL_ROWS);
+    for (let i = mine.length - 1; i >= start; i--) frag.append(this.row(mine[i]));
+    this.list.prepend(frag);
+    while (this.list.childElementCount > TAIL_ROWS) this.list.lastElementChild.remove();
+    this.updateNote();
+  }
+
+  rebuild() {
+    this.missed = 0;
+    const all = this.live.events;
+    const rows = [];
+    for (let i = all.length - 1; i >= 0 && rows.length < TAIL_ROWS; i--) {
+      if (this.accepts(all[i])) rows.push(this.row(all[i]));
+    }
+    fill(this.list, rows);
+    this.updateNote();
+  }
+
+  updateNote() {
+    const n = this.list.childElementCount;
+    this.note.textContent = this.paused
+      ? `paused${this.missed ? ` · ${this.missed} new` : ""}`
+      : n
+        ? `${n}${n >= TAIL_ROWS ? "+" : ""} events`
+        : "";
+    this.emptyEl.hidden = n > 0;
+  }
+
+  row(ev) {
+    const runLabel = ev.run ? this.runName(ev.run) : "";
+    return h(
+      "li",
+      {
+        class: `tail-row kind-${ev.kind.replace(".", "-")}`,
+        testid: "tail-row",
+        dataset: { kind: ev.kind, runId: ev.run || "", seq: String(ev.seq) },
+        title: `seq ${ev.seq} · task ${ev.task_id}${ev.ltid != null ? ` (ltid ${ev.ltid})` : ""}${
+          ev.data && Object.keys(ev.data).length ? `\n${compact(ev.data, 400)}` : ""
+        }`,
+        onclick: ev.run ? () => this.openRun(ev.run) : null,
+      },
+      h("time", { class: "t" }, clock(ev.ts)),
+      h("span", { class: `kind tone-${KIND_TONE[ev.kind] || tone(ev.kind)}` }, ev.kind),
+      h(
+        "span",
+        { class: "what" },
+        h("span", { class: `task tk-${ev.task_kind}` }, ev.task || `task ${ev.task_id}`),
+        " ",
+        h("span", { class: "label" }, ev.label),
+      ),
+      runLabel && !this.runFilter ? h("span", { class: "run-tag" }, runLabel) : null,
+    );
+  }
+}
