@@ -33,10 +33,12 @@ export function setToken(token) {
 export class ApiError extends Error {
   constructor(status, body) {
     const detail = body && body.detail !== undefined ? body.detail : body;
-    super(typeof detail === "string" ? detail : `HTTP ${status}`);
+    const message = body && typeof body.message === "string" ? body.message : null;
+    super(message || (typeof detail === "string" ? detail : `HTTP ${status}`));
     this.status = status;
     this.body = body;
     this.detail = detail;
+    this.code = body && body.code;
   }
 }
 

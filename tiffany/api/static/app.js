@@ -200,11 +200,16 @@ async function pollReady() {
     const ready = res.ok && body.ready !== false;
     banner.hidden = ready;
     if (!ready) {
+      const reason = body.reason || body.detail || "";
+      const recovering = !reason || /recover/i.test(reason);
       fill(
         banner,
-        h("strong", null, "Recovering. "),
-        body.detail || body.reason || "The engine is replaying its write-ahead log; runs may be incomplete until it is ready.",
+        h("strong", null, recovering ? "Recovering. " : "Not ready. "),
+        recovering
+          ? "The engine is replaying its write-ahead log; runs may be incomplete until it is done."
+          : `${reason}.`,
       );
+      banner.dataset.reason = reason;
     }
     if (ready) next = READY_POLL_OK_MS;
   } catch {

@@ -41,7 +41,7 @@ export class RunPage {
     this.verify = null;
     this.closed = false;
     this.queued = false;
-    this.refreshSoon = throttle(() => this.refresh(), 1000);
+    this.refreshSoon = throttle(() => this.refresh(), 500);
     this.build();
     this.refresh(true);
     this.timer = setInterval(() => {
@@ -196,12 +196,12 @@ export class RunPage {
         h(
           "button",
           {
-            class: "btn btn-danger",
+            class: `btn btn-danger${this.confirmCancel ? " armed" : ""}`,
             testid: "cancel-button",
             disabled: finished || this.cancelling,
             onclick: () => this.doCancel(),
           },
-          this.cancelling ? "Cancelling…" : "Cancel",
+          this.cancelling ? "Cancelling…" : this.confirmCancel ? "Really cancel?" : "Cancel",
         ),
       ),
       h(
@@ -284,7 +284,7 @@ export class RunPage {
           h("span", { class: "tree-name" }, task.name, h("span", { class: "muted small" }, ` #${task.ltid}`)),
           h("span", { class: `pill pill-sm tone-${tone(st)}`, testid: "task-state" }, stateLabel(st)),
           task.blocked_on && !TERMINAL_TASK.has(st)
-            ? h("span", { class: "blocked-on", testid: "task-blocked-on", title: "blocked on" }, "⏸ ", task.blocked_on)
+            ? h("span", { class: "blocked-on", testid: "task-blocked-on", title: "blocked on" }, h("span", { class: "on" }, "on"), task.blocked_on)
             : null,
           task.lastOutput && !TERMINAL_TASK.has(st) ? h("span", { class: "muted small mono ellipsis" }, compact(task.lastOutput, 60)) : null,
           h("span", { class: "tree-dur muted small" }, task.started_at != null && end != null ? duration(end - task.started_at) : ""),
@@ -382,7 +382,17 @@ export class RunPage {
   }
 
   async doCancel() {
-    if (!confirm(`Cancel run ${this.detail?.name || this.runId}?`)) return;
+    if (!this.confirmCancel) {
+      // First click arms the button; a second within a few seconds cancels.
+      this.confirmCancel = true;
+      this.renderHead();
+      setTimeout(() => {
+        this.confirmCancel = false;
+        this.renderHead();
+      }, 4000);
+      return;
+    }
+    this.confirmCancel = false;
     this.cancelling = true;
     this.renderHead();
     try {
@@ -390,7 +400,7 @@ export class RunPage {
       toast("Cancel requested", "warn");
       this.refreshSoon();
     } catch (err) {
-      toast(err instanceof ApiError && err.status === 409 ? "The run has already finished." : `Cancel failed: ${err.message}`, "bad");
+      toast(err instanceof ApiError && err.status === 409 ? `Not cancelled: ${err.message}` : `Cancel failed: ${err.message}`, "bad");
     } finally {
       this.cancelling = false;
       this.renderHead();
@@ -417,22 +427,31 @@ export class RunPage {
 
   showVerify(v) {
     const div = v.divergence;
-    const rest = div ? Object.fromEntries(Object.entries(div).filter(([k]) => k !== "expected" && k !== "actual")) : null;
+    // The report says `ok` (tiffany replay --verify) or a `status` verdict.
+    const verdict = div || v.status === "diverged" ? "diverged" : v.ok === false ? "problems" : v.ok || v.identical || v.status === "identical" ? "identical" : v.status;
+    const skip = new Set(["expected", "actual", "message", "stack", "code"]);
+    const rest = div ? Object.fromEntries(Object.entries(div).filter(([k]) => !skip.has(k))) : null;
     fill(
       this.verifyEl,
       h(
         "section",
-        { class: `card verify-card tone-border-${tone(v.status)}`, testid: "verify-result", dataset: { status: v.status } },
+        { class: `card verify-card tone-border-${tone(verdict)}`, testid: "verify-result", dataset: { status: verdict } },
         h(
           "div",
           { class: "verify-head" },
           h("h3", null, "Replay verification"),
-          h("span", { class: `pill tone-${tone(v.status)}`, testid: "verify-status" }, v.status),
-          h("span", { class: "muted small" }, `${v.dispatches ?? "?"} dispatches · ${v.records ?? "?"} records`),
+          h("span", { class: `pill tone-${tone(verdict)}`, testid: "verify-status" }, verdict),
+          h(
+            "span",
+            { class: "muted small" },
+            [v.dispatches != null ? `${v.dispatches} dispatches` : null, v.records != null ? `${v.records} records` : null, v.status && v.status !== verdict ? `run ${v.status}` : null]
+              .filter(Boolean)
+              .join(" · "),
+          ),
           h("div", { class: "spacer" }),
           h("button", { class: "btn btn-ghost btn-sm", onclick: () => fill(this.verifyEl), "aria-label": "close" }, "✕"),
         ),
-        v.status === "identical" ? h("p", { class: "muted" }, "The replay issued the same dispatches, in the same order, with the same arguments as the journal.") : null,
+        verdict === "identical" ? h("p", { class: "muted" }, "The replay issued the same dispatches, in the same order, with the same arguments as the journal.") : null,
         div
           ? h(
               "div",
@@ -440,13 +459,18 @@ export class RunPage {
               h(
                 "p",
                 null,
-                "First divergence",
-                div.seq != null ? [" at journal seq ", h("code", null, String(div.seq))] : null,
+                h("strong", null, `First divergence (${div.what || "dispatch"})`),
+                div.dispatch != null ? [" at dispatch ", h("code", null, String(div.dispatch))] : null,
+                div.seq != null && div.seq >= 0 ? [", journal seq ", h("code", null, String(div.seq))] : null,
+                div.task != null ? [", task ", h("code", null, `${div.task_name || ""} #${div.task}`)] : null,
                 div.ltid != null ? [", task ", h("code", null, String(div.ltid))] : null,
-                div.message ? [": ", div.message] : ".",
               ),
+              div.message ? h("p", { class: "muted small mono" }, div.message) : null,
               renderDiff(div.expected, div.actual),
-              rest && Object.keys(rest).length ? h("details", null, h("summary", null, "details"), h("pre", { class: "payload" }, pretty(rest))) : null,
+              Array.isArray(div.stack) && div.stack.length
+                ? h("details", null, h("summary", null, "where the replay was (task stack)"), h("pre", { class: "payload" }, div.stack.join("\n")))
+                : null,
+              rest && Object.keys(rest).length ? h("details", null, h("summary", null, "all fields"), h("pre", { class: "payload" }, pretty(rest))) : null,
             )
           : null,
         v.problems && v.problems.length
@@ -467,7 +491,8 @@ function card(title, body, testid, hint) {
 }
 
 function kv(label, value, testid, cls = "") {
-  const text = pretty(value);
+  const short = compact(value, 1000);
+  const text = short.length <= 72 && !short.endsWith("…") ? short : pretty(value);
   const long = text.split("\n").length > 12 || text.length > 800;
   const pre = h("pre", { class: `payload ${cls}` }, text);
   return h(

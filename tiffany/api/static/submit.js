@@ -191,15 +191,25 @@ export function renderSubmit(root, { onCreated }) {
   );
 }
 
+/** ["steps", 2, "after", 0] -> "steps[2].after[0]" (strings pass through). */
+export function formatLoc(loc) {
+  if (!Array.isArray(loc)) return loc == null ? "" : String(loc);
+  let out = "";
+  for (const part of loc) {
+    if (part === "body" && out === "") continue;
+    if (typeof part === "number") out += `[${part}]`;
+    else out += out ? `.${part}` : String(part);
+  }
+  return out;
+}
+
 function errorList(err) {
   if (err instanceof ApiError) {
     if (err.status === 413) return [{ loc: "plan", msg: "the request is too large for the server" }];
     if (Array.isArray(err.detail)) {
-      return err.detail.map((d) => ({
-        loc: Array.isArray(d.loc) ? d.loc.filter((x) => x !== "body").join(".") : d.loc || "",
-        msg: d.msg || JSON.stringify(d),
-      }));
+      return err.detail.map((d) => ({ loc: formatLoc(d.loc), msg: d.msg || JSON.stringify(d) }));
     }
+    if (err.status === 401) return [{ loc: "", msg: "the server needs an API token" }];
     return [{ loc: "", msg: `${err.status ? `HTTP ${err.status}: ` : ""}${err.message}` }];
   }
   return [{ loc: "", msg: String(err) }];
