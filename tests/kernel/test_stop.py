@@ -91,3 +91,25 @@ def test_stop_with_a_dispatch_hook_attached() -> None:
     sched.run()  # returns (a hang here fails the test by its timeout)
     assert Counter.n >= 2
     sched.close()
+
+
+def test_before_wait_hears_the_real_timeout_when_an_injector_is_present() -> None:
+    """With an injector, the first before_wait gets 0; one with the block follows."""
+    from tiffany.kernel import Instrument
+
+    seen: list[float | None] = []
+
+    class Waits(Instrument):
+        def before_wait(self, timeout: float | None) -> None:
+            seen.append(timeout)
+
+    sched = Scheduler(instruments=[Waits()])
+    sched.add_injector(lambda: None)
+
+    def sleeper():
+        yield Sleep(0.05)
+
+    sched.spawn(sleeper())
+    sched.run()
+    sched.close()
+    assert any(t is None or t > 0.0 for t in seen), seen

@@ -133,7 +133,16 @@ class Reactor:
             return False
         if timeout == -1.0 or (timeout == 0.0 and not self._ready and self._injectors):
             # An injector found nothing to deliver yet: wait for real events.
+            blocks_now = timeout == 0.0
             timeout = self._live_timeout()
+            if blocks_now and timeout != 0.0 and hooks["before_wait"] is not None:
+                # The commit point was passed with 0 (injectors might have
+                # made tasks ready); the loop blocks after all, so the hooks
+                # hear it: a group commit must not sit in a buffer while the
+                # loop sleeps.
+                self._call_hook(hooks["before_wait"], timeout)
+                if self._fatal is not None:
+                    raise self._fatal
         if self._outbox:
             self._release_outbox()
             if self._ready:  # inline steps completed: do not block
