@@ -18,7 +18,7 @@ op             request fields                        answer (``ok: true``)
                ``key`` (idempotency key or null)     key named an earlier submission)
 ``cancel``     ``run_id``                            ``run_id``, ``status: "cancelling"``
 ``verify``     ``run_id``                            the replay report (``tiffany replay --verify
-                                                     --json``)
+                                                     --json``), its verdict as ``identical``
 ``metrics``    --                                    counters and histograms (see the engine)
 =============  ====================================  ==========================================
 
@@ -103,8 +103,9 @@ def decode_frame(line: bytes) -> Any:
 
 
 def _answer(msg: dict[str, Any]) -> dict[str, Any]:
+    """Return an answer's fields without the envelope (``id``, ``ok``), or raise."""
     if msg.get("ok"):
-        return msg
+        return {k: v for k, v in msg.items() if k != "id" and k != "ok"}
     raise ControlError(
         int(msg.get("status", 500)), str(msg.get("error", "engine error")), msg.get("detail")
     )

@@ -166,11 +166,12 @@ def main() -> None:
 
 def _register_subcommands() -> None:
     # Imported here so each command module can use ``app`` and ``_settings``.
-    from tiffany.cli import db, durable, run
+    from tiffany.cli import db, durable, run, serve
 
     durable.register(app)
     run.register(app)
     db.register(app)
+    serve.register(app)
 
 
 _register_subcommands()

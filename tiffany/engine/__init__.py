@@ -50,17 +50,32 @@ class Engine:
         run_id: str | None = None,
     ) -> str:
         """Start a plan run (validated first); return its run id."""
-        from tiffany.agents import parse_plan
+        entry, name = self.prepare_plan(doc, inputs)
+        return self.runtime.submit_entry(entry, run_id=run_id, name=name)
 
+    def prepare_plan(
+        self, doc: Mapping[str, Any], inputs: Mapping[str, Any] | None = None
+    ) -> tuple[dict[str, Any], str]:
+        """Validate a plan and its inputs; return its run entry and name.
+
+        Pure (any thread): the service validates off the scheduler thread.
+
+        Raises:
+            PlanError: The plan or an input is invalid (``errors`` name the fields).
+        """
+        from tiffany.agents import PlanError, parse_plan
+
+        if not isinstance(doc, Mapping):
+            raise PlanError([{"loc": "plan", "msg": "a plan must be a JSON object"}])
+        if inputs is not None and not isinstance(inputs, Mapping):
+            raise PlanError([{"loc": "inputs", "msg": "inputs must be a JSON object"}])
         plan = parse_plan(doc, self.env.registry.names())
         unknown = sorted(set(inputs or {}) - set(plan.inputs))
         if unknown:
-            from tiffany.agents import PlanError
-
             raise PlanError(
                 [{"loc": f"inputs.{k}", "msg": "not an input of this plan"} for k in unknown]
             )
-        return self.runtime.submit_entry(plan_entry(doc, inputs), run_id=run_id, name=plan.name)
+        return plan_entry(doc, inputs), plan.name
 
 
 def replay_resolvers(settings: Settings) -> dict[str, Any]:
@@ -89,7 +104,11 @@ def build(
     runtime = Runtime(
         data_dir,
         fsync=settings.wal_fsync,
-        instruments=[watchdog, *instruments],
+        instruments=[watchdog],
         resolvers={"plan": plan_resolver(env)},
     )
+    # After the journal: it tags each new task with its run (Task.meta),
+    # which observers such as the activity log read in the same hook.
+    for inst in instruments:
+        runtime.sched.add_instrument(inst)
     return Engine(runtime, env, watchdog)

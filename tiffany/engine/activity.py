@@ -41,6 +41,8 @@ class ActivityLog(Instrument):
     def __init__(self, hub: Hub, *, dispatches: bool = True) -> None:
         self.hub = hub
         self.dispatches = dispatches
+        #: Dispatches seen (every task step, published or not).
+        self.dispatched = 0
 
     def _ids(self, task: Task) -> dict[str, Any]:
         meta = task.meta
@@ -65,6 +67,7 @@ class ActivityLog(Instrument):
 
     def after_dispatch(self, task: Task, yielded: Any) -> None:
         """Publish ``step`` with what the task yielded."""
+        self.dispatched += 1
         if self.dispatches:
             self.hub.publish("step", label=_label(yielded), **self._ids(task))
 

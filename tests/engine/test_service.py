@@ -1,0 +1,263 @@
+"""The engine process: control channel, group-committed submissions, live projection,
+PAL feed, cancel, verify, restart and recovery. A real ``tiffany engine`` process."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from engine_proc import EngineProc
+from sqlalchemy.orm import Session
+
+from tiffany.control import AsyncControlClient, ControlError
+from tiffany.durable.records import decode
+from tiffany.store import make_engine, queries
+from tiffany.wal import iter_records
+
+SLEEPY = {
+    "name": "sleepy",
+    "steps": [
+        {"id": "nap", "tool": "sleep", "args": {"seconds": 0.2}},
+        {
+            "id": "write",
+            "tool": "file.write",
+            "after": ["nap"],
+            "args": {"path": "out.txt", "content": "hello"},
+        },
+    ],
+    "outputs": {"path": "${steps.write.output.path}"},
+}
+LONG = {
+    "name": "long",
+    "steps": [
+        {"id": "first", "tool": "file.write", "args": {"path": "first.txt", "content": "1"}},
+        {"id": "wait", "tool": "sleep", "after": ["first"], "args": {"seconds": 3}},
+        {
+            "id": "last",
+            "tool": "file.write",
+            "after": ["wait"],
+            "args": {"path": "last.txt", "content": "2"},
+        },
+    ],
+}
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[EngineProc]:
+    proc = EngineProc(tmp_path / "data")
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        code = proc.stop()
+        assert code == 0, proc.log_text()
+
+
+def store_run(
+    data_dir: Path, run_id: str, timeout: float = 15, until: str | None = None
+) -> dict[str, Any]:
+    """Poll the engine's SQLite store until the run is there (and has status ``until``)."""
+    db = make_engine(f"sqlite:///{data_dir / 'tiffany.db'}")
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            with Session(db) as session:
+                run = queries.get_run(session, run_id)
+                if run is not None and (until is None or run.status == until):
+                    return queries.run_detail(run)
+            if time.monotonic() > deadline:
+                raise AssertionError(f"run {run_id} not in the store with status {until}")
+            time.sleep(0.05)
+    finally:
+        db.dispose()
+
+
+def run_start_seqs(data_dir: Path) -> dict[str, int]:
+    out = {}
+    for rec in iter_records(data_dir / "wal"):
+        if rec.rtype == 1:
+            _, fields = decode(rec.payload)
+            out[fields[0]] = rec.seq
+    return out
+
+
+def test_submit_answers_once_durable_and_the_store_follows(engine: EngineProc) -> None:
+    answer = engine.call("submit", plan=SLEEPY, inputs={})
+    run_id = answer["run_id"]
+    assert answer["created"] is True
+    # Acknowledged means on disk: the RUN_START record is in the WAL already.
+    assert run_id in run_start_seqs(engine.data_dir)
+    detail = store_run(engine.data_dir, run_id, until="succeeded")
+    assert detail["outputs"] == {"path": "out.txt"}
+    assert [s["status"] for s in detail["steps"]] == ["succeeded", "succeeded"]
+    kinds = {t["kind"] for t in detail["tasks"]}
+    assert {"planner", "worker"} <= kinds
+    metrics = engine.call("metrics")
+    assert metrics["wal"]["fsync_seconds"]["count"] == metrics["wal"]["commits"] > 0
+    assert metrics["dispatches"] > 0
+    assert metrics["projector"]["lag_records"] == 0 or metrics["projector"]["last_seq"] > 0
+
+
+def test_invalid_plans_name_the_field(engine: EngineProc) -> None:
+    bad = {
+        "name": "bad",
+        "steps": [{"id": "a", "tool": "sleep", "args": {"seconds": 1}, "after": ["b"]}],
+    }
+    with pytest.raises(ControlError) as err:
+        engine.call("submit", plan=bad, inputs={})
+    assert err.value.status == 422
+    assert err.value.detail[0]["loc"] == "steps[0].after[0]"
+    with pytest.raises(ControlError) as err:
+        engine.call("submit", plan=SLEEPY, inputs={"nope": 1})
+    assert err.value.status == 422
+    assert err.value.detail[0]["loc"] == "inputs.nope"
+    with pytest.raises(ControlError) as err:
+        engine.call("submit", plan=[1, 2], inputs={})
+    assert err.value.status == 422
+    # Nothing was journaled for refused plans.
+    assert run_start_seqs(engine.data_dir) == {}
+
+
+def test_idempotency_key_returns_the_same_run(engine: EngineProc) -> None:
+    first = engine.call("submit", plan=SLEEPY, inputs={}, key="abc")
+    again = engine.call("submit", plan=SLEEPY, inputs={}, key="abc")
+    assert again == {**first, "created": False}
+    with pytest.raises(ControlError) as err:
+        engine.call("submit", plan=LONG, inputs={}, key="abc")
+    assert err.value.status == 409
+    assert len(run_start_seqs(engine.data_dir)) == 1
+
+
+def test_cancel_running_finished_and_unknown(engine: EngineProc) -> None:
+    run_id = engine.call("submit", plan=LONG, inputs={})["run_id"]
+    store_run(engine.data_dir, run_id)
+    assert engine.call("cancel", run_id=run_id)["status"] == "cancelling"
+    detail = store_run(engine.data_dir, run_id, until="cancelled")
+    assert {s["step_id"]: s["status"] for s in detail["steps"]}["last"] in ("skipped", "cancelled")
+    with pytest.raises(ControlError) as err:
+        engine.call("cancel", run_id=run_id)
+    assert err.value.status == 409
+    with pytest.raises(ControlError) as err:
+        engine.call("cancel", run_id="run-nope")
+    assert err.value.status == 404
+
+
+def test_verify_replays_a_finished_run(engine: EngineProc) -> None:
+    run_id = engine.call("submit", plan=SLEEPY, inputs={})["run_id"]
+    store_run(engine.data_dir, run_id, until="succeeded")
+    report = engine.call("verify", run_id=run_id)
+    assert report["identical"] is True, report
+    assert report["divergence"] is None
+    with pytest.raises(ControlError) as err:
+        engine.call("verify", run_id="run-nope")
+    assert err.value.status == 404
+
+
+def test_pipelined_async_submissions_share_group_commits(engine: EngineProc) -> None:
+    async def main() -> list[dict[str, Any]]:
+        client = AsyncControlClient(engine.data_dir)
+        try:
+            return await asyncio.gather(
+                *(client.request("submit", plan=SLEEPY, inputs={}) for _ in range(40))
+            )
+        finally:
+            await client.close()
+
+    before = engine.call("metrics")["wal"]["commits"]
+    answers = asyncio.run(main())
+    assert len({a["run_id"] for a in answers}) == 40
+    seqs = run_start_seqs(engine.data_dir)
+    assert all(a["run_id"] in seqs for a in answers)
+    commits = engine.call("metrics")["wal"]["commits"] - before
+    assert commits > 0
+
+
+def test_feed_streams_the_runs_activity(engine: EngineProc) -> None:
+    from tiffany.pal.transport import follow
+
+    async def main() -> list[dict[str, Any]]:
+        frames: list[dict[str, Any]] = []
+
+        async def collect() -> None:
+            async for frame in follow(engine.data_dir / "feed.sock"):  # from now on
+                frames.append(frame)
+                if frame.get("kind") == "run.finished":
+                    return
+
+        task = asyncio.create_task(collect())
+        await asyncio.sleep(0.3)  # subscribed
+        await asyncio.to_thread(engine.call, "submit", plan=SLEEPY, inputs={})
+        await asyncio.wait_for(task, 20)
+        # A resume from the middle gets exactly the rest.
+        middle = frames[len(frames) // 2]["seq"]
+        rest: list[dict[str, Any]] = []
+        async for frame in follow(engine.data_dir / "feed.sock", since=middle, reconnect=False):
+            rest.append(frame)
+            if frame.get("kind") == "run.finished":
+                break
+        assert [f["seq"] for f in rest] == [f["seq"] for f in frames if f["seq"] > middle]
+        return frames
+
+    frames = asyncio.run(main())
+    events = [f for f in frames if "seq" in f]
+    seqs = [e["seq"] for e in events]
+    assert seqs == sorted(set(seqs))
+    kinds = {e["kind"] for e in events}
+    assert {"run.started", "spawned", "step", "blocked", "woke", "exit", "run.finished"} <= kinds
+    assert {e["task_kind"] for e in events} >= {"planner", "worker"}
+
+
+def test_restart_resumes_an_unfinished_run_without_redoing_steps(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    proc = EngineProc(data)
+    proc.wait_ready()
+    run_id = proc.call("submit", plan=LONG, inputs={}, key="long-1")["run_id"]
+    detail = store_run(data, run_id)
+    deadline = time.monotonic() + 10
+    while {s["step_id"]: s["status"] for s in detail["steps"]}.get("first") != "succeeded":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+        detail = store_run(data, run_id)
+    assert proc.stop(signal.SIGTERM) == 0  # graceful: the run stays unfinished in the WAL
+    assert proc.logged("engine.stopped")
+    workspace_first = next((data / "workspaces").rglob("first.txt"))
+    first_mtime = workspace_first.stat().st_mtime_ns
+
+    again = EngineProc(data)
+    try:
+        status = again.wait_ready()
+        assert status["ready"] is True
+        assert again.logged("engine.started")[-1]["resumed"] == 1
+        # The idempotency key survived the restart.
+        assert again.call("submit", plan=LONG, inputs={}, key="long-1") == {
+            "run_id": run_id,
+            "created": False,
+        }
+        detail = store_run(data, run_id, until="succeeded", timeout=30)
+        assert [s["status"] for s in detail["steps"]] == ["succeeded"] * 3
+        # The completed step was not run again.
+        assert workspace_first.stat().st_mtime_ns == first_mtime
+        assert any((data / "workspaces").rglob("last.txt"))
+    finally:
+        assert again.stop() == 0
+
+
+def test_kill_9_then_restart_recovers(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    proc = EngineProc(data)
+    proc.wait_ready()
+    run_id = proc.call("submit", plan=LONG, inputs={})["run_id"]
+    time.sleep(0.5)
+    proc.stop(signal.SIGKILL)
+    again = EngineProc(data)
+    try:
+        again.wait_ready()
+        detail = store_run(data, run_id, until="succeeded", timeout=30)
+        assert [s["status"] for s in detail["steps"]] == ["succeeded"] * 3
+    finally:
+        assert again.stop() == 0

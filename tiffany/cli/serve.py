@@ -1,0 +1,246 @@
+"""``tiffany serve``: the engine process and the API side-process, supervised.
+
+``serve`` starts two children of its own interpreter, ``tiffany engine``
+(the kernel loop, WAL, PAL hub, projector, control socket) and ``tiffany
+api`` (FastAPI under uvicorn), waits until both answer, optionally submits
+the demo plan, prints the dashboard's address and writes it to
+``<data dir>/serve.json``. A child that dies is restarted (with backoff) on
+its own: the API resumes the feed where it was, the engine recovers its runs
+from the WAL. SIGINT/SIGTERM stop the API first (no new requests), then the
+engine (the WAL is flushed), and ``serve`` exits 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Final
+
+import typer
+
+__all__ = ["register"]
+
+#: How long serve waits for a child to come up, in seconds.
+START_TIMEOUT_S: Final = 60.0
+#: How long a child gets to stop after SIGTERM before SIGKILL, in seconds.
+STOP_TIMEOUT_S: Final = 20.0
+
+
+def demo_plan() -> dict[str, Any]:
+    """Return the packaged demo plan."""
+    import yaml
+
+    text = resources.files("tiffany.plans").joinpath("demo.yaml").read_text()
+    doc: dict[str, Any] = yaml.safe_load(text)
+    return doc
+
+
+class _Child:
+    """One supervised child process."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        self.name = name
+        self.argv = argv
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.argv, env=self.env)
+
+    def stop(self) -> int | None:
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return None if proc is None else proc.returncode
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            typer.echo(
+                f"tiffany: {self.name} did not stop in {STOP_TIMEOUT_S:g}s; killing it", err=True
+            )
+            proc.kill()
+            return proc.wait()
+
+
+def _wait_file(path: Path, child: _Child, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            with contextlib.suppress(ValueError, OSError):
+                data: dict[str, Any] = json.loads(path.read_text())
+                return data
+        if child.proc is not None and child.proc.poll() is not None:
+            raise RuntimeError(
+                f"{child.name} exited with code {child.proc.returncode} while starting"
+            )
+        time.sleep(0.05)
+    raise RuntimeError(f"{child.name} did not start within {timeout:g}s")
+
+
+def serve(
+    ctx: typer.Context,
+    host: Annotated[
+        str | None, typer.Option(help="Address the API binds to [default: 127.0.0.1].")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="API port (0: any free port) [default: 8000].")
+    ] = None,
+    demo: Annotated[bool, typer.Option("--demo", help="Submit the demo plan once up.")] = False,
+    enable_tool: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--enable-tool", help="Let the engine run this tool (repeatable; adds to the defaults)."
+        ),
+    ] = None,
+) -> None:
+    """Serve the dashboard and API, and run submitted plans (engine + API processes)."""
+    from tiffany.cli import _settings
+    from tiffany.control import ControlError, ControlUnavailable, call
+
+    settings = _settings(ctx)
+    data_dir = Path(settings.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env["TIFFANY_DATA_DIR"] = str(data_dir)
+    env["TIFFANY_LOG_FORMAT"] = settings.log_format
+    env["TIFFANY_LOG_LEVEL"] = settings.log_level
+    env["TIFFANY_HOST"] = host if host is not None else settings.host
+    env["TIFFANY_PORT"] = str(port if port is not None else settings.port)
+    if enable_tool:
+        tools = list(dict.fromkeys([*settings.enabled_tools, *enable_tool]))
+        env["TIFFANY_ENABLED_TOOLS"] = ",".join(tools)
+    engine_ready = data_dir / "engine.json"
+    api_ready = data_dir / "api.json"
+    for stale in (engine_ready, api_ready, data_dir / "serve.json"):
+        stale.unlink(missing_ok=True)
+    exe = [sys.executable, "-m", "tiffany"]
+    engine = _Child("engine", [*exe, "engine", "--ready-file", str(engine_ready)], env)
+    api = _Child("api", [*exe, "api", "--ready-file", str(api_ready)], env)
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        engine.start()
+        _wait_file(engine_ready, engine, START_TIMEOUT_S)
+        api.start()
+        info = _wait_file(api_ready, api, START_TIMEOUT_S)
+        url = str(info["url"])
+        (data_dir / "serve.json").write_text(
+            json.dumps(
+                {
+                    "url": url,
+                    "engine_pid": engine.proc.pid if engine.proc else None,
+                    "api_pid": api.proc.pid if api.proc else None,
+                }
+            )
+        )
+        typer.echo(
+            f"Tiffany is serving the dashboard at {url}  (data dir {data_dir}; Ctrl-C stops)"
+        )
+        if demo:
+            try:
+                answer = call(data_dir, "submit", plan=demo_plan(), inputs={}, key=None)
+                run_id = answer["run_id"]
+                typer.echo(f"submitted the demo plan: run {run_id}  ({url}#/runs/{run_id})")
+            except (ControlError, ControlUnavailable) as exc:
+                typer.echo(f"tiffany: could not submit the demo plan: {exc}", err=True)
+        sys.stdout.flush()
+        backoff = {engine.name: 0.5, api.name: 0.5}
+        while not stop.wait(0.2):
+            for child in (engine, api):
+                proc = child.proc
+                if proc is not None and proc.poll() is not None and not stop.is_set():
+                    typer.echo(
+                        f"tiffany: the {child.name} process exited with code {proc.returncode}; "
+                        f"restarting it in {backoff[child.name]:g}s",
+                        err=True,
+                    )
+                    if stop.wait(backoff[child.name]):
+                        break
+                    backoff[child.name] = min(backoff[child.name] * 2, 30.0)
+                    child.restarts += 1
+                    child.start()
+    except RuntimeError as exc:
+        typer.echo(f"tiffany: {exc}", err=True)
+        api.stop()
+        engine.stop()
+        raise typer.Exit(1) from None
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    typer.echo("tiffany: stopping (API first, then the engine flushes the WAL)")
+    api_code = api.stop()
+    engine_code = engine.stop()
+    (data_dir / "serve.json").unlink(missing_ok=True)
+    bad = [(n, c) for n, c in (("api", api_code), ("engine", engine_code)) if c not in (0, None)]
+    if bad:
+        typer.echo(f"tiffany: {', '.join(f'{n} exited {c}' for n, c in bad)}", err=True)
+        raise typer.Exit(1)
+    typer.echo("tiffany: stopped cleanly")
+
+
+def engine_cmd(
+    ctx: typer.Context,
+    ready_file: Annotated[
+        Path | None, typer.Option(help="Write {pid, control, feed} here once the sockets are up.")
+    ] = None,
+    enable_tool: Annotated[
+        list[str] | None, typer.Option("--enable-tool", help="Also run this tool.")
+    ] = None,
+) -> None:
+    """Run the engine process alone (what ``serve`` starts): loop, WAL, PAL, projector."""
+    from tiffany.cli import _settings
+    from tiffany.engine.service import EngineService
+
+    settings = _settings(ctx)
+    tools = list(dict.fromkeys([*settings.enabled_tools, *(enable_tool or [])]))
+    service = EngineService(settings, enabled_tools=tools)
+
+    def ready() -> None:
+        if ready_file is not None:
+            tmp = ready_file.with_suffix(".tmp")
+            tmp.write_text(
+                json.dumps(
+                    {
+                        "pid": os.getpid(),
+                        "control": str(service.control.path),
+                        "feed": str(service.feed.path),
+                    }
+                )
+            )
+            tmp.replace(ready_file)
+
+    raise typer.Exit(service.serve(ready=ready))
+
+
+def api_cmd(
+    ctx: typer.Context,
+    ready_file: Annotated[
+        Path | None, typer.Option(help="Write {url, pid} here once listening.")
+    ] = None,
+) -> None:
+    """Run the API side-process alone (what ``serve`` starts)."""
+    from tiffany.api import run_api
+    from tiffany.cli import _settings
+
+    run_api(_settings(ctx), ready_file=ready_file)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``serve``, and the hidden ``engine`` and ``api`` commands, to ``app``."""
+    app.command("serve")(serve)
+    app.command("engine", hidden=True)(engine_cmd)
+    app.command("api", hidden=True)(api_cmd)

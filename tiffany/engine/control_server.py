@@ -1,0 +1,205 @@
+"""The engine's end of the control channel (protocol: :mod:`tiffany.control`).
+
+One thread accepts connections on the Unix socket; one thread per
+connection reads request lines and hands each to a small worker pool, so a
+pipelined client gets answers as they are ready (a ``submit`` waits for its
+group commit, a ``verify`` for its replay) without holding up the others.
+Answers are written under a per-connection lock. No socket is touched on the
+scheduler thread: requests reach the loop through the service's inbox.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+import structlog
+
+from tiffany.control import MAX_FRAME_BYTES, ControlError, decode_frame, encode_frame
+from tiffany.errors import TiffanyError
+
+__all__ = ["ControlServer"]
+
+log = structlog.get_logger(__name__)
+
+#: Requests handled at once (the rest queue in the pool).
+WORKERS: Final = 16
+
+Handler = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class ControlServer:
+    """Serve control requests on ``path`` with ``handle(request) -> answer fields``.
+
+    ``handle`` raises :class:`~tiffany.control.ControlError` to refuse; any
+    other exception answers 500 with its message (and is logged).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], handle: Handler) -> None:
+        self.path = Path(path)
+        self.handle = handle
+        self._sock: socket.socket | None = None
+        self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="tiffany-control")
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def start(self) -> None:
+        """Bind (replacing a stale socket file) and start accepting."""
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)  # the socket file is the owner's only
+        try:
+            sock.bind(str(self.path))
+        finally:
+            os.umask(old)
+        sock.listen(64)
+        self._sock = sock
+        self._thread = threading.Thread(
+            target=self._accept, name="tiffany-control-accept", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop accepting, close connections, remove the socket file."""
+        self._closed = True
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    def _accept(self) -> None:
+        while not self._closed and self._sock is not None:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            with self._lock:
+                self._conns.add(conn)
+            threading.Thread(
+                target=self._serve, args=(conn,), name="tiffany-control-conn", daemon=True
+            ).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        write_lock = threading.Lock()
+        buf = bytearray()
+        try:
+            while True:
+                chunk = conn.recv(1 << 16)
+                if not chunk:
+                    return
+                buf += chunk
+                while True:
+                    end = buf.find(b"\n")
+                    if end < 0:
+                        break
+                    line = bytes(buf[:end])
+                    del buf[: end + 1]
+                    if line.strip():
+                        self._submit(conn, write_lock, line)
+                if len(buf) > MAX_FRAME_BYTES:
+                    self._send(
+                        conn,
+                        write_lock,
+                        {"id": None, "ok": False, "status": 413, "error": "request line too long"},
+                    )
+                    return
+        except OSError:
+            return
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
+
+    def _submit(self, conn: socket.socket, write_lock: threading.Lock, line: bytes) -> None:
+        try:
+            request = decode_frame(line)
+        except (msgspec.DecodeError, ValueError) as exc:
+            self._send(
+                conn,
+                write_lock,
+                {"id": None, "ok": False, "status": 400, "error": f"bad request line: {exc}"},
+            )
+            return
+        if not isinstance(request, dict):
+            self._send(
+                conn,
+                write_lock,
+                {"id": None, "ok": False, "status": 400, "error": "a request is a JSON object"},
+            )
+            return
+        try:
+            self._pool.submit(self._answer, conn, write_lock, request)
+        except RuntimeError:  # shutting down
+            self._send(
+                conn,
+                write_lock,
+                {
+                    "id": request.get("id"),
+                    "ok": False,
+                    "status": 503,
+                    "error": "the engine is stopping",
+                },
+            )
+
+    def _answer(
+        self, conn: socket.socket, write_lock: threading.Lock, request: dict[str, Any]
+    ) -> None:
+        rid = request.get("id")
+        try:
+            answer = {"id": rid, "ok": True, **self.handle(request)}
+        except ControlError as exc:
+            answer = {
+                "id": rid,
+                "ok": False,
+                "status": exc.status,
+                "error": exc.message,
+                "detail": exc.detail,
+            }
+        except TiffanyError as exc:
+            answer = {
+                "id": rid,
+                "ok": False,
+                "status": 500,
+                "error": exc.message,
+                "detail": exc.to_dict(),
+            }
+        except Exception as exc:
+            log.exception("control.failed", op=request.get("op"))
+            answer = {"id": rid, "ok": False, "status": 500, "error": repr(exc)}
+        self._send(conn, write_lock, answer)
+
+    def _send(
+        self, conn: socket.socket, write_lock: threading.Lock, answer: dict[str, Any]
+    ) -> None:
+        try:
+            data = encode_frame(answer)
+        except (TypeError, msgspec.EncodeError) as exc:
+            data = encode_frame(
+                {
+                    "id": answer.get("id"),
+                    "ok": False,
+                    "status": 500,
+                    "error": f"answer not encodable: {exc}",
+                }
+            )
+        with write_lock, contextlib.suppress(OSError):
+            conn.sendall(data)

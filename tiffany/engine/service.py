@@ -1,0 +1,513 @@
+"""The engine process: the kernel loop with its journal, PAL, projector and control channel.
+
+``tiffany serve`` runs this in a process of its own (``tiffany engine``);
+the API side-process talks to it over two Unix sockets in the data dir::
+
+    control.sock   commands (tiffany.control: status, submit, cancel, verify, metrics)
+    feed.sock      the PAL feed (tiffany.pal.transport)
+
+Threads: the **scheduler loop runs on the main thread** and is the only
+thread that touches the kernel, the journal or the WAL. Everything else
+reaches it through the :class:`Inbox`, a kernel task that sleeps on an
+eventfd (``ReadWait``) and runs the callables other threads queue. The
+control server's threads parse and validate requests; the hub's thread
+encodes and fans out activity events; the projector's thread writes the SQL
+store. None of them ever makes the loop wait: the loop only appends to
+deques and sets events.
+
+Start-up: the sockets come up first, so ``/readyz`` can say "recovering";
+then the WAL is scanned and unfinished runs are replayed up to the end of
+their journal, after which they go live. ``ready`` turns true when no run
+is replaying any more. Submissions that arrive meanwhile wait in the inbox.
+
+Shutdown (SIGINT/SIGTERM, or :meth:`EngineService.request_stop`): the
+control server stops taking requests, the loop stops at the next pass
+(``Scheduler.stop``: nothing is killed, so unfinished runs stay unfinished
+in the WAL and are resumed by the next start), the journal commits, the
+projector applies what is left, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Generator
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
+from typing import Any, Final
+
+import structlog
+
+from tiffany.agents import PlanError
+from tiffany.config import Settings
+from tiffany.control import CONTROL_SOCKET, ControlError
+from tiffany.engine import Engine, build
+from tiffany.engine.activity import ActivityLog
+from tiffany.engine.control_server import ControlServer
+from tiffany.engine.projector_thread import LiveProjector
+from tiffany.kernel import ReadWait
+from tiffany.pal import EVENT_KINDS, Hub
+from tiffany.pal.transport import FeedServer
+
+__all__ = ["FEED_SOCKET", "EngineService", "Inbox"]
+
+log = structlog.get_logger(__name__)
+
+#: File name of the PAL feed socket inside the data dir.
+FEED_SOCKET: Final = "feed.sock"
+#: How long a submission waits for the loop and its group commit, in seconds.
+SUBMIT_TIMEOUT_S: Final = 30.0
+#: Upper bounds of the WAL fsync latency histogram, in seconds.
+FSYNC_BUCKETS_S: Final = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    1.0,
+)
+#: Longest a ``verify`` replay may take, in seconds.
+VERIFY_TIMEOUT_S: Final = 600.0
+
+
+class Inbox:
+    """Callables queued by other threads and run on the scheduler thread.
+
+    :meth:`call` is thread-safe and never blocks; :meth:`task` is the kernel
+    coroutine that runs them (spawned once, outside any run, so the journal
+    ignores it).
+    """
+
+    def __init__(self) -> None:
+        self._queue: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
+        self._fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+
+    def call(self, fn: Callable[[], Any]) -> Future[Any]:
+        """Queue ``fn`` for the loop; the future gets its result or exception."""
+        fut: Future[Any] = Future()
+        self._queue.append((fn, fut))
+        os.eventfd_write(self._fd, 1)
+        return fut
+
+    def task(self) -> Generator[Any, Any, None]:
+        """Run queued callables as they come (a kernel task)."""
+        queue = self._queue
+        while True:
+            yield ReadWait(self._fd)
+            with contextlib.suppress(BlockingIOError):
+                os.eventfd_read(self._fd)
+            while queue:
+                fn, fut = queue.popleft()
+                if not fut.set_running_or_notify_cancel():
+                    continue
+                try:
+                    fut.set_result(fn())
+                except Exception as exc:  # noqa: BLE001 - handed to the caller
+                    fut.set_exception(exc)
+
+    def close(self) -> None:
+        """Fail what is still queued and close the eventfd."""
+        while self._queue:
+            _, fut = self._queue.popleft()
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(ControlError(503, "the engine is stopping"))
+        os.close(self._fd)
+
+
+def _drain(fd: int) -> Generator[Any, Any, None]:
+    """Empty the signal wakeup pipe whenever it is readable (a kernel task)."""
+    while True:
+        yield ReadWait(fd)
+        with contextlib.suppress(BlockingIOError):
+            while os.read(fd, 512):
+                pass
+
+
+class _Histogram:
+    """A fixed-bucket latency histogram, updated on the scheduler thread."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def to_dict(self) -> dict[str, Any]:
+        buckets: list[list[Any]] = []
+        total = 0
+        for bound, count in zip(self.bounds, self.counts, strict=False):
+            total += count
+            buckets.append([bound, total])
+        total += self.counts[-1]
+        buckets.append(["+Inf", total])
+        return {"buckets": buckets, "sum": self.sum, "count": total}
+
+
+def _digest(plan: Any, inputs: Any) -> str:
+    body = json.dumps({"plan": plan, "inputs": inputs}, sort_keys=True, default=str)
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+class EngineService:
+    """An engine that serves plans submitted over the control channel.
+
+    Args:
+        settings: The process settings (data dir, database URL, tools...).
+        enabled_tools: Tools this engine may run (default: the settings').
+    """
+
+    def __init__(self, settings: Settings, *, enabled_tools: list[str] | None = None) -> None:
+        self.settings = settings
+        self.data_dir = Path(settings.data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.hub = Hub()
+        self.activity = ActivityLog(self.hub)
+        self.engine: Engine = build(
+            settings, enabled_tools=enabled_tools, instruments=[self.activity], emit=self._emit
+        )
+        self.runtime = self.engine.runtime
+        self.inbox = Inbox()
+        self.projector = LiveProjector(settings.database_url, self.runtime.wal_dir)
+        self.fsync = _Histogram(FSYNC_BUCKETS_S)
+        self.commits = 0
+        self.records = 0
+        self.durable_seq = self.runtime.wal.durable_seq
+        self._durable = threading.Condition()
+        self._durable_waiters = 0
+        self.runtime.wal.on_commit = self._on_commit
+        self.control = ControlServer(self.data_dir / CONTROL_SOCKET, self.handle)
+        self.feed = FeedServer(self.hub, self.data_dir / FEED_SOCKET)
+        #: run id -> status of every run this engine knows (WAL scan + new runs).
+        self.statuses: dict[str, str] = {}
+        #: idempotency key -> (run id, request digest).
+        self.keys: dict[str, tuple[str, str]] = {}
+        self.started_at = time.time()  # noqa: TID251 - wall clock for status, not task code
+        self._phase = "starting"  # starting -> scanning -> replaying -> ready -> stopping
+        self._replaying: set[str] = set()
+        self._loop_error: BaseException | None = None
+        self._stopping = False
+
+    # -- lifecycle (main thread) -----------------------------------------------------
+
+    def serve(
+        self, *, install_signals: bool = True, ready: Callable[[], None] | None = None
+    ) -> int:
+        """Start everything, recover, run the loop until stopped; return an exit code."""
+        wakeup: tuple[int, int] | None = None
+        if install_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: self.request_stop())
+            # A signal may land on any thread; the Python handler only runs
+            # once the main thread runs bytecode. The wakeup fd makes the
+            # loop's epoll return (a kernel task drains it), so it does.
+            wakeup = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            signal.set_wakeup_fd(wakeup[1], warn_on_full_buffer=False)
+        self.projector.migrate()  # the API reads the store as soon as we are up
+        self.hub.start()
+        self.feed.start()
+        self.projector.start()
+        self.control.start()
+        try:
+            self._phase = "scanning"
+            resumed = self.runtime.recover()
+            index = self.runtime.index
+            if index is not None:
+                for info in index.runs.values():
+                    self.statuses[info.run_id] = info.status
+                    idem = info.entry.get("idempotency") if isinstance(info.entry, dict) else None
+                    if isinstance(idem, dict) and isinstance(idem.get("key"), str):
+                        self.keys[idem["key"]] = (info.run_id, str(idem.get("digest")))
+            for run_id in resumed:
+                self.runtime.journal.runs[run_id].on_end = self._on_end
+            self._replaying = set(resumed)
+            self._phase = "replaying" if resumed else "ready"
+            log.info(
+                "engine.started",
+                data_dir=str(self.data_dir),
+                resumed=len(resumed),
+                control=str(self.control.path),
+                feed=str(self.feed.path),
+            )
+            self.runtime.sched.spawn(self.inbox.task(), name="engine-inbox")
+            if wakeup is not None:
+                self.runtime.sched.spawn(_drain(wakeup[0]), name="engine-signals", daemon=True)
+            if resumed:
+                self.inbox.call(self._watch_replay)
+            if ready is not None:
+                ready()
+            self.runtime.run()
+            return 0
+        except BaseException as exc:
+            self._loop_error = exc
+            log.exception("engine.failed")
+            return 1
+        finally:
+            self._phase = "stopping"
+            self.control.stop()
+            with self._durable:
+                self._durable.notify_all()
+            self.inbox.close()
+            try:
+                self.runtime.close()
+            except Exception:
+                log.exception("engine.close_failed")
+            self.projector.stop()
+            self.feed.stop()
+            self.hub.stop()
+            if wakeup is not None:
+                signal.set_wakeup_fd(-1)
+                for fd in wakeup:
+                    os.close(fd)
+            log.info("engine.stopped", durable_seq=self.durable_seq)
+
+    def request_stop(self) -> None:
+        """Stop the loop at its next pass (any thread, signal handlers included)."""
+        if self._stopping:
+            return
+        self._stopping = True
+        self._phase = "stopping"
+        self.inbox.call(self.runtime.sched.stop)
+
+    @property
+    def ready(self) -> bool:
+        """True once recovery is over and the engine takes new work."""
+        return self._phase == "ready"
+
+    # -- scheduler thread --------------------------------------------------------------
+
+    def _on_commit(self, first_seq: int, frames: bytearray, sync_s: float) -> None:
+        last = self.runtime.wal.durable_seq
+        self.commits += 1
+        self.records += last - first_seq + 1
+        self.fsync.observe(sync_s)
+        self.projector.hand_over(first_seq, last, frames)
+        self.durable_seq = last
+        if self._durable_waiters:
+            with self._durable:
+                self._durable.notify_all()
+
+    def _watch_replay(self) -> None:
+        # Runs on the loop after each pass while runs replay; cheap set checks.
+        runs = self.runtime.journal.runs
+        self._replaying = {r for r in self._replaying if runs[r].replay is not None}
+        if self._replaying:
+            self.runtime.sched.add_injector(self._replay_probe)
+        else:
+            self._phase = "ready"
+            log.info("engine.ready", after="recovery")
+
+    def _replay_probe(self) -> None:
+        runs = self.runtime.journal.runs
+        self._replaying = {r for r in self._replaying if runs[r].replay is not None}
+        if not self._replaying:
+            self.runtime.sched.remove_injector(self._replay_probe)
+            if self._phase == "replaying":
+                self._phase = "ready"
+                log.info("engine.ready", after="recovery")
+
+    def _start(
+        self, entry: dict[str, Any], name: str, key: str | None, digest: str
+    ) -> tuple[str, bool, int]:
+        if self._stopping:
+            raise ControlError(503, "the engine is stopping")
+        if key is not None:
+            known = self.keys.get(key)
+            if known is not None:
+                if known[1] != digest:
+                    raise ControlError(
+                        409,
+                        f"Idempotency-Key {key!r} was used for a different submission "
+                        f"(run {known[0]})",
+                        {"run_id": known[0]},
+                    )
+                return known[0], False, 0
+        run_id = self.runtime.submit_entry(entry, name=name, on_end=self._on_end)
+        seq = self.runtime.wal.next_seq - 1
+        self.statuses[run_id] = "running"
+        if key is not None:
+            self.keys[key] = (run_id, digest)
+        self.hub.publish(
+            "run.started",
+            run_id=run_id,
+            task=name,
+            task_kind="planner",
+            label=name,
+            data={"name": name},
+        )
+        return run_id, True, seq
+
+    def _on_end(self, state: Any) -> None:
+        self.statuses[state.run_id] = state.status
+
+    def _cancel(self, run_id: str, reason: str) -> dict[str, Any]:
+        run = self.runtime.journal.runs.get(run_id)
+        status = run.status if run is not None else self.statuses.get(run_id)
+        if status is None:
+            raise ControlError(404, f"no run {run_id!r}")
+        if run is None or status != "running":
+            raise ControlError(409, f"run {run_id} already finished ({status})", {"status": status})
+        if not self.runtime.journal.request_cancel(run_id, reason):
+            raise ControlError(409, f"run {run_id} already finished", {"status": run.status})
+        return {"run_id": run_id, "status": "cancelling"}
+
+    def _emit(self, run_id: str, kind: str, data: Any) -> None:
+        # Agents' own events (retries, tool output, LLM usage): any thread.
+        event = {"step.retry": "retry"}.get(kind, kind)
+        fields = dict(data) if isinstance(data, dict) else {"value": data}
+        if event not in EVENT_KINDS:
+            fields["event"] = kind
+            event = "tool.output"
+        label = str(fields.get("step", "")) + (f" {kind}" if kind else "")
+        self.hub.publish(event, run_id=run_id, label=label.strip(), data=fields)
+
+    # -- control requests (control threads) ---------------------------------------------
+
+    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Answer one control request (see :mod:`tiffany.control`)."""
+        op = request.get("op")
+        if op == "status":
+            return self._status()
+        if op == "submit":
+            return self._submit(request)
+        if op == "cancel":
+            run_id = str(request.get("run_id") or "")
+            answer: dict[str, Any] = self._on_loop(
+                lambda: self._cancel(run_id, str(request.get("reason") or "cancelled"))
+            )
+            return answer
+        if op == "verify":
+            return self._verify(str(request.get("run_id") or ""))
+        if op == "metrics":
+            return self.metrics()
+        raise ControlError(400, f"unknown op {op!r}")
+
+    def _status(self) -> dict[str, Any]:
+        return {
+            "ready": self.ready,
+            "phase": self._phase,
+            "recovering": len(self._replaying),
+            "pid": os.getpid(),
+            "started_at": self.started_at,
+            "runs_active": sum(1 for s in list(self.statuses.values()) if s == "running"),
+            "durable_seq": self.durable_seq,
+        }
+
+    def _on_loop(self, fn: Callable[[], Any], timeout: float = SUBMIT_TIMEOUT_S) -> Any:
+        if self._phase == "stopping":
+            raise ControlError(503, "the engine is stopping")
+        fut = self.inbox.call(fn)
+        try:
+            return fut.result(timeout)
+        except FutureTimeout:
+            fut.cancel()
+            raise ControlError(503, "the engine is busy or recovering; try again") from None
+
+    def _submit(self, request: dict[str, Any]) -> dict[str, Any]:
+        plan = request.get("plan")
+        inputs = request.get("inputs") or {}
+        key = request.get("key")
+        if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 255):
+            raise ControlError(
+                422,
+                "invalid Idempotency-Key",
+                [{"loc": "Idempotency-Key", "msg": "must be 1 to 255 characters"}],
+            )
+        try:
+            entry, name = self.engine.prepare_plan(plan, inputs)  # type: ignore[arg-type]
+        except PlanError as exc:
+            raise ControlError(422, exc.message, exc.errors) from None
+        digest = _digest(plan, inputs)
+        if key is not None:
+            entry["idempotency"] = {"key": key, "digest": digest}
+        deadline = time.monotonic() + SUBMIT_TIMEOUT_S
+        run_id, created, seq = self._on_loop(lambda: self._start(entry, name, key, digest))
+        self._wait_durable(seq, deadline)
+        return {"run_id": run_id, "created": created}
+
+    def _wait_durable(self, seq: int, deadline: float) -> None:
+        with self._durable:
+            self._durable_waiters += 1
+            try:
+                while self.durable_seq < seq:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or (self._phase == "stopping" and self._loop_error is not None):
+                        raise ControlError(503, "the submission was not made durable in time")
+                    self._durable.wait(min(left, 1.0))
+            finally:
+                self._durable_waiters -= 1
+
+    def _verify(self, run_id: str) -> dict[str, Any]:
+        if not run_id:
+            raise ControlError(422, "run_id is required", [{"loc": "run_id", "msg": "required"}])
+        status = self.statuses.get(run_id)
+        if status is None:
+            raise ControlError(404, f"no run {run_id!r}")
+        if status == "running":
+            raise ControlError(409, f"run {run_id} has not finished; only finished runs verify")
+        # A replay is CPU work: a subprocess keeps it off this process's GIL.
+        cmd = [
+            sys.executable,
+            "-m",
+            "tiffany",
+            "--data-dir",
+            str(self.data_dir),
+            "--log-format",
+            "json",
+            "replay",
+            run_id,
+            "--verify",
+            "--json",
+        ]
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=VERIFY_TIMEOUT_S, check=False
+        )
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        if not lines:
+            raise ControlError(500, f"verify failed: {proc.stderr.strip()[-500:]}")
+        report: dict[str, Any] = json.loads(lines[-1])
+        # "ok" is the envelope's: the report's verdict travels as "identical".
+        report["identical"] = bool(report.pop("ok", False))
+        return report
+
+    def metrics(self) -> dict[str, Any]:
+        """Counters and histograms for ``GET /metrics``."""
+        wd = self.engine.watchdog
+        return {
+            "dispatches": self.activity.dispatched,
+            "runs_active": sum(1 for s in list(self.statuses.values()) if s == "running"),
+            "wal": {
+                "commits": self.commits,
+                "records": self.records,
+                "fsync_seconds": self.fsync.to_dict(),
+            },
+            "loop": {"slow_dispatches": wd.stalls, "max_dispatch_s": wd.longest_s},
+            "feed": {
+                "subscribers": self.hub.subscribers,
+                "dropped_subscribers": self.hub.dropped_subscribers,
+                "published": self.hub.published,
+            },
+            "projector": {
+                "last_seq": self.projector.last_seq,
+                "lag_records": self.projector.lag_records,
+                "errors": self.projector.errors,
+            },
+        }

@@ -1,0 +1,1 @@
+"""Plans that ship with Tiffany (the demo plan)."""
