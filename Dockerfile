@@ -42,7 +42,10 @@ USER tiffany:tiffany
 # /data holds the WAL: it must outlive the container.
 VOLUME ["/data"]
 EXPOSE 8000
-# The service will run `tiffany serve` (engine + API on port 8000, graceful on
-# SIGTERM) once that command exists; until then the image runs the kernel demo.
-# TODO(serve): CMD ["tiffany", "serve"], plus a HEALTHCHECK on /healthz.
-CMD ["tiffany", "demo"]
+# `tiffany serve`: the engine process and the API side-process on port 8000.
+# SIGTERM stops the API, then the engine flushes the WAL; unfinished runs
+# resume at the next start.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(f\"http://127.0.0.1:{os.environ.get('TIFFANY_PORT', '8000')}/healthz\", timeout=2)"]
+STOPSIGNAL SIGTERM
+CMD ["tiffany", "serve"]

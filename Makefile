@@ -46,8 +46,8 @@ $(BENCH_STAMP): pyproject.toml | $(BIN)/python
 
 install: $(DEV_STAMP) ## create .venv and install the project with the dev extras
 
-run: $(DEV_STAMP) ## run the main job (for now: the kernel demo)
-	$(BIN)/tiffany demo
+run: $(DEV_STAMP) ## the main job: serve the dashboard and run the demo plan (Ctrl-C stops)
+	$(BIN)/tiffany serve --demo
 
 test: $(DEV_STAMP) ## run the test suite (PYTEST_ARGS=... to pass options)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

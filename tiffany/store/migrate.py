@@ -10,6 +10,7 @@ not reconfigure logging.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Final
 
@@ -29,8 +30,24 @@ __all__ = [
     "upgrade",
 ]
 
-_ROOT: Final = Path(__file__).resolve().parents[2]
-#: Alembic's ini file and script directory (in the source tree).
+def _root() -> Path:
+    """Where ``alembic.ini`` and ``migrations/`` are.
+
+    The source tree (an editable install, the tests); else the working
+    directory (the container image copies them to ``/app``, its workdir);
+    ``TIFFANY_MIGRATIONS_ROOT`` overrides both.
+    """
+    override = os.environ.get("TIFFANY_MIGRATIONS_ROOT")
+    if override:
+        return Path(override)
+    source = Path(__file__).resolve().parents[2]
+    if (source / "migrations" / "env.py").is_file():
+        return source
+    return Path.cwd()
+
+
+_ROOT: Final = _root()
+#: Alembic's ini file and script directory.
 ALEMBIC_INI: Final = _ROOT / "alembic.ini"
 MIGRATIONS_DIR: Final = _ROOT / "migrations"
 
