@@ -72,7 +72,8 @@ const tail = new Tail($("#tail-pane"), {
   live,
   runName: (id) => {
     const r = runs.runs.find((x) => x.run_id === id);
-    return r ? `${r.name} #${r.run_no}` : id.slice(0, 12);
+    if (!r) return { short: id.replace(/^run-/, "").slice(0, 6), long: id };
+    return { short: typeof r.run_no === "number" ? `#${r.run_no}` : r.name, long: `${r.name} · ${id}` };
   },
   openRun: (id) => navigate({ view: "run", runId: id }),
   onFilter: (id) => navigate({ tail: id }, { replace: true }),

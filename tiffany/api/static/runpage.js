@@ -22,10 +22,13 @@ import {
 } from "./dom.js";
 import { Journal } from "./journal.js";
 import { mergeTasks, treeOrder } from "./live.js";
-import { renderTimeline } from "./timeline.js";
+import { moreButton, renderTimeline } from "./timeline.js";
 
-const TREE_ROWS = 500;
+/** Rows drawn at first in the tree, timeline and steps; "show more" adds MORE_ROWS. */
+const FIRST_ROWS = 150;
+const MORE_ROWS = 500;
 const TASK_EVENTS = 60;
+const MAX_RENDER_GAP_MS = 1000;
 
 export class RunPage {
   constructor(root, runId, { live, onError, onRunChanged }) {
@@ -38,6 +41,7 @@ export class RunPage {
     this.sentMs = 0;
     this.selected = null;
     this.collapsed = new Set();
+    this.limits = { tree: FIRST_ROWS, timeline: FIRST_ROWS, steps: FIRST_ROWS };
     this.verify = null;
     this.closed = false;
     this.queued = false;
@@ -152,15 +156,31 @@ export class RunPage {
     this.render();
   }
 
+  /**
+   * Schedule a render. Renders are batched per animation frame and spaced by
+   * four times the cost of the last one, so a run with thousands of tasks
+   * degrades to a few updates a second instead of freezing the page.
+   */
   render() {
     if (this.queued || this.closed) return;
     this.queued = true;
-    requestAnimationFrame(() => {
-      this.queued = false;
-      if (this.closed) return;
-      this.renderHead();
-      this.renderBody();
-    });
+    const draw = () =>
+      requestAnimationFrame(() => {
+        this.queued = false;
+        if (this.closed) return;
+        const t0 = performance.now();
+        this.renderHead();
+        this.renderBody();
+        // The next frame's time includes style, layout and paint of this one.
+        requestAnimationFrame(() => {
+          const t1 = performance.now();
+          this.lastRenderAt = t1;
+          this.renderGapMs = Math.min(MAX_RENDER_GAP_MS, Math.max(0, t1 - t0 - 17) * 3);
+        });
+      });
+    const wait = (this.lastRenderAt || 0) + (this.renderGapMs || 0) - performance.now();
+    if (wait > 0) setTimeout(draw, wait);
+    else draw();
   }
 
   tasks() {
@@ -227,11 +247,23 @@ export class RunPage {
     const tasks = this.tasks();
     const rows = treeOrder(tasks);
     const now = Date.now() / 1000;
-    renderTimeline(this.timelineEl, rows, { now, selected: this.selected, onSelect: (lt) => this.select(lt) });
+    renderTimeline(this.timelineEl, rows, {
+      now,
+      selected: this.selected,
+      onSelect: (lt) => this.select(lt),
+      limit: this.limits.timeline,
+      onMore: () => this.more("timeline"),
+    });
     this.renderTree(rows, now);
     this.renderTask(tasks);
-    this.renderSteps(d, tasks, now);
+    this.renderSteps(d, tasks);
     this.renderErrorAndIo(d);
+  }
+
+  more(what) {
+    this.limits[what] += MORE_ROWS;
+    this.stepsSig = null;
+    this.render();
   }
 
   select(ltid) {
@@ -243,12 +275,16 @@ export class RunPage {
   renderTree(rows, now) {
     const hidden = new Set();
     const out = [];
+    let notDrawn = 0;
     for (const { task, depth, children } of rows) {
       if (task.parent_ltid != null && (hidden.has(task.parent_ltid) || this.collapsed.has(task.parent_ltid))) {
         hidden.add(task.ltid);
         continue;
       }
-      if (out.length >= TREE_ROWS) break;
+      if (out.length >= this.limits.tree) {
+        notDrawn++;
+        continue;
+      }
       const st = task.state;
       const end = task.ended_at ?? (TERMINAL_TASK.has(st) ? null : now);
       const isCollapsed = this.collapsed.has(task.ltid);
@@ -291,6 +327,7 @@ export class RunPage {
         ),
       );
     }
+    if (notDrawn) out.push(h("li", null, moreButton(notDrawn, () => this.more("tree"), "tree-more")));
     fill(this.treeEl, out.length ? out : h("li", { class: "empty" }, "No tasks yet."));
   }
 
@@ -319,24 +356,31 @@ export class RunPage {
     );
   }
 
-  renderSteps(d, tasks, now) {
+  renderSteps(d, tasks) {
     const specs = new Map();
     const plan = d.entry && d.entry.plan;
     if (plan && Array.isArray(plan.steps)) for (const s of plan.steps) specs.set(s.id, s);
     const liveWorker = new Map(tasks.filter((t) => t.step_id).map((t) => [t.step_id, t]));
     const steps = d.steps || [];
+    const status = (s) => {
+      const w = liveWorker.get(s.step_id);
+      return s.status === "pending" && w && !TERMINAL_TASK.has(w.state) ? "running" : s.status;
+    };
+    const sig = `${this.sentMs}|${steps.map(status).join(",")}`;
+    if (sig === this.stepsSig) return; // nothing new: keep the DOM (and open <details>)
+    this.stepsSig = sig;
     if (!steps.length) {
       fill(this.stepsEl, h("div", { class: "empty" }, "This run has no plan steps."));
       return;
     }
+    const shown = steps.slice(0, this.limits.steps);
     fill(
       this.stepsEl,
-      steps.map((s) => {
-        let st = s.status;
-        const w = liveWorker.get(s.step_id);
-        if (st === "pending" && w && !TERMINAL_TASK.has(w.state)) st = "running";
+      steps.length > shown.length ? h("div", { class: "muted small" }, `${steps.length} steps`) : null,
+      shown.map((s) => {
+        const st = status(s);
         const spec = specs.get(s.step_id) || {};
-        const end = s.ended_at ?? (st === "running" ? now : null);
+        const end = s.ended_at;
         const attempts = (s.attempts || []).length;
         return h(
           "div",
@@ -344,7 +388,7 @@ export class RunPage {
           h(
             "div",
             { class: "step-head" },
-            h("span", { class: `status-dot tone-${tone(st)}${st === "running" ? " pulse" : ""}` }),
+            h("span", { class: `status-dot tone-${tone(st)}` }),
             h("strong", { class: "mono" }, s.step_id),
             h("span", { class: "tool-tag" }, s.tool),
             spec.after && spec.after.length ? h("span", { class: "muted small" }, `after ${spec.after.join(", ")}`) : null,
@@ -362,6 +406,7 @@ export class RunPage {
           ),
         );
       }),
+      steps.length > shown.length ? moreButton(steps.length - shown.length, () => this.more("steps"), "steps-more") : null,
     );
   }
 
@@ -369,7 +414,17 @@ export class RunPage {
     fill(
       this.errorEl,
       d.error
-        ? h("section", { class: "card error-card", testid: "run-error" }, h("h3", null, "Run failed"), h("pre", { class: "payload error-text" }, pretty(d.error)))
+        ? h(
+            "section",
+            { class: "card error-card", testid: "run-error" },
+            h("h3", null, `Run ${d.status === "cancelled" ? "cancelled" : "failed"}`),
+            h(
+              "div",
+              null,
+              h("p", { class: "error-message" }, (d.error && (d.error.message || d.error.repr)) || compact(d.error, 300)),
+              h("details", null, h("summary", null, "error details"), h("pre", { class: "payload error-text" }, pretty(d.error))),
+            ),
+          )
         : null,
     );
     const key = JSON.stringify([d.inputs, d.outputs]);

@@ -27,7 +27,7 @@ export class Tail {
   constructor(root, { live, runName, openRun, onFilter }) {
     this.root = root;
     this.live = live;
-    this.runName = runName; // run_id -> short display name
+    this.runName = runName; // run_id -> {short, long} display names
     this.openRun = openRun;
     this.onFilter = onFilter;
     this.paused = false;
@@ -164,7 +164,7 @@ export class Tail {
   }
 
   row(ev) {
-    const runLabel = ev.run ? this.runName(ev.run) : "";
+    const runLabel = ev.run ? this.runName(ev.run) : null;
     return h(
       "li",
       {
@@ -185,7 +185,7 @@ export class Tail {
         " ",
         h("span", { class: "label" }, ev.label),
       ),
-      runLabel && !this.runFilter ? h("span", { class: "run-tag" }, runLabel) : null,
+      runLabel && !this.runFilter ? h("span", { class: "run-tag", title: runLabel.long }, runLabel.short) : null,
     );
   }
 }

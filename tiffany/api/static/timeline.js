@@ -4,7 +4,6 @@
 
 import { duration, fill, h, stateLabel, tone } from "./dom.js";
 
-export const TIMELINE_ROWS = 400;
 const STEPS_S = [
   0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.25, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900,
   1800, 3600, 7200, 14400, 43200, 86400,
@@ -22,11 +21,30 @@ function tickLabel(s, step) {
   return `${+(s / 3600).toFixed(1)} h`;
 }
 
+/** A "show more" button under a capped list. */
+export function moreButton(hidden, onMore, testid) {
+  return h(
+    "button",
+    { class: "btn btn-ghost btn-sm more-rows", testid, onclick: onMore },
+    `Show more (${hidden} not drawn)`,
+  );
+}
+
+/** "a" for worker:a, "file.read" for tool:file.read:a, the name otherwise. */
+function rowLabel(task) {
+  if (task.kind === "worker" && task.step_id) return task.step_id;
+  if (task.kind === "tool" && task.name.startsWith("tool:")) {
+    const rest = task.name.slice(5);
+    return task.step_id && rest.endsWith(`:${task.step_id}`) ? rest.slice(0, -task.step_id.length - 1) : rest;
+  }
+  return task.name;
+}
+
 /**
  * Render `rows` ({task, depth} in tree order) into `root`.
  * `now` (epoch s) closes the bars of tasks still running.
  */
-export function renderTimeline(root, rows, { now, selected, onSelect }) {
+export function renderTimeline(root, rows, { now, selected, onSelect, limit, onMore }) {
   const timed = rows.filter((r) => r.task.started_at != null);
   if (!timed.length) {
     fill(root, h("div", { class: "empty" }, "No task has started yet."));
@@ -48,7 +66,7 @@ export function renderTimeline(root, rows, { now, selected, onSelect }) {
     ticks.push(h("span", { class: "tick", style: { left: pct(t0 + s) } }, h("span", { class: "tick-label" }, tickLabel(s, step))));
   }
 
-  const shown = timed.slice(0, TIMELINE_ROWS);
+  const shown = timed.slice(0, limit);
   const body = shown.map(({ task, depth }) => {
     const end = task.ended_at ?? now;
     const open = task.ended_at == null;
@@ -68,7 +86,7 @@ export function renderTimeline(root, rows, { now, selected, onSelect }) {
           },
         });
       });
-    const label = task.step_id && task.kind !== "planner" ? task.step_id : task.name;
+    const label = rowLabel(task);
     return h(
       "div",
       {
@@ -112,9 +130,7 @@ export function renderTimeline(root, rows, { now, selected, onSelect }) {
       { class: "gantt", testid: "gantt" },
       h("div", { class: "gantt-row gantt-axis" }, h("div", { class: "gantt-label muted small" }, "task"), h("div", { class: "gantt-track" }, ticks)),
       body,
-      timed.length > shown.length
-        ? h("div", { class: "muted small pad" }, `${timed.length - shown.length} more tasks not drawn`)
-        : null,
+      timed.length > shown.length ? moreButton(timed.length - shown.length, onMore, "timeline-more") : null,
     ),
     h(
       "div",
