@@ -71,7 +71,9 @@ LAYERS: dict[str, Layer] = {
     "control": Layer(_parts("errors"), CODEC_LIBS),
     "store": Layer(_parts("errors", "config")),
     "agents": Layer(_parts("errors", "kernel", "io")),
-    # The kernel demo run by `tiffany demo` / `make run`.
+    # Data only: the plans that ship with Tiffany (the demo plan).
+    "plans": Layer(STDLIB_ONLY, STDLIB_ONLY),
+    # The kernel demo run by `tiffany demo`.
     "demo": Layer(_parts("errors", "config", "log", "kernel", "io")),
     # Composition root of the engine process: everything below the API.
     "engine": Layer(
