@@ -148,6 +148,7 @@ const feed = new Feed({
   onEvent,
   onStatus: (st, delayMs) => {
     conn.dataset.state = st;
+    document.body.dataset.feed = st;
     conn.textContent =
       st === "live" ? "live" : st === "connecting" ? "connecting…" : `reconnecting in ${Math.ceil(delayMs / 1000)} s`;
     conn.title = feed.lastSeq != null ? `last event seq ${feed.lastSeq}` : "";
@@ -196,9 +197,12 @@ const banner = $("#banner");
 async function pollReady() {
   let next = READY_POLL_MS;
   try {
-    const res = await fetch("readyz", { headers: { Accept: "application/json" } });
+    const headers = { Accept: "application/json" };
+    if (getToken()) headers.Authorization = `Bearer ${getToken()}`;
+    const res = await fetch("readyz", { headers });
     const body = await res.json().catch(() => ({}));
-    const ready = res.ok && body.ready !== false;
+    // 401: the token prompt is up; readiness is unknown, not "not ready".
+    const ready = res.status === 401 || (res.ok && body.ready !== false);
     banner.hidden = ready;
     if (!ready) {
       const reason = body.reason || body.detail || "";

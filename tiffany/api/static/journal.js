@@ -65,7 +65,9 @@ export class Journal {
       if (data.next_after != null) this.after = Math.max(this.after, data.next_after);
       this.applyFilter();
     } catch (err) {
-      this.onError(err);
+      // A run just submitted may not be in the store yet; the page retries.
+      if (err.status !== 404) this.onError(err);
+      this.done = true;
     } finally {
       this.loading = false;
       this.more.disabled = false;

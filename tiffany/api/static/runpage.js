@@ -118,9 +118,12 @@ export class RunPage {
       const wasLive = this.detail && !TERMINAL_RUN.has(this.detail.status);
       this.detail = d;
       this.sentMs = sent;
-      if (wasLive && TERMINAL_RUN.has(d.status)) {
-        this.onRunChanged();
-        if (this.journal.done) this.journal.load();
+      if (wasLive && TERMINAL_RUN.has(d.status)) this.onRunChanged();
+      // Follow the journal while the user is at its end (at most every 2 s).
+      const followed = this.detail.last_seq != null && this.detail.last_seq > this.journal.after;
+      if (this.journal.done && followed && Date.now() - (this.journalAt || 0) > 2000) {
+        this.journalAt = Date.now();
+        this.journal.load();
       }
       this.render();
     } catch (err) {
