@@ -5,7 +5,12 @@
 Tiffany: a plan of ``--steps`` trivial ``python`` steps, (1) chained (each
 ``after`` the previous; every step's result feeds the next) and (2) fanned
 out (all independent), run by the engine with the WAL's fsync policy
-``batch``: planner, workers, tool tasks and steps, all journaled.
+``batch``: planner, workers and steps, all journaled (a python step without
+a timeout runs in its worker, without a tool task). The trivial function is
+registered ``inline=True`` (a quick function that never blocks: its step is
+called on the loop's thread at the commit point, after its STEP_START is
+durable, instead of in the thread pool); the ``fan-out (pool)`` row runs the
+same fan-out with the function registered without it, through the pool.
 
 Peers, each in its own virtual environment under ``bench/.envs`` (created
 on first use from PyPI): DBOS 3.4 on SQLite (``dbos_driver.py``: one
@@ -36,7 +41,8 @@ sys.path.insert(0, str(ROOT))
 
 from tiffany.agents.tools.python import python_tool  # noqa: E402
 from tiffany.config import Settings  # noqa: E402
-from tiffany.engine import build  # noqa: E402
+from tiffany.durable import verify  # noqa: E402
+from tiffany.engine import build, replay_resolvers  # noqa: E402
 
 ENVS = ROOT / "bench" / ".envs"
 PEERS = {
@@ -45,37 +51,42 @@ PEERS = {
 }
 
 
-@python_tool("bench_inc")
+@python_tool("bench_inc", inline=True)
 def bench_inc(x: int = 0) -> int:
     """The trivial step."""
     return x + 1
 
 
-def chain_plan(n: int) -> dict[str, Any]:
-    steps = [{"id": "s0", "tool": "python", "args": {"function": "bench_inc", "kwargs": {"x": 0}}}]
+python_tool("bench_inc_pool")(bench_inc)  # the same function, through the thread pool
+
+
+def chain_plan(n: int, fn: str = "bench_inc") -> dict[str, Any]:
+    steps = [{"id": "s0", "tool": "python", "args": {"function": fn, "kwargs": {"x": 0}}}]
     for i in range(1, n):
         steps.append(
             {
                 "id": f"s{i}",
                 "tool": "python",
-                "args": {"function": "bench_inc", "kwargs": {"x": f"${{steps.s{i - 1}.output}}"}},
+                "args": {"function": fn, "kwargs": {"x": f"${{steps.s{i - 1}.output}}"}},
                 "after": [f"s{i - 1}"],
             }
         )
     return {"name": "chain", "steps": steps, "outputs": {"last": f"${{steps.s{n - 1}.output}}"}}
 
 
-def fanout_plan(n: int) -> dict[str, Any]:
+def fanout_plan(n: int, fn: str = "bench_inc") -> dict[str, Any]:
     steps = [
-        {"id": f"s{i}", "tool": "python", "args": {"function": "bench_inc", "kwargs": {"x": i}}}
+        {"id": f"s{i}", "tool": "python", "args": {"function": fn, "kwargs": {"x": i}}}
         for i in range(n)
     ]
     return {"name": "fanout", "steps": steps, "outputs": {"last": f"${{steps.s{n - 1}.output}}"}}
 
 
 def run_tiffany(doc: dict[str, Any], n: int, expect: Any) -> float:
+    """Run the plan (timed), then check that its journal replays identically (not timed)."""
     with tempfile.TemporaryDirectory() as d:
-        engine = build(Settings(data_dir=Path(d), wal_fsync="batch"), enabled_tools=["python"])
+        settings = Settings(data_dir=Path(d), wal_fsync="batch")
+        engine = build(settings, enabled_tools=["python"])
         try:
             run_id = engine.submit_plan(doc)
             t0 = time.perf_counter()
@@ -86,6 +97,8 @@ def run_tiffany(doc: dict[str, Any], n: int, expect: Any) -> float:
             assert state.result["outputs"]["last"] == expect
         finally:
             engine.runtime.close()
+        report = verify(Path(d), run_id, resolvers=replay_resolvers(settings))
+        assert report.ok, report.to_dict()
     return n / elapsed
 
 
@@ -120,12 +133,13 @@ def main() -> None:
     n = args.steps
     chain = run_tiffany(chain_plan(n), n, n)
     fan = run_tiffany(fanout_plan(n), n, n)
+    fan_pool = run_tiffany(fanout_plan(n, "bench_inc_pool"), n, n)
     lg = None if args.no_peers else peer("langgraph", str(n))
     dbos = None if args.no_peers else peer("dbos", str(min(n, 2000)), "20", str(max(1, n // 20)))
     nan = float("nan")
     print(f"\nplans: {n} trivial python steps, Tiffany engine (WAL fsync batch) vs peers, steps/s")
     print(
-        f"{'workload':<12}{'tiffany':>10}{'langgraph':>11}{'dbos':>9}{'/langgraph':>12}{'/dbos':>8}"
+        f"{'workload':<16}{'tiffany':>10}{'langgraph':>11}{'dbos':>9}{'/langgraph':>12}{'/dbos':>8}"
     )
     rows = (
         (
@@ -140,9 +154,15 @@ def main() -> None:
             (lg or {}).get("fanout_steps_per_s", nan),
             (dbos or {}).get("concurrent_steps_per_s", nan),
         ),
+        (
+            "fan-out (pool)",
+            fan_pool,
+            (lg or {}).get("fanout_steps_per_s", nan),
+            (dbos or {}).get("concurrent_steps_per_s", nan),
+        ),
     )
     for label, t, lgv, db in rows:
-        print(f"{label:<12}{t:>10,.0f}{lgv:>11,.0f}{db:>9,.0f}{t / lgv:>11.1f}x{t / db:>7.1f}x")
+        print(f"{label:<16}{t:>10,.0f}{lgv:>11,.0f}{db:>9,.0f}{t / lgv:>11.1f}x{t / db:>7.1f}x")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,15 @@ or through the ``tiffany.tools`` entry-point group of an installed
 distribution (``word_count = "mypkg.tools:word_count"``: the entry point's
 name is the function's name).
 
+A quick function that never blocks (sub-millisecond, no I/O) may be
+registered with ``inline=True`` (``@python_tool("inc", inline=True)``): its
+step is then called on the scheduler's thread at the commit point, right
+after its STEP_START is durable, instead of being handed to the thread pool
+(``Step(inline=True)``, Temporal's "local activity"). It is journaled and
+replayed exactly like any step; it saves the thread hand-off, which costs
+more than a trivial function itself, and it holds the loop while it runs:
+keep it trivial.
+
 Design: ``PythonTool.run`` is a generator function, so the worker always
 runs it as a kernel task inside a durable ``Step``. A *plain* callable is
 then handed to the thread pool with ``yield RunInThread(...)`` (blocking
@@ -64,6 +73,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 # operator's modules, before any scheduler runs; the lock covers the rare
 # registration from a thread.
 _FUNCTIONS: dict[str, Callable[..., Any]] = {}
+_INLINE: set[str] = set()  # names registered with inline=True
 _LOCK = threading.Lock()
 _entry_points_loaded = False
 
@@ -80,27 +90,47 @@ class PythonError(ToolError):
     code = "tool.python.error"
 
 
-def register_function(name: str, fn: Callable[..., Any], *, replace: bool = False) -> None:
-    """Register ``fn`` under ``name`` (a ValueError if taken and not ``replace``)."""
+def register_function(
+    name: str, fn: Callable[..., Any], *, replace: bool = False, inline: bool = False
+) -> None:
+    """Register ``fn`` under ``name`` (a ValueError if taken and not ``replace``).
+
+    Args:
+        name: The name plans call it by.
+        fn: A plain function or a generator function.
+        replace: Replace a function registered under the same name.
+        inline: ``fn`` is quick and never blocks: run its step on the
+            scheduler's thread instead of the thread pool (see the module
+            docstring). Ignored for a generator function.
+    """
     if not callable(fn):
         raise TypeError(f"python tool {name!r}: {fn!r} is not callable")
     with _LOCK:
         if not replace and name in _FUNCTIONS and _FUNCTIONS[name] is not fn:
             raise ValueError(f"a python tool function named {name!r} is already registered")
         _FUNCTIONS[name] = fn
+        if inline:
+            _INLINE.add(name)
+        else:
+            _INLINE.discard(name)
 
 
 def unregister_function(name: str) -> None:
     """Forget the callable registered under ``name`` (no error if there is none)."""
     with _LOCK:
         _FUNCTIONS.pop(name, None)
+        _INLINE.discard(name)
 
 
-def python_tool(name: str) -> Callable[[F], F]:
-    """Decorator: register the decorated function under ``name``; returns it unchanged."""
+def python_tool(name: str, *, inline: bool = False) -> Callable[[F], F]:
+    """Decorator: register the decorated function under ``name``; returns it unchanged.
+
+    ``inline=True`` marks a quick function that never blocks (see
+    :func:`register_function`).
+    """
 
     def decorate(fn: F) -> F:
-        register_function(name, fn)
+        register_function(name, fn, inline=inline)
         return fn
 
     return decorate
@@ -164,16 +194,22 @@ class PythonTool:
     durable: ClassVar[bool] = True
 
     def step_for(self, args: PythonArgs, ctx: ToolContext) -> Step | None:
-        """Return a thread step that calls a plain function directly, or None.
+        """Return a step that calls a plain function directly, or None.
+
+        A thread step, or an inline one for a function registered with
+        ``inline=True``.
 
         The worker yields this step instead of running :meth:`run` as a
         generator step: one task and one thread hand-off fewer per call.
         Generator functions (None here) still go through :meth:`run`.
         """
-        fn = lookup(args.function)
-        if inspect.isgeneratorfunction(fn):
+        name = args.function
+        fn = lookup(name)
+        if _is_generator_function(fn):
             return None
-        return Step(_call_plain, args.function, fn, args.kwargs, name=f"python:{args.function}")
+        return Step(
+            _call_plain, name, fn, args.kwargs, name=f"python:{name}", inline=name in _INLINE
+        )
 
     def run(self, args: PythonArgs, ctx: ToolContext) -> Coroutine:
         """Run the function: plain ones in the thread pool, generator ones here."""
@@ -190,6 +226,13 @@ class PythonTool:
                 function=args.function,
                 type=type(exc).__name__,
             ) from exc
+
+
+def _is_generator_function(fn: Callable[..., Any]) -> bool:
+    code = getattr(fn, "__code__", None)  # functions and bound methods: one flag test
+    if code is not None:
+        return bool(code.co_flags & inspect.CO_GENERATOR)
+    return inspect.isgeneratorfunction(fn)
 
 
 def _call_plain(name: str, fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
