@@ -12,7 +12,9 @@ Cancelling the run kills the planner: it then kills its workers (which kill
 their tool tasks, which kill their subprocesses) before it ends.
 
 The planner is deterministic: it reads time, randomness and the world only
-through its workers' steps, so it replays exactly.
+through its workers' steps, so it replays exactly. (It drains the results
+queue with plain method calls after each wait: what is queued when it runs
+follows from the dispatch order, which a replay reproduces.)
 """
 
 from __future__ import annotations
@@ -66,23 +68,32 @@ def run_plan(env: AgentEnv, run_id: str, doc: Mapping[str, Any], inputs: Mapping
         while True:
             for sid in dag.take_ready():
                 dag.status[sid] = RUNNING
+                # A daemon: nobody joins a worker (it reports through the
+                # queue), so its record goes as soon as it ends.
                 running[sid] = yield NewTask(
                     worker(env, run_id, dag.specs[sid], values, outputs, results),
                     name=f"worker:{sid}",
+                    daemon=True,
                 )
             if not running:
                 break
+            # One wait, then every report already queued: workers that ended
+            # in the same pass cost the planner one dispatch, not one each.
             outcome: StepOutcome = yield results.get()
-            sid = outcome.step_id
-            running.pop(sid, None)
-            attempts[sid] = outcome.attempts
-            if outcome.ok:
-                outputs[sid] = outcome.output
-                if dag.specs[sid].dynamic:
-                    _extend(dag, reasons, sid, outcome.output, values, env)
-            else:
-                reasons[sid] = outcome.error
-            dag.finish(sid, outcome.ok and dag.status[sid] != FAILED, reasons)
+            while True:
+                sid = outcome.step_id
+                running.pop(sid, None)
+                attempts[sid] = outcome.attempts
+                if outcome.ok:
+                    outputs[sid] = outcome.output
+                    if dag.specs[sid].dynamic:
+                        _extend(dag, reasons, sid, outcome.output, values, env)
+                else:
+                    reasons[sid] = outcome.error
+                dag.finish(sid, outcome.ok and dag.status[sid] != FAILED, reasons)
+                if results.empty():
+                    break
+                outcome = results.get_nowait()
     except TaskCancelled:
         for tid in running.values():
             yield KillTask(tid)
