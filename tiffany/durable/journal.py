@@ -130,6 +130,8 @@ GROUP_COMMIT_MAX_S: Final = 0.010
 _SYNC_BEFORE_EFFECT: Final = frozenset(
     {RecordType.STEP_START, RecordType.RUN_START, RecordType.RUN_END}
 )
+#: ``co_flags`` bit of a generator function's code (``inspect.CO_GENERATOR``).
+_CO_GENERATOR: Final = inspect.CO_GENERATOR
 
 _GENERATOR_KIND: Final = "call"
 
@@ -170,7 +172,7 @@ class RunState:
     n: int = 0
     next_ltid: int = 1
     root: Task | None = None
-    tasks: dict[int, Task] = field(default_factory=dict)
+    tasks: dict[int, Task] = field(default_factory=dict)  # ltid -> task, while alive
     replay: ReplayCursor | None = None
     status: str = "running"
     result: Any = None
@@ -443,6 +445,7 @@ class Journal(Instrument):
         if meta is None or meta.opaque:
             return
         run = meta.run
+        run.tasks.pop(meta.ltid, None)  # only live tasks are woken, killed or resumed
         if task.state is TaskState.DONE:
             value: Any = pack_value(task.result)
         else:
@@ -457,16 +460,19 @@ class Journal(Instrument):
             if rec[2] != fields[2] or (rec[2] == "done" and not _same(rec[3], task.result)):
                 raise self._divergence(run, task, -1, rec, fields, what="task exit")
         if task is run.root:
-            self._end_run(run, task)
+            self._end_run(run, task, value)
 
-    def _end_run(self, run: RunState, root: Task) -> None:
+    def _end_run(self, run: RunState, root: Task, value: Any) -> None:
+        """Journal the run's end; ``value`` is the root's exit value, already packed.
+
+        (The root's result packed once: for a plan it is the summary of every step.)
+        """
         run.status = {
             TaskState.DONE: "succeeded",
             TaskState.CRASHED: "failed",
             TaskState.CANCELLED: "cancelled",
         }[root.state]
         run.result, run.error = root.result, root.error
-        value = pack_value(root.result) if root.error is None else pack_error(root.error)
         cur = run.replay
         if cur is None or cur.run_end is None:
             self._append(RecordType.RUN_END, run, [run.status, value, self.sched.clock.time()])
@@ -761,4 +767,9 @@ def _carried(y: Any) -> bool:
 
 
 def _is_generator_step(call: Step | RunInThread) -> bool:
-    return isinstance(call, Step) and inspect.isgeneratorfunction(call.fn)
+    if not isinstance(call, Step):
+        return False
+    code = getattr(call.fn, "__code__", None)  # functions and bound methods
+    if code is not None:
+        return bool(code.co_flags & _CO_GENERATOR)
+    return inspect.isgeneratorfunction(call.fn)  # partials and other callables

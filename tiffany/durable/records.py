@@ -135,14 +135,24 @@ _PLAIN = (str, int, float, bool, bytes, type(None))
 
 
 def pack_value(value: Any) -> Any:
-    """Return ``value`` in a form msgpack keeps exactly (tuples and sets as extensions)."""
+    """Return ``value`` in a form msgpack keeps exactly (tuples and sets as extensions).
+
+    A list or dict of plain values comes back as itself, not a copy: encode
+    the result before the value can change.
+    """
     cls = value.__class__
     if cls in _PLAIN:
         return value
     if cls is list:
-        return [pack_value(v) for v in value]
+        for v in value:
+            if v.__class__ not in _PLAIN:
+                return [pack_value(v) for v in value]
+        return value  # nothing to pack: no copy (the caller encodes it at once)
     if cls is dict:
-        return {k: pack_value(v) for k, v in value.items()}
+        for v in value.values():
+            if v.__class__ not in _PLAIN:
+                return {k: pack_value(v) for k, v in value.items()}
+        return value
     if cls is tuple:
         return msgspec.msgpack.Ext(_EXT_TUPLE, _encoder.encode([pack_value(v) for v in value]))
     if cls is set or cls is frozenset:
