@@ -154,7 +154,7 @@ def serve(
             try:
                 answer = call(data_dir, "submit", plan=demo_plan(), inputs={}, key=None)
                 run_id = answer["run_id"]
-                typer.echo(f"submitted the demo plan: run {run_id}  ({url}#/runs/{run_id})")
+                typer.echo(f"submitted the demo plan: run {run_id}  ({url}#/run/{run_id})")
             except (ControlError, ControlUnavailable) as exc:
                 typer.echo(f"tiffany: could not submit the demo plan: {exc}", err=True)
         sys.stdout.flush()
