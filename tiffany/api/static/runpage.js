@@ -298,6 +298,13 @@ export class RunPage {
             class: `tree-node${this.selected === task.ltid ? " selected" : ""}`,
             testid: "task-node",
             role: "treeitem",
+            tabindex: 0,
+            onkeydown: (e) => {
+              if (e.key === "Enter" || e.key === " ") {
+                e.preventDefault();
+                this.select(task.ltid);
+              }
+            },
             "aria-expanded": children ? String(!isCollapsed) : null,
             dataset: { ltid: String(task.ltid), state: st, kind: task.kind, name: task.name },
             style: { paddingLeft: `${6 + depth * 18}px` },

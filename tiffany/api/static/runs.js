@@ -20,6 +20,7 @@ export class RunsPane {
     this.nextBefore = null;
     this.sentMs = 0;
     this.loading = false;
+    this.asked = new Set();
     this.refreshSoon = throttle(() => this.refresh(), 700);
     this.build();
   }
@@ -39,7 +40,19 @@ export class RunsPane {
         "div",
         { class: "pane-head" },
         h("h2", null, "Runs"),
-        h("a", { class: "btn btn-primary btn-sm", href: "#/new", testid: "new-run-button" }, "+ New run"),
+        h(
+          "a",
+          {
+            class: "btn btn-primary btn-sm",
+            href: "#/new",
+            testid: "new-run-button",
+            onclick: (e) => {
+              e.preventDefault();
+              this.navigate({ view: "new" });
+            },
+          },
+          "+ New run",
+        ),
       ),
       this.chips,
       h("div", { class: "runs-scroll" }, this.list, this.empty, this.more),
@@ -85,7 +98,9 @@ export class RunsPane {
 
   /** A live event arrived for `runId` (called once per animation frame batch). */
   touched(runIds, finished) {
-    const unknown = [...runIds].some((id) => !this.runs.some((r) => r.run_id === id));
+    // A run we have not listed (new, or hidden by the filter): ask once.
+    const unknown = [...runIds].some((id) => !this.asked.has(id) && !this.runs.some((r) => r.run_id === id));
+    runIds.forEach((id) => this.asked.add(id));
     if (unknown || finished) {
       this.refreshSoon();
       if (finished) setTimeout(() => this.refreshSoon(), 1200); // the store lags the feed
