@@ -75,6 +75,13 @@ class Settings(BaseSettings):
         llm_script: A JSON/YAML file of scripted replies (offline provider).
         shell_sandbox: ``auto`` (bubblewrap when installed), ``bwrap``
             (required; the shell tool fails closed without it) or ``none``.
+        max_plan_bytes: Largest ``POST /api/runs`` body the API accepts (413
+            beyond it, decided before the body is buffered).
+        feed_ring_events: Activity events the API process keeps for websocket
+            resumes (its own ring, in front of the engine's).
+        ws_queue_frames: Frames a websocket may have queued before it is cut
+            off as a slow consumer.
+        ws_ping_interval_s: An idle websocket gets a ``ping`` frame this often.
     """
 
     model_config = SettingsConfigDict(
@@ -101,6 +108,10 @@ class Settings(BaseSettings):
     llm_api_key: SecretStr | None = None
     llm_script: Path | None = None
     shell_sandbox: Literal["auto", "bwrap", "none"] = "auto"
+    max_plan_bytes: int = Field(default=1_048_576, gt=0)
+    feed_ring_events: int = Field(default=100_000, gt=0)
+    ws_queue_frames: int = Field(default=10_000, gt=0)
+    ws_ping_interval_s: float = Field(default=15.0, gt=0)
 
     @field_validator("data_dir", mode="after")
     @classmethod

@@ -1,0 +1,212 @@
+"""Helpers of the API tests: real engines, a real uvicorn, real sockets.
+
+Importable by name (``from api_support import ...``); the fixtures that use
+them are in ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+
+from tiffany.config import ENV_PREFIX, Settings
+from tiffany.pal import Hub
+from tiffany.pal.transport import FeedServer
+
+ENGINE_START_TIMEOUT_S = 60.0
+SLEEP_PLAN = {"name": "nap", "steps": [{"id": "nap", "tool": "sleep", "args": {"seconds": 0.05}}]}
+LONG_PLAN = {"name": "long", "steps": [{"id": "nap", "tool": "sleep", "args": {"seconds": 60}}]}
+
+
+def short_dir(prefix: str = "tfa-") -> Path:
+    """Return a fresh directory with a short path (for Unix sockets)."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+def clean_env() -> dict[str, str]:
+    """The environment without TIFFANY_* settings (a developer's must not leak in)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+
+
+def make_settings(data_dir: Path, **overrides: Any) -> Settings:
+    """Settings for a test: the data dir, JSON-free console logs, and overrides."""
+    with pytest.MonkeyPatch.context() as mp:
+        for field in Settings.model_fields:
+            mp.delenv(f"{ENV_PREFIX}{field.upper()}", raising=False)
+        return Settings(data_dir=data_dir, **overrides)
+
+
+@dataclass
+class EngineProcess:
+    """A running ``tiffany engine`` child."""
+
+    data_dir: Path
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start_engine(data_dir: Path, *extra: str) -> EngineProcess:
+    """Start ``tiffany engine`` on ``data_dir`` and wait for its ready file."""
+    ready = data_dir / "engine.json"
+    ready.unlink(missing_ok=True)
+    log_path = data_dir / "engine.log"
+    env = clean_env()
+    env["TIFFANY_LOG_FORMAT"] = "json"
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tiffany",
+                "--data-dir",
+                str(data_dir),
+                "engine",
+                "--ready-file",
+                str(ready),
+                *extra,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    engine = EngineProcess(data_dir, proc, log_path)
+    deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
+    while not ready.exists():
+        if proc.poll() is not None:
+            raise RuntimeError(f"the engine exited {proc.returncode}:\n{engine.log()}")
+        if time.monotonic() > deadline:
+            engine.stop()
+            raise RuntimeError(f"the engine did not start:\n{engine.log()}")
+        time.sleep(0.05)
+    return engine
+
+
+@dataclass
+class HandFeed:
+    """A real hub and feed server on ``<data_dir>/feed.sock``, fed by hand."""
+
+    data_dir: Path
+    hub: Hub
+    server: FeedServer
+
+    def publish(self, n: int, run_id: str | None = "r1", pad: int = 0) -> list[int]:
+        """Publish ``n`` events and return their seqs."""
+        first = self.hub.next_seq
+        for i in range(n):
+            data = {"i": i, "pad": "x" * pad} if pad else {"i": i}
+            self.hub.publish("step", run_id=run_id, task_id=i, label=f"#{i}", data=data)
+        self.hub.drain()
+        return list(range(first, first + n))
+
+    def restart(self, seq0: int, ring_size: int = 100_000) -> None:
+        """Stop this hub and server and start new ones (an engine restart)."""
+        self.server.stop()
+        self.hub = Hub(ring_size=ring_size, seq0=seq0)
+        self.server = FeedServer(self.hub, self.data_dir / "feed.sock")
+        self.server.start()
+
+
+@dataclass
+class LiveApi:
+    """The app under uvicorn in a thread."""
+
+    app: Any
+    server: uvicorn.Server
+    thread: threading.Thread
+    port: int
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_base(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    @property
+    def state(self) -> Any:
+        return self.app.state.tiffany
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+def serve_in_thread(settings: Settings) -> LiveApi:
+    """Start the app for ``settings`` under uvicorn on a free port."""
+    from tiffany.api import create_app
+    from tiffany.api.server import uvicorn_config
+
+    settings = settings.model_copy(update={"host": "127.0.0.1", "port": 0})
+    app = create_app(settings)
+    server = uvicorn.Server(uvicorn_config(settings, app))
+    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return LiveApi(app, server, thread, port)
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, every: float = 0.02) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(every)
+
+
+def ws_recv_json(ws: Any, timeout: float = 10.0) -> dict[str, Any]:
+    """Receive one JSON frame from a sync websockets client."""
+    return json.loads(ws.recv(timeout=timeout))
+
+
+@contextlib.contextmanager
+def ws_connect(url: str, **kwargs: Any) -> Iterator[Any]:
+    from websockets.sync.client import connect
+
+    kwargs.setdefault("proxy", None)
+    kwargs.setdefault("compression", None)
+    with connect(url, **kwargs) as ws:
+        yield ws
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

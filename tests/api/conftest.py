@@ -1,0 +1,80 @@
+"""Fixtures for the API tests: real engines, a real uvicorn, real sockets.
+
+* ``api_dir``: a short data dir under /tmp (Unix socket paths are limited
+  to 107 bytes, and pytest's tmp paths can be longer);
+* ``engine``: a real engine process (``tiffany engine``) on its own data
+  dir, shared by the tests of a module;
+* ``hand_feed``: a real PAL hub and feed server (``tiffany.pal``) in this
+  process, published to by hand: the engine's side of the feed, without the
+  engine;
+* ``live_api_factory``: the app under a real uvicorn server in a thread
+  (real TCP, real websockets with real backpressure).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from api_support import (  # noqa: E402
+    EngineProcess,
+    HandFeed,
+    LiveApi,
+    serve_in_thread,
+    short_dir,
+    start_engine,
+)
+
+from tiffany.config import Settings  # noqa: E402
+from tiffany.pal import Hub  # noqa: E402
+from tiffany.pal.transport import FeedServer  # noqa: E402
+
+
+@pytest.fixture
+def api_dir() -> Iterator[Path]:
+    path = short_dir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[EngineProcess]:
+    """A real engine process shared by a module's tests (its own data dir)."""
+    pytest.importorskip("tiffany.engine.service", reason="the engine service is not there yet")
+    data_dir = short_dir("tfe-")
+    proc = start_engine(data_dir)
+    yield proc
+    proc.stop()
+    shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def hand_feed(api_dir: Path) -> Iterator[HandFeed]:
+    hub = Hub(seq0=1_000)
+    server = FeedServer(hub, api_dir / "feed.sock")
+    server.start()
+    feed = HandFeed(api_dir, hub, server)
+    yield feed
+    feed.server.stop()
+
+
+@pytest.fixture
+def live_api_factory() -> Iterator[Callable[[Settings], LiveApi]]:
+    started: list[LiveApi] = []
+
+    def start(settings: Settings) -> LiveApi:
+        live = serve_in_thread(settings)
+        started.append(live)
+        return live
+
+    yield start
+    for live in started:
+        live.stop()

@@ -1,0 +1,283 @@
+"""``WS /ws/activity`` against a real hub and feed server fed by hand, over real uvicorn.
+
+The engine's side of the feed here is the real ``tiffany.pal`` hub and
+``FeedServer`` on ``<data dir>/feed.sock``; the API is the real app under
+uvicorn, with real websockets (and real TCP backpressure for the stalled
+client).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from api_support import HandFeed, make_settings, wait_until, ws_connect, ws_recv_json
+
+
+def _events(ws: Any, n: int, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """Receive ``n`` events (pings skipped)."""
+    got: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n:
+        frame = ws_recv_json(ws, max(0.1, deadline - time.monotonic()))
+        if frame.get("type") == "ping":
+            continue
+        got.append(frame)
+    return got
+
+
+def _relay_has(live: Any, seq: int) -> bool:
+    return live.state.relay.last_seq is not None and live.state.relay.last_seq >= seq
+
+
+def _settings(data_dir: Path, **kw: Any) -> Any:
+    return make_settings(data_dir, ws_ping_interval_s=kw.pop("ping", 0.5), **kw)
+
+
+def test_live_events_arrive_in_order_and_resume_with_since(hand_feed, live_api_factory) -> None:
+    live = live_api_factory(_settings(hand_feed.data_dir))
+    wait_until(lambda: hand_feed.hub.subscribers == 1)  # the relay's one connection
+    with ws_connect(f"{live.ws_base}/ws/activity") as ws:
+        wait_until(lambda: len(live.state.relay.subscribers) == 1)
+        seqs = hand_feed.publish(10)
+        got = _events(ws, 10)
+    assert [e["seq"] for e in got] == seqs
+    assert got[0]["kind"] == "step"
+    assert got[0]["v"] == 1
+    # a reconnect with since gets exactly what came after it, from the API's ring
+    with ws_connect(f"{live.ws_base}/ws/activity?since={seqs[3]}") as ws:
+        got = _events(ws, 6)
+        assert [e["seq"] for e in got] == seqs[4:]
+        more = hand_feed.publish(2)
+        assert [e["seq"] for e in _events(ws, 2)] == more
+    # one engine subscription however many websockets
+    assert hand_feed.hub.subscribers == 1
+
+
+def test_run_filter(hand_feed, live_api_factory) -> None:
+    live = live_api_factory(_settings(hand_feed.data_dir))
+    wait_until(lambda: hand_feed.hub.subscribers == 1)
+    with ws_connect(f"{live.ws_base}/ws/activity?run_id=b") as ws:
+        wait_until(lambda: len(live.state.relay.subscribers) == 1)
+        hand_feed.publish(3, run_id="a")
+        b = hand_feed.publish(2, run_id="b")
+        hand_feed.publish(3, run_id="a")
+        got = _events(ws, 2)
+    assert [e["seq"] for e in got] == b
+    assert {e["run_id"] for e in got} == {"b"}
+
+
+def test_idle_websockets_get_pings(hand_feed, live_api_factory) -> None:
+    live = live_api_factory(_settings(hand_feed.data_dir, ping=0.2))
+    with ws_connect(f"{live.ws_base}/ws/activity") as ws:
+        assert ws_recv_json(ws, 5) == {"type": "ping"}
+
+
+def test_an_api_restart_resumes_from_the_engines_ring(hand_feed, live_api_factory) -> None:
+    # Events the API never saw (it was down): a resume fetches them from the
+    # engine through a catch-up connection, then continues live without a gap.
+    seqs = hand_feed.publish(20)
+    live = live_api_factory(_settings(hand_feed.data_dir))
+    wait_until(lambda: hand_feed.hub.subscribers == 1)
+    later = hand_feed.publish(3)
+    wait_until(lambda: _relay_has(live, later[-1]))
+    with ws_connect(f"{live.ws_base}/ws/activity?since={seqs[4]}") as ws:
+        got = _events(ws, 15 + 3)
+        assert [e["seq"] for e in got] == seqs[5:] + later
+        live_seqs = hand_feed.publish(5)
+        assert [e["seq"] for e in _events(ws, 5)] == live_seqs
+    assert live.state.relay.catchups == 1
+    wait_until(lambda: hand_feed.hub.subscribers == 1)  # the catch-up connection is gone
+
+
+def test_a_catch_up_before_the_relay_saw_anything(hand_feed, live_api_factory) -> None:
+    seqs = hand_feed.publish(5)
+    live = live_api_factory(_settings(hand_feed.data_dir))
+    wait_until(lambda: hand_feed.hub.subscribers == 1)
+    with ws_connect(f"{live.ws_base}/ws/activity?since={seqs[1]}") as ws:
+        assert [e["seq"] for e in _events(ws, 3)] == seqs[2:]
+        more = hand_feed.publish(4)
+        assert [e["seq"] for e in _events(ws, 4)] == more
+
+
+def test_a_resume_older_than_every_ring_gets_gone_then_live_events(api_dir, live_api_factory):
+    from tiffany.pal import Hub
+    from tiffany.pal.transport import FeedServer
+
+    hub = Hub(ring_size=5, seq0=100)
+    server = FeedServer(hub, api_dir / "feed.sock")
+    server.start()
+    feed = HandFeed(api_dir, hub, server)
+    try:
+        feed.publish(20)  # the engine's ring holds only the last 5
+        live = live_api_factory(_settings(api_dir))
+        wait_until(lambda: hub.subscribers == 1)
+        with ws_connect(f"{live.ws_base}/ws/activity?since=101") as ws:
+            first = _events(ws, 1)[0]
+            assert first["type"] == "gone"
+            assert "reload" in first["reason"]
+            wait_until(lambda: len(live.state.relay.subscribers) == 1)
+            more = feed.publish(3)
+            assert [e["seq"] for e in _events(ws, 3)] == more
+    finally:
+        feed.server.stop()
+
+
+def test_an_engine_restart_sends_gone_in_order_then_the_new_seqs(hand_feed, live_api_factory):
+    live = live_api_factory(_settings(hand_feed.data_dir))
+    wait_until(lambda: hand_feed.hub.subscribers == 1)
+    with ws_connect(f"{live.ws_base}/ws/activity") as ws:
+        wait_until(lambda: len(live.state.relay.subscribers) == 1)
+        old = hand_feed.publish(3)
+        assert [e["seq"] for e in _events(ws, 3)] == old
+        hand_feed.restart(seq0=50_000)  # a new engine: a new, empty ring, higher seqs
+        wait_until(lambda: hand_feed.hub.subscribers == 1)
+        new = hand_feed.publish(2)
+        got = _events(ws, 3)
+    assert got[0]["type"] == "gone"
+    assert [e["seq"] for e in got[1:]] == new
+    # a client resuming from before the restart gets the rest, the gap marked, the new ones
+    with ws_connect(f"{live.ws_base}/ws/activity?since={old[0]}") as ws:
+        got = _events(ws, 2 + 1 + 2)
+    assert [e.get("seq") for e in got] == [old[1], old[2], None, *new]
+    assert got[2]["type"] == "gone"
+    assert live.state.relay.upstream_gone == 1
+
+
+# -- backpressure --------------------------------------------------------------------
+
+
+class StalledClient:
+    """A websocket client on a raw socket that reads nothing until told to.
+
+    A small receive buffer, and no reading: the server's writes back up
+    into its own transport, exactly like a browser tab that stopped.
+    """
+
+    def __init__(self, port: int, path: str) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.sock.connect(("127.0.0.1", port))
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall(
+            (
+                f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+                f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                "Sec-WebSocket-Version: 13\r\n\r\n"
+            ).encode()
+        )
+        self.buf = b""
+        while b"\r\n\r\n" not in self.buf:
+            self.buf += self.sock.recv(1)  # byte by byte: leave the frames in the kernel
+        head, _, self.buf = self.buf.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 101"), head
+
+    def _fill(self, n: int) -> bool:
+        while len(self.buf) < n:
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                return False
+            self.buf += chunk
+        return True
+
+    def frames(self, timeout: float = 20.0) -> list[tuple[int, bytes]]:
+        """Read every frame until the server closes: ``[(opcode, payload)]``."""
+        self.sock.settimeout(timeout)
+        out = []
+        while self._fill(2):
+            b0, b1 = self.buf[0], self.buf[1]
+            length, head = b1 & 0x7F, 2
+            if length == 126:
+                self._fill(4)
+                length, head = struct.unpack(">H", self.buf[2:4])[0], 4
+            elif length == 127:
+                self._fill(10)
+                length, head = struct.unpack(">Q", self.buf[2:10])[0], 10
+            if not self._fill(head + length):
+                break
+            payload = self.buf[head : head + length]
+            self.buf = self.buf[head + length :]
+            out.append((b0 & 0x0F, payload))
+            if b0 & 0x0F == 0x8:  # close
+                break
+        return out
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_stalled_client_is_cut_off_while_another_keeps_receiving(hand_feed, live_api_factory):
+    settings = _settings(hand_feed.data_dir, ws_queue_frames=200, feed_ring_events=1000, ping=30)
+    live = live_api_factory(settings)
+    wait_until(lambda: hand_feed.hub.subscribers == 1)
+    n = 3000
+    received: list[int] = []
+
+    with ws_connect(f"{live.ws_base}/ws/activity", max_size=None) as fast:
+        stalled = StalledClient(live.port, "/ws/activity")
+        try:
+            wait_until(lambda: len(live.state.relay.subscribers) == 2)
+
+            def read_fast() -> None:
+                while len(received) < n:
+                    frame = json.loads(fast.recv(timeout=30))
+                    if "seq" in frame:
+                        received.append(frame["seq"])
+
+            reader = threading.Thread(target=read_fast)
+            reader.start()
+            seqs: list[int] = []
+            for _ in range(n // 100):  # 3000 events of ~4 KiB: 12 MiB per client
+                seqs += hand_feed.publish(100, pad=4000)
+                time.sleep(0.005)
+            reader.join(60)
+            assert received == seqs  # the fast client got everything, in order
+            wait_until(lambda: live.state.relay.dropped_subscribers == 1)
+            assert len(live.state.relay.subscribers) == 1
+
+            frames = stalled.frames()
+        finally:
+            stalled.close()
+
+    texts = [json.loads(p) for op, p in frames if op == 0x1]
+    events = [t["seq"] for t in texts if "seq" in t]
+    cutoff = texts[-1]
+    assert cutoff["type"] == "cutoff"
+    assert events == seqs[: len(events)]  # a prefix, in order, no gap
+    assert len(events) < n
+    assert cutoff["last_seq"] == events[-1]  # resume point = the last one it got
+    assert frames[-1][0] == 0x8
+    assert struct.unpack(">H", frames[-1][1][:2])[0] == 1013  # try again later
+
+
+def test_memory_of_the_relay_is_its_ring(hand_feed, live_api_factory) -> None:
+    live = live_api_factory(
+        _settings(hand_feed.data_dir, feed_ring_events=1000, ws_queue_frames=100)
+    )
+    wait_until(lambda: hand_feed.hub.subscribers == 1)
+    seqs = hand_feed.publish(3000)
+    wait_until(lambda: _relay_has(live, seqs[-1]))
+    ring = live.state.relay.ring
+    assert len(ring) == ring.capacity < 3000
+    assert live.state.relay.covers(seqs[-1000])
+    assert not live.state.relay.covers(seqs[0])
+
+
+@pytest.mark.parametrize("query", ["since=-1", "since=abc"])
+def test_bad_query_is_refused(hand_feed, live_api_factory, query: str) -> None:
+    from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+    live = live_api_factory(_settings(hand_feed.data_dir))
+    with (
+        pytest.raises((ConnectionClosed, InvalidStatus)),
+        ws_connect(f"{live.ws_base}/ws/activity?{query}") as ws,
+    ):
+        ws.recv(timeout=5)

@@ -1,0 +1,75 @@
+"""``python -m tiffany.api``: ready file with the bound port, JSON logs, clean SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from api_support import clean_env, wait_until
+
+
+def _start(data_dir: Path, ready: Path) -> subprocess.Popen[bytes]:
+    env = clean_env()
+    env["TIFFANY_LOG_FORMAT"] = "json"
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tiffany.api",
+            "--data-dir",
+            str(data_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--ready-file",
+            str(ready),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_the_api_process_reports_its_url_and_stops_cleanly(api_dir, sig) -> None:
+    ready = api_dir / "api.json"
+    proc = _start(api_dir, ready)
+    try:
+        wait_until(lambda: ready.exists() or proc.poll() is not None, timeout=30)
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        info = json.loads(ready.read_text())
+        assert info["pid"] == proc.pid
+        assert info["url"].startswith("http://127.0.0.1:")
+        assert not info["url"].endswith(":0/")
+        with urllib.request.urlopen(info["url"] + "healthz", timeout=5) as res:
+            assert json.loads(res.read()) == {"ok": True}
+        with pytest.raises(urllib.error.HTTPError) as http_error:
+            urllib.request.urlopen(info["url"] + "api/runs/run-x", timeout=5)
+        assert http_error.value.code == 503  # no engine, no store
+        time.sleep(0.1)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert not ready.exists()
+    lines = [json.loads(line) for line in err.decode().splitlines() if line.strip()]
+    events = [line["event"] for line in lines]
+    assert "api.listening" in events
+    assert "api.stopped" in events
+    # uvicorn's own lines go through the same JSON renderer
+    assert any(line.get("logger", "").startswith("uvicorn") for line in lines)
+    request = next(line for line in lines if line["event"] == "request")
+    assert request["path"] == "/api/runs/run-x"
+    assert request["run_id"] == "run-x"  # bound for every line of that request
+    assert request["status"] == 503

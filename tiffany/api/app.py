@@ -1,0 +1,96 @@
+"""``create_app(settings)``: the API side-process's FastAPI application.
+
+The app reads state from the SQL store, sends commands to the engine over
+the control channel (``<data dir>/control.sock``) and relays the engine's
+activity feed (``<data dir>/feed.sock``) to websockets. It never imports the
+kernel, the WAL or the agents: it runs in a process of its own, which the
+engine process does not wait for.
+
+Lifespan: start-up starts the feed relay (which connects, and reconnects,
+to the engine on its own: the API may start before the engine); shutdown
+cuts the websockets off, closes the control connection and disposes of the
+store's engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import structlog
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+import tiffany
+from tiffany.api import problems
+from tiffany.api.deps import ApiState
+from tiffany.api.feed import FeedRelay, feed_path
+from tiffany.api.metrics import make_registry
+from tiffany.api.middleware import RequestLog, TokenAuth
+from tiffany.api.routes import activity, runs, system
+from tiffany.config import Settings
+from tiffany.control import AsyncControlClient
+from tiffany.store import make_engine, session_factory
+
+__all__ = ["create_app"]
+
+log = structlog.get_logger("tiffany.api")
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """Build the API application for ``settings`` (nothing is connected until start-up).
+
+    Args:
+        settings: The process settings: data dir (the engine's sockets),
+            database URL, API token, body and websocket limits.
+    """
+    store = make_engine(settings.database_url)
+    registry, collector = make_registry()
+    state = ApiState(
+        settings=settings,
+        engine=store,
+        sessions=session_factory(store),
+        control=AsyncControlClient(settings.data_dir),
+        relay=FeedRelay(
+            feed_path(settings.data_dir),
+            ring_events=settings.feed_ring_events,
+            queue_frames=settings.ws_queue_frames,
+        ),
+        registry=registry,
+        collector=collector,
+    )
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        state.relay.start()
+        log.info(
+            "api.started",
+            data_dir=str(settings.data_dir),
+            auth=settings.api_token is not None,
+            database=settings.public_dict()["database_url"],
+        )
+        try:
+            yield
+        finally:
+            await state.relay.stop()
+            await state.control.close()
+            store.dispose()
+            log.info("api.stopped")
+
+    app = FastAPI(
+        title="Tiffany",
+        version=tiffany.__version__,
+        summary="Durable agent-task orchestration: runs, their journals and live activity.",
+        lifespan=lifespan,
+    )
+    app.state.tiffany = state
+    problems.install(app)
+    app.include_router(runs.router)
+    app.include_router(activity.router)
+    app.include_router(system.router)
+    app.mount("/static", StaticFiles(directory=system.STATIC_DIR, check_dir=False), name="static")
+    token = settings.api_token.get_secret_value() if settings.api_token is not None else None
+    # Outermost last: the request log sees 401s too.
+    app.add_middleware(TokenAuth, token=token)
+    app.add_middleware(RequestLog)
+    return app

@@ -1,0 +1,437 @@
+"""The activity relay: one upstream feed connection, fanned out to websockets.
+
+The engine serves its PAL feed on ``<data dir>/feed.sock``
+(:class:`tiffany.pal.transport.FeedServer`). Each API process keeps exactly
+one live subscription to it (:func:`tiffany.pal.transport.follow`) and fans
+the events out to its websockets itself: the engine's hub thread shares the
+GIL with the scheduler loop, so it must serve one subscriber per API process,
+not one per browser.
+
+Design (a ring with cursors, in the manner of a disruptor or a Kafka
+partition, rather than a queue per subscriber):
+
+* the relay appends each event once to a fixed-size ring of
+  ``(key, run_id, text)`` entries, each encoded to JSON text once;
+* a subscriber is a cursor (a position in the ring) and a wake-up event.
+  Its websocket's sender copies a slice of the ring from its cursor, filters
+  it by run and sends it. Publishing never touches a subscriber: an event
+  costs the same with 1 or 1,000 websockets attached;
+* backpressure: after every batch the relay checks the cursors; a subscriber
+  more than ``queue_frames`` entries behind (or off the ring's tail) is cut
+  off: its sender is stopped and it gets ``{"type": "cutoff", "last_seq":
+  <last seq it was sent>}``; the others never wait for it, and memory is the
+  ring's, whatever the number and speed of the websockets.
+
+Resumes (``since``): a seq the ring still covers is served from the ring.
+An older one (the API restarted, or the client was away long) is served by a
+catch-up connection to the engine (``follow(since=...)``) until that stream
+meets the ring, then from the ring; if the engine no longer holds it either,
+the client gets ``{"type": "gone"}`` and should reload state over HTTP.
+
+Engine restarts: ``follow`` reconnects with the last seq; a new engine has a
+new ring and answers ``gone``. The relay stores that ``gone`` in its ring
+between the old and the new seqs (with a key halfway), so live subscribers
+receive it in order and a later resume across it receives it too.
+
+Seqs within one engine are consecutive integers (the hub adds one per
+event), so the ring covers a resume point ``since`` when ``since >= first
+seq - 1``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+import structlog
+
+from tiffany.pal.transport import follow
+
+__all__ = ["FEED_SOCKET", "FeedRelay", "FeedSubscriber", "feed_path"]
+
+log = structlog.get_logger(__name__)
+
+#: File name of the engine's PAL feed socket inside the data dir.
+FEED_SOCKET: Final = "feed.sock"
+#: Entries a sender takes from the ring at a time.
+READ_BATCH_ENTRIES: Final = 512
+
+#: ``run_id`` of ring entries that go to every subscriber (control frames).
+EVERYONE: Final = "*"
+
+_encode = msgspec.json.Encoder().encode
+
+Entry = tuple[float, str | None, str]
+Follow = Callable[..., AsyncIterator[dict[str, Any]]]
+
+
+def feed_path(data_dir: str | Path) -> Path:
+    """Return the engine's feed socket path for a data dir."""
+    return Path(data_dir) / FEED_SOCKET
+
+
+class _Ring:
+    """A fixed-capacity ring of entries addressed by ever-increasing positions."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._buf: list[Entry | None] = [None] * capacity
+        self.end = 0  # position of the next entry
+
+    @property
+    def start(self) -> int:
+        """Position of the oldest entry still held."""
+        return max(0, self.end - self.capacity)
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    def append(self, entry: Entry) -> None:
+        self._buf[self.end % self.capacity] = entry
+        self.end += 1
+
+    def at(self, pos: int) -> Entry:
+        entry = self._buf[pos % self.capacity]
+        assert entry is not None
+        return entry
+
+    def read(self, pos: int, limit: int) -> list[Entry]:
+        """Return up to ``limit`` entries from ``pos`` (which must be held)."""
+        n = min(self.end - pos, limit)
+        if n <= 0:
+            return []
+        a = pos % self.capacity
+        if a + n <= self.capacity:
+            out = self._buf[a : a + n]
+        else:
+            out = self._buf[a:] + self._buf[: a + n - self.capacity]
+        return out  # type: ignore[return-value]
+
+    def position_after(self, key: float) -> int:
+        """Return the first held position whose key is greater than ``key``."""
+        lo, hi = self.start, self.end
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.at(mid)[0] <= key:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+
+class FeedSubscriber:
+    """One websocket's view of the relay: a cursor, a filter and a wake-up.
+
+    Attributes:
+        run_id: Only events of this run (None: every event).
+        cursor: The next ring position to read.
+        last_seq: The last event seq handed to the websocket (or the resume
+            point), what a ``cutoff`` frame reports.
+        since: The resume point the client asked for (None: live only).
+        cut: Set when the relay cuts the subscriber off.
+        catching_up: True while the subscriber is fed by a catch-up connection.
+    """
+
+    def __init__(self, relay: FeedRelay, run_id: str | None, since: int | None) -> None:
+        self.relay = relay
+        self.run_id = run_id
+        self.since = since
+        self.cursor = relay.ring.end
+        self.last_seq: float | None = since if since is not None else relay.last_seq
+        self.cut = asyncio.Event()
+        self.cut_reason = ""
+        self.catching_up = False
+        #: Called once when the relay cuts the subscriber off (the websocket's reaction).
+        self.on_cut: Callable[[], Any] | None = None
+        self._cut_task: Any = None
+        self._wake = asyncio.Event()
+
+    async def next_frames(self, timeout: float) -> list[tuple[int | None, str]]:
+        """Return the next ``(seq, text)`` frames for the websocket; ``[]`` after ``timeout`` idle.
+
+        Events come with strictly increasing seqs; control frames (``gone``)
+        have seq None. The caller records each event it sends with
+        :meth:`sent_event`, so a cutoff reports what the client really got.
+        """
+        relay = self.relay
+        while True:
+            ring = relay.ring
+            if self.cursor < ring.end:
+                if self.cursor < ring.start:
+                    relay.cut_off(self, "slow subscriber: fell off the ring")
+                    return []
+                entries = ring.read(self.cursor, READ_BATCH_ENTRIES)
+                self.cursor += len(entries)
+                last = self.last_seq
+                frames: list[tuple[int | None, str]] = []
+                for key, run_id, text in entries:
+                    if last is not None and key <= last:
+                        continue  # already sent (by a catch-up connection)
+                    if run_id == EVERYONE:
+                        frames.append((None, text))
+                    elif self.run_id is None or run_id == self.run_id:
+                        frames.append((int(key), text))
+                if frames:
+                    return frames
+                continue
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except TimeoutError:
+                return []
+
+    def sent_event(self, seq: int) -> None:
+        """Record that the event ``seq`` went out to the client."""
+        self.last_seq = seq
+
+    def cutoff_frame(self) -> str:
+        """Return the ``cutoff`` control frame for this subscriber."""
+        last = self.last_seq
+        return _encode(
+            {
+                "type": "cutoff",
+                "last_seq": int(last) if last is not None else None,
+                "reason": self.cut_reason,
+            }
+        ).decode()
+
+
+class FeedRelay:
+    """The API process's one upstream subscription and its ring (module docstring).
+
+    Args:
+        path: The engine's feed socket.
+        ring_events: Entries kept for resumes.
+        queue_frames: How far (in entries) a subscriber may lag before it is cut off.
+        follow_fn: The feed client (:func:`tiffany.pal.transport.follow`).
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        ring_events: int = 100_000,
+        queue_frames: int = 10_000,
+        follow_fn: Follow = follow,
+    ) -> None:
+        self.path = Path(path)
+        self.queue_frames = queue_frames
+        self.ring = _Ring(max(ring_events, queue_frames + READ_BATCH_ENTRIES))
+        self.last_seq: int | None = None
+        self.subscribers: set[FeedSubscriber] = set()
+        self._follow = follow_fn
+        self._task: asyncio.Task[None] | None = None
+        self._wake_pending = False
+        # counters for /metrics
+        self.received = 0
+        self.dropped_subscribers = 0
+        self.upstream_gone = 0
+        self.upstream_cutoffs = 0
+        self.catchups = 0
+
+    # -- upstream ------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start following the engine's feed (reconnects forever)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="tiffany-api-feed-relay")
+
+    async def stop(self) -> None:
+        """Stop following and cut every subscriber off."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for sub in list(self.subscribers):
+            self.cut_off(sub, "the API is shutting down", slow=False)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                async for frame in self._follow(self.path, since=self.last_seq):
+                    self.accept(frame)
+            except asyncio.CancelledError:
+                raise
+            except (OSError, ValueError, msgspec.DecodeError) as exc:
+                log.warning("feed relay lost the engine's feed", error=str(exc))
+                await asyncio.sleep(0.2)
+
+    def accept(self, frame: dict[str, Any]) -> None:
+        """Take one frame from the engine's feed (events and control frames)."""
+        kind = frame.get("type")
+        if kind == "cutoff":
+            # The engine cut this relay off: follow() resumes with our last seq.
+            self.upstream_cutoffs += 1
+            log.warning("the engine cut the API's feed off", last_seq=frame.get("last_seq"))
+            return
+        if kind == "gone":
+            self.upstream_gone += 1
+            key = (self.last_seq if self.last_seq is not None else 0) + 0.5
+            if self.ring.end and self.ring.at(self.ring.end - 1)[1] == EVERYONE:
+                return  # one gone is enough between two engine lifetimes
+            reason = "the engine restarted or dropped events: reload state over HTTP"
+            text = _gone(frame.get("oldest"), reason)
+            self._append((key, EVERYONE, text))
+            return
+        seq = frame.get("seq")
+        if not isinstance(seq, int):
+            return
+        if self.last_seq is not None and seq <= self.last_seq:
+            return  # duplicates after a reconnect
+        self.last_seq = seq
+        self.received += 1
+        self._append((seq, frame.get("run_id"), _encode(frame).decode()))
+
+    def _append(self, entry: Entry) -> None:
+        self.ring.append(entry)
+        if not self._wake_pending:
+            self._wake_pending = True
+            asyncio.get_running_loop().call_soon(self._wake_all)
+
+    def _wake_all(self) -> None:
+        """Wake the subscribers once per loop pass and cut off those too far behind."""
+        self._wake_pending = False
+        ring = self.ring
+        for sub in list(self.subscribers):
+            if ring.end - sub.cursor > self.queue_frames or sub.cursor < ring.start:
+                self.cut_off(sub, "slow subscriber: queue full")
+            elif not sub.catching_up:
+                sub._wake.set()
+
+    # -- subscribers ------------------------------------------------------------------
+
+    def covers(self, since: int) -> bool:
+        """True when the ring holds every event after ``since`` (or ``since`` is current)."""
+        if self.last_seq is not None and since >= self.last_seq:
+            return True
+        if not len(self.ring):
+            return False
+        first = self.ring.at(self.ring.start)[0]
+        return since >= first - 1
+
+    def subscribe(self, run_id: str | None = None, since: int | None = None) -> FeedSubscriber:
+        """Attach a subscriber; with ``since`` in the ring, start right after it.
+
+        When the ring does not cover ``since`` the subscriber starts at the
+        live end with ``catching_up`` set: its caller runs :meth:`catch_up`.
+        """
+        sub = FeedSubscriber(self, run_id, since)
+        if since is not None:
+            if self.covers(since):
+                sub.cursor = self.ring.position_after(since)
+            else:
+                sub.catching_up = True
+        self.subscribers.add(sub)
+        return sub
+
+    def unsubscribe(self, sub: FeedSubscriber) -> None:
+        """Detach a subscriber (idempotent)."""
+        self.subscribers.discard(sub)
+
+    def cut_off(self, sub: FeedSubscriber, reason: str, *, slow: bool = True) -> None:
+        """Cut a subscriber off (its websocket sends ``cutoff`` and closes).
+
+        ``slow`` counts it in :attr:`dropped_subscribers` (False at shutdown).
+        """
+        self.subscribers.discard(sub)
+        if sub.cut.is_set():
+            return
+        if slow:
+            self.dropped_subscribers += 1
+        sub.cut_reason = sub.cut_reason or reason
+        sub.cut.set()
+        sub._wake.set()
+        if sub.on_cut is not None:
+            sub._cut_task = sub.on_cut()  # keep a reference: the loop holds tasks weakly
+
+    async def catch_up(
+        self, sub: FeedSubscriber, send: Callable[[str], Any], *, idle_timeout: float
+    ) -> None:
+        """Serve a resume older than the ring from the engine, until it meets the ring.
+
+        ``send`` is awaited with each JSON text frame. Afterwards the
+        subscriber reads from the ring (entries it was already sent are
+        skipped by seq). If the engine no longer holds ``since``, cannot be
+        reached, or does not deliver up to the ring within ``idle_timeout``,
+        the subscriber is sent ``gone``.
+        """
+        assert sub.since is not None
+        self.catchups += 1
+        boundary = sub.cursor
+        # Every event after ``upto`` is in the ring from ``boundary`` on.
+        upto = self.last_seq
+        reason = await self._catch_up(sub, send, boundary, upto, idle_timeout)
+        sub.catching_up = False
+        if reason is not None:
+            await send(_gone(None, reason))
+        if sub.cursor < self.ring.start or self.ring.end - sub.cursor > self.queue_frames:
+            self.cut_off(sub, "slow subscriber: the live feed ran ahead of its catch-up")
+        else:
+            sub._wake.set()
+
+    async def _catch_up(
+        self,
+        sub: FeedSubscriber,
+        send: Callable[[str], Any],
+        boundary: int,
+        upto: int | None,
+        idle_timeout: float,
+    ) -> str | None:
+        """Relay the engine's events after ``sub.since``; return why it fell short, or None."""
+        try:
+            stream = self._follow(self.path, since=sub.since, reconnect=False)
+        except OSError as exc:  # pragma: no cover - follow connects lazily
+            return f"the engine's feed is unreachable ({exc}): reload state over HTTP"
+        try:
+            while True:
+                try:
+                    frame = await asyncio.wait_for(anext(stream), idle_timeout)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    break
+                kind = frame.get("type")
+                if kind == "gone":
+                    await send(
+                        _gone(
+                            frame.get("oldest"),
+                            "the events after this seq are no longer held: reload state over HTTP",
+                        )
+                    )
+                    return None
+                if kind == "cutoff":
+                    break
+                seq = frame.get("seq")
+                if not isinstance(seq, int):
+                    continue
+                if upto is not None and seq > upto:
+                    return None  # the ring has it from here on
+                if upto is None and self.ring.end > boundary and seq >= self.ring.at(boundary)[0]:
+                    return None
+                last = sub.last_seq
+                if last is None or seq > last:
+                    if sub.run_id is None or frame.get("run_id") == sub.run_id:
+                        await send(_encode(frame).decode())
+                    sub.sent_event(seq)
+                if upto is not None and seq >= upto:
+                    return None
+        except OSError as exc:
+            return (
+                f"the API does not hold events that old and the engine's feed is unreachable "
+                f"({exc.strerror or exc}): reload state over HTTP"
+            )
+        finally:
+            with contextlib.suppress(OSError, RuntimeError):
+                await stream.aclose()  # type: ignore[attr-defined]
+        if upto is None:
+            return None  # the engine had nothing more before the relay's first event
+        return "could not catch up with the engine's feed: reload state over HTTP"
+
+
+def _gone(oldest: Any, reason: str) -> str:
+    return _encode({"type": "gone", "oldest": oldest, "reason": reason}).decode()

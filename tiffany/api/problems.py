@@ -1,0 +1,159 @@
+"""Error answers: every error is JSON ``{"code", "message", "detail", ...}``.
+
+* :class:`~tiffany.control.ControlError`: the engine's status (404 unknown
+  run, 409 finished, 422 invalid plan with ``detail`` ``[{"loc", "msg"}]``,
+  503 not ready);
+* :class:`~tiffany.control.ControlUnavailable`: 503 with ``Retry-After``;
+* the body's :class:`~tiffany.api.body.BodyTooLarge` (413) and
+  :class:`~tiffany.api.body.InvalidBody` (422);
+* any other :class:`~tiffany.errors.TiffanyError`: its ``to_dict()``;
+* FastAPI's validation errors (422) and HTTP errors (404 route, 405...) in
+  the same shape, and anything unexpected as a logged 500.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse
+
+from tiffany.api.body import BodyTooLarge, InvalidBody
+from tiffany.api.deps import StoreUnavailable
+from tiffany.control import ControlError, ControlUnavailable
+from tiffany.errors import TiffanyError
+
+__all__ = ["RETRY_AFTER_S", "error_response", "install"]
+
+log = structlog.get_logger("tiffany.api")
+
+#: What a 503 tells the client to wait before retrying, in seconds.
+RETRY_AFTER_S: Final = 2
+
+#: Codes of the engine's refusals, by HTTP status.
+_CONTROL_CODES: Final = {
+    400: "request.invalid",
+    404: "run.not_found",
+    409: "run.conflict",
+    422: "plan.invalid",
+    503: "engine.not_ready",
+}
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    detail: Any = None,
+    *,
+    headers: Mapping[str, str] | None = None,
+    **fields: Any,
+) -> JSONResponse:
+    """Return the JSON error answer every route uses."""
+    body = {"code": code, "message": message, "detail": detail, **fields}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _retry_after() -> dict[str, str]:
+    return {"Retry-After": str(RETRY_AFTER_S)}
+
+
+async def _control_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ControlError)
+    status = exc.status if 400 <= exc.status <= 599 else 502
+    detail = exc.detail
+    if status == 422 and isinstance(detail, list):
+        detail = [_loc_msg(d) for d in detail]
+    headers = _retry_after() if status == 503 else None
+    code = _CONTROL_CODES.get(status, "engine.refused")
+    return error_response(status, code, exc.message, detail, headers=headers)
+
+
+def _loc_msg(item: Any) -> Any:
+    """Normalize one 422 detail item to ``{"loc": [...], "msg": ...}``."""
+    if not isinstance(item, dict):
+        return {"loc": ["body"], "msg": str(item)}
+    loc = item.get("loc", ["body"])
+    if isinstance(loc, str):
+        loc = [part for part in loc.replace("[", ".").replace("]", "").split(".") if part]
+        loc = [int(p) if p.isdigit() else p for p in loc]
+    return {**item, "loc": loc, "msg": str(item.get("msg", ""))}
+
+
+async def _control_unavailable(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ControlUnavailable)
+    message = f"the engine is not reachable: {exc.message}"
+    return error_response(503, "engine.unavailable", message, headers=_retry_after())
+
+
+async def _too_large(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, BodyTooLarge)
+    # The body was not read: the connection cannot carry another request.
+    return error_response(
+        413, exc.code, exc.message, None, headers={"Connection": "close"}, **exc.fields
+    )
+
+
+async def _invalid_body(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, InvalidBody)
+    return error_response(422, exc.code, exc.message, exc.detail)
+
+
+async def _store_unavailable(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StoreUnavailable)
+    log.warning("store unavailable", error=exc.message)
+    body = exc.to_dict()
+    code, message = body.pop("code"), body.pop("message")
+    return error_response(503, code, message, headers=_retry_after(), **body)
+
+
+async def _tiffany_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, TiffanyError)
+    body = exc.to_dict()
+    status = int(getattr(exc, "http_status", 500))
+    if status >= 500:
+        log.error("request failed", error=exc.message, code=exc.code)
+    body.setdefault("detail", None)
+    return JSONResponse(body, status_code=status)
+
+
+async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    detail = [
+        {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type")}
+        for e in exc.errors()
+    ]
+    first = detail[0] if detail else {"loc": [], "msg": "invalid request"}
+    where = ".".join(str(p) for p in first["loc"])
+    return error_response(422, "request.invalid", f"{where}: {first['msg']}", detail)
+
+
+async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    message = exc.detail if isinstance(exc.detail, str) else "error"
+    detail = None if isinstance(exc.detail, str) else exc.detail
+    return error_response(
+        exc.status_code, f"http.{exc.status_code}", message, detail, headers=exc.headers
+    )
+
+
+async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+    log.error("unhandled error", exc_info=exc)
+    return error_response(500, "internal", f"internal error: {type(exc).__name__}")
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers on ``app`` (most specific first)."""
+    app.add_exception_handler(ControlError, _control_error)
+    app.add_exception_handler(ControlUnavailable, _control_unavailable)
+    app.add_exception_handler(BodyTooLarge, _too_large)
+    app.add_exception_handler(InvalidBody, _invalid_body)
+    app.add_exception_handler(StoreUnavailable, _store_unavailable)
+    app.add_exception_handler(TiffanyError, _tiffany_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,112 @@
+"""``WS /ws/activity?run_id=&since=SEQ``: the activity feed as JSON text frames.
+
+Each frame is one PAL event (schema v1, ``tiffany/pal/events.py``) with a
+strictly increasing ``seq``, or a control frame:
+
+* ``{"type": "gone", "oldest", "reason"}``: events after your ``since`` are
+  no longer held (or the engine restarted): reload state over HTTP; the
+  live stream continues after it;
+* ``{"type": "cutoff", "last_seq", "reason"}``: you fell too far behind and
+  are disconnected; reconnect with ``since=<the last seq you received>``;
+* ``{"type": "ping"}``: sent when idle, so both sides notice a dead peer.
+
+Resume after any disconnect with ``since=<last seq received>``; events come
+from this process's relay (:mod:`tiffany.api.feed`), never from a
+subscription of the engine per websocket. Messages the client sends are
+read and ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Annotated, Final
+
+import structlog
+from fastapi import APIRouter, Query, WebSocket, WebSocketDisconnect
+
+from tiffany.api.deps import get_state
+from tiffany.api.feed import FeedSubscriber
+
+__all__ = ["router"]
+
+log = structlog.get_logger("tiffany.api")
+
+#: How long a cut-off websocket may take to accept its ``cutoff`` frame, in seconds.
+CUTOFF_SEND_TIMEOUT_S: Final = 5.0
+#: Close code for a cut-off subscriber ("try again later").
+CLOSE_TRY_AGAIN: Final = 1013
+#: Close code when the sender fails unexpectedly.
+CLOSE_INTERNAL_ERROR: Final = 1011
+_PING: Final = '{"type":"ping"}'
+#: What a websocket whose client went away raises on send.
+_GONE_CLIENT: Final = (WebSocketDisconnect, OSError, RuntimeError)
+
+router = APIRouter(tags=["activity"])
+
+
+async def _send_frames(ws: WebSocket, sub: FeedSubscriber, ping_s: float) -> None:
+    relay = sub.relay
+    try:
+        if sub.catching_up:
+            await relay.catch_up(sub, ws.send_text, idle_timeout=ping_s)
+        while not sub.cut.is_set():
+            frames = await sub.next_frames(ping_s)
+            if not frames:
+                if not sub.cut.is_set():
+                    await ws.send_text(_PING)
+                continue
+            for seq, text in frames:
+                await ws.send_text(text)
+                if seq is not None:
+                    sub.sent_event(seq)
+    except _GONE_CLIENT:
+        return  # the client went away: the receive loop sees it too
+    except Exception:
+        log.exception("websocket sender failed")
+        with contextlib.suppress(*_GONE_CLIENT):
+            await ws.close(code=CLOSE_INTERNAL_ERROR)
+
+
+async def _cut_off(ws: WebSocket, sub: FeedSubscriber, sender: asyncio.Task[None]) -> None:
+    """Stop the sender, then send ``cutoff`` and close (each bounded in time)."""
+    sender.cancel()
+    await asyncio.gather(sender, return_exceptions=True)
+    log.info("websocket cut off", last_seq=sub.last_seq, reason=sub.cut_reason)
+    with contextlib.suppress(TimeoutError, *_GONE_CLIENT):
+        await asyncio.wait_for(ws.send_text(sub.cutoff_frame()), CUTOFF_SEND_TIMEOUT_S)
+        await asyncio.wait_for(
+            ws.close(code=CLOSE_TRY_AGAIN, reason="cut off: resume with since"),
+            CUTOFF_SEND_TIMEOUT_S,
+        )
+
+
+@router.websocket("/ws/activity")
+async def activity(
+    ws: WebSocket,
+    run_id: Annotated[str | None, Query(description="Only this run's events.")] = None,
+    since: Annotated[int | None, Query(ge=0, description="Resume after this seq.")] = None,
+) -> None:
+    """Stream activity events (see the module docstring for the frames).
+
+    The handler itself only reads the client (until it disconnects); a
+    sender task writes the frames, and a cutoff stops that task from the
+    relay's side, so a stalled client never holds anything but its own task.
+    """
+    state = get_state(ws)
+    relay = state.relay
+    await ws.accept()
+    sub = relay.subscribe(run_id=run_id or None, since=since)
+    log.info("websocket subscribed", run_id=run_id, since=since, catch_up=sub.catching_up)
+    sender = asyncio.create_task(_send_frames(ws, sub, state.settings.ws_ping_interval_s))
+    sub.on_cut = lambda: asyncio.create_task(_cut_off(ws, sub, sender))
+    try:
+        while True:
+            message = await ws.receive()
+            if message["type"] == "websocket.disconnect":
+                break
+    finally:
+        # Not awaited: the handler returns at once; the task ends at its next await.
+        sender.cancel()
+        relay.unsubscribe(sub)
+        log.info("websocket closed", last_seq=sub.last_seq)

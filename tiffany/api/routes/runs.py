@@ -1,0 +1,242 @@
+"""``/api/runs``: submit, list, inspect, page the journal of, cancel and verify runs.
+
+Reads come from the SQL store (a projection of the journal, sync
+SQLAlchemy in the threadpool); commands go to the engine over the control
+channel, which answers a submission only once the run is durable in the WAL.
+
+A run this API has just submitted may not be in the store yet: the engine
+projects each group commit within about 0.1 s. ``GET /api/runs/{run_id}``
+(and ``/events``) therefore wait up to :data:`PROJECTION_WAIT_S` for a run
+this process submitted in the last 30 s; any other unknown run is a 404 at
+once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any, Final
+
+import structlog
+from fastapi import APIRouter, Header, Query, Request, Response
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from tiffany.api.body import parse_submission, read_capped
+from tiffany.api.deps import State
+from tiffany.api.schemas import (
+    CancelAnswer,
+    ErrorBody,
+    RunDetail,
+    RunEvents,
+    RunList,
+    SubmitAnswer,
+    SubmitRequest,
+)
+from tiffany.errors import TiffanyError
+from tiffany.store import Run, RunStatus, queries
+
+__all__ = ["DEFAULT_EVENTS_PAGE", "MAX_EVENTS_PAGE", "PROJECTION_WAIT_S", "router"]
+
+log = structlog.get_logger("tiffany.api")
+
+#: How long a just-submitted run is waited for in the store, in seconds.
+PROJECTION_WAIT_S: Final = 2.0
+#: How often the store is asked meanwhile, in seconds.
+PROJECTION_POLL_S: Final = 0.05
+#: Journal records per ``/events`` page unless asked, and the most allowed.
+DEFAULT_EVENTS_PAGE: Final = 200
+MAX_EVENTS_PAGE: Final = 1_000
+#: How long a ``verify`` replay may take, in seconds.
+VERIFY_TIMEOUT_S: Final = 600.0
+
+router = APIRouter(prefix="/api/runs", tags=["runs"])
+
+
+class RunNotFound(TiffanyError):
+    """No run has this id (HTTP 404)."""
+
+    code = "run.not_found"
+    http_status = 404
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "Missing or wrong bearer token."},
+    503: {"model": ErrorBody, "description": "The engine or the store is not available."},
+}
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorBody, "description": "No such run."}
+}
+
+_SUBMIT_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {"schema": SubmitRequest.model_json_schema()},
+        "application/yaml": {"schema": {"type": "string", "description": "The same, as YAML."}},
+    },
+}
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=SubmitAnswer,
+    openapi_extra={"requestBody": _SUBMIT_BODY},
+    responses={
+        200: {"model": SubmitAnswer, "description": "The Idempotency-Key named an earlier run."},
+        413: {"model": ErrorBody, "description": "The body is larger than max_plan_bytes."},
+        422: {"model": ErrorBody, "description": "Malformed body or invalid plan."},
+        409: {"model": ErrorBody, "description": "Idempotency-Key reused for another plan."},
+        **_ERRORS,
+    },
+)
+async def submit_run(
+    request: Request,
+    response: Response,
+    state: State,
+    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+) -> SubmitAnswer:
+    """Submit a plan; answers once the run is durable in the WAL.
+
+    The body is ``{"plan": ..., "inputs": {...}}`` or the bare plan, as JSON
+    or YAML. With an ``Idempotency-Key`` header, repeating the submission
+    answers 200 with the first run's id instead of starting another.
+    """
+    body = await read_capped(
+        request.headers.get("content-length"), request.stream(), state.settings.max_plan_bytes
+    )
+    sub = parse_submission(body, request.headers.get("content-type"))
+    answer = await state.control.request(
+        "submit", plan=sub.plan, inputs=sub.inputs, key=idempotency_key
+    )
+    run_id = str(answer["run_id"])
+    created = bool(answer.get("created", True))
+    structlog.contextvars.bind_contextvars(run_id=run_id)
+    state.remember(run_id)
+    log.info("run submitted", created=created, plan=sub.plan.get("name"))
+    if not created:
+        response.status_code = 200
+    response.headers["Location"] = f"/api/runs/{run_id}"
+    return SubmitAnswer(run_id=run_id, created=created)
+
+
+def _page(
+    session: Session, status: RunStatus | None, limit: int, before: int | None
+) -> dict[str, Any]:
+    stmt = select(Run).order_by(Run.run_no.desc())
+    if status is not None:
+        stmt = stmt.where(Run.status == status.value)
+    if before is not None:
+        stmt = stmt.where(Run.run_no < before)
+    rows = list(session.scalars(stmt.limit(limit + 1)))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {
+        "runs": [queries.run_summary(r) for r in rows],
+        "counts": queries.counts_by_status(session),
+        "next_before": rows[-1].run_no if more else None,
+    }
+
+
+@router.get("", response_model=RunList, responses=_ERRORS)
+async def list_runs(
+    state: State,
+    status: Annotated[RunStatus | None, Query(description="Only runs with this status.")] = None,
+    limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE_SIZE)] = queries.DEFAULT_PAGE_SIZE,
+    before: Annotated[
+        int | None, Query(ge=0, description="Only runs numbered below this (paging).")
+    ] = None,
+) -> dict[str, Any]:
+    """List runs, newest first (by run number), with the count of runs by status.
+
+    Page with ``before=<next_before>`` from the previous answer.
+    """
+    return await state.read(lambda s: _page(s, status, limit, before))
+
+
+async def _wait_for_run(state: State, run_id: str, fn: Any) -> Any:
+    """Return ``fn(session)`` once it is not None (see module docstring), else 404."""
+    result = await state.read(fn)
+    if result is None and state.just_submitted(run_id):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PROJECTION_WAIT_S
+        while result is None and loop.time() < deadline:
+            await asyncio.sleep(PROJECTION_POLL_S)
+            result = await state.read(fn)
+        if result is None:
+            raise RunNotFound(
+                f"run {run_id} was accepted but is not in the store yet; retry shortly",
+                run_id=run_id,
+            )
+    if result is None:
+        raise RunNotFound(f"no run {run_id!r}", run_id=run_id)
+    return result
+
+
+@router.get("/{run_id}", response_model=RunDetail, responses={**_NOT_FOUND, **_ERRORS})
+async def get_run(run_id: str, state: State) -> dict[str, Any]:
+    """A run with its steps and tasks."""
+
+    def detail(session: Session) -> dict[str, Any] | None:
+        run = queries.get_run(session, run_id)
+        return queries.run_detail(run) if run is not None else None
+
+    result: dict[str, Any] = await _wait_for_run(state, run_id, detail)
+    return result
+
+
+@router.get("/{run_id}/events", response_model=RunEvents, responses={**_NOT_FOUND, **_ERRORS})
+async def run_events(
+    run_id: str,
+    state: State,
+    after: Annotated[int, Query(ge=0, description="Records after this WAL seq.")] = 0,
+    limit: Annotated[int, Query(ge=1, description="Page size (capped).")] = DEFAULT_EVENTS_PAGE,
+) -> dict[str, Any]:
+    """The run's journal records, decoded, in WAL order; page with ``after=<next_after>``."""
+    limit = min(limit, MAX_EVENTS_PAGE)
+    result: dict[str, Any] = await _wait_for_run(
+        state, run_id, lambda s: queries.run_records(s, run_id, after, limit)
+    )
+    return result
+
+
+@router.post(
+    "/{run_id}/cancel",
+    status_code=202,
+    response_model=CancelAnswer,
+    responses={
+        **_NOT_FOUND,
+        409: {"model": ErrorBody, "description": "The run has already finished."},
+        **_ERRORS,
+    },
+)
+async def cancel_run(run_id: str, state: State) -> CancelAnswer:
+    """Ask the engine to cancel a running run (it ends ``cancelled`` shortly)."""
+    answer = await state.control.request("cancel", run_id=run_id, reason="cancelled over HTTP")
+    log.info("run cancel requested")
+    return CancelAnswer(run_id=str(answer.get("run_id", run_id)))
+
+
+@router.post(
+    "/{run_id}/verify",
+    responses={
+        200: {"description": "The replay report (as `tiffany replay --verify --json`)."},
+        **_NOT_FOUND,
+        409: {"model": ErrorBody, "description": "The run has not finished."},
+        **_ERRORS,
+    },
+)
+async def verify_run(run_id: str, state: State) -> dict[str, Any]:
+    """Replay a finished run against its journal and report whether it matches.
+
+    The report is ``tiffany replay --verify --json``'s: ``ok`` (also as
+    ``identical``), ``status``, ``dispatches``, ``records``, ``divergence``
+    (where the replay first differed) and ``problems``.
+    """
+    answer = await state.control.request("verify", run_id=run_id, timeout=VERIFY_TIMEOUT_S)
+    nested = answer.get("report")
+    report = nested if isinstance(nested, dict) else {k: v for k, v in answer.items() if k != "id"}
+    # Over the control channel "ok" is the envelope's; the verdict is "identical".
+    if "identical" in report:
+        report["ok"] = bool(report["identical"])
+    log.info("run verified", ok=report.get("ok"))
+    return report

@@ -1,0 +1,90 @@
+"""Liveness, readiness, metrics and the dashboard's files.
+
+``/healthz`` never needs the token. ``/`` and ``/static/*`` do not either:
+they are the dashboard's files, which hold no data and must load before the
+page can ask the user for the token; the data they show comes from the
+protected routes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Final
+
+from fastapi import APIRouter
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from tiffany.api import metrics
+from tiffany.api.deps import State, StoreUnavailable
+from tiffany.api.schemas import Readiness
+from tiffany.control import ControlError, ControlUnavailable
+from tiffany.store import queries
+
+__all__ = ["STATIC_DIR", "router"]
+
+#: The dashboard's files (written by the dashboard's own change).
+STATIC_DIR: Final = Path(__file__).resolve().parent.parent / "static"
+#: How long ``/readyz`` and ``/metrics`` wait for the engine, in seconds.
+ENGINE_PROBE_TIMEOUT_S: Final = 2.0
+
+_PLACEHOLDER: Final = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Tiffany</title></head>
+<body><h1>Tiffany</h1>
+<p>The dashboard is not installed. The API is: see <a href="/docs">/docs</a>,
+<code>GET /api/runs</code> and <code>WS /ws/activity</code>.</p></body></html>
+"""
+
+router = APIRouter()
+
+
+@router.get("/healthz", tags=["system"])
+async def healthz() -> dict[str, bool]:
+    """Liveness: the API process answers (no token needed, no engine asked)."""
+    return {"ok": True}
+
+
+@router.get(
+    "/readyz",
+    tags=["system"],
+    response_model=Readiness,
+    responses={503: {"model": Readiness, "description": "Not ready, and why."}},
+)
+async def readyz(state: State) -> Any:
+    """Readiness: the engine is reachable and done recovering."""
+    try:
+        status = await state.control.request("status", timeout=ENGINE_PROBE_TIMEOUT_S)
+    except ControlUnavailable:
+        return JSONResponse({"ready": False, "reason": "engine unreachable"}, status_code=503)
+    except ControlError as exc:
+        return JSONResponse({"ready": False, "reason": exc.message}, status_code=503)
+    if not status.get("ready"):
+        return JSONResponse({"ready": False, "reason": "engine recovering"}, status_code=503)
+    return {"ready": True, "reason": None}
+
+
+@router.get("/metrics", tags=["system"], response_class=Response)
+async def metrics_text(state: State) -> Response:
+    """Prometheus metrics: runs by status, the engine's counters, the feed's subscribers."""
+    try:
+        engine: dict[str, Any] | None = await state.control.request(
+            "metrics", timeout=ENGINE_PROBE_TIMEOUT_S
+        )
+    except (ControlUnavailable, ControlError):
+        engine = None
+    try:
+        counts: dict[str, int] | None = await state.read(queries.counts_by_status)
+    except StoreUnavailable:
+        counts = None
+    snapshot = metrics.Snapshot(run_counts=counts, engine=engine, relay=state.relay)
+    body = metrics.render(state.registry, state.collector, snapshot)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/", include_in_schema=False)
+async def dashboard() -> Response:
+    """The dashboard's page (a placeholder when it is not installed)."""
+    index = STATIC_DIR / "index.html"
+    if index.is_file():
+        return FileResponse(index, media_type="text/html")
+    return HTMLResponse(_PLACEHOLDER)

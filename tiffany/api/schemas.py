@@ -1,0 +1,169 @@
+"""Pydantic models of the HTTP API's bodies and answers (what ``/docs`` shows).
+
+The answers mirror :mod:`tiffany.store.queries` (``run_summary``,
+``run_detail``, ``run_records``); they allow extra fields so that a field the
+store adds reaches clients without a change here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "CancelAnswer",
+    "ErrorBody",
+    "JournalRecordOut",
+    "Readiness",
+    "RunDetail",
+    "RunEvents",
+    "RunList",
+    "RunSummary",
+    "StepOut",
+    "SubmitAnswer",
+    "SubmitRequest",
+    "TaskOut",
+]
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class SubmitRequest(BaseModel):
+    """A submission: a plan and the caller's inputs.
+
+    The body may also be the bare plan (an object with ``steps``), and it may
+    be sent as YAML (``Content-Type: application/yaml``).
+    """
+
+    plan: dict[str, Any] | str = Field(
+        description="The plan: an object, or its JSON or YAML text.",
+        examples=[
+            {
+                "name": "hello",
+                "steps": [{"id": "nap", "tool": "sleep", "args": {"seconds": 0.1}}],
+            }
+        ],
+    )
+    inputs: dict[str, Any] = Field(
+        default_factory=dict, description="Inputs, merged over the plan's own."
+    )
+
+
+class SubmitAnswer(BaseModel):
+    """The run a submission started (or named, for a repeated Idempotency-Key)."""
+
+    run_id: str
+    created: bool = Field(
+        default=True, description="False when the Idempotency-Key named an earlier submission."
+    )
+
+
+class RunSummary(_Open):
+    """A run as the runs list shows it."""
+
+    run_id: str
+    run_no: int
+    name: str
+    status: Literal["pending", "running", "succeeded", "failed", "cancelled"]
+    kind: str | None = None
+    created_at: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    updated_at: float | None = None
+    dispatches: int = 0
+    last_seq: int | None = None
+
+
+class RunList(BaseModel):
+    """A page of runs, newest first, and how many runs have each status."""
+
+    runs: list[RunSummary]
+    counts: dict[str, int]
+    next_before: int | None = Field(
+        description="Pass as ``before`` for the next page; null on the last page."
+    )
+
+
+class StepOut(_Open):
+    """A plan step of a run."""
+
+    step_id: str
+    position: int
+    tool: str | None = None
+    status: str
+    attempts: list[Any] = Field(default_factory=list)
+    output: Any = None
+    error: Any = None
+    started_at: float | None = None
+    ended_at: float | None = None
+
+
+class TaskOut(_Open):
+    """A journaled task of a run (``ltid`` is its id within the run)."""
+
+    ltid: int
+    parent_ltid: int | None = None
+    name: str
+    kind: str
+    step_id: str | None = None
+    state: str
+    blocked_on: str | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    result: Any = None
+    error: Any = None
+
+
+class RunDetail(RunSummary):
+    """A run with its entry, inputs, outputs, error, steps and tasks."""
+
+    entry: Any = None
+    inputs: Any = None
+    outputs: Any = None
+    error: Any = None
+    steps: list[StepOut] = Field(default_factory=list)
+    tasks: list[TaskOut] = Field(default_factory=list)
+
+
+class JournalRecordOut(_Open):
+    """One journal record of a run, decoded (fields named in ``data``)."""
+
+    seq: int
+    type: str
+    ltid: int | None = None
+    data: Any = None
+
+
+class RunEvents(BaseModel):
+    """A page of a run's journal records."""
+
+    run_id: str
+    records: list[JournalRecordOut]
+    next_after: int | None = Field(
+        description="Pass as ``after`` for the next page; null on the last page."
+    )
+
+
+class CancelAnswer(BaseModel):
+    """A cancellation was requested; the run ends ``cancelled`` shortly."""
+
+    run_id: str
+    status: Literal["cancelling"] = "cancelling"
+
+
+class Readiness(BaseModel):
+    """Whether the engine takes work (``/readyz``)."""
+
+    ready: bool
+    reason: str | None = None
+
+
+class ErrorBody(_Open):
+    """Every error answer: a stable code, a message, and details when there are any."""
+
+    code: str
+    message: str
+    detail: Any = None

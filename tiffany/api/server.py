@@ -1,0 +1,90 @@
+"""``run_api(settings)``: serve the app with uvicorn in this process.
+
+What ``tiffany serve`` starts as its API child (``tiffany api`` or
+``python -m tiffany.api``). Logging is ours (``log_config=None``: uvicorn's
+loggers go through :func:`tiffany.log.configure_logging`'s renderer).
+SIGINT and SIGTERM stop it gracefully: no new connections, websockets are
+closed, the store is disposed of, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+from pathlib import Path
+from typing import Any, Final
+
+import structlog
+import uvicorn
+
+from tiffany.api.app import create_app
+from tiffany.config import Settings
+from tiffany.log import configure_logging
+
+__all__ = ["run_api"]
+
+log = structlog.get_logger("tiffany.api")
+
+#: How long open connections (websockets) get to finish at shutdown, in seconds.
+GRACEFUL_SHUTDOWN_S: Final = 5
+
+
+class _Server(uvicorn.Server):
+    """A uvicorn server that reports its address once it listens."""
+
+    def __init__(self, config: uvicorn.Config, ready_file: Path | None) -> None:
+        super().__init__(config)
+        self.ready_file = ready_file
+        self.url: str | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.should_exit or not self.servers:
+            return
+        host, port = self.servers[0].sockets[0].getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{port}/"
+        log.info("api.listening", url=self.url)
+        if self.ready_file is not None:
+            tmp = self.ready_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"url": self.url, "pid": os.getpid()}))
+            tmp.replace(self.ready_file)
+
+
+def uvicorn_config(settings: Settings, app: Any) -> uvicorn.Config:
+    """Return the uvicorn configuration the API runs with."""
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,  # RequestLog writes one line per request instead
+        lifespan="on",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        ws_ping_interval=None,  # the feed sends its own pings
+        proxy_headers=False,
+    )
+
+
+def run_api(settings: Settings, *, ready_file: Path | None = None) -> None:
+    """Serve the API on ``settings.host:settings.port`` until SIGINT/SIGTERM.
+
+    Args:
+        settings: The process settings.
+        ready_file: Once listening, ``{"url": "http://HOST:PORT/", "pid": ...}``
+            is written here (atomically; port 0 becomes the bound port).
+    """
+    configure_logging(settings)
+    server = _Server(uvicorn_config(settings, create_app(settings)), ready_file)
+    # uvicorn re-raises the signal it caught once it has shut down; with our
+    # own handlers in place that is a no-op and the process exits 0.
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if ready_file is not None:
+            ready_file.unlink(missing_ok=True)
