@@ -35,6 +35,8 @@ SERVE_START_TIMEOUT_S = 30.0
 EXPECT_TIMEOUT_MS = 15_000
 #: Each step of the demo plan sleeps this long: the run stays live ~2 s.
 STEP_SLEEP_S = 1.0
+#: How long the page is kept offline mid-run (step a ends meanwhile).
+OFFLINE_MS = 1200
 
 GOOD_PLAN = {
     "name": "ui-demo",
@@ -50,6 +52,9 @@ BAD_PLAN = {
         {"id": "c", "tool": "sleep", "args": {"seconds": 0.1}, "after": ["b"]},
     ],
 }
+
+
+SEQS_JS = "rows => rows.map(r => r.dataset.seq)"
 
 
 def _unavailable(reason: str) -> None:
@@ -129,8 +134,10 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _console(msg: Any, errors: list[str]) -> None:
-    # The browser logs every non-2xx fetch; the 422 of the bad plan is expected.
-    if msg.type == "error" and "status of 422" not in msg.text:
+    # The browser logs every non-2xx fetch and failed connection: the 422 of
+    # the bad plan and the failures while offline are expected.
+    expected = ("status of 422", "ERR_INTERNET_DISCONNECTED", "WebSocket connection to")
+    if msg.type == "error" and not any(e in msg.text for e in expected):
         errors.append(f"console: {msg.text}")
 
 
@@ -192,6 +199,7 @@ def test_dashboard_submits_a_plan_and_follows_it_live(
             # a worker is seen sleeping (blocked) before the run ends.
             tail_rows = page.locator(f'[data-testid=tail-row][data-run-id="{run_id}"]')
             expect(tail_rows.first).to_be_visible()
+
             expect(page.get_by_test_id("run-status")).to_have_attribute("data-status", "running")
             sleeping = page.locator(
                 '[data-testid=task-node][data-kind=worker][data-state="blocked_sleep"]'
@@ -199,6 +207,16 @@ def test_dashboard_submits_a_plan_and_follows_it_live(
             expect(sleeping.first).to_be_visible()
             expect(sleeping.first.get_by_test_id("task-blocked-on")).to_contain_text("sleep")
             expect(tail_rows.filter(has_text="blocked").first).to_be_visible()
+
+            # Go offline mid-run (while step a ends and b starts), then back:
+            # the page reconnects with since= and misses nothing (checked
+            # below: the tail's seqs have no gap).
+            page.context.set_offline(True)
+            page.evaluate("window.__tiffany.feed.ws.close()")
+            expect(page.get_by_test_id("conn-status")).not_to_have_attribute("data-state", "live")
+            page.wait_for_timeout(OFFLINE_MS)
+            page.context.set_offline(False)
+            expect(page.get_by_test_id("conn-status")).to_have_attribute("data-state", "live")
 
             # The task tree: the planner and one worker per step.
             tree = page.get_by_test_id("task-tree")
@@ -227,6 +245,10 @@ def test_dashboard_submits_a_plan_and_follows_it_live(
             expect(page.locator('[data-testid=tail-row][data-kind="run.finished"]')).to_have_count(
                 1
             )
+
+            seqs = [int(x) for x in page.get_by_test_id("tail-row").evaluate_all(SEQS_JS)]
+            assert seqs == sorted(seqs, reverse=True), "the tail shows the newest event first"
+            assert seqs == list(range(seqs[0], seqs[0] - len(seqs), -1)), "a gap in the feed"
 
             # The journal: records listed, a payload opens on click.
             journal_rows = page.get_by_test_id("journal-row")

@@ -65,7 +65,10 @@ const runs = new RunsPane($("#runs-pane"), {
   route: readRoute,
   navigate,
   onError: reportError,
-  onLoaded: (list) => tail.updateFilterOptions(list),
+  onLoaded: (list) => {
+    tail.updateFilterOptions(list);
+    tail.relabel();
+  },
 });
 
 const tail = new Tail($("#tail-pane"), {
@@ -166,6 +169,8 @@ const feed = new Feed({
 let lastError = 0;
 function reportError(err) {
   if (err instanceof ApiError && err.status === 401) return; // the token prompt handles it
+  // Unreachable while the feed is down too: the connection pill says so.
+  if (err instanceof ApiError && err.status === 0 && document.body.dataset.feed !== "live") return;
   if (Date.now() - lastError < 3000) return;
   lastError = Date.now();
   toast(err.message || String(err), "bad");

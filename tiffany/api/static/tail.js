@@ -100,6 +100,15 @@ export class Tail {
     this.filterSel.value = cur || "";
   }
 
+  /** Refresh the run tags of the rows shown (run numbers arrive with the runs list). */
+  relabel() {
+    for (const tag of this.list.querySelectorAll(".run-tag")) {
+      const label = this.runName(tag.parentElement.dataset.runId);
+      tag.textContent = label.short;
+      tag.title = label.long;
+    }
+  }
+
   setFilter(runId) {
     if (runId === this.runFilter) return;
     this.runFilter = runId;

@@ -15,7 +15,9 @@ function tickStep(span, want = 6) {
 }
 
 function tickLabel(s, step) {
-  if (step < 1) return `${+(s * 1000).toFixed(0)} ms`;
+  if (s === 0) return "0";
+  if (s < 1) return `${+(s * 1000).toFixed(0)} ms`;
+  if (step < 1) return `${+s.toFixed(3)} s`;
   if (step < 60) return `${+s.toFixed(step < 1 ? 2 : 0)} s`;
   if (step < 3600) return `${+(s / 60).toFixed(step % 60 ? 1 : 0)} min`;
   return `${+(s / 3600).toFixed(1)} h`;
