@@ -45,13 +45,18 @@ GOOD_PLAN = {
         {"id": "b", "tool": "sleep", "args": {"seconds": STEP_SLEEP_S}, "after": ["a"]},
     ],
 }
-BAD_PLAN = {
-    "name": "ui-broken",
-    "steps": [
-        {"id": "a", "tool": "sleep", "args": {"seconds": 0.1}},
-        {"id": "c", "tool": "sleep", "args": {"seconds": 0.1}, "after": ["b"]},
-    ],
-}
+#: YAML on purpose (the form takes JSON or YAML): step c waits on a step that does not exist.
+BAD_PLAN_YAML = """\
+name: ui-broken
+steps:
+  - id: a
+    tool: sleep
+    args: {seconds: 0.1}
+  - id: c
+    tool: sleep
+    args: {seconds: 0.1}
+    after: [b]
+"""
 
 
 SEQS_JS = "rows => rows.map(r => r.dataset.seq)"
@@ -168,8 +173,8 @@ def test_dashboard_submits_a_plan_and_follows_it_live(
             expect(page.get_by_test_id("conn-status")).to_have_attribute("data-state", "live")
             expect(page.get_by_test_id("status-chip-all")).to_be_visible()
 
-            # -- 422: a bad plan shows the field at fault beside the form -------------
-            page.get_by_test_id("plan-input").fill(json.dumps(BAD_PLAN, indent=2))
+            # -- 422: a bad plan (YAML) shows the field at fault beside the form -------
+            page.get_by_test_id("plan-input").fill(BAD_PLAN_YAML)
             page.get_by_test_id("submit-button").click()
             err = page.get_by_test_id("field-error")
             expect(err.first).to_be_visible()
