@@ -4,7 +4,6 @@
 // patched live from the activity feed between (throttled) refreshes.
 
 import { api, ApiError } from "./api.js";
-import { renderDiff } from "./diff.js";
 import {
   clock,
   compact,
@@ -23,6 +22,7 @@ import {
 import { Journal } from "./journal.js";
 import { mergeTasks, treeOrder } from "./live.js";
 import { moreButton, renderTimeline } from "./timeline.js";
+import { renderVerify } from "./verify.js";
 
 /** Rows drawn at first in the tree, timeline and steps; "show more" adds MORE_ROWS. */
 const FIRST_ROWS = 150;
@@ -478,7 +478,7 @@ export class RunPage {
     fill(this.verifyEl, h("section", { class: "card verify-card", testid: "verify-result" }, h("div", { class: "muted" }, "Replaying the journal…")));
     try {
       const v = await api(`api/runs/${encodeURIComponent(this.runId)}/verify`, { method: "POST" });
-      this.showVerify(v);
+      renderVerify(this.verifyEl, v);
     } catch (err) {
       fill(
         this.verifyEl,
@@ -488,61 +488,6 @@ export class RunPage {
       this.verifying = false;
       this.renderHead();
     }
-  }
-
-  showVerify(v) {
-    const div = v.divergence;
-    // The report says `ok` (tiffany replay --verify) or a `status` verdict.
-    const verdict = div || v.status === "diverged" ? "diverged" : v.ok === false ? "problems" : v.ok || v.identical || v.status === "identical" ? "identical" : v.status;
-    const skip = new Set(["expected", "actual", "message", "stack", "code"]);
-    const rest = div ? Object.fromEntries(Object.entries(div).filter(([k]) => !skip.has(k))) : null;
-    fill(
-      this.verifyEl,
-      h(
-        "section",
-        { class: `card verify-card tone-border-${tone(verdict)}`, testid: "verify-result", dataset: { status: verdict } },
-        h(
-          "div",
-          { class: "verify-head" },
-          h("h3", null, "Replay verification"),
-          h("span", { class: `pill tone-${tone(verdict)}`, testid: "verify-status" }, verdict),
-          h(
-            "span",
-            { class: "muted small" },
-            [v.dispatches != null ? `${v.dispatches} dispatches` : null, v.records != null ? `${v.records} records` : null, v.status && v.status !== verdict ? `run ${v.status}` : null]
-              .filter(Boolean)
-              .join(" · "),
-          ),
-          h("div", { class: "spacer" }),
-          h("button", { class: "btn btn-ghost btn-sm", onclick: () => fill(this.verifyEl), "aria-label": "close" }, "✕"),
-        ),
-        verdict === "identical" ? h("p", { class: "muted" }, "The replay issued the same dispatches, in the same order, with the same arguments as the journal.") : null,
-        div
-          ? h(
-              "div",
-              { class: "divergence", testid: "divergence" },
-              h(
-                "p",
-                null,
-                h("strong", null, `First divergence (${div.what || "dispatch"})`),
-                div.dispatch != null ? [" at dispatch ", h("code", null, String(div.dispatch))] : null,
-                div.seq != null && div.seq >= 0 ? [", journal seq ", h("code", null, String(div.seq))] : null,
-                div.task != null ? [", task ", h("code", null, `${div.task_name || ""} #${div.task}`)] : null,
-                div.ltid != null ? [", task ", h("code", null, String(div.ltid))] : null,
-              ),
-              div.message ? h("p", { class: "muted small mono" }, div.message) : null,
-              renderDiff(div.expected, div.actual),
-              Array.isArray(div.stack) && div.stack.length
-                ? h("details", null, h("summary", null, "where the replay was (task stack)"), h("pre", { class: "payload" }, div.stack.join("\n")))
-                : null,
-              rest && Object.keys(rest).length ? h("details", null, h("summary", null, "all fields"), h("pre", { class: "payload" }, pretty(rest))) : null,
-            )
-          : null,
-        v.problems && v.problems.length
-          ? h("ul", { class: "problems", testid: "verify-problems" }, v.problems.map((p) => h("li", null, typeof p === "string" ? p : compact(p, 300))))
-          : null,
-      ),
-    );
   }
 }
 
