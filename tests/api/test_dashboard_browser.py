@@ -60,6 +60,7 @@ steps:
 
 
 SEQS_JS = "rows => rows.map(r => r.dataset.seq)"
+RUNS_JS = "rows => rows.map(r => r.dataset.runId)"
 
 
 def _unavailable(reason: str) -> None:
@@ -276,7 +277,29 @@ def test_dashboard_submits_a_plan_and_follows_it_live(
             page.screenshot(path=str(png))
             _save_screenshot(png, "dashboard-run.png", artifacts_dir)
 
-            # The view lives in the URL: a reload comes back to the same run.
+            # The status chips filter the runs list; the filter lives in the URL.
+            page.get_by_test_id("status-chip-failed").click()
+            expect(page).to_have_url(re.compile(r"status=failed"))
+            expect(page.get_by_test_id("run-row")).to_have_count(0)
+            expect(page.get_by_test_id("runs-empty")).to_be_visible()
+            page.get_by_test_id("status-chip-succeeded").click()
+            expect(page).to_have_url(re.compile(r"status=succeeded"))
+            expect(row).to_have_count(1)
+
+            # The tail: filtered to this run (URL too), then paused.
+            page.get_by_test_id("tail-run-filter").select_option(run_id)
+            expect(page).to_have_url(re.compile(f"tail={run_id}"))
+            shown = page.get_by_test_id("tail-row").evaluate_all(RUNS_JS)
+            assert shown, "the run's events stay in the filtered tail"
+            assert set(shown) == {run_id}
+            page.get_by_test_id("tail-pause").click()
+            expect(page.get_by_test_id("tail-note")).to_contain_text("paused")
+            expect(page.get_by_test_id("tail-pause")).to_have_attribute("aria-pressed", "true")
+            page.get_by_test_id("tail-pause").click()
+            expect(page.get_by_test_id("tail-pause")).to_have_attribute("aria-pressed", "false")
+
+            # The view lives in the URL: a reload comes back to the same run,
+            # with the same filters.
             page.reload()
             expect(page.get_by_test_id("run-page")).to_have_attribute("data-run-id", run_id)
             expect(page.get_by_test_id("run-status")).to_have_attribute("data-status", "succeeded")
@@ -284,6 +307,8 @@ def test_dashboard_submits_a_plan_and_follows_it_live(
             expect(page.locator("[data-testid=run-row].selected")).to_have_attribute(
                 "data-run-id", run_id
             )
+            expect(page.locator("[data-testid=status-chip-succeeded].active")).to_have_count(1)
+            expect(page.get_by_test_id("tail-run-filter")).to_have_value(run_id)
         finally:
             browser.close()
     assert not errors, "\n".join(errors)
