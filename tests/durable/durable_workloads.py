@@ -88,6 +88,33 @@ def appenders(path: str, workers: int, steps: int) -> object:
     return sorted(order)  # thread completion order is external: compare as a set
 
 
+#: The WAL the ``wide`` workload's steps check (set by the test).
+WATCH: dict[str, object] = {}
+
+
+def checked_step(i: int) -> int:
+    """A step that records whether every STEP_START appended so far was durable."""
+    wal = WATCH.get("wal")
+    if wal is not None:
+        CALLS.append((i, WATCH["last_start"] <= wal.durable_seq))  # type: ignore[attr-defined, operator]
+    return i
+
+
+def _wide_child(i: int, inline: bool) -> object:
+    return (yield Step(checked_step, i, inline=inline))
+
+
+def wide(n: int, inline: bool) -> object:
+    """N tasks, one step each, all started before any can finish (a plan's fan-out)."""
+    tids = []
+    for i in range(n):
+        tids.append((yield NewTask(_wide_child(i, inline), name=f"child-{i}")))
+    total = 0
+    for t in tids:
+        total += yield WaitTask(t)
+    return total
+
+
 def _count(path: str) -> object:
     """A generator step: waits on a subprocess's pipe through ReadWait."""
     from tiffany.io import spawn_process

@@ -210,3 +210,46 @@ def test_an_fsync_error_stops_the_engine_and_no_effect_follows(tmp_path):
     assert len(lines) == syncs["n"] - 2
     records = list(iter_records(tmp_path / "wal"))
     assert records[-1].seq >= durable  # what was acknowledged is on disk
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_a_wide_fan_out_syncs_once_for_many_passes_and_no_step_starts_early(
+    tmp_path, monkeypatch, inline
+):
+    """Steps started over many passes share one fdatasync; none runs before its record."""
+    from tiffany.durable import journal
+
+    monkeypatch.setattr(journal, "GROUP_COMMIT_MAX_S", 3600.0)  # only run-dry commits
+    n = 450  # five passes of the root (MAX_IMMEDIATE_RESUMES spawns per turn)
+    with Runtime(tmp_path) as rt:
+        wal = rt.wal
+        append, commit = wal.append, wal.commit
+        commits = []
+
+        def watching_append(rtype, payload):
+            seq = append(rtype, payload)
+            if rtype == RecordType.STEP_START:
+                wl.WATCH["last_start"] = seq
+            return seq
+
+        def counting_commit():
+            commits.append(wal.next_seq)
+            return commit()
+
+        monkeypatch.setattr(wal, "append", watching_append)
+        monkeypatch.setattr(wal, "commit", counting_commit)
+        wl.WATCH.update(wal=wal, last_start=0)
+        try:
+            run_id = rt.submit("durable_workloads:wide", n, inline)
+            rt.run()
+        finally:
+            wl.WATCH.clear()
+        assert rt.status(run_id).result == sum(range(n))
+    assert sorted(i for i, _ in wl.CALLS) == list(range(n))
+    if inline:  # an inline step runs at the commit point: every start before it is durable
+        assert all(durable for _, durable in wl.CALLS)
+    # run start; the steps of five passes at once; their wake-ups and the run's end
+    assert len(commits) <= 4, commits
+    wl.CALLS.clear()
+    assert verify(tmp_path, run_id).ok
+    assert wl.CALLS == []

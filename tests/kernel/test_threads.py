@@ -257,3 +257,44 @@ def test_kill_before_the_thread_job_is_released(sched: Scheduler) -> None:
     assert sched.task(t).state is TaskState.CANCELLED
     assert ran == []  # the job never started
     assert sched._threads_pending == 0
+
+
+def test_held_effects_wait_for_the_commit_that_releases_them(sched: Scheduler) -> None:
+    """While ``effects_held`` is set at the commit point, steps stay queued."""
+    from tiffany.kernel import Instrument, Step
+
+    events: list[str] = []
+
+    class DeferringCommit(Instrument):
+        def __init__(self) -> None:
+            self.waits = 0
+
+        def before_wait(self, timeout: float | None) -> None:
+            self.waits += 1
+            if self.waits < 3 and sched._ready:
+                events.append("deferred")
+                sched.effects_held = True
+            else:
+                events.append("commit")
+                sched.effects_held = False
+
+    def quick(tag: str) -> str:
+        events.append(f"ran {tag}")
+        return tag
+
+    def stepper(tag: str, inline: bool):
+        return (yield Step(quick, tag, inline=inline))
+
+    def busy():
+        for _ in range(5):
+            yield
+
+    sched.add_instrument(DeferringCommit())
+    a = sched.spawn(stepper("inline", True))
+    b = sched.spawn(stepper("pool", False))
+    sched.spawn(busy())
+    sched.run()
+    assert (sched.result(a), sched.result(b)) == ("inline", "pool")
+    first_run = min(events.index("ran inline"), events.index("ran pool"))
+    assert events[:2] == ["deferred", "deferred"]
+    assert "commit" in events[:first_run]

@@ -91,7 +91,9 @@ class Instrument:
         """Call at the end of a pass, before the loop polls for events.
 
         This is the group-commit point: effects the pass requested (thread
-        jobs) are released only after this hook returns.
+        jobs) are released only after this hook returns, and not at all while
+        the hook leaves ``Scheduler.effects_held`` set (a commit deferred to
+        a later pass).
         """
 
     def after_wait(self, events: int) -> None:

@@ -61,6 +61,12 @@ class Reactor:
         self._pool: ThreadPool | None = None
         self._threads_pending = 0
         self._outbox: list[tuple[Task, Any]] = []
+        #: While true, the wait stage keeps the effects tasks requested (thread
+        #: jobs, inline steps) queued instead of releasing them. The instrument
+        #: that makes records durable sets it when it defers a commit at the
+        #: commit point (group commit across passes), and clears it when it
+        #: commits: effects still never leave before their records.
+        self.effects_held = False
         # Set by Scheduler.stop: the wait stage returns at once.
         self._stop_requested = False
 
@@ -143,7 +149,7 @@ class Reactor:
                 self._call_hook(hooks["before_wait"], timeout)
                 if self._fatal is not None:
                     raise self._fatal
-        if self._outbox:
+        if self._outbox and not self.effects_held:
             self._release_outbox()
             if self._ready:  # inline steps completed: do not block
                 timeout = 0.0
