@@ -22,6 +22,7 @@ export class RunsPane {
     this.loading = false;
     this.asked = new Set();
     this.refreshSoon = throttle(() => this.refresh(), 700);
+    this.renderSoon = throttle(() => this.render(), 250); // live patches: 4 redraws/s at most
     this.build();
   }
 
@@ -105,7 +106,7 @@ export class RunsPane {
       this.refreshSoon();
       if (finished) setTimeout(() => this.refreshSoon(), 1200); // the store lags the feed
     }
-    this.render();
+    this.renderSoon();
   }
 
   statusOf(run) {
