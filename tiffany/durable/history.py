@@ -177,6 +177,9 @@ def _cursor(records: Iterable[tuple[int, int, list[Any]]]) -> ReplayCursor:
             wakes.append((seq, fields))
         elif rtype == RecordType.TASK_EXIT:
             exits[fields[1]] = fields
+            if fields[0] > last_n:  # the task's final return: the TASK_EXIT is the dispatch
+                last_n = fields[0]
+                dispatches.append((seq, [last_n, fields[1], "return", None]))
         elif rtype == RecordType.STEP_START:
             key = (fields[1], fields[2])
             attempts[key] = max(attempts.get(key, 0), fields[4])

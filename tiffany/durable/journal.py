@@ -17,13 +17,16 @@ What is recorded (see ``records.py`` for the layout):
 
 One record per dispatch at most: a dispatch whose own record would follow
 at once (a ``NewTask`` and its SPAWN, a ``Now()`` or ``Random()`` and its
-OUTCOME, a ``Step`` and its STEP_START) is journaled by that record alone,
-which *stands for* the dispatch. The rule a reader applies (``history.py``,
-the store's projector) is that dispatch counts only grow: a SPAWN, OUTCOME
-or STEP_START whose ``n`` is above the last dispatch seen is the dispatch
-``n`` itself, with the call's kind and argument implied by the record (see
+OUTCOME, a ``Step`` and its STEP_START, a task's final ``return`` and its
+TASK_EXIT) is journaled by that record alone, which *stands for* the
+dispatch. The rule a reader applies (``history.py``, the store's projector)
+is that dispatch counts only grow: a SPAWN, OUTCOME, STEP_START or
+TASK_EXIT whose ``n`` is above the last dispatch seen is the dispatch ``n``
+itself, with the call's kind and argument implied by the record (see
 ``records.py``). Journals written before this rule (a DISPATCH record,
-then the SPAWN at the same ``n``) read the same way.
+then the SPAWN at the same ``n``) read the same way. The run's root keeps
+the DISPATCH record of its final ``return``: the run's last dispatch stays
+an explicit record (its count is what readers show for the run).
 
 Why that suffices: the kernel is deterministic for a given sequence of
 external events, and the only place external events enter the ready queue
@@ -46,10 +49,7 @@ Discussion: the dispatch records carried by the next record halve what a
 trivial plan step journals (17 records per step before, with a tool task;
 see ``bench/plans.py``), and cost nothing in exactness: the implied record is
 built from fields the carrying record already has, and a replay compares
-it as it compared the explicit one. Rejected: dropping task-exit records
-into the task's last ``return`` dispatch the same way: the last dispatch of
-a run is its root's ``return``, which readers (the store's run row) take as
-the run's dispatch count, and an exit carries its value anyway.
+it as it compared the explicit one.
 
 Discussion: records that lead to no effect (a dispatch, a spawn, a task's
 exit) are not synced on their own: they are committed with the next record
@@ -254,6 +254,7 @@ class Journal(Instrument):
         ):
             self._live[call_type] = sched.handler(call_type)
             sched.register(call_type, handler, unpark)
+        self._live_now = self._live[Now]
         sched.add_instrument(self)
         sched.add_injector(self._inject)
 
@@ -367,7 +368,7 @@ class Journal(Instrument):
             cur = None
         run.n += 1
         if cur is None:
-            if not _carried(yielded):
+            if not (_carried(yielded) or (yielded is RETURNED and _ends(task, run))):
                 kind, arg = _describe(self, yielded)
                 if arg is not None and not isinstance(arg, int | float | bool):
                     arg = str(arg)[:MAX_ARG_CHARS]
@@ -678,7 +679,14 @@ class Journal(Instrument):
         return value
 
     def _h_now(self, sched: Scheduler, task: Task, call: Now) -> Any:
-        return self._outcome(task, call, lambda: self._live[Now](sched, task, call))
+        meta = task.meta
+        if meta is not None and not meta.opaque and meta.run.replay is None:
+            # The live path of _outcome, inlined: one per plan step and attempt.
+            run = meta.run
+            value = self._live_now(sched, task, call)
+            self._append(RecordType.OUTCOME, run, [run.n, meta.ltid, "now", pack_value(value)])
+            return value
+        return self._outcome(task, call, lambda: self._live_now(sched, task, call))
 
     def _h_random(self, sched: Scheduler, task: Task, call: Random) -> Any:
         return self._outcome(task, call, lambda: self._live[Random](sched, task, call))
@@ -780,6 +788,11 @@ def _carried(y: Any) -> bool:
     if cls is Now or cls is Random or cls is Step:
         return True
     return cls is NewTask and y.coro.__class__ is GeneratorType
+
+
+def _ends(task: Task, run: RunState) -> bool:
+    """True if this ``return`` ends ``task`` (its TASK_EXIT carries it), the root's aside."""
+    return not task.stack and task is not run.root
 
 
 def _is_generator_step(call: Step | RunInThread) -> bool:

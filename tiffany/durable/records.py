@@ -24,17 +24,21 @@ dispatch count when an external wake-up entered the ready queue.
 
 Carried dispatches: every dispatch has exactly one record whose ``n`` first
 reaches its number. Usually a DISPATCH; but a ``NewTask``, ``Now()``,
-``Random()`` or ``Step`` dispatch is journaled by the record it causes,
-which then stands for the DISPATCH record it implies::
+``Random()`` or ``Step`` dispatch, and the ``return`` that ends a task other
+than the run's root, is journaled by the record it causes, which then
+stands for the DISPATCH record it implies::
 
     SPAWN      [n, ltid, parent, name]           -> DISPATCH [n, parent, "new_task", name]
     OUTCOME    [n, ltid, kind, value]            -> DISPATCH [n, ltid, kind, None]
     STEP_START [n, ltid, ordinal, name, attempt] -> DISPATCH [n, ltid, "step", name]
+    TASK_EXIT  [n, ltid, state, value]           -> DISPATCH [n, ltid, "return", None]
 
 (names cut to 120 characters, as a DISPATCH argument is). A record of these
 types whose ``n`` does not pass the last dispatch seen carries nothing: the
 root's SPAWN (``n`` 0), an OUTCOME after its DISPATCH (``Sleep``), a step
-re-run at recovery, and everything in journals written before this rule.
+re-run at recovery, the exit of a task closed by a second kill (no
+dispatch), the root's exit (after its explicit ``return``), and everything
+in journals written before this rule.
 
 Values that came from outside (step results, ``Now()``, thread results) are
 stored in full with :func:`pack_value`, which keeps tuples, sets and bytes

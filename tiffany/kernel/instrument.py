@@ -151,6 +151,21 @@ class InstrumentSet:
 
     def _fan_out(self, name: str, fns: list[tuple[Instrument, Hook]]) -> Hook:
         on_failure = self._on_failure
+        if len(fns) == 2:
+            # The usual engine (watchdog + journal): no loop, no tuple unpacking.
+            (inst1, fn1), (inst2, fn2) = fns
+
+            def call_two(*args: Any) -> None:
+                try:
+                    fn1(*args)
+                except Exception as exc:  # noqa: BLE001 - reported, not swallowed
+                    on_failure(inst1, name, exc)
+                try:
+                    fn2(*args)
+                except Exception as exc:  # noqa: BLE001 - reported, not swallowed
+                    on_failure(inst2, name, exc)
+
+            return call_two
 
         def call_all(*args: Any) -> None:
             for inst, fn in fns:

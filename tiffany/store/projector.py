@@ -28,11 +28,12 @@ What the journal says, and what the projection makes of it:
   worker's spawn marks its step ``running``.
 * ``DISPATCH``: the run's dispatch count; a call that blocks (``sleep``,
   ``wait_task``, ``step``...) makes the task ``blocked_*`` with what it
-  waits on, anything else ``running``. A ``SPAWN``, ``OUTCOME`` or
-  ``STEP_START`` whose ``n`` is above the run's dispatch count stands for
-  the DISPATCH the journal did not write (``NewTask``, ``Now()``/``Random()``,
-  ``Step``; see ``tiffany/durable/records.py``) and is applied as that
-  dispatch too, so the rows are the same either way.
+  waits on, anything else ``running``. A ``SPAWN``, ``OUTCOME``,
+  ``STEP_START`` or ``TASK_EXIT`` whose ``n`` is above the run's dispatch
+  count stands for the DISPATCH the journal did not write (``NewTask``,
+  ``Now()``/``Random()``, ``Step``, a task's final ``return``; see
+  ``tiffany/durable/records.py``) and is applied as that dispatch too, so
+  the rows are the same either way.
 * ``WAKE``: the task is ``ready`` again. ``OUTCOME`` of ``Now()``: the run's
   clock moves (task and step start and end times are read from it).
 * ``TASK_EXIT``: ``done``, ``crashed`` or ``cancelled`` with the result or
@@ -326,6 +327,8 @@ class Projector:
             if f[2] == "now" and isinstance(f[3], int | float) and not isinstance(f[3], bool):
                 self._tick(b, ctx, float(f[3]))
         elif rtype == RecordType.TASK_EXIT:
+            if _carries(ctx, f[0]):
+                self._dispatch(b, ctx, [f[0], f[1], "return", None])
             self._task_exit(b, ctx, f)
         elif rtype == RecordType.RUN_END:
             self._run_end(b, ctx, f)
