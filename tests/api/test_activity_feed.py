@@ -281,3 +281,57 @@ def test_bad_query_is_refused(hand_feed, live_api_factory, query: str) -> None:
         ws_connect(f"{live.ws_base}/ws/activity?{query}") as ws,
     ):
         ws.recv(timeout=5)
+
+
+def test_batch_mode_sends_arrays_of_frames(hand_feed, live_api_factory) -> None:
+    live = live_api_factory(_settings(hand_feed.data_dir, ping=0.3))
+    wait_until(lambda: hand_feed.hub.subscribers == 1)
+    with ws_connect(f"{live.ws_base}/ws/activity?batch=true") as ws:
+        assert json.loads(ws.recv(timeout=5)) == [{"type": "ping"}]
+        seqs = hand_feed.publish(1000)
+        got: list[int] = []
+        messages = 0
+        while len(got) < 1000:
+            frames = json.loads(ws.recv(timeout=10))
+            assert isinstance(frames, list)
+            messages += 1
+            got += [f["seq"] for f in frames if "seq" in f]
+    assert got == seqs
+    assert messages < 1000  # many events a message
+
+
+def test_a_relay_stuck_behind_the_engine_takes_the_live_feed_and_marks_the_gap(api_dir):
+    """The relay's resume policy, with a scripted feed client in place of ``follow``."""
+    import asyncio
+
+    from tiffany.api.feed import FeedRelay
+
+    calls: list[int | None] = []
+
+    async def scripted_follow(path, since=None, run_id=None, *, reconnect=True):
+        calls.append(since)
+        if since is None and len(calls) == 1:
+            for seq in (1, 2, 3):
+                yield {"seq": seq, "run_id": "r", "kind": "step"}
+            yield {"type": "cutoff", "last_seq": 3}  # fell behind
+        elif since == 3:
+            yield {"type": "cutoff", "last_seq": 3}  # the backlog is cut off again at once
+        else:
+            yield {"seq": 100, "run_id": "r", "kind": "step"}
+            await asyncio.sleep(3600)
+
+    async def scenario() -> list[tuple[float, str | None, str]]:
+        relay = FeedRelay(api_dir / "feed.sock", follow_fn=scripted_follow)
+        relay.start()
+        for _ in range(200):
+            if relay.last_seq == 100:
+                break
+            await asyncio.sleep(0.01)
+        await relay.stop()
+        return relay.ring.read(relay.ring.start, 100)
+
+    entries = asyncio.run(scenario())
+    assert calls == [None, 3, 3, None]
+    keys = [e[0] for e in entries]
+    assert keys == [1, 2, 3, 3.5, 100]
+    assert json.loads(entries[3][2])["type"] == "gone"

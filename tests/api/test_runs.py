@@ -229,6 +229,8 @@ def test_metrics_parse(client) -> None:
     assert ("tiffany_projector_last_seq", ()) in samples
     assert ("tiffany_projector_lag_records", ()) in samples
     assert ("tiffany_api_process_resident_memory_bytes", ()) in samples
+    assert samples[("tiffany_api_feed_connected", ())] == 1
+    assert ("tiffany_api_feed_upstream_cutoffs_total", ()) in samples
 
 
 def test_the_activity_websocket_shows_a_run(client) -> None:

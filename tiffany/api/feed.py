@@ -36,6 +36,15 @@ receive it in order and a later resume across it receives it too.
 Seqs within one engine are consecutive integers (the hub adds one per
 event), so the ring covers a resume point ``since`` when ``since >= first
 seq - 1``.
+
+Capacity: a websocket message costs the API about 15 us (uvicorn, the
+websockets framing and a ``send`` system call) however small it is, so one
+event a message tops out near 60,000 messages a second for the whole
+process: 100 websockets following everything at 20,000 events/s need
+``?batch=true`` (a JSON array of up to 512 frames a message); without it they
+are cut off and resume, and the engine is never slowed. Senders yield to the
+loop after every round so the relay's reading is never starved; should the
+relay still fall a hub queue behind the engine, see :meth:`FeedRelay._run`.
 """
 
 from __future__ import annotations
@@ -59,6 +68,10 @@ log = structlog.get_logger(__name__)
 FEED_SOCKET: Final = "feed.sock"
 #: Entries a sender takes from the ring at a time.
 READ_BATCH_ENTRIES: Final = 512
+#: How long the relay waits before reconnecting to the engine's feed, in seconds.
+RECONNECT_DELAY_S: Final = 0.2
+#: Resumes cut off without one new event before the relay takes the live feed.
+STUCK_RESUMES: Final = 2
 
 #: ``run_id`` of ring entries that go to every subscriber (control frames).
 EVERYONE: Final = "*"
@@ -150,7 +163,9 @@ class FeedSubscriber:
         self._cut_task: Any = None
         self._wake = asyncio.Event()
 
-    async def next_frames(self, timeout: float) -> list[tuple[int | None, str]]:
+    async def next_frames(
+        self, timeout: float, limit: int = READ_BATCH_ENTRIES
+    ) -> list[tuple[int | None, str]]:
         """Return the next ``(seq, text)`` frames for the websocket; ``[]`` after ``timeout`` idle.
 
         Events come with strictly increasing seqs; control frames (``gone``)
@@ -164,7 +179,7 @@ class FeedSubscriber:
                 if self.cursor < ring.start:
                     relay.cut_off(self, "slow subscriber: fell off the ring")
                     return []
-                entries = ring.read(self.cursor, READ_BATCH_ENTRIES)
+                entries = ring.read(self.cursor, limit)
                 self.cursor += len(entries)
                 last = self.last_seq
                 frames: list[tuple[int | None, str]] = []
@@ -232,6 +247,8 @@ class FeedRelay:
         self.upstream_gone = 0
         self.upstream_cutoffs = 0
         self.catchups = 0
+        #: Whether the engine's feed answered lately (None: not tried yet).
+        self.connected: bool | None = None
 
     # -- upstream ------------------------------------------------------------------
 
@@ -251,33 +268,56 @@ class FeedRelay:
             self.cut_off(sub, "the API is shutting down", slow=False)
 
     async def _run(self) -> None:
+        """Follow the engine's feed forever, resuming after every disconnect.
+
+        Discussion: the reconnects are done here rather than by ``follow``
+        so that a resume that makes no progress can be abandoned. The hub
+        replays a resume's backlog into a queue of the same bound as live
+        lag, so once this relay is cut off more than a queue behind, every
+        resume from the same point is cut off again at once. After
+        :data:`STUCK_RESUMES` such resumes the relay takes the live feed
+        instead and marks the gap (``gone``) for its websockets.
+        """
+        stuck = 0
         while True:
+            since = self.last_seq
+            if stuck >= STUCK_RESUMES and since is not None:
+                log.warning("feed relay gives up resuming; taking the live feed", last_seq=since)
+                reason = "the API fell behind the engine's feed: reload state over HTTP"
+                self._mark_gap(None, reason)
+                since, stuck = None, 0
+            before = self.received
+            cut = False
             try:
-                async for frame in self._follow(self.path, since=self.last_seq):
+                async for frame in self._follow(self.path, since=since, reconnect=False):
+                    if frame.get("type") == "cutoff":
+                        self.upstream_cutoffs += 1
+                        log.warning("the engine cut the API's feed off", last_seq=self.last_seq)
+                        cut = True
+                        break
                     self.accept(frame)
             except asyncio.CancelledError:
                 raise
             except (OSError, ValueError, msgspec.DecodeError) as exc:
-                log.warning("feed relay lost the engine's feed", error=str(exc))
-                await asyncio.sleep(0.2)
+                if self.connected is not False:
+                    log.warning("feed relay cannot reach the engine's feed", error=str(exc))
+                self.connected = False
+                await asyncio.sleep(RECONNECT_DELAY_S)
+                continue
+            stuck = stuck + 1 if cut and self.received == before else 0
+            await asyncio.sleep(0 if cut else RECONNECT_DELAY_S)
 
     def accept(self, frame: dict[str, Any]) -> None:
         """Take one frame from the engine's feed (events and control frames)."""
+        self.connected = True
         kind = frame.get("type")
-        if kind == "cutoff":
-            # The engine cut this relay off: follow() resumes with our last seq.
-            self.upstream_cutoffs += 1
-            log.warning("the engine cut the API's feed off", last_seq=frame.get("last_seq"))
-            return
         if kind == "gone":
             self.upstream_gone += 1
-            key = (self.last_seq if self.last_seq is not None else 0) + 0.5
-            if self.ring.end and self.ring.at(self.ring.end - 1)[1] == EVERYONE:
-                return  # one gone is enough between two engine lifetimes
             reason = "the engine restarted or dropped events: reload state over HTTP"
-            text = _gone(frame.get("oldest"), reason)
-            self._append((key, EVERYONE, text))
+            self._mark_gap(frame.get("oldest"), reason)
             return
+        if kind is not None:
+            return  # cutoff (handled by _run), ping, or newer control frames
         seq = frame.get("seq")
         if not isinstance(seq, int):
             return
@@ -286,6 +326,13 @@ class FeedRelay:
         self.last_seq = seq
         self.received += 1
         self._append((seq, frame.get("run_id"), _encode(frame).decode()))
+
+    def _mark_gap(self, oldest: Any, reason: str) -> None:
+        """Put a ``gone`` frame in the ring, between the seqs before and after a gap."""
+        if self.ring.end and self.ring.at(self.ring.end - 1)[1] == EVERYONE:
+            return  # one is enough between two stretches of events
+        key = (self.last_seq if self.last_seq is not None else 0) + 0.5
+        self._append((key, EVERYONE, _gone(oldest, reason)))
 
     def _append(self, entry: Entry) -> None:
         self.ring.append(entry)

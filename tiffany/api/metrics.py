@@ -199,6 +199,18 @@ class ApiCollector(Collector):
             )
             catchups.add_metric([], relay.catchups)
             yield catchups
+            cutoffs = CounterMetricFamily(
+                "tiffany_api_feed_upstream_cutoffs",
+                "Times the engine cut this API's feed off for falling behind.",
+            )
+            cutoffs.add_metric([], relay.upstream_cutoffs)
+            yield cutoffs
+            connected = GaugeMetricFamily(
+                "tiffany_api_feed_connected",
+                "1 when the engine's feed has delivered since the API last failed to reach it.",
+            )
+            connected.add_metric([], 1 if relay.connected else 0)
+            yield connected
 
     @staticmethod
     def _feed_rows(snap: Snapshot) -> Iterator[tuple[str, float, float]]:
