@@ -115,3 +115,12 @@ def test_a_python_plan_killed_mid_run_never_reruns_a_completed_step(tmp_path, ki
     for line in before[:-1]:
         assert after[line] == 1, (line, after)
     _verify(tmp_path / "data", "plan-run")
+
+
+def test_arguments_without_references_skip_resolving():
+    from tiffany.agents.worker import _has_refs
+
+    assert not _has_refs({"function": "f", "kwargs": {"x": 1, "y": ["a", 2.5, None]}})
+    assert _has_refs({"kwargs": {"x": "${steps.a.output}"}})
+    assert _has_refs(["plain", {"deep": ["${inputs.x}"]}])
+    assert not _has_refs("no reference here, not even $ {this}")

@@ -42,6 +42,8 @@ __all__ = ["AgentEnv", "StepOutcome", "error_info", "worker"]
 
 Co = Generator[Any, Any, Any]
 
+_NOW = Now()  # a Now() has no fields: one instance serves every yield
+
 
 @dataclass(slots=True)
 class AgentEnv:
@@ -100,6 +102,24 @@ def _tool_task(tool: Any, args: Any, ctx: ToolContext, name: str) -> Co:
     return (yield step)
 
 
+def _has_refs(value: Any) -> bool:
+    """True if ``value`` may hold a ``${...}`` reference (then ``resolve`` it).
+
+    A plain walk with a substring test: most step arguments have no
+    reference, and ``resolve`` (a regex per string, a copy of every
+    container) costs more than the validation that follows it. Containers
+    other than plain dicts and lists answer True (``resolve`` decides).
+    """
+    cls = value.__class__
+    if cls is str:
+        return "${" in value
+    if cls is dict:
+        return any(_has_refs(v) for v in value.values())
+    if cls is list:
+        return any(_has_refs(v) for v in value)
+    return isinstance(value, Mapping | list)
+
+
 def _ready_step(tool: Any, args: Any, ctx: ToolContext, spec: StepSpec) -> Step | None:
     """Return the step the worker runs itself (no tool task), or None.
 
@@ -124,7 +144,8 @@ def worker(
     outcome = StepOutcome(spec.id, False)
     try:
         tool = env.registry.get(spec.tool)
-        args = tool.Args.model_validate(resolve(spec.args, inputs, outputs))
+        raw = spec.args
+        args = tool.Args.model_validate(resolve(raw, inputs, outputs) if _has_refs(raw) else raw)
     except ValidationError as exc:
         fields = "; ".join(
             f"args.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
@@ -139,7 +160,7 @@ def worker(
         return outcome
     workspace = env.workspace(run_id)
     for attempt in range(1, spec.retries + 2):
-        started = yield Now()
+        started = yield _NOW
         ctx = ToolContext(
             run_id, spec.id, attempt, workspace, env.settings, _emitter(env, run_id, spec.id)
         )
@@ -168,12 +189,13 @@ def worker(
         except (TiffanyError, TaskKilled) as exc:
             record.update(ok=False, error=error_info(exc))
         else:
-            record.update(ok=True, ended_at=(yield Now()))
+            record["ok"] = True
+            record["ended_at"] = yield _NOW
             outcome.attempts.append(record)
             outcome.ok, outcome.output = True, output
             results.put(outcome)
             return outcome
-        record["ended_at"] = yield Now()
+        record["ended_at"] = yield _NOW
         outcome.attempts.append(record)
         outcome.error = record["error"]
         if attempt <= spec.retries:
