@@ -73,13 +73,16 @@ class EngineProcess:
         return self.log_path.read_text(errors="replace")
 
 
-def start_engine(data_dir: Path, *extra: str) -> EngineProcess:
+def start_engine(
+    data_dir: Path, *extra: str, env_extra: dict[str, str] | None = None
+) -> EngineProcess:
     """Start ``tiffany engine`` on ``data_dir`` and wait for its ready file."""
     ready = data_dir / "engine.json"
     ready.unlink(missing_ok=True)
     log_path = data_dir / "engine.log"
     env = clean_env()
     env["TIFFANY_LOG_FORMAT"] = "json"
+    env.update(env_extra or {})
     with log_path.open("ab") as log:
         proc = subprocess.Popen(
             [

@@ -1,0 +1,61 @@
+"""The API over a PostgreSQL store (the engine projects into it, the API reads it).
+
+Skipped unless PostgreSQL is reachable (``TIFFANY_TEST_POSTGRES_URL``);
+``TIFFANY_REQUIRE_SERVICES=1`` makes it mandatory.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from api_support import SLEEP_PLAN, make_settings, short_dir, start_engine, wait_until
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+from tiffany.api import create_app
+from tiffany.store import make_engine
+
+
+@pytest.fixture
+def pg_schema_url(postgres_url: str) -> Iterator[str]:
+    """A URL whose connections use a fresh schema (dropped afterwards)."""
+    pytest.importorskip("tiffany.engine.service", reason="the engine service is not there yet")
+    schema = f"api_test_{uuid.uuid4().hex[:10]}"
+    admin = make_engine(postgres_url)
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    url = make_url(postgres_url).update_query_dict({"options": f"-csearch_path={schema}"})
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+def test_runs_through_postgres(pg_schema_url: str) -> None:
+    data_dir = short_dir("tfp-")
+    engine = start_engine(data_dir, env_extra={"TIFFANY_DATABASE_URL": pg_schema_url})
+    try:
+        app = create_app(make_settings(data_dir, database_url=pg_schema_url))
+        with TestClient(app) as client:
+            r = client.post("/api/runs", json={"plan": SLEEP_PLAN})
+            assert r.status_code == 201, r.text
+            run_id = r.json()["run_id"]
+            wait_until(
+                lambda: client.get(f"/api/runs/{run_id}").json()["status"] == "succeeded",
+                timeout=30,
+            )
+            listed = client.get("/api/runs").json()
+            assert [x["run_id"] for x in listed["runs"]] == [run_id]
+            assert listed["counts"]["succeeded"] == 1
+            events = client.get(f"/api/runs/{run_id}/events").json()
+            assert events["records"][0]["type"] == "RUN_START"
+            assert 'tiffany_runs{status="succeeded"} 1.0' in client.get("/metrics").text
+    finally:
+        engine.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
