@@ -56,6 +56,7 @@ def test_runs_through_postgres(pg_schema_url: str) -> None:
             events = client.get(f"/api/runs/{run_id}/events").json()
             assert events["records"][0]["type"] == "RUN_START"
             assert 'tiffany_runs{status="succeeded"} 1.0' in client.get("/metrics").text
+        assert not (data_dir / "tiffany.db").exists()  # nothing fell back to SQLite
     finally:
         engine.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
