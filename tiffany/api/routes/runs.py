@@ -20,6 +20,7 @@ import structlog
 from fastapi import APIRouter, Header, Query, Request, Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from tiffany.api.body import parse_submission, read_capped
 from tiffany.api.deps import State
@@ -46,8 +47,8 @@ PROJECTION_POLL_S: Final = 0.05
 #: Journal records per ``/events`` page unless asked, and the most allowed.
 DEFAULT_EVENTS_PAGE: Final = 200
 MAX_EVENTS_PAGE: Final = 1_000
-#: How long a ``verify`` replay may take, in seconds.
-VERIFY_TIMEOUT_S: Final = 600.0
+#: How long a ``verify`` replay may take, in seconds (a little over the engine's own limit).
+VERIFY_TIMEOUT_S: Final = 630.0
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 
@@ -104,7 +105,8 @@ async def submit_run(
     body = await read_capped(
         request.headers.get("content-length"), request.stream(), state.settings.max_plan_bytes
     )
-    sub = parse_submission(body, request.headers.get("content-type"))
+    # Up to max_plan_bytes of JSON or YAML: parsed off the event loop.
+    sub = await run_in_threadpool(parse_submission, body, request.headers.get("content-type"))
     answer = await state.control.request(
         "submit", plan=sub.plan, inputs=sub.inputs, key=idempotency_key
     )
