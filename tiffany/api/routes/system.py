@@ -59,7 +59,8 @@ async def readyz(state: State) -> Any:
     except ControlError as exc:
         return JSONResponse({"ready": False, "reason": exc.message}, status_code=503)
     if not status.get("ready"):
-        return JSONResponse({"ready": False, "reason": "engine recovering"}, status_code=503)
+        reason = "engine stopping" if status.get("phase") == "stopping" else "engine recovering"
+        return JSONResponse({"ready": False, "reason": reason}, status_code=503)
     return {"ready": True, "reason": None}
 
 
