@@ -73,3 +73,21 @@ def test_the_api_process_reports_its_url_and_stops_cleanly(api_dir, sig) -> None
     assert request["path"] == "/api/runs/run-x"
     assert request["run_id"] == "run-x"  # bound for every line of that request
     assert request["status"] == 503
+
+
+def test_a_sigterm_during_start_up_is_not_lost(api_dir) -> None:
+    ready = api_dir / "api.json"
+    proc = _start(api_dir, ready)
+    try:
+        # as soon as the process has set its handlers (it logs nothing before
+        # uvicorn starts), a SIGTERM must not be lost
+        time.sleep(0.8)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    # 0 once our handlers are in place; killed by the default one before that
+    assert proc.returncode in (0, -signal.SIGTERM), err.decode()
+    assert not ready.exists()

@@ -77,11 +77,24 @@ def run_api(settings: Settings, *, ready_file: Path | None = None) -> None:
             is written here (atomically; port 0 becomes the bound port).
     """
     configure_logging(settings)
-    server = _Server(uvicorn_config(settings, create_app(settings)), ready_file)
-    # uvicorn re-raises the signal it caught once it has shut down; with our
-    # own handlers in place that is a no-op and the process exits 0.
-    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # uvicorn installs its own handlers while it serves, and re-raises the
+    # signal it caught once it has shut down. Ours (in place before and after)
+    # make a signal that arrives during start-up stop the server too, and the
+    # re-raised one a no-op, so the process exits 0.
+    stopping: list[_Server] = []
+    asked = False
+
+    def stop(_sig: int, _frame: Any) -> None:
+        nonlocal asked
+        asked = True
+        for server in stopping:
+            server.should_exit = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        server = _Server(uvicorn_config(settings, create_app(settings)), ready_file)
+        server.should_exit = asked
+        stopping.append(server)
         server.run()
     finally:
         for sig, handler in previous.items():
