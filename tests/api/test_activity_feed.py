@@ -335,3 +335,20 @@ def test_a_relay_stuck_behind_the_engine_takes_the_live_feed_and_marks_the_gap(a
     keys = [e[0] for e in entries]
     assert keys == [1, 2, 3, 3.5, 100]
     assert json.loads(entries[3][2])["type"] == "gone"
+
+
+def test_a_filtered_catch_up(hand_feed, live_api_factory) -> None:
+    start = hand_feed.publish(1, run_id="a")[0]
+    b1 = hand_feed.publish(3, run_id="b")
+    hand_feed.publish(3, run_id="a")
+    b2 = hand_feed.publish(2, run_id="b")
+    live = live_api_factory(_settings(hand_feed.data_dir))
+    wait_until(lambda: hand_feed.hub.subscribers == 1)
+    later_a = hand_feed.publish(2, run_id="a")
+    wait_until(lambda: _relay_has(live, later_a[-1]))
+    with ws_connect(f"{live.ws_base}/ws/activity?run_id=b&since={start}") as ws:
+        got = _events(ws, 5)
+        assert [e["seq"] for e in got] == b1 + b2
+        hand_feed.publish(2, run_id="a")
+        b3 = hand_feed.publish(1, run_id="b")
+        assert [e["seq"] for e in _events(ws, 1)] == b3
