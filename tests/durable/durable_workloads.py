@@ -115,6 +115,35 @@ def wide(n: int, inline: bool) -> object:
     return total
 
 
+def checked_generator_step(i: int) -> object:
+    """A generator step: records, when its body starts, whether its STEP_START was durable."""
+    checked_step(i)
+    yield
+    return i
+
+
+def _busy(n: int) -> object:
+    for _ in range(n):
+        yield
+    return 0
+
+
+def generator_step_among_busy_tasks(n: int) -> object:
+    """Generator steps started while other tasks stay ready (the commit cannot wait)."""
+    tids = [(yield NewTask(_busy(50), name="busy"))]
+    for i in range(n):
+        tids.append((yield NewTask(_gen_child(i), name=f"gen-{i}")))
+    total = 0
+    for t in tids:
+        total += yield WaitTask(t)
+    return total
+
+
+def _gen_child(i: int) -> object:
+    yield
+    return (yield Step(checked_generator_step, i))
+
+
 def _count(path: str) -> object:
     """A generator step: waits on a subprocess's pipe through ReadWait."""
     from tiffany.io import spawn_process

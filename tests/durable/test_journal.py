@@ -259,3 +259,28 @@ def test_a_wide_fan_out_syncs_once_for_many_passes_and_no_step_starts_early(
     wl.CALLS.clear()
     assert verify(tmp_path, run_id).ok
     assert wl.CALLS == []
+
+
+def test_a_generator_step_starts_only_after_its_record_is_durable(tmp_path, monkeypatch):
+    """The kernel cannot hold a generator step (it runs as a task): no deferred commit."""
+    with Runtime(tmp_path) as rt:
+        wal = rt.wal
+        append = wal.append
+
+        def watching_append(rtype, payload):
+            seq = append(rtype, payload)
+            if rtype == RecordType.STEP_START:
+                wl.WATCH["last_start"] = seq
+            return seq
+
+        monkeypatch.setattr(wal, "append", watching_append)
+        wl.WATCH.update(wal=wal, last_start=0)
+        try:
+            run_id = rt.submit("durable_workloads:generator_step_among_busy_tasks", 5)
+            rt.run()
+        finally:
+            wl.WATCH.clear()
+        assert rt.status(run_id).result == sum(range(5))
+    assert sorted(i for i, _ in wl.CALLS) == list(range(5))
+    assert all(durable for _, durable in wl.CALLS), wl.CALLS
+    wl.CALLS.clear()

@@ -135,6 +135,8 @@ _SYNC_BEFORE_EFFECT: Final = frozenset(
 _CO_GENERATOR: Final = inspect.CO_GENERATOR
 
 _GENERATOR_KIND: Final = "call"
+#: Calls whose dispatch is always carried by the record they cause (see _carried).
+_CARRIED_CALLS: Final = frozenset({Now, Random, Step})
 
 
 class RecoveryError(TiffanyError):
@@ -238,6 +240,7 @@ class Journal(Instrument):
         self._in_wait = False
         self._dirty = False
         self._need_sync = False
+        self._sync_now = False  # an effect starts next pass whatever the kernel holds
         self._last_commit = time.monotonic()
         self._replaying: list[RunState] = []
         self._cancels: list[tuple[RunState, str]] = []
@@ -319,6 +322,7 @@ class Journal(Instrument):
         if self._dirty and self.wal is not None:
             self._dirty = False
             self._need_sync = False
+            self._sync_now = False
             self._last_commit = time.monotonic()
             self.wal.commit()
         self.sched.effects_held = False
@@ -368,6 +372,9 @@ class Journal(Instrument):
             cur = None
         run.n += 1
         if cur is None:
+            cls = yielded.__class__
+            if cls in _CARRIED_CALLS:  # _carried(), inlined for the common calls
+                return
             if not (_carried(yielded) or (yielded is RETURNED and _ends(task, run))):
                 kind, arg = _describe(self, yielded)
                 if arg is not None and not isinstance(arg, int | float | bool):
@@ -418,7 +425,10 @@ class Journal(Instrument):
         ``_need_sync``) and no other task is ready. With tasks still ready,
         an effect's commit is deferred to a later pass (at most
         ``GROUP_COMMIT_MAX_S`` after the last one) and the kernel holds the
-        effects until then (``effects_held``).
+        effects until then (``effects_held``). Only effects the kernel can
+        hold are deferred (thread jobs and inline steps): a generator step
+        runs as a task from the next pass, so it commits at once
+        (``_sync_now``).
 
         Discussion: a planner that starts 1,000 steps does it over ten
         passes (a task's turn is capped at ``MAX_IMMEDIATE_RESUMES``).
@@ -429,7 +439,11 @@ class Journal(Instrument):
         untouched: no effect is released before the commit.
         """
         if self._dirty:
-            if timeout != 0.0 or time.monotonic() - self._last_commit >= GROUP_COMMIT_MAX_S:
+            if (
+                self._sync_now
+                or timeout != 0.0
+                or time.monotonic() - self._last_commit >= GROUP_COMMIT_MAX_S
+            ):
                 self.commit()
             elif self._need_sync:
                 if self.sched._ready:
@@ -545,7 +559,7 @@ class Journal(Instrument):
         # Steps restarted at go-live (or a cancel acknowledged) must be durable
         # before their effects start: the kernel releases them right after this,
         # unless before_wait deferred the commit (then it holds them all).
-        if self._need_sync and not self.sched.effects_held:
+        if self._sync_now or (self._need_sync and not self.sched.effects_held):
             self.commit()
 
     def _inject_now(self) -> None:
@@ -744,7 +758,7 @@ class Journal(Instrument):
 
     def _start_step(self, task: Task, call: Step | RunInThread, ordinal: int, attempt: int) -> Any:
         meta = task.meta
-        name = call.fields()["fn"]
+        name = call.name if call.__class__ is Step and call.name else call.fields()["fn"]
         if isinstance(meta, TaskMeta) and not meta.opaque:
             fields = [meta.run.n, meta.ltid, ordinal, name, attempt]
             self._append(RecordType.STEP_START, meta.run, fields)
@@ -752,6 +766,9 @@ class Journal(Instrument):
                 log.warning("step.rerun", run_id=meta.run.run_id, task=meta.ltid, step=name)
         if not _is_generator_step(call):
             return self.sched.start_thread(task, call)
+        # A generator step runs as a task from the next pass on: the kernel
+        # cannot hold it, so its STEP_START is committed at this commit point.
+        self._sync_now = True
         self._opaque_parent = meta.run if isinstance(meta, TaskMeta) else None
         try:
             return self._live[Step](self.sched, task, call)

@@ -141,22 +141,32 @@ _PLAIN = (str, int, float, bool, bytes, type(None))
 def pack_value(value: Any) -> Any:
     """Return ``value`` in a form msgpack keeps exactly (tuples and sets as extensions).
 
-    A list or dict of plain values comes back as itself, not a copy: encode
-    the result before the value can change.
+    A list or dict with nothing to pack inside comes back as itself, not a
+    copy: encode the result before the value can change.
     """
     cls = value.__class__
     if cls in _PLAIN:
         return value
-    if cls is list:
-        for v in value:
-            if v.__class__ not in _PLAIN:
-                return [pack_value(v) for v in value]
-        return value  # nothing to pack: no copy (the caller encodes it at once)
     if cls is dict:
-        for v in value.values():
+        out: Any = None  # a copy, made only when a value packs differently
+        for k, v in value.items():
             if v.__class__ not in _PLAIN:
-                return {k: pack_value(v) for k, v in value.items()}
-        return value
+                p = pack_value(v)
+                if p is not v:
+                    if out is None:
+                        out = dict(value)
+                    out[k] = p
+        return value if out is None else out
+    if cls is list:
+        out = None
+        for i, v in enumerate(value):
+            if v.__class__ not in _PLAIN:
+                p = pack_value(v)
+                if p is not v:
+                    if out is None:
+                        out = list(value)
+                    out[i] = p
+        return value if out is None else out
     if cls is tuple:
         return msgspec.msgpack.Ext(_EXT_TUPLE, _encoder.encode([pack_value(v) for v in value]))
     if cls is set or cls is frozenset:
