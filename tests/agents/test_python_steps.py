@@ -124,3 +124,19 @@ def test_arguments_without_references_skip_resolving():
     assert _has_refs({"kwargs": {"x": "${steps.a.output}"}})
     assert _has_refs(["plain", {"deep": ["${inputs.x}"]}])
     assert not _has_refs("no reference here, not even $ {this}")
+
+
+def test_a_python_step_s_end_time_comes_with_its_result(tmp_path):
+    """No Now() after the step: the attempt's ended_at is journaled with the result."""
+    log = tmp_path / "effects.log"
+    run_id, _ = _run(tmp_path / "data", _chain(log, 2))
+    info = scan(tmp_path / "data" / "wal").get(run_id)
+    records = list(decoded_records(tmp_path / "data" / "wal", info))
+    nows = [f for _s, rtype, f in records if rtype == RecordType.OUTCOME and f[2] == "now"]
+    wakes = [f for _s, rtype, f in records if rtype == RecordType.WAKE and f[2] == "step"]
+    assert len(nows) == 2  # one per attempt: its start
+    assert [w[4][0] for w in wakes] == [1, 2]  # [value, started, ended]
+    exits = [f for _s, rtype, f in records if rtype == RecordType.TASK_EXIT and f[1] != 1]
+    attempts = [e[3]["attempts"][0] for e in exits]
+    assert [a["ended_at"] for a in attempts] == [w[4][2] for w in wakes]
+    assert all(a["started_at"] <= a["ended_at"] for a in attempts)

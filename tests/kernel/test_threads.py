@@ -298,3 +298,31 @@ def test_held_effects_wait_for_the_commit_that_releases_them(sched: Scheduler) -
     first_run = min(events.index("ran inline"), events.index("ran pool"))
     assert events[:2] == ["deferred", "deferred"]
     assert "commit" in events[:first_run]
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_a_timed_step_returns_its_clock_readings(inline: bool) -> None:
+    from tiffany.kernel import Step
+
+    clock = ManualClock(start=5.0, epoch=1_000.0)
+
+    def work(x: int) -> int:
+        return x * 2
+
+    def fails() -> None:
+        raise ValueError("nope")
+
+    def task():
+        value = yield Step(work, 21, inline=inline, timed=True)
+        try:
+            yield Step(fails, inline=inline, timed=True)
+        except ValueError as exc:
+            return value, str(exc)
+        return value, None
+
+    with Scheduler(clock=clock) as sched:
+        tid = sched.spawn(task())
+        sched.run()
+        (value, started, ended), error = sched.result(tid)
+    assert (value, error) == (42, "nope")
+    assert started == ended == 1_000.0  # the manual clock did not move

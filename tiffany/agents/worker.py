@@ -10,7 +10,10 @@ recorded (start, end, outcome) in what the worker reports to the planner.
 A tool that offers a ready-made step (``step_for``: the python tool for a
 plain function) is run by the worker itself when the step has no timeout:
 ``yield step`` straight from the worker, journaled and replayed exactly as
-inside a tool task. A tool task exists to be killed when its time is up; with
+inside a tool task. The worker asks for it ``timed``: the attempt's
+``ended_at`` is the clock reading taken when the function returned, which
+comes back (and is journaled) with the result, instead of a ``Now()`` after
+the wake-up. A tool task exists to be killed when its time is up; with
 no timeout there is nothing to kill, and skipping it saves a task, its spawn,
 its join and its exit per step (about a third of a trivial step's cost).
 
@@ -114,10 +117,17 @@ def _has_refs(value: Any) -> bool:
     if cls is str:
         return "${" in value
     if cls is dict:
-        return any(_has_refs(v) for v in value.values())
-    if cls is list:
-        return any(_has_refs(v) for v in value)
-    return isinstance(value, Mapping | list)
+        value = value.values()
+    elif cls is not list:
+        return isinstance(value, Mapping | list)
+    for v in value:  # a loop, not any(genexpr): this runs for every step
+        c = v.__class__
+        if c is str:
+            if "${" in v:
+                return True
+        elif c is not int and c is not float and c is not bool and v is not None and _has_refs(v):
+            return True
+    return False
 
 
 def _ready_step(tool: Any, args: Any, ctx: ToolContext, spec: StepSpec) -> Step | None:
@@ -165,10 +175,12 @@ def worker(
             run_id, spec.id, attempt, workspace, env.settings, _emitter(env, run_id, spec.id)
         )
         record: dict[str, Any] = {"attempt": attempt, "started_at": started}
+        ended: float | None = None
         try:
             step = _ready_step(tool, args, ctx, spec) if tool.durable else None
             if step is not None:
-                output = yield step
+                step.timed = True  # its end time comes with its result: no Now() after it
+                output, _started, ended = yield step
             elif tool.durable:
                 tid = yield NewTask(
                     _tool_task(tool, args, ctx, spec.tool), name=f"tool:{spec.tool}:{spec.id}"
@@ -190,7 +202,7 @@ def worker(
             record.update(ok=False, error=error_info(exc))
         else:
             record["ok"] = True
-            record["ended_at"] = yield _NOW
+            record["ended_at"] = ended if ended is not None else (yield _NOW)
             outcome.attempts.append(record)
             outcome.ok, outcome.output = True, output
             results.put(outcome)

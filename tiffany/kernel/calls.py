@@ -256,18 +256,29 @@ class Step(SystemCall):
             at the commit point instead of in the pool (no thread hand-off;
             Temporal's "local activity"). It holds the loop while it runs,
             so keep it to sub-millisecond work; the watchdog reports abuse.
+        timed: For a plain function: the step's result is the list ``[value,
+            started, ended]``, the scheduler clock's ``time()`` right before
+            and after ``fn`` ran (journaled with the value, so a replay
+            returns the same times). Saves the caller a ``Now()`` on each
+            side. An exception is raised as usual, without times.
     """
 
-    __slots__ = ("args", "child", "fn", "inline", "name")
+    __slots__ = ("args", "child", "fn", "inline", "name", "timed")
     kind = "step"
 
     def __init__(
-        self, fn: Callable[..., Any], *args: Any, name: str | None = None, inline: bool = False
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        name: str | None = None,
+        inline: bool = False,
+        timed: bool = False,
     ) -> None:
         self.fn = fn
         self.args = args
         self.name = name
         self.inline = inline
+        self.timed = timed
         self.child: int | None = None
 
     def fields(self) -> dict[str, Any]:

@@ -38,6 +38,17 @@ TIMER_COMPACT_FRACTION: Final = 0.5
 TIMER_COMPACT_MIN: Final = 100
 
 
+def _timed_call(clock: Clock, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """Run a ``Step(timed=True)``: ``[value, started, ended]`` on the scheduler's clock.
+
+    A list, not a tuple: a journal stores a list as it is, a tuple as an
+    extension type (a second encoding pass per step).
+    """
+    started = clock.time()
+    value = fn(*args)
+    return [value, started, clock.time()]
+
+
 class Reactor:
     """Timers, selector and thread pool, mixed into the scheduler."""
 
@@ -360,6 +371,8 @@ class Reactor:
         outbox, self._outbox = self._outbox, []
         for task, call in outbox:
             fn, args = call.fn, call.args
+            if getattr(call, "timed", False):
+                fn, args = _timed_call, (self.clock, fn, args)
             if task.blocked_on is not call:  # killed before it started
                 self._threads_pending -= 1
             elif getattr(call, "inline", False):
