@@ -74,15 +74,16 @@ def test_a_slow_subscriber_is_cut_off_without_hurting_others():
         got_fast += _events(fast.get(timeout=0))
     frames = _events(slow.get(timeout=0))
     assert frames[-1]["type"] == "cutoff"
-    assert frames[-1]["last_seq"] == 10
+    # It never read anything: the cutoff says so (its queued frames are dropped).
+    assert frames[-1]["last_seq"] == 0
     assert slow.closed
     assert len(slow.frames) == 0
     assert [e["seq"] for e in got_fast] == list(range(1, 101))
     assert hub.subscribers == 1
     assert hub.dropped_subscribers == 1
     # it resumes from where it was cut off, gapless
-    again = hub.subscribe(since=10)
-    assert [e["seq"] for e in _events(again.get(timeout=0))] == list(range(11, 101))
+    again = hub.subscribe(since=frames[-1]["last_seq"])
+    assert [e["seq"] for e in _events(again.get(timeout=0))] == list(range(1, 101))
 
 
 def test_the_hub_thread_delivers_within_milliseconds():
@@ -95,3 +96,39 @@ def test_the_hub_thread_delivers_within_milliseconds():
         assert _events(frames)[0]["kind"] == "spawned"
     finally:
         hub.stop()
+
+
+def test_a_resume_far_behind_is_not_cut_off_by_its_backlog() -> None:
+    hub = Hub(ring_size=1_000, seq0=1)
+    for i in range(500):
+        hub.publish("step", label=str(i))
+    hub.drain()
+    sub = hub.subscribe(since=1, maxlen=50)  # 499 events of backlog, 10x the live bound
+    got = sub.get(0)
+    assert not sub.closed
+    assert len(got) == 499
+    # Live frames beyond the bound still cut it off.
+    for _ in range(60):
+        hub.publish("step")
+    hub.drain()
+    assert sub.closed
+    sub.close()
+
+
+def test_a_cutoff_names_the_last_event_delivered_not_the_last_queued() -> None:
+    import msgspec
+
+    hub = Hub(ring_size=1_000, seq0=1)
+    sub = hub.subscribe(maxlen=5)
+    for _ in range(3):
+        hub.publish("step")
+    hub.drain()
+    delivered = sub.get(0)
+    last = msgspec.json.decode(delivered[-1])["seq"]
+    for _ in range(10):  # queued, never read: overflows
+        hub.publish("step")
+    hub.drain()
+    frames = sub.get(0)
+    cutoff = msgspec.json.decode(frames[-1])
+    assert cutoff["type"] == "cutoff"
+    assert cutoff["last_seq"] == last

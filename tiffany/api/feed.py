@@ -58,14 +58,12 @@ from typing import Any, Final
 import msgspec
 import structlog
 
-from tiffany.pal.transport import follow
+from tiffany.pal.transport import FEED_SOCKET, follow
 
 __all__ = ["FEED_SOCKET", "FeedRelay", "FeedSubscriber", "feed_path"]
 
 log = structlog.get_logger(__name__)
 
-#: File name of the engine's PAL feed socket inside the data dir.
-FEED_SOCKET: Final = "feed.sock"
 #: Entries a sender takes from the ring at a time.
 READ_BATCH_ENTRIES: Final = 512
 #: How long the relay waits before reconnecting to the engine's feed, in seconds.

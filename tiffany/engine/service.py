@@ -39,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Generator
 from concurrent.futures import Future
@@ -57,14 +58,12 @@ from tiffany.engine.control_server import ControlServer
 from tiffany.engine.projector_thread import LiveProjector
 from tiffany.kernel import ReadWait
 from tiffany.pal import EVENT_KINDS, Hub
-from tiffany.pal.transport import FeedServer
+from tiffany.pal.transport import FEED_SOCKET, FeedServer
 
 __all__ = ["FEED_SOCKET", "EngineService", "Inbox"]
 
 log = structlog.get_logger(__name__)
 
-#: File name of the PAL feed socket inside the data dir.
-FEED_SOCKET: Final = "feed.sock"
 #: How long a submission waits for the loop and its group commit, in seconds.
 SUBMIT_TIMEOUT_S: Final = 30.0
 #: Upper bounds of the WAL fsync latency histogram, in seconds.
@@ -340,11 +339,8 @@ class EngineService:
                         {"run_id": known[0]},
                     )
                 return known[0], False, 0
-        run_id = self.runtime.submit_entry(entry, name=name, on_end=self._on_end)
-        seq = self.runtime.wal.next_seq - 1
-        self.statuses[run_id] = "running"
-        if key is not None:
-            self.keys[key] = (run_id, digest)
+        run_id = f"run-{uuid.uuid4().hex[:12]}"
+        # Published first, so the feed shows the run before its tasks.
         self.hub.publish(
             "run.started",
             run_id=run_id,
@@ -353,6 +349,11 @@ class EngineService:
             label=name,
             data={"name": name},
         )
+        self.runtime.submit_entry(entry, run_id=run_id, name=name, on_end=self._on_end)
+        seq = self.runtime.wal.next_seq - 1
+        self.statuses[run_id] = "running"
+        if key is not None:
+            self.keys[key] = (run_id, digest)
         return run_id, True, seq
 
     def _on_end(self, state: Any) -> None:

@@ -39,35 +39,57 @@ Filter = Callable[[Event], bool]
 
 
 class Subscription:
-    """One consumer of the feed."""
+    """One consumer of the feed.
+
+    ``maxlen`` bounds the frames queued *live*; a resume's backlog (replayed
+    from the ring at subscribe time, at most the ring's size, and only
+    references to the ring's frames) is allowed on top of it while it
+    drains, so a resume far behind is not cut off before it could read.
+    """
 
     def __init__(self, hub: Hub, maxlen: int, flt: Filter | None) -> None:
         self._hub = hub
         self.maxlen = maxlen
         self.filter = flt
         self.frames: deque[bytes] = deque()
+        self._seqs: deque[int] = deque()  # each queued frame's seq (0: a control frame)
+        #: The seq of the last event queued.
         self.last_seq = 0
+        #: The seq of the last event handed out by :meth:`get` (a cutoff names it).
+        self.delivered_seq = 0
         self.closed = False
         self.cutoff_reason: str | None = None
+        self._limit = maxlen
         self._ready = threading.Event()
 
     def _push(self, seq: int, frame: bytes) -> None:
         if self.closed:
             return
-        if len(self.frames) >= self.maxlen:
+        if len(self.frames) >= self._limit:
             self.closed = True
             self.cutoff_reason = "slow subscriber: queue full"
             self.frames.clear()
-            self.frames.append(
-                msgspec.json.encode(
-                    {"type": "cutoff", "last_seq": self.last_seq, "reason": self.cutoff_reason}
-                )
+            self._seqs.clear()
+            self._control(
+                {"type": "cutoff", "last_seq": self.delivered_seq, "reason": self.cutoff_reason}
             )
             self._hub._drop(self)
         else:
             self.frames.append(frame)
+            self._seqs.append(seq)
             self.last_seq = seq
         self._ready.set()
+
+    def _backlog(self, seq: int, frame: bytes) -> None:
+        """Queue a frame replayed from the ring (not counted against ``maxlen``)."""
+        self.frames.append(frame)
+        self._seqs.append(seq)
+        self.last_seq = seq
+        self._limit += 1
+
+    def _control(self, obj: dict[str, Any]) -> None:
+        self.frames.append(msgspec.json.encode(obj))
+        self._seqs.append(0)
 
     def get(self, timeout: float | None = None) -> list[bytes]:
         """Return the queued frames (waiting up to ``timeout`` for one)."""
@@ -75,9 +97,14 @@ class Subscription:
             self._ready.wait(timeout)
         self._ready.clear()
         out = []
-        frames = self.frames
-        while frames:
-            out.append(frames.popleft())
+        frames, seqs = self.frames, self._seqs
+        with self._hub._lock:  # against a concurrent _push from the hub thread
+            while frames:
+                out.append(frames.popleft())
+                seq = seqs.popleft()
+                if seq:
+                    self.delivered_seq = seq
+            self._limit = max(self.maxlen, self._limit - len(out))
         return out
 
     def close(self) -> None:
@@ -162,13 +189,13 @@ class Hub:
             if since is not None:
                 oldest = self._seqs[0] if self._seqs else self.next_seq
                 if since + 1 < oldest and since < self.next_seq - 1:
-                    sub.frames.append(msgspec.json.encode({"type": "gone", "oldest": oldest}))
+                    sub._control({"type": "gone", "oldest": oldest})
                 else:
                     start = bisect.bisect_right(self._seqs, since)
                     for i in range(start, len(self._seqs)):
                         frame = self._ring[i]
                         if flt is None or flt(msgspec.json.decode(frame, type=Event)):
-                            sub._push(self._seqs[i], frame)
+                            sub._backlog(self._seqs[i], frame)
             self._subs.append(sub)
         return sub
 

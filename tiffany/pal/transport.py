@@ -37,7 +37,10 @@ import msgspec
 from tiffany.pal.events import Event
 from tiffany.pal.hub import Hub
 
-__all__ = ["FeedServer", "follow"]
+__all__ = ["FEED_SOCKET", "FeedServer", "follow"]
+
+#: File name of the feed socket inside the data dir (engine and API agree on it).
+FEED_SOCKET: Final = "feed.sock"
 
 #: An idle connection gets a ping this often, in seconds.
 PING_INTERVAL_S: Final = 5.0
