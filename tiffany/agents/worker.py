@@ -94,12 +94,12 @@ def error_info(exc: BaseException) -> dict[str, Any]:
 def _tool_task(tool: Any, args: Any, ctx: ToolContext, name: str) -> Co:
     """Task_Tool: run the tool inside a durable step.
 
-    A tool may offer ``step_for(args, ctx)``: a ready-made step (the python
-    tool calls a plain function straight from the thread pool that way);
-    otherwise its ``run`` is the step.
+    A tool may offer ``step_for(args)``: a ready-made step (the python tool
+    calls a plain function straight from the thread pool that way; it needs
+    no context); otherwise its ``run`` is the step.
     """
     step_for = getattr(tool, "step_for", None)
-    step = step_for(args, ctx) if step_for is not None else None
+    step = step_for(args) if step_for is not None else None
     if step is None:
         step = Step(tool.run, args, ctx, name=name)
     return (yield step)
@@ -130,7 +130,7 @@ def _has_refs(value: Any) -> bool:
     return False
 
 
-def _ready_step(tool: Any, args: Any, ctx: ToolContext, spec: StepSpec) -> Step | None:
+def _ready_step(tool: Any, args: Any, spec: StepSpec) -> Step | None:
     """Return the step the worker runs itself (no tool task), or None.
 
     Only a tool's ready-made step (``step_for``), and only without a timeout:
@@ -139,7 +139,21 @@ def _ready_step(tool: Any, args: Any, ctx: ToolContext, spec: StepSpec) -> Step 
     if spec.timeout_s is not None:
         return None
     step_for = getattr(tool, "step_for", None)
-    return step_for(args, ctx) if step_for is not None else None
+    return step_for(args) if step_for is not None else None
+
+
+def _run_tool(tool: Any, args: Any, ctx: ToolContext, spec: StepSpec) -> Co:
+    """Run the tool as a tool task (with the step's timeout), or in the worker if not durable."""
+    if not tool.durable:
+        return (yield tool.run(args, ctx))
+    tid = yield NewTask(_tool_task(tool, args, ctx, spec.tool), name=f"tool:{spec.tool}:{spec.id}")
+    try:
+        return (yield WaitTask(tid, timeout=spec.timeout_s))
+    except WaitTimeout:
+        yield KillTask(tid)
+        raise TiffanyError(
+            f"step {spec.id} timed out after {spec.timeout_s} s", timeout_s=spec.timeout_s
+        ) from None
 
 
 def worker(
@@ -171,30 +185,23 @@ def worker(
     workspace = env.workspace(run_id)
     for attempt in range(1, spec.retries + 2):
         started = yield _NOW
-        ctx = ToolContext(
-            run_id, spec.id, attempt, workspace, env.settings, _emitter(env, run_id, spec.id)
-        )
         record: dict[str, Any] = {"attempt": attempt, "started_at": started}
         ended: float | None = None
         try:
-            step = _ready_step(tool, args, ctx, spec) if tool.durable else None
+            step = _ready_step(tool, args, spec) if tool.durable else None
             if step is not None:
                 step.timed = True  # its end time comes with its result: no Now() after it
                 output, _started, ended = yield step
-            elif tool.durable:
-                tid = yield NewTask(
-                    _tool_task(tool, args, ctx, spec.tool), name=f"tool:{spec.tool}:{spec.id}"
-                )
-                try:
-                    output = yield WaitTask(tid, timeout=spec.timeout_s)
-                except WaitTimeout:
-                    yield KillTask(tid)
-                    raise TiffanyError(
-                        f"step {spec.id} timed out after {spec.timeout_s} s",
-                        timeout_s=spec.timeout_s,
-                    ) from None
             else:
-                output = yield tool.run(args, ctx)
+                ctx = ToolContext(
+                    run_id,
+                    spec.id,
+                    attempt,
+                    workspace,
+                    env.settings,
+                    _emitter(env, run_id, spec.id),
+                )
+                output = yield from _run_tool(tool, args, ctx, spec)
         except TaskCrashed as exc:
             cause = exc.__cause__ or exc
             record.update(ok=False, error=error_info(cause))

@@ -193,7 +193,7 @@ class PythonTool:
     Args: ClassVar[type[ToolArgs]] = PythonArgs
     durable: ClassVar[bool] = True
 
-    def step_for(self, args: PythonArgs, ctx: ToolContext) -> Step | None:
+    def step_for(self, args: PythonArgs) -> Step | None:
         """Return a step that calls a plain function directly, or None.
 
         A thread step, or an inline one for a function registered with
