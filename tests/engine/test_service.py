@@ -261,3 +261,29 @@ def test_kill_9_then_restart_recovers(tmp_path: Path) -> None:
         assert [s["status"] for s in detail["steps"]] == ["succeeded"] * 3
     finally:
         assert again.stop() == 0
+
+
+def test_a_killed_projector_process_is_restarted_and_catches_up(engine: EngineProc) -> None:
+    import os
+    import subprocess
+
+    def projector_pid() -> int:
+        out = subprocess.run(
+            ["pgrep", "-P", str(engine.proc.pid), "-f", "projector"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.split()
+        assert out, "no projector process under the engine"
+        return int(out[0])
+
+    first = engine.call("submit", plan=SLEEPY, inputs={})["run_id"]
+    store_run(engine.data_dir, first, until="succeeded")
+    old = projector_pid()
+    os.kill(old, signal.SIGKILL)
+    second = engine.call("submit", plan=SLEEPY, inputs={})["run_id"]
+    detail = store_run(engine.data_dir, second, until="succeeded", timeout=30)
+    assert detail["outputs"] == {"path": "out.txt"}
+    assert projector_pid() != old
+    metrics = engine.call("metrics")
+    assert metrics["projector"]["lag_records"] == 0

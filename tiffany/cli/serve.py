@@ -226,6 +226,15 @@ def engine_cmd(
     raise typer.Exit(service.serve(ready=ready))
 
 
+def projector_cmd(ctx: typer.Context) -> None:
+    """Run the projector process (what the engine starts): WAL frames on stdin -> SQL store."""
+    from tiffany.cli import _settings
+    from tiffany.engine.projector_proc import run_projector
+
+    settings = _settings(ctx)
+    raise typer.Exit(run_projector(settings.database_url, Path(settings.data_dir) / "wal"))
+
+
 def api_cmd(
     ctx: typer.Context,
     ready_file: Annotated[
@@ -244,3 +253,4 @@ def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
     app.command("engine", hidden=True)(engine_cmd)
     app.command("api", hidden=True)(api_cmd)
+    app.command("projector", hidden=True)(projector_cmd)

@@ -55,7 +55,7 @@ from tiffany.control import CONTROL_SOCKET, ControlError
 from tiffany.engine import Engine, build
 from tiffany.engine.activity import ActivityLog
 from tiffany.engine.control_server import ControlServer
-from tiffany.engine.projector_thread import LiveProjector
+from tiffany.engine.projector_link import ProjectorLink
 from tiffany.kernel import ReadWait
 from tiffany.pal import EVENT_KINDS, Hub
 from tiffany.pal.transport import FEED_SOCKET, FeedServer
@@ -129,6 +129,21 @@ class Inbox:
         os.close(self._fd)
 
 
+def _migrate(database_url: str) -> None:
+    """Bring the store's schema up to date (logged, not fatal: the projector retries)."""
+    from tiffany.store import make_engine
+    from tiffany.store.migrate import upgrade
+
+    try:
+        engine = make_engine(database_url)
+        try:
+            upgrade(engine)
+        finally:
+            engine.dispose()
+    except Exception as exc:  # noqa: BLE001 - the projector process migrates again
+        log.warning("store.migrate_failed", error=repr(exc))
+
+
 def _drain(fd: int) -> Generator[Any, Any, None]:
     """Empty the signal wakeup pipe whenever it is readable (a kernel task)."""
     while True:
@@ -185,7 +200,14 @@ class EngineService:
         )
         self.runtime = self.engine.runtime
         self.inbox = Inbox()
-        self.projector = LiveProjector(settings.database_url, self.runtime.wal_dir)
+        child_env = {
+            **os.environ,
+            "TIFFANY_DATA_DIR": str(self.data_dir),
+            "TIFFANY_DATABASE_URL": settings.database_url,
+            "TIFFANY_LOG_FORMAT": settings.log_format,
+            "TIFFANY_LOG_LEVEL": settings.log_level,
+        }
+        self.projector = ProjectorLink(self.data_dir, child_env)
         self.fsync = _Histogram(FSYNC_BUCKETS_S)
         self.commits = 0
         self.records = 0
@@ -220,7 +242,7 @@ class EngineService:
             # loop's epoll return (a kernel task drains it), so it does.
             wakeup = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
             signal.set_wakeup_fd(wakeup[1], warn_on_full_buffer=False)
-        self.projector.migrate()  # the API reads the store as soon as we are up
+        _migrate(self.settings.database_url)  # the API reads the store as soon as we are up
         self.hub.start()
         self.feed.start()
         self.projector.start()
@@ -510,5 +532,6 @@ class EngineService:
                 "last_seq": self.projector.last_seq,
                 "lag_records": self.projector.lag_records,
                 "errors": self.projector.errors,
+                "restarts": self.projector.restarts,
             },
         }
