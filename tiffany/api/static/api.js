@@ -110,6 +110,8 @@ export class Feed {
     const u = new URL("ws/activity", document.baseURI);
     u.protocol = u.protocol === "https:" ? "wss:" : "ws:";
     if (this.lastSeq != null) u.searchParams.set("since", String(this.lastSeq));
+    // Many events a message: a busy engine's feed stays cheap for the API and the page.
+    u.searchParams.set("batch", "true");
     const token = getToken();
     if (token) u.searchParams.set("token", token);
     return u.toString();
@@ -156,7 +158,12 @@ export class Feed {
       } catch {
         return;
       }
-      this.handle(frame);
+      if (Array.isArray(frame)) {
+        for (const f of frame) {
+          this.handle(f);
+          if (this.ws !== ws) break; // a control frame reconnected
+        }
+      } else this.handle(frame);
     };
     ws.onclose = (ev) => {
       if (this.ws !== ws) return;
