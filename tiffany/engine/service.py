@@ -81,6 +81,8 @@ FSYNC_BUCKETS_S: Final = (
     0.25,
     1.0,
 )
+#: Commands the inbox runs in one dispatch before letting other tasks run.
+INBOX_BATCH: Final = 8
 #: Longest a ``verify`` replay may take, in seconds.
 VERIFY_TIMEOUT_S: Final = 600.0
 
@@ -111,7 +113,13 @@ class Inbox:
             yield ReadWait(self._fd)
             with contextlib.suppress(BlockingIOError):
                 os.eventfd_read(self._fd)
+            done = 0
             while queue:
+                if done == INBOX_BATCH:
+                    done = 0
+                    yield  # let other tasks run between bursts of commands
+                    continue
+                done += 1
                 fn, fut = queue.popleft()
                 if not fut.set_running_or_notify_cancel():
                     continue
