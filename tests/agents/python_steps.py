@@ -13,3 +13,14 @@ def append_line(path: str, line: str, carry: int = 0) -> int:
     with Path(path).open("a") as f:
         f.write(line + "\n")
     return carry + 1
+
+
+@python_tool("test.flaky")
+def flaky(path: str, fail_times: int) -> int:
+    """Fail (ValueError) until called ``fail_times`` times; count the calls in the file."""
+    p = Path(path)
+    calls = int(p.read_text()) + 1 if p.exists() else 1
+    p.write_text(str(calls))
+    if calls <= fail_times:
+        raise ValueError(f"call {calls} fails")
+    return calls

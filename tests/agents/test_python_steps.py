@@ -126,17 +126,61 @@ def test_arguments_without_references_skip_resolving():
     assert not _has_refs("no reference here, not even $ {this}")
 
 
-def test_a_python_step_s_end_time_comes_with_its_result(tmp_path):
-    """No Now() after the step: the attempt's ended_at is journaled with the result."""
+def test_a_python_step_s_times_come_with_its_result(tmp_path):
+    """No Now(): an attempt's started_at and ended_at are journaled with the step's result."""
     log = tmp_path / "effects.log"
     run_id, _ = _run(tmp_path / "data", _chain(log, 2))
     info = scan(tmp_path / "data" / "wal").get(run_id)
     records = list(decoded_records(tmp_path / "data" / "wal", info))
-    nows = [f for _s, rtype, f in records if rtype == RecordType.OUTCOME and f[2] == "now"]
-    wakes = [f for _s, rtype, f in records if rtype == RecordType.WAKE and f[2] == "step"]
-    assert len(nows) == 2  # one per attempt: its start
-    assert [w[4][0] for w in wakes] == [1, 2]  # [value, started, ended]
+    assert not [f for _s, rtype, f in records if rtype == RecordType.OUTCOME]
+    wakes = [f[4] for _s, rtype, f in records if rtype == RecordType.WAKE and f[2] == "step"]
+    assert [w[0] for w in wakes] == [[True, 1], [True, 2]]  # [[ok, value], started, ended]
     exits = [f for _s, rtype, f in records if rtype == RecordType.TASK_EXIT and f[1] != 1]
     attempts = [e[3]["attempts"][0] for e in exits]
-    assert [a["ended_at"] for a in attempts] == [w[4][2] for w in wakes]
+    assert [(a["started_at"], a["ended_at"]) for a in attempts] == [(w[1], w[2]) for w in wakes]
     assert all(a["started_at"] <= a["ended_at"] for a in attempts)
+
+
+def test_a_failing_python_step_is_retried_and_its_attempts_replay(tmp_path):
+    counter = tmp_path / "calls"
+    plan = {
+        "name": "flaky",
+        "steps": [
+            {
+                "id": "f",
+                "tool": "python",
+                "args": {
+                    "function": "test.flaky",
+                    "kwargs": {"path": str(counter), "fail_times": 2},
+                },
+                "retries": 2,
+                "backoff": 0.001,
+            }
+        ],
+        "outputs": {"last": "${steps.f.output}"},
+    }
+    engine = build(Settings(data_dir=tmp_path / "data"), enabled_tools=["python"])
+    with engine.runtime as rt:
+        run_id = engine.submit_plan(plan)
+        rt.run()
+        state = rt.status(run_id)
+    assert state.status == "succeeded", state.error
+    assert state.result["outputs"]["last"] == 3
+    attempts = state.result["steps"]["f"]["attempts"]
+    assert [a["ok"] for a in attempts] == [False, False, True]
+    assert [a["attempt"] for a in attempts] == [1, 2, 3]
+    failed = attempts[0]
+    assert list(failed) == ["attempt", "started_at", "ok", "error", "ended_at"]
+    assert failed["error"]["code"] == "tool.python.error"
+    assert failed["error"]["type"] == "ValueError"
+    assert "call 1 fails" in failed["error"]["message"]
+    assert all(a["started_at"] <= a["ended_at"] for a in attempts)
+    info = scan(tmp_path / "data" / "wal").get(run_id)
+    kinds = [
+        f[2]
+        for _s, rtype, f in decoded_records(tmp_path / "data" / "wal", info)
+        if rtype == RecordType.OUTCOME
+    ]
+    assert "now" not in kinds  # the attempts' times came with the steps' results
+    _verify(tmp_path / "data", run_id)
+    assert counter.read_text() == "3"  # the replay called nothing

@@ -10,10 +10,12 @@ recorded (start, end, outcome) in what the worker reports to the planner.
 A tool that offers a ready-made step (``step_for``: the python tool for a
 plain function) is run by the worker itself when the step has no timeout:
 ``yield step`` straight from the worker, journaled and replayed exactly as
-inside a tool task. The worker asks for it ``timed``: the attempt's
-``ended_at`` is the clock reading taken when the function returned, which
-comes back (and is journaled) with the result, instead of a ``Now()`` after
-the wake-up. A tool task exists to be killed when its time is up; with
+inside a tool task. The worker asks for it ``timed`` and reporting (see
+``_ready_step``): the attempt's ``started_at`` and ``ended_at`` are the
+clock readings taken around the function, and a failure comes back as a
+value; both are journaled with the step's result, so such an attempt needs
+no ``Now()`` at all: one dispatch and one record (its STEP_START) before
+the step, one wake-up (WAKE) after it. A tool task exists to be killed when its time is up; with
 no timeout there is nothing to kill, and skipping it saves a task, its spawn,
 its join and its exit per step (about a third of a trivial step's cost).
 
@@ -133,13 +135,40 @@ def _has_refs(value: Any) -> bool:
 def _ready_step(tool: Any, args: Any, spec: StepSpec) -> Step | None:
     """Return the step the worker runs itself (no tool task), or None.
 
-    Only a tool's ready-made step (``step_for``), and only without a timeout:
-    enforcing one means killing a task, so that case keeps the tool task.
+    Only a durable tool's ready-made step (``step_for``), and only without a
+    timeout: enforcing one means killing a task, so that case keeps the tool
+    task. The step is made to report instead of raise, and timed: its result
+    is ``[[ok, value or error info], started, ended]`` (see ``_reporting``).
+    A tool that cannot make its step (an unknown function) gets None: the
+    tool task reports that as the attempt's failure.
     """
-    if spec.timeout_s is not None:
-        return None
     step_for = getattr(tool, "step_for", None)
-    return step_for(args) if step_for is not None else None
+    if step_for is None or spec.timeout_s is not None or not tool.durable:
+        return None
+    try:
+        step: Step | None = step_for(args)
+    except TiffanyError:
+        return None
+    if step is not None:
+        step.fn, step.args = _reporting, (step.fn, step.args)
+        step.timed = True
+    return step
+
+
+def _reporting(fn: Callable[..., Any], args: tuple[Any, ...]) -> list[Any]:
+    """Call a ready-made step's function: ``[True, value]``, or ``[False, error info]``.
+
+    Discussion: the outcome of a failed attempt travels as a value, not an
+    exception, so that it comes back with the step's clock readings (an
+    exception carries none) and the attempt needs no ``Now()`` before or
+    after it. It is journaled as the step's result, so a replay rebuilds the
+    same attempt record without calling ``fn``. Only ``Exception`` is
+    reported; a cancellation still unwinds the worker.
+    """
+    try:
+        return [True, fn(*args)]
+    except Exception as exc:  # noqa: BLE001 - the attempt's failure, reported to the worker
+        return [False, error_info(exc)]
 
 
 def _run_tool(tool: Any, args: Any, ctx: ToolContext, spec: StepSpec) -> Co:
@@ -184,24 +213,29 @@ def worker(
         return outcome
     workspace = env.workspace(run_id)
     for attempt in range(1, spec.retries + 2):
+        step = _ready_step(tool, args, spec)
+        if step is not None:
+            (ok, output), started, ended = yield step
+            record: dict[str, Any] = {"attempt": attempt, "started_at": started, "ok": ok}
+            if ok:
+                record["ended_at"] = ended
+                outcome.attempts.append(record)
+                outcome.ok, outcome.output = True, output
+                results.put(outcome)
+                return outcome
+            record["error"] = output
+            record["ended_at"] = ended
+            outcome.attempts.append(record)
+            outcome.error = output
+            yield from _back_off(env, run_id, spec, attempt)
+            continue
         started = yield _NOW
-        record: dict[str, Any] = {"attempt": attempt, "started_at": started}
-        ended: float | None = None
+        record = {"attempt": attempt, "started_at": started}
         try:
-            step = _ready_step(tool, args, spec) if tool.durable else None
-            if step is not None:
-                step.timed = True  # its end time comes with its result: no Now() after it
-                output, _started, ended = yield step
-            else:
-                ctx = ToolContext(
-                    run_id,
-                    spec.id,
-                    attempt,
-                    workspace,
-                    env.settings,
-                    _emitter(env, run_id, spec.id),
-                )
-                output = yield from _run_tool(tool, args, ctx, spec)
+            ctx = ToolContext(
+                run_id, spec.id, attempt, workspace, env.settings, _emitter(env, run_id, spec.id)
+            )
+            output = yield from _run_tool(tool, args, ctx, spec)
         except TaskCrashed as exc:
             cause = exc.__cause__ or exc
             record.update(ok=False, error=error_info(cause))
@@ -209,7 +243,7 @@ def worker(
             record.update(ok=False, error=error_info(exc))
         else:
             record["ok"] = True
-            record["ended_at"] = ended if ended is not None else (yield _NOW)
+            record["ended_at"] = yield _NOW
             outcome.attempts.append(record)
             outcome.ok, outcome.output = True, output
             results.put(outcome)
@@ -217,13 +251,18 @@ def worker(
         record["ended_at"] = yield _NOW
         outcome.attempts.append(record)
         outcome.error = record["error"]
-        if attempt <= spec.retries:
-            delay = spec.backoff * (2 ** (attempt - 1))
-            env.emit(run_id, "step.retry", {"step": spec.id, "attempt": attempt, "delay_s": delay})
-            if delay > 0:
-                yield Sleep(delay)
+        yield from _back_off(env, run_id, spec, attempt)
     results.put(outcome)
     return outcome
+
+
+def _back_off(env: AgentEnv, run_id: str, spec: StepSpec, attempt: int) -> Co:
+    """After a failed attempt with retries left: report it and sleep (durable timer)."""
+    if attempt <= spec.retries:
+        delay = spec.backoff * (2 ** (attempt - 1))
+        env.emit(run_id, "step.retry", {"step": spec.id, "attempt": attempt, "delay_s": delay})
+        if delay > 0:
+            yield Sleep(delay)
 
 
 def _emitter(env: AgentEnv, run_id: str, step_id: str) -> Callable[[str, Mapping[str, Any]], None]:

@@ -35,7 +35,9 @@ What the journal says, and what the projection makes of it:
   ``tiffany/durable/records.py``) and is applied as that dispatch too, so
   the rows are the same either way.
 * ``WAKE``: the task is ``ready`` again. ``OUTCOME`` of ``Now()``: the run's
-  clock moves (task and step start and end times are read from it).
+  clock moves (task and step start and end times are read from it); so does
+  a worker's exit, to its last attempt's end (a python step's attempt reads
+  no ``Now()``: its times come with the step's result).
 * ``TASK_EXIT``: ``done``, ``crashed`` or ``cancelled`` with the result or
   error. A worker's result (its ``StepOutcome``, a dict in the journal)
   settles its step; a tool task's result is the step's latest output.
@@ -428,6 +430,14 @@ class Projector:
         final = _EXIT_STATES.get(state)
         if known is None or final is None:
             return
+        if known[0] == TaskKind.WORKER.value and isinstance(value, Mapping):
+            # A python step's attempt reads no Now(): its end time, journaled in
+            # the worker's outcome, moves the run's clock instead.
+            attempts = value.get("attempts")
+            last = attempts[-1] if isinstance(attempts, list) and attempts else None
+            ended = last.get("ended_at") if isinstance(last, Mapping) else None
+            if isinstance(ended, int | float) and not isinstance(ended, bool):
+                self._tick(b, ctx, float(ended))
         key = (ctx.run_id, ltid)
         if final is TaskState.DONE:
             b.tasks.update(
