@@ -91,7 +91,7 @@ from tiffany.durable.records import (
     RecordType,
     Unencodable,
     canonical,
-    encode,
+    encode_fields,
     pack_error,
     pack_value,
     unpack_error,
@@ -131,6 +131,7 @@ GROUP_COMMIT_MAX_S: Final = 0.010
 _SYNC_BEFORE_EFFECT: Final = frozenset(
     {RecordType.STEP_START, RecordType.RUN_START, RecordType.RUN_END}
 )
+_encode_fields: Final = encode_fields
 #: ``co_flags`` bit of a generator function's code (``inspect.CO_GENERATOR``).
 _CO_GENERATOR: Final = inspect.CO_GENERATOR
 
@@ -464,8 +465,9 @@ class Journal(Instrument):
     # -- internals -------------------------------------------------------------
 
     def _append(self, rtype: RecordType, run: RunState, fields: list[Any]) -> None:
-        if self.wal is not None:
-            self.wal.append(rtype, encode(run.prefix, fields))
+        wal = self.wal
+        if wal is not None:
+            wal.append(rtype, run.prefix + _encode_fields(fields))  # records.encode, inlined
             self._dirty = True
             if rtype in _SYNC_BEFORE_EFFECT:
                 self._need_sync = True

@@ -70,6 +70,7 @@ __all__ = [
     "decode",
     "decode_fields",
     "encode",
+    "encode_fields",
     "pack_error",
     "pack_value",
     "run_of",
@@ -239,6 +240,11 @@ def canonical(value: Any) -> bytes:
 def encode(prefix: bytes, fields: list[Any] | tuple[Any, ...]) -> bytes:
     """Return the payload for a run's record: run prefix + msgpack array."""
     return prefix + _encoder.encode(fields)
+
+
+#: ``encode_fields(fields)``: the msgpack array of a record, without the run
+#: prefix (``encode`` is ``prefix + encode_fields(fields)``).
+encode_fields: Final = _encoder.encode
 
 
 def decode(payload: bytes | memoryview) -> tuple[int, list[Any]]:
