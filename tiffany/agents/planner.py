@@ -139,7 +139,6 @@ class _Dag:
         sid = spec.id
         self.specs[sid] = spec
         self.status[sid] = PENDING
-        self.dependents.setdefault(sid, [])
         left = 0
         for dep in spec.after:
             st = self.status.get(dep, PENDING)

@@ -211,7 +211,6 @@ def worker(
         outcome.error = error_info(exc)
         results.put(outcome)
         return outcome
-    workspace = env.workspace(run_id)
     for attempt in range(1, spec.retries + 2):
         step = _ready_step(tool, args, spec)
         if step is not None:
@@ -232,6 +231,7 @@ def worker(
         started = yield _NOW
         record = {"attempt": attempt, "started_at": started}
         try:
+            workspace = env.workspace(run_id)
             ctx = ToolContext(
                 run_id, spec.id, attempt, workspace, env.settings, _emitter(env, run_id, spec.id)
             )

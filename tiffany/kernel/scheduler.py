@@ -173,8 +173,12 @@ class Scheduler(Reactor):
         task._send = value
         task.state = _READY
         self._ready.append(task)
-        if self._on_wake is not None:
-            self._call_hook(self._on_wake, task, value)
+        on_wake = self._on_wake
+        if on_wake is not None:
+            try:  # _call_hook, inlined: a wake-up is on every step's path
+                on_wake(task, value)
+            except Exception as exc:  # noqa: BLE001 - an instrument's failure
+                self._hook_failed(on_wake, exc)
         task.blocked_on = None
 
     def kill(self, tid: int) -> bool:
@@ -543,8 +547,12 @@ class Scheduler(Reactor):
         self._alive += 1
         task.state = _READY
         self._ready.append(task)
-        if self._on_spawn is not None:
-            self._call_hook(self._on_spawn, task)
+        on_spawn = self._on_spawn
+        if on_spawn is not None:
+            try:  # _call_hook, inlined
+                on_spawn(task)
+            except Exception as exc:  # noqa: BLE001 - an instrument's failure
+                self._hook_failed(on_spawn, exc)
         return task
 
     def _finish(self, task: Task, result: Any) -> None:
