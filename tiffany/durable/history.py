@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tiffany.durable.journal import MAX_ARG_CHARS, ReplayCursor
+from tiffany.durable.dispatch import MAX_ARG_CHARS
+from tiffany.durable.journal import ReplayCursor
 from tiffany.durable.records import RecordType, decode, decode_fields
 from tiffany.errors import TiffanyError
 from tiffany.wal import iter_records

@@ -45,11 +45,12 @@ Invariants:
   see ``before_wait``); a step's task starts in the next pass. So no effect
   leaves the process before the records that led to it are durable.
 
-Discussion: the dispatch records carried by the next record halve what a
-trivial plan step journals (17 records per step before, with a tool task;
-see ``bench/plans.py``), and cost nothing in exactness: the implied record is
-built from fields the carrying record already has, and a replay compares
-it as it compared the explicit one.
+Discussion: carried dispatch records cost nothing in exactness: the
+implied record is built from fields the carrying record already has, and a
+replay compares it as it compared the explicit one. With the worker running
+a python step itself, timed, a trivial plan step journals 4 records where it
+journaled 17 (``bench/plans.py``). What a dispatch is recorded as, and which
+dispatches are carried, is in ``dispatch.py``.
 
 Discussion: records that lead to no effect (a dispatch, a spawn, a task's
 exit) are not synced on their own: they are committed with the next record
@@ -77,20 +78,24 @@ I/O from journaled code, which is why I/O belongs inside steps.
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from types import GeneratorType
 from typing import Any, Final
 
 import structlog
 
+from tiffany.durable.dispatch import (
+    CARRIED_CALLS,
+    MAX_ARG_CHARS,
+    carried,
+    describe,
+    is_generator_step,
+    same,
+)
 from tiffany.durable.records import (
     RecordType,
-    Unencodable,
-    canonical,
     encode_fields,
     pack_error,
     pack_value,
@@ -101,8 +106,6 @@ from tiffany.errors import NondeterminismError, TiffanyError
 from tiffany.kernel import (
     RETURNED,
     Instrument,
-    KillTask,
-    NewTask,
     Now,
     Random,
     ReadWait,
@@ -122,8 +125,6 @@ __all__ = ["Journal", "RecoveryError", "RunState", "TaskMeta"]
 
 log = structlog.get_logger("tiffany.durable")
 
-#: Longest argument text kept in a DISPATCH record.
-MAX_ARG_CHARS: Final = 120
 #: Commit at least this often while records are pending, even with no effect.
 GROUP_COMMIT_MAX_S: Final = 0.010
 #: Records whose effect leaves the process right after the commit: a step
@@ -132,12 +133,6 @@ _SYNC_BEFORE_EFFECT: Final = frozenset(
     {RecordType.STEP_START, RecordType.RUN_START, RecordType.RUN_END}
 )
 _encode_fields: Final = encode_fields
-#: ``co_flags`` bit of a generator function's code (``inspect.CO_GENERATOR``).
-_CO_GENERATOR: Final = inspect.CO_GENERATOR
-
-_GENERATOR_KIND: Final = "call"
-#: Calls whose dispatch is always carried by the record they cause (see _carried).
-_CARRIED_CALLS: Final = frozenset({Now, Random, Step})
 
 
 class RecoveryError(TiffanyError):
@@ -192,28 +187,6 @@ class TaskMeta:
     ltid: int
     opaque: bool = False
     steps: int = 0
-
-
-def _describe(journal: Journal, y: Any) -> tuple[str, Any]:
-    """Return the (kind, argument) recorded for a yielded value."""
-    if y is None:
-        return "yield", None
-    if y is RETURNED:
-        return "return", None
-    cls = y.__class__
-    if cls is WaitTask or cls is KillTask:
-        return y.kind, journal.ltid_of(y.tid)
-    if cls is Sleep:
-        return "sleep", y.seconds
-    if cls is NewTask:
-        return "new_task", y.fields()["name"]
-    if cls is Step or cls is RunInThread:
-        return y.kind, y.fields()["fn"]
-    if isinstance(y, SystemCall):
-        return y.kind, None
-    if isinstance(y, Generator):
-        return _GENERATOR_KIND, getattr(y, "__qualname__", "?")
-    return "value", type(y).__name__
 
 
 class Journal(Instrument):
@@ -374,15 +347,15 @@ class Journal(Instrument):
         run.n += 1
         if cur is None:
             cls = yielded.__class__
-            if cls in _CARRIED_CALLS:  # _carried(), inlined for the common calls
+            if cls in CARRIED_CALLS:  # carried(), inlined for the common calls
                 return
-            if not (_carried(yielded) or (yielded is RETURNED and _ends(task, run))):
-                kind, arg = _describe(self, yielded)
+            if not (carried(yielded) or (yielded is RETURNED and _ends(task, run))):
+                kind, arg = describe(self.ltid_of, yielded)
                 if arg is not None and not isinstance(arg, int | float | bool):
                     arg = str(arg)[:MAX_ARG_CHARS]
                 self._append(RecordType.DISPATCH, run, [run.n, meta.ltid, kind, arg])
             return
-        kind, arg = _describe(self, yielded)
+        kind, arg = describe(self.ltid_of, yielded)
         if arg is not None and not isinstance(arg, int | float | bool):
             arg = str(arg)[:MAX_ARG_CHARS]
         seq, rec = cur.dispatches[cur.index]
@@ -489,7 +462,7 @@ class Journal(Instrument):
             # Live, or the journal ends right before this record (a torn pass).
             self._append(RecordType.TASK_EXIT, run, fields)
         else:
-            if rec[2] != fields[2] or (rec[2] == "done" and not _same(rec[3], task.result)):
+            if rec[2] != fields[2] or (rec[2] == "done" and not same(rec[3], task.result)):
                 raise self._divergence(run, task, -1, rec, fields, what="task exit")
         if task is run.root:
             self._end_run(run, task, value)
@@ -509,7 +482,7 @@ class Journal(Instrument):
         if cur is None or cur.run_end is None:
             self._append(RecordType.RUN_END, run, [run.status, value, self.sched.clock.time()])
         elif cur.run_end[0] != run.status or (
-            run.status == "succeeded" and not _same(cur.run_end[1], root.result)
+            run.status == "succeeded" and not same(cur.run_end[1], root.result)
         ):
             raise self._divergence(run, root, -1, cur.run_end, [run.status, value], what="run end")
         if run.on_end is not None:
@@ -754,7 +727,7 @@ class Journal(Instrument):
         meta.steps += 1
         ordinal = meta.steps
         if meta.run.replay is not None:
-            state = TaskState.BLOCKED_JOIN if _is_generator_step(call) else TaskState.BLOCKED_THREAD
+            state = TaskState.BLOCKED_JOIN if is_generator_step(call) else TaskState.BLOCKED_THREAD
             return self._replayed_park(task, call, ordinal, state)
         return self._start_step(task, call, ordinal, 1)
 
@@ -766,7 +739,7 @@ class Journal(Instrument):
             self._append(RecordType.STEP_START, meta.run, fields)
             if attempt > 1:
                 log.warning("step.rerun", run_id=meta.run.run_id, task=meta.ltid, step=name)
-        if not _is_generator_step(call):
+        if not is_generator_step(call):
             return self.sched.start_thread(task, call)
         # A generator step runs as a task from the next pass on: the kernel
         # cannot hold it, so its STEP_START is committed at this commit point.
@@ -786,38 +759,6 @@ class Journal(Instrument):
             meta.run.replay.parked.pop(task, None)
 
 
-def _same(recorded: Any, actual: Any) -> bool:
-    """Compare a journaled value (decoded) with a value produced by the replay.
-
-    Both are compared in their journaled form, so a dataclass result equals
-    the dict it was recorded as, and a tuple still differs from a list.
-    """
-    if isinstance(recorded, Unencodable):
-        return recorded.repr == repr(actual)[:2000]
-    return bool(canonical(recorded) == canonical(actual))
-
-
-def _carried(y: Any) -> bool:
-    """True if the record that follows this dispatch stands for it (no DISPATCH record).
-
-    ``NewTask`` (its SPAWN; not when the kernel refuses a non-generator),
-    ``Now()`` and ``Random()`` (their OUTCOME), ``Step`` (its STEP_START).
-    """
-    cls = y.__class__
-    if cls is Now or cls is Random or cls is Step:
-        return True
-    return cls is NewTask and y.coro.__class__ is GeneratorType
-
-
 def _ends(task: Task, run: RunState) -> bool:
     """True if this ``return`` ends ``task`` (its TASK_EXIT carries it), the root's aside."""
     return not task.stack and task is not run.root
-
-
-def _is_generator_step(call: Step | RunInThread) -> bool:
-    if not isinstance(call, Step):
-        return False
-    code = getattr(call.fn, "__code__", None)  # functions and bound methods
-    if code is not None:
-        return bool(code.co_flags & _CO_GENERATOR)
-    return inspect.isgeneratorfunction(call.fn)  # partials and other callables
