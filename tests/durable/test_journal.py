@@ -284,3 +284,16 @@ def test_a_generator_step_starts_only_after_its_record_is_durable(tmp_path, monk
     assert sorted(i for i, _ in wl.CALLS) == list(range(5))
     assert all(durable for _, durable in wl.CALLS), wl.CALLS
     wl.CALLS.clear()
+
+
+def test_which_dispatches_the_next_record_carries():
+    from tiffany.durable.dispatch import carried
+    from tiffany.kernel import NewTask, Now, Random, Sleep, Step, WaitTask
+
+    def gen():
+        yield
+
+    carried_calls = [Now(), Random(), Step(len, "x"), NewTask(gen())]
+    assert all(carried(c) for c in carried_calls)
+    explicit = [NewTask(42), Sleep(1), WaitTask(1), None]  # NewTask(42): refused, no SPAWN
+    assert not any(carried(c) for c in explicit)

@@ -82,6 +82,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
+from types import GeneratorType
 from typing import Any, Final
 
 import structlog
@@ -89,7 +90,6 @@ import structlog
 from tiffany.durable.dispatch import (
     CARRIED_CALLS,
     MAX_ARG_CHARS,
-    carried,
     describe,
     is_generator_step,
     same,
@@ -106,6 +106,7 @@ from tiffany.errors import NondeterminismError, TiffanyError
 from tiffany.kernel import (
     RETURNED,
     Instrument,
+    NewTask,
     Now,
     Random,
     ReadWait,
@@ -346,14 +347,20 @@ class Journal(Instrument):
             cur = None
         run.n += 1
         if cur is None:
+            # dispatch.carried(), inlined (this runs for every dispatch), plus
+            # a task's final return, which its TASK_EXIT carries (not the root's).
             cls = yielded.__class__
-            if cls in CARRIED_CALLS:  # carried(), inlined for the common calls
+            if cls in CARRIED_CALLS:
                 return
-            if not (carried(yielded) or (yielded is RETURNED and _ends(task, run))):
-                kind, arg = describe(self.ltid_of, yielded)
-                if arg is not None and not isinstance(arg, int | float | bool):
-                    arg = str(arg)[:MAX_ARG_CHARS]
-                self._append(RecordType.DISPATCH, run, [run.n, meta.ltid, kind, arg])
+            if yielded is RETURNED:
+                if _ends(task, run):
+                    return
+            elif cls is NewTask and yielded.coro.__class__ is GeneratorType:
+                return
+            kind, arg = describe(self.ltid_of, yielded)
+            if arg is not None and not isinstance(arg, int | float | bool):
+                arg = str(arg)[:MAX_ARG_CHARS]
+            self._append(RecordType.DISPATCH, run, [run.n, meta.ltid, kind, arg])
             return
         kind, arg = describe(self.ltid_of, yielded)
         if arg is not None and not isinstance(arg, int | float | bool):
@@ -455,7 +462,7 @@ class Journal(Instrument):
             value: Any = pack_value(task.result)
         else:
             value = pack_error(task.error) if task.error is not None else None
-        fields = [run.n, meta.ltid, task.state.value, value]
+        fields = [run.n, meta.ltid, task.state._value_, value]  # _value_: no enum property
         cur = run.replay
         rec = cur.exits.get(meta.ltid) if cur is not None else None
         if rec is None:

@@ -596,12 +596,17 @@ class Scheduler(Reactor):
                     waiter._throw = err
                 self.wake(waiter, task.result if err is None else None)
         hooks = self._instruments.hooks
-        hook = hooks["task_crashed"] if task.state is TaskState.CRASHED else hooks["task_exited"]
-        if hook is not None:
-            if task.state is TaskState.CRASHED:
+        if task.state is TaskState.CRASHED:
+            hook = hooks["task_crashed"]
+            if hook is not None:
                 self._call_hook(hook, task, task.error)
-            else:
-                self._call_hook(hook, task)
+        else:
+            hook = hooks["task_exited"]
+            if hook is not None:
+                try:  # _call_hook, inlined: every task ends here
+                    hook(task)
+                except Exception as exc:  # noqa: BLE001 - an instrument's failure
+                    self._hook_failed(hook, exc)
         self._reap(task)
 
     def _reap(self, task: Task) -> None:

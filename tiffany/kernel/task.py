@@ -60,6 +60,7 @@ class TaskState(enum.Enum):
 
 
 _FINISHED = frozenset({TaskState.DONE, TaskState.CRASHED, TaskState.CANCELLED})
+_DONE, _CRASHED, _CANCELLED = TaskState.DONE, TaskState.CRASHED, TaskState.CANCELLED
 _BLOCKED = frozenset(
     {
         TaskState.BLOCKED_IO,
@@ -149,7 +150,10 @@ class Task:
     @property
     def finished(self) -> bool:
         """True once the task is DONE, CRASHED or CANCELLED."""
-        return self.state in _FINISHED
+        # Identity tests, not ``in _FINISHED``: a plain Enum hashes through a
+        # Python-level ``Enum.__hash__``, and this is on every task's path.
+        state = self.state
+        return state is _DONE or state is _CRASHED or state is _CANCELLED
 
     def frames(self) -> list[tuple[str, str, int]]:
         """Return the task's coroutine stack, outermost first.
