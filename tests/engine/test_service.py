@@ -210,6 +210,8 @@ def test_feed_streams_the_runs_activity(engine: EngineProc) -> None:
     kinds = {e["kind"] for e in events}
     assert {"run.started", "spawned", "step", "blocked", "woke", "exit", "run.finished"} <= kinds
     assert {e["task_kind"] for e in events} >= {"planner", "worker"}
+    # The engine's own tasks (inbox, signal pipe) are not on the feed.
+    assert all(e["run_id"] for e in events), [e for e in events if not e["run_id"]][:3]
 
 
 def test_restart_resumes_an_unfinished_run_without_redoing_steps(tmp_path: Path) -> None:

@@ -38,13 +38,15 @@ def _label(call: Any) -> str:
 class ActivityLog(Instrument):
     """Publish task activity to a :class:`~tiffany.pal.Hub`."""
 
-    def __init__(self, hub: Hub, *, dispatches: bool = True) -> None:
+    def __init__(self, hub: Hub, *, dispatches: bool = True, runs_only: bool = False) -> None:
         self.hub = hub
         self.dispatches = dispatches
+        #: Publish only tasks that belong to a run (not the engine's own tasks).
+        self.runs_only = runs_only
         #: Dispatches seen (every task step, published or not).
         self.dispatched = 0
 
-    def _ids(self, task: Task) -> dict[str, Any]:
+    def _ids(self, task: Task) -> dict[str, Any] | None:
         meta = task.meta
         if isinstance(meta, TaskMeta):
             root = meta.run.root is task
@@ -55,11 +57,15 @@ class ActivityLog(Instrument):
                 "task": task.name,
                 "task_kind": task_kind(task.name, root),
             }
+        if self.runs_only:
+            return None
         return {"task_id": task.id, "task": task.name, "task_kind": task_kind(task.name)}
 
     def task_spawned(self, task: Task) -> None:
         """Publish ``spawned`` (and ``tool.started`` for tool tasks)."""
         ids = self._ids(task)
+        if ids is None:
+            return
         data = {"parent": task.parent}
         self.hub.publish("spawned", label=f"spawned {task.name}", data=data, **ids)
         if ids["task_kind"] == "tool":
@@ -69,21 +75,27 @@ class ActivityLog(Instrument):
         """Publish ``step`` with what the task yielded."""
         self.dispatched += 1
         if self.dispatches:
-            self.hub.publish("step", label=_label(yielded), **self._ids(task))
+            ids = self._ids(task)
+            if ids is not None:
+                self.hub.publish("step", label=_label(yielded), **ids)
 
     def task_blocked(self, task: Task, call: SystemCall) -> None:
         """Publish ``blocked`` with the reason."""
-        self.hub.publish(
-            "blocked", label=_label(call), data={"state": task.state.value}, **self._ids(task)
-        )
+        ids = self._ids(task)
+        if ids is not None:
+            self.hub.publish("blocked", label=_label(call), data={"state": task.state.value}, **ids)
 
     def task_woken(self, task: Task, value: Any) -> None:
         """Publish ``woke``."""
-        self.hub.publish("woke", label="woke", **self._ids(task))
+        ids = self._ids(task)
+        if ids is not None:
+            self.hub.publish("woke", label="woke", **ids)
 
     def task_exited(self, task: Task) -> None:
         """Publish ``exit`` or ``cancelled`` (and ``tool.finished``, ``run.finished``)."""
         ids = self._ids(task)
+        if ids is None:
+            return
         kind = "cancelled" if task.state.value == "cancelled" else "exit"
         self.hub.publish(kind, label=task.state.value, **ids)
         self._finished(task, ids, ok=kind == "exit")
@@ -91,6 +103,8 @@ class ActivityLog(Instrument):
     def task_crashed(self, task: Task, error: BaseException) -> None:
         """Publish ``crash`` with the error."""
         ids = self._ids(task)
+        if ids is None:
+            return
         err = {"type": type(error).__name__, "message": str(error)[:500]}
         self.hub.publish("crash", label=f"{err['type']}: {err['message'][:80]}", data=err, **ids)
         self._finished(task, ids, ok=False, error=err)

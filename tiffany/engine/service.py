@@ -202,7 +202,7 @@ class EngineService:
         self.data_dir = Path(settings.data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.hub = Hub()
-        self.activity = ActivityLog(self.hub)
+        self.activity = ActivityLog(self.hub, runs_only=True)
         self.engine: Engine = build(
             settings, enabled_tools=enabled_tools, instruments=[self.activity], emit=self._emit
         )
