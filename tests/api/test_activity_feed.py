@@ -62,6 +62,18 @@ def test_live_events_arrive_in_order_and_resume_with_since(hand_feed, live_api_f
     assert hand_feed.hub.subscribers == 1
 
 
+def test_tail_starts_with_the_recent_past(hand_feed, live_api_factory) -> None:
+    live = live_api_factory(_settings(hand_feed.data_dir))
+    wait_until(lambda: hand_feed.hub.subscribers == 1)
+    seqs = hand_feed.publish(10)
+    wait_until(lambda: _relay_has(live, seqs[-1]))
+    with ws_connect(f"{live.ws_base}/ws/activity?tail=4") as ws:
+        got = _events(ws, 4)
+        assert [e["seq"] for e in got] == seqs[-4:]
+        more = hand_feed.publish(2)
+        assert [e["seq"] for e in _events(ws, 2)] == more
+
+
 def test_run_filter(hand_feed, live_api_factory) -> None:
     live = live_api_factory(_settings(hand_feed.data_dir))
     wait_until(lambda: hand_feed.hub.subscribers == 1)

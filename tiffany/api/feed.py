@@ -359,14 +359,22 @@ class FeedRelay:
         first = self.ring.at(self.ring.start)[0]
         return since >= first - 1
 
-    def subscribe(self, run_id: str | None = None, since: int | None = None) -> FeedSubscriber:
+    def subscribe(
+        self, run_id: str | None = None, since: int | None = None, tail: int = 0
+    ) -> FeedSubscriber:
         """Attach a subscriber; with ``since`` in the ring, start right after it.
+
+        Without ``since``, ``tail`` > 0 starts that many ring entries back (the
+        recent past a freshly opened page shows), else at the live end.
 
         When the ring does not cover ``since`` the subscriber starts at the
         live end with ``catching_up`` set: its caller runs :meth:`catch_up`.
         """
         sub = FeedSubscriber(self, run_id, since)
-        if since is not None:
+        if since is None and tail > 0:
+            sub.cursor = max(self.ring.start, self.ring.end - tail)
+            sub.last_seq = None
+        elif since is not None:
             if self.covers(since):
                 sub.cursor = self.ring.position_after(since)
             else:

@@ -121,6 +121,10 @@ async def activity(
     batch: Annotated[
         bool, Query(description="Send JSON arrays of frames, many events a message.")
     ] = False,
+    tail: Annotated[
+        int,
+        Query(ge=0, le=10_000, description="Without since: first the last N events held."),
+    ] = 0,
 ) -> None:
     """Stream activity events (see the module docstring for the frames).
 
@@ -131,7 +135,7 @@ async def activity(
     state = get_state(ws)
     relay = state.relay
     await ws.accept()
-    sub = relay.subscribe(run_id=run_id or None, since=since)
+    sub = relay.subscribe(run_id=run_id or None, since=since, tail=tail)
     log.info("websocket subscribed", run_id=run_id, since=since, catch_up=sub.catching_up)
     sender = asyncio.create_task(_send_frames(ws, sub, state.settings.ws_ping_interval_s, batch))
     sub.on_cut = lambda: asyncio.create_task(_cut_off(ws, sub, sender, batch))

@@ -110,6 +110,7 @@ export class Feed {
     const u = new URL("ws/activity", document.baseURI);
     u.protocol = u.protocol === "https:" ? "wss:" : "ws:";
     if (this.lastSeq != null) u.searchParams.set("since", String(this.lastSeq));
+    else u.searchParams.set("tail", "250"); // a fresh page shows the recent past
     // Many events a message: a busy engine's feed stays cheap for the API and the page.
     u.searchParams.set("batch", "true");
     const token = getToken();
