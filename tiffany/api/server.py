@@ -53,6 +53,10 @@ class _Server(uvicorn.Server):
             tmp.replace(self.ready_file)
 
 
+#: Websocket protocol ping interval and timeout, in seconds.
+WS_PING_INTERVAL_S: Final = 20.0
+
+
 def uvicorn_config(settings: Settings, app: Any) -> uvicorn.Config:
     """Return the uvicorn configuration the API runs with."""
     return uvicorn.Config(
@@ -63,7 +67,10 @@ def uvicorn_config(settings: Settings, app: Any) -> uvicorn.Config:
         access_log=False,  # RequestLog writes one line per request instead
         lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        ws_ping_interval=None,  # the feed sends its own pings
+        # Protocol pings besides the feed's own JSON pings: a peer that stops
+        # reading stops answering them too, and is then disconnected.
+        ws_ping_interval=WS_PING_INTERVAL_S,
+        ws_ping_timeout=WS_PING_INTERVAL_S,
         proxy_headers=False,
     )
 
