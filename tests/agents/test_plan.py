@@ -132,3 +132,43 @@ def test_load_plan_reads_json_and_yaml_and_names_syntax_errors(tmp_path):
     assert load_plan(tmp_path / "p.yaml")["steps"][0]["id"] == "a"
     with pytest.raises(PlanError, match=r"bad\.json: not valid json"):
         load_plan(tmp_path / "bad.json")
+
+
+def test_a_long_chain_listed_backwards_validates_without_recursion_limits() -> None:
+    n = 5_000
+    steps = [{"id": "s0", "tool": "sleep", "args": {"seconds": 0}}] + [
+        {"id": f"s{i}", "tool": "sleep", "after": [f"s{i - 1}"], "args": {"seconds": 0}}
+        for i in range(1, n)
+    ]
+    plan = parse_plan({"name": "long", "steps": steps[::-1]})
+    assert len(plan.steps) == n
+    steps[0]["after"] = [f"s{n - 1}"]
+    with pytest.raises(PlanError) as err:
+        parse_plan({"name": "loop", "steps": steps})
+    assert err.value.errors[0]["msg"].startswith("cycle: ")
+    assert err.value.errors[0]["msg"].count("->") == n
+
+
+def test_a_reference_to_an_indirect_upstream_step_is_fine() -> None:
+    doc = {
+        "name": "x",
+        "steps": [
+            {"id": "a", "tool": "sleep", "args": {"seconds": 0}},
+            {"id": "b", "tool": "sleep", "after": ["a"], "args": {"seconds": 0}},
+            {
+                "id": "c",
+                "tool": "file.write",
+                "after": ["b"],
+                "args": {"path": "x", "content": "${steps.a.output.slept}"},
+            },
+            {
+                "id": "d",
+                "tool": "file.write",
+                "args": {"path": "y", "content": "${steps.a.output.slept}"},
+            },
+        ],
+    }
+    with pytest.raises(PlanError) as err:
+        parse_plan(doc)
+    assert [e["loc"] for e in err.value.errors] == ["steps[3].args.content"]
+    assert "not upstream" in err.value.errors[0]["msg"]

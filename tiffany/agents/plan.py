@@ -188,7 +188,7 @@ def check_steps(
             {"loc": f"{loc_prefix}steps", "msg": "cycle: " + " -> ".join([*cycle, cycle[0]])}
         )
         return errors
-    upstream = _upstream({s.id: list(s.after) for s in steps})
+    graph = {s.id: s.after for s in steps}
     for i, s in enumerate(steps):
         for path, ref in _refs_in(s.args, f"{loc_prefix}steps[{i}].args"):
             if ref.scope == "invalid":
@@ -203,7 +203,7 @@ def check_steps(
             elif ref.scope == "steps":
                 if ref.name not in all_ids:
                     errors.append({"loc": path, "msg": f"unknown step {ref.name!r}"})
-                elif ref.name not in upstream.get(s.id, set()) and ref.name not in known:
+                elif ref.name not in known and not _is_upstream(graph, ref.name, s.id):
                     errors.append(
                         {
                             "loc": path,
@@ -227,49 +227,51 @@ def _refs_in(value: Any, path: str) -> Iterable[tuple[str, Any]]:
             yield path, ref
 
 
-def _find_cycle(graph: dict[str, list[str]]) -> list[str] | None:
+def _find_cycle(graph: Mapping[str, list[str]]) -> list[str] | None:
+    """Return the members of a cycle in order, or None (iterative DFS: no depth limit)."""
     white, grey, black = 0, 1, 2
     color = dict.fromkeys(graph, white)
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        color[node] = grey
-        stack.append(node)
-        for nxt in graph.get(node, ()):
-            if color.get(nxt) == grey:
-                return stack[stack.index(nxt) :]
-            if color.get(nxt) == white:
-                found = visit(nxt)
-                if found:
-                    return found
-        stack.pop()
-        color[node] = black
-        return None
-
-    for node in graph:
-        if color[node] == white:
-            found = visit(node)
-            if found:
-                return found
+    for root in graph:
+        if color[root] != white:
+            continue
+        color[root] = grey
+        path = [root]
+        iters = [iter(graph.get(root, ()))]
+        while iters:
+            nxt = next(iters[-1], None)
+            if nxt is None:
+                color[path.pop()] = black
+                iters.pop()
+                continue
+            state = color.get(nxt)
+            if state == grey:
+                return path[path.index(nxt) :]
+            if state == white:
+                color[nxt] = grey
+                path.append(nxt)
+                iters.append(iter(graph.get(nxt, ())))
     return None
 
 
-def _upstream(graph: dict[str, list[str]]) -> dict[str, set[str]]:
-    memo: dict[str, set[str]] = {}
+def _is_upstream(graph: Mapping[str, list[str]], target: str, start: str) -> bool:
+    """True if ``target`` is reachable from ``start`` through ``after`` edges.
 
-    def up(node: str) -> set[str]:
-        if node not in memo:
-            memo[node] = set()
-            acc: set[str] = set()
-            for dep in graph.get(node, ()):
-                acc.add(dep)
-                acc |= up(dep)
-            memo[node] = acc
-        return memo[node]
-
-    for node in graph:
-        up(node)
-    return memo
+    A direct dependency (the usual reference) costs one list scan; otherwise
+    an iterative search (no recursion: a 10,000-step chain is fine).
+    """
+    direct = graph.get(start, ())
+    if target in direct:
+        return True
+    seen = {start}
+    todo = list(direct)
+    while todo:
+        node = todo.pop()
+        if node == target:
+            return True
+        if node not in seen:
+            seen.add(node)
+            todo.extend(graph.get(node, ()))
+    return False
 
 
 def load_plan(path: str | Path) -> dict[str, Any]:
