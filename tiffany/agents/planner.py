@@ -49,7 +49,8 @@ class PlanFailed(TiffanyError):
 
 def run_plan(env: AgentEnv, run_id: str, doc: Mapping[str, Any], inputs: Mapping[str, Any]) -> Co:
     """The root task of a plan run; returns ``{"outputs": ..., "steps": ...}``."""
-    plan = parse_plan(doc, env.registry.names())
+    # Validated once at submission; a replay or recovery parses it again.
+    plan = env.validated_plan(doc) or parse_plan(doc, env.registry.names())
     unknown = sorted(set(inputs) - set(plan.inputs))
     if unknown:
         raise PlanError(

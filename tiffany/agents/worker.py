@@ -27,6 +27,7 @@ step at most once more), and cost a third of the plan's throughput.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from tiffany.agents.plan import StepSpec
+from tiffany.agents.plan import Plan, StepSpec
 from tiffany.agents.refs import RefError, resolve
 from tiffany.agents.tools.base import ToolContext, ToolSettings
 from tiffany.errors import TaskCrashed, TaskKilled, TiffanyError, WaitTimeout
@@ -49,6 +50,9 @@ Co = Generator[Any, Any, Any]
 
 _NOW = Now()  # a Now() has no fields: one instance serves every yield
 
+#: Validated plans kept for their planners (submissions not yet started).
+MAX_VALIDATED_PLANS = 4_096
+
 
 @dataclass(slots=True)
 class AgentEnv:
@@ -60,6 +64,23 @@ class AgentEnv:
     emit: Callable[[str, str, Mapping[str, Any]], None] = lambda run_id, kind, data: None
 
     _made: dict[str, Path] = field(default_factory=dict)
+    # Plans validated at submission, keyed by the document's identity (the
+    # document itself is held, so its id cannot be reused meanwhile).
+    _validated: dict[int, tuple[Mapping[str, Any], Plan]] = field(default_factory=dict)
+
+    def remember_plan(self, doc: Mapping[str, Any], plan: Plan) -> None:
+        """Keep ``plan``, just validated from ``doc``, for the planner that will run it."""
+        validated = self._validated
+        if len(validated) >= MAX_VALIDATED_PLANS:
+            # Submissions validate on several threads: a racing eviction is harmless.
+            with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+                del validated[next(iter(validated))]
+        validated[id(doc)] = (doc, plan)
+
+    def validated_plan(self, doc: Mapping[str, Any]) -> Plan | None:
+        """Return (once) the plan :meth:`remember_plan` kept for this very document."""
+        hit = self._validated.pop(id(doc), None)
+        return hit[1] if hit is not None and hit[0] is doc else None
 
     def workspace(self, run_id: str) -> Path:
         """Return (creating it once) the run's workspace directory."""

@@ -75,7 +75,9 @@ class Engine:
             raise PlanError(
                 [{"loc": f"inputs.{k}", "msg": "not an input of this plan"} for k in unknown]
             )
-        return plan_entry(doc, inputs), plan.name
+        entry = plan_entry(doc, inputs)
+        self.env.remember_plan(entry["plan"], plan)
+        return entry, plan.name
 
 
 def replay_resolvers(settings: Settings) -> dict[str, Any]:
