@@ -8,6 +8,7 @@ adds the activity log, the store projector and the control channel.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,4 +114,11 @@ def build(
     # which observers such as the activity log read in the same hook.
     for inst in instruments:
         runtime.sched.add_instrument(inst)
+    # Everything loaded so far (modules, schemas, the tool registry) lives as
+    # long as the process: move it out of the collector's reach, so a full
+    # collection during a run traverses the run's objects only (measured: a
+    # gen-2 collection over the start-up heap cost a 1,000-step fan-out a
+    # third of its throughput).
+    gc.collect()
+    gc.freeze()
     return Engine(runtime, env, watchdog)
