@@ -124,3 +124,34 @@ def test_version_as_console_script() -> None:
     proc = _run([script, "version"])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"tiffany {tiffany.__version__} ")
+
+
+def test_a_commands_own_data_dir_wins_over_the_global_one(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(
+        json.dumps(
+            {"name": "tiny", "steps": [{"id": "a", "tool": "sleep", "args": {"seconds": 0}}]}
+        )
+    )
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    result = runner.invoke(
+        app,
+        [
+            "--data-dir",
+            str(other),
+            "run",
+            str(plan),
+            "--no-live",
+            "--json",
+            "--data-dir",
+            str(mine),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert (mine / "wal").is_dir()
+    assert not (other / "wal").exists()
+    listed = runner.invoke(app, ["runs", "--data-dir", str(mine)])
+    assert listed.exit_code == 0, listed.output
+    assert "tiny" in listed.output
+    for command in ("serve", "replay", "runs", "run"):
+        assert "--data-dir" in runner.invoke(app, [command, "--help"]).output

@@ -141,6 +141,9 @@ def configure_logging(
         foreign = logging.getLogger(name)
         foreign.handlers.clear()
         foreign.propagate = True
+    # Alembic narrates every start ("Context impl SQLiteImpl", each plugin):
+    # only its warnings, unless the operator asked for DEBUG.
+    logging.getLogger("alembic").setLevel(level if level <= logging.DEBUG else logging.WARNING)
 
     logging.captureWarnings(True)
 

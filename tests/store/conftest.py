@@ -12,9 +12,7 @@ from __future__ import annotations
 import sys
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,12 +20,11 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from sqlalchemy import Engine, select, text  # noqa: E402
+from sqlalchemy import Engine, text  # noqa: E402
+from store_support import Journal, Record, dump  # noqa: E402, F401 (dump: for older imports)
 
-from tiffany.store import Base, make_engine  # noqa: E402
+from tiffany.store import make_engine  # noqa: E402
 from tiffany.store.migrate import upgrade  # noqa: E402
-
-Record = tuple[int, int, int, list[Any]]
 
 PLAN_OK = {
     "name": "write-read",
@@ -65,19 +62,6 @@ PLAN_CANCEL = {
         {"id": "later", "tool": "sleep", "args": {"seconds": 0.01}, "after": ["long"]},
     ],
 }
-
-
-@dataclass
-class Journal:
-    """A data dir whose WAL holds the test runs, and its records decoded."""
-
-    data_dir: Path
-    records: list[Record]
-    run_ids: dict[str, str] = field(default_factory=dict)  # label -> run id
-
-    @property
-    def wal_dir(self) -> Path:
-        return self.data_dir / "wal"
 
 
 def _read_records(wal_dir: Path) -> list[Record]:
@@ -175,14 +159,3 @@ def make_store(tmp_path: Path, request: pytest.FixtureRequest) -> Callable[[], E
     yield make
     for gen in made:
         gen.close()
-
-
-def dump(engine: Engine) -> dict[str, list[dict[str, Any]]]:
-    """Return every row of the store's tables, in primary key order."""
-    out: dict[str, list[dict[str, Any]]] = {}
-    with engine.connect() as conn:
-        for table in Base.metadata.sorted_tables:
-            order = list(table.primary_key.columns)
-            rows = conn.execute(select(table).order_by(*order)).mappings()
-            out[table.name] = [dict(r) for r in rows]
-    return out

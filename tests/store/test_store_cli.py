@@ -6,7 +6,7 @@ import json
 
 import pytest
 import typer
-from conftest import Journal, dump
+from store_support import Journal, dump
 from typer.testing import CliRunner
 
 from tiffany.cli.db import register

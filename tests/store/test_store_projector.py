@@ -6,9 +6,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import Journal, dump
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
+from store_support import Journal, dump
 
 from tiffany.cli.db import rebuild_store
 from tiffany.store import Projector, RecordType, queries, session_factory

@@ -57,6 +57,17 @@ class _Options:
     settings: Settings | None = None
 
 
+#: The ``--data-dir`` option of a command (same meaning as the global one).
+DataDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir",
+        help="Data directory (WAL, SQLite store) [default: ./.tiffany; env: TIFFANY_DATA_DIR].",
+        show_default=False,
+    ),
+]
+
+
 def _version_callback(value: bool) -> None:
     if value:
         typer.echo(f"tiffany {tiffany.__version__}")
@@ -117,6 +128,12 @@ def _settings(ctx: typer.Context) -> Settings:
     from tiffany.log import configure_logging
 
     options = ctx.find_object(_Options) or _Options()
+    # A command's own ``--data-dir`` (``tiffany run PLAN --data-dir DIR``)
+    # wins over the global one (``tiffany --data-dir DIR run PLAN``).
+    own = (ctx.params or {}).get("data_dir")
+    if own is not None and own != options.data_dir:
+        options.data_dir = own
+        options.settings = None
     if options.settings is None:
         overrides: dict[str, Any] = {
             name: value

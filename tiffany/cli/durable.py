@@ -17,6 +17,8 @@ from typing import Annotated, Any
 
 import typer
 
+from tiffany.cli import DataDirOption
+
 __all__ = ["register"]
 
 wal_app = typer.Typer(help="Inspect, verify and repair the write-ahead log.", no_args_is_help=True)
@@ -54,6 +56,7 @@ def replay(
         list[Path] | None,
         typer.Option("--path", help="Add a directory to sys.path (where the run's code lives)."),
     ] = None,
+    data_dir: DataDirOption = None,
 ) -> None:
     """Resume a crashed run from the WAL, or verify that a finished one replays identically."""
     from tiffany.agents.registry import ToolRegistry
@@ -114,6 +117,7 @@ def replay(
 def runs(
     ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+    data_dir: DataDirOption = None,
 ) -> None:
     """List the runs in the WAL, oldest first."""
     from tiffany.durable import scan

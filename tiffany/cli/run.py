@@ -8,6 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
+from tiffany.cli import DataDirOption
+
 __all__ = ["register"]
 
 plan_app = typer.Typer(help="Validate and draw plans.", no_args_is_help=True)
@@ -60,6 +62,7 @@ def run(
     live: Annotated[
         bool, typer.Option("--live/--no-live", help="The live task view (on a terminal).")
     ] = True,
+    data_dir: DataDirOption = None,
 ) -> None:
     """Run a plan on the embedded engine with a live view; print its outputs."""
     from rich.console import Console

@@ -26,6 +26,8 @@ from typing import Annotated, Any, Final
 
 import typer
 
+from tiffany.cli import DataDirOption
+
 __all__ = ["register"]
 
 #: How long serve waits for a child to come up, in seconds.
@@ -101,6 +103,7 @@ def serve(
             "--enable-tool", help="Let the engine run this tool (repeatable; adds to the defaults)."
         ),
     ] = None,
+    data_dir: DataDirOption = None,
 ) -> None:
     """Serve the dashboard and API, and run submitted plans (engine + API processes)."""
     from tiffany.cli import _settings
