@@ -1,0 +1,120 @@
+"""``tiffany serve`` as users run it: both processes, the demo plan, a crashed child, SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+
+def _get(url: str, timeout: float = 5.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def _wait(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def _serve(data_dir: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
+    env = {**os.environ, "TIFFANY_LOG_FORMAT": "json"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tiffany",
+            "serve",
+            "--data-dir",
+            str(data_dir),
+            "--port",
+            "0",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    ready = data_dir / "serve.json"
+    _wait(lambda: ready.exists() or proc.poll() is not None, 60, "serve.json")
+    assert proc.poll() is None, "serve exited while starting"
+    url = json.loads(ready.read_text())["url"]
+    return proc, url
+
+
+def _stop(proc: subprocess.Popen[str]) -> tuple[int, str]:
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    return proc.returncode, out
+
+
+def test_serve_runs_the_demo_survives_a_dead_engine_and_stops_cleanly(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    proc, url = _serve(data, "--demo")
+    try:
+        assert _wait(lambda: _get(url + "readyz")["ready"], 30, "readyz")
+        runs = _wait(lambda: _get(url + "api/runs?status=succeeded")["runs"], 30, "the demo run")
+        assert runs[0]["name"] == "demo-research"
+        detail = _get(url + f"api/runs/{runs[0]['run_id']}")
+        assert {s["step_id"] for s in detail["steps"]} >= {"summarize", "report"}
+
+        # The engine dies: serve starts it again, and the API finds it again.
+        engine_pid = json.loads((data / "serve.json").read_text())["engine_pid"]
+        os.kill(engine_pid, signal.SIGKILL)
+
+        def new_engine() -> bool:
+            out = subprocess.run(
+                ["pgrep", "-P", str(proc.pid), "-f", "engine"],
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout.split()
+            return bool(out) and int(out[0]) != engine_pid
+
+        _wait(new_engine, 30, "serve to start a new engine")
+        assert _wait(lambda: _get(url + "readyz")["ready"], 60, "the engine restarted")
+        body = json.dumps(
+            {"name": "after", "steps": [{"id": "a", "tool": "sleep", "args": {"seconds": 0}}]}
+        )
+        req = urllib.request.Request(
+            url + "api/runs", data=body.encode(), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert resp.status == 201
+    finally:
+        code, out = _stop(proc)
+    assert code == 0, out
+    assert "stopped cleanly" in out
+    assert "submitted the demo plan" in out
+    assert not (data / "serve.json").exists()
+    assert not (data / "control.sock").exists()
+
+    # Everything is still there at the next start.
+    proc, url = _serve(data)
+    try:
+        names = _wait(
+            lambda: (
+                {r["name"] for r in _get(url + "api/runs")["runs"]} >= {"demo-research", "after"}
+            ),
+            30,
+            "both runs",
+        )
+        assert names
+    finally:
+        assert _stop(proc)[0] == 0
