@@ -48,6 +48,12 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
+@pytest.fixture(scope="session")
+def unavailable() -> Callable[[str], None]:
+    """``unavailable(reason)``: skip, or fail under ``TIFFANY_REQUIRE_SERVICES=1``."""
+    return _unavailable
+
+
 def require_service(name: str, host: str, port: int) -> None:
     """Skip the calling test unless ``host:port`` accepts TCP connections.
 

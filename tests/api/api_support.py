@@ -9,10 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -23,6 +20,7 @@ from typing import Any
 
 import pytest
 import uvicorn
+from engine_process import EngineProc
 
 from tiffany.config import ENV_PREFIX, Settings
 from tiffany.pal import Hub
@@ -51,65 +49,24 @@ def make_settings(data_dir: Path, **overrides: Any) -> Settings:
         return Settings(data_dir=data_dir, **overrides)
 
 
-@dataclass
-class EngineProcess:
-    """A running ``tiffany engine`` child."""
-
-    data_dir: Path
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        return self.proc.returncode
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+#: The engine process the API tests drive (shared with tests/engine).
+EngineProcess = EngineProc
 
 
 def start_engine(
     data_dir: Path, *extra: str, env_extra: dict[str, str] | None = None
-) -> EngineProcess:
-    """Start ``tiffany engine`` on ``data_dir`` and wait for its ready file."""
-    ready = data_dir / "engine.json"
-    ready.unlink(missing_ok=True)
-    log_path = data_dir / "engine.log"
+) -> EngineProc:
+    """Start ``tiffany engine`` on ``data_dir`` (clean environment) and wait for its ready file."""
     env = clean_env()
     env["TIFFANY_LOG_FORMAT"] = "json"
     env.update(env_extra or {})
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tiffany",
-                "--data-dir",
-                str(data_dir),
-                "engine",
-                "--ready-file",
-                str(ready),
-                *extra,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    engine = EngineProcess(data_dir, proc, log_path)
-    deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
-    while not ready.exists():
-        if proc.poll() is not None:
-            raise RuntimeError(f"the engine exited {proc.returncode}:\n{engine.log()}")
-        if time.monotonic() > deadline:
-            engine.stop()
-            raise RuntimeError(f"the engine did not start:\n{engine.log()}")
-        time.sleep(0.05)
-    return engine
+    return EngineProc(
+        data_dir,
+        *extra,
+        env=env,
+        ready_file=data_dir / "engine.json",
+        log_path=data_dir / "engine.log",
+    )
 
 
 @dataclass

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,22 +63,16 @@ SEQS_JS = "rows => rows.map(r => r.dataset.seq)"
 RUNS_JS = "rows => rows.map(r => r.dataset.runId)"
 
 
-def _unavailable(reason: str) -> None:
-    if os.environ.get("TIFFANY_REQUIRE_SERVICES", "").strip() == "1":
-        pytest.fail(f"{reason} (TIFFANY_REQUIRE_SERVICES=1)", pytrace=False)
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
-def chromium_path() -> str:
+def chromium_path(unavailable: Callable[[str], None]) -> str:
     """The system chromium and Playwright (skip, or fail when services are required)."""
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
-        _unavailable("playwright is not installed (pip install -e '.[dev]')")
+        unavailable("playwright is not installed (pip install -e '.[dev]')")
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if not path:
-        _unavailable("chromium is not installed (apt-get install chromium)")
+        unavailable("chromium is not installed (apt-get install chromium)")
     return str(path)
 
 

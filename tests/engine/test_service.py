@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_proc import EngineProc
+from engine_process import EngineProc
 from sqlalchemy.orm import Session
 
 from tiffany.control import AsyncControlClient, ControlError
@@ -55,7 +55,7 @@ def engine(tmp_path: Path) -> Iterator[EngineProc]:
         yield proc
     finally:
         code = proc.stop()
-        assert code == 0, proc.log_text()
+        assert code == 0, proc.log()
 
 
 def store_run(
