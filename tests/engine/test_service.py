@@ -4,7 +4,9 @@ PAL feed, cancel, verify, restart and recovery. A real ``tiffany engine`` proces
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -289,3 +291,51 @@ def test_a_killed_projector_process_is_restarted_and_catches_up(engine: EnginePr
     assert projector_pid() != old
     metrics = engine.call("metrics")
     assert metrics["projector"]["lag_records"] == 0
+
+
+def test_a_run_that_diverges_on_recovery_fails_alone(tmp_path: Path) -> None:
+    """Its code changed under its journal: that run is marked failed, the others go on."""
+    from tiffany.durable import Runtime, scan
+    from tiffany.engine.service import EXIT_RUN_DIVERGED
+
+    here = str(Path(__file__).resolve().parent)
+    data = tmp_path / "data"
+    sys.path.insert(0, here)
+    try:
+        rt = Runtime(data)
+        changing = rt.submit("diverge_workload:changing")
+        steady = rt.submit("diverge_workload:steady", 0.3)
+
+        def stopper():
+            yield
+            rt.sched.stop()
+
+        rt.sched.spawn(stopper())
+        rt.run()  # both runs parked on their sleeps, unfinished in the WAL
+        rt.close()
+    finally:
+        sys.path.remove(here)
+
+    env = {
+        **os.environ,
+        "TIFFANY_LOG_FORMAT": "json",
+        "PYTHONPATH": here + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "DIVERGE": "1",
+    }
+    first = EngineProc(data, env=env)
+    assert first.proc.wait(30) == EXIT_RUN_DIVERGED, first.log()
+    assert first.logged("replay.nondeterminism")
+    index = scan(data / "wal")
+    assert index.get(changing).status == "failed"
+    assert index.get(steady).status == "running"
+
+    again = EngineProc(data, env=env)
+    try:
+        again.wait_ready()
+        assert again.logged("engine.started")[-1]["resumed"] == 1
+        deadline = time.monotonic() + 20
+        while scan(data / "wal").get(steady).status != "succeeded":
+            assert time.monotonic() < deadline, again.log()
+            time.sleep(0.1)
+    finally:
+        assert again.stop() == 0

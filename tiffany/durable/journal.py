@@ -284,6 +284,26 @@ class Journal(Instrument):
         self._cancels.append((run, reason))
         return True
 
+    def fail_run(self, run_id: str, error: BaseException) -> bool:
+        """Journal that run ``run_id`` failed with ``error`` and commit; False if it had ended.
+
+        For a run that cannot go on, such as one whose replay diverged from
+        its journal (the code changed under it): its RUN_END makes recovery
+        leave it alone from then on, so the other runs are not held up. The
+        caller stops the scheduler first (the run's tasks are not killed:
+        nothing more of the run is journaled).
+        """
+        run = self.runs.get(run_id)
+        if run is None or run.status != "running" or self.wal is None or self.wal.failed:
+            return False
+        run.status, run.error = "failed", error
+        run.replay = None
+        self._append(
+            RecordType.RUN_END, run, ["failed", pack_error(error), self.sched.clock.time()]
+        )
+        self.commit()
+        return True
+
     def ltid_of(self, tid: int) -> int | None:
         """Return the run-local id of global task ``tid`` (None if unknown)."""
         try:

@@ -56,6 +56,7 @@ from tiffany.engine import Engine, build
 from tiffany.engine.activity import ActivityLog
 from tiffany.engine.control_server import ControlServer
 from tiffany.engine.projector_link import ProjectorLink
+from tiffany.errors import NondeterminismError
 from tiffany.kernel import ReadWait
 from tiffany.pal import EVENT_KINDS, Hub
 from tiffany.pal.transport import FEED_SOCKET, FeedServer
@@ -81,6 +82,9 @@ FSYNC_BUCKETS_S: Final = (
     0.25,
     1.0,
 )
+#: Exit code of an engine that stopped because a run's replay diverged
+#: (that run is marked failed; a restart resumes the others).
+EXIT_RUN_DIVERGED: Final = 3
 #: Commands the inbox runs in one dispatch before letting other tasks run.
 INBOX_BATCH: Final = 8
 #: Longest a ``verify`` replay may take, in seconds.
@@ -285,6 +289,15 @@ class EngineService:
                 ready()
             self.runtime.run()
             return 0
+        except NondeterminismError as exc:
+            # A run's code no longer matches its journal. Fail that run (its
+            # RUN_END keeps recovery away from it) and exit: the next start
+            # (serve restarts the engine) resumes every other run.
+            self._loop_error = exc
+            run_id = str(exc.fields.get("run_id"))
+            failed = self.runtime.journal.fail_run(run_id, exc)
+            log.error("engine.run_diverged", run_id=run_id, marked_failed=failed, restart=True)
+            return EXIT_RUN_DIVERGED
         except BaseException as exc:
             self._loop_error = exc
             log.exception("engine.failed")
