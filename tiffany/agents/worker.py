@@ -50,6 +50,8 @@ Co = Generator[Any, Any, Any]
 
 _NOW = Now()  # a Now() has no fields: one instance serves every yield
 
+#: Runs whose workspace path is remembered (an evicted one is just made again).
+MAX_WORKSPACES_CACHED = 4_096
 #: Validated plans kept for their planners (submissions not yet started).
 MAX_VALIDATED_PLANS = 4_096
 
@@ -84,11 +86,15 @@ class AgentEnv:
 
     def workspace(self, run_id: str) -> Path:
         """Return (creating it once) the run's workspace directory."""
-        path = self._made.get(run_id)
+        made = self._made
+        path = made.get(run_id)
         if path is None:
             path = self.workspace_root / run_id
             path.mkdir(parents=True, exist_ok=True)
-            self._made[run_id] = path
+            if len(made) >= MAX_WORKSPACES_CACHED:  # a long-lived engine: stay bounded
+                with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+                    del made[next(iter(made))]
+            made[run_id] = path
         return path
 
 
