@@ -339,3 +339,20 @@ def test_a_run_that_diverges_on_recovery_fails_alone(tmp_path: Path) -> None:
             time.sleep(0.1)
     finally:
         assert again.stop() == 0
+
+
+def test_a_long_lived_engine_keeps_nothing_of_finished_runs(engine: EngineProc) -> None:
+    """Finished runs leave the journal's and the scheduler's memory (WAL and store keep them)."""
+    ids = [engine.call("submit", plan=SLEEPY, inputs={})["run_id"] for _ in range(5)]
+    for run_id in ids:
+        store_run(engine.data_dir, run_id, until="succeeded")
+    # Statuses stay answerable: a finished run still gets 409 on cancel.
+    with pytest.raises(ControlError) as err:
+        engine.call("cancel", run_id=ids[0])
+    assert err.value.status == 409
+    deadline = time.monotonic() + 10
+    while engine.call("status")["runs_held"] != 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    # Only the engine's own tasks are left (the inbox and the signal pipe).
+    assert engine.call("status")["tasks_held"] == 2

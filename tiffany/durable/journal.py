@@ -304,6 +304,16 @@ class Journal(Instrument):
         self.commit()
         return True
 
+    def forget_run(self, run_id: str) -> bool:
+        """Drop a finished run's state (a long-lived engine); False if unknown or running."""
+        run = self.runs.get(run_id)
+        if run is None or run.status == "running":
+            return False
+        del self.runs[run_id]
+        if self._by_no.get(run.run_no) is run:
+            del self._by_no[run.run_no]
+        return True
+
     def ltid_of(self, tid: int) -> int | None:
         """Return the run-local id of global task ``tid`` (None if unknown)."""
         try:

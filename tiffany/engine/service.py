@@ -56,7 +56,7 @@ from tiffany.engine import Engine, build
 from tiffany.engine.activity import ActivityLog
 from tiffany.engine.control_server import ControlServer
 from tiffany.engine.projector_link import ProjectorLink
-from tiffany.errors import NondeterminismError
+from tiffany.errors import KernelError, NondeterminismError
 from tiffany.kernel import ReadWait
 from tiffany.pal import EVENT_KINDS, Hub
 from tiffany.pal.transport import FEED_SOCKET, FeedServer
@@ -347,10 +347,17 @@ class EngineService:
             with self._durable:
                 self._durable.notify_all()
 
+    def _still_replaying(self) -> set[str]:
+        runs = self.runtime.journal.runs  # a finished run may be forgotten already
+        return {
+            r
+            for r in self._replaying
+            if (run := runs.get(r)) is not None and run.replay is not None
+        }
+
     def _watch_replay(self) -> None:
         # Runs on the loop after each pass while runs replay; cheap set checks.
-        runs = self.runtime.journal.runs
-        self._replaying = {r for r in self._replaying if runs[r].replay is not None}
+        self._replaying = self._still_replaying()
         if self._replaying:
             self.runtime.sched.add_injector(self._replay_probe)
         else:
@@ -358,8 +365,7 @@ class EngineService:
             log.info("engine.ready", after="recovery")
 
     def _replay_probe(self) -> None:
-        runs = self.runtime.journal.runs
-        self._replaying = {r for r in self._replaying if runs[r].replay is not None}
+        self._replaying = self._still_replaying()
         if not self._replaying:
             self.runtime.sched.remove_injector(self._replay_probe)
             if self._phase == "replaying":
@@ -401,6 +407,16 @@ class EngineService:
 
     def _on_end(self, state: Any) -> None:
         self.statuses[state.run_id] = state.status
+        # Later, outside the root's exit hooks: a long-lived engine keeps
+        # nothing of a finished run but its status (the WAL and store have it).
+        root = state.root
+        self.inbox.call(lambda: self._forget_run(state.run_id, root.id if root else None))
+
+    def _forget_run(self, run_id: str, root_tid: int | None) -> None:
+        self.runtime.journal.forget_run(run_id)
+        if root_tid is not None:
+            with contextlib.suppress(LookupError, KernelError):
+                self.runtime.sched.forget(root_tid)
 
     def _cancel(self, run_id: str, reason: str) -> dict[str, Any]:
         run = self.runtime.journal.runs.get(run_id)
@@ -453,6 +469,10 @@ class EngineService:
             "started_at": self.started_at,
             "runs_active": sum(1 for s in list(self.statuses.values()) if s == "running"),
             "durable_seq": self.durable_seq,
+            # Runs whose state the journal holds in memory (running ones, and
+            # finished ones until they are forgotten, right after their end).
+            "runs_held": len(self.runtime.journal.runs),
+            "tasks_held": self.runtime.sched.records,
         }
 
     def _on_loop(self, fn: Callable[[], Any], timeout: float = SUBMIT_TIMEOUT_S) -> Any:

@@ -256,6 +256,11 @@ class Scheduler(Reactor):
         except KeyError:
             raise UnknownTask(f"no task {tid}", tid=tid) from None
 
+    @property
+    def records(self) -> int:
+        """How many task records are kept (alive, or finished and not yet reaped or forgotten)."""
+        return len(self._tasks)
+
     def tasks(self) -> list[Task]:
         """Return every task on record, in id order."""
         return list(self._tasks.values())
