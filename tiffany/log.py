@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import structlog
 
@@ -47,6 +47,14 @@ FOREIGN_LOGGERS: tuple[str, ...] = (
 _HANDLER_NAME = "tiffany"
 
 
+def _drop_color_message(
+    logger: Any, method: str, event: structlog.types.EventDict
+) -> structlog.types.EventDict:
+    # uvicorn passes a second, ANSI-coloured copy of its message as an extra.
+    event.pop("color_message", None)
+    return event
+
+
 def shared_processors() -> list[structlog.types.Processor]:
     """Return the processors run on every record, structlog's and stdlib's."""
     return [
@@ -54,6 +62,7 @@ def shared_processors() -> list[structlog.types.Processor]:
         structlog.stdlib.add_logger_name,
         structlog.stdlib.add_log_level,
         structlog.stdlib.ExtraAdder(),
+        _drop_color_message,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
 
