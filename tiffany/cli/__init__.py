@@ -183,12 +183,13 @@ def main() -> None:
 
 def _register_subcommands() -> None:
     # Imported here so each command module can use ``app`` and ``_settings``.
-    from tiffany.cli import db, durable, run, serve
+    from tiffany.cli import client, db, durable, run, serve
 
     durable.register(app)
     run.register(app)
     db.register(app)
     serve.register(app)
+    client.register(app)
 
 
 _register_subcommands()

@@ -1,0 +1,86 @@
+"""``tiffany submit / status / tail / cancel`` against a real engine process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from engine_process import EngineProc
+from typer.testing import CliRunner
+
+from tiffany.cli import app
+
+runner = CliRunner()
+
+LONG = {
+    "name": "long",
+    "steps": [
+        {"id": "wait", "tool": "sleep", "args": {"seconds": 30}},
+        {"id": "after", "tool": "sleep", "after": ["wait"], "args": {"seconds": 0}},
+    ],
+}
+
+
+def test_submit_tail_and_cancel_from_the_command_line(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    engine = EngineProc(data)
+    try:
+        engine.wait_ready()
+        plan = tmp_path / "long.json"
+        plan.write_text(json.dumps(LONG))
+        status = runner.invoke(app, ["status", "--data-dir", str(data)])
+        assert status.exit_code == 0, status.output
+        assert json.loads(status.output)["ready"] is True
+
+        bad = runner.invoke(app, ["submit", str(plan), "--input", "x=1", "--data-dir", str(data)])
+        assert bad.exit_code == 2
+        assert "inputs.x" in bad.output
+
+        sub = runner.invoke(
+            app, ["submit", str(plan), "--idempotency-key", "k", "--data-dir", str(data)]
+        )
+        assert sub.exit_code == 0, sub.output
+        run_id = sub.output.strip().splitlines()[0]
+        again = runner.invoke(
+            app, ["submit", str(plan), "--idempotency-key", "k", "--data-dir", str(data)]
+        )
+        assert again.output.strip().splitlines()[0] == run_id
+
+        tail = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tiffany",
+                "tail",
+                "--data-dir",
+                str(data),
+                "--run",
+                run_id,
+                "--json",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        time.sleep(1.0)  # subscribed
+        cancel = runner.invoke(app, ["cancel", run_id, "--data-dir", str(data)])
+        assert cancel.exit_code == 0, cancel.output
+        assert "cancelling" in cancel.output
+        out, _ = tail.communicate(timeout=20)
+        events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        assert events, out
+        assert {e.get("run_id") for e in events if "seq" in e} == {run_id}
+        assert events[-1]["kind"] == "run.finished"
+        assert events[-1]["label"] == "cancelled"
+
+        finished = runner.invoke(app, ["cancel", run_id, "--data-dir", str(data)])
+        assert finished.exit_code == 1
+        assert "already finished" in finished.output
+    finally:
+        assert engine.stop() == 0
+    gone = runner.invoke(app, ["status", "--data-dir", str(data)])
+    assert gone.exit_code == 3
+    assert "is `tiffany serve` running" in gone.output

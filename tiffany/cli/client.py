@@ -1,0 +1,128 @@
+"""Commands for a running engine (``tiffany serve`` on the same data dir).
+
+``submit``, ``cancel`` and ``status`` speak the control channel
+(``<data dir>/control.sock``); ``tail`` follows the activity feed
+(``<data dir>/feed.sock``). They need no API token: the sockets are the
+data dir owner's only (mode 0600).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from tiffany.cli import DataDirOption
+
+__all__ = ["register"]
+
+#: Exit code when no engine answers on the data dir.
+EXIT_NO_ENGINE = 3
+
+
+def _call(ctx: typer.Context, op: str, **fields: Any) -> dict[str, Any]:
+    from tiffany.cli import _settings
+    from tiffany.control import ControlError, ControlUnavailable, call
+
+    settings = _settings(ctx)
+    try:
+        return call(settings.data_dir, op, **fields)
+    except ControlUnavailable as exc:
+        typer.echo(f"tiffany: {exc} (is `tiffany serve` running on this data dir?)", err=True)
+        raise typer.Exit(EXIT_NO_ENGINE) from None
+    except ControlError as exc:
+        typer.echo(f"tiffany: {exc.message}", err=True)
+        if isinstance(exc.detail, list):
+            for e in exc.detail:
+                if isinstance(e, dict):
+                    typer.echo(f"  {e.get('loc')}: {e.get('msg')}", err=True)
+        raise typer.Exit(2 if exc.status in (400, 422) else 1) from None
+
+
+def submit(
+    ctx: typer.Context,
+    plan_path: Annotated[Path, typer.Argument(metavar="PLAN", help="A plan file (JSON or YAML).")],
+    inputs: Annotated[
+        list[str] | None,
+        typer.Option("--input", "-i", help="An input, key=value (JSON values allowed)."),
+    ] = None,
+    key: Annotated[
+        str | None,
+        typer.Option("--idempotency-key", help="Resubmitting with it returns the same run."),
+    ] = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Submit a plan to the running engine; print its run id once it is durable."""
+    from tiffany.cli.run import _load, _parse_inputs
+
+    doc = _load(plan_path)
+    answer = _call(ctx, "submit", plan=doc, inputs=_parse_inputs(inputs), key=key)
+    typer.echo(answer["run_id"])
+    if not answer.get("created", True):
+        typer.echo("(an earlier submission with this idempotency key)", err=True)
+
+
+def cancel(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(help="The run to cancel.")],
+    data_dir: DataDirOption = None,
+) -> None:
+    """Cancel a running run (its tasks are killed cooperatively, subprocesses included)."""
+    answer = _call(ctx, "cancel", run_id=run_id)
+    typer.echo(f"run {answer['run_id']}: {answer['status']}")
+
+
+def status(
+    ctx: typer.Context,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Print the running engine's status as JSON (ready, runs active, WAL position...)."""
+    typer.echo(json.dumps(_call(ctx, "status"), indent=2))
+
+
+def tail(
+    ctx: typer.Context,
+    run_id: Annotated[str | None, typer.Option("--run", help="Only this run's events.")] = None,
+    since: Annotated[int | None, typer.Option(help="Resume after this seq.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON event per line.")] = False,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Follow the activity feed (Ctrl-C stops); with --run, stop when that run finishes."""
+    from tiffany.cli import _settings
+    from tiffany.pal.transport import FEED_SOCKET, follow
+
+    path = Path(_settings(ctx).data_dir) / FEED_SOCKET
+    if not path.exists():
+        typer.echo(f"tiffany: no feed at {path} (is `tiffany serve` running?)", err=True)
+        raise typer.Exit(EXIT_NO_ENGINE)
+
+    async def main() -> None:
+        async for frame in follow(path, since=since, run_id=run_id):
+            if as_json:
+                sys.stdout.write(json.dumps(frame) + "\n")
+            elif "seq" in frame:
+                sys.stdout.write(
+                    f"{frame['seq']}  {frame.get('run_id') or '-':<18} {frame.get('task', ''):<24} "
+                    f"{frame['kind']:<13} {frame.get('label', '')}\n"
+                )
+            else:
+                sys.stdout.write(f"-- {frame}\n")
+            sys.stdout.flush()
+            if run_id is not None and frame.get("kind") == "run.finished":
+                return
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``submit``, ``cancel``, ``status`` and ``tail`` to ``app``."""
+    app.command("submit")(submit)
+    app.command("cancel")(cancel)
+    app.command("status")(status)
+    app.command("tail")(tail)
