@@ -18,6 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from tiffany.cli import DataDirOption
+from tiffany.cli.run import InputsOption
 
 __all__ = ["register"]
 
@@ -47,10 +48,7 @@ def _call(ctx: typer.Context, op: str, **fields: Any) -> dict[str, Any]:
 def submit(
     ctx: typer.Context,
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN", help="A plan file (JSON or YAML).")],
-    inputs: Annotated[
-        list[str] | None,
-        typer.Option("--input", "-i", help="An input, key=value (JSON values allowed)."),
-    ] = None,
+    inputs: InputsOption = None,
     key: Annotated[
         str | None,
         typer.Option("--idempotency-key", help="Resubmitting with it returns the same run."),

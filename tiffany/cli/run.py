@@ -18,6 +18,13 @@ EXIT_FAILED = 1
 EXIT_INVALID = 2
 
 
+#: ``--input key=value`` (repeatable), for the commands that take a plan.
+InputsOption = Annotated[
+    list[str] | None,
+    typer.Option("--input", "-i", help="An input, key=value (JSON values allowed)."),
+]
+
+
 def _parse_inputs(pairs: list[str] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for pair in pairs or ():
@@ -54,10 +61,7 @@ def _print_plan_errors(exc: Any) -> None:
 def run(
     ctx: typer.Context,
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN", help="A plan file (JSON or YAML).")],
-    inputs: Annotated[
-        list[str] | None,
-        typer.Option("--input", "-i", help="An input, key=value (JSON values allowed)."),
-    ] = None,
+    inputs: InputsOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON only.")] = False,
     live: Annotated[
         bool, typer.Option("--live/--no-live", help="The live task view (on a terminal).")

@@ -287,11 +287,9 @@ class Journal(Instrument):
     def fail_run(self, run_id: str, error: BaseException) -> bool:
         """Journal that run ``run_id`` failed with ``error`` and commit; False if it had ended.
 
-        For a run that cannot go on, such as one whose replay diverged from
-        its journal (the code changed under it): its RUN_END makes recovery
-        leave it alone from then on, so the other runs are not held up. The
-        caller stops the scheduler first (the run's tasks are not killed:
-        nothing more of the run is journaled).
+        For a run that cannot go on (its replay diverged: the code changed under
+        it): its RUN_END keeps recovery away from it. The scheduler must be
+        stopped; the run's tasks are not killed, nothing more of it is journaled.
         """
         run = self.runs.get(run_id)
         if run is None or run.status != "running" or self.wal is None or self.wal.failed:
