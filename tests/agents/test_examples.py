@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from plan_crash_child import run_child
 
 from tiffany.agents import load_plan
 from tiffany.agents.registry import ToolRegistry
@@ -118,20 +119,7 @@ def test_a_plan_killed_mid_run_recovers_without_rerunning_completed_steps(tmp_pa
     log = tmp_path / "effects.log"
     plan = _crash_plan(log)
     env = dict(os.environ, TIFFANY_SHELL_SANDBOX="none")
-    child = subprocess.run(
-        [
-            sys.executable,
-            str(HERE / "plan_crash_child.py"),
-            str(tmp_path / "data"),
-            json.dumps(plan),
-            str(kill_at),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
+    child = run_child(tmp_path / "data", plan, kill_at, env=env)
     assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
     before = Counter(log.read_text().split()) if log.exists() else Counter()
     proc = subprocess.run(

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -15,6 +13,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import python_steps  # noqa: E402, F401 - registers the functions
+from plan_crash_child import run_child  # noqa: E402
 
 from tiffany.config import Settings  # noqa: E402
 from tiffany.durable import RecordType, scan, verify  # noqa: E402
@@ -86,19 +85,7 @@ def test_a_python_step_with_a_timeout_keeps_its_tool_task(tmp_path):
 def test_a_python_plan_killed_mid_run_never_reruns_a_completed_step(tmp_path, kill_at):
     log = tmp_path / "effects.log"
     plan = _chain(log, 8)
-    child = subprocess.run(
-        [
-            sys.executable,
-            str(HERE / "python_crash_child.py"),
-            str(tmp_path / "data"),
-            json.dumps(plan),
-            str(kill_at),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    child = run_child(tmp_path / "data", plan, kill_at)
     assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
     before = log.read_text().split() if log.exists() else []
     engine = build(Settings(data_dir=tmp_path / "data"), enabled_tools=["python"])
