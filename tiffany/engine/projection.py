@@ -2,8 +2,9 @@
 
 The store is a projection of the journal: records are applied in batches,
 idempotently by WAL sequence number, after they are durable. ``tiffany run``
-projects once the loop has stopped; the service's projector thread will call
-the same function after each group commit.
+projects once the loop has stopped; the service's projector process
+(``projector_proc.py``) catches up with :func:`decoded_batches` the same way,
+then applies the frames each group commit hands it.
 """
 
 from __future__ import annotations

@@ -11,9 +11,10 @@ thread that touches the kernel, the journal or the WAL. Everything else
 reaches it through the :class:`Inbox`, a kernel task that sleeps on an
 eventfd (``ReadWait``) and runs the callables other threads queue. The
 control server's threads parse and validate requests; the hub's thread
-encodes and fans out activity events; the projector's thread writes the SQL
-store. None of them ever makes the loop wait: the loop only appends to
-deques and sets events.
+encodes and fans out activity events; a forwarding thread pipes each group
+commit's frames to the projector process, which writes the SQL store (see
+``projector_link.py``). None of them ever makes the loop wait: the loop only
+appends to deques and sets events.
 
 Start-up: the sockets come up first, so ``/readyz`` can say "recovering";
 then the WAL is scanned and unfinished runs are replayed up to the end of

@@ -5,7 +5,7 @@ Public API::
     from tiffany.store import Projector, make_engine, queries, session_factory
 
     engine = make_engine(settings.database_url)
-    projector = Projector(engine)              # the engine's projector thread
+    projector = Projector(engine)              # the projector process
     projector.apply([(seq, rtype, run_no, fields), ...])
     with session_factory(engine)() as session:
         runs = queries.list_runs(session, status="running", limit=20)

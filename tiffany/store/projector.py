@@ -214,7 +214,7 @@ class Projector:
     Args:
         engine: The store's engine; the schema must exist (``tiffany db upgrade``).
 
-    One projector writes to a store at a time (the engine's projector thread,
+    One projector writes to a store at a time (the engine's projector process,
     or ``tiffany db rebuild``); the mark is read with ``FOR UPDATE`` in each
     transaction, so a second one would wait rather than double-apply.
     """
