@@ -30,6 +30,7 @@ __all__ = [
     "upgrade",
 ]
 
+
 def _root() -> Path:
     """Where ``alembic.ini`` and ``migrations/`` are.
 
