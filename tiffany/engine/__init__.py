@@ -110,6 +110,8 @@ def build(
         instruments=[watchdog],
         resolvers={"plan": plan_resolver(env)},
     )
+    # A step of a tool disabled here waits instead of starting (before recovery).
+    runtime.journal.step_gate = registry.step_gate
     # After the journal: it tags each new task with its run (Task.meta),
     # which observers such as the activity log read in the same hook.
     for inst in instruments:

@@ -42,7 +42,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
@@ -53,6 +53,7 @@ import structlog
 from tiffany.agents import PlanError
 from tiffany.config import Settings
 from tiffany.control import CONTROL_SOCKET, ControlError
+from tiffany.durable.gate import HeldStep
 from tiffany.engine import Engine, build
 from tiffany.engine.activity import ActivityLog
 from tiffany.engine.control_server import ControlServer
@@ -189,6 +190,24 @@ class _Histogram:
         return {"buckets": buckets, "sum": self.sum, "count": total}
 
 
+#: Held steps listed in ``status`` (the count is always exact).
+MAX_WAITING_LISTED: Final = 100
+
+
+def _waiting(held: Mapping[Any, HeldStep]) -> dict[str, Any]:
+    """Status fields of the steps the journal holds back (their tool is disabled here).
+
+    Read from a control thread: the dict is copied in one call (atomic under the GIL).
+    """
+    steps = list(held.values())
+    listed = []
+    for h in steps[:MAX_WAITING_LISTED]:
+        tool = h.step.partition(":")[0]
+        step_id = h.task.rsplit(":", 1)[-1] if ":" in h.task else h.task
+        listed.append({**h.to_dict(), "tool": tool, "step_id": step_id})
+    return {"steps_waiting": len(steps), "waiting": listed}
+
+
 def _digest(plan: Any, inputs: Any) -> str:
     body = json.dumps({"plan": plan, "inputs": inputs}, sort_keys=True, default=str)
     return hashlib.sha256(body.encode()).hexdigest()
@@ -212,6 +231,7 @@ class EngineService:
             settings, enabled_tools=enabled_tools, instruments=[self.activity], emit=self._emit
         )
         self.runtime = self.engine.runtime
+        self.runtime.journal.on_hold = self.activity.step_held
         self.inbox = Inbox()
         child_env = {
             **os.environ,
@@ -474,6 +494,7 @@ class EngineService:
             # finished ones until they are forgotten, right after their end).
             "runs_held": len(self.runtime.journal.runs),
             "tasks_held": self.runtime.sched.records,
+            **_waiting(self.runtime.journal.held),
         }
 
     def _on_loop(self, fn: Callable[[], Any], timeout: float = SUBMIT_TIMEOUT_S) -> Any:
