@@ -33,4 +33,3 @@ def pair() -> object:
     after = yield Step(effect, "after-free", name="free:after")
     a_out = yield WaitTask(a)
     return [a_out, b_out, after]
-

@@ -70,7 +70,8 @@ def test_a_held_step_waits_and_starts_on_a_later_engine_with_aligned_dispatches(
     assert gw.CALLS == ["free", "after-free"]  # the run's other task went on
     recs = _records(tmp_path, run_id)
     holds = [f for t, f in recs if t == RecordType.HOLD]
-    assert len(holds) == 1 and holds[0][3:] == ["gated:effect", REASON]
+    assert len(holds) == 1
+    assert holds[0][3:] == ["gated:effect", REASON]
     # The held step's dispatch is an explicit DISPATCH; no STEP_START was written.
     assert [holds[0][0], holds[0][1], "step", "gated:effect"] in [
         f for t, f in recs if t == RecordType.DISPATCH
@@ -79,7 +80,8 @@ def test_a_held_step_waits_and_starts_on_a_later_engine_with_aligned_dispatches(
 
     # Restarted still gated: it replays (no nondeterminism) and waits again.
     state, held = _resume(tmp_path, run_id, gated=True)
-    assert state.status == "running" and len(held) == 1
+    assert state.status == "running"
+    assert len(held) == 1
     assert gw.CALLS == ["free", "after-free"]
 
     # Restarted with the gate open: the step starts (a first attempt, not a re-run).
