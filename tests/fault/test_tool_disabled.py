@@ -11,6 +11,7 @@ uncrashed twin, the in-flight step runs once more and the other once, and
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -95,6 +96,23 @@ def _store_run(data: Path, run_id: str) -> dict[str, Any] | None:
         db.dispose()
 
 
+def _waiting_events(data: Path, run_id: str) -> list[dict[str, Any]]:
+    """The run's activity events that say a step waits (the feed keeps them from the start)."""
+    from tiffany.pal.transport import follow
+
+    async def main() -> list[dict[str, Any]]:
+        since = 0
+        while True:
+            async for frame in follow(data / "feed.sock", since, run_id, reconnect=False):
+                if frame.get("type") == "gone":  # seqs are times: start at the oldest kept
+                    since = frame["oldest"] - 1
+                    break
+                if str(frame.get("label", "")).startswith("waiting: "):
+                    return [frame]
+
+    return asyncio.run(asyncio.wait_for(main(), 20))
+
+
 def _held_in_store(data: Path, run_id: str) -> dict[str, Any] | None:
     detail = _store_run(data, run_id)
     if detail is None:
@@ -103,7 +121,9 @@ def _held_in_store(data: Path, run_id: str) -> dict[str, Any] | None:
     return detail if tasks else None
 
 
-def test_a_disabled_tool_makes_its_steps_wait_and_an_enabled_one_resumes_them(tmp_path):
+def test_a_disabled_tool_makes_its_steps_wait_and_an_enabled_one_resumes_them(
+    tmp_path: Path,
+) -> None:
     data = tmp_path / "data"
     count_a, count_b = tmp_path / "a.count", tmp_path / "b.count"
     plan_a, plan_b = _plan("a", 0.0), _plan("b", 3.0)
@@ -138,6 +158,9 @@ def test_a_disabled_tool_makes_its_steps_wait_and_an_enabled_one_resumes_them(tm
             assert steps["sh"]["status"] == "running"
             if "waiting" in steps["sh"]:  # the column comes with the store's revision 0003
                 assert steps["sh"]["waiting"] == REASON
+            event = _waiting_events(data, run_id)[0]
+            assert event["kind"] == "blocked"
+            assert event["label"] == f"waiting: {REASON}"
         assert second.logged("step.held")
         assert not second.logged("replay.nondeterminism")
         assert not second.logged("engine.run_diverged")
