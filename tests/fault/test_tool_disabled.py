@@ -218,3 +218,23 @@ def test_a_disabled_tool_makes_its_steps_wait_and_an_enabled_one_resumes_them(
             timeout=120,
         )
         assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_the_registry_gate_holds_only_steps_of_registered_tools_that_are_disabled() -> None:
+    from tiffany.agents.registry import ToolRegistry
+    from tiffany.kernel import Step
+
+    registry = ToolRegistry.default()  # shell is not enabled by default
+    gate = registry.step_gate
+    assert gate(None, Step(print, name="shell")) == REASON
+    assert gate(None, Step(print, name="python:pkg.mod.fn")) is None
+    assert gate(None, Step(print, name="file.write")) is None
+    assert gate(None, Step(print)) is None  # builtins:print, no tool
+    assert gate(None, Step(print, name="shellac:x")) is None
+    registry.enable(["shell"])
+    assert gate(None, Step(print, name="shell")) is None
+    registry.enable(["shell", "sleep"], only=True)
+    assert gate(None, Step(print, name="python:pkg.mod.fn")) == (
+        "tool python is disabled on this engine (--enable-tool python)"
+    )
+    assert registry.lookup("python").name == "python"  # found, enabled or not
