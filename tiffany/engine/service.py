@@ -490,11 +490,11 @@ class EngineService:
             "started_at": self.started_at,
             "runs_active": sum(1 for s in list(self.statuses.values()) if s == "running"),
             "durable_seq": self.durable_seq,
+            **_waiting(self.runtime.journal.held),  # steps held: their tool is disabled
             # Runs whose state the journal holds in memory (running ones, and
             # finished ones until they are forgotten, right after their end).
             "runs_held": len(self.runtime.journal.runs),
             "tasks_held": self.runtime.sched.records,
-            **_waiting(self.runtime.journal.held),
         }
 
     def _on_loop(self, fn: Callable[[], Any], timeout: float = SUBMIT_TIMEOUT_S) -> Any:
