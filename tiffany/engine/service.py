@@ -42,7 +42,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
@@ -53,7 +53,6 @@ import structlog
 from tiffany.agents import PlanError
 from tiffany.config import Settings
 from tiffany.control import CONTROL_SOCKET, ControlError
-from tiffany.durable.gate import HeldStep
 from tiffany.engine import Engine, build
 from tiffany.engine.activity import ActivityLog
 from tiffany.engine.control_server import ControlServer
@@ -188,24 +187,6 @@ class _Histogram:
         total += self.counts[-1]
         buckets.append(["+Inf", total])
         return {"buckets": buckets, "sum": self.sum, "count": total}
-
-
-#: Held steps listed in ``status`` (the count is always exact).
-MAX_WAITING_LISTED: Final = 100
-
-
-def _waiting(held: Mapping[Any, HeldStep]) -> dict[str, Any]:
-    """Status fields of the steps the journal holds back (their tool is disabled here).
-
-    Read from a control thread: the dict is copied in one call (atomic under the GIL).
-    """
-    steps = list(held.values())
-    listed = []
-    for h in steps[:MAX_WAITING_LISTED]:
-        tool = h.step.partition(":")[0]
-        step_id = h.task.rsplit(":", 1)[-1] if ":" in h.task else h.task
-        listed.append({**h.to_dict(), "tool": tool, "step_id": step_id})
-    return {"steps_waiting": len(steps), "waiting": listed}
 
 
 def _digest(plan: Any, inputs: Any) -> str:
@@ -490,7 +471,7 @@ class EngineService:
             "started_at": self.started_at,
             "runs_active": sum(1 for s in list(self.statuses.values()) if s == "running"),
             "durable_seq": self.durable_seq,
-            **_waiting(self.runtime.journal.held),  # steps held: their tool is disabled
+            **self.engine.waiting(),  # steps held back: their tool is disabled here
             # Runs whose state the journal holds in memory (running ones, and
             # finished ones until they are forgotten, right after their end).
             "runs_held": len(self.runtime.journal.runs),
