@@ -82,5 +82,9 @@ class FakeRegistry:
     def get(self, name: str) -> Any:
         return self.tools[name]
 
+    lookup = get  # every tool here is enabled
+
     def names(self) -> list[str]:
         return sorted(self.tools)
+
+    all_names = names

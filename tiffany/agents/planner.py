@@ -49,8 +49,9 @@ class PlanFailed(TiffanyError):
 
 def run_plan(env: AgentEnv, run_id: str, doc: Mapping[str, Any], inputs: Mapping[str, Any]) -> Co:
     """The root task of a plan run; returns ``{"outputs": ..., "steps": ...}``."""
-    # Validated once at submission; a replay or recovery parses it again.
-    plan = env.validated_plan(doc) or parse_plan(doc, env.registry.names())
+    # Validated once at submission; a replay or recovery parses it again,
+    # against every tool (the engine holds a disabled tool's steps: registry.py).
+    plan = env.validated_plan(doc) or parse_plan(doc, env.registry.all_names())
     unknown = sorted(set(inputs) - set(plan.inputs))
     if unknown:
         raise PlanError(
@@ -203,7 +204,7 @@ def _extend(
     errors = check_steps(
         new,
         values,
-        env.registry.names(),
+        env.registry.all_names(),
         known_steps=dag.specs.keys(),
         loc_prefix=f"{parent}.output.",
     )

@@ -10,6 +10,15 @@ every built-in but ``shell``; ``tiffany run`` enables them all
 ``names()`` is what plans are validated against (the *enabled* tools), so a
 plan that uses a disabled tool is refused before it runs; ``get`` of a
 disabled tool raises :class:`ToolDisabled`.
+
+A run accepted earlier (or by an engine set differently) may still reach a
+tool that is disabled here. Its code must not notice (enablement is not
+part of the run's history: a replay would diverge), so the worker and the
+planner use ``lookup`` and ``all_names`` (every registered tool), and the
+engine holds the step where its effect would start: :meth:`step_gate` is
+the durable journal's ``step_gate`` (``tiffany/durable/gate.py``). It knows
+a step's tool by the step's name: a tool's step is named after the tool
+(``shell``) or ``TOOL:DETAIL`` (``python:pkg.mod.fn``).
 """
 
 from __future__ import annotations
@@ -110,6 +119,35 @@ class ToolRegistry:
                 f"tool {name!r} is not enabled on this server (--enable-tool {name})", tool=name
             )
         return tool
+
+    def lookup(self, name: str) -> Tool:
+        """Return the tool ``name``, enabled or not (the engine gates its steps).
+
+        Raises:
+            UnknownTool: No such tool (the message lists the known ones).
+        """
+        tool = self._tools.get(name)
+        if tool is None:
+            known = ", ".join(self.all_names()) or "none"
+            raise UnknownTool(f"unknown tool {name!r}; known tools: {known}", tool=name)
+        return tool
+
+    def tool_of_step(self, step_name: str | None) -> str | None:
+        """Return the registered tool a step named ``step_name`` belongs to, or None.
+
+        A tool's step is named ``TOOL`` or ``TOOL:DETAIL`` (see the module docstring).
+        """
+        if not step_name:
+            return None
+        head = step_name.partition(":")[0]
+        return head if head in self._tools else None
+
+    def step_gate(self, task: object, call: object) -> str | None:
+        """The journal's step gate: why a step must wait here (its tool is disabled), or None."""
+        tool = self.tool_of_step(getattr(call, "name", None))
+        if tool is None or tool in self.enabled:
+            return None
+        return f"tool {tool} is disabled on this engine (--enable-tool {tool})"
 
     def is_enabled(self, name: str) -> bool:
         """Return True if ``name`` is registered and enabled."""

@@ -125,7 +125,8 @@ def _tool_task(tool: Any, args: Any, ctx: ToolContext, name: str) -> Co:
 
     A tool may offer ``step_for(args)``: a ready-made step (the python tool
     calls a plain function straight from the thread pool that way; it needs
-    no context); otherwise its ``run`` is the step.
+    no context); otherwise its ``run`` is the step, named after the tool (the
+    engine's step gate reads a step's tool from its name: ``registry.py``).
     """
     step_for = getattr(tool, "step_for", None)
     step = step_for(args) if step_for is not None else None
@@ -223,7 +224,8 @@ def worker(
     """Run one step to success or to the end of its retries; report to ``results``."""
     outcome = StepOutcome(spec.id, False)
     try:
-        tool = env.registry.get(spec.tool)
+        # Enabled or not: the engine holds a disabled tool's step (registry.py).
+        tool = env.registry.lookup(spec.tool)
         raw = spec.args
         args = tool.Args.model_validate(resolve(raw, inputs, outputs) if _has_refs(raw) else raw)
     except ValidationError as exc:

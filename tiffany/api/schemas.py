@@ -99,6 +99,8 @@ class StepOut(_Open):
     error: Any = None
     started_at: float | None = None
     ended_at: float | None = None
+    #: Why the step waits instead of running (its tool is disabled on the engine).
+    waiting: str | None = None
 
 
 class TaskOut(_Open):

@@ -74,6 +74,9 @@ I/O from journaled code, which is why I/O belongs inside steps.
   the same way.
 * Opaque tasks (the body of a generator step) are not journaled dispatch by
   dispatch: only their outcome is, as a wake-up of the caller.
+* A step the engine's ``step_gate`` holds back is not started: a HOLD record
+  says why, the task stays parked until a later engine starts it
+  (``gate.py``).
 """
 
 from __future__ import annotations
@@ -94,6 +97,7 @@ from tiffany.durable.dispatch import (
     is_generator_step,
     same,
 )
+from tiffany.durable.gate import HeldStep, StepGate
 from tiffany.durable.records import (
     RecordType,
     encode_fields,
@@ -219,6 +223,12 @@ class Journal(Instrument):
         self._last_commit = time.monotonic()
         self._replaying: list[RunState] = []
         self._cancels: list[tuple[RunState, str]] = []
+        #: Asked before a live step starts: None lets it start, a reason holds it.
+        self.step_gate: StepGate | None = None
+        #: Called with each step the gate holds back (the engine's activity feed).
+        self.on_hold: Callable[[Task, HeldStep], None] | None = None
+        #: The steps held back, by task, while their task lives.
+        self.held: dict[Task, HeldStep] = {}
         self._live: dict[type, Any] = {}
         for call_type, handler, unpark in (
             (Now, self._h_now, None),
@@ -486,6 +496,8 @@ class Journal(Instrument):
             return
         run = meta.run
         run.tasks.pop(meta.ltid, None)  # only live tasks are woken, killed or resumed
+        if self.held:
+            self.held.pop(task, None)
         if task.state is TaskState.DONE:
             value: Any = pack_value(task.result)
         else:
@@ -764,12 +776,29 @@ class Journal(Instrument):
         if meta.run.replay is not None:
             state = TaskState.BLOCKED_JOIN if is_generator_step(call) else TaskState.BLOCKED_THREAD
             return self._replayed_park(task, call, ordinal, state)
-        return self._start_step(task, call, ordinal, 1)
+        return self._start_step(task, call, ordinal, 1, fresh=True)
 
-    def _start_step(self, task: Task, call: Step | RunInThread, ordinal: int, attempt: int) -> Any:
+    def _start_step(
+        self,
+        task: Task,
+        call: Step | RunInThread,
+        ordinal: int,
+        attempt: int,
+        *,
+        fresh: bool = False,
+    ) -> Any:
+        """Start a step (journal its STEP_START first), or hold it if the gate says so.
+
+        ``fresh``: the step's dispatch is the run's latest (its STEP_START would
+        carry it); otherwise it is restarted at go-live and already parked.
+        """
         meta = task.meta
         name = call.name if call.__class__ is Step and call.name else call.fields()["fn"]
         if isinstance(meta, TaskMeta) and not meta.opaque:
+            gate = self.step_gate
+            reason = gate(task, call) if gate is not None else None
+            if reason is not None:
+                return self._hold(task, call, ordinal, name, reason, fresh)
             fields = [meta.run.n, meta.ltid, ordinal, name, attempt]
             self._append(RecordType.STEP_START, meta.run, fields)
             if attempt > 1:
@@ -785,7 +814,34 @@ class Journal(Instrument):
         finally:
             self._opaque_parent = None
 
+    def _hold(
+        self,
+        task: Task,
+        call: Step | RunInThread,
+        ordinal: int,
+        name: str,
+        reason: str,
+        fresh: bool,
+    ) -> Any:
+        """Hold a step back: journal why (HOLD) and leave its task parked (``gate.py``)."""
+        meta: TaskMeta = task.meta
+        run = meta.run
+        if fresh and call.__class__ is Step:  # no STEP_START carries this dispatch
+            self._append(RecordType.DISPATCH, run, [run.n, meta.ltid, "step", name[:MAX_ARG_CHARS]])
+        self._append(RecordType.HOLD, run, [run.n, meta.ltid, ordinal, name, reason])
+        held = HeldStep(run.run_id, meta.ltid, task.name, ordinal, name, reason)
+        self.held[task] = held
+        log.warning("step.held", run_id=run.run_id, task=meta.ltid, step=name, reason=reason)
+        if self.on_hold is not None:
+            self.on_hold(task, held)
+        if not fresh:
+            return None  # parked by the replay already
+        state = TaskState.BLOCKED_JOIN if is_generator_step(call) else TaskState.BLOCKED_THREAD
+        return self.sched.park(task, call, state)
+
     def _unpark_step(self, sched: Scheduler, task: Task, call: Any) -> None:
+        if self.held:
+            self.held.pop(task, None)
         child = getattr(call, "child", None)
         if child is not None:
             sched.kill(child)

@@ -16,6 +16,7 @@ Record types (the WAL's type byte)::
     TASK_EXIT  run_no | [n, ltid, state, value]
     RUN_END    run_no | [status, value, ts]
     CANCEL     run_no | [reason, ts]                     a cancel request
+    HOLD       run_no | [n, ltid, ordinal, name, reason] a step held, not started
 
 ``n`` counts the run's dispatches (1, 2, ...); ``ltid`` is the task's id
 within its run (1 for the root), so a replay in a fresh scheduler, where
@@ -39,6 +40,14 @@ root's SPAWN (``n`` 0), an OUTCOME after its DISPATCH (``Sleep``), a step
 re-run at recovery, the exit of a task closed by a second kill (no
 dispatch), the root's exit (after its explicit ``return``), and everything
 in journals written before this rule.
+
+A HOLD says that a step was due to start and the engine's ``step_gate``
+held it back (its tool is disabled on this engine); the task waits, parked,
+until an engine that lets it start replays the run. It is a note for
+readers (the store shows the step waiting, with ``reason``): replay ignores
+it, and a reader that does not know a record type skips it. A held step's
+dispatch is journaled by an explicit DISPATCH (no STEP_START carries it),
+so the dispatches after it keep their numbers on replay.
 
 Values that came from outside (step results, ``Now()``, thread results) are
 stored in full with :func:`pack_value`, which keeps tuples, sets and bytes
@@ -93,6 +102,7 @@ class RecordType(enum.IntEnum):
     TASK_EXIT = 7
     RUN_END = 8
     CANCEL = 9
+    HOLD = 10
 
 
 _EXT_TUPLE: Final = 1

@@ -23,6 +23,9 @@ from tiffany.kernel import Instrument, SlowDispatchWatchdog
 
 __all__ = ["Engine", "build", "replay_resolvers", "tool_settings"]
 
+#: Held steps listed in the engine's status (the count is always exact).
+MAX_WAITING_LISTED = 100
+
 
 def tool_settings(settings: Settings) -> ToolSettings:
     """Return the tools' settings taken from the process settings."""
@@ -80,6 +83,19 @@ class Engine:
         self.env.remember_plan(entry["plan"], plan)
         return entry, plan.name
 
+    def waiting(self) -> dict[str, Any]:
+        """Return the status fields of the steps held back (their tool is disabled here).
+
+        Any thread: the journal's dict of held steps is copied in one call.
+        """
+        steps = list(self.runtime.journal.held.values())
+        listed = []
+        for h in steps[:MAX_WAITING_LISTED]:
+            tool = self.env.registry.tool_of_step(h.step)
+            step_id = h.task.rsplit(":", 1)[-1]  # tasks are named worker:ID, tool:TOOL:ID
+            listed.append({**h.to_dict(), "tool": tool, "step_id": step_id})
+        return {"steps_waiting": len(steps), "waiting": listed}
+
 
 def replay_resolvers(settings: Settings) -> dict[str, Any]:
     """Return the entry resolvers a local replay needs (plans with every tool known)."""
@@ -110,6 +126,8 @@ def build(
         instruments=[watchdog],
         resolvers={"plan": plan_resolver(env)},
     )
+    # A step of a tool disabled here waits instead of starting (before recovery).
+    runtime.journal.step_gate = registry.step_gate
     # After the journal: it tags each new task with its run (Task.meta),
     # which observers such as the activity log read in the same hook.
     for inst in instruments:

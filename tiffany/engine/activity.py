@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tiffany.durable.gate import HeldStep
 from tiffany.durable.journal import TaskMeta
 from tiffany.kernel import RETURNED, Instrument, SystemCall, Task
 from tiffany.pal import Hub, task_kind
@@ -84,6 +85,13 @@ class ActivityLog(Instrument):
         ids = self._ids(task)
         if ids is not None:
             self.hub.publish("blocked", label=_label(call), data={"state": task.state.value}, **ids)
+
+    def step_held(self, task: Task, held: HeldStep) -> None:
+        """Publish ``blocked``: the journal held a step back (``Journal.on_hold``)."""
+        ids = self._ids(task)
+        if ids is not None:
+            data = {"state": "waiting", "step": held.step, "reason": held.reason}
+            self.hub.publish("blocked", label=f"waiting: {held.reason}", data=data, **ids)
 
     def task_woken(self, task: Task, value: Any) -> None:
         """Publish ``woke``."""

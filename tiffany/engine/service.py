@@ -212,6 +212,7 @@ class EngineService:
             settings, enabled_tools=enabled_tools, instruments=[self.activity], emit=self._emit
         )
         self.runtime = self.engine.runtime
+        self.runtime.journal.on_hold = self.activity.step_held
         self.inbox = Inbox()
         child_env = {
             **os.environ,
@@ -470,6 +471,7 @@ class EngineService:
             "started_at": self.started_at,
             "runs_active": sum(1 for s in list(self.statuses.values()) if s == "running"),
             "durable_seq": self.durable_seq,
+            **self.engine.waiting(),  # steps held back: their tool is disabled here
             # Runs whose state the journal holds in memory (running ones, and
             # finished ones until they are forgotten, right after their end).
             "runs_held": len(self.runtime.journal.runs),

@@ -31,6 +31,7 @@ FIELD_NAMES: Final[Mapping[int, tuple[str, ...]]] = {
     RecordType.TASK_EXIT: ("n", "ltid", "state", "value"),
     RecordType.RUN_END: ("status", "value", "ts"),
     RecordType.CANCEL: ("reason", "ts"),
+    RecordType.HOLD: ("n", "ltid", "ordinal", "name", "reason"),
 }
 
 #: Largest page :func:`run_records` returns.

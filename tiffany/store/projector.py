@@ -41,6 +41,10 @@ What the journal says, and what the projection makes of it:
 * ``TASK_EXIT``: ``done``, ``crashed`` or ``cancelled`` with the result or
   error. A worker's result (its ``StepOutcome``, a dict in the journal)
   settles its step; a tool task's result is the step's latest output.
+* ``HOLD``: the engine held the task's step back (its tool is disabled
+  there): the task is blocked on ``waiting: REASON`` and its step's
+  ``waiting`` column holds the reason, until the task's STEP_START (a later
+  engine started the step), the step's end or the run's.
 * ``RUN_END``: the run's status, outputs or error; for a plan run, the
   root's step summary (in its result, or in the ``PlanFailed`` error's
   fields) is final: status, error and attempts of every step. Steps a
@@ -103,6 +107,9 @@ _RUN_END_STATUSES: Final = {
 _UNSETTLED_STEPS: Final = (StepStatus.PENDING.value, StepStatus.RUNNING.value)
 _STEP_STATUSES: Final = frozenset(s.value for s in StepStatus)
 
+#: ``steps.waiting`` (why a step waits) exists in this schema (revision 0003 on).
+_HAS_WAITING: Final = "waiting" in Step.__table__.c
+
 #: A decoded journal record: ``(seq, rtype, run_no, fields)``.
 Record = tuple[int, int, int, Sequence[Any]]
 
@@ -123,6 +130,7 @@ class _RunCtx:
     dispatches: int
     finished: bool
     tasks: dict[int, tuple[str, str | None]] = field(default_factory=dict)  # ltid -> kind, step
+    held: set[int] = field(default_factory=set)  # ltids whose step a HOLD record held back
     steps: dict[str, _StepInfo] = field(default_factory=dict)
 
 
@@ -334,9 +342,14 @@ class Projector:
             self._task_exit(b, ctx, f)
         elif rtype == RecordType.RUN_END:
             self._run_end(b, ctx, f)
-        elif rtype == RecordType.STEP_START and _carries(ctx, f[0]):
-            self._dispatch(b, ctx, [f[0], f[1], "step", _arg(f[3])])
-        # CANCEL (and a STEP_START after its DISPATCH) changes nothing the store shows.
+        elif rtype == RecordType.STEP_START:
+            if _carries(ctx, f[0]):
+                self._dispatch(b, ctx, [f[0], f[1], "step", _arg(f[3])])
+            if ctx.held:
+                self._step_held(b, ctx, f[1], None, f[3])
+        elif rtype == RecordType.HOLD:
+            self._step_held(b, ctx, f[1], text(f[4]), f[3])
+        # CANCEL changes nothing the store shows.
         return True
 
     def _run_start(self, b: _Batch, seq: int, run_no: int, f: Sequence[Any]) -> None:
@@ -424,6 +437,22 @@ class Projector:
             on = text(kind if arg is None else f"{kind} {arg}")
             b.tasks.update((ctx.run_id, ltid), state=blocked.value, blocked_on=on)
 
+    def _step_held(self, b: _Batch, ctx: _RunCtx, ltid: Any, reason: str | None, name: Any) -> None:
+        """A HOLD (``reason``): the task waits, and so does its step; a STEP_START ends it."""
+        known = ctx.tasks.get(ltid)
+        if known is None or (reason is None and ltid not in ctx.held):
+            return
+        if reason is None:
+            ctx.held.discard(ltid)
+            on = text(f"step {_arg(name)}")
+        else:
+            ctx.held.add(ltid)
+            on = f"waiting: {reason}"
+        b.tasks.update((ctx.run_id, ltid), blocked_on=on)
+        step_id = known[1]
+        if _HAS_WAITING and step_id is not None and step_id in ctx.steps:
+            b.steps.update((ctx.run_id, step_id), waiting=reason)
+
     def _task_exit(self, b: _Batch, ctx: _RunCtx, f: Sequence[Any]) -> None:
         ltid, state, value = f[1], f[2], f[3]
         known = ctx.tasks.get(ltid)
@@ -466,6 +495,8 @@ class Projector:
             "output": jsonable(outcome.get("output")),
             "error": jsonable(outcome.get("error")),
         }
+        if _HAS_WAITING:
+            values["waiting"] = None
         values.update(attempt_times(outcome.get("attempts")))
         b.steps.update((ctx.run_id, step_id), **values)
 
@@ -506,6 +537,8 @@ class Projector:
                 "error": jsonable(info.get("error")),
                 "attempts": jsonable(info.get("attempts") or []),
             }
+            if _HAS_WAITING:
+                values["waiting"] = None
             values.update(attempt_times(info.get("attempts")))
             b.steps.update((ctx.run_id, str(step_id)), **values)
         for step_id, step in ctx.steps.items():
@@ -516,6 +549,7 @@ class Projector:
                     status=step.status,
                     error={"message": f"skipped: the run {final.value}"},
                     ended_at=ctx.clock,
+                    **({"waiting": None} if _HAS_WAITING else {}),
                 )
 
     # -- helpers ---------------------------------------------------------------

@@ -121,6 +121,9 @@ def step_dict(step: Step) -> dict[str, Any]:
         "error": step.error,
         "started_at": step.started_at,
         "ended_at": step.ended_at,
+        # Why the step waits (its tool is disabled on the engine); the column
+        # comes with revision 0003.
+        "waiting": getattr(step, "waiting", None),
     }
 
 

@@ -44,6 +44,7 @@ class RecordType(enum.IntEnum):
     TASK_EXIT = 7
     RUN_END = 8
     CANCEL = 9
+    HOLD = 10
 
 
 #: The fields each record type has (records.py of the durable layer); a
@@ -58,6 +59,7 @@ FIELD_COUNTS: Final[Mapping[int, int]] = {
     RecordType.TASK_EXIT: 4,
     RecordType.RUN_END: 3,
     RecordType.CANCEL: 2,
+    RecordType.HOLD: 5,
 }
 
 #: Dispatched call kinds that park the task, and the state they park it in.
