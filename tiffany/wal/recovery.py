@@ -6,8 +6,10 @@ What ``Wal.open`` does once it holds the lock:
 2. check every segment and the sequence numbers between them
    (:func:`~tiffany.wal.reader.scan_segment`): corruption anywhere raises,
    and the log refuses to open;
-3. a torn tail of the last segment is copied to ``<name>.broken``, then
-   truncated at its last good record and fsynced; a torn *creation* (a last
+3. a torn tail of the last segment is moved aside: its bytes are read,
+   the segment is truncated at its last good record and fsynced (freeing
+   the space), then the cut bytes go to ``<name>.broken`` if they fit; a
+   torn *creation* (a last
    segment shorter than its header, or all zeros) is renamed ``.broken``
    and created afresh. Either way it is logged and reported as
    :class:`Recovery`;
@@ -15,12 +17,15 @@ What ``Wal.open`` does once it holds the lock:
    writer left unsynced in the page cache becomes durable, so
    ``durable_seq`` starts honest.
 
-Invariants: nothing is deleted (damaged bytes are kept as ``.broken``
-files), and nothing but a torn tail of the last segment is ever changed.
+Invariants: opening never needs more disk space than the log already
+takes (a full disk must not stop a restart); damaged bytes are kept as
+``.broken`` files when the disk has room, and their loss is logged when it
+has not; nothing but a torn tail of the last segment is ever changed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,11 +40,12 @@ from tiffany.wal.segments import (
     Segment,
     SyncFn,
     WriteFn,
+    broken_name,
     create_segment,
-    keep_copy,
     list_segments,
     read_segment,
     set_aside,
+    write_all,
 )
 
 __all__ = ["OpenState", "Recovery", "recover"]
@@ -57,14 +63,17 @@ class Recovery:
             segment itself was torn at creation and was made afresh.
         bytes_dropped: How many bytes were cut.
         reason: The problem found at ``offset`` (``"short payload"``, ...).
-        copy: The file name of the ``.broken`` copy of the segment as found.
+        copy: The file the cut bytes were moved to (``<segment>.broken``,
+            holding only the bytes from ``offset`` on; the whole file for a
+            torn creation), or None when the disk had no room for them
+            (logged as ``wal.torn_tail_lost``).
     """
 
     segment: str
     offset: int
     bytes_dropped: int
     reason: str
-    copy: str
+    copy: str | None
 
 
 class OpenState(NamedTuple):
@@ -120,26 +129,37 @@ def recover(wal_dir: Path, *, write: WriteFn, fsync: SyncFn | None) -> OpenState
 
 
 def _cut_tail(wal_dir: Path, seg: Segment, torn: TornTail, *, fsync: SyncFn | None) -> Recovery:
-    """Keep a ``.broken`` copy of the last segment, then cut its torn tail."""
+    """Move the torn tail of the last segment aside: cut it, then keep its bytes if they fit.
+
+    Discussion: the cut bytes are read first, the segment is truncated and
+    synced (which frees their space), and only then are they written to a
+    small ``.broken`` file. A full disk must not keep the engine from
+    starting: if even that file cannot be written, the loss is logged (those
+    bytes were never acknowledged, see docs/wal-format.md) and opening goes
+    on. We rejected copying the whole segment first (the old way): on a full
+    disk the copy fails, and the restart with it.
+    """
+    copy: str | None
     if torn.reason == TORN_CREATION:
-        copy = set_aside(seg.path)  # create_segment makes it afresh
+        copy = set_aside(seg.path).name  # create_segment makes it afresh
     else:
-        copy = keep_copy(seg.path)
-        fd = os.open(seg.path, os.O_WRONLY | os.O_CLOEXEC)
+        fd = os.open(seg.path, os.O_RDWR | os.O_CLOEXEC)
         try:
+            tail = os.pread(fd, torn.bytes_dropped, torn.offset)
             os.ftruncate(fd, torn.offset)
             if fsync is not None:
                 fsync(fd)
         finally:
             os.close(fd)
-    recovery = Recovery(seg.name, torn.offset, torn.bytes_dropped, torn.reason, copy.name)
+        copy = _keep_tail(wal_dir, seg, torn, tail, fsync=fsync)
+    recovery = Recovery(seg.name, torn.offset, torn.bytes_dropped, torn.reason, copy)
     fields = {
         "path": str(wal_dir),
         "segment": seg.name,
         "offset": torn.offset,
         "bytes_dropped": torn.bytes_dropped,
         "reason": torn.reason,
-        "copy": copy.name,
+        "copy": copy,
     }
     if is_benign(torn.reason) or torn.reason == TORN_CREATION:
         log.warning("wal.torn_tail_truncated", **fields)
@@ -148,3 +168,33 @@ def _cut_tail(wal_dir: Path, seg: Segment, torn: TornTail, *, fsync: SyncFn | No
         # we stay tail-tolerant (docs/wal-format.md) but say so loudly.
         log.error("wal.torn_tail_truncated", damaged_last_record=True, **fields)
     return recovery
+
+
+def _keep_tail(
+    wal_dir: Path, seg: Segment, torn: TornTail, tail: bytes, *, fsync: SyncFn | None
+) -> str | None:
+    """Write the cut bytes to ``<segment>.broken``; None (logged) if the disk refuses."""
+    broken = broken_name(seg.path)
+    try:
+        fd = os.open(broken, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            write_all(os.write, fd, tail)
+            if fsync is not None:
+                fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            broken.unlink()
+        log.error(
+            "wal.torn_tail_lost",
+            path=str(wal_dir),
+            segment=seg.name,
+            offset=torn.offset,
+            bytes_dropped=torn.bytes_dropped,
+            reason=torn.reason,
+            error=repr(exc),
+            note="the cut bytes could not be kept; they were never acknowledged",
+        )
+        return None
+    return broken.name

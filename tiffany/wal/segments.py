@@ -36,6 +36,7 @@ from tiffany.wal.format import (
 
 __all__ = [
     "Segment",
+    "broken_name",
     "check_header",
     "create_segment",
     "fsync_dir",
@@ -180,7 +181,7 @@ def create_segment(wal_dir: Path, first_seq: int, *, write: WriteFn, fsync: Sync
     return fd
 
 
-def _broken_name(path: Path) -> Path:
+def broken_name(path: Path) -> Path:
     """Return ``<name>.broken``, or ``<name>.broken.2``, ... if taken: never overwrite."""
     broken = path.with_name(path.name + BROKEN_SUFFIX)
     n = 1
@@ -191,14 +192,14 @@ def _broken_name(path: Path) -> Path:
 
 
 def keep_copy(path: Path) -> Path:
-    """Copy ``path`` to ``<name>.broken`` (see :func:`_broken_name`); return the copy."""
-    broken = _broken_name(path)
+    """Copy ``path`` to ``<name>.broken`` (see :func:`broken_name`); return the copy."""
+    broken = broken_name(path)
     shutil.copyfile(path, broken)
     return broken
 
 
 def set_aside(path: Path) -> Path:
-    """Rename ``path`` to ``<name>.broken`` (see :func:`_broken_name`); return the new path."""
-    broken = _broken_name(path)
+    """Rename ``path`` to ``<name>.broken`` (see :func:`broken_name`); return the new path."""
+    broken = broken_name(path)
     path.rename(broken)
     return broken

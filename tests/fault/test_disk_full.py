@@ -1,0 +1,137 @@
+"""Disk full under a real ``tiffany engine`` on a small tmpfs: fail-stop, no ack, recovery.
+
+The data dir lives on a 2 MiB tmpfs (root only: elsewhere the test goes
+through the ``unavailable`` fixture). We fill the disk while the engine runs,
+submit, and check: the engine exits non-zero soon (fail-stop; the time is
+printed, the bound asserted is a wide one), no submission made while the disk
+was full was acknowledged, the WAL opens again with the disk still full
+without needing more space, and after space returns every acknowledged run
+finishes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from engine_process import EngineProc
+
+from tiffany.control import ControlError, ControlUnavailable
+from tiffany.durable import scan
+from tiffany.wal import Wal, iter_records
+
+PLAN = {
+    "name": "df",
+    "steps": [
+        {"id": "nap", "tool": "sleep", "args": {"seconds": 0.1}},
+        {
+            "id": "w",
+            "tool": "file.write",
+            "after": ["nap"],
+            "args": {"path": "o.txt", "content": "x"},
+        },
+    ],
+}
+#: The fail-stop bound of the requirement is 2 s; we only assert a much wider one.
+EXIT_BOUND_S = 15.0
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path, unavailable: Any) -> Iterator[Path]:
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        unavailable("mounting a tmpfs needs root")
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        unavailable(f"cannot mount a tmpfs: {proc.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _fill(path: Path) -> None:
+    """Write ``path`` until the disk is full."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fd, b"\xff" * 4096)
+    finally:
+        os.close(fd)
+
+
+def _used(mnt: Path) -> int:
+    st = os.statvfs(mnt)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def test_disk_full_fail_stops_acknowledges_nothing_and_recovers(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    data = small_disk / "data"
+    env = {**os.environ, "TIFFANY_LOG_FORMAT": "json", "TIFFANY_DATABASE_URL": ""}
+    log_path = tmp_path / "engine.log"
+    eng = EngineProc(data, env=env, ready_file=tmp_path / "ready.json", log_path=log_path)
+    acked: list[str] = []
+    try:
+        eng.wait_ready()
+        for _ in range(3):
+            acked.append(eng.call("submit", plan=PLAN)["run_id"])
+        _fill(small_disk / "filler")
+        refused = 0
+        t0 = time.monotonic()
+        while eng.proc.poll() is None and time.monotonic() - t0 < EXIT_BOUND_S:
+            try:
+                acked.append(eng.call("submit", plan=PLAN)["run_id"])
+            except (ControlError, ControlUnavailable, OSError):
+                refused += 1
+            time.sleep(0.01)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            eng.proc.wait(max(0.0, EXIT_BOUND_S - (time.monotonic() - t0)))
+        took = time.monotonic() - t0
+        print(
+            f"\nfail-stop: engine exited {eng.proc.returncode} {took:.2f} s after the disk filled"
+        )
+        assert eng.proc.returncode is not None, "the engine did not fail-stop"
+        assert eng.proc.returncode != 0
+        assert refused >= 1
+    finally:
+        eng.stop(timeout=5)
+
+    # Restart with the disk still full: the WAL opens and needs no more space.
+    wal_dir = data / "wal"
+    before = _used(small_disk)
+    Wal.open(wal_dir).close()
+    assert _used(small_disk) <= before
+    durable = {r.seq for r in iter_records(wal_dir)}
+    assert durable
+
+    # Space returns: every acknowledged run finishes.
+    (small_disk / "filler").unlink()
+    eng = EngineProc(data, env=env, ready_file=tmp_path / "ready.json", log_path=log_path)
+    try:
+        eng.wait_ready()
+        deadline = time.monotonic() + 30
+        while True:
+            index = scan(wal_dir)
+            states = {r: index.runs[r].status if r in index.runs else None for r in acked}
+            if all(s == "succeeded" for s in states.values()):
+                break
+            assert time.monotonic() < deadline, states
+            time.sleep(0.1)
+    finally:
+        assert eng.stop() == 0, eng.log()
