@@ -25,7 +25,6 @@ has not; nothing but a torn tail of the last segment is ever changed.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,12 +39,11 @@ from tiffany.wal.segments import (
     Segment,
     SyncFn,
     WriteFn,
-    broken_name,
     create_segment,
     list_segments,
+    move_tail_aside,
     read_segment,
     set_aside,
-    write_all,
 )
 
 __all__ = ["OpenState", "Recovery", "recover"]
@@ -143,15 +141,18 @@ def _cut_tail(wal_dir: Path, seg: Segment, torn: TornTail, *, fsync: SyncFn | No
     if torn.reason == TORN_CREATION:
         copy = set_aside(seg.path).name  # create_segment makes it afresh
     else:
-        fd = os.open(seg.path, os.O_RDWR | os.O_CLOEXEC)
-        try:
-            tail = os.pread(fd, torn.bytes_dropped, torn.offset)
-            os.ftruncate(fd, torn.offset)
-            if fsync is not None:
-                fsync(fd)
-        finally:
-            os.close(fd)
-        copy = _keep_tail(wal_dir, seg, torn, tail, fsync=fsync)
+        _, kept = move_tail_aside(seg.path, torn.offset, fsync=fsync)
+        copy = None if kept is None else kept.name
+        if kept is None:
+            log.error(
+                "wal.torn_tail_lost",
+                path=str(wal_dir),
+                segment=seg.name,
+                offset=torn.offset,
+                bytes_dropped=torn.bytes_dropped,
+                reason=torn.reason,
+                note="no room to keep the cut bytes; they were never acknowledged",
+            )
     recovery = Recovery(seg.name, torn.offset, torn.bytes_dropped, torn.reason, copy)
     fields = {
         "path": str(wal_dir),
@@ -168,33 +169,3 @@ def _cut_tail(wal_dir: Path, seg: Segment, torn: TornTail, *, fsync: SyncFn | No
         # we stay tail-tolerant (docs/wal-format.md) but say so loudly.
         log.error("wal.torn_tail_truncated", damaged_last_record=True, **fields)
     return recovery
-
-
-def _keep_tail(
-    wal_dir: Path, seg: Segment, torn: TornTail, tail: bytes, *, fsync: SyncFn | None
-) -> str | None:
-    """Write the cut bytes to ``<segment>.broken``; None (logged) if the disk refuses."""
-    broken = broken_name(seg.path)
-    try:
-        fd = os.open(broken, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
-            write_all(os.write, fd, tail)
-            if fsync is not None:
-                fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            broken.unlink()
-        log.error(
-            "wal.torn_tail_lost",
-            path=str(wal_dir),
-            segment=seg.name,
-            offset=torn.offset,
-            bytes_dropped=torn.bytes_dropped,
-            reason=torn.reason,
-            error=repr(exc),
-            note="the cut bytes could not be kept; they were never acknowledged",
-        )
-        return None
-    return broken.name

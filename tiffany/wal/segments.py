@@ -10,14 +10,14 @@ Invariants:
   into it. After a crash, a segment the directory knows has a header, unless
   the crash struck during creation: then it is the last segment, shorter than
   a header or all zeros, and recovery recreates it.
-* Nothing here deletes a file: damaged ones are copied or renamed with
-  ``BROKEN_SUFFIX``.
+* Nothing here deletes a file: damaged ones are renamed with
+  ``BROKEN_SUFFIX``, or their damaged tails moved into such a file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +41,8 @@ __all__ = [
     "create_segment",
     "fsync_dir",
     "is_torn_creation",
-    "keep_copy",
     "list_segments",
+    "move_tail_aside",
     "read_segment",
     "set_aside",
     "write_all",
@@ -191,15 +191,46 @@ def broken_name(path: Path) -> Path:
     return broken
 
 
-def keep_copy(path: Path) -> Path:
-    """Copy ``path`` to ``<name>.broken`` (see :func:`broken_name`); return the copy."""
-    broken = broken_name(path)
-    shutil.copyfile(path, broken)
-    return broken
-
-
 def set_aside(path: Path) -> Path:
     """Rename ``path`` to ``<name>.broken`` (see :func:`broken_name`); return the new path."""
     broken = broken_name(path)
     path.rename(broken)
     return broken
+
+
+def move_tail_aside(path: Path, offset: int, *, fsync: SyncFn | None) -> tuple[bytes, Path | None]:
+    """Cut ``path`` at ``offset`` and keep the cut bytes in ``<name>.broken`` if they fit.
+
+    The bytes are read first, then the file is truncated and synced (which
+    frees their space), and only then written to the ``.broken`` file: this
+    needs no more space than the file took, so it works on a full disk.
+
+    Returns:
+        The cut bytes, and the ``.broken`` file, or None when it could not be
+        written (the caller logs the loss; a half-written one is removed).
+
+    Raises:
+        OSError: Reading, truncating or syncing ``path`` failed.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        tail = os.pread(fd, max(0, os.fstat(fd).st_size - offset), offset)
+        os.ftruncate(fd, offset)
+        if fsync is not None:
+            fsync(fd)
+    finally:
+        os.close(fd)
+    broken = broken_name(path)
+    try:
+        out = os.open(broken, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            write_all(os.write, out, tail)
+            if fsync is not None:
+                fsync(out)
+        finally:
+            os.close(out)
+    except OSError:
+        with contextlib.suppress(OSError):
+            broken.unlink()
+        return tail, None
+    return tail, broken
