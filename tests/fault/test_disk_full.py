@@ -1,6 +1,13 @@
-"""Disk full under a real ``tiffany engine`` on a small tmpfs: fail-stop, no ack, recovery.
+"""Disk full and I/O errors under the engine: fail-stop, no ack, recovery.
 
-The data dir lives on a 2 MiB tmpfs (root only: elsewhere the test goes
+Injected: the engine runs in-process, and the WAL's injectable ``write`` or
+``fdatasync`` starts failing with ENOSPC or EIO; the engine must stop at
+once (``serve`` returns non-zero), answer the waiting submission with an
+error, never retry the failed call, and a restart must finish every
+acknowledged run.
+
+Real:
+the data dir lives on a 2 MiB tmpfs (root only: elsewhere the test goes
 through the ``unavailable`` fixture). We fill the disk while the engine runs,
 submit, and check: the engine exits non-zero soon (fail-stop; the time is
 printed, the bound asserted is a wide one), no submission made while the disk
@@ -12,9 +19,11 @@ finishes.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,20 +32,19 @@ from typing import Any
 import pytest
 from engine_process import EngineProc
 
-from tiffany.control import ControlError, ControlUnavailable
+from tiffany.config import Settings
+from tiffany.control import ControlError, ControlUnavailable, call
 from tiffany.durable import scan
+from tiffany.engine.service import EngineService
 from tiffany.wal import Wal, iter_records
 
+#: Sleeps only: a step that writes a file would fail on the full disk by itself
+#: (a legitimate failure of that run, not what these tests look at).
 PLAN = {
     "name": "df",
     "steps": [
         {"id": "nap", "tool": "sleep", "args": {"seconds": 0.1}},
-        {
-            "id": "w",
-            "tool": "file.write",
-            "after": ["nap"],
-            "args": {"path": "o.txt", "content": "x"},
-        },
+        {"id": "nap2", "tool": "sleep", "after": ["nap"], "args": {"seconds": 0.1}},
     ],
 }
 #: The fail-stop bound of the requirement is 2 s; we only assert a much wider one.
@@ -135,3 +143,76 @@ def test_disk_full_fail_stops_acknowledges_nothing_and_recovers(
             time.sleep(0.1)
     finally:
         assert eng.stop() == 0, eng.log()
+
+
+def _serve(service: EngineService) -> tuple[threading.Thread, dict[str, int]]:
+    """Run ``service.serve`` in a thread; return it once the engine is ready."""
+    ready = threading.Event()
+    result: dict[str, int] = {}
+    thread = threading.Thread(
+        target=lambda: result.setdefault(
+            "code", service.serve(install_signals=False, ready=ready.set)
+        ),
+        daemon=True,
+    )
+    thread.start()
+    assert ready.wait(60)
+    return thread, result
+
+
+def _wait_succeeded(wal_dir: Path, ids: list[str]) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        index = scan(wal_dir)
+        states = {r: index.runs[r].status if r in index.runs else None for r in ids}
+        if all(s == "succeeded" for s in states.values()):
+            return
+        assert time.monotonic() < deadline, states
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    ("syscall", "code"),
+    [("write", errno.ENOSPC), ("fdatasync", errno.ENOSPC), ("fdatasync", errno.EIO)],
+)
+def test_an_injected_wal_error_fail_stops_without_ack_or_retry(
+    settings: Settings, syscall: str, code: int
+) -> None:
+    service = EngineService(settings)
+    wal = service.runtime.wal
+    real = getattr(wal, f"_{syscall}")
+    failing = threading.Event()
+    failures: list[int] = []
+
+    def injected(fd: int, *args: Any) -> Any:
+        if failing.is_set():
+            failures.append(fd)
+            raise OSError(code, os.strerror(code))
+        return real(fd, *args)
+
+    setattr(wal, f"_{syscall}", injected)
+    thread, result = _serve(service)
+    data = settings.data_dir
+    acked = [call(data, "submit", plan=PLAN)["run_id"] for _ in range(3)]
+    failing.set()
+    t0 = time.monotonic()
+    with pytest.raises((ControlError, ControlUnavailable, OSError)):
+        acked.append(call(data, "submit", plan=PLAN, timeout=EXIT_BOUND_S)["run_id"])
+    thread.join(EXIT_BOUND_S)
+    took = time.monotonic() - t0
+    print(
+        f"\nfail-stop ({syscall} {errno.errorcode[code]}): serve returned {result} in {took:.2f} s"
+    )
+    assert not thread.is_alive(), "the engine did not fail-stop"
+    assert result["code"] != 0
+    assert len(failures) == 1  # the failed call is never retried
+    assert wal.failed
+
+    again = EngineService(settings)
+    thread, result = _serve(again)
+    try:
+        _wait_succeeded(Path(data) / "wal", acked)
+    finally:
+        again.request_stop()
+        thread.join(30)
+    assert result["code"] == 0

@@ -304,6 +304,11 @@ class EngineService:
             return EXIT_RUN_DIVERGED
         except BaseException as exc:
             self._loop_error = exc
+            if self.runtime.wal.failed:
+                # Fail-stop (disk full, I/O error): an operational failure, not a
+                # bug; one line, no traceback to render while submitters wait.
+                log.error("engine.wal_failed", error=str(exc), durable_seq=self.durable_seq)
+                return 1
             log.exception("engine.failed")
             return 1
         finally:
