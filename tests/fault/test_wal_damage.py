@@ -26,7 +26,7 @@ from tiffany.durable.records import RecordType, decode, run_of, unpack_error
 from tiffany.wal import Wal, iter_records
 from tiffany.wal.format import RECORD_HEADER_SIZE_BYTES
 
-RUNS = 5
+RUNS = 3
 NAP_S = 2.0
 PLAN = {
     "name": "damaged",

@@ -39,6 +39,15 @@ def _wal_dir(ctx: typer.Context) -> Path:
     return Path(_settings(ctx).data_dir) / "wal"
 
 
+def _existing_wal_dir(ctx: typer.Context) -> Path:
+    """The WAL directory, or a clear error (exit 1) when there is none."""
+    wal_dir = _wal_dir(ctx)
+    if not wal_dir.is_dir():
+        typer.echo(f"tiffany: no WAL at {wal_dir} (check --data-dir)", err=True)
+        raise typer.Exit(1)
+    return wal_dir
+
+
 def _emit(obj: Any, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(obj, default=repr))
@@ -206,7 +215,7 @@ def wal_verify(
     from tiffany.wal import verify as wal_verify_fn
 
     try:
-        report = wal_verify_fn(_wal_dir(ctx))
+        report = wal_verify_fn(_existing_wal_dir(ctx))
     except WalError as exc:
         _emit(exc.to_dict() if as_json else f"WAL unreadable: {exc}", as_json)
         raise typer.Exit(1) from None
@@ -219,7 +228,11 @@ def wal_verify(
             f"(seq {c.get('seq')}): {c.get('reason')}; run `tiffany wal repair --salvage`",
             err=True,
         )
-        typer.echo(f"  {report.records} records check out before it", err=True)
+        typer.echo(
+            f"  corrupt: {report.records} records check out before it; "
+            "`tiffany wal repair --salvage` keeps every intact record after it too",
+            err=True,
+        )
     else:
         span = f" (seq {report.first_seq}..{report.last_seq})" if report.records else ""
         typer.echo(f"WAL ok: {report.records} records in {report.segments} segments{span}")
@@ -266,7 +279,7 @@ def wal_repair(
     from tiffany.wal import repair as wal_repair_fn
     from tiffany.wal.salvage import scan_salvage
 
-    wal_dir = _wal_dir(ctx)
+    wal_dir = _existing_wal_dir(ctx)
     intact = len(scan_salvage(wal_dir)[0])
     report = wal_repair_fn(wal_dir)
     if report.corruption is None:
@@ -276,7 +289,7 @@ def wal_repair(
     dropped = max(0, intact - report.records_kept)
     where = f"{report.truncated} at offset {report.offset}" if report.truncated else c["segment"]
     typer.echo(
-        f"truncated the WAL at segment {c['segment']} offset {c['offset']} "
+        f"repaired: truncated the WAL at segment {c['segment']} offset {c['offset']} "
         f"(seq {c['seq']}: {c['reason']}): kept {report.records_kept} records, "
         f"DROPPED {dropped} records that still checked out after it"
     )
@@ -293,7 +306,7 @@ def _salvage(ctx: typer.Context) -> None:
 
     charged: dict[str, list[str]] = {}
     report = wal_salvage_fn(
-        _wal_dir(ctx), finish=lambda recs, losses: _fail_losers(recs, losses, charged)
+        _existing_wal_dir(ctx), finish=lambda recs, losses: _fail_losers(recs, losses, charged)
     )
     if not report.losses:
         typer.echo("WAL ok: nothing lost, nothing to salvage")
@@ -306,7 +319,7 @@ def _salvage(ctx: typer.Context) -> None:
     for loss in report.losses:
         typer.echo(f"  lost: {loss.describe()}")
     if charged:
-        typer.echo("runs that lost records (each now FAILED with the reason):")
+        typer.echo("runs that lost records:")
         for run_id, reasons in charged.items():
             typer.echo(f"  {run_id}: {'; '.join(reasons)}")
     else:
@@ -352,7 +365,8 @@ def _fail_losers(
             run_no = run_of(payload)
             if run_no in reasons and run_no in live:
                 charged[live[run_no]] = [
-                    x.describe() + " (the run had ended)" for x in reasons[run_no]
+                    "ended before the salvage, left as it ended; lost "
+                    + "; ".join(x.describe() for x in reasons[run_no])
                 ]
             live.pop(run_no, None)
     out: list[tuple[int, bytes]] = []
@@ -369,7 +383,7 @@ def _fail_losers(
             seq=first.seq,
             reason=first.reason,
         )
-        charged[live[run_no]] = described
+        charged[live[run_no]] = ["now FAILED; lost " + "; ".join(described)]
         fields = ["failed", pack_error(error), time.time()]  # noqa: TID251 - a record's wall time
         out.append((int(RecordType.RUN_END), encode(RUN_PREFIX.pack(run_no), fields)))
     return out
