@@ -16,7 +16,7 @@ Then the log is opened from that image:
   followed by a good but unacknowledged record: out-of-order writeback in
   the last segment), ``salvage`` still keeps every acknowledged record.
 
-``TIFFANY_FAULT_SEEDS`` raises the number of seeded iterations (default 200).
+``TIFFANY_POWER_LOSS_SEEDS`` raises the number of seeded iterations (default 200).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from tiffany.wal import FsyncPolicy, Wal, iter_records
 from tiffany.wal.salvage import salvage
 
 SECTOR = 512
-SEEDS = int(os.environ.get("TIFFANY_FAULT_SEEDS", "200"))
+SEEDS = int(os.environ.get("TIFFANY_POWER_LOSS_SEEDS", "200"))
 
 
 @dataclass
