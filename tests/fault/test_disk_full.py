@@ -37,6 +37,7 @@ from tiffany.control import ControlError, ControlUnavailable, call
 from tiffany.durable import scan
 from tiffany.engine.service import EngineService
 from tiffany.wal import Wal, iter_records
+from tiffany.wal.format import segment_name
 
 #: Sleeps only: a step that writes a file would fail on the full disk by itself
 #: (a legitimate failure of that run, not what these tests look at).
@@ -216,3 +217,19 @@ def test_an_injected_wal_error_fail_stops_without_ack_or_retry(
         again.request_stop()
         thread.join(30)
     assert result["code"] == 0
+
+
+def test_a_rotation_torn_by_a_full_disk_reopens_on_the_still_full_disk(small_disk: Path) -> None:
+    """A full disk tears a rotation (the new segment exists, empty); opening needs no space."""
+    wal_dir = small_disk / "wal"
+    with Wal.open(wal_dir, segment_size_bytes=4096) as wal:
+        seqs = [wal.append(1, bytes([i]) * 300) for i in range(40)]
+    assert len(list(wal_dir.glob("*.wal"))) > 2
+    _fill(small_disk / "filler")
+    torn = wal_dir / segment_name(seqs[-1] + 1)
+    torn.touch()  # what create_segment leaves when the header write gets ENOSPC
+    with Wal.open(wal_dir, segment_size_bytes=4096) as wal:
+        assert wal.recovery is not None
+        assert wal.recovery.segment == torn.name
+        assert wal.durable_seq == seqs[-1]
+    assert [r.payload[0] for r in iter_records(wal_dir)] == list(range(40))

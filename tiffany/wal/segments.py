@@ -44,6 +44,7 @@ __all__ = [
     "list_segments",
     "move_tail_aside",
     "read_segment",
+    "reset_segment",
     "set_aside",
     "write_all",
 ]
@@ -181,6 +182,27 @@ def create_segment(wal_dir: Path, first_seq: int, *, write: WriteFn, fsync: Sync
     return fd
 
 
+def reset_segment(path: Path, first_seq: int, *, write: WriteFn, fsync: SyncFn | None) -> int:
+    """Write a header into an empty segment file left by a torn creation; return its fd.
+
+    Unlike :func:`create_segment` no new file is made, so this needs no new
+    inode or directory entry (a restart on a full disk).
+
+    Raises:
+        OSError: Writing or syncing failed.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    try:
+        write_all(write, fd, encode_header(first_seq))
+        if fsync is not None:
+            fsync(fd)
+            fsync_dir(path.parent, fsync)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def broken_name(path: Path) -> Path:
     """Return ``<name>.broken``, or ``<name>.broken.2``, ... if taken: never overwrite."""
     broken = path.with_name(path.name + BROKEN_SUFFIX)
@@ -220,6 +242,8 @@ def move_tail_aside(path: Path, offset: int, *, fsync: SyncFn | None) -> tuple[b
             fsync(fd)
     finally:
         os.close(fd)
+    if not tail:
+        return tail, None
     broken = broken_name(path)
     try:
         out = os.open(broken, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
