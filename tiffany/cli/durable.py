@@ -263,6 +263,16 @@ def wal_repair(
     data_dir: DataDirOption = None,
 ) -> None:
     """Repair a damaged WAL: ``--salvage`` keeps every good record, ``--yes`` truncates."""
+    from tiffany.errors import WalError
+
+    try:
+        _repair(ctx, yes=yes, salvage=salvage)
+    except WalError as exc:  # locked by a running engine, or another format
+        typer.echo(f"tiffany: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _repair(ctx: typer.Context, *, yes: bool, salvage: bool) -> None:
     if salvage:
         _salvage(ctx)
         return

@@ -21,6 +21,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from tiffany.errors import WalCorruptionError, WalFormatError
 from tiffany.wal.format import (
@@ -35,6 +36,7 @@ from tiffany.wal.format import (
 )
 
 __all__ = [
+    "REMEDY",
     "Segment",
     "broken_name",
     "check_header",
@@ -48,6 +50,11 @@ __all__ = [
     "set_aside",
     "write_all",
 ]
+
+#: What a corruption error tells a person to do (docs/wal-format.md).
+REMEDY: Final = (
+    "; the log will not open: run `tiffany wal repair --salvage` (keeps every intact record)"
+)
 
 #: ``os.write``-like: write some of the bytes, return how many.
 WriteFn = Callable[[int, bytes | bytearray | memoryview], int]
@@ -115,7 +122,7 @@ def check_header(seg: Segment, data: bytes) -> None:
             version=int(problem.split()[1]),
         )
     raise WalCorruptionError(
-        f"{seg.name}: {problem} at offset 0 (segment of seq {seg.first_seq})",
+        f"{seg.name}: {problem} at offset 0 (segment of seq {seg.first_seq}){REMEDY}",
         segment=seg.name,
         offset=0,
         seq=seg.first_seq,
