@@ -4,8 +4,11 @@
 journal, then live); ``--verify`` replays a finished run without side
 effects and exits 0 only when it replays identically. ``tiffany wal dump``
 prints records (``--json`` for one JSON object per line), ``wal verify``
-checks every segment without changing anything, ``wal repair`` truncates at
-the first corruption (keeping a ``.broken`` copy) only when asked.
+checks every segment without changing anything and says in one line whether
+the log is ok or where it is damaged, ``wal repair --salvage`` keeps every
+record that checks out (``tiffany/wal/salvage.py``), fails the runs that lost
+records with the reason (a RUN_END ``failed`` each) and rebuilds the store
+(sequence numbers shift); ``wal repair --yes`` truncates at the first damage.
 """
 
 from __future__ import annotations
@@ -13,11 +16,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from tiffany.cli import DataDirOption
+
+if TYPE_CHECKING:
+    from tiffany.wal import Loss
 
 __all__ = ["register"]
 
@@ -31,6 +37,15 @@ def _wal_dir(ctx: typer.Context) -> Path:
     from tiffany.cli import _settings
 
     return Path(_settings(ctx).data_dir) / "wal"
+
+
+def _existing_wal_dir(ctx: typer.Context) -> Path:
+    """The WAL directory, or a clear error (exit 1) when there is none."""
+    wal_dir = _wal_dir(ctx)
+    if not wal_dir.is_dir():
+        typer.echo(f"tiffany: no WAL at {wal_dir} (check --data-dir)", err=True)
+        raise typer.Exit(1)
+    return wal_dir
 
 
 def _emit(obj: Any, as_json: bool) -> None:
@@ -145,6 +160,7 @@ def wal_dump(
     run_id: Annotated[str | None, typer.Option("--run", help="Only this run's records.")] = None,
     from_seq: Annotated[int, typer.Option("--from", help="First sequence number.")] = 1,
     limit: Annotated[int | None, typer.Option("--limit", help="At most this many records.")] = None,
+    data_dir: DataDirOption = None,
 ) -> None:
     """Print WAL records, decoded."""
     from tiffany.durable import RecordType, scan
@@ -192,41 +208,217 @@ def wal_dump(
 def wal_verify(
     ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    data_dir: DataDirOption = None,
 ) -> None:
-    """Check every segment and record; exit non-zero on corruption. Changes nothing."""
+    """Check every segment and record; exit non-zero on damage. Changes nothing."""
     from tiffany.errors import WalError
     from tiffany.wal import verify as wal_verify_fn
 
     try:
-        report = wal_verify_fn(_wal_dir(ctx))
+        report = wal_verify_fn(_existing_wal_dir(ctx))
     except WalError as exc:
-        _emit(exc.to_dict() if as_json else f"WAL corrupt: {exc}", as_json)
+        _emit(exc.to_dict() if as_json else f"WAL unreadable: {exc}", as_json)
         raise typer.Exit(1) from None
-    _emit(_as_dict(report) if as_json else f"WAL ok: {_as_dict(report)}", as_json)
-    raise typer.Exit(0 if getattr(report, "ok", True) else 1)
+    if as_json:
+        _emit(_as_dict(report), True)
+    elif report.corruption is not None:
+        c = report.corruption
+        typer.echo(
+            f"WAL DAMAGED at segment {c.get('segment')} offset {c.get('offset')} "
+            f"(seq {c.get('seq')}): {c.get('reason')}; run `tiffany wal repair --salvage`",
+            err=True,
+        )
+        typer.echo(
+            f"  corrupt: {report.records} records check out before it; "
+            "`tiffany wal repair --salvage` keeps every intact record after it too",
+            err=True,
+        )
+    else:
+        span = f" (seq {report.first_seq}..{report.last_seq})" if report.records else ""
+        typer.echo(f"WAL ok: {report.records} records in {report.segments} segments{span}")
+        if report.torn is not None:
+            t = report.torn
+            typer.echo(
+                f"  the last segment {t.segment} ends in a torn tail at offset {t.offset} "
+                f"({t.bytes_dropped} bytes, {t.reason}; never acknowledged): the next "
+                "open cuts it"
+            )
+    raise typer.Exit(0 if report.ok else 1)
 
 
 @wal_app.command("repair")
 def wal_repair(
     ctx: typer.Context,
     yes: Annotated[
-        bool, typer.Option("--yes", help="Really truncate at the first corruption.")
+        bool,
+        typer.Option("--yes", help="Truncate at the first damage (drops everything after it)."),
     ] = False,
+    salvage: Annotated[
+        bool,
+        typer.Option(
+            "--salvage",
+            help="Keep every record that checks out; fail the runs that lost records.",
+        ),
+    ] = False,
+    data_dir: DataDirOption = None,
 ) -> None:
-    """Truncate the WAL at its first corruption, keeping a ``.broken`` copy."""
-    from tiffany.wal import repair as wal_repair_fn
-    from tiffany.wal import verify as wal_verify_fn
+    """Repair a damaged WAL: ``--salvage`` keeps every good record, ``--yes`` truncates."""
+    from tiffany.errors import WalError
 
+    try:
+        _repair(ctx, yes=yes, salvage=salvage)
+    except WalError as exc:  # locked by a running engine, or another format
+        typer.echo(f"tiffany: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _repair(ctx: typer.Context, *, yes: bool, salvage: bool) -> None:
+    if salvage:
+        _salvage(ctx)
+        return
     if not yes:
         typer.echo(
-            "this truncates the WAL at its first bad record (a .broken copy is kept); "
-            "run again with --yes",
+            "tiffany wal repair needs one of:\n"
+            "  --salvage  keep every record that checks out, fail the runs that lost "
+            "records, resume the others (recommended)\n"
+            "  --yes      truncate at the first damage: every record after it is dropped "
+            "(kept in .broken files)",
             err=True,
         )
         raise typer.Exit(2)
-    report = wal_repair_fn(_wal_dir(ctx))
-    typer.echo(f"repaired: {_as_dict(report)}")
-    wal_verify_fn(_wal_dir(ctx))
+    from tiffany.wal import repair as wal_repair_fn
+    from tiffany.wal.salvage import scan_salvage
+
+    wal_dir = _existing_wal_dir(ctx)
+    intact = len(scan_salvage(wal_dir)[0])
+    report = wal_repair_fn(wal_dir)
+    if report.corruption is None:
+        typer.echo("WAL ok: nothing to repair")
+        return
+    c = report.corruption
+    dropped = max(0, intact - report.records_kept)
+    where = f"{report.truncated} at offset {report.offset}" if report.truncated else c["segment"]
+    typer.echo(
+        f"repaired: truncated the WAL at segment {c['segment']} offset {c['offset']} "
+        f"(seq {c['seq']}: {c['reason']}): kept {report.records_kept} records, "
+        f"DROPPED {dropped} records that still checked out after it"
+    )
+    typer.echo(f"  cut {where}; set aside whole: {', '.join(report.moved_aside) or 'none'}")
+    typer.echo(
+        f"  the dropped bytes are in: {', '.join(report.copies + report.moved_aside) or '-'}"
+    )
+    _rebuild_store(ctx)
+
+
+def _salvage(ctx: typer.Context) -> None:
+    """``wal repair --salvage``: rewrite the log, fail the runs that lost records, rebuild."""
+    from tiffany.wal import salvage as wal_salvage_fn
+
+    charged: dict[str, list[str]] = {}
+    report = wal_salvage_fn(
+        _existing_wal_dir(ctx), finish=lambda recs, losses: _fail_losers(recs, losses, charged)
+    )
+    if not report.losses:
+        typer.echo("WAL ok: nothing lost, nothing to salvage")
+        return
+    typer.echo(
+        f"salvaged the WAL: {report.records_kept} records kept in {len(report.written)} "
+        f"new segments (seq {report.first_seq}..{report.last_seq}); the damaged originals "
+        f"are {', '.join(n + '.broken' for n in report.moved_aside)}"
+    )
+    for loss in report.losses:
+        typer.echo(f"  lost: {loss.describe()}")
+    if charged:
+        typer.echo("runs that lost records:")
+        for run_id, reasons in charged.items():
+            typer.echo(f"  {run_id}: {'; '.join(reasons)}")
+    else:
+        typer.echo("no unfinished run lost a record; every run resumes")
+    _rebuild_store(ctx)
+
+
+def _fail_losers(
+    records: list[tuple[int, bytes]], losses: list[Loss], charged: dict[str, list[str]]
+) -> list[tuple[int, bytes]]:
+    """Charge each loss to its runs; return a RUN_END ``failed`` for each still running.
+
+    A skipped frame whose payload names a run live at that point is that
+    run's loss; any other loss is charged to every run live (started, not
+    ended) where it happened. A run that ended after its loss keeps its end.
+    """
+    import time
+
+    from tiffany.durable.records import RUN_PREFIX, RecordType, decode, encode, pack_error, run_of
+    from tiffany.errors import WalCorruptionError
+
+    live: dict[int, str] = {}
+    reasons: dict[int, list[Loss]] = {}
+    pending = sorted(losses, key=lambda x: x.kept_before)
+    li = 0
+    for i in range(len(records) + 1):
+        while li < len(pending) and pending[li].kept_before <= i:
+            loss = pending[li]
+            li += 1
+            if loss.records == 0:
+                continue
+            owner = run_of(loss.prefix) if loss.prefix is not None else None
+            for run_no in [owner] if owner in live else list(live):
+                assert run_no is not None
+                reasons.setdefault(run_no, []).append(loss)
+        if i == len(records):
+            break
+        rtype, payload = records[i]
+        if rtype == RecordType.RUN_START:
+            run_no, fields = decode(payload)
+            live[run_no] = str(fields[0])
+        elif rtype == RecordType.RUN_END:
+            run_no = run_of(payload)
+            if run_no in reasons and run_no in live:
+                charged[live[run_no]] = [
+                    "ended before the salvage, left as it ended; lost "
+                    + "; ".join(x.describe() for x in reasons[run_no])
+                ]
+            live.pop(run_no, None)
+    out: list[tuple[int, bytes]] = []
+    for run_no, run_losses in reasons.items():
+        if run_no not in live:
+            continue
+        first = run_losses[0]
+        described = [x.describe() for x in run_losses]
+        error = WalCorruptionError(
+            f"the WAL lost records of this run: {'; '.join(described)} "
+            "(salvaged by `tiffany wal repair --salvage`)",
+            segment=first.segment,
+            offset=first.offset,
+            seq=first.seq,
+            reason=first.reason,
+        )
+        charged[live[run_no]] = ["now FAILED; lost " + "; ".join(described)]
+        fields = ["failed", pack_error(error), time.time()]  # noqa: TID251 - a record's wall time
+        out.append((int(RecordType.RUN_END), encode(RUN_PREFIX.pack(run_no), fields)))
+    return out
+
+
+def _rebuild_store(ctx: typer.Context) -> None:
+    """Rebuild the SQL store from the repaired WAL (its sequence numbers changed)."""
+    from tiffany.cli.db import _engine, rebuild_store
+    from tiffany.store.migrate import upgrade as alembic_upgrade
+
+    try:
+        engine, shown = _engine(ctx)
+        try:
+            alembic_upgrade(engine)
+            done = rebuild_store(engine, _wal_dir(ctx))
+        finally:
+            engine.dispose()
+    except Exception as exc:  # noqa: BLE001 - said, with what to do
+        typer.echo(
+            f"the store could not be rebuilt ({exc}); run `tiffany db rebuild` before "
+            "starting the engine",
+            err=True,
+        )
+        raise typer.Exit(1) from None
+    typer.echo(f"rebuilt the store {shown} from {done.records} records")
 
 
 def _as_dict(obj: Any) -> Any:

@@ -86,6 +86,9 @@ FSYNC_BUCKETS_S: Final = (
 #: Exit code of an engine that stopped because a run's replay diverged
 #: (that run is marked failed; a restart resumes the others).
 EXIT_RUN_DIVERGED: Final = 3
+#: How long the stop waits on the projector after the WAL failed (disk full or
+#: broken: the projector may hang on the same disk; it is killed after this).
+WAL_FAILED_STOP_S: Final = 0.3
 #: Commands the inbox runs in one dispatch before letting other tasks run.
 INBOX_BATCH: Final = 8
 #: Longest a ``verify`` replay may take, in seconds.
@@ -302,6 +305,11 @@ class EngineService:
             return EXIT_RUN_DIVERGED
         except BaseException as exc:
             self._loop_error = exc
+            if self.runtime.wal.failed:
+                # Fail-stop (disk full, I/O error): an operational failure, not a
+                # bug; one line, no traceback to render while submitters wait.
+                log.error("engine.wal_failed", error=str(exc), durable_seq=self.durable_seq)
+                return 1
             log.exception("engine.failed")
             return 1
         finally:
@@ -310,11 +318,15 @@ class EngineService:
             with self._durable:
                 self._durable.notify_all()
             self.inbox.close()
+            # Fail-stop (docs/wal-format.md): when the WAL failed, the disk may be
+            # full or broken, and whatever writes to it (the projector) may hang
+            # on it; wait on nothing for long, so that `serve` restarts us soon.
+            wal_failed = self.runtime.wal.failed
             try:
                 self.runtime.close()
             except Exception:
                 log.exception("engine.close_failed")
-            self.projector.stop()
+            self.projector.stop(timeout=WAL_FAILED_STOP_S if wal_failed else 15.0)
             self.feed.stop()
             self.hub.stop()
             if wakeup is not None:

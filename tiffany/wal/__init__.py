@@ -18,10 +18,11 @@ Public API::
         ...
     verify(path)                                   # VerifyReport, changes nothing
     repair(path)                                   # RepairReport, truncates at corruption
+    salvage(path, finish=...)                      # SalvageReport, keeps every good record
 
 Modules: ``format`` (constants, segment header), ``frame`` (one record),
 ``segments`` (files), ``lock``, ``reader``, ``recovery`` (what open does),
-``writer``, ``repair``.
+``writer``, ``repair``, ``salvage``.
 """
 
 from tiffany.wal.format import MAX_RECORD_BYTES, SEGMENT_SIZE_BYTES
@@ -29,6 +30,7 @@ from tiffany.wal.frame import split_frames
 from tiffany.wal.reader import Record, TornTail, iter_records
 from tiffany.wal.recovery import Recovery
 from tiffany.wal.repair import RepairReport, VerifyReport, repair, verify
+from tiffany.wal.salvage import Loss, SalvageReport, salvage
 from tiffany.wal.writer import CommitListener, FsyncPolicy, Wal
 
 __all__ = [
@@ -36,14 +38,17 @@ __all__ = [
     "SEGMENT_SIZE_BYTES",
     "CommitListener",
     "FsyncPolicy",
+    "Loss",
     "Record",
     "Recovery",
     "RepairReport",
+    "SalvageReport",
     "TornTail",
     "VerifyReport",
     "Wal",
     "iter_records",
     "repair",
+    "salvage",
     "split_frames",
     "verify",
 ]

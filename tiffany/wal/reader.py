@@ -49,6 +49,7 @@ from tiffany.wal.format import (
 )
 from tiffany.wal.frame import decode, next_frame
 from tiffany.wal.segments import (
+    REMEDY,
     Segment,
     check_header,
     is_torn_creation,
@@ -123,7 +124,7 @@ def _problem(seg: Segment, data: bytes, offset: int, seq: int, *, last: bool) ->
         return TornTail(seg.name, offset, len(data) - offset, problem)
     where = "good records follow it" if last else "in a segment that is not the last"
     raise WalCorruptionError(
-        f"{seg.name}: {problem} at offset {offset} (record seq {seq}; {where})",
+        f"{seg.name}: {problem} at offset {offset} (record seq {seq}; {where}){REMEDY}",
         segment=seg.name,
         offset=offset,
         seq=seq,
@@ -176,7 +177,7 @@ def sequence_gap(seg: Segment, expected: int) -> WalCorruptionError:
     """Return the error for a segment that does not start where the previous one ended."""
     return WalCorruptionError(
         f"{seg.name}: sequence gap: the previous segment ends before seq {expected}, "
-        f"this one starts at {seg.first_seq}",
+        f"this one starts at {seg.first_seq}{REMEDY}",
         segment=seg.name,
         offset=0,
         seq=expected,

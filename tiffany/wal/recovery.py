@@ -6,17 +6,22 @@ What ``Wal.open`` does once it holds the lock:
 2. check every segment and the sequence numbers between them
    (:func:`~tiffany.wal.reader.scan_segment`): corruption anywhere raises,
    and the log refuses to open;
-3. a torn tail of the last segment is copied to ``<name>.broken``, then
-   truncated at its last good record and fsynced; a torn *creation* (a last
-   segment shorter than its header, or all zeros) is renamed ``.broken``
-   and created afresh. Either way it is logged and reported as
-   :class:`Recovery`;
+3. a torn tail of the last segment is moved aside: its bytes are read,
+   the segment is truncated at its last good record and fsynced (freeing
+   the space), then the cut bytes go to ``<name>.broken`` if they fit; a
+   torn *creation* (a last
+   segment shorter than its header, or all zeros: no record in it) is
+   renamed ``.broken`` and appending goes on in the segment before it (no
+   new space needed); a torn first segment gets its header again instead.
+   Either way it is logged and reported as :class:`Recovery`;
 4. open the last segment for appending, and fsync it: what a previous
    writer left unsynced in the page cache becomes durable, so
    ``durable_seq`` starts honest.
 
-Invariants: nothing is deleted (damaged bytes are kept as ``.broken``
-files), and nothing but a torn tail of the last segment is ever changed.
+Invariants: opening never needs more disk space than the log already
+takes (a full disk must not stop a restart); damaged bytes are kept as
+``.broken`` files when the disk has room, and their loss is logged when it
+has not; nothing but a torn tail of the last segment is ever changed.
 """
 
 from __future__ import annotations
@@ -36,9 +41,11 @@ from tiffany.wal.segments import (
     SyncFn,
     WriteFn,
     create_segment,
-    keep_copy,
+    fsync_dir,
     list_segments,
+    move_tail_aside,
     read_segment,
+    reset_segment,
     set_aside,
 )
 
@@ -57,14 +64,17 @@ class Recovery:
             segment itself was torn at creation and was made afresh.
         bytes_dropped: How many bytes were cut.
         reason: The problem found at ``offset`` (``"short payload"``, ...).
-        copy: The file name of the ``.broken`` copy of the segment as found.
+        copy: The file the cut bytes were moved to (``<segment>.broken``,
+            holding only the bytes from ``offset`` on; the whole file for a
+            torn creation), or None when the disk had no room for them
+            (logged as ``wal.torn_tail_lost``).
     """
 
     segment: str
     offset: int
     bytes_dropped: int
     reason: str
-    copy: str
+    copy: str | None
 
 
 class OpenState(NamedTuple):
@@ -93,18 +103,25 @@ def recover(wal_dir: Path, *, write: WriteFn, fsync: SyncFn | None) -> OpenState
         fd = create_segment(wal_dir, 1, write=write, fsync=fsync)
         return OpenState(fd, HEADER_SIZE_BYTES, 1, None)
     expected = segments[0].first_seq
-    scan = SegmentScan(0, HEADER_SIZE_BYTES, None)
+    scan = prev = SegmentScan(0, HEADER_SIZE_BYTES, None)
     for i, seg in enumerate(segments):
         if seg.first_seq != expected:
             raise sequence_gap(seg, expected)
-        scan = scan_segment(seg, read_segment(seg), last=i == len(segments) - 1)
+        prev, scan = scan, scan_segment(seg, read_segment(seg), last=i == len(segments) - 1)
         expected = seg.first_seq + scan.records
     last = segments[-1]
     recovery = None
-    if scan.torn is not None:
-        recovery = _cut_tail(wal_dir, last, scan.torn, fsync=fsync)
-        if scan.torn.reason == TORN_CREATION:
-            fd = create_segment(wal_dir, last.first_seq, write=write, fsync=fsync)
+    torn = scan.torn
+    if torn is not None:
+        recovery = _cut_tail(wal_dir, last, torn, fsync=fsync)
+        if torn.reason == TORN_CREATION and len(segments) > 1:
+            # The torn segment holds no record and is set aside (a rename: no
+            # space needed, which matters when a full disk tore the rotation);
+            # appending goes on in the previous segment, whose next append
+            # rotates again.
+            last, scan = segments[-2], prev
+        elif torn.reason == TORN_CREATION:
+            fd = reset_segment(last.path, last.first_seq, write=write, fsync=fsync)
             return OpenState(fd, HEADER_SIZE_BYTES, last.first_seq, recovery)
     fd = os.open(last.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
     try:
@@ -120,26 +137,43 @@ def recover(wal_dir: Path, *, write: WriteFn, fsync: SyncFn | None) -> OpenState
 
 
 def _cut_tail(wal_dir: Path, seg: Segment, torn: TornTail, *, fsync: SyncFn | None) -> Recovery:
-    """Keep a ``.broken`` copy of the last segment, then cut its torn tail."""
-    if torn.reason == TORN_CREATION:
-        copy = set_aside(seg.path)  # create_segment makes it afresh
+    """Move the torn tail of the last segment aside: cut it, then keep its bytes if they fit.
+
+    Discussion: the cut bytes are read first, the segment is truncated and
+    synced (which frees their space), and only then are they written to a
+    small ``.broken`` file. A full disk must not keep the engine from
+    starting: if even that file cannot be written, the loss is logged (those
+    bytes were never acknowledged, see docs/wal-format.md) and opening goes
+    on. We rejected copying the whole segment first (the old way): on a full
+    disk the copy fails, and the restart with it.
+    """
+    if torn.reason == TORN_CREATION and seg.first_seq > 1:
+        kept: Path | None = set_aside(seg.path)  # see recover(): no record in it
+        if fsync is not None:
+            fsync_dir(wal_dir, fsync)
     else:
-        copy = keep_copy(seg.path)
-        fd = os.open(seg.path, os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            os.ftruncate(fd, torn.offset)
-            if fsync is not None:
-                fsync(fd)
-        finally:
-            os.close(fd)
-    recovery = Recovery(seg.name, torn.offset, torn.bytes_dropped, torn.reason, copy.name)
+        # A torn first segment is cut at 0 and ``reset_segment`` writes its
+        # header into the same file.
+        _, kept = move_tail_aside(seg.path, torn.offset, fsync=fsync)
+    copy = None if kept is None else kept.name
+    if kept is None and torn.bytes_dropped:
+        log.error(
+            "wal.torn_tail_lost",
+            path=str(wal_dir),
+            segment=seg.name,
+            offset=torn.offset,
+            bytes_dropped=torn.bytes_dropped,
+            reason=torn.reason,
+            note="no room to keep the cut bytes; they were never acknowledged",
+        )
+    recovery = Recovery(seg.name, torn.offset, torn.bytes_dropped, torn.reason, copy)
     fields = {
         "path": str(wal_dir),
         "segment": seg.name,
         "offset": torn.offset,
         "bytes_dropped": torn.bytes_dropped,
         "reason": torn.reason,
-        "copy": copy.name,
+        "copy": copy,
     }
     if is_benign(torn.reason) or torn.reason == TORN_CREATION:
         log.warning("wal.torn_tail_truncated", **fields)

@@ -6,16 +6,17 @@ unsynced tail then looks torn).
 
 ``repair`` is for corruption, which ``Wal.open`` refuses. It runs only when
 a person asks, with the lock held (so never under a live engine), and loses
-no byte: it copies the damaged segment to ``<name>.broken`` and truncates it
-at the bad record (or, if its header is bad, renames it ``.broken`` whole),
-then renames every later segment ``.broken`` too, and fsyncs the directory.
+no byte: it truncates the damaged segment
+at the bad record, moving the cut bytes to ``<name>.broken`` (or, if its
+header is bad, renames it ``.broken`` whole), then renames every later
+segment ``.broken`` too, and fsyncs the directory.
 What remains is the log up to the record before the corruption; a later
 ``Wal.open`` continues from there.
 
-Discussion: we do not try to salvage the records after a bad one (LevelDB's
-reader skips to the next block). The journal is a history: a replay that
-skipped a dispatch would diverge, so the only safe log is a prefix. The
-``.broken`` files keep the rest for a person to look at.
+Discussion: ``repair`` keeps a prefix: the only log a replay can trust whole.
+``salvage`` (``salvage.py``, ``tiffany wal repair --salvage``) keeps every
+record that checks out instead, and the durable layer fails the runs that
+lost records (a replay that skipped one of their dispatches would diverge).
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ from tiffany.errors import WalCorruptionError
 from tiffany.wal.format import HEADER_SIZE_BYTES
 from tiffany.wal.lock import lock_dir, unlock
 from tiffany.wal.reader import TornTail, scan_segment, sequence_gap
-from tiffany.wal.segments import fsync_dir, keep_copy, list_segments, read_segment, set_aside
+from tiffany.wal.segments import (
+    fsync_dir,
+    list_segments,
+    move_tail_aside,
+    read_segment,
+    set_aside,
+)
 
 __all__ = ["RepairReport", "VerifyReport", "repair", "verify"]
 
@@ -75,7 +82,8 @@ class RepairReport:
         truncated: The segment it truncated, if any.
         offset: Where it truncated it.
         moved_aside: Segments renamed ``.broken`` whole.
-        copies: The ``.broken`` copies it made of truncated segments.
+        copies: The ``.broken`` files holding the bytes cut off a truncated
+            segment (none if the disk had no room for them).
         records_kept: How many records the log holds now.
     """
 
@@ -152,13 +160,9 @@ def _repair(path: Path) -> RepairReport:
         set_aside(seg.path)
         report.moved_aside.append(seg.name)
     else:
-        report.copies.append(keep_copy(seg.path).name)
-        fd = os.open(seg.path, os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            os.ftruncate(fd, offset)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _, kept = move_tail_aside(seg.path, offset, fsync=os.fsync)
+        if kept is not None:
+            report.copies.append(kept.name)
         report.truncated, report.offset = seg.name, offset
     for later in segments[idx + 1 :]:
         set_aside(later.path)

@@ -10,17 +10,18 @@ Invariants:
   into it. After a crash, a segment the directory knows has a header, unless
   the crash struck during creation: then it is the last segment, shorter than
   a header or all zeros, and recovery recreates it.
-* Nothing here deletes a file: damaged ones are copied or renamed with
-  ``BROKEN_SUFFIX``.
+* Nothing here deletes a file: damaged ones are renamed with
+  ``BROKEN_SUFFIX``, or their damaged tails moved into such a file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from tiffany.errors import WalCorruptionError, WalFormatError
 from tiffany.wal.format import (
@@ -35,17 +36,25 @@ from tiffany.wal.format import (
 )
 
 __all__ = [
+    "REMEDY",
     "Segment",
+    "broken_name",
     "check_header",
     "create_segment",
     "fsync_dir",
     "is_torn_creation",
-    "keep_copy",
     "list_segments",
+    "move_tail_aside",
     "read_segment",
+    "reset_segment",
     "set_aside",
     "write_all",
 ]
+
+#: What a corruption error tells a person to do (docs/wal-format.md).
+REMEDY: Final = (
+    "; the log will not open: run `tiffany wal repair --salvage` (keeps every intact record)"
+)
 
 #: ``os.write``-like: write some of the bytes, return how many.
 WriteFn = Callable[[int, bytes | bytearray | memoryview], int]
@@ -113,7 +122,7 @@ def check_header(seg: Segment, data: bytes) -> None:
             version=int(problem.split()[1]),
         )
     raise WalCorruptionError(
-        f"{seg.name}: {problem} at offset 0 (segment of seq {seg.first_seq})",
+        f"{seg.name}: {problem} at offset 0 (segment of seq {seg.first_seq}){REMEDY}",
         segment=seg.name,
         offset=0,
         seq=seg.first_seq,
@@ -180,7 +189,28 @@ def create_segment(wal_dir: Path, first_seq: int, *, write: WriteFn, fsync: Sync
     return fd
 
 
-def _broken_name(path: Path) -> Path:
+def reset_segment(path: Path, first_seq: int, *, write: WriteFn, fsync: SyncFn | None) -> int:
+    """Write a header into an empty segment file left by a torn creation; return its fd.
+
+    Unlike :func:`create_segment` no new file is made, so this needs no new
+    inode or directory entry (a restart on a full disk).
+
+    Raises:
+        OSError: Writing or syncing failed.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    try:
+        write_all(write, fd, encode_header(first_seq))
+        if fsync is not None:
+            fsync(fd)
+            fsync_dir(path.parent, fsync)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def broken_name(path: Path) -> Path:
     """Return ``<name>.broken``, or ``<name>.broken.2``, ... if taken: never overwrite."""
     broken = path.with_name(path.name + BROKEN_SUFFIX)
     n = 1
@@ -190,15 +220,48 @@ def _broken_name(path: Path) -> Path:
     return broken
 
 
-def keep_copy(path: Path) -> Path:
-    """Copy ``path`` to ``<name>.broken`` (see :func:`_broken_name`); return the copy."""
-    broken = _broken_name(path)
-    shutil.copyfile(path, broken)
-    return broken
-
-
 def set_aside(path: Path) -> Path:
-    """Rename ``path`` to ``<name>.broken`` (see :func:`_broken_name`); return the new path."""
-    broken = _broken_name(path)
+    """Rename ``path`` to ``<name>.broken`` (see :func:`broken_name`); return the new path."""
+    broken = broken_name(path)
     path.rename(broken)
     return broken
+
+
+def move_tail_aside(path: Path, offset: int, *, fsync: SyncFn | None) -> tuple[bytes, Path | None]:
+    """Cut ``path`` at ``offset`` and keep the cut bytes in ``<name>.broken`` if they fit.
+
+    The bytes are read first, then the file is truncated and synced (which
+    frees their space), and only then written to the ``.broken`` file: this
+    needs no more space than the file took, so it works on a full disk.
+
+    Returns:
+        The cut bytes, and the ``.broken`` file, or None when it could not be
+        written (the caller logs the loss; a half-written one is removed).
+
+    Raises:
+        OSError: Reading, truncating or syncing ``path`` failed.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        tail = os.pread(fd, max(0, os.fstat(fd).st_size - offset), offset)
+        os.ftruncate(fd, offset)
+        if fsync is not None:
+            fsync(fd)
+    finally:
+        os.close(fd)
+    if not tail:
+        return tail, None
+    broken = broken_name(path)
+    try:
+        out = os.open(broken, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            write_all(os.write, out, tail)
+            if fsync is not None:
+                fsync(out)
+        finally:
+            os.close(out)
+    except OSError:
+        with contextlib.suppress(OSError):
+            broken.unlink()
+        return tail, None
+    return tail, broken
