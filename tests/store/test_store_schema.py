@@ -36,8 +36,9 @@ def test_downgrade_to_base_and_back(empty_store: Engine):
 
 def test_indexes_for_listing_runs(store: Engine):
     indexes = {ix["name"]: ix["column_names"] for ix in inspect(store).get_indexes("runs")}
-    assert indexes["ix_runs_status_created_at_run_no"] == ["status", "created_at", "run_no"]
-    assert indexes["ix_runs_created_at_run_no"] == ["created_at", "run_no"]
+    assert indexes["ix_runs_status_created_at_start_seq"] == ["status", "created_at", "start_seq"]
+    assert indexes["ix_runs_created_at_start_seq"] == ["created_at", "start_seq"]
+    assert indexes["ix_runs_run_no"] == ["run_no"]
 
 
 def test_sqlite_engine_pragmas(tmp_path):
