@@ -13,8 +13,18 @@ Messages on stdin (little-endian)::
     kind 1  FRAMES  payload: records first_seq.. as the WAL frames them
     kind 2  RESYNC  (length 0) records were skipped: catch up from the WAL on disk
 
-On stdout the process reports progress, one JSON object a line:
-``{"last_seq": N, "errors": K}`` after each transaction. At start it catches up
+On stdout the process reports progress, one JSON object a line, after each
+transaction and each failure: ``{"last_seq": N, "errors": K,
+"consecutive_errors": C, "last_error": "...", "dead_letters": D}``.
+
+Errors: a transient database error (connection lost or refused, database
+locked, server restarting; :func:`tiffany.store.projector.is_transient`)
+is retried with exponential backoff up to ``MAX_BACKOFF_S``, nothing lost
+(the mark makes the retry skip what was kept). A record that fails
+deterministically never reaches this loop: the projector quarantines it
+and goes on (``dead_letters``). Anything else that escapes is retried the
+same way, and ``consecutive_errors`` tells the engine the store is stuck
+(``/readyz`` answers 503). At start it catches up
 from the WAL on disk (everything after the store's mark), then applies what
 arrives; the projector's mark makes repeats harmless. EOF on stdin: apply
 what is left and exit 0.
@@ -33,8 +43,7 @@ from typing import Any, Final
 
 import structlog
 
-from tiffany.durable.records import decode
-from tiffany.engine.projection import decoded_batches
+from tiffany.engine.projection import decode_record, decoded_batches
 from tiffany.store import Projector, make_engine
 from tiffany.store.migrate import upgrade
 from tiffany.wal import split_frames
@@ -85,6 +94,9 @@ class _Applier:
         self.projector: Projector | None = None
         self.last_seq = 0
         self.errors = 0
+        self.consecutive_errors = 0
+        self.last_error: str | None = None
+        self.dead_letters = 0
 
     def _connect(self) -> Projector:
         backoff = 0.1
@@ -95,6 +107,7 @@ class _Applier:
                     upgrade(self.engine)
                     self.projector = Projector(self.engine)
                     self.last_seq = max(self.last_seq, self.projector.last_seq)
+                    self.dead_letters = self.projector.dead_letters
                 return self.projector
             except Exception as exc:  # noqa: BLE001 - the database is down: retry
                 self._failed(exc, backoff)
@@ -102,7 +115,9 @@ class _Applier:
 
     def _failed(self, exc: BaseException, backoff: float) -> None:
         self.errors += 1
-        log.warning("projector.failed", error=repr(exc), retry_in_s=backoff)
+        self.consecutive_errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"[:500]
+        log.warning("projector.failed", error=repr(exc)[:500], retry_in_s=backoff)
         self._report()
         if self.engine is not None:
             self.engine.dispose()
@@ -120,6 +135,15 @@ class _Applier:
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
             self.last_seq = max(self.last_seq, report.last_seq)
+            self.consecutive_errors = 0
+            if report.quarantined:
+                self.dead_letters = projector.dead_letters
+                log.warning(
+                    "projector.quarantined",
+                    seqs=report.quarantined[:20],
+                    count=len(report.quarantined),
+                    dead_letters=self.dead_letters,
+                )
             self._report()
             return
 
@@ -131,7 +155,14 @@ class _Applier:
         self._report()
 
     def _report(self) -> None:
-        self.out.write(json.dumps({"last_seq": self.last_seq, "errors": self.errors}) + "\n")
+        report = {
+            "last_seq": self.last_seq,
+            "errors": self.errors,
+            "consecutive_errors": self.consecutive_errors,
+            "last_error": self.last_error,
+            "dead_letters": self.dead_letters,
+        }
+        self.out.write(json.dumps(report) + "\n")
         self.out.flush()
 
 
@@ -158,7 +189,7 @@ def run_projector(database_url: str, wal_dir: Path, fd: int | None = None) -> in
         for i, (rtype, body) in enumerate(split_frames(payload)):
             seq = first + i
             if seq > applier.last_seq:
-                run_no, fields = decode(body)
+                run_no, fields = decode_record(body)
                 batch.append((seq, rtype, run_no, fields))
         # One transaction per burst: apply when nothing more waits, or the batch is full.
         if len(batch) >= BATCH_RECORDS or not reader.more():

@@ -474,6 +474,7 @@ class EngineService:
             # finished ones until they are forgotten, right after their end).
             "runs_held": len(self.runtime.journal.runs),
             "tasks_held": self.runtime.sched.records,
+            "projector": self.projector.health(),
         }
 
     def _on_loop(self, fn: Callable[[], Any], timeout: float = SUBMIT_TIMEOUT_S) -> Any:
@@ -575,5 +576,6 @@ class EngineService:
                 "lag_records": self.projector.lag_records,
                 "errors": self.projector.errors,
                 "restarts": self.projector.restarts,
+                "dead_letters": self.projector.dead_letters,
             },
         }

@@ -283,9 +283,7 @@ class Projector:
         with engine.begin() as conn:
             self._ensure_state(conn)
             self._load_run_ids(conn)
-            self.dead_letters = int(
-                conn.scalar(select(func.count()).select_from(DeadLetter)) or 0
-            )
+            self.dead_letters = int(conn.scalar(select(func.count()).select_from(DeadLetter)) or 0)
 
     # -- public ----------------------------------------------------------------
 
