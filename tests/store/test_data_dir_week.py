@@ -11,18 +11,17 @@ projects fully, incrementally and by rebuild, row for row the same.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
 from store_support import dump
+from store_support import get_json as _get
+from store_support import serve as _serve
+from store_support import tiffany_cli as _tiffany
+from store_support import wait_for as _wait
 
 from tiffany.store import make_engine
 
@@ -39,54 +38,6 @@ steps:
     after: [nap]
     args: {path: out.txt, content: "${inputs.text}"}
 """
-
-
-def _tiffany(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tiffany", "--data-dir", str(data_dir), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")},
-    )
-
-
-def _get(url: str) -> tuple[int, Any]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
-def _wait(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
-def _serve(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tiffany", "serve", "--data-dir", str(data_dir), "--port", "0"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=env,
-    )
-    ready = data_dir / "serve.json"
-    _wait(lambda: ready.exists() or proc.poll() is not None, 60, "serve.json")
-    assert proc.poll() is None, "serve exited while starting"
-    return proc, json.loads(ready.read_text())["url"]
 
 
 def _store_rows(data_dir: Path) -> dict[str, list[dict[str, Any]]]:

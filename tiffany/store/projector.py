@@ -113,6 +113,8 @@ __all__ = ["ApplyReport", "Projector", "Record", "is_transient"]
 
 #: Finished runs whose context is kept in memory (more are reloaded on demand).
 MAX_CACHED_FINISHED_RUNS: Final = 256
+#: The longest error message a dead letter keeps, in characters.
+MAX_ERROR_CHARS: Final = 1_000
 #: The longest argument a DISPATCH record keeps (the journal's ``MAX_ARG_CHARS``).
 MAX_DISPATCH_ARG_CHARS: Final = 120
 
@@ -136,6 +138,15 @@ _TRANSIENT: Final = (
     ConnectionError,
     OSError,
 )
+
+
+def _describe(error: BaseException) -> str:
+    """``TypeName: message`` of an error, bounded and sanitized."""
+    try:
+        message = str(error)
+    except Exception:  # noqa: BLE001 - a hostile __str__
+        message = excerpt(error)
+    return excerpt(f"{type(error).__name__}: {message[:MAX_ERROR_CHARS]}")
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -385,7 +396,7 @@ class Projector:
                         run_id=run_id[:128] if run_id else None,
                         run_no=run_no,
                         rtype=type_name,
-                        error=excerpt(f"{type(error).__name__}: {excerpt(error)}"),
+                        error=_describe(error),
                         excerpt=excerpt(fields),
                         at=float(at) if at is not None else 0.0,
                     )
@@ -483,7 +494,7 @@ class Projector:
             }
         else:
             inputs = {"args": entry.get("args", []), "kwargs": entry.get("kwargs", {})}
-        ctx = _RunCtx(str(run_id), plan, clock, 0, False)
+        ctx = _RunCtx(text(run_id), plan, clock, 0, False)
         self._run_ids[run_no] = ctx.run_id
         self._ctx[run_no] = ctx
         b.runs.insert(
@@ -508,7 +519,8 @@ class Projector:
             for spec in steps if isinstance(steps, list) else ():
                 if isinstance(spec, Mapping) and isinstance(spec.get("id"), str):
                     tool = spec.get("tool")
-                    self._new_step(b, ctx, spec["id"], tool if isinstance(tool, str) else None)
+                    tool = text(tool) if isinstance(tool, str) else None
+                    self._new_step(b, ctx, text(spec["id"]), tool)
 
     def _spawn(self, b: _Batch, ctx: _RunCtx, f: Sequence[Any]) -> None:
         _n, ltid, parent, name = f[0], f[1], f[2], text(f[3])
@@ -628,7 +640,8 @@ class Projector:
         for step_id, info in summary.items() if isinstance(summary, Mapping) else ():
             if not isinstance(info, Mapping) or info.get("status") not in _STEP_STATUSES:
                 continue
-            step = ctx.steps.get(step_id) or self._new_step(b, ctx, str(step_id), None)
+            step_id = text(step_id)
+            step = ctx.steps.get(step_id) or self._new_step(b, ctx, step_id, None)
             step.status = str(info["status"])
             values: dict[str, Any] = {
                 "status": step.status,
@@ -636,7 +649,7 @@ class Projector:
                 "attempts": jsonable(info.get("attempts") or []),
             }
             values.update(attempt_times(info.get("attempts")))
-            b.steps.update((ctx.run_id, str(step_id)), **values)
+            b.steps.update((ctx.run_id, step_id), **values)
         for step_id, step in ctx.steps.items():
             if step.status in _UNSETTLED_STEPS:
                 step.status = StepStatus.SKIPPED.value
