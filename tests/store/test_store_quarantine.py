@@ -178,6 +178,15 @@ def test_an_undecodable_record_is_dead_lettered_and_serve_says_so(tmp_path: Path
         with urllib.request.urlopen(url + "metrics", timeout=10) as resp:
             metrics = resp.read().decode()
         assert "tiffany_projector_dead_letters 1.0" in metrics
+        # ... and an activity event said so (the hub's ring replays it).
+        from websockets.sync.client import connect
+
+        ws_url = url.replace("http://", "ws://") + "ws/activity?tail=1000"
+        with connect(ws_url, proxy=None, compression=None) as ws:
+            event: dict[str, Any] = {}
+            while event.get("kind") != "store.quarantined":
+                event = json.loads(ws.recv(timeout=10))
+        assert event["data"] == {"seqs": [garbage], "total": 1}
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=60)

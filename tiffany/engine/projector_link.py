@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, Final
 
@@ -102,6 +103,9 @@ class ProjectorLink:
         self.dead_letters = 0
         self._progress_at = time.monotonic()
         self._restarted_at: deque[float] = deque(maxlen=RESTART_LOOP_COUNT)
+        #: Called (reader thread) with the seqs of records the projector just
+        #: quarantined and the dead-letter total; the engine publishes an event.
+        self.on_quarantine: Callable[[list[int], int], None] | None = None
         self._caught_up = threading.Condition()
 
     # -- scheduler thread --------------------------------------------------------
@@ -222,6 +226,9 @@ class ProjectorLink:
                     self.last_error = str(error) if error is not None else None
                     self.dead_letters = int(report.get("dead_letters", self.dead_letters))
                     self._caught_up.notify_all()
+                quarantined = report.get("quarantined")
+                if quarantined and self.on_quarantine is not None:
+                    self.on_quarantine(list(quarantined), self.dead_letters)
 
     def _forward(self) -> None:
         delay = 0.2

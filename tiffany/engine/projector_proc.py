@@ -15,7 +15,9 @@ Messages on stdin (little-endian)::
 
 On stdout the process reports progress, one JSON object a line, after each
 transaction and each failure: ``{"last_seq": N, "errors": K,
-"consecutive_errors": C, "last_error": "...", "dead_letters": D}``.
+"consecutive_errors": C, "last_error": "...", "dead_letters": D}``, plus
+``"quarantined": [seq, ...]`` (at most 20) after a transaction that
+quarantined records.
 
 Errors: a transient database error (connection lost or refused, database
 locked, server restarting; :func:`tiffany.store.projector.is_transient`)
@@ -57,6 +59,8 @@ FRAMES: Final = 1
 RESYNC: Final = 2
 #: Records applied per transaction at most.
 BATCH_RECORDS: Final = 5_000
+#: Sequence numbers of quarantined records one progress report lists at most.
+MAX_REPORTED_SEQS: Final = 20
 #: Longest wait between retries after a database error, in seconds.
 MAX_BACKOFF_S: Final = 5.0
 
@@ -144,7 +148,7 @@ class _Applier:
                     count=len(report.quarantined),
                     dead_letters=self.dead_letters,
                 )
-            self._report()
+            self._report(report.quarantined[:MAX_REPORTED_SEQS])
             return
 
     def catch_up(self) -> None:
@@ -154,14 +158,16 @@ class _Applier:
             self.apply(batch)
         self._report()
 
-    def _report(self) -> None:
-        report = {
+    def _report(self, quarantined: list[int] | None = None) -> None:
+        report: dict[str, Any] = {
             "last_seq": self.last_seq,
             "errors": self.errors,
             "consecutive_errors": self.consecutive_errors,
             "last_error": self.last_error,
             "dead_letters": self.dead_letters,
         }
+        if quarantined:
+            report["quarantined"] = quarantined
         self.out.write(json.dumps(report) + "\n")
         self.out.flush()
 

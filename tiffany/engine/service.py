@@ -221,6 +221,7 @@ class EngineService:
             "TIFFANY_LOG_LEVEL": settings.log_level,
         }
         self.projector = ProjectorLink(self.data_dir, child_env)
+        self.projector.on_quarantine = self._quarantined
         self.fsync = _Histogram(FSYNC_BUCKETS_S)
         self.commits = 0
         self.records = 0
@@ -460,6 +461,11 @@ class EngineService:
         if op == "metrics":
             return self.metrics()
         raise ControlError(400, f"unknown op {op!r}")
+
+    def _quarantined(self, seqs: list[int], total: int) -> None:
+        """The projector quarantined records (docs/store.md): an activity event."""
+        label = f"{len(seqs)} record(s) quarantined, {total} dead letters"
+        self.hub.publish("store.quarantined", label=label, data={"seqs": seqs, "total": total})
 
     def _status(self) -> dict[str, Any]:
         return {
