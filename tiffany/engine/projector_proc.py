@@ -21,7 +21,7 @@ quarantined records.
 
 Errors: a transient database error (connection lost or refused, database
 locked, server restarting; :func:`tiffany.store.projector.is_transient`)
-is retried with exponential backoff up to ``MAX_BACKOFF_S``, nothing lost
+is retried (tenacity) with exponential backoff up to ``MAX_BACKOFF_S``, nothing lost
 (the mark makes the retry skip what was kept). A record that fails
 deterministically never reaches this loop: the projector quarantines it
 and goes on (``dead_letters``). Anything else that escapes is retried the
@@ -39,11 +39,11 @@ import os
 import select
 import struct
 import sys
-import time
 from pathlib import Path
 from typing import Any, Final
 
 import structlog
+import tenacity
 
 from tiffany.engine.projection import decode_record, decoded_batches
 from tiffany.store import Projector, make_engine
@@ -61,6 +61,8 @@ RESYNC: Final = 2
 BATCH_RECORDS: Final = 5_000
 #: Sequence numbers of quarantined records one progress report lists at most.
 MAX_REPORTED_SEQS: Final = 20
+#: First wait before retrying after a database error, in seconds.
+FIRST_BACKOFF_S: Final = 0.1
 #: Longest wait between retries after a database error, in seconds.
 MAX_BACKOFF_S: Final = 5.0
 
@@ -102,22 +104,26 @@ class _Applier:
         self.last_error: str | None = None
         self.dead_letters = 0
 
-    def _connect(self) -> Projector:
-        backoff = 0.1
-        while True:
-            try:
-                if self.projector is None:
-                    self.engine = make_engine(self.database_url)
-                    upgrade(self.engine)
-                    self.projector = Projector(self.engine)
-                    self.last_seq = max(self.last_seq, self.projector.last_seq)
-                    self.dead_letters = self.projector.dead_letters
-                return self.projector
-            except Exception as exc:  # noqa: BLE001 - the database is down: retry
-                self._failed(exc, backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
+    def _retrying(self) -> tenacity.Retrying:
+        """Retry forever with exponential backoff (``FIRST_BACKOFF_S`` to ``MAX_BACKOFF_S``)."""
+        return tenacity.Retrying(
+            wait=tenacity.wait_exponential(multiplier=FIRST_BACKOFF_S, max=MAX_BACKOFF_S),
+            before_sleep=self._failed,
+        )
 
-    def _failed(self, exc: BaseException, backoff: float) -> None:
+    def _connect(self) -> Projector:
+        if self.projector is None:
+            self.engine = make_engine(self.database_url)
+            upgrade(self.engine)
+            self.projector = Projector(self.engine)
+            self.last_seq = max(self.last_seq, self.projector.last_seq)
+            self.dead_letters = self.projector.dead_letters
+        return self.projector
+
+    def _failed(self, state: tenacity.RetryCallState) -> None:
+        """Count, log and report a failed attempt; drop the engine (reconnect next time)."""
+        exc = state.outcome.exception() if state.outcome is not None else None
+        backoff = state.next_action.sleep if state.next_action is not None else 0.0
         self.errors += 1
         self.consecutive_errors += 1
         self.last_error = f"{type(exc).__name__}: {exc}"[:500]
@@ -126,33 +132,32 @@ class _Applier:
         if self.engine is not None:
             self.engine.dispose()
         self.engine = self.projector = None
-        time.sleep(backoff)
 
     def apply(self, batch: Batch) -> None:
-        backoff = 0.1
-        while batch:
-            projector = self._connect()
-            try:
-                report = projector.apply(batch)
-            except Exception as exc:  # noqa: BLE001 - retried; nothing was kept
-                self._failed(exc, backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
-                continue
-            self.last_seq = max(self.last_seq, report.last_seq)
-            self.consecutive_errors = 0
-            if report.quarantined:
-                self.dead_letters = projector.dead_letters
-                log.warning(
-                    "projector.quarantined",
-                    seqs=report.quarantined[:20],
-                    count=len(report.quarantined),
-                    dead_letters=self.dead_letters,
-                )
-            self._report(report.quarantined[:MAX_REPORTED_SEQS])
+        if not batch:
             return
+        projector: Projector | None = None
+        report = None
+        for attempt in self._retrying():
+            with attempt:  # any error: retried (the database is down, or stuck; nothing kept)
+                projector = self._connect()
+                report = projector.apply(batch)
+        assert projector is not None
+        assert report is not None
+        self.last_seq = max(self.last_seq, report.last_seq)
+        self.consecutive_errors = 0
+        if report.quarantined:
+            self.dead_letters = projector.dead_letters
+            log.warning(
+                "projector.quarantined",
+                seqs=report.quarantined[:MAX_REPORTED_SEQS],
+                count=len(report.quarantined),
+                dead_letters=self.dead_letters,
+            )
+        self._report(report.quarantined[:MAX_REPORTED_SEQS])
 
     def catch_up(self) -> None:
-        projector = self._connect()
+        projector = self._retrying()(self._connect)
         self.last_seq = max(self.last_seq, projector.last_seq)
         for batch in decoded_batches(self.wal_dir, BATCH_RECORDS, self.last_seq + 1):
             self.apply(batch)
