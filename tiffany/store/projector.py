@@ -129,9 +129,14 @@ _STEP_STATUSES: Final = frozenset(s.value for s in StepStatus)
 Record = tuple[int, int, int, Sequence[Any]]
 
 #: Database errors that say nothing about the batch: the connection, a lock,
-#: a server restarting, a full disk. The batch is retried as it is.
+#: a server restarting, a full disk; also the schema or the grants being
+#: wrong (ProgrammingError: an undefined column, permission denied) and the
+#: server's internal errors, which would otherwise dead-letter every record.
+#: The batch is retried as it is, and the engine reports the store stalled.
 _TRANSIENT: Final = (
     sa_exc.OperationalError,
+    sa_exc.ProgrammingError,
+    sa_exc.InternalError,
     sa_exc.InterfaceError,
     sa_exc.DisconnectionError,
     sa_exc.TimeoutError,
