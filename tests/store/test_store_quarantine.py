@@ -207,3 +207,27 @@ def test_an_undecodable_record_is_dead_lettered_and_serve_says_so(tmp_path: Path
     assert len(rows) == 1
     assert rows[0][:3] == (garbage, 1, "DISPATCH")
     assert "DecodeError" in rows[0][3]
+
+
+def test_what_is_retried_and_what_is_quarantined() -> None:
+    from sqlalchemy.exc import DataError, IntegrityError, InternalError, ProgrammingError
+
+    from tiffany.store.projector import is_transient
+
+    cause = Exception("x")
+    for exc in (
+        OperationalError("SELECT", {}, cause),  # connection lost, database locked
+        ProgrammingError("SELECT", {}, cause),  # a missing column, permission denied
+        InternalError("SELECT", {}, cause),
+        ConnectionRefusedError(),
+    ):
+        assert is_transient(exc), exc
+    for exc in (
+        IntegrityError("INSERT", {}, cause),
+        DataError("INSERT", {}, cause),
+        RecursionError(),
+        TypeError(),
+        ValueError(),
+        KeyError("k"),
+    ):
+        assert not is_transient(exc), exc
