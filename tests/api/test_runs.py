@@ -200,7 +200,9 @@ def test_verify_reports_an_identical_replay(client) -> None:
 
 def test_readyz_and_healthz(client) -> None:
     assert client.get("/healthz").json() == {"ok": True}
-    assert client.get("/readyz").json() == {"ready": True, "reason": None}
+    ready = client.get("/readyz").json()
+    assert (ready["ready"], ready["reason"]) == (True, None)
+    assert ready["store"]["stalled"] is False
 
 
 def test_metrics_parse(client) -> None:

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,3 +42,56 @@ def dump(engine: Engine) -> dict[str, list[dict[str, Any]]]:
             rows = conn.execute(select(table).order_by(*order)).mappings()
             out[table.name] = [dict(r) for r in rows]
     return out
+
+
+def tiffany_cli(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m tiffany --data-dir DATA_DIR ARGS`` (no TIFFANY_* from the caller)."""
+    return subprocess.run(
+        [sys.executable, "-m", "tiffany", "--data-dir", str(data_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")},
+    )
+
+
+def get_json(url: str) -> tuple[int, Any]:
+    """GET ``url``; return its status and JSON body (error answers too)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> Any:
+    """Poll ``predicate`` until it returns something true (OSError counts as not yet)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def serve(data_dir: Path, **env_extra: str) -> tuple[subprocess.Popen[str], str]:
+    """Start ``tiffany serve`` on port 0; return the process and its URL."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")}
+    env.update(env_extra)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tiffany", "serve", "--data-dir", str(data_dir), "--port", "0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    ready = data_dir / "serve.json"
+    wait_for(lambda: ready.exists() or proc.poll() is not None, 60, "serve.json")
+    assert proc.poll() is None, "serve exited while starting"
+    return proc, json.loads(ready.read_text())["url"]

@@ -5,9 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import pytest
 from sqlalchemy import Engine
-from sqlalchemy.exc import IntegrityError
 from store_support import Journal, dump
 
 from tiffany.cli.db import rebuild_store
@@ -198,20 +196,23 @@ def test_small_batches_and_restarts_equal_a_rebuild(
     assert dump(store) == dump(rebuilt)
 
 
-def test_a_failed_batch_leaves_nothing_and_can_be_retried(store: Engine, journal: Journal):
+def test_a_record_that_fails_is_quarantined_and_the_rest_applied(store: Engine, journal: Journal):
     records = journal.records
     projector = Projector(store)
     projector.apply(records[:10])
-    before = dump(store)
     first = records[0]
     assert first[1] == RecordType.RUN_START
-    clash = (records[20][0] + 1, RecordType.RUN_START, 99, list(first[3]))  # same run id
-    with pytest.raises(IntegrityError):
-        projector.apply([*records[10:20], clash])
-    assert projector.last_seq == records[9][0]
-    assert dump(store) == before
-    projector.apply(records)
-    assert len(dump(store)["runs"]) == len(journal.run_ids)
+    clash = (records[-1][0] + 1, RecordType.RUN_START, 99, list(first[3]))  # same run id
+    report = projector.apply([*records[10:], clash])
+    assert report.quarantined == [clash[0]]
+    assert projector.last_seq == clash[0]
+    assert projector.dead_letters == 1
+    rows = dump(store)
+    assert len(rows["runs"]) == len(journal.run_ids)
+    (letter,) = rows["dead_letters"]
+    assert letter["seq"] == clash[0]
+    assert letter["rtype"] == "RUN_START"
+    assert "IntegrityError" in letter["error"]
 
 
 def test_malformed_records_are_counted_and_skipped(store: Engine, journal: Journal):

@@ -36,8 +36,9 @@ def test_downgrade_to_base_and_back(empty_store: Engine):
 
 def test_indexes_for_listing_runs(store: Engine):
     indexes = {ix["name"]: ix["column_names"] for ix in inspect(store).get_indexes("runs")}
-    assert indexes["ix_runs_status_created_at_run_no"] == ["status", "created_at", "run_no"]
-    assert indexes["ix_runs_created_at_run_no"] == ["created_at", "run_no"]
+    assert indexes["ix_runs_status_created_at_start_seq"] == ["status", "created_at", "start_seq"]
+    assert indexes["ix_runs_created_at_start_seq"] == ["created_at", "start_seq"]
+    assert indexes["ix_runs_run_no"] == ["run_no"]
 
 
 def test_sqlite_engine_pragmas(tmp_path):
@@ -56,3 +57,35 @@ def test_postgresql_urls_use_psycopg():
     assert normalize_url("postgresql://u@h/db").drivername == "postgresql+psycopg"
     assert normalize_url("postgresql+psycopg://u@h/db").drivername == "postgresql+psycopg"
     assert normalize_url("sqlite:///x.db").drivername == "sqlite"
+
+
+def test_upgrade_from_0002_keeps_runs_and_fills_start_seq(empty_store: Engine):
+    """A store projected before revision 0003 keeps its rows; start_seq comes from its records."""
+    upgrade(empty_store, "0002")
+    with empty_store.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO runs (run_id, run_no, name, status, entry, created_at, dispatches,"
+                " last_seq) VALUES ('run-old', 1, 'old', 'succeeded', '{}', 1.0, 0, 9)"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO journal_records (seq, run_no, rtype, data)"
+                " VALUES (4, 1, 'RUN_START', '{}'), (5, 1, 'SPAWN', '{}')"
+            )
+        )
+    assert upgrade(empty_store) == head_revision()
+    with empty_store.connect() as conn:
+        rows = conn.execute(text("SELECT run_id, run_no, start_seq FROM runs")).all()
+        assert [tuple(r) for r in rows] == [("run-old", 1, 4)]
+        # run_no is no longer unique: a legacy WAL's second run 1 can be projected
+        conn.execute(
+            text(
+                "INSERT INTO runs (run_id, run_no, name, status, entry, created_at, dispatches,"
+                " last_seq, start_seq) VALUES ('run-new', 1, 'new', 'running', '{}', 2.0, 0,"
+                " 12, 12)"
+            )
+        )
+        assert "dead_letters" in inspect(conn).get_table_names()
+        assert "waiting" in {c["name"] for c in inspect(conn).get_columns("steps")}

@@ -135,6 +135,12 @@ class ApiCollector(Collector):
                 ("projector", "errors"),
             ),
             (
+                GaugeMetricFamily,
+                "tiffany_projector_dead_letters",
+                "Journal records quarantined because they could not be projected.",
+                ("projector", "dead_letters"),
+            ),
+            (
                 CounterMetricFamily,
                 "tiffany_feed_published",
                 "Activity events the engine's hub published.",

@@ -4,10 +4,12 @@
 (``TIFFANY_DATABASE_URL``, else the SQLite file in the data dir) to the
 newest Alembic revision. ``db rebuild`` empties the store and projects the
 whole WAL into it again: the store is a projection of the journal, so this
-is always safe, and it is how a store that was lost, or projected by an
-older version, is brought back. Stop the engine first: two projectors
-writing one store would wait on each other's mark, not corrupt it, but the
-rebuild would start over under the engine's feet.
+is always safe (a record that cannot be projected is quarantined in
+``dead_letters`` and reported, the rest is applied), and it is how a
+store that was lost, or projected by an older version, is brought back.
+Stop the engine first: two projectors writing one store would wait on
+each other's mark, not corrupt it, but the rebuild would start over under
+the engine's feet.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class RebuildReport:
     tasks: int = 0
     steps: int = 0
     orphans: int = 0
+    #: Sequence numbers of the records quarantined in ``dead_letters``.
+    quarantined: list[int] = field(default_factory=list)
     status: dict[str, int] = field(default_factory=dict)
 
 
@@ -63,6 +67,7 @@ def rebuild_store(
         applied = projector.apply(batch)
         report.records += len(batch)
         report.orphans += applied.orphans
+        report.quarantined += applied.quarantined
         report.last_seq = applied.last_seq
     with session_factory(engine)() as session:
         report.runs = session.scalar(select(func.count()).select_from(Run)) or 0
@@ -126,6 +131,14 @@ def rebuild(
     )
     if report.orphans:
         typer.echo(f"{report.orphans} records belonged to runs with no start in the WAL", err=True)
+    if report.quarantined:
+        shown_seqs = ", ".join(str(q) for q in report.quarantined[:10])
+        more = "..." if len(report.quarantined) > 10 else ""
+        typer.echo(
+            f"{len(report.quarantined)} records could not be projected and were quarantined"
+            f" in dead_letters (seq {shown_seqs}{more})",
+            err=True,
+        )
 
 
 def register(app: typer.Typer) -> None:

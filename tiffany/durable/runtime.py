@@ -28,9 +28,10 @@ import structlog
 
 from tiffany.durable.history import RunIndex, load_many
 from tiffany.durable.journal import Journal, RunState
+from tiffany.durable.records import RecordType
 from tiffany.errors import InstrumentFailure, NondeterminismError, TiffanyError
 from tiffany.kernel import Clock, Instrument, Scheduler
-from tiffany.wal import FsyncPolicy, Wal
+from tiffany.wal import FsyncPolicy, Wal, iter_records
 
 __all__ = ["EntryError", "Resolver", "Runtime", "VerifyReport", "resolve_callable", "verify"]
 
@@ -137,6 +138,9 @@ class Runtime:
         self.wal = Wal.open(self.wal_dir, fsync=policy, **kwargs)
         self.sched = Scheduler(clock=clock, seed=seed, instruments=instruments)
         self.journal = Journal(self.wal, self.sched)
+        # Run numbers are unique per data dir, whoever starts the run (a CLI
+        # run, a server, recovery): new runs are numbered above the WAL's.
+        self.journal.reserve_run_no(max_run_no(self.wal_dir))
         self.resolvers: dict[str, Resolver] = {"callable": resolve_callable, **(resolvers or {})}
         self.index: RunIndex | None = None
 
@@ -222,6 +226,23 @@ class Runtime:
         if resolver is None:
             raise EntryError(f"unknown entry kind {entry.get('kind')!r}", kind=entry.get("kind"))
         return resolver(entry, run_id)
+
+
+def max_run_no(wal_dir: Path) -> int:
+    """Return the highest run number a RUN_START in the WAL holds (0 for none).
+
+    Discussion: this pass reads each record's type byte and, for a
+    RUN_START only, the 4-byte run number in front of its payload: nothing
+    is decoded, so it costs the WAL reader's CRC pass. Without it every
+    ``tiffany run`` numbered its run 1 (the journal counts from 1 unless
+    recovery scanned the WAL), and the store refused the second one.
+    """
+    run_start = RecordType.RUN_START
+    top = 0
+    for rec in iter_records(wal_dir):
+        if rec.rtype == run_start:
+            top = max(top, int.from_bytes(rec.payload[:4], "little"))
+    return top
 
 
 def verify(

@@ -13,15 +13,29 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
-from tiffany.durable.records import decode
+from tiffany.durable.records import decode, run_of
 from tiffany.store import Projector, make_engine
 from tiffany.store.migrate import upgrade
+from tiffany.store.records import Undecodable
 from tiffany.wal import iter_records
 
-__all__ = ["BATCH_RECORDS", "decoded_batches", "project_wal"]
+__all__ = ["BATCH_RECORDS", "decode_record", "decoded_batches", "project_wal"]
 
 #: Records applied per transaction.
 BATCH_RECORDS: Final = 5_000
+
+
+def decode_record(payload: bytes | memoryview) -> tuple[int, Any]:
+    """Return ``(run_no, fields)`` of a record's payload, never raising.
+
+    Fields that do not decode come as :class:`~tiffany.store.records.Undecodable`
+    (the projector quarantines the record).
+    """
+    try:
+        return decode(payload)
+    except Exception as exc:  # noqa: BLE001 - any decoder failure: quarantined, not fatal
+        run_no = run_of(payload) if len(payload) >= 4 else 0
+        return run_no, Undecodable(exc)
 
 
 def decoded_batches(
@@ -30,7 +44,7 @@ def decoded_batches(
     """Yield the WAL's journal records as decoded ``(seq, rtype, run_no, fields)`` batches."""
     batch: list[tuple[int, int, int, list[Any]]] = []
     for rec in iter_records(wal_dir, from_seq=from_seq):
-        run_no, fields = decode(rec.payload)
+        run_no, fields = decode_record(rec.payload)
         batch.append((rec.seq, rec.rtype, run_no, fields))
         if len(batch) >= batch_records:
             yield batch

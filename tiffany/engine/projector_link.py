@@ -17,6 +17,14 @@ Nothing is lost and memory stays bounded:
   message is ``RESYNC``: the process catches up from disk, which holds every
   committed record (they are on disk before the listener runs);
 * a projector process that dies is started again (with backoff).
+
+Health (:meth:`ProjectorLink.health`, the engine's ``status`` and
+``/readyz``): the store is *stalled* when records wait (lag > 0) and none
+was applied for ``STALL_AFTER_S``, when the process reported
+``FAILING_AFTER_ERRORS`` failures in a row, or when it was restarted
+``RESTART_LOOP_COUNT`` times within ``RESTART_LOOP_WINDOW_S``. Lag alone,
+while records are being applied, is not a stall: a burst of submissions
+makes lag, and the projector catches up.
 """
 
 from __future__ import annotations
@@ -26,9 +34,11 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Final
+from typing import IO, Any, Final
 
 import structlog
 
@@ -42,6 +52,14 @@ log = structlog.get_logger(__name__)
 MAX_PENDING_BYTES: Final = 64 * 1024 * 1024
 #: Longest wait before restarting a projector process that died, in seconds.
 MAX_RESTART_DELAY_S: Final = 10.0
+#: Records waiting and none applied for this long: the store is stalled, in seconds.
+STALL_AFTER_S: Final = 5.0
+#: Failures in a row the process reports before the store counts as stalled.
+FAILING_AFTER_ERRORS: Final = 3
+#: Restarts within ``RESTART_LOOP_WINDOW_S`` that make a restart loop.
+RESTART_LOOP_COUNT: Final = 3
+#: The window of a restart loop, in seconds.
+RESTART_LOOP_WINDOW_S: Final = 60.0
 
 
 class ProjectorLink:
@@ -78,12 +96,24 @@ class ProjectorLink:
         #: Database errors the process reported, and its restarts.
         self.errors = 0
         self.restarts = 0
+        #: Failures in a row, and the last one (``TypeName: message``).
+        self.consecutive_errors = 0
+        self.last_error: str | None = None
+        #: Records the projector quarantined (``dead_letters`` rows).
+        self.dead_letters = 0
+        self._progress_at = time.monotonic()
+        self._restarted_at: deque[float] = deque(maxlen=RESTART_LOOP_COUNT)
+        #: Called (reader thread) with the seqs of records the projector just
+        #: quarantined and the dead-letter total; the engine publishes an event.
+        self.on_quarantine: Callable[[list[int], int], None] | None = None
         self._caught_up = threading.Condition()
 
     # -- scheduler thread --------------------------------------------------------
 
     def hand_over(self, first_seq: int, last_seq: int, frames: bytearray) -> None:
         """Take committed records ``first_seq..last_seq`` (O(1), never blocks)."""
+        if self.durable_seq <= self.last_seq:
+            self._progress_at = time.monotonic()  # caught up until now: the wait starts here
         self.durable_seq = last_seq
         if self._accepting:
             self._pending.append((first_seq, frames))
@@ -129,6 +159,38 @@ class ProjectorLink:
         """Records durable in the WAL but not yet in the store."""
         return max(0, self.durable_seq - self.last_seq)
 
+    def health(self) -> dict[str, Any]:
+        """The projector's health: progress, lag, failures, and whether it is stalled.
+
+        ``stalled_reason`` is None when the store keeps up or is catching
+        up (see the module docstring).
+        """
+        now = time.monotonic()
+        lag = self.lag_records
+        idle_s = now - self._progress_at
+        reason: str | None = None
+        if self.consecutive_errors >= FAILING_AFTER_ERRORS:
+            reason = f"{self.consecutive_errors} failures in a row: {self.last_error}"
+        elif (
+            len(self._restarted_at) >= RESTART_LOOP_COUNT
+            and now - self._restarted_at[0] < RESTART_LOOP_WINDOW_S
+        ):
+            reason = f"projector process restarted {RESTART_LOOP_COUNT} times in a minute"
+        elif lag > 0 and idle_s > STALL_AFTER_S:
+            reason = f"no record applied for {idle_s:.0f} s, {lag} waiting"
+        return {
+            "last_seq": self.last_seq,
+            "durable_seq": self.durable_seq,
+            "lag_records": lag,
+            "dead_letters": self.dead_letters,
+            "errors": self.errors,
+            "consecutive_errors": self.consecutive_errors,
+            "last_error": self.last_error,
+            "restarts": self.restarts,
+            "stalled": reason is not None,
+            "stalled_reason": reason,
+        }
+
     # -- the forwarding thread ---------------------------------------------------------
 
     def _spawn(self) -> subprocess.Popen[bytes]:
@@ -154,9 +216,19 @@ class ProjectorLink:
             with contextlib.suppress(ValueError):
                 report = json.loads(line)
                 with self._caught_up:
-                    self.last_seq = max(self.last_seq, int(report.get("last_seq", 0)))
+                    seq = int(report.get("last_seq", 0))
+                    if seq > self.last_seq:
+                        self.last_seq = seq
+                        self._progress_at = time.monotonic()
                     self.errors = int(report.get("errors", self.errors))
+                    self.consecutive_errors = int(report.get("consecutive_errors", 0))
+                    error = report.get("last_error")
+                    self.last_error = str(error) if error is not None else None
+                    self.dead_letters = int(report.get("dead_letters", self.dead_letters))
                     self._caught_up.notify_all()
+                quarantined = report.get("quarantined")
+                if quarantined and self.on_quarantine is not None:
+                    self.on_quarantine(list(quarantined), self.dead_letters)
 
     def _forward(self) -> None:
         delay = 0.2
@@ -166,6 +238,7 @@ class ProjectorLink:
                 if proc is not None:
                     log.warning("projector.died", code=proc.returncode, restart_in_s=delay)
                     self.restarts += 1
+                    self._restarted_at.append(time.monotonic())
                     if self._stop.wait(delay):
                         return
                     delay = min(delay * 2, MAX_RESTART_DELAY_S)

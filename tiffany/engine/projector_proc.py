@@ -13,8 +13,20 @@ Messages on stdin (little-endian)::
     kind 1  FRAMES  payload: records first_seq.. as the WAL frames them
     kind 2  RESYNC  (length 0) records were skipped: catch up from the WAL on disk
 
-On stdout the process reports progress, one JSON object a line:
-``{"last_seq": N, "errors": K}`` after each transaction. At start it catches up
+On stdout the process reports progress, one JSON object a line, after each
+transaction and each failure: ``{"last_seq": N, "errors": K,
+"consecutive_errors": C, "last_error": "...", "dead_letters": D}``, plus
+``"quarantined": [seq, ...]`` (at most 20) after a transaction that
+quarantined records.
+
+Errors: a transient database error (connection lost or refused, database
+locked, server restarting; :func:`tiffany.store.projector.is_transient`)
+is retried (tenacity) with exponential backoff up to ``MAX_BACKOFF_S``, nothing lost
+(the mark makes the retry skip what was kept). A record that fails
+deterministically never reaches this loop: the projector quarantines it
+and goes on (``dead_letters``). Anything else that escapes is retried the
+same way, and ``consecutive_errors`` tells the engine the store is stuck
+(``/readyz`` answers 503). At start it catches up
 from the WAL on disk (everything after the store's mark), then applies what
 arrives; the projector's mark makes repeats harmless. EOF on stdin: apply
 what is left and exit 0.
@@ -27,14 +39,13 @@ import os
 import select
 import struct
 import sys
-import time
 from pathlib import Path
 from typing import Any, Final
 
 import structlog
+import tenacity
 
-from tiffany.durable.records import decode
-from tiffany.engine.projection import decoded_batches
+from tiffany.engine.projection import decode_record, decoded_batches
 from tiffany.store import Projector, make_engine
 from tiffany.store.migrate import upgrade
 from tiffany.wal import split_frames
@@ -48,6 +59,10 @@ FRAMES: Final = 1
 RESYNC: Final = 2
 #: Records applied per transaction at most.
 BATCH_RECORDS: Final = 5_000
+#: Sequence numbers of quarantined records one progress report lists at most.
+MAX_REPORTED_SEQS: Final = 20
+#: First wait before retrying after a database error, in seconds.
+FIRST_BACKOFF_S: Final = 0.1
 #: Longest wait between retries after a database error, in seconds.
 MAX_BACKOFF_S: Final = 5.0
 
@@ -85,53 +100,80 @@ class _Applier:
         self.projector: Projector | None = None
         self.last_seq = 0
         self.errors = 0
+        self.consecutive_errors = 0
+        self.last_error: str | None = None
+        self.dead_letters = 0
+
+    def _retrying(self) -> tenacity.Retrying:
+        """Retry forever with exponential backoff (``FIRST_BACKOFF_S`` to ``MAX_BACKOFF_S``)."""
+        return tenacity.Retrying(
+            wait=tenacity.wait_exponential(multiplier=FIRST_BACKOFF_S, max=MAX_BACKOFF_S),
+            before_sleep=self._failed,
+        )
 
     def _connect(self) -> Projector:
-        backoff = 0.1
-        while True:
-            try:
-                if self.projector is None:
-                    self.engine = make_engine(self.database_url)
-                    upgrade(self.engine)
-                    self.projector = Projector(self.engine)
-                    self.last_seq = max(self.last_seq, self.projector.last_seq)
-                return self.projector
-            except Exception as exc:  # noqa: BLE001 - the database is down: retry
-                self._failed(exc, backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
+        if self.projector is None:
+            self.engine = make_engine(self.database_url)
+            upgrade(self.engine)
+            self.projector = Projector(self.engine)
+            self.last_seq = max(self.last_seq, self.projector.last_seq)
+            self.dead_letters = self.projector.dead_letters
+        return self.projector
 
-    def _failed(self, exc: BaseException, backoff: float) -> None:
+    def _failed(self, state: tenacity.RetryCallState) -> None:
+        """Count, log and report a failed attempt; drop the engine (reconnect next time)."""
+        exc = state.outcome.exception() if state.outcome is not None else None
+        backoff = state.next_action.sleep if state.next_action is not None else 0.0
         self.errors += 1
-        log.warning("projector.failed", error=repr(exc), retry_in_s=backoff)
+        self.consecutive_errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"[:500]
+        log.warning("projector.failed", error=repr(exc)[:500], retry_in_s=backoff)
         self._report()
         if self.engine is not None:
             self.engine.dispose()
         self.engine = self.projector = None
-        time.sleep(backoff)
 
     def apply(self, batch: Batch) -> None:
-        backoff = 0.1
-        while batch:
-            projector = self._connect()
-            try:
-                report = projector.apply(batch)
-            except Exception as exc:  # noqa: BLE001 - retried; nothing was kept
-                self._failed(exc, backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
-                continue
-            self.last_seq = max(self.last_seq, report.last_seq)
-            self._report()
+        if not batch:
             return
+        projector: Projector | None = None
+        report = None
+        for attempt in self._retrying():
+            with attempt:  # any error: retried (the database is down, or stuck; nothing kept)
+                projector = self._connect()
+                report = projector.apply(batch)
+        assert projector is not None
+        assert report is not None
+        self.last_seq = max(self.last_seq, report.last_seq)
+        self.consecutive_errors = 0
+        if report.quarantined:
+            self.dead_letters = projector.dead_letters
+            log.warning(
+                "projector.quarantined",
+                seqs=report.quarantined[:MAX_REPORTED_SEQS],
+                count=len(report.quarantined),
+                dead_letters=self.dead_letters,
+            )
+        self._report(report.quarantined[:MAX_REPORTED_SEQS])
 
     def catch_up(self) -> None:
-        projector = self._connect()
+        projector = self._retrying()(self._connect)
         self.last_seq = max(self.last_seq, projector.last_seq)
         for batch in decoded_batches(self.wal_dir, BATCH_RECORDS, self.last_seq + 1):
             self.apply(batch)
         self._report()
 
-    def _report(self) -> None:
-        self.out.write(json.dumps({"last_seq": self.last_seq, "errors": self.errors}) + "\n")
+    def _report(self, quarantined: list[int] | None = None) -> None:
+        report: dict[str, Any] = {
+            "last_seq": self.last_seq,
+            "errors": self.errors,
+            "consecutive_errors": self.consecutive_errors,
+            "last_error": self.last_error,
+            "dead_letters": self.dead_letters,
+        }
+        if quarantined:
+            report["quarantined"] = quarantined
+        self.out.write(json.dumps(report) + "\n")
         self.out.flush()
 
 
@@ -158,7 +200,7 @@ def run_projector(database_url: str, wal_dir: Path, fd: int | None = None) -> in
         for i, (rtype, body) in enumerate(split_frames(payload)):
             seq = first + i
             if seq > applier.last_seq:
-                run_no, fields = decode(body)
+                run_no, fields = decode_record(body)
                 batch.append((seq, rtype, run_no, fields))
         # One transaction per burst: apply when nothing more waits, or the batch is full.
         if len(batch) >= BATCH_RECORDS or not reader.more():

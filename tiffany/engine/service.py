@@ -225,6 +225,7 @@ class EngineService:
             "TIFFANY_LOG_LEVEL": settings.log_level,
         }
         self.projector = ProjectorLink(self.data_dir, child_env)
+        self.projector.on_quarantine = self._quarantined
         self.fsync = _Histogram(FSYNC_BUCKETS_S)
         self.commits = 0
         self.records = 0
@@ -474,6 +475,11 @@ class EngineService:
             return self.metrics()
         raise ControlError(400, f"unknown op {op!r}")
 
+    def _quarantined(self, seqs: list[int], total: int) -> None:
+        """The projector quarantined records (docs/store.md): an activity event."""
+        label = f"{len(seqs)} record(s) quarantined, {total} dead letters"
+        self.hub.publish("store.quarantined", label=label, data={"seqs": seqs, "total": total})
+
     def _status(self) -> dict[str, Any]:
         return {
             "ready": self.ready,
@@ -488,6 +494,7 @@ class EngineService:
             # finished ones until they are forgotten, right after their end).
             "runs_held": len(self.runtime.journal.runs),
             "tasks_held": self.runtime.sched.records,
+            "projector": self.projector.health(),
         }
 
     def _on_loop(self, fn: Callable[[], Any], timeout: float = SUBMIT_TIMEOUT_S) -> Any:
@@ -589,5 +596,6 @@ class EngineService:
                 "lag_records": self.projector.lag_records,
                 "errors": self.projector.errors,
                 "restarts": self.projector.restarts,
+                "dead_letters": self.projector.dead_letters,
             },
         }

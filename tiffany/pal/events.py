@@ -52,6 +52,7 @@ EVENT_KINDS: Final = frozenset(
         "llm.usage",
         "run.started",
         "run.finished",
+        "store.quarantined",
     }
 )
 

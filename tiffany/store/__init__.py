@@ -17,6 +17,7 @@ decoded from the engine, and ``tiffany db rebuild`` reads the WAL for it.
 from tiffany.store import queries
 from tiffany.store.models import (
     Base,
+    DeadLetter,
     JournalRecord,
     ProjectorState,
     Run,
@@ -32,6 +33,7 @@ from tiffany.store.session import make_engine, session_factory
 __all__ = [
     "ApplyReport",
     "Base",
+    "DeadLetter",
     "JournalRecord",
     "Projector",
     "ProjectorState",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tiffany.store.models import JournalRecord, Run
@@ -63,13 +63,26 @@ def run_records(
     [{"seq", "type", "ltid", "data"}], "next_after"}`` where ``next_after``
     is the ``after`` of the next page, or None on the last page.
     """
-    run_no = session.scalar(select(Run.run_no).where(Run.run_id == run_id))
-    if run_no is None:
+    run = session.execute(
+        select(Run.run_no, Run.start_seq).where(Run.run_id == run_id)
+    ).one_or_none()
+    if run is None:
         return None
+    run_no, start = run.run_no, run.start_seq or 0
+    # A legacy WAL may reuse the number: the run's records lie between its
+    # RUN_START and the next RUN_START with the same number.
+    end = session.scalar(
+        select(func.min(Run.start_seq)).where(Run.run_no == run_no, Run.start_seq > start)
+    )
+    after = max(after, start - 1)
     limit = max(1, min(limit, MAX_PAGE))
     rows = session.execute(
         select(JournalRecord.seq, JournalRecord.rtype, JournalRecord.ltid, JournalRecord.data)
-        .where(JournalRecord.run_no == run_no, JournalRecord.seq > after)
+        .where(
+            JournalRecord.run_no == run_no,
+            JournalRecord.seq > after,
+            JournalRecord.seq < (end if end is not None else 2**63 - 1),
+        )
         .order_by(JournalRecord.seq)
         .limit(limit + 1)
     ).all()

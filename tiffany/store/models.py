@@ -31,12 +31,14 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 __all__ = [
     "PROJECTOR_STATE_ID",
     "Base",
+    "DeadLetter",
     "JournalRecord",
     "ProjectorState",
     "Run",
@@ -123,13 +125,20 @@ class Run(Base):
     __tablename__ = "runs"
     __table_args__ = (
         CheckConstraint(_one_of("status", RunStatus), name="status"),
-        Index("ix_runs_created_at_run_no", "created_at", "run_no"),
-        Index("ix_runs_status_created_at_run_no", "status", "created_at", "run_no"),
+        Index("ix_runs_created_at_start_seq", "created_at", "start_seq"),
+        Index("ix_runs_status_created_at_start_seq", "status", "created_at", "start_seq"),
+        Index("ix_runs_run_no", "run_no"),
     )
 
     run_id: Mapped[str] = mapped_column(String(128), primary_key=True)
-    #: The run's number in the WAL (the 4-byte prefix of its records).
-    run_no: Mapped[int] = mapped_column(Integer, unique=True)
+    #: The run's number in the WAL (the 4-byte prefix of its records). Not
+    #: unique: WALs written before run numbers were reserved per data dir hold
+    #: several runs with the same number (docs/store.md, "Run identity").
+    run_no: Mapped[int] = mapped_column(Integer)
+    #: The WAL sequence number of the run's RUN_START (unique by construction;
+    #: the runs list's order). Null only for rows projected before revision 0003
+    #: that the migration could not match to a RUN_START record.
+    start_seq: Mapped[int | None] = mapped_column(BigInteger)
     name: Mapped[str] = mapped_column(String)
     status: Mapped[str] = mapped_column(String(16))
     #: The RUN_START entry: ``{"kind": "plan", "plan": ..., "inputs": ...}`` or a callable.
@@ -212,6 +221,8 @@ class Step(Base):
     error: Mapped[Any | None] = mapped_column(JSON)
     started_at: Mapped[float | None] = mapped_column(Double)
     ended_at: Mapped[float | None] = mapped_column(Double)
+    #: Why the step waits, e.g. its tool is disabled on this engine (None: it does not).
+    waiting: Mapped[str | None] = mapped_column(Text)
 
     run: Mapped[Run] = relationship(back_populates="steps")
 
@@ -243,3 +254,26 @@ class JournalRecord(Base):
     #: The task's run-local id, for the records that concern one task.
     ltid: Mapped[int | None] = mapped_column(Integer)
     data: Mapped[Any] = mapped_column(JSON)
+
+
+class DeadLetter(Base):
+    """A journal record the projection could not apply, quarantined (docs/store.md).
+
+    The projector skips it and goes on; the record is still in the WAL, so a
+    fixed projector picks it up again on ``tiffany db rebuild``.
+    """
+
+    __tablename__ = "dead_letters"
+
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    #: The run the record belongs to, if the projector knew it.
+    run_id: Mapped[str | None] = mapped_column(String(128))
+    run_no: Mapped[int] = mapped_column(Integer)
+    #: The record type's name (``RUN_START``...).
+    rtype: Mapped[str] = mapped_column(String(16))
+    #: ``TypeName: message`` of what failed (bounded).
+    error: Mapped[str] = mapped_column(Text)
+    #: A bounded excerpt of the record's fields (``reprlib``, sanitized).
+    excerpt: Mapped[str] = mapped_column(Text)
+    #: When it was quarantined: the run's journal clock if known, else 0 (deterministic).
+    at: Mapped[float] = mapped_column(Double)

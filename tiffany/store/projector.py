@@ -50,6 +50,22 @@ What the journal says, and what the projection makes of it:
   fields) is final: status, error and attempts of every step. Steps a
   cancelled run never finished are ``skipped``.
 
+Nothing journaled stops the projection (docs/store.md): a batch that fails
+with a deterministic error (a constraint, a value SQL refuses, a bug:
+anything but a transient database error, :func:`is_transient`) is split in
+halves, each applied on its own, down to the one record that fails; that
+record is quarantined in ``dead_letters`` (its seq, run, type, the error
+and a bounded excerpt), the mark moves past it, and the rest is applied.
+Transient errors propagate: the caller retries the batch, and the mark
+makes the retry skip what was kept. A rebuild quarantines the same records
+as the incremental projection, so the two stay row for row the same.
+
+Run identity: records name their run by ``run_no``; a WAL written before
+run numbers were reserved per data dir may hold several runs with one
+number. A record belongs to the latest RUN_START with its number (as
+``tiffany/durable/history.py`` reads it); ``runs.start_seq`` keeps the
+runs apart and orders them.
+
 Discussion: a task's state between records is a guess the journal cannot
 settle: a wake-up from inside the run (a joined task ending, a queue put)
 is not journaled, so a ``blocked_join`` task shows as blocked until its
@@ -65,11 +81,13 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from sqlalchemy import Connection, Engine, Table, and_, bindparam, delete, func, insert, select
+from sqlalchemy import exc as sa_exc
 from sqlalchemy import update as sql_update
 
 from tiffany.store.journal import record_row
 from tiffany.store.models import (
     PROJECTOR_STATE_ID,
+    DeadLetter,
     JournalRecord,
     ProjectorState,
     Run,
@@ -84,19 +102,23 @@ from tiffany.store.records import (
     BLOCKING_KINDS,
     FIELD_COUNTS,
     RecordType,
+    Undecodable,
     attempt_times,
     error_dict,
+    excerpt,
     jsonable,
     task_kind,
     text,
     tool_of,
 )
 
-__all__ = ["ApplyReport", "Projector", "Record"]
+__all__ = ["ApplyReport", "Projector", "Record", "is_transient"]
 
 
 #: Finished runs whose context is kept in memory (more are reloaded on demand).
 MAX_CACHED_FINISHED_RUNS: Final = 256
+#: The longest error message a dead letter keeps, in characters.
+MAX_ERROR_CHARS: Final = 1_000
 #: The longest argument a DISPATCH record keeps (the journal's ``MAX_ARG_CHARS``).
 MAX_DISPATCH_ARG_CHARS: Final = 120
 
@@ -112,6 +134,43 @@ _HAS_WAITING: Final = "waiting" in Step.__table__.c
 
 #: A decoded journal record: ``(seq, rtype, run_no, fields)``.
 Record = tuple[int, int, int, Sequence[Any]]
+
+#: Database errors that say nothing about the batch: the connection, a lock,
+#: a server restarting, a full disk; also the schema or the grants being
+#: wrong (ProgrammingError: an undefined column, permission denied) and the
+#: server's internal errors, which would otherwise dead-letter every record.
+#: The batch is retried as it is, and the engine reports the store stalled.
+_TRANSIENT: Final = (
+    sa_exc.OperationalError,
+    sa_exc.ProgrammingError,
+    sa_exc.InternalError,
+    sa_exc.InterfaceError,
+    sa_exc.DisconnectionError,
+    sa_exc.TimeoutError,
+    ConnectionError,
+    OSError,
+)
+
+
+def _describe(error: BaseException) -> str:
+    """``TypeName: message`` of an error, bounded and sanitized."""
+    try:
+        message = str(error)
+    except Exception:  # noqa: BLE001 - a hostile __str__
+        message = excerpt(error)
+    return excerpt(f"{type(error).__name__}: {message[:MAX_ERROR_CHARS]}")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True if ``exc`` is a database error worth retrying (not the records' fault).
+
+    Everything else (IntegrityError, DataError, RecursionError, TypeError,
+    ValueError, a bug) fails the same way again: the projector quarantines
+    the record instead of retrying it.
+    """
+    if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, _TRANSIENT)
 
 
 @dataclass(slots=True)
@@ -186,8 +245,19 @@ class ApplyReport:
     skipped: int = 0  # at or below the mark: already applied
     orphans: int = 0  # records of a run whose start the store never saw
     malformed: int = 0  # too few fields for their type (another journal version)
+    quarantined: list[int] = field(default_factory=list)  # seqs sent to dead_letters
     last_seq: int = 0
     statements: int = 0
+
+    def add(self, other: ApplyReport) -> None:
+        """Count ``other`` (a later transaction of the same batch) in."""
+        self.applied += other.applied
+        self.skipped += other.skipped
+        self.orphans += other.orphans
+        self.malformed += other.malformed
+        self.quarantined += other.quarantined
+        self.last_seq = max(self.last_seq, other.last_seq)
+        self.statements += other.statements
 
 
 class _Batch:
@@ -232,9 +302,12 @@ class Projector:
         self._run_ids: dict[int, str] = {}
         self._run_ids_stale = False
         self._ctx: dict[int, _RunCtx] = {}
+        #: Records in ``dead_letters`` (kept up to date by :meth:`apply`).
+        self.dead_letters = 0
         with engine.begin() as conn:
             self._ensure_state(conn)
             self._load_run_ids(conn)
+            self.dead_letters = int(conn.scalar(select(func.count()).select_from(DeadLetter)) or 0)
 
     # -- public ----------------------------------------------------------------
 
@@ -248,12 +321,34 @@ class Projector:
         return int(value or 0)
 
     def apply(self, batch: Iterable[Record]) -> ApplyReport:
-        """Apply ``(seq, rtype, run_no, fields)`` records in one transaction.
+        """Apply ``(seq, rtype, run_no, fields)`` records; quarantine those that fail.
 
         Records at or below the last applied sequence number are skipped.
-        On an error nothing of the batch is kept and the in-memory contexts
-        are dropped (they are reloaded from the rows).
+        The batch is one transaction; if it fails deterministically it is
+        bisected and the record that fails is quarantined (see the module
+        docstring). A transient database error propagates with nothing of
+        the failed transaction kept; retrying the same batch is safe.
         """
+        report = ApplyReport()
+        self._isolate(list(batch), report)
+        self.dead_letters += len(report.quarantined)
+        self._evict()
+        return report
+
+    def _isolate(self, records: list[Record], report: ApplyReport) -> None:
+        try:
+            report.add(self._transaction(records))
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            if len(records) == 1:
+                report.add(self._quarantine(records[0], exc))
+                return
+            mid = len(records) // 2
+            self._isolate(records[:mid], report)
+            self._isolate(records[mid:], report)
+
+    def _transaction(self, batch: list[Record]) -> ApplyReport:
         report = ApplyReport()
         try:
             with self.engine.begin() as conn:
@@ -267,6 +362,8 @@ class Projector:
                         report.skipped += 1
                         continue
                     report.last_seq = seq
+                    if isinstance(fields, Undecodable):
+                        raise fields.error
                     changes.records.append(record_row(seq, rtype, run_no, fields))
                     if len(fields) < FIELD_COUNTS.get(rtype, 0):
                         report.malformed += 1
@@ -275,25 +372,71 @@ class Projector:
                     else:
                         report.orphans += 1
                 report.statements = changes.flush(conn)
-                if report.last_seq > mark:
-                    conn.execute(
-                        sql_update(ProjectorState)
-                        .where(ProjectorState.id == PROJECTOR_STATE_ID)
-                        .values(last_seq=report.last_seq)
-                    )
-                    report.statements += 1
+                self._move_mark(conn, mark, report)
         except BaseException:
             self._forget()
             raise
-        self._evict()
         return report
+
+    def _quarantine(self, record: Record, error: BaseException) -> ApplyReport:
+        """Put one record that fails on its own into ``dead_letters``; move the mark past it."""
+        seq, rtype, run_no, fields = record
+        report = ApplyReport()
+        try:
+            with self.engine.begin() as conn:
+                mark = self._lock_mark(conn)
+                report.last_seq = mark
+                if seq <= mark:
+                    report.skipped += 1
+                    return report
+                if self._run_ids_stale:
+                    self._load_run_ids(conn)
+                if rtype == RecordType.RUN_START:
+                    run_id: str | None = text(fields[0]) if fields else None
+                    self._run_ids.pop(run_no, None)  # its records are orphans now
+                else:
+                    run_id = self._run_ids.get(run_no)
+                at = None
+                if run_id is not None:
+                    at = conn.scalar(select(Run.updated_at).where(Run.run_id == run_id))
+                try:
+                    type_name = RecordType(rtype).name
+                except ValueError:
+                    type_name = f"TYPE_{rtype}"
+                conn.execute(
+                    insert(DeadLetter).values(
+                        seq=seq,
+                        run_id=run_id[:128] if run_id else None,
+                        run_no=run_no,
+                        rtype=type_name,
+                        error=_describe(error),
+                        excerpt=excerpt(fields),
+                        at=float(at) if at is not None else 0.0,
+                    )
+                )
+                report.last_seq = seq
+                report.quarantined.append(seq)
+                self._move_mark(conn, mark, report)
+        except BaseException:
+            self._forget()
+            raise
+        return report
+
+    def _move_mark(self, conn: Connection, mark: int, report: ApplyReport) -> None:
+        if report.last_seq > mark:
+            conn.execute(
+                sql_update(ProjectorState)
+                .where(ProjectorState.id == PROJECTOR_STATE_ID)
+                .values(last_seq=report.last_seq)
+            )
+            report.statements += 1
 
     def reset(self) -> None:
         """Delete every projected row and set the mark back to 0 (before a rebuild)."""
         try:
             with self.engine.begin() as conn:
                 self._lock_mark(conn)
-                for model in (JournalRecord, Step, Task, Run):
+                for model in (DeadLetter, JournalRecord, Step, Task, Run):
                     conn.execute(delete(model))
                 conn.execute(
                     sql_update(ProjectorState)
@@ -302,6 +445,7 @@ class Projector:
                 )
         finally:
             self._forget()
+        self.dead_letters = 0
 
     # -- records ---------------------------------------------------------------
 
@@ -368,7 +512,7 @@ class Projector:
             }
         else:
             inputs = {"args": entry.get("args", []), "kwargs": entry.get("kwargs", {})}
-        ctx = _RunCtx(str(run_id), plan, clock, 0, False)
+        ctx = _RunCtx(text(run_id), plan, clock, 0, False)
         self._run_ids[run_no] = ctx.run_id
         self._ctx[run_no] = ctx
         b.runs.insert(
@@ -384,6 +528,7 @@ class Projector:
                 "updated_at": clock,
                 "dispatches": 0,
                 "last_seq": seq,
+                "start_seq": seq,
             },
         )
         if plan:
@@ -392,7 +537,8 @@ class Projector:
             for spec in steps if isinstance(steps, list) else ():
                 if isinstance(spec, Mapping) and isinstance(spec.get("id"), str):
                     tool = spec.get("tool")
-                    self._new_step(b, ctx, spec["id"], tool if isinstance(tool, str) else None)
+                    tool = text(tool) if isinstance(tool, str) else None
+                    self._new_step(b, ctx, text(spec["id"]), tool)
 
     def _spawn(self, b: _Batch, ctx: _RunCtx, f: Sequence[Any]) -> None:
         _n, ltid, parent, name = f[0], f[1], f[2], text(f[3])
@@ -530,7 +676,8 @@ class Projector:
         for step_id, info in summary.items() if isinstance(summary, Mapping) else ():
             if not isinstance(info, Mapping) or info.get("status") not in _STEP_STATUSES:
                 continue
-            step = ctx.steps.get(step_id) or self._new_step(b, ctx, str(step_id), None)
+            step_id = text(step_id)
+            step = ctx.steps.get(step_id) or self._new_step(b, ctx, step_id, None)
             step.status = str(info["status"])
             values: dict[str, Any] = {
                 "status": step.status,
@@ -540,7 +687,7 @@ class Projector:
             if _HAS_WAITING:
                 values["waiting"] = None
             values.update(attempt_times(info.get("attempts")))
-            b.steps.update((ctx.run_id, str(step_id)), **values)
+            b.steps.update((ctx.run_id, step_id), **values)
         for step_id, step in ctx.steps.items():
             if step.status in _UNSETTLED_STEPS:
                 step.status = StepStatus.SKIPPED.value
@@ -625,9 +772,26 @@ class Projector:
         return int(value)
 
     def _load_run_ids(self, conn: Connection) -> None:
-        self._run_ids = {
-            int(no): str(rid) for no, rid in conn.execute(select(Run.run_no, Run.run_id))
-        }
+        """Map each run number to its latest start (a quarantined start maps to nothing)."""
+        starts: list[tuple[int, int, str | None]] = [
+            (int(seq or 0), int(no), str(rid))
+            for no, rid, seq in conn.execute(select(Run.run_no, Run.run_id, Run.start_seq))
+        ]
+        starts += [
+            (int(seq), int(no), None)
+            for seq, no in conn.execute(
+                select(DeadLetter.seq, DeadLetter.run_no).where(
+                    DeadLetter.rtype == RecordType.RUN_START.name
+                )
+            )
+        ]
+        run_ids: dict[int, str] = {}
+        for _seq, no, rid in sorted(starts, key=lambda s: s[0]):
+            if rid is None:
+                run_ids.pop(no, None)
+            else:
+                run_ids[no] = rid
+        self._run_ids = run_ids
         self._run_ids_stale = False
 
     def _forget(self) -> None:

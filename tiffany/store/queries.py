@@ -42,7 +42,7 @@ def list_runs(
     limit: int = DEFAULT_PAGE_SIZE,
     offset: int = 0,
 ) -> list[Run]:
-    """Return runs newest first (by start time, then run number), optionally of one status.
+    """Return runs newest first (by start time, then RUN_START seq), optionally of one status.
 
     Args:
         session: An open session.
@@ -50,7 +50,7 @@ def list_runs(
         limit: Page size, clamped to 1..``MAX_PAGE_SIZE``.
         offset: Runs to skip (paging).
     """
-    stmt = select(Run).order_by(Run.created_at.desc(), Run.run_no.desc())
+    stmt = select(Run).order_by(Run.created_at.desc(), Run.start_seq.desc())
     if status is not None:
         stmt = stmt.where(Run.status == str(status))
     stmt = stmt.limit(max(1, min(limit, MAX_PAGE_SIZE))).offset(max(0, offset))

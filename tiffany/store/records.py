@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import math
+import reprlib
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -19,9 +20,12 @@ from tiffany.store.models import TaskKind, TaskState
 __all__ = [
     "BLOCKING_KINDS",
     "FIELD_COUNTS",
+    "MAX_JSON_DEPTH",
     "RecordType",
+    "Undecodable",
     "attempt_times",
     "error_dict",
+    "excerpt",
     "jsonable",
     "task_kind",
     "text",
@@ -75,33 +79,111 @@ BLOCKING_KINDS: Final[Mapping[str, TaskState]] = {
 }
 
 
-def jsonable(value: Any) -> Any:
-    """Return ``value`` as plain JSON data (tuples as lists, bytes as text, others by repr).
+#: How deep :func:`jsonable` follows nested values; deeper ones become a marker.
+MAX_JSON_DEPTH: Final = 64
+#: Integers a JSON column keeps as numbers: 64-bit signed (others become text).
+MAX_INT_BITS: Final = 63
+#: Integers longer than this become a marker (``str()`` of them is slow and capped).
+MAX_INT_TEXT_BITS: Final = 10_000
+#: The longest excerpt of a quarantined record's fields, in characters.
+MAX_EXCERPT_CHARS: Final = 2_000
+
+_EXCERPT: Final = reprlib.Repr()
+_EXCERPT.maxlevel = 4
+_EXCERPT.maxstring = 200
+_EXCERPT.maxother = 200
+_EXCERPT.maxlong = 60
+
+
+def _clean(value: str) -> str:
+    """Return ``value`` as text SQL stores: NUL escaped, lone surrogates escaped."""
+    if "\x00" in value:
+        value = value.replace("\x00", "\\x00")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            value = value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
+
+
+def _number(value: int) -> int | str:
+    bits = value.bit_length()
+    if bits <= MAX_INT_BITS:
+        return value
+    return str(value) if bits <= MAX_INT_TEXT_BITS else f"<int of {bits} bits>"
+
+
+def jsonable(value: Any, _depth: int = 0) -> Any:
+    """Return ``value`` as plain JSON data every store takes, deterministically.
 
     Journal values may hold tuples, sets, bytes and stand-ins for values the
     journal could not encode (which keep a ``repr``); JSON columns take none
-    of them, and PostgreSQL refuses NaN.
+    of them. What SQL cannot store is made text the same way every time:
+    non-finite floats by ``repr`` (PostgreSQL refuses NaN), NUL characters
+    and lone surrogates escaped, integers beyond 64 bits as text. Values
+    nested deeper than ``MAX_JSON_DEPTH`` become a marker string, so neither
+    this function nor the JSON encoder recurses without bound.
     """
-    if value is None or isinstance(value, bool | int | str):
+    if value is None or isinstance(value, bool):
         return value
+    if isinstance(value, str):
+        return _clean(value)
+    if isinstance(value, int):
+        return _number(value)
     if isinstance(value, float):
         return value if math.isfinite(value) else repr(value)
+    if _depth >= MAX_JSON_DEPTH:
+        return f"<nested deeper than {MAX_JSON_DEPTH}>"
+    depth = _depth + 1
     if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
+        return {_key(k): jsonable(v, depth) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
+        return [jsonable(v, depth) for v in value]
     if isinstance(value, set | frozenset):
-        return sorted((jsonable(v) for v in value), key=repr)
+        return sorted((jsonable(v, depth) for v in value), key=repr)
     if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value).decode("utf-8", "replace")
+        return _clean(bytes(value).decode("utf-8", "replace"))
     text = getattr(value, "repr", None)  # the durable layer's Unencodable
-    return text if isinstance(text, str) else repr(value)
+    return _clean(text) if isinstance(text, str) else excerpt(value)
+
+
+def _key(key: Any) -> str:
+    return _clean(key) if isinstance(key, str) else excerpt(key)
 
 
 def text(value: Any) -> str:
-    """Return ``value`` as text a column takes (PostgreSQL refuses NUL characters)."""
-    out = value if isinstance(value, str) else str(value)
-    return out.replace("\x00", "\\x00") if "\x00" in out else out
+    """Return ``value`` as text a column takes (no NUL, no lone surrogate, bounded repr)."""
+    return _clean(value if isinstance(value, str) else excerpt(value))
+
+
+def excerpt(value: Any, limit: int = MAX_EXCERPT_CHARS) -> str:
+    """Return a bounded, sanitized ``repr`` of ``value`` (safe on any depth or size)."""
+    if isinstance(value, str):
+        out = value
+    elif isinstance(value, int) and not isinstance(value, bool):
+        out = str(_number(value))
+    else:
+        try:
+            out = _EXCERPT.repr(value)
+        except Exception as exc:  # noqa: BLE001 - a hostile __repr__: say so
+            out = f"<unrepresentable {type(value).__name__}: {type(exc).__name__}>"
+    return _clean(out[:limit])
+
+
+class Undecodable(tuple[Any, ...]):
+    """The fields of a record whose payload did not decode (the projector quarantines it).
+
+    Args:
+        error: What the decoder raised.
+    """
+
+    error: BaseException
+
+    def __new__(cls, error: BaseException) -> Undecodable:  # noqa: D102
+        self = super().__new__(cls)
+        self.error = error
+        return self
 
 
 def error_dict(packed: Any) -> dict[str, Any]:
@@ -112,18 +194,19 @@ def error_dict(packed: Any) -> dict[str, Any]:
     """
     if isinstance(packed, list | tuple) and len(packed) >= 3 and isinstance(packed[0], str):
         args = packed[1] if isinstance(packed[1], list | tuple) else []
-        message = args[0] if args and isinstance(args[0], str) else str(packed[2])
+        message = args[0] if args and isinstance(args[0], str) else text(packed[2])
         out: dict[str, Any] = {
-            "type": packed[0],
-            "message": message,
+            "type": _clean(packed[0]),
+            "message": _clean(message),
             "args": jsonable(args),
             "repr": jsonable(packed[2]),
         }
         fields = packed[3] if len(packed) > 3 else None
         if isinstance(fields, Mapping):
-            out["fields"] = {str(k): jsonable(v) for k, v in fields.items() if k != "steps"}
+            out["fields"] = {_key(k): jsonable(v) for k, v in fields.items() if k != "steps"}
         return out
-    return {"message": str(jsonable(packed)), "repr": jsonable(packed)}
+    value = jsonable(packed)
+    return {"message": value if isinstance(value, str) else excerpt(value), "repr": value}
 
 
 def task_kind(name: str, ltid: int, plan: bool) -> tuple[TaskKind, str | None]:

@@ -124,18 +124,18 @@ async def submit_run(
 def _page(
     session: Session, status: RunStatus | None, limit: int, before: int | None
 ) -> dict[str, Any]:
-    stmt = select(Run).order_by(Run.run_no.desc())
+    stmt = select(Run).order_by(Run.start_seq.desc())
     if status is not None:
         stmt = stmt.where(Run.status == status.value)
     if before is not None:
-        stmt = stmt.where(Run.run_no < before)
+        stmt = stmt.where(Run.start_seq < before)
     rows = list(session.scalars(stmt.limit(limit + 1)))
     more = len(rows) > limit
     rows = rows[:limit]
     return {
         "runs": [queries.run_summary(r) for r in rows],
         "counts": queries.counts_by_status(session),
-        "next_before": rows[-1].run_no if more else None,
+        "next_before": rows[-1].start_seq if more else None,
     }
 
 
@@ -145,10 +145,10 @@ async def list_runs(
     status: Annotated[RunStatus | None, Query(description="Only runs with this status.")] = None,
     limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE_SIZE)] = queries.DEFAULT_PAGE_SIZE,
     before: Annotated[
-        int | None, Query(ge=0, description="Only runs numbered below this (paging).")
+        int | None, Query(ge=0, description="Only runs older than this cursor (paging).")
     ] = None,
 ) -> dict[str, Any]:
-    """List runs, newest first (by run number), with the count of runs by status.
+    """List runs, newest first (by their RUN_START's seq), with the count of runs by status.
 
     Page with ``before=<next_before>`` from the previous answer.
     """

@@ -51,7 +51,14 @@ async def healthz() -> dict[str, bool]:
     responses={503: {"model": Readiness, "description": "Not ready, and why."}},
 )
 async def readyz(state: State) -> Any:
-    """Readiness: the engine is reachable and done recovering."""
+    """Readiness: the engine is reachable, done recovering, and its store is not stuck.
+
+    The store counts as stuck when the projector is stalled (records wait
+    and none was applied for a few seconds), keeps failing, or its process
+    restarts in a loop: then the answer is 503 with ``"store stalled:
+    <reason>"``. Lag alone, while the projector makes progress, is not
+    unready: a burst of submissions makes lag and the store catches up.
+    """
     try:
         status = await state.control.request("status", timeout=ENGINE_PROBE_TIMEOUT_S)
     except ControlUnavailable:
@@ -61,7 +68,11 @@ async def readyz(state: State) -> Any:
     if not status.get("ready"):
         reason = "engine stopping" if status.get("phase") == "stopping" else "engine recovering"
         return JSONResponse({"ready": False, "reason": reason}, status_code=503)
-    return {"ready": True, "reason": None}
+    store = status.get("projector")
+    if isinstance(store, dict) and store.get("stalled"):
+        reason = f"store stalled: {store.get('stalled_reason')}"
+        return JSONResponse({"ready": False, "reason": reason, "store": store}, status_code=503)
+    return {"ready": True, "reason": None, "store": store}
 
 
 @router.get("/metrics", tags=["system"], response_class=Response)

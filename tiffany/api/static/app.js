@@ -199,6 +199,16 @@ $("#token-form").addEventListener("submit", (e) => {
 // -- readiness banner -------------------------------------------------------------------
 
 const banner = $("#banner");
+const storeBadge = $("#store-badge");
+/** The store's health beside the connection pill: lag, a stall, quarantined records. */
+function showStore(store, reason) {
+  const parts = [];
+  if (/^store stalled/.test(reason || "")) parts.push(reason);
+  else if (store && store.lag_records > 0) parts.push(`store lagging ${store.lag_records}`);
+  if (store && store.dead_letters > 0) parts.push(`${store.dead_letters} dead letters`);
+  storeBadge.textContent = parts.join(" · ");
+  storeBadge.hidden = parts.length === 0;
+}
 async function pollReady() {
   let next = READY_POLL_MS;
   try {
@@ -209,6 +219,7 @@ async function pollReady() {
     // 401: the token prompt is up; readiness is unknown, not "not ready".
     const ready = res.status === 401 || (res.ok && body.ready !== false);
     banner.hidden = ready;
+    showStore(body.store, body.reason);
     if (!ready) {
       const reason = body.reason || body.detail || "";
       const recovering = !reason || /recover/i.test(reason);

@@ -1,0 +1,233 @@
+"""Nothing journaled stops the store: failing records are quarantined, transient errors retried.
+
+On the old code a record that failed (RecursionError on deep values, a
+constraint, an undecodable payload) was retried forever, on every restart:
+the store stopped there and every later run was missing.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.exc import OperationalError
+from store_support import Journal, dump, get_json, serve, wait_for
+
+from tiffany.cli.db import rebuild_store
+from tiffany.store import Projector, RecordType, queries, session_factory
+from tiffany.store.projector import _Batch
+
+
+def _fail_at(monkeypatch: pytest.MonkeyPatch, seq: int, exc: Exception) -> None:
+    real = Projector._apply_one
+
+    def apply_one(self: Projector, conn: Any, b: Any, s: int, *rest: Any) -> bool:
+        if s == seq:
+            raise exc
+        return real(self, conn, b, s, *rest)
+
+    monkeypatch.setattr(Projector, "_apply_one", apply_one)
+
+
+def test_a_record_that_fails_is_quarantined_and_the_rest_projected(
+    store: Engine, journal: Journal, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    records = journal.records
+    bad = next(r for r in records[len(records) // 2 :] if r[1] == RecordType.SPAWN)
+    _fail_at(monkeypatch, bad[0], TypeError("a bug in one handler"))
+    projector = Projector(store)
+    report = projector.apply(records)
+    assert report.quarantined == [bad[0]]
+    assert projector.last_seq == records[-1][0]
+    assert projector.dead_letters == 1
+    rows = dump(store)
+    assert len(rows["runs"]) == len(journal.run_ids)
+    (letter,) = rows["dead_letters"]
+    assert (letter["seq"], letter["rtype"]) == (bad[0], "SPAWN")
+    assert letter["error"] == "TypeError: a bug in one handler"
+    assert letter["run_id"] in journal.run_ids.values()
+    assert letter["excerpt"]
+    with session_factory(store)() as session:  # later runs finished in the store
+        assert {r.status for r in queries.list_runs(session)} >= {"succeeded", "failed"}
+    # A rebuild quarantines the same record: the stores are the same row for row.
+    report2 = rebuild_store(store, journal.wal_dir, batch_records=13)
+    assert report2.quarantined == [bad[0]]
+    assert dump(store) == rows
+
+
+def test_transient_errors_are_retried_and_lose_nothing(
+    store: Engine, journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tiffany.engine import projector_proc
+
+    clean = Projector(store)
+    clean.apply(journal.records)
+    expected = dump(store)
+    clean.reset()
+
+    failures = {"left": 3}
+    real_flush = _Batch.flush
+
+    def flaky(self: _Batch, conn: Any) -> int:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise OperationalError("INSERT ...", {}, ConnectionResetError("server closed"))
+        return real_flush(self, conn)
+
+    monkeypatch.setattr(_Batch, "flush", flaky)
+    monkeypatch.setattr(projector_proc, "make_engine", lambda _url: store)
+    out = io.StringIO()
+    applier = projector_proc._Applier("unused", Path("unused"), out)
+    applier.engine = store
+    applier.projector = Projector(store)
+    monkeypatch.setattr(store, "dispose", lambda: None)  # the applier drops its engine on errors
+    applier.apply(list(journal.records))
+    reports = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [r["consecutive_errors"] for r in reports] == [1, 2, 3, 0]
+    assert "OperationalError" in reports[0]["last_error"]
+    assert reports[-1]["last_seq"] == journal.records[-1][0]
+    assert reports[-1]["dead_letters"] == 0
+    assert dump(store) == expected
+
+    # A record that does not decode: quarantined, listed in the progress report,
+    # and the engine's link hands it on (the engine publishes store.quarantined).
+    from tiffany.engine.projection import decode_record
+    from tiffany.engine.projector_link import ProjectorLink
+
+    seq = journal.records[-1][0] + 1
+    run_no, fields = decode_record((1).to_bytes(4, "little") + b"\xc1 not msgpack")
+    out.truncate(0)
+    out.seek(0)
+    applier.apply([(seq, RecordType.DISPATCH, run_no, fields)])
+    line = out.getvalue().splitlines()[-1]
+    assert json.loads(line)["quarantined"] == [seq]
+    seen: list[tuple[list[int], int]] = []
+    link = ProjectorLink(Path("unused"), {})
+    link.on_quarantine = lambda seqs, total: seen.append((seqs, total))
+    link._read_reports(io.BytesIO(line.encode() + b"\n"))
+    assert seen == [([seq], 1)]
+    assert link.health()["dead_letters"] == 1
+
+
+def _deep(depth: int) -> Any:
+    value: Any = "bottom"
+    for _ in range(depth):
+        value = {"k": value}
+    return value
+
+
+def test_values_sql_cannot_store_are_sanitized_not_fatal(store: Engine, journal: Journal) -> None:
+    last = journal.records[-1][0]
+    entry = {
+        "kind": "plan",
+        "plan": {
+            "name": "odd\x00name\udc80",
+            "steps": [{"id": "s\x00", "tool": "sleep", "args": {"deep": _deep(5000)}}],
+        },
+        "inputs": {
+            "big": 2**100,
+            "huge": 10**5000,
+            "nul": "a\x00b",
+            "lone": "\ud800",
+            "nan": 1e999,
+        },
+    }
+    odd = [
+        (last + 1, RecordType.RUN_START, 900, ["run-odd", "odd\x00\udc80", entry, 1.0]),
+        (last + 2, RecordType.SPAWN, 900, [1, 1, 0, "planner\x00"]),
+        (last + 3, RecordType.TASK_EXIT, 900, [2, 1, "done", {"out": _deep(3000)}]),
+        (last + 4, RecordType.RUN_END, 900, ["succeeded", {"outputs": {"x": "\udcff"}}, 2.0]),
+    ]
+    projector = Projector(store)
+    report = projector.apply([*journal.records, *odd])
+    assert report.quarantined == []
+    with session_factory(store)() as session:
+        run = queries.get_run(session, "run-odd")
+        assert run is not None
+        assert run.status == "succeeded"
+        assert run.name == "odd\\x00\\udc80"
+        assert run.inputs["big"] == str(2**100)
+        assert run.inputs["huge"] == "<int of 16610 bits>"
+        assert run.inputs["nul"] == "a\\x00b"
+        assert run.inputs["nan"] == "inf"
+        assert run.steps[0].step_id == "s\\x00"
+
+
+def test_an_undecodable_record_is_dead_lettered_and_serve_says_so(tmp_path: Path) -> None:
+    from tiffany.agents import AgentEnv, plan_entry, plan_resolver
+    from tiffany.agents.registry import ToolRegistry
+    from tiffany.durable import Runtime
+    from tiffany.wal import Wal
+
+    data = tmp_path / "data"
+    plan = {"name": "nap", "steps": [{"id": "a", "tool": "sleep", "args": {"seconds": 0}}]}
+    env = AgentEnv(ToolRegistry.default(enabled=["sleep"]), data / "workspaces")
+    with Runtime(data, resolvers={"plan": plan_resolver(env)}) as rt:
+        before = rt.submit_entry(plan_entry(plan), name="before")
+        rt.run()
+    wal = Wal.open(data / "wal")
+    garbage = wal.append(RecordType.DISPATCH, (1).to_bytes(4, "little") + b"\xc1 not msgpack")
+    wal.commit()
+    wal.close()
+
+    proc, url = serve(data)
+    try:
+        body = json.dumps({"plan": {**plan, "name": "after"}})
+        req = urllib.request.Request(
+            url + "api/runs", data=body.encode(), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            after = json.loads(resp.read())["run_id"]
+
+        def both_done() -> bool:
+            runs = get_json(url + "api/runs")[1]["runs"]
+            return {r["run_id"] for r in runs if r["status"] == "succeeded"} == {before, after}
+
+        wait_for(both_done, 60, "both runs in the store")
+        status, ready = wait_for(lambda: get_json(url + "readyz"), 30, "readyz")
+        assert status == 200, ready
+        assert ready["store"]["dead_letters"] == 1
+        assert ready["store"]["stalled"] is False
+        with urllib.request.urlopen(url + "metrics", timeout=10) as resp:
+            metrics = resp.read().decode()
+        assert "tiffany_projector_dead_letters 1.0" in metrics
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    import sqlite3
+
+    db = sqlite3.connect(data / "tiffany.db")
+    rows = db.execute("select seq, run_no, rtype, error from dead_letters").fetchall()
+    assert len(rows) == 1
+    assert rows[0][:3] == (garbage, 1, "DISPATCH")
+    assert "DecodeError" in rows[0][3]
+
+
+def test_what_is_retried_and_what_is_quarantined() -> None:
+    from sqlalchemy.exc import DataError, IntegrityError, InternalError, ProgrammingError
+
+    from tiffany.store.projector import is_transient
+
+    cause = Exception("x")
+    for exc in (
+        OperationalError("SELECT", {}, cause),  # connection lost, database locked
+        ProgrammingError("SELECT", {}, cause),  # a missing column, permission denied
+        InternalError("SELECT", {}, cause),
+        ConnectionRefusedError(),
+    ):
+        assert is_transient(exc), exc
+    for exc in (
+        IntegrityError("INSERT", {}, cause),
+        DataError("INSERT", {}, cause),
+        RecursionError(),
+        TypeError(),
+        ValueError(),
+        KeyError("k"),
+    ):
+        assert not is_transient(exc), exc
