@@ -51,6 +51,7 @@ Discussion:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -227,10 +228,7 @@ def pids_cgroup() -> str:
     Raises:
         SandboxUnavailable: No writable pids cgroup here (fail closed).
     """
-    for stale in list(_STALE_CGROUPS):
-        with contextlib.suppress(OSError):
-            os.rmdir(stale)
-            _STALE_CGROUPS.remove(stale)
+    _release_stale()
     errors: list[str] = []
     for root in PIDS_CGROUP_ROOTS:
         if not os.path.exists(os.path.join(root, "pids.max")) and not os.path.exists(
@@ -262,11 +260,23 @@ def pids_cgroup() -> str:
 
 
 def release_cgroup(path: str) -> None:
-    """Remove a step's cgroup (later, if its processes are not all reaped yet)."""
-    try:
-        os.rmdir(path)
-    except OSError:
-        _STALE_CGROUPS.append(path)
+    """Remove a step's cgroup (later, if its processes are not all released yet)."""
+    for _ in range(50):  # the kernel frees the last exited tasks within microseconds
+        try:
+            os.rmdir(path)
+            return
+        except OSError:
+            os.sched_yield()
+    if not _STALE_CGROUPS:
+        atexit.register(_release_stale)
+    _STALE_CGROUPS.append(path)
+
+
+def _release_stale() -> None:
+    for stale in list(_STALE_CGROUPS):
+        with contextlib.suppress(OSError):
+            os.rmdir(stale)
+            _STALE_CGROUPS.remove(stale)
 
 
 def _cgroup_argv(cgroup: str, argv: list[str]) -> list[str]:
