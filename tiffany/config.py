@@ -73,8 +73,10 @@ class Settings(BaseSettings):
         llm_model: The model name sent to that endpoint.
         llm_api_key: Its bearer key.
         llm_script: A JSON/YAML file of scripted replies (offline provider).
-        shell_sandbox: ``auto`` (bubblewrap when installed), ``bwrap``
-            (required; the shell tool fails closed without it) or ``none``.
+        shell_sandbox: ``auto`` (bubblewrap; a server refuses shell steps
+            without it, ``tiffany run`` falls back with a warning), ``bwrap``
+            (required everywhere) or ``none`` (unsandboxed, on purpose: a
+            server says so in its log and status). See docs/security.md.
         max_plan_bytes: Largest ``POST /api/runs`` body the API accepts (413
             beyond it, decided before the body is buffered).
         feed_ring_events: Activity events the API process keeps for websocket
