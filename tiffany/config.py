@@ -73,8 +73,10 @@ class Settings(BaseSettings):
         llm_model: The model name sent to that endpoint.
         llm_api_key: Its bearer key.
         llm_script: A JSON/YAML file of scripted replies (offline provider).
-        shell_sandbox: ``auto`` (bubblewrap when installed), ``bwrap``
-            (required; the shell tool fails closed without it) or ``none``.
+        shell_sandbox: ``auto`` (bubblewrap; a server refuses shell steps
+            without it, ``tiffany run`` falls back with a warning), ``bwrap``
+            (required everywhere) or ``none`` (unsandboxed, on purpose: a
+            server says so in its log and status). See docs/security.md.
         max_plan_bytes: Largest ``POST /api/runs`` body the API accepts (413
             beyond it, decided before the body is buffered).
         feed_ring_events: Activity events the API process keeps for websocket
@@ -82,6 +84,9 @@ class Settings(BaseSettings):
         ws_queue_frames: Frames a websocket may have queued before it is cut
             off as a slow consumer.
         ws_ping_interval_s: An idle websocket gets a ``ping`` frame this often.
+        http_allow: Hosts and CIDRs the ``http`` tool may reach although they
+            are loopback, private, link-local... (comma-separated, e.g.
+            ``127.0.0.1,10.0.0.0/8,api.internal``; docs/security.md).
     """
 
     model_config = SettingsConfigDict(
@@ -112,6 +117,7 @@ class Settings(BaseSettings):
     feed_ring_events: int = Field(default=100_000, gt=0)
     ws_queue_frames: int = Field(default=10_000, gt=0)
     ws_ping_interval_s: float = Field(default=15.0, gt=0)
+    http_allow: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     @field_validator("data_dir", mode="after")
     @classmethod
@@ -144,7 +150,7 @@ class Settings(BaseSettings):
                 raise ValueError(f"unknown log level {value!r}; use one of {choices}")
         return value
 
-    @field_validator("enabled_tools", mode="before")
+    @field_validator("enabled_tools", "http_allow", mode="before")
     @classmethod
     def _split_tools(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -192,3 +198,27 @@ def _mask_url_password(url: str) -> str:
         return url
     user = credentials.split(":", 1)[0]
     return f"{scheme}://{user}:***@{location}"
+
+
+_SECRET_NAME = ("TOKEN", "KEY", "PASSWORD", "PASSWD", "SECRET", "CREDENTIAL")
+
+
+def is_secret_name(name: str) -> bool:
+    """True for an environment variable whose name says it holds a secret.
+
+    ``*_TOKEN``, ``*_KEY``, ``*PASSWORD*``, ``*SECRET*``... (case-insensitive),
+    but not PostgreSQL's ``PG*`` variables (the store's client reads them).
+    """
+    upper = name.upper()
+    if upper.startswith("PG"):
+        return False
+    return any(part in upper for part in _SECRET_NAME)
+
+
+def scrub_secrets(env: dict[str, str], keep: tuple[str, ...] = ()) -> dict[str, str]:
+    """Return ``env`` without the secret-looking variables, but those in ``keep``.
+
+    Each process gets only the secrets it uses (docs/security.md): the API
+    its token, the engine the LLM key, the projector neither.
+    """
+    return {k: v for k, v in env.items() if k in keep or not is_secret_name(k)}

@@ -12,6 +12,15 @@ processor chain and one renderer, so every line looks the same:
 * output: one stdlib handler on the root logger writing to stderr, so that
   standard output stays free for command output (``tiffany version``, dumps).
 
+Secrets never reach a line (docs/security.md): the last processor before
+the renderer, :func:`redact_secrets`, masks ``?token=``-style query
+parameters (uvicorn logs websocket URLs with their query), ``Authorization``
+header values, ``Bearer`` credentials, values of secret-named keys, and the
+literal values of the configured secrets (the API token, the LLM key)
+wherever they appear, tracebacks included. uvicorn's "returned without
+completing handshake" after a refused websocket (a 401 denial response is
+not a server error) is logged at INFO, not ERROR.
+
 Logs are best effort. They are not the PAL (observable product events) nor the
 WAL (the durability contract): never rely on a log line for either.
 
@@ -25,6 +34,7 @@ Discussion:
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -45,6 +55,87 @@ FOREIGN_LOGGERS: tuple[str, ...] = (
 )
 
 _HANDLER_NAME = "tiffany"
+
+#: What replaces a secret in a log line.
+REDACTED = "[REDACTED]"
+_SECRET_WORDS = r"(?:token|access_token|api[_-]?key|key|password|passwd|secret|auth)"
+_REDACTIONS: tuple[tuple[re.Pattern[str], str], ...] = (
+    # ?token=... &api_key=... in URLs and query strings
+    (re.compile(rf"([?&;]{_SECRET_WORDS}=)[^&;\s\"'#]+", re.IGNORECASE), rf"\1{REDACTED}"),
+    # Authorization: Bearer xyz / "authorization": "Basic xyz"
+    (
+        re.compile(
+            r"((?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?(?:[A-Za-z]+\s+)?)[^\s\"',}]+",
+            re.IGNORECASE,
+        ),
+        rf"\1{REDACTED}",
+    ),
+    (re.compile(r"(\bbearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE), rf"\1{REDACTED}"),
+)
+_SECRET_KEY = re.compile(r"(token|authorization|api_key|password|passwd|secret)$", re.IGNORECASE)
+#: Literal secret values of this process (set by :func:`configure_logging`).
+_SECRETS: set[str] = set()
+#: uvicorn messages that are not errors of ours: a refused websocket ends
+#: "without completing handshake" (the 401 went out as a denial response).
+_UVICORN_NOT_ERRORS: frozenset[str] = frozenset(
+    {
+        "ASGI callable returned without completing handshake.",
+        "ASGI callable returned without sending handshake.",
+    }
+)
+
+
+def register_secret(value: str | None) -> None:
+    """Mask this literal value wherever it appears in a log line (from now on)."""
+    if value and len(value) >= 4:
+        _SECRETS.add(value)
+
+
+def redact_text(text: str) -> str:
+    """Return ``text`` with secrets masked (see the module docstring)."""
+    for secret in _SECRETS:
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    for pattern, repl in _REDACTIONS:
+        text = pattern.sub(repl, text)
+    return text
+
+
+def _redact(value: Any, depth: int = 0) -> Any:
+    if isinstance(value, str):
+        return redact_text(value)
+    if depth > 4:
+        return value
+    if isinstance(value, dict):
+        return {
+            k: (
+                REDACTED
+                if isinstance(k, str) and _SECRET_KEY.search(k) and v
+                else _redact(v, depth + 1)
+            )
+            for k, v in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return [_redact(v, depth + 1) for v in value]
+    return value
+
+
+def redact_secrets(
+    logger: Any, method: str, event: structlog.types.EventDict
+) -> structlog.types.EventDict:
+    """Processor: mask secrets in every value of the event (nested ones too)."""
+    out: structlog.types.EventDict = _redact(dict(event))
+    return out
+
+
+class _UvicornLevels(logging.Filter):
+    """Lower uvicorn's "without completing handshake" (a refused websocket) to INFO."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and record.msg in _UVICORN_NOT_ERRORS:
+            record.levelno = logging.INFO
+            record.levelname = "INFO"
+        return True
 
 
 def _drop_color_message(
@@ -93,6 +184,9 @@ def configure_logging(
     )
     out = stream if stream is not None else sys.stderr
 
+    if settings is not None:
+        for secret in (settings.api_token, settings.llm_api_key):
+            register_secret(secret.get_secret_value() if secret is not None else None)
     if fmt == "auto":
         fmt = "console" if _isatty(out) else "json"
     renderers: list[structlog.types.Processor]
@@ -100,9 +194,10 @@ def configure_logging(
         # plain_traceback: rich's pretty tracebacks take seconds for a deep
         # trampolined stack, and a crash is logged on the scheduler thread.
         renderers = [
+            redact_secrets,
             structlog.dev.ConsoleRenderer(
                 colors=_isatty(out), exception_formatter=structlog.dev.plain_traceback
-            )
+            ),
         ]
     else:
         renderers = [
@@ -111,6 +206,7 @@ def configure_logging(
             structlog.processors.ExceptionRenderer(
                 structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
             ),
+            redact_secrets,
             structlog.processors.JSONRenderer(),
         ]
 
@@ -150,6 +246,9 @@ def configure_logging(
         foreign = logging.getLogger(name)
         foreign.handlers.clear()
         foreign.propagate = True
+    uvicorn_error = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _UvicornLevels) for f in uvicorn_error.filters):
+        uvicorn_error.addFilter(_UvicornLevels())
     # Alembic narrates every start ("Context impl SQLiteImpl", each plugin):
     # only its warnings, unless the operator asked for DEBUG.
     logging.getLogger("alembic").setLevel(level if level <= logging.DEBUG else logging.WARNING)

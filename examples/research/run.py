@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import os
 import subprocess
 import sys
 import threading
@@ -40,7 +41,9 @@ def main() -> int:
             f"base_url={url}",
             *rest,
         ]
-        return subprocess.call(cmd)
+        # the http tool refuses loopback unless the operator allows it (docs/security.md)
+        allow = ",".join(filter(None, [os.environ.get("TIFFANY_HTTP_ALLOW"), "127.0.0.1"]))
+        return subprocess.call(cmd, env={**os.environ, "TIFFANY_HTTP_ALLOW": allow})
     finally:
         server.shutdown()
 

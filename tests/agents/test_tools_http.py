@@ -1,4 +1,5 @@
-"""The http tool against a real server on 127.0.0.1."""
+"""The http tool against a real server on 127.0.0.1 (allowed explicitly: the
+egress policy refuses loopback by default), and the egress policy itself."""
 
 from __future__ import annotations
 
@@ -8,9 +9,29 @@ import time
 
 import pytest
 
-from tiffany.agents.tools.http import HttpConnectError, HttpStatusError, HttpTimeout, HttpTool
+from tiffany.agents.tools import http as http_mod
+from tiffany.agents.tools.http import (
+    EgressPolicy,
+    EgressRefused,
+    HttpConnectError,
+    HttpStatusError,
+    HttpTimeout,
+    HttpTool,
+    blocked_kind,
+)
 
 HTTP = HttpTool()
+
+
+@pytest.fixture
+def make_ctx(make_ctx):
+    """The conftest's contexts, with the test servers' 127.0.0.1 allowed (unless given)."""
+
+    def make(**settings):
+        settings.setdefault("http_allow", ("127.0.0.1",))
+        return make_ctx(**settings)
+
+    return make
 
 
 @pytest.fixture
@@ -181,3 +202,206 @@ def test_redirects_followed_to_http_only(run_tool, make_ctx, base):
 def test_invalid_args(args):
     with pytest.raises(ValueError):  # noqa: PT011 - pydantic's ValidationError
         HttpTool.Args.model_validate(args)
+
+
+# -- egress policy --------------------------------------------------------------
+
+
+@pytest.fixture
+def counted(http_server, reply):
+    """A server on 127.0.0.1 that counts the requests it gets: (base, hits)."""
+    hits: list[str] = []
+
+    def hello(h):
+        hits.append(h.headers.get("Host"))
+        reply(h, 200, b'{"hello": "world"}', "application/json")
+
+    def to_loopback(h):
+        hits.append(h.headers.get("Host"))
+        port = h.server.server_address[1]
+        reply(h, 302, b"", headers={"Location": f"http://127.0.0.1:{port}/hello"})
+
+    base = http_server({"/hello": hello, "/to-loopback": to_loopback})
+    return base, hits
+
+
+def _port(base: str) -> int:
+    return int(base.rsplit(":", 1)[1])
+
+
+LOOPBACK_SPELLINGS = [
+    "127.0.0.1",
+    "127.1",
+    "2130706433",
+    "0x7f.0.0.1",
+    "0177.0.0.1",
+    "0x7f000001",
+    "[::ffff:127.0.0.1]",
+    "[::ffff:7f00:1]",
+    "localhost",
+    "LocalHost",
+]
+
+
+@pytest.mark.parametrize("host", LOOPBACK_SPELLINGS)
+def test_loopback_is_refused_in_every_spelling(run_tool, make_ctx, counted, host):
+    base, hits = counted
+    url = f"http://{host}:{_port(base)}/hello"
+    with pytest.raises(EgressRefused) as info:
+        run_tool(HTTP, {"url": url}, make_ctx(http_allow=()))
+    assert info.value.code == "tool.http.egress"
+    assert "TIFFANY_HTTP_ALLOW" in info.value.message
+    assert "loopback" in info.value.fields["kind"]
+    assert info.value.fields["host"]
+    assert hits == []  # nothing reached the server
+    # the same URL with the address allowed reaches it: the refusal was the policy
+    if host not in ("[::ffff:127.0.0.1]", "[::ffff:7f00:1]"):
+        allowed = make_ctx(http_allow=("127.0.0.0/8", "::1", "::ffff:127.0.0.1"))
+        assert run_tool(HTTP, {"url": url}, allowed)["status"] == 200
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "0.0.0.0",
+        "10.1.2.3",
+        "172.16.0.1",
+        "192.168.1.1",
+        "100.64.0.1",
+        "169.254.169.254",
+        "224.0.0.1",
+        "239.255.255.250",
+        "255.255.255.255",
+        "240.0.0.1",
+        "::",
+        "::1",
+        "fc00::1",
+        "fd12:3456::1",
+        "fe80::1",
+        "ff02::1",
+        "::ffff:10.0.0.1",
+        "::ffff:169.254.169.254",
+        "::127.0.0.1",
+        "2002:7f00:1::",
+        "2002:a00:1::",
+        "64:ff9b::7f00:1",
+        "64:ff9b::a00:1",
+    ],
+)
+def test_non_public_addresses_are_blocked(address):
+    import ipaddress
+
+    assert blocked_kind(ipaddress.ip_address(address)) is not None
+
+
+@pytest.mark.parametrize(
+    "address", ["93.184.216.34", "8.8.8.8", "2606:4700::1111", "::ffff:8.8.8.8"]
+)
+def test_public_addresses_pass(address):
+    import ipaddress
+
+    assert blocked_kind(ipaddress.ip_address(address)) is None
+
+
+@pytest.mark.parametrize("host", ["10.0.0.1", "192.168.0.1", "[fc00::1]", "169.254.169.254"])
+def test_private_literals_are_refused_before_connecting(run_tool, make_ctx, host):
+    with pytest.raises(EgressRefused, match="TIFFANY_HTTP_ALLOW"):
+        run_tool(HTTP, {"url": f"http://{host}:9/", "timeout_s": 2}, make_ctx(http_allow=()))
+
+
+def test_redirect_to_a_private_address_is_refused(run_tool, make_ctx, counted):
+    base, hits = counted
+    port = _port(base)
+    # the start host is allowed by name; the redirect goes to 127.0.0.1, which is not
+    ctx = make_ctx(http_allow=("localhost",))
+    with pytest.raises(EgressRefused) as info:
+        run_tool(HTTP, {"url": f"http://localhost:{port}/to-loopback"}, ctx)
+    assert info.value.fields["host"] == "127.0.0.1"
+    assert len(hits) == 1  # the first hop only
+    out = run_tool(
+        HTTP, {"url": f"http://localhost:{port}/to-loopback"}, make_ctx(http_allow=("*",))
+    )
+    assert out["json"] == {"hello": "world"}
+
+
+def _fake_dns(monkeypatch, answers):
+    """Make getaddrinfo answer ``answers[name]`` (a list per call) for the test names."""
+    real = socket.getaddrinfo
+    calls: list[str] = []
+
+    def fake(host, port, *args, **kwargs):
+        if isinstance(host, str) and host in answers:
+            calls.append(host)
+            seq = answers[host]
+            address = seq[min(len(calls) - 1, len(seq) - 1)]
+            return real(address, port, *args, **kwargs)
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(http_mod.socket, "getaddrinfo", fake)
+    return calls
+
+
+def test_a_name_resolving_to_loopback_is_refused(run_tool, make_ctx, counted, monkeypatch):
+    base, hits = counted
+    _fake_dns(monkeypatch, {"evil.example": ["127.0.0.1"]})
+    with pytest.raises(EgressRefused) as info:
+        run_tool(HTTP, {"url": f"http://evil.example:{_port(base)}/hello"}, make_ctx(http_allow=()))
+    assert info.value.fields == {
+        "host": "evil.example",
+        "address": "127.0.0.1",
+        "kind": "loopback",
+        "setting": "TIFFANY_HTTP_ALLOW",
+    }
+    assert hits == []
+
+
+def test_dns_rebinding_cannot_switch_the_checked_address(run_tool, make_ctx, counted, monkeypatch):
+    # First answer public, every later one loopback: a check-then-connect that
+    # resolved twice would reach the server. We resolve once and connect to
+    # the checked (public, unroutable here) address, or fail.
+    base, hits = counted
+    calls = _fake_dns(monkeypatch, {"rebind.example": ["198.51.100.7", "127.0.0.1"]})
+    monkeypatch.setattr(
+        http_mod, "blocked_kind", lambda ip: None if str(ip) == "198.51.100.7" else "loopback"
+    )
+    url = f"http://rebind.example:{_port(base)}/hello"
+    with pytest.raises(HttpConnectError):
+        run_tool(HTTP, {"url": url, "timeout_s": 1}, make_ctx(http_allow=()))
+    assert calls == ["rebind.example"]
+    assert hits == []
+
+
+def test_an_allowed_name_keeps_its_host_header(run_tool, make_ctx, counted, monkeypatch):
+    base, hits = counted
+    _fake_dns(monkeypatch, {"api.internal": ["127.0.0.1"]})
+    url = f"http://api.internal:{_port(base)}/hello"
+    out = run_tool(HTTP, {"url": url}, make_ctx(http_allow=("API.internal.",)))
+    assert out["json"] == {"hello": "world"}
+    assert hits == [f"api.internal:{_port(base)}"]
+
+
+def test_idna_and_trailing_dot_names_are_checked_on_their_address(counted):
+    base, hits = counted
+    policy = EgressPolicy.parse([])
+    for host in ("\uff11\uff12\uff17.0.0.1", "localhost"):  # fullwidth digits: IDNA -> 127
+        with pytest.raises(EgressRefused):
+            policy.connect((host, _port(base)), timeout=2)
+    assert hits == []
+
+
+def test_allow_cidr_and_bad_entries():
+    policy = EgressPolicy.parse(["10.0.0.0/8", " db.local ", "", "[::1]"])
+    import ipaddress
+
+    policy.check("x", ipaddress.ip_address("10.9.9.9"))
+    policy.check("db.local.", ipaddress.ip_address("192.168.0.1"))
+    policy.check("y", ipaddress.ip_address("::1"))
+    with pytest.raises(EgressRefused):
+        policy.check("y", ipaddress.ip_address("192.168.0.1"))
+    with pytest.raises(ValueError, match="not a network"):
+        EgressPolicy.parse(["10.0.0.0/33"])
+
+
+def test_a_bad_allow_setting_is_a_tool_error(run_tool, make_ctx):
+    with pytest.raises(EgressRefused, match="not a network"):
+        run_tool(HTTP, {"url": "http://example.com/"}, make_ctx(http_allow=("1.2.3.4/99",)))

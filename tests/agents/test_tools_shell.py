@@ -246,8 +246,12 @@ def test_required_sandbox_fails_closed_without_bwrap(
     assert info.value.code == "tool.shell.sandbox"
     assert "not installed" in info.value.message
     assert not (workspace / "ran.txt").exists()
-    # "auto" runs unsandboxed, and says so
-    run_tool(SH, args, make_ctx(shell_sandbox="auto"))
+    # "auto" fails closed too, naming the fix...
+    with pytest.raises(SandboxUnavailable, match="TIFFANY_SHELL_SANDBOX=none"):
+        run_tool(SH, args, make_ctx(shell_sandbox="auto"))
+    assert not (workspace / "ran.txt").exists()
+    # ...but with the fallback (``tiffany run`` only) runs unsandboxed, and says so
+    run_tool(SH, args, make_ctx(shell_sandbox="auto", shell_fallback=True))
     assert (workspace / "ran.txt").exists()
     assert any(
         k == "tool.output" and d["level"] == "warning" and "unsandboxed" in d["message"]
@@ -270,7 +274,7 @@ def test_a_bwrap_that_cannot_sandbox_here_fails_the_probe(
     with pytest.raises(SandboxUnavailable, match="No permissions"):
         run_tool(SH, args, make_ctx(shell_sandbox="bwrap"))
     assert not (workspace / "ran.txt").exists()
-    run_tool(SH, args, make_ctx(shell_sandbox="auto"))
+    run_tool(SH, args, make_ctx(shell_sandbox="auto", shell_fallback=True))
     assert (workspace / "ran.txt").exists()
     assert {
         str(fake / "bwrap"): "exit 1: bwrap: No permissions to create namespace"

@@ -6,8 +6,16 @@ api`` (FastAPI under uvicorn), waits until both answer, optionally submits
 the demo plan, prints the dashboard's address and writes it to
 ``<data dir>/serve.json``. A child that dies is restarted (with backoff) on
 its own: the API resumes the feed where it was, the engine recovers its runs
-from the WAL. SIGINT/SIGTERM stop the API first (no new requests), then the
-engine (the WAL is flushed), and ``serve`` exits 0.
+from the WAL, and ``serve.json`` is rewritten with the new pids.
+SIGINT/SIGTERM stop the API first (no new requests), then the engine (the
+WAL is flushed), and ``serve`` exits 0.
+
+Each child gets only the secrets it uses (docs/security.md): the API the
+API token (``TIFFANY_API_TOKEN``), the engine the LLM key
+(``TIFFANY_LLM_API_KEY``); every other secret-looking variable
+(:func:`tiffany.config.is_secret_name`) is left out of both. A shell step
+that escapes its sandbox, or runs without one, finds no API token in the
+engine's ``/proc/<pid>/environ``.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from typing import Annotated, Any, Final
 import typer
 
 from tiffany.cli import DataDirOption
+from tiffany.config import scrub_secrets
 
 __all__ = ["register"]
 
@@ -126,8 +135,25 @@ def serve(
     for stale in (engine_ready, api_ready, data_dir / "serve.json"):
         stale.unlink(missing_ok=True)
     exe = [sys.executable, "-m", "tiffany"]
-    engine = _Child("engine", [*exe, "engine", "--ready-file", str(engine_ready)], env)
-    api = _Child("api", [*exe, "api", "--ready-file", str(api_ready)], env)
+    engine_env = scrub_secrets(env, keep=("TIFFANY_LLM_API_KEY",))
+    api_env = scrub_secrets(env, keep=("TIFFANY_API_TOKEN",))
+    engine = _Child("engine", [*exe, "engine", "--ready-file", str(engine_ready)], engine_env)
+    api = _Child("api", [*exe, "api", "--ready-file", str(api_ready)], api_env)
+    serve_file = data_dir / "serve.json"
+
+    def write_serve_file(url: str) -> None:
+        # Atomically: readers (tests, scripts) never see half a file.
+        tmp = serve_file.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps(
+                {
+                    "url": url,
+                    "engine_pid": engine.proc.pid if engine.proc else None,
+                    "api_pid": api.proc.pid if api.proc else None,
+                }
+            )
+        )
+        tmp.replace(serve_file)
 
     stop = threading.Event()
 
@@ -141,15 +167,7 @@ def serve(
         api.start()
         info = _wait_file(api_ready, api, START_TIMEOUT_S)
         url = str(info["url"])
-        (data_dir / "serve.json").write_text(
-            json.dumps(
-                {
-                    "url": url,
-                    "engine_pid": engine.proc.pid if engine.proc else None,
-                    "api_pid": api.proc.pid if api.proc else None,
-                }
-            )
-        )
+        write_serve_file(url)
         typer.echo(
             f"Tiffany is serving the dashboard at {url}  (data dir {data_dir}; Ctrl-C stops)"
         )
@@ -176,10 +194,12 @@ def serve(
                     backoff[child.name] = min(backoff[child.name] * 2, 30.0)
                     child.restarts += 1
                     child.start()
+                    write_serve_file(url)  # the old pid is dead: never leave it there
     except RuntimeError as exc:
         typer.echo(f"tiffany: {exc}", err=True)
         api.stop()
         engine.stop()
+        serve_file.unlink(missing_ok=True)
         raise typer.Exit(1) from None
     finally:
         for sig, handler in old.items():

@@ -27,14 +27,20 @@ __all__ = ["Engine", "build", "replay_resolvers", "tool_settings"]
 MAX_WAITING_LISTED = 100
 
 
-def tool_settings(settings: Settings) -> ToolSettings:
-    """Return the tools' settings taken from the process settings."""
+def tool_settings(settings: Settings, *, server: bool = False) -> ToolSettings:
+    """Return the tools' settings taken from the process settings.
+
+    ``server``: the engine of ``tiffany serve``; its ``auto`` shell sandbox
+    is bubblewrap or a refusal, never an unsandboxed fallback (docs/security.md).
+    """
     return ToolSettings(
         llm_base_url=settings.llm_base_url,
         llm_model=settings.llm_model,
         llm_api_key=settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
         llm_script=str(settings.llm_script) if settings.llm_script else None,
         shell_sandbox=settings.shell_sandbox,
+        shell_fallback=not server,
+        http_allow=tuple(settings.http_allow),
     )
 
 
@@ -110,13 +116,14 @@ def build(
     enabled_tools: Iterable[str] | None = None,
     instruments: Iterable[Instrument] = (),
     emit: Callable[[str, str, Mapping[str, Any]], None] | None = None,
+    server: bool = False,
 ) -> Engine:
-    """Wire an engine under ``settings.data_dir``."""
+    """Wire an engine under ``settings.data_dir`` (``server``: see :func:`tool_settings`)."""
     data_dir = Path(settings.data_dir)
     registry = ToolRegistry.default(
         enabled=list(enabled_tools) if enabled_tools is not None else settings.enabled_tools
     )
-    env = AgentEnv(registry, data_dir / "workspaces", tool_settings(settings))
+    env = AgentEnv(registry, data_dir / "workspaces", tool_settings(settings, server=server))
     if emit is not None:
         env.emit = emit
     watchdog = SlowDispatchWatchdog(settings.slow_dispatch_threshold_s)

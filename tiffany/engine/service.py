@@ -51,7 +51,7 @@ from typing import Any, Final
 import structlog
 
 from tiffany.agents import PlanError
-from tiffany.config import Settings
+from tiffany.config import Settings, scrub_secrets
 from tiffany.control import CONTROL_SOCKET, ControlError
 from tiffany.engine import Engine, build
 from tiffany.engine.activity import ActivityLog
@@ -197,6 +197,10 @@ def _digest(plan: Any, inputs: Any) -> str:
     return hashlib.sha256(body.encode()).hexdigest()
 
 
+def _sandbox_status(mode: str) -> str:
+    return "none (UNSANDBOXED)" if mode == "none" else mode
+
+
 class EngineService:
     """An engine that serves plans submitted over the control channel.
 
@@ -212,13 +216,17 @@ class EngineService:
         self.hub = Hub()
         self.activity = ActivityLog(self.hub, runs_only=True)
         self.engine: Engine = build(
-            settings, enabled_tools=enabled_tools, instruments=[self.activity], emit=self._emit
+            settings,
+            enabled_tools=enabled_tools,
+            instruments=[self.activity],
+            emit=self._emit,
+            server=True,  # shell steps: bubblewrap or refuse, unless sandbox "none"
         )
         self.runtime = self.engine.runtime
         self.runtime.journal.on_hold = self.activity.step_held
         self.inbox = Inbox()
-        child_env = {
-            **os.environ,
+        child_env = {  # the projector needs the store, not the LLM key nor the API token
+            **scrub_secrets(dict(os.environ)),
             "TIFFANY_DATA_DIR": str(self.data_dir),
             "TIFFANY_DATABASE_URL": settings.database_url,
             "TIFFANY_LOG_FORMAT": settings.log_format,
@@ -286,6 +294,11 @@ class EngineService:
                 control=str(self.control.path),
                 feed=str(self.feed.path),
             )
+            if self.settings.shell_sandbox == "none":
+                log.warning(
+                    "engine.shell_unsandboxed",
+                    message="TIFFANY_SHELL_SANDBOX=none: shell steps run UNSANDBOXED",
+                )
             self.runtime.sched.spawn(self.inbox.task(), name="engine-inbox")
             if wakeup is not None:
                 self.runtime.sched.spawn(_drain(wakeup[0]), name="engine-signals", daemon=True)
@@ -495,6 +508,7 @@ class EngineService:
             "runs_held": len(self.runtime.journal.runs),
             "tasks_held": self.runtime.sched.records,
             "projector": self.projector.health(),
+            "shell_sandbox": _sandbox_status(self.settings.shell_sandbox),
         }
 
     def _on_loop(self, fn: Callable[[], Any], timeout: float = SUBMIT_TIMEOUT_S) -> Any:

@@ -53,9 +53,13 @@ class ToolSettings:
     llm_api_key: str | None = None
     llm_script: str | None = None
     shell_sandbox: str = "auto"  # "auto": bubblewrap when installed, "bwrap": required, "none"
+    # "auto" may run unsandboxed when bubblewrap is unusable: ``tiffany run`` only, never a server
+    shell_fallback: bool = False
     env_allowlist: tuple[str, ...] = ("PATH", "LANG", "LC_ALL", "HOME", "TZ")
     max_output_bytes: int = 1 << 20
     http_max_body_bytes: int = 10 << 20
+    # hosts and CIDRs the http tool may reach although private/loopback (TIFFANY_HTTP_ALLOW)
+    http_allow: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)

@@ -11,32 +11,51 @@ lands at the ``yield`` in :meth:`Process.communicate`, which kills the
 process group; :meth:`ShellTool.run` then reaps the child before it lets the
 cancellation go on, so no process outlives its step (not even as a zombie).
 
-Sandbox (``ToolSettings.shell_sandbox``):
+Sandbox (``ToolSettings.shell_sandbox``, docs/security.md):
 
-* ``"none"``: run the argv directly.
+* ``"none"``: run the argv directly (the operator's explicit choice; a
+  server says so in its log and ``status``).
 * ``"bwrap"``: run it under bubblewrap or not at all (``tool.shell.sandbox``
-  when ``bwrap`` is missing or cannot create its namespaces here: fail closed).
-* ``"auto"`` (default): bubblewrap when it is installed and works, else run
-  directly and emit a ``tool.output`` event with ``level: "warning"``.
+  when ``bwrap`` or ``prlimit`` is missing, or cannot create its namespaces
+  here, or the process limit cannot hold: fail closed).
+* ``"auto"`` (default): as ``"bwrap"``; only when ``ToolSettings.shell_fallback``
+  is set (``tiffany run``: a person running their own plan in their own
+  terminal, never a server) does it fall back to a direct run, with a
+  ``tool.output`` event of ``level: "warning"``.
 
 Under bubblewrap the child sees a read-only ``/usr`` (and the ``/bin``,
 ``/lib*`` links or directories), a handful of ``/etc`` files, a fresh
 ``/proc``, ``/dev`` and ``/tmp``, and the workspace read-write at its own
-path; it has no network (a new, empty network namespace), its own pid, IPC
-and UTS namespaces, no capabilities, and dies with its parent. Resource
-limits are set by wrapping the argv in util-linux ``prlimit`` inside the
-sandbox (no ``preexec_fn``, which is unsafe with threads):
-``SANDBOX_CPU_S`` of CPU time, files of at most ``SANDBOX_FSIZE_BYTES``,
-``SANDBOX_NPROC`` processes. Note: Linux does not enforce ``RLIMIT_NPROC``
-against uid 0, so a fork bomb is bounded only when the engine runs as an
-ordinary user (it should); the step timeout is the backstop either way.
-Whether bubblewrap works is probed once per process with ``true``.
+path; it has no network (a new, empty network namespace), its own pid, IPC,
+UTS and cgroup namespaces, no capabilities, and dies with its parent. Its
+environment is the allowlisted one (the engine's own never reaches it, and
+the engine's ``/proc/<pid>/environ`` is out of its sight: own pid namespace).
+Resource limits are set by wrapping the argv in util-linux ``prlimit``
+inside the sandbox (no ``preexec_fn``, which is unsafe with threads):
+``SANDBOX_CPU_S`` of CPU time, ``SANDBOX_AS_BYTES`` of address space,
+files of at most ``SANDBOX_FSIZE_BYTES``, ``SANDBOX_NPROC`` processes.
+
+Discussion:
+    Linux does not enforce ``RLIMIT_NPROC`` against uid 0 (nor a user
+    namespace mapped to it). When the engine runs as root, each sandboxed
+    command is therefore put in a fresh pids cgroup (``pids.max`` =
+    ``SANDBOX_NPROC``) by a two-line ``sh`` trampoline that writes its own pid
+    to ``cgroup.procs`` and execs bubblewrap, so every process of the step is
+    counted from the first. No writable pids cgroup as root: fail closed.
+    Rejected: dropping to an unprivileged uid before bubblewrap (setpriv).
+    It makes RLIMIT_NPROC hold, but that uid cannot reach a workspace under
+    a private directory (pytest's 0700 temporaries, a 0700 data dir), and
+    chowning workspaces back and forth races with steps running in parallel.
+    Whether bubblewrap works is probed once per process with ``true``.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import shutil
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Final
@@ -49,6 +68,7 @@ from tiffany.io import spawn_process
 from tiffany.kernel import Coroutine
 
 __all__ = [
+    "SANDBOX_AS_BYTES",
     "SANDBOX_CPU_S",
     "SANDBOX_FSIZE_BYTES",
     "SANDBOX_NPROC",
@@ -63,8 +83,15 @@ __all__ = [
 SANDBOX_CPU_S: int = 600
 #: Largest file a sandboxed command may write, in bytes (RLIMIT_FSIZE).
 SANDBOX_FSIZE_BYTES: int = 1 << 30
-#: Processes the sandboxed command's user may have (RLIMIT_NPROC; not enforced for root).
+#: Processes the sandboxed command may have (RLIMIT_NPROC; as root: its pids cgroup).
 SANDBOX_NPROC: int = 512
+#: Address space of each sandboxed process, in bytes (RLIMIT_AS: holds for root too).
+SANDBOX_AS_BYTES: int = 4 << 30
+#: Where the per-step pids cgroups are made when the engine runs as root (v1, then v2).
+PIDS_CGROUP_ROOTS: tuple[str, ...] = ("/sys/fs/cgroup/pids", "/sys/fs/cgroup")
+_CGROUP_DIR: Final = "tiffany-shell"
+#: Trampoline: join the cgroup ($0 is its cgroup.procs), then become bubblewrap.
+_JOIN_CGROUP: Final = 'echo $$ > "$0" && exec "$@"'
 #: Hard ceiling on ``max_output_bytes`` whatever the settings say.
 MAX_OUTPUT_BYTES_CEILING: Final = 64 << 20
 
@@ -162,6 +189,7 @@ def bwrap_argv(bwrap: str, workspace: Path, cwd: Path, argv: list[str]) -> list[
         "--unshare-pid",
         "--unshare-ipc",
         "--unshare-uts",
+        "--unshare-cgroup-try",
         "--cap-drop",
         "ALL",
     ]
@@ -177,15 +205,82 @@ def bwrap_argv(bwrap: str, workspace: Path, cwd: Path, argv: list[str]) -> list[
     out += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     out += ["--bind", str(workspace), str(workspace), "--chdir", str(cwd), "--"]
     prlimit = shutil.which("prlimit")
-    if prlimit is not None:
-        out += [
-            prlimit,
-            f"--cpu={SANDBOX_CPU_S}",
-            f"--fsize={SANDBOX_FSIZE_BYTES}",
-            f"--nproc={SANDBOX_NPROC}",
-            "--",
-        ]
+    if prlimit is None:  # _sandbox refuses before; bwrap_argv alone stays usable
+        raise SandboxUnavailable("prlimit (util-linux) is not installed: no resource limits")
+    out += [
+        prlimit,
+        f"--cpu={SANDBOX_CPU_S}",
+        f"--as={SANDBOX_AS_BYTES}",
+        f"--fsize={SANDBOX_FSIZE_BYTES}",
+        f"--nproc={SANDBOX_NPROC}",
+        "--",
+    ]
     return out + argv
+
+
+# cgroups of finished steps that were still busy when we tried to remove them
+_STALE_CGROUPS: list[str] = []
+
+
+def pids_cgroup() -> str:
+    """Make a fresh pids cgroup limited to ``SANDBOX_NPROC``; return its directory.
+
+    Raises:
+        SandboxUnavailable: No writable pids cgroup here (fail closed).
+    """
+    _release_stale()
+    errors: list[str] = []
+    for root in PIDS_CGROUP_ROOTS:
+        if not os.path.exists(os.path.join(root, "pids.max")) and not os.path.exists(
+            os.path.join(root, "cgroup.procs")
+        ):
+            errors.append(f"{root}: no cgroup here")
+            continue
+        path = os.path.join(root, _CGROUP_DIR, uuid.uuid4().hex[:16])
+        try:
+            os.makedirs(path, exist_ok=False)
+        except OSError as exc:
+            errors.append(f"{root}: {exc.strerror or exc}")
+            continue
+        try:
+            with open(os.path.join(path, "pids.max"), "w") as f:
+                f.write(str(SANDBOX_NPROC))
+        except OSError as exc:
+            errors.append(f"{root}: pids.max: {exc.strerror or exc}")
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+            continue
+        return path
+    raise SandboxUnavailable(
+        "the engine runs as root and no writable pids cgroup limits a sandboxed "
+        f"command's processes ({'; '.join(errors)}): run the engine as an "
+        "unprivileged user, give it a pids cgroup, or set TIFFANY_SHELL_SANDBOX=none",
+        mode="bwrap",
+    )
+
+
+def release_cgroup(path: str) -> None:
+    """Remove a step's cgroup (later, if its processes are not all released yet)."""
+    for _ in range(50):  # the kernel frees the last exited tasks within microseconds
+        try:
+            os.rmdir(path)
+            return
+        except OSError:
+            os.sched_yield()
+    if not _STALE_CGROUPS:
+        atexit.register(_release_stale)
+    _STALE_CGROUPS.append(path)
+
+
+def _release_stale() -> None:
+    for stale in list(_STALE_CGROUPS):
+        with contextlib.suppress(OSError):
+            os.rmdir(stale)
+            _STALE_CGROUPS.remove(stale)
+
+
+def _cgroup_argv(cgroup: str, argv: list[str]) -> list[str]:
+    return ["/bin/sh", "-c", _JOIN_CGROUP, os.path.join(cgroup, "cgroup.procs"), *argv]
 
 
 def _probe(bwrap: str) -> Coroutine:
@@ -193,12 +288,14 @@ def _probe(bwrap: str) -> Coroutine:
     if bwrap in _PROBES:
         return _PROBES[bwrap]
     here = Path("/tmp")
-    argv = bwrap_argv(bwrap, here, here, ["true"])
     try:
+        argv = bwrap_argv(bwrap, here, here, ["true"])
         proc = spawn_process(argv, cwd="/", env=_PROBE_ENV, stdin=False)
         done = yield proc.communicate(max_output_bytes=4096)
+    except SandboxUnavailable as exc:
+        reason: str | None = exc.message
     except OSError as exc:
-        reason: str | None = f"cannot start {bwrap}: {exc}"
+        reason = f"cannot start {bwrap}: {exc}"
     else:
         err = done.stderr.decode("utf-8", "replace").strip()
         reason = None if done.returncode == 0 else f"exit {done.returncode}: {err}"
@@ -217,8 +314,12 @@ def _sandbox(ctx: ToolContext) -> Coroutine:
     reason = "bubblewrap (bwrap) is not installed" if bwrap is None else (yield _probe(bwrap))
     if reason is None:
         return bwrap
-    if mode == "bwrap":
-        raise SandboxUnavailable(f"shell sandbox required but unavailable: {reason}", mode=mode)
+    if mode == "bwrap" or not ctx.settings.shell_fallback:
+        raise SandboxUnavailable(
+            f"shell sandbox required but unavailable: {reason}; install bubblewrap (bwrap) "
+            "or set TIFFANY_SHELL_SANDBOX=none to run shell steps unsandboxed on purpose",
+            mode=mode,
+        )
     ctx.emit(
         "tool.output",
         {"tool": "shell", "level": "warning", "message": f"running unsandboxed: {reason}"},
@@ -251,8 +352,29 @@ class ShellTool:
         env = _environment(ctx.settings.env_allowlist, args.env)
         bwrap = yield _sandbox(ctx)
         argv = list(args.argv)
+        cgroup: str | None = None
         if bwrap is not None:
             argv = bwrap_argv(bwrap, workspace, cwd, argv)
+            if os.geteuid() == 0:  # RLIMIT_NPROC does not hold for root: a pids cgroup does
+                cgroup = pids_cgroup()
+                argv = _cgroup_argv(cgroup, argv)
+        try:
+            result = yield self._run(args, ctx, argv, cwd, env, cap, bwrap is not None)
+        finally:
+            if cgroup is not None:
+                release_cgroup(cgroup)
+        return result
+
+    def _run(
+        self,
+        args: ShellArgs,
+        ctx: ToolContext,
+        argv: list[str],
+        cwd: Path,
+        env: dict[str, str],
+        cap: int,
+        sandboxed: bool,
+    ) -> Coroutine:
         try:
             proc = spawn_process(argv, cwd=cwd, env=env, stdin=args.stdin is not None)
         except FileNotFoundError as exc:
@@ -268,9 +390,9 @@ class ShellTool:
             {
                 "tool": "shell",
                 "level": "info",
-                "message": f"started pid {proc.pid}" + (" in the sandbox" if bwrap else ""),
+                "message": f"started pid {proc.pid}" + (" in the sandbox" if sandboxed else ""),
                 "pid": proc.pid,
-                "sandbox": bwrap is not None,
+                "sandbox": sandboxed,
             },
         )
         try:
