@@ -59,6 +59,8 @@ Discussion:
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import math
 import re
@@ -287,37 +289,46 @@ def _show(k: Any) -> str:
 
 # -- JSON -------------------------------------------------------------------------------------
 
-#: A JSON string (escapes included) or a bracket: what the depth scan looks at.
-_JSON_TOKENS: Final = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
+#: A JSON string, escapes included (unrolled: no per-character backtracking state).
+_JSON_STRING: Final = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+#: Depth steps of the brackets outside strings.
+_DEPTH_STEP: Final = {"[": 1, "{": 1, "]": -1, "}": -1}
+_BRACKETS_ONLY: Final = {c: None for c in range(0x110000) if chr(c) not in "[]{}"}
 
 
 def _scan_json(text: str, limits: Limits, loc: Loc) -> None:
-    """Refuse JSON nested past ``max_depth`` or holding too many strings and containers.
+    """Refuse JSON nested past ``max_depth`` or holding more than ``max_nodes`` values.
 
-    Iterative and linear: one regex match per string or bracket, stopping at
-    the first limit crossed. Brackets inside strings are skipped with them.
+    Iterative and linear, all in C loops: strings are blanked by one regex
+    substitution; values are bounded by the commas, colons and brackets left
+    (each value but a container's first follows a comma; each key a colon),
+    and the depth is the running sum of the brackets.
     """
-    depth = 0
-    for count, m in enumerate(_JSON_TOKENS.finditer(text), 1):
-        c = text[m.start()]
-        if count > limits.max_nodes:
-            offset = _byte_offset(text, m.start())
-            raise DocumentError(
-                loc,
-                f"more than {limits.max_nodes} values in the document (byte {offset})",
-                offset=offset,
-            )
-        if c == "[" or c == "{":
-            depth += 1
+    blank = _JSON_STRING.sub('""', text)
+    opened = blank.count("[") + blank.count("{")
+    if opened > limits.max_depth:
+        brackets = blank.translate(_BRACKETS_ONLY)
+        steps = map(_DEPTH_STEP.__getitem__, brackets)
+        for i, depth in enumerate(itertools.accumulate(steps)):
             if depth > limits.max_depth:
-                offset = _byte_offset(text, m.start())
+                offset = _byte_offset(text, _nth_bracket(text, i))
                 raise DocumentError(
-                    loc,
-                    f"nested deeper than {limits.max_depth} (byte {offset})",
-                    offset=offset,
+                    loc, f"nested deeper than {limits.max_depth} (byte {offset})", offset=offset
                 )
-        elif c == "]" or c == "}":
-            depth -= 1
+    values = opened + blank.count(",") + blank.count(":")
+    if values > limits.max_nodes:
+        raise DocumentError(loc, f"more than {limits.max_nodes} values in the document")
+
+
+def _nth_bracket(text: str, n: int) -> int:
+    """Return the index in ``text`` of the ``n``-th bracket outside strings (for an offset)."""
+    seen = -1
+    for m in re.finditer(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', text):
+        if text[m.start()] != '"':
+            seen += 1
+            if seen == n:
+                return m.start()
+    return 0
 
 
 def _load_json(text: str, limits: Limits, loc: Loc) -> Any:
@@ -426,9 +437,10 @@ class _YamlBuilder:
         for ev in events:
             kind = type(ev)
             if kind is yaml.ScalarEvent:
-                path = self.child_path()
-                self.charge(1, path, ev.start_mark)
-                value = self.scalar(ev, path)
+                self.nodes += 1
+                if self.nodes > self.limits.max_nodes:
+                    self.charge(0, self.child_path(), ev.start_mark)
+                value = self.scalar(ev)
                 if ev.anchor is not None:
                     self.anchors[ev.anchor] = (value, 1, 0)
                 root, done = self.add(value, 0, ev, root, done)
@@ -503,17 +515,21 @@ class _YamlBuilder:
         top.value[key] = value
         return root, done
 
-    def scalar(self, ev: Any, path: _Path | None) -> Any:
+    def scalar(self, ev: Any) -> Any:
         text: str = ev.value
         tag = ev.tag
         if tag is None or tag == "!":
-            tag = _RESOLVER.resolve(yaml.ScalarNode, text, ev.implicit)
+            implicit = ev.implicit
+            if len(text) <= _CACHED_SCALAR_CHARS:
+                tag = _resolve(text, implicit)
+            else:
+                tag = _RESOLVER.resolve(yaml.ScalarNode, text, implicit)
         if tag == _MERGE and self.stack and self.stack[-1].is_map and not self.stack[-1].has_key:
             return _MERGE_KEY
         if tag in _TEXT_TAGS or tag == f"{_TAG}str":
             return text
         if tag not in _SCALAR_TAGS:
-            raise self.fail(path, f"unsupported tag {tag}", ev.start_mark)
+            raise self.fail(self.child_path(), f"unsupported tag {tag}", ev.start_mark)
         if tag == _INT and len(text) > _INT_LITERAL_MAX:
             return _BigInt(text)
         node = yaml.ScalarNode(tag, text, ev.start_mark, ev.end_mark, ev.style)
@@ -521,7 +537,18 @@ class _YamlBuilder:
             return _CONSTRUCTOR.yaml_constructors[tag](_CONSTRUCTOR, node)
         except (ValueError, yaml.YAMLError) as exc:
             msg = f"bad {tag.removeprefix(_TAG)} {text[:40]!r}: {exc}"
-            raise self.fail(path, msg, None) from None
+            raise self.fail(self.child_path(), msg, None) from None
+
+
+#: Longest scalar whose resolved tag is cached (the cache must not hold big strings).
+_CACHED_SCALAR_CHARS: Final = 40
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolve(text: str, implicit: tuple[bool, bool]) -> str:
+    """The tag PyYAML's safe resolver gives a scalar (cached: hostile bodies repeat)."""
+    tag: str = _RESOLVER.resolve(yaml.ScalarNode, text, implicit)
+    return tag
 
 
 #: Marks a ``<<`` merge key while its mapping is built.

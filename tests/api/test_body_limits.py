@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from api_support import SLEEP_PLAN, make_settings
+from api_support import SLEEP_PLAN, make_settings, wait_until
 from fastapi.testclient import TestClient
 
 from tiffany import control
@@ -130,6 +130,16 @@ def test_int64_bounds_themselves_are_accepted(client, engine) -> None:
     plan["inputs"] = {"lo": -(2**63), "hi": 2**63 - 1}
     r = client.post("/api/runs", json={"plan": plan})
     assert r.status_code == 201, r.text
+    # let the run finish: the next tests watch the WAL stand still
+    run_id = r.json()["run_id"]
+    wait_until(lambda: client.get(f"/api/runs/{run_id}").json()["status"] == "succeeded", 30)
+
+    def settled() -> bool:
+        seq = durable_seq(engine)
+        time.sleep(0.2)
+        return durable_seq(engine) == seq
+
+    wait_until(settled, 10)
 
 
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e400", "-1e999"])
