@@ -79,6 +79,7 @@ __all__ = [
     "Limits",
     "check",
     "load",
+    "load_reply",
     "load_text",
 ]
 
@@ -620,3 +621,33 @@ def load(
         ) from None
     media = (media_type or "").split(";", 1)[0].strip().lower()
     return load_text(text, media in YAML_MEDIA_TYPES, limits, where)
+
+
+def load_reply(
+    body: bytes,
+    media_type: str | None,
+    limits: Limits = DEFAULT_LIMITS,
+    loc: Loc | None = None,
+    text_keys: tuple[str, ...] = (),
+) -> tuple[Any, ...]:
+    """:func:`load` for a worker process: a picklable reply instead of an exception.
+
+    A top-level mapping's ``text_keys`` that hold a string are parsed too
+    (JSON when the text starts with ``{`` or ``[``, YAML otherwise), so a
+    document given as text inside the body is parsed in the worker as well.
+
+    Returns:
+        ``("ok", value)`` or ``("error", loc, msg, fields)``.
+    """
+    where: Loc = ["body"] if loc is None else list(loc)
+    try:
+        value = load(body, media_type, limits, where)
+        if isinstance(value, dict):
+            for key in text_keys:
+                text = value.get(key)
+                if isinstance(text, str):
+                    yaml_syntax = not text.lstrip().startswith(("{", "["))
+                    value[key] = load_text(text, yaml_syntax, limits, [*where, key])
+    except DocumentError as exc:
+        return ("error", exc.loc, exc.msg, exc.fields)
+    return ("ok", value)

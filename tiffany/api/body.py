@@ -18,32 +18,44 @@ aliases expanded, integer and float range, string length, valid Unicode,
 no NUL): a refused body answers 422 naming the path of the value at fault.
 
 Discussion:
-    Parsing runs off the event loop, in a worker thread. A thread still
-    holds the GIL while it parses, so bodies over :data:`BIG_BODY_BYTES`
-    are parsed :data:`BIG_PARSES` at a time (an anyio capacity limiter per
-    event loop): however many clients send hostile 1 MB bodies at once, at
-    most one parse competes with the loop for the GIL, and with the
-    document limits that parse ends within tens of milliseconds
-    (``bench/hostile.py`` measures the API's peak RSS and a normal
-    submission's latency beside them). Small bodies, the normal case,
-    never wait behind a big one. Rejected: a process pool for big bodies
-    (no GIL contention at all, but a parse would pay pickling of the tree
-    back and a pool to supervise in the API process; the limits already
-    bound a parse's cost).
+    Parsing runs off the event loop. Small bodies (up to
+    :data:`BIG_BODY_BYTES`, every normal submission) are parsed in a
+    worker thread: a millisecond. Bigger ones go to a worker *process*
+    (:data:`PARSE_WORKERS`, started by forkserver on first use, its address
+    space capped at :data:`WORKER_MEMORY_BYTES`): a thread parsing a 1 MB
+    YAML body holds the GIL for up to a few hundred milliseconds, and
+    ``bench/hostile.py`` showed the loop starving behind it (normal
+    submissions 4-5x slower beside four hostile clients, API RSS near
+    200 MB). In a process the parse costs the API no GIL time and no
+    memory but the bytes sent and the checked tree pickled back (bounded
+    by the document limits); hostile bodies queue behind one another, not
+    in front of small ones. A worker that dies (the memory cap) costs its
+    request a 422 and the pool is started again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import weakref
+import multiprocessing
+import resource
+import threading
 from collections.abc import AsyncIterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Final
 
 import anyio
 import anyio.to_thread
 
-from tiffany.documents import YAML_MEDIA_TYPES, DocumentError, Limits, load, load_text
+from tiffany.documents import (
+    YAML_MEDIA_TYPES,
+    DocumentError,
+    Limits,
+    load,
+    load_reply,
+    load_text,
+)
 from tiffany.errors import TiffanyError
 
 __all__ = [
@@ -59,8 +71,11 @@ __all__ = [
 #: Bodies larger than this are parsed one at a time (see the Discussion above).
 BIG_BODY_BYTES: Final = 64 * 1024
 
-#: Big bodies parsed at once, per event loop.
-BIG_PARSES: Final = 1
+#: Worker processes parsing big bodies (one: a parse is tens of milliseconds at most).
+PARSE_WORKERS: Final = 1
+
+#: Address-space cap of a parse worker, in bytes.
+WORKER_MEMORY_BYTES: Final = 1 << 30
 
 #: The limits of a submitted document (depth, values, numbers, strings).
 LIMITS: Final = Limits()
@@ -128,26 +143,57 @@ async def read_capped(
     return bytes(buf)
 
 
-_limiters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, anyio.CapacityLimiter] = (
-    weakref.WeakKeyDictionary()
-)
+_pool: ProcessPoolExecutor | None = None
+_pool_lock = threading.Lock()
 
 
-def _big_limiter() -> anyio.CapacityLimiter:
-    loop = asyncio.get_running_loop()
-    limiter = _limiters.get(loop)
-    if limiter is None:
-        limiter = _limiters[loop] = anyio.CapacityLimiter(BIG_PARSES)
-    return limiter
+def _limit_worker() -> None:
+    """Initializer of a parse worker: cap its address space (a runaway parse dies alone)."""
+    resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_BYTES, WORKER_MEMORY_BYTES))
+
+
+def _parse_pool() -> ProcessPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            ctx = multiprocessing.get_context("forkserver")
+            _pool = ProcessPoolExecutor(PARSE_WORKERS, mp_context=ctx, initializer=_limit_worker)
+        return _pool
+
+
+def _reset_pool(broken: ProcessPoolExecutor) -> None:
+    global _pool
+    with _pool_lock:
+        if _pool is broken:
+            _pool = None
+    broken.shutdown(wait=False, cancel_futures=True)
 
 
 async def parse_off_loop(body: bytes, content_type: str | None) -> Submission:
-    """:func:`parse_submission` in a worker thread; big bodies one at a time (see Discussion)."""
+    """Parse a submission off the event loop (see the Discussion above).
+
+    Small bodies: :func:`parse_submission` in a worker thread. Bodies over
+    :data:`BIG_BODY_BYTES`: parsed in a worker process, its reply shaped here.
+    """
     if len(body) <= BIG_BODY_BYTES:
         return await anyio.to_thread.run_sync(parse_submission, body, content_type)
-    return await anyio.to_thread.run_sync(
-        parse_submission, body, content_type, limiter=_big_limiter()
-    )
+    if not body.strip():
+        raise InvalidBody(["body"], "the body is empty; send a plan")
+    pool = _parse_pool()
+    loop = asyncio.get_running_loop()
+    try:
+        where: list[str | int] = ["body"]
+        keys: tuple[str, ...] = ("plan",)
+        reply = await loop.run_in_executor(
+            pool, load_reply, body, content_type, LIMITS, where, keys
+        )
+    except BrokenProcessPool:
+        _reset_pool(pool)
+        raise InvalidBody(["body"], "the body could not be parsed within the limits") from None
+    if reply[0] == "error":
+        _, loc, msg, fields = reply
+        raise InvalidBody(loc, msg, **fields)
+    return _shape(reply[1])
 
 
 def _load_text(text: str, loc: list[str | int]) -> Any:
@@ -173,7 +219,11 @@ def parse_submission(body: bytes, content_type: str | None) -> Submission:
 
 
 def _parse(body: bytes, content_type: str | None) -> Submission:
-    doc = load(body, content_type, LIMITS, ["body"])
+    return _shape(load(body, content_type, LIMITS, ["body"]))
+
+
+def _shape(doc: Any) -> Submission:
+    """Return the submission a parsed body holds (the envelope or a bare plan)."""
     if not isinstance(doc, dict):
         raise InvalidBody(["body"], f"expected an object, got {type(doc).__name__}")
 
