@@ -103,13 +103,14 @@ class Limits:
 
     Attributes:
         max_depth: Deepest nesting of lists and mappings (the root is 1).
-        max_nodes: Most values (scalars, keys, containers), aliases expanded.
+        max_nodes: Most values (scalars, keys, containers), aliases expanded
+            (a plan of the most steps, 10,000, holds about 130,000).
         max_string_chars: Longest string (or key), in characters.
         max_total_chars: Most characters in all strings and keys, aliases expanded.
     """
 
     max_depth: int = 64
-    max_nodes: int = 100_000
+    max_nodes: int = 250_000
     max_string_chars: int = 1_048_576
     max_total_chars: int = 4_194_304
 

@@ -30,16 +30,14 @@ then, naming ``steps[0].args.seconds``, not when the step runs).
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tiffany.agents.refs import find_refs
-from tiffany.documents import DocumentError, check
+from tiffany.documents import DocumentError, check, load_text
 from tiffany.errors import TiffanyError
 
 __all__ = ["Plan", "PlanError", "StepSpec", "load_plan", "parse_plan"]
@@ -321,15 +319,16 @@ def _is_upstream(graph: Mapping[str, list[str]], target: str, start: str) -> boo
 
 
 def load_plan(path: str | Path) -> dict[str, Any]:
-    """Read a plan file (JSON, or YAML for .yaml/.yml); return the raw document."""
+    """Read a plan file (JSON, or YAML for .yaml/.yml) with the document limits; return it."""
     p = Path(path)
     text = p.read_text(encoding="utf-8")
     try:
-        data = yaml.safe_load(text) if p.suffix in (".yaml", ".yml") else json.loads(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise PlanError(
-            [{"loc": "", "msg": f"{p.name}: not valid {p.suffix.lstrip('.') or 'JSON'}: {exc}"}]
-        ) from None
+        data = load_text(text, p.suffix in (".yaml", ".yml"))
+    except DocumentError as exc:
+        where = _loc(exc.loc)
+        kind = p.suffix.lstrip(".") or "JSON"
+        msg = f"{p.name}: not valid {kind}: {exc.msg}"
+        raise PlanError([{"loc": where, "msg": msg}]) from None
     if not isinstance(data, dict):
         raise PlanError(
             [{"loc": "", "msg": f"{p.name}: a plan is an object, got {type(data).__name__}"}]
