@@ -295,7 +295,8 @@ def _show(k: Any) -> str:
 _JSON_STRING: Final = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 #: Depth steps of the brackets outside strings.
 _DEPTH_STEP: Final = {"[": 1, "{": 1, "]": -1, "}": -1}
-_BRACKETS_ONLY: Final = {c: None for c in range(0x110000) if chr(c) not in "[]{}"}
+#: Everything but brackets (removed to leave the bracket sequence).
+_NOT_BRACKET: Final = re.compile(r"[^\[\]{}]+")
 
 
 def _scan_json(text: str, limits: Limits, loc: Loc) -> None:
@@ -309,7 +310,7 @@ def _scan_json(text: str, limits: Limits, loc: Loc) -> None:
     blank = _JSON_STRING.sub('""', text)
     opened = blank.count("[") + blank.count("{")
     if opened > limits.max_depth:
-        brackets = blank.translate(_BRACKETS_ONLY)
+        brackets = _NOT_BRACKET.sub("", blank)
         steps = map(_DEPTH_STEP.__getitem__, brackets)
         for i, depth in enumerate(itertools.accumulate(steps)):
             if depth > limits.max_depth:
