@@ -132,7 +132,7 @@ def test_int64_bounds_themselves_are_accepted(client, engine) -> None:
     assert r.status_code == 201, r.text
     # let the run finish: the next tests watch the WAL stand still
     run_id = r.json()["run_id"]
-    wait_until(lambda: client.get(f"/api/runs/{run_id}").json()["status"] == "succeeded", 30)
+    wait_until(lambda: client.get(f"/api/runs/{run_id}").json().get("status") == "succeeded", 60)
 
     def settled() -> bool:
         seq = durable_seq(engine)
