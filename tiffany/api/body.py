@@ -25,10 +25,11 @@ Discussion:
     space capped at :data:`WORKER_MEMORY_BYTES`): a thread parsing a 1 MB
     YAML body holds the GIL for up to a few hundred milliseconds, and
     ``bench/hostile.py`` showed the loop starving behind it (normal
-    submissions 4-5x slower beside four hostile clients, API RSS near
-    200 MB). In a process the parse costs the API no GIL time and no
-    memory but the bytes sent and the checked tree pickled back (bounded
-    by the document limits); hostile bodies queue behind one another, not
+    submissions' p50 4.3x slower beside four hostile clients with parse
+    threads, 2.3x with the worker process, on a loaded 2-core box). In a
+    process the parse costs the API no GIL time and no memory but the
+    bytes sent and the checked tree pickled back (bounded by the document
+    limits); hostile bodies queue behind one another, not
     in front of small ones. A worker that dies (the memory cap) costs its
     request a 422 and the pool is started again.
 """
