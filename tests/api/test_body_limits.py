@@ -323,3 +323,23 @@ def test_run_ids_no_run_can_have_are_a_404(client, run_id: str) -> None:
     for method, suffix in (("GET", ""), ("GET", "/events"), ("POST", "/cancel")):
         r = client.request(method, f"/api/runs/{run_id}{suffix}")
         assert r.status_code == 404, (method, suffix, r.text)
+
+
+def test_the_cli_refuses_a_hostile_plan_file_before_the_engine_sees_it(engine, tmp_path) -> None:
+    """``tiffany submit`` reads plan files with the same limits (an alias bomb, 1,000 deep)."""
+    from typer.testing import CliRunner
+
+    from tiffany.cli import app
+
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_bytes(b"name: p\nsteps: []\n" + billion_laughs())
+    deep = tmp_path / "deep.json"
+    deep.write_text(
+        json.dumps(plan_with_args({})).replace('"seconds": 0', '"x": ' + "[" * 1000 + "]" * 1000)
+    )
+    before = durable_seq(engine)
+    for path, words in ((deep, "nested deeper"), (bomb, "values")):
+        result = CliRunner().invoke(app, ["submit", str(path), "--data-dir", str(engine.data_dir)])
+        assert result.exit_code == 2, result.output
+        assert words in result.output
+    assert durable_seq(engine) == before
