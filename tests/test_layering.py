@@ -60,6 +60,8 @@ LAYERS: dict[str, Layer] = {
     "errors": Layer(STDLIB_ONLY, STDLIB_ONLY),
     "config": Layer(_parts("errors"), BOTTOM_LIBS),
     "log": Layer(_parts("errors", "config"), BOTTOM_LIBS),
+    # Bounded JSON/YAML documents: limits on depth, size, numbers, strings.
+    "documents": Layer(_parts("errors"), _parts("yaml")),
     # The kernel knows nothing of WAL, PAL, database or HTTP.
     "kernel": Layer(_parts("errors"), _parts("structlog")),
     "io": Layer(_parts("errors", "kernel")),
@@ -70,7 +72,7 @@ LAYERS: dict[str, Layer] = {
     # The control channel's protocol and clients (engine <- API commands).
     "control": Layer(_parts("errors"), CODEC_LIBS),
     "store": Layer(_parts("errors", "config")),
-    "agents": Layer(_parts("errors", "kernel", "io")),
+    "agents": Layer(_parts("errors", "kernel", "io", "documents")),
     # Data only: the plans that ship with Tiffany (the demo plan).
     "plans": Layer(STDLIB_ONLY, STDLIB_ONLY),
     # The kernel demo run by `tiffany demo`.
@@ -89,10 +91,11 @@ LAYERS: dict[str, Layer] = {
             "store",
             "agents",
             "control",
+            "documents",
         )
     ),
     # The API side-process never imports kernel, wal, durable or agents.
-    "api": Layer(_parts("errors", "config", "log", "store", "pal", "control")),
+    "api": Layer(_parts("errors", "config", "log", "store", "pal", "control", "documents")),
     "cli": Layer(ANYTHING),
     "__main__": Layer(_parts("cli")),
 }

@@ -29,6 +29,13 @@ where ``status`` is the HTTP status the API should give (404 unknown run,
 
 ``submit`` answers only once the run's first record is durable in the WAL
 (write-ahead: the 201 means the run will happen, even across a crash).
+
+A request is refused on its own, never by dropping the connection other
+requests share: the client refuses to send a frame over
+:data:`MAX_FRAME_BYTES` (413) or one it cannot encode (422); the engine
+answers an over-cap or undecodable line with the request's ``id`` (read
+from the line's head, where :func:`encode_frame` puts it) and 413/422, skips
+to the next newline and goes on reading.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Any, Final
@@ -63,6 +71,9 @@ MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
+
+#: The ``id`` at the head of a frame (``{"id":12,...``), read without decoding the rest.
+_FRAME_ID: Final = re.compile(rb'\s*\{\s*"id"\s*:\s*(\d{1,18})\s*[,}]')
 
 
 class ControlError(TiffanyError):
@@ -102,6 +113,30 @@ def decode_frame(line: bytes) -> Any:
     return _decode(line)
 
 
+def frame_id(head: bytes) -> int | None:
+    """Return the request ``id`` at the head of a frame that cannot be decoded, if any."""
+    m = _FRAME_ID.match(head)
+    return int(m.group(1)) if m else None
+
+
+def request_frame(rid: int, op: str, fields: dict[str, Any]) -> bytes:
+    """Return a request as one framed line, refusing what the engine would not read.
+
+    Raises:
+        ControlError: 413 for a frame over :data:`MAX_FRAME_BYTES`, 422 for
+            fields that are not encodable (too deep, an integer over 64 bits...).
+    """
+    try:
+        data = encode_frame({"id": rid, "op": op, **fields})
+    except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError) as exc:
+        raise ControlError(422, f"the request cannot be encoded: {exc}") from None
+    if len(data) > MAX_FRAME_BYTES:
+        raise ControlError(
+            413, f"the request is {len(data)} bytes; the control channel takes {MAX_FRAME_BYTES}"
+        )
+    return data
+
+
 def _answer(msg: dict[str, Any]) -> dict[str, Any]:
     """Return an answer's fields without the envelope (``id``, ``ok``), or raise."""
     if msg.get("ok"):
@@ -127,7 +162,7 @@ def call(
             sock.connect(str(path))
         except OSError as exc:
             raise ControlUnavailable(f"no engine listens on {path}: {exc}", path=str(path)) from exc
-        sock.sendall(encode_frame({"id": 1, "op": op, **fields}))
+        sock.sendall(request_frame(1, op, fields))
         buf = bytearray()
         while b"\n" not in buf:
             chunk = sock.recv(1 << 16)
@@ -167,12 +202,13 @@ class AsyncControlClient:
             ControlUnavailable: The engine is not reachable or did not answer in time.
             ControlError: The engine refused the request.
         """
-        writer = await self._connect()
         rid = next(self._ids)
+        frame = request_frame(rid, op, fields)  # refused here, before the shared connection
+        writer = await self._connect()
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
         try:
-            writer.write(encode_frame({"id": rid, "op": op, **fields}))
+            writer.write(frame)
             await writer.drain()
             msg = await asyncio.wait_for(fut, timeout if timeout is not None else self.timeout)
         except (OSError, ConnectionError) as exc:

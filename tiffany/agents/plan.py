@@ -18,19 +18,26 @@ path of the field at fault (``steps[2].after[0]: unknown step 'b'``): shape
 errors from pydantic, then unknown tools, duplicate ids, unknown ``after``
 targets, cycles (named with their members) and references to steps that are
 not upstream of the step that uses them.
+
+A plan that validates can be journaled and projected: the document first
+passes :func:`tiffany.documents.check` (depth, size, int64 integers, finite
+floats, string keys, valid Unicode without NUL), and the arguments of a
+built-in tool that hold no ``${...}`` reference are validated against the
+tool's argument model at submit (``sleep`` of NaN, inf or 1e300 is refused
+then, naming ``steps[0].args.seconds``, not when the step runs).
 """
 
 from __future__ import annotations
 
-import json
+import functools
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tiffany.agents.refs import find_refs
+from tiffany.documents import DocumentError, check, load_text
 from tiffany.errors import TiffanyError
 
 __all__ = ["Plan", "PlanError", "StepSpec", "load_plan", "parse_plan"]
@@ -122,6 +129,10 @@ def parse_plan(
         loc_prefix: Prefix of error locations (for added steps).
     """
     try:
+        check(data)
+    except DocumentError as exc:
+        raise PlanError([{"loc": loc_prefix + _loc(exc.loc), "msg": exc.msg}]) from None
+    try:
         plan = Plan.model_validate(data)
     except ValidationError as exc:
         errors = [
@@ -132,6 +143,7 @@ def parse_plan(
     errors = check_steps(
         plan.steps, plan.inputs, tools, known_steps=known_steps, loc_prefix=loc_prefix
     )
+    errors.extend(_check_args(plan.steps, loc_prefix))
     for name, value in plan.outputs.items():
         for ref in find_refs(value):
             if ref.scope == "inputs" and ref.name not in plan.inputs:
@@ -141,6 +153,38 @@ def parse_plan(
     if errors:
         raise PlanError(errors)
     return plan
+
+
+@functools.cache
+def _arg_models() -> dict[str, type[BaseModel]]:
+    """The argument models of the built-in tools, by tool name (imported on first use)."""
+    from tiffany.agents.tools import BUILTIN_TOOLS
+
+    tools: list[Any] = list(BUILTIN_TOOLS)
+    return {str(tool.name): tool.Args for tool in tools}
+
+
+def _subloc(parts: Iterable[Any]) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts)
+
+
+def _check_args(steps: list[StepSpec], loc_prefix: str) -> list[dict[str, str]]:
+    """Validate the literal arguments of built-in tools (a reference is resolved at run time)."""
+    models = _arg_models()
+    errors: list[dict[str, str]] = []
+    for i, s in enumerate(steps):
+        model = models.get(s.tool)
+        if model is None or any(True for _ in _refs_in(s.args, "")):
+            continue
+        try:
+            model.model_validate(s.args)
+        except ValidationError as exc:
+            errors.extend(
+                {"loc": f"{loc_prefix}steps[{i}].args{_subloc(e['loc'])}", "msg": e["msg"]}
+                for e in exc.errors(include_url=False)
+                if e["type"] != "missing"  # a missing argument is the run's to report
+            )
+    return errors
 
 
 def check_steps(
@@ -275,15 +319,16 @@ def _is_upstream(graph: Mapping[str, list[str]], target: str, start: str) -> boo
 
 
 def load_plan(path: str | Path) -> dict[str, Any]:
-    """Read a plan file (JSON, or YAML for .yaml/.yml); return the raw document."""
+    """Read a plan file (JSON, or YAML for .yaml/.yml) with the document limits; return it."""
     p = Path(path)
     text = p.read_text(encoding="utf-8")
     try:
-        data = yaml.safe_load(text) if p.suffix in (".yaml", ".yml") else json.loads(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise PlanError(
-            [{"loc": "", "msg": f"{p.name}: not valid {p.suffix.lstrip('.') or 'JSON'}: {exc}"}]
-        ) from None
+        data = load_text(text, p.suffix in (".yaml", ".yml"))
+    except DocumentError as exc:
+        where = _loc(exc.loc)
+        kind = p.suffix.lstrip(".") or "JSON"
+        msg = f"{p.name}: not valid {kind}: {exc.msg}"
+        raise PlanError([{"loc": where, "msg": msg}]) from None
     if not isinstance(data, dict):
         raise PlanError(
             [{"loc": "", "msg": f"{p.name}: a plan is an object, got {type(data).__name__}"}]

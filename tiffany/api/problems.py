@@ -5,7 +5,8 @@
   503 not ready);
 * :class:`~tiffany.control.ControlUnavailable`: 503 with ``Retry-After``;
 * the body's :class:`~tiffany.api.body.BodyTooLarge` (413) and
-  :class:`~tiffany.api.body.InvalidBody` (422);
+  :class:`~tiffany.api.body.InvalidBody` (422), and any other
+  :class:`~tiffany.documents.DocumentError` (422, naming the path);
 * any other :class:`~tiffany.errors.TiffanyError`: its ``to_dict()``;
 * FastAPI's validation errors (422) and HTTP errors (404 route, 405...) in
   the same shape, and anything unexpected as a logged 500.
@@ -25,6 +26,7 @@ from starlette.responses import JSONResponse
 from tiffany.api.body import BodyTooLarge, InvalidBody
 from tiffany.api.deps import StoreUnavailable
 from tiffany.control import ControlError, ControlUnavailable
+from tiffany.documents import DocumentError
 from tiffany.errors import TiffanyError
 
 __all__ = ["RETRY_AFTER_S", "error_response", "install"]
@@ -99,7 +101,7 @@ async def _too_large(_request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _invalid_body(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, InvalidBody)
+    assert isinstance(exc, DocumentError)
     return error_response(422, exc.code, exc.message, exc.detail)
 
 
@@ -152,6 +154,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(ControlUnavailable, _control_unavailable)
     app.add_exception_handler(BodyTooLarge, _too_large)
     app.add_exception_handler(InvalidBody, _invalid_body)
+    app.add_exception_handler(DocumentError, _invalid_body)
     app.add_exception_handler(StoreUnavailable, _store_unavailable)
     app.add_exception_handler(TiffanyError, _tiffany_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

@@ -6,6 +6,12 @@ pipelined client gets answers as they are ready (a ``submit`` waits for its
 group commit, a ``verify`` for its replay) without holding up the others.
 Answers are written under a per-connection lock. No socket is touched on the
 scheduler thread: requests reach the loop through the service's inbox.
+
+A bad request line (over :data:`~tiffany.control.MAX_FRAME_BYTES`, not
+JSON, nested too deep to decode) is refused on its own, with its ``id``
+when the line's head names one, and the connection goes on: other requests
+pipelined on it (the API's submissions) never see a reset. An over-cap line
+is not buffered: its bytes are skipped up to the next newline.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Any, Final
 import msgspec
 import structlog
 
-from tiffany.control import MAX_FRAME_BYTES, ControlError, decode_frame, encode_frame
+from tiffany.control import MAX_FRAME_BYTES, ControlError, decode_frame, encode_frame, frame_id
 from tiffany.errors import TiffanyError
 
 __all__ = ["ControlServer"]
@@ -101,11 +107,19 @@ class ControlServer:
     def _serve(self, conn: socket.socket) -> None:
         write_lock = threading.Lock()
         buf = bytearray()
+        skipping: bytes | None = None  # the head of an over-cap line being skipped
         try:
             while True:
                 chunk = conn.recv(1 << 16)
                 if not chunk:
                     return
+                if skipping is not None:
+                    end = chunk.find(b"\n")
+                    if end < 0:
+                        continue
+                    self._refuse_long(conn, write_lock, skipping)
+                    skipping = None
+                    chunk = chunk[end + 1 :]
                 buf += chunk
                 while True:
                     end = buf.find(b"\n")
@@ -116,12 +130,8 @@ class ControlServer:
                     if line.strip():
                         self._submit(conn, write_lock, line)
                 if len(buf) > MAX_FRAME_BYTES:
-                    self._send(
-                        conn,
-                        write_lock,
-                        {"id": None, "ok": False, "status": 413, "error": "request line too long"},
-                    )
-                    return
+                    skipping = bytes(buf[:64])
+                    buf.clear()
         except OSError:
             return
         finally:
@@ -129,15 +139,19 @@ class ControlServer:
                 self._conns.discard(conn)
             conn.close()
 
+    def _refuse_long(self, conn: socket.socket, write_lock: threading.Lock, head: bytes) -> None:
+        log.warning("control.frame_too_large", limit=MAX_FRAME_BYTES)
+        error = f"request line over the limit of {MAX_FRAME_BYTES} bytes"
+        answer = {"id": frame_id(head), "ok": False, "status": 413, "error": error}
+        self._send(conn, write_lock, answer)
+
     def _submit(self, conn: socket.socket, write_lock: threading.Lock, line: bytes) -> None:
         try:
             request = decode_frame(line)
-        except (msgspec.DecodeError, ValueError) as exc:
-            self._send(
-                conn,
-                write_lock,
-                {"id": None, "ok": False, "status": 400, "error": f"bad request line: {exc}"},
-            )
+        except (msgspec.DecodeError, ValueError, RecursionError) as exc:
+            error = f"bad request line: {exc or type(exc).__name__}"
+            answer = {"id": frame_id(line[:64]), "ok": False, "status": 422, "error": error}
+            self._send(conn, write_lock, answer)
             return
         if not isinstance(request, dict):
             self._send(
@@ -192,7 +206,9 @@ class ControlServer:
     ) -> None:
         try:
             data = encode_frame(answer)
-        except (TypeError, msgspec.EncodeError) as exc:
+            if len(data) > MAX_FRAME_BYTES:
+                raise ValueError(f"{len(data)} bytes, over the limit of {MAX_FRAME_BYTES}")
+        except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError) as exc:
             data = encode_frame(
                 {
                     "id": answer.get("id"),

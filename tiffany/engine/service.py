@@ -53,6 +53,8 @@ import structlog
 from tiffany.agents import PlanError
 from tiffany.config import Settings, scrub_secrets
 from tiffany.control import CONTROL_SOCKET, ControlError
+from tiffany.documents import DocumentError
+from tiffany.documents import check as check_document
 from tiffany.engine import Engine, build
 from tiffany.engine.activity import ActivityLog
 from tiffany.engine.control_server import ControlServer
@@ -531,6 +533,11 @@ class EngineService:
                 "invalid Idempotency-Key",
                 [{"loc": "Idempotency-Key", "msg": "must be 1 to 255 characters"}],
             )
+        try:  # the engine trusts no caller: `tiffany submit` bypasses the API's checks
+            check_document(plan, loc=["plan"])
+            check_document(inputs, loc=["inputs"])
+        except DocumentError as exc:
+            raise ControlError(422, exc.message, exc.detail) from None
         try:
             entry, name = self.engine.prepare_plan(plan, inputs)  # type: ignore[arg-type]
         except PlanError as exc:

@@ -14,15 +14,15 @@ once.
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Annotated, Any, Final
 
 import structlog
 from fastapi import APIRouter, Header, Query, Request, Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
-from tiffany.api.body import parse_submission, read_capped
+from tiffany.api.body import parse_off_loop, read_capped
 from tiffany.api.deps import State
 from tiffany.api.schemas import (
     CancelAnswer,
@@ -47,6 +47,10 @@ PROJECTION_POLL_S: Final = 0.05
 #: Journal records per ``/events`` page unless asked, and the most allowed.
 DEFAULT_EVENTS_PAGE: Final = 200
 MAX_EVENTS_PAGE: Final = 1_000
+#: Largest run number or WAL seq a query may name (SQL BIGINT; beyond: 422, never a 500).
+MAX_INT64: Final = 2**63 - 1
+#: What a run id can look like; anything else (NUL, surrogates, 10 kB) is a 404 at once.
+_RUN_ID: Final = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
 #: How long a ``verify`` replay may take, in seconds (a little over the engine's own limit).
 VERIFY_TIMEOUT_S: Final = 630.0
 
@@ -105,8 +109,8 @@ async def submit_run(
     body = await read_capped(
         request.headers.get("content-length"), request.stream(), state.settings.max_plan_bytes
     )
-    # Up to max_plan_bytes of JSON or YAML: parsed off the event loop.
-    sub = await run_in_threadpool(parse_submission, body, request.headers.get("content-type"))
+    # Up to max_plan_bytes of JSON or YAML: parsed off the event loop, with limits.
+    sub = await parse_off_loop(body, request.headers.get("content-type"))
     answer = await state.control.request(
         "submit", plan=sub.plan, inputs=sub.inputs, key=idempotency_key
     )
@@ -145,7 +149,8 @@ async def list_runs(
     status: Annotated[RunStatus | None, Query(description="Only runs with this status.")] = None,
     limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE_SIZE)] = queries.DEFAULT_PAGE_SIZE,
     before: Annotated[
-        int | None, Query(ge=0, description="Only runs older than this cursor (paging).")
+        int | None,
+        Query(ge=0, le=MAX_INT64, description="Only runs older than this cursor (paging)."),
     ] = None,
 ) -> dict[str, Any]:
     """List runs, newest first (by their RUN_START's seq), with the count of runs by status.
@@ -155,8 +160,16 @@ async def list_runs(
     return await state.read(lambda s: _page(s, status, limit, before))
 
 
+def _check_run_id(run_id: str) -> None:
+    """Answer 404 at once for an id no run can have (never reaches SQL or the engine)."""
+    if _RUN_ID.fullmatch(run_id) is None:
+        shown = run_id[:80].encode("utf-8", "backslashreplace").decode("ascii", "replace")
+        raise RunNotFound(f"no run {shown!r}", run_id=shown)
+
+
 async def _wait_for_run(state: State, run_id: str, fn: Any) -> Any:
     """Return ``fn(session)`` once it is not None (see module docstring), else 404."""
+    _check_run_id(run_id)
     result = await state.read(fn)
     if result is None and state.just_submitted(run_id):
         loop = asyncio.get_running_loop()
@@ -190,8 +203,10 @@ async def get_run(run_id: str, state: State) -> dict[str, Any]:
 async def run_events(
     run_id: str,
     state: State,
-    after: Annotated[int, Query(ge=0, description="Records after this WAL seq.")] = 0,
-    limit: Annotated[int, Query(ge=1, description="Page size (capped).")] = DEFAULT_EVENTS_PAGE,
+    after: Annotated[int, Query(ge=0, le=MAX_INT64, description="Records after this WAL seq.")] = 0,
+    limit: Annotated[
+        int, Query(ge=1, le=MAX_INT64, description="Page size (capped).")
+    ] = DEFAULT_EVENTS_PAGE,
 ) -> dict[str, Any]:
     """The run's journal records, decoded, in WAL order; page with ``after=<next_after>``."""
     limit = min(limit, MAX_EVENTS_PAGE)
@@ -213,6 +228,7 @@ async def run_events(
 )
 async def cancel_run(run_id: str, state: State) -> CancelAnswer:
     """Ask the engine to cancel a running run (it ends ``cancelled`` shortly)."""
+    _check_run_id(run_id)
     answer = await state.control.request("cancel", run_id=run_id, reason="cancelled over HTTP")
     log.info("run cancel requested")
     return CancelAnswer(run_id=str(answer.get("run_id", run_id)))
@@ -234,6 +250,7 @@ async def verify_run(run_id: str, state: State) -> dict[str, Any]:
     ``identical``), ``status``, ``dispatches``, ``records``, ``divergence``
     (where the replay first differed) and ``problems``.
     """
+    _check_run_id(run_id)
     answer = await state.control.request("verify", run_id=run_id, timeout=VERIFY_TIMEOUT_S)
     nested = answer.get("report")
     report = nested if isinstance(nested, dict) else {k: v for k, v in answer.items() if k != "id"}
