@@ -203,7 +203,10 @@ class Soak:
 def _table(rss: list[tuple[float, dict[str, int]]]) -> str:
     lines = [f"{'t (s)':>7} {'engine MB':>10} {'api MB':>8} {'projector MB':>13}"]
     for t, roles in rss:
-        cells = [f"{roles.get(k, 0) / 1024:.0f}" for k in ("engine", "api", "projector")]
+        cells = [
+            f"{roles[k] / 1024:.0f}" if roles.get(k) else "-"  # "-": restarting after a crash
+            for k in ("engine", "api", "projector")
+        ]
         lines.append(f"{t:7.0f} {cells[0]:>10} {cells[1]:>8} {cells[2]:>13}")
     return "\n".join(lines)
 

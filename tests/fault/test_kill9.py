@@ -10,6 +10,10 @@ each crash the WAL is read cold: every acknowledged (201) run is in it, and
 the steps whose results it holds are noted. After the last restart every
 acknowledged run must finish, and:
 
+- a retry of a submission the crash cut off, with the same
+  ``Idempotency-Key``, gets the run if it was durable (200) or a new one
+  (201), and a repeat of an acknowledged one gets its run (200): the WAL
+  holds exactly one run per submission;
 - its outputs equal those of an uncrashed twin (same plan and inputs, under
   another tag so its effects are counted apart) run on the same server;
 - no step whose result was durable at a crash ran again after it (effects
@@ -64,7 +68,11 @@ VERIFIED = 40 if "TIFFANY_FAULT_SEEDS" not in os.environ else 10**9
 async def _submit(client: httpx.AsyncClient, url: str, plan: dict[str, Any], tag: str) -> Any:
     """POST one run; its id on 201, None when the crash cut it off (not acknowledged)."""
     try:
-        r = await client.post(url + "/api/runs", json={"plan": plan, "inputs": {"tag": tag}})
+        r = await client.post(
+            url + "/api/runs",
+            json={"plan": plan, "inputs": {"tag": tag}},
+            headers={"Idempotency-Key": tag},
+        )
     except httpx.HTTPError:
         return None
     if r.status_code == 201:
@@ -162,8 +170,29 @@ def test_kill9_of_the_serve_group_loses_nothing_and_reruns_no_finished_step(
         timings["scan"] += t2 - t1
         timings["start"] += time.monotonic() - t2
 
-    # The last lifetime: everything acknowledged finishes; then the uncrashed twins.
+    # The last lifetime. A client retries what the crashes cut off, with the same
+    # Idempotency-Key: the run if it was durable (200), else a new one (201); and
+    # a repeat of an acknowledged submission names its run again.
     served.wait_ready()
+    in_wal = wal_runs(data / "wal")
+    with httpx.Client(timeout=30) as client:
+        retried = [t for t in plans if t not in tag_run]
+        repeats = random.Random(SEED).sample(sorted(tag_run), min(20, len(tag_run)))
+        for tag in retried + repeats:
+            r = client.post(
+                served.url + "/api/runs",
+                json={"plan": pool[plans[tag]], "inputs": {"tag": tag}},
+                headers={"Idempotency-Key": tag},
+            )
+            assert r.status_code in (200, 201), r.text
+            run_id = r.json()["run_id"]
+            if tag in tag_run:
+                assert (r.status_code, run_id) == (200, tag_run[tag]), (tag, r.text)
+                continue
+            assert (r.status_code == 200) == (run_id in in_wal), (tag, r.text)
+            assert run_id not in tag_run.values(), (tag, r.text)
+            tag_run[tag] = run_id
+    assert len(set(tag_run.values())) == len(tag_run) == len(plans)
     details = _wait_finished(served, list(tag_run.values()), timeout=120)
     twins: dict[int, str] = {}
     with httpx.Client(timeout=30) as client:
@@ -201,6 +230,7 @@ def test_kill9_of_the_serve_group_loses_nothing_and_reruns_no_finished_step(
     live = store_rows(f"sqlite:///{data / 'tiffany.db'}")
     rebuilt = store_rows(rebuilt_url)
     assert set(live) == set(rebuilt) == set(all_runs)
+    assert len(all_runs) == len(plans) + len(pool), "a run in the WAL that no client asked for"
     for run_id in all_runs:
         assert live[run_id] == rebuilt[run_id], run_id
     for run_id, detail in details.items():

@@ -22,6 +22,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 import httpx
+import pytest
 from conftest import ServeFactory
 from fault_support import cli
 
@@ -87,6 +88,7 @@ def _api_run_ids(client: httpx.Client, url: str) -> set[str]:
             return ids
 
 
+@pytest.mark.timeout(900)
 def test_ten_thousand_submissions_none_lost_none_duplicated(
     serve_factory: ServeFactory,
 ) -> None:
