@@ -218,10 +218,10 @@ def test_kill9_of_the_serve_group_loses_nothing_and_reruns_no_finished_step(
     assert not problems, problems[:20]
 
     # The WAL verifies, every run replays identically, the store equals a rebuild.
-    cli(data, env, "wal", "verify")
+    assert json.loads(cli(data, env, "wal", "verify", "--json"))["ok"] is True
     all_runs = sorted(wal_runs(data / "wal"))
     for run_id in list(tag_run.values())[:3]:
-        cli(data, env, "replay", run_id, "--verify")
+        assert json.loads(cli(data, env, "replay", run_id, "--verify", "--json"))["ok"] is True
     sample = sorted(random.Random(SEED).sample(sorted(crossed), min(VERIFIED, len(crossed))))
     bad = verify_all(data, env, sample)
     assert not bad, bad
