@@ -10,28 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fault_support import Served, tools_env
-
-
-class ServeFactory:
-    """Starts :class:`Served` instances on one data dir and closes every one at teardown."""
-
-    def __init__(self, base: Path) -> None:
-        self.base = base
-        self.data_dir = base / "data"
-        self.effects_dir = base / "effects"
-        self.effects_dir.mkdir(parents=True, exist_ok=True)
-        self.env = tools_env(base)
-        self.started: list[Served] = []
-
-    def start(self) -> Served:
-        served = Served(self.data_dir, self.env, log_path=self.base / "serve.log")
-        self.started.append(served)
-        return served
-
-    def close(self) -> None:
-        for served in self.started:
-            served.close()
+from fault_support import ServeFactory
 
 
 @pytest.fixture

@@ -200,6 +200,27 @@ class Served:
             time.sleep(0.1)
 
 
+class ServeFactory:
+    """Starts :class:`Served` instances on one data dir and closes every one at teardown."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.data_dir = base / "data"
+        self.effects_dir = base / "effects"
+        self.effects_dir.mkdir(parents=True, exist_ok=True)
+        self.env = tools_env(base)
+        self.started: list[Served] = []
+
+    def start(self) -> Served:
+        served = Served(self.data_dir, self.env, log_path=self.base / "serve.log")
+        self.started.append(served)
+        return served
+
+    def close(self) -> None:
+        for served in self.started:
+            served.close()
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

@@ -37,11 +37,11 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ServeFactory
 from fault_support import (
     PLAN_KINDS,
     TERMINAL,
     Served,
+    ServeFactory,
     check_effects,
     cli,
     durable_steps,

@@ -23,8 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ServeFactory
-from fault_support import cli
+from fault_support import ServeFactory, cli
 
 TOTAL = int(os.environ.get("TIFFANY_FAULT_SUBMISSIONS", "10000"))
 CONCURRENCY = 64
