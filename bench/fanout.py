@@ -13,8 +13,9 @@ One ``tiffany serve`` (as ``bench/api.py`` starts it), two phases on it:
    websocket handshake on ``/ws/activity`` (one event a message, the
    costliest mode) and never read again; ``--readers`` websocket clients
    (``batch=true`` as the dashboard reads, or ``--mode frames``) read every
-   event, in a child process of their own so that their CPU does not slow
-   the submitting client's. Then the same submissions are timed again.
+   event, in a child process of their own, niced (they stand for browsers
+   on other machines: their CPU must not be taken from the server's).
+   Then the same submissions are timed again.
 
 Printed: submit p50/p99/max of each phase and the ratio loaded/none (the
 target: p99 within 2x), how many stalled sockets were cut off (a ``cutoff``
@@ -157,6 +158,9 @@ def main() -> None:
     ap.add_argument("--readers-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.readers_child:
+        # The readers stand for browsers on other machines: niced, so that on a
+        # small machine their CPU is not taken from the server's processes.
+        os.nice(10)
         asyncio.run(_readers(args.readers_child, args.readers, args.mode == "batch"))
         return
     if args.quick:
@@ -166,7 +170,9 @@ def main() -> None:
         print(f"tiffany serve at {url} (api pid {serve.api_pid})")
         submit(url, 10)  # warm-up
         busy0 = machine_busy_s()
+        cpu0, t0 = serve.cpu(), time.monotonic()
         none = submit(url, args.submissions)
+        cpu1, t1 = serve.cpu(), time.monotonic()
         rss0 = rss_mb(serve.api_pid)
 
         readers = subprocess.Popen(
@@ -190,8 +196,10 @@ def main() -> None:
             raise RuntimeError("the readers did not connect")
         t_open = time.monotonic()
         stalled = [StalledSubscriber(url) for _ in range(args.stalled)]
+        cpu2 = serve.cpu()
         loaded = submit(url, args.submissions)
         t_done = time.monotonic()
+        cpu3 = serve.cpu()
         rss1 = rss_mb(serve.api_pid)
         # how the stalled ones ended: the API's log says when each was cut off
         cut: list[dict[str, Any]] = []
@@ -240,7 +248,13 @@ def main() -> None:
         f" (resumed with since), {stats['refused']} refused; API refusals logged: {len(refused)}"
     )
     print(f"API RSS: {rss0:.0f} MB before, {rss1:.0f} MB loaded, {rss2:.0f} MB after")
-    print(f"machine busy (all processes): {busy:.1f} CPU-s")
+
+    def share(a: tuple[float, float], b: tuple[float, float], secs: float) -> str:
+        return f"engine {(b[0] - a[0]) / secs:.0%}, API {(b[1] - a[1]) / secs:.0%} of a core"
+
+    print(f"cpu during none: {share(cpu0, cpu1, t1 - t0)}")
+    print(f"cpu during loaded: {share(cpu2, cpu3, t_done - t_open)}")
+    print(f"machine busy (all processes): {busy:.1f} CPU-s; load average {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -77,14 +77,6 @@ STUCK_RESUMES: Final = 2
 #: Loop time the senders may use in one pass of the event loop, in seconds
 #: (then the other senders wait a pass: requests are served in between).
 FANOUT_SLICE_S: Final = 0.002
-#: Share of one CPU the senders may use over time (a token bucket; see turn()).
-FANOUT_CPU_SHARE: Final = 0.3
-#: The bucket's depth, in seconds of CPU (a burst the senders may use at once).
-FANOUT_BURST_S: Final = 0.05
-#: Most one turn is charged (a send that blocked waited; it did not compute).
-MAX_CHARGE_S: Final = 0.01
-#: How long the relay gathers events before it wakes the senders, in seconds.
-FLUSH_S: Final = 0.005
 #: How often the relay looks for sends stuck past their deadline, in seconds.
 DEADLINE_CHECK_S: Final = 0.25
 #: Most senders woken in one pass once the slice is contended.
@@ -266,15 +258,12 @@ class FeedSubscriber:
         its ``send_timeout_s`` (the socket does not drain); the stuck send is
         then cancelled by the cutoff.
         """
-        relay = self.relay
-        await relay.turn()
+        await self.relay.turn()
         self.send_since = time.monotonic()
-        t0 = time.perf_counter()
         try:
             await send(text)
         finally:
             self.send_since = None
-            relay.charge(time.perf_counter() - t0)
 
     def sent_event(self, seq: int) -> None:
         """Record that the event ``seq`` went out to the client."""
@@ -326,13 +315,13 @@ class FeedRelay:
         self.max_subscribers = max_subscribers
         self.refused = 0
         self.deadline_cutoffs = 0
+        #: Why the last subscribers were cut off (newest last).
+        self.recent_cutoffs: deque[str] = deque(maxlen=32)
         # fair share of the loop among the senders (see turn())
         self._slice_start: float | None = None
         self._slice_turns = 0
         self._grant = 1
         self._granted_at: float | None = None
-        self._credit = FANOUT_BURST_S
-        self._credit_at = time.perf_counter()
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._next_slice_pending = False
         self._deadline_timer: asyncio.TimerHandle | None = None
@@ -445,7 +434,7 @@ class FeedRelay:
         self.ring.append(entry)
         if not self._wake_pending:
             self._wake_pending = True
-            asyncio.get_running_loop().call_later(FLUSH_S, self._wake_all)
+            asyncio.get_running_loop().call_soon(self._wake_all)
 
     def _wake_all(self) -> None:
         """Wake the subscribers once per loop pass and cut off those too far behind."""
@@ -479,28 +468,23 @@ class FeedRelay:
     async def turn(self) -> None:
         """Wait for this sender's turn at the loop (before each send).
 
-        Discussion: every websocket message costs the loop some 15 us, so
-        300 senders woken by one burst of events would hold one pass of the
-        loop for tens of milliseconds, and every HTTP request in the process
-        waits for that pass: the 40-second submissions of 200 stalled
-        subscribers. Instead the senders share :data:`FANOUT_SLICE_S` of
-        each pass; once it is spent, the others queue (FIFO) and the next
-        passes wake as many of them as fitted in the last slice. A pass
-        thus carries at most a slice of fan-out (plus one sender's turn)
-        beside whatever the requests need; with the loop otherwise idle the
-        passes follow each other at once and the fan-out runs at full speed.
-        Over time the senders may use :data:`FANOUT_CPU_SHARE` of a CPU (a
-        token bucket charged with each turn's duration): on a busy machine
-        the fan-out must not take the cores the engine and the requests
-        need either. Subscribers that cannot be served within that share
-        fall behind and are cut off (and resume with ``since``), as a
-        subscriber that reads too slowly is.
+        Discussion: every websocket message costs the loop some 15 us, so 300
+        senders woken by one burst of events would hold one pass of the loop for
+        tens of milliseconds, and every HTTP request in the process waits for
+        that pass (with 200 subscribers that never read, whose sockets took
+        every event until their buffers filled, submissions were 5 to 10 times
+        slower; see :func:`bound_send_buffer`). Instead the senders share
+        :data:`FANOUT_SLICE_S` of each pass; once it is spent, the others queue
+        (FIFO) and the next passes wake as many of them as fitted in the last
+        slice. A pass thus carries at most a slice of fan-out (plus one sender's
+        turn) beside whatever the requests need; with the loop otherwise idle
+        the passes follow each other at once and the fan-out runs at full speed.
         Rejected: an ``asyncio.sleep(0)`` per sender (300 tasks spinning
         through every pass) and a priority scheme (asyncio has none).
         """
         now = time.perf_counter()
         start = self._slice_start
-        if not self._waiters and self._refill(now) > 0:
+        if not self._waiters:
             if start is None:
                 self._open_slice(now)
                 return
@@ -516,17 +500,6 @@ class FeedRelay:
             if fut.done() and not fut.cancelled():
                 self._wake_waiters(1)  # pass the turn on
             raise
-
-    def _refill(self, now: float) -> float:
-        """Return the senders' CPU credit, refilled at :data:`FANOUT_CPU_SHARE`."""
-        credit = self._credit + (now - self._credit_at) * FANOUT_CPU_SHARE
-        self._credit = min(FANOUT_BURST_S, credit)
-        self._credit_at = now
-        return self._credit
-
-    def charge(self, seconds: float) -> None:
-        """Take a turn's time from the senders' credit (a blocked send is charged a cap)."""
-        self._credit -= min(seconds, MAX_CHARGE_S)
 
     def _open_slice(self, now: float) -> None:
         self._slice_start = now
@@ -559,13 +532,6 @@ class FeedRelay:
         self._slice_turns = 0
         self._granted_at = None
         if self._waiters:
-            credit = self._refill(now)
-            if credit <= 0:
-                # Out of credit: the next turns wait until it is back (the
-                # requests get the loop meanwhile; a lagging sender may be cut off).
-                self._next_slice_pending = True
-                asyncio.get_running_loop().call_later(-credit / FANOUT_CPU_SHARE, self._next_slice)
-                return
             self._wake_waiters(self._grant)
             self._granted_at = time.perf_counter()
             self._schedule_next_slice()
@@ -630,6 +596,8 @@ class FeedRelay:
         if slow:
             self.dropped_subscribers += 1
         sub.cut_reason = sub.cut_reason or reason
+        if slow:
+            self.recent_cutoffs.append(sub.cut_reason)
         sub.cut.set()
         sub._wake.set()
         if sub.on_cut is not None:

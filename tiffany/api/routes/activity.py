@@ -93,14 +93,12 @@ async def _send_frames(ws: WebSocket, sub: FeedSubscriber, ping_s: float, batch:
             # One turn (sub.send waits for it) per round of frames; the sends
             # after the first do not block unless the socket does (deadline).
             await relay.turn()
-            t0 = time.perf_counter()
             for seq, text in frames:
                 sub.send_since = time.monotonic()
                 await ws.send_text(text)
                 sub.send_since = None
                 if seq is not None:
                     sub.sent_event(seq)
-            relay.charge(time.perf_counter() - t0)
     except _GONE_CLIENT:
         return  # the client went away: the receive loop sees it too
     except Exception:
