@@ -20,7 +20,22 @@ partition, rather than a queue per subscriber):
   more than ``queue_frames`` entries behind (or off the ring's tail) is cut
   off: its sender is stopped and it gets ``{"type": "cutoff", "last_seq":
   <last seq it was sent>}``; the others never wait for it, and memory is the
-  ring's, whatever the number and speed of the websockets.
+  ring's, whatever the number and speed of the websockets;
+* budgets per subscriber: ``queue_frames`` entries and ``queue_bytes`` bytes
+  of lag, and a send deadline (``send_timeout_s``): a socket that does not
+  drain within it is cut off the same way (checked by a timer, every
+  :data:`DEADLINE_CHECK_S`), and its websocket handler ends even though the
+  client neither reads nor closes. The API's listening socket fixes the
+  kernel send buffer (:func:`bound_send_buffer`), so a client that never
+  reads blocks after some 200 KB instead of 3 MB;
+* a cap (``max_subscribers``): the route refuses one more with close code
+  1013 (try again later), logged as a warning;
+* fairness: the senders take turns at the loop (:meth:`FeedRelay.turn`), a
+  slice of each pass of the loop, so the requests of the same process are
+  served between them however many websockets there are;
+* each event is encoded to JSON text once; what is left per subscriber is
+  the websocket framing (and, in batch mode, joining the texts), which ASGI
+  does per message.
 
 Resumes (``since``): a seq the ring still covers is served from the ring.
 An older one (the API restarted, or the client was away long) is served by a

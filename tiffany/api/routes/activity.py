@@ -15,6 +15,13 @@ With ``batch=true`` every message is instead a JSON array of such frames
 for, since a message costs the API the same whether it carries one event or
 hundreds.
 
+At most ``ws_max_subscribers`` websockets at once: one more is accepted
+and closed at once with code 1013 (try again later) and the reason ``too
+many subscribers: try again later``. A client that falls more than
+``ws_queue_frames`` frames or ``ws_queue_bytes`` bytes behind, or whose
+socket does not drain within ``ws_send_timeout_s``, is cut off (``cutoff``
+when it can still be sent, then close code 1013).
+
 Resume after any disconnect with ``since=<last seq received>``; events come
 from this process's relay (:mod:`tiffany.api.feed`), never from a
 subscription of the engine per websocket. Messages the client sends are
