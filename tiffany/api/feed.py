@@ -27,7 +27,7 @@ partition, rather than a queue per subscriber):
   :data:`DEADLINE_CHECK_S`), and its websocket handler ends even though the
   client neither reads nor closes. The API's listening socket fixes the
   kernel send buffer (:func:`bound_send_buffer`), so a client that never
-  reads blocks after some 200 KB instead of 3 MB;
+  reads blocks after some 100 KB instead of 3 MB;
 * a cap (``max_subscribers``): the route refuses one more with close code
   1013 (try again later), logged as a warning;
 * fairness: the senders take turns at the loop (:meth:`FeedRelay.turn`), a
@@ -91,14 +91,14 @@ STUCK_RESUMES: Final = 2
 
 #: Loop time the senders may use in one pass of the event loop, in seconds
 #: (then the other senders wait a pass: requests are served in between).
-FANOUT_SLICE_S: Final = 0.002
+FANOUT_SLICE_S: Final = 0.0005
 #: How often the relay looks for sends stuck past their deadline, in seconds.
 DEADLINE_CHECK_S: Final = 0.25
 #: Most senders woken in one pass once the slice is contended.
 MAX_GRANT: Final = 1024
 
 #: The kernel send buffer of the API's connections, in bytes (the kernel doubles it).
-SOCKET_SEND_BUFFER_BYTES: Final = 64 * 1024
+SOCKET_SEND_BUFFER_BYTES: Final = 16 * 1024
 
 #: ``run_id`` of ring entries that go to every subscriber (control frames).
 EVERYONE: Final = "*"
@@ -117,9 +117,11 @@ def bound_send_buffer(listener: socket.socket) -> None:
     took some 3 MB, ten thousand events, before a send blocked: until then it
     cost the API as much as a reading one, and 200 of them held 600 MB of
     kernel memory. With the buffer fixed (accepted sockets inherit it from
-    the listener), a stalled client blocks after some 200 KB (this buffer
-    and asyncio's 64 KiB) and is cut off by the send deadline. Loopback and
-    LAN clients that read lose nothing: the buffer is refilled as it drains.
+    the listener), a stalled client blocks after some 100 KB (twice this
+    buffer, and asyncio's 64 KiB) and is cut off by the send deadline.
+    Loopback and LAN clients that read lose nothing: the buffer is refilled
+    as it drains (64 KiB measured worse for submissions beside 200 stalled
+    websockets; below 16 KiB large batch messages need many more writes).
     """
     with contextlib.suppress(OSError):
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_SEND_BUFFER_BYTES)
