@@ -87,6 +87,13 @@ class Settings(BaseSettings):
         http_allow: Hosts and CIDRs the ``http`` tool may reach although they
             are loopback, private, link-local... (comma-separated, e.g.
             ``127.0.0.1,10.0.0.0/8,api.internal``; docs/security.md).
+        ws_max_subscribers: Websockets on ``/ws/activity`` at once per API
+            process; one more is accepted and closed at once with code 1013
+            (try again later).
+        ws_queue_bytes: Bytes of frames a websocket may have queued before it
+            is cut off as a slow consumer (beside ``ws_queue_frames``).
+        ws_send_timeout_s: How long one send to a websocket may wait for its
+            socket to drain before it is cut off.
     """
 
     model_config = SettingsConfigDict(
@@ -118,6 +125,9 @@ class Settings(BaseSettings):
     ws_queue_frames: int = Field(default=10_000, gt=0)
     ws_ping_interval_s: float = Field(default=15.0, gt=0)
     http_allow: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    ws_max_subscribers: int = Field(default=1000, gt=0)
+    ws_queue_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    ws_send_timeout_s: float = Field(default=10.0, gt=0)
 
     @field_validator("data_dir", mode="after")
     @classmethod

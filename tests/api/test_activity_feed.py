@@ -364,3 +364,61 @@ def test_a_filtered_catch_up(hand_feed, live_api_factory) -> None:
         hand_feed.publish(2, run_id="a")
         b3 = hand_feed.publish(1, run_id="b")
         assert [e["seq"] for e in _events(ws, 1)] == b3
+
+
+def test_subscribers_beyond_the_cap_are_refused_with_1013(hand_feed, live_api_factory) -> None:
+    from websockets.exceptions import ConnectionClosed
+
+    live = live_api_factory(_settings(hand_feed.data_dir, ws_max_subscribers=2))
+    with (
+        ws_connect(f"{live.ws_base}/ws/activity"),
+        ws_connect(f"{live.ws_base}/ws/activity"),
+    ):
+        wait_until(lambda: len(live.state.relay.subscribers) == 2)
+        with (
+            ws_connect(f"{live.ws_base}/ws/activity") as third,
+            pytest.raises(ConnectionClosed) as closed,
+        ):
+            third.recv(timeout=5)
+        assert closed.value.rcvd is not None
+        assert closed.value.rcvd.code == 1013
+        assert closed.value.rcvd.reason == "too many subscribers: try again later"
+        assert live.state.relay.refused == 1
+        assert len(live.state.relay.subscribers) == 2
+    # a place freed is a place taken again
+    wait_until(lambda: not live.state.relay.subscribers)
+    with ws_connect(f"{live.ws_base}/ws/activity") as ws:
+        seqs = hand_feed.publish(3)
+        assert [e["seq"] for e in _events(ws, 3)] == seqs
+
+
+@pytest.mark.parametrize(
+    ("limits", "reason"),
+    [
+        ({"ws_queue_bytes": 300_000, "ws_send_timeout_s": 60.0}, "queue full (bytes)"),
+        ({"ws_queue_bytes": 10**9, "ws_send_timeout_s": 0.5}, "did not drain"),
+    ],
+)
+def test_a_stalled_client_is_cut_off_by_its_byte_budget_or_send_deadline(
+    hand_feed, live_api_factory, limits: dict[str, Any], reason: str
+) -> None:
+    settings = _settings(
+        hand_feed.data_dir, ws_queue_frames=100_000, feed_ring_events=100_000, ping=30, **limits
+    )
+    live = live_api_factory(settings)
+    wait_until(lambda: hand_feed.hub.subscribers == 1)
+    stalled = StalledClient(live.port, "/ws/activity")
+    try:
+        wait_until(lambda: len(live.state.relay.subscribers) == 1)
+        for _ in range(40):  # up to 4,000 events of ~4 KiB: 16 MiB, beyond any socket buffer
+            hand_feed.publish(100, pad=4000)
+            time.sleep(0.02)
+            if live.state.relay.dropped_subscribers:
+                break
+        wait_until(lambda: live.state.relay.dropped_subscribers == 1, timeout=20)
+        assert not live.state.relay.subscribers
+    finally:
+        stalled.close()
+    cut = list(live.state.relay.recent_cutoffs)
+    assert len(cut) == 1
+    assert reason in cut[0]

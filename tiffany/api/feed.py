@@ -20,7 +20,22 @@ partition, rather than a queue per subscriber):
   more than ``queue_frames`` entries behind (or off the ring's tail) is cut
   off: its sender is stopped and it gets ``{"type": "cutoff", "last_seq":
   <last seq it was sent>}``; the others never wait for it, and memory is the
-  ring's, whatever the number and speed of the websockets.
+  ring's, whatever the number and speed of the websockets;
+* budgets per subscriber: ``queue_frames`` entries and ``queue_bytes`` bytes
+  of lag, and a send deadline (``send_timeout_s``): a socket that does not
+  drain within it is cut off the same way (checked by a timer, every
+  :data:`DEADLINE_CHECK_S`), and its websocket handler ends even though the
+  client neither reads nor closes. The API's listening socket fixes the
+  kernel send buffer (:func:`bound_send_buffer`), so a client that never
+  reads blocks after some 100 KB instead of 3 MB;
+* a cap (``max_subscribers``): the route refuses one more with close code
+  1013 (try again later), logged as a warning;
+* fairness: the senders take turns at the loop (:meth:`FeedRelay.turn`), a
+  slice of each pass of the loop, so the requests of the same process are
+  served between them however many websockets there are;
+* each event is encoded to JSON text once; what is left per subscriber is
+  the websocket framing (and, in batch mode, joining the texts), which ASGI
+  does per message.
 
 Resumes (``since``): a seq the ring still covers is served from the ring.
 An older one (the API restarted, or the client was away long) is served by a
@@ -51,7 +66,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import socket
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -60,7 +78,7 @@ import structlog
 
 from tiffany.pal.transport import FEED_SOCKET, follow
 
-__all__ = ["FEED_SOCKET", "FeedRelay", "FeedSubscriber", "feed_path"]
+__all__ = ["FEED_SOCKET", "FeedRelay", "FeedSubscriber", "bound_send_buffer", "feed_path"]
 
 log = structlog.get_logger(__name__)
 
@@ -71,6 +89,21 @@ RECONNECT_DELAY_S: Final = 0.2
 #: Resumes cut off without one new event before the relay takes the live feed.
 STUCK_RESUMES: Final = 2
 
+#: Loop time the senders may use in one pass of the event loop, in seconds
+#: (then the other senders wait a pass: requests are served in between).
+FANOUT_SLICE_S: Final = 0.0005
+#: How long the relay gathers a trickle of events before it wakes the senders, in seconds.
+FLUSH_S: Final = 0.01
+#: Entries gathered that wake the senders at once.
+FLUSH_ENTRIES: Final = 64
+#: How often the relay looks for sends stuck past their deadline, in seconds.
+DEADLINE_CHECK_S: Final = 0.25
+#: Most senders woken in one pass once the slice is contended.
+MAX_GRANT: Final = 1024
+
+#: The kernel send buffer of the API's connections, in bytes (the kernel doubles it).
+SOCKET_SEND_BUFFER_BYTES: Final = 16 * 1024
+
 #: ``run_id`` of ring entries that go to every subscriber (control frames).
 EVERYONE: Final = "*"
 
@@ -78,6 +111,24 @@ _encode = msgspec.json.Encoder().encode
 
 Entry = tuple[float, str | None, str]
 Follow = Callable[..., AsyncIterator[dict[str, Any]]]
+
+
+def bound_send_buffer(listener: socket.socket) -> None:
+    """Fix the kernel send buffer of the connections ``listener`` accepts.
+
+    Discussion: Linux grows a TCP socket's send buffer up to ``tcp_wmem``'s
+    maximum (4 MiB by default), so a websocket whose client never reads
+    took some 3 MB, ten thousand events, before a send blocked: until then it
+    cost the API as much as a reading one, and 200 of them held 600 MB of
+    kernel memory. With the buffer fixed (accepted sockets inherit it from
+    the listener), a stalled client blocks after some 100 KB (twice this
+    buffer, and asyncio's 64 KiB) and is cut off by the send deadline.
+    Loopback and LAN clients that read lose nothing: the buffer is refilled
+    as it drains (64 KiB measured worse for submissions beside 200 stalled
+    websockets; below 16 KiB large batch messages need many more writes).
+    """
+    with contextlib.suppress(OSError):
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_SEND_BUFFER_BYTES)
 
 
 def feed_path(data_dir: str | Path) -> Path:
@@ -91,7 +142,10 @@ class _Ring:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._buf: list[Entry | None] = [None] * capacity
+        # Bytes of text appended before each entry (lag in bytes is a subtraction).
+        self._before: list[int] = [0] * capacity
         self.end = 0  # position of the next entry
+        self.total_bytes = 0
 
     @property
     def start(self) -> int:
@@ -102,8 +156,17 @@ class _Ring:
         return self.end - self.start
 
     def append(self, entry: Entry) -> None:
-        self._buf[self.end % self.capacity] = entry
+        i = self.end % self.capacity
+        self._buf[i] = entry
+        self._before[i] = self.total_bytes
+        self.total_bytes += len(entry[2])
         self.end += 1
+
+    def bytes_after(self, pos: int) -> int:
+        """Bytes of text from ``pos`` (a held position, or the end) to the end."""
+        if pos >= self.end:
+            return 0
+        return self.total_bytes - self._before[max(pos, self.start) % self.capacity]
 
     def at(self, pos: int) -> Entry:
         entry = self._buf[pos % self.capacity]
@@ -160,6 +223,9 @@ class FeedSubscriber:
         self.on_cut: Callable[[], Any] | None = None
         self._cut_task: Any = None
         self._wake = asyncio.Event()
+        self._idle = False
+        #: When the send in progress began (monotonic), None between sends.
+        self.send_since: float | None = None
 
     async def next_frames(
         self, timeout: float, limit: int = READ_BATCH_ENTRIES
@@ -191,11 +257,34 @@ class FeedSubscriber:
                 if frames:
                     return frames
                 continue
+            # A timer rather than asyncio.wait_for, which costs a task a call.
             self._wake.clear()
+            self._idle = False
+            timer = asyncio.get_running_loop().call_later(timeout, self._on_idle)
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
-            except TimeoutError:
+                await self._wake.wait()
+            finally:
+                timer.cancel()
+            if self._idle and self.cursor >= relay.ring.end:
                 return []
+
+    def _on_idle(self) -> None:
+        self._idle = True
+        self._wake.set()
+
+    async def send(self, send: Callable[[str], Awaitable[Any]], text: str) -> None:
+        """Await ``send(text)`` under the relay's fair share and the send deadline.
+
+        The relay cuts the subscriber off when one send takes longer than
+        its ``send_timeout_s`` (the socket does not drain); the stuck send is
+        then cancelled by the cutoff.
+        """
+        await self.relay.turn()
+        self.send_since = time.monotonic()
+        try:
+            await send(text)
+        finally:
+            self.send_since = None
 
     def sent_event(self, seq: int) -> None:
         """Record that the event ``seq`` went out to the client."""
@@ -220,6 +309,12 @@ class FeedRelay:
         path: The engine's feed socket.
         ring_events: Entries kept for resumes.
         queue_frames: How far (in entries) a subscriber may lag before it is cut off.
+        queue_bytes: How far (in bytes of frames) a subscriber may lag before
+            it is cut off.
+        send_timeout_s: How long one send may wait for the socket to drain
+            before the subscriber is cut off.
+        max_subscribers: Subscribers at once; :meth:`full` says when a new
+            one must be refused.
         follow_fn: The feed client (:func:`tiffany.pal.transport.follow`).
     """
 
@@ -229,16 +324,36 @@ class FeedRelay:
         *,
         ring_events: int = 100_000,
         queue_frames: int = 10_000,
+        queue_bytes: int = 16 * 1024 * 1024,
+        send_timeout_s: float = 10.0,
+        max_subscribers: int = 1000,
         follow_fn: Follow = follow,
     ) -> None:
         self.path = Path(path)
         self.queue_frames = queue_frames
+        self.queue_bytes = queue_bytes
+        self.send_timeout_s = send_timeout_s
+        self.max_subscribers = max_subscribers
+        self.refused = 0
+        self.deadline_cutoffs = 0
+        #: Why the last subscribers were cut off (newest last).
+        self.recent_cutoffs: deque[str] = deque(maxlen=32)
+        # fair share of the loop among the senders (see turn())
+        self._slice_start: float | None = None
+        self._slice_turns = 0
+        self._grant = 1
+        self._granted_at: float | None = None
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._next_slice_pending = False
+        self._deadline_timer: asyncio.TimerHandle | None = None
         self.ring = _Ring(max(ring_events, queue_frames + READ_BATCH_ENTRIES))
         self.last_seq: int | None = None
         self.subscribers: set[FeedSubscriber] = set()
         self._follow = follow_fn
         self._task: asyncio.Task[None] | None = None
         self._wake_pending = False
+        self._wake_timer: asyncio.TimerHandle | None = None
+        self._woken_at = 0  # ring end at the last wake-up
         # counters for /metrics
         self.received = 0
         self.dropped_subscribers = 0
@@ -254,10 +369,16 @@ class FeedRelay:
         """Start following the engine's feed (reconnects forever)."""
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="tiffany-api-feed-relay")
+            self._deadline_timer = asyncio.get_running_loop().call_later(
+                DEADLINE_CHECK_S, self._check_deadlines
+            )
 
     async def stop(self) -> None:
         """Stop following and cut every subscriber off."""
         task, self._task = self._task, None
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -333,20 +454,136 @@ class FeedRelay:
         self._append((key, EVERYONE, _gone(oldest, reason)))
 
     def _append(self, entry: Entry) -> None:
-        self.ring.append(entry)
-        if not self._wake_pending:
-            self._wake_pending = True
-            asyncio.get_running_loop().call_soon(self._wake_all)
+        """Add an entry; wake the senders after :data:`FLUSH_S`, or at once when many wait.
+
+        Discussion: a run's events come a few at a time over some
+        milliseconds; woken for each few, 100 websockets in batch mode sent
+        100 messages a few events each, some ten times a run. Gathering them
+        for a few milliseconds makes that one message a run; a busy feed
+        (:data:`FLUSH_ENTRIES` waiting) wakes them at once, so lag stays low.
+        """
+        ring = self.ring
+        ring.append(entry)
+        if ring.end - self._woken_at >= FLUSH_ENTRIES:
+            if self._wake_timer is not None:
+                self._wake_timer.cancel()
+                self._wake_timer = None
+            if not self._wake_pending:
+                self._wake_pending = True
+                asyncio.get_running_loop().call_soon(self._wake_all)
+        elif not self._wake_pending and self._wake_timer is None:
+            self._wake_timer = asyncio.get_running_loop().call_later(FLUSH_S, self._wake_all)
 
     def _wake_all(self) -> None:
-        """Wake the subscribers once per loop pass and cut off those too far behind."""
+        """Wake the subscribers and cut off those too far behind."""
         self._wake_pending = False
+        if self._wake_timer is not None:
+            self._wake_timer.cancel()
+            self._wake_timer = None
         ring = self.ring
+        self._woken_at = ring.end
         for sub in list(self.subscribers):
             if ring.end - sub.cursor > self.queue_frames or sub.cursor < ring.start:
                 self.cut_off(sub, "slow subscriber: queue full")
+            elif ring.bytes_after(sub.cursor) > self.queue_bytes:
+                self.cut_off(sub, "slow subscriber: queue full (bytes)")
             elif not sub.catching_up:
                 sub._wake.set()
+
+    def _check_deadlines(self) -> None:
+        """Cut off the subscribers whose send has waited past the deadline (a timer)."""
+        self._deadline_timer = asyncio.get_running_loop().call_later(
+            DEADLINE_CHECK_S, self._check_deadlines
+        )
+        late = time.monotonic() - self.send_timeout_s
+        for sub in list(self.subscribers):
+            since = sub.send_since
+            if since is not None and since < late:
+                self.deadline_cutoffs += 1
+                self.cut_off(
+                    sub,
+                    f"slow subscriber: its socket did not drain in {self.send_timeout_s:g} s",
+                )
+
+    # -- fair share ---------------------------------------------------------------
+
+    async def turn(self) -> None:
+        """Wait for this sender's turn at the loop (before each send).
+
+        Discussion: every websocket message costs the loop some 15 us, so 300
+        senders woken by one burst of events would hold one pass of the loop for
+        tens of milliseconds, and every HTTP request in the process waits for
+        that pass (with 200 subscribers that never read, whose sockets took
+        every event until their buffers filled, submissions were 5 to 10 times
+        slower; see :func:`bound_send_buffer`). Instead the senders share
+        :data:`FANOUT_SLICE_S` of each pass; once it is spent, the others queue
+        (FIFO) and the next passes wake as many of them as fitted in the last
+        slice. A pass thus carries at most a slice of fan-out (plus one sender's
+        turn) beside whatever the requests need; with the loop otherwise idle
+        the passes follow each other at once and the fan-out runs at full speed.
+        Rejected: an ``asyncio.sleep(0)`` per sender (300 tasks spinning
+        through every pass) and a priority scheme (asyncio has none).
+        """
+        now = time.perf_counter()
+        start = self._slice_start
+        if not self._waiters:
+            if start is None:
+                self._open_slice(now)
+                return
+            if now - start < FANOUT_SLICE_S:
+                self._slice_turns += 1
+                return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        self._schedule_next_slice()
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self._wake_waiters(1)  # pass the turn on
+            raise
+
+    def _open_slice(self, now: float) -> None:
+        self._slice_start = now
+        self._slice_turns = 1
+        self._schedule_next_slice()
+
+    def _schedule_next_slice(self) -> None:
+        if not self._next_slice_pending:
+            self._next_slice_pending = True
+            asyncio.get_running_loop().call_soon(self._next_slice)
+
+    def _next_slice(self) -> None:
+        """A new pass: wake the next waiters, as many as the slice seems to hold.
+
+        The count adapts (halved when the woken senders and the pass took
+        more than a slice, doubled when well under), so it follows the cost
+        of a turn without measuring each one.
+        """
+        self._next_slice_pending = False
+        now = time.perf_counter()
+        if self._granted_at is not None:
+            spent = now - self._granted_at
+            if spent > FANOUT_SLICE_S:
+                self._grant = max(1, self._grant // 2)
+            elif spent < FANOUT_SLICE_S / 2:
+                self._grant = min(self._grant * 2, MAX_GRANT)
+        elif self._slice_start is not None:
+            self._grant = max(1, min(self._slice_turns, MAX_GRANT))
+        self._slice_start = None
+        self._slice_turns = 0
+        self._granted_at = None
+        if self._waiters:
+            self._wake_waiters(self._grant)
+            self._granted_at = time.perf_counter()
+            self._schedule_next_slice()
+
+    def _wake_waiters(self, n: int) -> None:
+        while n > 0 and self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                n -= 1
 
     # -- subscribers ------------------------------------------------------------------
 
@@ -358,6 +595,10 @@ class FeedRelay:
             return False
         first = self.ring.at(self.ring.start)[0]
         return since >= first - 1
+
+    def full(self) -> bool:
+        """True when a new subscriber must be refused (:attr:`max_subscribers` attached)."""
+        return len(self.subscribers) >= self.max_subscribers
 
     def subscribe(
         self, run_id: str | None = None, since: int | None = None, tail: int = 0
@@ -397,6 +638,8 @@ class FeedRelay:
         if slow:
             self.dropped_subscribers += 1
         sub.cut_reason = sub.cut_reason or reason
+        if slow:
+            self.recent_cutoffs.append(sub.cut_reason)
         sub.cut.set()
         sub._wake.set()
         if sub.on_cut is not None:

@@ -15,6 +15,13 @@ With ``batch=true`` every message is instead a JSON array of such frames
 for, since a message costs the API the same whether it carries one event or
 hundreds.
 
+At most ``ws_max_subscribers`` websockets at once: one more is accepted
+and closed at once with code 1013 (try again later) and the reason ``too
+many subscribers: try again later``. A client that falls more than
+``ws_queue_frames`` frames or ``ws_queue_bytes`` bytes behind, or whose
+socket does not drain within ``ws_send_timeout_s``, is cut off (``cutoff``
+when it can still be sent, then close code 1013).
+
 Resume after any disconnect with ``since=<last seq received>``; events come
 from this process's relay (:mod:`tiffany.api.feed`), never from a
 subscription of the engine per websocket. Messages the client sends are
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Final
 
@@ -39,9 +47,11 @@ __all__ = ["router"]
 log = structlog.get_logger("tiffany.api")
 
 #: How long a cut-off websocket may take to accept its ``cutoff`` frame, in seconds.
-CUTOFF_SEND_TIMEOUT_S: Final = 5.0
+CUTOFF_SEND_TIMEOUT_S: Final = 2.0
 #: Close code for a cut-off subscriber ("try again later").
 CLOSE_TRY_AGAIN: Final = 1013
+#: The close reason of a websocket refused at the subscriber cap (code 1013).
+REFUSED_REASON: Final = "too many subscribers: try again later"
 #: Close code when the sender fails unexpectedly.
 CLOSE_INTERNAL_ERROR: Final = 1011
 #: Frames a sender sends one by one before it lets the loop run others.
@@ -67,29 +77,35 @@ def _one(ws: WebSocket, batch: bool) -> Callable[[str], Awaitable[None]]:
 async def _send_frames(ws: WebSocket, sub: FeedSubscriber, ping_s: float, batch: bool) -> None:
     relay = sub.relay
     send_one = _one(ws, batch)
+
+    async def send_timed(text: str) -> None:
+        await sub.send(send_one, text)
+
     try:
         if sub.catching_up:
-            await relay.catch_up(sub, send_one, idle_timeout=ping_s)
+            await relay.catch_up(sub, send_timed, idle_timeout=ping_s)
         limit = READ_BATCH_ENTRIES if batch else FRAMES_PER_TURN
         while not sub.cut.is_set():
             frames = await sub.next_frames(ping_s, limit)
             if not frames:
                 if not sub.cut.is_set():
-                    await send_one(_PING)
+                    await send_timed(_PING)
                 continue
             if batch:
-                await ws.send_text("[" + ",".join([text for _, text in frames]) + "]")
+                await sub.send(ws.send_text, "[" + ",".join([text for _, text in frames]) + "]")
                 seqs = [seq for seq, _ in frames if seq is not None]
                 if seqs:
                     sub.sent_event(seqs[-1])
                 continue
+            # One turn (sub.send waits for it) per round of frames; the sends
+            # after the first do not block unless the socket does (deadline).
+            await relay.turn()
             for seq, text in frames:
+                sub.send_since = time.monotonic()
                 await ws.send_text(text)
+                sub.send_since = None
                 if seq is not None:
                     sub.sent_event(seq)
-            # A send that does not block does not yield: give the loop (the
-            # relay's reading above all) a turn between rounds.
-            await asyncio.sleep(0)
     except _GONE_CLIENT:
         return  # the client went away: the receive loop sees it too
     except Exception:
@@ -99,18 +115,42 @@ async def _send_frames(ws: WebSocket, sub: FeedSubscriber, ping_s: float, batch:
 
 
 async def _cut_off(
-    ws: WebSocket, sub: FeedSubscriber, sender: asyncio.Task[None], batch: bool
+    ws: WebSocket, sub: FeedSubscriber, sender: asyncio.Task[None], batch: bool, done: asyncio.Event
 ) -> None:
-    """Stop the sender, then send ``cutoff`` and close (each bounded in time)."""
-    sender.cancel()
-    await asyncio.gather(sender, return_exceptions=True)
-    log.info("websocket cut off", last_seq=sub.last_seq, reason=sub.cut_reason)
-    with contextlib.suppress(TimeoutError, *_GONE_CLIENT):
-        await asyncio.wait_for(_one(ws, batch)(sub.cutoff_frame()), CUTOFF_SEND_TIMEOUT_S)
-        await asyncio.wait_for(
-            ws.close(code=CLOSE_TRY_AGAIN, reason="cut off: resume with since"),
-            CUTOFF_SEND_TIMEOUT_S,
-        )
+    """Stop the sender, then send ``cutoff`` and close (bounded in time), then end the handler.
+
+    A socket that does not drain gets neither frame: the handler returns
+    anyway, and the server closes the connection.
+    """
+    try:
+        sender.cancel()
+        await asyncio.gather(sender, return_exceptions=True)
+        log.info("websocket cut off", last_seq=sub.last_seq, reason=sub.cut_reason)
+        with contextlib.suppress(TimeoutError, *_GONE_CLIENT):
+            await asyncio.wait_for(_one(ws, batch)(sub.cutoff_frame()), CUTOFF_SEND_TIMEOUT_S)
+            await asyncio.wait_for(
+                ws.close(code=CLOSE_TRY_AGAIN, reason="cut off: resume with since"),
+                CUTOFF_SEND_TIMEOUT_S,
+            )
+    finally:
+        done.set()
+
+
+async def _receive_until(ws: WebSocket, done: asyncio.Event) -> None:
+    """Read (and ignore) the client's messages until it disconnects or ``done`` is set."""
+    ended = asyncio.create_task(done.wait())
+    try:
+        while True:
+            received = asyncio.ensure_future(ws.receive())
+            await asyncio.wait({received, ended}, return_when=asyncio.FIRST_COMPLETED)
+            if not received.done():
+                received.cancel()
+                return
+            message = received.result()
+            if message["type"] == "websocket.disconnect":
+                return
+    finally:
+        ended.cancel()
 
 
 @router.websocket("/ws/activity")
@@ -135,15 +175,25 @@ async def activity(
     state = get_state(ws)
     relay = state.relay
     await ws.accept()
+    if relay.full():
+        relay.refused += 1
+        log.warning(
+            "websocket refused: too many subscribers",
+            subscribers=len(relay.subscribers),
+            limit=relay.max_subscribers,
+        )
+        with contextlib.suppress(TimeoutError, *_GONE_CLIENT):
+            await asyncio.wait_for(
+                ws.close(code=CLOSE_TRY_AGAIN, reason=REFUSED_REASON), CUTOFF_SEND_TIMEOUT_S
+            )
+        return
     sub = relay.subscribe(run_id=run_id or None, since=since, tail=tail)
     log.info("websocket subscribed", run_id=run_id, since=since, catch_up=sub.catching_up)
     sender = asyncio.create_task(_send_frames(ws, sub, state.settings.ws_ping_interval_s, batch))
-    sub.on_cut = lambda: asyncio.create_task(_cut_off(ws, sub, sender, batch))
+    done = asyncio.Event()
+    sub.on_cut = lambda: asyncio.create_task(_cut_off(ws, sub, sender, batch, done))
     try:
-        while True:
-            message = await ws.receive()
-            if message["type"] == "websocket.disconnect":
-                break
+        await _receive_until(ws, done)
     finally:
         # Not awaited: the handler returns at once; the task ends at its next await.
         sender.cancel()
