@@ -27,7 +27,7 @@ from collections.abc import Iterable
 
 from tiffany.agents.tools import BUILTIN_TOOLS
 from tiffany.agents.tools.base import Tool, ToolError
-from tiffany.agents.tools.python import load_entry_points
+from tiffany.agents.tools.python import is_registered, load_entry_points
 
 __all__ = ["DEFAULT_ENABLED", "ToolDisabled", "ToolRegistry", "UnknownTool"]
 
@@ -144,10 +144,20 @@ class ToolRegistry:
 
     def step_gate(self, task: object, call: object) -> str | None:
         """The journal's step gate: why a step must wait here (its tool is disabled), or None."""
-        tool = self.tool_of_step(getattr(call, "name", None))
-        if tool is None or tool in self.enabled:
+        step_name = getattr(call, "name", None)
+        tool = self.tool_of_step(step_name)
+        if tool is None:
             return None
-        return f"tool {tool} is disabled on this engine (--enable-tool {tool})"
+        if tool not in self.enabled:
+            return f"tool {tool} is disabled on this engine (--enable-tool {tool})"
+        if tool == "python" and isinstance(step_name, str):
+            function = step_name.partition(":")[2]
+            if function and not is_registered(function):
+                return (
+                    f"python function {function} is not registered on this engine "
+                    "(install the package that registers it, or @python_tool it)"
+                )
+        return None
 
     def is_enabled(self, name: str) -> bool:
         """Return True if ``name`` is registered and enabled."""

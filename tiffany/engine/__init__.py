@@ -80,6 +80,9 @@ class Engine:
         if inputs is not None and not isinstance(inputs, Mapping):
             raise PlanError([{"loc": "inputs", "msg": "inputs must be a JSON object"}])
         plan = parse_plan(doc, self.env.registry.names())
+        missing = _missing_functions(plan)
+        if missing:
+            raise PlanError(missing)
         unknown = sorted(set(inputs or {}) - set(plan.inputs))
         if unknown:
             raise PlanError(
@@ -101,6 +104,31 @@ class Engine:
             step_id = h.task.rsplit(":", 1)[-1]  # tasks are named worker:ID, tool:TOOL:ID
             listed.append({**h.to_dict(), "tool": tool, "step_id": step_id})
         return {"steps_waiting": len(steps), "waiting": listed}
+
+
+def _missing_functions(plan: Any) -> list[dict[str, str]]:
+    """Return a 422 item per ``python`` step naming a function this engine lacks.
+
+    Only literal names are checked here; a name built from a reference, or a
+    function that disappears before a recovered run reaches it, is held by the
+    journal's step gate (``ToolRegistry.step_gate``) instead of failing.
+    """
+    from tiffany.agents.tools.python import functions, is_registered
+
+    problems = []
+    for i, spec in enumerate(plan.steps):
+        if spec.tool != "python" or not isinstance(spec.args, Mapping):
+            continue
+        name = spec.args.get("function")
+        if isinstance(name, str) and "${" not in name and not is_registered(name):
+            known = ", ".join(functions()) or "none"
+            problems.append(
+                {
+                    "loc": f"steps[{i}].args.function",
+                    "msg": f"no python tool function {name!r} on this engine (registered: {known})",
+                }
+            )
+    return problems
 
 
 def replay_resolvers(settings: Settings) -> dict[str, Any]:

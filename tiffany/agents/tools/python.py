@@ -204,7 +204,15 @@ class PythonTool:
         Generator functions (None here) still go through :meth:`run`.
         """
         name = args.function
-        fn = lookup(name)
+        try:
+            fn = lookup(name)
+        except UnknownFunction:
+            # The same step as for a registered plain function, so that what
+            # the worker yields does not depend on what this engine has
+            # registered: a run recovered on an engine that lacks the function
+            # replays its journal unchanged, and the journal's step gate holds
+            # the step (see ``is_registered``) until an engine that has it runs.
+            return Step(_call_missing, name, args.kwargs, name=f"python:{name}")
         if _is_generator_function(fn):
             return None
         return Step(
@@ -233,6 +241,26 @@ def _is_generator_function(fn: Callable[..., Any]) -> bool:
     if code is not None:
         return bool(code.co_flags & inspect.CO_GENERATOR)
     return inspect.isgeneratorfunction(fn)
+
+
+def is_registered(name: str) -> bool:
+    """Return True if a function is registered under ``name`` (entry points loaded)."""
+    try:
+        lookup(name)
+    except UnknownFunction:
+        return False
+    return True
+
+
+def _call_missing(name: str, kwargs: dict[str, Any]) -> Any:
+    """Call a function that was not registered when its step was made (it may be now)."""
+    fn = lookup(name)  # raises UnknownFunction, the attempt's failure, if still missing
+    if _is_generator_function(fn):
+        raise PythonError(
+            f"python tool {name!r} became a generator function; run it with a timeout_s",
+            function=name,
+        )
+    return _call_plain(name, fn, kwargs)
 
 
 def _call_plain(name: str, fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
