@@ -238,3 +238,26 @@ def test_a_missing_segment_fails_the_runs_live_across_it(crashed) -> None:
     for run_id in live:
         assert f"{run_id}: " in out.stdout
     _finish_all(data, ids, failed=live)
+
+
+def test_an_engine_refuses_a_damaged_log_once_and_serve_does_not_loop(crashed) -> None:
+    data, _ids = crashed
+    recs = _records(data)
+    mid = recs[len(recs) // 2]
+    _flip(data / "wal" / mid.segment, mid.offset + RECORD_HEADER_SIZE_BYTES + 2)
+
+    exe = [sys.executable, "-m", "tiffany", "--data-dir", str(data), "--log-format", "json"]
+    engine = subprocess.run(
+        [*exe, "engine"], capture_output=True, text=True, check=False, timeout=120
+    )
+    assert engine.returncode == 4, engine.stderr  # EXIT_WAL_DAMAGED: restarting cannot help
+    assert f"offset {mid.offset}" in engine.stderr
+    assert "tiffany wal repair --salvage" in engine.stderr
+    assert "Traceback" not in engine.stderr
+
+    served = subprocess.run(
+        [*exe, "serve", "--port", "0"], capture_output=True, text=True, check=False, timeout=120
+    )
+    assert served.returncode == 1, served.stderr
+    assert "engine exited with code 4" in served.stderr
+    assert "restarting it" not in served.stderr

@@ -117,6 +117,7 @@ def serve(
     """Serve the dashboard and API, and run submitted plans (engine + API processes)."""
     from tiffany.cli import _settings
     from tiffany.control import ControlError, ControlUnavailable, call
+    from tiffany.engine.service import EXIT_WAL_DAMAGED
 
     settings = _settings(ctx)
     data_dir = Path(settings.data_dir)
@@ -184,6 +185,12 @@ def serve(
             for child in (engine, api):
                 proc = child.proc
                 if proc is not None and proc.poll() is not None and not stop.is_set():
+                    if child is engine and proc.returncode == EXIT_WAL_DAMAGED:
+                        raise RuntimeError(
+                            "the engine refused a damaged WAL (see its message above); not "
+                            "restarting it: run `tiffany wal verify`, then `tiffany wal repair "
+                            "--salvage`"
+                        )
                     typer.echo(
                         f"tiffany: the {child.name} process exited with code {proc.returncode}; "
                         f"restarting it in {backoff[child.name]:g}s",
@@ -226,11 +233,16 @@ def engine_cmd(
 ) -> None:
     """Run the engine process alone (what ``serve`` starts): loop, WAL, PAL, projector."""
     from tiffany.cli import _settings
-    from tiffany.engine.service import EngineService
+    from tiffany.engine.service import EXIT_WAL_DAMAGED, EngineService
+    from tiffany.errors import WalCorruptionError
 
     settings = _settings(ctx)
     tools = list(dict.fromkeys([*settings.enabled_tools, *(enable_tool or [])]))
-    service = EngineService(settings, enabled_tools=tools)
+    try:
+        service = EngineService(settings, enabled_tools=tools)
+    except WalCorruptionError as exc:
+        typer.echo(f"tiffany engine: {exc.message}", err=True)
+        raise typer.Exit(EXIT_WAL_DAMAGED) from None
 
     def ready() -> None:
         if ready_file is not None:

@@ -88,6 +88,9 @@ FSYNC_BUCKETS_S: Final = (
 #: Exit code of an engine that stopped because a run's replay diverged
 #: (that run is marked failed; a restart resumes the others).
 EXIT_RUN_DIVERGED: Final = 3
+#: Exit code of an engine that refused a damaged WAL: restarting it cannot
+#: help (``tiffany serve`` stops instead); a person runs ``tiffany wal repair``.
+EXIT_WAL_DAMAGED: Final = 4
 #: How long the stop waits on the projector after the WAL failed (disk full or
 #: broken: the projector may hang on the same disk; it is killed after this).
 WAL_FAILED_STOP_S: Final = 0.3
