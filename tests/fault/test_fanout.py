@@ -26,7 +26,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -39,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from process_support import terminate
+from process_support import wait_for as _wait
 
 STALLED = 100
 READERS = 20
@@ -78,12 +79,7 @@ def _serve(**settings: str) -> Iterator[dict[str, Any]]:
             time.sleep(0.05)
         yield {**info, "log": log_path, "data_dir": data_dir}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        terminate(proc, 30)
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
@@ -173,17 +169,6 @@ class Reader(threading.Thread):
                                 break
         except BaseException as exc:  # reported by the test
             self.error = exc
-
-
-def _wait(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def test_stalled_subscribers_are_cut_off_and_readers_get_every_event() -> None:

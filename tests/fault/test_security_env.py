@@ -12,23 +12,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
+
+from process_support import terminate
+from process_support import wait_for as _wait
 
 API_TOKEN = "api-token-3f9c1d7e5b"
 LLM_KEY = "llm-key-8a2b6c4d0e"
 OTHER = "other-secret-71e0c9a4"
-
-
-def _wait(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -114,10 +106,5 @@ def test_each_serve_child_gets_only_its_secrets_and_serve_json_follows_restarts(
         assert not _alive(api)
         assert _serve_json(data) == {**info, "api_pid": fresh}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc)
     assert not (data / "serve.json").exists()

@@ -11,7 +11,6 @@ import io
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from typing import Any
 
 import pytest
 import structlog
+from process_support import terminate
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
@@ -78,12 +78,7 @@ def test_a_served_instance_never_logs_its_token(tmp_path: Path) -> None:
         assert _get(f"{url}api/runs?token={TOKEN}&x=1", BAD) == 401
         assert _get(f"{url}api/runs", BAD) == 401
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc)
     text = log_path.read_text()
     assert "/ws/activity?token=" + REDACTED in text  # the lines are there, masked
     assert TOKEN not in text

@@ -19,7 +19,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -29,6 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from process_support import wait_for as _wait
 from sqlalchemy import Engine, select, text
 
 from tiffany.store import Base, make_engine
@@ -123,20 +123,6 @@ def _readyz(url: str, status: int) -> dict[str, Any] | None:
     """``/readyz``'s body if it answers ``status``, else None."""
     got, body = _get(url + "readyz")
     return body if got == status else None
-
-
-def _wait(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture

@@ -6,13 +6,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from process_support import wait_for
 from sqlalchemy import Engine, select
 
 from tiffany.store import Base
@@ -63,21 +63,6 @@ def get_json(url: str) -> tuple[int, Any]:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
-
-
-def wait_for(predicate: Any, timeout: float, what: str) -> Any:
-    """Poll ``predicate`` until it returns something true (OSError counts as not yet)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def serve(data_dir: Path, **env_extra: str) -> tuple[subprocess.Popen[str], str]:
