@@ -238,6 +238,8 @@ class EngineService:
             "TIFFANY_LOG_LEVEL": settings.log_level,
         }
         self.projector = ProjectorLink(self.data_dir, child_env)
+        # What the WAL already holds counts in the lag before the first commit.
+        self.projector.durable_seq = self.runtime.wal.durable_seq
         self.projector.on_quarantine = self._quarantined
         self.fsync = _Histogram(FSYNC_BUCKETS_S)
         self.commits = 0
