@@ -7,9 +7,11 @@ surely (SIGKILL).
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 
@@ -40,3 +42,21 @@ def terminate(proc: subprocess.Popen[Any], timeout: float = 60.0) -> int:
     except subprocess.TimeoutExpired:
         proc.kill()
         return proc.wait()
+
+
+def alive(pid: int) -> bool:
+    """True while process ``pid`` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def serve_json(data_dir: Path) -> dict[str, Any] | None:
+    """``<data dir>/serve.json`` as ``tiffany serve`` wrote it, or None (not there, or half)."""
+    try:
+        doc: dict[str, Any] = json.loads((data_dir / "serve.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return doc

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from process_support import alive as _alive
 
 HERE = Path(__file__).resolve().parent
 START_TIMEOUT_S = 90.0
@@ -219,14 +220,6 @@ class ServeFactory:
     def close(self) -> None:
         for served in self.started:
             served.close()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def cli(data_dir: Path, env: dict[str, str], *args: str, timeout: float = 120) -> str:

@@ -30,8 +30,6 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("schemathesis")
-
 HERE = Path(__file__).resolve().parent
 for extra in (HERE.parent, HERE.parent / "api"):
     if str(extra) not in sys.path:

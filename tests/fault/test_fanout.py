@@ -172,7 +172,6 @@ class Reader(threading.Thread):
 
 
 def test_stalled_subscribers_are_cut_off_and_readers_get_every_event() -> None:
-    pytest.importorskip("websockets")
     from websockets.exceptions import ConnectionClosed
     from websockets.sync.client import connect
 

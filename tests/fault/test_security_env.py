@@ -7,14 +7,14 @@ kept the pids of children that had died and been restarted).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
+from process_support import alive as _alive
+from process_support import serve_json as _serve_json
 from process_support import terminate
 from process_support import wait_for as _wait
 
@@ -34,22 +34,6 @@ def _children(pid: int) -> list[int]:
         text = (task / "children").read_text().split()
         out += [int(p) for p in text]
     return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def _serve_json(data: Path) -> dict[str, Any] | None:
-    try:
-        doc: dict[str, Any] = json.loads((data / "serve.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return doc
 
 
 def test_each_serve_child_gets_only_its_secrets_and_serve_json_follows_restarts(

@@ -17,10 +17,10 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 import structlog
+from process_support import serve_json as _serve_json
 from process_support import terminate
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
@@ -30,14 +30,6 @@ from tiffany.log import REDACTED, configure_logging, redact_text
 
 TOKEN = "tok-9d1e7c2b4a6f8e0d"
 BAD = "bad-5c3a1f9e7d2b"
-
-
-def _serve_json(data: Path) -> dict[str, Any] | None:
-    try:
-        doc: dict[str, Any] = json.loads((data / "serve.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return doc
 
 
 def _get(url: str, token: str) -> int:
