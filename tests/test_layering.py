@@ -67,12 +67,15 @@ LAYERS: dict[str, Layer] = {
     "io": Layer(_parts("errors", "kernel")),
     # The WAL treats payloads as opaque bytes.
     "wal": Layer(_parts("errors"), CODEC_LIBS | _parts("structlog")),
-    "durable": Layer(_parts("errors", "kernel", "wal")),
+    # The journal's records: one typed definition every reader and writer imports.
+    "records": Layer(_parts("errors"), _parts("msgspec")),
+    "durable": Layer(_parts("errors", "kernel", "wal", "records")),
     "pal": Layer(_parts("errors")),
     # The control channel's protocol and clients (engine <- API commands).
     "control": Layer(_parts("errors"), CODEC_LIBS),
-    "store": Layer(_parts("errors", "config")),
-    "agents": Layer(_parts("errors", "kernel", "io", "documents")),
+    "store": Layer(_parts("errors", "config", "records")),
+    # records: only TaskLabel, the role and plan step a spawned task serves.
+    "agents": Layer(_parts("errors", "kernel", "io", "documents", "records")),
     # Data only: the plans that ship with Tiffany (the demo plan).
     "plans": Layer(STDLIB_ONLY, STDLIB_ONLY),
     # The kernel demo run by `tiffany demo`.
@@ -92,6 +95,7 @@ LAYERS: dict[str, Layer] = {
             "agents",
             "control",
             "documents",
+            "records",
         )
     ),
     # The API side-process never imports kernel, wal, durable or agents.

@@ -52,7 +52,7 @@ def _run(data_dir: Path, plan: dict) -> tuple[str, list[str]]:
         assert state.result["outputs"]["last"] == len(plan["steps"])
     info = scan(data_dir / "wal").get(run_id)
     names = [
-        f[3]
+        f.name
         for _s, rtype, f in decoded_records(data_dir / "wal", info)
         if rtype == RecordType.SPAWN
     ]
@@ -120,10 +120,10 @@ def test_a_python_step_s_times_come_with_its_result(tmp_path):
     info = scan(tmp_path / "data" / "wal").get(run_id)
     records = list(decoded_records(tmp_path / "data" / "wal", info))
     assert not [f for _s, rtype, f in records if rtype == RecordType.OUTCOME]
-    wakes = [f[4] for _s, rtype, f in records if rtype == RecordType.WAKE and f[2] == "step"]
+    wakes = [f.value for _s, rtype, f in records if rtype == RecordType.WAKE and f.cause == "step"]
     assert [w[0] for w in wakes] == [[True, 1], [True, 2]]  # [[ok, value], started, ended]
-    exits = [f for _s, rtype, f in records if rtype == RecordType.TASK_EXIT and f[1] != 1]
-    attempts = [e[3]["attempts"][0] for e in exits]
+    exits = [f for _s, rtype, f in records if rtype == RecordType.TASK_EXIT and f.ltid != 1]
+    attempts = [e.value["attempts"][0] for e in exits]
     assert [(a["started_at"], a["ended_at"]) for a in attempts] == [(w[1], w[2]) for w in wakes]
     assert all(a["started_at"] <= a["ended_at"] for a in attempts)
 
@@ -164,7 +164,7 @@ def test_a_failing_python_step_is_retried_and_its_attempts_replay(tmp_path):
     assert all(a["started_at"] <= a["ended_at"] for a in attempts)
     info = scan(tmp_path / "data" / "wal").get(run_id)
     kinds = [
-        f[2]
+        f.kind
         for _s, rtype, f in decoded_records(tmp_path / "data" / "wal", info)
         if rtype == RecordType.OUTCOME
     ]

@@ -43,8 +43,8 @@ def _journaled_steps(data_dir: Path) -> tuple[set[str], int] | None:
     done: set[str] = set()
     started = 0
     for _seq, rtype, fields in decoded_records(data_dir / "wal", info):
-        if rtype == RecordType.WAKE and fields[2] == "step":
-            done.add(fields[4])
+        if rtype == RecordType.WAKE and fields.cause == "step":
+            done.add(fields.value)
         elif rtype == RecordType.STEP_START:
             started += 1
     return done, started - len(done)

@@ -11,6 +11,7 @@ from walcut import cut_wal
 from tiffany.durable import RecordType, Runtime, scan, verify
 from tiffany.durable.history import decoded_records
 from tiffany.kernel import Instrument, Sleep
+from tiffany.records import as_list
 from tiffany.wal import iter_records
 
 REASON = "tool gated is disabled on this engine (--enable-tool gated)"
@@ -29,7 +30,8 @@ def _calls():
 
 def _records(data_dir: Path, run_id: str) -> list[tuple[int, list]]:
     info = scan(data_dir / "wal").get(run_id)
-    return [(rtype, fields) for _seq, rtype, fields in decoded_records(data_dir / "wal", info)]
+    wal = data_dir / "wal"
+    return [(rtype, as_list(rec)) for _seq, rtype, rec in decoded_records(wal, info)]
 
 
 def _resume(data_dir: Path, run_id: str, *, gated: bool):

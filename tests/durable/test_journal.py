@@ -43,16 +43,16 @@ def test_every_dispatch_is_journaled_with_its_outcomes(tmp_path):
     for _seq, rtype, fields in decoded_records(tmp_path / "wal", info):
         kinds[rtype] = kinds.get(rtype, 0) + 1
         if rtype == RecordType.DISPATCH:
-            explicit.add(fields[2])
-            explicit_returns += fields[2] == "return"
+            explicit.add(fields.kind)
+            explicit_returns += fields.kind == "return"
     # A NewTask, Now(), Random(), Step or a task's final return (but the root's)
     # is journaled by the record it causes.
     assert not explicit & {"new_task", "now", "random", "step"}
     assert explicit_returns == 1
     cursor = load(tmp_path / "wal", info)
-    ns = [rec[0] for _seq, rec in cursor.dispatches]
+    ns = [rec.n for _seq, rec in cursor.dispatches]
     assert ns == list(range(1, len(ns) + 1))  # one record per dispatch, none missing
-    dispatch_kinds = {rec[2] for _seq, rec in cursor.dispatches}
+    dispatch_kinds = {rec.kind for _seq, rec in cursor.dispatches}
     assert {
         "new_task",
         "queue_get",

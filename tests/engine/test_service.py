@@ -17,7 +17,7 @@ from engine_process import EngineProc
 from sqlalchemy.orm import Session
 
 from tiffany.control import AsyncControlClient, ControlError
-from tiffany.durable.records import decode
+from tiffany.records import decode
 from tiffany.store import make_engine, queries
 from tiffany.wal import iter_records
 
@@ -83,8 +83,7 @@ def run_start_seqs(data_dir: Path) -> dict[str, int]:
     out = {}
     for rec in iter_records(data_dir / "wal"):
         if rec.rtype == 1:
-            _, fields = decode(rec.payload)
-            out[fields[0]] = rec.seq
+            out[decode(rec.rtype, rec.payload).run_id] = rec.seq
     return out
 
 

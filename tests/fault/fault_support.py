@@ -363,7 +363,7 @@ def durable_steps(wal_dir: Path) -> dict[str, set[str]]:
     run maps to ``{ALL_STEPS}`` (its records are not decoded).
     """
     from tiffany.durable.history import decoded_records, scan
-    from tiffany.durable.records import RecordType
+    from tiffany.records import RecordType
 
     index = scan(wal_dir)
     out: dict[str, set[str]] = {}
@@ -373,15 +373,15 @@ def durable_steps(wal_dir: Path) -> dict[str, set[str]]:
             continue
         ltid_step: dict[int, str] = {}
         done: set[str] = set()
-        for _seq, rtype, fields in decoded_records(wal_dir, info):
-            if rtype == RecordType.SPAWN and str(fields[3]).startswith("worker:"):
-                ltid_step[int(fields[1])] = str(fields[3])[len("worker:") :]
-            elif rtype == RecordType.WAKE and fields[2] == "step" and fields[3]:
-                value = fields[4]
+        for _seq, rtype, rec in decoded_records(wal_dir, info):
+            if rtype == RecordType.SPAWN and rec.role == "worker":
+                ltid_step[rec.ltid] = rec.step_id
+            elif rtype == RecordType.WAKE and rec.cause == "step" and rec.ok:
+                value = rec.value
                 ok = (
                     isinstance(value, list) and value and isinstance(value[0], list) and value[0][0]
                 )
-                step = ltid_step.get(int(fields[1]))
+                step = ltid_step.get(rec.ltid)
                 if ok and step is not None:
                     done.add(step)
         out[info.run_id] = done

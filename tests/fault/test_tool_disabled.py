@@ -23,7 +23,7 @@ from typing import Any
 from engine_process import EngineProc
 from sqlalchemy.orm import Session
 
-from tiffany.durable.records import RecordType, decode
+from tiffany.records import RecordType, StepStart, decode, run_of
 from tiffany.store import make_engine, queries
 from tiffany.store.models import Step as StepRow
 from tiffany.wal import iter_records
@@ -69,10 +69,12 @@ def _env() -> dict[str, str]:
     return {**os.environ, "TIFFANY_LOG_FORMAT": "json", "TIFFANY_SHELL_SANDBOX": "none"}
 
 
-def _step_starts(data: Path) -> list[tuple[int, list[Any]]]:
-    """``(run_no, fields)`` of every STEP_START in the WAL."""
+def _step_starts(data: Path) -> list[tuple[int, StepStart]]:
+    """``(run_no, record)`` of every STEP_START in the WAL."""
     return [
-        decode(r.payload) for r in iter_records(data / "wal") if r.rtype == RecordType.STEP_START
+        (run_of(r.payload), decode(r.rtype, r.payload))
+        for r in iter_records(data / "wal")
+        if r.rtype == RecordType.STEP_START
     ]
 
 
@@ -138,7 +140,7 @@ def test_a_disabled_tool_makes_its_steps_wait_and_an_enabled_one_resumes_them(
         _wait(lambda: count_a.exists(), "run a's shell step to start")
     finally:
         first.stop(signal.SIGKILL)
-    assert any(f[3] == "shell" for _, f in _step_starts(data))
+    assert any(f.name == "shell" for _, f in _step_starts(data))
     assert not count_b.exists()  # run b is still in its nap
 
     second = EngineProc(data, env=_env())  # shell not enabled
@@ -198,8 +200,8 @@ def test_a_disabled_tool_makes_its_steps_wait_and_an_enabled_one_resumes_them(
     assert count_b.read_text() == "started\n"
     attempts: dict[int, list[int]] = {}
     for run_no, fields in _step_starts(data):
-        if fields[3] == "shell":
-            attempts.setdefault(run_no, []).append(fields[4])
+        if fields.name == "shell":
+            attempts.setdefault(run_no, []).append(fields.attempt)
     # Held steps are not counted as attempts: a, b and the twin started 2, 1 and 1 times.
     assert sorted(attempts.values()) == [[1], [1], [1, 2]]
     for run_id in (run_a, run_b):

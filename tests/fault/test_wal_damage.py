@@ -23,7 +23,8 @@ import pytest
 from engine_process import EngineProc
 
 from tiffany.durable import scan
-from tiffany.durable.records import RecordType, decode, run_of, unpack_error
+from tiffany.durable.records import unpack_error
+from tiffany.records import RecordType, decode, run_of
 from tiffany.wal import Wal, iter_records
 from tiffany.wal.format import RECORD_HEADER_SIZE_BYTES
 
@@ -77,7 +78,7 @@ def _napping(wal_dir: Path) -> int:
         {
             run_of(r.payload)
             for r in iter_records(wal_dir)
-            if r.rtype == RecordType.DISPATCH and decode(r.payload)[1][2] == "sleep"
+            if r.rtype == RecordType.DISPATCH and decode(r.rtype, r.payload).kind == "sleep"
         }
     )
 
@@ -205,7 +206,7 @@ def test_a_flipped_bit_mid_log_fails_only_its_run_and_the_others_finish(crashed)
     end = next(
         r for r in _records(data) if r.rtype == RecordType.RUN_END and run_of(r.payload) == run_no
     )
-    error = unpack_error(decode(end.payload)[1][1])
+    error = unpack_error(decode(end.rtype, end.payload).value)
     assert f"{rec.segment} offset {rec.offset}" in str(error)
 
 
@@ -224,7 +225,9 @@ def test_a_missing_segment_fails_the_runs_live_across_it(crashed) -> None:
     last_start = starts[-1]
     gone = next(s for s in reversed(segs) if s.name < last_start.segment)
     first_lost = int(gone.name[:20])
-    live = {decode(r.payload)[1][0] for r in starts if r.seq < first_lost} & set(_live(data))
+    live = {decode(r.rtype, r.payload).run_id for r in starts if r.seq < first_lost} & set(
+        _live(data)
+    )
     assert live
     assert live != set(ids)
     gone.unlink()

@@ -65,13 +65,12 @@ PLAN_CANCEL = {
 
 
 def _read_records(wal_dir: Path) -> list[Record]:
-    from tiffany.durable.records import decode
+    from tiffany.records import decode, run_of
     from tiffany.wal import iter_records
 
     out = []
     for rec in iter_records(wal_dir):
-        run_no, fields = decode(rec.payload)
-        out.append((rec.seq, rec.rtype, run_no, fields))
+        out.append((rec.seq, rec.rtype, run_of(rec.payload), decode(rec.rtype, rec.payload)))
     return out
 
 

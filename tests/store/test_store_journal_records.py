@@ -5,8 +5,9 @@ from __future__ import annotations
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
+from tiffany.records import Dispatch, Unknown
 from tiffany.store import JournalRecord, Projector
-from tiffany.store.journal import FIELD_NAMES, record_row
+from tiffany.store.journal import record_row
 from tiffany.store.queries import run_records
 
 
@@ -19,7 +20,7 @@ def test_each_record_is_kept_once_and_pages_per_run(store: Engine, journal) -> N
             journal.records
         )
         run_id = journal.run_ids["plan_ok"]
-        run_no = next(r[2] for r in journal.records if r[1] == 1 and r[3][0] == run_id)
+        run_no = next(r[2] for r in journal.records if r[1] == 1 and r[3].run_id == run_id)
         expected = [r for r in journal.records if r[2] == run_no]
         got: list[dict] = []
         after = 0
@@ -38,19 +39,25 @@ def test_each_record_is_kept_once_and_pages_per_run(store: Engine, journal) -> N
         assert first["type"] == "RUN_START"
         assert first["data"]["run_id"] == run_id
         dispatch = next(g for g in got if g["type"] == "DISPATCH")
-        assert set(dispatch["data"]) == set(FIELD_NAMES[3])
+        assert set(dispatch["data"]) == set(Dispatch.__struct_fields__)
         assert dispatch["ltid"] == dispatch["data"]["ltid"]
         assert run_records(session, "no-such-run") is None
 
 
-def test_record_row_keeps_fields_it_cannot_name() -> None:
-    row = record_row(5, 3, 2, [1, 2])  # a DISPATCH with too few fields
+def test_record_row_names_fields_and_keeps_those_of_unknown_types() -> None:
+    row = record_row(5, 2, Dispatch(4, 3, "sleep", 0.5))
     assert row == {
         "seq": 5,
         "run_no": 2,
         "rtype": "DISPATCH",
-        "ltid": None,
-        "data": {"fields": [1, 2]},
+        "ltid": 3,
+        "data": {"n": 4, "ltid": 3, "kind": "sleep", "arg": 0.5},
     }
-    odd = record_row(6, 200, 2, ["x"])
-    assert odd["rtype"] == "TYPE_200"
+    odd = record_row(6, 2, Unknown(200, ["x"]))
+    assert odd == {
+        "seq": 6,
+        "run_no": 2,
+        "rtype": "TYPE_200",
+        "ltid": None,
+        "data": {"fields": ["x"]},
+    }

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 from sqlalchemy import Engine
 from store_support import Journal, dump
 
 from tiffany.cli.db import rebuild_store
+from tiffany.records import decode_record
 from tiffany.store import Projector, RecordType, queries, session_factory
 
 
@@ -42,7 +44,7 @@ def test_callable_runs(store: Engine, journal: Journal):
     assert family["steps"] == []
     assert family["created_at"] <= family["ended_at"]
     dispatches = [
-        f[0]
+        f.n
         for _seq, rtype, no, f in journal.records
         if rtype == RecordType.DISPATCH and no == family["run_no"]
     ]
@@ -131,12 +133,12 @@ def test_states_in_the_middle_of_a_run(store: Engine, journal: Journal):
     run_no = next(
         no
         for _s, rtype, no, f in journal.records
-        if rtype == RecordType.RUN_START and f[0] == journal.run_ids["plan_ok"]
+        if rtype == RecordType.RUN_START and f.run_id == journal.run_ids["plan_ok"]
     )
     cut = next(
         i
         for i, (_s, rtype, no, f) in enumerate(journal.records)
-        if rtype == RecordType.STEP_START and no == run_no and f[3] == "file.write"
+        if rtype == RecordType.STEP_START and no == run_no and f.name == "file.write"
     )
     Projector(store).apply(journal.records[: cut + 1])
     run = _detail(store, journal.run_ids["plan_ok"])
@@ -202,7 +204,7 @@ def test_a_record_that_fails_is_quarantined_and_the_rest_applied(store: Engine, 
     projector.apply(records[:10])
     first = records[0]
     assert first[1] == RecordType.RUN_START
-    clash = (records[-1][0] + 1, RecordType.RUN_START, 99, list(first[3]))  # same run id
+    clash = (records[-1][0] + 1, RecordType.RUN_START, 99, first[3])  # same run id
     report = projector.apply([*records[10:], clash])
     assert report.quarantined == [clash[0]]
     assert projector.last_seq == clash[0]
@@ -215,11 +217,17 @@ def test_a_record_that_fails_is_quarantined_and_the_rest_applied(store: Engine, 
     assert "IntegrityError" in letter["error"]
 
 
-def test_malformed_records_are_counted_and_skipped(store: Engine, journal: Journal):
+def test_a_record_too_short_for_its_type_is_quarantined(store: Engine, journal: Journal):
     projector = Projector(store)
-    report = projector.apply([journal.records[0], (journal.records[0][0] + 1, 3, 1, [1, 1])])
-    assert (report.applied, report.malformed) == (1, 1)
-    assert projector.last_seq == journal.records[0][0] + 1
+    short = (1).to_bytes(4, "little") + msgspec.msgpack.encode([1, 1])  # a DISPATCH of 2 fields
+    run_no, record = decode_record(RecordType.DISPATCH, short)
+    seq = journal.records[0][0] + 1
+    report = projector.apply([journal.records[0], (seq, RecordType.DISPATCH, run_no, record)])
+    assert (report.applied, report.quarantined) == (1, [seq])
+    assert projector.last_seq == seq
+    (letter,) = dump(store)["dead_letters"]
+    assert letter["rtype"] == "DISPATCH"
+    assert "Expected `array` of at least length 4" in letter["error"]
 
 
 def test_records_of_unknown_runs_are_counted_not_applied(store: Engine, journal: Journal):

@@ -20,6 +20,7 @@ from sqlalchemy.exc import OperationalError
 from store_support import Journal, dump, get_json, serve, wait_for
 
 from tiffany.cli.db import rebuild_store
+from tiffany.records import RunEnd, RunStart, Spawn, TaskExit
 from tiffany.store import Projector, RecordType, queries, session_factory
 from tiffany.store.projector import _Batch
 
@@ -101,7 +102,9 @@ def test_transient_errors_are_retried_and_lose_nothing(
     from tiffany.engine.projector_link import ProjectorLink
 
     seq = journal.records[-1][0] + 1
-    run_no, fields = decode_record((1).to_bytes(4, "little") + b"\xc1 not msgpack")
+    run_no, fields = decode_record(
+        RecordType.DISPATCH, (1).to_bytes(4, "little") + b"\xc1 not msgpack"
+    )
     out.truncate(0)
     out.seek(0)
     applier.apply([(seq, RecordType.DISPATCH, run_no, fields)])
@@ -139,10 +142,10 @@ def test_values_sql_cannot_store_are_sanitized_not_fatal(store: Engine, journal:
         },
     }
     odd = [
-        (last + 1, RecordType.RUN_START, 900, ["run-odd", "odd\x00\udc80", entry, 1.0]),
-        (last + 2, RecordType.SPAWN, 900, [1, 1, 0, "planner\x00"]),
-        (last + 3, RecordType.TASK_EXIT, 900, [2, 1, "done", {"out": _deep(3000)}]),
-        (last + 4, RecordType.RUN_END, 900, ["succeeded", {"outputs": {"x": "\udcff"}}, 2.0]),
+        (last + 1, RecordType.RUN_START, 900, RunStart("run-odd", "odd\x00\udc80", entry, 1.0)),
+        (last + 2, RecordType.SPAWN, 900, Spawn(1, 1, 0, "planner\x00", "planner")),
+        (last + 3, RecordType.TASK_EXIT, 900, TaskExit(2, 1, "done", {"out": _deep(3000)})),
+        (last + 4, RecordType.RUN_END, 900, RunEnd("succeeded", {"outputs": {"x": "\udcff"}}, 2.0)),
     ]
     projector = Projector(store)
     report = projector.apply([*journal.records, *odd])

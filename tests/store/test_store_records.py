@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import math
 
-from tiffany.durable.records import Unencodable
-from tiffany.store.models import TaskKind
-from tiffany.store.records import error_dict, jsonable, task_kind, text
+from tiffany.records import Unencodable
+from tiffany.store.records import error_dict, jsonable, text
 
 
 def test_jsonable_turns_journal_values_into_json():
@@ -39,15 +38,6 @@ def test_error_dict():
     }
     assert error_dict(["mod:Err", [], "Err()"])["message"] == "Err()"
     assert error_dict("odd") == {"message": "odd", "repr": "odd"}
-
-
-def test_task_kinds_from_names():
-    assert task_kind("triage", 1, plan=True) == (TaskKind.PLANNER, None)
-    assert task_kind("pkg:main", 1, plan=False) == (TaskKind.TASK, None)
-    assert task_kind("worker:fetch", 2, plan=True) == (TaskKind.WORKER, "fetch")
-    assert task_kind("tool:file.read:a:b", 3, plan=True) == (TaskKind.TOOL, "a:b")
-    assert task_kind("step:fn", 4, plan=True) == (TaskKind.STEP, None)
-    assert task_kind("helper", 5, plan=True) == (TaskKind.TASK, None)
 
 
 def test_text_has_no_nul():

@@ -1,20 +1,14 @@
-"""The store's schema: Alembic migrations on SQLite and PostgreSQL, engines, record types."""
+"""The store's schema: Alembic migrations on SQLite and PostgreSQL, engines."""
 
 from __future__ import annotations
 
 from alembic import command
 from sqlalchemy import Engine, inspect, text
 
-from tiffany.durable.records import RecordType as DurableRecordType
-from tiffany.store import RecordType
 from tiffany.store.migrate import alembic_config, check, current_revision, head_revision, upgrade
 from tiffany.store.session import make_engine, normalize_url
 
 TABLES = {"runs", "tasks", "steps", "projector_state", "alembic_version"}
-
-
-def test_record_types_are_the_durable_layers():
-    assert {t.name: t.value for t in RecordType} == {t.name: t.value for t in DurableRecordType}
 
 
 def test_upgrade_on_an_empty_database_then_no_drift(empty_store: Engine):

@@ -27,6 +27,7 @@ from tiffany.agents.refs import RefError, resolve
 from tiffany.agents.worker import AgentEnv, StepOutcome, worker
 from tiffany.errors import TaskCancelled, TiffanyError
 from tiffany.kernel import KillTask, NewTask, Queue
+from tiffany.records import TaskLabel
 
 __all__ = ["PlanFailed", "run_plan"]
 
@@ -76,6 +77,7 @@ def run_plan(env: AgentEnv, run_id: str, doc: Mapping[str, Any], inputs: Mapping
                     worker(env, run_id, dag.specs[sid], values, outputs, results),
                     name=f"worker:{sid}",
                     daemon=True,
+                    meta=TaskLabel("worker", sid),
                 )
             if not running:
                 break

@@ -40,6 +40,7 @@ from tiffany.agents.refs import RefError, resolve
 from tiffany.agents.tools.base import ToolContext, ToolSettings
 from tiffany.errors import TaskCrashed, TaskKilled, TiffanyError, WaitTimeout
 from tiffany.kernel import KillTask, NewTask, Now, Queue, Sleep, Step, WaitTask
+from tiffany.records import TaskLabel
 
 if TYPE_CHECKING:
     from tiffany.agents.registry import ToolRegistry
@@ -203,7 +204,11 @@ def _run_tool(tool: Any, args: Any, ctx: ToolContext, spec: StepSpec) -> Co:
     """Run the tool as a tool task (with the step's timeout), or in the worker if not durable."""
     if not tool.durable:
         return (yield tool.run(args, ctx))
-    tid = yield NewTask(_tool_task(tool, args, ctx, spec.tool), name=f"tool:{spec.tool}:{spec.id}")
+    tid = yield NewTask(
+        _tool_task(tool, args, ctx, spec.tool),
+        name=f"tool:{spec.tool}:{spec.id}",
+        meta=TaskLabel("tool", spec.id, spec.tool),
+    )
     try:
         return (yield WaitTask(tid, timeout=spec.timeout_s))
     except WaitTimeout:

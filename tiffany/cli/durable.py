@@ -163,8 +163,8 @@ def wal_dump(
     data_dir: DataDirOption = None,
 ) -> None:
     """Print WAL records, decoded."""
-    from tiffany.durable import RecordType, scan
-    from tiffany.durable.records import decode
+    from tiffany.durable import scan
+    from tiffany.records import RecordType, Unknown, as_list, decode
     from tiffany.wal import iter_records
 
     wal_dir = _wal_dir(ctx)
@@ -179,8 +179,9 @@ def wal_dump(
         if prefix is not None and bytes(rec.payload[:4]) != prefix:
             continue
         try:
-            rtype = RecordType(rec.rtype).name
-            run_no, fields = decode(rec.payload)
+            record = decode(rec.rtype, rec.payload)
+            rtype = str(rec.rtype) if isinstance(record, Unknown) else RecordType(rec.rtype).name
+            run_no, fields = int.from_bytes(rec.payload[:4], "little"), as_list(record)
         except Exception as exc:  # noqa: BLE001 - shown, not hidden
             rtype, run_no, fields = str(rec.rtype), -1, [f"<undecodable: {exc}>"]
         if rtype == "RUN_START":
@@ -348,8 +349,9 @@ def _fail_losers(
     """
     import time
 
-    from tiffany.durable.records import RUN_PREFIX, RecordType, decode, encode, pack_error, run_of
+    from tiffany.durable.records import pack_error
     from tiffany.errors import WalCorruptionError
+    from tiffany.records import RUN_PREFIX, RecordType, RunEnd, decode, encode, run_of
 
     live: dict[int, str] = {}
     reasons: dict[int, list[Loss]] = {}
@@ -369,8 +371,7 @@ def _fail_losers(
             break
         rtype, payload = records[i]
         if rtype == RecordType.RUN_START:
-            run_no, fields = decode(payload)
-            live[run_no] = str(fields[0])
+            live[run_of(payload)] = str(decode(rtype, payload).run_id)  # type: ignore[union-attr]
         elif rtype == RecordType.RUN_END:
             run_no = run_of(payload)
             if run_no in reasons and run_no in live:
@@ -394,8 +395,8 @@ def _fail_losers(
             reason=first.reason,
         )
         charged[live[run_no]] = ["now FAILED; lost " + "; ".join(described)]
-        fields = ["failed", pack_error(error), time.time()]  # noqa: TID251 - a record's wall time
-        out.append((int(RecordType.RUN_END), encode(RUN_PREFIX.pack(run_no), fields)))
+        end = RunEnd("failed", pack_error(error), time.time())  # noqa: TID251 - a record's wall time
+        out.append((int(RecordType.RUN_END), encode(RUN_PREFIX.pack(run_no), end)))
     return out
 
 

@@ -14,9 +14,9 @@ See ``journal.py`` for what is recorded and why replay is exact.
 
 from tiffany.durable.history import RunIndex, RunInfo, UnknownRun, load, scan
 from tiffany.durable.journal import Journal, RecoveryError, RunState
-from tiffany.durable.records import RecordType
 from tiffany.durable.runtime import EntryError, Runtime, VerifyReport, resolve_callable, verify
 from tiffany.durable.step import Step
+from tiffany.records import RecordType
 
 __all__ = [
     "EntryError",

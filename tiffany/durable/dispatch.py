@@ -4,7 +4,9 @@ A dispatch is journaled as ``(kind, argument)``: the call's stable ``kind``
 and one small deterministic argument (a name, a duration, a run-local task
 id), so that a replay compares like with like without serialising the call.
 Some dispatches need no DISPATCH record of their own: the record they cause
-at once stands for them (see ``records.py``, "Carried dispatches").
+at once stands for them (see ``tiffany/records.py``, "Carried dispatches"):
+:func:`carried` is the writer's half of that rule (which calls need no
+DISPATCH record), ``tiffany.records.carried`` the readers' half.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from collections.abc import Callable, Generator
 from types import GeneratorType
 from typing import Any, Final
 
-from tiffany.durable.records import Unencodable, canonical
 from tiffany.kernel import (
     RETURNED,
     KillTask,
@@ -27,11 +28,10 @@ from tiffany.kernel import (
     SystemCall,
     WaitTask,
 )
+from tiffany.records import MAX_ARG_CHARS, Unencodable, canonical
 
 __all__ = ["CARRIED_CALLS", "MAX_ARG_CHARS", "carried", "describe", "is_generator_step", "same"]
 
-#: Longest argument text kept in a DISPATCH record.
-MAX_ARG_CHARS: Final = 120
 #: Calls whose dispatch is always carried by the record they cause (see ``carried``).
 CARRIED_CALLS: Final = frozenset({Now, Random, Step})
 

@@ -20,10 +20,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tiffany.durable.dispatch import MAX_ARG_CHARS
 from tiffany.durable.journal import ReplayCursor
-from tiffany.durable.records import RecordType, decode, decode_fields
 from tiffany.errors import TiffanyError
+from tiffany.records import (
+    Dispatch,
+    Outcome,
+    Record,
+    RecordType,
+    RunEnd,
+    RunStart,
+    StepStart,
+    TaskExit,
+    Unknown,
+    Wake,
+    carried,
+    decode,
+)
 from tiffany.wal import iter_records
 
 __all__ = ["RunInfo", "UnknownRun", "decoded_records", "load", "load_many", "scan"]
@@ -49,6 +61,8 @@ class RunInfo:
     ended_at: float | None = None
     result: Any = None
     records: int = 0
+    #: The journal-compatibility version the run started under (RUN_START).
+    compat: int = 1
 
     @property
     def finished(self) -> bool:
@@ -72,6 +86,23 @@ class RunIndex:
         except KeyError:
             raise UnknownRun(f"no run {run_id!r} in the WAL", run_id=run_id) from None
 
+    def started(self, seq: int, payload: bytes) -> RunInfo:
+        """Index the run a RUN_START record (at ``seq``) begins."""
+        run_no = int.from_bytes(payload[:4], "little")
+        rec: RunStart = decode(RecordType.RUN_START, payload)  # type: ignore[assignment]
+        info = RunInfo(run_no, rec.run_id, rec.name, rec.entry, rec.ts, seq, compat=rec.compat)
+        self.runs[rec.run_id] = info
+        self.by_no[run_no] = info
+        self.max_run_no = max(self.max_run_no, run_no)
+        return info
+
+    def ended(self, payload: bytes) -> None:
+        """Note the end of the run a RUN_END record closes."""
+        rec: RunEnd = decode(RecordType.RUN_END, payload)  # type: ignore[assignment]
+        info = self.by_no.get(int.from_bytes(payload[:4], "little"))
+        if info is not None:
+            info.status, info.result, info.ended_at = rec.status, rec.value, rec.ts
+
 
 def scan(wal_dir: Path) -> RunIndex:
     """Build the run index with one pass over the WAL."""
@@ -79,27 +110,20 @@ def scan(wal_dir: Path) -> RunIndex:
     for rec in iter_records(wal_dir):
         index.last_seq = rec.seq
         if rec.rtype == RecordType.RUN_START:
-            run_no, (run_id, name, entry, ts) = decode(rec.payload)
-            info = RunInfo(run_no, run_id, name, entry, ts, rec.seq)
-            index.runs[run_id] = info
-            index.by_no[run_no] = info
-            index.max_run_no = max(index.max_run_no, run_no)
+            index.started(rec.seq, rec.payload)
         elif rec.rtype == RecordType.RUN_END:
-            run_no, (status, value, ts) = decode(rec.payload)
-            ended = index.by_no.get(run_no)
-            if ended is not None:
-                ended.status, ended.result, ended.ended_at = status, value, ts
+            index.ended(rec.payload)
     return index
 
 
-def decoded_records(wal_dir: Path, info: RunInfo) -> Iterator[tuple[int, int, list[Any]]]:
-    """Yield ``(seq, type, fields)`` of one run's records, in WAL order."""
+def decoded_records(wal_dir: Path, info: RunInfo) -> Iterator[tuple[int, int, Record | Unknown]]:
+    """Yield ``(seq, type, record)`` of one run's records after its RUN_START, in WAL order."""
     prefix = info.run_no.to_bytes(4, "little")
     for rec in iter_records(wal_dir, from_seq=info.first_seq):
         payload = rec.payload
         if payload[:4] != prefix or rec.rtype == RecordType.RUN_START:
             continue
-        yield rec.seq, rec.rtype, decode_fields(payload)
+        yield rec.seq, rec.rtype, decode(rec.rtype, payload)
 
 
 def load_many(
@@ -123,20 +147,13 @@ def load_many(
         rtype = rec.rtype
         payload = rec.payload
         if rtype == RecordType.RUN_START:
-            run_no, (run_id, name, entry, ts) = decode(payload)
-            info = RunInfo(run_no, run_id, name, entry, ts, rec.seq)
-            index.runs[run_id] = info
-            index.by_no[run_no] = info
-            index.max_run_no = max(index.max_run_no, run_no)
-            if wanted is None or run_id in wanted:
+            info = index.started(rec.seq, payload)
+            if wanted is None or info.run_id in wanted:
                 keep[payload[:4]] = []
             continue
         buf = keep.get(payload[:4])
         if rtype == RecordType.RUN_END:
-            run_no, (status, value, ts) = decode(payload)
-            ended = index.by_no.get(run_no)
-            if ended is not None:
-                ended.status, ended.result, ended.ended_at = status, value, ts
+            index.ended(payload)
             if unfinished_only:
                 keep.pop(payload[:4], None)
                 continue
@@ -146,7 +163,7 @@ def load_many(
     for prefix, raw in keep.items():
         info = index.by_no[int.from_bytes(prefix, "little")]
         info.records = len(raw)
-        cursors[info.run_id] = _cursor((seq, rtype, decode_fields(p)) for seq, rtype, p in raw)
+        cursors[info.run_id] = _cursor((seq, rtype, decode(rtype, p)) for seq, rtype, p in raw)
     return index, cursors
 
 
@@ -157,40 +174,35 @@ def load(wal_dir: Path, info: RunInfo) -> ReplayCursor:
     return _cursor(records)
 
 
-def _cursor(records: Iterable[tuple[int, int, list[Any]]]) -> ReplayCursor:
-    dispatches: list[tuple[int, list[Any]]] = []
-    outcomes: dict[int, list[Any]] = {}
-    wakes: deque[tuple[int, list[Any]]] = deque()
-    exits: dict[int, list[Any]] = {}
+def _cursor(records: Iterable[tuple[int, int, Record | Unknown]]) -> ReplayCursor:
+    """Sort a run's records into what its replay consumes (carried dispatches made explicit)."""
+    dispatches: list[tuple[int, Dispatch]] = []
+    outcomes: dict[int, Outcome] = {}
+    wakes: deque[tuple[int, Wake]] = deque()
+    exits: dict[int, TaskExit] = {}
     attempts: dict[tuple[int, int], int] = {}
-    run_end: list[Any] | None = None
+    run_end: RunEnd | None = None
     last_n = 0  # the last dispatch seen: a carrying record above it is the next one
-    for seq, rtype, fields in records:
-        if rtype == RecordType.DISPATCH:
-            dispatches.append((seq, fields))
-            last_n = fields[0]
-        elif rtype == RecordType.OUTCOME:
-            outcomes[fields[0]] = fields
-            if fields[0] > last_n:  # Now() / Random(): the OUTCOME is the dispatch
-                last_n = fields[0]
-                dispatches.append((seq, [last_n, fields[1], fields[2], None]))
-        elif rtype == RecordType.WAKE:
-            wakes.append((seq, fields))
-        elif rtype == RecordType.TASK_EXIT:
-            exits[fields[1]] = fields
-            if fields[0] > last_n:  # the task's final return: the TASK_EXIT is the dispatch
-                last_n = fields[0]
-                dispatches.append((seq, [last_n, fields[1], "return", None]))
-        elif rtype == RecordType.STEP_START:
-            key = (fields[1], fields[2])
-            attempts[key] = max(attempts.get(key, 0), fields[4])
-            if fields[0] > last_n:  # a Step: its first start is the dispatch
-                last_n = fields[0]
-                dispatches.append((seq, [last_n, fields[1], "step", fields[3][:MAX_ARG_CHARS]]))
-        elif rtype == RecordType.SPAWN:
-            if fields[0] > last_n:  # a NewTask: the SPAWN is the parent's dispatch
-                last_n = fields[0]
-                dispatches.append((seq, [last_n, fields[2], "new_task", fields[3][:MAX_ARG_CHARS]]))
-        elif rtype == RecordType.RUN_END:
-            run_end = fields
+    for seq, _rtype, rec in records:
+        cls = rec.__class__
+        if cls is Dispatch:
+            dispatches.append((seq, rec))  # type: ignore[arg-type]
+            last_n = rec.n  # type: ignore[union-attr]
+            continue
+        if cls is Wake:
+            wakes.append((seq, rec))  # type: ignore[arg-type]
+        elif cls is Outcome:
+            outcomes[rec.n] = rec  # type: ignore[union-attr, assignment]
+        elif cls is TaskExit:
+            exits[rec.ltid] = rec  # type: ignore[union-attr, assignment]
+        elif cls is StepStart:
+            key = (rec.ltid, rec.ordinal)  # type: ignore[union-attr]
+            attempts[key] = max(attempts.get(key, 0), rec.attempt)  # type: ignore[union-attr]
+        elif cls is RunEnd:
+            run_end = rec  # type: ignore[assignment]
+            continue
+        implied = carried(rec, last_n)  # type: ignore[arg-type]
+        if implied is not None:
+            dispatches.append((seq, implied))
+            last_n = implied.n
     return ReplayCursor(dispatches, outcomes, wakes, exits, attempts, run_end)

@@ -5,7 +5,7 @@ dispatch of every run's tasks and appends it to the WAL; for a run being
 replayed it does the opposite: it checks each dispatch against the WAL and
 feeds the recorded outcomes back.
 
-What is recorded (see ``records.py`` for the layout):
+What is recorded (see ``tiffany/records.py`` for the layout):
 
 * every dispatch: which task (by its run-local id), what it yielded (the
   call's kind and a small deterministic argument);
@@ -22,8 +22,8 @@ TASK_EXIT) is journaled by that record alone, which *stands for* the
 dispatch. The rule a reader applies (``history.py``, the store's projector)
 is that dispatch counts only grow: a SPAWN, OUTCOME, STEP_START or
 TASK_EXIT whose ``n`` is above the last dispatch seen is the dispatch ``n``
-itself, with the call's kind and argument implied by the record (see
-``records.py``). Journals written before this rule (a DISPATCH record,
+itself, with the call's kind and argument implied by the record
+(``tiffany.records.carried``). Journals written before this rule (a DISPATCH record,
 then the SPAWN at the same ``n``) read the same way. The run's root keeps
 the DISPATCH record of its final ``return``: the run's last dispatch stays
 an explicit record (its count is what readers show for the run).
@@ -85,27 +85,19 @@ import time
 from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from types import GeneratorType
 from typing import Any, Final
 
 import structlog
 
 from tiffany.durable.dispatch import (
-    CARRIED_CALLS,
     MAX_ARG_CHARS,
+    carried,
     describe,
     is_generator_step,
     same,
 )
 from tiffany.durable.gate import HeldStep, StepGate
-from tiffany.durable.records import (
-    RecordType,
-    encode_fields,
-    pack_error,
-    pack_value,
-    unpack_error,
-    unpack_value,
-)
+from tiffany.durable.records import pack_error, unpack_error
 from tiffany.errors import NondeterminismError, TiffanyError
 from tiffany.kernel import (
     RETURNED,
@@ -124,6 +116,26 @@ from tiffany.kernel import (
     WaitTask,
     WriteWait,
 )
+from tiffany.records import (
+    JOURNAL_COMPAT,
+    Dispatch,
+    Hold,
+    Outcome,
+    Record,
+    RecordType,
+    RunEnd,
+    RunStart,
+    Spawn,
+    StepStart,
+    TaskExit,
+    TaskLabel,
+    Wake,
+    as_list,
+    encode_body,
+    pack_value,
+    root_role,
+    unpack_value,
+)
 from tiffany.wal import Wal
 
 __all__ = ["Journal", "RecoveryError", "RunState", "TaskMeta"]
@@ -137,7 +149,11 @@ GROUP_COMMIT_MAX_S: Final = 0.010
 _SYNC_BEFORE_EFFECT: Final = frozenset(
     {RecordType.STEP_START, RecordType.RUN_START, RecordType.RUN_END}
 )
-_encode_fields: Final = encode_fields
+_encode_body: Final = encode_body
+#: The label of a task spawned with none (``NewTask`` without ``meta``).
+_PLAIN_TASK: Final = TaskLabel()
+#: The label of a generator step's body (an opaque task).
+_STEP_BODY: Final = TaskLabel("step")
 
 
 class RecoveryError(TiffanyError):
@@ -150,12 +166,12 @@ class RecoveryError(TiffanyError):
 class ReplayCursor:
     """What is left to replay of one run."""
 
-    dispatches: list[tuple[int, list[Any]]]  # (wal seq, [n, ltid, kind, arg])
-    outcomes: dict[int, list[Any]]  # n -> [n, ltid, kind, value]
-    wakes: deque[tuple[int, list[Any]]]  # (wal seq, [at, ltid, cause, ok, value])
-    exits: dict[int, list[Any]]  # ltid -> [n, ltid, state, value]
+    dispatches: list[tuple[int, Dispatch]]  # (wal seq, record), carried ones made explicit
+    outcomes: dict[int, Outcome]  # n -> record
+    wakes: deque[tuple[int, Wake]]  # (wal seq, record)
+    exits: dict[int, TaskExit]  # ltid -> record
     attempts: dict[tuple[int, int], int]  # (ltid, ordinal) -> last attempt started
-    run_end: list[Any] | None
+    run_end: RunEnd | None
     index: int = 0
     parked: dict[Task, tuple[SystemCall, Any]] = field(default_factory=dict)
 
@@ -182,6 +198,8 @@ class RunState:
     result: Any = None
     error: BaseException | None = None
     on_end: Callable[[RunState], None] | None = None
+    #: The journal-compatibility version the run started under (its RUN_START).
+    compat: int = JOURNAL_COMPAT
 
 
 @dataclass(eq=False, slots=True)
@@ -192,6 +210,8 @@ class TaskMeta:
     ltid: int
     opaque: bool = False
     steps: int = 0
+    #: What the task is (role, plan step, tool), as its SPAWN record says.
+    label: TaskLabel = _PLAIN_TASK
 
 
 class Journal(Instrument):
@@ -215,6 +235,7 @@ class Journal(Instrument):
         self._by_no: dict[int, RunState] = {}
         self._next_run_no = 1
         self._starting: RunState | None = None
+        self._spawning: Any = None  # the NewTask being dispatched (its label)
         self._opaque_parent: RunState | None = None
         self._in_wait = False
         self._dirty = False
@@ -258,28 +279,33 @@ class Journal(Instrument):
         run_no: int | None = None,
         replay: ReplayCursor | None = None,
         on_end: Callable[[RunState], None] | None = None,
+        compat: int = JOURNAL_COMPAT,
     ) -> RunState:
         """Spawn ``coro`` as the root of run ``run_id`` and journal it.
 
         With ``replay``, the run's records already exist: nothing is
-        appended until the replay reaches their end.
+        appended until the replay reaches their end; ``compat`` is the
+        version its RUN_START holds.
         """
         if run_id in self.runs:
             raise TiffanyError(f"run {run_id} exists", run_id=run_id)
         no = run_no if run_no is not None else self._next_run_no
         self._next_run_no = max(self._next_run_no, no + 1)
         run = RunState(no, run_id, name, no.to_bytes(4, "little"), replay=replay, on_end=on_end)
+        if replay is None:
+            self._append(run, RunStart(run_id, name, entry, self.sched.clock.time(), run.compat))
+        else:
+            run.compat = compat
+            self._replaying.append(run)
         self.runs[run_id] = run
         self._by_no[no] = run
-        if replay is None:
-            self._append(RecordType.RUN_START, run, [run_id, name, entry, self.sched.clock.time()])
-        else:
-            self._replaying.append(run)
         self._starting = run
+        self._spawning = TaskLabel(root_role(entry))
         try:
             self.sched.spawn(coro, name=name)
         finally:
             self._starting = None
+            self._spawning = None
         return run
 
     def reserve_run_no(self, run_no: int) -> None:
@@ -306,9 +332,7 @@ class Journal(Instrument):
             return False
         run.status, run.error = "failed", error
         run.replay = None
-        self._append(
-            RecordType.RUN_END, run, ["failed", pack_error(error), self.sched.clock.time()]
-        )
+        self._append(run, RunEnd("failed", pack_error(error), self.sched.clock.time()))
         self.commit()
         return True
 
@@ -350,6 +374,10 @@ class Journal(Instrument):
         """Give the new task its run and run-local id; journal the spawn."""
         run = self._starting
         parent_ltid = 0
+        label = self._spawning
+        self._spawning = None
+        if label.__class__ is not TaskLabel:  # a NewTask's meta, or nothing
+            label = _label_of(label, task)
         if run is None:
             if task.parent is None:
                 return
@@ -359,17 +387,18 @@ class Journal(Instrument):
                 return
             run = pmeta.run
             if pmeta.opaque or self._opaque_parent is run:
-                task.meta = TaskMeta(run, -1, opaque=True)
+                task.meta = TaskMeta(run, -1, opaque=True, label=_STEP_BODY)
                 return
             parent_ltid = pmeta.ltid
         ltid = run.next_ltid
         run.next_ltid += 1
-        task.meta = TaskMeta(run, ltid)
+        task.meta = TaskMeta(run, ltid, label=label)
         run.tasks[ltid] = task
         if run.root is None:
             run.root = task
         if run.replay is None:
-            self._append(RecordType.SPAWN, run, [run.n, ltid, parent_ltid, task.name])
+            rec = Spawn(run.n, ltid, parent_ltid, task.name, label.role, label.step_id, label.tool)
+            self._append(run, rec)
 
     def after_dispatch(self, task: Task, yielded: Any) -> None:
         """Journal the dispatch, or check it against the journal when replaying."""
@@ -384,28 +413,27 @@ class Journal(Instrument):
             self._go_live(run)
             cur = None
         run.n += 1
+        if yielded.__class__ is NewTask:
+            self._spawning = yielded  # task_spawned, next, takes its label
         if cur is None:
-            # dispatch.carried(), inlined (this runs for every dispatch), plus
-            # a task's final return, which its TASK_EXIT carries (not the root's).
-            cls = yielded.__class__
-            if cls in CARRIED_CALLS:
-                return
+            # A dispatch the next record carries has no record of its own; nor
+            # has a task's final return, which its TASK_EXIT carries (not the root's).
             if yielded is RETURNED:
                 if _ends(task, run):
                     return
-            elif cls is NewTask and yielded.coro.__class__ is GeneratorType:
+            elif carried(yielded):
                 return
             kind, arg = describe(self.ltid_of, yielded)
             if arg is not None and not isinstance(arg, int | float | bool):
                 arg = str(arg)[:MAX_ARG_CHARS]
-            self._append(RecordType.DISPATCH, run, [run.n, meta.ltid, kind, arg])
+            self._append(run, Dispatch(run.n, meta.ltid, kind, arg))
             return
         kind, arg = describe(self.ltid_of, yielded)
         if arg is not None and not isinstance(arg, int | float | bool):
             arg = str(arg)[:MAX_ARG_CHARS]
         seq, rec = cur.dispatches[cur.index]
         cur.index += 1
-        if rec[0] != run.n or rec[1] != meta.ltid or rec[2] != kind or rec[3] != arg:
+        if rec.n != run.n or rec.ltid != meta.ltid or rec.kind != kind or rec.arg != arg:
             raise self._divergence(run, task, seq, rec, [run.n, meta.ltid, kind, arg])
 
     def task_woken(self, task: Task, value: Any) -> None:
@@ -422,10 +450,10 @@ class Journal(Instrument):
         cause = call.kind if call is not None else "?"
         err = task._throw
         if err is not None:
-            fields = [meta.run.n, meta.ltid, cause, False, pack_error(err)]
+            rec = Wake(meta.run.n, meta.ltid, cause, False, pack_error(err))
         else:
-            fields = [meta.run.n, meta.ltid, cause, True, pack_value(value)]
-        self._append(RecordType.WAKE, meta.run, fields)
+            rec = Wake(meta.run.n, meta.ltid, cause, True, pack_value(value))
+        self._append(meta.run, rec)
 
     def task_exited(self, task: Task) -> None:
         """Journal the task's end (and the run's, for the root)."""
@@ -482,10 +510,11 @@ class Journal(Instrument):
 
     # -- internals -------------------------------------------------------------
 
-    def _append(self, rtype: RecordType, run: RunState, fields: list[Any]) -> None:
+    def _append(self, run: RunState, rec: Record) -> None:
         wal = self.wal
         if wal is not None:
-            wal.append(rtype, run.prefix + _encode_fields(fields))  # records.encode, inlined
+            rtype = rec.rtype
+            wal.append(rtype, run.prefix + _encode_body(rec))  # records.encode, inlined
             self._dirty = True
             if rtype in _SYNC_BEFORE_EFFECT:
                 self._need_sync = True
@@ -502,15 +531,16 @@ class Journal(Instrument):
             value: Any = pack_value(task.result)
         else:
             value = pack_error(task.error) if task.error is not None else None
-        fields = [run.n, meta.ltid, task.state._value_, value]  # _value_: no enum property
+        exit_rec = TaskExit(run.n, meta.ltid, task.state._value_, value)  # _value_: no property
         cur = run.replay
         rec = cur.exits.get(meta.ltid) if cur is not None else None
         if rec is None:
             # Live, or the journal ends right before this record (a torn pass).
-            self._append(RecordType.TASK_EXIT, run, fields)
-        else:
-            if rec[2] != fields[2] or (rec[2] == "done" and not same(rec[3], task.result)):
-                raise self._divergence(run, task, -1, rec, fields, what="task exit")
+            self._append(run, exit_rec)
+        elif rec.state != exit_rec.state or (
+            rec.state == "done" and not same(rec.value, task.result)
+        ):
+            raise self._divergence(run, task, -1, rec, as_list(exit_rec), what="task exit")
         if task is run.root:
             self._end_run(run, task, value)
 
@@ -527,9 +557,9 @@ class Journal(Instrument):
         run.result, run.error = root.result, root.error
         cur = run.replay
         if cur is None or cur.run_end is None:
-            self._append(RecordType.RUN_END, run, [run.status, value, self.sched.clock.time()])
-        elif cur.run_end[0] != run.status or (
-            run.status == "succeeded" and not same(cur.run_end[1], root.result)
+            self._append(run, RunEnd(run.status, value, self.sched.clock.time()))
+        elif cur.run_end.status != run.status or (
+            run.status == "succeeded" and not same(cur.run_end.value, root.result)
         ):
             raise self._divergence(run, root, -1, cur.run_end, [run.status, value], what="run end")
         if run.on_end is not None:
@@ -540,11 +570,13 @@ class Journal(Instrument):
         run: RunState,
         task: Task,
         seq: int,
-        expected: list[Any],
+        expected: Record | list[Any],
         actual: list[Any],
         what: str = "dispatch",
     ) -> NondeterminismError:
         meta = task.meta
+        if not isinstance(expected, list):
+            expected = as_list(expected)
         frames = [f"{fn} ({path}:{line})" for fn, path, line in task.frames()]
         err = NondeterminismError(
             f"run {run.run_id}: {what} #{run.n} of task {meta.ltid if meta else '?'} "
@@ -589,7 +621,7 @@ class Journal(Instrument):
             cancels, self._cancels = self._cancels, []
             for run, reason in cancels:
                 if run.status == "running":
-                    self._append(RecordType.WAKE, run, [run.n, 0, "cancel", True, reason])
+                    self._append(run, Wake(run.n, 0, "cancel", True, reason))
                     self._cancel_tasks(run)
         if not self._replaying:
             return
@@ -597,36 +629,37 @@ class Journal(Instrument):
             cur = run.replay
             if cur is None:
                 continue
-            while cur.wakes and cur.wakes[0][1][0] == run.n:
+            while cur.wakes and cur.wakes[0][1].at == run.n:
                 seq, rec = cur.wakes.popleft()
                 self._deliver(run, cur, seq, rec)
-            if cur.wakes and cur.wakes[0][1][0] < run.n:
+            if cur.wakes and cur.wakes[0][1].at < run.n:
                 seq, rec = cur.wakes[0]
                 raise self._stalled(run, seq, rec, "its dispatch count passed the wake-up")
             if cur.exhausted:
                 self._go_live(run)
             elif not self.sched._ready and not cur.wakes:
-                seq, rec = cur.dispatches[cur.index]
-                raise self._stalled(run, seq, rec, "no task is ready for the next dispatch")
-            elif not self.sched._ready and cur.wakes[0][1][0] > run.n:
+                seq, nxt = cur.dispatches[cur.index]
+                raise self._stalled(run, seq, nxt, "no task is ready for the next dispatch")
+            elif not self.sched._ready and cur.wakes[0][1].at > run.n:
                 seq, rec = cur.wakes[0]
                 raise self._stalled(run, seq, rec, "no task is ready before the wake-up")
 
-    def _stalled(self, run: RunState, seq: int, rec: list[Any], why: str) -> NondeterminismError:
+    def _stalled(self, run: RunState, seq: int, rec: Record, why: str) -> NondeterminismError:
+        fields = as_list(rec)
         err = NondeterminismError(
             f"run {run.run_id}: replay stalled at dispatch #{run.n} ({why}); "
-            f"next journal record seq {seq}: {rec!r}",
+            f"next journal record seq {seq}: {fields!r}",
             run_id=run.run_id,
             dispatch=run.n,
             seq=seq,
-            expected=rec,
+            expected=fields,
             actual=None,
         )
         log.error("replay.stalled", **err.fields)
         return err
 
-    def _deliver(self, run: RunState, cur: ReplayCursor, seq: int, rec: list[Any]) -> None:
-        _at, ltid, cause, ok, value = rec
+    def _deliver(self, run: RunState, cur: ReplayCursor, seq: int, rec: Wake) -> None:
+        ltid, cause = rec.ltid, rec.cause
         if cause == "cancel":
             self._cancel_tasks(run)
             return
@@ -639,10 +672,10 @@ class Journal(Instrument):
             target = self.sched._tasks.get(call.tid)
             if target is not None and target.joiners and task in target.joiners:
                 target.joiners.remove(task)
-        if ok:
-            self.sched.wake(task, unpack_value(value))
+        if rec.ok:
+            self.sched.wake(task, unpack_value(rec.value))
         else:
-            task._throw = unpack_error(value)
+            task._throw = unpack_error(rec.value)
             self.sched.wake(task, None)
 
     def _cancel_tasks(self, run: RunState) -> None:
@@ -703,15 +736,15 @@ class Journal(Instrument):
         cur = run.replay
         if cur is not None:
             rec = cur.outcomes.get(run.n)
-            if rec is not None and rec[1] == meta.ltid and rec[2] == call.kind:
-                return unpack_value(rec[3])
+            if rec is not None and rec.ltid == meta.ltid and rec.kind == call.kind:
+                return unpack_value(rec.value)
             if rec is not None or cur.index < len(cur.dispatches):
                 raise self._divergence(
                     run, task, -1, rec or [], [run.n, meta.ltid, call.kind], what="outcome"
                 )
             self._go_live(run)  # the journal ends between a dispatch and its outcome
         value = live()
-        self._append(RecordType.OUTCOME, run, [run.n, meta.ltid, call.kind, pack_value(value)])
+        self._append(run, Outcome(run.n, meta.ltid, call.kind, pack_value(value)))
         return value
 
     def _h_now(self, sched: Scheduler, task: Task, call: Now) -> Any:
@@ -720,7 +753,7 @@ class Journal(Instrument):
             # The live path of _outcome, inlined: one per plan step and attempt.
             run = meta.run
             value = self._live_now(sched, task, call)
-            self._append(RecordType.OUTCOME, run, [run.n, meta.ltid, "now", pack_value(value)])
+            self._append(run, Outcome(run.n, meta.ltid, "now", pack_value(value)))
             return value
         return self._outcome(task, call, lambda: self._live_now(sched, task, call))
 
@@ -799,8 +832,7 @@ class Journal(Instrument):
             reason = gate(task, call) if gate is not None else None
             if reason is not None:
                 return self._hold(task, call, ordinal, name, reason, fresh)
-            fields = [meta.run.n, meta.ltid, ordinal, name, attempt]
-            self._append(RecordType.STEP_START, meta.run, fields)
+            self._append(meta.run, StepStart(meta.run.n, meta.ltid, ordinal, name, attempt))
             if attempt > 1:
                 log.warning("step.rerun", run_id=meta.run.run_id, task=meta.ltid, step=name)
         if not is_generator_step(call):
@@ -827,8 +859,8 @@ class Journal(Instrument):
         meta: TaskMeta = task.meta
         run = meta.run
         if fresh and call.__class__ is Step:  # no STEP_START carries this dispatch
-            self._append(RecordType.DISPATCH, run, [run.n, meta.ltid, "step", name[:MAX_ARG_CHARS]])
-        self._append(RecordType.HOLD, run, [run.n, meta.ltid, ordinal, name, reason])
+            self._append(run, Dispatch(run.n, meta.ltid, "step", name[:MAX_ARG_CHARS]))
+        self._append(run, Hold(run.n, meta.ltid, ordinal, name, reason))
         held = HeldStep(run.run_id, meta.ltid, task.name, ordinal, name, reason)
         self.held[task] = held
         log.warning("step.held", run_id=run.run_id, task=meta.ltid, step=name, reason=reason)
@@ -853,3 +885,10 @@ class Journal(Instrument):
 def _ends(task: Task, run: RunState) -> bool:
     """True if this ``return`` ends ``task`` (its TASK_EXIT carries it), the root's aside."""
     return not task.stack and task is not run.root
+
+
+def _label_of(call: Any, task: Task) -> TaskLabel:
+    """The label a ``NewTask`` gave (its ``meta``), if it gave one, for ``task``."""
+    if call.__class__ is NewTask and call.coro is task.coro and call.meta.__class__ is TaskLabel:
+        return call.meta
+    return _PLAIN_TASK

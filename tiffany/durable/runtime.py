@@ -28,9 +28,9 @@ import structlog
 
 from tiffany.durable.history import RunIndex, load_many
 from tiffany.durable.journal import Journal, RunState
-from tiffany.durable.records import RecordType
 from tiffany.errors import InstrumentFailure, NondeterminismError, TiffanyError
 from tiffany.kernel import Clock, Instrument, Scheduler
+from tiffany.records import RecordType
 from tiffany.wal import FsyncPolicy, Wal, iter_records
 
 __all__ = ["EntryError", "Resolver", "Runtime", "VerifyReport", "resolve_callable", "verify"]
@@ -183,7 +183,13 @@ class Runtime:
             info = index.get(run_id)
             coro = self._resolve(info.entry, info.run_id)
             self.journal.start_run(
-                info.run_id, info.name, info.entry, coro, run_no=info.run_no, replay=cursor
+                info.run_id,
+                info.name,
+                info.entry,
+                coro,
+                run_no=info.run_no,
+                replay=cursor,
+                compat=info.compat,
             )
             resumed.append(info.run_id)
         if wanted is not None:
@@ -273,6 +279,7 @@ def verify(
             resolver(info.entry, info.run_id),
             run_no=info.run_no,
             replay=cursor,
+            compat=info.compat,
         )
         try:
             sched.run()

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
-from tiffany.durable.records import decode, run_of
+from tiffany.records import decode_record
 from tiffany.store import Projector, make_engine
 from tiffany.store.migrate import upgrade
-from tiffany.store.records import Undecodable
+from tiffany.store.projector import Decoded
 from tiffany.wal import iter_records
+
+# decode_record (tiffany.records) is re-exported: the projector process uses it.
 
 __all__ = ["BATCH_RECORDS", "decode_record", "decoded_batches", "project_wal"]
 
@@ -25,27 +27,14 @@ __all__ = ["BATCH_RECORDS", "decode_record", "decoded_batches", "project_wal"]
 BATCH_RECORDS: Final = 5_000
 
 
-def decode_record(payload: bytes | memoryview) -> tuple[int, Any]:
-    """Return ``(run_no, fields)`` of a record's payload, never raising.
-
-    Fields that do not decode come as :class:`~tiffany.store.records.Undecodable`
-    (the projector quarantines the record).
-    """
-    try:
-        return decode(payload)
-    except Exception as exc:  # noqa: BLE001 - any decoder failure: quarantined, not fatal
-        run_no = run_of(payload) if len(payload) >= 4 else 0
-        return run_no, Undecodable(exc)
-
-
 def decoded_batches(
     wal_dir: Path, batch_records: int = BATCH_RECORDS, from_seq: int = 1
-) -> Iterator[list[tuple[int, int, int, list[Any]]]]:
-    """Yield the WAL's journal records as decoded ``(seq, rtype, run_no, fields)`` batches."""
-    batch: list[tuple[int, int, int, list[Any]]] = []
+) -> Iterator[list[Decoded]]:
+    """Yield the WAL's journal records as decoded ``(seq, rtype, run_no, record)`` batches."""
+    batch: list[Decoded] = []
     for rec in iter_records(wal_dir, from_seq=from_seq):
-        run_no, fields = decode_record(rec.payload)
-        batch.append((rec.seq, rec.rtype, run_no, fields))
+        run_no, record = decode_record(rec.rtype, rec.payload)
+        batch.append((rec.seq, rec.rtype, run_no, record))
         if len(batch) >= batch_records:
             yield batch
             batch = []

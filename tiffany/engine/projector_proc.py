@@ -48,6 +48,7 @@ import tenacity
 from tiffany.engine.projection import decode_record, decoded_batches
 from tiffany.store import Projector, make_engine
 from tiffany.store.migrate import upgrade
+from tiffany.store.projector import Decoded
 from tiffany.wal import split_frames
 
 __all__ = ["FRAMES", "HEADER", "RESYNC", "run_projector"]
@@ -66,7 +67,7 @@ FIRST_BACKOFF_S: Final = 0.1
 #: Longest wait between retries after a database error, in seconds.
 MAX_BACKOFF_S: Final = 5.0
 
-Batch = list[tuple[int, int, int, list[Any]]]
+Batch = list[Decoded]
 
 
 class _Reader:
@@ -200,8 +201,8 @@ def run_projector(database_url: str, wal_dir: Path, fd: int | None = None) -> in
         for i, (rtype, body) in enumerate(split_frames(payload)):
             seq = first + i
             if seq > applier.last_seq:
-                run_no, fields = decode_record(body)
-                batch.append((seq, rtype, run_no, fields))
+                run_no, record = decode_record(rtype, body)
+                batch.append((seq, rtype, run_no, record))
         # One transaction per burst: apply when nothing more waits, or the batch is full.
         if len(batch) >= BATCH_RECORDS or not reader.more():
             applier.apply(batch)

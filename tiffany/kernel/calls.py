@@ -90,15 +90,20 @@ class NewTask(SystemCall):
             (nobody will wait for it), as a server does for its connection
             handlers. Otherwise a finished child is kept until its parent
             ends, so ``WaitTask`` on it returns its result.
+        meta: For the layers above, as ``Task.meta`` is: the kernel never
+            reads it (the journal records a task's label from it).
     """
 
-    __slots__ = ("coro", "daemon", "name")
+    __slots__ = ("coro", "daemon", "meta", "name")
     kind = "new_task"
 
-    def __init__(self, coro: Coroutine, name: str | None = None, daemon: bool = False) -> None:
+    def __init__(
+        self, coro: Coroutine, name: str | None = None, daemon: bool = False, meta: Any = None
+    ) -> None:
         self.coro = coro
         self.name = name
         self.daemon = daemon
+        self.meta = meta
 
     def fields(self) -> dict[str, Any]:
         """Return the child's name and flags (the generator itself is not JSON)."""

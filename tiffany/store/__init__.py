@@ -14,6 +14,7 @@ The store imports nothing above ``errors`` and ``config``: records arrive
 decoded from the engine, and ``tiffany db rebuild`` reads the WAL for it.
 """
 
+from tiffany.records import RecordType
 from tiffany.store import queries
 from tiffany.store.models import (
     Base,
@@ -27,7 +28,6 @@ from tiffany.store.models import (
     Task,
 )
 from tiffany.store.projector import ApplyReport, Projector
-from tiffany.store.records import RecordType
 from tiffany.store.session import make_engine, session_factory
 
 __all__ = [

@@ -2,55 +2,37 @@
 
 The projector (``projector.py``) turns records into runs, tasks and steps,
 and also keeps the records themselves (``journal_records``, in the same
-transaction and under the same mark), with their fields named by
-:func:`record_row`, so the dashboard's journal table and ``GET
-/api/runs/{id}/events`` page through a run's history without the WAL.
+transaction and under the same mark), with their fields named as the
+record's struct names them (:mod:`tiffany.records`) by :func:`record_row`,
+so the dashboard's journal table and ``GET /api/runs/{id}/events`` page
+through a run's history without the WAL.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from tiffany.records import Record, RecordType, Unknown
 from tiffany.store.models import JournalRecord, Run
-from tiffany.store.records import RecordType, jsonable
+from tiffany.store.records import jsonable
 
-__all__ = ["FIELD_NAMES", "record_row", "run_records"]
-
-#: The names of each record type's fields (``tiffany/durable/records.py``).
-FIELD_NAMES: Final[Mapping[int, tuple[str, ...]]] = {
-    RecordType.RUN_START: ("run_id", "name", "entry", "ts"),
-    RecordType.SPAWN: ("n", "ltid", "parent_ltid", "name"),
-    RecordType.DISPATCH: ("n", "ltid", "kind", "arg"),
-    RecordType.OUTCOME: ("n", "ltid", "kind", "value"),
-    RecordType.STEP_START: ("n", "ltid", "ordinal", "name", "attempt"),
-    RecordType.WAKE: ("at", "ltid", "cause", "ok", "value"),
-    RecordType.TASK_EXIT: ("n", "ltid", "state", "value"),
-    RecordType.RUN_END: ("status", "value", "ts"),
-    RecordType.CANCEL: ("reason", "ts"),
-    RecordType.HOLD: ("n", "ltid", "ordinal", "name", "reason"),
-}
+__all__ = ["record_row", "run_records"]
 
 #: Largest page :func:`run_records` returns.
 MAX_PAGE: Final = 1_000
 
 
-def record_row(seq: int, rtype: int, run_no: int, fields: Sequence[Any]) -> dict[str, Any]:
+def record_row(seq: int, run_no: int, record: Record | Unknown) -> dict[str, Any]:
     """Return one record as a ``journal_records`` row (fields named, JSON-able)."""
-    names = FIELD_NAMES.get(rtype)
-    try:
-        type_name = RecordType(rtype).name
-    except ValueError:
-        type_name = f"TYPE_{rtype}"
-    if names is not None and len(fields) == len(names):
-        data: Any = {name: jsonable(value) for name, value in zip(names, fields, strict=True)}
-        ltid = fields[1] if "ltid" in names and isinstance(fields[1], int) else None
+    if isinstance(record, Unknown):
+        data: Any = {"fields": jsonable(record.fields)}
+        type_name, ltid = f"TYPE_{record.rtype}", None
     else:
-        data = {"fields": jsonable(list(fields))}
-        ltid = None
+        data = {name: jsonable(getattr(record, name)) for name in record.__struct_fields__}
+        type_name, ltid = RecordType(record.rtype).name, getattr(record, "ltid", None)
     return {"seq": seq, "run_no": run_no, "rtype": type_name, "ltid": ltid, "data": data}
 
 

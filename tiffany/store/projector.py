@@ -1,10 +1,11 @@
 """The projector: journal records in, rows of runs, tasks and steps out.
 
 The engine hands :meth:`Projector.apply` batches of journal records it has
-already decoded, ``(seq, rtype, run_no, fields)``; the store never reads the
-WAL itself (it sits below the durable layer). ``tiffany db rebuild`` feeds
-the same method from the start of the WAL, so a rebuilt store and one
-projected incrementally are row for row the same.
+already decoded, ``(seq, rtype, run_no, record)`` (the typed structs of
+:mod:`tiffany.records`); the store never reads the WAL itself (it sits
+below the durable layer). ``tiffany db rebuild`` feeds the same method
+from the start of the WAL, so a rebuilt store and one projected
+incrementally are row for row the same.
 
 Invariants:
 
@@ -23,16 +24,16 @@ What the journal says, and what the projection makes of it:
 
 * ``RUN_START``: a ``running`` run; for a plan run, a ``pending`` step per
   declared step.
-* ``SPAWN``: a ``ready`` task whose kind comes from its name (``worker:ID``,
-  ``tool:TOOL:ID``, ``step:...``, the plan run's root is the ``planner``); a
-  worker's spawn marks its step ``running``.
+* ``SPAWN``: a ``ready`` task whose kind, step and tool are the record's
+  ``role``, ``step_id`` and ``tool`` (the plan run's root is the
+  ``planner``); a worker's spawn marks its step ``running``.
 * ``DISPATCH``: the run's dispatch count; a call that blocks (``sleep``,
   ``wait_task``, ``step``...) makes the task ``blocked_*`` with what it
   waits on, anything else ``running``. A ``SPAWN``, ``OUTCOME``,
   ``STEP_START`` or ``TASK_EXIT`` whose ``n`` is above the run's dispatch
   count stands for the DISPATCH the journal did not write (``NewTask``,
-  ``Now()``/``Random()``, ``Step``, a task's final ``return``; see
-  ``tiffany/durable/records.py``) and is applied as that dispatch too, so
+  ``Now()``/``Random()``, ``Step``, a task's final ``return``;
+  ``tiffany.records.carried``) and is applied as that dispatch too, so
   the rows are the same either way.
 * ``WAKE``: the task is ``ready`` again. ``OUTCOME`` of ``Now()``: the run's
   clock moves (task and step start and end times are read from it); so does
@@ -76,7 +77,7 @@ commit, so the store is at most one batch behind the truth.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -84,6 +85,25 @@ from sqlalchemy import Connection, Engine, Table, and_, bindparam, delete, func,
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import update as sql_update
 
+from tiffany.records import (
+    MAX_ARG_CHARS,
+    Dispatch,
+    Hold,
+    Outcome,
+    Record,
+    RecordType,
+    RunEnd,
+    RunStart,
+    Spawn,
+    StepStart,
+    TaskExit,
+    Undecodable,
+    Unknown,
+    Wake,
+    as_list,
+    carried,
+    root_role,
+)
 from tiffany.store.journal import record_row
 from tiffany.store.models import (
     PROJECTOR_STATE_ID,
@@ -100,27 +120,20 @@ from tiffany.store.models import (
 )
 from tiffany.store.records import (
     BLOCKING_KINDS,
-    FIELD_COUNTS,
-    RecordType,
-    Undecodable,
     attempt_times,
     error_dict,
     excerpt,
     jsonable,
-    task_kind,
     text,
-    tool_of,
 )
 
-__all__ = ["ApplyReport", "Projector", "Record", "is_transient"]
+__all__ = ["ApplyReport", "Decoded", "Projector", "is_transient"]
 
 
 #: Finished runs whose context is kept in memory (more are reloaded on demand).
 MAX_CACHED_FINISHED_RUNS: Final = 256
 #: The longest error message a dead letter keeps, in characters.
 MAX_ERROR_CHARS: Final = 1_000
-#: The longest argument a DISPATCH record keeps (the journal's ``MAX_ARG_CHARS``).
-MAX_DISPATCH_ARG_CHARS: Final = 120
 
 _EXIT_STATES: Final = {s.value: s for s in (TaskState.DONE, TaskState.CRASHED, TaskState.CANCELLED)}
 _RUN_END_STATUSES: Final = {
@@ -128,12 +141,13 @@ _RUN_END_STATUSES: Final = {
 }
 _UNSETTLED_STEPS: Final = (StepStatus.PENDING.value, StepStatus.RUNNING.value)
 _STEP_STATUSES: Final = frozenset(s.value for s in StepStatus)
+_ROLES: Final = frozenset(k.value for k in TaskKind)
 
 #: ``steps.waiting`` (why a step waits) exists in this schema (revision 0003 on).
 _HAS_WAITING: Final = "waiting" in Step.__table__.c
 
-#: A decoded journal record: ``(seq, rtype, run_no, fields)``.
-Record = tuple[int, int, int, Sequence[Any]]
+#: A decoded journal record: ``(seq, rtype, run_no, record)``.
+Decoded = tuple[int, int, int, Record | Unknown | Undecodable]
 
 #: Database errors that say nothing about the batch: the connection, a lock,
 #: a server restarting, a full disk; also the schema or the grants being
@@ -185,6 +199,7 @@ class _RunCtx:
 
     run_id: str
     plan: bool
+    root: str  # the root task's role (records.root_role): for SPAWNs that lack one
     clock: float | None
     dispatches: int
     finished: bool
@@ -244,7 +259,6 @@ class ApplyReport:
     applied: int = 0
     skipped: int = 0  # at or below the mark: already applied
     orphans: int = 0  # records of a run whose start the store never saw
-    malformed: int = 0  # too few fields for their type (another journal version)
     quarantined: list[int] = field(default_factory=list)  # seqs sent to dead_letters
     last_seq: int = 0
     statements: int = 0
@@ -254,7 +268,6 @@ class ApplyReport:
         self.applied += other.applied
         self.skipped += other.skipped
         self.orphans += other.orphans
-        self.malformed += other.malformed
         self.quarantined += other.quarantined
         self.last_seq = max(self.last_seq, other.last_seq)
         self.statements += other.statements
@@ -276,14 +289,9 @@ class _Batch:
         return n
 
 
-def _carries(ctx: _RunCtx, n: Any) -> bool:
-    """True if a SPAWN/OUTCOME/STEP_START at ``n`` stands for a dispatch (``n`` is new)."""
-    return isinstance(n, int) and not isinstance(n, bool) and n > ctx.dispatches
-
-
-def _arg(name: Any) -> str:
-    """A name as a DISPATCH record's argument holds it (cut to 120 characters)."""
-    return str(name)[:MAX_DISPATCH_ARG_CHARS]
+def _fields(rec: Record | Unknown | Undecodable) -> Any:
+    """What a dead letter's excerpt shows of a record: its fields, or why it did not decode."""
+    return rec.error if isinstance(rec, Undecodable) else as_list(rec)
 
 
 class Projector:
@@ -320,8 +328,8 @@ class Projector:
             )
         return int(value or 0)
 
-    def apply(self, batch: Iterable[Record]) -> ApplyReport:
-        """Apply ``(seq, rtype, run_no, fields)`` records; quarantine those that fail.
+    def apply(self, batch: Iterable[Decoded]) -> ApplyReport:
+        """Apply ``(seq, rtype, run_no, record)`` records; quarantine those that fail.
 
         Records at or below the last applied sequence number are skipped.
         The batch is one transaction; if it fails deterministically it is
@@ -335,7 +343,7 @@ class Projector:
         self._evict()
         return report
 
-    def _isolate(self, records: list[Record], report: ApplyReport) -> None:
+    def _isolate(self, records: list[Decoded], report: ApplyReport) -> None:
         try:
             report.add(self._transaction(records))
         except Exception as exc:
@@ -348,7 +356,7 @@ class Projector:
             self._isolate(records[:mid], report)
             self._isolate(records[mid:], report)
 
-    def _transaction(self, batch: list[Record]) -> ApplyReport:
+    def _transaction(self, batch: list[Decoded]) -> ApplyReport:
         report = ApplyReport()
         try:
             with self.engine.begin() as conn:
@@ -357,17 +365,15 @@ class Projector:
                     self._load_run_ids(conn)
                 report.last_seq = mark
                 changes = _Batch()
-                for seq, rtype, run_no, fields in batch:
+                for seq, _rtype, run_no, rec in batch:
                     if seq <= report.last_seq:
                         report.skipped += 1
                         continue
                     report.last_seq = seq
-                    if isinstance(fields, Undecodable):
-                        raise fields.error
-                    changes.records.append(record_row(seq, rtype, run_no, fields))
-                    if len(fields) < FIELD_COUNTS.get(rtype, 0):
-                        report.malformed += 1
-                    elif self._apply_one(conn, changes, seq, rtype, run_no, fields):
+                    if isinstance(rec, Undecodable):
+                        raise rec.error
+                    changes.records.append(record_row(seq, run_no, rec))
+                    if self._apply_one(conn, changes, seq, run_no, rec):
                         report.applied += 1
                     else:
                         report.orphans += 1
@@ -378,9 +384,9 @@ class Projector:
             raise
         return report
 
-    def _quarantine(self, record: Record, error: BaseException) -> ApplyReport:
+    def _quarantine(self, record: Decoded, error: BaseException) -> ApplyReport:
         """Put one record that fails on its own into ``dead_letters``; move the mark past it."""
-        seq, rtype, run_no, fields = record
+        seq, rtype, run_no, rec = record
         report = ApplyReport()
         try:
             with self.engine.begin() as conn:
@@ -392,7 +398,7 @@ class Projector:
                 if self._run_ids_stale:
                     self._load_run_ids(conn)
                 if rtype == RecordType.RUN_START:
-                    run_id: str | None = text(fields[0]) if fields else None
+                    run_id: str | None = text(rec.run_id) if isinstance(rec, RunStart) else None
                     self._run_ids.pop(run_no, None)  # its records are orphans now
                 else:
                     run_id = self._run_ids.get(run_no)
@@ -410,7 +416,7 @@ class Projector:
                         run_no=run_no,
                         rtype=type_name,
                         error=_describe(error),
-                        excerpt=excerpt(fields),
+                        excerpt=excerpt(_fields(rec)),
                         at=float(at) if at is not None else 0.0,
                     )
                 )
@@ -454,50 +460,50 @@ class Projector:
         conn: Connection,
         b: _Batch,
         seq: int,
-        rtype: int,
         run_no: int,
-        f: Sequence[Any],
+        rec: Record | Unknown,
     ) -> bool:
-        if rtype == RecordType.RUN_START:
-            self._run_start(b, seq, run_no, f)
+        cls = rec.__class__
+        if cls is RunStart:
+            self._run_start(b, seq, run_no, rec)  # type: ignore[arg-type]
             return True
         ctx = self._context(conn, run_no)
         if ctx is None:
             return False
         b.runs.update((ctx.run_id,), last_seq=seq)
-        if rtype == RecordType.DISPATCH:
-            self._dispatch(b, ctx, f)
-        elif rtype == RecordType.SPAWN:
-            if _carries(ctx, f[0]):
-                self._dispatch(b, ctx, [f[0], f[2], "new_task", _arg(f[3])])
-            self._spawn(b, ctx, f)
-        elif rtype == RecordType.WAKE:
-            ltid = f[1]
-            if ltid in ctx.tasks:
-                b.tasks.update((ctx.run_id, ltid), state=TaskState.READY.value, blocked_on=None)
-        elif rtype == RecordType.OUTCOME:
-            if _carries(ctx, f[0]):
-                self._dispatch(b, ctx, [f[0], f[1], f[2], None])
-            if f[2] == "now" and isinstance(f[3], int | float) and not isinstance(f[3], bool):
-                self._tick(b, ctx, float(f[3]))
-        elif rtype == RecordType.TASK_EXIT:
-            if _carries(ctx, f[0]):
-                self._dispatch(b, ctx, [f[0], f[1], "return", None])
-            self._task_exit(b, ctx, f)
-        elif rtype == RecordType.RUN_END:
-            self._run_end(b, ctx, f)
-        elif rtype == RecordType.STEP_START:
-            if _carries(ctx, f[0]):
-                self._dispatch(b, ctx, [f[0], f[1], "step", _arg(f[3])])
+        if cls is Unknown:
+            return True  # a record type this code does not know shows in the journal only
+        implied = carried(rec, ctx.dispatches)  # type: ignore[arg-type]
+        if implied is not None:
+            self._dispatch(b, ctx, implied)
+        if cls is Dispatch:
+            self._dispatch(b, ctx, rec)  # type: ignore[arg-type]
+        elif cls is Spawn:
+            self._spawn(b, ctx, rec)  # type: ignore[arg-type]
+        elif cls is Wake:
+            if rec.ltid in ctx.tasks:  # type: ignore[union-attr]
+                key = (ctx.run_id, rec.ltid)  # type: ignore[union-attr]
+                b.tasks.update(key, state=TaskState.READY.value, blocked_on=None)
+        elif cls is Outcome:
+            self._outcome(b, ctx, rec)  # type: ignore[arg-type]
+        elif cls is TaskExit:
+            self._task_exit(b, ctx, rec)  # type: ignore[arg-type]
+        elif cls is RunEnd:
+            self._run_end(b, ctx, rec)  # type: ignore[arg-type]
+        elif cls is StepStart:
             if ctx.held:
-                self._step_held(b, ctx, f[1], None, f[3])
-        elif rtype == RecordType.HOLD:
-            self._step_held(b, ctx, f[1], text(f[4]), f[3])
-        # CANCEL changes nothing the store shows.
+                self._step_held(b, ctx, rec.ltid, None, rec.name)  # type: ignore[union-attr]
+        elif cls is Hold:
+            self._step_held(b, ctx, rec.ltid, text(rec.reason), rec.name)  # type: ignore[union-attr]
         return True
 
-    def _run_start(self, b: _Batch, seq: int, run_no: int, f: Sequence[Any]) -> None:
-        run_id, name, entry, ts = f[0], f[1], f[2], f[3]
+    def _outcome(self, b: _Batch, ctx: _RunCtx, rec: Outcome) -> None:
+        value = rec.value
+        if rec.kind == "now" and isinstance(value, int | float) and not isinstance(value, bool):
+            self._tick(b, ctx, float(value))
+
+    def _run_start(self, b: _Batch, seq: int, run_no: int, rec: RunStart) -> None:
+        run_id, name, entry, ts = rec.run_id, rec.name, rec.entry, rec.ts
         entry = entry if isinstance(entry, Mapping) else {}
         plan_doc = entry.get("plan") if entry.get("kind") == "plan" else None
         plan = isinstance(plan_doc, Mapping)
@@ -512,7 +518,7 @@ class Projector:
             }
         else:
             inputs = {"args": entry.get("args", []), "kwargs": entry.get("kwargs", {})}
-        ctx = _RunCtx(text(run_id), plan, clock, 0, False)
+        ctx = _RunCtx(text(run_id), plan, root_role(entry), clock, 0, False)
         self._run_ids[run_no] = ctx.run_id
         self._ctx[run_no] = ctx
         b.runs.insert(
@@ -540,11 +546,11 @@ class Projector:
                     tool = text(tool) if isinstance(tool, str) else None
                     self._new_step(b, ctx, text(spec["id"]), tool)
 
-    def _spawn(self, b: _Batch, ctx: _RunCtx, f: Sequence[Any]) -> None:
-        _n, ltid, parent, name = f[0], f[1], f[2], text(f[3])
-        kind, step_id = task_kind(name, ltid, ctx.plan)
-        if not ctx.plan:
-            step_id = None
+    def _spawn(self, b: _Batch, ctx: _RunCtx, rec: Spawn) -> None:
+        ltid, parent, name = rec.ltid, rec.parent_ltid, text(rec.name)
+        role = rec.role if rec.role is not None else ctx.root
+        kind = TaskKind(role) if role in _ROLES else TaskKind.TASK
+        step_id = text(rec.step_id) if ctx.plan and rec.step_id is not None else None
         ctx.tasks[ltid] = (kind.value, step_id)
         b.tasks.insert(
             (ctx.run_id, ltid),
@@ -565,13 +571,13 @@ class Projector:
         if kind is TaskKind.WORKER and step.status == StepStatus.PENDING.value:
             step.status = StepStatus.RUNNING.value
             b.steps.update((ctx.run_id, step_id), status=step.status, started_at=ctx.clock)
-        elif kind is TaskKind.TOOL and step.tool is None:
-            step.tool = tool_of(name)
+        elif kind is TaskKind.TOOL and step.tool is None and rec.tool is not None:
+            step.tool = text(rec.tool)
             b.steps.update((ctx.run_id, step_id), tool=step.tool)
 
-    def _dispatch(self, b: _Batch, ctx: _RunCtx, f: Sequence[Any]) -> None:
-        n, ltid, kind, arg = f[0], f[1], f[2], f[3]
-        if isinstance(n, int) and n > ctx.dispatches:
+    def _dispatch(self, b: _Batch, ctx: _RunCtx, rec: Dispatch) -> None:
+        n, ltid, kind, arg = rec.n, rec.ltid, rec.kind, rec.arg
+        if n > ctx.dispatches:
             ctx.dispatches = n
             b.runs.update((ctx.run_id,), dispatches=n)
         if ltid not in ctx.tasks:
@@ -590,7 +596,7 @@ class Projector:
             return
         if reason is None:
             ctx.held.discard(ltid)
-            on = text(f"step {_arg(name)}")
+            on = text(f"step {str(name)[:MAX_ARG_CHARS]}")
         else:
             ctx.held.add(ltid)
             on = f"waiting: {reason}"
@@ -599,8 +605,8 @@ class Projector:
         if _HAS_WAITING and step_id is not None and step_id in ctx.steps:
             b.steps.update((ctx.run_id, step_id), waiting=reason)
 
-    def _task_exit(self, b: _Batch, ctx: _RunCtx, f: Sequence[Any]) -> None:
-        ltid, state, value = f[1], f[2], f[3]
+    def _task_exit(self, b: _Batch, ctx: _RunCtx, rec: TaskExit) -> None:
+        ltid, state, value = rec.ltid, rec.state, rec.value
         known = ctx.tasks.get(ltid)
         final = _EXIT_STATES.get(state)
         if known is None or final is None:
@@ -646,8 +652,8 @@ class Projector:
         values.update(attempt_times(outcome.get("attempts")))
         b.steps.update((ctx.run_id, step_id), **values)
 
-    def _run_end(self, b: _Batch, ctx: _RunCtx, f: Sequence[Any]) -> None:
-        status, value, ts = f[0], f[1], f[2]
+    def _run_end(self, b: _Batch, ctx: _RunCtx, rec: RunEnd) -> None:
+        status, value, ts = rec.status, rec.value, rec.ts
         final = _RUN_END_STATUSES.get(status)
         if final is None:
             return
@@ -737,7 +743,7 @@ class Projector:
         entry = run.entry if isinstance(run.entry, Mapping) else {}
         plan = entry.get("kind") == "plan" and isinstance(entry.get("plan"), Mapping)
         finished = run.status in _RUN_END_STATUSES
-        ctx = _RunCtx(run.run_id, plan, run.updated_at, run.dispatches, finished)
+        ctx = _RunCtx(run.run_id, plan, root_role(entry), run.updated_at, run.dispatches, finished)
         for ltid, kind, step_id in conn.execute(
             select(Task.ltid, Task.kind, Task.step_id).where(Task.run_id == run.run_id)
         ):

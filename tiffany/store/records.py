@@ -1,70 +1,31 @@
-"""Journal records as the store reads them: record types, and values made JSON.
+"""Journal values as the store shows them: made JSON, bounded, and errors read.
 
-The store sits below the durable layer and may not import it, so it keeps
-its own copy of the record type numbers (a test checks it against
-``tiffany.durable.records.RecordType``) and its own reading of the values
-the journal stores: tuples, sets, bytes, stand-ins for unencodable values
-(which keep a ``repr``), and errors packed as ``[type, args, repr, fields]``.
+The records themselves are :mod:`tiffany.records` (the store decodes them
+with the same typed structs the durable layer writes). What is left here
+is the store's reading of the values they hold: tuples, sets, bytes,
+stand-ins for unencodable values (which keep a ``repr``), and errors
+packed as ``[type, args, repr, fields]``, made into JSON every store takes.
 """
 
 from __future__ import annotations
 
-import enum
 import math
 import reprlib
 from collections.abc import Mapping
 from typing import Any, Final
 
-from tiffany.store.models import TaskKind, TaskState
+from tiffany.store.models import TaskState
 
 __all__ = [
     "BLOCKING_KINDS",
-    "FIELD_COUNTS",
     "MAX_JSON_DEPTH",
-    "RecordType",
-    "Undecodable",
     "attempt_times",
     "error_dict",
     "excerpt",
     "jsonable",
-    "task_kind",
     "text",
-    "tool_of",
 ]
 
-
-class RecordType(enum.IntEnum):
-    """The journal's record types (a copy of ``tiffany.durable.records.RecordType``).
-
-    The store may not import the durable layer; a test checks the two agree.
-    """
-
-    RUN_START = 1
-    SPAWN = 2
-    DISPATCH = 3
-    OUTCOME = 4
-    STEP_START = 5
-    WAKE = 6
-    TASK_EXIT = 7
-    RUN_END = 8
-    CANCEL = 9
-    HOLD = 10
-
-
-#: The fields each record type has (records.py of the durable layer); a
-#: record with fewer is not applied.
-FIELD_COUNTS: Final[Mapping[int, int]] = {
-    RecordType.RUN_START: 4,
-    RecordType.SPAWN: 4,
-    RecordType.DISPATCH: 4,
-    RecordType.OUTCOME: 4,
-    RecordType.STEP_START: 5,
-    RecordType.WAKE: 5,
-    RecordType.TASK_EXIT: 4,
-    RecordType.RUN_END: 3,
-    RecordType.CANCEL: 2,
-    RecordType.HOLD: 5,
-}
 
 #: Dispatched call kinds that park the task, and the state they park it in.
 BLOCKING_KINDS: Final[Mapping[str, TaskState]] = {
@@ -171,21 +132,6 @@ def excerpt(value: Any, limit: int = MAX_EXCERPT_CHARS) -> str:
     return _clean(out[:limit])
 
 
-class Undecodable(tuple[Any, ...]):
-    """The fields of a record whose payload did not decode (the projector quarantines it).
-
-    Args:
-        error: What the decoder raised.
-    """
-
-    error: BaseException
-
-    def __new__(cls, error: BaseException) -> Undecodable:  # noqa: D102
-        self = super().__new__(cls)
-        self.error = error
-        return self
-
-
 def error_dict(packed: Any) -> dict[str, Any]:
     """Return a journaled error (``[type, args, repr, fields]``) as a JSON object.
 
@@ -207,26 +153,6 @@ def error_dict(packed: Any) -> dict[str, Any]:
         return out
     value = jsonable(packed)
     return {"message": value if isinstance(value, str) else excerpt(value), "repr": value}
-
-
-def task_kind(name: str, ltid: int, plan: bool) -> tuple[TaskKind, str | None]:
-    """Return a task's kind and the plan step it serves, from its name."""
-    if ltid == 1:
-        return (TaskKind.PLANNER if plan else TaskKind.TASK), None
-    if name.startswith("worker:"):
-        return TaskKind.WORKER, name[len("worker:") :]
-    if name.startswith("tool:"):
-        parts = name.split(":", 2)
-        return TaskKind.TOOL, parts[2] if len(parts) == 3 else None
-    if name.startswith("step:"):
-        return TaskKind.STEP, None
-    return TaskKind.TASK, None
-
-
-def tool_of(name: str) -> str | None:
-    """Return the tool of a tool task's name (``tool:TOOL:STEP``)."""
-    parts = name.split(":", 2)
-    return parts[1] if len(parts) == 3 else None
 
 
 def attempt_times(attempts: Any) -> dict[str, Any]:

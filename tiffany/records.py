@@ -1,0 +1,497 @@
+"""Journal records: their one typed definition, their codec, and the rules readers share.
+
+The WAL stores opaque ``(type, payload)`` records; this module gives them a
+meaning, for every layer that reads or writes them (the durable layer
+records and replays, the store projects, the CLI dumps). It is a leaf: it
+imports only the standard library, msgspec and ``tiffany.errors``.
+
+Every record of a run starts with the run's number as a 4-byte
+little-endian prefix, so a reader can skip other runs' records without
+decoding them; the rest is a msgpack array, one struct per record type
+(``msgspec.Struct(array_like=True)``: the array is the struct's fields in
+order, the same bytes the positional lists of earlier versions were)::
+
+    RUN_START  1  run_no | [run_id, name, entry, ts, compat?]
+    SPAWN      2  run_no | [n, ltid, parent_ltid, name, role?, step_id?, tool?]
+    DISPATCH   3  run_no | [n, ltid, kind, arg]
+    OUTCOME    4  run_no | [n, ltid, kind, value]           Now(), Random()
+    STEP_START 5  run_no | [n, ltid, ordinal, name, attempt]
+    WAKE       6  run_no | [at, ltid, cause, ok, value]      from outside the run
+    TASK_EXIT  7  run_no | [n, ltid, state, value]
+    RUN_END    8  run_no | [status, value, ts]
+    (9)           reserved: CANCEL, never written (see below)
+    HOLD      10  run_no | [n, ltid, ordinal, name, reason]  a step held, not started
+
+``?`` marks optional trailing fields: a record written before they existed
+decodes with their defaults (``compat`` 1; a SPAWN's role from its name,
+see :func:`legacy_role`, in this module and nowhere else). The full grammar,
+the version history and how to change it are in ``docs/wal-format.md``.
+
+Carried dispatches: every dispatch has exactly one record whose ``n``
+first reaches its number. Usually a DISPATCH; but a ``NewTask``, ``Now()``,
+``Random()`` or ``Step`` dispatch, and the ``return`` that ends a task other
+than the run's root, is journaled by the record it causes, which then
+stands for the DISPATCH record it implies (:func:`carried`, the one
+implementation every reader uses)::
+
+    SPAWN      [n, ltid, parent, name]           -> DISPATCH [n, parent, "new_task", name]
+    OUTCOME    [n, ltid, kind, value]            -> DISPATCH [n, ltid, kind, None]
+    STEP_START [n, ltid, ordinal, name, attempt] -> DISPATCH [n, ltid, "step", name]
+    TASK_EXIT  [n, ltid, state, value]           -> DISPATCH [n, ltid, "return", None]
+
+(names cut to ``MAX_ARG_CHARS``, as a DISPATCH argument is). A record of
+these types whose ``n`` does not pass the last dispatch seen carries
+nothing: the root's SPAWN (``n`` 0), an OUTCOME after its DISPATCH
+(``Sleep``), a step re-run at recovery, the exit of a task closed by a
+second kill (no dispatch), the root's exit (after its explicit
+``return``), and everything in journals written before this rule.
+
+Discussion: CANCEL (type 9) was declared and never written. A cancel
+request enters a run at a wait stage like any other external event, and
+the journal records it there as a WAKE with cause ``"cancel"`` (its ``at``
+places it among the run's dispatches, which replay needs); a separate
+CANCEL record would say the same thing twice, without the position. The
+number stays reserved so that no later record type reuses it.
+
+Values that came from outside (step results, ``Now()``, thread results) are
+stored in full with :func:`pack_value`, which keeps tuples, sets and bytes
+apart from lists and strings (msgpack extensions).
+
+Discussion: the run prefix is fixed-width on purpose. A variable-width
+msgpack int would force a decode to learn the run; with 4 raw bytes,
+``bytes[:4] == prefix`` filters a shared WAL at memcmp speed.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from typing import Any, ClassVar, Final, Literal
+
+import msgspec
+
+__all__ = [
+    "JOURNAL_COMPAT",
+    "MAX_ARG_CHARS",
+    "ROLES",
+    "RUN_PREFIX",
+    "Dispatch",
+    "Hold",
+    "Outcome",
+    "Record",
+    "RecordType",
+    "Role",
+    "RunEnd",
+    "RunStart",
+    "Spawn",
+    "StepStart",
+    "TaskExit",
+    "TaskLabel",
+    "Undecodable",
+    "Unencodable",
+    "Unknown",
+    "Wake",
+    "as_list",
+    "canonical",
+    "carried",
+    "decode",
+    "decode_record",
+    "encode",
+    "legacy_role",
+    "pack_value",
+    "root_role",
+    "run_of",
+    "unpack_value",
+]
+
+RUN_PREFIX: Final = struct.Struct("<I")
+
+#: The journal-compatibility version this code writes into RUN_START: what
+#: a run's replay may rely on (docs/wal-format.md, "Versions"). A run keeps
+#: the version it started under for its whole life, across upgrades.
+JOURNAL_COMPAT: Final = 2
+#: Longest argument text kept in a DISPATCH record (names in carried ones too).
+MAX_ARG_CHARS: Final = 120
+
+#: What a task is in its run: the plan run's root, a step's worker, a tool
+#: task, the body of a generator step, anything else.
+Role = Literal["planner", "worker", "tool", "step", "task"]
+ROLES: Final[frozenset[str]] = frozenset({"planner", "worker", "tool", "step", "task"})
+
+
+class RecordType(enum.IntEnum):
+    """The WAL type byte of each journal record (0 is the WAL's, reserved; 9 too)."""
+
+    RUN_START = 1
+    SPAWN = 2
+    DISPATCH = 3
+    OUTCOME = 4
+    STEP_START = 5
+    WAKE = 6
+    TASK_EXIT = 7
+    RUN_END = 8
+    HOLD = 10
+
+
+class RunStart(msgspec.Struct, array_like=True, frozen=True):
+    """A run begins: its id, name, entry (how to rebuild its root) and start time.
+
+    ``compat``: the journal-compatibility version the run started under
+    (absent in journals written before versions: 1).
+    """
+
+    rtype: ClassVar[int] = RecordType.RUN_START
+    run_id: str
+    name: str
+    entry: Any
+    ts: float
+    compat: int = 1
+
+
+class Spawn(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """A task was created: dispatch count, its run-local id, its parent's, its name.
+
+    ``role``, ``step_id`` and ``tool`` say what the task is (``Role``),
+    which plan step it serves and with which tool (a :class:`TaskLabel`
+    the spawning code gave). A record written before they existed has
+    none; :func:`decode` fills them from the name (:func:`legacy_role`),
+    except the root's role, which the run's entry says (:func:`root_role`):
+    ``role`` is None only there.
+    """
+
+    rtype: ClassVar[int] = RecordType.SPAWN
+    n: int
+    ltid: int
+    parent_ltid: int
+    name: str
+    role: str | None = None
+    step_id: str | None = None
+    tool: str | None = None
+
+
+class TaskLabel(msgspec.Struct, frozen=True, gc=False):
+    """What a spawned task is, given by the code that spawns it (``NewTask(meta=...)``).
+
+    The journal copies it into the task's SPAWN record and its ``Task.meta``;
+    readers never parse a task's name for it.
+    """
+
+    role: str = "task"
+    step_id: str | None = None
+    tool: str | None = None
+
+
+class Dispatch(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """A task yielded: dispatch count, task, the call's kind and a small argument."""
+
+    rtype: ClassVar[int] = RecordType.DISPATCH
+    n: int
+    ltid: int
+    kind: str
+    arg: Any
+
+
+class Outcome(msgspec.Struct, array_like=True, frozen=True):
+    """The value a ``Now()``, ``Random()`` (or a timer's deadline) returned."""
+
+    rtype: ClassVar[int] = RecordType.OUTCOME
+    n: int
+    ltid: int
+    kind: str
+    value: Any
+
+
+class StepStart(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """A step (the task's ``ordinal``-th) starts its ``attempt``-th attempt."""
+
+    rtype: ClassVar[int] = RecordType.STEP_START
+    n: int
+    ltid: int
+    ordinal: int
+    name: str
+    attempt: int
+
+
+class Wake(msgspec.Struct, array_like=True, frozen=True):
+    """A wake-up from outside the run, at the run's dispatch count ``at``.
+
+    ``ok`` false: ``value`` is a packed error, raised in the task.
+    """
+
+    rtype: ClassVar[int] = RecordType.WAKE
+    at: int
+    ltid: int
+    cause: str
+    ok: bool
+    value: Any
+
+
+class TaskExit(msgspec.Struct, array_like=True, frozen=True):
+    """A task ended: ``done``, ``crashed`` or ``cancelled``, with its result or error."""
+
+    rtype: ClassVar[int] = RecordType.TASK_EXIT
+    n: int
+    ltid: int
+    state: str
+    value: Any
+
+
+class RunEnd(msgspec.Struct, array_like=True, frozen=True):
+    """The run ended with ``status`` (its root's result or error) at ``ts``."""
+
+    rtype: ClassVar[int] = RecordType.RUN_END
+    status: str
+    value: Any
+    ts: float
+
+
+class Hold(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """A step was due to start and the engine held it back, for ``reason``."""
+
+    rtype: ClassVar[int] = RecordType.HOLD
+    n: int
+    ltid: int
+    ordinal: int
+    name: str
+    reason: str
+
+
+class Unknown(msgspec.Struct, frozen=True):
+    """A record of a type this code does not know (readers skip it; dumps show it)."""
+
+    rtype: int
+    fields: Any
+
+
+Record = RunStart | Spawn | Dispatch | Outcome | StepStart | Wake | TaskExit | RunEnd | Hold
+
+#: The struct of each record type.
+TYPES: Final[dict[int, type[Record]]] = {
+    cls.rtype: cls
+    for cls in (RunStart, Spawn, Dispatch, Outcome, StepStart, Wake, TaskExit, RunEnd, Hold)
+}
+
+
+class Undecodable(msgspec.Struct, frozen=True):
+    """A record whose payload did not decode (the store quarantines it).
+
+    Attributes:
+        error: What the decoder raised.
+    """
+
+    error: BaseException
+
+
+# -- values -------------------------------------------------------------------
+
+_EXT_TUPLE: Final = 1
+_EXT_SET: Final = 2
+_EXT_FROZENSET: Final = 3
+_EXT_UNENCODABLE: Final = 4
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+def _ext_hook(code: int, data: memoryview) -> Any:
+    if code == _EXT_TUPLE:
+        return tuple(unpack_value(x) for x in _values.decode(data))
+    if code == _EXT_SET:
+        return {unpack_value(x) for x in _values.decode(data)}
+    if code == _EXT_FROZENSET:
+        return frozenset(unpack_value(x) for x in _values.decode(data))
+    if code == _EXT_UNENCODABLE:
+        return Unencodable(bytes(data).decode("utf-8", "replace"))
+    raise ValueError(f"unknown msgpack extension {code}")
+
+
+_values = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
+_decoders: Final = {
+    rtype: msgspec.msgpack.Decoder(cls, ext_hook=_ext_hook) for rtype, cls in TYPES.items()
+}
+
+
+class Unencodable:
+    """Stands for a value the journal could not store (its repr is kept)."""
+
+    __slots__ = ("repr",)
+
+    def __init__(self, text: str) -> None:
+        self.repr = text
+
+    def __repr__(self) -> str:
+        return f"Unencodable({self.repr})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Unencodable) and other.repr == self.repr
+
+    def __hash__(self) -> int:
+        return hash(self.repr)
+
+
+_PLAIN = (str, int, float, bool, bytes, type(None))
+
+
+def pack_value(value: Any) -> Any:
+    """Return ``value`` in a form msgpack keeps exactly (tuples and sets as extensions).
+
+    A list or dict with nothing to pack inside comes back as itself, not a
+    copy: encode the result before the value can change.
+    """
+    cls = value.__class__
+    if cls in _PLAIN:
+        return value
+    if cls is dict:
+        out: Any = None  # a copy, made only when a value packs differently
+        for k, v in value.items():
+            if v.__class__ not in _PLAIN:
+                p = pack_value(v)
+                if p is not v:
+                    if out is None:
+                        out = dict(value)
+                    out[k] = p
+        return value if out is None else out
+    if cls is list:
+        out = None
+        for i, v in enumerate(value):
+            if v.__class__ not in _PLAIN:
+                p = pack_value(v)
+                if p is not v:
+                    if out is None:
+                        out = list(value)
+                    out[i] = p
+        return value if out is None else out
+    if cls is tuple:
+        return msgspec.msgpack.Ext(_EXT_TUPLE, _encoder.encode([pack_value(v) for v in value]))
+    if cls is set or cls is frozenset:
+        code = _EXT_SET if cls is set else _EXT_FROZENSET
+        items = sorted((pack_value(v) for v in value), key=repr)
+        return msgspec.msgpack.Ext(code, _encoder.encode(items))
+    try:
+        return msgspec.to_builtins(value)
+    except (TypeError, msgspec.EncodeError):
+        return msgspec.msgpack.Ext(_EXT_UNENCODABLE, repr(value)[:2000].encode())
+
+
+def unpack_value(value: Any) -> Any:
+    """Invert :func:`pack_value` for values nested in decoded lists and dicts."""
+    cls = value.__class__
+    if cls is list:
+        return [unpack_value(v) for v in value]
+    if cls is dict:
+        return {k: unpack_value(v) for k, v in value.items()}
+    return value
+
+
+def canonical(value: Any) -> bytes:
+    """Return the journaled bytes of ``value`` (for comparing values exactly)."""
+    return _encoder.encode(pack_value(value))
+
+
+# -- records ------------------------------------------------------------------
+
+#: ``encode_body(record)``: a record's msgpack array, without the run prefix.
+encode_body: Final = _encoder.encode
+
+
+def encode(prefix: bytes, record: Record) -> bytes:
+    """Return the payload of a run's record: run prefix + the record's msgpack array."""
+    return prefix + _encoder.encode(record)
+
+
+def decode(rtype: int, payload: bytes | memoryview) -> Record | Unknown:
+    """Return the record of type ``rtype`` a payload (run prefix included) holds.
+
+    Raises:
+        msgspec.DecodeError: The payload is not that record (too short, a
+            field of the wrong type, not msgpack).
+    """
+    body = memoryview(payload)[RUN_PREFIX.size :]
+    decoder = _decoders.get(rtype)
+    if decoder is None:
+        return Unknown(rtype, _values.decode(body))
+    record: Record = decoder.decode(body)
+    if record.__class__ is Spawn:
+        return _with_role(record)
+    return record
+
+
+def _with_role(spawn: Spawn) -> Spawn:
+    """A SPAWN as it decodes: one written before roles gets its label from its name."""
+    if spawn.role is not None or not spawn.parent_ltid:
+        return spawn
+    label = legacy_role(spawn.name)
+    return msgspec.structs.replace(spawn, role=label.role, step_id=label.step_id, tool=label.tool)
+
+
+def decode_record(
+    rtype: int, payload: bytes | memoryview
+) -> tuple[int, Record | Unknown | Undecodable]:
+    """Return ``(run_no, record)``, never raising: a bad payload gives :class:`Undecodable`."""
+    try:
+        run_no = run_of(payload)
+        return run_no, decode(rtype, payload)
+    except Exception as exc:  # noqa: BLE001 - any decoder failure: quarantined, not fatal
+        run_no = run_of(payload) if len(payload) >= RUN_PREFIX.size else 0
+        return run_no, Undecodable(exc)
+
+
+def run_of(payload: bytes | memoryview) -> int:
+    """Return the run number of a record without decoding the rest."""
+    return int(RUN_PREFIX.unpack_from(payload, 0)[0])
+
+
+def as_list(record: Record | Unknown) -> list[Any]:
+    """Return a record's fields as the positional list of its msgpack array."""
+    if isinstance(record, Unknown):
+        return list(record.fields) if isinstance(record.fields, list) else [record.fields]
+    return list(msgspec.structs.astuple(record))
+
+
+# -- rules readers share ------------------------------------------------------
+
+
+def carried(record: Record, last_n: int) -> Dispatch | None:
+    """Return the DISPATCH that ``record`` stands for, or None ("Carried dispatches").
+
+    ``last_n`` is the last dispatch the reader has seen in the run; a
+    SPAWN, OUTCOME, STEP_START or TASK_EXIT whose ``n`` passes it is that
+    dispatch. Every reader (the replay, the store) calls this.
+    """
+    cls = record.__class__
+    if cls is Outcome:
+        if record.n > last_n:  # type: ignore[union-attr]
+            return Dispatch(record.n, record.ltid, record.kind, None)  # type: ignore[union-attr]
+    elif cls is TaskExit:
+        if record.n > last_n:  # type: ignore[union-attr]
+            return Dispatch(record.n, record.ltid, "return", None)  # type: ignore[union-attr]
+    elif cls is StepStart:
+        if record.n > last_n:  # type: ignore[union-attr]
+            name = record.name[:MAX_ARG_CHARS]  # type: ignore[union-attr]
+            return Dispatch(record.n, record.ltid, "step", name)  # type: ignore[union-attr]
+    elif cls is Spawn and record.n > last_n:  # type: ignore[union-attr]
+        name = record.name[:MAX_ARG_CHARS]  # type: ignore[union-attr]
+        return Dispatch(record.n, record.parent_ltid, "new_task", name)  # type: ignore[union-attr]
+    return None
+
+
+def root_role(entry: Any) -> Role:
+    """Return the role of a run's root task, from the run's entry (RUN_START)."""
+    is_plan = isinstance(entry, dict) and entry.get("kind") == "plan"
+    return "planner" if is_plan else "task"
+
+
+def legacy_role(name: str) -> TaskLabel:
+    """Return the label of a task of a journal written before SPAWN had one.
+
+    Such journals named tasks ``worker:STEP``, ``tool:TOOL:STEP`` and
+    ``step:NAME``; this is the only place that reads a role from a name.
+    """
+    head, _, rest = name.partition(":")
+    if head == "worker" and rest:
+        return TaskLabel("worker", rest)
+    if head == "tool" and rest:
+        tool, _, step_id = rest.partition(":")
+        return TaskLabel("tool", step_id or None, tool if step_id else None)
+    if head == "step":
+        return TaskLabel("step")
+    return TaskLabel("task")
