@@ -31,6 +31,7 @@ def test_events_get_strictly_increasing_seqs_and_the_v1_schema():
         "run_id",
         "task",
         "task_kind",
+        "step_id",
         "label",
         "data",
     }

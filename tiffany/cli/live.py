@@ -2,7 +2,9 @@
 
 An instrument records what the kernel does to each task (spawned, blocked on
 what, woken, ended); rich's ``Live`` renders it from its own refresh thread,
-so the scheduler thread only updates a few dict entries per event.
+so the scheduler thread only updates a few dict entries per event. A task's
+role and plan step are the journal's label on it (``Task.meta``), set
+before this instrument sees the spawn.
 
 Discussion: the refresh thread reads dicts the loop thread mutates. Rather
 than a lock (the loop thread must never wait), the renderer copies them and
@@ -22,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from tiffany.durable.journal import TaskMeta
 from tiffany.kernel import Instrument, SystemCall, Task
 
 __all__ = ["LiveView"]
@@ -40,6 +43,8 @@ _STYLE = {
 class _Row:
     name: str
     parent: int | None
+    role: str = "task"
+    step_id: str | None = None
     state: str = "ready"
     detail: str = ""
     started: float = field(default_factory=time.monotonic)
@@ -85,13 +90,17 @@ class LiveView(Instrument):
         else:
             return
         for row in list(self.rows.values()):
-            if row.name == f"worker:{step}":
+            if row.role == "worker" and row.step_id == step:
                 row.note = note
 
     def task_spawned(self, task: Task) -> None:
         """Add a row."""
-        self.rows[task.id] = _Row(task.name, task.parent)
-        if task.name.startswith("worker:"):
+        meta = task.meta
+        row = _Row(task.name, task.parent)
+        if isinstance(meta, TaskMeta):
+            row.role, row.step_id = meta.label.role, meta.label.step_id
+        self.rows[task.id] = row
+        if row.role == "worker":
             self.workers_started += 1
             self.total_steps = max(self.total_steps, self.workers_started)
 
@@ -119,7 +128,7 @@ class LiveView(Instrument):
         row = self.rows.get(task.id)
         if row is not None:
             row.state, row.detail, row.ended = task.state.value, detail, time.monotonic()
-            if row.name.startswith("worker:"):
+            if row.role == "worker":
                 self.workers_done += 1
 
     def _snapshot(self) -> dict[int, _Row]:

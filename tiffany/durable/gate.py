@@ -66,6 +66,7 @@ class HeldStep:
     ordinal: int
     step: str  # the step's name in the journal
     reason: str
+    step_id: str | None = None  # the plan step its task serves (the task's SPAWN label)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the held step as JSON-able data."""

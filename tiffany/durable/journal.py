@@ -861,7 +861,7 @@ class Journal(Instrument):
         if fresh and call.__class__ is Step:  # no STEP_START carries this dispatch
             self._append(run, Dispatch(run.n, meta.ltid, "step", name[:MAX_ARG_CHARS]))
         self._append(run, Hold(run.n, meta.ltid, ordinal, name, reason))
-        held = HeldStep(run.run_id, meta.ltid, task.name, ordinal, name, reason)
+        held = HeldStep(run.run_id, meta.ltid, task.name, ordinal, name, reason, meta.label.step_id)
         self.held[task] = held
         log.warning("step.held", run_id=run.run_id, task=meta.ltid, step=name, reason=reason)
         if self.on_hold is not None:

@@ -101,8 +101,7 @@ class Engine:
         listed = []
         for h in steps[:MAX_WAITING_LISTED]:
             tool = self.env.registry.tool_of_step(h.step)
-            step_id = h.task.rsplit(":", 1)[-1]  # tasks are named worker:ID, tool:TOOL:ID
-            listed.append({**h.to_dict(), "tool": tool, "step_id": step_id})
+            listed.append({**h.to_dict(), "tool": tool, "step_id": h.step_id})
         return {"steps_waiting": len(steps), "waiting": listed}
 
 

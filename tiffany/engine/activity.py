@@ -2,8 +2,9 @@
 
 It runs on the scheduler thread, so it only builds a small tuple and appends
 it to the hub's inbox (never blocks, never encodes); the hub's thread does
-the rest. Run and run-local task ids come from the journal's note on each
-task (``Task.meta``).
+the rest. Run and run-local task ids, the task's role and plan step come
+from the journal's note on each task (``Task.meta``: the label its SPAWN
+record holds), never from its name.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from tiffany.durable.gate import HeldStep
 from tiffany.durable.journal import TaskMeta
 from tiffany.kernel import RETURNED, Instrument, SystemCall, Task
-from tiffany.pal import Hub, task_kind
+from tiffany.pal import Hub
 
 __all__ = ["ActivityLog"]
 
@@ -50,17 +51,17 @@ class ActivityLog(Instrument):
     def _ids(self, task: Task) -> dict[str, Any] | None:
         meta = task.meta
         if isinstance(meta, TaskMeta):
-            root = meta.run.root is task
             return {
                 "task_id": task.id,
                 "ltid": meta.ltid if meta.ltid >= 0 else None,
                 "run_id": meta.run.run_id,
                 "task": task.name,
-                "task_kind": task_kind(task.name, root),
+                "task_kind": meta.label.role,
+                "step_id": meta.label.step_id,
             }
         if self.runs_only:
             return None
-        return {"task_id": task.id, "task": task.name, "task_kind": task_kind(task.name)}
+        return {"task_id": task.id, "task": task.name}
 
     def task_spawned(self, task: Task) -> None:
         """Publish ``spawned`` (and ``tool.started`` for tool tasks)."""
@@ -123,5 +124,6 @@ class ActivityLog(Instrument):
         data = {"ok": ok, "error": dict(error) if error else None}
         if ids.get("task_kind") == "tool":
             self.hub.publish("tool.finished", label=task.name, data=data, **ids)
-        if ids.get("task_kind") == "planner":
+        meta = task.meta
+        if isinstance(meta, TaskMeta) and meta.run.root is task:
             self.hub.publish("run.finished", label=task.state.value, data=data, **ids)

@@ -1,6 +1,6 @@
 """The Process Activity Log: versioned activity events and their hub."""
 
-from tiffany.pal.events import EVENT_KINDS, SCHEMA_VERSION, Event, encode_event, task_kind
+from tiffany.pal.events import EVENT_KINDS, SCHEMA_VERSION, Event, encode_event
 from tiffany.pal.hub import Hub, Subscription
 
 __all__ = [
@@ -10,5 +10,4 @@ __all__ = [
     "Hub",
     "Subscription",
     "encode_event",
-    "task_kind",
 ]

@@ -14,6 +14,8 @@ Schema v1 (JSON object, one per event)::
     run_id     str | null (null for tasks outside any run)
     task_id    int, the engine's task id;  ltid: int | null, the run-local id
     task       str, the task's name;  task_kind: planner | worker | tool | step | task
+               (the task's role, as its run's journal labels it: never parsed
+               from the name);  step_id: str | null, the plan step it serves
     kind       spawned | step | blocked | woke | exit | crash | cancelled |
                tool.started | tool.output | tool.finished | retry | llm.usage |
                run.started | run.finished
@@ -32,7 +34,7 @@ from typing import Any, Final
 
 import msgspec
 
-__all__ = ["EVENT_KINDS", "SCHEMA_VERSION", "Event", "encode_event", "task_kind"]
+__all__ = ["EVENT_KINDS", "SCHEMA_VERSION", "Event", "encode_event"]
 
 SCHEMA_VERSION: Final = 1
 
@@ -68,6 +70,7 @@ class Event(msgspec.Struct, kw_only=True, omit_defaults=False):
     run_id: str | None = None
     task: str = ""
     task_kind: str = "task"
+    step_id: str | None = None
     label: str = ""
     data: dict[str, Any] = msgspec.field(default_factory=dict)
     v: int = SCHEMA_VERSION
@@ -79,11 +82,3 @@ _encoder = msgspec.json.Encoder()
 def encode_event(event: Event) -> bytes:
     """Return the event as one line of JSON (no newline)."""
     return _encoder.encode(event)
-
-
-def task_kind(name: str, is_root: bool = False) -> str:
-    """Return planner / worker / tool / step / task from a task's name."""
-    if is_root:
-        return "planner"
-    head = name.split(":", 1)[0]
-    return head if head in ("worker", "tool", "step") else "task"

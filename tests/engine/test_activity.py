@@ -1,0 +1,73 @@
+"""Activity events and the live view take a task's role and step from its SPAWN label."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tiffany.cli.live import LiveView
+from tiffany.config import Settings
+from tiffany.engine import build
+from tiffany.engine.activity import ActivityLog
+from tiffany.kernel import NewTask, Sleep
+
+PLAN = {
+    "name": "labelled",
+    "steps": [
+        {"id": "write", "tool": "file.write", "args": {"path": "a.txt", "content": "x"}},
+        {"id": "nap", "tool": "sleep", "args": {"seconds": 0}, "after": ["write"]},
+    ],
+}
+
+
+class Recorder:
+    """Stands for the hub: keeps what the instrument publishes."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def publish(self, kind: str, **fields: Any) -> None:
+        self.events.append((kind, fields))
+
+
+def _impostor() -> Any:
+    yield Sleep(0)
+    return 1
+
+
+def named_like_a_worker() -> Any:
+    """A plain task whose name looks like a worker's: it is a task all the same."""
+    tid = yield NewTask(_impostor(), name="worker:fake")
+    return tid
+
+
+def test_events_and_rows_carry_the_label_not_a_parsed_name(tmp_path: Path) -> None:
+    hub = Recorder()
+    live = LiveView(0)
+    settings = Settings(data_dir=tmp_path, enabled_tools=["file.write", "sleep"], _env_file=None)
+    engine = build(settings, instruments=[ActivityLog(hub), live])  # type: ignore[arg-type]
+    try:
+        plan_run = engine.submit_plan(PLAN)
+        other = engine.runtime.submit(f"{__name__}:named_like_a_worker")
+        engine.runtime.run()
+    finally:
+        engine.runtime.close()
+    spawned = {
+        (f["run_id"], f["task"]): (f["task_kind"], f["step_id"])
+        for kind, f in hub.events
+        if kind == "spawned"
+    }
+    assert spawned == {
+        (plan_run, "labelled"): ("planner", None),
+        (plan_run, "worker:write"): ("worker", "write"),
+        (plan_run, "tool:file.write:write"): ("tool", "write"),
+        (plan_run, "worker:nap"): ("worker", "nap"),
+        (other, f"{__name__}:named_like_a_worker"): ("task", None),
+        (other, "worker:fake"): ("task", None),
+    }
+    tools = [f["step_id"] for kind, f in hub.events if kind == "tool.finished"]
+    assert tools == ["write"]
+    finished = {f["run_id"] for kind, f in hub.events if kind == "run.finished"}
+    assert finished == {plan_run, other}  # a callable run's root ends its run too
+    assert (live.workers_started, live.workers_done) == (2, 2)
+    assert {r.step_id for r in live.rows.values() if r.role == "worker"} == {"write", "nap"}
