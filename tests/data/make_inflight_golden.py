@@ -9,8 +9,8 @@ process submits two runs and dies by SIGKILL part-way through them:
 
 * ``inflight-plan``: a plan (file.write, a durable sleep, file.read,
   file.write), killed while its ``wait`` step sleeps;
-* ``inflight-fan-in``: ``durable_workloads:fan_in(3)``, started before the
-  kill, not finished by then.
+* ``inflight-sleeper``: ``durable_workloads:cancellable(0.5)``, a root
+  joining a child in a durable sleep, started before the kill.
 
 ``tests/durable/test_upgrade.py`` copies the data dir, recovers it with the
 current code and checks that both runs finish with the outputs they would
@@ -64,7 +64,7 @@ def child(data_dir: str) -> None:
 
     settings = Settings(data_dir=data_dir, enabled_tools=TOOLS, wal_fsync="always", _env_file=None)
     engine = build(settings, instruments=[KillWhenAsleep()])
-    engine.runtime.submit("durable_workloads:fan_in", 3, run_id="inflight-fan-in")
+    engine.runtime.submit("durable_workloads:cancellable", 0.5, run_id="inflight-sleeper")
     engine.submit_plan(PLAN, run_id="inflight-plan")
     engine.runtime.run()
     raise SystemExit("the run finished: the kill never came")

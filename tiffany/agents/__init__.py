@@ -39,10 +39,12 @@ def plan_entry(doc: Mapping[str, Any], inputs: Mapping[str, Any] | None = None) 
     return {"kind": "plan", "plan": dict(doc), "inputs": dict(inputs or {})}
 
 
-def plan_resolver(env: AgentEnv) -> Callable[[dict[str, Any], str], Generator[Any, Any, Any]]:
+def plan_resolver(
+    env: AgentEnv,
+) -> Callable[[dict[str, Any], str, int], Generator[Any, Any, Any]]:
     """Return the runtime resolver that rebuilds a plan run's planner task."""
 
-    def resolve(entry: dict[str, Any], run_id: str) -> Generator[Any, Any, Any]:
-        return run_plan(env, run_id, entry["plan"], entry.get("inputs") or {})
+    def resolve(entry: dict[str, Any], run_id: str, compat: int) -> Generator[Any, Any, Any]:
+        return run_plan(env, run_id, entry["plan"], entry.get("inputs") or {}, compat)
 
     return resolve

@@ -27,7 +27,7 @@ from tiffany.agents.refs import RefError, resolve
 from tiffany.agents.worker import AgentEnv, StepOutcome, worker
 from tiffany.errors import TaskCancelled, TiffanyError
 from tiffany.kernel import KillTask, NewTask, Queue
-from tiffany.records import TaskLabel
+from tiffany.records import JOURNAL_COMPAT, TaskLabel
 
 __all__ = ["PlanFailed", "run_plan"]
 
@@ -48,8 +48,17 @@ class PlanFailed(TiffanyError):
     code = "plan.failed"
 
 
-def run_plan(env: AgentEnv, run_id: str, doc: Mapping[str, Any], inputs: Mapping[str, Any]) -> Co:
-    """The root task of a plan run; returns ``{"outputs": ..., "steps": ...}``."""
+def run_plan(
+    env: AgentEnv,
+    run_id: str,
+    doc: Mapping[str, Any],
+    inputs: Mapping[str, Any],
+    compat: int = JOURNAL_COMPAT,
+) -> Co:
+    """The root task of a plan run; returns ``{"outputs": ..., "steps": ...}``.
+
+    ``compat``: the journal version the run started under (its workers get it).
+    """
     # Validated once at submission; a replay or recovery parses it again,
     # against every tool (the engine holds a disabled tool's steps: registry.py).
     plan = env.validated_plan(doc) or parse_plan(doc, env.registry.all_names())
@@ -74,7 +83,7 @@ def run_plan(env: AgentEnv, run_id: str, doc: Mapping[str, Any], inputs: Mapping
                 # A daemon: nobody joins a worker (it reports through the
                 # queue), so its record goes as soon as it ends.
                 running[sid] = yield NewTask(
-                    worker(env, run_id, dag.specs[sid], values, outputs, results),
+                    worker(env, run_id, dag.specs[sid], values, outputs, results, compat),
                     name=f"worker:{sid}",
                     daemon=True,
                     meta=TaskLabel("worker", sid),

@@ -40,7 +40,7 @@ from tiffany.agents.refs import RefError, resolve
 from tiffany.agents.tools.base import ToolContext, ToolSettings
 from tiffany.errors import TaskCrashed, TaskKilled, TiffanyError, WaitTimeout
 from tiffany.kernel import KillTask, NewTask, Now, Queue, Sleep, Step, WaitTask
-from tiffany.records import TaskLabel
+from tiffany.records import JOURNAL_COMPAT, TaskLabel
 
 if TYPE_CHECKING:
     from tiffany.agents.registry import ToolRegistry
@@ -225,8 +225,14 @@ def worker(
     inputs: Mapping[str, Any],
     outputs: Mapping[str, Any],
     results: Queue[StepOutcome],
+    compat: int = JOURNAL_COMPAT,
 ) -> Co:
-    """Run one step to success or to the end of its retries; report to ``results``."""
+    """Run one step to success or to the end of its retries; report to ``results``.
+
+    ``compat`` is the journal version the run started under: a change to
+    the calls this function yields bumps ``JOURNAL_COMPAT`` and keeps the
+    old sequence for runs of older versions (docs/wal-format.md, "Versions").
+    """
     outcome = StepOutcome(spec.id, False)
     try:
         # Enabled or not: the engine holds a disabled tool's step (registry.py).

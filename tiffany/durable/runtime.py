@@ -30,15 +30,31 @@ from tiffany.durable.history import RunIndex, load_many
 from tiffany.durable.journal import Journal, RunState
 from tiffany.errors import InstrumentFailure, NondeterminismError, TiffanyError
 from tiffany.kernel import Clock, Instrument, Scheduler
-from tiffany.records import RecordType
+from tiffany.records import JOURNAL_COMPAT, RecordType
 from tiffany.wal import FsyncPolicy, Wal, iter_records
 
-__all__ = ["EntryError", "Resolver", "Runtime", "VerifyReport", "resolve_callable", "verify"]
+__all__ = [
+    "EntryError",
+    "JournalTooNew",
+    "Resolver",
+    "Runtime",
+    "VerifyReport",
+    "resolve_callable",
+    "verify",
+]
 
 log = structlog.get_logger("tiffany.durable")
 
-#: Builds a run's root coroutine from the entry recorded in RUN_START and the run id.
-Resolver = Callable[[dict[str, Any], str], Generator[Any, Any, Any]]
+#: Builds a run's root coroutine from the entry recorded in RUN_START, the run id
+#: and the journal-compatibility version the run started under (its code keeps
+#: the dispatch sequence of that version: docs/wal-format.md, "Versions").
+Resolver = Callable[[dict[str, Any], str, int], Generator[Any, Any, Any]]
+
+
+class JournalTooNew(TiffanyError):
+    """A run started under a journal version newer than this code replays."""
+
+    code = "run.journal_too_new"
 
 
 class EntryError(TiffanyError):
@@ -63,8 +79,13 @@ def callable_entry(
     return {"kind": "callable", "target": target, "args": list(args), "kwargs": dict(kwargs)}
 
 
-def resolve_callable(entry: dict[str, Any], run_id: str = "") -> Generator[Any, Any, Any]:
-    """Import ``entry['target']`` and call it with the recorded arguments."""
+def resolve_callable(
+    entry: dict[str, Any], run_id: str = "", compat: int = JOURNAL_COMPAT
+) -> Generator[Any, Any, Any]:
+    """Import ``entry['target']`` and call it with the recorded arguments.
+
+    (A callable's dispatch sequence is its own code's: ``compat`` changes nothing.)
+    """
     target = str(entry.get("target", ""))
     module_name, _, qualname = target.partition(":")
     if not module_name or not qualname:
@@ -143,6 +164,8 @@ class Runtime:
         self.journal.reserve_run_no(max_run_no(self.wal_dir))
         self.resolvers: dict[str, Resolver] = {"callable": resolve_callable, **(resolvers or {})}
         self.index: RunIndex | None = None
+        #: Unfinished runs recovery left alone: a newer engine started them.
+        self.too_new: list[JournalTooNew] = []
 
     # -- runs ----------------------------------------------------------------
 
@@ -168,7 +191,7 @@ class Runtime:
     ) -> str:
         """Start a run from an entry record (``{"kind": ..., ...}``)."""
         run_id = run_id or f"run-{uuid.uuid4().hex[:12]}"
-        coro = self._resolve(entry, run_id)
+        coro = self._resolve(entry, run_id, JOURNAL_COMPAT)
         self.journal.start_run(run_id, name or str(entry.get("kind")), entry, coro, on_end=on_end)
         return run_id
 
@@ -177,11 +200,23 @@ class Runtime:
         wanted = set(only) if only is not None else None
         index, cursors = load_many(self.wal_dir, wanted, unfinished_only=True)
         self.index = index
+        self.too_new = []
         self.journal.reserve_run_no(index.max_run_no)
         resumed = []
         for run_id, cursor in cursors.items():
             info = index.get(run_id)
-            coro = self._resolve(info.entry, info.run_id)
+            if info.compat > JOURNAL_COMPAT:
+                # Started by a newer engine (a downgrade): left as it is, for that engine.
+                err = JournalTooNew(
+                    f"run {run_id} started under journal version {info.compat}; this "
+                    f"engine replays up to {JOURNAL_COMPAT}: upgrade to resume it",
+                    run_id=run_id,
+                    compat=info.compat,
+                )
+                log.error("recovery.too_new", **err.fields)
+                self.too_new.append(err)
+                continue
+            coro = self._resolve(info.entry, info.run_id, info.compat)
             self.journal.start_run(
                 info.run_id,
                 info.name,
@@ -195,6 +230,8 @@ class Runtime:
         if wanted is not None:
             for run_id in wanted - set(resumed):
                 index.get(run_id)  # raises UnknownRun for a bad id
+            for err in self.too_new:
+                raise err
         if resumed:
             log.info("recovery.started", runs=len(resumed))
         return resumed
@@ -227,11 +264,11 @@ class Runtime:
 
     # -- internals -------------------------------------------------------------
 
-    def _resolve(self, entry: dict[str, Any], run_id: str) -> Generator[Any, Any, Any]:
+    def _resolve(self, entry: dict[str, Any], run_id: str, compat: int) -> Generator[Any, Any, Any]:
         resolver = self.resolvers.get(str(entry.get("kind")))
         if resolver is None:
             raise EntryError(f"unknown entry kind {entry.get('kind')!r}", kind=entry.get("kind"))
-        return resolver(entry, run_id)
+        return resolver(entry, run_id, compat)
 
 
 def max_run_no(wal_dir: Path) -> int:
@@ -270,13 +307,18 @@ def verify(
     if resolver is None:
         report.problems.append(f"unknown entry kind {info.entry.get('kind')!r}")
         return report
+    if info.compat > JOURNAL_COMPAT:
+        report.problems.append(
+            f"journal version {info.compat} is newer than this code's ({JOURNAL_COMPAT})"
+        )
+        return report
     with Scheduler() as sched:
         journal = Journal(None, sched, allow_live=False)
         run = journal.start_run(
             info.run_id,
             info.name,
             info.entry,
-            resolver(info.entry, info.run_id),
+            resolver(info.entry, info.run_id, info.compat),
             run_no=info.run_no,
             replay=cursor,
             compat=info.compat,

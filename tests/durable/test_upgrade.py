@@ -1,0 +1,114 @@
+"""Upgrades with runs in flight: a data dir the previous release left mid-run finishes here.
+
+``tests/data/golden/inflight_v1`` was written by main at d869a26 (journal
+version 1, before RUN_START carried a version and SPAWN a role) and killed
+by SIGKILL with a plan run sleeping in its second step and a callable run
+whose root waits on a child in a durable sleep (``tests/data/make_inflight_golden.py``). Every
+release's in-flight golden stays here and must keep finishing.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import durable_workloads as wl
+import pytest
+
+from tiffany.config import Settings
+from tiffany.durable import Runtime, scan, verify
+from tiffany.durable.runtime import JournalTooNew
+from tiffany.engine import build, replay_resolvers
+from tiffany.engine.projection import project_wal
+from tiffany.records import JOURNAL_COMPAT, RUN_PREFIX, RunStart, Spawn, encode
+from tiffany.store import make_engine, queries, session_factory
+from tiffany.wal import Wal
+
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
+RELEASES = ["inflight_v1"]
+TOOLS = ["file.write", "file.read", "sleep"]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_runs_in_flight_under_the_previous_release_finish_after_the_upgrade(tmp_path, release):
+    data = tmp_path / release
+    shutil.copytree(GOLDEN / release, data)
+    index = scan(data / "wal")
+    assert {i.run_id: (i.status, i.compat) for i in index.runs.values()} == {
+        "inflight-plan": ("running", 1),
+        "inflight-sleeper": ("running", 1),
+    }
+    settings = Settings(data_dir=data, enabled_tools=TOOLS, _env_file=None)
+    engine = build(settings)
+    try:
+        resumed = engine.runtime.recover()
+        assert sorted(resumed) == ["inflight-plan", "inflight-sleeper"]
+        engine.runtime.run()
+        plan = engine.runtime.status("inflight-plan")
+        sleeper = engine.runtime.status("inflight-sleeper")
+    finally:
+        engine.runtime.close()
+    assert (plan.status, sleeper.status) == ("succeeded", "succeeded"), (plan.error, sleeper.error)
+    assert plan.result["outputs"] == {"read": "alpha"}
+    assert {k: v["status"] for k, v in plan.result["steps"].items()} == dict.fromkeys(
+        ["a", "wait", "b", "c"], "succeeded"
+    )
+    workspace = data / "workspaces" / "inflight-plan"
+    assert (workspace / "c.txt").read_text() == "alpha!"
+    assert sleeper.result == "slept"
+    assert wl.CALLS == []  # nothing was cancelled on the way
+    # The whole history, old records and new, replays identically with this code.
+    for run_id in resumed:
+        report = verify(data, run_id, resolvers=replay_resolvers(settings))
+        assert report.ok, report.to_dict()
+    # The store reads the old SPAWNs' roles (from their names, in the decoder) and the new ones.
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    project_wal(url, data / "wal")
+    store = make_engine(url)
+    try:
+        with session_factory(store)() as session:
+            row = queries.get_run(session, "inflight-plan")
+            run = queries.run_detail(row) if row is not None else None
+    finally:
+        store.dispose()
+    assert run is not None
+    kinds = {(t["name"], t["kind"], t["step_id"]) for t in run["tasks"]}
+    assert {
+        ("inflight", "planner", None),
+        ("worker:a", "worker", "a"),
+        ("tool:file.write:a", "tool", "a"),
+        ("worker:wait", "worker", "wait"),
+        ("worker:b", "worker", "b"),
+        ("tool:file.read:b", "tool", "b"),
+        ("worker:c", "worker", "c"),
+    } <= kinds
+    assert {s["step_id"]: s["status"] for s in run["steps"]} == dict.fromkeys(
+        ["a", "wait", "b", "c"], "succeeded"
+    )
+
+
+def test_a_new_run_records_this_codes_version(tmp_path):
+    with Runtime(tmp_path) as rt:
+        run_id = rt.submit("durable_workloads:fan_in", 1)
+        rt.run()
+    assert scan(tmp_path / "wal").get(run_id).compat == JOURNAL_COMPAT
+
+
+def test_a_run_started_by_a_newer_engine_is_left_alone(tmp_path):
+    wal = Wal.open(tmp_path / "wal")
+    prefix = RUN_PREFIX.pack(1)
+    entry = {"kind": "callable", "target": "durable_workloads:fan_in", "args": [1], "kwargs": {}}
+    future = RunStart("from-the-future", "f", entry, 1.0, JOURNAL_COMPAT + 1)
+    wal.append(future.rtype, encode(prefix, future))
+    root = Spawn(0, 1, 0, "f", "task")
+    wal.append(root.rtype, encode(prefix, root))
+    wal.commit()
+    wal.close()
+    with Runtime(tmp_path) as rt:
+        assert rt.recover() == []
+        assert [e.fields["run_id"] for e in rt.too_new] == ["from-the-future"]
+        with pytest.raises(JournalTooNew, match="upgrade to resume it"):
+            rt.recover(["from-the-future"])
+    assert scan(tmp_path / "wal").get("from-the-future").status == "running"  # nothing lost
+    report = verify(tmp_path, "from-the-future")
+    assert not report.ok
