@@ -197,3 +197,22 @@ def test_every_golden_record_decodes_to_its_positional_fields():
             assert as_list(raw.decode(bytes(r.payload)[4:]))[: len(old)] == old
             count += 1
     assert count > 100
+
+
+def test_the_format_doc_lists_every_record_type_with_its_fields():
+    import re
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "wal-format.md").read_text()
+    rows = re.findall(r"^\| `([A-Z_]+)` \| (\d+) \| ([a-z_?, ]+) \|$", doc, re.MULTILINE)
+    table = {
+        int(byte): (name, [f.strip() for f in fields.split(",")]) for name, byte, fields in rows
+    }
+    expected = {}
+    for rtype, cls in TYPES.items():
+        defaults = len(cls.__struct_defaults__)
+        fields = list(cls.__struct_fields__)
+        marked = fields[: len(fields) - defaults] + [
+            f"{f}?" for f in fields[len(fields) - defaults :]
+        ]
+        expected[int(rtype)] = (RecordType(rtype).name, marked)
+    assert table == expected

@@ -89,7 +89,7 @@ class TaskState(enum.StrEnum):
 
 
 class TaskKind(enum.StrEnum):
-    """What a task is, derived from its name (``worker:ID``, ``tool:TOOL:ID``...)."""
+    """What a task is in its run: the role its SPAWN record holds (``tiffany.records``)."""
 
     PLANNER = "planner"
     WORKER = "worker"
@@ -240,7 +240,7 @@ class JournalRecord(Base):
     """One journal record, decoded (the dashboard's journal table, ``GET /api/runs/{id}/events``).
 
     ``data`` names the record's fields (``{"n", "ltid", "kind", "arg"}`` for a
-    DISPATCH: see ``tiffany/store/records.py``). Keyed by WAL sequence number,
+    DISPATCH: the fields of its struct in ``tiffany/records.py``). Keyed by WAL sequence number,
     so applying a batch twice changes nothing.
     """
 
