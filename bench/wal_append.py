@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import msgspec
 
+from tiffany.records import Dispatch
 from tiffany.wal import FsyncPolicy, Wal, iter_records
 
 PAYLOAD_SIZES = (64, 256)
@@ -140,6 +141,13 @@ def codec_costs(n: int) -> dict[str, float]:
         "msgspec.json encode (dict)": per_call_ns(lambda: json_enc.encode(record), n),
         "msgspec.msgpack encode (dict)": per_call_ns(lambda: pack_enc.encode(record), n),
         "msgspec.msgpack encode (tuple)": per_call_ns(lambda: pack_enc.encode(as_tuple), n),
+        # What the journal does per dispatch: build the record, encode it.
+        "journal DISPATCH: build list + encode": per_call_ns(
+            lambda: pack_enc.encode([456, 3, "sleep", 0.01]), n
+        ),
+        "journal DISPATCH: build typed struct + encode": per_call_ns(
+            lambda: pack_enc.encode(Dispatch(456, 3, "sleep", 0.01)), n
+        ),
     }
     with tempfile.TemporaryDirectory() as d, Wal.open(d, fsync=FsyncPolicy.OFF) as wal:
         payload = pack_enc.encode(record)

@@ -168,6 +168,10 @@ class Spawn(msgspec.Struct, array_like=True, frozen=True, gc=False):
     step_id: str | None = None
     tool: str | None = None
 
+    def implied(self) -> Dispatch:
+        """The parent's ``NewTask`` dispatch this record carries (see :func:`carried`)."""
+        return Dispatch(self.n, self.parent_ltid, "new_task", self.name[:MAX_ARG_CHARS])
+
 
 class TaskLabel(msgspec.Struct, frozen=True, gc=False):
     """What a spawned task is, given by the code that spawns it (``NewTask(meta=...)``).
@@ -200,6 +204,10 @@ class Outcome(msgspec.Struct, array_like=True, frozen=True):
     kind: str
     value: Any
 
+    def implied(self) -> Dispatch:
+        """The ``Now()`` or ``Random()`` dispatch this record carries (see :func:`carried`)."""
+        return Dispatch(self.n, self.ltid, self.kind, None)
+
 
 class StepStart(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """A step (the task's ``ordinal``-th) starts its ``attempt``-th attempt."""
@@ -210,6 +218,10 @@ class StepStart(msgspec.Struct, array_like=True, frozen=True, gc=False):
     ordinal: int
     name: str
     attempt: int
+
+    def implied(self) -> Dispatch:
+        """The ``Step`` dispatch this record carries (see :func:`carried`)."""
+        return Dispatch(self.n, self.ltid, "step", self.name[:MAX_ARG_CHARS])
 
 
 class Wake(msgspec.Struct, array_like=True, frozen=True):
@@ -234,6 +246,10 @@ class TaskExit(msgspec.Struct, array_like=True, frozen=True):
     ltid: int
     state: str
     value: Any
+
+    def implied(self) -> Dispatch:
+        """The task's final ``return`` dispatch this record carries (see :func:`carried`)."""
+        return Dispatch(self.n, self.ltid, "return", None)
 
 
 class RunEnd(msgspec.Struct, array_like=True, frozen=True):
@@ -457,20 +473,8 @@ def carried(record: Record, last_n: int) -> Dispatch | None:
     SPAWN, OUTCOME, STEP_START or TASK_EXIT whose ``n`` passes it is that
     dispatch. Every reader (the replay, the store) calls this.
     """
-    cls = record.__class__
-    if cls is Outcome:
-        if record.n > last_n:  # type: ignore[union-attr]
-            return Dispatch(record.n, record.ltid, record.kind, None)  # type: ignore[union-attr]
-    elif cls is TaskExit:
-        if record.n > last_n:  # type: ignore[union-attr]
-            return Dispatch(record.n, record.ltid, "return", None)  # type: ignore[union-attr]
-    elif cls is StepStart:
-        if record.n > last_n:  # type: ignore[union-attr]
-            name = record.name[:MAX_ARG_CHARS]  # type: ignore[union-attr]
-            return Dispatch(record.n, record.ltid, "step", name)  # type: ignore[union-attr]
-    elif cls is Spawn and record.n > last_n:  # type: ignore[union-attr]
-        name = record.name[:MAX_ARG_CHARS]  # type: ignore[union-attr]
-        return Dispatch(record.n, record.parent_ltid, "new_task", name)  # type: ignore[union-attr]
+    if isinstance(record, (Outcome, TaskExit, StepStart, Spawn)) and record.n > last_n:
+        return record.implied()
     return None
 
 
