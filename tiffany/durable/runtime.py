@@ -26,12 +26,13 @@ from typing import Any
 
 import structlog
 
-from tiffany.durable.history import RunIndex, load_many
+from tiffany.durable.checkpoint import Checkpoint, read_checkpoint
+from tiffany.durable.history import RunIndex, load_many, scan
 from tiffany.durable.journal import Journal, RunState
-from tiffany.durable.records import RecordType
 from tiffany.errors import InstrumentFailure, NondeterminismError, TiffanyError
 from tiffany.kernel import Clock, Instrument, Scheduler
-from tiffany.wal import FsyncPolicy, Wal, iter_records
+from tiffany.wal import FsyncPolicy, Wal
+from tiffany.wal.segments import history_start
 
 __all__ = ["EntryError", "Resolver", "Runtime", "VerifyReport", "resolve_callable", "verify"]
 
@@ -138,9 +139,11 @@ class Runtime:
         self.wal = Wal.open(self.wal_dir, fsync=policy, **kwargs)
         self.sched = Scheduler(clock=clock, seed=seed, instruments=instruments)
         self.journal = Journal(self.wal, self.sched)
+        #: The newest usable checkpoint (docs/wal-format.md): a start reads the WAL after it.
+        self.checkpoint: Checkpoint | None = read_checkpoint(self.wal_dir, self.wal.durable_seq)
         # Run numbers are unique per data dir, whoever starts the run (a CLI
         # run, a server, recovery): new runs are numbered above the WAL's.
-        self.journal.reserve_run_no(max_run_no(self.wal_dir))
+        self.journal.reserve_run_no(max_run_no(self.wal_dir, self.checkpoint))
         self.resolvers: dict[str, Resolver] = {"callable": resolve_callable, **(resolvers or {})}
         self.index: RunIndex | None = None
 
@@ -173,9 +176,15 @@ class Runtime:
         return run_id
 
     def recover(self, only: Iterable[str] | None = None) -> list[str]:
-        """Replay unfinished runs from the WAL; each goes live where its journal ends."""
+        """Replay unfinished runs from the WAL; each goes live where its journal ends.
+
+        Without ``only``, reads the WAL from the checkpoint on (the index is
+        then partial, see ``history.load_many``); with it, the whole WAL, so
+        that a run that ended long ago is told apart from an unknown one.
+        """
         wanted = set(only) if only is not None else None
-        index, cursors = load_many(self.wal_dir, wanted, unfinished_only=True)
+        base = self.checkpoint if wanted is None else None
+        index, cursors = load_many(self.wal_dir, wanted, unfinished_only=True, base=base)
         self.index = index
         self.journal.reserve_run_no(index.max_run_no)
         resumed = []
@@ -228,21 +237,26 @@ class Runtime:
         return resolver(entry, run_id)
 
 
-def max_run_no(wal_dir: Path) -> int:
-    """Return the highest run number a RUN_START in the WAL holds (0 for none).
+def max_run_no(wal_dir: Path, base: Checkpoint | None = None) -> int:
+    """Return the highest run number the WAL (after ``base``, or ``base``'s) holds; 0 for none.
 
-    Discussion: this pass reads each record's type byte and, for a
-    RUN_START only, the 4-byte run number in front of its payload: nothing
-    is decoded, so it costs the WAL reader's CRC pass. Without it every
-    ``tiffany run`` numbered its run 1 (the journal counts from 1 unless
-    recovery scanned the WAL), and the store refused the second one.
+    Discussion: without it every ``tiffany run`` numbered its run 1 (the
+    journal counts from 1 unless recovery scanned the WAL), and the store
+    refused the second one. Given a checkpoint, only the records after it
+    are read; without one, the whole history, archive included. When
+    retention deleted segments and no checkpoint is usable, the numbers in
+    the deleted segments are unknown: that is logged loudly (keep a
+    checkpoint, or use ``archive``).
     """
-    run_start = RecordType.RUN_START
-    top = 0
-    for rec in iter_records(wal_dir):
-        if rec.rtype == run_start:
-            top = max(top, int.from_bytes(rec.payload[:4], "little"))
-    return top
+    if base is None and history_start(wal_dir) > 1:
+        log.error(
+            "checkpoint.missing",
+            wal=str(wal_dir),
+            first_seq=history_start(wal_dir),
+            note="segments were deleted and no checkpoint checks out: run numbers are "
+            "reserved above those still on disk only",
+        )
+    return scan(wal_dir, base).max_run_no
 
 
 def verify(
