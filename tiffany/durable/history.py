@@ -46,6 +46,7 @@ __all__ = [
     "UnknownRun",
     "checkpoint_of",
     "decoded_records",
+    "index_of",
     "load",
     "load_many",
     "scan",
