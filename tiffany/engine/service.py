@@ -17,8 +17,12 @@ commit's frames to the projector process, which writes the SQL store (see
 appends to deques and sets events.
 
 Start-up: the sockets come up first, so ``/readyz`` can say "recovering";
-then the WAL is scanned and unfinished runs are replayed up to the end of
-their journal, after which they go live. ``ready`` turns true when no run
+then the WAL is read from the newest checkpoint on (docs/wal-format.md,
+"Checkpoints and retention") and unfinished runs are replayed up to the end
+of their journal, after which they go live. A checkpointer thread
+(``durable/retention.py``) then writes checkpoints and releases finished,
+projected segments per ``TIFFANY_WAL_RETAIN``; the loop only pokes it. What
+the engine remembers of runs is bounded (``run_table.py``). ``ready`` turns true when no run
 is replaying any more. Submissions that arrive meanwhile wait in the inbox.
 
 Shutdown (SIGINT/SIGTERM, or :meth:`EngineService.request_stop`): the
