@@ -159,6 +159,16 @@ def test_a_kill_9_at_any_step_of_a_release_loses_nothing(
     assert killed == syncs
 
 
+def test_a_reader_finds_a_segment_archived_after_it_listed_it(tmp_path: Path) -> None:
+    fill(tmp_path, 40)
+    wal = tmp_path / "wal"
+    before = history(wal)
+    records = iter_records(wal)
+    assert next(records).seq == 1  # the live segments are listed now
+    release(wal, checkpoint_now(tmp_path), EVERYTHING, Retain.ARCHIVE)
+    assert [(r.seq, r.rtype, r.payload) for r in records] == before[1:]
+
+
 def test_a_torn_creation_of_the_only_live_segment_is_reset(tmp_path: Path) -> None:
     fill(tmp_path, 40)
     wal = tmp_path / "wal"

@@ -162,8 +162,19 @@ def release_segment(seg: Segment, *, archive: bool, fsync: SyncFn | None = os.fs
 
 
 def read_segment(seg: Segment) -> bytes:
-    """Return a whole segment file (segments are read whole; 64 MiB at most by default)."""
-    with open(seg.path, "rb") as f:
+    """Return a whole segment file (segments are read whole; 64 MiB at most by default).
+
+    A live segment archived since it was listed (a reader beside a running
+    engine) is read from the archive.
+    """
+    try:
+        with open(seg.path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        moved = seg.path.parent / ARCHIVE_DIR_NAME / seg.name
+        if seg.path.parent.name == ARCHIVE_DIR_NAME or not moved.is_file():
+            raise
+    with open(moved, "rb") as f:
         return f.read()
 
 
