@@ -36,7 +36,7 @@ from tiffany.durable.checkpoint import (
 )
 from tiffany.durable.dispatch import MAX_ARG_CHARS
 from tiffany.durable.journal import ReplayCursor
-from tiffany.durable.records import RecordType, decode, decode_fields
+from tiffany.durable.records import RUN_PREFIX, RecordType, decode, decode_fields
 from tiffany.errors import TiffanyError
 from tiffany.wal import iter_records
 
@@ -125,11 +125,15 @@ class RunIndex:
         return info
 
     def end_run(self, payload: bytes) -> None:
-        """Mark the run a RUN_END record ends (unknown runs: ended before a checkpoint)."""
+        """Mark the run a RUN_END record ends (unknown runs: ended before a checkpoint).
+
+        Its RUN_START bytes are let go: only unfinished runs go into a checkpoint.
+        """
         run_no, (status, value, ts) = decode(payload)
         ended = self.by_no.get(run_no)
         if ended is not None:
             ended.status, ended.result, ended.ended_at = status, value, ts
+            ended.start = b""
 
 
 def index_of(cp: Checkpoint) -> RunIndex:
@@ -188,7 +192,7 @@ def load_many(
     index = index_of(base) if base is not None else RunIndex()
     after = index.last_seq
     kept = [i for i in index.runs.values() if wanted is None or i.run_id in wanted]
-    keep: dict[bytes, list[tuple[int, int, bytes]]] = {i.start[:4]: [] for i in kept}
+    keep: dict[bytes, list[tuple[int, int, bytes]]] = {RUN_PREFIX.pack(i.run_no): [] for i in kept}
     first = min([i.first_seq for i in kept] + [after + 1])
     for rec in iter_records(wal_dir, from_seq=first):
         seq = rec.seq
