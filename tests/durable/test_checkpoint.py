@@ -210,3 +210,16 @@ def test_run_numbers_stay_unique_when_the_checkpoint_holds_the_top_one(tmp_path:
         rt.run()
     assert scan(tmp_path / "wal").get(new).finished
     assert scan(tmp_path / "wal").get(new).run_no == 5
+
+
+def test_a_start_on_a_checkpoint_at_the_end_of_the_log_reads_no_segment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fill(tmp_path, 200)
+    checkpoint_now(tmp_path)  # as a clean stop leaves it
+    counted = Counting(monkeypatch)
+    with Runtime(tmp_path, fsync="off", segment_size_bytes=SEGMENT_BYTES) as rt:
+        assert rt.recover() == []
+        assert rt.opened.max_run_no == 200
+    assert counted.segments == []
+    assert counted.records == 0

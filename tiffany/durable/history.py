@@ -153,9 +153,9 @@ def checkpoint_of(index: RunIndex, window_s: float = IDEMPOTENCY_WINDOW_S) -> Ch
     return Checkpoint(index.last_seq, index.max_run_no, runs, keys)
 
 
-def scan(wal_dir: Path, base: Checkpoint | None = None) -> RunIndex:
-    """Build the run index with one pass over the WAL (after ``base``, if given)."""
-    return load_many(wal_dir, set(), base=base)[0]
+def scan(wal_dir: Path, base: Checkpoint | None = None, until: int | None = None) -> RunIndex:
+    """Build the run index with one pass over the WAL (after ``base``, up to ``until``)."""
+    return load_many(wal_dir, set(), base=base, until=until)[0]
 
 
 def decoded_records(wal_dir: Path, info: RunInfo) -> Iterator[tuple[int, int, list[Any]]]:
@@ -183,7 +183,9 @@ def load_many(
         wanted: Run ids to load (None: every run).
         unfinished_only: Skip runs whose end is in the WAL (recovery).
         base: Start from this checkpoint's index instead of seq 1.
-        until: Stop after this seq (a checkpointer reads only what is durable).
+        until: Stop after this seq (a checkpointer reads only what is durable;
+            a start knows where the log ends, and reads nothing when the
+            checkpoint is there).
 
     Discussion: a run's first record is its RUN_START, so a single pass
     can decide, at that record, whether to keep the run's records; only the
@@ -194,7 +196,8 @@ def load_many(
     kept = [i for i in index.runs.values() if wanted is None or i.run_id in wanted]
     keep: dict[bytes, list[tuple[int, int, bytes]]] = {RUN_PREFIX.pack(i.run_no): [] for i in kept}
     first = min([i.first_seq for i in kept] + [after + 1])
-    for rec in iter_records(wal_dir, from_seq=first):
+    records = iter_records(wal_dir, from_seq=first) if until is None or first <= until else ()
+    for rec in records:
         seq = rec.seq
         if until is not None and seq > until:
             break

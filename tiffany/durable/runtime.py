@@ -145,7 +145,7 @@ class Runtime:
         #: The newest usable checkpoint (docs/wal-format.md): a start reads the WAL after it.
         self.checkpoint: Checkpoint | None = read_checkpoint(self.wal_dir, self.wal.durable_seq)
         #: The log as this open found it, as a checkpoint at its last seq.
-        self.opened = _as_opened(self.wal_dir, self.checkpoint, key_window_s)
+        self.opened = _as_opened(self.wal_dir, self.checkpoint, self.wal.durable_seq, key_window_s)
         # Run numbers are unique per data dir, whoever starts the run (a CLI
         # run, a server, recovery): new runs are numbered above the WAL's.
         self.journal.reserve_run_no(self.opened.max_run_no)
@@ -190,7 +190,10 @@ class Runtime:
         """
         wanted = set(only) if only is not None else None
         base = self.opened if wanted is None else None
-        index, cursors = load_many(self.wal_dir, wanted, unfinished_only=True, base=base)
+        until = self.opened.seq if base is not None else None  # the log as opened
+        index, cursors = load_many(
+            self.wal_dir, wanted, unfinished_only=True, base=base, until=until
+        )
         self.index = index
         self.journal.reserve_run_no(index.max_run_no)
         resumed = []
@@ -243,7 +246,9 @@ class Runtime:
         return resolver(entry, run_id)
 
 
-def _as_opened(wal_dir: Path, base: Checkpoint | None, key_window_s: float) -> Checkpoint:
+def _as_opened(
+    wal_dir: Path, base: Checkpoint | None, last_seq: int, key_window_s: float
+) -> Checkpoint:
     """Return the checkpoint of the whole log: ``base`` advanced over the records after it.
 
     Discussion: one pass, over the records after the checkpoint (or over the
@@ -263,7 +268,7 @@ def _as_opened(wal_dir: Path, base: Checkpoint | None, key_window_s: float) -> C
             note="segments were deleted and no checkpoint checks out: run numbers are "
             "reserved above those still on disk only",
         )
-    return checkpoint_of(scan(wal_dir, base), key_window_s)
+    return checkpoint_of(scan(wal_dir, base, until=last_seq), key_window_s)
 
 
 def verify(
