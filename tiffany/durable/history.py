@@ -124,16 +124,13 @@ class RunIndex:
             self.keys[key] = KeyEntry(key, run_id, str(idem.get("digest")), ts)
         return info
 
-    def end_run(self, payload: bytes) -> None:
-        """Mark the run a RUN_END record ends (unknown runs: ended before a checkpoint).
-
-        Its RUN_START bytes are let go: only unfinished runs go into a checkpoint.
-        """
+    def end_run(self, payload: bytes) -> RunInfo | None:
+        """Mark the run a RUN_END record ends; None for one that ended before a checkpoint."""
         run_no, (status, value, ts) = decode(payload)
         ended = self.by_no.get(run_no)
         if ended is not None:
             ended.status, ended.result, ended.ended_at = status, value, ts
-            ended.start = b""
+        return ended
 
 
 def index_of(cp: Checkpoint) -> RunIndex:
@@ -214,9 +211,13 @@ def load_many(
                 keep[payload[:4]] = []
             continue
         if rtype == RecordType.RUN_END:
-            index.end_run(payload)
+            ended = index.end_run(payload)
             if unfinished_only:
                 keep.pop(payload[:4], None)
+            if ended is not None and payload[:4] not in keep:
+                # Not wanted: a full scan of 100,000 runs need not hold their plans.
+                ended.entry, ended.start = {}, b""
+            if unfinished_only:
                 continue
         if (buf := keep.get(payload[:4])) is not None:
             buf.append((seq, rtype, payload))
