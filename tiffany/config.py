@@ -39,6 +39,7 @@ DEFAULT_ENABLED_TOOLS: tuple[str, ...] = (
 
 LogFormat = Literal["auto", "console", "json"]
 WalFsync = Literal["always", "batch", "off"]
+WalRetain = Literal["all", "archive", "delete"]
 
 _LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
 
@@ -64,6 +65,13 @@ class Settings(BaseSettings):
         log_level: Minimum level of log records, a :mod:`logging` level name.
         wal_fsync: WAL durability policy: ``always`` (fsync every record),
             ``batch`` (one fsync per loop iteration, group commit) or ``off``.
+        wal_retain: What happens to WAL segments whose runs all finished and
+            were projected into the store, once a checkpoint covers them:
+            ``archive`` (moved to ``<data_dir>/wal/archive/``, still read by
+            ``replay --verify`` and ``db rebuild``), ``delete``, or ``all``
+            (kept live; start-up still reads only after the checkpoint).
+        idempotency_window_s: How long an ``Idempotency-Key`` keeps answering
+            the run it started (run start to run start, across restarts).
         slow_dispatch_threshold_s: A task step slower than this many seconds is
             reported by the watchdog.
         enabled_tools: Names of the tools this server may run. From the
@@ -111,6 +119,8 @@ class Settings(BaseSettings):
     log_format: LogFormat = "auto"
     log_level: str = "INFO"
     wal_fsync: WalFsync = "batch"
+    wal_retain: WalRetain = "archive"
+    idempotency_window_s: float = Field(default=86_400.0, gt=0)
     slow_dispatch_threshold_s: float = Field(default=0.1, gt=0)
     enabled_tools: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: list(DEFAULT_ENABLED_TOOLS)

@@ -10,6 +10,11 @@ store that was lost, or projected by an older version, is brought back.
 Stop the engine first: two projectors writing one store would wait on
 each other's mark, not corrupt it, but the rebuild would start over under
 the engine's feet.
+
+The WAL read is its whole history: the segments retention archived
+(``wal/archive/``), then the live ones. When retention deleted segments
+(``TIFFANY_WAL_RETAIN=delete``) the history no longer starts at seq 1 and
+the rebuild refuses: it would drop every run those segments held.
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ from typing import TYPE_CHECKING, Annotated, Final
 
 import typer
 
+from tiffany.errors import TiffanyError
+
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
-__all__ = ["RebuildReport", "rebuild_store", "register"]
+__all__ = ["HistoryReleased", "RebuildReport", "rebuild_store", "register"]
 
 db_app = typer.Typer(
     help="The SQL store: migrate its schema, rebuild it from the WAL.", no_args_is_help=True
@@ -34,6 +41,12 @@ db_app = typer.Typer(
 REBUILD_BATCH_RECORDS: Final = 5_000
 
 EXIT_FAILED = 1
+
+
+class HistoryReleased(TiffanyError):
+    """The WAL no longer holds its whole history (segments were deleted): no rebuild."""
+
+    code = "store.history_released"
 
 
 @dataclass(slots=True)
@@ -54,11 +67,25 @@ class RebuildReport:
 def rebuild_store(
     engine: Engine, wal_dir: Path, batch_records: int = REBUILD_BATCH_RECORDS
 ) -> RebuildReport:
-    """Empty the store and project every record of the WAL into it again."""
+    """Empty the store and project every record of the WAL (archive included) into it again.
+
+    Raises:
+        HistoryReleased: Segments were deleted: the WAL starts after seq 1.
+    """
     from sqlalchemy import func, select
 
     from tiffany.engine.projection import decoded_batches
     from tiffany.store import Projector, Run, Step, Task, queries, session_factory
+    from tiffany.wal.segments import history_start
+
+    start = history_start(wal_dir)
+    if start > 1:
+        raise HistoryReleased(
+            f"the WAL in {wal_dir} starts at seq {start}: the segments before it were "
+            "deleted (TIFFANY_WAL_RETAIN=delete), so a rebuild would lose their runs; "
+            "the store is left as it is",
+            first_seq=start,
+        )
 
     projector = Projector(engine)
     projector.reset()
@@ -108,7 +135,6 @@ def rebuild(
 ) -> None:
     """Empty the store and project the whole WAL into it again (engine stopped)."""
     from tiffany.cli import _settings
-    from tiffany.errors import TiffanyError
     from tiffany.store.migrate import upgrade as alembic_upgrade
 
     wal_dir = Path(_settings(ctx).data_dir) / "wal"

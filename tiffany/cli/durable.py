@@ -2,13 +2,16 @@
 
 ``tiffany replay RUN_ID`` resumes a crashed run (replay to the end of its
 journal, then live); ``--verify`` replays a finished run without side
-effects and exits 0 only when it replays identically. ``tiffany wal dump``
+effects and exits 0 only when it replays identically (an archived run too:
+the WAL read is the archive, then the live segments). ``tiffany wal dump``
 prints records (``--json`` for one JSON object per line), ``wal verify``
-checks every segment without changing anything and says in one line whether
-the log is ok or where it is damaged, ``wal repair --salvage`` keeps every
+checks every segment, archived ones included, without changing anything and
+says in one line whether the log is ok or where it is damaged, ``wal repair
+--salvage`` keeps every
 record that checks out (``tiffany/wal/salvage.py``), fails the runs that lost
 records with the reason (a RUN_END ``failed`` each) and rebuilds the store
 (sequence numbers shift); ``wal repair --yes`` truncates at the first damage.
+Both discard the checkpoints (their sequence numbers no longer hold).
 """
 
 from __future__ import annotations
@@ -214,9 +217,12 @@ def wal_verify(
     """Check every segment and record; exit non-zero on damage. Changes nothing."""
     from tiffany.errors import WalError
     from tiffany.wal import verify as wal_verify_fn
+    from tiffany.wal.segments import ARCHIVE_DIR_NAME, list_segments
 
+    wal_dir = _existing_wal_dir(ctx)
     try:
-        report = wal_verify_fn(_existing_wal_dir(ctx))
+        report = wal_verify_fn(wal_dir, archived=True)
+        archived = len(list_segments(wal_dir / ARCHIVE_DIR_NAME))
     except WalError as exc:
         _emit(exc.to_dict() if as_json else f"WAL unreadable: {exc}", as_json)
         raise typer.Exit(1) from None
@@ -236,7 +242,8 @@ def wal_verify(
         )
     else:
         span = f" (seq {report.first_seq}..{report.last_seq})" if report.records else ""
-        typer.echo(f"WAL ok: {report.records} records in {report.segments} segments{span}")
+        kept = f", {archived} of them archived" if archived else ""
+        typer.echo(f"WAL ok: {report.records} records in {report.segments} segments{kept}{span}")
         if report.torn is not None:
             t = report.torn
             typer.echo(
@@ -308,6 +315,7 @@ def _repair(ctx: typer.Context, *, yes: bool, salvage: bool) -> None:
     typer.echo(
         f"  the dropped bytes are in: {', '.join(report.copies + report.moved_aside) or '-'}"
     )
+    _discard_checkpoints(wal_dir)
     _rebuild_store(ctx)
 
 
@@ -335,6 +343,7 @@ def _salvage(ctx: typer.Context) -> None:
             typer.echo(f"  {run_id}: {'; '.join(reasons)}")
     else:
         typer.echo("no unfinished run lost a record; every run resumes")
+    _discard_checkpoints(_wal_dir(ctx))
     _rebuild_store(ctx)
 
 
@@ -398,6 +407,15 @@ def _fail_losers(
         end = RunEnd("failed", pack_error(error), time.time())  # noqa: TID251 - a record's wall time
         out.append((int(RecordType.RUN_END), encode(RUN_PREFIX.pack(run_no), end)))
     return out
+
+
+def _discard_checkpoints(wal_dir: Path) -> None:
+    """Drop the checkpoints of a log whose sequence numbers a repair changed."""
+    from tiffany.durable.checkpoint import discard_checkpoints
+
+    gone = discard_checkpoints(wal_dir)
+    if gone:
+        typer.echo(f"  discarded the checkpoints {', '.join(gone)}: the next start scans the WAL")
 
 
 def _rebuild_store(ctx: typer.Context) -> None:

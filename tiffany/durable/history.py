@@ -1,15 +1,22 @@
 """Reading runs back from the WAL: the run index and per-run histories.
 
-:func:`scan` walks the WAL once, decoding only ``RUN_START`` and ``RUN_END``
-payloads (the type byte says which they are), and returns the run index:
-which runs exist, where each starts, whether it ended. :func:`load` then
-reads one run's records from its first sequence number, skipping other
-runs by the 4-byte run prefix without decoding them, and builds the
-:class:`~tiffany.durable.journal.ReplayCursor` a replay consumes.
+:func:`load_many` walks the WAL once, decoding only ``RUN_START`` and
+``RUN_END`` payloads (the type byte says which they are), builds the run
+index (which runs exist, where each starts, whether it ended) and keeps the
+records of the runs it was asked for, which become the
+:class:`~tiffany.durable.journal.ReplayCursor` a replay consumes;
+:func:`scan` is the index alone, :func:`load` one run's cursor.
 
-Rejected: a separate on-disk index file. The scan reads headers at about a
-million records a second and the WAL is the only source of truth, so an
-index that can disagree with it is not worth its failure modes yet.
+Given a :class:`~tiffany.durable.checkpoint.Checkpoint` at seq ``S``, the
+walk starts from the index it holds and reads only what a start needs: the
+records after ``S``, and before that only those of the runs the checkpoint
+lists as unfinished (from the oldest one's first seq on). The index is then
+partial: runs that ended before ``S`` are not in it (the store and the
+archive have them). :func:`checkpoint_of` turns an index back into a
+checkpoint: the same fold, so a checkpoint never says what a scan would not.
+
+Invariants: a run's records all carry its 4-byte run number first, and its
+first record is its RUN_START; run numbers grow with the seq.
 """
 
 from __future__ import annotations
@@ -20,6 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tiffany.durable.checkpoint import (
+    IDEMPOTENCY_WINDOW_S,
+    Checkpoint,
+    KeyEntry,
+    OpenRun,
+    keys_within,
+)
 from tiffany.durable.journal import ReplayCursor
 from tiffany.errors import TiffanyError
 from tiffany.records import (
@@ -33,12 +47,24 @@ from tiffany.records import (
     TaskExit,
     Unknown,
     Wake,
+    RUN_PREFIX,
     carried,
     decode,
+    run_of,
 )
 from tiffany.wal import iter_records
 
-__all__ = ["RunInfo", "UnknownRun", "decoded_records", "load", "load_many", "scan"]
+__all__ = [
+    "RunIndex",
+    "RunInfo",
+    "UnknownRun",
+    "checkpoint_of",
+    "decoded_records",
+    "index_of",
+    "load",
+    "load_many",
+    "scan",
+]
 
 
 class UnknownRun(TiffanyError):
@@ -63,6 +89,8 @@ class RunInfo:
     records: int = 0
     #: The journal-compatibility version the run started under (RUN_START).
     compat: int = 1
+    #: Its RUN_START payload, as the WAL holds it (what a checkpoint keeps).
+    start: bytes = b""
 
     @property
     def finished(self) -> bool:
@@ -72,12 +100,24 @@ class RunInfo:
 
 @dataclass(slots=True)
 class RunIndex:
-    """All runs in a WAL."""
+    """The runs of a WAL (all of them, or those after a checkpoint and the unfinished ones).
+
+    Attributes:
+        runs: Run id -> run.
+        by_no: Run number -> run.
+        last_seq: The last seq read (or the checkpoint's, if none after it).
+        max_run_no: The highest run number ever started.
+        keys: Idempotency key -> the run it started (within its window;
+            from an entry's ``idempotency`` field, ``{"key", "digest"}``).
+        newest_start: The newest RUN_START's wall time (the key window's "now").
+    """
 
     runs: dict[str, RunInfo] = field(default_factory=dict)
     by_no: dict[int, RunInfo] = field(default_factory=dict)
     last_seq: int = 0
     max_run_no: int = 0
+    keys: dict[str, KeyEntry] = field(default_factory=dict)
+    newest_start: float = 0.0
 
     def get(self, run_id: str) -> RunInfo:
         """Return the run, or raise UnknownRun."""
@@ -86,34 +126,51 @@ class RunIndex:
         except KeyError:
             raise UnknownRun(f"no run {run_id!r} in the WAL", run_id=run_id) from None
 
-    def started(self, seq: int, payload: bytes) -> RunInfo:
-        """Index the run a RUN_START record (at ``seq``) begins."""
-        run_no = int.from_bytes(payload[:4], "little")
+    def start_run(self, seq: int, payload: bytes) -> RunInfo:
+        """Add the run a RUN_START record at ``seq`` starts."""
+        run_no = run_of(payload)
         rec: RunStart = decode(RecordType.RUN_START, payload)  # type: ignore[assignment]
-        info = RunInfo(run_no, rec.run_id, rec.name, rec.entry, rec.ts, seq, compat=rec.compat)
-        self.runs[rec.run_id] = info
+        run_id, entry, ts = rec.run_id, rec.entry, rec.ts
+        info = RunInfo(run_no, run_id, rec.name, entry, ts, seq, compat=rec.compat, start=bytes(payload))
+        self.runs[run_id] = info
         self.by_no[run_no] = info
         self.max_run_no = max(self.max_run_no, run_no)
+        self.newest_start = max(self.newest_start, ts)
+        idem = entry.get("idempotency") if isinstance(entry, dict) else None
+        if isinstance(idem, dict) and isinstance(idem.get("key"), str):
+            key = idem["key"]
+            self.keys[key] = KeyEntry(key, run_id, str(idem.get("digest")), ts)
         return info
 
-    def ended(self, payload: bytes) -> None:
-        """Note the end of the run a RUN_END record closes."""
+    def end_run(self, payload: bytes) -> RunInfo | None:
+        """Mark the run a RUN_END record ends; None for one that ended before a checkpoint."""
         rec: RunEnd = decode(RecordType.RUN_END, payload)  # type: ignore[assignment]
-        info = self.by_no.get(int.from_bytes(payload[:4], "little"))
-        if info is not None:
-            info.status, info.result, info.ended_at = rec.status, rec.value, rec.ts
+        ended = self.by_no.get(run_of(payload))
+        if ended is not None:
+            ended.status, ended.result, ended.ended_at = rec.status, rec.value, rec.ts
+        return ended
 
 
-def scan(wal_dir: Path) -> RunIndex:
-    """Build the run index with one pass over the WAL."""
-    index = RunIndex()
-    for rec in iter_records(wal_dir):
-        index.last_seq = rec.seq
-        if rec.rtype == RecordType.RUN_START:
-            index.started(rec.seq, rec.payload)
-        elif rec.rtype == RecordType.RUN_END:
-            index.ended(rec.payload)
+def index_of(cp: Checkpoint) -> RunIndex:
+    """Return the (partial) index a checkpoint holds."""
+    index = RunIndex(last_seq=cp.seq, max_run_no=cp.max_run_no)
+    for run in cp.runs:
+        index.start_run(run.first_seq, run.start)
+    index.keys = {k.key: k for k in cp.keys}
+    index.newest_start = max([k.started_at for k in cp.keys] + [index.newest_start])
     return index
+
+
+def checkpoint_of(index: RunIndex, window_s: float = IDEMPOTENCY_WINDOW_S) -> Checkpoint:
+    """Return the checkpoint of ``index`` at its ``last_seq``: unfinished runs, max run, keys."""
+    runs = [OpenRun(i.first_seq, i.start) for i in index.runs.values() if not i.finished]
+    keys = keys_within(index.keys.values(), index.newest_start, window_s)
+    return Checkpoint(index.last_seq, index.max_run_no, runs, keys)
+
+
+def scan(wal_dir: Path, base: Checkpoint | None = None, until: int | None = None) -> RunIndex:
+    """Build the run index with one pass over the WAL (after ``base``, up to ``until``)."""
+    return load_many(wal_dir, set(), base=base, until=until)[0]
 
 
 def decoded_records(wal_dir: Path, info: RunInfo) -> Iterator[tuple[int, int, Record | Unknown]]:
@@ -127,7 +184,12 @@ def decoded_records(wal_dir: Path, info: RunInfo) -> Iterator[tuple[int, int, Re
 
 
 def load_many(
-    wal_dir: Path, wanted: set[str] | None = None, *, unfinished_only: bool = False
+    wal_dir: Path,
+    wanted: set[str] | None = None,
+    *,
+    unfinished_only: bool = False,
+    base: Checkpoint | None = None,
+    until: int | None = None,
 ) -> tuple[RunIndex, dict[str, ReplayCursor]]:
     """Build the index and the cursors of the wanted runs in one pass over the WAL.
 
@@ -135,30 +197,48 @@ def load_many(
         wal_dir: The WAL directory.
         wanted: Run ids to load (None: every run).
         unfinished_only: Skip runs whose end is in the WAL (recovery).
+        base: Start from this checkpoint's index instead of seq 1.
+        until: Stop after this seq (a checkpointer reads only what is durable;
+            a start knows where the log ends, and reads nothing when the
+            checkpoint is there).
 
     Discussion: a run's first record is its RUN_START, so a single pass
     can decide, at that record, whether to keep the run's records; only the
     kept runs' payloads are held (undecoded) and decoded at the end.
     """
-    index = RunIndex()
-    keep: dict[bytes, list[tuple[int, int, bytes]]] = {}
-    for rec in iter_records(wal_dir):
-        index.last_seq = rec.seq
+    index = index_of(base) if base is not None else RunIndex()
+    after = index.last_seq
+    kept = [i for i in index.runs.values() if wanted is None or i.run_id in wanted]
+    keep: dict[bytes, list[tuple[int, int, bytes]]] = {RUN_PREFIX.pack(i.run_no): [] for i in kept}
+    first = min([i.first_seq for i in kept] + [after + 1])
+    records = iter_records(wal_dir, from_seq=first) if until is None or first <= until else ()
+    for rec in records:
+        seq = rec.seq
+        if until is not None and seq > until:
+            break
         rtype = rec.rtype
         payload = rec.payload
+        if seq <= after:  # before the checkpoint: only its unfinished runs' records
+            if rtype != RecordType.RUN_START and (buf := keep.get(payload[:4])) is not None:
+                buf.append((seq, rtype, payload))
+            continue
+        index.last_seq = seq
         if rtype == RecordType.RUN_START:
-            info = index.started(rec.seq, payload)
+            info = index.start_run(seq, payload)
             if wanted is None or info.run_id in wanted:
                 keep[payload[:4]] = []
             continue
-        buf = keep.get(payload[:4])
         if rtype == RecordType.RUN_END:
-            index.ended(payload)
+            ended = index.end_run(payload)
             if unfinished_only:
                 keep.pop(payload[:4], None)
+            if ended is not None and payload[:4] not in keep:
+                # Not wanted: a full scan of 100,000 runs need not hold their plans.
+                ended.entry, ended.start = {}, b""
+            if unfinished_only:
                 continue
-        if buf is not None:
-            buf.append((rec.seq, rtype, payload))
+        if (buf := keep.get(payload[:4])) is not None:
+            buf.append((seq, rtype, payload))
     cursors = {}
     for prefix, raw in keep.items():
         info = index.by_no[int.from_bytes(prefix, "little")]

@@ -26,12 +26,14 @@ from typing import Any
 
 import structlog
 
-from tiffany.durable.history import RunIndex, load_many
+from tiffany.durable.checkpoint import IDEMPOTENCY_WINDOW_S, Checkpoint, read_checkpoint
+from tiffany.durable.history import RunIndex, checkpoint_of, load_many, scan
 from tiffany.durable.journal import Journal, RunState
 from tiffany.errors import InstrumentFailure, NondeterminismError, TiffanyError
 from tiffany.kernel import Clock, Instrument, Scheduler
-from tiffany.records import JOURNAL_COMPAT, RecordType
-from tiffany.wal import FsyncPolicy, Wal, iter_records
+from tiffany.records import JOURNAL_COMPAT
+from tiffany.wal import FsyncPolicy, Wal
+from tiffany.wal.segments import history_start
 
 __all__ = [
     "EntryError",
@@ -137,6 +139,8 @@ class Runtime:
         seed: The scheduler's random seed.
         instruments: More observers (activity log, watchdog...).
         resolvers: Entry kinds besides ``callable`` (the agents layer adds ``plan``).
+        segment_size_bytes: The WAL's rotation size (tests shrink it).
+        key_window_s: How long idempotency keys are remembered (checkpoint.py).
     """
 
     def __init__(
@@ -149,6 +153,7 @@ class Runtime:
         instruments: Iterable[Instrument] = (),
         resolvers: dict[str, Resolver] | None = None,
         segment_size_bytes: int | None = None,
+        key_window_s: float = IDEMPOTENCY_WINDOW_S,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.wal_dir = self.data_dir / "wal"
@@ -159,9 +164,13 @@ class Runtime:
         self.wal = Wal.open(self.wal_dir, fsync=policy, **kwargs)
         self.sched = Scheduler(clock=clock, seed=seed, instruments=instruments)
         self.journal = Journal(self.wal, self.sched)
+        #: The newest usable checkpoint (docs/wal-format.md): a start reads the WAL after it.
+        self.checkpoint: Checkpoint | None = read_checkpoint(self.wal_dir, self.wal.durable_seq)
+        #: The log as this open found it, as a checkpoint at its last seq.
+        self.opened = _as_opened(self.wal_dir, self.checkpoint, self.wal.durable_seq, key_window_s)
         # Run numbers are unique per data dir, whoever starts the run (a CLI
         # run, a server, recovery): new runs are numbered above the WAL's.
-        self.journal.reserve_run_no(max_run_no(self.wal_dir))
+        self.journal.reserve_run_no(self.opened.max_run_no)
         self.resolvers: dict[str, Resolver] = {"callable": resolve_callable, **(resolvers or {})}
         self.index: RunIndex | None = None
         #: Unfinished runs recovery left alone: a newer engine started them.
@@ -196,9 +205,19 @@ class Runtime:
         return run_id
 
     def recover(self, only: Iterable[str] | None = None) -> list[str]:
-        """Replay unfinished runs from the WAL; each goes live where its journal ends."""
+        """Replay unfinished runs from the WAL; each goes live where its journal ends.
+
+        Without ``only``, reads only the records of the runs unfinished when
+        the WAL was opened (``self.opened``, from their first seq on): the
+        index is then partial (see ``history.load_many``); with it, the whole
+        WAL, so that a run that ended long ago is told apart from an unknown one.
+        """
         wanted = set(only) if only is not None else None
-        index, cursors = load_many(self.wal_dir, wanted, unfinished_only=True)
+        base = self.opened if wanted is None else None
+        until = self.opened.seq if base is not None else None  # the log as opened
+        index, cursors = load_many(
+            self.wal_dir, wanted, unfinished_only=True, base=base, until=until
+        )
         self.index = index
         self.too_new = []
         self.journal.reserve_run_no(index.max_run_no)
@@ -271,21 +290,29 @@ class Runtime:
         return resolver(entry, run_id, compat)
 
 
-def max_run_no(wal_dir: Path) -> int:
-    """Return the highest run number a RUN_START in the WAL holds (0 for none).
+def _as_opened(
+    wal_dir: Path, base: Checkpoint | None, last_seq: int, key_window_s: float
+) -> Checkpoint:
+    """Return the checkpoint of the whole log: ``base`` advanced over the records after it.
 
-    Discussion: this pass reads each record's type byte and, for a
-    RUN_START only, the 4-byte run number in front of its payload: nothing
-    is decoded, so it costs the WAL reader's CRC pass. Without it every
-    ``tiffany run`` numbered its run 1 (the journal counts from 1 unless
-    recovery scanned the WAL), and the store refused the second one.
+    Discussion: one pass, over the records after the checkpoint (or over the
+    whole history, archive included, when there is none); recovery then
+    reads only the unfinished runs' records. Without it every ``tiffany
+    run`` numbered its run 1 (the journal counts from 1 unless recovery
+    scanned the WAL), and the store refused the second one. When retention
+    deleted segments and no checkpoint is usable, the run numbers in the
+    deleted segments are unknown: that is logged loudly (keep the
+    checkpoints, or use ``archive``).
     """
-    run_start = RecordType.RUN_START
-    top = 0
-    for rec in iter_records(wal_dir):
-        if rec.rtype == run_start:
-            top = max(top, int.from_bytes(rec.payload[:4], "little"))
-    return top
+    if base is None and (start := history_start(wal_dir)) > 1:
+        log.error(
+            "checkpoint.missing",
+            wal=str(wal_dir),
+            first_seq=start,
+            note="segments were deleted and no checkpoint checks out: run numbers are "
+            "reserved above those still on disk only",
+        )
+    return checkpoint_of(scan(wal_dir, base, until=last_seq), key_window_s)
 
 
 def verify(

@@ -159,6 +159,7 @@ def build(
         fsync=settings.wal_fsync,
         instruments=[watchdog],
         resolvers={"plan": plan_resolver(env)},
+        key_window_s=settings.idempotency_window_s,
     )
     # A step of a tool disabled here waits instead of starting (before recovery).
     runtime.journal.step_gate = registry.step_gate

@@ -17,8 +17,12 @@ commit's frames to the projector process, which writes the SQL store (see
 appends to deques and sets events.
 
 Start-up: the sockets come up first, so ``/readyz`` can say "recovering";
-then the WAL is scanned and unfinished runs are replayed up to the end of
-their journal, after which they go live. ``ready`` turns true when no run
+then the WAL is read from the newest checkpoint on (docs/wal-format.md,
+"Checkpoints and retention") and unfinished runs are replayed up to the end
+of their journal, after which they go live. A checkpointer thread
+(``durable/retention.py``) then writes checkpoints and releases finished,
+projected segments per ``TIFFANY_WAL_RETAIN``; the loop only pokes it. What
+the engine remembers of runs is bounded (``run_table.py``). ``ready`` turns true when no run
 is replaying any more. Submissions that arrive meanwhile wait in the inbox.
 
 Shutdown (SIGINT/SIGTERM, or :meth:`EngineService.request_stop`): the
@@ -55,10 +59,14 @@ from tiffany.config import Settings, scrub_secrets
 from tiffany.control import CONTROL_SOCKET, ControlError
 from tiffany.documents import DocumentError
 from tiffany.documents import check as check_document
+from tiffany.durable.checkpoint import KeyEntry
+from tiffany.durable.history import checkpoint_of
+from tiffany.durable.retention import CHECKPOINT_EVERY_RUNS, Checkpointer, Retain
 from tiffany.engine import Engine, build
 from tiffany.engine.activity import ActivityLog
 from tiffany.engine.control_server import ControlServer
 from tiffany.engine.projector_link import ProjectorLink
+from tiffany.engine.run_table import RunTable
 from tiffany.errors import KernelError, NondeterminismError
 from tiffany.kernel import ReadWait
 from tiffany.pal import EVENT_KINDS, Hub
@@ -250,10 +258,12 @@ class EngineService:
         self.runtime.wal.on_commit = self._on_commit
         self.control = ControlServer(self.data_dir / CONTROL_SOCKET, self.handle)
         self.feed = FeedServer(self.hub, self.data_dir / FEED_SOCKET)
-        #: run id -> status of every run this engine knows (WAL scan + new runs).
-        self.statuses: dict[str, str] = {}
-        #: idempotency key -> (run id, request digest).
-        self.keys: dict[str, tuple[str, str]] = {}
+        #: Running runs, the newest finished ones, idempotency keys in their window.
+        self.runs = RunTable(window_s=settings.idempotency_window_s)
+        self.checkpointer: Checkpointer | None = None
+        self._store: Any = None  # the store's SQLAlchemy engine, for _stored_status
+        self._store_lock = threading.Lock()
+        self._ended_since_checkpoint = 0
         self.started_at = time.time()  # noqa: TID251 - wall clock for status, not task code
         self._phase = "starting"  # starting -> scanning -> replaying -> ready -> stopping
         self._replaying: set[str] = set()
@@ -283,13 +293,7 @@ class EngineService:
         try:
             self._phase = "scanning"
             resumed = self.runtime.recover()
-            index = self.runtime.index
-            if index is not None:
-                for info in index.runs.values():
-                    self.statuses[info.run_id] = info.status
-                    idem = info.entry.get("idempotency") if isinstance(info.entry, dict) else None
-                    if isinstance(idem, dict) and isinstance(idem.get("key"), str):
-                        self.keys[idem["key"]] = (info.run_id, str(idem.get("digest")))
+            self._start_retention()
             for run_id in resumed:
                 self.runtime.journal.runs[run_id].on_end = self._on_end
             self._replaying = set(resumed)
@@ -348,13 +352,37 @@ class EngineService:
             except Exception:
                 log.exception("engine.close_failed")
             self.projector.stop(timeout=WAL_FAILED_STOP_S if wal_failed else 15.0)
+            if self.checkpointer is not None and not wal_failed:
+                self.checkpointer.stop()  # a last checkpoint: the next start reads little
             self.feed.stop()
             self.hub.stop()
+            if self._store is not None:
+                self._store.dispose()
             if wakeup is not None:
                 signal.set_wakeup_fd(-1)
                 for fd in wakeup:
                     os.close(fd)
             log.info("engine.stopped", durable_seq=self.durable_seq)
+
+    def _start_retention(self) -> None:
+        """Remember what recovery found, drop its index, start the checkpointer."""
+        index = self.runtime.index
+        if index is None:
+            return
+        self.runs.load(index)
+        base = checkpoint_of(index, self.settings.idempotency_window_s)
+        self.runtime.index = None  # after a full scan it holds every run: let it go
+        wal = self.runtime.wal
+        self.checkpointer = Checkpointer(
+            self.runtime.wal_dir,
+            base,
+            durable_seq=lambda: wal.durable_seq,
+            projected_seq=lambda: self.projector.last_seq,
+            retain=Retain(self.settings.wal_retain),
+            window_s=self.settings.idempotency_window_s,
+        )
+        wal.on_rotate = self.checkpointer.poke
+        self.checkpointer.start()
 
     def request_stop(self) -> None:
         """Stop the loop at its next pass (any thread, signal handlers included)."""
@@ -412,17 +440,18 @@ class EngineService:
     ) -> tuple[str, bool, int]:
         if self._stopping:
             raise ControlError(503, "the engine is stopping")
+        now = time.time()  # noqa: TID251 - the key window, like RUN_START's own time
         if key is not None:
-            known = self.keys.get(key)
+            known = self.runs.key(key, now)
             if known is not None:
-                if known[1] != digest:
+                if known.digest != digest:
                     raise ControlError(
                         409,
                         f"Idempotency-Key {key!r} was used for a different submission "
-                        f"(run {known[0]})",
-                        {"run_id": known[0]},
+                        f"(run {known.run_id})",
+                        {"run_id": known.run_id},
                     )
-                return known[0], False, 0
+                return known.run_id, False, 0
         run_id = f"run-{uuid.uuid4().hex[:12]}"
         # Published first, so the feed shows the run before its tasks.
         self.hub.publish(
@@ -435,13 +464,15 @@ class EngineService:
         )
         self.runtime.submit_entry(entry, run_id=run_id, name=name, on_end=self._on_end)
         seq = self.runtime.wal.next_seq - 1
-        self.statuses[run_id] = "running"
-        if key is not None:
-            self.keys[key] = (run_id, digest)
+        self.runs.started(run_id, None if key is None else KeyEntry(key, run_id, digest, now))
         return run_id, True, seq
 
     def _on_end(self, state: Any) -> None:
-        self.statuses[state.run_id] = state.status
+        self.runs.ended(state.run_id, state.status)
+        self._ended_since_checkpoint += 1
+        if self._ended_since_checkpoint >= CHECKPOINT_EVERY_RUNS and self.checkpointer:
+            self._ended_since_checkpoint = 0
+            self.checkpointer.poke()
         # Later, outside the root's exit hooks: a long-lived engine keeps
         # nothing of a finished run but its status (the WAL and store have it).
         root = state.root
@@ -455,7 +486,7 @@ class EngineService:
 
     def _cancel(self, run_id: str, reason: str) -> dict[str, Any]:
         run = self.runtime.journal.runs.get(run_id)
-        status = run.status if run is not None else self.statuses.get(run_id)
+        status = run.status if run is not None else self.runs.status(run_id)
         if status is None:
             raise ControlError(404, f"no run {run_id!r}")
         if run is None or status != "running":
@@ -485,9 +516,17 @@ class EngineService:
             return self._submit(request)
         if op == "cancel":
             run_id = str(request.get("run_id") or "")
-            answer: dict[str, Any] = self._on_loop(
-                lambda: self._cancel(run_id, str(request.get("reason") or "cancelled"))
-            )
+            try:
+                answer: dict[str, Any] = self._on_loop(
+                    lambda: self._cancel(run_id, str(request.get("reason") or "cancelled"))
+                )
+            except ControlError as exc:
+                stored = self._stored_status(run_id) if exc.status == 404 else None
+                if stored is None:
+                    raise
+                raise ControlError(
+                    409, f"run {run_id} already finished ({stored})", {"status": stored}
+                ) from None
             return answer
         if op == "verify":
             return self._verify(str(request.get("run_id") or ""))
@@ -507,7 +546,7 @@ class EngineService:
             "recovering": len(self._replaying),
             "pid": os.getpid(),
             "started_at": self.started_at,
-            "runs_active": sum(1 for s in list(self.statuses.values()) if s == "running"),
+            "runs_active": len(self.runs.running),
             "durable_seq": self.durable_seq,
             **self.engine.waiting(),  # steps held back: their tool is disabled here
             # Runs whose state the journal holds in memory (running ones, and
@@ -567,10 +606,26 @@ class EngineService:
             finally:
                 self._durable_waiters -= 1
 
+    def _stored_status(self, run_id: str) -> str | None:
+        """The store's status of a run the engine no longer holds (control threads only).
+
+        The engine keeps the newest finished runs (``run_table.py``); the
+        store is the source of truth for older ones. Never on the loop: SQL.
+        """
+        from tiffany.store import make_engine, queries, session_factory
+
+        with self._store_lock:
+            if self._store is None:
+                self._store = make_engine(self.settings.database_url)
+            store = self._store
+        with session_factory(store)() as session:
+            run = queries.get_run(session, run_id)
+            return None if run is None else str(run.status)
+
     def _verify(self, run_id: str) -> dict[str, Any]:
         if not run_id:
             raise ControlError(422, "run_id is required", [{"loc": "run_id", "msg": "required"}])
-        status = self.statuses.get(run_id)
+        status = self.runs.status(run_id) or self._stored_status(run_id)
         if status is None:
             raise ControlError(404, f"no run {run_id!r}")
         if status == "running":
@@ -605,7 +660,7 @@ class EngineService:
         wd = self.engine.watchdog
         return {
             "dispatches": self.activity.dispatched,
-            "runs_active": sum(1 for s in list(self.statuses.values()) if s == "running"),
+            "runs_active": len(self.runs.running),
             "wal": {
                 "commits": self.commits,
                 "records": self.records,

@@ -52,8 +52,8 @@ from tiffany.wal.segments import (
     REMEDY,
     Segment,
     check_header,
+    history_segments,
     is_torn_creation,
-    list_segments,
     read_segment,
 )
 
@@ -188,6 +188,9 @@ def sequence_gap(seg: Segment, expected: int) -> WalCorruptionError:
 def iter_records(wal_dir: str | os.PathLike[str], from_seq: int = 1) -> Iterator[Record]:
     """Yield the log's records with ``seq >= from_seq``, in order.
 
+    The log is its whole history on disk: the archived segments
+    (``wal/archive/``), then the live ones. It may begin after seq 1 (when
+    retention deleted segments); records before its first are not yielded.
     Segments that end before ``from_seq`` are not read. A torn tail ends the
     iteration quietly: it is the end of the log. Nothing is modified.
 
@@ -205,7 +208,7 @@ def iter_records(wal_dir: str | os.PathLike[str], from_seq: int = 1) -> Iterator
     per-segment generator that this one would ``yield from``: the delegation
     costs more than the loop body (1.2 M records/s instead of 2 M).
     """
-    segments = list_segments(Path(wal_dir))
+    segments = history_segments(Path(wal_dir))
     expected = segments[0].first_seq if segments else 1
     unpack = RECORD_HEADER.unpack_from
     new = _new_record

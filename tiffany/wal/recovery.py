@@ -113,7 +113,7 @@ def recover(wal_dir: Path, *, write: WriteFn, fsync: SyncFn | None) -> OpenState
     recovery = None
     torn = scan.torn
     if torn is not None:
-        recovery = _cut_tail(wal_dir, last, torn, fsync=fsync)
+        recovery = _cut_tail(wal_dir, last, torn, fsync=fsync, alone=len(segments) == 1)
         if torn.reason == TORN_CREATION and len(segments) > 1:
             # The torn segment holds no record and is set aside (a rename: no
             # space needed, which matters when a full disk tore the rotation);
@@ -136,7 +136,9 @@ def recover(wal_dir: Path, *, write: WriteFn, fsync: SyncFn | None) -> OpenState
     return OpenState(fd, scan.end, expected, recovery)
 
 
-def _cut_tail(wal_dir: Path, seg: Segment, torn: TornTail, *, fsync: SyncFn | None) -> Recovery:
+def _cut_tail(
+    wal_dir: Path, seg: Segment, torn: TornTail, *, fsync: SyncFn | None, alone: bool
+) -> Recovery:
     """Move the torn tail of the last segment aside: cut it, then keep its bytes if they fit.
 
     Discussion: the cut bytes are read first, the segment is truncated and
@@ -147,13 +149,14 @@ def _cut_tail(wal_dir: Path, seg: Segment, torn: TornTail, *, fsync: SyncFn | No
     on. We rejected copying the whole segment first (the old way): on a full
     disk the copy fails, and the restart with it.
     """
-    if torn.reason == TORN_CREATION and seg.first_seq > 1:
+    if torn.reason == TORN_CREATION and not alone:
         kept: Path | None = set_aside(seg.path)  # see recover(): no record in it
         if fsync is not None:
             fsync_dir(wal_dir, fsync)
     else:
-        # A torn first segment is cut at 0 and ``reset_segment`` writes its
-        # header into the same file.
+        # A torn only segment (the first ever, or the first live one once
+        # retention released those before it) is cut at 0 and
+        # ``reset_segment`` writes its header into the same file.
         _, kept = move_tail_aside(seg.path, torn.offset, fsync=fsync)
     copy = None if kept is None else kept.name
     if kept is None and torn.bytes_dropped:

@@ -32,6 +32,7 @@ from tiffany.wal.lock import lock_dir, unlock
 from tiffany.wal.reader import TornTail, scan_segment, sequence_gap
 from tiffany.wal.segments import (
     fsync_dir,
+    history_segments,
     list_segments,
     move_tail_aside,
     read_segment,
@@ -99,15 +100,21 @@ class RepairReport:
         return asdict(self)
 
 
-def verify(wal_dir: str | os.PathLike[str]) -> VerifyReport:
+def verify(wal_dir: str | os.PathLike[str], *, archived: bool = False) -> VerifyReport:
     """Check every record of every segment; report, change nothing.
+
+    Args:
+        wal_dir: The WAL directory.
+        archived: Check the archived segments (``wal/archive/``) too, as the
+            start of the log; by default only the live ones, which may start
+            after seq 1 once retention released older segments.
 
     Raises:
         WalFormatError: A stray segment name or another format version
             (not corruption: this build cannot judge the file).
     """
     report = VerifyReport()
-    segments = list_segments(Path(wal_dir))
+    segments = (history_segments if archived else list_segments)(Path(wal_dir))
     report.segments = len(segments)
     if not segments:
         return report

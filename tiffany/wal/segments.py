@@ -10,8 +10,15 @@ Invariants:
   into it. After a crash, a segment the directory knows has a header, unless
   the crash struck during creation: then it is the last segment, shorter than
   a header or all zeros, and recovery recreates it.
-* Nothing here deletes a file: damaged ones are renamed with
+* Nothing here deletes a damaged file: damaged ones are renamed with
   ``BROKEN_SUFFIX``, or their damaged tails moved into such a file.
+* Released segments (retention, docs/wal-format.md "Retention") are the
+  oldest ones, released one at a time, oldest first, by one ``rename`` into
+  ``ARCHIVE_DIR_NAME`` (or one ``unlink``): a crash between two releases,
+  or inside one, leaves the archive and the live directory each a gapless
+  run of segments, the archive's ending where the live one's begins. The
+  history (:func:`history_segments`) is the archive followed by the live
+  segments; the writer and its recovery only ever see the live ones.
 """
 
 from __future__ import annotations
@@ -36,16 +43,20 @@ from tiffany.wal.format import (
 )
 
 __all__ = [
+    "ARCHIVE_DIR_NAME",
     "REMEDY",
     "Segment",
     "broken_name",
     "check_header",
     "create_segment",
     "fsync_dir",
+    "history_segments",
+    "history_start",
     "is_torn_creation",
     "list_segments",
     "move_tail_aside",
     "read_segment",
+    "release_segment",
     "reset_segment",
     "set_aside",
     "write_all",
@@ -55,6 +66,9 @@ __all__ = [
 REMEDY: Final = (
     "; the log will not open: run `tiffany wal repair --salvage` (keeps every intact record)"
 )
+
+#: The directory, inside the WAL directory, that archived segments move to.
+ARCHIVE_DIR_NAME: Final = "archive"
 
 #: ``os.write``-like: write some of the bytes, return how many.
 WriteFn = Callable[[int, bytes | bytearray | memoryview], int]
@@ -99,9 +113,68 @@ def list_segments(wal_dir: Path) -> list[Segment]:
     return segments
 
 
+def history_segments(wal_dir: Path) -> list[Segment]:
+    """Return the archived segments, then the live ones: the whole history still on disk.
+
+    Raises:
+        WalFormatError: A ``*.wal`` file whose name is not a segment name.
+    """
+    return list_segments(wal_dir / ARCHIVE_DIR_NAME) + list_segments(wal_dir)
+
+
+def history_start(wal_dir: Path) -> int:
+    """Return the first sequence number still on disk, archive included (1 when empty).
+
+    More than 1 means segments were deleted (retention ``delete``): the
+    history before it is gone for good.
+    """
+    segments = history_segments(wal_dir)
+    return segments[0].first_seq if segments else 1
+
+
+def release_segment(seg: Segment, *, archive: bool, fsync: SyncFn | None = os.fsync) -> None:
+    """Release one live segment: rename it into the archive, or delete it.
+
+    Each step is atomic and idempotent on a restart: a ``rename`` within one
+    file system is, and the caller releases the oldest segment first, so a
+    crash leaves a segment either live or released, never both or neither.
+    The directories are fsynced (the archive first), so a release that
+    returned survives a crash.
+
+    Raises:
+        OSError: The rename, unlink or a sync failed (the segment is then
+            still live, or released without the sync: both are consistent).
+    """
+    wal_dir = seg.path.parent
+    if archive:
+        target = wal_dir / ARCHIVE_DIR_NAME
+        if not target.is_dir():
+            target.mkdir(exist_ok=True)
+            if fsync is not None:
+                fsync_dir(wal_dir, fsync)
+        seg.path.rename(target / seg.name)
+        if fsync is not None:
+            fsync_dir(target, fsync)
+    else:
+        seg.path.unlink()
+    if fsync is not None:
+        fsync_dir(wal_dir, fsync)
+
+
 def read_segment(seg: Segment) -> bytes:
-    """Return a whole segment file (segments are read whole; 64 MiB at most by default)."""
-    with open(seg.path, "rb") as f:
+    """Return a whole segment file (segments are read whole; 64 MiB at most by default).
+
+    A live segment archived since it was listed (a reader beside a running
+    engine) is read from the archive.
+    """
+    try:
+        with open(seg.path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        moved = seg.path.parent / ARCHIVE_DIR_NAME / seg.name
+        if seg.path.parent.name == ARCHIVE_DIR_NAME or not moved.is_file():
+            raise
+    with open(moved, "rb") as f:
         return f.read()
 
 

@@ -61,7 +61,12 @@ from tiffany.wal.segments import SyncFn, WriteFn, create_segment, write_all
 #: the fsync took (0 under ``off``). Runs on the committing thread: keep it O(1).
 CommitListener = Callable[[int, bytearray, float], None]
 
-__all__ = ["CommitListener", "FsyncPolicy", "Recovery", "Wal"]
+#: ``on_rotate(durable_seq)``: after a commit that started a new segment (the
+#: ones before it are now closed for good: retention may release them). Runs on
+#: the committing thread: keep it O(1) (e.g. set an event).
+RotateListener = Callable[[int], None]
+
+__all__ = ["CommitListener", "FsyncPolicy", "Recovery", "RotateListener", "Wal"]
 
 log = structlog.get_logger("tiffany.wal")
 
@@ -123,6 +128,8 @@ class Wal:
         self._closed = False
         #: Called after each commit that wrote records (see :meth:`commit`).
         self.on_commit: CommitListener | None = None
+        #: Called after each commit that rotated to a new segment.
+        self.on_rotate: RotateListener | None = None
 
     # -- opening ---------------------------------------------------------------
 
@@ -269,6 +276,7 @@ class Wal:
             return self._durable_seq
         sync = None if self.policy is FsyncPolicy.OFF else self._fdatasync
         listener = self.on_commit
+        rotated = bool(self._cuts)
         sync_s = 0.0
         try:
             tail = self._write_cuts(buf, sync) if self._cuts else buf
@@ -293,6 +301,8 @@ class Wal:
         self._durable_seq = seq = self._next_seq - 1
         if listener is not None:
             listener(first, buf, sync_s)
+        if rotated and self.on_rotate is not None:
+            self.on_rotate(seq)
         return seq
 
     def _write_cuts(self, buf: bytearray, sync: SyncFn | None) -> bytearray:

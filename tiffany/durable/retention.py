@@ -1,0 +1,162 @@
+"""Retention: advance the checkpoint, release the segments no one needs any more.
+
+In the manner of etcd's snapshot + WAL segment release. A live segment is
+released (docs/wal-format.md, "Checkpoints and retention") only when:
+
+1. it is not the last segment (the writer appends to that one);
+2. a checkpoint covers it: its last seq is at most the checkpoint's seq;
+3. every run with a record in it had finished by then: its last seq is
+   before the first seq of every run the checkpoint lists as unfinished;
+4. the store has projected it: its last seq is at most the projector's
+   watermark (``projector_state.last_seq``).
+
+Policies (``TIFFANY_WAL_RETAIN``): ``all`` keeps every segment live (the
+start still reads only the checkpoint's tail, but opening the WAL checks
+every live segment); ``archive`` (the default) renames released segments
+into ``wal/archive/``, where ``replay --verify``, ``wal dump`` and ``db
+rebuild`` still read them; ``delete`` removes them (``db rebuild`` then
+refuses, and a finished run's journal lives on only in the store's
+``journal_records``).
+
+:class:`Checkpointer` does this on a thread of its own, never on the
+scheduler's: the loop only pokes it (an ``Event.set``) when the WAL rotates
+to a new segment or after every :data:`CHECKPOINT_EVERY_RUNS` finished runs,
+and once more when the engine stops. Each pass reads the durable records
+after the last checkpoint (the same fold as a start-up,
+:func:`~tiffany.durable.history.load_many`), writes the new checkpoint
+atomically, then releases what it may, oldest segment first.
+
+Invariants: a failed pass is logged and changes nothing that a later pass
+or a start-up cannot redo (observers fail soft); releasing is idempotent
+(see :func:`~tiffany.wal.segments.release_segment`).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+import structlog
+
+from tiffany.durable.checkpoint import IDEMPOTENCY_WINDOW_S, Checkpoint, write_checkpoint
+from tiffany.durable.history import checkpoint_of, load_many
+from tiffany.wal.segments import Segment, list_segments, release_segment
+
+__all__ = ["CHECKPOINT_EVERY_RUNS", "Checkpointer", "Retain", "releasable", "release"]
+
+log = structlog.get_logger("tiffany.durable")
+
+#: Finished runs between two checkpoints (besides one per segment rotation).
+CHECKPOINT_EVERY_RUNS: Final = 1_000
+
+
+class Retain(enum.StrEnum):
+    """What happens to a segment once it may be released."""
+
+    ALL = "all"  # nothing: keep it live
+    ARCHIVE = "archive"  # rename it into wal/archive/
+    DELETE = "delete"  # remove it
+
+
+def releasable(wal_dir: Path, cp: Checkpoint, projected_seq: int) -> list[Segment]:
+    """Return the live segments that may be released, oldest first (see the module docstring)."""
+    bound = min(cp.seq, projected_seq, cp.oldest_needed - 1)
+    live = list_segments(wal_dir)
+    out = []
+    for seg, after in itertools.pairwise(live):
+        if after.first_seq - 1 > bound:
+            break
+        out.append(seg)
+    return out
+
+
+def release(wal_dir: Path, cp: Checkpoint, projected_seq: int, retain: Retain) -> list[str]:
+    """Release what :func:`releasable` allows under ``retain``; return the segment names."""
+    if retain is Retain.ALL:
+        return []
+    done = []
+    for seg in releasable(wal_dir, cp, projected_seq):
+        release_segment(seg, archive=retain is Retain.ARCHIVE)
+        done.append(seg.name)
+    if done:
+        log.info("wal.released", segments=done, retain=str(retain), checkpoint=cp.seq)
+    return done
+
+
+class Checkpointer:
+    """A thread that writes checkpoints and releases segments when poked.
+
+    Args:
+        wal_dir: The WAL directory.
+        base: The checkpoint as of the end of recovery (the index the start built).
+        durable_seq: Returns the WAL's durable seq (any thread).
+        projected_seq: Returns the store's projected seq (any thread).
+        retain: The retention policy.
+        window_s: The idempotency key window.
+    """
+
+    def __init__(
+        self,
+        wal_dir: Path,
+        base: Checkpoint,
+        *,
+        durable_seq: Callable[[], int],
+        projected_seq: Callable[[], int],
+        retain: Retain = Retain.ARCHIVE,
+        window_s: float = IDEMPOTENCY_WINDOW_S,
+    ) -> None:
+        self.wal_dir = wal_dir
+        self.checkpoint = base
+        self.retain = retain
+        self.window_s = window_s
+        self.released = 0
+        self._written = -1
+        self._durable_seq = durable_seq
+        self._projected_seq = projected_seq
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="tiffany-checkpointer", daemon=True)
+
+    def start(self) -> None:
+        """Start the thread; its first pass writes the base checkpoint."""
+        self._wake.set()
+        self._thread.start()
+
+    def poke(self, *_: object) -> None:
+        """Ask for a pass soon (O(1), never blocks: safe on the scheduler thread)."""
+        self._wake.set()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the thread after one last pass (the WAL closed, the projector stopped)."""
+        self._stop = True
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def step(self) -> None:
+        """One pass: advance and write the checkpoint, then release segments."""
+        upto = self._durable_seq()
+        if upto > self.checkpoint.seq:
+            index, _ = load_many(self.wal_dir, set(), base=self.checkpoint, until=upto)
+            self.checkpoint = checkpoint_of(index, self.window_s)
+        if self.checkpoint.seq != self._written:
+            write_checkpoint(self.wal_dir, self.checkpoint)
+            self._written = self.checkpoint.seq
+        gone = release(self.wal_dir, self.checkpoint, self._projected_seq(), self.retain)
+        self.released += len(gone)
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            last = self._stop  # a stop during this pass gets a pass of its own
+            try:
+                self.step()
+            except Exception:
+                log.exception("checkpoint.failed", wal=str(self.wal_dir))
+            if last:
+                return
