@@ -1,6 +1,6 @@
 """The engine's view of the projector: lag while progressing is fine, a stall is not.
 
-Drives :class:`tiffany.engine.projector_link.ProjectorLink` with hand-overs
+Drives :class:`tiffany.engine.projector_link.ProjectorLink` with commit notices
 and progress reports as the projector process writes them, on a manual
 clock (no process started).
 """
@@ -40,7 +40,7 @@ def _report(link: ProjectorLink, **fields: Any) -> None:
 
 def test_lag_while_applying_is_not_a_stall_no_progress_is(clock: Clock, tmp_path: Path) -> None:
     link = ProjectorLink(tmp_path, {})
-    link.hand_over(1, 10, bytearray())
+    link.committed(10)
     assert link.health()["lag_records"] == 10
     assert link.health()["stalled"] is False
     clock.now += STALL_AFTER_S - 1
@@ -59,7 +59,7 @@ def test_lag_while_applying_is_not_a_stall_no_progress_is(clock: Clock, tmp_path
 
 def test_failures_in_a_row_and_dead_letters_are_reported(clock: Clock, tmp_path: Path) -> None:
     link = ProjectorLink(tmp_path, {})
-    link.hand_over(1, 3, bytearray())
+    link.committed(3)
     _report(link, consecutive_errors=2, last_error="OperationalError: refused")
     assert link.health()["stalled"] is False
     _report(link, consecutive_errors=3, last_error="OperationalError: refused", errors=3)

@@ -8,10 +8,8 @@ registry. Nothing here exists at import time.
 
 from __future__ import annotations
 
-import time
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Any, Final, TypeVar
 
 from fastapi import Depends, Request
@@ -23,15 +21,17 @@ from starlette.requests import HTTPConnection
 
 from tiffany.api.feed import FeedRelay
 from tiffany.config import Settings
-from tiffany.control import AsyncControlClient
+from tiffany.control import AsyncControlClient, ControlUnavailable
 from tiffany.errors import TiffanyError
+from tiffany.store import queries
 
-__all__ = ["ApiState", "State", "StoreUnavailable", "get_state"]
+__all__ = ["MIN_SEQ_WAIT_S", "ApiState", "State", "StoreBehind", "StoreUnavailable", "get_state"]
 
-#: Submissions remembered for the "just submitted, not projected yet" wait.
-RECENT_SUBMISSIONS: Final = 10_000
-#: How long after its submission a run is waited for in the store, in seconds.
-RECENT_WINDOW_S: Final = 30.0
+#: How long a read with ``min_seq`` waits for the store to pass it, in seconds.
+MIN_SEQ_WAIT_S: Final = 5.0
+#: How much longer the control request may take than that (the engine answers
+#: at its own deadline; this only covers the trip), in seconds.
+CONTROL_MARGIN_S: Final = 2.0
 
 T = TypeVar("T")
 
@@ -40,6 +40,15 @@ class StoreUnavailable(TiffanyError):
     """The SQL store cannot be read (not created yet, or unreachable): HTTP 503."""
 
     code = "store.unavailable"
+
+
+class StoreBehind(StoreUnavailable):
+    """The store has not reached the ``min_seq`` a reader asked for in time: HTTP 503.
+
+    Fields: ``min_seq`` (what was asked) and ``store_seq`` (where the store is).
+    """
+
+    code = "store.behind"
 
 
 @dataclass
@@ -53,19 +62,42 @@ class ApiState:
     relay: FeedRelay
     registry: Any
     collector: Any
-    recent: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    #: The highest store watermark this process has been told (it only grows).
+    projected_seq: int = 0
 
-    def remember(self, run_id: str) -> None:
-        """Note a run this API just submitted (its row may lag behind)."""
-        self.recent[run_id] = time.monotonic()
-        self.recent.move_to_end(run_id)
-        while len(self.recent) > RECENT_SUBMISSIONS:
-            self.recent.popitem(last=False)
+    async def wait_projected(self, seq: int) -> int:
+        """Return once the store holds WAL seq ``seq``; return the watermark learnt.
 
-    def just_submitted(self, run_id: str) -> bool:
-        """True if this API submitted ``run_id`` in the last :data:`RECENT_WINDOW_S`."""
-        at = self.recent.get(run_id)
-        return at is not None and time.monotonic() - at < RECENT_WINDOW_S
+        The engine is asked (``wait_projected`` on the control channel) and
+        answers when its projector reports the store past ``seq``: no poll,
+        no sleep here. A seq at or below a watermark already learnt costs
+        nothing. Without an engine, the store's own watermark is read once.
+
+        Raises:
+            StoreBehind: The store did not reach ``seq`` within :data:`MIN_SEQ_WAIT_S`.
+            StoreUnavailable: Neither the engine nor the store could say.
+        """
+        if seq <= self.projected_seq:
+            return self.projected_seq
+        try:
+            answer = await self.control.request(
+                "wait_projected",
+                timeout=MIN_SEQ_WAIT_S + CONTROL_MARGIN_S,
+                seq=seq,
+                wait_s=MIN_SEQ_WAIT_S,
+            )
+            last = int(answer.get("last_seq", 0))
+        except ControlUnavailable:
+            last = await self.read(queries.watermark)
+        self.projected_seq = max(self.projected_seq, last)
+        if last < seq:
+            raise StoreBehind(
+                f"the store is at seq {last} and did not reach seq {seq} "
+                f"within {MIN_SEQ_WAIT_S:g} s; retry",
+                min_seq=seq,
+                store_seq=last,
+            )
+        return last
 
     async def read(self, fn: Callable[[Session], T]) -> T:
         """Run ``fn(session)`` in the threadpool with a fresh session.

@@ -194,21 +194,33 @@ class _RunCtx:
 
 
 class _Rows:
-    """One table's changes in a batch: new rows, and column updates by primary key."""
+    """One table's changes in a batch: new rows, and column updates by primary key.
+
+    A table with a ``last_seq`` column gets the seq of the record being
+    applied (:attr:`seq`) in every row it inserts or changes: each row names
+    the point of the journal it reflects (docs/clock.md).
+    """
 
     def __init__(self, table: Table) -> None:
         self.table = table
         self.keys = [c.name for c in table.primary_key.columns]
         self.new: dict[tuple[Any, ...], dict[str, Any]] = {}
         self.changed: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self.stamped = "last_seq" in table.c
+        #: The seq of the record being applied.
+        self.seq = 0
 
     def insert(self, key: tuple[Any, ...], row: dict[str, Any]) -> None:
-        full = {c.name: None for c in self.table.columns}
+        full: dict[str, Any] = {c.name: None for c in self.table.columns}
         full.update(row)
         full.update(zip(self.keys, key, strict=True))
+        if self.stamped:
+            full["last_seq"] = self.seq
         self.new[key] = full
 
     def update(self, key: tuple[Any, ...], **values: Any) -> None:
+        if self.stamped:
+            values["last_seq"] = self.seq
         row = self.new.get(key)
         if row is not None:
             row.update(values)
@@ -266,6 +278,10 @@ class _Batch:
         self.tasks = _Rows(Task.__table__)  # type: ignore[arg-type]
         self.steps = _Rows(Step.__table__)  # type: ignore[arg-type]
         self.records: list[dict[str, Any]] = []  # journal_records rows
+
+    def at(self, seq: int) -> None:
+        """The records that follow are ``seq``'s (rows they touch carry it)."""
+        self.runs.seq = self.tasks.seq = self.steps.seq = seq
 
     def flush(self, conn: Connection) -> int:
         # Parents first: tasks and steps reference runs.
@@ -365,6 +381,7 @@ class Projector:
                     if isinstance(fields, Undecodable):
                         raise fields.error
                     changes.records.append(record_row(seq, rtype, run_no, fields))
+                    changes.at(seq)
                     if len(fields) < FIELD_COUNTS.get(rtype, 0):
                         report.malformed += 1
                     elif self._apply_one(conn, changes, seq, rtype, run_no, fields):
