@@ -7,6 +7,7 @@ control socket, as in ``tiffany serve``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
@@ -165,6 +166,23 @@ def test_unknown_runs_are_404_with_a_message(client) -> None:
 
 def test_reads_with_min_seq_never_404_right_after_the_201(client) -> None:
     assert read_your_writes(client, 200) == [200] * 200
+
+
+def test_concurrent_reads_each_answer_once_their_seq_is_projected(engine, live_api_factory) -> None:
+    """50 clients at once, over real TCP: each reads its own run back with its seq."""
+    live = live_api_factory(make_settings(engine.data_dir))
+
+    async def one(c: httpx.AsyncClient) -> int:
+        answer = (await c.post("/api/runs", json={"plan": SLEEP_PLAN})).json()
+        got = await c.get(f"/api/runs/{answer['run_id']}", params={"min_seq": answer["seq"]})
+        assert got.status_code != 200 or got.json()["last_seq"] >= answer["seq"]
+        return got.status_code
+
+    async def main() -> list[int]:
+        async with httpx.AsyncClient(base_url=live.base, timeout=30) as c:
+            return list(await asyncio.gather(*(one(c) for _ in range(50))))
+
+    assert asyncio.run(main()) == [200] * 50
 
 
 def test_a_seq_the_store_does_not_reach_is_a_503_naming_where_it_is(

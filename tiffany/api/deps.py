@@ -8,8 +8,12 @@ registry. Nothing here exists at import time.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import asyncio
+import contextlib
+import heapq
+import itertools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Final, TypeVar
 
 from fastapi import Depends, Request
@@ -25,7 +29,15 @@ from tiffany.control import AsyncControlClient, ControlUnavailable
 from tiffany.errors import TiffanyError
 from tiffany.store import queries
 
-__all__ = ["MIN_SEQ_WAIT_S", "ApiState", "State", "StoreBehind", "StoreUnavailable", "get_state"]
+__all__ = [
+    "MIN_SEQ_WAIT_S",
+    "ApiState",
+    "State",
+    "StoreBehind",
+    "StoreUnavailable",
+    "Watermark",
+    "get_state",
+]
 
 #: How long a read with ``min_seq`` waits for the store to pass it, in seconds.
 MIN_SEQ_WAIT_S: Final = 5.0
@@ -51,6 +63,84 @@ class StoreBehind(StoreUnavailable):
     code = "store.behind"
 
 
+class Watermark:
+    """The store's watermark as this API process has been told it, and the reads waiting on it.
+
+    While any read waits, one ``wait_projected(last + 1)`` request is out on
+    the control channel: the engine answers it when the projector next
+    reports progress, this resolves every read the new watermark covers and,
+    if reads still wait, asks again. So the engine answers one request per
+    projector report however many reads wait (a subscription that exists
+    only while someone listens), and a read waits for the first report that
+    covers it, never for a timer.
+
+    Args:
+        control: The control-channel client.
+        read_mark: Reads the store's own watermark (when the engine is away).
+    """
+
+    def __init__(
+        self, control: AsyncControlClient, read_mark: Callable[[], Awaitable[int]]
+    ) -> None:
+        self.control = control
+        self.read_mark = read_mark
+        #: The highest watermark learnt (it only grows).
+        self.seq = 0
+        self._waiters: list[tuple[int, int, asyncio.Future[int]]] = []  # a heap by seq
+        self._order = itertools.count()
+        self._task: asyncio.Task[None] | None = None
+
+    async def wait(self, seq: int, timeout: float) -> int:
+        """Return the watermark once it is at least ``seq``, or when ``timeout`` ran out."""
+        if seq <= self.seq:
+            return self.seq
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (seq, next(self._order), fut))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._follow())
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            return self.seq
+
+    async def _follow(self) -> None:
+        while True:
+            self._waiters = [w for w in self._waiters if not w[2].done()]
+            heapq.heapify(self._waiters)
+            if not self._waiters:
+                return
+            try:
+                answer = await self.control.request(
+                    "wait_projected",
+                    timeout=MIN_SEQ_WAIT_S + CONTROL_MARGIN_S,
+                    seq=self.seq + 1,
+                    wait_s=MIN_SEQ_WAIT_S,
+                )
+                self._advance(int(answer.get("last_seq", 0)))
+            except ControlUnavailable:
+                with contextlib.suppress(StoreUnavailable):
+                    self._advance(await self.read_mark())  # once: no engine, no news after
+                self._settle()
+                return
+            except TiffanyError:
+                self._settle()
+                return
+
+    def _advance(self, seen: int) -> None:
+        self.seq = max(self.seq, seen)
+        while self._waiters and self._waiters[0][0] <= self.seq:
+            fut = heapq.heappop(self._waiters)[2]
+            if not fut.done():
+                fut.set_result(self.seq)
+
+    def _settle(self) -> None:
+        """Answer every waiting read with what is known (they fail as behind)."""
+        waiters, self._waiters = self._waiters, []
+        for _seq, _order, fut in waiters:
+            if not fut.done():
+                fut.set_result(self.seq)
+
+
 @dataclass
 class ApiState:
     """Everything one app instance holds (see module docstring)."""
@@ -62,34 +152,22 @@ class ApiState:
     relay: FeedRelay
     registry: Any
     collector: Any
-    #: The highest store watermark this process has been told (it only grows).
-    projected_seq: int = 0
+    watermark: Watermark = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.watermark = Watermark(self.control, lambda: self.read(queries.watermark))
 
     async def wait_projected(self, seq: int) -> int:
         """Return once the store holds WAL seq ``seq``; return the watermark learnt.
 
-        The engine is asked (``wait_projected`` on the control channel) and
-        answers when its projector reports the store past ``seq``: no poll,
-        no sleep here. A seq at or below a watermark already learnt costs
-        nothing. Without an engine, the store's own watermark is read once.
+        The engine tells (:class:`Watermark`): no poll, no sleep here. A seq
+        at or below a watermark already learnt costs nothing. Without an
+        engine, the store's own watermark is read once.
 
         Raises:
             StoreBehind: The store did not reach ``seq`` within :data:`MIN_SEQ_WAIT_S`.
-            StoreUnavailable: Neither the engine nor the store could say.
         """
-        if seq <= self.projected_seq:
-            return self.projected_seq
-        try:
-            answer = await self.control.request(
-                "wait_projected",
-                timeout=MIN_SEQ_WAIT_S + CONTROL_MARGIN_S,
-                seq=seq,
-                wait_s=MIN_SEQ_WAIT_S,
-            )
-            last = int(answer.get("last_seq", 0))
-        except ControlUnavailable:
-            last = await self.read(queries.watermark)
-        self.projected_seq = max(self.projected_seq, last)
+        last = await self.watermark.wait(seq, MIN_SEQ_WAIT_S)
         if last < seq:
             raise StoreBehind(
                 f"the store is at seq {last} and did not reach seq {seq} "

@@ -58,10 +58,10 @@ class JournalSource(Protocol):
     """Where the projector reads journal records from (the WAL today, PostgreSQL next)."""
 
     def read(self, after: int, upto: int, limit: int) -> list[DecodedRecord]:
-        """Return up to ``limit`` records with ``after < seq <= upto``, in order.
+        """Return the records with ``after < seq <= upto``, in order, ``limit`` at most.
 
-        Fewer (or none) when the journal holds no more: the caller decides
-        whether that is the end or an error.
+        ``upto`` is durable: the journal holds every record up to it, and a
+        source that cannot read one raises (it never returns fewer).
         """
         ...
 
@@ -112,8 +112,9 @@ class WalTail:
       Otherwise only the bytes appended since are read (``pread``).
     * Frames are checked as the WAL reader checks them (``frame.decode``).
       Below the durable seq, a frame cut short is the end of a segment the
-      writer has left (the next one starts at the next seq); a bad frame is
-      corruption and raises.
+      writer has left (the next one starts at the next seq); anything else
+      that stops the read below the durable seq (a bad frame, a missing
+      segment) is corruption and raises.
 
     Args:
         wal_dir: The WAL directory.
@@ -130,8 +131,8 @@ class WalTail:
 
     def read(self, after: int, upto: int, limit: int) -> list[DecodedRecord]:
         """See :meth:`JournalSource.read`."""
-        if self._seq != after + 1 and not self._seek(after + 1):
-            return []
+        if self._seq != after + 1:
+            self._seek(after + 1)
         out: list[DecodedRecord] = []
         while self._seq <= upto and len(out) < limit:
             frame = decode_frame(self._data, self._pos)
@@ -140,8 +141,8 @@ class WalTail:
                 out.append((self._seq, frame.rtype, run_no, fields))
                 self._pos = frame.end
                 self._seq += 1
-            elif not self._more(frame):
-                break
+            else:
+                self._more(frame)
         return out
 
     def close(self) -> None:
@@ -154,23 +155,24 @@ class WalTail:
 
     # -- reading ------------------------------------------------------------------
 
-    def _more(self, problem: str) -> bool:
-        """Read on after ``problem`` at ``_pos``: more bytes, or the next segment."""
+    def _more(self, problem: str) -> None:
+        """Read on after ``problem`` at ``_pos``: more bytes, or the next segment.
+
+        Raises:
+            WalCorruptionError: Neither: a record below the durable seq is missing.
+        """
         if self._fill():
-            return True
-        segments = list_segments(self.wal_dir)
-        following = [s for s in segments if s.first_seq == self._seq]
+            return
+        following = [s for s in list_segments(self.wal_dir) if s.first_seq == self._seq]
         if following and is_benign(problem):
             self._open(following[0])
-            return True
-        if is_benign(problem):
-            return False  # the durable records end here (the caller decides)
-        assert self._seg is not None
+            return
+        seg = self._seg.name if self._seg is not None else str(self.wal_dir)
         offset = self._end - len(self._data) + self._pos
         raise WalCorruptionError(
-            f"{self._seg.name}: {problem} at offset {offset} (record seq {self._seq}, "
-            f"below the durable seq){REMEDY}",
-            segment=self._seg.name,
+            f"{seg}: {problem} at offset {offset} (record seq {self._seq}, "
+            f"which the engine made durable){REMEDY}",
+            segment=seg,
             offset=offset,
             seq=self._seq,
             reason=problem,
@@ -195,21 +197,26 @@ class WalTail:
         self._data, self._pos, self._end = b"", 0, HEADER_SIZE_BYTES
         self._seq = seg.first_seq
 
-    def _seek(self, seq: int) -> bool:
-        """Position on record ``seq`` (or the first one kept, if it is older); False: no WAL."""
+    def _seek(self, seq: int) -> None:
+        """Position on record ``seq`` (or on the first one kept, if it is older)."""
         segments = list_segments(self.wal_dir)
         holding = [s for s in segments if s.first_seq <= seq] or segments[:1]
         if not holding:
-            return False
+            raise WalCorruptionError(
+                f"{self.wal_dir}: no segment holds seq {seq}{REMEDY}",
+                segment=str(self.wal_dir),
+                offset=0,
+                seq=seq,
+                reason="no segment",
+            )
         self._open(holding[-1])
         while self._seq < seq:
             frame = decode_frame(self._data, self._pos)
             if isinstance(frame, Frame):
                 self._pos = frame.end
                 self._seq += 1
-            elif not self._more(frame):
-                return self._seq == seq
-        return True
+            else:
+                self._more(frame)
 
 
 def project_wal(database_url: str, wal_dir: Path) -> int:

@@ -105,6 +105,8 @@ class ProjectorLink:
         self.last_error: str | None = None
         #: Records the projector quarantined (``dead_letters`` rows).
         self.dead_letters = 0
+        #: Whether a process has reported yet (it reports the store's mark once up).
+        self.reported = False
         self._progress_at = time.monotonic()
         self._restarted_at: deque[float] = deque(maxlen=RESTART_LOOP_COUNT)
         #: Called (reader thread) with the seqs of records the projector just
@@ -214,6 +216,7 @@ class ProjectorLink:
 
     def _take_report(self, report: dict[str, Any]) -> None:
         with self._lock:
+            self.reported = True
             seq = int(report.get("last_seq", 0))
             if seq > self.last_seq:
                 self.last_seq = seq

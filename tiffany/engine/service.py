@@ -367,8 +367,12 @@ class EngineService:
 
     @property
     def ready(self) -> bool:
-        """True once recovery is over and the engine takes new work."""
-        return self._phase == "ready"
+        """True once recovery is over and the projector has reported the store's watermark.
+
+        A reader's ``min_seq`` is answered by the projector's reports
+        (docs/clock.md): until its process is up, none would be.
+        """
+        return self._phase == "ready" and self.projector.reported
 
     # -- scheduler thread --------------------------------------------------------------
 

@@ -11,8 +11,8 @@ Invariants:
 * Idempotent by sequence number: a batch is applied in one transaction
   that also moves ``projector_state.last_seq``; records at or below the
   mark are skipped. A crash between the WAL and the database therefore
-  never counts a record twice: the engine re-sends from its last durable
-  point and the projector drops what it already has.
+  never counts a record twice: the projector process reads on from the
+  mark, and drops what it already has.
 * Deterministic: every value comes from the records (times are the run's
   journal clock, not the database's), so a rebuild reproduces the rows.
 * Batch-friendly: a batch's changes are merged per row in dicts, then
