@@ -15,7 +15,13 @@ op             request fields                        answer (``ok: true``)
                                                      ``recovering`` (runs still replaying),
                                                      ``pid``, ``started_at``, ``runs_active``
 ``submit``     ``plan`` (object), ``inputs``,        ``run_id``, ``created`` (false when the
-               ``key`` (idempotency key or null)     key named an earlier submission)
+               ``key`` (idempotency key or null)     key named an earlier submission), ``seq``
+                                                     (the WAL seq of the run's RUN_START; the
+                                                     same for a repeated key)
+``wait_``      ``seq``, ``wait_s`` (at most          ``last_seq`` (the store's watermark),
+``projected``  :data:`MAX_WAIT_PROJECTED_S`)         ``reached`` (``last_seq >= seq``); answered
+                                                     as soon as the projector reports it, or
+                                                     after ``wait_s`` with ``reached: false``
 ``cancel``     ``run_id``                            ``run_id``, ``status: "cancelling"``
 ``verify``     ``run_id``                            the replay report (``tiffany replay --verify
                                                      --json``), its verdict as ``identical``
@@ -29,6 +35,9 @@ where ``status`` is the HTTP status the API should give (404 unknown run,
 
 ``submit`` answers only once the run's first record is durable in the WAL
 (write-ahead: the 201 means the run will happen, even across a crash).
+``wait_projected`` is how a reader waits for its own writes (docs/clock.md):
+the engine answers it when its projector reports the store past ``seq``,
+without holding a worker thread meanwhile.
 
 A request is refused on its own, never by dropping the connection other
 requests share: the client refuses to send a frame over
@@ -56,6 +65,7 @@ from tiffany.errors import TiffanyError
 __all__ = [
     "CONTROL_SOCKET",
     "MAX_FRAME_BYTES",
+    "MAX_WAIT_PROJECTED_S",
     "AsyncControlClient",
     "ControlError",
     "ControlUnavailable",
@@ -68,6 +78,9 @@ CONTROL_SOCKET: Final = "control.sock"
 
 #: Largest request or answer line (plans are capped well below this by the API).
 MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
+
+#: Longest a ``wait_projected`` request may wait, in seconds.
+MAX_WAIT_PROJECTED_S: Final = 30.0
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode

@@ -139,6 +139,28 @@ def serve_in_thread(settings: Settings) -> LiveApi:
     return LiveApi(app, server, thread, port)
 
 
+def read_your_writes(client: Any, n: int) -> list[int]:
+    """Submit ``n`` runs, each read back at once with its ``min_seq``; return the GET statuses.
+
+    Each read must find its run (no sleep, no retry); the runs list with the
+    last seq holds the last run.
+    """
+    statuses = []
+    last = 0
+    for _ in range(n):
+        r = client.post("/api/runs", json={"plan": SLEEP_PLAN})
+        assert r.status_code == 201, r.text
+        answer = r.json()
+        assert answer["seq"] > last  # the WAL seq: one clock, always forward
+        last = answer["seq"]
+        got = client.get(f"/api/runs/{answer['run_id']}", params={"min_seq": answer["seq"]})
+        statuses.append(got.status_code)
+        assert got.json().get("run_id") == answer["run_id"], got.text
+    listed = client.get("/api/runs", params={"min_seq": last, "limit": 1}).json()
+    assert listed["runs"][0]["last_seq"] >= last
+    return statuses
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, every: float = 0.02) -> Any:
     """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
     deadline = time.monotonic() + timeout

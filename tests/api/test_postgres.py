@@ -11,7 +11,14 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from api_support import SLEEP_PLAN, make_settings, short_dir, start_engine, wait_until
+from api_support import (
+    SLEEP_PLAN,
+    make_settings,
+    read_your_writes,
+    short_dir,
+    start_engine,
+    wait_until,
+)
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
@@ -45,7 +52,9 @@ def test_runs_through_postgres(pg_schema_url: str) -> None:
         with TestClient(app) as client:
             r = client.post("/api/runs", json={"plan": SLEEP_PLAN})
             assert r.status_code == 201, r.text
-            run_id = r.json()["run_id"]
+            run_id, seq = r.json()["run_id"], r.json()["seq"]
+            at_once = client.get(f"/api/runs/{run_id}", params={"min_seq": seq})
+            assert at_once.status_code == 200, at_once.text  # no retry: the seq says when
             wait_until(
                 lambda: client.get(f"/api/runs/{run_id}").json()["status"] == "succeeded",
                 timeout=30,
@@ -57,6 +66,19 @@ def test_runs_through_postgres(pg_schema_url: str) -> None:
             assert events["records"][0]["type"] == "RUN_START"
             assert 'tiffany_runs{status="succeeded"} 1.0' in client.get("/metrics").text
         assert not (data_dir / "tiffany.db").exists()  # nothing fell back to SQLite
+    finally:
+        engine.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_reads_with_min_seq_never_404_through_postgres(pg_schema_url: str) -> None:
+    """200 submissions, each read back at once with its seq, through PostgreSQL."""
+    data_dir = short_dir("tfp-")
+    engine = start_engine(data_dir, env_extra={"TIFFANY_DATABASE_URL": pg_schema_url})
+    try:
+        app = create_app(make_settings(data_dir, database_url=pg_schema_url))
+        with TestClient(app) as client:
+            assert read_your_writes(client, 200) == [200] * 200
     finally:
         engine.stop()
         shutil.rmtree(data_dir, ignore_errors=True)

@@ -7,6 +7,7 @@ control socket, as in ``tiffany serve``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
@@ -15,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from api_support import LONG_PLAN, SLEEP_PLAN, make_settings, wait_until
+from api_support import LONG_PLAN, SLEEP_PLAN, make_settings, read_your_writes, wait_until
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -29,9 +30,14 @@ def client(engine) -> Iterator[TestClient]:
         yield c
 
 
-def _finished(client: TestClient, run_id: str, timeout: float = 20.0) -> dict[str, Any]:
+def _finished(
+    client: TestClient, run_id: str, min_seq: int = 0, timeout: float = 20.0
+) -> dict[str, Any]:
+    """Wait for a run to end (its submission is read back exactly with ``min_seq``; its end
+    is a matter of time)."""
+
     def done() -> dict[str, Any] | None:
-        detail = client.get(f"/api/runs/{run_id}").json()
+        detail = client.get(f"/api/runs/{run_id}", params={"min_seq": min_seq}).json()
         return detail if detail["status"] not in ("pending", "running") else None
 
     result: dict[str, Any] = wait_until(done, timeout, every=0.05)
@@ -39,19 +45,27 @@ def _finished(client: TestClient, run_id: str, timeout: float = 20.0) -> dict[st
 
 
 def _submit(client: TestClient, plan: dict[str, Any], **kw: Any) -> httpx.Response:
-    return client.post("/api/runs", json={"plan": plan, "inputs": kw.pop("inputs", {})}, **kw)
+    """Submit and read the run back at once (``min_seq``): later reads never 404."""
+    r = client.post("/api/runs", json={"plan": plan, "inputs": kw.pop("inputs", {})}, **kw)
+    if r.status_code in (200, 201):
+        back = client.get(r.headers["location"])
+        assert back.status_code == 200, back.text
+    return r
 
 
 def test_a_submitted_run_is_there_at_once_and_succeeds(client) -> None:
-    r = _submit(client, SLEEP_PLAN)
+    r = client.post("/api/runs", json={"plan": SLEEP_PLAN})
     assert r.status_code == 201, r.text
-    run_id = r.json()["run_id"]
+    run_id, seq = r.json()["run_id"], r.json()["seq"]
     assert r.json()["created"] is True
-    assert r.headers["location"] == f"/api/runs/{run_id}"
-    # no sleep: a just-submitted run is waited for in the store (projection lag)
-    first = client.get(f"/api/runs/{run_id}")
+    assert r.headers["location"] == f"/api/runs/{run_id}?min_seq={seq}"
+    # no sleep, no retry: the read waits until the store has projected the run's seq
+    first = client.get(f"/api/runs/{run_id}", params={"min_seq": seq})
     assert first.status_code == 200
     assert first.json()["run_id"] == run_id
+    assert first.json()["last_seq"] >= seq
+    events = client.get(f"/api/runs/{run_id}/events", params={"min_seq": seq}).json()
+    assert events["records"][0] == {**events["records"][0], "seq": seq, "type": "RUN_START"}
     detail = _finished(client, run_id)
     assert detail["status"] == "succeeded"
     assert detail["name"] == "nap"
@@ -72,7 +86,7 @@ def test_the_bare_plan_and_yaml_are_accepted(client) -> None:
     )
     r = client.post("/api/runs", content=yaml_body, headers={"content-type": "application/yaml"})
     assert r.status_code == 201, r.text
-    assert _finished(client, r.json()["run_id"])["name"] == "yaml-nap"
+    assert _finished(client, r.json()["run_id"], r.json()["seq"])["name"] == "yaml-nap"
 
 
 def test_an_invalid_plan_is_a_422_naming_the_field(client) -> None:
@@ -119,7 +133,7 @@ def test_the_idempotency_key_names_the_first_submission(client) -> None:
     again = _submit(client, SLEEP_PLAN, headers={"Idempotency-Key": key})
     assert first.status_code == 201
     assert again.status_code == 200
-    assert again.json() == {"run_id": first.json()["run_id"], "created": False}
+    assert again.json() == {**first.json(), "created": False}  # the same run and seq
     other = _submit(client, LONG_PLAN, headers={"Idempotency-Key": key})
     assert other.status_code == 409
     assert other.json()["message"]
@@ -142,9 +156,52 @@ def test_cancel_202_then_409_and_404(client) -> None:
 
 def test_unknown_runs_are_404_with_a_message(client) -> None:
     for path in ("/api/runs/run-nope", "/api/runs/run-nope/events"):
+        started = time.monotonic()
         r = client.get(path)
         assert r.status_code == 404
         assert "run-nope" in r.json()["message"]
+        assert time.monotonic() - started < 1.0  # without min_seq nothing is waited for
+        assert client.get(path, params={"min_seq": -1}).status_code == 422
+
+
+def test_reads_with_min_seq_never_404_right_after_the_201(client) -> None:
+    assert read_your_writes(client, 200) == [200] * 200
+
+
+def test_concurrent_reads_each_answer_once_their_seq_is_projected(engine, live_api_factory) -> None:
+    """50 clients at once, over real TCP: each reads its own run back with its seq."""
+    live = live_api_factory(make_settings(engine.data_dir))
+
+    async def one(c: httpx.AsyncClient) -> int:
+        answer = (await c.post("/api/runs", json={"plan": SLEEP_PLAN})).json()
+        got = await c.get(f"/api/runs/{answer['run_id']}", params={"min_seq": answer["seq"]})
+        assert got.status_code != 200 or got.json()["last_seq"] >= answer["seq"]
+        return got.status_code
+
+    async def main() -> list[int]:
+        async with httpx.AsyncClient(base_url=live.base, timeout=30) as c:
+            return list(await asyncio.gather(*(one(c) for _ in range(50))))
+
+    assert asyncio.run(main()) == [200] * 50
+
+
+def test_a_seq_the_store_does_not_reach_is_a_503_naming_where_it_is(
+    client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tiffany.api import deps
+
+    monkeypatch.setattr(deps, "MIN_SEQ_WAIT_S", 0.2)
+    seq = _submit(client, SLEEP_PLAN).json()["seq"]
+    started = time.monotonic()
+    r = client.get("/api/runs", params={"min_seq": seq + 10**9})
+    assert time.monotonic() - started < 5.0
+    assert r.status_code == 503
+    assert r.headers["retry-after"]
+    body = r.json()
+    assert body["code"] == "store.behind"
+    assert body["min_seq"] == seq + 10**9
+    assert seq <= body["store_seq"] < seq + 10**9
+    assert str(body["store_seq"]) in body["message"]
 
 
 def test_events_page_through_the_journal(client) -> None:

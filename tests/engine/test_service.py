@@ -219,7 +219,8 @@ def test_restart_resumes_an_unfinished_run_without_redoing_steps(tmp_path: Path)
     data = tmp_path / "data"
     proc = EngineProc(data)
     proc.wait_ready()
-    run_id = proc.call("submit", plan=LONG, inputs={}, key="long-1")["run_id"]
+    first = proc.call("submit", plan=LONG, inputs={}, key="long-1")
+    run_id = first["run_id"]
     detail = store_run(data, run_id)
     deadline = time.monotonic() + 10
     while {s["step_id"]: s["status"] for s in detail["steps"]}.get("first") != "succeeded":
@@ -236,10 +237,11 @@ def test_restart_resumes_an_unfinished_run_without_redoing_steps(tmp_path: Path)
         status = again.wait_ready()
         assert status["ready"] is True
         assert again.logged("engine.started")[-1]["resumed"] == 1
-        # The idempotency key survived the restart.
+        # The idempotency key survived the restart, with the seq of the run's start.
         assert again.call("submit", plan=LONG, inputs={}, key="long-1") == {
             "run_id": run_id,
             "created": False,
+            "seq": first["seq"],
         }
         detail = store_run(data, run_id, until="succeeded", timeout=30)
         assert [s["status"] for s in detail["steps"]] == ["succeeded"] * 3

@@ -224,11 +224,13 @@ def test_stalled_subscribers_are_cut_off_and_readers_get_every_event() -> None:
             )
             with urllib.request.urlopen(req, timeout=60) as resp:
                 assert resp.status == 201
-                run_ids.append(json.loads(resp.read())["run_id"])
+                answer = json.loads(resp.read())
+                run_ids.append((answer["run_id"], answer["seq"]))
 
         def finished() -> bool:
-            for run_id in run_ids:
-                with urllib.request.urlopen(base + f"api/runs/{run_id}", timeout=10) as resp:
+            for run_id, seq in run_ids:
+                read = base + f"api/runs/{run_id}?min_seq={seq}"  # never a 404 for a run just made
+                with urllib.request.urlopen(read, timeout=10) as resp:
                     if json.loads(resp.read())["status"] != "succeeded":
                         return False
             return True

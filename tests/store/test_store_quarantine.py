@@ -84,7 +84,7 @@ def test_transient_errors_are_retried_and_lose_nothing(
     monkeypatch.setattr(_Batch, "flush", flaky)
     monkeypatch.setattr(projector_proc, "make_engine", lambda _url: store)
     out = io.StringIO()
-    applier = projector_proc._Applier("unused", Path("unused"), out)
+    applier = projector_proc._Applier("unused", out)
     applier.engine = store
     applier.projector = Projector(store)
     monkeypatch.setattr(store, "dispose", lambda: None)  # the applier drops its engine on errors

@@ -8,9 +8,11 @@ registry. Nothing here exists at import time.
 
 from __future__ import annotations
 
-import time
-from collections import OrderedDict
-from collections.abc import Callable
+import asyncio
+import contextlib
+import heapq
+import itertools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Final, TypeVar
 
@@ -23,15 +25,25 @@ from starlette.requests import HTTPConnection
 
 from tiffany.api.feed import FeedRelay
 from tiffany.config import Settings
-from tiffany.control import AsyncControlClient
+from tiffany.control import AsyncControlClient, ControlUnavailable
 from tiffany.errors import TiffanyError
+from tiffany.store import queries
 
-__all__ = ["ApiState", "State", "StoreUnavailable", "get_state"]
+__all__ = [
+    "MIN_SEQ_WAIT_S",
+    "ApiState",
+    "State",
+    "StoreBehind",
+    "StoreUnavailable",
+    "Watermark",
+    "get_state",
+]
 
-#: Submissions remembered for the "just submitted, not projected yet" wait.
-RECENT_SUBMISSIONS: Final = 10_000
-#: How long after its submission a run is waited for in the store, in seconds.
-RECENT_WINDOW_S: Final = 30.0
+#: How long a read with ``min_seq`` waits for the store to pass it, in seconds.
+MIN_SEQ_WAIT_S: Final = 5.0
+#: How much longer the control request may take than that (the engine answers
+#: at its own deadline; this only covers the trip), in seconds.
+CONTROL_MARGIN_S: Final = 2.0
 
 T = TypeVar("T")
 
@@ -40,6 +52,93 @@ class StoreUnavailable(TiffanyError):
     """The SQL store cannot be read (not created yet, or unreachable): HTTP 503."""
 
     code = "store.unavailable"
+
+
+class StoreBehind(StoreUnavailable):
+    """The store has not reached the ``min_seq`` a reader asked for in time: HTTP 503.
+
+    Fields: ``min_seq`` (what was asked) and ``store_seq`` (where the store is).
+    """
+
+    code = "store.behind"
+
+
+class Watermark:
+    """The store's watermark as this API process has been told it, and the reads waiting on it.
+
+    While any read waits, one ``wait_projected(last + 1)`` request is out on
+    the control channel: the engine answers it when the projector next
+    reports progress, this resolves every read the new watermark covers and,
+    if reads still wait, asks again. So the engine answers one request per
+    projector report however many reads wait (a subscription that exists
+    only while someone listens), and a read waits for the first report that
+    covers it, never for a timer.
+
+    Args:
+        control: The control-channel client.
+        read_mark: Reads the store's own watermark (when the engine is away).
+    """
+
+    def __init__(
+        self, control: AsyncControlClient, read_mark: Callable[[], Awaitable[int]]
+    ) -> None:
+        self.control = control
+        self.read_mark = read_mark
+        #: The highest watermark learnt (it only grows).
+        self.seq = 0
+        self._waiters: list[tuple[int, int, asyncio.Future[int]]] = []  # a heap by seq
+        self._order = itertools.count()
+        self._task: asyncio.Task[None] | None = None
+
+    async def wait(self, seq: int, timeout: float) -> int:
+        """Return the watermark once it is at least ``seq``, or when ``timeout`` ran out."""
+        if seq <= self.seq:
+            return self.seq
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (seq, next(self._order), fut))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._follow())
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            return self.seq
+
+    async def _follow(self) -> None:
+        while True:
+            self._waiters = [w for w in self._waiters if not w[2].done()]
+            heapq.heapify(self._waiters)
+            if not self._waiters:
+                return
+            try:
+                answer = await self.control.request(
+                    "wait_projected",
+                    timeout=MIN_SEQ_WAIT_S + CONTROL_MARGIN_S,
+                    seq=self.seq + 1,
+                    wait_s=MIN_SEQ_WAIT_S,
+                )
+                self._advance(int(answer.get("last_seq", 0)))
+            except ControlUnavailable:
+                with contextlib.suppress(StoreUnavailable):
+                    self._advance(await self.read_mark())  # once: no engine, no news after
+                self._settle()
+                return
+            except TiffanyError:
+                self._settle()
+                return
+
+    def _advance(self, seen: int) -> None:
+        self.seq = max(self.seq, seen)
+        while self._waiters and self._waiters[0][0] <= self.seq:
+            fut = heapq.heappop(self._waiters)[2]
+            if not fut.done():
+                fut.set_result(self.seq)
+
+    def _settle(self) -> None:
+        """Answer every waiting read with what is known (they fail as behind)."""
+        waiters, self._waiters = self._waiters, []
+        for _seq, _order, fut in waiters:
+            if not fut.done():
+                fut.set_result(self.seq)
 
 
 @dataclass
@@ -53,19 +152,30 @@ class ApiState:
     relay: FeedRelay
     registry: Any
     collector: Any
-    recent: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    watermark: Watermark = field(init=False)
 
-    def remember(self, run_id: str) -> None:
-        """Note a run this API just submitted (its row may lag behind)."""
-        self.recent[run_id] = time.monotonic()
-        self.recent.move_to_end(run_id)
-        while len(self.recent) > RECENT_SUBMISSIONS:
-            self.recent.popitem(last=False)
+    def __post_init__(self) -> None:
+        self.watermark = Watermark(self.control, lambda: self.read(queries.watermark))
 
-    def just_submitted(self, run_id: str) -> bool:
-        """True if this API submitted ``run_id`` in the last :data:`RECENT_WINDOW_S`."""
-        at = self.recent.get(run_id)
-        return at is not None and time.monotonic() - at < RECENT_WINDOW_S
+    async def wait_projected(self, seq: int) -> int:
+        """Return once the store holds WAL seq ``seq``; return the watermark learnt.
+
+        The engine tells (:class:`Watermark`): no poll, no sleep here. A seq
+        at or below a watermark already learnt costs nothing. Without an
+        engine, the store's own watermark is read once.
+
+        Raises:
+            StoreBehind: The store did not reach ``seq`` within :data:`MIN_SEQ_WAIT_S`.
+        """
+        last = await self.watermark.wait(seq, MIN_SEQ_WAIT_S)
+        if last < seq:
+            raise StoreBehind(
+                f"the store is at seq {last} and did not reach seq {seq} "
+                f"within {MIN_SEQ_WAIT_S:g} s; retry",
+                min_seq=seq,
+                store_seq=last,
+            )
+        return last
 
     async def read(self, fn: Callable[[Session], T]) -> T:
         """Run ``fn(session)`` in the threadpool with a fresh session.

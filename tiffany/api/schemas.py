@@ -56,6 +56,12 @@ class SubmitAnswer(BaseModel):
     """The run a submission started (or named, for a repeated Idempotency-Key)."""
 
     run_id: str
+    seq: int = Field(
+        description=(
+            "The WAL seq of the run's first record (RUN_START); pass it as ``min_seq`` "
+            "to read the run back without a 404. The same for a repeated Idempotency-Key."
+        )
+    )
     created: bool = Field(
         default=True, description="False when the Idempotency-Key named an earlier submission."
     )
@@ -74,6 +80,7 @@ class RunSummary(_Open):
     ended_at: float | None = None
     updated_at: float | None = None
     dispatches: int = 0
+    #: The WAL seq of the run's last projected record.
     last_seq: int | None = None
 
 
@@ -101,6 +108,8 @@ class StepOut(_Open):
     ended_at: float | None = None
     #: Why the step waits instead of running (its tool is disabled on the engine).
     waiting: str | None = None
+    #: The WAL seq of the last record that changed the step.
+    last_seq: int | None = None
 
 
 class TaskOut(_Open):
@@ -117,6 +126,8 @@ class TaskOut(_Open):
     ended_at: float | None = None
     result: Any = None
     error: Any = None
+    #: The WAL seq of the last record that changed the task.
+    last_seq: int | None = None
 
 
 class RunDetail(RunSummary):

@@ -262,7 +262,7 @@ def engine_cmd(
 
 
 def projector_cmd(ctx: typer.Context) -> None:
-    """Run the projector process (what the engine starts): WAL frames on stdin -> SQL store."""
+    """Run the projector process (what the engine starts): tails the WAL into the SQL store."""
     from tiffany.cli import _settings
     from tiffany.engine.projector_proc import run_projector
 

@@ -83,6 +83,8 @@ class KeyEntry(msgspec.Struct, array_like=True, frozen=True):
     run_id: str
     digest: str
     started_at: float
+    #: The WAL seq of the run's RUN_START (what a repeated submission answers; 0 if unknown).
+    seq: int = 0
 
 
 class Checkpoint(msgspec.Struct, frozen=True):

@@ -139,7 +139,7 @@ class RunIndex:
         idem = entry.get("idempotency") if isinstance(entry, dict) else None
         if isinstance(idem, dict) and isinstance(idem.get("key"), str):
             key = idem["key"]
-            self.keys[key] = KeyEntry(key, run_id, str(idem.get("digest")), ts)
+            self.keys[key] = KeyEntry(key, run_id, str(idem.get("digest")), ts, seq)
         return info
 
     def end_run(self, payload: bytes) -> RunInfo | None:

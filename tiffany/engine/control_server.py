@@ -7,6 +7,12 @@ group commit, a ``verify`` for its replay) without holding up the others.
 Answers are written under a per-connection lock. No socket is touched on the
 scheduler thread: requests reach the loop through the service's inbox.
 
+A handler may answer later: it returns a :class:`~concurrent.futures.Future`
+instead of the answer's fields, and the answer is sent (from the pool) when
+the future is done. ``wait_projected`` answers this way, so a reader
+waiting for the store holds no worker thread (sixteen slow readers would
+otherwise hold up every submission).
+
 A bad request line (over :data:`~tiffany.control.MAX_FRAME_BYTES`, not
 JSON, nested too deep to decode) is refused on its own, with its ``id``
 when the line's head names one, and the connection goes on: other requests
@@ -21,7 +27,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
 
@@ -38,7 +44,8 @@ log = structlog.get_logger(__name__)
 #: Requests handled at once (the rest queue in the pool).
 WORKERS: Final = 16
 
-Handler = Callable[[dict[str, Any]], dict[str, Any]]
+#: ``handle(request)``: the answer's fields, or a future of them (answered when done).
+Handler = Callable[[dict[str, Any]], "dict[str, Any] | Future[dict[str, Any]]"]
 
 
 class ControlServer:
@@ -177,29 +184,50 @@ class ControlServer:
     def _answer(
         self, conn: socket.socket, write_lock: threading.Lock, request: dict[str, Any]
     ) -> None:
-        rid = request.get("id")
         try:
-            answer = {"id": rid, "ok": True, **self.handle(request)}
-        except ControlError as exc:
-            answer = {
-                "id": rid,
-                "ok": False,
-                "status": exc.status,
-                "error": exc.message,
-                "detail": exc.detail,
-            }
-        except TiffanyError as exc:
-            answer = {
-                "id": rid,
-                "ok": False,
-                "status": 500,
-                "error": exc.message,
-                "detail": exc.to_dict(),
-            }
-        except Exception as exc:
-            log.exception("control.failed", op=request.get("op"))
-            answer = {"id": rid, "ok": False, "status": 500, "error": repr(exc)}
-        self._send(conn, write_lock, answer)
+            result = self.handle(request)
+        except Exception as exc:  # noqa: BLE001 - answered as a refusal below
+            self._send(conn, write_lock, self._envelope(request, None, exc))
+            return
+        if isinstance(result, Future):
+            result.add_done_callback(lambda fut: self._answer_later(conn, write_lock, request, fut))
+            return
+        self._send(conn, write_lock, self._envelope(request, result, None))
+
+    def _answer_later(
+        self,
+        conn: socket.socket,
+        write_lock: threading.Lock,
+        request: dict[str, Any],
+        fut: Future[dict[str, Any]],
+    ) -> None:
+        """Send a deferred answer from the pool (never from the thread that resolved it)."""
+
+        def send() -> None:
+            exc = fut.exception()
+            answer = self._envelope(request, None if exc else fut.result(), exc)
+            self._send(conn, write_lock, answer)
+
+        try:
+            self._pool.submit(send)
+        except RuntimeError:  # shutting down: the connection goes too
+            return
+
+    def _envelope(
+        self, request: dict[str, Any], fields: dict[str, Any] | None, exc: BaseException | None
+    ) -> dict[str, Any]:
+        """The answer line's object: ``{"id", "ok": true, ...}`` or a refusal."""
+        rid = request.get("id")
+        if exc is None:
+            return {"id": rid, "ok": True, **(fields or {})}
+        if isinstance(exc, ControlError):
+            status, error, detail = exc.status, exc.message, exc.detail
+        elif isinstance(exc, TiffanyError):
+            status, error, detail = 500, exc.message, exc.to_dict()
+        else:
+            log.error("control.failed", op=request.get("op"), exc_info=exc)
+            status, error, detail = 500, repr(exc), None
+        return {"id": rid, "ok": False, "status": status, "error": error, "detail": detail}
 
     def _send(
         self, conn: socket.socket, write_lock: threading.Lock, answer: dict[str, Any]

@@ -1,30 +1,73 @@
 """Bring the SQL store up to date with the WAL (off the scheduler thread).
 
 The store is a projection of the journal: records are applied in batches,
-idempotently by WAL sequence number, after they are durable. ``tiffany run``
-projects once the loop has stopped; the service's projector process
-(``projector_proc.py``) catches up with :func:`decoded_batches` the same way,
-then applies the frames each group commit hands it.
+idempotently by WAL sequence number, after they are durable. Two readers
+feed it:
+
+* :func:`decoded_batches` reads a WAL that nothing writes to any more
+  (``tiffany run`` projects once its loop has stopped; ``tiffany db
+  rebuild``), with the WAL reader's torn-tail and corruption rules;
+* :class:`WalTail` follows a live WAL for the service's projector process
+  (``projector_proc.py``): it reads only records the engine has said are
+  durable, and only the bytes appended since its last read.
+
+Both are a :class:`JournalSource` to the projector process: "the records
+after seq S, up to the durable seq N". When the journal moves to PostgreSQL
+(issue #11), a source that selects those rows takes the WAL's place and the
+projector's loop stays as it is.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Final
+from typing import Any, Final, Protocol
 
+from tiffany.errors import WalCorruptionError
 from tiffany.records import decode_record
 from tiffany.store import Projector, make_engine
 from tiffany.store.migrate import upgrade
 from tiffany.store.projector import Decoded
 from tiffany.wal import iter_records
+from tiffany.wal.format import HEADER_SIZE_BYTES
+from tiffany.wal.frame import Frame, is_benign
+from tiffany.wal.frame import decode as decode_frame
+from tiffany.wal.segments import REMEDY, Segment, check_header, list_segments
 
-# decode_record (tiffany.records) is re-exported: the projector process uses it.
-
-__all__ = ["BATCH_RECORDS", "decode_record", "decoded_batches", "project_wal"]
+__all__ = [
+    "BATCH_RECORDS",
+    "DecodedRecord",
+    "JournalSource",
+    "WalTail",
+    "decode_record",
+    "decoded_batches",
+    "project_wal",
+]
 
 #: Records applied per transaction.
 BATCH_RECORDS: Final = 5_000
+#: Bytes a tail reads from a segment at once.
+READ_BYTES: Final = 4 * 1024 * 1024
+
+#: A decoded journal record: ``(seq, rtype, run_no, record)``.
+DecodedRecord = Decoded
+
+
+class JournalSource(Protocol):
+    """Where the projector reads journal records from (the WAL today, PostgreSQL next)."""
+
+    def read(self, after: int, upto: int, limit: int) -> list[DecodedRecord]:
+        """Return the records with ``after < seq <= upto``, in order, ``limit`` at most.
+
+        ``upto`` is durable: the journal holds every record up to it, and a
+        source that cannot read one raises (it never returns fewer).
+        """
+        ...
+
+    def close(self) -> None:
+        """Release what the source holds open."""
+        ...
 
 
 def decoded_batches(
@@ -40,6 +83,127 @@ def decoded_batches(
             batch = []
     if batch:
         yield batch
+
+
+class WalTail:
+    """Reads a live WAL's durable records, resuming where the last read stopped.
+
+    Invariants:
+
+    * It never reads past the ``upto`` it is given (the durable seq): bytes
+      the writer has written but not yet synced are never projected, so a
+      record the store holds is never one a power loss could take back.
+    * A position is ``(segment, offset, seq)``; a read that does not start
+      where the last one ended (a new projector process, a retried batch)
+      seeks: the segment that holds the seq is scanned from its header.
+      Otherwise only the bytes appended since are read (``pread``).
+    * Frames are checked as the WAL reader checks them (``frame.decode``).
+      Below the durable seq, a frame cut short is the end of a segment the
+      writer has left (the next one starts at the next seq); anything else
+      that stops the read below the durable seq (a bad frame, a missing
+      segment) is corruption and raises.
+
+    Args:
+        wal_dir: The WAL directory.
+    """
+
+    def __init__(self, wal_dir: Path) -> None:
+        self.wal_dir = wal_dir
+        self._seg: Segment | None = None
+        self._fd = -1
+        self._data = b""  # bytes read from the segment and not consumed yet
+        self._pos = 0  # where the next record starts in _data
+        self._end = 0  # the file offset just past _data
+        self._seq = 0  # the seq of the record at _pos (0: no position)
+
+    def read(self, after: int, upto: int, limit: int) -> list[DecodedRecord]:
+        """See :meth:`JournalSource.read`."""
+        if self._seq != after + 1:
+            self._seek(after + 1)
+        out: list[DecodedRecord] = []
+        while self._seq <= upto and len(out) < limit:
+            frame = decode_frame(self._data, self._pos)
+            if isinstance(frame, Frame):
+                run_no, record = decode_record(frame.rtype, self._data[frame.start : frame.end])
+                out.append((self._seq, frame.rtype, run_no, record))
+                self._pos = frame.end
+                self._seq += 1
+            else:
+                self._more(frame)
+        return out
+
+    def close(self) -> None:
+        """Close the open segment."""
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd = -1
+        self._seg = None
+        self._seq = 0
+
+    # -- reading ------------------------------------------------------------------
+
+    def _more(self, problem: str) -> None:
+        """Read on after ``problem`` at ``_pos``: more bytes, or the next segment.
+
+        Raises:
+            WalCorruptionError: Neither: a record below the durable seq is missing.
+        """
+        if self._fill():
+            return
+        following = [s for s in list_segments(self.wal_dir) if s.first_seq == self._seq]
+        if following and is_benign(problem):
+            self._open(following[0])
+            return
+        seg = self._seg.name if self._seg is not None else str(self.wal_dir)
+        offset = self._end - len(self._data) + self._pos
+        raise WalCorruptionError(
+            f"{seg}: {problem} at offset {offset} (record seq {self._seq}, "
+            f"which the engine made durable){REMEDY}",
+            segment=seg,
+            offset=offset,
+            seq=self._seq,
+            reason=problem,
+        )
+
+    def _fill(self) -> bool:
+        """Append the segment's next bytes to the buffer; False if there are none."""
+        more = os.pread(self._fd, READ_BYTES, self._end)
+        if not more:
+            return False
+        self._data = self._data[self._pos :] + more
+        self._pos = 0
+        self._end += len(more)
+        return True
+
+    def _open(self, seg: Segment) -> None:
+        self.close()
+        self._fd = os.open(seg.path, os.O_RDONLY | os.O_CLOEXEC)
+        header = os.pread(self._fd, HEADER_SIZE_BYTES, 0)
+        check_header(seg, header)
+        self._seg = seg
+        self._data, self._pos, self._end = b"", 0, HEADER_SIZE_BYTES
+        self._seq = seg.first_seq
+
+    def _seek(self, seq: int) -> None:
+        """Position on record ``seq`` (or on the first one kept, if it is older)."""
+        segments = list_segments(self.wal_dir)
+        holding = [s for s in segments if s.first_seq <= seq] or segments[:1]
+        if not holding:
+            raise WalCorruptionError(
+                f"{self.wal_dir}: no segment holds seq {seq}{REMEDY}",
+                segment=str(self.wal_dir),
+                offset=0,
+                seq=seq,
+                reason="no segment",
+            )
+        self._open(holding[-1])
+        while self._seq < seq:
+            frame = decode_frame(self._data, self._pos)
+            if isinstance(frame, Frame):
+                self._pos = frame.end
+                self._seq += 1
+            else:
+                self._more(frame)
 
 
 def project_wal(database_url: str, wal_dir: Path) -> int:

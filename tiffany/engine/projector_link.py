@@ -1,22 +1,25 @@
-"""The engine's side of the projector: hands committed frames to the projector process.
+"""The engine's side of the projector: "durable up to N" out, "projected up to M" in.
 
-The WAL calls :meth:`ProjectorLink.hand_over` on the scheduler thread after
-each group commit; that costs a ``deque.append`` and an ``Event.set``. A
-forwarding thread writes the frames to the projector process's stdin
-(``os.write`` releases the GIL while it waits), and a reader thread takes
-its progress reports. Decoding and SQL happen in that other process
-(:mod:`tiffany.engine.projector_proc`), never on this process's GIL.
+The projector process (:mod:`tiffany.engine.projector_proc`) tails the WAL
+on disk itself. The engine tells it only how far the WAL is durable: after
+each group commit the WAL calls :meth:`ProjectorLink.committed` on the
+scheduler thread, which stores one integer and sets an event (no copy, no
+system call, never blocks). A notifier thread writes the newest durable
+seq to the process's stdin as 8 bytes, coalesced: however many commits
+happened since the last write, one number goes. A reader thread takes the
+process's progress reports (``last_seq``, the store's watermark) and
+answers the readers waiting for it (:meth:`when_projected`).
 
-Nothing is lost and memory stays bounded:
+Nothing is lost and memory stays bounded: the process reads the records
+from the WAL, where every durable record already is, so a process that
+starts late, restarts, or falls behind (the database is slow or down) just
+reads further; the engine holds nothing for it but two integers.
 
-* the projector process catches up from the WAL on disk when it starts, so
-  frames committed before it was up (or while it was restarting) are read
-  back from disk;
-* when more than ``max_pending_bytes`` wait here (the database is slow or
-  down, the pipe is full), the listener stops keeping frames and the next
-  message is ``RESYNC``: the process catches up from disk, which holds every
-  committed record (they are on disk before the listener runs);
-* a projector process that dies is started again (with backoff).
+Reading your writes (docs/clock.md): :meth:`when_projected` returns a future
+that is resolved, by the reader thread, with ``{"last_seq", "reached": true}``
+once a report says the store holds ``seq``, or by the notifier thread with
+``reached: false`` when its wait ran out. No thread sleeps on a waiter's
+behalf and none polls.
 
 Health (:meth:`ProjectorLink.health`, the engine's ``status`` and
 ``/readyz``): the store is *stalled* when records wait (lag > 0) and none
@@ -25,31 +28,39 @@ was applied for ``STALL_AFTER_S``, when the process reported
 ``RESTART_LOOP_COUNT`` times within ``RESTART_LOOP_WINDOW_S``. Lag alone,
 while records are being applied, is not a stall: a burst of submissions
 makes lag, and the projector catches up.
+
+Rejected: handing the process a copy of each commit's frames through the
+pipe (the previous design). It saved the process a read of the page cache
+but cost a copy per commit, a byte budget, and a RESYNC message for when
+the budget ran out, and it cannot work once the journal is in PostgreSQL
+(issue #11), where the projector has to tail the journal anyway.
 """
 
 from __future__ import annotations
 
 import contextlib
+import heapq
+import itertools
 import json
+import os
 import subprocess
 import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import IO, Any, Final
 
 import structlog
 
-from tiffany.engine.projector_proc import FRAMES, HEADER, RESYNC
+from tiffany.engine.projector_proc import DURABLE
 
 __all__ = ["ProjectorLink"]
 
 log = structlog.get_logger(__name__)
 
-#: Bytes of frames held in memory before falling back to the disk.
-MAX_PENDING_BYTES: Final = 64 * 1024 * 1024
 #: Longest wait before restarting a projector process that died, in seconds.
 MAX_RESTART_DELAY_S: Final = 10.0
 #: Records waiting and none applied for this long: the store is stalled, in seconds.
@@ -60,31 +71,24 @@ FAILING_AFTER_ERRORS: Final = 3
 RESTART_LOOP_COUNT: Final = 3
 #: The window of a restart loop, in seconds.
 RESTART_LOOP_WINDOW_S: Final = 60.0
+#: Longest the notifier thread sleeps when nothing happens, in seconds.
+IDLE_WAKE_S: Final = 1.0
+
+#: A reader waiting for the store: ``(seq, order, deadline, future)``.
+_Waiter = tuple[int, int, float, "Future[dict[str, Any]]"]
 
 
 class ProjectorLink:
-    """Feeds the projector process (see the module docstring).
+    """Runs the projector process and follows its progress (see the module docstring).
 
     Args:
         data_dir: The engine's data dir (passed to ``tiffany projector``).
         env: The child's environment (``TIFFANY_DATABASE_URL`` and logging settings).
-        max_pending_bytes: Frames held in memory before falling back to the disk.
     """
 
-    def __init__(
-        self,
-        data_dir: Path,
-        env: dict[str, str],
-        *,
-        max_pending_bytes: int = MAX_PENDING_BYTES,
-    ) -> None:
+    def __init__(self, data_dir: Path, env: dict[str, str]) -> None:
         self.data_dir = data_dir
         self.env = env
-        self.max_pending_bytes = max_pending_bytes
-        self._pending: deque[tuple[int, bytearray]] = deque()
-        self._pending_bytes = 0
-        self._accepting = True
-        self._resync = False
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._proc: subprocess.Popen[bytes] | None = None
@@ -101,58 +105,43 @@ class ProjectorLink:
         self.last_error: str | None = None
         #: Records the projector quarantined (``dead_letters`` rows).
         self.dead_letters = 0
+        #: Whether a process has reported yet (it reports the store's mark once up).
+        self.reported = False
         self._progress_at = time.monotonic()
         self._restarted_at: deque[float] = deque(maxlen=RESTART_LOOP_COUNT)
         #: Called (reader thread) with the seqs of records the projector just
         #: quarantined and the dead-letter total; the engine publishes an event.
         self.on_quarantine: Callable[[list[int], int], None] | None = None
-        self._caught_up = threading.Condition()
+        self._lock = threading.Lock()
+        self._waiters: list[_Waiter] = []  # a heap by seq
+        self._order = itertools.count()
 
     # -- scheduler thread --------------------------------------------------------
 
-    def hand_over(self, first_seq: int, last_seq: int, frames: bytearray) -> None:
-        """Take committed records ``first_seq..last_seq`` (O(1), never blocks)."""
+    def committed(self, durable_seq: int) -> None:
+        """The WAL is durable up to ``durable_seq`` (O(1), never blocks)."""
         if self.durable_seq <= self.last_seq:
             self._progress_at = time.monotonic()  # caught up until now: the wait starts here
-        self.durable_seq = last_seq
-        if self._accepting:
-            self._pending.append((first_seq, frames))
-            self._pending_bytes += len(frames)
-            if self._pending_bytes > self.max_pending_bytes:
-                self._accepting = False  # the forwarder sends RESYNC, then accepts again
-                self._resync = True
+        self.durable_seq = durable_seq
         self._wake.set()
 
-    # -- lifecycle -----------------------------------------------------------------
+    # -- any thread ----------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start the projector process and the forwarding thread."""
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._forward, name="tiffany-projector-link", daemon=True
-            )
-            self._thread.start()
+    def when_projected(self, seq: int, wait_s: float) -> Future[dict[str, Any]]:
+        """A future of ``{"last_seq", "reached"}``, done once the store holds ``seq``.
 
-    def stop(self, timeout: float = 15.0) -> None:
-        """Send what is pending, close the pipe, and wait for the process to finish."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
-        proc = self._proc
-        if proc is not None:
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                log.warning("projector.kill", pid=proc.pid)
-                proc.kill()
-                proc.wait()
-
-    def wait_caught_up(self, seq: int, timeout: float) -> bool:
-        """Wait until the store holds record ``seq`` (tests, benchmarks)."""
-        with self._caught_up:
-            return self._caught_up.wait_for(lambda: self.last_seq >= seq, timeout)
+        It is done at once if the store already does; after ``wait_s``
+        seconds it is done with ``reached: false`` and the store's watermark.
+        """
+        fut: Future[dict[str, Any]] = Future()
+        with self._lock:
+            if self.last_seq >= seq:
+                fut.set_result({"last_seq": self.last_seq, "reached": True})
+                return fut
+            deadline = time.monotonic() + max(0.0, wait_s)
+            heapq.heappush(self._waiters, (seq, next(self._order), deadline, fut))
+        self._wake.set()  # the notifier thread sees the new deadline
+        return fut
 
     @property
     def lag_records(self) -> int:
@@ -191,7 +180,79 @@ class ProjectorLink:
             "stalled_reason": reason,
         }
 
-    # -- the forwarding thread ---------------------------------------------------------
+    # -- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the projector process and the notifier thread."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._notify, name="tiffany-projector-link", daemon=True
+            )
+            self._thread.start()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Send the last durable seq, close the pipe, and wait for the process to finish."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        proc = self._proc
+        if proc is not None:
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("projector.kill", pid=proc.pid)
+                proc.kill()
+                proc.wait()
+        self._expire(float("inf"))  # nobody is left to answer them
+
+    # -- the reader thread ---------------------------------------------------------------
+
+    def _read_reports(self, out: IO[bytes]) -> None:
+        for line in out:
+            with contextlib.suppress(ValueError):
+                self._take_report(json.loads(line))
+
+    def _take_report(self, report: dict[str, Any]) -> None:
+        with self._lock:
+            self.reported = True
+            seq = int(report.get("last_seq", 0))
+            if seq > self.last_seq:
+                self.last_seq = seq
+                self._progress_at = time.monotonic()
+            self.errors = int(report.get("errors", self.errors))
+            self.consecutive_errors = int(report.get("consecutive_errors", 0))
+            error = report.get("last_error")
+            self.last_error = str(error) if error is not None else None
+            self.dead_letters = int(report.get("dead_letters", self.dead_letters))
+            waiters = self._waiters
+            reached: list[Future[dict[str, Any]]] = []
+            while waiters and waiters[0][0] <= self.last_seq:
+                reached.append(heapq.heappop(waiters)[3])
+            answer = {"last_seq": self.last_seq, "reached": True}
+        for fut in reached:
+            if not fut.done():
+                fut.set_result(answer)
+        quarantined = report.get("quarantined")
+        if quarantined and self.on_quarantine is not None:
+            self.on_quarantine(list(quarantined), self.dead_letters)
+
+    # -- the notifier thread -------------------------------------------------------------
+
+    def _expire(self, now: float) -> float:
+        """Answer the waiters whose time ran out; return the next deadline (or inf)."""
+        with self._lock:
+            expired = [w for w in self._waiters if w[2] <= now]
+            if expired:
+                self._waiters = [w for w in self._waiters if w[2] > now]
+                heapq.heapify(self._waiters)
+            answer = {"last_seq": self.last_seq, "reached": False}
+            nearest = min((w[2] for w in self._waiters), default=float("inf"))
+        for _seq, _order, _deadline, fut in expired:
+            if not fut.done():
+                fut.set_result(answer)
+        return nearest
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
@@ -202,6 +263,8 @@ class ProjectorLink:
             bufsize=0,
         )
         assert proc.stdout is not None
+        assert proc.stdin is not None
+        os.set_blocking(proc.stdin.fileno(), False)  # the notifier never waits on the pipe
         threading.Thread(
             target=self._read_reports,
             args=(proc.stdout,),
@@ -211,72 +274,64 @@ class ProjectorLink:
         log.info("projector.started", pid=proc.pid)
         return proc
 
-    def _read_reports(self, out: IO[bytes]) -> None:
-        for line in out:
-            with contextlib.suppress(ValueError):
-                report = json.loads(line)
-                with self._caught_up:
-                    seq = int(report.get("last_seq", 0))
-                    if seq > self.last_seq:
-                        self.last_seq = seq
-                        self._progress_at = time.monotonic()
-                    self.errors = int(report.get("errors", self.errors))
-                    self.consecutive_errors = int(report.get("consecutive_errors", 0))
-                    error = report.get("last_error")
-                    self.last_error = str(error) if error is not None else None
-                    self.dead_letters = int(report.get("dead_letters", self.dead_letters))
-                    self._caught_up.notify_all()
-                quarantined = report.get("quarantined")
-                if quarantined and self.on_quarantine is not None:
-                    self.on_quarantine(list(quarantined), self.dead_letters)
+    def _ensure_process(self, delay: float) -> tuple[subprocess.Popen[bytes] | None, float]:
+        """Return a live process (starting one, with backoff, if it died) and the next delay."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            return proc, delay
+        if proc is not None:
+            log.warning("projector.died", code=proc.returncode, restart_in_s=delay)
+            self.restarts += 1
+            self._restarted_at.append(time.monotonic())
+            if self._stop.wait(delay):
+                return None, delay
+            delay = min(delay * 2, MAX_RESTART_DELAY_S)
+        try:
+            self._proc = self._spawn()
+        except OSError as exc:
+            log.error("projector.spawn_failed", error=repr(exc))
+            self._stop.wait(delay)
+            return None, delay
+        return self._proc, delay
 
-    def _forward(self) -> None:
+    def _notify(self) -> None:
         delay = 0.2
+        sent = -1  # what the current process was told (a new process is told again)
         while True:
             proc = self._proc
-            if proc is None or proc.poll() is not None:
-                if proc is not None:
-                    log.warning("projector.died", code=proc.returncode, restart_in_s=delay)
-                    self.restarts += 1
-                    self._restarted_at.append(time.monotonic())
-                    if self._stop.wait(delay):
-                        return
-                    delay = min(delay * 2, MAX_RESTART_DELAY_S)
-                # A new process catches up from disk: what is pending is there too.
-                self._drop_pending()
-                try:
-                    self._proc = proc = self._spawn()
-                except OSError as exc:
-                    log.error("projector.spawn_failed", error=repr(exc))
-                    if self._stop.wait(delay):
-                        return
-                    continue
-            assert proc.stdin is not None
-            self._wake.clear()  # before looking: a hand-over from here on wakes us again
+            fresh, delay = self._ensure_process(delay)
+            if fresh is None:
+                if self._stop.is_set():
+                    return
+                continue
+            if fresh is not proc:
+                sent = -1
+            assert fresh.stdin is not None
+            self._wake.clear()  # before looking: a commit from here on wakes us again
+            durable = self.durable_seq
             try:
-                if self._resync:
-                    self._drop_pending()
-                    proc.stdin.write(HEADER.pack(RESYNC, 0, 0))
-                while self._pending:
-                    first, frames = self._pending[0]
-                    proc.stdin.write(HEADER.pack(FRAMES, first, len(frames)) + bytes(frames))
-                    self._pending.popleft()
-                    self._pending_bytes -= len(frames)
-                delay = 0.2
-            except (BrokenPipeError, OSError) as exc:
+                if durable != sent:
+                    # 8 bytes: atomic on a pipe. A full pipe (the process is busy)
+                    # is no error: the next wake sends the newest value instead.
+                    os.write(fresh.stdin.fileno(), DURABLE.pack(durable))
+                    sent = durable
+                    delay = 0.2
+            except BlockingIOError:
+                pass
+            except OSError as exc:
                 log.warning("projector.pipe_failed", error=repr(exc))
                 continue
             if self._stop.is_set():
-                with contextlib.suppress(OSError):
-                    proc.stdin.close()
+                self._close(fresh, sent)
                 return
-            self._wake.wait(1.0)
+            nearest = self._expire(time.monotonic())
+            self._wake.wait(min(IDLE_WAKE_S, max(0.0, nearest - time.monotonic())))
 
-    def _drop_pending(self) -> None:
-        # Order matters: accept again first, then drop; anything dropped was
-        # committed before, so it is on disk for the catch-up.
-        self._resync = False
-        self._accepting = True
-        while self._pending:
-            _, frames = self._pending.popleft()
-            self._pending_bytes -= len(frames)
+    def _close(self, proc: subprocess.Popen[bytes], sent: int) -> None:
+        """Tell the process the last durable seq (waiting for room if need be), then EOF."""
+        assert proc.stdin is not None
+        with contextlib.suppress(OSError):
+            if self.durable_seq != sent:
+                os.set_blocking(proc.stdin.fileno(), True)
+                os.write(proc.stdin.fileno(), DURABLE.pack(self.durable_seq))
+            proc.stdin.close()

@@ -1,35 +1,41 @@
-"""The projector process: applies the engine's committed WAL frames to the SQL store.
+"""The projector process: tails the WAL and applies what is durable to the SQL store.
 
-The engine process starts it (``tiffany projector``, hidden) and writes to
-its stdin, after each group commit, the frames that commit made durable.
-Decoding and SQL happen here, in a process of its own, so they never take
-the engine's GIL away from the scheduler loop (measured: a projector
-thread held the engine's GIL 62% of the time at 200 submissions/s and made
-the loop wait for it).
+The engine process starts it (``tiffany projector``, hidden). Decoding and
+SQL happen here, in a process of its own, so they never take the engine's
+GIL away from the scheduler loop (measured: a projector thread held the
+engine's GIL 62% of the time at 200 submissions/s and made the loop wait
+for it).
 
-Messages on stdin (little-endian)::
+The engine tells it how far the WAL is durable; it reads the records from
+the WAL on disk itself (:class:`~tiffany.engine.projection.WalTail`, a
+:class:`~tiffany.engine.projection.JournalSource`). Messages on stdin::
 
-    kind:u8 first_seq:u64 length:u32 payload[length]
-    kind 1  FRAMES  payload: records first_seq.. as the WAL frames them
-    kind 2  RESYNC  (length 0) records were skipped: catch up from the WAL on disk
+    durable_seq:u64 (little-endian)   the WAL is durable up to this seq
+
+The engine writes only the newest value, so several commits make one
+message; the process takes the largest of what waits on the pipe, reads
+the WAL from its watermark up to it, and applies it, one transaction per
+``BATCH_RECORDS``. It never reads past the durable seq (see ``WalTail``).
 
 On stdout the process reports progress, one JSON object a line, after each
 transaction and each failure: ``{"last_seq": N, "errors": K,
 "consecutive_errors": C, "last_error": "...", "dead_letters": D}``, plus
 ``"quarantined": [seq, ...]`` (at most 20) after a transaction that
-quarantined records.
+quarantined records. ``last_seq`` is the store's watermark
+(``projector_state.last_seq``), the seq a reader's ``min_seq`` is compared
+with (docs/clock.md).
 
 Errors: a transient database error (connection lost or refused, database
 locked, server restarting; :func:`tiffany.store.projector.is_transient`)
-is retried (tenacity) with exponential backoff up to ``MAX_BACKOFF_S``, nothing lost
-(the mark makes the retry skip what was kept). A record that fails
-deterministically never reaches this loop: the projector quarantines it
-and goes on (``dead_letters``). Anything else that escapes is retried the
-same way, and ``consecutive_errors`` tells the engine the store is stuck
-(``/readyz`` answers 503). At start it catches up
-from the WAL on disk (everything after the store's mark), then applies what
-arrives; the projector's mark makes repeats harmless. EOF on stdin: apply
-what is left and exit 0.
+is retried (tenacity) with exponential backoff up to ``MAX_BACKOFF_S``,
+nothing lost (the mark makes the retry skip what was kept). A record that
+fails deterministically never reaches this loop: the projector quarantines
+it and goes on (``dead_letters``). Anything else that escapes is retried
+the same way, and ``consecutive_errors`` tells the engine the store is
+stuck (``/readyz`` answers 503). A WAL that ends below the durable seq, or
+a bad frame below it, ends the process with an error (the engine restarts
+it and reports the restart loop). EOF on stdin: apply up to the last
+durable seq received and exit 0.
 """
 
 from __future__ import annotations
@@ -45,19 +51,16 @@ from typing import Any, Final
 import structlog
 import tenacity
 
-from tiffany.engine.projection import decode_record, decoded_batches
+from tiffany.engine.projection import DecodedRecord, JournalSource, WalTail
 from tiffany.store import Projector, make_engine
 from tiffany.store.migrate import upgrade
-from tiffany.store.projector import Decoded
-from tiffany.wal import split_frames
 
-__all__ = ["FRAMES", "HEADER", "RESYNC", "run_projector"]
+__all__ = ["BATCH_RECORDS", "DURABLE", "Notices", "run_projector"]
 
 log = structlog.get_logger(__name__)
 
-HEADER: Final = struct.Struct("<BQI")
-FRAMES: Final = 1
-RESYNC: Final = 2
+#: One message on stdin: the WAL's durable seq.
+DURABLE: Final = struct.Struct("<Q")
 #: Records applied per transaction at most.
 BATCH_RECORDS: Final = 5_000
 #: Sequence numbers of quarantined records one progress report lists at most.
@@ -67,35 +70,53 @@ FIRST_BACKOFF_S: Final = 0.1
 #: Longest wait between retries after a database error, in seconds.
 MAX_BACKOFF_S: Final = 5.0
 
-Batch = list[Decoded]
+Batch = list[DecodedRecord]
 
 
-class _Reader:
-    """Blocking reads of exact sizes from a file descriptor, with a look-ahead check."""
+class Notices:
+    """The engine's "durable up to N" messages on a pipe, coalesced.
+
+    Args:
+        fd: The read end (the process's stdin).
+    """
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.buf = bytearray()
+        self.durable_seq = 0
+        self.closed = False
 
-    def read_exact(self, n: int) -> bytes | None:
-        while len(self.buf) < n:
-            chunk = os.read(self.fd, max(1 << 16, n - len(self.buf)))
+    def wait(self) -> int:
+        """Wait for a durable seq newer than the last one returned, and return the newest.
+
+        What else waits on the pipe is read too (without blocking), so a
+        burst of messages is one answer. At EOF (the engine closed the
+        pipe) :attr:`closed` turns true and the last value received is
+        returned.
+        """
+        seen = self.durable_seq
+        block = True
+        while not self.closed:
+            if not block and not select.select([self.fd], [], [], 0)[0]:
+                break
+            chunk = os.read(self.fd, 1 << 16)
             if not chunk:
-                return None
+                self.closed = True
+                break
             self.buf += chunk
-        out = bytes(self.buf[:n])
-        del self.buf[:n]
-        return out
-
-    def more(self) -> bool:
-        """True if a read would not block (bytes buffered or waiting)."""
-        return bool(self.buf) or bool(select.select([self.fd], [], [], 0)[0])
+            whole = len(self.buf) - len(self.buf) % DURABLE.size
+            if whole:
+                (newest,) = DURABLE.unpack_from(self.buf, whole - DURABLE.size)
+                self.durable_seq = max(self.durable_seq, newest)
+                del self.buf[:whole]
+            if self.durable_seq > seen:
+                block = False  # got news: take what else waits, without blocking
+        return self.durable_seq
 
 
 class _Applier:
-    def __init__(self, database_url: str, wal_dir: Path, out: Any) -> None:
+    def __init__(self, database_url: str, out: Any) -> None:
         self.database_url = database_url
-        self.wal_dir = wal_dir
         self.out = out
         self.engine: Any = None
         self.projector: Projector | None = None
@@ -134,6 +155,11 @@ class _Applier:
             self.engine.dispose()
         self.engine = self.projector = None
 
+    def start(self) -> None:
+        """Connect (retrying) and learn the store's watermark."""
+        self._retrying()(self._connect)
+        self._report()
+
     def apply(self, batch: Batch) -> None:
         if not batch:
             return
@@ -157,12 +183,19 @@ class _Applier:
             )
         self._report(report.quarantined[:MAX_REPORTED_SEQS])
 
-    def catch_up(self) -> None:
-        projector = self._retrying()(self._connect)
-        self.last_seq = max(self.last_seq, projector.last_seq)
-        for batch in decoded_batches(self.wal_dir, BATCH_RECORDS, self.last_seq + 1):
+    def follow(self, source: JournalSource, durable_seq: int) -> None:
+        """Apply the source's records up to ``durable_seq``.
+
+        Raises:
+            RuntimeError: The journal ends below ``durable_seq``.
+        """
+        while self.last_seq < durable_seq:
+            batch = source.read(self.last_seq, durable_seq, BATCH_RECORDS)
+            if not batch:
+                raise RuntimeError(
+                    f"the journal ends at seq {self.last_seq}, below the durable seq {durable_seq}"
+                )
             self.apply(batch)
-        self._report()
 
     def _report(self, quarantined: list[int] | None = None) -> None:
         report: dict[str, Any] = {
@@ -179,36 +212,16 @@ class _Applier:
 
 
 def run_projector(database_url: str, wal_dir: Path, fd: int | None = None) -> int:
-    """Apply frames read from ``fd`` (stdin) until EOF (see the module docstring); return 0."""
-    reader = _Reader(sys.stdin.fileno() if fd is None else fd)
-    applier = _Applier(database_url, wal_dir, sys.stdout)
-    applier.catch_up()
-    batch: Batch = []
-    while True:
-        header = reader.read_exact(HEADER.size)
-        if header is None:
-            break
-        kind, first, length = HEADER.unpack(header)
-        payload = reader.read_exact(length) if length else b""
-        if payload is None:
-            break
-        if kind == RESYNC:
-            if batch:
-                applier.apply(batch)
-                batch = []
-            applier.catch_up()
-            continue
-        for i, (rtype, body) in enumerate(split_frames(payload)):
-            seq = first + i
-            if seq > applier.last_seq:
-                run_no, record = decode_record(rtype, body)
-                batch.append((seq, rtype, run_no, record))
-        # One transaction per burst: apply when nothing more waits, or the batch is full.
-        if len(batch) >= BATCH_RECORDS or not reader.more():
-            applier.apply(batch)
-            batch = []
-    if batch:
-        applier.apply(batch)
-    if applier.engine is not None:
-        applier.engine.dispose()
+    """Follow the WAL up to the durable seqs read from ``fd`` (stdin) until EOF; return 0."""
+    notices = Notices(sys.stdin.fileno() if fd is None else fd)
+    applier = _Applier(database_url, sys.stdout)
+    source = WalTail(wal_dir)
+    try:
+        applier.start()
+        while not notices.closed:
+            applier.follow(source, notices.wait())
+    finally:
+        source.close()
+        if applier.engine is not None:
+            applier.engine.dispose()
     return 0

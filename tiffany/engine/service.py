@@ -11,10 +11,10 @@ thread that touches the kernel, the journal or the WAL. Everything else
 reaches it through the :class:`Inbox`, a kernel task that sleeps on an
 eventfd (``ReadWait``) and runs the callables other threads queue. The
 control server's threads parse and validate requests; the hub's thread
-encodes and fans out activity events; a forwarding thread pipes each group
-commit's frames to the projector process, which writes the SQL store (see
-``projector_link.py``). None of them ever makes the loop wait: the loop only
-appends to deques and sets events.
+encodes and fans out activity events; a notifier thread tells the projector
+process how far the WAL is durable, and the process tails the WAL into the
+SQL store (see ``projector_link.py``). None of them ever makes the loop
+wait: the loop only appends to deques and sets events.
 
 Start-up: the sockets come up first, so ``/readyz`` can say "recovering";
 then the WAL is read from the newest checkpoint on (docs/wal-format.md,
@@ -56,7 +56,7 @@ import structlog
 
 from tiffany.agents import PlanError
 from tiffany.config import Settings, scrub_secrets
-from tiffany.control import CONTROL_SOCKET, ControlError
+from tiffany.control import CONTROL_SOCKET, MAX_WAIT_PROJECTED_S, ControlError
 from tiffany.documents import DocumentError
 from tiffany.documents import check as check_document
 from tiffany.durable.checkpoint import KeyEntry
@@ -394,8 +394,12 @@ class EngineService:
 
     @property
     def ready(self) -> bool:
-        """True once recovery is over and the engine takes new work."""
-        return self._phase == "ready"
+        """True once recovery is over and the projector has reported the store's watermark.
+
+        A reader's ``min_seq`` is answered by the projector's reports
+        (docs/clock.md): until its process is up, none would be.
+        """
+        return self._phase == "ready" and self.projector.reported
 
     # -- scheduler thread --------------------------------------------------------------
 
@@ -404,7 +408,7 @@ class EngineService:
         self.commits += 1
         self.records += last - first_seq + 1
         self.fsync.observe(sync_s)
-        self.projector.hand_over(first_seq, last, frames)
+        self.projector.committed(last)
         self.durable_seq = last
         if self._durable_waiters:
             with self._durable:
@@ -451,7 +455,7 @@ class EngineService:
                         f"(run {known.run_id})",
                         {"run_id": known.run_id},
                     )
-                return known.run_id, False, 0
+                return known.run_id, False, known.seq
         run_id = f"run-{uuid.uuid4().hex[:12]}"
         # Published first, so the feed shows the run before its tasks.
         self.hub.publish(
@@ -462,10 +466,12 @@ class EngineService:
             label=name,
             data={"name": name},
         )
+        start_seq = self.runtime.wal.next_seq  # the RUN_START's: the run's first record
         self.runtime.submit_entry(entry, run_id=run_id, name=name, on_end=self._on_end)
-        seq = self.runtime.wal.next_seq - 1
-        self.runs.started(run_id, None if key is None else KeyEntry(key, run_id, digest, now))
-        return run_id, True, seq
+        self.runs.started(
+            run_id, None if key is None else KeyEntry(key, run_id, digest, now, start_seq)
+        )
+        return run_id, True, start_seq
 
     def _on_end(self, state: Any) -> None:
         self.runs.ended(state.run_id, state.status)
@@ -507,7 +513,7 @@ class EngineService:
 
     # -- control requests (control threads) ---------------------------------------------
 
-    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+    def handle(self, request: dict[str, Any]) -> dict[str, Any] | Future[dict[str, Any]]:
         """Answer one control request (see :mod:`tiffany.control`)."""
         op = request.get("op")
         if op == "status":
@@ -528,11 +534,24 @@ class EngineService:
                     409, f"run {run_id} already finished ({stored})", {"status": stored}
                 ) from None
             return answer
+        if op == "wait_projected":
+            return self._wait_projected(request)
         if op == "verify":
             return self._verify(str(request.get("run_id") or ""))
         if op == "metrics":
             return self.metrics()
         raise ControlError(400, f"unknown op {op!r}")
+
+    def _wait_projected(self, request: dict[str, Any]) -> Future[dict[str, Any]]:
+        """Answer once the store holds ``seq`` (or after ``wait_s``); holds no thread."""
+        seq, wait_s = request.get("seq"), request.get("wait_s", MAX_WAIT_PROJECTED_S)
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+            msg = "must be an integer >= 0"
+            raise ControlError(422, f"seq {msg}", [{"loc": "seq", "msg": msg}])
+        if not isinstance(wait_s, int | float) or isinstance(wait_s, bool) or wait_s < 0:
+            msg = "must be a number >= 0"
+            raise ControlError(422, f"wait_s {msg}", [{"loc": "wait_s", "msg": msg}])
+        return self.projector.when_projected(seq, min(float(wait_s), MAX_WAIT_PROJECTED_S))
 
     def _quarantined(self, seqs: list[int], total: int) -> None:
         """The projector quarantined records (docs/store.md): an activity event."""
@@ -592,7 +611,7 @@ class EngineService:
         deadline = time.monotonic() + SUBMIT_TIMEOUT_S
         run_id, created, seq = self._on_loop(lambda: self._start(entry, name, key, digest))
         self._wait_durable(seq, deadline)
-        return {"run_id": run_id, "created": created}
+        return {"run_id": run_id, "created": created, "seq": seq}
 
     def _wait_durable(self, seq: int, deadline: float) -> None:
         with self._durable:

@@ -197,6 +197,9 @@ class Task(Base):
     ended_at: Mapped[float | None] = mapped_column(Double)
     result: Mapped[Any | None] = mapped_column(JSON)
     error: Mapped[Any | None] = mapped_column(JSON)
+    #: The WAL sequence number of the last record that changed this row (null
+    #: for rows projected before revision 0004 that no record has changed since).
+    last_seq: Mapped[int | None] = mapped_column(BigInteger)
 
     run: Mapped[Run] = relationship(back_populates="tasks")
 
@@ -223,12 +226,19 @@ class Step(Base):
     ended_at: Mapped[float | None] = mapped_column(Double)
     #: Why the step waits, e.g. its tool is disabled on this engine (None: it does not).
     waiting: Mapped[str | None] = mapped_column(Text)
+    #: The WAL sequence number of the last record that changed this row (as for tasks).
+    last_seq: Mapped[int | None] = mapped_column(BigInteger)
 
     run: Mapped[Run] = relationship(back_populates="steps")
 
 
 class ProjectorState(Base):
-    """The projector's mark: the last WAL sequence number applied (one row)."""
+    """The projector's mark: the last WAL sequence number applied (one row).
+
+    This is the store's watermark (docs/clock.md): every record up to it is
+    in the rows, in the same transaction that moved it; a reader's
+    ``min_seq`` is compared with it.
+    """
 
     __tablename__ = "projector_state"
 

@@ -12,8 +12,8 @@ Invariants:
 * Idempotent by sequence number: a batch is applied in one transaction
   that also moves ``projector_state.last_seq``; records at or below the
   mark are skipped. A crash between the WAL and the database therefore
-  never counts a record twice: the engine re-sends from its last durable
-  point and the projector drops what it already has.
+  never counts a record twice: the projector process reads on from the
+  mark, and drops what it already has.
 * Deterministic: every value comes from the records (times are the run's
   journal clock, not the database's), so a rebuild reproduces the rows.
 * Batch-friendly: a batch's changes are merged per row in dicts, then
@@ -209,21 +209,33 @@ class _RunCtx:
 
 
 class _Rows:
-    """One table's changes in a batch: new rows, and column updates by primary key."""
+    """One table's changes in a batch: new rows, and column updates by primary key.
+
+    A table with a ``last_seq`` column gets the seq of the record being
+    applied (:attr:`seq`) in every row it inserts or changes: each row names
+    the point of the journal it reflects (docs/clock.md).
+    """
 
     def __init__(self, table: Table) -> None:
         self.table = table
         self.keys = [c.name for c in table.primary_key.columns]
         self.new: dict[tuple[Any, ...], dict[str, Any]] = {}
         self.changed: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self.stamped = "last_seq" in table.c
+        #: The seq of the record being applied.
+        self.seq = 0
 
     def insert(self, key: tuple[Any, ...], row: dict[str, Any]) -> None:
-        full = {c.name: None for c in self.table.columns}
+        full: dict[str, Any] = {c.name: None for c in self.table.columns}
         full.update(row)
         full.update(zip(self.keys, key, strict=True))
+        if self.stamped:
+            full["last_seq"] = self.seq
         self.new[key] = full
 
     def update(self, key: tuple[Any, ...], **values: Any) -> None:
+        if self.stamped:
+            values["last_seq"] = self.seq
         row = self.new.get(key)
         if row is not None:
             row.update(values)
@@ -279,6 +291,10 @@ class _Batch:
         self.tasks = _Rows(Task.__table__)  # type: ignore[arg-type]
         self.steps = _Rows(Step.__table__)  # type: ignore[arg-type]
         self.records: list[dict[str, Any]] = []  # journal_records rows
+
+    def at(self, seq: int) -> None:
+        """The records that follow are ``seq``'s (rows they touch carry it)."""
+        self.runs.seq = self.tasks.seq = self.steps.seq = seq
 
     def flush(self, conn: Connection) -> int:
         # Parents first: tasks and steps reference runs.
@@ -373,6 +389,7 @@ class Projector:
                     if isinstance(rec, Undecodable):
                         raise rec.error
                     changes.records.append(record_row(seq, run_no, rec))
+                    changes.at(seq)
                     if self._apply_one(conn, changes, seq, run_no, rec):
                         report.applied += 1
                     else:

@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from tiffany.store.journal import run_records
-from tiffany.store.models import Run, RunStatus, Step, Task
+from tiffany.store.models import PROJECTOR_STATE_ID, ProjectorState, Run, RunStatus, Step, Task
 
 __all__ = [
     "DEFAULT_PAGE_SIZE",
@@ -28,6 +28,7 @@ __all__ = [
     "run_summary",
     "step_dict",
     "task_dict",
+    "watermark",
 ]
 
 #: Runs in a page when the caller does not say.
@@ -55,6 +56,14 @@ def list_runs(
         stmt = stmt.where(Run.status == str(status))
     stmt = stmt.limit(max(1, min(limit, MAX_PAGE_SIZE))).offset(max(0, offset))
     return list(session.scalars(stmt))
+
+
+def watermark(session: Session) -> int:
+    """Return the store's watermark: the last WAL seq projected (0 for an empty store)."""
+    value = session.scalar(
+        select(ProjectorState.last_seq).where(ProjectorState.id == PROJECTOR_STATE_ID)
+    )
+    return int(value or 0)
 
 
 def get_run(session: Session, run_id: str) -> Run | None:
@@ -106,6 +115,7 @@ def task_dict(task: Task) -> dict[str, Any]:
         "ended_at": task.ended_at,
         "result": task.result,
         "error": task.error,
+        "last_seq": task.last_seq,
     }
 
 
@@ -124,6 +134,7 @@ def step_dict(step: Step) -> dict[str, Any]:
         # Why the step waits (its tool is disabled on the engine); the column
         # comes with revision 0003.
         "waiting": getattr(step, "waiting", None),
+        "last_seq": step.last_seq,
     }
 
 

@@ -4,16 +4,17 @@ Reads come from the SQL store (a projection of the journal, sync
 SQLAlchemy in the threadpool); commands go to the engine over the control
 channel, which answers a submission only once the run is durable in the WAL.
 
-A run this API has just submitted may not be in the store yet: the engine
-projects each group commit within about 0.1 s. ``GET /api/runs/{run_id}``
-(and ``/events``) therefore wait up to :data:`PROJECTION_WAIT_S` for a run
-this process submitted in the last 30 s; any other unknown run is a 404 at
-once.
+The WAL seq is the clock (docs/clock.md): a submission answers the seq of
+the run's RUN_START, and a read with ``min_seq=N`` answers once the store
+has projected seq N (waiting, bounded by :data:`~tiffany.api.deps.MIN_SEQ_WAIT_S`,
+for the engine to say so; then 503 naming the seq the store is at). A
+client that passes its submission's seq reads its own write, with no sleep
+and no 404. Without ``min_seq``, the store is read as it is: an unknown run
+is a 404 at once.
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
 from typing import Annotated, Any, Final
 
@@ -36,14 +37,10 @@ from tiffany.api.schemas import (
 from tiffany.errors import TiffanyError
 from tiffany.store import Run, RunStatus, queries
 
-__all__ = ["DEFAULT_EVENTS_PAGE", "MAX_EVENTS_PAGE", "PROJECTION_WAIT_S", "router"]
+__all__ = ["DEFAULT_EVENTS_PAGE", "MAX_EVENTS_PAGE", "router"]
 
 log = structlog.get_logger("tiffany.api")
 
-#: How long a just-submitted run is waited for in the store, in seconds.
-PROJECTION_WAIT_S: Final = 2.0
-#: How often the store is asked meanwhile, in seconds.
-PROJECTION_POLL_S: Final = 0.05
 #: Journal records per ``/events`` page unless asked, and the most allowed.
 DEFAULT_EVENTS_PAGE: Final = 200
 MAX_EVENTS_PAGE: Final = 1_000
@@ -71,6 +68,19 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorBody, "description": "No such run."}
 }
+
+#: The ``min_seq`` query parameter of every read.
+MinSeq = Annotated[
+    int | None,
+    Query(
+        ge=0,
+        le=MAX_INT64,
+        description=(
+            "Answer once the store has projected this WAL seq (a submission's ``seq``): "
+            "waits a few seconds at most, then 503 with the seq the store is at."
+        ),
+    ),
+]
 
 _SUBMIT_BODY = {
     "required": True,
@@ -100,11 +110,12 @@ async def submit_run(
     state: State,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> SubmitAnswer:
-    """Submit a plan; answers once the run is durable in the WAL.
+    """Submit a plan; answers ``{"run_id", "seq"}`` once the run is durable in the WAL.
 
     The body is ``{"plan": ..., "inputs": {...}}`` or the bare plan, as JSON
     or YAML. With an ``Idempotency-Key`` header, repeating the submission
-    answers 200 with the first run's id instead of starting another.
+    answers 200 with the first run's id and seq instead of starting another.
+    ``GET /api/runs/{run_id}?min_seq={seq}`` (the ``Location``) reads it back.
     """
     body = await read_capped(
         request.headers.get("content-length"), request.stream(), state.settings.max_plan_bytes
@@ -116,13 +127,13 @@ async def submit_run(
     )
     run_id = str(answer["run_id"])
     created = bool(answer.get("created", True))
+    seq = int(answer["seq"])
     structlog.contextvars.bind_contextvars(run_id=run_id)
-    state.remember(run_id)
-    log.info("run submitted", created=created, plan=sub.plan.get("name"))
+    log.info("run submitted", created=created, seq=seq, plan=sub.plan.get("name"))
     if not created:
         response.status_code = 200
-    response.headers["Location"] = f"/api/runs/{run_id}"
-    return SubmitAnswer(run_id=run_id, created=created)
+    response.headers["Location"] = f"/api/runs/{run_id}?min_seq={seq}"
+    return SubmitAnswer(run_id=run_id, seq=seq, created=created)
 
 
 def _page(
@@ -152,11 +163,14 @@ async def list_runs(
         int | None,
         Query(ge=0, le=MAX_INT64, description="Only runs older than this cursor (paging)."),
     ] = None,
+    min_seq: MinSeq = None,
 ) -> dict[str, Any]:
     """List runs, newest first (by their RUN_START's seq), with the count of runs by status.
 
     Page with ``before=<next_before>`` from the previous answer.
     """
+    if min_seq is not None:
+        await state.wait_projected(min_seq)
     return await state.read(lambda s: _page(s, status, limit, before))
 
 
@@ -167,35 +181,26 @@ def _check_run_id(run_id: str) -> None:
         raise RunNotFound(f"no run {shown!r}", run_id=shown)
 
 
-async def _wait_for_run(state: State, run_id: str, fn: Any) -> Any:
-    """Return ``fn(session)`` once it is not None (see module docstring), else 404."""
+async def _read_run(state: State, run_id: str, min_seq: int | None, fn: Any) -> Any:
+    """Return ``fn(session)`` once the store holds ``min_seq``; 404 if it is None."""
     _check_run_id(run_id)
+    if min_seq is not None:
+        await state.wait_projected(min_seq)
     result = await state.read(fn)
-    if result is None and state.just_submitted(run_id):
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + PROJECTION_WAIT_S
-        while result is None and loop.time() < deadline:
-            await asyncio.sleep(PROJECTION_POLL_S)
-            result = await state.read(fn)
-        if result is None:
-            raise RunNotFound(
-                f"run {run_id} was accepted but is not in the store yet; retry shortly",
-                run_id=run_id,
-            )
     if result is None:
         raise RunNotFound(f"no run {run_id!r}", run_id=run_id)
     return result
 
 
 @router.get("/{run_id}", response_model=RunDetail, responses={**_NOT_FOUND, **_ERRORS})
-async def get_run(run_id: str, state: State) -> dict[str, Any]:
-    """A run with its steps and tasks."""
+async def get_run(run_id: str, state: State, min_seq: MinSeq = None) -> dict[str, Any]:
+    """A run with its steps and tasks (as of at least ``min_seq``, when given)."""
 
     def detail(session: Session) -> dict[str, Any] | None:
         run = queries.get_run(session, run_id)
         return queries.run_detail(run) if run is not None else None
 
-    result: dict[str, Any] = await _wait_for_run(state, run_id, detail)
+    result: dict[str, Any] = await _read_run(state, run_id, min_seq, detail)
     return result
 
 
@@ -207,11 +212,12 @@ async def run_events(
     limit: Annotated[
         int, Query(ge=1, le=MAX_INT64, description="Page size (capped).")
     ] = DEFAULT_EVENTS_PAGE,
+    min_seq: MinSeq = None,
 ) -> dict[str, Any]:
     """The run's journal records, decoded, in WAL order; page with ``after=<next_after>``."""
     limit = min(limit, MAX_EVENTS_PAGE)
-    result: dict[str, Any] = await _wait_for_run(
-        state, run_id, lambda s: queries.run_records(s, run_id, after, limit)
+    result: dict[str, Any] = await _read_run(
+        state, run_id, min_seq, lambda s: queries.run_records(s, run_id, after, limit)
     )
     return result
 

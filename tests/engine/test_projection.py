@@ -1,0 +1,106 @@
+"""The projector's journal source: a live WAL tailed up to its durable seq.
+
+A real :class:`~tiffany.wal.Wal` (small segments, so the tail crosses
+rotations) writes while :class:`~tiffany.engine.projection.WalTail` reads;
+what the tail returns is checked against the WAL's own reader
+(:func:`~tiffany.engine.projection.decoded_batches`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tiffany.durable.records import encode
+from tiffany.engine.projection import WalTail, decoded_batches
+from tiffany.engine.projector_proc import DURABLE, Notices
+from tiffany.errors import WalCorruptionError
+from tiffany.wal import Wal
+from tiffany.wal.segments import list_segments
+
+PREFIX = (7).to_bytes(4, "little")
+
+
+def _append(wal: Wal, n: int, first: int) -> None:
+    for i in range(first, first + n):
+        wal.append(3, encode(PREFIX, [i, 1, "sleep", "x" * (i % 50)]))
+
+
+def _everything(wal_dir: Path) -> list[tuple[int, int, int, list[object]]]:
+    return [rec for batch in decoded_batches(wal_dir) for rec in batch]
+
+
+def test_the_tail_reads_up_to_the_seq_it_is_given_across_segments(tmp_path: Path) -> None:
+    wal_dir = tmp_path / "wal"
+    wal = Wal.open(wal_dir, segment_size_bytes=400)
+    tail = WalTail(wal_dir)
+    got: list[tuple[int, int, int, object]] = []
+    try:
+        for round_ in range(20):
+            _append(wal, 7, round_ * 10)
+            told = wal.commit()  # what the engine told the projector
+            _append(wal, 3, round_ * 10 + 7)
+            wal.commit()  # on disk too, but not told yet
+            last = got[-1][0] if got else 0
+            got += tail.read(last, told, limit=5)  # a part...
+            got += tail.read(got[-1][0], told, limit=1_000)  # ...then the rest
+            assert got[-1][0] == told  # never past what it was told
+        got += tail.read(got[-1][0], wal.durable_seq, limit=1_000)
+        assert len(list_segments(wal_dir)) > 5  # the tail crossed rotations
+    finally:
+        wal.close()
+        tail.close()
+    assert got == _everything(wal_dir)
+    assert [seq for seq, *_ in got] == list(range(1, 201))
+
+
+def test_a_new_tail_starts_after_any_seq(tmp_path: Path) -> None:
+    wal_dir = tmp_path / "wal"
+    with Wal.open(wal_dir, segment_size_bytes=300) as wal:
+        _append(wal, 60, 0)
+        durable = wal.commit()
+    on_disk = _everything(wal_dir)
+    for after in (0, 1, 17, 33, 59):
+        tail = WalTail(wal_dir)
+        assert tail.read(after, durable, limit=1_000) == on_disk[after:]
+        assert tail.read(durable, durable, limit=1_000) == []
+        with pytest.raises(WalCorruptionError, match=f"seq {durable + 1}"):
+            tail.read(durable, durable + 1, limit=1_000)  # told durable, yet not there
+        tail.close()
+
+
+def test_a_bad_record_below_the_durable_seq_is_corruption(tmp_path: Path) -> None:
+    wal_dir = tmp_path / "wal"
+    with Wal.open(wal_dir) as wal:
+        _append(wal, 10, 0)
+        durable = wal.commit()
+    (seg,) = list_segments(wal_dir)
+    data = bytearray(seg.path.read_bytes())
+    data[100] ^= 0xFF  # inside the records
+    seg.path.write_bytes(bytes(data))
+    tail = WalTail(wal_dir)
+    with pytest.raises(WalCorruptionError) as err:
+        tail.read(0, durable, limit=1_000)
+    tail.close()
+    assert err.value.fields["segment"] == seg.name
+
+
+def test_notices_coalesce_to_the_newest_durable_seq() -> None:
+    r, w = os.pipe()
+    try:
+        notices = Notices(r)
+        os.write(w, b"".join(DURABLE.pack(n) for n in (3, 9, 12)))
+        assert notices.wait() == 12  # three messages, one answer
+        os.write(w, DURABLE.pack(20)[:5])  # half a message: waited for
+        os.write(w, DURABLE.pack(20)[5:])
+        assert notices.wait() == 20
+        os.close(w)
+        w = -1
+        assert notices.wait() == 20
+        assert notices.closed
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
