@@ -12,7 +12,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Final, TypeVar
+from typing import Annotated, Final, TypeVar
 
 from fastapi import Depends, Request
 from sqlalchemy import Engine
@@ -22,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 
 from tiffany.api.feed import FeedRelay
+from tiffany.api.metrics import ApiMetrics
 from tiffany.config import Settings
 from tiffany.control import AsyncControlClient
 from tiffany.errors import TiffanyError
@@ -51,8 +52,7 @@ class ApiState:
     sessions: sessionmaker[Session]
     control: AsyncControlClient
     relay: FeedRelay
-    registry: Any
-    collector: Any
+    metrics: ApiMetrics
     recent: OrderedDict[str, float] = field(default_factory=OrderedDict)
 
     def remember(self, run_id: str) -> None:

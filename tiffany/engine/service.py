@@ -30,7 +30,6 @@ projector applies what is left, and the process exits 0.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import hashlib
 import json
@@ -58,6 +57,7 @@ from tiffany.documents import check as check_document
 from tiffany.engine import Engine, build
 from tiffany.engine.activity import ActivityLog
 from tiffany.engine.control_server import ControlServer
+from tiffany.engine.metrics import EngineMetrics, project_health
 from tiffany.engine.projector_link import ProjectorLink
 from tiffany.errors import KernelError, NondeterminismError
 from tiffany.kernel import ReadWait
@@ -70,21 +70,6 @@ log = structlog.get_logger(__name__)
 
 #: How long a submission waits for the loop and its group commit, in seconds.
 SUBMIT_TIMEOUT_S: Final = 30.0
-#: Upper bounds of the WAL fsync latency histogram, in seconds.
-FSYNC_BUCKETS_S: Final = (
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    1.0,
-)
 #: Exit code of an engine that stopped because a run's replay diverged
 #: (that run is marked failed; a restart resumes the others).
 EXIT_RUN_DIVERGED: Final = 3
@@ -174,29 +159,6 @@ def _drain(fd: int) -> Generator[Any, Any, None]:
                 pass
 
 
-class _Histogram:
-    """A fixed-bucket latency histogram, updated on the scheduler thread."""
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.sum += value
-
-    def to_dict(self) -> dict[str, Any]:
-        buckets: list[list[Any]] = []
-        total = 0
-        for bound, count in zip(self.bounds, self.counts, strict=False):
-            total += count
-            buckets.append([bound, total])
-        total += self.counts[-1]
-        buckets.append(["+Inf", total])
-        return {"buckets": buckets, "sum": self.sum, "count": total}
-
-
 def _digest(plan: Any, inputs: Any) -> str:
     body = json.dumps({"plan": plan, "inputs": inputs}, sort_keys=True, default=str)
     return hashlib.sha256(body.encode()).hexdigest()
@@ -241,9 +203,8 @@ class EngineService:
         # What the WAL already holds counts in the lag before the first commit.
         self.projector.durable_seq = self.runtime.wal.durable_seq
         self.projector.on_quarantine = self._quarantined
-        self.fsync = _Histogram(FSYNC_BUCKETS_S)
-        self.commits = 0
-        self.records = 0
+        self.metrics = EngineMetrics(self._pulled_metrics)
+        self.engine.watchdog.on_report = self.metrics.slow
         self.durable_seq = self.runtime.wal.durable_seq
         self._durable = threading.Condition()
         self._durable_waiters = 0
@@ -373,9 +334,7 @@ class EngineService:
 
     def _on_commit(self, first_seq: int, frames: bytearray, sync_s: float) -> None:
         last = self.runtime.wal.durable_seq
-        self.commits += 1
-        self.records += last - first_seq + 1
-        self.fsync.observe(sync_s)
+        self.metrics.committed(last - first_seq + 1, sync_s)
         self.projector.hand_over(first_seq, last, frames)
         self.durable_seq = last
         if self._durable_waiters:
@@ -492,7 +451,7 @@ class EngineService:
         if op == "verify":
             return self._verify(str(request.get("run_id") or ""))
         if op == "metrics":
-            return self.metrics()
+            return {"text": self.metrics.render()}
         raise ControlError(400, f"unknown op {op!r}")
 
     def _quarantined(self, seqs: list[int], total: int) -> None:
@@ -507,7 +466,7 @@ class EngineService:
             "recovering": len(self._replaying),
             "pid": os.getpid(),
             "started_at": self.started_at,
-            "runs_active": sum(1 for s in list(self.statuses.values()) if s == "running"),
+            "runs_active": self._runs_active(),
             "durable_seq": self.durable_seq,
             **self.engine.waiting(),  # steps held back: their tool is disabled here
             # Runs whose state the journal holds in memory (running ones, and
@@ -600,28 +559,17 @@ class EngineService:
         report["identical"] = bool(report.pop("ok", False))
         return report
 
-    def metrics(self) -> dict[str, Any]:
-        """Counters and histograms for ``GET /metrics``."""
-        wd = self.engine.watchdog
+    def _pulled_metrics(self) -> dict[str, float]:
+        """The values ``/metrics`` reads at scrape time (a control thread)."""
         return {
             "dispatches": self.activity.dispatched,
-            "runs_active": sum(1 for s in list(self.statuses.values()) if s == "running"),
-            "wal": {
-                "commits": self.commits,
-                "records": self.records,
-                "fsync_seconds": self.fsync.to_dict(),
-            },
-            "loop": {"slow_dispatches": wd.stalls, "max_dispatch_s": wd.longest_s},
-            "feed": {
-                "subscribers": self.hub.subscribers,
-                "dropped_subscribers": self.hub.dropped_subscribers,
-                "published": self.hub.published,
-            },
-            "projector": {
-                "last_seq": self.projector.last_seq,
-                "lag_records": self.projector.lag_records,
-                "errors": self.projector.errors,
-                "restarts": self.projector.restarts,
-                "dead_letters": self.projector.dead_letters,
-            },
+            "runs_active": self._runs_active(),
+            "max_dispatch_s": self.engine.watchdog.longest_s,
+            "feed_published": self.hub.published,
+            "feed_dropped": self.hub.dropped_subscribers,
+            "subscribers": self.hub.subscribers,
+            **project_health(self.projector.health()),
         }
+
+    def _runs_active(self) -> int:
+        return sum(1 for s in list(self.statuses.values()) if s == "running")
