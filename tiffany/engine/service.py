@@ -35,8 +35,6 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -59,6 +57,7 @@ from tiffany.engine.activity import ActivityLog
 from tiffany.engine.control_server import ControlServer
 from tiffany.engine.metrics import EngineMetrics, project_health
 from tiffany.engine.projector_link import ProjectorLink
+from tiffany.engine.verifier import Verifier
 from tiffany.errors import KernelError, NondeterminismError
 from tiffany.kernel import ReadWait
 from tiffany.pal import EVENT_KINDS, Hub
@@ -81,8 +80,6 @@ EXIT_WAL_DAMAGED: Final = 4
 WAL_FAILED_STOP_S: Final = 0.3
 #: Commands the inbox runs in one dispatch before letting other tasks run.
 INBOX_BATCH: Final = 8
-#: Longest a ``verify`` replay may take, in seconds.
-VERIFY_TIMEOUT_S: Final = 600.0
 
 
 class Inbox:
@@ -211,6 +208,7 @@ class EngineService:
         self.runtime.wal.on_commit = self._on_commit
         self.control = ControlServer(self.data_dir / CONTROL_SOCKET, self.handle)
         self.feed = FeedServer(self.hub, self.data_dir / FEED_SOCKET)
+        self.verifier = Verifier(settings)
         #: run id -> status of every run this engine knows (WAL scan + new runs).
         self.statuses: dict[str, str] = {}
         #: idempotency key -> (run id, request digest).
@@ -297,6 +295,7 @@ class EngineService:
         finally:
             self._phase = "stopping"
             self.control.stop()
+            self.verifier.close()
             with self._durable:
                 self._durable.notify_all()
             self.inbox.close()
@@ -534,27 +533,7 @@ class EngineService:
             raise ControlError(404, f"no run {run_id!r}")
         if status == "running":
             raise ControlError(409, f"run {run_id} has not finished; only finished runs verify")
-        # A replay is CPU work: a subprocess keeps it off this process's GIL.
-        cmd = [
-            sys.executable,
-            "-m",
-            "tiffany",
-            "--data-dir",
-            str(self.data_dir),
-            "--log-format",
-            "json",
-            "replay",
-            run_id,
-            "--verify",
-            "--json",
-        ]
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=VERIFY_TIMEOUT_S, check=False
-        )
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-        if not lines:
-            raise ControlError(500, f"verify failed: {proc.stderr.strip()[-500:]}")
-        report: dict[str, Any] = json.loads(lines[-1])
+        report = self.verifier.verify(run_id)
         # "ok" is the envelope's: the report's verdict travels as "identical".
         report["identical"] = bool(report.pop("ok", False))
         return report
