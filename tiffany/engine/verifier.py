@@ -60,16 +60,23 @@ def _init_worker(settings: Settings) -> None:
     configure_logging(settings)
 
 
-def _verify(settings: Settings, run_id: str) -> dict[str, Any] | None:
-    """Replay ``run_id`` (in a worker process); the report as a dict, None if no such run."""
+def _verify(settings: Settings, run_id: str) -> tuple[int, Any]:
+    """Replay ``run_id`` (in a worker process): (200, report dict) or (status, message).
+
+    Plain data goes back, not exceptions: an exception whose constructor
+    takes other arguments than its ``args`` does not survive unpickling.
+    """
     from tiffany.durable import UnknownRun, verify
     from tiffany.engine import replay_resolvers
+    from tiffany.errors import TiffanyError
 
     try:
         report = verify(settings.data_dir, run_id, resolvers=replay_resolvers(settings))
-    except UnknownRun:
-        return None  # plain data back: not every exception survives pickling
-    return report.to_dict()
+    except UnknownRun as exc:
+        return 404, str(exc)
+    except TiffanyError as exc:  # the run's code cannot be loaded, the WAL is damaged...
+        return 500, f"verify failed: {exc}"
+    return 200, report.to_dict()
 
 
 class Verifier:
@@ -100,15 +107,16 @@ class Verifier:
         """
         fut = self._submit(run_id)
         try:
-            report = fut.result(self.timeout_s)
+            status, answer = fut.result(self.timeout_s)
         except FutureTimeout:
             self._kill(fut)
             raise ControlError(504, f"verify of {run_id} took over {self.timeout_s:g} s") from None
         except BrokenProcessPool as exc:
             self._kill(fut)
             raise ControlError(500, f"the verify worker died: {exc}") from None
-        if report is None:
-            raise ControlError(404, f"no run {run_id!r} in the journal")
+        if status != 200:
+            raise ControlError(status, str(answer))
+        report: dict[str, Any] = answer
         return report
 
     def close(self) -> None:
@@ -119,7 +127,7 @@ class Verifier:
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def _submit(self, run_id: str) -> Future[dict[str, Any] | None]:
+    def _submit(self, run_id: str) -> Future[tuple[int, Any]]:
         with self._lock:
             if self._closed:
                 raise ControlError(503, "the engine is stopping")
@@ -140,7 +148,7 @@ class Verifier:
             initargs=(self.settings,),
         )
 
-    def _kill(self, fut: Future[dict[str, Any] | None]) -> None:
+    def _kill(self, fut: Future[tuple[int, Any]]) -> None:
         """Drop the pool ``fut`` ran in and kill its workers (the replay may spin)."""
         with self._lock:
             pool, self._pool = self._pool, None
