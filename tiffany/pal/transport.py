@@ -29,7 +29,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -248,26 +248,30 @@ async def _session(
             await writer.wait_closed()
 
 
-async def follow(
+def follow(
     path: str | os.PathLike[str],
     since: int | None = None,
     run_id: str | None = None,
     *,
     reconnect: bool = True,
-) -> AsyncIterator[dict[str, Any]]:
-    """Yield the feed's frames (API side, asyncio); pings are not yielded.
+) -> AsyncGenerator[dict[str, Any], None]:
+    """Return the feed's frames (API side, asyncio); pings are not yielded.
 
     With ``reconnect`` (the default), follow for ever: after EOF, a cutoff
     or a transient error the connection is made again (:class:`Reconnects`)
     with the last seq seen, so a resume asks for exactly what was missed;
     other errors are raised. Without it, one connection: its errors are
-    raised and its end is the end.
+    raised and its end is the end (the connection's own generator, with no
+    layer in between: the API's relay reads every event through it).
     """
     if not reconnect:
-        async with contextlib.aclosing(_session(path, since, run_id)) as frames:
-            async for frame in frames:
-                yield frame
-        return
+        return _session(path, since, run_id)
+    return _reconnecting(path, since, run_id)
+
+
+async def _reconnecting(
+    path: str | os.PathLike[str], since: int | None, run_id: str | None
+) -> AsyncGenerator[dict[str, Any], None]:
     last = since
     policy = Reconnects()
     async for attempt in policy.attempts():
