@@ -77,3 +77,21 @@ def test_a_closed_verifier_refuses_with_503(verifier_for: dict[str, Verifier]) -
     with pytest.raises(ControlError) as err:
         verifier.verify("golden-fan_in")
     assert err.value.status == 503
+
+
+def test_a_worker_keeps_no_secret_of_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from tiffany.engine import verifier
+
+    monkeypatch.setenv("TIFFANY_LLM_API_KEY", "sk-engine-only")
+    monkeypatch.setenv("TIFFANY_API_TOKEN", "api-only")
+    monkeypatch.setenv("TIFFANY_DATA_DIR", "/kept")
+    monkeypatch.setattr("tiffany.log.configure_logging", lambda settings: None)
+    v = Verifier(Settings(api_token="t", llm_api_key="k"))  # type: ignore[arg-type]
+    assert v.settings.api_token is None
+    assert v.settings.llm_api_key is None
+    verifier._init_worker(v.settings)  # what each worker process runs first
+    assert "TIFFANY_LLM_API_KEY" not in os.environ
+    assert "TIFFANY_API_TOKEN" not in os.environ
+    assert os.environ["TIFFANY_DATA_DIR"] == "/kept"

@@ -16,8 +16,9 @@ Invariants:
   may copy a lock held by another thread. The fork server is started on the
   first verify, with the replay's modules preloaded, so later verifies fork
   a warm process; nothing is started for an engine that never verifies.
-* A worker gets the settings without their secrets (API token, LLM key,
-  database URL): a replay runs no tool and writes nothing.
+* A worker holds no secret: its settings come without the API token, the
+  LLM key and the database URL, and its environment without the secret
+  variables (``scrub_secrets``). A replay runs no tool and writes nothing.
 * A replay past :data:`VERIFY_TIMEOUT_S` answers 504 and its worker is
   killed (a pool whose worker died is replaced on the next verify).
 
@@ -30,6 +31,7 @@ the GIL (above).
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -54,9 +56,13 @@ _PRELOAD: Final = ["tiffany.durable", "tiffany.engine"]
 
 
 def _init_worker(settings: Settings) -> None:
-    """Log like the engine (a worker's log lines join the engine's output)."""
+    """Drop the secrets the environment holds; log like the engine."""
+    from tiffany.config import scrub_secrets
     from tiffany.log import configure_logging
 
+    keep = scrub_secrets(dict(os.environ))
+    for key in set(os.environ) - set(keep):
+        del os.environ[key]
     configure_logging(settings)
 
 
