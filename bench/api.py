@@ -28,7 +28,7 @@ other process on the machine: others' load shows up in the latencies).
 After each rate it waits until the store says every submitted run has
 finished (``GET /api/runs?status=running``: no run running, and as many
 finished as were accepted) and prints how long that took after the last
-answer, then the engine's ``metrics`` over the control socket: the longest
+answer, then the engine's ``metrics`` (Prometheus text) over the control socket: the longest
 dispatch seen so far (cumulative: there is no reset) and the number of
 dispatches over 20 ms during the rate (the delta). The slow dispatches the
 watchdog logged during the rate are listed by task and yield.
@@ -69,6 +69,7 @@ if str(ROOT) not in sys.path:
 
 from fastapi import FastAPI, Request  # noqa: E402 (the floor's app; resolved at module level)
 from fastapi.responses import JSONResponse  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from tiffany.control import call  # noqa: E402
 
@@ -219,13 +220,30 @@ class Serve:
         if not self.keep:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
-    def metrics(self) -> dict[str, Any]:
-        """The engine's counters (control op ``metrics``)."""
-        return call(self.data_dir, "metrics", timeout=10.0)
+    def metrics(self) -> dict[str, float]:
+        """The engine's metrics (control op ``metrics``): sample name -> value."""
+        text = call(self.data_dir, "metrics", timeout=10.0)["text"]
+        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+    def projector_pid(self) -> int | None:
+        """The projector process (the engine's child running ``tiffany projector``)."""
+        if self.engine_pid is None:
+            return None
+        with contextlib.suppress(OSError, ValueError):
+            for task in Path(f"/proc/{self.engine_pid}/task").iterdir():
+                for pid in (task / "children").read_text().split():
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                    if b"projector" in cmdline:
+                        return int(pid)
+        return None
 
     def cpu(self) -> tuple[float, float]:
         """CPU seconds used so far by the engine and the API process."""
         return _cpu_s(self.engine_pid), _cpu_s(self.api_pid)
+
+    def cpu3(self) -> tuple[float, float, float]:
+        """CPU seconds used so far by the engine, the API and the projector processes."""
+        return (*self.cpu(), _cpu_s(self.projector_pid()))
 
     def log_tail(self, lines: int = 30) -> str:
         with contextlib.suppress(OSError):
@@ -589,29 +607,45 @@ async def bench_tiffany(args: argparse.Namespace, rates: list[float]) -> dict[fl
                 "runs done",
                 "max disp",
                 ">20ms",
-                "cpu eng/api/gen/other",
+                "cpu eng/api/proj/gen/other",
             ]
         )
         slow_lines: list[tuple[float, list[str]]] = []
+        cpu_lines: list[tuple[float, tuple[float, ...]]] = []
         for rate in rates:
-            cpu0, busy0 = serve.cpu(), machine_busy_s()
+            cpu0, busy0 = serve.cpu3(), machine_busy_s()
             t0 = time.monotonic()
             r = await open_loop(pool, raw, rate, args.seconds)
             wall = time.monotonic() - t0
-            cpu1, busy1 = serve.cpu(), machine_busy_s()
+            cpu1, busy1 = serve.cpu3(), machine_busy_s()
             accepted += r["ok"]
             drain_s, counts = await wait_finished(pool, accepted)
             after = serve.metrics()
             r["drain_s"] = drain_s
             r["counts"] = counts
-            r["max_dispatch"] = after["loop"]["max_dispatch_s"]
-            r["max_dispatch_grew"] = (
-                after["loop"]["max_dispatch_s"] > before["loop"]["max_dispatch_s"]
+            longest, slow = (
+                "tiffany_loop_max_dispatch_seconds",
+                "tiffany_loop_slow_dispatch_seconds_count",
             )
-            r["slow"] = after["loop"]["slow_dispatches"] - before["loop"]["slow_dispatches"]
+            r["max_dispatch"] = after[longest]
+            r["max_dispatch_grew"] = after[longest] > before[longest]
+            r["slow"] = after[slow] - before[slow]
             r["cpu_engine"] = (cpu1[0] - cpu0[0]) / wall
             r["cpu_api"] = (cpu1[1] - cpu0[1]) / wall
-            r["cpu_other"] = (busy1 - busy0) / wall - r["cpu_engine"] - r["cpu_api"] - r["gen_cpu"]
+            r["cpu_projector"] = (cpu1[2] - cpu0[2]) / wall
+            r["cpu_other"] = (
+                (busy1 - busy0) / wall
+                - r["cpu_engine"]
+                - r["cpu_api"]
+                - r["cpu_projector"]
+                - r["gen_cpu"]
+            )
+            # CPU per accepted run, ms: while sending (the run's share of its own work
+            # that lands after the load is left out, the same for every process).
+            r["ms_per_run"] = tuple(
+                1000 * (c1 - c0) / max(r["ok"], 1) for c0, c1 in zip(cpu0, cpu1, strict=True)
+            )
+            cpu_lines.append((rate, r["ms_per_run"]))
             before = after
             results[rate] = r
             nerr = sum(r["errors"].values()) + r["unanswered"]
@@ -631,8 +665,8 @@ async def bench_tiffany(args: argparse.Namespace, rates: list[float]) -> dict[fl
                     "n/a" if drain_s != drain_s else f"{drain_s:.1f} s",
                     f"{grew}{ms(r['max_dispatch'])}",
                     str(r["slow"]),
-                    f"{r['cpu_engine']:.0%}/{r['cpu_api']:.0%}/{r['gen_cpu']:.0%}"
-                    f"/{max(0.0, r['cpu_other']):.0%}",
+                    f"{r['cpu_engine']:.0%}/{r['cpu_api']:.0%}/{r['cpu_projector']:.0%}"
+                    f"/{r['gen_cpu']:.0%}/{max(0.0, r['cpu_other']):.0%}",
                 ]
             )
             if r["errors"]:
@@ -643,9 +677,14 @@ async def bench_tiffany(args: argparse.Namespace, rates: list[float]) -> dict[fl
             "  runs done: from the last request until the store shows every accepted run "
             "finished; max disp: the engine's longest dispatch so far ('=': not longer than "
             "before this rate); >20ms: dispatches over 20 ms during the rate (and its drain); "
-            "cpu: share of one core (engine, API, this generator, every other process on the "
-            "machine) while sending"
+            "cpu: share of one core (engine, API, projector, this generator, every other process "
+            "on the machine) while sending"
         )
+        print("  CPU per accepted run while sending, ms (engine / API / projector / total):")
+        for rate, (eng, api, proj) in cpu_lines:
+            print(
+                f"    {rate:g} req/s: {eng:.2f} / {api:.2f} / {proj:.2f} / {eng + api + proj:.2f}"
+            )
         for rate, lines in slow_lines:
             if lines:
                 print(f"  dispatches over 20 ms at {rate:g} req/s, by task/yield/frame:")

@@ -339,7 +339,7 @@ async def wait_idle(serve: Serve, timeout: float) -> float:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         m = await asyncio.to_thread(serve.metrics)
-        if m["runs_active"] == 0:
+        if m["tiffany_runs_active"] == 0:
             return time.monotonic() - t0
         await asyncio.sleep(0.1)
     return math.nan
@@ -425,7 +425,7 @@ async def bench(args: argparse.Namespace, batch: bool) -> dict[str, Any]:
         await wait_idle(serve, 60)
         await asyncio.sleep(0.2)  # the hub drains every 5 ms
         m1 = await asyncio.to_thread(serve.metrics)
-        per_run = m1["feed"]["published"] - m0["feed"]["published"]
+        per_run = m1["tiffany_feed_published_total"] - m0["tiffany_feed_published_total"]
         rate = args.events / max(per_run, 1)
         print(
             f"[{mode_name(batch)}] plan: fan-out of {args.steps} x sleep 0 = {per_run} events "
@@ -446,7 +446,12 @@ async def bench(args: argparse.Namespace, batch: bool) -> dict[str, Any]:
         async def sample() -> None:
             text = await get_text(pool, "/metrics")
             relayed0 = prom_value(text, "tiffany_api_feed_events_total")
-            last = (wall(), m1["feed"]["published"], relayed0, sum(s.count for s in subs))
+            last = (
+                wall(),
+                m1["tiffany_feed_published_total"],
+                relayed0,
+                sum(s.count for s in subs),
+            )
             cpu_last = (*serve.cpu(), time.process_time(), machine_busy_s())
             while True:
                 await asyncio.sleep(1.0)
@@ -455,7 +460,9 @@ async def bench(args: argparse.Namespace, batch: bool) -> dict[str, Any]:
                 published = prom_value(text, "tiffany_feed_published_total")
                 relayed = prom_value(text, "tiffany_api_feed_events_total")
                 delivered = sum(s.count for s in subs)
-                dropped.append((now, prom_value(text, "tiffany_feed_dropped", 'process="api"')))
+                dropped.append(
+                    (now, prom_value(text, "tiffany_api_feed_dropped_subscribers_total"))
+                )
                 dt = now - last[0]
                 cpu_now = (*serve.cpu(), time.process_time(), machine_busy_s())
                 shares = [(b - a) / dt for a, b in zip(cpu_last, cpu_now, strict=True)]
@@ -485,7 +492,7 @@ async def bench(args: argparse.Namespace, batch: bool) -> dict[str, Any]:
         idle_s = await wait_idle(serve, 300)
         m3 = await asyncio.to_thread(serve.metrics)
         # Every event since the subscribers connected (the engine publishes nothing idle).
-        expected = m3["feed"]["published"] - m_conn["feed"]["published"]
+        expected = m3["tiffany_feed_published_total"] - m_conn["tiffany_feed_published_total"]
         deadline = time.monotonic() + CATCH_UP_S
         while time.monotonic() < deadline:
             if all(s.count >= expected for s in subs if not s.cut):
@@ -506,8 +513,8 @@ async def bench(args: argparse.Namespace, batch: bool) -> dict[str, Any]:
         relay_cuts = [r for r in records if r.get("event") != "kernel.slow_dispatch"]
 
     # -- figures
-    published = m3["feed"]["published"] - m1["feed"]["published"]
-    engine_rate = (m2["feed"]["published"] - m1["feed"]["published"]) / load_s
+    published = m3["tiffany_feed_published_total"] - m1["tiffany_feed_published_total"]
+    engine_rate = (m2["tiffany_feed_published_total"] - m1["tiffany_feed_published_total"]) / load_s
     best = max(subs, key=lambda s: s.count)
     seq_rate = math.nan
     if best.first_seq is not None and best.last_t > best.first_t:
@@ -578,10 +585,16 @@ async def bench(args: argparse.Namespace, batch: bool) -> dict[str, Any]:
             "API cut-off count rose after",
             f"{first_drop:.1f} s" if first_drop == first_drop else "never",
         ),
-        ("engine longest dispatch (cumulative)", f"{ms(m3['loop']['max_dispatch_s'])} ms"),
+        (
+            "engine longest dispatch (cumulative)",
+            f"{ms(m3['tiffany_loop_max_dispatch_seconds'])} ms",
+        ),
         (
             "dispatches > 20 ms during load + drain",
-            str(m3["loop"]["slow_dispatches"] - m1["loop"]["slow_dispatches"]),
+            str(
+                m3["tiffany_loop_slow_dispatch_seconds_count"]
+                - m1["tiffany_loop_slow_dispatch_seconds_count"]
+            ),
         ),
         ("cpu engine / API / this client / others", "/".join(f"{c:.0%}" for c in cpu)),
     ]
@@ -604,7 +617,10 @@ async def bench(args: argparse.Namespace, batch: bool) -> dict[str, Any]:
         notes.append(f"  sub {s.index} missed {s.missing:,} seqs: {gaps}")
     if cpu[2] > 0.9:
         notes.append("  this client used a whole core: its own receive cost is in the figures")
-    slow = m3["loop"]["slow_dispatches"] - m1["loop"]["slow_dispatches"]
+    slow = (
+        m3["tiffany_loop_slow_dispatch_seconds_count"]
+        - m1["tiffany_loop_slow_dispatch_seconds_count"]
+    )
     verdicts = {
         "lag p99 < 250 ms": lag.quantile(0.99) < TARGET_LAG_P99_S,
         "stalled cut off": stalled_cut,
@@ -626,7 +642,7 @@ async def bench(args: argparse.Namespace, batch: bool) -> dict[str, Any]:
         "cut": len(cut),
         "gap_free": len(gapfree),
         "stalled": stall,
-        "max_dispatch_s": m3["loop"]["max_dispatch_s"],
+        "max_dispatch_s": m3["tiffany_loop_max_dispatch_seconds"],
         "slow_dispatches": slow,
         "cpu": cpu,
     }

@@ -1,4 +1,4 @@
-"""Layers import downwards only (STYLE.md rule 1, ARCHITECTURE.md "Layers").
+"""Layers import downwards only (docs/style.md rule 1, docs/architecture.md "Layers").
 
 Every module under ``tiffany/`` is parsed with :mod:`ast` (nothing is
 imported) and each import it contains is checked against :data:`LAYERS`: which
@@ -178,7 +178,7 @@ def check_source(
     if layer is None:
         return [
             f"{filename}: {PACKAGE}.{part} is not in the layer table; add a row "
-            f"for it to LAYERS in tests/test_layering.py (see ARCHITECTURE.md)"
+            f"for it to LAYERS in tests/test_layering.py (see docs/architecture.md)"
         ]
     tree = ast.parse(source, filename=filename)
     problems: list[str] = []

@@ -27,7 +27,7 @@ ENV_PREFIX = "TIFFANY_"
 SQLITE_FILE_NAME = "tiffany.db"
 
 #: Tools a server runs unless its operator says otherwise. ``shell`` is off by
-#: default (ARCHITECTURE.md, "Plans"): it has to be enabled on purpose.
+#: default (docs/architecture.md, "Plans"): it has to be enabled on purpose.
 DEFAULT_ENABLED_TOOLS: tuple[str, ...] = (
     "file.read",
     "file.write",

@@ -24,8 +24,10 @@ op             request fields                        answer (``ok: true``)
                                                      after ``wait_s`` with ``reached: false``
 ``cancel``     ``run_id``                            ``run_id``, ``status: "cancelling"``
 ``verify``     ``run_id``                            the replay report (``tiffany replay --verify
-                                                     --json``), its verdict as ``identical``
-``metrics``    --                                    counters and histograms (see the engine)
+                                                     --json``, computed in a process pool), its
+                                                     verdict as ``identical``
+``metrics``    --                                    ``text``: the engine's registry in the
+                                                     Prometheus text format
 =============  ====================================  ==========================================
 
 A refused request answers ``{"id", "ok": false, "status", "error", "detail"}``

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from api_support import clean_env, wait_until
+from api_support import clean_env, make_settings, wait_until
 
 
 def _start(data_dir: Path, ready: Path) -> subprocess.Popen[bytes]:
@@ -91,3 +91,26 @@ def test_a_sigterm_during_start_up_is_not_lost(api_dir) -> None:
     # 0 once our handlers are in place; killed by the default one before that
     assert proc.returncode in (0, -signal.SIGTERM), err.decode()
     assert not ready.exists()
+
+
+def test_a_submission_logs_one_request_line_that_names_its_run(engine) -> None:
+    from fastapi.testclient import TestClient
+    from structlog.contextvars import merge_contextvars
+    from structlog.testing import capture_logs
+
+    from tiffany.api.app import create_app
+
+    plan = {"name": "logged", "steps": [{"id": "a", "tool": "sleep", "args": {"seconds": 0}}]}
+    with (
+        TestClient(create_app(make_settings(engine.data_dir))) as client,
+        capture_logs(processors=[merge_contextvars]) as logs,
+    ):
+        answer = client.post("/api/runs", json={"plan": plan})
+    assert answer.status_code == 201, answer.text
+    run_id = answer.json()["run_id"]
+    mine = [line for line in logs if line.get("run_id") == run_id]
+    assert [line["event"] for line in mine] == ["request"]
+    assert mine[0]["status"] == 201
+    assert mine[0]["created"] is True
+    assert mine[0]["plan"] == "logged"
+    assert mine[0]["method"] == "POST"

@@ -32,7 +32,7 @@ from .kernel_support import Recorder, make_sched, noop, returns_now, spin
 
 
 def test_contract_example_returns_45() -> None:
-    # Verbatim from ARCHITECTURE.md ("Kernel contract"), on the real clock.
+    # Verbatim from docs/architecture.md ("Kernel contract"), on the real clock.
     def child(n):
         yield Sleep(0.01)
         return n * 2

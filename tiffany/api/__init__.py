@@ -7,7 +7,7 @@ Public API::
     app = create_app(settings)          # an ASGI app (tests, other servers)
     run_api(settings, ready_file=path)  # uvicorn in this process, until SIGTERM
 
-See ``app.py`` for what the app holds and ARCHITECTURE.md ("HTTP API") for
+See ``app.py`` for what the app holds and docs/architecture.md ("HTTP API") for
 the routes' contract.
 """
 

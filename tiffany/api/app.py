@@ -25,7 +25,7 @@ import tiffany
 from tiffany.api import problems
 from tiffany.api.deps import ApiState
 from tiffany.api.feed import FeedRelay, feed_path
-from tiffany.api.metrics import make_registry
+from tiffany.api.metrics import ApiMetrics
 from tiffany.api.middleware import RequestLog, TokenAuth
 from tiffany.api.routes import activity, runs, system
 from tiffany.config import Settings
@@ -45,22 +45,21 @@ def create_app(settings: Settings) -> FastAPI:
             database URL, API token, body and websocket limits.
     """
     store = make_engine(settings.database_url)
-    registry, collector = make_registry()
+    relay = FeedRelay(
+        feed_path(settings.data_dir),
+        ring_events=settings.feed_ring_events,
+        queue_frames=settings.ws_queue_frames,
+        queue_bytes=settings.ws_queue_bytes,
+        send_timeout_s=settings.ws_send_timeout_s,
+        max_subscribers=settings.ws_max_subscribers,
+    )
     state = ApiState(
         settings=settings,
         engine=store,
         sessions=session_factory(store),
         control=AsyncControlClient(settings.data_dir),
-        relay=FeedRelay(
-            feed_path(settings.data_dir),
-            ring_events=settings.feed_ring_events,
-            queue_frames=settings.ws_queue_frames,
-            queue_bytes=settings.ws_queue_bytes,
-            send_timeout_s=settings.ws_send_timeout_s,
-            max_subscribers=settings.ws_max_subscribers,
-        ),
-        registry=registry,
-        collector=collector,
+        relay=relay,
+        metrics=ApiMetrics(relay),
     )
 
     @asynccontextmanager

@@ -14,7 +14,7 @@ import heapq
 import itertools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Final, TypeVar
+from typing import Annotated, Final, TypeVar
 
 from fastapi import Depends, Request
 from sqlalchemy import Engine
@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 
 from tiffany.api.feed import FeedRelay
+from tiffany.api.metrics import ApiMetrics
 from tiffany.config import Settings
 from tiffany.control import AsyncControlClient, ControlUnavailable
 from tiffany.errors import TiffanyError
@@ -150,8 +151,7 @@ class ApiState:
     sessions: sessionmaker[Session]
     control: AsyncControlClient
     relay: FeedRelay
-    registry: Any
-    collector: Any
+    metrics: ApiMetrics
     watermark: Watermark = field(init=False)
 
     def __post_init__(self) -> None:

@@ -75,8 +75,9 @@ from typing import Any, Final
 
 import msgspec
 import structlog
+import tenacity
 
-from tiffany.pal.transport import FEED_SOCKET, follow
+from tiffany.pal.transport import FEED_SOCKET, FeedClosed, Reconnects, follow
 
 __all__ = ["FEED_SOCKET", "FeedRelay", "FeedSubscriber", "bound_send_buffer", "feed_path"]
 
@@ -84,8 +85,6 @@ log = structlog.get_logger(__name__)
 
 #: Entries a sender takes from the ring at a time.
 READ_BATCH_ENTRIES: Final = 512
-#: How long the relay waits before reconnecting to the engine's feed, in seconds.
-RECONNECT_DELAY_S: Final = 0.2
 #: Resumes cut off without one new event before the relay takes the live feed.
 STUCK_RESUMES: Final = 2
 
@@ -362,6 +361,9 @@ class FeedRelay:
         self.catchups = 0
         #: Whether the engine's feed answered lately (None: not tried yet).
         self.connected: bool | None = None
+        #: Why the relay stopped following (a failure reconnecting cannot mend), or None.
+        self.failed: str | None = None
+        self._stuck = 0  # resumes in a row cut off without one new event
 
     # -- upstream ------------------------------------------------------------------
 
@@ -396,35 +398,63 @@ class FeedRelay:
         resume from the same point is cut off again at once. After
         :data:`STUCK_RESUMES` such resumes the relay takes the live feed
         instead and marks the gap (``gone``) for its websockets.
+
+        The reconnects themselves are tenacity's
+        (:class:`~tiffany.pal.transport.Reconnects`): the end of the stream,
+        a refused or reset connection and a missing socket are retried with
+        backoff (at once after a cutoff). Anything else (a frame that is not
+        JSON, a permission error) would fail the same way on every resume:
+        the relay reports it, cuts its websockets off and stops, instead of
+        resuming into the same failure forever.
         """
-        stuck = 0
-        while True:
-            since = self.last_seq
-            if stuck >= STUCK_RESUMES and since is not None:
-                log.warning("feed relay gives up resuming; taking the live feed", last_seq=since)
-                reason = "the API fell behind the engine's feed: reload state over HTTP"
-                self._mark_gap(None, reason)
-                since, stuck = None, 0
-            before = self.received
-            cut = False
-            try:
-                async for frame in self._follow(self.path, since=since, reconnect=False):
-                    if frame.get("type") == "cutoff":
-                        self.upstream_cutoffs += 1
-                        log.warning("the engine cut the API's feed off", last_seq=self.last_seq)
-                        cut = True
-                        break
-                    self.accept(frame)
-            except asyncio.CancelledError:
-                raise
-            except (OSError, ValueError, msgspec.DecodeError) as exc:
-                if self.connected is not False:
-                    log.warning("feed relay cannot reach the engine's feed", error=str(exc))
-                self.connected = False
-                await asyncio.sleep(RECONNECT_DELAY_S)
-                continue
-            stuck = stuck + 1 if cut and self.received == before else 0
-            await asyncio.sleep(0 if cut else RECONNECT_DELAY_S)
+        policy = Reconnects(on_retry=self._unreachable)
+        try:
+            async for attempt in policy.attempts():
+                with attempt:
+                    await self._follow_once(policy, attempt)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported, then the relay stops
+            self.connected = False
+            self.failed = f"{type(exc).__name__}: {exc}"[:500]
+            log.error("feed relay stopped: the engine's feed failed", error=self.failed)
+            for sub in list(self.subscribers):
+                self.cut_off(
+                    sub, "the API lost the engine's feed: reload state over HTTP", slow=False
+                )
+
+    async def _follow_once(self, policy: Reconnects, attempt: tenacity.AttemptManager) -> None:
+        """One connection to the engine's feed, until it ends (always raises FeedClosed)."""
+        since = self.last_seq
+        if self._stuck >= STUCK_RESUMES and since is not None:
+            log.warning("feed relay gives up resuming; taking the live feed", last_seq=since)
+            reason = "the API fell behind the engine's feed: reload state over HTTP"
+            self._mark_gap(None, reason)
+            since, self._stuck = None, 0
+        before = self.received
+        cut = False
+        async for frame in self._follow(self.path, since=since, reconnect=False):
+            if frame.get("type") == "cutoff":
+                self.upstream_cutoffs += 1
+                log.warning("the engine cut the API's feed off", last_seq=self.last_seq)
+                cut = True
+                break
+            policy.progressed(attempt)
+            self.accept(frame)
+        self._stuck = self._stuck + 1 if cut and self.received == before else 0
+        if cut:
+            policy.at_once()
+        raise FeedClosed("the engine's feed ended")
+
+    def _unreachable(self, exc: BaseException, wait_s: float) -> None:
+        """Before a reconnect: note an engine that cannot be reached (not a mere end)."""
+        if isinstance(exc, FeedClosed):
+            return
+        if self.connected is not False:
+            log.warning(
+                "feed relay cannot reach the engine's feed", error=str(exc), retry_in_s=wait_s
+            )
+        self.connected = False
 
     def accept(self, frame: dict[str, Any]) -> None:
         """Take one frame from the engine's feed (events and control frames)."""

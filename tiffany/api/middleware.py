@@ -7,9 +7,9 @@ websockets as well as HTTP and never buffer a body.
 from __future__ import annotations
 
 import hmac
+import os
 import re
 import time
-import uuid
 from typing import Final
 from urllib.parse import parse_qs
 
@@ -103,8 +103,10 @@ class RequestLog:
 
     Every log line written while a request is handled carries
     ``request_id``, ``method`` and ``path``, and ``run_id`` for
-    ``/api/runs/{run_id}...`` (routes bind it themselves once a submission
-    has one).
+    ``/api/runs/{run_id}...``. A route adds its outcome to the request's
+    line by binding it (a submission binds ``run_id`` and ``created``)
+    rather than writing a line of its own: a log line costs the API tens of
+    microseconds of its loop (structlog, the stdlib handler, redaction).
     """
 
     def __init__(self, app: ASGIApp) -> None:
@@ -117,7 +119,7 @@ class RequestLog:
             return
         path: str = scope["path"]
         structlog.contextvars.clear_contextvars()
-        context = {"request_id": uuid.uuid4().hex[:12], "path": path}
+        context = {"request_id": os.urandom(6).hex(), "path": path}
         if scope["type"] == "http":
             context["method"] = scope["method"]
         match = _RUN_PATH.match(path)

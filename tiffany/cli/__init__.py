@@ -13,7 +13,7 @@ Commands that exist:
 * ``tiffany version``: print the version.
 
 Commands to come, each added together with its implementation (see
-ARCHITECTURE.md; nothing is stubbed here): ``serve`` (engine + API processes),
+docs/architecture.md; nothing is stubbed here): ``serve`` (engine + API processes),
 ``run PLAN`` (in-process engine with a live view), ``replay RUN_ID
 [--verify]``, ``wal dump|verify|repair``, ``db upgrade|rebuild``, and ``plan``
 (validate a plan file). Command groups are ``typer.Typer()`` sub-apps added

@@ -43,6 +43,11 @@ __all__ = ["register"]
 START_TIMEOUT_S: Final = 60.0
 #: How long a child gets to stop after SIGTERM before SIGKILL, in seconds.
 STOP_TIMEOUT_S: Final = 20.0
+#: The wait before restarting a child that died, in seconds; doubled at each
+#: restart up to MAX_RESTART_DELAY_S, and back to this once a child stayed up STABLE_S.
+RESTART_DELAY_S: Final = 0.5
+MAX_RESTART_DELAY_S: Final = 30.0
+STABLE_S: Final = 60.0
 
 
 def demo_plan() -> dict[str, Any]:
@@ -63,9 +68,19 @@ class _Child:
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts = 0
+        self.started_at = 0.0
+        self._delay = RESTART_DELAY_S
 
     def start(self) -> None:
+        self.started_at = time.monotonic()
         self.proc = subprocess.Popen(self.argv, env=self.env)
+
+    def restart_delay(self) -> float:
+        """The wait before restarting this child (a crash loop backs off, a stable child not)."""
+        if time.monotonic() - self.started_at >= STABLE_S:
+            self._delay = RESTART_DELAY_S
+        delay, self._delay = self._delay, min(self._delay * 2, MAX_RESTART_DELAY_S)
+        return delay
 
     def stop(self) -> int | None:
         proc = self.proc
@@ -180,7 +195,6 @@ def serve(
             except (ControlError, ControlUnavailable) as exc:
                 typer.echo(f"tiffany: could not submit the demo plan: {exc}", err=True)
         sys.stdout.flush()
-        backoff = {engine.name: 0.5, api.name: 0.5}
         while not stop.wait(0.2):
             for child in (engine, api):
                 proc = child.proc
@@ -191,14 +205,14 @@ def serve(
                             "restarting it: run `tiffany wal verify`, then `tiffany wal repair "
                             "--salvage`"
                         )
+                    delay = child.restart_delay()
                     typer.echo(
                         f"tiffany: the {child.name} process exited with code {proc.returncode}; "
-                        f"restarting it in {backoff[child.name]:g}s",
+                        f"restarting it in {delay:g}s",
                         err=True,
                     )
-                    if stop.wait(backoff[child.name]):
+                    if stop.wait(delay):
                         break
-                    backoff[child.name] = min(backoff[child.name] * 2, 30.0)
                     child.restarts += 1
                     child.start()
                     write_serve_file(url)  # the old pid is dead: never leave it there

@@ -34,14 +34,11 @@ projector applies what is left, and the process exits 0.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import hashlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -65,8 +62,10 @@ from tiffany.durable.retention import CHECKPOINT_EVERY_RUNS, Checkpointer, Retai
 from tiffany.engine import Engine, build
 from tiffany.engine.activity import ActivityLog
 from tiffany.engine.control_server import ControlServer
+from tiffany.engine.metrics import EngineMetrics, project_health
 from tiffany.engine.projector_link import ProjectorLink
 from tiffany.engine.run_table import RunTable
+from tiffany.engine.verifier import Verifier
 from tiffany.errors import KernelError, NondeterminismError
 from tiffany.kernel import ReadWait
 from tiffany.pal import EVENT_KINDS, Hub
@@ -78,21 +77,6 @@ log = structlog.get_logger(__name__)
 
 #: How long a submission waits for the loop and its group commit, in seconds.
 SUBMIT_TIMEOUT_S: Final = 30.0
-#: Upper bounds of the WAL fsync latency histogram, in seconds.
-FSYNC_BUCKETS_S: Final = (
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    1.0,
-)
 #: Exit code of an engine that stopped because a run's replay diverged
 #: (that run is marked failed; a restart resumes the others).
 EXIT_RUN_DIVERGED: Final = 3
@@ -104,8 +88,6 @@ EXIT_WAL_DAMAGED: Final = 4
 WAL_FAILED_STOP_S: Final = 0.3
 #: Commands the inbox runs in one dispatch before letting other tasks run.
 INBOX_BATCH: Final = 8
-#: Longest a ``verify`` replay may take, in seconds.
-VERIFY_TIMEOUT_S: Final = 600.0
 
 
 class Inbox:
@@ -182,29 +164,6 @@ def _drain(fd: int) -> Generator[Any, Any, None]:
                 pass
 
 
-class _Histogram:
-    """A fixed-bucket latency histogram, updated on the scheduler thread."""
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.sum += value
-
-    def to_dict(self) -> dict[str, Any]:
-        buckets: list[list[Any]] = []
-        total = 0
-        for bound, count in zip(self.bounds, self.counts, strict=False):
-            total += count
-            buckets.append([bound, total])
-        total += self.counts[-1]
-        buckets.append(["+Inf", total])
-        return {"buckets": buckets, "sum": self.sum, "count": total}
-
-
 def _digest(plan: Any, inputs: Any) -> str:
     body = json.dumps({"plan": plan, "inputs": inputs}, sort_keys=True, default=str)
     return hashlib.sha256(body.encode()).hexdigest()
@@ -249,15 +208,15 @@ class EngineService:
         # What the WAL already holds counts in the lag before the first commit.
         self.projector.durable_seq = self.runtime.wal.durable_seq
         self.projector.on_quarantine = self._quarantined
-        self.fsync = _Histogram(FSYNC_BUCKETS_S)
-        self.commits = 0
-        self.records = 0
+        self.metrics = EngineMetrics(self._pulled_metrics)
+        self.engine.watchdog.on_report = self.metrics.slow
         self.durable_seq = self.runtime.wal.durable_seq
         self._durable = threading.Condition()
         self._durable_waiters = 0
         self.runtime.wal.on_commit = self._on_commit
         self.control = ControlServer(self.data_dir / CONTROL_SOCKET, self.handle)
         self.feed = FeedServer(self.hub, self.data_dir / FEED_SOCKET)
+        self.verifier = Verifier(settings)
         #: Running runs, the newest finished ones, idempotency keys in their window.
         self.runs = RunTable(window_s=settings.idempotency_window_s)
         self.checkpointer: Checkpointer | None = None
@@ -340,6 +299,7 @@ class EngineService:
         finally:
             self._phase = "stopping"
             self.control.stop()
+            self.verifier.close()
             with self._durable:
                 self._durable.notify_all()
             self.inbox.close()
@@ -405,9 +365,7 @@ class EngineService:
 
     def _on_commit(self, first_seq: int, frames: bytearray, sync_s: float) -> None:
         last = self.runtime.wal.durable_seq
-        self.commits += 1
-        self.records += last - first_seq + 1
-        self.fsync.observe(sync_s)
+        self.metrics.committed(last - first_seq + 1, sync_s)
         self.projector.committed(last)
         self.durable_seq = last
         if self._durable_waiters:
@@ -539,7 +497,7 @@ class EngineService:
         if op == "verify":
             return self._verify(str(request.get("run_id") or ""))
         if op == "metrics":
-            return self.metrics()
+            return {"text": self.metrics.render()}
         raise ControlError(400, f"unknown op {op!r}")
 
     def _wait_projected(self, request: dict[str, Any]) -> Future[dict[str, Any]]:
@@ -649,53 +607,20 @@ class EngineService:
             raise ControlError(404, f"no run {run_id!r}")
         if status == "running":
             raise ControlError(409, f"run {run_id} has not finished; only finished runs verify")
-        # A replay is CPU work: a subprocess keeps it off this process's GIL.
-        cmd = [
-            sys.executable,
-            "-m",
-            "tiffany",
-            "--data-dir",
-            str(self.data_dir),
-            "--log-format",
-            "json",
-            "replay",
-            run_id,
-            "--verify",
-            "--json",
-        ]
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=VERIFY_TIMEOUT_S, check=False
-        )
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-        if not lines:
-            raise ControlError(500, f"verify failed: {proc.stderr.strip()[-500:]}")
-        report: dict[str, Any] = json.loads(lines[-1])
+        report = self.verifier.verify(run_id)
         # "ok" is the envelope's: the report's verdict travels as "identical".
         report["identical"] = bool(report.pop("ok", False))
         return report
 
-    def metrics(self) -> dict[str, Any]:
-        """Counters and histograms for ``GET /metrics``."""
-        wd = self.engine.watchdog
+    def _pulled_metrics(self) -> dict[str, float]:
+        """The values ``/metrics`` reads at scrape time (a control thread)."""
         return {
             "dispatches": self.activity.dispatched,
             "runs_active": len(self.runs.running),
-            "wal": {
-                "commits": self.commits,
-                "records": self.records,
-                "fsync_seconds": self.fsync.to_dict(),
-            },
-            "loop": {"slow_dispatches": wd.stalls, "max_dispatch_s": wd.longest_s},
-            "feed": {
-                "subscribers": self.hub.subscribers,
-                "dropped_subscribers": self.hub.dropped_subscribers,
-                "published": self.hub.published,
-            },
-            "projector": {
-                "last_seq": self.projector.last_seq,
-                "lag_records": self.projector.lag_records,
-                "errors": self.projector.errors,
-                "restarts": self.projector.restarts,
-                "dead_letters": self.projector.dead_letters,
-            },
+            "max_dispatch_s": self.engine.watchdog.longest_s,
+            "feed_published": self.hub.published,
+            "feed_dropped": self.hub.dropped_subscribers,
+            "subscribers": self.hub.subscribers,
+            **project_health(self.projector.health()),
         }
+

@@ -5,7 +5,7 @@ Public API::
     from tiffany.kernel import (Scheduler, GetTid, NewTask, WaitTask, KillTask,
         ReadWait, WriteWait, Sleep, Now, Random, RunInThread, Event, Queue)
 
-See ``scheduler.py`` for the design and ARCHITECTURE.md for the contract.
+See ``scheduler.py`` for the design and docs/architecture.md for the contract.
 """
 
 from tiffany.errors import TaskCancelled, TaskCrashed, TaskKilled, WaitTimeout

@@ -13,8 +13,9 @@ all of it is time the loop was held. Timing ``before_dispatch`` as well
 would double the instrument's cost for no real gain. The stack is read when
 the dispatch ends, so it shows the ``yield`` that ended the slow stretch
 (the function that ran long is on it).
-Reports go to structlog and to a bounded list; ``stalls`` counts them all,
-which ``/metrics`` exports later.
+Reports go to structlog, to a bounded list and to ``on_report`` (the
+engine's metrics hook: a histogram of stall durations, ``/metrics``);
+``stalls`` counts them all and ``longest_s`` keeps the longest dispatch.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ class SlowDispatchWatchdog(Instrument):
     Args:
         threshold_s: The stall threshold in seconds.
         timer: A monotonic timer (tests inject a fake one).
-        on_report: Called with each :class:`SlowDispatch` besides logging.
+        on_report: Called with each :class:`SlowDispatch` besides logging
+            (on the scheduler thread); may be set later, before the loop runs.
     """
 
     def __init__(
@@ -70,7 +72,7 @@ class SlowDispatchWatchdog(Instrument):
     ) -> None:
         self.threshold_s = threshold_s
         self._timer = timer
-        self._on_report = on_report
+        self.on_report = on_report
         self._started = timer()
         self.stalls = 0
         self.longest_s = 0.0
@@ -109,5 +111,5 @@ class SlowDispatchWatchdog(Instrument):
             yielded=report.yielded,
             frames=[f"{fn} ({path}:{line})" for fn, path, line in report.stack],
         )
-        if self._on_report is not None:
-            self._on_report(report)
+        if self.on_report is not None:
+            self.on_report(report)

@@ -15,8 +15,9 @@ Protocol (newline-delimited JSON, one connection per subscriber):
 
 The engine side (:class:`FeedServer`) runs in its own threads and reads only
 from the hub's subscriptions: the scheduler thread never writes to a socket.
-The API side (:func:`follow`) reconnects with the last seq it saw, so an API
-restart resumes without gaps; an engine restart starts a new ring (its seqs
+The API side (:func:`follow`) reconnects with the last seq it saw
+(:class:`Reconnects`: tenacity, transient errors only), so an API restart
+resumes without gaps; an engine restart starts a new ring (its seqs
 continue upwards from the restart's clock) and the client gets ``gone``.
 """
 
@@ -28,24 +29,27 @@ import os
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
 import msgspec
+import tenacity
 
 from tiffany.pal.events import Event
 from tiffany.pal.hub import Hub
 
-__all__ = ["FEED_SOCKET", "FeedServer", "follow"]
+__all__ = ["FEED_SOCKET", "FeedClosed", "FeedServer", "Reconnects", "follow", "is_transient"]
 
 #: File name of the feed socket inside the data dir (engine and API agree on it).
 FEED_SOCKET: Final = "feed.sock"
 
 #: An idle connection gets a ping this often, in seconds.
 PING_INTERVAL_S: Final = 5.0
-#: How long a client waits before reconnecting, in seconds.
+#: How long a client waits before reconnecting, in seconds (the first time).
 RECONNECT_DELAY_S: Final = 0.2
+#: The longest wait between two reconnects, in seconds (the backoff's cap).
+MAX_RECONNECT_DELAY_S: Final = 2.0
 #: Longest hello line a server accepts, in bytes.
 MAX_HELLO_BYTES: Final = 4096
 
@@ -146,49 +150,136 @@ def _read_line(conn: socket.socket) -> bytes:
     return buf.split(b"\n", 1)[0]
 
 
-async def follow(
+class FeedClosed(EOFError):
+    """The engine ended the feed (EOF, or a ``cutoff``): a reconnect resumes it."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True if ``exc`` means "the engine is not there right now": worth reconnecting.
+
+    Refused, reset, broken pipe, the socket file missing (the engine is
+    restarting), the stream ended (:class:`EOFError`). Everything else (a
+    frame that is not JSON, a permission error, a bug) fails the same way
+    on every attempt and is raised instead of retried.
+    """
+    return isinstance(exc, ConnectionError | FileNotFoundError | EOFError)
+
+
+class Reconnects:
+    """The feed clients' reconnect policy, on tenacity.
+
+    Transient errors (:func:`is_transient`) are retried forever, with an
+    exponential backoff from :data:`RECONNECT_DELAY_S` up to
+    :data:`MAX_RECONNECT_DELAY_S`; the backoff starts over once a connection
+    has delivered (:meth:`progressed`), so an engine restart after a day up
+    is met after 0.2 s, not 2 s. :meth:`at_once` makes the next reconnect
+    immediate (after a cutoff). Anything else is raised at once.
+
+    Args:
+        on_retry: Called with the error and the wait before each reconnect.
+        sleep: The coroutine that waits (tests pass one that does not).
+    """
+
+    def __init__(
+        self,
+        on_retry: Callable[[BaseException, float], None] | None = None,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
+    ) -> None:
+        self._on_retry = on_retry
+        self._sleep = sleep
+        self._base = 0
+        self._now = False
+
+    def attempts(self) -> tenacity.AsyncRetrying:
+        """The attempts (``async for attempt in policy.attempts(): with attempt: ...``)."""
+        extra: dict[str, Any] = {} if self._sleep is None else {"sleep": self._sleep}
+        return tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception(is_transient),
+            wait=self._wait,
+            before_sleep=self._before_sleep,
+            reraise=True,
+            **extra,
+        )
+
+    def progressed(self, attempt: tenacity.AttemptManager) -> None:
+        """Note that ``attempt``'s connection delivered: the backoff starts over."""
+        self._base = attempt.retry_state.attempt_number - 1
+
+    def at_once(self) -> None:
+        """Reconnect without waiting, once."""
+        self._now = True
+
+    def _wait(self, state: tenacity.RetryCallState) -> float:
+        if self._now:
+            self._now = False
+            return 0.0
+        failures = max(1, state.attempt_number - self._base)
+        return float(min(MAX_RECONNECT_DELAY_S, RECONNECT_DELAY_S * 2 ** (failures - 1)))
+
+    def _before_sleep(self, state: tenacity.RetryCallState) -> None:
+        if self._on_retry is not None and state.outcome is not None:
+            exc = state.outcome.exception()
+            wait = state.next_action.sleep if state.next_action is not None else 0.0
+            if exc is not None:
+                self._on_retry(exc, wait)
+
+
+async def _session(
+    path: str | os.PathLike[str], since: int | None, run_id: str | None
+) -> AsyncGenerator[dict[str, Any], None]:
+    """One connection: the hello, then the frames until EOF or a cutoff (pings skipped)."""
+    import asyncio
+
+    reader, writer = await asyncio.open_unix_connection(str(path))
+    try:
+        writer.write(json.dumps({"since": since, "run_id": run_id}).encode() + b"\n")
+        await writer.drain()
+        while line := await reader.readline():
+            frame = msgspec.json.decode(line)
+            kind = frame.get("type")
+            if kind == "ping":
+                continue
+            yield frame
+            if kind == "cutoff":
+                return
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError, ConnectionError):
+            await writer.wait_closed()
+
+
+def follow(
     path: str | os.PathLike[str],
     since: int | None = None,
     run_id: str | None = None,
     *,
     reconnect: bool = True,
-) -> AsyncIterator[dict[str, Any]]:
-    """Yield the feed's frames (API side, asyncio); resume after every disconnect.
+) -> AsyncGenerator[dict[str, Any], None]:
+    """Return the feed's frames (API side, asyncio); pings are not yielded.
 
-    Events update the resume point, so a reconnect asks for exactly what was
-    missed. Pings are not yielded.
+    With ``reconnect`` (the default), follow for ever: after EOF, a cutoff
+    or a transient error the connection is made again (:class:`Reconnects`)
+    with the last seq seen, so a resume asks for exactly what was missed;
+    other errors are raised. Without it, one connection: its errors are
+    raised and its end is the end (the connection's own generator, with no
+    layer in between: the API's relay reads every event through it).
     """
-    import asyncio
+    if not reconnect:
+        return _session(path, since, run_id)
+    return _reconnecting(path, since, run_id)
 
+
+async def _reconnecting(
+    path: str | os.PathLike[str], since: int | None, run_id: str | None
+) -> AsyncGenerator[dict[str, Any], None]:
     last = since
-    while True:
-        try:
-            reader, writer = await asyncio.open_unix_connection(str(path))
-        except OSError:
-            if not reconnect:
-                raise
-            await asyncio.sleep(RECONNECT_DELAY_S)
-            continue
-        try:
-            writer.write(json.dumps({"since": last, "run_id": run_id}).encode() + b"\n")
-            await writer.drain()
-            while True:
-                line = await reader.readline()
-                if not line:
-                    break
-                frame = msgspec.json.decode(line)
-                kind = frame.get("type")
-                if kind == "ping":
-                    continue
-                if "seq" in frame:
-                    last = frame["seq"]
-                yield frame
-                if kind == "cutoff":
-                    break
-        finally:
-            writer.close()
-            with contextlib.suppress(OSError, ConnectionError):
-                await writer.wait_closed()
-        if not reconnect:
-            return
-        await asyncio.sleep(RECONNECT_DELAY_S)
+    policy = Reconnects()
+    async for attempt in policy.attempts():
+        with attempt:
+            async with contextlib.aclosing(_session(path, last, run_id)) as frames:
+                async for frame in frames:
+                    policy.progressed(attempt)
+                    if "seq" in frame:
+                        last = frame["seq"]
+                    yield frame
+            raise FeedClosed(f"the engine closed {path}")

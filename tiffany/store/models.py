@@ -1,6 +1,6 @@
 """The SQL store's tables: runs, their tasks and plan steps, and the projector's mark.
 
-The store is a projection of the journal (ARCHITECTURE.md, "Storage"): every
+The store is a projection of the journal (docs/architecture.md, "Storage"): every
 row here can be rebuilt from the WAL (``tiffany db rebuild``), so nothing in
 it is a source of truth. Alembic owns the schema (``migrations/versions/``);
 a change here needs a new revision, and ``alembic check`` (run by the tests)

@@ -2,7 +2,7 @@
 
 Functions take a :class:`~sqlalchemy.orm.Session` and return model objects
 or plain dicts; :func:`run_summary` and :func:`run_detail` give the JSON
-shapes of the HTTP API contract (ARCHITECTURE.md, "HTTP API");
+shapes of the HTTP API contract (docs/architecture.md, "HTTP API");
 :func:`run_records` (from ``journal.py``) pages a run's decoded journal
 records (``/events``).
 """

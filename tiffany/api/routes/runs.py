@@ -128,8 +128,10 @@ async def submit_run(
     run_id = str(answer["run_id"])
     created = bool(answer.get("created", True))
     seq = int(answer["seq"])
-    structlog.contextvars.bind_contextvars(run_id=run_id)
-    log.info("run submitted", created=created, seq=seq, plan=sub.plan.get("name"))
+    # On the request's own log line (one line a request: see api/middleware.py).
+    structlog.contextvars.bind_contextvars(
+        run_id=run_id, created=created, seq=seq, plan=sub.plan.get("name")
+    )
     if not created:
         response.status_code = 200
     response.headers["Location"] = f"/api/runs/{run_id}?min_seq={seq}"

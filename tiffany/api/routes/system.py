@@ -15,7 +15,6 @@ from fastapi import APIRouter
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from tiffany.api import metrics
 from tiffany.api.deps import State, StoreUnavailable
 from tiffany.api.schemas import Readiness
 from tiffany.control import ControlError, ControlUnavailable
@@ -77,19 +76,17 @@ async def readyz(state: State) -> Any:
 
 @router.get("/metrics", tags=["system"], response_class=Response)
 async def metrics_text(state: State) -> Response:
-    """Prometheus metrics: runs by status, the engine's counters, the feed's subscribers."""
+    """Prometheus metrics: this process's registry, then the engine's (see ``api/metrics.py``)."""
     try:
-        engine: dict[str, Any] | None = await state.control.request(
-            "metrics", timeout=ENGINE_PROBE_TIMEOUT_S
-        )
+        answer = await state.control.request("metrics", timeout=ENGINE_PROBE_TIMEOUT_S)
+        engine_text: str | None = str(answer.get("text", ""))
     except (ControlUnavailable, ControlError):
-        engine = None
+        engine_text = None
     try:
         counts: dict[str, int] | None = await state.read(queries.counts_by_status)
     except StoreUnavailable:
         counts = None
-    snapshot = metrics.Snapshot(run_counts=counts, engine=engine, relay=state.relay)
-    body = metrics.render(state.registry, state.collector, snapshot)
+    body = state.metrics.render(counts, engine_text)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 

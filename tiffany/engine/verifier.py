@@ -1,0 +1,170 @@
+"""``verify`` for the engine: finished runs replayed in a small process pool.
+
+The control op ``verify`` (and so ``POST /api/runs/{id}/verify``) replays a
+finished run with :func:`tiffany.durable.verify`, the same function
+``tiffany replay RUN --verify`` calls, and answers its report as a dict.
+The replay runs in a ``concurrent.futures.ProcessPoolExecutor`` of
+:data:`VERIFY_WORKERS` worker(s): a replay is CPU work in Python, and in
+this process it would hold the GIL against the scheduler loop. The control
+thread that asked waits on the future (with :data:`VERIFY_TIMEOUT_S`); the
+scheduler thread never sees it.
+
+Invariants:
+
+* The workers come from the ``forkserver`` context: the engine has threads
+  (control, hub, projector link), and a plain ``fork`` of a threaded process
+  may copy a lock held by another thread. The fork server is started on the
+  first verify, with the replay's modules preloaded, so later verifies fork
+  a warm process; nothing is started for an engine that never verifies.
+* A worker holds no secret: its settings come without the API token, the
+  LLM key and the database URL, and its environment without the secret
+  variables (``scrub_secrets``). A replay runs no tool and writes nothing.
+* A replay past :data:`VERIFY_TIMEOUT_S` answers 504 and its worker is
+  killed (a pool whose worker died is replaced on the next verify).
+
+Rejected: ``subprocess.run(tiffany replay --verify --json)`` and scraping its
+stdout (the previous design): a Python start-up per verify, and a contract
+(the last ``{``-line of stdout) that any stray print could break. A thread:
+the GIL (above).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Final
+
+import structlog
+
+from tiffany.config import Settings
+from tiffany.control import ControlError
+
+__all__ = ["VERIFY_TIMEOUT_S", "VERIFY_WORKERS", "Verifier"]
+
+log = structlog.get_logger(__name__)
+
+#: Replays that run at once (more verifies queue for a worker).
+VERIFY_WORKERS: Final = 1
+#: Longest a ``verify`` replay may take, in seconds (queueing included).
+VERIFY_TIMEOUT_S: Final = 600.0
+#: Modules the fork server imports once, so that each worker starts warm.
+_PRELOAD: Final = ["tiffany.durable", "tiffany.engine"]
+
+
+def _init_worker(settings: Settings) -> None:
+    """Drop the secrets the environment holds; log like the engine."""
+    from tiffany.config import scrub_secrets
+    from tiffany.log import configure_logging
+
+    keep = scrub_secrets(dict(os.environ))
+    for key in set(os.environ) - set(keep):
+        del os.environ[key]
+    configure_logging(settings)
+
+
+def _verify(settings: Settings, run_id: str) -> tuple[int, Any]:
+    """Replay ``run_id`` (in a worker process): (200, report dict) or (status, message).
+
+    Plain data goes back, not exceptions: an exception whose constructor
+    takes other arguments than its ``args`` does not survive unpickling.
+    """
+    from tiffany.durable import UnknownRun, verify
+    from tiffany.engine import replay_resolvers
+    from tiffany.errors import TiffanyError
+
+    try:
+        report = verify(settings.data_dir, run_id, resolvers=replay_resolvers(settings))
+    except UnknownRun as exc:
+        return 404, str(exc)
+    except TiffanyError as exc:  # the run's code cannot be loaded, the WAL is damaged...
+        return 500, f"verify failed: {exc}"
+    return 200, report.to_dict()
+
+
+class Verifier:
+    """Verify finished runs in a worker process (any thread may call :meth:`verify`).
+
+    Args:
+        settings: The engine's settings (data dir, tool settings); their
+            secrets are left out of what the workers get.
+        timeout_s: How long :meth:`verify` waits for a report.
+    """
+
+    def __init__(self, settings: Settings, *, timeout_s: float = VERIFY_TIMEOUT_S) -> None:
+        self.settings = settings.model_copy(
+            update={"api_token": None, "llm_api_key": None, "database_url": ""}
+        )
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._context = multiprocessing.get_context("forkserver")
+        self._pool: ProcessPoolExecutor | None = None
+        self._closed = False
+
+    def verify(self, run_id: str) -> dict[str, Any]:
+        """Return ``run_id``'s replay report (``tiffany.durable.VerifyReport.to_dict()``).
+
+        Raises:
+            ControlError: 404 unknown run, 504 past the timeout, 503 when the
+                engine is stopping, 500 when the worker died.
+        """
+        fut = self._submit(run_id)
+        try:
+            status, answer = fut.result(self.timeout_s)
+        except FutureTimeout:
+            self._kill(fut)
+            raise ControlError(504, f"verify of {run_id} took over {self.timeout_s:g} s") from None
+        except BrokenProcessPool as exc:
+            self._kill(fut)
+            raise ControlError(500, f"the verify worker died: {exc}") from None
+        if status != 200:
+            raise ControlError(status, str(answer))
+        report: dict[str, Any] = answer
+        return report
+
+    def close(self) -> None:
+        """Stop the pool (a replay under way is abandoned)."""
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _submit(self, run_id: str) -> Future[tuple[int, Any]]:
+        with self._lock:
+            if self._closed:
+                raise ControlError(503, "the engine is stopping")
+            if self._pool is None:
+                self._context.set_forkserver_preload(_PRELOAD)
+                self._pool = self._new_pool()
+            try:
+                return self._pool.submit(_verify, self.settings, run_id)
+            except BrokenProcessPool:  # a worker died since the last verify: a fresh pool
+                self._pool = self._new_pool()
+                return self._pool.submit(_verify, self.settings, run_id)
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(
+            VERIFY_WORKERS,
+            mp_context=self._context,
+            initializer=_init_worker,
+            initargs=(self.settings,),
+        )
+
+    def _kill(self, fut: Future[tuple[int, Any]]) -> None:
+        """Drop the pool ``fut`` ran in and kill its workers (the replay may spin)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        # Discussion: ProcessPoolExecutor cannot cancel a running call; its
+        # ``terminate_workers()`` only comes with Python 3.14. Until then the
+        # workers are killed by their processes, which the pool lists.
+        workers = list(getattr(pool, "_processes", {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in workers:
+            proc.kill()
+        log.warning("engine.verify_pool_replaced", workers=len(workers), done=fut.done())
