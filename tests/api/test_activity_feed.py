@@ -51,7 +51,7 @@ def test_live_events_arrive_in_order_and_resume_with_since(hand_feed, live_api_f
         got = _events(ws, 10)
     assert [e["seq"] for e in got] == seqs
     assert got[0]["kind"] == "step"
-    assert got[0]["v"] == 1
+    assert got[0]["v"] == 2
     # a reconnect with since gets exactly what came after it, from the API's ring
     with ws_connect(f"{live.ws_base}/ws/activity?since={seqs[3]}") as ws:
         got = _events(ws, 6)

@@ -48,9 +48,10 @@ new ring and answers ``gone``. The relay stores that ``gone`` in its ring
 between the old and the new seqs (with a key halfway), so live subscribers
 receive it in order and a later resume across it receives it too.
 
-Seqs within one engine are consecutive integers (the hub adds one per
-event), so the ring covers a resume point ``since`` when ``since >= first
-seq - 1``.
+Seqs are strictly increasing but not consecutive (schema v2: they jump at
+each new WAL record), so the ring covers a resume point ``since`` when
+``since`` is at least the key of the last entry it dropped (or, before it
+dropped any, of its first entry); an older one catches up from the engine.
 
 Capacity: a websocket message costs the API about 15 us (uvicorn, the
 websockets framing and a ``send`` system call) however small it is, so one
@@ -146,6 +147,8 @@ class _Ring:
         self._before: list[int] = [0] * capacity
         self.end = 0  # position of the next entry
         self.total_bytes = 0
+        #: The key of the last entry overwritten (None: none yet).
+        self.dropped: float | None = None
 
     @property
     def start(self) -> int:
@@ -157,6 +160,9 @@ class _Ring:
 
     def append(self, entry: Entry) -> None:
         i = self.end % self.capacity
+        old = self._buf[i]
+        if old is not None:
+            self.dropped = old[0]
         self._buf[i] = entry
         self._before[i] = self.total_bytes
         self.total_bytes += len(entry[2])
@@ -591,10 +597,11 @@ class FeedRelay:
         """True when the ring holds every event after ``since`` (or ``since`` is current)."""
         if self.last_seq is not None and since >= self.last_seq:
             return True
-        if not len(self.ring):
+        ring = self.ring
+        if not len(ring):
             return False
-        first = self.ring.at(self.ring.start)[0]
-        return since >= first - 1
+        floor = ring.dropped if ring.dropped is not None else ring.at(ring.start)[0]
+        return since >= floor
 
     def full(self) -> bool:
         """True when a new subscriber must be refused (:attr:`max_subscribers` attached)."""
