@@ -1,11 +1,13 @@
 """``WS /ws/activity?run_id=&since=SEQ``: the activity feed as JSON text frames.
 
-Each frame is one PAL event (schema v1, ``tiffany/pal/events.py``) with a
-strictly increasing ``seq``, or a control frame:
+Each frame is one PAL event (schema v2, ``tiffany/pal/events.py``) with a
+strictly increasing ``seq`` (across engine restarts too; not consecutive)
+and the ``wal_seq`` of the journal record it comes from (what
+``GET /api/runs/{id}?min_seq=`` takes), or a control frame:
 
 * ``{"type": "gone", "oldest", "reason"}``: events after your ``since`` are
-  no longer held (or the engine restarted): reload state over HTTP; the
-  live stream continues after it;
+  no longer held (or the engine restarted before you had them all): reload
+  state over HTTP; the live stream continues after it;
 * ``{"type": "cutoff", "last_seq", "reason"}``: you fell too far behind and
   are disconnected; reconnect with ``since=<the last seq you received>``;
 * ``{"type": "ping"}``: sent when idle, so both sides notice a dead peer.
