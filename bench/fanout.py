@@ -46,7 +46,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from api import Serve, machine_busy_s, percentile  # noqa: E402
-from feed import StalledSubscriber  # noqa: E402
+from feed import StalledSubscriber, missing_before  # noqa: E402
 
 PLAN = {"name": "fanout", "steps": [{"id": "a", "tool": "sleep", "args": {"seconds": 0.01}}]}
 TARGET_RATIO = 2.0
@@ -112,7 +112,7 @@ async def _reader(url: str, batch: bool, stats: dict[str, int], stop: asyncio.Ev
                             if frame.get("type") == "cutoff":
                                 stats["cutoffs"] += 1
                             continue
-                        if last is not None and seq != last + 1:
+                        if last is not None and missing_before(last, seq, frame["wal_seq"]):
                             stats["gaps"] += 1
                         last = seq
                         stats["events"] += 1
