@@ -14,12 +14,12 @@ Skipped when chromium or Playwright is missing, unless
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -135,19 +135,25 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _engine_feed(data_dir: Path, first: int, last: int) -> list[dict[str, Any]]:
-    """The engine's events from seq ``first`` to ``last``, read from its feed socket."""
-    from tiffany.pal.transport import FEED_SOCKET, follow
+    """The engine's events from seq ``first`` to ``last``, read from its feed socket.
+
+    Plain blocking reads (Playwright's sync API holds this thread's event
+    loop); the protocol is ``tiffany/pal/transport.py``'s.
+    """
+    from tiffany.pal.transport import FEED_SOCKET
 
     got: list[dict[str, Any]] = []
-
-    async def take() -> None:
-        async for frame in follow(data_dir / FEED_SOCKET, since=first - 1, reconnect=False):
-            assert frame.get("type") is None, frame  # no gone: the ring holds them
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(str(data_dir / FEED_SOCKET))
+        sock.sendall(json.dumps({"since": first - 1, "run_id": None}).encode() + b"\n")
+        lines = sock.makefile("rb")
+        while not got or got[-1]["seq"] < last:
+            frame = json.loads(lines.readline())
+            if frame.get("type") == "ping":
+                continue
+            assert frame.get("type") is None, frame  # no gone: the engine's ring holds them
             got.append(frame)
-            if frame["seq"] >= last:
-                return
-
-    asyncio.run(asyncio.wait_for(take(), 10))
     return got
 
 
