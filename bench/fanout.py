@@ -238,6 +238,12 @@ def main() -> None:
         f" p50 ratio {p50b / p50a:.2f}"
     )
     print(f"loaded phase took {t_done - t_open:.1f} s from the stalled sockets' opening")
+    tenth = max(1, len(loaded) // 10)
+    parts = [loaded[i : i + tenth] for i in range(0, len(loaded), tenth)]
+    print(
+        "loaded p50 by tenth of the phase (ms): "
+        + " ".join(f"{percentile(sorted(p), 0.5) * 1e3:.0f}" for p in parts)
+    )
     print(
         f"stalled: {drained}/{args.stalled} cut off by the send deadline;"
         f" {len(closed)} websockets closed by the API {t_cut:.1f} s after the stalled opened"

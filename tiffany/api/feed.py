@@ -21,6 +21,13 @@ partition, rather than a queue per subscriber):
   off: its sender is stopped and it gets ``{"type": "cutoff", "last_seq":
   <last seq it was sent>}``; the others never wait for it, and memory is the
   ring's, whatever the number and speed of the websockets;
+* a subscriber whose client stops reading is paused, not fed: before each
+  round its sender asks the connection's backlog (bytes sent and not yet
+  taken by the client, :mod:`tiffany.api.backlog`); above
+  :data:`PAUSE_BACKLOG_BYTES` it sends nothing until the backlog drains
+  (looked at after 1 ms, then less and less often). A stalled client thus
+  costs a few sends, not a socket buffer full of them, and its pause counts
+  against the send deadline like a blocked send;
 * budgets per subscriber: ``queue_frames`` entries and ``queue_bytes`` bytes
   of lag, and a send deadline (``send_timeout_s``): a socket that does not
   drain within it is cut off the same way (checked by a timer, every
@@ -101,6 +108,12 @@ FLUSH_ENTRIES: Final = 64
 DEADLINE_CHECK_S: Final = 0.25
 #: Most senders woken in one pass once the slice is contended.
 MAX_GRANT: Final = 1024
+
+#: A subscriber's backlog (bytes its client has not taken) above which its sender pauses.
+PAUSE_BACKLOG_BYTES: Final = 16 * 1024
+#: First and longest interval between two looks at a paused subscriber's backlog, in seconds.
+PAUSE_FIRST_POLL_S: Final = 0.001
+PAUSE_POLL_S: Final = 0.1
 
 #: The kernel send buffer of the API's connections, in bytes (the kernel doubles it).
 SOCKET_SEND_BUFFER_BYTES: Final = 16 * 1024
@@ -230,8 +243,10 @@ class FeedSubscriber:
         self._cut_task: Any = None
         self._wake = asyncio.Event()
         self._idle = False
-        #: When the send in progress began (monotonic), None between sends.
+        #: When the send (or pause) in progress began (monotonic), None between sends.
         self.send_since: float | None = None
+        #: The connection's backlog in bytes (None: unknown, never paused; tiffany.api.backlog).
+        self.backlog: Callable[[], int] | None = None
 
     async def next_frames(
         self, timeout: float, limit: int = READ_BATCH_ENTRIES
@@ -289,6 +304,31 @@ class FeedSubscriber:
         self.send_since = time.monotonic()
         try:
             await send(text)
+        finally:
+            self.send_since = None
+
+    async def until_drained(self) -> None:
+        """Pause while the client has more than :data:`PAUSE_BACKLOG_BYTES` unread.
+
+        The backlog is looked at again after 1 ms, then at doubling
+        intervals up to :data:`PAUSE_POLL_S`: a client that reads resumes
+        within a few milliseconds, one that stopped costs a look now and
+        then, never a send. The pause counts against the send deadline
+        (``send_since``): a client that never reads again is cut off by it,
+        as a blocked send would be (the cutoff cancels this wait).
+        """
+        backlog = self.backlog
+        if backlog is None or backlog() <= PAUSE_BACKLOG_BYTES:
+            return
+        self.relay.pauses += 1
+        self.send_since = time.monotonic()
+        delay = PAUSE_FIRST_POLL_S
+        try:
+            while True:
+                await asyncio.sleep(delay)
+                if backlog() <= PAUSE_BACKLOG_BYTES:
+                    return
+                delay = min(delay * 2, PAUSE_POLL_S)
         finally:
             self.send_since = None
 
@@ -352,6 +392,8 @@ class FeedRelay:
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._next_slice_pending = False
         self._deadline_timer: asyncio.TimerHandle | None = None
+        #: Pauses of subscribers whose clients had not taken their backlog.
+        self.pauses = 0
         self.ring = _Ring(max(ring_events, queue_frames + READ_BATCH_ENTRIES))
         self.last_seq: int | None = None
         self.subscribers: set[FeedSubscriber] = set()

@@ -41,6 +41,7 @@ from typing import Annotated, Final
 import structlog
 from fastapi import APIRouter, Query, WebSocket, WebSocketDisconnect
 
+from tiffany.api.backlog import backlog_of
 from tiffany.api.deps import get_state
 from tiffany.api.feed import READ_BATCH_ENTRIES, FeedSubscriber
 
@@ -88,6 +89,7 @@ async def _send_frames(ws: WebSocket, sub: FeedSubscriber, ping_s: float, batch:
             await relay.catch_up(sub, send_timed, idle_timeout=ping_s)
         limit = READ_BATCH_ENTRIES if batch else FRAMES_PER_TURN
         while not sub.cut.is_set():
+            await sub.until_drained()  # a client that stopped reading is paused, not fed
             frames = await sub.next_frames(ping_s, limit)
             if not frames:
                 if not sub.cut.is_set():
@@ -190,6 +192,7 @@ async def activity(
             )
         return
     sub = relay.subscribe(run_id=run_id or None, since=since, tail=tail)
+    sub.backlog = backlog_of(ws.scope)
     log.info("websocket subscribed", run_id=run_id, since=since, catch_up=sub.catching_up)
     sender = asyncio.create_task(_send_frames(ws, sub, state.settings.ws_ping_interval_s, batch))
     done = asyncio.Event()
