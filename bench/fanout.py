@@ -258,6 +258,12 @@ def main() -> None:
     def share(a: tuple[float, float], b: tuple[float, float], secs: float) -> str:
         return f"engine {(b[0] - a[0]) / secs:.0%}, API {(b[1] - a[1]) / secs:.0%} of a core"
 
+    n = args.submissions
+    print(
+        "API CPU per submission (what the fan-out costs it, less noisy than latency on a busy"
+        f" machine): none {(cpu1[1] - cpu0[1]) / n * 1e3:.1f} ms,"
+        f" loaded {(cpu3[1] - cpu2[1]) / n * 1e3:.1f} ms"
+    )
     print(f"cpu during none: {share(cpu0, cpu1, t1 - t0)}")
     print(f"cpu during loaded: {share(cpu2, cpu3, t_done - t_open)}")
     print(f"machine busy (all processes): {busy:.1f} CPU-s; load average {os.getloadavg()[0]:.1f}")
