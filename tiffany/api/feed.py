@@ -247,6 +247,8 @@ class FeedSubscriber:
         self.send_since: float | None = None
         #: The connection's backlog in bytes (None: unknown, never paused; tiffany.api.backlog).
         self.backlog: Callable[[], int] | None = None
+        #: Bytes of the last round of frames its sender sent.
+        self.round_bytes = 0
 
     async def next_frames(
         self, timeout: float, limit: int = READ_BATCH_ENTRIES
@@ -310,6 +312,10 @@ class FeedSubscriber:
     async def until_drained(self) -> None:
         """Pause while the client has more than :data:`PAUSE_BACKLOG_BYTES` unread.
 
+        Beyond the last round's bytes (:attr:`round_bytes`): a round larger
+        than the mark is not a stall while the client takes it, but a client
+        that has not taken what came before it is slow.
+
         The backlog is looked at again after 1 ms, then at doubling
         intervals up to :data:`PAUSE_POLL_S`: a client that reads resumes
         within a few milliseconds, one that stopped costs a look now and
@@ -318,7 +324,8 @@ class FeedSubscriber:
         as a blocked send would be (the cutoff cancels this wait).
         """
         backlog = self.backlog
-        if backlog is None or backlog() <= PAUSE_BACKLOG_BYTES:
+        mark = PAUSE_BACKLOG_BYTES + self.round_bytes
+        if backlog is None or backlog() <= mark:
             return
         self.relay.pauses += 1
         self.send_since = time.monotonic()
@@ -326,7 +333,7 @@ class FeedSubscriber:
         try:
             while True:
                 await asyncio.sleep(delay)
-                if backlog() <= PAUSE_BACKLOG_BYTES:
+                if backlog() <= mark:
                     return
                 delay = min(delay * 2, PAUSE_POLL_S)
         finally:
@@ -394,6 +401,8 @@ class FeedRelay:
         self._deadline_timer: asyncio.TimerHandle | None = None
         #: Pauses of subscribers whose clients had not taken their backlog.
         self.pauses = 0
+        #: Entries that wake the senders at once: a batch message, well within the lag allowed.
+        self.flush_entries = max(1, min(FLUSH_ENTRIES, queue_frames // 4))
         self.ring = _Ring(max(ring_events, queue_frames + READ_BATCH_ENTRIES))
         self.last_seq: int | None = None
         self.subscribers: set[FeedSubscriber] = set()
@@ -516,7 +525,7 @@ class FeedRelay:
         """
         ring = self.ring
         ring.append(entry)
-        if ring.end - self._woken_at >= FLUSH_ENTRIES:
+        if ring.end - self._woken_at >= self.flush_entries:
             if self._wake_timer is not None:
                 self._wake_timer.cancel()
                 self._wake_timer = None
