@@ -19,11 +19,12 @@ step: the worker's and its tool's spawned, step, blocked, woke, exit...),
 submitted over ``POST /api/runs`` at a fixed rate, open loop. A warm-up run
 measures the events one run produces; the rate is ``--events`` / that. The
 engine's events/s come from its ``metrics`` (the hub's ``published``) and
-from the seqs the subscribers saw.
+from what the subscribers received.
 
 Measured per subscriber: messages and events received, delivered events/s,
-missing seqs (the unfiltered stream's seqs are consecutive: a hole is a lost
-event), cutoff frames and closes. Lag per event: the time it was received
+missing events (schema v2: each seq is ``max(previous + 1, wal_seq *
+SEQS_PER_RECORD)``, so a seq above that rule's is a hole: see
+:func:`missing_before`), cutoff frames and closes. Lag per event: the time it was received
 here minus its ``ts`` (the wall clock when the engine's loop published it),
 p50/p99/max over every event of every subscriber (a histogram with
 1/16-octave buckets, max exact). The stalled subscriber's socket is read at
@@ -63,6 +64,8 @@ from typing import Any
 
 import msgspec
 import websockets
+
+from tiffany.pal.events import SEQS_PER_RECORD
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -106,10 +109,23 @@ def wall() -> float:
     return time.time()  # noqa: TID251 - events carry wall-clock ts; lag is measured against it
 
 
+def missing_before(last_seq: int, seq: int, wal_seq: int) -> int:
+    """Events of the unfiltered feed lost between ``last_seq`` and ``seq`` (-1: out of order).
+
+    The hub gives an event ``max(previous seq + 1, wal_seq * SEQS_PER_RECORD)``
+    (``tiffany/pal/events.py``), so the events of one WAL record are
+    consecutive and a hole among them is counted exactly; an event lost
+    alone in its record leaves no trace (a lower bound, then).
+    """
+    expected = max(last_seq + 1, wal_seq * SEQS_PER_RECORD)
+    return -1 if seq < expected else seq - expected
+
+
 class Frame(msgspec.Struct):
     """The fields of a feed frame the benchmark reads."""
 
     seq: int | None = None
+    wal_seq: int = 0
     ts: float | None = None
     type: str | None = None
     last_seq: int | None = None
@@ -214,13 +230,11 @@ class Subscriber:
         if last is None:
             self.first_seq = seq
             self.first_t = now
-        elif seq == last + 1:
-            pass
-        elif seq > last + 1:
-            self.missing += seq - last - 1
+        elif (lost := missing_before(last, seq, f.wal_seq)) > 0:
+            self.missing += lost
             if len(self.gaps) < 5:
                 self.gaps.append((last, seq, now))
-        else:
+        elif lost < 0:
             self.out_of_order += 1
         self.last_seq = seq
         self.last_t = now
@@ -518,7 +532,7 @@ async def bench(args: argparse.Namespace, batch: bool) -> dict[str, Any]:
     best = max(subs, key=lambda s: s.count)
     seq_rate = math.nan
     if best.first_seq is not None and best.last_t > best.first_t:
-        seq_rate = (best.last_seq - best.first_seq + 1) / (best.last_t - best.first_t)
+        seq_rate = best.count / (best.last_t - best.first_t)
     lag = LagHistogram()
     for s in subs:
         lag.merge(s.lag)
@@ -544,7 +558,7 @@ async def bench(args: argparse.Namespace, batch: bool) -> dict[str, Any]:
         ("websocket messages per sub min/med/max", spread([float(s.messages) for s in subs])),
         ("events published (load + drain)", f"{published:,}"),
         ("engine events/s while loading (hub)", f"{engine_rate:,.0f}"),
-        ("events/s from the seqs (best subscriber)", f"{seq_rate:,.0f}"),
+        ("events/s received (best subscriber)", f"{seq_rate:,.0f}"),
         ("runs finished after the load", f"{idle_s:.1f} s"),
         (
             "live subscribers had every event after",
@@ -566,7 +580,7 @@ async def bench(args: argparse.Namespace, batch: bool) -> dict[str, Any]:
             ms(max((s.lag.quantile(0.99) for s in subs), default=math.nan)),
         ),
         ("gap-free subscribers", f"{len(gapfree)} of {len(subs)}"),
-        ("missing seqs (all subscribers)", f"{sum(s.missing for s in subs):,}"),
+        ("missing events (all subscribers)", f"{sum(s.missing for s in subs):,}"),
         ("subscribers cut off (not the stalled one)", f"{len(cut)} of {len(subs)}"),
         ("subscribers with every event", f"{len(complete)} of {len(subs)}"),
         (
@@ -613,8 +627,8 @@ async def bench(args: argparse.Namespace, batch: bool) -> dict[str, Any]:
     if gone:
         notes.append(f"  control frames other than cutoff/ping (gone): {gone}")
     for s in [s for s in subs if s.gaps][:3]:
-        gaps = ", ".join(f"{b - a - 1:,} after {a} at {t - w0:.1f} s" for a, b, t in s.gaps)
-        notes.append(f"  sub {s.index} missed {s.missing:,} seqs: {gaps}")
+        gaps = ", ".join(f"between {a} and {b} at {t - w0:.1f} s" for a, b, t in s.gaps)
+        notes.append(f"  sub {s.index} missed {s.missing:,} events: {gaps}")
     if cpu[2] > 0.9:
         notes.append("  this client used a whole core: its own receive cost is in the figures")
     slow = (

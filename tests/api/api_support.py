@@ -79,7 +79,7 @@ class HandFeed:
 
     def publish(self, n: int, run_id: str | None = "r1", pad: int = 0) -> list[int]:
         """Publish ``n`` events and return their seqs."""
-        first = self.hub.next_seq
+        first = self.hub.last_seq + 1  # no WAL: consecutive seqs
         for i in range(n):
             data = {"i": i, "pad": "x" * pad} if pad else {"i": i}
             self.hub.publish("step", run_id=run_id, task_id=i, label=f"#{i}", data=data)

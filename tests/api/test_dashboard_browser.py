@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -133,6 +134,29 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=5)
 
 
+def _engine_feed(data_dir: Path, first: int, last: int) -> list[dict[str, Any]]:
+    """The engine's events from seq ``first`` to ``last``, read from its feed socket.
+
+    Plain blocking reads (Playwright's sync API holds this thread's event
+    loop); the protocol is ``tiffany/pal/transport.py``'s.
+    """
+    from tiffany.pal.transport import FEED_SOCKET
+
+    got: list[dict[str, Any]] = []
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(str(data_dir / FEED_SOCKET))
+        sock.sendall(json.dumps({"since": first - 1, "run_id": None}).encode() + b"\n")
+        lines = sock.makefile("rb")
+        while not got or got[-1]["seq"] < last:
+            frame = json.loads(lines.readline())
+            if frame.get("type") == "ping":
+                continue
+            assert frame.get("type") is None, frame  # no gone: the engine's ring holds them
+            got.append(frame)
+    return got
+
+
 def _console(msg: Any, errors: list[str]) -> None:
     # The browser logs every non-2xx fetch and failed connection: the 422 of
     # the bad plan and the failures while offline are expected.
@@ -161,6 +185,8 @@ def test_dashboard_submits_a_plan_and_follows_it_live(
             page = browser.new_page(viewport={"width": 1600, "height": 1000}, color_scheme="dark")
             page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
             page.on("console", lambda msg: _console(msg, errors))
+            reads: list[str] = []
+            page.on("request", lambda req: reads.append(req.url))
             page.goto(url)
 
             # The page is up and the live feed connected.
@@ -248,7 +274,19 @@ def test_dashboard_submits_a_plan_and_follows_it_live(
 
             seqs = [int(x) for x in page.get_by_test_id("tail-row").evaluate_all(SEQS_JS)]
             assert seqs == sorted(seqs, reverse=True), "the tail shows the newest event first"
-            assert seqs == list(range(seqs[0], seqs[0] - len(seqs), -1)), "a gap in the feed"
+            # No gap (seqs are not consecutive): the tail holds exactly what the
+            # engine's own feed holds from the run's first event to its last.
+            engine = _engine_feed(service["data_dir"], seqs[-1], seqs[0])
+            assert engine[0]["kind"] == "run.started"
+            assert seqs[::-1] == [e["seq"] for e in engine], "a gap in the feed"
+
+            # The run's reads asked the store for the WAL seq of the events that
+            # prompted them: the last one for at least the run's end.
+            end_wal_seq = next(e["wal_seq"] for e in engine if e["kind"] == "run.finished")
+            pattern = re.compile(rf"/api/runs/{run_id}\?min_seq=(\d+)$")
+            asked = [int(m.group(1)) for u in reads if (m := pattern.search(u))]
+            assert asked, "the run page never asked for a WAL seq"
+            assert max(asked) >= end_wal_seq
 
             # The journal: records listed, a payload opens on click.
             journal_rows = page.get_by_test_id("journal-row")

@@ -1,14 +1,17 @@
 """Engine and API restart independently (real engine processes, real uvicorn).
 
 * an engine restart: the API keeps answering (503 for commands while the
-  engine is down, ``/readyz`` says why), its websockets get ``gone`` and then
-  the new engine's events; a run submitted before the restart finishes;
+  engine is down, ``/readyz`` says why), its websockets get the new engine's
+  events with seqs above the old ones (``gone`` between them when the API
+  missed the end of the old engine's); a run submitted before the restart
+  finishes;
 * an API restart: a client resuming with ``since`` gets what it missed from
   the engine's ring, without a gap.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import time
@@ -26,6 +29,8 @@ from api_support import (
     wait_until,
     ws_connect,
 )
+
+from tiffany.pal.transport import FEED_SOCKET, follow
 
 pytestmark = pytest.mark.usefixtures("_needs_engine")
 
@@ -76,7 +81,9 @@ def test_an_engine_restart_under_a_running_api(data_dir, live_api_factory) -> No
         with ws_connect(f"{live.ws_base}/ws/activity") as ws:
             wait_until(lambda: len(live.state.relay.subscribers) == 1)
             first = httpx.post(f"{base}/api/runs", json={"plan": PLAN}).json()["run_id"]
-            _read_until(ws, lambda f: f.get("run_id") == first and f.get("kind") == "spawned")
+            seen = _read_until(
+                ws, lambda f: f.get("run_id") == first and f.get("kind") == "spawned"
+            )
 
             assert engine.stop() == 0  # mid-run: the run stays unfinished in the WAL
             down = httpx.post(f"{base}/api/runs", json={"plan": PLAN})
@@ -89,16 +96,18 @@ def test_an_engine_restart_under_a_running_api(data_dir, live_api_factory) -> No
 
             engine = start_engine(data_dir)
             wait_until(lambda: httpx.get(f"{base}/readyz").status_code == 200, timeout=30)
-            frames = _read_until(ws, lambda f: f.get("type") == "gone")
-            seqs = [f["seq"] for f in frames if "seq" in f]
-            assert seqs == sorted(seqs)
             second = httpx.post(f"{base}/api/runs", json={"plan": PLAN}).json()["run_id"]
             after = _read_until(
                 ws, lambda f: f.get("run_id") == second and f.get("kind") == "run.finished"
             )
-            new_seqs = [f["seq"] for f in after if "seq" in f]
-            assert new_seqs == sorted(new_seqs)
-            assert not seqs or new_seqs[0] > seqs[-1]
+            # One stream across both engines: strictly increasing seqs (a ``gone``
+            # between them only if the API missed the first engine's last events).
+            seqs = [f["seq"] for f in seen + after if "seq" in f]
+            assert seqs == sorted(set(seqs))
+            wal_seqs = [f["wal_seq"] for f in seen + after if "wal_seq" in f]
+            assert wal_seqs == sorted(wal_seqs)
+            assert wal_seqs[0] > 0  # every run event comes after its RUN_START record
+            assert any(f.get("run_id") == second and f.get("kind") == "run.started" for f in after)
         wait_until(lambda: _status(base, first) == "succeeded", timeout=30)  # resumed, finished
         assert _status(base, second) == "succeeded"
     finally:
@@ -123,12 +132,28 @@ def test_an_api_restart_resumes_the_feed_from_the_engine(data_dir, live_api_fact
             rest = _read_until(
                 ws, lambda f: f.get("run_id") == run_id and f.get("kind") == "run.finished"
             )
-        assert rest[0]["seq"] == last + 1  # no gap: seqs are consecutive within an engine
+        # no gap: exactly what the engine's own feed holds after ``last``
         seqs = [f["seq"] for f in rest]
-        assert seqs == list(range(last + 1, last + 1 + len(seqs)))
+        held = asyncio.run(_engine_events(data_dir, since=last, upto=seqs[-1]))
+        assert seqs == [f["seq"] for f in held]
         assert second_api.state.relay.catchups == 1
     finally:
         engine.stop()
+
+
+async def _engine_events(data_dir: Path, since: int, upto: int) -> list[dict[str, Any]]:
+    """The engine's feed after ``since``, up to the event ``upto`` (straight from its socket)."""
+    got: list[dict[str, Any]] = []
+
+    async def take() -> None:
+        async for frame in follow(data_dir / FEED_SOCKET, since=since, reconnect=False):
+            assert frame.get("type") != "gone", frame
+            got.append(frame)
+            if frame["seq"] >= upto:
+                return
+
+    await asyncio.wait_for(take(), 10)
+    return got
 
 
 def _status_via_store(data_dir: Path, run_id: str) -> str:

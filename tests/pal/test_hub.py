@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
+import time
 
-from tiffany.pal import Hub
+from tiffany.pal import FEED_SEQ_FILE, SEQS_PER_RECORD, Hub
 
 
 def _events(frames):
     return [json.loads(f) for f in frames]
 
 
-def test_events_get_strictly_increasing_seqs_and_the_v1_schema():
+def test_events_get_strictly_increasing_seqs_and_the_v2_schema():
     hub = Hub(seq0=1000)
     sub = hub.subscribe()
     for i in range(5):
@@ -20,10 +21,12 @@ def test_events_get_strictly_increasing_seqs_and_the_v1_schema():
     events = _events(sub.get(timeout=0))
     assert [e["seq"] for e in events] == [1000, 1001, 1002, 1003, 1004]
     first = events[0]
-    assert first["v"] == 1
+    assert first["v"] == 2
+    assert first["wal_seq"] == 0  # no WAL: no record before it
     assert set(first) == {
         "v",
         "seq",
+        "wal_seq",
         "ts",
         "kind",
         "task_id",
@@ -133,3 +136,77 @@ def test_a_cutoff_names_the_last_event_delivered_not_the_last_queued() -> None:
     cutoff = msgspec.json.decode(frames[-1])
     assert cutoff["type"] == "cutoff"
     assert cutoff["last_seq"] == last
+
+
+class FakeWal:
+    """The WAL's position as the hub reads it (``next_seq``), moved by hand."""
+
+    def __init__(self, next_seq: int) -> None:
+        self.next_seq = next_seq
+
+    def append(self, n: int = 1) -> int:
+        """Write ``n`` records; return the last one's seq."""
+        self.next_seq += n
+        return self.next_seq - 1
+
+
+def test_events_carry_the_wal_seq_and_keys_jump_to_each_new_record(tmp_path):
+    wal = FakeWal(next_seq=8)
+    hub = Hub(wal=wal, seq_file=tmp_path / FEED_SEQ_FILE)
+    sub = hub.subscribe()
+    hub.publish("spawned")  # after record 7
+    hub.publish("step")
+    at = wal.append()  # record 8 carries the next dispatch
+    hub.publish("step")
+    hub.publish("run.started", wal_seq=wal.next_seq)  # announces record 9
+    hub.publish("woke")  # published before record 9 is written: not below the last
+    hub.drain()
+    got = _events(sub.get(timeout=0))
+    assert [e["wal_seq"] for e in got] == [7, 7, at, 9, 9]
+    k = SEQS_PER_RECORD
+    assert [e["seq"] for e in got] == [8 * k, 8 * k + 1, 8 * k + 2, 9 * k, 9 * k + 1]
+    assert [e["v"] for e in got] == [2] * 5
+
+
+def test_seqs_survive_a_restart_with_the_clock_stepped_back(tmp_path, monkeypatch):
+    """No wall clock orders the feed: a client resuming after a restart gets the new events."""
+    seq_file = tmp_path / FEED_SEQ_FILE
+    wal = FakeWal(next_seq=3)
+    hub = Hub(wal=wal, seq_file=seq_file)
+    for _ in range(3):
+        hub.publish("step")  # events after the WAL's last record: only the seq file orders them
+    hub.drain()
+    hub.stop()
+    last = hub.last_seq
+
+    # The engine comes back a day earlier by the wall clock, and wrote nothing in between.
+    real_time = time.time  # noqa: TID251 - the test steps the wall clock back
+    monkeypatch.setattr(time, "time", lambda: real_time() - 86_400)
+    hub2 = Hub(wal=wal, seq_file=seq_file)
+    resumed = hub2.subscribe(since=last)  # a client that saw everything of the first life
+    hub2.publish("step")
+    wal.append()
+    hub2.publish("exit")
+    hub2.drain()
+    got = _events(resumed.get(timeout=0))
+    assert [e["kind"] for e in got] == ["step", "exit"]  # no gone: nothing was missed
+    assert got[0]["seq"] > last
+    assert got[1]["seq"] > got[0]["seq"]
+    assert got[0]["ts"] < real_time() - 80_000  # the clock did step back
+    # a client that missed the end of the first life is told so, then gets the new events
+    behind = _events(hub2.subscribe(since=last - 1).get(timeout=0))
+    assert behind[0]["type"] == "gone"
+    hub2.stop()
+
+
+def test_without_a_seq_file_a_restart_still_starts_above_the_wal(tmp_path):
+    wal = FakeWal(next_seq=5)
+    hub = Hub(wal=wal)
+    hub.publish("step")
+    hub.drain()
+    wal.append(2)
+    hub2 = Hub(wal=wal)
+    hub2.publish("step")
+    hub2.drain()
+    assert hub2.last_seq > hub.last_seq
+    assert hub2.last_seq == wal.next_seq * SEQS_PER_RECORD

@@ -68,7 +68,7 @@ from tiffany.engine.run_table import RunTable
 from tiffany.engine.verifier import Verifier
 from tiffany.errors import KernelError, NondeterminismError
 from tiffany.kernel import ReadWait
-from tiffany.pal import EVENT_KINDS, Hub
+from tiffany.pal import EVENT_KINDS, FEED_SEQ_FILE, Hub
 from tiffany.pal.transport import FEED_SOCKET, FeedServer
 
 __all__ = ["FEED_SOCKET", "EngineService", "Inbox"]
@@ -185,7 +185,7 @@ class EngineService:
         self.settings = settings
         self.data_dir = Path(settings.data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.hub = Hub()
+        self.hub = Hub(seq_file=self.data_dir / FEED_SEQ_FILE)
         self.activity = ActivityLog(self.hub, runs_only=True)
         self.engine: Engine = build(
             settings,
@@ -195,6 +195,7 @@ class EngineService:
             server=True,  # shell steps: bubblewrap or refuse, unless sandbox "none"
         )
         self.runtime = self.engine.runtime
+        self.hub.follow_wal(self.runtime.wal)  # feed seqs follow the WAL (tiffany/pal/hub.py)
         self.runtime.journal.on_hold = self.activity.step_held
         self.inbox = Inbox()
         child_env = {  # the projector needs the store, not the LLM key nor the API token
@@ -415,9 +416,11 @@ class EngineService:
                     )
                 return known.run_id, False, known.seq
         run_id = f"run-{uuid.uuid4().hex[:12]}"
-        # Published first, so the feed shows the run before its tasks.
+        # Published first, so the feed shows the run before its tasks; it
+        # announces the RUN_START record that submit_entry appends next.
         self.hub.publish(
             "run.started",
+            wal_seq=self.runtime.wal.next_seq,
             run_id=run_id,
             task=name,
             task_kind="planner",

@@ -1,16 +1,19 @@
-"""Activity events: what the Process Activity Log (PAL) streams, schema v1.
+"""Activity events: what the Process Activity Log (PAL) streams, schema v2.
 
 One event per thing that happened to a task, for dashboards and ``tail``
 tools. Unlike the WAL (the durability contract) and the logs (best effort
 text), the PAL is a product stream: a documented, versioned schema.
 
-Schema v1 (JSON object, one per event)::
+Schema v2 (JSON object, one per event)::
 
-    v          1
-    seq        int, strictly increasing per engine (microseconds since the
-               epoch at engine start, plus a counter: stays increasing
-               across engine restarts)
-    ts         float, wall-clock seconds
+    v          2
+    seq        int, the feed key: strictly increasing per data dir, across
+               engine restarts, never taken from a clock (see below)
+    wal_seq    int, the WAL's clock: the seq of the journal record that
+               carries the event's dispatch, or else of the last record
+               written before the event (0: none yet); never decreasing
+    ts         float, wall-clock seconds (for display only: nothing orders
+               by it)
     run_id     str | null (null for tasks outside any run)
     task_id    int, the engine's task id;  ltid: int | null, the run-local id
     task       str, the task's name;  task_kind: planner | worker | tool | step | task
@@ -21,6 +24,24 @@ Schema v1 (JSON object, one per event)::
                run.started | run.finished
     label      str, a short human text ("sleep 2s", "waiting on task 7")
     data       object, small details (never large payloads)
+
+How ``seq`` is made: ``seq = max(previous seq + 1, wal_seq *
+SEQS_PER_RECORD)``, so the events after record ``W`` get the keys from
+``W * 1_000_000`` up (``seq // 1_000_000`` is the record, the rest a counter)
+and ``seq`` grows by one between two records. Across a restart the hub
+starts above both the WAL's end (``next_seq * 1_000_000``) and the last key
+it handed out before (kept in ``<data dir>/feed.seq``, written before the
+events leave the hub), so a client resuming with ``since`` from the
+previous run of the engine gets the new events: a clock stepped back
+changes nothing. Consumers that need the store's position use ``wal_seq``
+(``GET /api/runs/{id}?min_seq=<wal_seq>``): ``seq // 1_000_000`` equals it
+only while fewer than a million events share one record. Seqs are not
+consecutive (they jump at each new record): a gap in ``seq`` is not a lost
+event.
+
+Changes from v1: ``seq`` was microseconds of the wall clock at engine start
+plus a counter (a clock stepped back across a restart silenced resuming
+clients); ``wal_seq`` is new.
 
 Control frames on the feed (not events): ``{"type": "gone", "oldest": seq}``
 when a resume asks for events older than the ring holds, and
@@ -34,9 +55,12 @@ from typing import Any, Final
 
 import msgspec
 
-__all__ = ["EVENT_KINDS", "SCHEMA_VERSION", "Event", "encode_event"]
+__all__ = ["EVENT_KINDS", "SCHEMA_VERSION", "SEQS_PER_RECORD", "Event", "encode_event"]
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
+
+#: Feed keys per WAL record: an event's ``seq`` is at least ``wal_seq`` times this.
+SEQS_PER_RECORD: Final = 1_000_000
 
 EVENT_KINDS: Final = frozenset(
     {
@@ -60,10 +84,11 @@ EVENT_KINDS: Final = frozenset(
 
 
 class Event(msgspec.Struct, kw_only=True, omit_defaults=False):
-    """One activity event (schema v1)."""
+    """One activity event (schema v2)."""
 
     seq: int
     ts: float
+    wal_seq: int = 0
     kind: str
     task_id: int = 0
     ltid: int | None = None

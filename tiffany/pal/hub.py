@@ -11,22 +11,43 @@ for: it gets a ``cutoff`` frame with the last seq it received and may
 resume with ``since`` (gapless while the ring still holds what it missed).
 A resume older than the ring gets a ``gone`` frame: reload state over HTTP.
 Memory is bounded by the ring size plus each subscriber's queue bound.
+
+Seqs (schema v2, ``events.py``): each event is stamped on publish with the
+WAL's position (the last record appended: the journal's hooks run before
+the activity log's, so a dispatch's own record is already there), and the
+hub thread turns that into the feed key ``max(last seq + 1, wal_seq *
+SEQS_PER_RECORD)``. Invariants: ``seq`` strictly increases, and so does it
+across restarts of the engine on the same data dir: a new hub starts above
+the WAL's end and above the high-water mark the last one wrote to its seq
+file before any of its events left. A resume at or after :attr:`Hub.floor`
+is served from the ring; an older one gets ``gone``.
+
+Discussion: the WAL alone does not order two engine lives that wrote no
+record in between (a replay, or tool output while nothing is journaled):
+their events share the same last record. The seq file is the high-water
+mark for those. It is written (``pwrite``, no fsync) once per drain, on the
+hub's thread, so it survives a kill -9 (the page cache does); a power loss
+may lose it, and then the WAL's own end is the floor. Rejected: the wall
+clock (v1: a clock stepped back silenced every resuming client); an fsync
+per drain (a disk flush 200 times a second for a product stream); a new WAL
+record at each start (the journal's format for the feed's sake).
 """
 
 from __future__ import annotations
 
 import bisect
+import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import msgspec
 
-from tiffany.pal.events import Event, encode_event
+from tiffany.pal.events import SEQS_PER_RECORD, Event, encode_event
 
-__all__ = ["Hub", "Subscription"]
+__all__ = ["FEED_SEQ_FILE", "Hub", "Subscription", "WalPosition"]
 
 #: Events kept for resumes.
 RING_SIZE: Final = 100_000
@@ -35,7 +56,40 @@ SUBSCRIBER_QUEUE_FRAMES: Final = 10_000
 #: How often the hub thread drains the inbox, in seconds.
 DRAIN_INTERVAL_S: Final = 0.005
 
+#: File name of the hub's high-water mark inside the data dir.
+FEED_SEQ_FILE: Final = "feed.seq"
+
 Filter = Callable[[Event], bool]
+
+
+class WalPosition(Protocol):
+    """What the hub reads of the WAL (:class:`tiffany.wal.Wal` has it)."""
+
+    @property
+    def next_seq(self) -> int:
+        """The seq the next record gets."""
+        ...
+
+
+class _HighWater:
+    """The last seq a hub handed out, kept in a small file (module docstring)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        raw = os.pread(self._fd, 32, 0).strip()
+        self.value = int(raw) if raw.isdigit() else 0
+        #: The last write's error (the mark then lags: a restart may answer ``gone``).
+        self.error: str | None = None
+
+    def write(self, seq: int) -> None:
+        try:
+            os.pwrite(self._fd, b"%020d\n" % seq, 0)
+            self.value = seq
+        except OSError as exc:
+            self.error = str(exc)
+
+    def close(self) -> None:
+        os.close(self._fd)
 
 
 class Subscription:
@@ -116,25 +170,64 @@ class Subscription:
 
 
 class Hub:
-    """Ring + fan-out for activity events (see module docstring)."""
+    """Ring + fan-out for activity events (see module docstring).
 
-    def __init__(self, ring_size: int = RING_SIZE, seq0: int | None = None) -> None:
+    Args:
+        ring_size: Events kept for resumes.
+        wal: The WAL whose position stamps each event (None: ``wal_seq`` 0,
+            and seqs are consecutive from ``seq0``).
+        seq_file: The high-water mark's file (:data:`FEED_SEQ_FILE` in the
+            data dir); None keeps none (tests).
+        seq0: The lowest seq this hub may hand out.
+    """
+
+    def __init__(
+        self,
+        ring_size: int = RING_SIZE,
+        *,
+        wal: WalPosition | None = None,
+        seq_file: str | os.PathLike[str] | None = None,
+        seq0: int = 1,
+    ) -> None:
         self.inbox: deque[tuple[Any, ...]] = deque()
         self._seqs: deque[int] = deque(maxlen=ring_size)
         self._ring: deque[bytes] = deque(maxlen=ring_size)
         self._subs: list[Subscription] = []
         self._lock = threading.RLock()  # subscribers and ring; never taken by the scheduler thread
-        self.next_seq = seq0 if seq0 is not None else time.time_ns() // 1000
+        self._wal: WalPosition | None = None
+        self._mark = _HighWater(seq_file) if seq_file is not None else None
+        floor = seq0 - 1 if self._mark is None else max(seq0 - 1, self._mark.value)
+        #: The seq of the last event handed out (before the first: the floor).
+        self.last_seq = floor
+        #: The ``wal_seq`` of the last event handed out.
+        self.wal_seq = 0
+        #: A resume at or after this seq is served from the ring (older: ``gone``).
+        self.floor = floor
+        if wal is not None:
+            self.follow_wal(wal)
         self.published = 0
         self.dropped_subscribers = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def follow_wal(self, wal: WalPosition) -> None:
+        """Stamp events with ``wal``'s position; start above its end (before publishing)."""
+        self._wal = wal
+        floor = max(self.floor, wal.next_seq * SEQS_PER_RECORD - 1)
+        self.last_seq = self.floor = floor
+
     # -- scheduler side ------------------------------------------------------------
 
-    def publish(self, kind: str, **fields: Any) -> None:
-        """Queue an event (any thread; O(1), never blocks)."""
-        self.inbox.append((time.time(), kind, fields))  # noqa: TID251 - event timestamps, not task code
+    def publish(self, kind: str, *, wal_seq: int | None = None, **fields: Any) -> None:
+        """Queue an event (any thread; O(1), never blocks).
+
+        ``wal_seq`` defaults to the WAL's last record; pass the seq of a
+        record about to be written when the event announces it.
+        """
+        if wal_seq is None:
+            wal = self._wal
+            wal_seq = wal.next_seq - 1 if wal is not None else 0
+        self.inbox.append((time.time(), wal_seq, kind, fields))  # noqa: TID251 - display only
 
     # -- hub side --------------------------------------------------------------------
 
@@ -151,6 +244,9 @@ class Hub:
             self._thread.join(timeout=2)
             self._thread = None
         self.drain()
+        if self._mark is not None:
+            self._mark.close()
+            self._mark = None
 
     def _run(self) -> None:
         while not self._stop.wait(DRAIN_INTERVAL_S):
@@ -158,24 +254,40 @@ class Hub:
 
     def drain(self) -> int:
         """Turn queued tuples into events, keep them, fan them out; return how many."""
-        inbox = self.inbox
-        n = 0
         with self._lock:
+            events = self._stamp()
+            if not events:
+                return 0
+            if self._mark is not None:
+                self._mark.write(self.last_seq)  # before any of them leaves the hub
             subs = list(self._subs)
-            while inbox:
-                ts, kind, fields = inbox.popleft()
-                seq = self.next_seq
-                self.next_seq = seq + 1
-                event = Event(seq=seq, ts=ts, kind=kind, **fields)
+            seqs, ring = self._seqs, self._ring
+            for event in events:
+                seq = event.seq
                 frame = encode_event(event)
-                self._seqs.append(seq)
-                self._ring.append(frame)
+                if len(seqs) == seqs.maxlen:
+                    self.floor = seqs[0]  # about to be dropped from the ring
+                seqs.append(seq)
+                ring.append(frame)
                 for sub in subs:
                     if sub.filter is None or sub.filter(event):
                         sub._push(seq, frame)
-                n += 1
-        self.published += n
-        return n
+        self.published += len(events)
+        return len(events)
+
+    def _stamp(self) -> list[Event]:
+        """Take the inbox and give each event its seq (module docstring)."""
+        inbox = self.inbox
+        last, wal_seq = self.last_seq, self.wal_seq
+        events = []
+        while inbox:
+            ts, at, kind, fields = inbox.popleft()
+            if at > wal_seq:
+                wal_seq = at
+            last = max(last + 1, wal_seq * SEQS_PER_RECORD)
+            events.append(Event(seq=last, wal_seq=wal_seq, ts=ts, kind=kind, **fields))
+        self.last_seq, self.wal_seq = last, wal_seq
+        return events
 
     def subscribe(
         self,
@@ -187,8 +299,8 @@ class Hub:
         sub = Subscription(self, maxlen, flt)
         with self._lock:
             if since is not None:
-                oldest = self._seqs[0] if self._seqs else self.next_seq
-                if since + 1 < oldest and since < self.next_seq - 1:
+                if since < self.floor:
+                    oldest = self._seqs[0] if self._seqs else self.last_seq + 1
                     sub._control({"type": "gone", "oldest": oldest})
                 else:
                     start = bisect.bisect_right(self._seqs, since)

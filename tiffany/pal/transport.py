@@ -5,7 +5,7 @@ Protocol (newline-delimited JSON, one connection per subscriber):
 * the client sends one line: ``{"since": SEQ | null, "run_id": ID | null}``
   (``null``: from now on; a number: every event after it that the ring
   still holds, then live);
-* the server answers with frames, one per line: activity events (schema v1,
+* the server answers with frames, one per line: activity events (schema v2,
   see ``events.py``), or control frames ``{"type": "gone", ...}`` (the resume
   point is older than the ring: reload state over HTTP) and
   ``{"type": "cutoff", "last_seq": ...}`` (the subscriber fell behind and is
@@ -17,8 +17,9 @@ The engine side (:class:`FeedServer`) runs in its own threads and reads only
 from the hub's subscriptions: the scheduler thread never writes to a socket.
 The API side (:func:`follow`) reconnects with the last seq it saw
 (:class:`Reconnects`: tenacity, transient errors only), so an API restart
-resumes without gaps; an engine restart starts a new ring (its seqs
-continue upwards from the restart's clock) and the client gets ``gone``.
+resumes without gaps; an engine restart starts a new, empty ring whose seqs
+continue above the old engine's (``hub.py``): a client that had every event
+of the old engine goes on from there, an older one gets ``gone``.
 """
 
 from __future__ import annotations

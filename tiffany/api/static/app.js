@@ -83,6 +83,8 @@ const tail = new Tail($("#tail-pane"), {
 });
 
 const main = $("#main");
+// run id -> the WAL seq its submission answered (its page asks the store for it).
+const created = new Map();
 
 function onRoute() {
   const r = readRoute();
@@ -93,7 +95,8 @@ function onRoute() {
       const root = h("div");
       fill(main, root);
       pageRunId = r.runId;
-      page = new RunPage(root, r.runId, { live, onError: reportError, onRunChanged: () => runs.refreshSoon() });
+      const minSeq = created.get(r.runId) ?? null;
+      page = new RunPage(root, r.runId, { live, minSeq, onError: reportError, onRunChanged: () => runs.refreshSoon() });
       document.title = `Tiffany · ${r.runId}`;
     }
   } else {
@@ -103,8 +106,9 @@ function onRoute() {
     const root = h("div", { class: "home" });
     fill(main, root);
     renderSubmit(root, {
-      onCreated: (runId, name) => {
-        runs.added(runId, name);
+      onCreated: (runId, name, seq) => {
+        created.set(runId, seq);
+        runs.added(runId, name, seq);
         navigate({ view: "run", runId });
       },
     });
@@ -134,15 +138,17 @@ function flush() {
   inbox = [];
   const touched = new Set();
   let finished = false;
+  let walSeq = null;
   const mine = [];
   for (const ev of batch) {
     live.apply(ev);
     if (ev.run) touched.add(ev.run);
+    if (ev.wal_seq != null && (walSeq == null || ev.wal_seq > walSeq)) walSeq = ev.wal_seq;
     if (ev.kind === "run.finished" || ev.kind === "run.started") finished = true;
     if (page && ev.run === pageRunId) mine.push(ev);
   }
   tail.push(batch);
-  if (touched.size) runs.touched(touched, finished);
+  if (touched.size) runs.touched(touched, finished, walSeq);
   if (page && mine.length) page.onEvents(mine);
 }
 

@@ -24,7 +24,7 @@ export class Live {
   run(runId) {
     let r = this.runs.get(runId);
     if (!r) {
-      r = { runId, status: null, updatedMs: 0, tasks: new Map(), events: 0, lastTs: null };
+      r = { runId, status: null, updatedMs: 0, tasks: new Map(), events: 0, lastTs: null, walSeq: 0 };
       this.runs.set(runId, r);
       if (this.runs.size > RUNS_TRACKED) {
         const oldest = this.runs.keys().next().value;
@@ -51,6 +51,7 @@ export class Live {
       const r = this.run(ev.run);
       r.events += 1;
       r.lastTs = ev.ts;
+      if (ev.wal_seq > (r.walSeq || 0)) r.walSeq = ev.wal_seq; // the store's clock
       if (ev.kind === "run.started" || (r.status == null && ev.kind !== "run.finished")) {
         r.status = "running";
         r.updatedMs = Date.now();

@@ -1,7 +1,10 @@
 // The run page: summary and controls (cancel, verify replay), the timeline,
 // the task tree, the steps with their inputs/outputs/errors, the selected
 // task's activity, and the journal. Store state comes over HTTP and is
-// patched live from the activity feed between (throttled) refreshes.
+// patched live from the activity feed between (throttled) refreshes. Each
+// refresh asks for the store at least as far as the WAL record of the
+// newest event seen (`?min_seq=<wal_seq>`): the API answers once the store
+// has projected it, so nothing here waits on a timer for the store.
 
 import { api, ApiError } from "./api.js";
 import {
@@ -31,7 +34,7 @@ const TASK_EVENTS = 60;
 const MAX_RENDER_GAP_MS = 1000;
 
 export class RunPage {
-  constructor(root, runId, { live, onError, onRunChanged }) {
+  constructor(root, runId, { live, onError, onRunChanged, minSeq = null }) {
     this.root = root;
     this.runId = runId;
     this.live = live;
@@ -45,9 +48,12 @@ export class RunPage {
     this.verify = null;
     this.closed = false;
     this.queued = false;
+    // The WAL seq the next refresh asks the store to have reached: what
+    // submitted the run, else the newest event the feed showed of it.
+    this.wantSeq = minSeq ?? live.runs.get(runId)?.walSeq ?? null;
     this.refreshSoon = throttle(() => this.refresh(), 500);
     this.build();
-    this.refresh(true);
+    this.refresh();
     this.timer = setInterval(() => {
       if (this.isLive()) this.render();
     }, 250);
@@ -109,11 +115,17 @@ export class RunPage {
     this.renderHead();
   }
 
-  async refresh(first = false) {
+  /** Ask for the store at least at WAL seq `seq` (from now on; null: nothing new). */
+  want(seq) {
+    if (seq != null && (this.wantSeq == null || seq > this.wantSeq)) this.wantSeq = seq;
+  }
+
+  async refresh() {
     if (this.closed) return;
     const sent = Date.now();
+    const q = this.wantSeq != null ? `?min_seq=${this.wantSeq}` : "";
     try {
-      const d = await api(`api/runs/${encodeURIComponent(this.runId)}`);
+      const d = await api(`api/runs/${encodeURIComponent(this.runId)}${q}`);
       if (this.closed) return;
       const wasLive = this.detail && !TERMINAL_RUN.has(this.detail.status);
       this.detail = d;
@@ -128,14 +140,7 @@ export class RunPage {
       this.render();
     } catch (err) {
       if (err instanceof ApiError && err.status === 404) {
-        if (first) {
-          // A run just submitted may not be in the store yet: retry briefly.
-          this.missing = (this.missing || 0) + 1;
-          if (this.missing < 10) {
-            setTimeout(() => this.refresh(true), 300);
-            return;
-          }
-        }
+        // With min_seq the store had projected the run's records: it does not exist.
         fill(
           this.root,
           h("section", { class: "card empty-state", testid: "run-missing" }, h("h2", null, "Run not found"), h("p", { class: "muted" }, `No run ${this.runId} in the store.`)),
@@ -150,9 +155,9 @@ export class RunPage {
   /** Live events of this run arrived (batched per frame). */
   onEvents(events) {
     if (this.closed) return;
+    for (const e of events) this.want(e.wal_seq);
     if (events.some((e) => e.kind === "run.finished")) {
-      setTimeout(() => this.refresh(), 300);
-      setTimeout(() => this.refresh(), 1200);
+      this.refresh(); // at once: the answer waits until the store has the run's end
     } else {
       this.refreshSoon();
     }

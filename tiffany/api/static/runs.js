@@ -1,5 +1,7 @@
 // The runs list: status chips with counts, newest runs first, paged by
 // `before`, refreshed over HTTP and patched live from the activity feed.
+// A refresh prompted by events asks for the store at least at their WAL seq
+// (`?min_seq=`), so a run that just started or finished is in the answer.
 
 import { api } from "./api.js";
 import { ago, duration, fill, h, RUN_STATUSES, TERMINAL_RUN, throttle, tone } from "./dom.js";
@@ -21,6 +23,7 @@ export class RunsPane {
     this.sentMs = 0;
     this.loading = false;
     this.asked = new Set();
+    this.wantSeq = null; // the WAL seq the next refresh asks the store to have reached
     this.refreshSoon = throttle(() => this.refresh(), 700);
     this.renderSoon = throttle(() => this.render(), 250); // live patches: 4 redraws/s at most
     this.build();
@@ -64,6 +67,7 @@ export class RunsPane {
     const { status } = this.route();
     const q = new URLSearchParams({ limit: String(PAGE) });
     if (status) q.set("status", status);
+    if (this.wantSeq != null) q.set("min_seq", String(this.wantSeq));
     this.sentMs = Date.now();
     try {
       const data = await api(`api/runs?${q}`);
@@ -97,14 +101,22 @@ export class RunsPane {
     }
   }
 
-  /** A live event arrived for `runId` (called once per animation frame batch). */
-  touched(runIds, finished) {
+  /** Ask for the store at least at WAL seq `seq` from the next refresh on. */
+  want(seq) {
+    if (seq != null && (this.wantSeq == null || seq > this.wantSeq)) this.wantSeq = seq;
+  }
+
+  /**
+   * Live events arrived for `runIds` (called once per animation frame batch);
+   * `walSeq` is the newest WAL seq among them.
+   */
+  touched(runIds, finished, walSeq) {
     // A run we have not listed (new, or hidden by the filter): ask once.
     const unknown = [...runIds].some((id) => !this.asked.has(id) && !this.runs.some((r) => r.run_id === id));
     runIds.forEach((id) => this.asked.add(id));
     if (unknown || finished) {
+      this.want(walSeq);
       this.refreshSoon();
-      if (finished) setTimeout(() => this.refreshSoon(), 1200); // the store lags the feed
     }
     this.renderSoon();
   }
@@ -190,8 +202,9 @@ export class RunsPane {
     this.more.hidden = this.nextBefore == null;
   }
 
-  /** Insert a run we just created (before the list refresh brings it). */
-  added(runId, name) {
+  /** Insert a run we just created (`seq`: its submission's WAL seq, the refresh waits for it). */
+  added(runId, name, seq) {
+    this.want(seq);
     if (this.runs.some((r) => r.run_id === runId)) return;
     const now = Date.now() / 1000;
     this.runs.unshift({

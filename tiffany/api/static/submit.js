@@ -125,7 +125,7 @@ export function renderSubmit(root, { onCreated }) {
       showErrors([]);
       const name = (doc && doc.name) || (String(text).match(/^name:\s*(.+)$/m) || [])[1] || res.run_id;
       toast(`Started ${name}`, "ok");
-      onCreated(res.run_id, name);
+      onCreated(res.run_id, name, res.seq ?? null);
     } catch (err) {
       showErrors(errorList(err));
     } finally {

@@ -180,7 +180,7 @@ export class Tail {
         class: `tail-row kind-${ev.kind.replace(".", "-")}`,
         testid: "tail-row",
         dataset: { kind: ev.kind, runId: ev.run || "", seq: String(ev.seq) },
-        title: `seq ${ev.seq} · task ${ev.task_id}${ev.ltid != null ? ` (ltid ${ev.ltid})` : ""}${
+        title: `seq ${ev.seq} · WAL ${ev.wal_seq} · task ${ev.task_id}${ev.ltid != null ? ` (ltid ${ev.ltid})` : ""}${
           ev.data && Object.keys(ev.data).length ? `\n${compact(ev.data, 400)}` : ""
         }`,
         onclick: ev.run ? () => this.openRun(ev.run) : null,
