@@ -37,6 +37,7 @@ from tiffany.durable.checkpoint import (
 from tiffany.durable.journal import ReplayCursor
 from tiffany.errors import TiffanyError
 from tiffany.records import (
+    RUN_PREFIX,
     Dispatch,
     Outcome,
     Record,
@@ -47,7 +48,6 @@ from tiffany.records import (
     TaskExit,
     Unknown,
     Wake,
-    RUN_PREFIX,
     carried,
     decode,
     run_of,
@@ -131,7 +131,9 @@ class RunIndex:
         run_no = run_of(payload)
         rec: RunStart = decode(RecordType.RUN_START, payload)  # type: ignore[assignment]
         run_id, entry, ts = rec.run_id, rec.entry, rec.ts
-        info = RunInfo(run_no, run_id, rec.name, entry, ts, seq, compat=rec.compat, start=bytes(payload))
+        info = RunInfo(
+            run_no, run_id, rec.name, entry, ts, seq, compat=rec.compat, start=bytes(payload)
+        )
         self.runs[run_id] = info
         self.by_no[run_no] = info
         self.max_run_no = max(self.max_run_no, run_no)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
 from tiffany.errors import WalCorruptionError
 from tiffany.records import decode_record

@@ -626,4 +626,3 @@ class EngineService:
             "subscribers": self.hub.subscribers,
             **project_health(self.projector.health()),
         }
-
