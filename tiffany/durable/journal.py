@@ -338,7 +338,7 @@ class Journal(Instrument):
             self._sync_now = False
             self._last_commit = time.monotonic()
             self.wal.commit()
-        self.sched.effects_held = False
+        self.sched.release_effects()
 
     def require_commit(self) -> None:
         """Commit at the next wait stage (before an acknowledgement leaves)."""
@@ -353,7 +353,7 @@ class Journal(Instrument):
         if run is None:
             if task.parent is None:
                 return
-            parent = self.sched._tasks.get(task.parent)
+            parent = self.sched.find(task.parent)
             pmeta = parent.meta if parent is not None else None
             if not isinstance(pmeta, TaskMeta):
                 return
@@ -420,7 +420,7 @@ class Journal(Instrument):
             return
         call = task.blocked_on
         cause = call.kind if call is not None else "?"
-        err = task._throw
+        err = task.pending_error
         if err is not None:
             fields = [meta.run.n, meta.ltid, cause, False, pack_error(err)]
         else:
@@ -465,8 +465,8 @@ class Journal(Instrument):
             ):
                 self.commit()
             elif self._need_sync:
-                if self.sched._ready:
-                    self.sched.effects_held = True  # commit in a later pass
+                if self.sched.ready_count:
+                    self.sched.hold_effects()  # commit in a later pass
                 else:
                     self.commit()
         self._in_wait = True
@@ -571,20 +571,11 @@ class Journal(Instrument):
 
         Wake-ups caused *by* what it injects (a cancelled task's joiners...)
         are consequences the replay reproduces, so they are not journaled as
-        external: recording is suspended while it works.
+        external: the kernel runs injectors before the commit point, and
+        wake-ups count as external only from ``before_wait`` on. The records
+        it appends (a cancel, steps restarted at go-live) join that commit,
+        before their effects are released.
         """
-        self._in_wait = False
-        try:
-            self._inject_now()
-        finally:
-            self._in_wait = True
-        # Steps restarted at go-live (or a cancel acknowledged) must be durable
-        # before their effects start: the kernel releases them right after this,
-        # unless before_wait deferred the commit (then it holds them all).
-        if self._sync_now or (self._need_sync and not self.sched.effects_held):
-            self.commit()
-
-    def _inject_now(self) -> None:
         if self._cancels:
             cancels, self._cancels = self._cancels, []
             for run, reason in cancels:
@@ -605,10 +596,10 @@ class Journal(Instrument):
                 raise self._stalled(run, seq, rec, "its dispatch count passed the wake-up")
             if cur.exhausted:
                 self._go_live(run)
-            elif not self.sched._ready and not cur.wakes:
+            elif not self.sched.ready_count and not cur.wakes:
                 seq, rec = cur.dispatches[cur.index]
                 raise self._stalled(run, seq, rec, "no task is ready for the next dispatch")
-            elif not self.sched._ready and cur.wakes[0][1][0] > run.n:
+            elif not self.sched.ready_count and cur.wakes[0][1][0] > run.n:
                 seq, rec = cur.wakes[0]
                 raise self._stalled(run, seq, rec, "no task is ready before the wake-up")
 
@@ -636,14 +627,11 @@ class Journal(Instrument):
             raise self._stalled(run, seq, rec, f"task {ltid} is not waiting on {cause}")
         call = parked[0]
         if call.__class__ is WaitTask:
-            target = self.sched._tasks.get(call.tid)
-            if target is not None and target.joiners and task in target.joiners:
-                target.joiners.remove(task)
+            self.sched.remove_joiner(task, call.tid)
         if ok:
             self.sched.wake(task, unpack_value(value))
         else:
-            task._throw = unpack_error(value)
-            self.sched.wake(task, None)
+            self.sched.throw(task, unpack_error(value))
 
     def _cancel_tasks(self, run: RunState) -> None:
         for ltid in sorted(run.tasks):
@@ -676,7 +664,7 @@ class Journal(Instrument):
             cls = call.__class__
             if cls is Sleep or cls is WaitTask:
                 remaining = max(0.0, float(extra) - sched.clock.time())
-                sched._add_timer(task, sched.clock.monotonic() + remaining)
+                sched.wake_at(task, sched.clock.monotonic() + remaining)
             elif isinstance(call, Step | RunInThread):
                 meta = task.meta
                 attempt = cur.attempts.get((meta.ltid, extra), 0) + 1
@@ -748,17 +736,14 @@ class Journal(Instrument):
         live = self._live[WaitTask]
         if meta is None or meta.opaque or call.timeout is None or call.timeout <= 0:
             return live(sched, task, call)
-        target = sched._tasks.get(call.tid)
+        target = sched.find(call.tid)
         if target is None or target.finished or target is task:
             return live(sched, task, call)
         timeout = float(call.timeout)
         deadline = self._outcome(task, call, lambda: sched.clock.time() + timeout)
         if meta.run.replay is None:
             return live(sched, task, call)
-        if target.joiners is None:
-            target.joiners = [task]
-        else:
-            target.joiners.append(task)
+        sched.add_joiner(task, target)
         return self._replayed_park(task, call, deadline, TaskState.BLOCKED_JOIN)
 
     def _h_io(self, sched: Scheduler, task: Task, call: ReadWait | WriteWait) -> Any:
