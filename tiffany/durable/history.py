@@ -5,7 +5,7 @@ payloads (the type byte says which they are), and returns the run index:
 which runs exist, where each starts, whether it ended. :func:`load` then
 reads one run's records from its first sequence number, skipping other
 runs by the 4-byte run prefix without decoding them, and builds the
-:class:`~tiffany.durable.journal.ReplayCursor` a replay consumes.
+:class:`~tiffany.durable.replayer.ReplayCursor` a replay consumes.
 
 Rejected: a separate on-disk index file. The scan reads headers at about a
 million records a second and the WAL is the only source of truth, so an
@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from tiffany.durable.dispatch import MAX_ARG_CHARS
-from tiffany.durable.journal import ReplayCursor
 from tiffany.durable.records import RecordType, decode, decode_fields
+from tiffany.durable.replayer import ReplayCursor
 from tiffany.errors import TiffanyError
 from tiffany.wal import iter_records
 
@@ -158,7 +158,8 @@ def load(wal_dir: Path, info: RunInfo) -> ReplayCursor:
 
 
 def _cursor(records: Iterable[tuple[int, int, list[Any]]]) -> ReplayCursor:
-    dispatches: list[tuple[int, list[Any]]] = []
+    dispatches: list[list[Any]] = []
+    seqs: list[int] = []
     outcomes: dict[int, list[Any]] = {}
     wakes: deque[tuple[int, list[Any]]] = deque()
     exits: dict[int, list[Any]] = {}
@@ -167,30 +168,35 @@ def _cursor(records: Iterable[tuple[int, int, list[Any]]]) -> ReplayCursor:
     last_n = 0  # the last dispatch seen: a carrying record above it is the next one
     for seq, rtype, fields in records:
         if rtype == RecordType.DISPATCH:
-            dispatches.append((seq, fields))
+            dispatches.append(fields)
+            seqs.append(seq)
             last_n = fields[0]
         elif rtype == RecordType.OUTCOME:
             outcomes[fields[0]] = fields
             if fields[0] > last_n:  # Now() / Random(): the OUTCOME is the dispatch
                 last_n = fields[0]
-                dispatches.append((seq, [last_n, fields[1], fields[2], None]))
+                dispatches.append([last_n, fields[1], fields[2], None])
+                seqs.append(seq)
         elif rtype == RecordType.WAKE:
             wakes.append((seq, fields))
         elif rtype == RecordType.TASK_EXIT:
             exits[fields[1]] = fields
             if fields[0] > last_n:  # the task's final return: the TASK_EXIT is the dispatch
                 last_n = fields[0]
-                dispatches.append((seq, [last_n, fields[1], "return", None]))
+                dispatches.append([last_n, fields[1], "return", None])
+                seqs.append(seq)
         elif rtype == RecordType.STEP_START:
             key = (fields[1], fields[2])
             attempts[key] = max(attempts.get(key, 0), fields[4])
             if fields[0] > last_n:  # a Step: its first start is the dispatch
                 last_n = fields[0]
-                dispatches.append((seq, [last_n, fields[1], "step", fields[3][:MAX_ARG_CHARS]]))
+                dispatches.append([last_n, fields[1], "step", fields[3][:MAX_ARG_CHARS]])
+                seqs.append(seq)
         elif rtype == RecordType.SPAWN:
             if fields[0] > last_n:  # a NewTask: the SPAWN is the parent's dispatch
                 last_n = fields[0]
-                dispatches.append((seq, [last_n, fields[2], "new_task", fields[3][:MAX_ARG_CHARS]]))
+                dispatches.append([last_n, fields[2], "new_task", fields[3][:MAX_ARG_CHARS]])
+                seqs.append(seq)
         elif rtype == RecordType.RUN_END:
             run_end = fields
-    return ReplayCursor(dispatches, outcomes, wakes, exits, attempts, run_end)
+    return ReplayCursor(dispatches, seqs, outcomes, wakes, exits, attempts, run_end)
