@@ -139,8 +139,9 @@ class Runtime:
         self.sched = Scheduler(clock=clock, seed=seed, instruments=instruments)
         self.journal = Journal(self.wal, self.sched)
         # Run numbers are unique per data dir, whoever starts the run (a CLI
-        # run, a server, recovery): new runs are numbered above the WAL's.
-        self.journal.reserve_run_no(max_run_no(self.wal_dir))
+        # run, a server, recovery): new runs are numbered above the WAL's,
+        # learnt by recover()'s scan or, without one, at the first submission.
+        self._run_nos_known = False
         self.resolvers: dict[str, Resolver] = {"callable": resolve_callable, **(resolvers or {})}
         self.index: RunIndex | None = None
 
@@ -169,6 +170,9 @@ class Runtime:
         """Start a run from an entry record (``{"kind": ..., ...}``)."""
         run_id = run_id or f"run-{uuid.uuid4().hex[:12]}"
         coro = self._resolve(entry, run_id)
+        if not self._run_nos_known:
+            self.journal.reserve_run_no(max_run_no(self.wal_dir))
+            self._run_nos_known = True
         self.journal.start_run(run_id, name or str(entry.get("kind")), entry, coro, on_end=on_end)
         return run_id
 
@@ -178,6 +182,7 @@ class Runtime:
         index, cursors = load_many(self.wal_dir, wanted, unfinished_only=True)
         self.index = index
         self.journal.reserve_run_no(index.max_run_no)
+        self._run_nos_known = True
         resumed = []
         for run_id, cursor in cursors.items():
             info = index.get(run_id)
@@ -236,6 +241,10 @@ def max_run_no(wal_dir: Path) -> int:
     is decoded, so it costs the WAL reader's CRC pass. Without it every
     ``tiffany run`` numbered its run 1 (the journal counts from 1 unless
     recovery scanned the WAL), and the store refused the second one.
+
+    ``Runtime`` runs it at the first submission, and only when ``recover``
+    (whose scan learns the same number) did not run first: a recovering
+    engine reads its WAL once.
     """
     run_start = RecordType.RUN_START
     top = 0
