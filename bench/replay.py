@@ -111,7 +111,7 @@ def main() -> None:
     rows = [
         ("record (live, fsync batch)", record),
         ("verify (scan + load + replay + check)", check),
-        ("recover: open (WAL open, run-number scan)", opened),
+        ("recover: open (Runtime(data_dir))", opened),
         ("recover: scan + load (Runtime.recover)", load),
         ("recover: replay 99% + finish live (run)", finish),
     ]
