@@ -50,9 +50,9 @@ def test_every_dispatch_is_journaled_with_its_outcomes(tmp_path):
     assert not explicit & {"new_task", "now", "random", "step"}
     assert explicit_returns == 1
     cursor = load(tmp_path / "wal", info)
-    ns = [rec.n for _seq, rec in cursor.dispatches]
+    ns = [rec.n for rec in cursor.dispatches]
     assert ns == list(range(1, len(ns) + 1))  # one record per dispatch, none missing
-    dispatch_kinds = {rec.kind for _seq, rec in cursor.dispatches}
+    dispatch_kinds = {rec.kind for rec in cursor.dispatches}
     assert {
         "new_task",
         "queue_get",
@@ -221,9 +221,9 @@ def test_a_wide_fan_out_syncs_once_for_many_passes_and_no_step_starts_early(
     tmp_path, monkeypatch, inline
 ):
     """Steps started over many passes share one fdatasync; none runs before its record."""
-    from tiffany.durable import journal
+    from tiffany.durable import recorder
 
-    monkeypatch.setattr(journal, "GROUP_COMMIT_MAX_S", 3600.0)  # only run-dry commits
+    monkeypatch.setattr(recorder, "GROUP_COMMIT_MAX_S", 3600.0)  # only run-dry commits
     n = 450  # five passes of the root (MAX_IMMEDIATE_RESUMES spawns per turn)
     with Runtime(tmp_path) as rt:
         wal = rt.wal

@@ -256,11 +256,11 @@ def test_kill_before_the_thread_job_is_released(sched: Scheduler) -> None:
     assert sched.result(k) is True
     assert sched.task(t).state is TaskState.CANCELLED
     assert ran == []  # the job never started
-    assert sched._threads_pending == 0
+    assert sched._reactor.threads_pending == 0
 
 
 def test_held_effects_wait_for_the_commit_that_releases_them(sched: Scheduler) -> None:
-    """While ``effects_held`` is set at the commit point, steps stay queued."""
+    """While ``hold_effects()`` is in force at the commit point, steps stay queued."""
     from tiffany.kernel import Instrument, Step
 
     events: list[str] = []
@@ -271,12 +271,12 @@ def test_held_effects_wait_for_the_commit_that_releases_them(sched: Scheduler) -
 
         def before_wait(self, timeout: float | None) -> None:
             self.waits += 1
-            if self.waits < 3 and sched._ready:
+            if self.waits < 3 and sched.ready_count:
                 events.append("deferred")
-                sched.effects_held = True
+                sched.hold_effects()
             else:
                 events.append("commit")
-                sched.effects_held = False
+                sched.release_effects()
 
     def quick(tag: str) -> str:
         events.append(f"ran {tag}")

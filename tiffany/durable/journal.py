@@ -36,39 +36,18 @@ stage (reproduced by injecting the recorded wake-up when the run's dispatch
 count reaches the recorded value). Other runs sharing the scheduler never
 touch this run's tasks, so each run replays alone, in the same order.
 
+The journal splits its work along that seam: the recorder
+(``recorder.py``) turns a live run's dispatches into records and commits
+them (group commit, write-ahead); the replayer (``replayer.py``) checks a
+replayed run's dispatches against its records and feeds it the recorded
+outcomes. This module is the kernel instrument that routes each hook to
+one or the other, the run table, and the handlers of the system calls whose
+outcome comes from outside (``Now``, ``Random``, timers, steps, I/O).
+
 Invariants:
 
-* Write-ahead: records are committed (one ``fdatasync`` under the
-  ``batch`` policy) at the ``before_wait`` hook; the kernel releases thread
-  jobs and inline steps only after that hook, and holds them while the
-  journal defers its commit to a later pass (``Scheduler.effects_held``,
-  see ``before_wait``); a step's task starts in the next pass. So no effect
-  leaves the process before the records that led to it are durable.
-
-Discussion: carried dispatch records cost nothing in exactness: the
-implied record is built from fields the carrying record already has, and a
-replay compares it as it compared the explicit one. With the worker running
-a python step itself, timed, a trivial plan step journals 4 records where it
-journaled 17 (``bench/plans.py``). What a dispatch is recorded as, and which
-dispatches are carried, is in ``dispatch.py``.
-
-Discussion: records that lead to no effect (a dispatch, a spawn, a task's
-exit) are not synced on their own: they are committed with the next record
-that does lead to one (a step starting, a run accepted or finished), when
-the loop is about to block, or after ``GROUP_COMMIT_MAX_S``. A chain of
-steps then costs one ``fdatasync`` per step, not one per loop iteration of
-the planner, worker and tool tasks that carry it; a crash before the sync
-loses only work that no effect depended on, which replay redoes.
-
-Discussion: a wake-up recorded at a wait stage (a step's result) is *not*
-committed before the task it wakes runs; it is committed with the records
-of that next pass, before any effect of that pass leaves the process.
-Committing it first would cost a second ``fdatasync`` per iteration (half
-the throughput of sequential steps) and buys nothing observable: if the
-engine dies before the commit, everything the woken task did is lost with
-it and replay redoes it from the last durable record, and none of it had
-left the process. The one thing a task could do that escapes this is raw
-I/O from journaled code, which is why I/O belongs inside steps.
+* The journal reaches the kernel through its public ports (``find``,
+  ``throw``, ``wake_at``, ``hold_effects``...; ``tests/durable/test_ports.py``).
 * Fail-stop: the journal is a critical instrument; a WAL error stops the
   kernel. A replay mismatch raises :class:`~tiffany.errors.NondeterminismError`
   the same way.
@@ -81,26 +60,19 @@ I/O from journaled code, which is why I/O belongs inside steps.
 
 from __future__ import annotations
 
-import time
-from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import structlog
 
-from tiffany.durable.dispatch import (
-    MAX_ARG_CHARS,
-    carried,
-    describe,
-    is_generator_step,
-    same,
-)
+from tiffany.durable.dispatch import MAX_ARG_CHARS, is_generator_step
 from tiffany.durable.gate import HeldStep, StepGate
-from tiffany.durable.records import pack_error, unpack_error
-from tiffany.errors import NondeterminismError, TiffanyError
+from tiffany.durable.recorder import GROUP_COMMIT_MAX_S, Recorder
+from tiffany.durable.records import pack_error
+from tiffany.durable.replayer import RecoveryError, ReplayCursor, Replayer
+from tiffany.errors import TiffanyError
 from tiffany.kernel import (
-    RETURNED,
     Instrument,
     NewTask,
     Now,
@@ -121,8 +93,6 @@ from tiffany.records import (
     Dispatch,
     Hold,
     Outcome,
-    Record,
-    RecordType,
     RunEnd,
     RunStart,
     Spawn,
@@ -131,54 +101,32 @@ from tiffany.records import (
     TaskLabel,
     Wake,
     as_list,
-    encode_body,
     pack_value,
     root_role,
-    unpack_value,
 )
 from tiffany.wal import Wal
 
-__all__ = ["Journal", "RecoveryError", "RunState", "TaskMeta"]
+__all__ = [
+    "GROUP_COMMIT_MAX_S",
+    "Journal",
+    "RecoveryError",
+    "ReplayCursor",
+    "RunState",
+    "TaskMeta",
+]
 
 log = structlog.get_logger("tiffany.durable")
 
-#: Commit at least this often while records are pending, even with no effect.
-GROUP_COMMIT_MAX_S: Final = 0.010
-#: Records whose effect leaves the process right after the commit: a step
-#: starting, a run accepted or finished, a cancel acknowledged.
-_SYNC_BEFORE_EFFECT: Final = frozenset(
-    {RecordType.STEP_START, RecordType.RUN_START, RecordType.RUN_END}
-)
-_encode_body: Final = encode_body
 #: The label of a task spawned with none (``NewTask`` without ``meta``).
 _PLAIN_TASK: Final = TaskLabel()
 #: The label of a generator step's body (an opaque task).
 _STEP_BODY: Final = TaskLabel("step")
 
-
-class RecoveryError(TiffanyError):
-    """A task was parked on something that cannot survive a crash (raw I/O)."""
-
-    code = "recovery.io_lost"
-
-
-@dataclass(eq=False, slots=True)
-class ReplayCursor:
-    """What is left to replay of one run."""
-
-    dispatches: list[tuple[int, Dispatch]]  # (wal seq, record), carried ones made explicit
-    outcomes: dict[int, Outcome]  # n -> record
-    wakes: deque[tuple[int, Wake]]  # (wal seq, record)
-    exits: dict[int, TaskExit]  # ltid -> record
-    attempts: dict[tuple[int, int], int]  # (ltid, ordinal) -> last attempt started
-    run_end: RunEnd | None
-    index: int = 0
-    parked: dict[Task, tuple[SystemCall, Any]] = field(default_factory=dict)
-
-    @property
-    def exhausted(self) -> bool:
-        """True once every dispatch and wake-up was replayed."""
-        return self.index >= len(self.dispatches) and not self.wakes
+_END_STATUS = {
+    TaskState.DONE: "succeeded",
+    TaskState.CRASHED: "failed",
+    TaskState.CANCELLED: "cancelled",
+}
 
 
 @dataclass(eq=False, slots=True)
@@ -230,19 +178,15 @@ class Journal(Instrument):
     def __init__(self, wal: Wal | None, sched: Scheduler, *, allow_live: bool = True) -> None:
         self.wal = wal
         self.sched = sched
-        self.allow_live = allow_live
+        self.recorder = Recorder(wal, sched, self.ltid_of)
+        self.replayer = Replayer(sched, self.ltid_of, self._start_step, allow_live=allow_live)
+        self._append = self.recorder.append
         self.runs: dict[str, RunState] = {}
         self._by_no: dict[int, RunState] = {}
         self._next_run_no = 1
         self._starting: RunState | None = None
         self._spawning: Any = None  # the NewTask being dispatched (its label)
         self._opaque_parent: RunState | None = None
-        self._in_wait = False
-        self._dirty = False
-        self._need_sync = False
-        self._sync_now = False  # an effect starts next pass whatever the kernel holds
-        self._last_commit = time.monotonic()
-        self._replaying: list[RunState] = []
         self._cancels: list[tuple[RunState, str]] = []
         #: Asked before a live step starts: None lets it start, a reason holds it.
         self.step_gate: StepGate | None = None
@@ -263,7 +207,6 @@ class Journal(Instrument):
         ):
             self._live[call_type] = sched.handler(call_type)
             sched.register(call_type, handler, unpark)
-        self._live_now = self._live[Now]
         sched.add_instrument(self)
         sched.add_injector(self._inject)
 
@@ -296,7 +239,7 @@ class Journal(Instrument):
             self._append(run, RunStart(run_id, name, entry, self.sched.clock.time(), run.compat))
         else:
             run.compat = compat
-            self._replaying.append(run)
+            self.replayer.runs.append(run)
         self.runs[run_id] = run
         self._by_no[no] = run
         self._starting = run
@@ -356,17 +299,11 @@ class Journal(Instrument):
 
     def commit(self) -> None:
         """Make everything appended so far durable (per the fsync policy)."""
-        if self._dirty and self.wal is not None:
-            self._dirty = False
-            self._need_sync = False
-            self._sync_now = False
-            self._last_commit = time.monotonic()
-            self.wal.commit()
-        self.sched.effects_held = False
+        self.recorder.commit()
 
     def require_commit(self) -> None:
         """Commit at the next wait stage (before an acknowledgement leaves)."""
-        self._need_sync = True
+        self.recorder.require_commit()
 
     # -- instrument hooks ----------------------------------------------------
 
@@ -381,7 +318,7 @@ class Journal(Instrument):
         if run is None:
             if task.parent is None:
                 return
-            parent = self.sched._tasks.get(task.parent)
+            parent = self.sched.find(task.parent)
             pmeta = parent.meta if parent is not None else None
             if not isinstance(pmeta, TaskMeta):
                 return
@@ -410,31 +347,15 @@ class Journal(Instrument):
         if cur is not None and cur.index >= len(cur.dispatches):
             # Before counting this dispatch: steps restarted at go-live are
             # journaled at the last recorded ``n``, so they carry no dispatch.
-            self._go_live(run)
+            self.replayer.go_live(run)
             cur = None
         run.n += 1
         if yielded.__class__ is NewTask:
             self._spawning = yielded  # task_spawned, next, takes its label
         if cur is None:
-            # A dispatch the next record carries has no record of its own; nor
-            # has a task's final return, which its TASK_EXIT carries (not the root's).
-            if yielded is RETURNED:
-                if _ends(task, run):
-                    return
-            elif carried(yielded):
-                return
-            kind, arg = describe(self.ltid_of, yielded)
-            if arg is not None and not isinstance(arg, int | float | bool):
-                arg = str(arg)[:MAX_ARG_CHARS]
-            self._append(run, Dispatch(run.n, meta.ltid, kind, arg))
-            return
-        kind, arg = describe(self.ltid_of, yielded)
-        if arg is not None and not isinstance(arg, int | float | bool):
-            arg = str(arg)[:MAX_ARG_CHARS]
-        seq, rec = cur.dispatches[cur.index]
-        cur.index += 1
-        if rec.n != run.n or rec.ltid != meta.ltid or rec.kind != kind or rec.arg != arg:
-            raise self._divergence(run, task, seq, rec, [run.n, meta.ltid, kind, arg])
+            self.recorder.dispatch(run, meta, task, yielded)
+        else:
+            self.replayer.check_dispatch(run, cur, task, yielded)
 
     def task_woken(self, task: Task, value: Any) -> None:
         """Journal a wake-up that came from outside the run (at a wait stage)."""
@@ -444,16 +365,7 @@ class Journal(Instrument):
         if meta.run.replay is not None:
             meta.run.replay.parked.pop(task, None)  # woken by the replayed code itself
             return
-        if not self._in_wait:
-            return
-        call = task.blocked_on
-        cause = call.kind if call is not None else "?"
-        err = task._throw
-        if err is not None:
-            rec = Wake(meta.run.n, meta.ltid, cause, False, pack_error(err))
-        else:
-            rec = Wake(meta.run.n, meta.ltid, cause, True, pack_value(value))
-        self._append(meta.run, rec)
+        self.recorder.woken(meta, task, value)
 
     def task_exited(self, task: Task) -> None:
         """Journal the task's end (and the run's, for the root)."""
@@ -464,60 +376,19 @@ class Journal(Instrument):
         self._exit(task)
 
     def before_wait(self, timeout: float | None) -> None:
-        """Group commit: make the records durable before any effect leaves.
-
-        Commits when the loop is about to block (``timeout`` not 0), when
-        the last commit is older than ``GROUP_COMMIT_MAX_S``, or when an
-        effect waits for the commit (a step starts, a run starts or ends:
-        ``_need_sync``) and no other task is ready. With tasks still ready,
-        an effect's commit is deferred to a later pass (at most
-        ``GROUP_COMMIT_MAX_S`` after the last one) and the kernel holds the
-        effects until then (``effects_held``). Only effects the kernel can
-        hold are deferred (thread jobs and inline steps): a generator step
-        runs as a task from the next pass, so it commits at once
-        (``_sync_now``).
-
-        Discussion: a planner that starts 1,000 steps does it over ten
-        passes (a task's turn is capped at ``MAX_IMMEDIATE_RESUMES``).
-        Syncing at the end of each pass cost ten ``fdatasync`` calls where
-        one does; holding the steps until the loop runs out of ready work
-        (or 10 ms pass) batches them into one. A chain of steps never has
-        another task ready, so it still syncs at once, and write-ahead is
-        untouched: no effect is released before the commit.
-        """
-        if self._dirty:
-            if (
-                self._sync_now
-                or timeout != 0.0
-                or time.monotonic() - self._last_commit >= GROUP_COMMIT_MAX_S
-            ):
-                self.commit()
-            elif self._need_sync:
-                if self.sched._ready:
-                    self.sched.effects_held = True  # commit in a later pass
-                else:
-                    self.commit()
-        self._in_wait = True
+        """The commit point: the recorder's group commit (``Recorder.commit_point``)."""
+        self.recorder.commit_point(timeout)
 
     def after_wait(self, events: int) -> None:
         """Stop treating wake-ups as external (the pass begins)."""
-        self._in_wait = False
+        self.recorder.in_wait = False
 
     def after_run(self) -> None:
         """Commit whatever is left when the loop stops."""
-        self._in_wait = False
+        self.recorder.in_wait = False
         self.commit()
 
     # -- internals -------------------------------------------------------------
-
-    def _append(self, run: RunState, rec: Record) -> None:
-        wal = self.wal
-        if wal is not None:
-            rtype = rec.rtype
-            wal.append(rtype, run.prefix + _encode_body(rec))  # records.encode, inlined
-            self._dirty = True
-            if rtype in _SYNC_BEFORE_EFFECT:
-                self._need_sync = True
 
     def _exit(self, task: Task) -> None:
         meta = task.meta
@@ -533,14 +404,8 @@ class Journal(Instrument):
             value = pack_error(task.error) if task.error is not None else None
         exit_rec = TaskExit(run.n, meta.ltid, task.state._value_, value)  # _value_: no property
         cur = run.replay
-        rec = cur.exits.get(meta.ltid) if cur is not None else None
-        if rec is None:
-            # Live, or the journal ends right before this record (a torn pass).
+        if cur is None or not self.replayer.check_exit(run, cur, task, as_list(exit_rec)):
             self._append(run, exit_rec)
-        elif rec.state != exit_rec.state or (
-            rec.state == "done" and not same(rec.value, task.result)
-        ):
-            raise self._divergence(run, task, -1, rec, as_list(exit_rec), what="task exit")
         if task is run.root:
             self._end_run(run, task, value)
 
@@ -549,182 +414,38 @@ class Journal(Instrument):
 
         (The root's result packed once: for a plan it is the summary of every step.)
         """
-        run.status = {
-            TaskState.DONE: "succeeded",
-            TaskState.CRASHED: "failed",
-            TaskState.CANCELLED: "cancelled",
-        }[root.state]
+        run.status = _END_STATUS[root.state]
         run.result, run.error = root.result, root.error
         cur = run.replay
-        if cur is None or cur.run_end is None:
+        if cur is None or not self.replayer.check_end(run, cur, root, value):
             self._append(run, RunEnd(run.status, value, self.sched.clock.time()))
-        elif cur.run_end.status != run.status or (
-            run.status == "succeeded" and not same(cur.run_end.value, root.result)
-        ):
-            raise self._divergence(run, root, -1, cur.run_end, [run.status, value], what="run end")
         if run.on_end is not None:
             run.on_end(run)
 
-    def _divergence(
-        self,
-        run: RunState,
-        task: Task,
-        seq: int,
-        expected: Record | list[Any],
-        actual: list[Any],
-        what: str = "dispatch",
-    ) -> NondeterminismError:
-        meta = task.meta
-        if not isinstance(expected, list):
-            expected = as_list(expected)
-        frames = [f"{fn} ({path}:{line})" for fn, path, line in task.frames()]
-        err = NondeterminismError(
-            f"run {run.run_id}: {what} #{run.n} of task {meta.ltid if meta else '?'} "
-            f"({task.name}) diverged from the journal: expected {expected!r}, got {actual!r}",
-            run_id=run.run_id,
-            task=meta.ltid if meta else None,
-            task_name=task.name,
-            dispatch=run.n,
-            seq=seq,
-            what=what,
-            expected=expected,
-            actual=actual,
-            stack=frames,
-        )
-        log.error(
-            "replay.nondeterminism",
-            **{k: v for k, v in err.fields.items() if k != "stack"},
-            frames=frames,
-        )
-        return err
-
     def _inject(self) -> None:
-        """Wait-stage injector: recorded wake-ups, cancel requests, go-live.
+        """Wait-stage injector: cancel requests, then the replays' recorded wake-ups.
 
         Wake-ups caused *by* what it injects (a cancelled task's joiners...)
         are consequences the replay reproduces, so they are not journaled as
-        external: recording is suspended while it works.
+        external: the kernel runs injectors before the commit point, and
+        wake-ups count as external only from ``before_wait`` on. The records
+        it appends (a cancel, steps restarted at go-live) join that commit,
+        before their effects are released.
         """
-        self._in_wait = False
-        try:
-            self._inject_now()
-        finally:
-            self._in_wait = True
-        # Steps restarted at go-live (or a cancel acknowledged) must be durable
-        # before their effects start: the kernel releases them right after this,
-        # unless before_wait deferred the commit (then it holds them all).
-        if self._sync_now or (self._need_sync and not self.sched.effects_held):
-            self.commit()
-
-    def _inject_now(self) -> None:
         if self._cancels:
             cancels, self._cancels = self._cancels, []
             for run, reason in cancels:
                 if run.status == "running":
                     self._append(run, Wake(run.n, 0, "cancel", True, reason))
                     self._cancel_tasks(run)
-        if not self._replaying:
-            return
-        for run in list(self._replaying):
-            cur = run.replay
-            if cur is None:
-                continue
-            while cur.wakes and cur.wakes[0][1].at == run.n:
-                seq, rec = cur.wakes.popleft()
-                self._deliver(run, cur, seq, rec)
-            if cur.wakes and cur.wakes[0][1].at < run.n:
-                seq, rec = cur.wakes[0]
-                raise self._stalled(run, seq, rec, "its dispatch count passed the wake-up")
-            if cur.exhausted:
-                self._go_live(run)
-            elif not self.sched._ready and not cur.wakes:
-                seq, nxt = cur.dispatches[cur.index]
-                raise self._stalled(run, seq, nxt, "no task is ready for the next dispatch")
-            elif not self.sched._ready and cur.wakes[0][1].at > run.n:
-                seq, rec = cur.wakes[0]
-                raise self._stalled(run, seq, rec, "no task is ready before the wake-up")
-
-    def _stalled(self, run: RunState, seq: int, rec: Record, why: str) -> NondeterminismError:
-        fields = as_list(rec)
-        err = NondeterminismError(
-            f"run {run.run_id}: replay stalled at dispatch #{run.n} ({why}); "
-            f"next journal record seq {seq}: {fields!r}",
-            run_id=run.run_id,
-            dispatch=run.n,
-            seq=seq,
-            expected=fields,
-            actual=None,
-        )
-        log.error("replay.stalled", **err.fields)
-        return err
-
-    def _deliver(self, run: RunState, cur: ReplayCursor, seq: int, rec: Wake) -> None:
-        ltid, cause = rec.ltid, rec.cause
-        if cause == "cancel":
-            self._cancel_tasks(run)
-            return
-        task = run.tasks.get(ltid)
-        parked = cur.parked.pop(task, None) if task is not None else None
-        if task is None or parked is None or parked[0].kind != cause:
-            raise self._stalled(run, seq, rec, f"task {ltid} is not waiting on {cause}")
-        call = parked[0]
-        if call.__class__ is WaitTask:
-            target = self.sched._tasks.get(call.tid)
-            if target is not None and target.joiners and task in target.joiners:
-                target.joiners.remove(task)
-        if rec.ok:
-            self.sched.wake(task, unpack_value(rec.value))
-        else:
-            task._throw = unpack_error(rec.value)
-            self.sched.wake(task, None)
+        if self.replayer.runs:
+            self.replayer.inject(self._cancel_tasks)
 
     def _cancel_tasks(self, run: RunState) -> None:
         for ltid in sorted(run.tasks):
             task = run.tasks[ltid]
             if not task.finished:
                 self.sched.kill(task.id)
-
-    def _go_live(self, run: RunState) -> None:
-        """The replay reached the end of the journal: continue for real."""
-        cur = run.replay
-        if cur is None:
-            return
-        if not self.allow_live:
-            alive = [t for t in run.tasks.values() if not t.finished]
-            if alive or cur.index < len(cur.dispatches) or cur.wakes:
-                task = alive[0] if alive else run.root
-                assert task is not None
-                raise self._divergence(
-                    run,
-                    task,
-                    -1,
-                    ["end of journal"],
-                    [f"{len(alive)} task(s) still running"],
-                    what="replay end",
-                )
-        run.replay = None
-        self._replaying.remove(run)
-        sched = self.sched
-        for task, (call, extra) in cur.parked.items():
-            cls = call.__class__
-            if cls is Sleep or cls is WaitTask:
-                remaining = max(0.0, float(extra) - sched.clock.time())
-                sched._add_timer(task, sched.clock.monotonic() + remaining)
-            elif isinstance(call, Step | RunInThread):
-                meta = task.meta
-                attempt = cur.attempts.get((meta.ltid, extra), 0) + 1
-                self._start_step(task, call, extra, attempt)
-            else:  # raw I/O: the descriptor did not survive the crash
-                sched.defer_wake(
-                    task,
-                    None,
-                    RecoveryError(
-                        f"task {task.name} was waiting on {call.kind} when the engine "
-                        "stopped; descriptors do not survive a restart (do I/O inside a Step)",
-                        call=call.kind,
-                    ),
-                )
-        log.info("replay.live", run_id=run.run_id, dispatches=run.n, resumed=len(cur.parked))
 
     # -- handlers for calls whose outcome comes from outside -------------------
 
@@ -735,14 +456,9 @@ class Journal(Instrument):
         run = meta.run
         cur = run.replay
         if cur is not None:
-            rec = cur.outcomes.get(run.n)
-            if rec is not None and rec.ltid == meta.ltid and rec.kind == call.kind:
-                return unpack_value(rec.value)
-            if rec is not None or cur.index < len(cur.dispatches):
-                raise self._divergence(
-                    run, task, -1, rec or [], [run.n, meta.ltid, call.kind], what="outcome"
-                )
-            self._go_live(run)  # the journal ends between a dispatch and its outcome
+            recorded = self.replayer.outcome(run, cur, task, call)
+            if recorded is not NotImplemented:
+                return recorded
         value = live()
         self._append(run, Outcome(run.n, meta.ltid, call.kind, pack_value(value)))
         return value
@@ -752,20 +468,13 @@ class Journal(Instrument):
         if meta is not None and not meta.opaque and meta.run.replay is None:
             # The live path of _outcome, inlined: one per plan step and attempt.
             run = meta.run
-            value = self._live_now(sched, task, call)
+            value = self._live[Now](sched, task, call)
             self._append(run, Outcome(run.n, meta.ltid, "now", pack_value(value)))
             return value
-        return self._outcome(task, call, lambda: self._live_now(sched, task, call))
+        return self._outcome(task, call, lambda: self._live[Now](sched, task, call))
 
     def _h_random(self, sched: Scheduler, task: Task, call: Random) -> Any:
         return self._outcome(task, call, lambda: self._live[Random](sched, task, call))
-
-    def _replayed_park(self, task: Task, call: SystemCall, extra: Any, state: TaskState) -> Any:
-        meta: TaskMeta = task.meta
-        cur = meta.run.replay
-        assert cur is not None
-        cur.parked[task] = (call, extra)
-        return self.sched.park(task, call, state)
 
     def _h_sleep(self, sched: Scheduler, task: Task, call: Sleep) -> Any:
         meta = task.meta
@@ -773,7 +482,7 @@ class Journal(Instrument):
             return self._live[Sleep](sched, task, call)
         deadline = self._outcome(task, call, lambda: sched.clock.time() + call.seconds)
         if meta.run.replay is not None:
-            return self._replayed_park(task, call, deadline, TaskState.BLOCKED_SLEEP)
+            return self.replayer.park(task, call, deadline, TaskState.BLOCKED_SLEEP)
         return self._live[Sleep](sched, task, call)
 
     def _h_wait_task(self, sched: Scheduler, task: Task, call: WaitTask) -> Any:
@@ -781,23 +490,20 @@ class Journal(Instrument):
         live = self._live[WaitTask]
         if meta is None or meta.opaque or call.timeout is None or call.timeout <= 0:
             return live(sched, task, call)
-        target = sched._tasks.get(call.tid)
+        target = sched.find(call.tid)
         if target is None or target.finished or target is task:
             return live(sched, task, call)
         timeout = float(call.timeout)
         deadline = self._outcome(task, call, lambda: sched.clock.time() + timeout)
         if meta.run.replay is None:
             return live(sched, task, call)
-        if target.joiners is None:
-            target.joiners = [task]
-        else:
-            target.joiners.append(task)
-        return self._replayed_park(task, call, deadline, TaskState.BLOCKED_JOIN)
+        sched.add_joiner(task, target)
+        return self.replayer.park(task, call, deadline, TaskState.BLOCKED_JOIN)
 
     def _h_io(self, sched: Scheduler, task: Task, call: ReadWait | WriteWait) -> Any:
         meta = task.meta
         if meta is not None and not meta.opaque and meta.run.replay is not None:
-            return self._replayed_park(task, call, None, TaskState.BLOCKED_IO)
+            return self.replayer.park(task, call, None, TaskState.BLOCKED_IO)
         return self._live[type(call)](sched, task, call)
 
     def _h_step(self, sched: Scheduler, task: Task, call: Step | RunInThread) -> Any:
@@ -808,7 +514,7 @@ class Journal(Instrument):
         ordinal = meta.steps
         if meta.run.replay is not None:
             state = TaskState.BLOCKED_JOIN if is_generator_step(call) else TaskState.BLOCKED_THREAD
-            return self._replayed_park(task, call, ordinal, state)
+            return self.replayer.park(task, call, ordinal, state)
         return self._start_step(task, call, ordinal, 1, fresh=True)
 
     def _start_step(
@@ -839,7 +545,7 @@ class Journal(Instrument):
             return self.sched.start_thread(task, call)
         # A generator step runs as a task from the next pass on: the kernel
         # cannot hold it, so its STEP_START is committed at this commit point.
-        self._sync_now = True
+        self.recorder.sync_next()
         self._opaque_parent = meta.run if isinstance(meta, TaskMeta) else None
         try:
             return self._live[Step](self.sched, task, call)
@@ -880,11 +586,6 @@ class Journal(Instrument):
         meta = task.meta
         if isinstance(meta, TaskMeta) and meta.run.replay is not None:
             meta.run.replay.parked.pop(task, None)
-
-
-def _ends(task: Task, run: RunState) -> bool:
-    """True if this ``return`` ends ``task`` (its TASK_EXIT carries it), the root's aside."""
-    return not task.stack and task is not run.root
 
 
 def _label_of(call: Any, task: Task) -> TaskLabel:

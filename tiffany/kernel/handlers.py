@@ -77,11 +77,8 @@ def _h_wait_task(sched: Scheduler, task: Task, call: WaitTask) -> Any:
                 f"task {call.tid} has not finished", tid=call.tid, timeout=call.timeout
             )
             return None
-        sched._add_timer(task, sched.clock.monotonic() + call.timeout)
-    if target.joiners is None:
-        target.joiners = [task]
-    else:
-        target.joiners.append(task)
+        sched.wake_at(task, sched.clock.monotonic() + call.timeout)
+    sched.add_joiner(task, target)
     return sched.park(task, call, TaskState.BLOCKED_JOIN)
 
 
@@ -99,16 +96,24 @@ def _h_sleep(sched: Scheduler, task: Task, call: Sleep) -> Any:
         task.state = _READY
         sched._ready.append(task)
         return PARKED
-    sched._add_timer(task, sched.clock.monotonic() + call.seconds)
+    sched.wake_at(task, sched.clock.monotonic() + call.seconds)
     return sched.park(task, call, TaskState.BLOCKED_SLEEP)
 
 
 def _h_read_wait(sched: Scheduler, task: Task, call: ReadWait) -> Any:
-    return sched._io_wait(task, call.fd, selectors.EVENT_READ, call)
+    return _io_wait(sched, task, call, selectors.EVENT_READ)
 
 
 def _h_write_wait(sched: Scheduler, task: Task, call: WriteWait) -> Any:
-    return sched._io_wait(task, call.fd, selectors.EVENT_WRITE, call)
+    return _io_wait(sched, task, call, selectors.EVENT_WRITE)
+
+
+def _io_wait(sched: Scheduler, task: Task, call: ReadWait | WriteWait, event: int) -> Any:
+    error = sched._reactor.io_wait(task, call.fd, event)
+    if error is not None:
+        task._throw = error
+        return None
+    return sched.park(task, call, TaskState.BLOCKED_IO)
 
 
 def _h_now(sched: Scheduler, task: Task, call: Now) -> Any:

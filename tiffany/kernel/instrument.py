@@ -78,7 +78,7 @@ class Instrument:
         """Call when a parked ``task`` is made ready; ``value`` is what it gets.
 
         ``task.blocked_on`` still names the call it was parked on, and
-        ``task._throw`` holds the exception when it is woken with one.
+        ``task.pending_error`` holds the exception when it is woken with one.
         """
 
     def task_exited(self, task: Task) -> None:
@@ -92,8 +92,10 @@ class Instrument:
 
         This is the group-commit point: effects the pass requested (thread
         jobs) are released only after this hook returns, and not at all while
-        the hook leaves ``Scheduler.effects_held`` set (a commit deferred to
-        a later pass).
+        the hook leaves them held (``Scheduler.hold_effects``: a commit
+        deferred to a later pass). The stage's injectors have run already,
+        and the hook is called once per stage: ``timeout`` is how long the
+        loop will block (0: it polls; None: until an event).
         """
 
     def after_wait(self, events: int) -> None:

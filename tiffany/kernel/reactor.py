@@ -1,14 +1,26 @@
-"""The reactor half of the scheduler: timers, descriptors and the thread pool.
+"""The reactor: timers, descriptors and the thread pool of one scheduler.
 
 Everything that wakes a task from outside the task tree lives here: the
 timer heap (deadline, sequence, task) with lazy cancellation, the selector
 (epoll) with one reader and one writer slot per descriptor, and the thread
-pool whose completions arrive through an eventfd. The scheduler's wait
-stage drives it; the loop itself never touches these structures.
+pool whose completions arrive through an eventfd. The scheduler holds one
+(``Scheduler._reactor``, as trio's ``Runner`` holds its ``IOManager``) and
+drives it from its wait stage; the dispatch loop itself never touches it.
+
+The reactor knows tasks only as records to wake: it reaches the scheduler
+through the two callables it is given (``wake`` and ``unjoin``), never
+through the scheduler's attributes.
 
 Invariants: a timer entry is live only while it is its task's ``_timer``;
-``_io_waiting`` counts tasks parked in the selector; ``_threads_pending``
-counts thread jobs queued or running whose completion is still to come.
+``io_waiting`` counts tasks parked in the selector; ``threads_pending``
+counts thread jobs queued or running whose completion is still to come;
+``outbox`` holds the jobs requested by the current pass, released after its
+commit point.
+
+Rejected: the reactor as a mixin of the scheduler (what it was). The two
+shared a dozen private attributes both ways and the wait stage reached into
+both; composed, each side's state has one owner and the interface between
+them is the methods below.
 """
 
 from __future__ import annotations
@@ -16,14 +28,12 @@ from __future__ import annotations
 import errno
 import heapq
 import selectors
-from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
 from tiffany.errors import KernelError, WaitTimeout
-from tiffany.kernel.calls import ReadWait, SystemCall, WaitTask, WriteWait
+from tiffany.kernel.calls import ReadWait, WaitTask, WriteWait
 from tiffany.kernel.clock import Clock
-from tiffany.kernel.instrument import InstrumentSet
 from tiffany.kernel.task import Task, TaskState
 from tiffany.kernel.threads import ThreadPool
 
@@ -36,6 +46,8 @@ MAX_SELECT_TIMEOUT_S: Final = 24 * 3600.0
 TIMER_COMPACT_FRACTION: Final = 0.5
 #: ...and it holds at least this many entries.
 TIMER_COMPACT_MIN: Final = 100
+
+_BLOCKED_SLEEP = TaskState.BLOCKED_SLEEP
 
 
 def _timed_call(clock: Clock, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
@@ -50,199 +62,143 @@ def _timed_call(clock: Clock, fn: Callable[..., Any], args: tuple[Any, ...]) -> 
 
 
 class Reactor:
-    """Timers, selector and thread pool, mixed into the scheduler."""
+    """Timers, selector and thread pool.
 
-    clock: Clock
-    _tasks: dict[int, Task]
-    _ready: deque[Task]
-    _instruments: InstrumentSet
-    _deferred: list[tuple[Task, Any, BaseException | None]]
-    _injectors: list[Callable[[], None]]
-    _fatal: BaseException | None
+    Args:
+        clock: The scheduler's clock (timers run on its ``monotonic``).
+        wake: ``wake(task, value)``: make a parked task ready.
+        unjoin: ``unjoin(task, tid)``: take ``task`` off the joiners of task ``tid``.
+        max_threads: Size of the thread pool (started on first use).
+    """
 
-    def __init__(self, max_threads: int) -> None:
-        # Timers: a heap of (deadline, sequence, task); an entry is live only
-        # while it is the task's ``_timer`` (lazy cancellation).
-        self._timers: list[tuple[float, int, Task]] = []
+    def __init__(
+        self,
+        clock: Clock,
+        wake: Callable[[Task, Any], None],
+        unjoin: Callable[[Task, int], None],
+        max_threads: int,
+    ) -> None:
+        self.clock = clock
+        self._wake = wake
+        self._unjoin = unjoin
+        self.timers: list[tuple[float, int, Task]] = []
         self._timer_seq = 0
         self._timers_cancelled = 0
         self._selector: selectors.BaseSelector | None = None
-        self._io_waiting = 0
+        self.io_waiting = 0
         self._max_threads = max_threads
         self._pool: ThreadPool | None = None
-        self._threads_pending = 0
-        self._outbox: list[tuple[Task, Any]] = []
-        #: While true, the wait stage keeps the effects tasks requested (thread
-        #: jobs, inline steps) queued instead of releasing them. The instrument
-        #: that makes records durable sets it when it defers a commit at the
-        #: commit point (group commit across passes), and clears it when it
-        #: commits: effects still never leave before their records.
-        self.effects_held = False
-        # Set by Scheduler.stop: the wait stage returns at once.
-        self._stop_requested = False
+        self.threads_pending = 0
+        self.outbox: list[tuple[Task, Any]] = []
 
-    def wake(self, task: Task, value: Any = None) -> None:
-        """Make a parked task ready (the scheduler implements it)."""
-        raise NotImplementedError
+    @property
+    def busy(self) -> bool:
+        """True while something here can still wake a task (or is about to start)."""
+        return bool(self.timers or self.io_waiting or self.threads_pending or self.outbox)
 
-    def park(self, task: Task, call: SystemCall, state: TaskState) -> Any:
-        """Mark a task blocked (the scheduler implements it)."""
-        raise NotImplementedError
+    def close(self) -> None:
+        """Stop the thread pool and release the selector."""
+        if self._pool is not None:
+            self._pool.close()
+        if self._selector is not None:
+            self._selector.close()
 
-    def _call_hook(self, hook: Callable[..., None], *args: Any) -> None:
-        raise NotImplementedError
+    # -- waiting ---------------------------------------------------------------
 
-    # -- the wait stage ------------------------------------------------------------
-
-    def _wait(self) -> bool:
-        """Commit, release effects, poll for events and fire due timers.
-
-        Returns False when nothing is ready and nothing can ever wake a task.
-        """
-        if self._stop_requested:
-            return True  # back to the top of the loop, which stops (Scheduler.stop)
-        hooks = self._instruments.hooks
-        clock = self.clock
-        self._purge_timers()
-        timers = self._timers
-        if self._ready and not (
-            timers
-            or self._io_waiting
-            or self._threads_pending
-            or self._outbox
-            or self._deferred
-            or self._injectors
-        ):
-            # Fast path: only the hooks want this stage (the commit point).
-            if hooks["before_wait"] is not None:
-                self._call_hook(hooks["before_wait"], 0.0)
-            if hooks["after_wait"] is not None:
-                self._call_hook(hooks["after_wait"], 0)
-            if self._fatal is not None:
-                raise self._fatal
-            return True
-        if self._ready or self._outbox or self._deferred or self._injectors:
-            timeout: float | None = 0.0
-        elif timers:
-            timeout = min(max(0.0, timers[0][0] - clock.monotonic()), MAX_SELECT_TIMEOUT_S)
-            timeout = clock.wait_timeout(timeout)
-        elif self._io_waiting or self._threads_pending:
-            timeout = None
-        else:
-            timeout = -1.0  # nothing to wait for
-        if hooks["before_wait"] is not None:
-            self._call_hook(hooks["before_wait"], None if timeout == -1.0 else timeout)
-            if self._fatal is not None:
-                raise self._fatal
-        woken = 0
-        for inject in self._injectors:
-            inject()
-        if self._deferred:
-            deferred, self._deferred = self._deferred, []
-            for task, value, error in deferred:
-                if error is not None:
-                    task._throw = error
-                self.wake(task, value)
-                woken += 1
-        if not self._ready and not self._wait_possible():
-            if hooks["after_wait"] is not None:
-                self._call_hook(hooks["after_wait"], woken)
-            return False
-        if timeout == -1.0 or (timeout == 0.0 and not self._ready and self._injectors):
-            # An injector found nothing to deliver yet: wait for real events.
-            blocks_now = timeout == 0.0
-            timeout = self._live_timeout()
-            if blocks_now and timeout != 0.0 and hooks["before_wait"] is not None:
-                # The commit point was passed with 0 (injectors might have
-                # made tasks ready); the loop blocks after all, so the hooks
-                # hear it: a group commit must not sit in a buffer while the
-                # loop sleeps.
-                self._call_hook(hooks["before_wait"], timeout)
-                if self._fatal is not None:
-                    raise self._fatal
-        if self._outbox and not self.effects_held:
-            self._release_outbox()
-            if self._ready:  # inline steps completed: do not block
-                timeout = 0.0
-        if self._io_waiting or self._threads_pending:
-            woken += self._poll(timeout)
-        elif timeout:
-            self._sleep(timeout)
-        if timers:
-            now = clock.monotonic()
-            if timers[0][0] > now and not woken and not self._ready:
-                clock.idle(timers[0][0])
-                now = clock.monotonic()
-            woken += self._fire_timers(now)
-        if hooks["after_wait"] is not None:
-            self._call_hook(hooks["after_wait"], woken)
-            if self._fatal is not None:
-                raise self._fatal
-        return True
-
-    def _live_timeout(self) -> float | None:
-        if self._ready or self._outbox:
-            return 0.0
-        if self._timers:
-            timeout = min(
-                max(0.0, self._timers[0][0] - self.clock.monotonic()), MAX_SELECT_TIMEOUT_S
-            )
-            return self.clock.wait_timeout(timeout)
+    def timeout(self) -> float | None:
+        """How long the wait stage may block with nothing ready (None: until an event)."""
+        if self.timers:
+            delay = min(max(0.0, self.timers[0][0] - self.clock.monotonic()), MAX_SELECT_TIMEOUT_S)
+            return self.clock.wait_timeout(delay)
         return None
 
-    def _wait_possible(self) -> bool:
-        return bool(self._timers or self._io_waiting or self._threads_pending or self._outbox)
+    def poll(self, timeout: float | None, idle: bool) -> int:
+        """Wait up to ``timeout`` for events, then fire due timers; return the tasks woken.
 
-    # -- task life -----------------------------------------------------------
-
-    def start_thread(self, task: Task, call: Any) -> Any:
-        """Park ``task`` on ``call`` and run ``call.fn(*call.args)`` in the pool.
-
-        The job starts after the current pass's commit point; its outcome
-        wakes the task at a wait stage. Returns :data:`PARKED` (for handlers).
+        ``idle``: nothing is ready, so a manual clock may jump to the next deadline.
         """
-        self._outbox.append((task, call))
-        self._threads_pending += 1
-        return self.park(task, call, TaskState.BLOCKED_THREAD)
-
-    def _sleep(self, timeout: float) -> None:
-        sel = self._selector or self._make_selector()
-        sel.select(timeout)
+        woken = 0
+        if self.io_waiting or self.threads_pending:
+            woken = self._select(timeout)
+        elif timeout:
+            (self._selector or self._make_selector()).select(timeout)
+        timers = self.timers
+        if timers:
+            now = self.clock.monotonic()
+            if idle and not woken and timers[0][0] > now:
+                self.clock.idle(timers[0][0])
+                now = self.clock.monotonic()
+            woken += self._fire_timers(now)
+        return woken
 
     def _make_selector(self) -> selectors.BaseSelector:
         self._selector = selectors.DefaultSelector()
         return self._selector
 
-    def _poll(self, timeout: float | None) -> int:
+    def _select(self, timeout: float | None) -> int:
         sel = self._selector or self._make_selector()
         woken = 0
         pool = self._pool
         for key, mask in sel.select(timeout):
             if pool is not None and key.fd == pool.fileno():
                 woken += self._thread_completions(pool)
-                continue
-            waiters: list[Task | None] = key.data
-            left = key.events
-            if mask & selectors.EVENT_READ and waiters[0] is not None:
-                task, waiters[0] = waiters[0], None
-                left &= ~selectors.EVENT_READ
-                self._io_waiting -= 1
-                self.wake(task)
-                woken += 1
-            if mask & selectors.EVENT_WRITE and waiters[1] is not None:
-                task, waiters[1] = waiters[1], None
-                left &= ~selectors.EVENT_WRITE
-                self._io_waiting -= 1
-                self.wake(task)
-                woken += 1
-            if left:
-                sel.modify(key.fd, left, waiters)
             else:
-                sel.unregister(key.fd)
+                woken += self._io_ready(sel, key, mask)
         return woken
 
+    def _io_ready(self, sel: selectors.BaseSelector, key: selectors.SelectorKey, mask: int) -> int:
+        waiters: list[Task | None] = key.data
+        left = key.events
+        woken = 0
+        for slot, event in ((0, selectors.EVENT_READ), (1, selectors.EVENT_WRITE)):
+            task = waiters[slot]
+            if mask & event and task is not None:
+                waiters[slot] = None
+                left &= ~event
+                self.io_waiting -= 1
+                self._wake(task, None)
+                woken += 1
+        if left:
+            sel.modify(key.fd, left, waiters)
+        else:
+            sel.unregister(key.fd)
+        return woken
+
+    # -- timers ------------------------------------------------------------------
+
+    def add_timer(self, task: Task, deadline: float) -> None:
+        """Wake ``task`` at ``deadline`` (on the clock's ``monotonic``)."""
+        self._timer_seq += 1
+        entry = (deadline, self._timer_seq, task)
+        task._timer = entry
+        heapq.heappush(self.timers, entry)
+
+    def cancel_timer(self, task: Task) -> None:
+        """Forget ``task``'s timer, if it has one (lazily: the entry stays in the heap)."""
+        if task._timer is not None:
+            task._timer = None
+            self._timers_cancelled += 1
+            n = len(self.timers)
+            if n >= TIMER_COMPACT_MIN and self._timers_cancelled > n * TIMER_COMPACT_FRACTION:
+                self.timers = [e for e in self.timers if e[2]._timer is e]
+                heapq.heapify(self.timers)
+                self._timers_cancelled = 0
+
+    def purge_timers(self) -> None:
+        """Drop cancelled entries from the top of the heap.
+
+        Discussion: cancellation is lazy, so a cancelled entry may still sit
+        at the top. Left there it would set the selector's timeout (the loop
+        would sleep until a deadline nobody waits for) and keep ``run`` from
+        returning; popping them here keeps the top of the heap live.
+        """
+        timers = self.timers
+        while timers and timers[0][2]._timer is not timers[0]:
+            heapq.heappop(timers)
+            self._timers_cancelled -= 1
+
     def _fire_timers(self, now: float) -> int:
-        timers = self._timers
+        timers = self.timers
         woken = 0
         while timers and timers[0][0] <= now:
             entry = heapq.heappop(timers)
@@ -252,95 +208,76 @@ class Reactor:
                 continue
             task._timer = None
             woken += 1
-            if task.state is TaskState.BLOCKED_SLEEP:
-                self.wake(task, None)
-            else:  # a WaitTask timeout
-                call = task.blocked_on
-                assert isinstance(call, WaitTask)
-                target = self._tasks.get(call.tid)
-                if target is not None and target.joiners and task in target.joiners:
-                    target.joiners.remove(task)
-                task._throw = WaitTimeout(
-                    f"task {call.tid} did not finish within {call.timeout} s",
-                    tid=call.tid,
-                    timeout=call.timeout,
-                )
-                self.wake(task, None)
+            if task.state is _BLOCKED_SLEEP:
+                self._wake(task, None)
+            else:
+                self._join_timed_out(task)
         return woken
 
-    def _add_timer(self, task: Task, deadline: float) -> None:
-        self._timer_seq += 1
-        entry = (deadline, self._timer_seq, task)
-        task._timer = entry
-        heapq.heappush(self._timers, entry)
+    def _join_timed_out(self, task: Task) -> None:
+        call = task.blocked_on
+        assert isinstance(call, WaitTask)
+        self._unjoin(task, call.tid)
+        task._throw = WaitTimeout(
+            f"task {call.tid} did not finish within {call.timeout} s",
+            tid=call.tid,
+            timeout=call.timeout,
+        )
+        self._wake(task, None)
 
-    def _purge_timers(self) -> None:
-        """Drop cancelled entries from the top of the heap.
+    # -- descriptors -------------------------------------------------------------
 
-        Discussion: cancellation is lazy, so a cancelled entry may still sit
-        at the top. Left there it would set the selector's timeout (the loop
-        would sleep until a deadline nobody waits for) and keep ``run`` from
-        returning; popping them here keeps the top of the heap live.
+    def io_wait(self, task: Task, fd: int, event: int) -> BaseException | None:
+        """Register ``task`` to wake when ``fd`` is ready for ``event``.
+
+        Returns None when registered (the caller parks the task), or the
+        error to throw into the task instead (a closed or doubly waited fd).
         """
-        timers = self._timers
-        while timers and timers[0][2]._timer is not timers[0]:
-            heapq.heappop(timers)
-            self._timers_cancelled -= 1
-
-    def _cancel_timer(self, task: Task) -> None:
-        if task._timer is not None:
-            task._timer = None
-            self._timers_cancelled += 1
-            n = len(self._timers)
-            if n >= TIMER_COMPACT_MIN and self._timers_cancelled > n * TIMER_COMPACT_FRACTION:
-                self._timers = [e for e in self._timers if e[2]._timer is e]
-                heapq.heapify(self._timers)
-                self._timers_cancelled = 0
-
-    def _io_wait(self, task: Task, fd: int, event: int, call: SystemCall) -> Any:
         sel = self._selector or self._make_selector()
         slot = 0 if event == selectors.EVENT_READ else 1
         try:
             key = sel.get_key(fd)
         except ValueError as exc:  # a negative descriptor: a closed socket's fileno()
-            task._throw = exc
-            return None
+            return exc
         except KeyError:
             waiters: list[Task | None] = [None, None]
             waiters[slot] = task
             try:
                 sel.register(fd, event, waiters)
             except (OSError, ValueError) as exc:
-                task._throw = exc
-                return None
+                return exc
         else:
             waiters = key.data
             other = waiters[slot]
             if other is not None:
-                task._throw = KernelError(
+                return KernelError(
                     f"fd {fd} is already waited on by task {other.id}", fd=fd, tid=other.id
                 )
-                return None
             try:
                 sel.modify(fd, key.events | event, waiters)
             except OSError as exc:
-                # The descriptor was closed under a parked waiter and its
-                # number reused: epoll forgot it (ENOENT) and the selector
-                # dropped the stale key. A task-level error, not a kernel one;
-                # the waiter parked on the old descriptor gets EBADF.
-                for i, orphan in enumerate(waiters):
-                    if orphan is not None:
-                        waiters[i] = None
-                        self._io_waiting -= 1
-                        orphan._throw = OSError(errno.EBADF, f"fd {fd} was closed while waited on")
-                        self.wake(orphan)
-                task._throw = exc
-                return None
+                self._orphan(fd, waiters)
+                return exc
             waiters[slot] = task
-        self._io_waiting += 1
-        return self.park(task, call, TaskState.BLOCKED_IO)
+        self.io_waiting += 1
+        return None
 
-    def _io_forget(self, task: Task, call: ReadWait | WriteWait) -> None:
+    def _orphan(self, fd: int, waiters: list[Task | None]) -> None:
+        """Wake the waiters of a descriptor closed under them with EBADF.
+
+        The descriptor was closed under a parked waiter and its number reused:
+        epoll forgot it (ENOENT) and the selector dropped the stale key. A
+        task-level error, not a kernel one.
+        """
+        for i, orphan in enumerate(waiters):
+            if orphan is not None:
+                waiters[i] = None
+                self.io_waiting -= 1
+                orphan._throw = OSError(errno.EBADF, f"fd {fd} was closed while waited on")
+                self._wake(orphan, None)
+
+    def io_forget(self, task: Task, call: ReadWait | WriteWait) -> None:
+        """Take ``task`` off the selector (it was killed while waiting)."""
         sel = self._selector
         if sel is None:
             return
@@ -352,7 +289,7 @@ class Reactor:
         slot = 0 if isinstance(call, ReadWait) else 1
         if waiters[slot] is task:
             waiters[slot] = None
-            self._io_waiting -= 1
+            self.io_waiting -= 1
             left = key.events & ~(selectors.EVENT_READ if slot == 0 else selectors.EVENT_WRITE)
             try:
                 if left:
@@ -362,21 +299,29 @@ class Reactor:
             except (OSError, ValueError, KeyError):
                 pass  # the descriptor was closed under us; epoll dropped it already
 
-    def _release_outbox(self) -> None:
+    # -- threads -----------------------------------------------------------------
+
+    def submit(self, task: Task, call: Any) -> None:
+        """Queue ``call.fn(*call.args)`` for ``task``; it starts at :meth:`release`."""
+        self.outbox.append((task, call))
+        self.threads_pending += 1
+
+    def release(self) -> None:
+        """Start the queued jobs: in the pool, or here for inline steps."""
         pool = self._pool
         if pool is None:
             pool = self._pool = ThreadPool(self._max_threads)
             sel = self._selector or self._make_selector()
             sel.register(pool.fileno(), selectors.EVENT_READ, None)
-        outbox, self._outbox = self._outbox, []
+        outbox, self.outbox = self.outbox, []
         for task, call in outbox:
             fn, args = call.fn, call.args
             if getattr(call, "timed", False):
                 fn, args = _timed_call, (self.clock, fn, args)
             if task.blocked_on is not call:  # killed before it started
-                self._threads_pending -= 1
+                self.threads_pending -= 1
             elif getattr(call, "inline", False):
-                self._threads_pending -= 1
+                self.threads_pending -= 1
                 self._run_inline(task, fn, args)
             else:
                 pool.submit((task, call), fn, args)
@@ -388,17 +333,17 @@ class Reactor:
         except Exception as exc:  # noqa: BLE001 - the step's outcome, delivered to the task
             task._throw = exc
             value = None
-        self.wake(task, value)
+        self._wake(task, value)
 
     def _thread_completions(self, pool: ThreadPool) -> int:
         woken = 0
         for (task, call), value, exc in pool.drain():
-            self._threads_pending -= 1
+            self.threads_pending -= 1
             if task.blocked_on is not call:
                 continue  # the task was killed meanwhile
             if exc is not None:
                 task._throw = exc
                 value = None
-            self.wake(task, value)
+            self._wake(task, value)
             woken += 1
         return woken

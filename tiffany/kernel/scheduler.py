@@ -24,16 +24,24 @@ One loop iteration (see :meth:`Scheduler.run`):
 1. *dispatch*: run each task that was ready at the start of the pass until it
    yields; handle what it yielded. Calls that complete at once resume the
    same task (up to ``MAX_IMMEDIATE_RESUMES``); a bare ``yield`` requeues it.
-2. *commit*: the ``before_wait`` hook (the journal's group commit), then the
-   effects the pass requested (thread jobs) are released.
-3. *wait*: poll the selector (blocking only if nothing is ready) and fire due
-   timers; woken tasks join the ready queue for the next pass.
+2. *commit*: the injectors (replay's recorded wake-ups), then the
+   ``before_wait`` hook once (the journal's group commit), then the effects
+   the pass requested (thread jobs) are released unless the hook held them.
+3. *wait*: poll the reactor's selector (blocking only if nothing is ready)
+   and fire due timers; woken tasks join the ready queue for the next pass.
+
+The reactor (``reactor.py``: timers, selector, thread pool) is a part the
+scheduler holds, not a base class. Layers above reach the kernel through
+the public methods under "ports" below (``find``, ``throw``, ``wake_at``,
+``hold_effects``...), never through its attributes.
 
 Handlers are plain functions ``handler(sched, task, call)`` looked up by the
 call's exact type in a table built once. A handler returns the value to send
 into the task at once, or :data:`PARKED` when the task is parked or
-requeued; to raise in the task at once it sets ``task._throw`` and returns
-None.
+requeued; to raise in the task at once a kernel handler sets ``task._throw``
+and returns None (a handler from a layer above returns the value, or parks
+the task and later wakes it with :meth:`Scheduler.wake` or
+:meth:`Scheduler.throw`).
 """
 
 from __future__ import annotations
@@ -84,9 +92,11 @@ _BLOCKED_SYNC = TaskState.BLOCKED_SYNC
 _QUEUE_GET = QueueGet
 _GENERATOR = types.GeneratorType
 _Hook = Callable[..., None]
+#: ``_wait_timeout`` when nothing can wake a task (the hook hears ``None``).
+_NOTHING_TO_WAIT_FOR: Final = -1.0
 
 
-class Scheduler(Reactor):
+class Scheduler:
     """Runs tasks until none is left.
 
     Args:
@@ -107,8 +117,13 @@ class Scheduler(Reactor):
         max_threads: int = 8,
         handlers: dict[type[SystemCall], Handler] | None = None,
     ) -> None:
-        super().__init__(max_threads)
         self.clock: Clock = clock or MonotonicClock()
+        self._reactor = Reactor(self.clock, self.wake, self.remove_joiner, max_threads)
+        # While true, the wait stage keeps the effects tasks requested queued
+        # (see ``hold_effects``).
+        self._effects_held = False
+        # Set by ``stop``: the loop returns before the next pass.
+        self._stop_requested = False
         self.entropy = Entropy(seed)
         self._ready: deque[Task] = deque()
         self._tasks: dict[int, Task] = {}
@@ -315,10 +330,7 @@ class Scheduler(Reactor):
                             gen.close()
                         except Exception as exc:  # noqa: BLE001 - logged
                             log.warning("kernel.close_failed", tid=task.id, error=repr(exc))
-        if self._pool is not None:
-            self._pool.close()
-        if self._selector is not None:
-            self._selector.close()
+        self._reactor.close()
 
     def __enter__(self) -> Scheduler:
         return self
@@ -333,6 +345,7 @@ class Scheduler(Reactor):
         popleft = ready.popleft
         append = ready.append
         handlers = self._handlers
+        reactor = self._reactor
         before = after = None
         wait_hooks = fast_queue = False
         while True:
@@ -500,11 +513,13 @@ class Scheduler(Reactor):
             # -- stages 2 and 3: commit, then wait for events ------------------
             if (
                 wait_hooks
-                or self._timers
-                or self._io_waiting
-                or self._threads_pending
-                or self._outbox
                 or self._deferred
+                # reactor.busy, inlined: a property call per pass costs 10%
+                # of a message ring where one task is ready per pass.
+                or reactor.timers
+                or reactor.io_waiting
+                or reactor.threads_pending
+                or reactor.outbox
             ):
                 if not self._wait():
                     break
@@ -512,6 +527,73 @@ class Scheduler(Reactor):
                 break
         if self._alive:
             log.info("kernel.stalled", blocked=self._alive)
+
+    # -- the wait stage (stages 2 and 3) ---------------------------------------
+
+    def _wait(self) -> bool:
+        """Inject, commit, release effects, poll for events and fire due timers.
+
+        Returns False when nothing is ready and nothing can ever wake a task.
+
+        Discussion: the injectors (replay's recorded wake-ups, cancel
+        requests) run first, so the timeout is decided once, on what they
+        left ready, and the commit point (``before_wait``) is called once
+        per stage with the timeout the loop will really block for. (They
+        used to run after it: when they found nothing to deliver, the hook
+        was called a second time, because a group commit must not sit in a
+        buffer while the loop sleeps.) Their records join this stage's
+        commit; what they wake is not external (the replay reproduces it).
+        """
+        if self._stop_requested:
+            return True  # back to the top of the loop, which stops (Scheduler.stop)
+        reactor = self._reactor
+        reactor.purge_timers()
+        for inject in self._injectors:
+            inject()
+        timeout = self._wait_timeout()
+        self._wait_hook("before_wait", None if timeout == _NOTHING_TO_WAIT_FOR else timeout)
+        woken = self._wake_deferred() if self._deferred else 0
+        alive = bool(self._ready) or reactor.busy
+        if alive:
+            woken += self._poll(timeout)
+        self._wait_hook("after_wait", woken)
+        return alive
+
+    def _wait_hook(self, name: str, arg: Any) -> None:
+        """Call the wait stage's hook ``name``; a critical failure stops the loop here."""
+        hook = self._instruments.hooks[name]
+        if hook is not None:
+            self._call_hook(hook, arg)
+            if self._fatal is not None:
+                raise self._fatal
+
+    def _poll(self, timeout: float | None) -> int:
+        """Release the pass's effects (unless held), then wait for events; return wake-ups."""
+        reactor = self._reactor
+        if reactor.outbox and not self._effects_held:
+            reactor.release()
+            if self._ready:  # inline steps completed: do not block
+                timeout = 0.0
+        return reactor.poll(timeout, idle=not self._ready)
+
+    def _wait_timeout(self) -> float | None:
+        """How long this wait stage may block: 0 (poll), seconds, None (until an event)."""
+        if self._ready or self._deferred or self._reactor.outbox:
+            return 0.0
+        reactor = self._reactor
+        if reactor.timers:
+            return reactor.timeout()
+        if reactor.io_waiting or reactor.threads_pending:
+            return None
+        return _NOTHING_TO_WAIT_FOR
+
+    def _wake_deferred(self) -> int:
+        deferred, self._deferred = self._deferred, []
+        for task, value, error in deferred:
+            if error is not None:
+                task._throw = error
+            self.wake(task, value)
+        return len(deferred)
 
     def _dispatch_hooks(self) -> tuple[_Hook | None, _Hook | None, bool, bool]:
         """Return the dispatch hooks, whether the wait stage has hooks, and the queue fast path.
@@ -596,7 +678,7 @@ class Scheduler(Reactor):
             task.joiners = None
             err = join_error(task)
             for waiter in joiners:
-                self._cancel_timer(waiter)
+                self._reactor.cancel_timer(waiter)
                 if err is not None:
                     waiter._throw = err
                 self.wake(waiter, task.result if err is None else None)
@@ -691,16 +773,14 @@ class Scheduler(Reactor):
     def _unpark(self, task: Task) -> None:
         """Remove a blocked task from whatever it waits on."""
         call = task.blocked_on
-        self._cancel_timer(task)
+        self._reactor.cancel_timer(task)
         unpark = self._unparkers.get(type(call))
         if unpark is not None:
             unpark(self, task, call)
         elif isinstance(call, WaitTask):
-            target = self._tasks.get(call.tid)
-            if target is not None and target.joiners and task in target.joiners:
-                target.joiners.remove(task)
+            self.remove_joiner(task, call.tid)
         elif isinstance(call, ReadWait | WriteWait):
-            self._io_forget(task, call)
+            self._reactor.io_forget(task, call)
         elif isinstance(call, QueueGet):
             getters = call.queue._getters
             if getters and task in getters:
@@ -722,6 +802,71 @@ class Scheduler(Reactor):
         if self._on_block is not None:
             self._call_hook(self._on_block, task, call)
         return PARKED
+
+    # -- ports: what a journal (or another layer above) may hold or decide ----
+
+    def find(self, tid: int) -> Task | None:
+        """Return the record of task ``tid``, or None (ended and reaped, or unknown)."""
+        return self._tasks.get(tid)
+
+    @property
+    def ready_count(self) -> int:
+        """How many tasks are in the ready queue (read at a wait stage: the next pass)."""
+        return len(self._ready)
+
+    def throw(self, task: Task, error: BaseException) -> None:
+        """Make the parked ``task`` ready with ``error`` raised at its yield."""
+        task._throw = error
+        self.wake(task, None)
+
+    def wake_at(self, task: Task, deadline: float) -> None:
+        """Arm a timer that wakes the parked ``task`` at ``deadline`` (``clock.monotonic``).
+
+        For a task a layer above parked itself (with :meth:`park`) on a
+        ``Sleep`` or a timed ``WaitTask`` whose deadline it decided.
+        """
+        self._reactor.add_timer(task, deadline)
+
+    def add_joiner(self, task: Task, target: Task) -> None:
+        """Make ``task`` one of ``target``'s joiners: woken with its outcome when it ends."""
+        if target.joiners is None:
+            target.joiners = [task]
+        else:
+            target.joiners.append(task)
+
+    def remove_joiner(self, task: Task, tid: int) -> None:
+        """Take ``task`` off the joiners of task ``tid`` (if it is one)."""
+        target = self._tasks.get(tid)
+        if target is not None and target.joiners and task in target.joiners:
+            target.joiners.remove(task)
+
+    def start_thread(self, task: Task, call: Any) -> Any:
+        """Park ``task`` on ``call`` and run ``call.fn(*call.args)`` in the pool.
+
+        The job starts after the current pass's commit point; its outcome
+        wakes the task at a wait stage. Returns :data:`PARKED` (for handlers).
+        """
+        self._reactor.submit(task, call)
+        return self.park(task, call, TaskState.BLOCKED_THREAD)
+
+    def hold_effects(self) -> None:
+        """Keep the effects requested so far (thread jobs, inline steps) from starting.
+
+        For the instrument that makes records durable: it holds them when it
+        defers its commit at a commit point (group commit across passes), and
+        releases them when it commits. Effects then never leave the process
+        before the records that led to them are durable.
+        """
+        self._effects_held = True
+
+    def release_effects(self) -> None:
+        """Let held effects start at the next wait stage (after its commit point)."""
+        self._effects_held = False
+
+    @property
+    def effects_held(self) -> bool:
+        """True while :meth:`hold_effects` keeps effects queued."""
+        return self._effects_held
 
     # -- instruments ---------------------------------------------------------
 

@@ -148,6 +148,15 @@ class Task:
         return self._name
 
     @property
+    def pending_error(self) -> BaseException | None:
+        """The exception the task's next dispatch raises at its yield, if any.
+
+        Set when the task is woken with an error (``Scheduler.throw``); an
+        instrument's ``task_woken`` hook reads it to tell a failure from a value.
+        """
+        return self._throw
+
+    @property
     def finished(self) -> bool:
         """True once the task is DONE, CRASHED or CANCELLED."""
         # Identity tests, not ``in _FINISHED``: a plain Enum hashes through a

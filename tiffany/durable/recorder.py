@@ -1,0 +1,189 @@
+"""The recorder: a live run's dispatches become WAL records, committed by policy.
+
+The journal (``journal.py``) hands every dispatch of a live run here. The
+recorder turns it into a record (or into nothing, when the record that
+follows stands for it: see ``dispatch.py``), appends the records to the WAL
+and decides when they are made durable: the group commit.
+
+Invariants:
+
+* Write-ahead: records are committed (one ``fdatasync`` under the
+  ``batch`` policy) at the kernel's commit point (``before_wait``); the
+  kernel releases thread jobs and inline steps only after that hook, and
+  holds them while the recorder defers its commit to a later pass
+  (``Scheduler.hold_effects``); a step's task starts in the next pass. So
+  no effect leaves the process before the records that led to it are
+  durable.
+* Fail-stop: a WAL error propagates; the journal is a critical instrument,
+  so it stops the kernel.
+
+Discussion: carried dispatch records cost nothing in exactness: the
+implied record is built from fields the carrying record already has, and a
+replay compares it as it compared the explicit one. With the worker running
+a python step itself, timed, a trivial plan step journals 4 records where it
+journaled 17 (``bench/plans.py``). What a dispatch is recorded as, and which
+dispatches are carried, is in ``dispatch.py``.
+
+Discussion: records that lead to no effect (a dispatch, a spawn, a task's
+exit) are not synced on their own: they are committed with the next record
+that does lead to one (a step starting, a run accepted or finished), when
+the loop is about to block, or after ``GROUP_COMMIT_MAX_S``. A chain of
+steps then costs one ``fdatasync`` per step, not one per loop iteration of
+the planner, worker and tool tasks that carry it; a crash before the sync
+loses only work that no effect depended on, which replay redoes.
+
+Discussion: a wake-up recorded at a wait stage (a step's result) is *not*
+committed before the task it wakes runs; it is committed with the records
+of that next pass, before any effect of that pass leaves the process.
+Committing it first would cost a second ``fdatasync`` per iteration (half
+the throughput of sequential steps) and buys nothing observable: if the
+engine dies before the commit, everything the woken task did is lost with
+it and replay redoes it from the last durable record, and none of it had
+left the process. The one thing a task could do that escapes this is raw
+I/O from journaled code, which is why I/O belongs inside steps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+from tiffany.durable.dispatch import MAX_ARG_CHARS, carried, describe
+from tiffany.durable.records import pack_error
+from tiffany.kernel import RETURNED, Scheduler, Task
+from tiffany.records import Dispatch, Record, RecordType, Wake, encode_body, pack_value
+from tiffany.wal import Wal
+
+if TYPE_CHECKING:
+    from tiffany.durable.journal import RunState, TaskMeta
+
+__all__ = ["GROUP_COMMIT_MAX_S", "Recorder"]
+
+#: Commit at least this often while records are pending, even with no effect.
+GROUP_COMMIT_MAX_S: Final = 0.010
+#: Records whose effect leaves the process right after the commit: a step
+#: starting, a run accepted or finished, a cancel acknowledged.
+_SYNC_BEFORE_EFFECT: Final = frozenset(
+    {RecordType.STEP_START, RecordType.RUN_START, RecordType.RUN_END}
+)
+_encode_body: Final = encode_body
+
+
+class Recorder:
+    """Append a run's records to the WAL and commit them by the group-commit policy.
+
+    Args:
+        wal: The open WAL; None records nothing (a replay that must not go live).
+        sched: The scheduler whose effects it holds while a commit is deferred.
+        ltid_of: Maps a global task id to its run-local id (for joins and kills).
+    """
+
+    def __init__(
+        self, wal: Wal | None, sched: Scheduler, ltid_of: Callable[[int], int | None]
+    ) -> None:
+        self.wal = wal
+        self.sched = sched
+        self.ltid_of = ltid_of
+        #: True between the commit point and the next pass: wake-ups then come
+        #: from outside the run (timers, I/O, steps) and are recorded.
+        self.in_wait = False
+        self._dirty = False
+        self._need_sync = False
+        self._sync_now = False  # an effect starts next pass whatever the kernel holds
+        self._last_commit = time.monotonic()
+
+    # -- records -------------------------------------------------------------------
+
+    def append(self, run: RunState, rec: Record) -> None:
+        """Append one record of ``run`` (committed at the next commit point)."""
+        wal = self.wal
+        if wal is not None:
+            rtype = rec.rtype
+            wal.append(rtype, run.prefix + _encode_body(rec))  # records.encode, inlined
+            self._dirty = True
+            if rtype in _SYNC_BEFORE_EFFECT:
+                self._need_sync = True
+
+    def dispatch(self, run: RunState, meta: TaskMeta, task: Task, yielded: Any) -> None:
+        """Record dispatch ``run.n`` of ``task``, unless the record that follows carries it."""
+        # A dispatch the next record carries has no record of its own; nor
+        # has a task's final return, which its TASK_EXIT carries (not the root's).
+        if yielded is RETURNED:
+            if not task.stack and task is not run.root:
+                return
+        elif carried(yielded):
+            return
+        kind, arg = describe(self.ltid_of, yielded)
+        if arg is not None and not isinstance(arg, int | float | bool):
+            arg = str(arg)[:MAX_ARG_CHARS]
+        self.append(run, Dispatch(run.n, meta.ltid, kind, arg))
+
+    def woken(self, meta: TaskMeta, task: Task, value: Any) -> None:
+        """Record a wake-up that came from outside the run (at a wait stage)."""
+        if not self.in_wait:
+            return
+        call = task.blocked_on
+        cause = call.kind if call is not None else "?"
+        err = task.pending_error
+        if err is not None:
+            rec = Wake(meta.run.n, meta.ltid, cause, False, pack_error(err))
+        else:
+            rec = Wake(meta.run.n, meta.ltid, cause, True, pack_value(value))
+        self.append(meta.run, rec)
+
+    # -- commits -------------------------------------------------------------------
+
+    def commit(self) -> None:
+        """Make everything appended so far durable (per the fsync policy)."""
+        if self._dirty and self.wal is not None:
+            self._dirty = False
+            self._need_sync = False
+            self._sync_now = False
+            self._last_commit = time.monotonic()
+            self.wal.commit()
+        self.sched.release_effects()
+
+    def require_commit(self) -> None:
+        """Commit at the next wait stage (before an acknowledgement leaves)."""
+        self._need_sync = True
+
+    def sync_next(self) -> None:
+        """Commit at the next commit point whatever is ready: an effect the kernel cannot hold."""
+        self._sync_now = True
+
+    def commit_point(self, timeout: float | None) -> None:
+        """Group commit: make the records durable before any effect leaves.
+
+        Commits when the loop is about to block (``timeout`` not 0), when
+        the last commit is older than ``GROUP_COMMIT_MAX_S``, or when an
+        effect waits for the commit (a step starts, a run starts or ends:
+        ``_need_sync``) and no other task is ready. With tasks still ready,
+        an effect's commit is deferred to a later pass (at most
+        ``GROUP_COMMIT_MAX_S`` after the last one) and the kernel holds the
+        effects until then (``hold_effects``). Only effects the kernel can
+        hold are deferred (thread jobs and inline steps): a generator step
+        runs as a task from the next pass, so it commits at once
+        (``sync_next``).
+
+        Discussion: a planner that starts 1,000 steps does it over ten
+        passes (a task's turn is capped at ``MAX_IMMEDIATE_RESUMES``).
+        Syncing at the end of each pass cost ten ``fdatasync`` calls where
+        one does; holding the steps until the loop runs out of ready work
+        (or 10 ms pass) batches them into one. A chain of steps never has
+        another task ready, so it still syncs at once, and write-ahead is
+        untouched: no effect is released before the commit.
+        """
+        if self._dirty:
+            if (
+                self._sync_now
+                or timeout != 0.0
+                or time.monotonic() - self._last_commit >= GROUP_COMMIT_MAX_S
+            ):
+                self.commit()
+            elif self._need_sync:
+                if self.sched.ready_count:
+                    self.sched.hold_effects()  # commit in a later pass
+                else:
+                    self.commit()
+        self.in_wait = True

@@ -1,0 +1,324 @@
+"""The replayer: feeds a run its recorded outcomes and checks each dispatch.
+
+A run being replayed re-runs its task code in a scheduler; the journal
+(``journal.py``) hands each of its dispatches here instead of to the
+recorder. The replayer compares the dispatch with the next recorded one,
+answers ``Now()``, ``Random()`` and timer deadlines from their recorded
+OUTCOME, parks a task whose wake-up is recorded (a step, a sleep, a timed
+join, raw I/O) and wakes it when the run's dispatch count reaches the
+recorded value, at a wait stage (:meth:`Replayer.inject`). At the end of the
+journal the run goes live: parked sleeps get their timers back, steps that
+had not finished start again (at-least-once), raw I/O fails with
+:class:`RecoveryError`.
+
+Why that suffices is in ``journal.py``; which records a dispatch implies is
+in ``history.py``, which builds the :class:`ReplayCursor` read here.
+
+Invariants:
+
+* The replayer reaches the kernel through its ports only (``wake``,
+  ``throw``, ``wake_at``, ``remove_joiner``, ``park``, ``ready_count``).
+* Every mismatch raises :class:`~tiffany.errors.NondeterminismError` naming
+  the run, the task, the WAL seq of the record, what was expected and what
+  the code did; the journal is a critical instrument, so it stops the kernel.
+
+Discussion: the per-dispatch check is the replay's hot path (a million
+dispatches for ``bench/replay.py``): a bare ``yield`` is described without a
+call, the recorded record is compared field by field, and the WAL seq is
+looked up only to report a divergence.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from tiffany.durable.dispatch import MAX_ARG_CHARS, describe, same
+from tiffany.durable.records import unpack_error
+from tiffany.errors import NondeterminismError, TiffanyError
+from tiffany.kernel import (
+    RunInThread,
+    Scheduler,
+    Sleep,
+    Step,
+    SystemCall,
+    Task,
+    TaskState,
+    WaitTask,
+)
+from tiffany.records import Dispatch, Outcome, Record, RunEnd, TaskExit, Wake, as_list, unpack_value
+
+if TYPE_CHECKING:
+    from tiffany.durable.journal import RunState
+
+__all__ = ["RecoveryError", "ReplayCursor", "Replayer"]
+
+log = structlog.get_logger("tiffany.durable")
+
+#: ``restart(task, call, ordinal, attempt)``: start a step again at go-live.
+Restart = Callable[[Task, Any, int, int], Any]
+
+
+class RecoveryError(TiffanyError):
+    """A task was parked on something that cannot survive a crash (raw I/O)."""
+
+    code = "recovery.io_lost"
+
+
+@dataclass(eq=False, slots=True)
+class ReplayCursor:
+    """What is left to replay of one run."""
+
+    dispatches: list[Dispatch]  # in order, carried ones made explicit
+    seqs: list[int]  # the WAL seq of each dispatch (for errors)
+    outcomes: dict[int, Outcome]  # n -> record
+    wakes: deque[tuple[int, Wake]]  # (wal seq, record)
+    exits: dict[int, TaskExit]  # ltid -> record
+    attempts: dict[tuple[int, int], int]  # (ltid, ordinal) -> last attempt started
+    run_end: RunEnd | None
+    index: int = 0
+    parked: dict[Task, tuple[SystemCall, Any]] = field(default_factory=dict)
+
+    @property
+    def exhausted(self) -> bool:
+        """True once every dispatch and wake-up was replayed."""
+        return self.index >= len(self.dispatches) and not self.wakes
+
+
+class Replayer:
+    """Replay runs from their cursors; go live (or fail) at the end of the journal.
+
+    Args:
+        sched: The scheduler the runs' tasks live in.
+        ltid_of: Maps a global task id to its run-local id.
+        restart: Starts a step again at go-live (the journal's step starter).
+        allow_live: When false (``--verify``), running past the end of the
+            journal is a divergence instead of going live.
+    """
+
+    def __init__(
+        self,
+        sched: Scheduler,
+        ltid_of: Callable[[int], int | None],
+        restart: Restart,
+        *,
+        allow_live: bool = True,
+    ) -> None:
+        self.sched = sched
+        self.ltid_of = ltid_of
+        self.restart = restart
+        self.allow_live = allow_live
+        self.runs: list[RunState] = []
+
+    # -- per dispatch --------------------------------------------------------------
+
+    def check_dispatch(self, run: RunState, cur: ReplayCursor, task: Task, yielded: Any) -> None:
+        """Compare dispatch ``run.n`` of ``task`` with the next recorded one."""
+        if yielded is None:
+            kind: str = "yield"
+            arg: Any = None
+        else:
+            kind, arg = describe(self.ltid_of, yielded)
+            if arg is not None and not isinstance(arg, int | float | bool):
+                arg = str(arg)[:MAX_ARG_CHARS]
+        i = cur.index
+        rec = cur.dispatches[i]
+        cur.index = i + 1
+        ltid = task.meta.ltid
+        if rec.n != run.n or rec.ltid != ltid or rec.kind != kind or rec.arg != arg:
+            raise self.divergence(run, task, cur.seqs[i], rec, [run.n, ltid, kind, arg])
+
+    def outcome(self, run: RunState, cur: ReplayCursor, task: Task, call: SystemCall) -> Any:
+        """Return the recorded outcome of ``call`` (``Now()``...), or go live if the journal ends.
+
+        Returns:
+            The recorded value, or :data:`NotImplemented` when the run went
+            live and the caller must produce (and record) the value itself.
+        """
+        ltid = task.meta.ltid
+        rec = cur.outcomes.get(run.n)
+        if rec is not None and rec.ltid == ltid and rec.kind == call.kind:
+            return unpack_value(rec.value)
+        if rec is not None or cur.index < len(cur.dispatches):
+            raise self.divergence(
+                run, task, -1, rec or [], [run.n, ltid, call.kind], what="outcome"
+            )
+        self.go_live(run)  # the journal ends between a dispatch and its outcome
+        return NotImplemented
+
+    def park(self, task: Task, call: SystemCall, extra: Any, state: TaskState) -> Any:
+        """Park ``task`` until its recorded wake-up (``extra``: a deadline or a step ordinal)."""
+        cur = task.meta.run.replay
+        assert cur is not None
+        cur.parked[task] = (call, extra)
+        return self.sched.park(task, call, state)
+
+    def check_exit(self, run: RunState, cur: ReplayCursor, task: Task, fields: list[Any]) -> bool:
+        """Check the task's end against its TASK_EXIT; False if none is recorded (record it)."""
+        rec = cur.exits.get(fields[1])
+        if rec is None:
+            return False  # the journal ends right before this record (a torn pass)
+        if rec.state != fields[2] or (rec.state == "done" and not same(rec.value, task.result)):
+            raise self.divergence(run, task, -1, rec, fields, what="task exit")
+        return True
+
+    def check_end(self, run: RunState, cur: ReplayCursor, root: Task, value: Any) -> bool:
+        """Check the run's end against its RUN_END; False if none is recorded (record it)."""
+        end = cur.run_end
+        if end is None:
+            return False
+        if end.status != run.status or (
+            run.status == "succeeded" and not same(end.value, root.result)
+        ):
+            raise self.divergence(run, root, -1, end, [run.status, value], what="run end")
+        return True
+
+    # -- at wait stages --------------------------------------------------------------
+
+    def inject(self, cancel: Callable[[RunState], None]) -> None:
+        """Deliver the wake-ups recorded at this point of each run; go live at the end."""
+        for run in list(self.runs):
+            cur = run.replay
+            if cur is not None:
+                self._inject_run(run, cur, cancel)
+
+    def _inject_run(
+        self, run: RunState, cur: ReplayCursor, cancel: Callable[[RunState], None]
+    ) -> None:
+        wakes = cur.wakes
+        while wakes and wakes[0][1].at == run.n:
+            seq, rec = wakes.popleft()
+            if rec.cause == "cancel":
+                cancel(run)
+            else:
+                self._deliver(run, cur, seq, rec)
+        if wakes and wakes[0][1].at < run.n:
+            seq, rec = wakes[0]
+            raise self._stalled(run, seq, rec, "its dispatch count passed the wake-up")
+        if cur.exhausted:
+            self.go_live(run)
+        elif not self.sched.ready_count:
+            if not wakes:
+                i = cur.index
+                raise self._stalled(
+                    run, cur.seqs[i], cur.dispatches[i], "no task is ready for the next dispatch"
+                )
+            if wakes[0][1].at > run.n:
+                seq, rec = wakes[0]
+                raise self._stalled(run, seq, rec, "no task is ready before the wake-up")
+
+    def _deliver(self, run: RunState, cur: ReplayCursor, seq: int, rec: Wake) -> None:
+        ltid, cause, ok, value = rec.ltid, rec.cause, rec.ok, rec.value
+        task = run.tasks.get(ltid)
+        parked = cur.parked.pop(task, None) if task is not None else None
+        if task is None or parked is None or parked[0].kind != cause:
+            raise self._stalled(run, seq, rec, f"task {ltid} is not waiting on {cause}")
+        call = parked[0]
+        if call.__class__ is WaitTask:
+            self.sched.remove_joiner(task, call.tid)
+        if ok:
+            self.sched.wake(task, unpack_value(value))
+        else:
+            self.sched.throw(task, unpack_error(value))
+
+    def go_live(self, run: RunState) -> None:
+        """The replay reached the end of the journal: continue for real."""
+        cur = run.replay
+        if cur is None:
+            return
+        if not self.allow_live:
+            self._refuse_live(run, cur)
+        run.replay = None
+        self.runs.remove(run)
+        for task, (call, extra) in cur.parked.items():
+            self._resume(task, call, extra, cur)
+        log.info("replay.live", run_id=run.run_id, dispatches=run.n, resumed=len(cur.parked))
+
+    def _refuse_live(self, run: RunState, cur: ReplayCursor) -> None:
+        alive = [t for t in run.tasks.values() if not t.finished]
+        if alive or cur.index < len(cur.dispatches) or cur.wakes:
+            task = alive[0] if alive else run.root
+            assert task is not None
+            raise self.divergence(
+                run,
+                task,
+                -1,
+                ["end of journal"],
+                [f"{len(alive)} task(s) still running"],
+                what="replay end",
+            )
+
+    def _resume(self, task: Task, call: SystemCall, extra: Any, cur: ReplayCursor) -> None:
+        """Give a task parked by the replay what it waits on for real."""
+        sched = self.sched
+        cls = call.__class__
+        if cls is Sleep or cls is WaitTask:
+            remaining = max(0.0, float(extra) - sched.clock.time())
+            sched.wake_at(task, sched.clock.monotonic() + remaining)
+        elif isinstance(call, Step | RunInThread):
+            attempt = cur.attempts.get((task.meta.ltid, extra), 0) + 1
+            self.restart(task, call, extra, attempt)
+        else:  # raw I/O: the descriptor did not survive the crash
+            sched.defer_wake(
+                task,
+                None,
+                RecoveryError(
+                    f"task {task.name} was waiting on {call.kind} when the engine "
+                    "stopped; descriptors do not survive a restart (do I/O inside a Step)",
+                    call=call.kind,
+                ),
+            )
+
+    # -- errors ------------------------------------------------------------------------
+
+    def divergence(
+        self,
+        run: RunState,
+        task: Task,
+        seq: int,
+        expected: Record | list[Any],
+        actual: list[Any],
+        what: str = "dispatch",
+    ) -> NondeterminismError:
+        """Return (and log) the error for a replay that does not match its journal."""
+        if not isinstance(expected, list):
+            expected = as_list(expected)
+        meta = task.meta
+        frames = [f"{fn} ({path}:{line})" for fn, path, line in task.frames()]
+        err = NondeterminismError(
+            f"run {run.run_id}: {what} #{run.n} of task {meta.ltid if meta else '?'} "
+            f"({task.name}) diverged from the journal: expected {expected!r}, got {actual!r}",
+            run_id=run.run_id,
+            task=meta.ltid if meta else None,
+            task_name=task.name,
+            dispatch=run.n,
+            seq=seq,
+            what=what,
+            expected=expected,
+            actual=actual,
+            stack=frames,
+        )
+        log.error(
+            "replay.nondeterminism",
+            **{k: v for k, v in err.fields.items() if k != "stack"},
+            frames=frames,
+        )
+        return err
+
+    def _stalled(self, run: RunState, seq: int, rec: Record, why: str) -> NondeterminismError:
+        fields = as_list(rec)
+        err = NondeterminismError(
+            f"run {run.run_id}: replay stalled at dispatch #{run.n} ({why}); "
+            f"next journal record seq {seq}: {fields!r}",
+            run_id=run.run_id,
+            dispatch=run.n,
+            seq=seq,
+            expected=fields,
+            actual=None,
+        )
+        log.error("replay.stalled", **err.fields)
+        return err
