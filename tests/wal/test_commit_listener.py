@@ -1,22 +1,19 @@
-"""The WAL's commit listener: exactly the committed records, in order, once."""
+"""The WAL's commit listener: each commit's seq range, in order, once."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from tiffany.wal import Wal, iter_records, split_frames
+from tiffany.wal import Wal, iter_records
 
 
-def test_listener_sees_each_committed_record_once_in_order(tmp_path: Path) -> None:
-    seen: list[tuple[int, int, bytes]] = []
+def test_listener_sees_each_committed_range_once_in_order(tmp_path: Path) -> None:
+    ranges: list[tuple[int, int]] = []
     syncs: list[float] = []
 
-    def listener(first: int, frames: bytearray, sync_s: float) -> None:
+    def listener(first: int, last: int, sync_s: float) -> None:
+        ranges.append((first, last))
         syncs.append(sync_s)
-        for i, (rtype, payload) in enumerate(split_frames(frames)):
-            seen.append((first + i, rtype, payload))
 
     # A tiny segment size forces rotations inside one commit.
     with Wal.open(tmp_path, fsync="batch", segment_size_bytes=200) as wal:
@@ -27,16 +24,8 @@ def test_listener_sees_each_committed_record_once_in_order(tmp_path: Path) -> No
                 wal.commit()
         wal.commit()
         wal.commit()  # nothing new: no call
-    on_disk = [(r.seq, r.rtype, r.payload) for r in iter_records(tmp_path)]
-    assert seen == on_disk
+    on_disk = [r.seq for r in iter_records(tmp_path)]
+    assert ranges == [(1, 7), (8, 14), (15, 21), (22, 25)]
+    assert [s for first, last in ranges for s in range(first, last + 1)] == on_disk
     assert len(syncs) == 4
     assert all(s >= 0.0 for s in syncs)
-
-
-def test_split_frames_rejects_a_cut_buffer() -> None:
-    from tiffany.wal.frame import encode
-
-    data = encode(2, b"abc") + encode(3, b"defgh")
-    assert split_frames(data) == [(2, b"abc"), (3, b"defgh")]
-    with pytest.raises(ValueError, match="byte offset 12"):
-        split_frames(data[:-1])

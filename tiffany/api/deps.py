@@ -33,6 +33,7 @@ from tiffany.store import queries
 __all__ = [
     "MIN_SEQ_WAIT_S",
     "ApiState",
+    "BeyondJournal",
     "State",
     "StoreBehind",
     "StoreUnavailable",
@@ -64,6 +65,16 @@ class StoreBehind(StoreUnavailable):
     code = "store.behind"
 
 
+class BeyondJournal(TiffanyError):
+    """A ``min_seq`` above every seq the journal has written: no wait could meet it (HTTP 422).
+
+    Fields: ``min_seq`` (what was asked) and ``written_seq`` (the journal's last seq).
+    """
+
+    code = "request.invalid"
+    http_status = 422
+
+
 class Watermark:
     """The store's watermark as this API process has been told it, and the reads waiting on it.
 
@@ -88,6 +99,8 @@ class Watermark:
         #: The highest watermark learnt (it only grows).
         self.seq = 0
         self._waiters: list[tuple[int, int, asyncio.Future[int]]] = []  # a heap by seq
+        #: The journal's last written seq as of the newest answer (it only grows).
+        self.written = 0
         self._order = itertools.count()
         self._task: asyncio.Task[None] | None = None
 
@@ -110,14 +123,21 @@ class Watermark:
             heapq.heapify(self._waiters)
             if not self._waiters:
                 return
+            # Waiters registered before this request are judged by its answer.
+            sent = next(self._order)
+            top = max(w[0] for w in self._waiters)
             try:
                 answer = await self.control.request(
                     "wait_projected",
                     timeout=MIN_SEQ_WAIT_S + CONTROL_MARGIN_S,
                     seq=self.seq + 1,
                     wait_s=MIN_SEQ_WAIT_S,
+                    max_seq=top,
                 )
                 self._advance(int(answer.get("last_seq", 0)))
+                written = answer.get("written_seq")
+                if isinstance(written, int) and written < top:
+                    self._refuse_beyond(written, sent)
             except ControlUnavailable:
                 with contextlib.suppress(StoreUnavailable):
                     self._advance(await self.read_mark())  # once: no engine, no news after
@@ -133,6 +153,32 @@ class Watermark:
             fut = heapq.heappop(self._waiters)[2]
             if not fut.done():
                 fut.set_result(self.seq)
+
+    def _refuse_beyond(self, written: int, sent: int) -> None:
+        """Fail the reads (registered before ``sent``) that ask for more than was ever written.
+
+        Discussion: a seq a client holds (a 201's, an event's ``wal_seq``)
+        was written before the client could send it, so it is at most the
+        ``written_seq`` of any answer to a request sent after the read
+        arrived; only such reads are judged, so a fresh seq never races
+        into a refusal.
+        """
+        self.written = max(self.written, written)
+        keep = []
+        for seq, order, fut in self._waiters:
+            if seq > written and order < sent and not fut.done():
+                fut.set_exception(
+                    BeyondJournal(
+                        f"min_seq {seq} is beyond the journal's last seq {written}",
+                        min_seq=seq,
+                        written_seq=written,
+                        detail=[{"loc": ["query", "min_seq"], "msg": "beyond the journal"}],
+                    )
+                )
+            else:
+                keep.append((seq, order, fut))
+        heapq.heapify(keep)
+        self._waiters = keep
 
     def _settle(self) -> None:
         """Answer every waiting read with what is known (they fail as behind)."""

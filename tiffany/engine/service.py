@@ -364,8 +364,7 @@ class EngineService:
 
     # -- scheduler thread --------------------------------------------------------------
 
-    def _on_commit(self, first_seq: int, frames: bytearray, sync_s: float) -> None:
-        last = self.runtime.wal.durable_seq
+    def _on_commit(self, first_seq: int, last: int, sync_s: float) -> None:
         self.metrics.committed(last - first_seq + 1, sync_s)
         self.projector.committed(last)
         self.durable_seq = last
@@ -512,6 +511,14 @@ class EngineService:
         if not isinstance(wait_s, int | float) or isinstance(wait_s, bool) or wait_s < 0:
             msg = "must be a number >= 0"
             raise ControlError(422, f"wait_s {msg}", [{"loc": "wait_s", "msg": msg}])
+        max_seq = request.get("max_seq")
+        written = self.runtime.wal.next_seq - 1
+        if isinstance(max_seq, int) and max_seq > written:
+            # A read asks for a seq never written: answer now, the API refuses it (422).
+            done: Future[dict[str, Any]] = Future()
+            last = self.projector.last_seq
+            done.set_result({"last_seq": last, "reached": last >= seq, "written_seq": written})
+            return done
         return self.projector.when_projected(seq, min(float(wait_s), MAX_WAIT_PROJECTED_S))
 
     def _quarantined(self, seqs: list[int], total: int) -> None:

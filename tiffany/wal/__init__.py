@@ -26,7 +26,6 @@ Modules: ``format`` (constants, segment header), ``frame`` (one record),
 """
 
 from tiffany.wal.format import MAX_RECORD_BYTES, SEGMENT_SIZE_BYTES
-from tiffany.wal.frame import split_frames
 from tiffany.wal.reader import Record, TornTail, iter_records
 from tiffany.wal.recovery import Recovery
 from tiffany.wal.repair import RepairReport, VerifyReport, repair, verify
@@ -49,6 +48,5 @@ __all__ = [
     "iter_records",
     "repair",
     "salvage",
-    "split_frames",
     "verify",
 ]

@@ -49,7 +49,6 @@ __all__ = [
     "encode",
     "is_benign",
     "next_frame",
-    "split_frames",
 ]
 
 # What can be wrong with a frame, in the order ``decode`` checks.
@@ -167,29 +166,3 @@ def next_frame(data: bytes, offset: int) -> int | None:
             return k
         k += 1
     return None
-
-
-def split_frames(data: bytes | bytearray) -> list[tuple[int, bytes]]:
-    """Return ``(rtype, payload)`` of each record in a run of good frames.
-
-    For buffers the writer built itself (what :data:`~tiffany.wal.writer.CommitListener`
-    receives): the layout is trusted, so no checksum is computed.
-
-    Raises:
-        ValueError: The buffer does not split into whole frames.
-    """
-    out: list[tuple[int, bytes]] = []
-    view = memoryview(data)
-    offset, size = 0, len(data)
-    unpack = RECORD_HEADER.unpack_from
-    while offset < size:
-        if size - offset < RECORD_HEADER_SIZE_BYTES:
-            raise ValueError(f"short frame header at byte offset {offset}")
-        _, length, rtype = unpack(data, offset)
-        start = offset + RECORD_HEADER_SIZE_BYTES
-        end = start + length
-        if end > size:
-            raise ValueError(f"short frame payload at byte offset {offset}")
-        out.append((rtype, bytes(view[start:end])))
-        offset = end
-    return out

@@ -54,12 +54,11 @@ from tiffany.wal.lock import lock_dir
 from tiffany.wal.recovery import Recovery, recover
 from tiffany.wal.segments import SyncFn, WriteFn, create_segment, write_all
 
-#: ``on_commit(first_seq, frames, sync_s)``: after a commit made records
-#: ``first_seq``.. durable; ``frames`` holds exactly their encoded frames, back
-#: to back (the format's record layout; :func:`tiffany.wal.frame.split_frames`
-#: splits them), and is never touched again by the WAL; ``sync_s`` is how long
-#: the fsync took (0 under ``off``). Runs on the committing thread: keep it O(1).
-CommitListener = Callable[[int, bytearray, float], None]
+#: ``on_commit(first_seq, last_seq, sync_s)``: after a commit made records
+#: ``first_seq``..``last_seq`` durable; ``sync_s`` is how long the fsync took
+#: (0 under ``off``). Readers read the records from disk (the projector tails
+#: the WAL). Runs on the committing thread: keep it O(1).
+CommitListener = Callable[[int, int, float], None]
 
 #: ``on_rotate(durable_seq)``: after a commit that started a new segment (the
 #: ones before it are now closed for good: retention may release them). Runs on
@@ -300,7 +299,7 @@ class Wal:
         first = self._durable_seq + 1
         self._durable_seq = seq = self._next_seq - 1
         if listener is not None:
-            listener(first, buf, sync_s)
+            listener(first, seq, sync_s)
         if rotated and self.on_rotate is not None:
             self.on_rotate(seq)
         return seq
