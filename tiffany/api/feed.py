@@ -316,9 +316,10 @@ class FeedSubscriber:
         that has not taken what came before it is slow.
 
         The backlog is looked at again after 1 ms, then at doubling
-        intervals up to :data:`PAUSE_POLL_S`: a client that reads resumes
-        within a few milliseconds, one that stopped costs a look now and
-        then, never a send. The pause counts against the send deadline
+        intervals up to :data:`PAUSE_POLL_S` while it does not shrink (back
+        to 1 ms when it does): a client that reads resumes within a few
+        milliseconds, one that stopped costs a look now and then, never a
+        send. The pause counts against the send deadline
         (``send_since``): a client that never reads again is cut off by it,
         as a blocked send would be (the cutoff cancels this wait).
         """
@@ -328,13 +329,16 @@ class FeedSubscriber:
             return
         self.relay.pauses += 1
         self.send_since = time.monotonic()
-        delay = PAUSE_FIRST_POLL_S
+        delay, before = PAUSE_FIRST_POLL_S, backlog()
         try:
             while True:
                 await asyncio.sleep(delay)
-                if backlog() <= mark:
+                now = backlog()
+                if now <= mark:
                     return
-                delay = min(delay * 2, PAUSE_POLL_S)
+                # A client that takes some is slow, not stalled: look again soon.
+                delay = PAUSE_FIRST_POLL_S if now < before else min(delay * 2, PAUSE_POLL_S)
+                before = now
         finally:
             self.send_since = None
 
