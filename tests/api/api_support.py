@@ -56,17 +56,23 @@ EngineProcess = EngineProc
 def start_engine(
     data_dir: Path, *extra: str, env_extra: dict[str, str] | None = None
 ) -> EngineProc:
-    """Start ``tiffany engine`` on ``data_dir`` (clean environment) and wait for its ready file."""
+    """Start ``tiffany engine`` on ``data_dir`` (clean environment) and wait until it is ready.
+
+    Ready includes the projector's first report (its process is up), so a
+    test's first ``min_seq`` read does not wait on a cold projector start.
+    """
     env = clean_env()
     env["TIFFANY_LOG_FORMAT"] = "json"
     env.update(env_extra or {})
-    return EngineProc(
+    proc = EngineProc(
         data_dir,
         *extra,
         env=env,
         ready_file=data_dir / "engine.json",
         log_path=data_dir / "engine.log",
     )
+    proc.wait_ready(ENGINE_START_TIMEOUT_S)
+    return proc
 
 
 @dataclass
