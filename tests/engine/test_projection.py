@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tiffany.durable.records import encode
 from tiffany.engine.projection import WalTail, decoded_batches
 from tiffany.engine.projector_proc import DURABLE, Notices
 from tiffany.errors import WalCorruptionError
+from tiffany.records import Dispatch, encode
 from tiffany.wal import Wal
 from tiffany.wal.segments import list_segments
 
@@ -25,7 +25,7 @@ PREFIX = (7).to_bytes(4, "little")
 
 def _append(wal: Wal, n: int, first: int) -> None:
     for i in range(first, first + n):
-        wal.append(3, encode(PREFIX, [i, 1, "sleep", "x" * (i % 50)]))
+        wal.append(3, encode(PREFIX, Dispatch(i, 1, "sleep", "x" * (i % 50))))
 
 
 def _everything(wal_dir: Path) -> list[tuple[int, int, int, list[object]]]:
