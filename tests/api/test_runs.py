@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -185,23 +188,55 @@ def test_concurrent_reads_each_answer_once_their_seq_is_projected(engine, live_a
     assert asyncio.run(main()) == [200] * 50
 
 
+def _projector_pid(engine_pid: int) -> int:
+    """The engine's projector process (its child running ``tiffany projector``)."""
+    threads = Path(f"/proc/{engine_pid}/task").iterdir()
+    for child in (c for t in threads for c in (t / "children").read_text().split()):
+        cmdline = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        if b"projector" in cmdline:
+            return int(child)
+    raise AssertionError(f"engine {engine_pid} has no projector child")
+
+
 def test_a_seq_the_store_does_not_reach_is_a_503_naming_where_it_is(
-    client, monkeypatch: pytest.MonkeyPatch
+    client, engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tiffany.api import deps
 
     monkeypatch.setattr(deps, "MIN_SEQ_WAIT_S", 0.2)
-    seq = _submit(client, SLEEP_PLAN).json()["seq"]
-    started = time.monotonic()
-    r = client.get("/api/runs", params={"min_seq": seq + 10**9})
-    assert time.monotonic() - started < 5.0
+    projector = _projector_pid(engine.proc.pid)
+    os.kill(projector, signal.SIGSTOP)  # the store stops moving; the journal does not
+    try:
+        answer = client.post("/api/runs", json={"plan": SLEEP_PLAN, "inputs": {}})
+        assert answer.status_code == 201, answer.text  # journaled: the engine answers
+        seq = answer.json()["seq"]
+        started = time.monotonic()
+        r = client.get("/api/runs", params={"min_seq": seq})
+        assert time.monotonic() - started < 5.0
+    finally:
+        os.kill(projector, signal.SIGCONT)
     assert r.status_code == 503
     assert r.headers["retry-after"]
     body = r.json()
     assert body["code"] == "store.behind"
-    assert body["min_seq"] == seq + 10**9
-    assert seq <= body["store_seq"] < seq + 10**9
+    assert body["min_seq"] == seq
+    assert body["store_seq"] < seq
     assert str(body["store_seq"]) in body["message"]
+    assert client.get("/api/runs", params={"min_seq": seq}).status_code == 200  # moving again
+
+
+def test_a_seq_the_journal_never_wrote_is_a_422_naming_min_seq(client) -> None:
+    seq = _submit(client, SLEEP_PLAN).json()["seq"]
+    for path in ("/api/runs", "/api/runs/run-0123456789ab"):
+        started = time.monotonic()
+        r = client.get(path, params={"min_seq": seq + 10**9})
+        assert time.monotonic() - started < 2.0  # refused at once, not after the wait
+        assert r.status_code == 422, r.text
+        body = r.json()
+        assert body["min_seq"] == seq + 10**9
+        assert seq <= body["written_seq"] < seq + 10**9
+        assert "min_seq" in body["message"]
+        assert body["detail"][0]["loc"] == ["query", "min_seq"]
 
 
 def test_events_page_through_the_journal(client) -> None:
