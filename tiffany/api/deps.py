@@ -172,7 +172,13 @@ class Watermark:
                         f"min_seq {seq} is beyond the journal's last seq {written}",
                         min_seq=seq,
                         written_seq=written,
-                        detail=[{"loc": ["query", "min_seq"], "msg": "beyond the journal"}],
+                        detail=[
+                            {
+                                "loc": ["query", "min_seq"],
+                                "msg": "beyond the journal",
+                                "type": "value_error",
+                            }
+                        ],
                     )
                 )
             else:
