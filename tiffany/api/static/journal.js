@@ -20,10 +20,11 @@ const TYPE_TONE = {
 };
 
 export class Journal {
-  constructor(root, runId, { onError }) {
+  constructor(root, runId, { onError, minSeq = () => null }) {
     this.root = root;
     this.runId = runId;
     this.onError = onError;
+    this.minSeq = minSeq; // the WAL seq the store must have projected (the run page's)
     this.after = 0;
     this.done = false;
     this.count = 0;
@@ -51,6 +52,8 @@ export class Journal {
     this.more.disabled = true;
     try {
       const q = new URLSearchParams({ after: String(this.after), limit: String(PAGE) });
+      const want = this.minSeq();
+      if (want != null) q.set("min_seq", String(want));
       const data = await api(`api/runs/${encodeURIComponent(this.runId)}/events?${q}`);
       const recs = data.records || [];
       const frag = document.createDocumentFragment();
@@ -65,7 +68,7 @@ export class Journal {
       if (data.next_after != null) this.after = Math.max(this.after, data.next_after);
       this.applyFilter();
     } catch (err) {
-      // A run just submitted may not be in the store yet; the page retries.
+      // Read with the run page's min_seq; without one (a bare link) an unknown run is a 404.
       if (err.status !== 404) this.onError(err);
       this.done = true;
     } finally {

@@ -110,7 +110,7 @@ export class RunPage {
         card("Journal", journalEl, "journal-card", "decoded WAL records; click a row for its payload"),
       ),
     );
-    this.journal = new Journal(journalEl, this.runId, { onError: this.onError });
+    this.journal = new Journal(journalEl, this.runId, { onError: this.onError, minSeq: () => this.wantSeq });
     this.journal.load();
     this.renderHead();
   }
