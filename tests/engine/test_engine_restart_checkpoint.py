@@ -21,7 +21,8 @@ def test_a_restart_on_a_checkpoint_answers_for_runs_it_no_longer_holds(tmp_path:
     first = EngineProc(data)
     try:
         first.wait_ready()
-        run_id = first.call("submit", plan=SLEEPY, inputs={}, key="key-1")["run_id"]
+        answer = first.call("submit", plan=SLEEPY, inputs={}, key="key-1")
+        run_id, seq = answer["run_id"], answer["seq"]
         store_run(data, run_id, until="succeeded", timeout=30)
     finally:
         assert first.stop(signal.SIGTERM) == 0
@@ -31,7 +32,7 @@ def test_a_restart_on_a_checkpoint_answers_for_runs_it_no_longer_holds(tmp_path:
     assert cp is not None
     assert cp.seq == last  # the stop wrote a checkpoint of the whole log
     assert cp.runs == []
-    assert [k.key for k in cp.keys] == ["key-1"]
+    assert [(k.key, k.seq) for k in cp.keys] == [("key-1", seq)]
 
     again = EngineProc(data)
     try:
@@ -50,6 +51,7 @@ def test_a_restart_on_a_checkpoint_answers_for_runs_it_no_longer_holds(tmp_path:
         assert again.call("submit", plan=SLEEPY, inputs={}, key="key-1") == {
             "run_id": run_id,
             "created": False,
+            "seq": seq,  # the same answer as the first time
         }
         with pytest.raises(ControlError) as other:
             again.call("submit", plan={**SLEEPY, "name": "other"}, inputs={}, key="key-1")
