@@ -21,13 +21,6 @@ partition, rather than a queue per subscriber):
   off: its sender is stopped and it gets ``{"type": "cutoff", "last_seq":
   <last seq it was sent>}``; the others never wait for it, and memory is the
   ring's, whatever the number and speed of the websockets;
-* a subscriber whose client stops reading is paused, not fed: before each
-  round its sender asks the connection's backlog (bytes sent and not yet
-  taken by the client, :mod:`tiffany.api.backlog`); above
-  :data:`PAUSE_BACKLOG_BYTES` it sends nothing until the backlog drains
-  (looked at after 1 ms, then less and less often). A stalled client thus
-  costs a few sends, not a socket buffer full of them, and its pause counts
-  against the send deadline like a blocked send;
 * budgets per subscriber: ``queue_frames`` entries and ``queue_bytes`` bytes
   of lag, and a send deadline (``send_timeout_s``): a socket that does not
   drain within it is cut off the same way (checked by a timer, every
@@ -100,19 +93,13 @@ STUCK_RESUMES: Final = 2
 #: (then the other senders wait a pass: requests are served in between).
 FANOUT_SLICE_S: Final = 0.0005
 #: How long the relay gathers a trickle of events before it wakes the senders, in seconds.
-FLUSH_S: Final = 0.025
-#: Entries gathered that wake the senders at once (a full batch message).
-FLUSH_ENTRIES: Final = READ_BATCH_ENTRIES
+FLUSH_S: Final = 0.01
+#: Entries gathered that wake the senders at once.
+FLUSH_ENTRIES: Final = 64
 #: How often the relay looks for sends stuck past their deadline, in seconds.
 DEADLINE_CHECK_S: Final = 0.25
 #: Most senders woken in one pass once the slice is contended.
 MAX_GRANT: Final = 1024
-
-#: A subscriber's backlog (bytes its client has not taken) above which its sender pauses.
-PAUSE_BACKLOG_BYTES: Final = 16 * 1024
-#: First and longest interval between two looks at a paused subscriber's backlog, in seconds.
-PAUSE_FIRST_POLL_S: Final = 0.001
-PAUSE_POLL_S: Final = 0.1
 
 #: The kernel send buffer of the API's connections, in bytes (the kernel doubles it).
 SOCKET_SEND_BUFFER_BYTES: Final = 16 * 1024
@@ -242,12 +229,8 @@ class FeedSubscriber:
         self._cut_task: Any = None
         self._wake = asyncio.Event()
         self._idle = False
-        #: When the send (or pause) in progress began (monotonic), None between sends.
+        #: When the send in progress began (monotonic), None between sends.
         self.send_since: float | None = None
-        #: The connection's backlog in bytes (None: unknown, never paused; tiffany.api.backlog).
-        self.backlog: Callable[[], int] | None = None
-        #: Bytes of the last round of frames its sender sent.
-        self.round_bytes = 0
 
     async def next_frames(
         self, timeout: float, limit: int = READ_BATCH_ENTRIES
@@ -305,40 +288,6 @@ class FeedSubscriber:
         self.send_since = time.monotonic()
         try:
             await send(text)
-        finally:
-            self.send_since = None
-
-    async def until_drained(self) -> None:
-        """Pause while the client has more than :data:`PAUSE_BACKLOG_BYTES` unread.
-
-        Beyond the last round's bytes (:attr:`round_bytes`): a round larger
-        than the mark is not a stall while the client takes it, but a client
-        that has not taken what came before it is slow.
-
-        The backlog is looked at again after 1 ms, then at doubling
-        intervals up to :data:`PAUSE_POLL_S` while it does not shrink (back
-        to 1 ms when it does): a client that reads resumes within a few
-        milliseconds, one that stopped costs a look now and then, never a
-        send. The pause counts against the send deadline
-        (``send_since``): a client that never reads again is cut off by it,
-        as a blocked send would be (the cutoff cancels this wait).
-        """
-        backlog = self.backlog
-        mark = PAUSE_BACKLOG_BYTES + self.round_bytes
-        if backlog is None or backlog() <= mark:
-            return
-        self.relay.pauses += 1
-        self.send_since = time.monotonic()
-        delay, before = PAUSE_FIRST_POLL_S, backlog()
-        try:
-            while True:
-                await asyncio.sleep(delay)
-                now = backlog()
-                if now <= mark:
-                    return
-                # A client that takes some is slow, not stalled: look again soon.
-                delay = PAUSE_FIRST_POLL_S if now < before else min(delay * 2, PAUSE_POLL_S)
-                before = now
         finally:
             self.send_since = None
 
@@ -402,10 +351,6 @@ class FeedRelay:
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._next_slice_pending = False
         self._deadline_timer: asyncio.TimerHandle | None = None
-        #: Pauses of subscribers whose clients had not taken their backlog.
-        self.pauses = 0
-        #: Entries that wake the senders at once: a batch message, well within the lag allowed.
-        self.flush_entries = max(1, min(FLUSH_ENTRIES, queue_frames // 4))
         self.ring = _Ring(max(ring_events, queue_frames + READ_BATCH_ENTRIES))
         self.last_seq: int | None = None
         self.subscribers: set[FeedSubscriber] = set()
@@ -550,16 +495,12 @@ class FeedRelay:
         Discussion: a run's events come a few at a time over some
         milliseconds; woken for each few, 100 websockets in batch mode sent
         100 messages a few events each, some ten times a run. Gathering them
-        for :data:`FLUSH_S` makes that one message a run (10 ms still made
-        two or three: a short run spans 20 ms); a busy feed wakes them as
-        soon as a full batch message (:data:`FLUSH_ENTRIES`) waits, so a
-        sender's round is one message, not eight of 64 events (measured:
-        each message costs the loop the same 15 us of framing and a write
-        whatever it carries).
+        for a few milliseconds makes that one message a run; a busy feed
+        (:data:`FLUSH_ENTRIES` waiting) wakes them at once, so lag stays low.
         """
         ring = self.ring
         ring.append(entry)
-        if ring.end - self._woken_at >= self.flush_entries:
+        if ring.end - self._woken_at >= FLUSH_ENTRIES:
             if self._wake_timer is not None:
                 self._wake_timer.cancel()
                 self._wake_timer = None

@@ -20,7 +20,6 @@ import structlog
 import uvicorn
 
 from tiffany.api.app import create_app
-from tiffany.api.backlog import BacklogWebSocketProtocol
 from tiffany.api.feed import bound_send_buffer
 from tiffany.config import Settings
 from tiffany.log import configure_logging
@@ -75,7 +74,6 @@ def uvicorn_config(settings: Settings, app: Any) -> uvicorn.Config:
         # reading stops answering them too, and is then disconnected.
         ws_ping_interval=WS_PING_INTERVAL_S,
         ws_ping_timeout=WS_PING_INTERVAL_S,
-        ws=BacklogWebSocketProtocol,  # the feed pauses clients that stop reading
         proxy_headers=False,
     )
 

@@ -41,7 +41,6 @@ from typing import Annotated, Final
 import structlog
 from fastapi import APIRouter, Query, WebSocket, WebSocketDisconnect
 
-from tiffany.api.backlog import backlog_of, direct_sender_of
 from tiffany.api.deps import get_state
 from tiffany.api.feed import READ_BATCH_ENTRIES, FeedSubscriber
 
@@ -66,62 +65,20 @@ _GONE_CLIENT: Final = (WebSocketDisconnect, OSError, RuntimeError)
 router = APIRouter(tags=["activity"])
 
 
-Write = Callable[[str], Awaitable[None]]
-
-
-def _writer(ws: WebSocket, direct: Callable[[list[str]], bool] | None) -> Write:
-    """Return how one message is sent: written directly when it can be, else through ASGI."""
-    if direct is None:
-        return ws.send_text
-
-    async def write(text: str) -> None:
-        if not direct([text]):
-            await ws.send_text(text)
-
-    return write
-
-
-def _one(write: Write, batch: bool) -> Write:
+def _one(ws: WebSocket, batch: bool) -> Callable[[str], Awaitable[None]]:
     """Return how one frame is sent: as it is, or as a one-frame array in batch mode."""
     if not batch:
-        return write
+        return ws.send_text
 
     async def send(text: str) -> None:
-        await write(f"[{text}]")
+        await ws.send_text(f"[{text}]")
 
     return send
 
 
-async def _send_round(
-    ws: WebSocket,
-    sub: FeedSubscriber,
-    frames: list[tuple[int | None, str]],
-    direct: Callable[[list[str]], bool] | None,
-) -> None:
-    """Send a round of frames one a message: in one write when the connection takes it.
-
-    One turn (fair share) per round; through ASGI the sends after the first
-    do not block unless the socket does (then the deadline applies).
-    """
-    await sub.relay.turn()
-    if direct is not None and direct([text for _, text in frames]):
-        seqs = [seq for seq, _ in frames if seq is not None]
-        if seqs:
-            sub.sent_event(seqs[-1])
-        return
-    for seq, text in frames:
-        sub.send_since = time.monotonic()
-        await ws.send_text(text)
-        sub.send_since = None
-        if seq is not None:
-            sub.sent_event(seq)
-
-
 async def _send_frames(ws: WebSocket, sub: FeedSubscriber, ping_s: float, batch: bool) -> None:
     relay = sub.relay
-    direct = direct_sender_of(ws.scope)
-    write = _writer(ws, direct)
-    send_one = _one(write, batch)
+    send_one = _one(ws, batch)
 
     async def send_timed(text: str) -> None:
         await sub.send(send_one, text)
@@ -131,19 +88,26 @@ async def _send_frames(ws: WebSocket, sub: FeedSubscriber, ping_s: float, batch:
             await relay.catch_up(sub, send_timed, idle_timeout=ping_s)
         limit = READ_BATCH_ENTRIES if batch else FRAMES_PER_TURN
         while not sub.cut.is_set():
-            await sub.until_drained()  # a client that stopped reading is paused, not fed
             frames = await sub.next_frames(ping_s, limit)
-            sub.round_bytes = sum(len(text) for _, text in frames)
             if not frames:
                 if not sub.cut.is_set():
                     await send_timed(_PING)
-            elif batch:
-                await sub.send(write, "[" + ",".join([text for _, text in frames]) + "]")
+                continue
+            if batch:
+                await sub.send(ws.send_text, "[" + ",".join([text for _, text in frames]) + "]")
                 seqs = [seq for seq, _ in frames if seq is not None]
                 if seqs:
                     sub.sent_event(seqs[-1])
-            else:
-                await _send_round(ws, sub, frames, direct)
+                continue
+            # One turn (sub.send waits for it) per round of frames; the sends
+            # after the first do not block unless the socket does (deadline).
+            await relay.turn()
+            for seq, text in frames:
+                sub.send_since = time.monotonic()
+                await ws.send_text(text)
+                sub.send_since = None
+                if seq is not None:
+                    sub.sent_event(seq)
     except _GONE_CLIENT:
         return  # the client went away: the receive loop sees it too
     except Exception:
@@ -165,8 +129,7 @@ async def _cut_off(
         await asyncio.gather(sender, return_exceptions=True)
         log.info("websocket cut off", last_seq=sub.last_seq, reason=sub.cut_reason)
         with contextlib.suppress(TimeoutError, *_GONE_CLIENT):
-            cutoff = _one(ws.send_text, batch)(sub.cutoff_frame())
-            await asyncio.wait_for(cutoff, CUTOFF_SEND_TIMEOUT_S)
+            await asyncio.wait_for(_one(ws, batch)(sub.cutoff_frame()), CUTOFF_SEND_TIMEOUT_S)
             await asyncio.wait_for(
                 ws.close(code=CLOSE_TRY_AGAIN, reason="cut off: resume with since"),
                 CUTOFF_SEND_TIMEOUT_S,
@@ -227,7 +190,6 @@ async def activity(
             )
         return
     sub = relay.subscribe(run_id=run_id or None, since=since, tail=tail)
-    sub.backlog = backlog_of(ws.scope)
     log.info("websocket subscribed", run_id=run_id, since=since, catch_up=sub.catching_up)
     sender = asyncio.create_task(_send_frames(ws, sub, state.settings.ws_ping_interval_s, batch))
     done = asyncio.Event()
