@@ -53,6 +53,20 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def projector_pid(engine_pid: int) -> int:
+    """The engine's projector process (its child running ``tiffany projector``).
+
+    Children are listed per thread (``/proc/PID/task/TID/children``): the
+    projector is started from one of the engine's threads.
+    """
+    threads = Path(f"/proc/{engine_pid}/task").iterdir()
+    for child in (c for t in threads for c in (t / "children").read_text().split()):
+        cmdline = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        if b"projector" in cmdline:
+            return int(child)
+    raise AssertionError(f"engine {engine_pid} has no projector child")
+
+
 def serve_json(data_dir: Path) -> dict[str, Any] | None:
     """``<data dir>/serve.json`` as ``tiffany serve`` wrote it, or None (not there, or half)."""
     try:

@@ -14,13 +14,13 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from api_support import LONG_PLAN, SLEEP_PLAN, make_settings, read_your_writes, wait_until
 from fastapi.testclient import TestClient
+from process_support import projector_pid
 from prometheus_client.parser import text_string_to_metric_families
 
 from tiffany.api import create_app
@@ -188,23 +188,13 @@ def test_concurrent_reads_each_answer_once_their_seq_is_projected(engine, live_a
     assert asyncio.run(main()) == [200] * 50
 
 
-def _projector_pid(engine_pid: int) -> int:
-    """The engine's projector process (its child running ``tiffany projector``)."""
-    threads = Path(f"/proc/{engine_pid}/task").iterdir()
-    for child in (c for t in threads for c in (t / "children").read_text().split()):
-        cmdline = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
-        if b"projector" in cmdline:
-            return int(child)
-    raise AssertionError(f"engine {engine_pid} has no projector child")
-
-
 def test_a_seq_the_store_does_not_reach_is_a_503_naming_where_it_is(
     client, engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tiffany.api import deps
 
     monkeypatch.setattr(deps, "MIN_SEQ_WAIT_S", 0.2)
-    projector = _projector_pid(engine.proc.pid)
+    projector = projector_pid(engine.proc.pid)
     os.kill(projector, signal.SIGSTOP)  # the store stops moving; the journal does not
     try:
         answer = client.post("/api/runs", json={"plan": SLEEP_PLAN, "inputs": {}})

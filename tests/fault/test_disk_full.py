@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 from engine_process import EngineProc
+from process_support import alive, projector_pid, wait_for
 
 from tiffany.config import Settings
 from tiffany.control import ControlError, ControlUnavailable, call
@@ -98,6 +99,7 @@ def test_disk_full_fail_stops_acknowledges_nothing_and_recovers(
     acked: list[str] = []
     try:
         eng.wait_ready()
+        projector = projector_pid(eng.proc.pid)
         for _ in range(3):
             acked.append(eng.call("submit", plan=PLAN)["run_id"])
         _fill(small_disk / "filler")
@@ -120,6 +122,8 @@ def test_disk_full_fail_stops_acknowledges_nothing_and_recovers(
         assert refused >= 1
     finally:
         eng.stop(timeout=5)
+    # Its projector (which writes the store on the same disk) follows it out.
+    wait_for(lambda: not alive(projector), 10.0, "the projector to exit after its engine")
 
     # Restart with the disk still full: the WAL opens and needs no more space.
     wal_dir = data / "wal"

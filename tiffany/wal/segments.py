@@ -300,12 +300,33 @@ def set_aside(path: Path) -> Path:
     return broken
 
 
+#: Free space above which a ``.broken`` copy is kept even if the cut freed
+#: less than it takes (the disk is not the problem then).
+ASIDE_RESERVE_BYTES: Final = 64 * 1024 * 1024
+
+
+def _free_bytes(directory: Path) -> int:
+    st = os.statvfs(directory)
+    return st.f_bfree * st.f_frsize
+
+
+def _aside_fits(directory: Path, size: int, free_before: int) -> bool:
+    """True if a ``size``-byte copy takes no more than the cut freed, or the disk has room."""
+    st = os.statvfs(directory)
+    need = -(-size // st.f_frsize) * st.f_frsize  # whole blocks
+    free_now = st.f_bfree * st.f_frsize
+    return free_now - free_before >= need or st.f_bavail * st.f_frsize - need >= ASIDE_RESERVE_BYTES
+
+
 def move_tail_aside(path: Path, offset: int, *, fsync: SyncFn | None) -> tuple[bytes, Path | None]:
     """Cut ``path`` at ``offset`` and keep the cut bytes in ``<name>.broken`` if they fit.
 
     The bytes are read first, then the file is truncated and synced (which
-    frees their space), and only then written to the ``.broken`` file: this
-    needs no more space than the file took, so it works on a full disk.
+    frees their space), and only then written to the ``.broken`` file, and
+    only if the copy needs no more blocks than the cut freed or the disk
+    has room to spare (:data:`ASIDE_RESERVE_BYTES`): a restart on a full
+    disk never needs more space than the log took. (A cut inside one block
+    frees no block, and a new file takes a whole one.)
 
     Returns:
         The cut bytes, and the ``.broken`` file, or None when it could not be
@@ -317,12 +338,13 @@ def move_tail_aside(path: Path, offset: int, *, fsync: SyncFn | None) -> tuple[b
     fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     try:
         tail = os.pread(fd, max(0, os.fstat(fd).st_size - offset), offset)
+        free_before = _free_bytes(path.parent)
         os.ftruncate(fd, offset)
         if fsync is not None:
             fsync(fd)
     finally:
         os.close(fd)
-    if not tail:
+    if not tail or not _aside_fits(path.parent, len(tail), free_before):
         return tail, None
     broken = broken_name(path)
     try:
