@@ -111,8 +111,8 @@ def main() -> None:
     rows = [
         ("record (live, fsync batch)", record),
         ("verify (scan + load + replay + check)", check),
-        ("recover: open (Runtime(data_dir))", opened),
-        ("recover: scan + load (Runtime.recover)", load),
+        ("recover: open (Runtime: WAL check + one pass)", opened),
+        ("recover: decode (Runtime.recover)", load),
         ("recover: replay 99% + finish live (run)", finish),
     ]
     print(f"\nreplay: one run, {args.tasks} tasks, {total:,} journal records")
@@ -121,13 +121,18 @@ def main() -> None:
         print(
             f"{label:<42}{t.wall:>8.2f}{total / t.wall:>12,.0f}{t.cpu:>8.2f}{total / t.cpu:>15,.0f}"
         )
-    recover_wall, recover_cpu = load.wall + finish.wall, load.cpu + finish.cpu
-    print(f"{'recover, in all':<42}{recover_wall:>8.2f}{total / recover_wall:>12,.0f}", end="")
+    recover_wall = opened.wall + load.wall + finish.wall
+    recover_cpu = opened.cpu + load.cpu + finish.cpu
+    print(
+        f"{'recover, in all (open + load + finish)':<42}{recover_wall:>8.2f}{total / recover_wall:>12,.0f}",
+        end="",
+    )
     print(f"{recover_cpu:>8.2f}{total / recover_cpu:>15,.0f}")
     print(
         f"verify speed / record speed: {record.wall / check.wall:.2f} (wall), "
         f"{record.cpu / check.cpu:.2f} (cpu); target >= 1.0"
     )
+    print(f"recovery: {recover_wall:.2f} s wall, {recover_cpu:.2f} s cpu; target < 2 s")
 
 
 if __name__ == "__main__":

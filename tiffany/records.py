@@ -95,6 +95,8 @@ __all__ = [
     "canonical",
     "carried",
     "decode",
+    "decode_body",
+    "decode_dispatch",
     "decode_record",
     "encode",
     "legacy_role",
@@ -324,6 +326,8 @@ _values = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
 _decoders: Final = {
     rtype: msgspec.msgpack.Decoder(cls, ext_hook=_ext_hook) for rtype, cls in TYPES.items()
 }
+#: ``decode_dispatch(body)``: :func:`decode_body` of a DISPATCH, for the hot loops of readers.
+decode_dispatch: Final = msgspec.msgpack.Decoder(Dispatch, ext_hook=_ext_hook).decode
 
 
 class Unencodable:
@@ -421,7 +425,11 @@ def decode(rtype: int, payload: bytes | memoryview) -> Record | Unknown:
         msgspec.DecodeError: The payload is not that record (too short, a
             field of the wrong type, not msgpack).
     """
-    body = memoryview(payload)[RUN_PREFIX.size :]
+    return decode_body(rtype, memoryview(payload)[RUN_PREFIX.size :])
+
+
+def decode_body(rtype: int, body: bytes | memoryview) -> Record | Unknown:
+    """Return the record of type ``rtype`` its msgpack array ``body`` (no run prefix) holds."""
     decoder = _decoders.get(rtype)
     if decoder is None:
         return Unknown(rtype, _values.decode(body))

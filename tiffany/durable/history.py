@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import gc
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,11 +52,14 @@ from tiffany.records import (
     Wake,
     carried,
     decode,
+    decode_body,
+    decode_dispatch,
     run_of,
 )
-from tiffany.wal import iter_records
+from tiffany.wal import Span, iter_records, iter_spans
 
 __all__ = [
+    "Loaded",
     "RunIndex",
     "RunInfo",
     "UnknownRun",
@@ -65,6 +68,7 @@ __all__ = [
     "index_of",
     "load",
     "load_many",
+    "read_runs",
     "scan",
 ]
 
@@ -187,6 +191,32 @@ def decoded_records(wal_dir: Path, info: RunInfo) -> Iterator[tuple[int, int, Re
         yield rec.seq, rec.rtype, decode(rec.rtype, payload)
 
 
+@dataclass
+class Loaded:
+    """What one pass over the WAL found: the run index and the kept runs' records.
+
+    Attributes:
+        index: The run index (partial when the pass started from a checkpoint).
+        spans: Per kept run (its 4-byte prefix), where its records are in the
+            segments read (:data:`~tiffany.wal.Span`), RUN_START excluded;
+            nothing is decoded or copied until :meth:`cursors`.
+    """
+
+    index: RunIndex
+    spans: dict[bytes, list[Span]]
+
+    def cursors(self) -> dict[str, ReplayCursor]:
+        """Decode the kept runs' records into replay cursors, by run id."""
+        index = self.index
+        out = {}
+        with _gc_paused():
+            for prefix, spans in self.spans.items():
+                info = index.by_no[int.from_bytes(prefix, "little")]
+                info.records = len(spans)
+                out[info.run_id] = _cursor(spans)
+        return out
+
+
 def load_many(
     wal_dir: Path,
     wanted: set[str] | None = None,
@@ -197,73 +227,90 @@ def load_many(
 ) -> tuple[RunIndex, dict[str, ReplayCursor]]:
     """Build the index and the cursors of the wanted runs in one pass over the WAL.
 
+    :func:`read_runs`, then :meth:`Loaded.cursors`.
+    """
+    loaded = read_runs(wal_dir, wanted, unfinished_only=unfinished_only, base=base, until=until)
+    return loaded.index, loaded.cursors()
+
+
+def read_runs(
+    wal_dir: Path,
+    wanted: set[str] | None = None,
+    *,
+    unfinished_only: bool = False,
+    base: Checkpoint | None = None,
+    until: int | None = None,
+    checked: Mapping[str, int] | None = None,
+) -> Loaded:
+    """Build the index and find the wanted runs' records in one pass over the WAL.
+
     Args:
         wal_dir: The WAL directory.
-        wanted: Run ids to load (None: every run).
+        wanted: Run ids to keep (None: every run).
         unfinished_only: Skip runs whose end is in the WAL (recovery).
         base: Start from this checkpoint's index instead of seq 1.
         until: Stop after this seq (a checkpointer reads only what is durable;
             a start knows where the log ends, and reads nothing when the
             checkpoint is there).
+        checked: What the writer's open verified (:func:`~tiffany.wal.iter_spans`).
 
     Discussion: a run's first record is its RUN_START, so a single pass
-    can decide, at that record, whether to keep the run's records; only the
-    kept runs' payloads are held (undecoded) and decoded at the end.
-
-    Discussion: the cyclic garbage collector is paused while the cursors
-    are built (``_gc_paused``). Loading a million records makes a million
-    lists, none of them garbage; with the collector on, its passes walk all
-    of them again and again. Nothing here makes a reference cycle, so
-    pausing frees nothing late.
+    can decide, at that record, whether to keep the run's records; only
+    where the kept runs' records are is held (the spans of
+    :func:`~tiffany.wal.iter_spans`, into the segments' bytes), and they
+    are decoded in place by :meth:`Loaded.cursors`: a million-record run
+    loads without a million payload copies.
     """
     index = index_of(base) if base is not None else RunIndex()
     after = index.last_seq
     kept = [i for i in index.runs.values() if wanted is None or i.run_id in wanted]
-    keep: dict[bytes, list[tuple[int, int, bytes]]] = {RUN_PREFIX.pack(i.run_no): [] for i in kept}
+    keep: dict[bytes, list[Span]] = {RUN_PREFIX.pack(i.run_no): [] for i in kept}
     first = min([i.first_seq for i in kept] + [after + 1])
-    records = iter_records(wal_dir, from_seq=first) if until is None or first <= until else ()
-    for rec in records:
-        seq = rec.seq
+    spans = iter_spans(wal_dir, first, checked) if until is None or first <= until else ()
+    run_start, run_end = RecordType.RUN_START, RecordType.RUN_END
+    last = after
+    for span in spans:
+        seq, rtype, data, start, end, _ = span
         if until is not None and seq > until:
             break
-        rtype = rec.rtype
-        payload = rec.payload
         if seq <= after:  # before the checkpoint: only its unfinished runs' records
-            if rtype != RecordType.RUN_START and (buf := keep.get(payload[:4])) is not None:
-                buf.append((seq, rtype, payload))
+            if rtype != run_start and (buf := keep.get(data[start : start + 4])) is not None:
+                buf.append(span)
             continue
-        index.last_seq = seq
-        if rtype == RecordType.RUN_START:
+        last = seq
+        if rtype == run_start:
+            payload = data[start:end]
             info = index.start_run(seq, payload)
             if wanted is None or info.run_id in wanted:
                 keep[payload[:4]] = []
             continue
-        if rtype == RecordType.RUN_END:
-            ended = index.end_run(payload)
+        prefix = data[start : start + 4]
+        if rtype == run_end:
+            ended = index.end_run(data[start:end])
             if unfinished_only:
-                keep.pop(payload[:4], None)
-            if ended is not None and payload[:4] not in keep:
+                keep.pop(prefix, None)
+            if ended is not None and prefix not in keep:
                 # Not wanted: a full scan of 100,000 runs need not hold their plans.
                 ended.entry, ended.start = {}, b""
             if unfinished_only:
                 continue
-        if (buf := keep.get(payload[:4])) is not None:
-            buf.append((seq, rtype, payload))
-    with _gc_paused():
-        cursors = {}
-        for prefix, raw in keep.items():
-            info = index.by_no[int.from_bytes(prefix, "little")]
-            info.records = len(raw)
-            cursors[info.run_id] = _cursor((seq, rtype, decode(rtype, p)) for seq, rtype, p in raw)
-    return index, cursors
+        if (buf := keep.get(prefix)) is not None:
+            buf.append(span)
+    index.last_seq = last
+    return Loaded(index, keep)
 
 
 def load(wal_dir: Path, info: RunInfo) -> ReplayCursor:
     """Read one run's history into a replay cursor (from its first record on)."""
+    prefix = RUN_PREFIX.pack(info.run_no)
+    spans = [
+        span
+        for span in iter_spans(wal_dir, from_seq=info.first_seq)
+        if span[2][span[3] : span[3] + 4] == prefix and span[1] != RecordType.RUN_START
+    ]
+    info.records = len(spans)
     with _gc_paused():
-        records = list(decoded_records(wal_dir, info))
-        info.records = len(records)
-        return _cursor(records)
+        return _cursor(spans)
 
 
 @contextmanager
@@ -288,8 +335,12 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _cursor(records: Iterable[tuple[int, int, Record | Unknown]]) -> ReplayCursor:
-    """Sort a run's records into what its replay consumes (carried dispatches made explicit)."""
+def _cursor(spans: Iterable[Span]) -> ReplayCursor:
+    """Decode a run's records into what its replay consumes (carried dispatches made explicit).
+
+    The records are decoded in place (``memoryview`` slices of the segments);
+    a DISPATCH, most of any run, takes the short way.
+    """
     dispatches: list[Dispatch] = []
     seqs: list[int] = []  # the WAL seq of each dispatch (for errors)
     outcomes: dict[int, Outcome] = {}
@@ -299,13 +350,20 @@ def _cursor(records: Iterable[tuple[int, int, Record | Unknown]]) -> ReplayCurso
     run_end: RunEnd | None = None
     last_n = 0  # the last dispatch seen: a carrying record above it is the next one
     add_dispatch, add_seq = dispatches.append, seqs.append  # hot loop
-    for seq, _rtype, rec in records:
-        cls = rec.__class__
-        if cls is Dispatch:
-            add_dispatch(rec)  # type: ignore[arg-type]
+    dispatch_type = RecordType.DISPATCH
+    segment: bytes = b""
+    view = memoryview(segment)
+    for seq, rtype, data, start, end, _ in spans:
+        if data is not segment:
+            segment, view = data, memoryview(data)
+        if rtype == dispatch_type:
+            dispatch = decode_dispatch(view[start + 4 : end])
+            add_dispatch(dispatch)
             add_seq(seq)
-            last_n = rec.n  # type: ignore[union-attr]
+            last_n = dispatch.n
             continue
+        rec = decode_body(rtype, view[start + 4 : end])
+        cls = rec.__class__
         if cls is Wake:
             wakes.append((seq, rec))  # type: ignore[arg-type]
         elif cls is Outcome:

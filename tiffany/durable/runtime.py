@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import importlib
 import uuid
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from typing import Any
 import structlog
 
 from tiffany.durable.checkpoint import IDEMPOTENCY_WINDOW_S, Checkpoint, read_checkpoint
-from tiffany.durable.history import RunIndex, checkpoint_of, load_many, scan
+from tiffany.durable.history import Loaded, RunIndex, checkpoint_of, load_many, read_runs
 from tiffany.durable.journal import Journal, RunState
 from tiffany.errors import InstrumentFailure, NondeterminismError, TiffanyError
 from tiffany.kernel import Clock, Instrument, Scheduler
@@ -166,8 +166,13 @@ class Runtime:
         self.journal = Journal(self.wal, self.sched)
         #: The newest usable checkpoint (docs/wal-format.md): a start reads the WAL after it.
         self.checkpoint: Checkpoint | None = read_checkpoint(self.wal_dir, self.wal.durable_seq)
+        # One pass over the log: the index, and where the unfinished runs'
+        # records are (recover() decodes them; a first submit lets them go).
+        self._unfinished: Loaded | None = _read_opened(
+            self.wal_dir, self.checkpoint, self.wal.durable_seq, self.wal.checked
+        )
         #: The log as this open found it, as a checkpoint at its last seq.
-        self.opened = _as_opened(self.wal_dir, self.checkpoint, self.wal.durable_seq, key_window_s)
+        self.opened = checkpoint_of(self._unfinished.index, key_window_s)
         # Run numbers are unique per data dir, whoever starts the run (a CLI
         # run, a server, recovery): new runs are numbered above the WAL's.
         self.journal.reserve_run_no(self.opened.max_run_no)
@@ -200,6 +205,7 @@ class Runtime:
     ) -> str:
         """Start a run from an entry record (``{"kind": ..., ...}``)."""
         run_id = run_id or f"run-{uuid.uuid4().hex[:12]}"
+        self._unfinished = None  # recover() reads the log again if it comes later
         coro = self._resolve(entry, run_id, JOURNAL_COMPAT)
         self.journal.start_run(run_id, name or str(entry.get("kind")), entry, coro, on_end=on_end)
         return run_id
@@ -213,11 +219,12 @@ class Runtime:
         WAL, so that a run that ended long ago is told apart from an unknown one.
         """
         wanted = set(only) if only is not None else None
-        base = self.opened if wanted is None else None
-        until = self.opened.seq if base is not None else None  # the log as opened
-        index, cursors = load_many(
-            self.wal_dir, wanted, unfinished_only=True, base=base, until=until
-        )
+        loaded, self._unfinished = self._unfinished, None
+        if loaded is None or wanted is not None:
+            base = self.opened if wanted is None else None
+            until = self.opened.seq if base is not None else None  # the log as opened
+            loaded = read_runs(self.wal_dir, wanted, unfinished_only=True, base=base, until=until)
+        index, cursors = loaded.index, loaded.cursors()
         self.index = index
         self.too_new = []
         self.journal.reserve_run_no(index.max_run_no)
@@ -290,19 +297,21 @@ class Runtime:
         return resolver(entry, run_id, compat)
 
 
-def _as_opened(
-    wal_dir: Path, base: Checkpoint | None, last_seq: int, key_window_s: float
-) -> Checkpoint:
-    """Return the checkpoint of the whole log: ``base`` advanced over the records after it.
+def _read_opened(
+    wal_dir: Path, base: Checkpoint | None, last_seq: int, checked: Mapping[str, int]
+) -> Loaded:
+    """Read the log as opened: ``base`` advanced over the records after it, unfinished runs kept.
 
-    Discussion: one pass, over the records after the checkpoint (or over the
-    whole history, archive included, when there is none); recovery then
-    reads only the unfinished runs' records. Without it every ``tiffany
-    run`` numbered its run 1 (the journal counts from 1 unless recovery
-    scanned the WAL), and the store refused the second one. When retention
-    deleted segments and no checkpoint is usable, the run numbers in the
-    deleted segments are unknown: that is logged loudly (keep the
-    checkpoints, or use ``archive``).
+    Discussion: one pass, over the records after the checkpoint and those of
+    the runs it lists as unfinished (or over the whole history, archive
+    included, when there is none). The index it builds numbers new runs
+    above every run in the log: without it every ``tiffany run`` numbered
+    its run 1 (the journal counts from 1 unless recovery scanned the WAL),
+    and the store refused the second one. The unfinished runs' records are
+    found in the same pass, so recovery reads nothing again (a 1 M-record
+    run was read twice). When retention deleted segments and no checkpoint
+    is usable, the run numbers in the deleted segments are unknown: that is
+    logged loudly (keep the checkpoints, or use ``archive``).
     """
     if base is None and (start := history_start(wal_dir)) > 1:
         log.error(
@@ -312,7 +321,9 @@ def _as_opened(
             note="segments were deleted and no checkpoint checks out: run numbers are "
             "reserved above those still on disk only",
         )
-    return checkpoint_of(scan(wal_dir, base, until=last_seq), key_window_s)
+    return read_runs(
+        wal_dir, None, unfinished_only=True, base=base, until=last_seq, checked=checked
+    )
 
 
 def verify(

@@ -26,7 +26,7 @@ Modules: ``format`` (constants, segment header), ``frame`` (one record),
 """
 
 from tiffany.wal.format import MAX_RECORD_BYTES, SEGMENT_SIZE_BYTES
-from tiffany.wal.reader import Record, TornTail, iter_records
+from tiffany.wal.reader import Record, Span, TornTail, iter_records, iter_spans
 from tiffany.wal.recovery import Recovery
 from tiffany.wal.repair import RepairReport, VerifyReport, repair, verify
 from tiffany.wal.salvage import Loss, SalvageReport, salvage
@@ -42,10 +42,12 @@ __all__ = [
     "Recovery",
     "RepairReport",
     "SalvageReport",
+    "Span",
     "TornTail",
     "VerifyReport",
     "Wal",
     "iter_records",
+    "iter_spans",
     "repair",
     "salvage",
     "verify",

@@ -84,6 +84,8 @@ class OpenState(NamedTuple):
     segment_bytes: int  # its size
     next_seq: int
     recovery: Recovery | None
+    #: Segment name -> the end of its records this check found good (every live one).
+    checked: dict[str, int]
 
 
 def recover(wal_dir: Path, *, write: WriteFn, fsync: SyncFn | None) -> OpenState:
@@ -101,13 +103,15 @@ def recover(wal_dir: Path, *, write: WriteFn, fsync: SyncFn | None) -> OpenState
     segments = list_segments(wal_dir)
     if not segments:
         fd = create_segment(wal_dir, 1, write=write, fsync=fsync)
-        return OpenState(fd, HEADER_SIZE_BYTES, 1, None)
+        return OpenState(fd, HEADER_SIZE_BYTES, 1, None, {})
     expected = segments[0].first_seq
     scan = prev = SegmentScan(0, HEADER_SIZE_BYTES, None)
+    checked: dict[str, int] = {}
     for i, seg in enumerate(segments):
         if seg.first_seq != expected:
             raise sequence_gap(seg, expected)
         prev, scan = scan, scan_segment(seg, read_segment(seg), last=i == len(segments) - 1)
+        checked[seg.name] = scan.end
         expected = seg.first_seq + scan.records
     last = segments[-1]
     recovery = None
@@ -122,7 +126,7 @@ def recover(wal_dir: Path, *, write: WriteFn, fsync: SyncFn | None) -> OpenState
             last, scan = segments[-2], prev
         elif torn.reason == TORN_CREATION:
             fd = reset_segment(last.path, last.first_seq, write=write, fsync=fsync)
-            return OpenState(fd, HEADER_SIZE_BYTES, last.first_seq, recovery)
+            return OpenState(fd, HEADER_SIZE_BYTES, last.first_seq, recovery, checked)
     fd = os.open(last.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
     try:
         if fsync is not None:
@@ -133,7 +137,7 @@ def recover(wal_dir: Path, *, write: WriteFn, fsync: SyncFn | None) -> OpenState
     except BaseException:
         os.close(fd)
         raise
-    return OpenState(fd, scan.end, expected, recovery)
+    return OpenState(fd, scan.end, expected, recovery, checked)
 
 
 def _cut_tail(

@@ -184,6 +184,9 @@ class Wal:
         sync = None if self.policy is FsyncPolicy.OFF else self._fsync
         state = recover(self.path, write=self._write, fsync=sync)
         self.recovery = state.recovery
+        #: Segment name -> the end of the records this open checked (see
+        #: :func:`~tiffany.wal.reader.iter_spans`'s ``checked``).
+        self.checked = state.checked
         self._fd = state.fd
         self._seg_bytes = state.segment_bytes
         self._next_seq = state.next_seq
