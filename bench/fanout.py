@@ -13,7 +13,7 @@ One ``tiffany serve`` (as ``bench/api.py`` starts it), two phases on it:
    websocket handshake on ``/ws/activity`` (one event a message, the
    costliest mode) and never read again; ``--readers`` websocket clients
    (``batch=true`` as the dashboard reads, or ``--mode frames``) read every
-   event, in a child process of their own, niced (they stand for browsers
+   event, in a child process of their own, SCHED_IDLE (they stand for browsers
    on other machines: their CPU must not be taken from the server's).
    Then the same submissions are timed again.
 
@@ -51,6 +51,30 @@ from feed import StalledSubscriber, missing_before  # noqa: E402
 PLAN = {"name": "fanout", "steps": [{"id": "a", "tool": "sleep", "args": {"seconds": 0.01}}]}
 TARGET_RATIO = 2.0
 REFUSED = "websocket refused: too many subscribers"
+
+
+def api_durations_s(log_path: Path) -> list[float]:
+    """The ``duration_ms`` of every ``POST /api/runs`` in serve's log, in order, in seconds."""
+    out = []
+    for line in log_path.read_text(errors="replace").splitlines():
+        if '"request"' not in line or "/api/runs" not in line:
+            continue
+        try:
+            doc = json.loads(line[line.index("{") :])
+        except ValueError:
+            continue
+        if doc.get("method") == "POST" and doc.get("path") == "/api/runs":
+            out.append(float(doc["duration_ms"]) / 1e3)
+    return out
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (nan when gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mb(pid: int | None) -> float:
@@ -105,6 +129,7 @@ async def _reader(url: str, batch: bool, stats: dict[str, int], stop: asyncio.Ev
             ) as ws:
                 stats["connected"] += 1
                 async for msg in ws:
+                    stats["messages"] += 1
                     doc = json.loads(msg)
                     for frame in doc if isinstance(doc, list) else [doc]:
                         seq = frame.get("seq")
@@ -126,8 +151,47 @@ async def _reader(url: str, batch: bool, stats: dict[str, int], stop: asyncio.Ev
             await asyncio.sleep(0.5)
 
 
+def _drainers(url: str, n: int, batch: bool) -> None:
+    """``--drain``: readers that take the bytes and parse nothing (the server's cost alone)."""
+    import selectors
+    import socket
+
+    query = "?batch=true" if batch else ""
+    socks = []
+    for _ in range(n):
+        sub = StalledSubscriber(url, query)
+        sub.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        sub.sock.setblocking(False)
+        socks.append(sub.sock)
+    sel = selectors.DefaultSelector()
+    for sock in socks:
+        sel.register(sock, selectors.EVENT_READ)
+    sel.register(sys.stdin, selectors.EVENT_READ)
+    print("ready", flush=True)
+    received = 0
+    buf = bytearray(1 << 16)
+    done = None
+    while done is None or time.monotonic() < done:
+        for key, _ in sel.select(0.1):
+            if key.fileobj is sys.stdin:
+                sys.stdin.readline()
+                sel.unregister(sys.stdin)
+                done = time.monotonic() + 1.0
+                continue
+            try:
+                got = key.fileobj.recv_into(buf)  # type: ignore[union-attr]
+            except BlockingIOError:
+                continue
+            if not got:
+                sel.unregister(key.fileobj)
+            received += got
+    stats = {"connected": n, "events": -1, "messages": -1, "gaps": 0, "cutoffs": 0, "refused": 0}
+    stats["bytes"] = received
+    print(json.dumps(stats), flush=True)
+
+
 async def _readers(url: str, n: int, batch: bool) -> None:
-    stats = {"connected": 0, "events": 0, "gaps": 0, "cutoffs": 0, "refused": 0}
+    stats = {"connected": 0, "events": 0, "messages": 0, "gaps": 0, "cutoffs": 0, "refused": 0}
     stop = asyncio.Event()
     tasks = [asyncio.create_task(_reader(url, batch, stats, stop)) for _ in range(n)]
     deadline = time.monotonic() + 60
@@ -155,13 +219,27 @@ def main() -> None:
     ap.add_argument("--submissions", type=int, default=100)
     ap.add_argument("--mode", choices=["batch", "frames"], default="batch")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument(
+        "--drain",
+        action="store_true",
+        help="readers take the bytes and parse nothing: what the server pays, without"
+        " the readers' own CPU on the same cores",
+    )
     ap.add_argument("--readers-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.readers_child:
-        # The readers stand for browsers on other machines: niced, so that on a
-        # small machine their CPU is not taken from the server's processes.
-        os.nice(10)
-        asyncio.run(_readers(args.readers_child, args.readers, args.mode == "batch"))
+        # The readers stand for browsers on other machines: on this machine they
+        # take only CPU nobody else wants (SCHED_IDLE: any server process that
+        # wakes preempts them at once; nice 10 still let them delay the API
+        # and the engine by a scheduler slice at a time on 2 cores).
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except (AttributeError, OSError):
+            os.nice(19)
+        if args.drain:
+            _drainers(args.readers_child, args.readers, args.mode == "batch")
+        else:
+            asyncio.run(_readers(args.readers_child, args.readers, args.mode == "batch"))
         return
     if args.quick:
         args.stalled, args.readers, args.submissions = 50, 20, 40
@@ -185,6 +263,7 @@ def main() -> None:
                 str(args.readers),
                 "--mode",
                 args.mode,
+                *(["--drain"] if args.drain else []),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -197,9 +276,12 @@ def main() -> None:
         t_open = time.monotonic()
         stalled = [StalledSubscriber(url) for _ in range(args.stalled)]
         cpu2 = serve.cpu()
+        readers_cpu0 = proc_cpu_s(readers.pid)
         loaded = submit(url, args.submissions)
+        readers_cpu1 = proc_cpu_s(readers.pid)
         t_done = time.monotonic()
         cpu3 = serve.cpu()
+        inside = api_durations_s(serve.log_path)
         rss1 = rss_mb(serve.api_pid)
         # how the stalled ones ended: the API's log says when each was cut off
         cut: list[dict[str, Any]] = []
@@ -237,6 +319,16 @@ def main() -> None:
         f"p99 ratio loaded/none: {ratio:.2f} (target <= {TARGET_RATIO:g}: {verdict});"
         f" p50 ratio {p50b / p50a:.2f}"
     )
+    n = args.submissions
+    if len(inside) >= 2 * n:
+        api_none, api_loaded = sorted(inside[-2 * n : -n]), sorted(inside[-n:])
+        print(
+            "inside the API (its request log, from the request to the response):"
+            f" none p50 {percentile(api_none, 0.5) * 1e3:.1f} / p99"
+            f" {percentile(api_none, 0.99) * 1e3:.1f} ms, loaded p50"
+            f" {percentile(api_loaded, 0.5) * 1e3:.1f} / p99"
+            f" {percentile(api_loaded, 0.99) * 1e3:.1f} ms"
+        )
     print(f"loaded phase took {t_done - t_open:.1f} s from the stalled sockets' opening")
     tenth = max(1, len(loaded) // 10)
     parts = [loaded[i : i + tenth] for i in range(0, len(loaded), tenth)]
@@ -250,7 +342,8 @@ def main() -> None:
         f" (the others by uvicorn's 20 s ping timeout); {len(cut)} cut off in all"
     )
     print(
-        f"readers: {stats['events']} events, {stats['gaps']} gaps, {stats['cutoffs']} cutoffs"
+        f"readers: {stats['events']} events in {stats.get('messages', 0)} messages,"
+        f" {stats['gaps']} gaps, {stats['cutoffs']} cutoffs"
         f" (resumed with since), {stats['refused']} refused; API refusals logged: {len(refused)}"
     )
     print(f"API RSS: {rss0:.0f} MB before, {rss1:.0f} MB loaded, {rss2:.0f} MB after")
@@ -263,6 +356,10 @@ def main() -> None:
         "API CPU per submission (what the fan-out costs it, less noisy than latency on a busy"
         f" machine): none {(cpu1[1] - cpu0[1]) / n * 1e3:.1f} ms,"
         f" loaded {(cpu3[1] - cpu2[1]) / n * 1e3:.1f} ms"
+    )
+    print(
+        f"readers' CPU per submission (their process, SCHED_IDLE): "
+        f"{(readers_cpu1 - readers_cpu0) / n * 1e3:.1f} ms"
     )
     print(f"cpu during none: {share(cpu0, cpu1, t1 - t0)}")
     print(f"cpu during loaded: {share(cpu2, cpu3, t_done - t_open)}")

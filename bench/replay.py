@@ -124,7 +124,8 @@ def main() -> None:
     recover_wall = opened.wall + load.wall + finish.wall
     recover_cpu = opened.cpu + load.cpu + finish.cpu
     print(
-        f"{'recover, in all (open + load + finish)':<42}{recover_wall:>8.2f}{total / recover_wall:>12,.0f}",
+        f"{'recover, in all (open + load + finish)':<42}"
+        f"{recover_wall:>8.2f}{total / recover_wall:>12,.0f}",
         end="",
     )
     print(f"{recover_cpu:>8.2f}{total / recover_cpu:>15,.0f}")

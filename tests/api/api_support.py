@@ -126,14 +126,21 @@ class LiveApi:
         self.thread.join(30)
 
 
-def serve_in_thread(settings: Settings) -> LiveApi:
-    """Start the app for ``settings`` under uvicorn on a free port."""
+def serve_in_thread(settings: Settings, ws: str | None = None) -> LiveApi:
+    """Start the app for ``settings`` under uvicorn on a free port.
+
+    ``ws``: a uvicorn websocket implementation instead of the API's own
+    (``"websockets-sansio"``: plain ASGI sends, no direct writes).
+    """
     from tiffany.api import create_app
     from tiffany.api.server import uvicorn_config
 
     settings = settings.model_copy(update={"host": "127.0.0.1", "port": 0})
     app = create_app(settings)
-    server = uvicorn.Server(uvicorn_config(settings, app))
+    config = uvicorn_config(settings, app)
+    if ws is not None:
+        config.ws = ws
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

@@ -70,8 +70,8 @@ def hand_feed(api_dir: Path) -> Iterator[HandFeed]:
 def live_api_factory() -> Iterator[Callable[[Settings], LiveApi]]:
     started: list[LiveApi] = []
 
-    def start(settings: Settings) -> LiveApi:
-        live = serve_in_thread(settings)
+    def start(settings: Settings, ws: str | None = None) -> LiveApi:
+        live = serve_in_thread(settings, ws)
         started.append(live)
         return live
 

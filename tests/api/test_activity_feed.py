@@ -42,8 +42,16 @@ def _settings(data_dir: Path, **kw: Any) -> Any:
     return make_settings(data_dir, ws_ping_interval_s=kw.pop("ping", 0.5), **kw)
 
 
-def test_live_events_arrive_in_order_and_resume_with_since(hand_feed, live_api_factory) -> None:
-    live = live_api_factory(_settings(hand_feed.data_dir))
+@pytest.fixture(params=[None, "websockets-sansio"], ids=["direct", "asgi"])
+def ws_impl(request: pytest.FixtureRequest) -> str | None:
+    """The API's own websockets (the relay writes frames itself), and plain ASGI sends."""
+    return request.param
+
+
+def test_live_events_arrive_in_order_and_resume_with_since(
+    hand_feed, live_api_factory, ws_impl
+) -> None:
+    live = live_api_factory(_settings(hand_feed.data_dir), ws=ws_impl)
     wait_until(lambda: hand_feed.hub.subscribers == 1)  # the relay's one connection
     with ws_connect(f"{live.ws_base}/ws/activity") as ws:
         wait_until(lambda: len(live.state.relay.subscribers) == 1)
@@ -74,8 +82,8 @@ def test_tail_starts_with_the_recent_past(hand_feed, live_api_factory) -> None:
         assert [e["seq"] for e in _events(ws, 2)] == more
 
 
-def test_run_filter(hand_feed, live_api_factory) -> None:
-    live = live_api_factory(_settings(hand_feed.data_dir))
+def test_run_filter(hand_feed, live_api_factory, ws_impl) -> None:
+    live = live_api_factory(_settings(hand_feed.data_dir), ws=ws_impl)
     wait_until(lambda: hand_feed.hub.subscribers == 1)
     with ws_connect(f"{live.ws_base}/ws/activity?run_id=b") as ws:
         wait_until(lambda: len(live.state.relay.subscribers) == 1)
@@ -87,8 +95,8 @@ def test_run_filter(hand_feed, live_api_factory) -> None:
     assert {e["run_id"] for e in got} == {"b"}
 
 
-def test_idle_websockets_get_pings(hand_feed, live_api_factory) -> None:
-    live = live_api_factory(_settings(hand_feed.data_dir, ping=0.2))
+def test_idle_websockets_get_pings(hand_feed, live_api_factory, ws_impl) -> None:
+    live = live_api_factory(_settings(hand_feed.data_dir, ping=0.2), ws=ws_impl)
     with ws_connect(f"{live.ws_base}/ws/activity") as ws:
         assert ws_recv_json(ws, 5) == {"type": "ping"}
 
@@ -226,9 +234,11 @@ class StalledClient:
         self.sock.close()
 
 
-def test_a_stalled_client_is_cut_off_while_another_keeps_receiving(hand_feed, live_api_factory):
+def test_a_stalled_client_is_cut_off_while_another_keeps_receiving(
+    hand_feed, live_api_factory, ws_impl
+):
     settings = _settings(hand_feed.data_dir, ws_queue_frames=200, feed_ring_events=1000, ping=30)
-    live = live_api_factory(settings)
+    live = live_api_factory(settings, ws=ws_impl)
     wait_until(lambda: hand_feed.hub.subscribers == 1)
     n = 3000
     received: list[int] = []
@@ -295,8 +305,8 @@ def test_bad_query_is_refused(hand_feed, live_api_factory, query: str) -> None:
         ws.recv(timeout=5)
 
 
-def test_batch_mode_sends_arrays_of_frames(hand_feed, live_api_factory) -> None:
-    live = live_api_factory(_settings(hand_feed.data_dir, ping=0.3))
+def test_batch_mode_sends_arrays_of_frames(hand_feed, live_api_factory, ws_impl) -> None:
+    live = live_api_factory(_settings(hand_feed.data_dir, ping=0.3), ws=ws_impl)
     wait_until(lambda: hand_feed.hub.subscribers == 1)
     with ws_connect(f"{live.ws_base}/ws/activity?batch=true") as ws:
         assert json.loads(ws.recv(timeout=5)) == [{"type": "ping"}]

@@ -12,10 +12,18 @@ partition, rather than a queue per subscriber):
 
 * the relay appends each event once to a fixed-size ring of
   ``(key, run_id, text)`` entries, each encoded to JSON text once;
-* a subscriber is a cursor (a position in the ring) and a wake-up event.
-  Its websocket's sender copies a slice of the ring from its cursor, filters
-  it by run and sends it. Publishing never touches a subscriber: an event
-  costs the same with 1 or 1,000 websockets attached;
+* a subscriber is a cursor (a position in the ring). Publishing never
+  touches a subscriber: an event costs the same with 1 or 1,000 websockets
+  attached. When the relay wakes (:data:`FLUSH_S` after a trickle of events,
+  at once after :data:`FLUSH_ENTRIES`), one pass writes each subscriber what
+  it is due (:meth:`FeedRelay._push_all`): the message for a ring position
+  and filter is framed once and the same bytes go to every subscriber at
+  that position, straight to its transport (:mod:`tiffany.api.wsdirect`),
+  with no task switch or trip through ASGI per subscriber. A subscriber whose
+  transport pushes back (its buffer above the high-water mark) is skipped,
+  its cursor kept, until the transport drains; under a server without the
+  direct writer, a sender task per websocket reads the ring from its cursor
+  and sends through ASGI (:meth:`FeedSubscriber.next_frames`);
 * backpressure: after every batch the relay checks the cursors; a subscriber
   more than ``queue_frames`` entries behind (or off the ring's tail) is cut
   off: its sender is stopped and it gets ``{"type": "cutoff", "last_seq":
@@ -23,7 +31,8 @@ partition, rather than a queue per subscriber):
   ring's, whatever the number and speed of the websockets;
 * budgets per subscriber: ``queue_frames`` entries and ``queue_bytes`` bytes
   of lag, and a send deadline (``send_timeout_s``): a socket that does not
-  drain within it is cut off the same way (checked by a timer, every
+  drain within it (a direct subscriber's transport that stays above its
+  high-water mark, a sender's blocked send) is cut off the same way (checked by a timer, every
   :data:`DEADLINE_CHECK_S`), and its websocket handler ends even though the
   client neither reads nor closes. The API's listening socket fixes the
   kernel send buffer (:func:`bound_send_buffer`), so a client that never
@@ -72,12 +81,13 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import msgspec
 import structlog
 import tenacity
 
+from tiffany.api.wsdirect import DirectWriter, text_frame
 from tiffany.pal.transport import FEED_SOCKET, FeedClosed, Reconnects, follow
 
 __all__ = ["FEED_SOCKET", "FeedRelay", "FeedSubscriber", "bound_send_buffer", "feed_path"]
@@ -93,13 +103,15 @@ STUCK_RESUMES: Final = 2
 #: (then the other senders wait a pass: requests are served in between).
 FANOUT_SLICE_S: Final = 0.0005
 #: How long the relay gathers a trickle of events before it wakes the senders, in seconds.
-FLUSH_S: Final = 0.01
+FLUSH_S: Final = 0.025
 #: Entries gathered that wake the senders at once.
 FLUSH_ENTRIES: Final = 64
 #: How often the relay looks for sends stuck past their deadline, in seconds.
 DEADLINE_CHECK_S: Final = 0.25
 #: Most senders woken in one pass once the slice is contended.
 MAX_GRANT: Final = 1024
+#: Loop time one pass of direct writes may take before it yields, in seconds.
+DIRECT_SLICE_S: Final = 0.0005
 
 #: The kernel send buffer of the API's connections, in bytes (the kernel doubles it).
 SOCKET_SEND_BUFFER_BYTES: Final = 16 * 1024
@@ -110,6 +122,20 @@ EVERYONE: Final = "*"
 _encode = msgspec.json.Encoder().encode
 
 Entry = tuple[float, str | None, str]
+_PING_FRAME: Final = text_frame('{"type":"ping"}')
+_PING_BATCH: Final = text_frame('[{"type":"ping"}]')
+
+
+class _Message(NamedTuple):
+    """What a direct subscriber at a ring position is due: frames, and where it then is."""
+
+    cursor: int
+    frames: bytes
+    last_seq: int | None
+
+
+#: The messages framed in one pass, by (ring position, run filter, batch).
+_Made = dict[tuple[int, str | None, bool], _Message]
 Follow = Callable[..., AsyncIterator[dict[str, Any]]]
 
 
@@ -229,8 +255,18 @@ class FeedSubscriber:
         self._cut_task: Any = None
         self._wake = asyncio.Event()
         self._idle = False
-        #: When the send in progress began (monotonic), None between sends.
+        #: When the send in progress began (monotonic), None between sends; for a
+        #: direct subscriber, since when its transport has not taken more.
         self.send_since: float | None = None
+        #: Written to by the relay itself (:meth:`FeedRelay.go_direct`), or None
+        #: (its websocket's sender task reads :meth:`next_frames`).
+        self.direct: DirectWriter | None = None
+        #: Direct: JSON arrays of frames (``?batch=true``) rather than one a message.
+        self.batch = False
+        #: Direct: an idle subscriber gets a ping this often, in seconds.
+        self.ping_s = 15.0
+        #: Direct: when the relay last wrote to it (monotonic).
+        self.last_write = 0.0
 
     async def next_frames(
         self, timeout: float, limit: int = READ_BATCH_ENTRIES
@@ -518,20 +554,26 @@ class FeedRelay:
             self._wake_timer = None
         ring = self.ring
         self._woken_at = ring.end
+        direct = []
         for sub in list(self.subscribers):
             if ring.end - sub.cursor > self.queue_frames or sub.cursor < ring.start:
                 self.cut_off(sub, "slow subscriber: queue full")
             elif ring.bytes_after(sub.cursor) > self.queue_bytes:
                 self.cut_off(sub, "slow subscriber: queue full (bytes)")
+            elif sub.direct is not None:
+                direct.append(sub)
             elif not sub.catching_up:
                 sub._wake.set()
+        if direct:
+            self._push_all(direct)
 
     def _check_deadlines(self) -> None:
         """Cut off the subscribers whose send has waited past the deadline (a timer)."""
         self._deadline_timer = asyncio.get_running_loop().call_later(
             DEADLINE_CHECK_S, self._check_deadlines
         )
-        late = time.monotonic() - self.send_timeout_s
+        now = time.monotonic()
+        late = now - self.send_timeout_s
         for sub in list(self.subscribers):
             since = sub.send_since
             if since is not None and since < late:
@@ -540,6 +582,108 @@ class FeedRelay:
                     sub,
                     f"slow subscriber: its socket did not drain in {self.send_timeout_s:g} s",
                 )
+            elif sub.direct is not None and since is None and now - sub.last_write >= sub.ping_s:
+                self._write(sub, _PING_BATCH if sub.batch else _PING_FRAME, None)
+
+    # -- direct fan-out ----------------------------------------------------------
+
+    def go_direct(
+        self, sub: FeedSubscriber, writer: DirectWriter, *, batch: bool, ping_s: float
+    ) -> None:
+        """From now on write ``sub``'s frames from the relay itself (:mod:`tiffany.api.wsdirect`).
+
+        Called once its catch-up (if any) is done; what the ring holds for it
+        is written at once.
+        """
+        sub.batch, sub.ping_s = batch, ping_s
+        sub.last_write = time.monotonic()
+        sub.direct = writer
+        writer.on_writable = lambda: self._drained(sub)
+        self._push_all([sub])
+
+    def _drained(self, sub: FeedSubscriber) -> None:
+        """A direct subscriber's transport took its backlog: write what it is due."""
+        if sub in self.subscribers:
+            sub.send_since = None
+            self._push_all([sub])
+
+    def _push_all(self, subs: list[FeedSubscriber]) -> None:
+        """Write each direct subscriber what it is due, framing each message once.
+
+        Discussion: subscribers at the same ring position with the same
+        filter are due the same bytes (the dashboard's list and every
+        client following everything are), so a message is framed once per
+        pass and written to each: a subscriber costs a ``write`` system
+        call, not a task switch, a trip through ASGI and its framing. A pass
+        longer than :data:`DIRECT_SLICE_S` leaves the rest to the next pass
+        of the loop, so requests are served in between.
+        """
+        made: _Made = {}
+        start = time.perf_counter()
+        for i, sub in enumerate(subs):
+            if sub.direct is not None and sub in self.subscribers:
+                self._push(sub, made)
+            if time.perf_counter() - start > DIRECT_SLICE_S and i + 1 < len(subs):
+                asyncio.get_running_loop().call_soon(self._push_all, subs[i + 1 :])
+                return
+
+    def _push(self, sub: FeedSubscriber, made: _Made) -> None:
+        writer = sub.direct
+        assert writer is not None
+        ring = self.ring
+        while sub.cursor < ring.end:
+            if not writer.open():
+                return  # closing: its handler ends it
+            if not writer.writable():
+                if sub.send_since is None:
+                    sub.send_since = time.monotonic()  # the deadline cuts it off if it stays
+                return
+            if sub.cursor < ring.start:
+                self.cut_off(sub, "slow subscriber: fell off the ring")
+                return
+            last = sub.last_seq
+            shared = last is None or ring.at(sub.cursor)[0] > last
+            key = (sub.cursor, sub.run_id, sub.batch)
+            message = made.get(key) if shared else None
+            if message is None:
+                message = self._message(sub, None if shared else last)
+                if shared:
+                    made[key] = message
+            sub.cursor = message.cursor
+            if message.frames:
+                self._write(sub, message.frames, message.last_seq)
+
+    def _write(self, sub: FeedSubscriber, frames: bytes, last_seq: int | None) -> None:
+        writer = sub.direct
+        if writer is None or not writer.open():
+            return
+        writer.write(frames)
+        sub.last_write = time.monotonic()
+        if last_seq is not None:
+            sub.last_seq = last_seq
+        if not writer.writable() and sub.send_since is None:
+            sub.send_since = sub.last_write
+
+    def _message(self, sub: FeedSubscriber, skip_upto: float | None) -> _Message:
+        """Frame what ``sub`` is due from its cursor (up to a batch of entries)."""
+        entries = self.ring.read(sub.cursor, READ_BATCH_ENTRIES)
+        texts: list[str] = []
+        last_seq = None
+        for key, run_id, text in entries:
+            if skip_upto is not None and key <= skip_upto:
+                continue
+            if run_id == EVERYONE:
+                texts.append(text)
+            elif sub.run_id is None or run_id == sub.run_id:
+                texts.append(text)
+                last_seq = int(key)
+        if not texts:
+            frames = b""
+        elif sub.batch:
+            frames = text_frame("[" + ",".join(texts) + "]")
+        else:
+            frames = b"".join([text_frame(text) for text in texts])
+        return _Message(sub.cursor + len(entries), frames, last_seq)
 
     # -- fair share ---------------------------------------------------------------
 

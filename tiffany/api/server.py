@@ -21,6 +21,7 @@ import uvicorn
 
 from tiffany.api.app import create_app
 from tiffany.api.feed import bound_send_buffer
+from tiffany.api.wsdirect import DirectWebSocketProtocol
 from tiffany.config import Settings
 from tiffany.log import configure_logging
 
@@ -75,6 +76,11 @@ def uvicorn_config(settings: Settings, app: Any) -> uvicorn.Config:
         ws_ping_interval=WS_PING_INTERVAL_S,
         ws_ping_timeout=WS_PING_INTERVAL_S,
         proxy_headers=False,
+        # The activity feed frames each message once for all its subscribers
+        # (tiffany.api.wsdirect); compressing it once per subscriber was the
+        # fan-out's cost.
+        ws=DirectWebSocketProtocol,
+        ws_per_message_deflate=False,
     )
 
 

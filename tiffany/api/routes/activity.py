@@ -43,6 +43,7 @@ from fastapi import APIRouter, Query, WebSocket, WebSocketDisconnect
 
 from tiffany.api.deps import get_state
 from tiffany.api.feed import READ_BATCH_ENTRIES, FeedSubscriber
+from tiffany.api.wsdirect import DirectWriter, direct_writer_of
 
 __all__ = ["router"]
 
@@ -114,6 +115,25 @@ async def _send_frames(ws: WebSocket, sub: FeedSubscriber, ping_s: float, batch:
         log.exception("websocket sender failed")
         with contextlib.suppress(*_GONE_CLIENT):
             await ws.close(code=CLOSE_INTERNAL_ERROR)
+
+
+async def _go_direct(
+    ws: WebSocket, sub: FeedSubscriber, direct: DirectWriter, ping_s: float, batch: bool
+) -> None:
+    """Catch up through ASGI if the resume needs it, then let the relay write (wsdirect)."""
+    relay = sub.relay
+    send_one = _one(ws, batch)
+
+    async def send_timed(text: str) -> None:
+        await sub.send(send_one, text)
+
+    try:
+        if sub.catching_up:
+            await relay.catch_up(sub, send_timed, idle_timeout=ping_s)
+    except _GONE_CLIENT:
+        return  # the client went away: the receive loop sees it too
+    if not sub.cut.is_set():
+        relay.go_direct(sub, direct, batch=batch, ping_s=ping_s)
 
 
 async def _cut_off(
@@ -191,7 +211,12 @@ async def activity(
         return
     sub = relay.subscribe(run_id=run_id or None, since=since, tail=tail)
     log.info("websocket subscribed", run_id=run_id, since=since, catch_up=sub.catching_up)
-    sender = asyncio.create_task(_send_frames(ws, sub, state.settings.ws_ping_interval_s, batch))
+    ping_s = state.settings.ws_ping_interval_s
+    direct = direct_writer_of(ws.scope)
+    if direct is None:
+        sender = asyncio.create_task(_send_frames(ws, sub, ping_s, batch))
+    else:
+        sender = asyncio.create_task(_go_direct(ws, sub, direct, ping_s, batch))
     done = asyncio.Event()
     sub.on_cut = lambda: asyncio.create_task(_cut_off(ws, sub, sender, batch, done))
     try:

@@ -1,0 +1,109 @@
+"""Direct writes to a websocket: what the activity fan-out needs below ASGI.
+
+ASGI sends one message per ``await send(...)``: through every middleware's
+``send`` wrapper, uvicorn's framing (and per-connection compression) and
+one write, in the sender's own task. For the activity feed that is the
+cost of fan-out: 100 websockets following the engine cost the API some
+70 us each per run, ~7 ms of CPU per submission (bench/fanout.py). The
+relay (:mod:`tiffany.api.feed`) instead frames each message once and writes
+the same bytes to every subscriber that is due it, in one pass, from the
+relay's callback: no task switch, no framing per subscriber.
+
+The API's uvicorn runs :class:`DirectWebSocketProtocol` (uvicorn's own
+websockets protocol plus one server extension in each websocket's scope,
+the way ASGI lets servers offer more)::
+
+    scope["extensions"]["tiffany.direct"] = <DirectWriter>
+
+Under another server the extension is absent and the feed sends through
+ASGI as any app would.
+
+Frames written this way are complete, unmasked text frames with RSV1 unset
+(:func:`text_frame`, by the ``websockets`` library): valid whether or not
+the client negotiated permessage-deflate, since an uncompressed message is
+allowed on such a connection (RFC 7692, section 6). The API turns
+compression off for its websockets anyway (``server.uvicorn_config``):
+compressing every message once per subscriber is the fan-out cost this
+module removes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.frames import Frame, Opcode
+
+__all__ = [
+    "DIRECT_EXTENSION",
+    "DirectWebSocketProtocol",
+    "DirectWriter",
+    "direct_writer_of",
+    "text_frame",
+]
+
+#: The ASGI scope extension that carries a websocket's :class:`DirectWriter`.
+DIRECT_EXTENSION: Final = "tiffany.direct"
+
+
+def text_frame(text: str) -> bytes:
+    """Return ``text`` as one complete, unmasked websocket text frame (a server's)."""
+    return Frame(Opcode.TEXT, text.encode()).serialize(mask=False)
+
+
+class DirectWriter:
+    """Writes whole frames to one websocket's transport, and says when it can take more.
+
+    Attributes:
+        on_writable: Called when the transport drains below its low-water
+            mark after it had paused writing (set by the relay).
+    """
+
+    def __init__(self, protocol: DirectWebSocketProtocol) -> None:
+        self._protocol = protocol
+        self.on_writable: Callable[[], Any] | None = None
+
+    def open(self) -> bool:
+        """True while frames may be written (accepted, no close sent, connected)."""
+        p = self._protocol
+        return (
+            p.handshake_complete
+            and not p.close_sent
+            and not p.disconnected
+            and not p.transport.is_closing()
+        )
+
+    def writable(self) -> bool:
+        """False while the transport's buffer is above its high-water mark (flow control)."""
+        return self._protocol.writable.is_set()
+
+    def write(self, frames: bytes) -> None:
+        """Write complete frames (:func:`text_frame`); the caller checked :meth:`open`."""
+        self._protocol.transport.write(frames)
+
+
+class DirectWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's websockets protocol with a :class:`DirectWriter` in each websocket's scope."""
+
+    def handle_connect(self, event: Any) -> None:
+        """Accept the handshake as uvicorn does, then offer the writer (the app starts later)."""
+        super().handle_connect(event)
+        self.direct = DirectWriter(self)
+        scope = getattr(self, "scope", None)
+        if scope is not None:
+            scope["extensions"][DIRECT_EXTENSION] = self.direct
+
+    def resume_writing(self) -> None:
+        """The transport drained: wake ASGI senders, and the relay if it waits on this one."""
+        super().resume_writing()
+        direct = getattr(self, "direct", None)
+        if direct is not None and direct.on_writable is not None:
+            direct.on_writable()
+
+
+def direct_writer_of(scope: Mapping[str, Any]) -> DirectWriter | None:
+    """Return the websocket's :class:`DirectWriter`, or None when the server offers none."""
+    ext = scope.get("extensions") or {}
+    writer = ext.get(DIRECT_EXTENSION)
+    return writer if isinstance(writer, DirectWriter) else None
