@@ -38,7 +38,8 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "fault"))
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+sys.path[:0] = [str(TESTS / "fault"), str(TESTS)]  # fault_support, and process_support it uses
 
 from fault_support import (
     PLAN_KINDS,

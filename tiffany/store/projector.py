@@ -76,6 +76,7 @@ commit, so the store is at most one batch behind the truth.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -84,6 +85,7 @@ from typing import Any, Final
 from sqlalchemy import Connection, Engine, Table, and_, bindparam, delete, func, insert, select
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import update as sql_update
+from sqlalchemy.sql.dml import Insert, Update
 
 from tiffany.records import (
     MAX_ARG_CHARS,
@@ -145,6 +147,10 @@ _ROLES: Final = frozenset(k.value for k in TaskKind)
 
 #: ``steps.waiting`` (why a step waits) exists in this schema (revision 0003 on).
 _HAS_WAITING: Final = "waiting" in Step.__table__.c
+#: The mark, read and locked at the start of each batch's transaction.
+_LOCK_MARK: Final = (
+    select(ProjectorState.last_seq).where(ProjectorState.id == PROJECTOR_STATE_ID).with_for_update()
+)
 
 #: A decoded journal record: ``(seq, rtype, run_no, record)``.
 Decoded = tuple[int, int, int, Record | Unknown | Undecodable]
@@ -222,11 +228,12 @@ class _Rows:
         self.new: dict[tuple[Any, ...], dict[str, Any]] = {}
         self.changed: dict[tuple[Any, ...], dict[str, Any]] = {}
         self.stamped = "last_seq" in table.c
+        self._blank = dict.fromkeys(c.name for c in table.columns)
         #: The seq of the record being applied.
         self.seq = 0
 
     def insert(self, key: tuple[Any, ...], row: dict[str, Any]) -> None:
-        full: dict[str, Any] = {c.name: None for c in self.table.columns}
+        full = self._blank.copy()
         full.update(row)
         full.update(zip(self.keys, key, strict=True))
         if self.stamped:
@@ -245,7 +252,7 @@ class _Rows:
     def flush(self, conn: Connection) -> int:
         statements = 0
         if self.new:
-            conn.execute(insert(self.table), list(self.new.values()))
+            conn.execute(_insert_of(self.table), list(self.new.values()))
             statements += 1
         groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
         for key, values in self.changed.items():
@@ -253,15 +260,22 @@ class _Rows:
             params.update({f"v_{c}": v for c, v in values.items()})
             groups.setdefault(tuple(sorted(values)), []).append(params)
         for columns, params_list in groups.items():
-            where = and_(*(self.table.c[k] == bindparam(f"k_{k}") for k in self.keys))
-            stmt = (
-                sql_update(self.table)
-                .where(where)
-                .values({c: bindparam(f"v_{c}") for c in columns})
-            )
-            conn.execute(stmt, params_list)
+            conn.execute(_update_of(self.table, tuple(self.keys), columns), params_list)
             statements += 1
         return statements
+
+
+@functools.cache
+def _insert_of(table: Table) -> Insert:
+    """The INSERT of ``table``'s rows (built once: a statement's cache key is not free)."""
+    return insert(table)
+
+
+@functools.cache
+def _update_of(table: Table, keys: tuple[str, ...], columns: tuple[str, ...]) -> Update:
+    """The UPDATE of ``columns`` by primary key ``keys`` (``k_*`` and ``v_*`` parameters)."""
+    where = and_(*(table.c[k] == bindparam(f"k_{k}") for k in keys))
+    return sql_update(table).where(where).values({c: bindparam(f"v_{c}") for c in columns})
 
 
 @dataclass(slots=True)
@@ -300,7 +314,7 @@ class _Batch:
         # Parents first: tasks and steps reference runs.
         n = self.runs.flush(conn) + self.tasks.flush(conn) + self.steps.flush(conn)
         if self.records:
-            conn.execute(insert(JournalRecord), self.records)
+            conn.execute(_insert_of(JournalRecord.__table__), self.records)
             n += 1
         return n
 
@@ -784,11 +798,7 @@ class Projector:
             conn.execute(insert(ProjectorState).values(id=PROJECTOR_STATE_ID, last_seq=0))
 
     def _lock_mark(self, conn: Connection) -> int:
-        value = conn.scalar(
-            select(ProjectorState.last_seq)
-            .where(ProjectorState.id == PROJECTOR_STATE_ID)
-            .with_for_update()
-        )
+        value = conn.scalar(_LOCK_MARK)
         if value is None:
             self._ensure_state(conn)
             return 0

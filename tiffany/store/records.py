@@ -86,7 +86,16 @@ def jsonable(value: Any, _depth: int = 0) -> Any:
     nested deeper than ``MAX_JSON_DEPTH`` become a marker string, so neither
     this function nor the JSON encoder recurses without bound.
     """
-    if value is None or isinstance(value, bool):
+    cls = value.__class__
+    if cls is str:  # the common cases first, by exact type (subclasses take the long way)
+        return _clean(value)
+    if cls is int:
+        return value if value.bit_length() <= MAX_INT_BITS else _number(value)
+    if value is None or cls is bool:
+        return value
+    if cls is dict and _depth < MAX_JSON_DEPTH:
+        return {_key(k): jsonable(v, _depth + 1) for k, v in value.items()}
+    if isinstance(value, bool):
         return value
     if isinstance(value, str):
         return _clean(value)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Final
 
+import msgspec
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -55,6 +56,10 @@ def _sqlite_pragmas(memory: bool) -> Any:
     return on_connect
 
 
+def _json_text(value: Any) -> str:
+    return msgspec.json.encode(value).decode()
+
+
 def make_engine(url: str | URL, **kwargs: Any) -> Engine:
     """Create the store's engine for ``url`` (SQLite file or PostgreSQL).
 
@@ -66,6 +71,11 @@ def make_engine(url: str | URL, **kwargs: Any) -> Engine:
     not exist yet on a first start).
     """
     parsed = normalize_url(url)
+    # JSON columns hold values records.jsonable made plain: msgspec writes and
+    # reads them several times faster than the json module (the projector
+    # spent a tenth of its time in json.dumps).
+    kwargs.setdefault("json_serializer", _json_text)
+    kwargs.setdefault("json_deserializer", msgspec.json.decode)
     if parsed.get_backend_name() == "sqlite":
         database = parsed.database or ""
         memory = database in ("", ":memory:") or database.startswith("file::memory:")
