@@ -327,23 +327,23 @@ def test_a_relay_stuck_behind_the_engine_takes_the_live_feed_and_marks_the_gap(a
     import asyncio
 
     from tiffany.api.feed import FeedRelay
+    from tiffany.pal.transport import line_of
 
     calls: list[int | None] = []
 
-    async def scripted_follow(path, since=None, run_id=None, *, reconnect=True):
+    async def scripted_follow(path, since=None, run_id=None):
         calls.append(since)
         if since is None and len(calls) == 1:
-            for seq in (1, 2, 3):
-                yield {"seq": seq, "run_id": "r", "kind": "step"}
-            yield {"type": "cutoff", "last_seq": 3}  # fell behind
+            yield [line_of({"seq": seq, "run_id": "r", "kind": "step"}) for seq in (1, 2, 3)]
+            yield [line_of({"type": "cutoff", "last_seq": 3})]  # fell behind
         elif since == 3:
-            yield {"type": "cutoff", "last_seq": 3}  # the backlog is cut off again at once
+            yield [line_of({"type": "cutoff", "last_seq": 3})]  # cut off again at once
         else:
-            yield {"seq": 100, "run_id": "r", "kind": "step"}
+            yield [line_of({"seq": 100, "run_id": "r", "kind": "step"})]
             await asyncio.sleep(3600)
 
     async def scenario() -> list[tuple[float, str | None, str]]:
-        relay = FeedRelay(api_dir / "feed.sock", follow_fn=scripted_follow)
+        relay = FeedRelay(api_dir / "feed.sock", lines_fn=scripted_follow)
         relay.start()
         for _ in range(200):
             if relay.last_seq == 100:

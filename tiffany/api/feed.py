@@ -88,7 +88,15 @@ import structlog
 import tenacity
 
 from tiffany.api.wsdirect import DirectWriter, text_frame
-from tiffany.pal.transport import FEED_SOCKET, FeedClosed, Reconnects, follow
+from tiffany.pal.transport import (
+    FEED_SOCKET,
+    FeedClosed,
+    FrameHead,
+    Lines,
+    Reconnects,
+    follow,
+    follow_lines,
+)
 
 __all__ = ["FEED_SOCKET", "FeedRelay", "FeedSubscriber", "bound_send_buffer", "feed_path"]
 
@@ -137,6 +145,7 @@ class _Message(NamedTuple):
 #: The messages framed in one pass, by (ring position, run filter, batch).
 _Made = dict[tuple[int, str | None, bool], _Message]
 Follow = Callable[..., AsyncIterator[dict[str, Any]]]
+FollowLines = Callable[..., AsyncIterator[Lines]]
 
 
 def bound_send_buffer(listener: socket.socket) -> None:
@@ -356,7 +365,9 @@ class FeedRelay:
             before the subscriber is cut off.
         max_subscribers: Subscribers at once; :meth:`full` says when a new
             one must be refused.
-        follow_fn: The feed client (:func:`tiffany.pal.transport.follow`).
+        follow_fn: The feed client of catch-ups (:func:`tiffany.pal.transport.follow`).
+        lines_fn: The feed client of the live subscription
+            (:func:`tiffany.pal.transport.follow_lines`).
     """
 
     def __init__(
@@ -369,6 +380,7 @@ class FeedRelay:
         send_timeout_s: float = 10.0,
         max_subscribers: int = 1000,
         follow_fn: Follow = follow,
+        lines_fn: FollowLines = follow_lines,
     ) -> None:
         self.path = Path(path)
         self.queue_frames = queue_frames
@@ -391,6 +403,7 @@ class FeedRelay:
         self.last_seq: int | None = None
         self.subscribers: set[FeedSubscriber] = set()
         self._follow = follow_fn
+        self._lines = lines_fn
         self._task: asyncio.Task[None] | None = None
         self._wake_pending = False
         self._wake_timer: asyncio.TimerHandle | None = None
@@ -475,14 +488,17 @@ class FeedRelay:
             since, self._stuck = None, 0
         before = self.received
         cut = False
-        async for frame in self._follow(self.path, since=since, reconnect=False):
-            if frame.get("type") == "cutoff":
-                self.upstream_cutoffs += 1
-                log.warning("the engine cut the API's feed off", last_seq=self.last_seq)
-                cut = True
-                break
+        async for batch in self._lines(self.path, since=since):
             policy.progressed(attempt)
-            self.accept(frame)
+            for head, text in batch:
+                if head.type == "cutoff":
+                    self.upstream_cutoffs += 1
+                    log.warning("the engine cut the API's feed off", last_seq=self.last_seq)
+                    cut = True
+                    break
+                self.accept(head, text)
+            if cut:
+                break
         self._stuck = self._stuck + 1 if cut and self.received == before else 0
         if cut:
             policy.at_once()
@@ -498,25 +514,28 @@ class FeedRelay:
             )
         self.connected = False
 
-    def accept(self, frame: dict[str, Any]) -> None:
-        """Take one frame from the engine's feed (events and control frames)."""
+    def accept(self, head: FrameHead, text: str) -> None:
+        """Take one frame from the engine's feed (events and control frames), as its text."""
         self.connected = True
-        kind = frame.get("type")
+        kind = head.type
         if kind == "gone":
             self.upstream_gone += 1
             reason = "the engine restarted or dropped events: reload state over HTTP"
-            self._mark_gap(frame.get("oldest"), reason)
+            self._mark_gap(head.oldest, reason)
             return
         if kind is not None:
             return  # cutoff (handled by _run), ping, or newer control frames
-        seq = frame.get("seq")
-        if not isinstance(seq, int):
+        seq = head.seq
+        if seq.__class__ is not int:
             return
         if self.last_seq is not None and seq <= self.last_seq:
             return  # duplicates after a reconnect
         self.last_seq = seq
         self.received += 1
-        self._append((seq, frame.get("run_id"), _encode(frame).decode()))
+        run_id = head.run_id
+        if run_id is not None and run_id.__class__ is not str:
+            run_id = str(run_id)
+        self._append((seq, run_id, text))
 
     def _mark_gap(self, oldest: Any, reason: str) -> None:
         """Put a ``gone`` frame in the ring, between the seqs before and after a gap."""

@@ -40,7 +40,18 @@ import tenacity
 from tiffany.pal.events import Event
 from tiffany.pal.hub import Hub
 
-__all__ = ["FEED_SOCKET", "FeedClosed", "FeedServer", "Reconnects", "follow", "is_transient"]
+__all__ = [
+    "FEED_SOCKET",
+    "FeedClosed",
+    "FeedServer",
+    "FrameHead",
+    "Lines",
+    "Reconnects",
+    "follow",
+    "follow_lines",
+    "is_transient",
+    "line_of",
+]
 
 #: File name of the feed socket inside the data dir (engine and API agree on it).
 FEED_SOCKET: Final = "feed.sock"
@@ -243,6 +254,77 @@ async def _session(
             yield frame
             if kind == "cutoff":
                 return
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError, ConnectionError):
+            await writer.wait_closed()
+
+
+class FrameHead(msgspec.Struct):
+    """What a relay reads of a feed frame: its type, seq and run (the rest is passed on as text)."""
+
+    type: Any = None
+    seq: Any = None
+    run_id: Any = None
+    oldest: Any = None
+
+
+#: ``[(head, text), ...]``: the frames one read brought, each with its JSON text.
+Lines = list[tuple[FrameHead, str]]
+
+_decode_head = msgspec.json.Decoder(FrameHead).decode
+
+#: Largest frame a lines session takes, in bytes (the hub's frames are far smaller).
+MAX_FRAME_BYTES: Final = 16 * 1024 * 1024
+
+
+def line_of(frame: dict[str, Any]) -> tuple[FrameHead, str]:
+    """Return ``frame`` as a lines session yields it (for relays fed by hand)."""
+    text = msgspec.json.encode(frame)
+    return _decode_head(text), text.decode()
+
+
+async def follow_lines(
+    path: str | os.PathLike[str], since: int | None = None, run_id: str | None = None
+) -> AsyncGenerator[Lines, None]:
+    """One connection to the feed, for a relay: frames a read at a time, each with its text.
+
+    Like ``follow(reconnect=False)``, but each item is every whole frame one
+    read of the socket brought, as ``(head, text)``: the head (type, seq,
+    run) decoded and the rest left as the engine wrote it. A relay that
+    passes events on as text thus neither builds nor re-encodes them, and
+    pays one ``await`` per read instead of one per event (at 300 runs/s the
+    API spent a fifth of its time reading its feed a line at a time). Pings
+    are dropped; a cutoff ends the batch and the stream.
+
+    Raises:
+        FeedClosed: A frame longer than :data:`MAX_FRAME_BYTES`.
+    """
+    import asyncio
+
+    reader, writer = await asyncio.open_unix_connection(str(path))
+    try:
+        writer.write(json.dumps({"since": since, "run_id": run_id}).encode() + b"\n")
+        await writer.drain()
+        rest = b""
+        while chunk := await reader.read(1 << 16):
+            lines = (rest + chunk).split(b"\n") if rest else chunk.split(b"\n")
+            rest = lines.pop()
+            if len(rest) > MAX_FRAME_BYTES:
+                raise FeedClosed(f"a feed frame longer than {MAX_FRAME_BYTES} bytes")
+            batch: Lines = []
+            for line in lines:
+                if not line:
+                    continue
+                head = _decode_head(line)
+                if head.type == "ping":
+                    continue
+                batch.append((head, line.decode()))
+                if head.type == "cutoff":
+                    yield batch
+                    return
+            if batch:
+                yield batch
     finally:
         writer.close()
         with contextlib.suppress(OSError, ConnectionError):
