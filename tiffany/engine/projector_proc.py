@@ -40,6 +40,7 @@ durable seq received and exit 0.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -218,6 +219,11 @@ def run_projector(database_url: str, wal_dir: Path, fd: int | None = None) -> in
     source = WalTail(wal_dir)
     try:
         applier.start()
+        # Out of the collector's reach: the start-up heap (SQLAlchemy, the
+        # models), so a full collection walks one batch's objects (as the
+        # engine and the API do; engine/__init__.py).
+        gc.collect()
+        gc.freeze()
         while not notices.closed:
             applier.follow(source, notices.wait())
     finally:

@@ -9,6 +9,7 @@ records (``/events``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Final
 
 from sqlalchemy import func, select
@@ -84,7 +85,7 @@ def counts_by_status(session: Session) -> dict[str, int]:
     return counts
 
 
-def run_summary(run: Run) -> dict[str, Any]:
+def run_summary(run: Any) -> dict[str, Any]:
     """Return a run as the runs list shows it (JSON-able)."""
     return {
         "run_id": run.run_id,
@@ -101,7 +102,7 @@ def run_summary(run: Run) -> dict[str, Any]:
     }
 
 
-def task_dict(task: Task) -> dict[str, Any]:
+def task_dict(task: Any) -> dict[str, Any]:
     """Return a task row as JSON-able data."""
     return {
         "ltid": task.ltid,
@@ -119,7 +120,7 @@ def task_dict(task: Task) -> dict[str, Any]:
     }
 
 
-def step_dict(step: Step) -> dict[str, Any]:
+def step_dict(step: Any) -> dict[str, Any]:
     """Return a step row as JSON-able data."""
     return {
         "step_id": step.step_id,
@@ -143,12 +144,35 @@ def run_detail(run: Run) -> dict[str, Any]:
 
     The run must come from :func:`get_run` (tasks and steps loaded).
     """
+    return _detail(run, run.steps, run.tasks)
+
+
+def run_detail_of(session: Session, run_id: str) -> dict[str, Any] | None:
+    """Return :func:`run_detail` of a run read with three plain SELECTs, or None.
+
+    Discussion: what ``GET /api/runs/{id}`` serves. The rows are read as
+    rows, not ORM objects (no identity map, no ``selectinload``): a fifth
+    of the API's time went to loading a run's objects at 200 reads/s.
+    """
+    run = session.execute(select(Run.__table__).where(Run.run_id == run_id)).one_or_none()
+    if run is None:
+        return None
+    steps = session.execute(
+        select(Step.__table__).where(Step.run_id == run_id).order_by(Step.position)
+    ).all()
+    tasks = session.execute(
+        select(Task.__table__).where(Task.run_id == run_id).order_by(Task.ltid)
+    ).all()
+    return _detail(run, steps, tasks)
+
+
+def _detail(run: Any, steps: Iterable[Any], tasks: Iterable[Any]) -> dict[str, Any]:
     return {
         **run_summary(run),
         "entry": run.entry,
         "inputs": run.inputs,
         "outputs": run.outputs,
         "error": run.error,
-        "steps": [step_dict(s) for s in run.steps],
-        "tasks": [task_dict(t) for t in run.tasks],
+        "steps": [step_dict(s) for s in steps],
+        "tasks": [task_dict(t) for t in tasks],
     }
