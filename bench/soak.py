@@ -38,8 +38,9 @@ from typing import Any
 
 import httpx
 
-TESTS = Path(__file__).resolve().parent.parent / "tests"
-sys.path[:0] = [str(TESTS / "fault"), str(TESTS)]  # fault_support, and process_support it uses
+# fault_support, and the process_support it imports
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "fault"))
 
 from fault_support import (
     PLAN_KINDS,
