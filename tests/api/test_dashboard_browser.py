@@ -250,9 +250,12 @@ def test_dashboard_submits_a_plan_and_follows_it_live(
             expect(tree.locator('[data-testid=task-node][data-name="worker:a"]')).to_have_count(1)
             expect(tree.locator('[data-testid=task-node][data-name="worker:b"]')).to_have_count(1)
 
-            # The timeline draws a bar per task.
+            # The timeline draws a bar per task, labelled from the task's fields
+            # (a worker by its step), never parsed from its name.
             bars = page.get_by_test_id("timeline").get_by_test_id("gantt-bar")
             expect(bars).to_have_count(3)
+            names = page.get_by_test_id("timeline").locator(".gantt-name")
+            expect(names).to_contain_text(["a", "b"])
 
             # -- it succeeds ---------------------------------------------------------
             expect(page.get_by_test_id("run-status")).to_have_attribute(

@@ -257,6 +257,7 @@ export class RunPage {
     const now = Date.now() / 1000;
     renderTimeline(this.timelineEl, rows, {
       now,
+      tools: new Map((d.steps || []).map((s) => [s.step_id, s.tool])),
       selected: this.selected,
       onSelect: (lt) => this.select(lt),
       limit: this.limits.timeline,

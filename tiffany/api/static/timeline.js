@@ -32,12 +32,15 @@ export function moreButton(hidden, onMore, testid) {
   );
 }
 
-/** "a" for worker:a, "file.read" for tool:file.read:a, the name otherwise. */
-function rowLabel(task) {
+/**
+ * A row's label from the task's fields, never from its name: a worker shows
+ * its step, a tool task its step's tool (`tools`: step id -> tool), any other
+ * task its name.
+ */
+function rowLabel(task, tools) {
   if (task.kind === "worker" && task.step_id) return task.step_id;
-  if (task.kind === "tool" && task.name.startsWith("tool:")) {
-    const rest = task.name.slice(5);
-    return task.step_id && rest.endsWith(`:${task.step_id}`) ? rest.slice(0, -task.step_id.length - 1) : rest;
+  if (task.kind === "tool" && task.step_id && tools && tools.get(task.step_id)) {
+    return tools.get(task.step_id);
   }
   return task.name;
 }
@@ -46,7 +49,7 @@ function rowLabel(task) {
  * Render `rows` ({task, depth} in tree order) into `root`.
  * `now` (epoch s) closes the bars of tasks still running.
  */
-export function renderTimeline(root, rows, { now, selected, onSelect, limit, onMore }) {
+export function renderTimeline(root, rows, { now, tools, selected, onSelect, limit, onMore }) {
   const timed = rows.filter((r) => r.task.started_at != null);
   if (!timed.length) {
     fill(root, h("div", { class: "empty" }, "No task has started yet."));
@@ -88,7 +91,7 @@ export function renderTimeline(root, rows, { now, selected, onSelect, limit, onM
           },
         });
       });
-    const label = rowLabel(task);
+    const label = rowLabel(task, tools);
     return h(
       "div",
       {
