@@ -91,11 +91,14 @@ def jsonable(value: Any, _depth: int = 0) -> Any:
         return _clean(value)
     if cls is int:
         return value if value.bit_length() <= MAX_INT_BITS else _number(value)
-    if value is None or cls is bool:
-        return value
     if cls is dict and _depth < MAX_JSON_DEPTH:
         return {_key(k): jsonable(v, _depth + 1) for k, v in value.items()}
-    if isinstance(value, bool):
+    return _jsonable_other(value, _depth)
+
+
+def _jsonable_other(value: Any, _depth: int) -> Any:
+    """:func:`jsonable` of anything but a plain ``str``, ``int`` or shallow ``dict``."""
+    if value is None or isinstance(value, bool):
         return value
     if isinstance(value, str):
         return _clean(value)
