@@ -158,6 +158,26 @@ def shared_processors() -> list[structlog.types.Processor]:
     ]
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stream handler on whatever ``sys.stderr`` is when a record is emitted.
+
+    A process that swaps its standard error later (pytest's capture does, per
+    test) keeps logging to the live one; a handler that held the first one
+    wrote to a closed file from threads that outlived it.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: TextIO) -> None:
+        pass
+
+
 def configure_logging(
     settings: Settings | None = None,
     *,
@@ -231,7 +251,7 @@ def configure_logging(
             *renderers,
         ],
     )
-    handler = logging.StreamHandler(out)
+    handler = logging.StreamHandler(out) if stream is not None else _StderrHandler()
     handler.set_name(_HANDLER_NAME)
     handler.setFormatter(formatter)
 
