@@ -35,3 +35,20 @@ def test_json_lines_for_ours_and_foreign_records() -> None:
     assert "color_message" not in uvicorn
     # Alembic's INFO narration is dropped; its warnings are kept.
     assert alembic["event"] == "something odd"
+
+
+def test_the_default_handler_follows_a_swapped_stderr(monkeypatch) -> None:
+    """Lines go to the standard error of the moment, not the one seen at configuration."""
+    import sys
+
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    configure_logging(log_format="json", log_level="INFO")
+    try:
+        first.close()  # what pytest's capture does to a finished test's stream
+        monkeypatch.setattr(sys, "stderr", second)
+        structlog.get_logger("tiffany.test").info("after.swap")
+        assert [line["event"] for line in _lines(second)] == ["after.swap"]
+    finally:
+        monkeypatch.undo()
+        configure_logging(log_format="console")

@@ -118,3 +118,42 @@ def test_a_client_that_never_reads_is_cut_off_and_others_go_on(tmp_path):
         stalled.close()
     finally:
         server.stop()
+
+
+def test_follow_lines_reassembles_frames_split_across_reads(tmp_path):
+    """Frames cut at any byte (and one far larger than a read) come out whole, in order;
+    pings are dropped and a cutoff ends the stream."""
+    import json
+
+    from tiffany.pal.transport import follow_lines
+
+    path = tmp_path / "split.sock"
+    big = "x" * 200_000  # more than one 64 KiB read
+    frames = [{"seq": i, "run_id": "r", "label": big if i == 3 else f"#{i}"} for i in range(1, 6)]
+    wire = b"".join(
+        json.dumps(f).encode() + b"\n"
+        for f in [*frames[:2], {"type": "ping"}, *frames[2:], {"type": "cutoff", "last_seq": 5}]
+    )
+
+    async def scenario():
+        hello = asyncio.get_running_loop().create_future()
+
+        async def serve(reader, writer):
+            hello.set_result(json.loads(await reader.readline()))
+            for i in range(0, len(wire), 7_777):  # odd cuts, mid-frame
+                writer.write(wire[i : i + 7_777])
+                await writer.drain()
+                await asyncio.sleep(0)
+            writer.close()
+
+        server = await asyncio.start_unix_server(serve, path=str(path))
+        async with server:
+            got = [item async for batch in follow_lines(path, since=7) for item in batch]
+        return await hello, got
+
+    hello, got = asyncio.run(scenario())
+    assert hello == {"since": 7, "run_id": None}
+    heads = [head for head, _ in got]
+    assert [h.seq for h in heads] == [1, 2, 3, 4, 5, None]
+    assert heads[-1].type == "cutoff"
+    assert [json.loads(text) for _, text in got[:5]] == frames  # passed on as written
