@@ -77,7 +77,16 @@ def _one(ws: WebSocket, batch: bool) -> Callable[[str], Awaitable[None]]:
     return send
 
 
-async def _send_frames(ws: WebSocket, sub: FeedSubscriber, ping_s: float, batch: bool) -> None:
+async def _send_frames(
+    ws: WebSocket, sub: FeedSubscriber, ping_s: float, batch: bool, direct: DirectWriter | None
+) -> None:
+    """A websocket's sender: catch up, then relay direct writes or send its frames here.
+
+    A resume older than the relay's ring is caught up through ASGI; then the
+    subscriber goes to the relay's direct writes (``direct``, see
+    :mod:`tiffany.api.wsdirect`), or, under a server without them, this task
+    sends its frames.
+    """
     relay = sub.relay
     send_one = _one(ws, batch)
 
@@ -87,6 +96,10 @@ async def _send_frames(ws: WebSocket, sub: FeedSubscriber, ping_s: float, batch:
     try:
         if sub.catching_up:
             await relay.catch_up(sub, send_timed, idle_timeout=ping_s)
+        if direct is not None:
+            if not sub.cut.is_set():
+                relay.go_direct(sub, direct, batch=batch, ping_s=ping_s)
+            return
         limit = READ_BATCH_ENTRIES if batch else FRAMES_PER_TURN
         while not sub.cut.is_set():
             frames = await sub.next_frames(ping_s, limit)
@@ -115,25 +128,6 @@ async def _send_frames(ws: WebSocket, sub: FeedSubscriber, ping_s: float, batch:
         log.exception("websocket sender failed")
         with contextlib.suppress(*_GONE_CLIENT):
             await ws.close(code=CLOSE_INTERNAL_ERROR)
-
-
-async def _go_direct(
-    ws: WebSocket, sub: FeedSubscriber, direct: DirectWriter, ping_s: float, batch: bool
-) -> None:
-    """Catch up through ASGI if the resume needs it, then let the relay write (wsdirect)."""
-    relay = sub.relay
-    send_one = _one(ws, batch)
-
-    async def send_timed(text: str) -> None:
-        await sub.send(send_one, text)
-
-    try:
-        if sub.catching_up:
-            await relay.catch_up(sub, send_timed, idle_timeout=ping_s)
-    except _GONE_CLIENT:
-        return  # the client went away: the receive loop sees it too
-    if not sub.cut.is_set():
-        relay.go_direct(sub, direct, batch=batch, ping_s=ping_s)
 
 
 async def _cut_off(
@@ -213,10 +207,7 @@ async def activity(
     log.info("websocket subscribed", run_id=run_id, since=since, catch_up=sub.catching_up)
     ping_s = state.settings.ws_ping_interval_s
     direct = direct_writer_of(ws.scope)
-    if direct is None:
-        sender = asyncio.create_task(_send_frames(ws, sub, ping_s, batch))
-    else:
-        sender = asyncio.create_task(_go_direct(ws, sub, direct, ping_s, batch))
+    sender = asyncio.create_task(_send_frames(ws, sub, ping_s, batch, direct))
     done = asyncio.Event()
     sub.on_cut = lambda: asyncio.create_task(_cut_off(ws, sub, sender, batch, done))
     try:
