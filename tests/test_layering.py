@@ -67,6 +67,8 @@ LAYERS: dict[str, Layer] = {
     "io": Layer(_parts("errors", "kernel")),
     # The WAL treats payloads as opaque bytes.
     "wal": Layer(_parts("errors"), CODEC_LIBS | _parts("structlog")),
+    # The WAL's records as rows of a PostgreSQL stream, under a fenced lease.
+    "pgwal": Layer(_parts("errors", "wal"), _parts("psycopg", "structlog")),
     # The journal's records: one typed definition every reader and writer imports.
     "records": Layer(_parts("errors"), _parts("msgspec")),
     "durable": Layer(_parts("errors", "kernel", "wal", "records")),
@@ -89,6 +91,7 @@ LAYERS: dict[str, Layer] = {
             "kernel",
             "io",
             "wal",
+            "pgwal",
             "durable",
             "pal",
             "store",

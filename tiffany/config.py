@@ -40,6 +40,7 @@ DEFAULT_ENABLED_TOOLS: tuple[str, ...] = (
 LogFormat = Literal["auto", "console", "json"]
 WalFsync = Literal["always", "batch", "off"]
 WalRetain = Literal["all", "archive", "delete"]
+JournalBackend = Literal["file", "postgres"]
 
 _LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
 
@@ -70,6 +71,13 @@ class Settings(BaseSettings):
             ``archive`` (moved to ``<data_dir>/wal/archive/``, still read by
             ``replay --verify`` and ``db rebuild``), ``delete``, or ``all``
             (kept live; start-up still reads only after the checkpoint).
+        journal: Where the journal lives: ``file`` (the WAL under
+            ``data_dir``, the embedded default) or ``postgres`` (streams of
+            rows in the PostgreSQL database of ``database_url``, under a
+            fenced lease: docs/pg-journal.md).
+        journal_stream: The PostgreSQL stream this engine writes.
+        journal_lease_s: How long an engine's lease on its stream lasts
+            without renewal: a dead engine's stream is taken over after it.
         idempotency_window_s: How long an ``Idempotency-Key`` keeps answering
             the run it started (run start to run start, across restarts).
         slow_dispatch_threshold_s: A task step slower than this many seconds is
@@ -120,6 +128,9 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     wal_fsync: WalFsync = "batch"
     wal_retain: WalRetain = "archive"
+    journal: JournalBackend = "file"
+    journal_stream: str = Field(default="main", min_length=1, max_length=64)
+    journal_lease_s: float = Field(default=10.0, gt=0)
     idempotency_window_s: float = Field(default=86_400.0, gt=0)
     slow_dispatch_threshold_s: float = Field(default=0.1, gt=0)
     enabled_tools: Annotated[list[str], NoDecode] = Field(
@@ -187,6 +198,11 @@ class Settings(BaseSettings):
         if not self.database_url.strip():
             path = self.data_dir / SQLITE_FILE_NAME
             self.database_url = f"sqlite:///{path}"
+        if self.journal == "postgres" and not self.database_url.startswith("postgres"):
+            raise ValueError(
+                "journal=postgres needs a PostgreSQL database_url "
+                "(TIFFANY_DATABASE_URL=postgresql+psycopg://...): the journal lives there"
+            )
         return self
 
     @property

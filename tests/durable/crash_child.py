@@ -3,7 +3,9 @@
     python crash_child.py DATA_DIR OUT_PATH KILL_AT
 
 Kills itself with SIGKILL after dispatch number KILL_AT (0: never) and
-prints the result as JSON when it survives.
+prints the result as JSON when it survives. With ``CRASH_PG_URL`` and
+``CRASH_PG_STREAM`` set, journals into that PostgreSQL stream (lease of
+``CRASH_PG_LEASE_S`` seconds) instead of DATA_DIR's WAL.
 """
 
 from __future__ import annotations
@@ -37,7 +39,14 @@ class KillAt(Instrument):
 
 def main() -> int:
     data_dir, out_path, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    with Runtime(data_dir) as rt:
+    url = os.environ.get("CRASH_PG_URL")
+    log = None
+    if url:
+        from tiffany.pgwal import PgLog
+
+        lease_s = float(os.environ.get("CRASH_PG_LEASE_S", "1"))
+        log = PgLog.open(url, os.environ["CRASH_PG_STREAM"], lease_s=lease_s)
+    with Runtime(data_dir, log=log) as rt:
         counter = KillAt(kill_at)
         rt.sched.add_instrument(counter)
         rt.submit("durable_workloads:appenders", out_path, WORKERS, STEPS, run_id=RUN_ID)

@@ -64,16 +64,16 @@ class Counting:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.segments: list[str] = []
         self.records = 0
-        real_iter = history.iter_spans
+        real_iter = history.spans_of
 
-        def iter_spans(wal_dir: Any, from_seq: int = 1, checked: Any = None) -> Iterator[Any]:
+        def spans_of(wal_dir: Any, from_seq: int = 1, checked: Any = None) -> Iterator[Any]:
             for span in real_iter(wal_dir, from_seq, checked):
                 self.records += 1
                 if not self.segments or self.segments[-1] != span[5]:
                     self.segments.append(span[5])
                 yield span
 
-        monkeypatch.setattr(history, "iter_spans", iter_spans)
+        monkeypatch.setattr(history, "spans_of", spans_of)
 
 
 def test_a_checkpoint_round_trips_through_its_file(tmp_path: Path) -> None:

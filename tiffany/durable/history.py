@@ -26,7 +26,6 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from tiffany.durable.checkpoint import (
@@ -56,7 +55,7 @@ from tiffany.records import (
     decode_dispatch,
     run_of,
 )
-from tiffany.wal import Span, iter_records, iter_spans
+from tiffany.wal import Source, Span, spans_of
 
 __all__ = [
     "Loaded",
@@ -176,19 +175,18 @@ def checkpoint_of(index: RunIndex, window_s: float = IDEMPOTENCY_WINDOW_S) -> Ch
     return Checkpoint(index.last_seq, index.max_run_no, runs, keys)
 
 
-def scan(wal_dir: Path, base: Checkpoint | None = None, until: int | None = None) -> RunIndex:
+def scan(wal_dir: Source, base: Checkpoint | None = None, until: int | None = None) -> RunIndex:
     """Build the run index with one pass over the WAL (after ``base``, up to ``until``)."""
     return load_many(wal_dir, set(), base=base, until=until)[0]
 
 
-def decoded_records(wal_dir: Path, info: RunInfo) -> Iterator[tuple[int, int, Record | Unknown]]:
+def decoded_records(wal_dir: Source, info: RunInfo) -> Iterator[tuple[int, int, Record | Unknown]]:
     """Yield ``(seq, type, record)`` of one run's records after its RUN_START, in WAL order."""
     prefix = info.run_no.to_bytes(4, "little")
-    for rec in iter_records(wal_dir, from_seq=info.first_seq):
-        payload = rec.payload
-        if payload[:4] != prefix or rec.rtype == RecordType.RUN_START:
+    for seq, rtype, data, start, end, _ in spans_of(wal_dir, from_seq=info.first_seq):
+        if data[start : start + 4] != prefix or rtype == RecordType.RUN_START:
             continue
-        yield rec.seq, rec.rtype, decode(rec.rtype, payload)
+        yield seq, rtype, decode(rtype, data[start:end])
 
 
 @dataclass
@@ -218,7 +216,7 @@ class Loaded:
 
 
 def load_many(
-    wal_dir: Path,
+    wal_dir: Source,
     wanted: set[str] | None = None,
     *,
     unfinished_only: bool = False,
@@ -234,7 +232,7 @@ def load_many(
 
 
 def read_runs(
-    wal_dir: Path,
+    wal_dir: Source,
     wanted: set[str] | None = None,
     *,
     unfinished_only: bool = False,
@@ -245,7 +243,7 @@ def read_runs(
     """Build the index and find the wanted runs' records in one pass over the WAL.
 
     Args:
-        wal_dir: The WAL directory.
+        wal_dir: The WAL directory, or another log (:data:`~tiffany.wal.Source`).
         wanted: Run ids to keep (None: every run).
         unfinished_only: Skip runs whose end is in the WAL (recovery).
         base: Start from this checkpoint's index instead of seq 1.
@@ -266,7 +264,7 @@ def read_runs(
     kept = [i for i in index.runs.values() if wanted is None or i.run_id in wanted]
     keep: dict[bytes, list[Span]] = {RUN_PREFIX.pack(i.run_no): [] for i in kept}
     first = min([i.first_seq for i in kept] + [after + 1])
-    spans = iter_spans(wal_dir, first, checked) if until is None or first <= until else ()
+    spans = spans_of(wal_dir, first, checked) if until is None or first <= until else ()
     run_start, run_end = RecordType.RUN_START, RecordType.RUN_END
     last = after
     for span in spans:
@@ -300,12 +298,12 @@ def read_runs(
     return Loaded(index, keep)
 
 
-def load(wal_dir: Path, info: RunInfo) -> ReplayCursor:
+def load(wal_dir: Source, info: RunInfo) -> ReplayCursor:
     """Read one run's history into a replay cursor (from its first record on)."""
     prefix = RUN_PREFIX.pack(info.run_no)
     spans = [
         span
-        for span in iter_spans(wal_dir, from_seq=info.first_seq)
+        for span in spans_of(wal_dir, from_seq=info.first_seq)
         if span[2][span[3] : span[3] + 4] == prefix and span[1] != RecordType.RUN_START
     ]
     info.records = len(spans)

@@ -104,7 +104,7 @@ from tiffany.records import (
     pack_value,
     root_role,
 )
-from tiffany.wal import Wal
+from tiffany.wal import Log
 
 __all__ = [
     "GROUP_COMMIT_MAX_S",
@@ -175,7 +175,7 @@ class Journal(Instrument):
 
     critical = True
 
-    def __init__(self, wal: Wal | None, sched: Scheduler, *, allow_live: bool = True) -> None:
+    def __init__(self, wal: Log | None, sched: Scheduler, *, allow_live: bool = True) -> None:
         self.wal = wal
         self.sched = sched
         self.recorder = Recorder(wal, sched, self.ltid_of)

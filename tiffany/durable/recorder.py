@@ -53,7 +53,7 @@ from tiffany.durable.dispatch import MAX_ARG_CHARS, carried, describe
 from tiffany.durable.records import pack_error
 from tiffany.kernel import RETURNED, Scheduler, Task
 from tiffany.records import Dispatch, Record, RecordType, Wake, encode_body, pack_value
-from tiffany.wal import Wal
+from tiffany.wal import Log
 
 if TYPE_CHECKING:
     from tiffany.durable.journal import RunState, TaskMeta
@@ -80,7 +80,7 @@ class Recorder:
     """
 
     def __init__(
-        self, wal: Wal | None, sched: Scheduler, ltid_of: Callable[[int], int | None]
+        self, wal: Log | None, sched: Scheduler, ltid_of: Callable[[int], int | None]
     ) -> None:
         self.wal = wal
         self.sched = sched

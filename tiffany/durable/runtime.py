@@ -21,6 +21,7 @@ import importlib
 import uuid
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
+from os import PathLike
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from tiffany.durable.journal import Journal, RunState
 from tiffany.errors import InstrumentFailure, NondeterminismError, TiffanyError
 from tiffany.kernel import Clock, Instrument, Scheduler
 from tiffany.records import JOURNAL_COMPAT
-from tiffany.wal import FsyncPolicy, Wal
+from tiffany.wal import FsyncPolicy, Log, Source, Wal
 from tiffany.wal.segments import history_start
 
 __all__ = [
@@ -141,6 +142,9 @@ class Runtime:
         resolvers: Entry kinds besides ``callable`` (the agents layer adds ``plan``).
         segment_size_bytes: The WAL's rotation size (tests shrink it).
         key_window_s: How long idempotency keys are remembered (checkpoint.py).
+        log: An open log to journal into instead of the WAL under ``data_dir``
+            (a PostgreSQL stream, ``tiffany.pgwal``); the runtime closes it.
+            Such a log keeps no checkpoint files: a start reads it whole.
     """
 
     def __init__(
@@ -154,22 +158,29 @@ class Runtime:
         resolvers: dict[str, Resolver] | None = None,
         segment_size_bytes: int | None = None,
         key_window_s: float = IDEMPOTENCY_WINDOW_S,
+        log: Log | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.wal_dir = self.data_dir / "wal"
-        policy = fsync if isinstance(fsync, FsyncPolicy) else FsyncPolicy(fsync)
-        kwargs: dict[str, Any] = {}
-        if segment_size_bytes is not None:
-            kwargs["segment_size_bytes"] = segment_size_bytes
-        self.wal = Wal.open(self.wal_dir, fsync=policy, **kwargs)
+        if log is None:
+            policy = fsync if isinstance(fsync, FsyncPolicy) else FsyncPolicy(fsync)
+            kwargs: dict[str, Any] = {}
+            if segment_size_bytes is not None:
+                kwargs["segment_size_bytes"] = segment_size_bytes
+            log = Wal.open(self.wal_dir, fsync=policy, **kwargs)
+        self.wal: Log = log
+        #: Where readers find this runtime's log: the WAL directory, or the log itself.
+        self.source: Source = self.wal_dir if isinstance(log, Wal) else log
         self.sched = Scheduler(clock=clock, seed=seed, instruments=instruments)
         self.journal = Journal(self.wal, self.sched)
         #: The newest usable checkpoint (docs/wal-format.md): a start reads the WAL after it.
-        self.checkpoint: Checkpoint | None = read_checkpoint(self.wal_dir, self.wal.durable_seq)
+        self.checkpoint: Checkpoint | None = (
+            read_checkpoint(self.wal_dir, log.durable_seq) if isinstance(log, Wal) else None
+        )
         # One pass over the log: the index, and where the unfinished runs'
         # records are (recover() decodes them; a first submit lets them go).
         self._unfinished: Loaded | None = _read_opened(
-            self.wal_dir, self.checkpoint, self.wal.durable_seq, self.wal.checked
+            self.source, self.checkpoint, log.durable_seq, log.checked
         )
         #: The log as this open found it, as a checkpoint at its last seq.
         self.opened = checkpoint_of(self._unfinished.index, key_window_s)
@@ -223,7 +234,7 @@ class Runtime:
         if loaded is None or wanted is not None:
             base = self.opened if wanted is None else None
             until = self.opened.seq if base is not None else None  # the log as opened
-            loaded = read_runs(self.wal_dir, wanted, unfinished_only=True, base=base, until=until)
+            loaded = read_runs(self.source, wanted, unfinished_only=True, base=base, until=until)
         index, cursors = loaded.index, loaded.cursors()
         self.index = index
         self.too_new = []
@@ -298,7 +309,7 @@ class Runtime:
 
 
 def _read_opened(
-    wal_dir: Path, base: Checkpoint | None, last_seq: int, checked: Mapping[str, int]
+    wal_dir: Source, base: Checkpoint | None, last_seq: int, checked: Mapping[str, int]
 ) -> Loaded:
     """Read the log as opened: ``base`` advanced over the records after it, unfinished runs kept.
 
@@ -313,7 +324,8 @@ def _read_opened(
     is usable, the run numbers in the deleted segments are unknown: that is
     logged loudly (keep the checkpoints, or use ``archive``).
     """
-    if base is None and (start := history_start(wal_dir)) > 1:
+    file_wal = isinstance(wal_dir, str | PathLike)  # not another log
+    if base is None and file_wal and (start := history_start(Path(str(wal_dir)))) > 1:
         log.error(
             "checkpoint.missing",
             wal=str(wal_dir),
@@ -330,9 +342,15 @@ def verify(
     data_dir: str | Path,
     run_id: str,
     resolvers: dict[str, Resolver] | None = None,
+    *,
+    log: Source | None = None,
 ) -> VerifyReport:
-    """Replay finished run ``run_id`` without side effects; report divergences."""
-    wal_dir = Path(data_dir) / "wal"
+    """Replay finished run ``run_id`` without side effects; report divergences.
+
+    The run is read from ``data_dir``'s WAL, or from ``log`` when given (a
+    PostgreSQL stream).
+    """
+    wal_dir = log if log is not None else Path(data_dir) / "wal"
     index, cursors = load_many(wal_dir, {run_id})
     info = index.get(run_id)
     cursor = cursors[run_id]

@@ -20,6 +20,7 @@ from tiffany.agents.tools.base import ToolSettings
 from tiffany.config import Settings
 from tiffany.durable import Runtime
 from tiffany.kernel import Instrument, SlowDispatchWatchdog
+from tiffany.wal import Log, Source
 
 __all__ = ["Engine", "build", "replay_resolvers", "tool_settings"]
 
@@ -137,6 +138,31 @@ def replay_resolvers(settings: Settings) -> dict[str, Any]:
     return {"plan": plan_resolver(env)}
 
 
+def journal_log(settings: Settings) -> Log | None:
+    """Open the journal ``settings`` name, or None for the WAL under the data dir.
+
+    ``journal=postgres``: take the lease of ``journal_stream`` in the
+    database (:class:`~tiffany.pgwal.PgLog`); raises
+    :class:`~tiffany.errors.WalLockedError` while another engine holds it.
+    """
+    if settings.journal != "postgres":
+        return None
+    from tiffany.pgwal import PgLog
+
+    return PgLog.open(
+        settings.database_url, settings.journal_stream, lease_s=settings.journal_lease_s
+    )
+
+
+def journal_source(settings: Settings) -> Source:
+    """Where readers find the journal ``settings`` name (no lease taken)."""
+    if settings.journal != "postgres":
+        return Path(settings.data_dir) / "wal"
+    from tiffany.pgwal import PgStream
+
+    return PgStream(settings.database_url, settings.journal_stream)
+
+
 def build(
     settings: Settings,
     *,
@@ -160,6 +186,7 @@ def build(
         instruments=[watchdog],
         resolvers={"plan": plan_resolver(env)},
         key_window_s=settings.idempotency_window_s,
+        log=journal_log(settings),
     )
     # A step of a tool disabled here waits instead of starting (before recovery).
     runtime.journal.step_gate = registry.step_gate

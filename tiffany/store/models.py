@@ -2,9 +2,11 @@
 
 The store is a projection of the journal (docs/architecture.md, "Storage"): every
 row here can be rebuilt from the WAL (``tiffany db rebuild``), so nothing in
-it is a source of truth. Alembic owns the schema (``migrations/versions/``);
-a change here needs a new revision, and ``alembic check`` (run by the tests)
-fails when they disagree.
+it is a source of truth, except the two ``wal_*`` tables: they are the
+journal itself when it lives in PostgreSQL (``TIFFANY_JOURNAL=postgres``,
+``tiffany.pgwal``); a rebuild never touches them. Alembic owns the schema
+(``migrations/versions/``); a change here needs a new revision, and
+``alembic check`` (run by the tests) fails when they disagree.
 
 Times are float seconds since the epoch, as the journal records them (the
 run's clock, ``Now()``), not database timestamps: the projection must come
@@ -29,7 +31,9 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
+    SmallInteger,
     String,
     Text,
 )
@@ -48,6 +52,8 @@ __all__ = [
     "Task",
     "TaskKind",
     "TaskState",
+    "WalRecord",
+    "WalStream",
 ]
 
 #: Constraint and index names the same on every database (Alembic compares them).
@@ -287,3 +293,38 @@ class DeadLetter(Base):
     excerpt: Mapped[str] = mapped_column(Text)
     #: When it was quarantined: the run's journal clock if known, else 0 (deterministic).
     at: Mapped[float] = mapped_column(Double)
+
+
+class WalStream(Base):
+    """A journal stream in PostgreSQL: its head and its writer's lease (docs/pg-journal.md).
+
+    One engine at a time writes a stream: the one whose lease (``owner``,
+    ``epoch``, ``lease_until``) is current. Every commit moves ``head`` with
+    ``WHERE epoch = <the writer's epoch>`` in the same transaction as its
+    records, so a writer whose lease was taken over (a higher epoch) can
+    write nothing more: the fence.
+    """
+
+    __tablename__ = "wal_streams"
+
+    stream: Mapped[str] = mapped_column(String(64), primary_key=True)
+    #: The last seq committed to the stream (0: none).
+    head: Mapped[int] = mapped_column(BigInteger)
+    #: Raised by one at every take-over of the lease.
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    #: Who holds the lease (``host:pid:nonce``).
+    owner: Mapped[str] = mapped_column(String(128))
+    #: Until when, in seconds since the epoch by the database's clock.
+    lease_until: Mapped[float] = mapped_column(Double)
+
+
+class WalRecord(Base):
+    """One journal record of a stream in PostgreSQL: the WAL record's type and payload."""
+
+    __tablename__ = "wal_records"
+
+    stream: Mapped[str] = mapped_column(String(64), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    rtype: Mapped[int] = mapped_column(SmallInteger)
+    #: The record's opaque payload (the run's 4-byte number first), as in a WAL segment.
+    payload: Mapped[bytes] = mapped_column(LargeBinary)

@@ -26,6 +26,7 @@ Modules: ``format`` (constants, segment header), ``frame`` (one record),
 """
 
 from tiffany.wal.format import MAX_RECORD_BYTES, SEGMENT_SIZE_BYTES
+from tiffany.wal.log import Log, LogReader, Source, spans_of
 from tiffany.wal.reader import Record, Span, TornTail, iter_records, iter_spans
 from tiffany.wal.recovery import Recovery
 from tiffany.wal.repair import RepairReport, VerifyReport, repair, verify
@@ -37,11 +38,14 @@ __all__ = [
     "SEGMENT_SIZE_BYTES",
     "CommitListener",
     "FsyncPolicy",
+    "Log",
+    "LogReader",
     "Loss",
     "Record",
     "Recovery",
     "RepairReport",
     "SalvageReport",
+    "Source",
     "Span",
     "TornTail",
     "VerifyReport",
@@ -50,5 +54,6 @@ __all__ = [
     "iter_spans",
     "repair",
     "salvage",
+    "spans_of",
     "verify",
 ]

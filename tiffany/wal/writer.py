@@ -34,7 +34,7 @@ import enum
 import os
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import structlog
@@ -51,6 +51,7 @@ from tiffany.wal.format import (
 )
 from tiffany.wal.frame import check_record
 from tiffany.wal.lock import lock_dir
+from tiffany.wal.reader import Span, iter_spans
 from tiffany.wal.recovery import Recovery, recover
 from tiffany.wal.segments import SyncFn, WriteFn, create_segment, write_all
 
@@ -333,6 +334,14 @@ class Wal:
         self._cuts.clear()
         self._seg_start = 0
         return buf[start:]
+
+    def spans(self, from_seq: int = 1, checked: Mapping[str, int] | None = None) -> Iterator[Span]:
+        """Yield the durable records with ``seq >= from_seq`` (:func:`~tiffany.wal.iter_spans`).
+
+        Reads the files, so only what was committed; ``checked`` defaults to
+        what this open verified.
+        """
+        return iter_spans(self.path, from_seq, self.checked if checked is None else checked)
 
     # -- failing and closing -------------------------------------------------------
 

@@ -1,0 +1,236 @@
+"""The journal in PostgreSQL (tiffany.pgwal): commits, leases, the fence, replay and recovery.
+
+Against the real local PostgreSQL (``postgres_url``), each test in a schema of
+its own migrated by Alembic, as ``tiffany db upgrade`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+from tiffany.durable import Runtime, scan, verify
+from tiffany.durable.history import decoded_records
+from tiffany.errors import WalFailedError, WalLockedError
+from tiffany.records import RecordType
+from tiffany.wal import spans_of
+
+HERE = Path(__file__).resolve().parent
+CHILD = HERE / "crash_child.py"
+
+
+@pytest.fixture
+def pg_url(postgres_url: str) -> Iterator[str]:
+    """A URL whose connections use a fresh schema holding the migrated tables."""
+    from tiffany.store import make_engine
+    from tiffany.store.migrate import upgrade
+
+    schema = f"pgwal_test_{uuid.uuid4().hex[:10]}"
+    admin = make_engine(postgres_url)
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    url = make_url(postgres_url).update_query_dict({"options": f"-csearch_path={schema}"})
+    rendered = url.render_as_string(hide_password=False)
+    engine = make_engine(rendered)
+    upgrade(engine)
+    engine.dispose()
+    try:
+        yield rendered
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+def _records(url: str, stream: str = "main") -> list[tuple[int, int, bytes]]:
+    from tiffany.pgwal import PgStream
+
+    return [(s, t, bytes(d[a:b])) for s, t, d, a, b, _ in spans_of(PgStream(url, stream))]
+
+
+def test_appends_are_invisible_until_the_commit_then_read_back_in_order(pg_url: str) -> None:
+    from tiffany.pgwal import PgLog
+
+    with PgLog.open(pg_url) as log:
+        assert (log.next_seq, log.durable_seq, log.epoch) == (1, 0, 1)
+        assert [log.append(5, b"\x01\x00\x00\x00a"), log.append(6, b"\x01\x00\x00\x00bb")] == [1, 2]
+        assert _records(pg_url) == []
+        seen: list[tuple[int, int]] = []
+        log.on_commit = lambda first, last, _s: seen.append((first, last))
+        assert log.commit() == 2
+        assert seen == [(1, 2)]
+        assert _records(pg_url) == [(1, 5, b"\x01\x00\x00\x00a"), (2, 6, b"\x01\x00\x00\x00bb")]
+        log.append(7, b"x" * 70_000)  # a payload past a page, through COPY
+    with PgLog.open(pg_url) as again:  # the clean close gave the lease back: no wait
+        assert (again.next_seq, again.durable_seq, again.epoch) == (4, 3, 2)
+        assert _records(pg_url)[2] == (3, 7, b"x" * 70_000)
+        assert [s for s, *_ in _records(pg_url)] == [1, 2, 3]
+        assert _records(pg_url, "other") == []
+
+
+def test_a_second_writer_is_refused_while_the_lease_is_current(pg_url: str) -> None:
+    from tiffany.pgwal import PgLog
+
+    first = PgLog.open(pg_url, lease_s=30)
+    try:
+        with pytest.raises(WalLockedError) as refused:
+            PgLog.open(pg_url, lease_s=30)
+        assert refused.value.fields["owner"] == first.owner
+        assert 0 < refused.value.fields["lease_left_s"] <= 30
+        assert "leased to" in str(refused.value)
+        with PgLog.open(pg_url, "another-stream", lease_s=30) as other:  # streams are independent
+            assert other.epoch == 1
+    finally:
+        first.close()
+    with PgLog.open(pg_url, lease_s=30) as second:
+        assert second.epoch == first.epoch + 1
+
+
+def test_the_heartbeat_keeps_the_lease_past_its_length(pg_url: str) -> None:
+    from tiffany.pgwal import PgLog
+
+    with PgLog.open(pg_url, lease_s=0.6) as holder:
+        time.sleep(1.5)  # two and a half lease lengths, renewed every 0.2 s
+        with pytest.raises(WalLockedError):
+            PgLog.open(pg_url, lease_s=0.6)
+        holder.append(1, b"\x01\x00\x00\x00")
+        assert holder.commit() == 1
+
+
+def test_a_writer_whose_lease_was_taken_over_is_fenced_and_writes_nothing(pg_url: str) -> None:
+    from tiffany.pgwal import PgLog
+
+    # A paused engine: no heartbeat, so its lease runs out while it is stopped.
+    paused = PgLog.open(pg_url, lease_s=0.5, heartbeat=False)
+    paused.append(1, b"\x01\x00\x00\x00old")
+    paused.commit()
+    time.sleep(0.7)
+    with PgLog.open(pg_url, lease_s=30) as taker:
+        assert taker.epoch == paused.epoch + 1
+        assert taker.next_seq == 2
+        taker.append(1, b"\x01\x00\x00\x00new")
+        taker.commit()
+        # The paused engine wakes up and goes on as if nothing happened.
+        assert paused.append(1, b"\x01\x00\x00\x00lost") == 2
+        with pytest.raises(WalFailedError) as fenced:
+            paused.commit()
+        assert fenced.value.fields["reason"] == "fenced"
+        assert paused.failed
+        with pytest.raises(WalFailedError):
+            paused.append(1, b"\x01\x00\x00\x00again")
+        paused.close()  # gives back nothing: the lease is not its own
+        assert _records(pg_url) == [(1, 1, b"\x01\x00\x00\x00old"), (2, 1, b"\x01\x00\x00\x00new")]
+        taker.append(1, b"\x01\x00\x00\x00more")
+        assert taker.commit() == 3  # the fenced writer did not disturb the holder
+
+
+def test_a_run_records_replays_and_verifies_on_postgres_as_on_files(
+    pg_url: str, tmp_path: Path
+) -> None:
+    from tiffany.pgwal import PgLog, PgStream
+
+    results = {}
+    for where in ("file", "postgres"):
+        log = PgLog.open(pg_url) if where == "postgres" else None
+        with Runtime(tmp_path / where, log=log) as rt:
+            run_id = rt.submit("durable_workloads:fan_in", 6, run_id="fan")
+            rt.run()
+            results[where] = (rt.status(run_id).status, rt.status(run_id).result)
+    assert results["postgres"] == results["file"]
+    assert results["postgres"][0] == "succeeded"
+    report = verify(tmp_path / "unused", "fan", log=PgStream(pg_url))
+    assert report.ok, report.to_dict()
+    on_file = verify(tmp_path / "file", "fan")
+    assert (report.records, report.dispatches) == (on_file.records, on_file.dispatches)
+    kinds = [t for _s, t, _p in _records(pg_url)]
+    assert kinds[0] == RecordType.RUN_START
+    assert kinds[-1] == RecordType.RUN_END
+
+
+def _clear_streams(url: str) -> None:
+    from tiffany.store import make_engine
+
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM wal_records"))
+        conn.execute(text("DELETE FROM wal_streams"))
+    engine.dispose()
+
+
+def _journaled_steps(source: object) -> set[str]:
+    """The lines whose step's completion the journal holds."""
+    info = scan(source).get("crash-run")  # type: ignore[arg-type]
+    return {
+        rec.value  # type: ignore[union-attr]
+        for _seq, rtype, rec in decoded_records(source, info)  # type: ignore[arg-type]
+        if rtype == RecordType.WAKE and rec.cause == "step"  # type: ignore[union-attr]
+    }
+
+
+def _child(data_dir: Path, out: Path, kill_at: int, url: str) -> subprocess.CompletedProcess[str]:
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(HERE), *sys.path]),
+        CRASH_PG_URL=url,
+        CRASH_PG_STREAM="crash",
+        CRASH_PG_LEASE_S="1",
+    )
+    return subprocess.run(
+        [sys.executable, str(CHILD), str(data_dir), str(out), str(kill_at)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+
+
+def test_kill_9_mid_run_then_another_engine_takes_the_stream_and_finishes(
+    pg_url: str, tmp_path: Path
+) -> None:
+    from tiffany.pgwal import PgLog, PgStream
+
+    ref = _child(tmp_path / "ref", tmp_path / "ref.txt", 0, pg_url)
+    assert ref.returncode == 0, ref.stderr
+    # (structlog, unconfigured in the child, prints its events on stdout too)
+    reference = json.loads(next(x for x in ref.stdout.splitlines() if x.startswith("{")))
+    expected = sorted(reference["result"])
+    _clear_streams(pg_url)  # the crashed twin starts from an empty stream
+    out = tmp_path / "crash.txt"
+    crashed = _child(tmp_path / "crash", out, reference["dispatches"] // 2, pg_url)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    done = _journaled_steps(PgStream(pg_url, "crash"))
+    assert 0 < len(done) < len(expected)  # died mid-run, with steps done and to do
+    # The dead engine's lease (1 s) still stands: a successor waits it out.
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            log = PgLog.open(pg_url, "crash", lease_s=5)
+            break
+        except WalLockedError:
+            assert time.monotonic() < deadline, "the dead engine's lease never expired"
+            time.sleep(0.1)
+    assert log.epoch == 2
+    with Runtime(tmp_path / "successor", log=log) as rt:
+        assert rt.recover() == ["crash-run"]
+        rt.run()
+        state = rt.status("crash-run")
+    assert (state.status, state.result) == ("succeeded", expected)
+    counts = Counter(out.read_text().splitlines())
+    assert sorted(counts) == expected
+    for line in done:
+        assert counts[line] == 1, (line, "completed before the crash, ran again")
+    assert all(c <= 2 for c in counts.values()), counts  # in-flight steps at most once more
+    assert verify(tmp_path / "unused", "crash-run", log=PgStream(pg_url, "crash")).ok

@@ -1,0 +1,418 @@
+"""The journal in PostgreSQL: a WAL stream of rows, written by one leased, fenced engine.
+
+``TIFFANY_JOURNAL=postgres`` puts the journal in the database named by
+``TIFFANY_DATABASE_URL`` instead of segment files under the data dir
+(docs/pg-journal.md). The records are the WAL's: a gapless seq, a type
+byte and an opaque payload (the run's 4-byte number first), so the journal,
+replay, verify and recovery read them unchanged (:class:`~tiffany.wal.Log`).
+
+A *stream* is one such log (``wal_records`` rows keyed by ``(stream, seq)``,
+its head in ``wal_streams``). One engine at a time writes a stream, the
+holder of its lease:
+
+* :meth:`PgLog.open` takes the lease (``owner``, a new ``epoch``,
+  ``lease_until`` by the database's clock) if it is free or expired, and
+  refuses with :class:`~tiffany.errors.WalLockedError` naming the holder
+  otherwise.
+* ``append`` buffers; ``commit`` is one transaction: ``UPDATE wal_streams
+  SET head = last WHERE epoch = mine AND head = durable``, then the records
+  by binary ``COPY``, then ``COMMIT``. The update takes the stream's row
+  lock first, so commits and take-overs are serialized, and a writer whose
+  lease was taken over (the epoch moved on) matches no row: it is fenced
+  (:class:`~tiffany.errors.WalFailedError`, ``reason="fenced"``), writes
+  nothing, and stops, as the file WAL does after a failed fsync.
+  (Temporal's shard ``range_id`` works this way.)
+* A heartbeat thread renews the lease every third of its length on a
+  connection of its own (never the scheduler's thread); a commit renews it
+  too. An engine paused past its lease (SIGSTOP, a partition) may find it
+  taken: its next commit is fenced.
+
+Discussion: the lease is on the stream, not on each run (Temporal's shards,
+not DBOS's per-workflow ownership): one heartbeat per engine and one row
+lock per group commit, whatever the number of runs; engines that share a
+database each write their own stream, and a dead engine's stream is taken
+over whole. The seq stays the clock of its stream, assigned by its one
+writer, so readers, ``min_seq`` and the feed keep their meaning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any, Final
+
+import psycopg
+import structlog
+
+from tiffany.errors import WalCorruptionError, WalFailedError, WalLockedError
+from tiffany.wal import CommitListener, Span
+from tiffany.wal.format import MAX_RECORD_BYTES, MAX_TYPE
+from tiffany.wal.frame import check_record
+from tiffany.wal.writer import RotateListener
+
+__all__ = ["DEFAULT_LEASE_S", "DEFAULT_STREAM", "PgLog", "PgStream", "conninfo"]
+
+log = structlog.get_logger("tiffany.pgwal")
+
+#: The stream an engine writes unless told otherwise.
+DEFAULT_STREAM: Final = "main"
+#: How long a lease lasts without renewal (docs/pg-journal.md, "Leases").
+DEFAULT_LEASE_S: Final = 10.0
+#: Rows a reader fetches per round trip.
+READ_BATCH: Final = 20_000
+
+_NOW: Final = "extract(epoch from clock_timestamp())::float8"
+
+_ACQUIRE: Final = f"""
+INSERT INTO wal_streams (stream, head, epoch, owner, lease_until)
+VALUES (%(stream)s, 0, 1, %(owner)s, {_NOW} + %(lease)s)
+ON CONFLICT (stream) DO UPDATE
+   SET epoch = wal_streams.epoch + 1, owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until
+ WHERE wal_streams.lease_until < {_NOW}
+RETURNING epoch, head
+"""
+_HOLDER: Final = f"SELECT owner, lease_until - {_NOW} FROM wal_streams WHERE stream = %s"
+_LAST: Final = "SELECT max(seq) FROM wal_records WHERE stream = %s"
+_MOVE_HEAD: Final = f"""
+UPDATE wal_streams SET head = %s, lease_until = {_NOW} + %s
+ WHERE stream = %s AND epoch = %s AND head = %s
+"""
+_RENEW: Final = f"UPDATE wal_streams SET lease_until = {_NOW} + %s WHERE stream = %s AND epoch = %s"
+_RELEASE: Final = "UPDATE wal_streams SET lease_until = 0 WHERE stream = %s AND epoch = %s"
+_COPY: Final = "COPY wal_records (stream, seq, rtype, payload) FROM STDIN (FORMAT BINARY)"
+_READ: Final = (
+    "SELECT seq, rtype, payload FROM wal_records WHERE stream = %s AND seq >= %s ORDER BY seq"
+)
+_MISSING_TABLES: Final = "the journal tables are missing: run `tiffany db upgrade` first"
+
+
+def conninfo(url: str) -> str:
+    """Return a libpq URI for a SQLAlchemy PostgreSQL URL (``postgresql+psycopg://...``)."""
+    if not re.match(r"^postgres(ql)?(\+\w+)?://", url):
+        raise ValueError(f"not a PostgreSQL URL: {url.split('@')[-1]!r}")
+    return re.sub(r"^postgres(ql)?\+\w+://", "postgresql://", url)
+
+
+def _connect(url: str, **kwargs: Any) -> psycopg.Connection[Any]:
+    try:
+        return psycopg.connect(conninfo(url), **kwargs)
+    except psycopg.Error as exc:
+        raise WalFailedError(
+            f"cannot reach the journal's database: {exc}", reason="unreachable"
+        ) from exc
+
+
+class PgStream:
+    """A journal stream read from PostgreSQL (no lease: readers need none).
+
+    Args:
+        url: The database (a SQLAlchemy or libpq URL).
+        stream: The stream's name.
+    """
+
+    def __init__(self, url: str, stream: str = DEFAULT_STREAM) -> None:
+        self.url = url
+        self.stream = stream
+
+    def spans(self, from_seq: int = 1, checked: Mapping[str, int] | None = None) -> Iterator[Span]:
+        """Yield the committed records with ``seq >= from_seq``, in order (:func:`spans_of`).
+
+        Each record's payload is its own ``bytes``; the seqs are checked to
+        follow one another (a gap raises :class:`~tiffany.errors.WalCorruptionError`).
+        ``checked`` is accepted for the interface: the database keeps its own checksums.
+        """
+        stream = self.stream
+        with _connect(self.url) as conn, conn.cursor(name="tiffany_wal_read", binary=True) as cur:
+            cur.itersize = READ_BATCH
+            try:
+                cur.execute(_READ, (stream, from_seq))
+            except psycopg.errors.UndefinedTable as exc:
+                raise WalFailedError(_MISSING_TABLES, reason="schema") from exc
+            expected = None
+            for seq, rtype, payload in cur:
+                if expected is not None and seq != expected:
+                    raise WalCorruptionError(
+                        f"stream {stream!r}: seq {expected} is missing (next is {seq})",
+                        segment=stream,
+                        offset=0,
+                        seq=expected,
+                        reason="sequence gap",
+                    )
+                expected = seq + 1
+                yield seq, rtype, payload, 0, len(payload), stream
+
+    def __repr__(self) -> str:
+        """Show the stream and the database (no password)."""
+        return f"<PgStream {self.stream!r} at {self.url.split('@')[-1]}>"
+
+
+class PgLog(PgStream):
+    """A journal stream open for writing, under its lease; create it with :meth:`open`.
+
+    Not thread-safe, like :class:`~tiffany.wal.Wal`: the kernel loop is the
+    only caller (the heartbeat has its own connection and touches only the
+    lease).
+    """
+
+    def __init__(self, url: str, stream: str, lease_s: float) -> None:
+        """Set up a closed log; :meth:`open` takes the lease."""
+        super().__init__(url, stream)
+        self.lease_s = lease_s
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.epoch = 0
+        self.on_commit: CommitListener | None = None
+        self.on_rotate: RotateListener | None = None  # a stream never rotates
+        self.checked: Mapping[str, int] = {}
+        self._conn: psycopg.Connection[Any] | None = None
+        self._buf: list[tuple[str, int, int, bytes]] = []
+        self._next_seq = 1
+        self._durable_seq = 0
+        self._failed: WalFailedError | None = None
+        self._lost = threading.Event()  # the heartbeat found the lease gone
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+        self._closed = False
+
+    @classmethod
+    def open(
+        cls,
+        url: str,
+        stream: str = DEFAULT_STREAM,
+        *,
+        lease_s: float = DEFAULT_LEASE_S,
+        heartbeat: bool = True,
+    ) -> PgLog:
+        """Take the lease of ``stream`` and open it for appending after its head.
+
+        Args:
+            url: The database (``TIFFANY_DATABASE_URL``).
+            stream: The stream's name (created on first use).
+            lease_s: The lease's length; renewed every third of it.
+            heartbeat: Renew the lease from a thread (tests turn it off to
+                play an engine that stopped).
+
+        Raises:
+            WalLockedError: Another engine holds a current lease on the stream.
+            WalFailedError: The database is unreachable or lacks the tables.
+            WalCorruptionError: The stream's records do not reach its head.
+        """
+        if lease_s <= 0:
+            raise ValueError("lease_s must be positive")
+        pg = cls(url, stream, lease_s)
+        pg._conn = _connect(url)
+        try:
+            pg._acquire()
+        except BaseException:
+            pg._conn.close()
+            raise
+        if heartbeat:
+            pg._beat = threading.Thread(
+                target=pg._heartbeat, name="tiffany-pgwal-lease", daemon=True
+            )
+            pg._beat.start()
+        log.info(
+            "pgwal.opened", stream=stream, epoch=pg.epoch, head=pg._durable_seq, owner=pg.owner
+        )
+        return pg
+
+    def _acquire(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        args = {"stream": self.stream, "owner": self.owner, "lease": self.lease_s}
+        try:
+            with conn.cursor() as cur:
+                row = cur.execute(_ACQUIRE, args).fetchone()
+                if row is None:
+                    holder = cur.execute(_HOLDER, (self.stream,)).fetchone()
+                    conn.rollback()
+                    owner, left = holder if holder else ("?", 0.0)
+                    raise WalLockedError(
+                        f"journal stream {self.stream!r} is leased to {owner} for "
+                        f"{max(left, 0):.1f} s more; another engine is writing it",
+                        stream=self.stream,
+                        owner=owner,
+                        lease_left_s=round(max(left, 0), 3),
+                    )
+                self.epoch, head = row
+                last = cur.execute(_LAST, (self.stream,)).fetchone()[0] or 0  # type: ignore[index]
+            conn.commit()
+        except psycopg.errors.UndefinedTable as exc:
+            raise WalFailedError(_MISSING_TABLES, reason="schema") from exc
+        if last != head:
+            raise WalCorruptionError(
+                f"stream {self.stream!r}: its head says seq {head}, its records end at {last}",
+                segment=self.stream,
+                offset=0,
+                seq=min(head, last) + 1,
+                reason="head mismatch",
+            )
+        self._durable_seq = head
+        self._next_seq = head + 1
+
+    # -- the Log interface -------------------------------------------------------------
+
+    @property
+    def next_seq(self) -> int:
+        """The seq the next ``append`` returns."""
+        return self._next_seq
+
+    @property
+    def durable_seq(self) -> int:
+        """The last seq committed."""
+        return self._durable_seq
+
+    @property
+    def failed(self) -> bool:
+        """True once a commit failed or the lease was lost (fail-stop)."""
+        return self._failed is not None
+
+    def append(self, rtype: int, payload: bytes) -> int:
+        """Buffer one record and return its seq (no round trip)."""
+        if self._failed is not None:
+            self._refuse()
+        if len(payload) > MAX_RECORD_BYTES or not 0 < rtype <= MAX_TYPE:
+            check_record(rtype, len(payload))
+        seq = self._next_seq
+        self._buf.append((self.stream, seq, rtype, payload))
+        self._next_seq = seq + 1
+        return seq
+
+    def commit(self) -> int:
+        """Commit the buffer in one transaction, fenced by the lease's epoch.
+
+        Raises:
+            WalFailedError: Fenced (the lease was taken over), or the
+                database failed; the log is stopped either way.
+        """
+        if self._failed is not None:
+            self._refuse()
+        buf = self._buf
+        if not buf:
+            return self._durable_seq
+        if self._lost.is_set():
+            raise self._fail("the lease was lost (the heartbeat found a newer epoch)", "fenced")
+        conn = self._conn
+        assert conn is not None
+        first, last = self._durable_seq + 1, self._next_seq - 1
+        t0 = time.perf_counter()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(_MOVE_HEAD, (last, self.lease_s, self.stream, self.epoch, first - 1))
+                if cur.rowcount != 1:
+                    conn.rollback()
+                    raise self._fail(
+                        f"fenced: stream {self.stream!r} was taken over (epoch {self.epoch} "
+                        f"is no longer current); nothing after seq {first - 1} was written",
+                        "fenced",
+                    )
+                with cur.copy(_COPY) as copy:
+                    copy.set_types(["text", "int8", "int2", "bytea"])
+                    for row in buf:
+                        copy.write_row(row)
+            conn.commit()
+        except psycopg.Error as exc:
+            raise self._fail(f"commit failed: {exc}", "database", exc) from exc
+        took = time.perf_counter() - t0
+        self._buf = []
+        self._durable_seq = last
+        if self.on_commit is not None:
+            self.on_commit(first, last, took)
+        return last
+
+    def close(self) -> None:
+        """Commit what is buffered (unless failed), give the lease back, close the connections."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        try:
+            if self._failed is None:
+                self.commit()
+                self._release()
+        finally:
+            if self._beat is not None:
+                self._beat.join(timeout=self.lease_s)
+            if self._conn is not None:
+                self._conn.close()
+            log.info("pgwal.closed", stream=self.stream, epoch=self.epoch, head=self._durable_seq)
+
+    def __enter__(self) -> PgLog:
+        """Return self; ``with PgLog.open(...) as log:`` closes on exit."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Close (which commits)."""
+        self.close()
+
+    def __repr__(self) -> str:
+        """Show the stream, the epoch and the seqs."""
+        state = "failed" if self.failed else "closed" if self._closed else "open"
+        return (
+            f"<PgLog {self.stream!r} epoch={self.epoch} next_seq={self._next_seq} "
+            f"durable_seq={self._durable_seq} {state}>"
+        )
+
+    # -- the lease -------------------------------------------------------------------
+
+    def _release(self) -> None:
+        """Let the next engine take the stream at once (a clean stop)."""
+        conn = self._conn
+        assert conn is not None
+        try:
+            conn.execute(_RELEASE, (self.stream, self.epoch))
+            conn.commit()
+        except psycopg.Error as exc:
+            log.warning("pgwal.release_failed", stream=self.stream, error=str(exc))
+
+    def _heartbeat(self) -> None:
+        """Renew the lease every third of its length; note when it is gone."""
+        period = self.lease_s / 3
+        conn: psycopg.Connection[Any] | None = None
+        while not self._stop.wait(period):
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(conninfo(self.url), autocommit=True)
+                cur = conn.execute(_RENEW, (self.lease_s, self.stream, self.epoch))
+                if cur.rowcount != 1:
+                    self._lost.set()
+                    log.error("pgwal.lease_lost", stream=self.stream, epoch=self.epoch)
+                    break
+            except psycopg.Error as exc:  # the next beat tries again; the fence holds meanwhile
+                log.warning("pgwal.heartbeat_failed", stream=self.stream, error=str(exc))
+                if conn is not None:
+                    conn.close()
+                conn = None
+        if conn is not None:
+            conn.close()
+
+    # -- failing ---------------------------------------------------------------------
+
+    def _fail(
+        self, message: str, reason: str, cause: BaseException | None = None
+    ) -> WalFailedError:
+        self._failed = WalFailedError(
+            f"journal stream {self.stream!r}: {message}; the journal is stopped "
+            f"(durable up to seq {self._durable_seq}, nothing after it is acknowledged)",
+            path=self.stream,
+            durable_seq=self._durable_seq,
+            reason=reason,
+        )
+        self._failed.__cause__ = cause
+        self._buf = []
+        self._stop.set()
+        log.error("pgwal.failed", stream=self.stream, reason=reason, durable_seq=self._durable_seq)
+        if cause is not None and self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._conn.rollback()
+        return self._failed
+
+    def _refuse(self) -> None:
+        failed = self._failed
+        assert failed is not None
+        raise WalFailedError(failed.message, **failed.fields) from failed.__cause__
