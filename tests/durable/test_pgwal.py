@@ -234,3 +234,64 @@ def test_kill_9_mid_run_then_another_engine_takes_the_stream_and_finishes(
         assert counts[line] == 1, (line, "completed before the crash, ran again")
     assert all(c <= 2 for c in counts.values()), counts  # in-flight steps at most once more
     assert verify(tmp_path / "unused", "crash-run", log=PgStream(pg_url, "crash")).ok
+
+
+def _cli(*args: str, url: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(HERE), *sys.path]),
+        TIFFANY_LOG_FORMAT="json",
+        TIFFANY_JOURNAL="postgres",
+        TIFFANY_DATABASE_URL=url,
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "tiffany", "--data-dir", str(data_dir), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_cli_reads_verifies_and_rebuilds_from_the_postgres_journal(
+    pg_url: str, tmp_path: Path
+) -> None:
+    from tiffany.pgwal import PgLog
+
+    with Runtime(tmp_path / "engine", log=PgLog.open(pg_url)) as rt:
+        rt.submit("durable_workloads:fan_in", 4, run_id="fan")
+        rt.run()
+    data_dir = tmp_path / "cli"  # no WAL here: everything comes from the database
+    listed = _cli("runs", "--json", url=pg_url, data_dir=data_dir)
+    assert listed.returncode == 0, listed.stderr
+    assert [json.loads(x)["run_id"] for x in listed.stdout.splitlines()] == ["fan"]
+    dumped = _cli("wal", "dump", "--run", "fan", "--json", url=pg_url, data_dir=data_dir)
+    assert dumped.returncode == 0, dumped.stderr
+    rows = [json.loads(x) for x in dumped.stdout.splitlines()]
+    assert rows[-1]["type"] == "RUN_END"
+    assert {r["segment"] for r in rows} == {"main"}
+    assert [r["seq"] for r in rows] == sorted(r["seq"] for r in rows)
+    checked = _cli("wal", "verify", url=pg_url, data_dir=data_dir)
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stdout.startswith(f"journal ok: {rows[-1]['seq']} records in stream 'main'")
+    replayed = _cli("replay", "fan", "--verify", "--json", url=pg_url, data_dir=data_dir)
+    assert replayed.returncode == 0, replayed.stderr
+    assert json.loads(replayed.stdout)["ok"] is True
+    rebuilt = _cli("db", "rebuild", "--json", url=pg_url, data_dir=data_dir)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert json.loads(rebuilt.stdout)["runs"] == 1
+    for command in (("serve",), ("wal", "repair", "--yes")):
+        refused = _cli(*command, url=pg_url, data_dir=data_dir)
+        assert refused.returncode in (1, 2), (command, refused.stderr)
+        assert "TIFFANY_JOURNAL=postgres" in refused.stderr, command
+    assert not (data_dir / "wal").exists()  # nothing fell back to a file WAL
+
+
+def test_journal_postgres_needs_a_postgres_url(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    from tiffany.config import Settings
+
+    with pytest.raises(ValidationError, match="journal=postgres needs a PostgreSQL database_url"):
+        Settings(data_dir=tmp_path, journal="postgres")

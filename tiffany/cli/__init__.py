@@ -115,6 +115,19 @@ def _root(
     ctx.obj = _Options(data_dir=data_dir, log_format=log_format, log_level=log_level)
 
 
+def _file_journal_only(settings: Settings, command: str) -> None:
+    """Exit 2 with a clear message: ``command`` does not run on the PostgreSQL journal yet."""
+    if settings.journal == "postgres":
+        typer.echo(
+            f"tiffany {command}: TIFFANY_JOURNAL=postgres is not served yet (the store's "
+            "projector tails the file WAL); `tiffany replay`, `runs`, `wal dump`, `wal verify` "
+            "and `db rebuild` read the PostgreSQL journal. Unset TIFFANY_JOURNAL to use the "
+            "embedded WAL.",
+            err=True,
+        )
+        raise typer.Exit(2)
+
+
 def _settings(ctx: typer.Context) -> Settings:
     """Build the settings once per invocation and configure logging.
 

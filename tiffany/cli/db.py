@@ -31,6 +31,8 @@ from tiffany.errors import TiffanyError
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
+    from tiffany.wal import Source
+
 __all__ = ["HistoryReleased", "RebuildReport", "rebuild_store", "register"]
 
 db_app = typer.Typer(
@@ -65,9 +67,11 @@ class RebuildReport:
 
 
 def rebuild_store(
-    engine: Engine, wal_dir: Path, batch_records: int = REBUILD_BATCH_RECORDS
+    engine: Engine, wal_dir: Source, batch_records: int = REBUILD_BATCH_RECORDS
 ) -> RebuildReport:
     """Empty the store and project every record of the WAL (archive included) into it again.
+
+    ``wal_dir`` may be another log (a PostgreSQL stream: ``journal=postgres``).
 
     Raises:
         HistoryReleased: Segments were deleted: the WAL starts after seq 1.
@@ -78,7 +82,7 @@ def rebuild_store(
     from tiffany.store import Projector, Run, Step, Task, queries, session_factory
     from tiffany.wal.segments import history_start
 
-    start = history_start(wal_dir)
+    start = history_start(wal_dir) if isinstance(wal_dir, Path) else 1
     if start > 1:
         raise HistoryReleased(
             f"the WAL in {wal_dir} starts at seq {start}: the segments before it were "
@@ -137,11 +141,13 @@ def rebuild(
     from tiffany.cli import _settings
     from tiffany.store.migrate import upgrade as alembic_upgrade
 
-    wal_dir = Path(_settings(ctx).data_dir) / "wal"
+    from tiffany.engine import journal_source
+
+    source = journal_source(_settings(ctx))
     engine, shown = _engine(ctx)
     try:
         alembic_upgrade(engine)
-        report = rebuild_store(engine, wal_dir)
+        report = rebuild_store(engine, source)
     except TiffanyError as exc:
         typer.echo(f"tiffany: {exc}", err=True)
         raise typer.Exit(EXIT_FAILED) from None

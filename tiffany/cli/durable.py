@@ -42,8 +42,29 @@ def _wal_dir(ctx: typer.Context) -> Path:
     return Path(_settings(ctx).data_dir) / "wal"
 
 
+def _source(ctx: typer.Context) -> Any:
+    """Where the journal is read: the WAL directory, or the PostgreSQL stream (``journal``)."""
+    from tiffany.cli import _settings
+    from tiffany.engine import journal_source
+
+    return journal_source(_settings(ctx))
+
+
+def _on_postgres(ctx: typer.Context) -> bool:
+    from tiffany.cli import _settings
+
+    return _settings(ctx).journal == "postgres"
+
+
 def _existing_wal_dir(ctx: typer.Context) -> Path:
     """The WAL directory, or a clear error (exit 1) when there is none."""
+    if _on_postgres(ctx):
+        typer.echo(
+            "tiffany: the journal is in PostgreSQL (TIFFANY_JOURNAL=postgres); this command "
+            "works on the file WAL (the database keeps its own integrity)",
+            err=True,
+        )
+        raise typer.Exit(1)
     wal_dir = _wal_dir(ctx)
     if not wal_dir.is_dir():
         typer.echo(f"tiffany: no WAL at {wal_dir} (check --data-dir)", err=True)
@@ -87,7 +108,9 @@ def replay(
     data_dir = Path(settings.data_dir)
     try:
         if verify_only:
-            report = verify(data_dir, run_id, resolvers=replay_resolvers(settings))
+            report = verify(
+                data_dir, run_id, resolvers=replay_resolvers(settings), log=_source(ctx)
+            )
             if as_json:
                 _emit(report.to_dict(), True)
             elif report.ok:
@@ -140,7 +163,7 @@ def runs(
     """List the runs in the WAL, oldest first."""
     from tiffany.durable import scan
 
-    index = scan(_wal_dir(ctx))
+    index = scan(_source(ctx))
     for info in index.runs.values():
         row = {
             "run_id": info.run_id,
@@ -168,40 +191,42 @@ def wal_dump(
     """Print WAL records, decoded."""
     from tiffany.durable import scan
     from tiffany.records import RecordType, Unknown, as_list, decode
-    from tiffany.wal import iter_records
+    from tiffany.wal import spans_of
+    from tiffany.wal.format import RECORD_HEADER_SIZE_BYTES
 
-    wal_dir = _wal_dir(ctx)
+    source = _source(ctx)
     prefix = None
     names: dict[int, str] = {}
     if run_id is not None:
-        info = scan(wal_dir).get(run_id)
+        info = scan(source).get(run_id)
         prefix = info.run_no.to_bytes(4, "little")
         from_seq = max(from_seq, info.first_seq)
     shown = 0
-    for rec in iter_records(wal_dir, from_seq=from_seq):
-        if prefix is not None and bytes(rec.payload[:4]) != prefix:
+    for seq, code, data, start, end, segment in spans_of(source, from_seq=from_seq):
+        payload = data[start:end]
+        if prefix is not None and bytes(payload[:4]) != prefix:
             continue
         try:
-            record = decode(rec.rtype, rec.payload)
-            rtype = str(rec.rtype) if isinstance(record, Unknown) else RecordType(rec.rtype).name
-            run_no, fields = int.from_bytes(rec.payload[:4], "little"), as_list(record)
+            record = decode(code, payload)
+            rtype = str(code) if isinstance(record, Unknown) else RecordType(code).name
+            run_no, fields = int.from_bytes(payload[:4], "little"), as_list(record)
         except Exception as exc:  # noqa: BLE001 - shown, not hidden
-            rtype, run_no, fields = str(rec.rtype), -1, [f"<undecodable: {exc}>"]
+            rtype, run_no, fields = str(code), -1, [f"<undecodable: {exc}>"]
         if rtype == "RUN_START":
             names[run_no] = str(fields[0])
         row = {
-            "seq": rec.seq,
+            "seq": seq,
             "type": rtype,
             "run": names.get(run_no, run_no),
             "fields": fields,
-            "segment": rec.segment,
-            "offset": rec.offset,
+            "segment": segment,  # the stream's name, in PostgreSQL
+            "offset": start - RECORD_HEADER_SIZE_BYTES if isinstance(source, Path) else 0,
         }
         if as_json:
             _emit(row, True)
         else:
             typer.echo(
-                f"{rec.seq:>8} {rtype:<10} {row['run']!s:<18} {json.dumps(fields, default=repr)}"
+                f"{seq:>8} {rtype:<10} {row['run']!s:<18} {json.dumps(fields, default=repr)}"
             )
         shown += 1
         if limit is not None and shown >= limit:
@@ -219,6 +244,9 @@ def wal_verify(
     from tiffany.wal import verify as wal_verify_fn
     from tiffany.wal.segments import ARCHIVE_DIR_NAME, list_segments
 
+    if _on_postgres(ctx):
+        _verify_stream(ctx, as_json)
+        return
     wal_dir = _existing_wal_dir(ctx)
     try:
         report = wal_verify_fn(wal_dir, archived=True)
@@ -252,6 +280,40 @@ def wal_verify(
                 "open cuts it"
             )
     raise typer.Exit(0 if report.ok else 1)
+
+
+def _verify_stream(ctx: typer.Context, as_json: bool) -> None:
+    """``wal verify`` of a PostgreSQL stream: every record read, seqs gapless up to the head."""
+    from tiffany.errors import WalError
+    from tiffany.records import decode
+    from tiffany.wal import spans_of
+
+    stream = _source(ctx)
+    records, first, last, bad = 0, 0, 0, []
+    try:
+        for seq, code, data, start, end, _ in spans_of(stream):
+            first = first or seq
+            last = seq
+            records += 1
+            try:
+                decode(code, data[start:end])
+            except Exception as exc:  # noqa: BLE001 - reported, with its seq
+                bad.append({"seq": seq, "error": f"{type(exc).__name__}: {exc}"})
+    except WalError as exc:
+        _emit(exc.to_dict() if as_json else f"journal unreadable: {exc}", as_json)
+        raise typer.Exit(1) from None
+    report = {"stream": stream.stream, "ok": not bad, "records": records, "first_seq": first}
+    report |= {"last_seq": last, "undecodable": bad}
+    if as_json:
+        _emit(report, True)
+    elif bad:
+        typer.echo(f"journal stream {stream.stream!r}: {len(bad)} undecodable records", err=True)
+        for b in bad[:20]:
+            typer.echo(f"  seq {b['seq']}: {b['error']}", err=True)
+    else:
+        span = f" (seq {first}..{last})" if records else ""
+        typer.echo(f"journal ok: {records} records in stream {stream.stream!r}{span}")
+    raise typer.Exit(0 if not bad else 1)
 
 
 @wal_app.command("repair")
@@ -427,7 +489,7 @@ def _rebuild_store(ctx: typer.Context) -> None:
         engine, shown = _engine(ctx)
         try:
             alembic_upgrade(engine)
-            done = rebuild_store(engine, _wal_dir(ctx))
+            done = rebuild_store(engine, _source(ctx))
         finally:
             engine.dispose()
     except Exception as exc:  # noqa: BLE001 - said, with what to do

@@ -73,11 +73,12 @@ def run(
     from rich.live import Live
 
     from tiffany.agents import PlanError
-    from tiffany.cli import _settings
+    from tiffany.cli import _file_journal_only, _settings
     from tiffany.cli.live import LiveView
     from tiffany.engine import build
 
     settings = _settings(ctx)
+    _file_journal_only(settings, "run")
     doc = _load(plan_path)
     given = _parse_inputs(inputs)
     from tiffany.agents import parse_plan

@@ -130,11 +130,12 @@ def serve(
     data_dir: DataDirOption = None,
 ) -> None:
     """Serve the dashboard and API, and run submitted plans (engine + API processes)."""
-    from tiffany.cli import _settings
+    from tiffany.cli import _file_journal_only, _settings
     from tiffany.control import ControlError, ControlUnavailable, call
     from tiffany.engine.service import EXIT_WAL_DAMAGED
 
     settings = _settings(ctx)
+    _file_journal_only(settings, "serve")
     data_dir = Path(settings.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)

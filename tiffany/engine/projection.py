@@ -29,7 +29,7 @@ from tiffany.records import decode_record
 from tiffany.store import Projector, make_engine
 from tiffany.store.migrate import upgrade
 from tiffany.store.projector import Decoded
-from tiffany.wal import iter_records
+from tiffany.wal import Source, spans_of
 from tiffany.wal.format import HEADER_SIZE_BYTES
 from tiffany.wal.frame import Frame, is_benign
 from tiffany.wal.frame import decode as decode_frame
@@ -71,13 +71,13 @@ class JournalSource(Protocol):
 
 
 def decoded_batches(
-    wal_dir: Path, batch_records: int = BATCH_RECORDS, from_seq: int = 1
+    wal_dir: Source, batch_records: int = BATCH_RECORDS, from_seq: int = 1
 ) -> Iterator[list[Decoded]]:
-    """Yield the WAL's journal records as decoded ``(seq, rtype, run_no, record)`` batches."""
+    """Yield the log's journal records as decoded ``(seq, rtype, run_no, record)`` batches."""
     batch: list[Decoded] = []
-    for rec in iter_records(wal_dir, from_seq=from_seq):
-        run_no, record = decode_record(rec.rtype, rec.payload)
-        batch.append((rec.seq, rec.rtype, run_no, record))
+    for seq, rtype, data, start, end, _ in spans_of(wal_dir, from_seq=from_seq):
+        run_no, record = decode_record(rtype, data[start:end])
+        batch.append((seq, rtype, run_no, record))
         if len(batch) >= batch_records:
             yield batch
             batch = []
