@@ -139,9 +139,8 @@ def rebuild(
 ) -> None:
     """Empty the store and project the whole WAL into it again (engine stopped)."""
     from tiffany.cli import _settings
-    from tiffany.store.migrate import upgrade as alembic_upgrade
-
     from tiffany.engine import journal_source
+    from tiffany.store.migrate import upgrade as alembic_upgrade
 
     source = journal_source(_settings(ctx))
     engine, shown = _engine(ctx)
