@@ -89,6 +89,10 @@ _COPY: Final = "COPY wal_records (stream, seq, rtype, payload) FROM STDIN (FORMA
 _READ: Final = (
     "SELECT seq, rtype, payload FROM wal_records WHERE stream = %s AND seq >= %s ORDER BY seq"
 )
+_RANGE: Final = (
+    "SELECT seq, rtype, payload FROM wal_records"
+    " WHERE stream = %s AND seq > %s AND seq <= %s ORDER BY seq LIMIT %s"
+)
 _MISSING_TABLES: Final = "the journal tables are missing: run `tiffany db upgrade` first"
 
 
@@ -119,6 +123,41 @@ class PgStream:
     def __init__(self, url: str, stream: str = DEFAULT_STREAM) -> None:
         self.url = url
         self.stream = stream
+        self._tail: psycopg.Connection[Any] | None = None  # rows()' kept connection
+
+    def rows(self, after: int, upto: int, limit: int) -> list[tuple[int, int, bytes]]:
+        """Return ``(seq, rtype, payload)`` of the records with ``after < seq <= upto``.
+
+        At most ``limit``, in order, on a connection kept between calls (a
+        tail reads after every commit). ``upto`` must be committed: a record
+        missing below it raises :class:`~tiffany.errors.WalCorruptionError`.
+        """
+        conn = self._tail
+        if conn is None or conn.closed:
+            conn = self._tail = _connect(self.url, autocommit=True)
+        try:
+            with conn.cursor(binary=True) as cur:
+                got = cur.execute(_RANGE, (self.stream, after, upto, limit)).fetchall()
+        except psycopg.errors.UndefinedTable as exc:
+            raise WalFailedError(_MISSING_TABLES, reason="schema") from exc
+        want = min(upto - after, limit)
+        if len(got) != want or (got and got[-1][0] != after + want):
+            seen = {row[0] for row in got}
+            gap = next(seq for seq in range(after + 1, after + want + 1) if seq not in seen)
+            raise WalCorruptionError(
+                f"stream {self.stream!r}: seq {gap} is missing below the committed seq {upto}",
+                segment=self.stream,
+                offset=0,
+                seq=gap,
+                reason="sequence gap",
+            )
+        return got
+
+    def close(self) -> None:
+        """Close the connection :meth:`rows` keeps."""
+        if self._tail is not None:
+            self._tail.close()
+            self._tail = None
 
     def spans(self, from_seq: int = 1, checked: Mapping[str, int] | None = None) -> Iterator[Span]:
         """Yield the committed records with ``seq >= from_seq``, in order (:func:`spans_of`).
@@ -340,6 +379,7 @@ class PgLog(PgStream):
                 self._beat.join(timeout=self.lease_s)
             if self._conn is not None:
                 self._conn.close()
+            super().close()
             log.info("pgwal.closed", stream=self.stream, epoch=self.epoch, head=self._durable_seq)
 
     def __enter__(self) -> PgLog:

@@ -34,6 +34,7 @@ import tiffany
 
 if TYPE_CHECKING:
     from tiffany.config import Settings
+    from tiffany.engine import Engine
 
 app = typer.Typer(
     name="tiffany",
@@ -115,17 +116,20 @@ def _root(
     ctx.obj = _Options(data_dir=data_dir, log_format=log_format, log_level=log_level)
 
 
-def _file_journal_only(settings: Settings, command: str) -> None:
-    """Exit 2 with a clear message: ``command`` does not run on the PostgreSQL journal yet."""
-    if settings.journal == "postgres":
-        typer.echo(
-            f"tiffany {command}: TIFFANY_JOURNAL=postgres is not served yet (the store's "
-            "projector tails the file WAL); `tiffany replay`, `runs`, `wal dump`, `wal verify` "
-            "and `db rebuild` read the PostgreSQL journal. Unset TIFFANY_JOURNAL to use the "
-            "embedded WAL.",
-            err=True,
-        )
-        raise typer.Exit(2)
+def _build_engine(settings: Settings, **kwargs: Any) -> Engine:
+    """``engine.build``, with a journal another engine holds (or cannot open) said plainly.
+
+    A held WAL lock or PostgreSQL stream lease, a failed or corrupt journal:
+    one ``tiffany: ...`` line and exit 1, not a traceback.
+    """
+    from tiffany.engine import build
+    from tiffany.errors import WalError
+
+    try:
+        return build(settings, **kwargs)
+    except WalError as exc:
+        typer.echo(f"tiffany: {exc}", err=True)
+        raise typer.Exit(1) from None
 
 
 def _settings(ctx: typer.Context) -> Settings:

@@ -99,9 +99,9 @@ def replay(
 ) -> None:
     """Resume a crashed run from the WAL, or verify that a finished one replays identically."""
     from tiffany.agents.registry import ToolRegistry
-    from tiffany.cli import _settings
+    from tiffany.cli import _build_engine, _settings
     from tiffany.durable import UnknownRun, verify
-    from tiffany.engine import build, replay_resolvers
+    from tiffany.engine import replay_resolvers
 
     settings = _settings(ctx)
     _add_paths(path)
@@ -134,7 +134,7 @@ def replay(
                 for problem in report.problems:
                     typer.echo(f"  {problem}", err=True)
             raise typer.Exit(0 if report.ok else EXIT_DIVERGED)
-        engine = build(settings, enabled_tools=ToolRegistry.default().all_names())
+        engine = _build_engine(settings, enabled_tools=ToolRegistry.default().all_names())
         with engine.runtime as rt:
             resumed = rt.recover(only=[run_id])
             if not resumed:

@@ -73,12 +73,10 @@ def run(
     from rich.live import Live
 
     from tiffany.agents import PlanError
-    from tiffany.cli import _file_journal_only, _settings
+    from tiffany.cli import _build_engine, _settings
     from tiffany.cli.live import LiveView
-    from tiffany.engine import build
 
     settings = _settings(ctx)
-    _file_journal_only(settings, "run")
     doc = _load(plan_path)
     given = _parse_inputs(inputs)
     from tiffany.agents import parse_plan
@@ -97,7 +95,7 @@ def run(
     console = Console(stderr=True)
     view = LiveView(total_steps=len(doc.get("steps") or ()))
 
-    engine = build(
+    engine = _build_engine(
         settings,
         enabled_tools=ToolRegistry.default().all_names(),
         instruments=[view],
@@ -120,9 +118,10 @@ def run(
         state = engine.runtime.status(run_id)
     finally:
         engine.runtime.close()
+    from tiffany.engine import journal_source
     from tiffany.engine.projection import project_wal
 
-    project_wal(settings.database_url, Path(settings.data_dir) / "wal")  # the SQLite store
+    project_wal(settings.database_url, journal_source(settings))  # into the store
     result: dict[str, Any] = {"run_id": run_id, "status": state.status}
     if state.status == "succeeded":
         result["outputs"] = (

@@ -130,12 +130,11 @@ def serve(
     data_dir: DataDirOption = None,
 ) -> None:
     """Serve the dashboard and API, and run submitted plans (engine + API processes)."""
-    from tiffany.cli import _file_journal_only, _settings
+    from tiffany.cli import _settings
     from tiffany.control import ControlError, ControlUnavailable, call
     from tiffany.engine.service import EXIT_WAL_DAMAGED
 
     settings = _settings(ctx)
-    _file_journal_only(settings, "serve")
     data_dir = Path(settings.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
@@ -249,7 +248,7 @@ def engine_cmd(
     """Run the engine process alone (what ``serve`` starts): loop, WAL, PAL, projector."""
     from tiffany.cli import _settings
     from tiffany.engine.service import EXIT_WAL_DAMAGED, EngineService
-    from tiffany.errors import WalCorruptionError
+    from tiffany.errors import WalCorruptionError, WalError
 
     settings = _settings(ctx)
     tools = list(dict.fromkeys([*settings.enabled_tools, *(enable_tool or [])]))
@@ -258,6 +257,9 @@ def engine_cmd(
     except WalCorruptionError as exc:
         typer.echo(f"tiffany engine: {exc.message}", err=True)
         raise typer.Exit(EXIT_WAL_DAMAGED) from None
+    except WalError as exc:  # held by another engine (a WAL lock, a stream lease), or failed
+        typer.echo(f"tiffany engine: {exc.message}", err=True)
+        raise typer.Exit(1) from None
 
     def ready() -> None:
         if ready_file is not None:
@@ -279,10 +281,11 @@ def engine_cmd(
 def projector_cmd(ctx: typer.Context) -> None:
     """Run the projector process (what the engine starts): tails the WAL into the SQL store."""
     from tiffany.cli import _settings
+    from tiffany.engine import journal_source
     from tiffany.engine.projector_proc import run_projector
 
     settings = _settings(ctx)
-    raise typer.Exit(run_projector(settings.database_url, Path(settings.data_dir) / "wal"))
+    raise typer.Exit(run_projector(settings.database_url, journal_source(settings)))
 
 
 def api_cmd(

@@ -141,14 +141,21 @@ def replay_resolvers(settings: Settings) -> dict[str, Any]:
 def journal_log(settings: Settings) -> Log | None:
     """Open the journal ``settings`` name, or None for the WAL under the data dir.
 
-    ``journal=postgres``: take the lease of ``journal_stream`` in the
-    database (:class:`~tiffany.pgwal.PgLog`); raises
+    ``journal=postgres``: migrate the database (``tiffany db upgrade``),
+    then take the lease of ``journal_stream`` (:class:`~tiffany.pgwal.PgLog`); raises
     :class:`~tiffany.errors.WalLockedError` while another engine holds it.
     """
     if settings.journal != "postgres":
         return None
     from tiffany.pgwal import PgLog
+    from tiffany.store import make_engine
+    from tiffany.store.migrate import upgrade
 
+    store = make_engine(settings.database_url)  # the journal's tables are Alembic's too
+    try:
+        upgrade(store)
+    finally:
+        store.dispose()
     return PgLog.open(
         settings.database_url, settings.journal_stream, lease_s=settings.journal_lease_s
     )

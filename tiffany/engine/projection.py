@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol, cast
 
 from tiffany.errors import WalCorruptionError
 from tiffany.records import decode_record
@@ -35,13 +35,18 @@ from tiffany.wal.frame import Frame, is_benign
 from tiffany.wal.frame import decode as decode_frame
 from tiffany.wal.segments import REMEDY, Segment, check_header, list_segments
 
+if TYPE_CHECKING:
+    from tiffany.pgwal import PgStream
+
 __all__ = [
     "BATCH_RECORDS",
     "DecodedRecord",
     "JournalSource",
+    "StreamTail",
     "WalTail",
     "decode_record",
     "decoded_batches",
+    "journal_tail",
     "project_wal",
 ]
 
@@ -206,8 +211,40 @@ class WalTail:
                 self._more(frame)
 
 
-def project_wal(database_url: str, wal_dir: Path) -> int:
-    """Apply the WAL's records the store has not seen yet; return the store's last seq."""
+class StreamTail:
+    """Reads a PostgreSQL journal stream's committed records (``journal=postgres``).
+
+    The :class:`JournalSource` of the projector when the journal lives in
+    the database: one query per read on a kept connection
+    (:meth:`~tiffany.pgwal.PgStream.rows`), bounded by the seq the engine
+    says is committed.
+    """
+
+    def __init__(self, stream: PgStream) -> None:
+        self.stream = stream
+
+    def read(self, after: int, upto: int, limit: int) -> list[DecodedRecord]:
+        """See :meth:`JournalSource.read`."""
+        out: list[DecodedRecord] = []
+        for seq, rtype, payload in self.stream.rows(after, upto, limit):
+            run_no, record = decode_record(rtype, payload)
+            out.append((seq, rtype, run_no, record))
+        return out
+
+    def close(self) -> None:
+        """Close the stream's connection."""
+        self.stream.close()
+
+
+def journal_tail(source: Source) -> JournalSource:
+    """The projector's tail of ``source``: a WAL directory, or a PostgreSQL stream."""
+    if isinstance(source, str | os.PathLike):
+        return WalTail(Path(source))
+    return StreamTail(cast("PgStream", source))
+
+
+def project_wal(database_url: str, wal_dir: Source) -> int:
+    """Apply the journal's records the store has not seen yet; return the store's last seq."""
     engine = make_engine(database_url)
     try:
         upgrade(engine)

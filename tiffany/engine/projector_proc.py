@@ -46,15 +46,15 @@ import os
 import select
 import struct
 import sys
-from pathlib import Path
 from typing import Any, Final
 
 import structlog
 import tenacity
 
-from tiffany.engine.projection import DecodedRecord, JournalSource, WalTail
+from tiffany.engine.projection import DecodedRecord, JournalSource, journal_tail
 from tiffany.store import Projector, make_engine
 from tiffany.store.migrate import upgrade
+from tiffany.wal import Source
 
 __all__ = ["BATCH_RECORDS", "DURABLE", "Notices", "run_projector"]
 
@@ -212,11 +212,14 @@ class _Applier:
         self.out.flush()
 
 
-def run_projector(database_url: str, wal_dir: Path, fd: int | None = None) -> int:
-    """Follow the WAL up to the durable seqs read from ``fd`` (stdin) until EOF; return 0."""
+def run_projector(database_url: str, journal: Source, fd: int | None = None) -> int:
+    """Follow the journal up to the durable seqs read from ``fd`` (stdin) until EOF; return 0.
+
+    ``journal`` is the WAL directory, or the PostgreSQL stream (``journal=postgres``).
+    """
     notices = Notices(sys.stdin.fileno() if fd is None else fd)
     applier = _Applier(database_url, sys.stdout)
-    source = WalTail(wal_dir)
+    source = journal_tail(journal)
     try:
         applier.start()
         # Out of the collector's reach: the start-up heap (SQLAlchemy, the

@@ -333,6 +333,8 @@ class EngineService:
         self.runs.load(index)
         base = checkpoint_of(index, self.settings.idempotency_window_s)
         self.runtime.index = None  # after a full scan it holds every run: let it go
+        if not isinstance(self.runtime.source, Path):
+            return  # a PostgreSQL stream: no checkpoint files, no segments to release (yet)
         wal = self.runtime.wal
         self.checkpointer = Checkpointer(
             self.runtime.wal_dir,

@@ -16,9 +16,11 @@ Invariants:
   may copy a lock held by another thread. The fork server is started on the
   first verify, with the replay's modules preloaded, so later verifies fork
   a warm process; nothing is started for an engine that never verifies.
-* A worker holds no secret: its settings come without the API token, the
-  LLM key and the database URL, and its environment without the secret
-  variables (``scrub_secrets``). A replay runs no tool and writes nothing.
+* A worker holds no secret it does not use: its settings come without the
+  API token, the LLM key and, unless the journal is in the database
+  (``journal=postgres``, which it reads), the database URL; its environment
+  comes without the secret variables (``scrub_secrets``). A replay runs no
+  tool and writes nothing.
 * A replay past :data:`VERIFY_TIMEOUT_S` answers 504 and its worker is
   killed (a pool whose worker died is replaced on the next verify).
 
@@ -73,11 +75,16 @@ def _verify(settings: Settings, run_id: str) -> tuple[int, Any]:
     takes other arguments than its ``args`` does not survive unpickling.
     """
     from tiffany.durable import UnknownRun, verify
-    from tiffany.engine import replay_resolvers
+    from tiffany.engine import journal_source, replay_resolvers
     from tiffany.errors import TiffanyError
 
     try:
-        report = verify(settings.data_dir, run_id, resolvers=replay_resolvers(settings))
+        report = verify(
+            settings.data_dir,
+            run_id,
+            resolvers=replay_resolvers(settings),
+            log=journal_source(settings),
+        )
     except UnknownRun as exc:
         return 404, str(exc)
     except TiffanyError as exc:  # the run's code cannot be loaded, the WAL is damaged...
@@ -95,8 +102,13 @@ class Verifier:
     """
 
     def __init__(self, settings: Settings, *, timeout_s: float = VERIFY_TIMEOUT_S) -> None:
+        reads_db = settings.journal == "postgres"
         self.settings = settings.model_copy(
-            update={"api_token": None, "llm_api_key": None, "database_url": ""}
+            update={
+                "api_token": None,
+                "llm_api_key": None,
+                "database_url": settings.database_url if reads_db else "",
+            }
         )
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
