@@ -1,6 +1,7 @@
 """Durable steps: Tiffany against DBOS Transact, same machine, same run.
 
     python bench/durable_steps.py [--seq 10000] [--runs 100] [--steps 100] [--quick]
+    python bench/durable_steps.py --journal postgres [--pg-url URL]   # both on PostgreSQL
 
 Workloads (a trivial function journaled as a step):
 
@@ -12,17 +13,25 @@ fdatasync per loop iteration). DBOS 3.4 runs in its own virtual environment
 (``bench/.envs/dbos``, created on first use from PyPI) on SQLite, in a
 subprocess, so neither library's imports disturb the other. Printed: steps/s
 for each and the ratio.
+
+``--journal postgres``: Tiffany journals into a PostgreSQL stream
+(``tiffany.pgwal``: one transaction per group commit), in a schema of its own
+created, migrated and dropped by the bench, and DBOS uses the same local
+PostgreSQL server for its system database (issue 11's comparison).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 import venv
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,15 +55,52 @@ def sequential(n: int, inline: bool = False) -> object:
     return total
 
 
-def _tiffany(seq: int, runs: int, per_run: int, fsync: str, inline: bool) -> dict[str, float]:
+def _log(pg_url: str | None) -> object:
+    """A fresh PostgreSQL stream to journal into, or None for the file WAL."""
+    if pg_url is None:
+        return None
+    from tiffany.pgwal import PgLog
+
+    return PgLog.open(pg_url, f"bench-{uuid.uuid4().hex[:8]}")
+
+
+@contextlib.contextmanager
+def _pg_schema(url: str) -> Iterator[str]:
+    """A migrated schema of its own on ``url`` (dropped at the end); yields its URL."""
+    from sqlalchemy import text
+    from sqlalchemy.engine import make_url
+
+    from tiffany.store import make_engine
+    from tiffany.store.migrate import upgrade
+
+    schema = f"bench_pgwal_{uuid.uuid4().hex[:8]}"
+    admin = make_engine(url)
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    scoped = make_url(url).update_query_dict({"options": f"-csearch_path={schema}"})
+    rendered = scoped.render_as_string(hide_password=False)
+    engine = make_engine(rendered)
+    upgrade(engine)
+    engine.dispose()
+    try:
+        yield rendered
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+def _tiffany(
+    seq: int, runs: int, per_run: int, fsync: str, inline: bool, pg_url: str | None = None
+) -> dict[str, float]:
     out: dict[str, float] = {}
-    with tempfile.TemporaryDirectory() as d, Runtime(d, fsync=fsync) as rt:
+    with tempfile.TemporaryDirectory() as d, Runtime(d, fsync=fsync, log=_log(pg_url)) as rt:
         t0 = time.perf_counter()
         run_id = rt.submit("durable_steps:sequential", seq, inline)
         rt.run()
         out["sequential_steps_per_s"] = seq / (time.perf_counter() - t0)
         assert rt.status(run_id).result == sum(range(1, seq + 1))
-    with tempfile.TemporaryDirectory() as d, Runtime(d, fsync=fsync) as rt:
+    with tempfile.TemporaryDirectory() as d, Runtime(d, fsync=fsync, log=_log(pg_url)) as rt:
         t0 = time.perf_counter()
         ids = [rt.submit("durable_steps:sequential", per_run, inline) for _ in range(runs)]
         rt.run()
@@ -65,7 +111,7 @@ def _tiffany(seq: int, runs: int, per_run: int, fsync: str, inline: bool) -> dic
     return out
 
 
-def _dbos(seq: int, runs: int, per_run: int) -> dict[str, float] | None:
+def _dbos(seq: int, runs: int, per_run: int, backend: str = "sqlite") -> dict[str, float] | None:
     python = ENV_DIR / "bin" / "python"
     if not python.exists():
         print(f"creating {ENV_DIR} with {DBOS_SPEC} (first run only)...", flush=True)
@@ -80,6 +126,7 @@ def _dbos(seq: int, runs: int, per_run: int) -> dict[str, float] | None:
                 str(seq),
                 str(runs),
                 str(per_run),
+                backend,
             ],
             capture_output=True,
             text=True,
@@ -101,17 +148,21 @@ def main() -> None:
     ap.add_argument("--fsync", default="batch", choices=["always", "batch", "off"])
     ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     ap.add_argument("--no-dbos", action="store_true")
+    ap.add_argument("--journal", default="file", choices=["file", "postgres"])
+    ap.add_argument("--pg-url", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
     args = ap.parse_args()
     if args.quick:
         args.seq, args.runs, args.steps = 500, 10, 20
     # DBOS is slow: give it the same work but cap its sequential run at 2,000 steps.
     dbos_seq = min(args.seq, 2_000)
-    pooled = _tiffany(args.seq, args.runs, args.steps, args.fsync, inline=False)
-    inline = _tiffany(args.seq, args.runs, args.steps, args.fsync, inline=True)
-    dbos = None if args.no_dbos else _dbos(dbos_seq, args.runs, args.steps)
-    print(
-        f"\ndurable steps: trivial function, Tiffany fsync={args.fsync}, DBOS {DBOS_SPEC} on SQLite"
-    )
+    with contextlib.ExitStack() as stack:
+        pg = stack.enter_context(_pg_schema(args.pg_url)) if args.journal == "postgres" else None
+        pooled = _tiffany(args.seq, args.runs, args.steps, args.fsync, inline=False, pg_url=pg)
+        inline = _tiffany(args.seq, args.runs, args.steps, args.fsync, inline=True, pg_url=pg)
+    backend = "postgres" if args.journal == "postgres" else "sqlite"
+    dbos = None if args.no_dbos else _dbos(dbos_seq, args.runs, args.steps, backend)
+    where = "a PostgreSQL stream" if pg else f"the file WAL, fsync={args.fsync}"
+    print(f"\ndurable steps: trivial function, Tiffany on {where}, DBOS {DBOS_SPEC} on {backend}")
     print("(thread: Step(fn) runs in the pool; inline: Step(fn, inline=True) runs on the loop")
     print(" thread at the commit point, as a DBOS step runs in its workflow's thread)")
     print(

@@ -37,7 +37,6 @@ writer, so readers, ``min_seq`` and the feed keep their meaning.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import socket
@@ -79,13 +78,22 @@ RETURNING epoch, head
 """
 _HOLDER: Final = f"SELECT owner, lease_until - {_NOW} FROM wal_streams WHERE stream = %s"
 _LAST: Final = "SELECT max(seq) FROM wal_records WHERE stream = %s"
-_MOVE_HEAD: Final = f"""
-UPDATE wal_streams SET head = %s, lease_until = {_NOW} + %s
- WHERE stream = %s AND epoch = %s AND head = %s
+# One statement, so one round trip and one atomic commit (autocommit): the head
+# moves only where the epoch is the writer's, and the records go in only where
+# it moved (the CTE yields no row otherwise: nothing is inserted, the fence).
+_COMMIT: Final = f"""
+WITH head AS (
+  UPDATE wal_streams SET head = %(last)s, lease_until = {_NOW} + %(lease)s
+   WHERE stream = %(stream)s AND epoch = %(epoch)s AND head = %(prev)s
+  RETURNING stream
+)
+INSERT INTO wal_records (stream, seq, rtype, payload)
+SELECT head.stream, %(prev)s + r.i, r.rtype, r.payload
+  FROM head, unnest(%(rtypes)b::smallint[], %(payloads)b::bytea[])
+       WITH ORDINALITY AS r(rtype, payload, i)
 """
 _RENEW: Final = f"UPDATE wal_streams SET lease_until = {_NOW} + %s WHERE stream = %s AND epoch = %s"
 _RELEASE: Final = "UPDATE wal_streams SET lease_until = 0 WHERE stream = %s AND epoch = %s"
-_COPY: Final = "COPY wal_records (stream, seq, rtype, payload) FROM STDIN (FORMAT BINARY)"
 _READ: Final = (
     "SELECT seq, rtype, payload FROM wal_records WHERE stream = %s AND seq >= %s ORDER BY seq"
 )
@@ -209,7 +217,8 @@ class PgLog(PgStream):
         self.on_rotate: RotateListener | None = None  # a stream never rotates
         self.checked: Mapping[str, int] = {}
         self._conn: psycopg.Connection[Any] | None = None
-        self._buf: list[tuple[str, int, int, bytes]] = []
+        self._types: list[int] = []  # the buffer: record types and payloads, from durable + 1
+        self._payloads: list[bytes] = []
         self._next_seq = 1
         self._durable_seq = 0
         self._failed: WalFailedError | None = None
@@ -244,7 +253,7 @@ class PgLog(PgStream):
         if lease_s <= 0:
             raise ValueError("lease_s must be positive")
         pg = cls(url, stream, lease_s)
-        pg._conn = _connect(url)
+        pg._conn = _connect(url, autocommit=True)  # each commit is one statement
         try:
             pg._acquire()
         except BaseException:
@@ -269,7 +278,6 @@ class PgLog(PgStream):
                 row = cur.execute(_ACQUIRE, args).fetchone()
                 if row is None:
                     holder = cur.execute(_HOLDER, (self.stream,)).fetchone()
-                    conn.rollback()
                     owner, left = holder if holder else ("?", 0.0)
                     raise WalLockedError(
                         f"journal stream {self.stream!r} is leased to {owner} for "
@@ -280,7 +288,6 @@ class PgLog(PgStream):
                     )
                 self.epoch, head = row
                 last = cur.execute(_LAST, (self.stream,)).fetchone()[0] or 0  # type: ignore[index]
-            conn.commit()
         except psycopg.errors.UndefinedTable as exc:
             raise WalFailedError(_MISSING_TABLES, reason="schema") from exc
         if last != head:
@@ -318,12 +325,13 @@ class PgLog(PgStream):
         if len(payload) > MAX_RECORD_BYTES or not 0 < rtype <= MAX_TYPE:
             check_record(rtype, len(payload))
         seq = self._next_seq
-        self._buf.append((self.stream, seq, rtype, payload))
+        self._types.append(rtype)
+        self._payloads.append(payload)
         self._next_seq = seq + 1
         return seq
 
     def commit(self) -> int:
-        """Commit the buffer in one transaction, fenced by the lease's epoch.
+        """Commit the buffer in one statement (one round trip), fenced by the lease's epoch.
 
         Raises:
             WalFailedError: Fenced (the lease was taken over), or the
@@ -331,8 +339,7 @@ class PgLog(PgStream):
         """
         if self._failed is not None:
             self._refuse()
-        buf = self._buf
-        if not buf:
+        if not self._types:
             return self._durable_seq
         if self._lost.is_set():
             raise self._fail("the lease was lost (the heartbeat found a newer epoch)", "fenced")
@@ -340,25 +347,27 @@ class PgLog(PgStream):
         assert conn is not None
         first, last = self._durable_seq + 1, self._next_seq - 1
         t0 = time.perf_counter()
+        args = {
+            "last": last,
+            "lease": self.lease_s,
+            "stream": self.stream,
+            "epoch": self.epoch,
+            "prev": first - 1,
+            "rtypes": self._types,
+            "payloads": self._payloads,
+        }
         try:
-            with conn.cursor() as cur:
-                cur.execute(_MOVE_HEAD, (last, self.lease_s, self.stream, self.epoch, first - 1))
-                if cur.rowcount != 1:
-                    conn.rollback()
-                    raise self._fail(
-                        f"fenced: stream {self.stream!r} was taken over (epoch {self.epoch} "
-                        f"is no longer current); nothing after seq {first - 1} was written",
-                        "fenced",
-                    )
-                with cur.copy(_COPY) as copy:
-                    copy.set_types(["text", "int8", "int2", "bytea"])
-                    for row in buf:
-                        copy.write_row(row)
-            conn.commit()
+            written = conn.execute(_COMMIT, args).rowcount
         except psycopg.Error as exc:
             raise self._fail(f"commit failed: {exc}", "database", exc) from exc
+        if written != last - first + 1:
+            raise self._fail(
+                f"fenced: stream {self.stream!r} was taken over (epoch {self.epoch} "
+                f"is no longer current); nothing after seq {first - 1} was written",
+                "fenced",
+            )
         took = time.perf_counter() - t0
-        self._buf = []
+        self._types, self._payloads = [], []
         self._durable_seq = last
         if self.on_commit is not None:
             self.on_commit(first, last, took)
@@ -406,7 +415,6 @@ class PgLog(PgStream):
         assert conn is not None
         try:
             conn.execute(_RELEASE, (self.stream, self.epoch))
-            conn.commit()
         except psycopg.Error as exc:
             log.warning("pgwal.release_failed", stream=self.stream, error=str(exc))
 
@@ -444,12 +452,9 @@ class PgLog(PgStream):
             reason=reason,
         )
         self._failed.__cause__ = cause
-        self._buf = []
+        self._types, self._payloads = [], []
         self._stop.set()
         log.error("pgwal.failed", stream=self.stream, reason=reason, durable_seq=self._durable_seq)
-        if cause is not None and self._conn is not None:
-            with contextlib.suppress(psycopg.Error):
-                self._conn.rollback()
         return self._failed
 
     def _refuse(self) -> None:
