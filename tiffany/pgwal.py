@@ -43,7 +43,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
 import psycopg
@@ -223,6 +223,9 @@ class PgLog(PgStream):
         self._durable_seq = 0
         self._failed: WalFailedError | None = None
         self._lost = threading.Event()  # the heartbeat found the lease gone
+        #: Called once, on the heartbeat's thread, when the lease turns out to
+        #: be lost (taken over): the engine stops driving the stream's runs.
+        self.on_lost: Callable[[], None] | None = None
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
         self._closed = False
@@ -235,6 +238,7 @@ class PgLog(PgStream):
         *,
         lease_s: float = DEFAULT_LEASE_S,
         heartbeat: bool = True,
+        wait_s: float = 0.0,
     ) -> PgLog:
         """Take the lease of ``stream`` and open it for appending after its head.
 
@@ -244,9 +248,13 @@ class PgLog(PgStream):
             lease_s: The lease's length; renewed every third of it.
             heartbeat: Renew the lease from a thread (tests turn it off to
                 play an engine that stopped).
+            wait_s: How long to wait for a held lease to be given back or to
+                expire (an engine restarted after a crash waits out its dead
+                predecessor's lease); 0 refuses at once.
 
         Raises:
-            WalLockedError: Another engine holds a current lease on the stream.
+            WalLockedError: Another engine holds a current lease on the
+                stream (still, after ``wait_s``).
             WalFailedError: The database is unreachable or lacks the tables.
             WalCorruptionError: The stream's records do not reach its head.
         """
@@ -254,8 +262,18 @@ class PgLog(PgStream):
             raise ValueError("lease_s must be positive")
         pg = cls(url, stream, lease_s)
         pg._conn = _connect(url, autocommit=True)  # each commit is one statement
+        deadline = time.monotonic() + wait_s
         try:
-            pg._acquire()
+            while True:
+                try:
+                    pg._acquire()
+                    break
+                except WalLockedError as exc:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise
+                    log.warning("pgwal.waiting", **exc.fields)
+                    time.sleep(min(left, exc.fields["lease_left_s"] + 0.05, lease_s / 4, 1.0))
         except BaseException:
             pg._conn.close()
             raise
@@ -430,6 +448,8 @@ class PgLog(PgStream):
                 if cur.rowcount != 1:
                     self._lost.set()
                     log.error("pgwal.lease_lost", stream=self.stream, epoch=self.epoch)
+                    if self.on_lost is not None:
+                        self.on_lost()
                     break
             except psycopg.Error as exc:  # the next beat tries again; the fence holds meanwhile
                 log.warning("pgwal.heartbeat_failed", stream=self.stream, error=str(exc))

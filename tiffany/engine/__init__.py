@@ -138,11 +138,12 @@ def replay_resolvers(settings: Settings) -> dict[str, Any]:
     return {"plan": plan_resolver(env)}
 
 
-def journal_log(settings: Settings) -> Log | None:
+def journal_log(settings: Settings, *, wait_s: float = 0.0) -> Log | None:
     """Open the journal ``settings`` name, or None for the WAL under the data dir.
 
     ``journal=postgres``: migrate the database (``tiffany db upgrade``),
-    then take the lease of ``journal_stream`` (:class:`~tiffany.pgwal.PgLog`); raises
+    then take the lease of ``journal_stream`` (:class:`~tiffany.pgwal.PgLog`),
+    waiting up to ``wait_s`` for a held one; raises
     :class:`~tiffany.errors.WalLockedError` while another engine holds it.
     """
     if settings.journal != "postgres":
@@ -157,7 +158,10 @@ def journal_log(settings: Settings) -> Log | None:
     finally:
         store.dispose()
     return PgLog.open(
-        settings.database_url, settings.journal_stream, lease_s=settings.journal_lease_s
+        settings.database_url,
+        settings.journal_stream,
+        lease_s=settings.journal_lease_s,
+        wait_s=wait_s,
     )
 
 
@@ -178,7 +182,10 @@ def build(
     emit: Callable[[str, str, Mapping[str, Any]], None] | None = None,
     server: bool = False,
 ) -> Engine:
-    """Wire an engine under ``settings.data_dir`` (``server``: see :func:`tool_settings`)."""
+    """Wire an engine under ``settings.data_dir`` (``server``: see :func:`tool_settings`).
+
+    A ``server`` also waits for the journal's lease (``journal=postgres``).
+    """
     data_dir = Path(settings.data_dir)
     registry = ToolRegistry.default(
         enabled=list(enabled_tools) if enabled_tools is not None else settings.enabled_tools
@@ -193,7 +200,8 @@ def build(
         instruments=[watchdog],
         resolvers={"plan": plan_resolver(env)},
         key_window_s=settings.idempotency_window_s,
-        log=journal_log(settings),
+        # A server restarted after a crash waits out its dead predecessor's lease.
+        log=journal_log(settings, wait_s=settings.journal_lease_s + 5 if server else 0.0),
     )
     # A step of a tool disabled here waits instead of starting (before recovery).
     runtime.journal.step_gate = registry.step_gate

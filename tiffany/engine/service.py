@@ -215,6 +215,9 @@ class EngineService:
         self._durable = threading.Condition()
         self._durable_waiters = 0
         self.runtime.wal.on_commit = self._on_commit
+        self._fenced = False  # the journal's lease was taken over (PostgreSQL)
+        if hasattr(self.runtime.wal, "on_lost"):  # a PostgreSQL stream under a lease
+            self.runtime.wal.on_lost = self._lease_lost
         self.control = ControlServer(self.data_dir / CONTROL_SOCKET, self.handle)
         self.feed = FeedServer(self.hub, self.data_dir / FEED_SOCKET)
         self.verifier = Verifier(settings)
@@ -278,7 +281,7 @@ class EngineService:
             if ready is not None:
                 ready()
             self.runtime.run()
-            return 0
+            return 1 if self._fenced else 0  # stepped down: not a clean stop
         except NondeterminismError as exc:
             # A run's code no longer matches its journal. Fail that run (its
             # RUN_END keeps recovery away from it) and exit: the next start
@@ -346,6 +349,16 @@ class EngineService:
         )
         wal.on_rotate = self.checkpointer.poke
         self.checkpointer.start()
+
+    def _lease_lost(self) -> None:
+        """The journal's lease was taken over (heartbeat thread): step down, write nothing more.
+
+        The log is fenced already (its next commit fails); stopping makes an
+        idle engine step down too, instead of holding runs it no longer owns.
+        """
+        log.error("engine.lease_lost", note="another engine took the journal stream over")
+        self._fenced = True
+        self.request_stop()
 
     def request_stop(self) -> None:
         """Stop the loop at its next pass (any thread, signal handlers included)."""
