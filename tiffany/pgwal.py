@@ -53,6 +53,7 @@ from tiffany.errors import WalCorruptionError, WalFailedError, WalLockedError
 from tiffany.wal import CommitListener, Span
 from tiffany.wal.format import MAX_RECORD_BYTES, MAX_TYPE
 from tiffany.wal.frame import check_record
+from tiffany.wal.state import LogState
 from tiffany.wal.writer import RotateListener
 
 __all__ = ["DEFAULT_LEASE_S", "DEFAULT_STREAM", "PgLog", "PgStream", "conninfo"]
@@ -199,7 +200,7 @@ class PgStream:
         return f"<PgStream {self.stream!r} at {self.url.split('@')[-1]}>"
 
 
-class PgLog(PgStream):
+class PgLog(PgStream, LogState):
     """A journal stream open for writing, under its lease; create it with :meth:`open`.
 
     Not thread-safe, like :class:`~tiffany.wal.Wal`: the kernel loop is the
@@ -320,21 +321,6 @@ class PgLog(PgStream):
         self._next_seq = head + 1
 
     # -- the Log interface -------------------------------------------------------------
-
-    @property
-    def next_seq(self) -> int:
-        """The seq the next ``append`` returns."""
-        return self._next_seq
-
-    @property
-    def durable_seq(self) -> int:
-        """The last seq committed."""
-        return self._durable_seq
-
-    @property
-    def failed(self) -> bool:
-        """True once a commit failed or the lease was lost (fail-stop)."""
-        return self._failed is not None
 
     def append(self, rtype: int, payload: bytes) -> int:
         """Buffer one record and return its seq (no round trip)."""
@@ -476,8 +462,3 @@ class PgLog(PgStream):
         self._stop.set()
         log.error("pgwal.failed", stream=self.stream, reason=reason, durable_seq=self._durable_seq)
         return self._failed
-
-    def _refuse(self) -> None:
-        failed = self._failed
-        assert failed is not None
-        raise WalFailedError(failed.message, **failed.fields) from failed.__cause__

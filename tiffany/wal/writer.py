@@ -54,6 +54,7 @@ from tiffany.wal.lock import lock_dir
 from tiffany.wal.reader import Span, iter_spans
 from tiffany.wal.recovery import Recovery, recover
 from tiffany.wal.segments import SyncFn, WriteFn, create_segment, write_all
+from tiffany.wal.state import LogState
 
 #: ``on_commit(first_seq, last_seq, sync_s)``: after a commit made records
 #: ``first_seq``..``last_seq`` durable; ``sync_s`` is how long the fsync took
@@ -82,7 +83,7 @@ class FsyncPolicy(enum.StrEnum):
     OFF = "off"  # written at commit, never synced (tests, benchmarks)
 
 
-class Wal:
+class Wal(LogState):
     """An open write-ahead log directory; create it with :meth:`open`.
 
     Attributes:
@@ -203,21 +204,6 @@ class Wal:
         self._limit = room
 
     # -- appending ---------------------------------------------------------------
-
-    @property
-    def next_seq(self) -> int:
-        """The sequence number the next ``append`` returns."""
-        return self._next_seq
-
-    @property
-    def durable_seq(self) -> int:
-        """The last sequence number made durable (per policy); 0 if none."""
-        return self._durable_seq
-
-    @property
-    def failed(self) -> bool:
-        """True once a write or sync failed (fail-stop)."""
-        return self._failed is not None
 
     def append(self, rtype: int, payload: bytes) -> int:
         """Buffer one record and return its sequence number.
@@ -355,11 +341,6 @@ class Wal:
         )
         log.error("wal.failed", path=str(self.path), error=repr(exc), durable_seq=self._durable_seq)
         return self._failed
-
-    def _refuse(self) -> None:
-        failed = self._failed
-        assert failed is not None
-        raise WalFailedError(failed.message, **failed.fields) from failed.__cause__
 
     def close(self) -> None:
         """Commit what is buffered (unless failed), close the files, release the lock.

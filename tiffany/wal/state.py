@@ -1,0 +1,42 @@
+"""The sequence numbers and fail-stop state every log keeps (the file WAL, a PostgreSQL stream)."""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+from tiffany.errors import WalFailedError
+
+__all__ = ["LogState"]
+
+
+class LogState:
+    """``next_seq``, ``durable_seq`` and ``failed``, as a log's writer keeps them.
+
+    Invariants: ``durable_seq < next_seq``; once ``_failed`` is set it stays,
+    and :meth:`_refuse` raises a copy of it (with the same cause) at every
+    later ``append`` or ``commit``.
+    """
+
+    _next_seq: int
+    _durable_seq: int
+    _failed: WalFailedError | None
+
+    @property
+    def next_seq(self) -> int:
+        """The sequence number the next ``append`` returns."""
+        return self._next_seq
+
+    @property
+    def durable_seq(self) -> int:
+        """The last sequence number made durable; 0 if none."""
+        return self._durable_seq
+
+    @property
+    def failed(self) -> bool:
+        """True once a write, a sync or a commit failed, or the log was fenced (fail-stop)."""
+        return self._failed is not None
+
+    def _refuse(self) -> NoReturn:
+        failed = self._failed
+        assert failed is not None
+        raise WalFailedError(failed.message, **failed.fields) from failed.__cause__
