@@ -14,7 +14,9 @@ from __future__ import annotations
 import importlib
 import os
 import socket
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -97,6 +99,48 @@ def postgres_url() -> str:
     require_module("psycopg", "pip install -e '.[postgres]'")
     require_service("PostgreSQL", parts.hostname or "127.0.0.1", parts.port or 5432)
     return url
+
+
+@contextmanager
+def _pg_schema(postgres_url: str, prefix: str, *, migrate: bool) -> Iterator[str]:
+    """A private schema in the shared test database; yields a URL whose connections use it."""
+    from sqlalchemy import text
+    from sqlalchemy.engine import make_url
+
+    from tiffany.store import make_engine
+
+    schema = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = make_engine(postgres_url)
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    url = make_url(postgres_url).update_query_dict({"options": f"-csearch_path={schema}"})
+    rendered = url.render_as_string(hide_password=False)
+    try:
+        if migrate:
+            from tiffany.store.migrate import upgrade
+
+            engine = make_engine(rendered)
+            upgrade(engine)
+            engine.dispose()
+        yield rendered
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture
+def pg_schema_url(postgres_url: str) -> Iterator[str]:
+    """A URL whose connections use a fresh, empty schema (dropped afterwards)."""
+    with _pg_schema(postgres_url, "test", migrate=False) as url:
+        yield url
+
+
+@pytest.fixture
+def pg_migrated_url(postgres_url: str) -> Iterator[str]:
+    """A URL whose connections use a fresh schema with the tables (``tiffany db upgrade``)."""
+    with _pg_schema(postgres_url, "test", migrate=True) as url:
+        yield url
 
 
 @pytest.fixture

@@ -395,21 +395,9 @@ class PgLog(PgStream, LogState):
             super().close()
             log.info("pgwal.closed", stream=self.stream, epoch=self.epoch, head=self._durable_seq)
 
-    def __enter__(self) -> PgLog:
-        """Return self; ``with PgLog.open(...) as log:`` closes on exit."""
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        """Close (which commits)."""
-        self.close()
-
     def __repr__(self) -> str:
         """Show the stream, the epoch and the seqs."""
-        state = "failed" if self.failed else "closed" if self._closed else "open"
-        return (
-            f"<PgLog {self.stream!r} epoch={self.epoch} next_seq={self._next_seq} "
-            f"durable_seq={self._durable_seq} {state}>"
-        )
+        return self._repr(f"<PgLog {self.stream!r} epoch={self.epoch}")
 
     # -- the lease -------------------------------------------------------------------
 

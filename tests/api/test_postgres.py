@@ -10,10 +10,7 @@ import os
 import shutil
 import signal
 import time
-import uuid
-from collections.abc import Iterator
 
-import pytest
 from api_support import (
     SLEEP_PLAN,
     make_settings,
@@ -24,27 +21,9 @@ from api_support import (
 )
 from fastapi.testclient import TestClient
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 
 from tiffany.api import create_app
 from tiffany.store import make_engine
-
-
-@pytest.fixture
-def pg_schema_url(postgres_url: str) -> Iterator[str]:
-    """A URL whose connections use a fresh schema (dropped afterwards)."""
-    pytest.importorskip("tiffany.engine.service", reason="the engine service is not there yet")
-    schema = f"api_test_{uuid.uuid4().hex[:10]}"
-    admin = make_engine(postgres_url)
-    with admin.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    url = make_url(postgres_url).update_query_dict({"options": f"-csearch_path={schema}"})
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
 
 
 def test_runs_through_postgres(pg_schema_url: str) -> None:

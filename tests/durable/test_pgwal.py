@@ -12,14 +12,11 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 
 from tiffany.durable import Runtime, scan, verify
 from tiffany.durable.history import decoded_records
@@ -32,26 +29,9 @@ CHILD = HERE / "crash_child.py"
 
 
 @pytest.fixture
-def pg_url(postgres_url: str) -> Iterator[str]:
+def pg_url(pg_migrated_url: str) -> str:
     """A URL whose connections use a fresh schema holding the migrated tables."""
-    from tiffany.store import make_engine
-    from tiffany.store.migrate import upgrade
-
-    schema = f"pgwal_test_{uuid.uuid4().hex[:10]}"
-    admin = make_engine(postgres_url)
-    with admin.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    url = make_url(postgres_url).update_query_dict({"options": f"-csearch_path={schema}"})
-    rendered = url.render_as_string(hide_password=False)
-    engine = make_engine(rendered)
-    upgrade(engine)
-    engine.dispose()
-    try:
-        yield rendered
-    finally:
-        with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+    return pg_migrated_url
 
 
 def _records(url: str, stream: str = "main") -> list[tuple[int, int, bytes]]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NoReturn
+from typing import NoReturn, Self
 
 from tiffany.errors import WalFailedError
 
@@ -20,6 +20,23 @@ class LogState:
     _next_seq: int
     _durable_seq: int
     _failed: WalFailedError | None
+    _closed: bool
+
+    def close(self) -> None:
+        """Commit what is buffered (unless failed) and let the log go."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        """Return self; ``with Log.open(...) as log:`` closes on exit."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Close (which commits)."""
+        self.close()
+
+    def _repr(self, head: str) -> str:
+        state = "failed" if self.failed else "closed" if self._closed else "open"
+        return f"{head} next_seq={self._next_seq} durable_seq={self._durable_seq} {state}>"
 
     @property
     def next_seq(self) -> int:

@@ -363,18 +363,6 @@ class Wal(LogState):
                 os.close(fd)
         self._fd = self._lock_fd = -1
 
-    def __enter__(self) -> Wal:
-        """Return self; ``with Wal.open(...) as wal:`` closes on exit."""
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        """Close (which commits)."""
-        self.close()
-
     def __repr__(self) -> str:
-        """Show the directory, policy and sequence numbers."""
-        state = "failed" if self.failed else "closed" if self._closed else "open"
-        return (
-            f"<Wal {self.path} {self.policy} next_seq={self._next_seq} "
-            f"durable_seq={self._durable_seq} {state}>"
-        )
+        """Show where the log is and its seqs."""
+        return self._repr(f"<Wal {self.path} {self.policy}")
