@@ -102,6 +102,15 @@ _RANGE: Final = (
     "SELECT seq, rtype, payload FROM wal_records"
     " WHERE stream = %s AND seq > %s AND seq <= %s ORDER BY seq LIMIT %s"
 )
+_CHECKPOINTS: Final = "SELECT seq, data FROM wal_checkpoints WHERE stream = %s ORDER BY seq DESC"
+_SAVE_CHECKPOINT: Final = """
+INSERT INTO wal_checkpoints (stream, seq, data) VALUES (%s, %s, %s)
+ON CONFLICT (stream, seq) DO UPDATE SET data = EXCLUDED.data
+"""
+_PRUNE_CHECKPOINTS: Final = """
+DELETE FROM wal_checkpoints WHERE stream = %s AND seq NOT IN
+  (SELECT seq FROM wal_checkpoints WHERE stream = %s ORDER BY seq DESC LIMIT %s)
+"""
 _MISSING_TABLES: Final = "the journal tables are missing: run `tiffany db upgrade` first"
 
 
@@ -161,6 +170,21 @@ class PgStream:
                 reason="sequence gap",
             )
         return got
+
+    def checkpoints(self) -> list[tuple[int, bytes]]:
+        """Return the stream's checkpoints as ``(seq, bytes)``, newest first."""
+        with _connect(self.url, autocommit=True) as conn:
+            try:
+                rows = conn.execute(_CHECKPOINTS, (self.stream,), binary=True).fetchall()
+            except psycopg.errors.UndefinedTable as exc:
+                raise WalFailedError(_MISSING_TABLES, reason="schema") from exc
+        return [(seq, bytes(data)) for seq, data in rows]
+
+    def save_checkpoint(self, seq: int, data: bytes, keep: int) -> None:
+        """Store the checkpoint at ``seq`` and keep only the newest ``keep`` (one transaction)."""
+        with _connect(self.url) as conn:
+            conn.execute(_SAVE_CHECKPOINT, (self.stream, seq, data))
+            conn.execute(_PRUNE_CHECKPOINTS, (self.stream, self.stream, keep))
 
     def close(self) -> None:
         """Close the connection :meth:`rows` keeps."""

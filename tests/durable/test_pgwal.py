@@ -274,3 +274,41 @@ def test_journal_postgres_needs_a_postgres_url(tmp_path: Path) -> None:
 
     with pytest.raises(ValidationError, match="journal=postgres needs a PostgreSQL database_url"):
         Settings(data_dir=tmp_path, journal="postgres")
+
+
+def test_a_start_reads_only_the_stream_after_its_checkpoint(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tiffany.durable import history
+    from tiffany.durable.retention import Checkpointer
+    from tiffany.pgwal import PgLog, PgStream
+
+    with Runtime(tmp_path / "a", log=PgLog.open(pg_url)) as rt:
+        for i in range(20):
+            rt.submit("durable_workloads:fan_in", 3, run_id=f"r{i}")
+        rt.run()
+        total = rt.wal.durable_seq
+    log = PgLog.open(pg_url)
+    with Runtime(tmp_path / "b", log=log) as rt:  # a full read: no checkpoint yet
+        assert rt.checkpoint is None
+        # One pass of the engine's checkpointer thread.
+        Checkpointer(log, rt.opened, durable_seq=lambda: log.durable_seq, projected_seq=int).step()
+    assert [seq for seq, _data in PgStream(pg_url).checkpoints()] == [total]
+    read: list[int] = []
+    real = history.spans_of
+
+    def counted(source: object, from_seq: int = 1, checked: object = None) -> object:
+        read.append(from_seq)
+        return real(source, from_seq, checked)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(history, "spans_of", counted)
+    with Runtime(tmp_path / "c", log=PgLog.open(pg_url)) as rt:
+        assert rt.checkpoint is not None
+        assert rt.checkpoint.seq == total
+        assert rt.opened.max_run_no == 20  # new runs are numbered above the history
+        assert rt.recover() == []
+        rt.submit("durable_workloads:fan_in", 3, run_id="after")
+        rt.run()
+        assert rt.status("after").status == "succeeded"
+    assert all(seq > total for seq in read), read  # nothing before the checkpoint was read
+    assert verify(tmp_path / "unused", "after", log=PgStream(pg_url)).ok

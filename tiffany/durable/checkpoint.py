@@ -34,7 +34,7 @@ import os
 import struct
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 import msgspec
 import structlog
@@ -46,6 +46,7 @@ __all__ = [
     "IDEMPOTENCY_WINDOW_S",
     "KEEP_CHECKPOINTS",
     "Checkpoint",
+    "CheckpointStore",
     "KeyEntry",
     "OpenRun",
     "discard_checkpoints",
@@ -148,12 +149,29 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
         raise ValueError(f"body does not decode: {exc}") from None
 
 
-def write_checkpoint(wal_dir: Path, cp: Checkpoint) -> Path:
+class CheckpointStore(Protocol):
+    """Where a log that is not a directory keeps its checkpoints (a PostgreSQL stream)."""
+
+    def checkpoints(self) -> list[tuple[int, bytes]]:
+        """Return ``(seq, bytes)`` of the checkpoints kept, newest first."""
+        ...
+
+    def save_checkpoint(self, seq: int, data: bytes, keep: int) -> None:
+        """Store one durably; keep only the newest ``keep``."""
+        ...
+
+
+def write_checkpoint(wal_dir: Path | CheckpointStore, cp: Checkpoint) -> Path | None:
     """Write ``cp`` atomically (temp file, fsync, rename, directory fsync); prune old ones.
+
+    ``wal_dir`` may be a :class:`CheckpointStore` instead (one transaction; None returned).
 
     Raises:
         OSError: Writing failed (no checkpoint file is left half-written).
     """
+    if not isinstance(wal_dir, Path):
+        wal_dir.save_checkpoint(cp.seq, encode_checkpoint(cp), KEEP_CHECKPOINTS)
+        return None
     path = checkpoint_path(wal_dir, cp.seq)
     tmp = path.with_name(path.name + ".tmp")
     data = encode_checkpoint(cp)
@@ -173,24 +191,30 @@ def write_checkpoint(wal_dir: Path, cp: Checkpoint) -> Path:
     return path
 
 
-def read_checkpoint(wal_dir: Path, last_seq: int) -> Checkpoint | None:
+def read_checkpoint(wal_dir: Path | CheckpointStore, last_seq: int) -> Checkpoint | None:
     """Return the newest checkpoint that checks out against a log ending at ``last_seq``.
 
     A damaged one (logged) is skipped for the one before; so is one past the
     log's end (the log was repaired or cut) or one whose needed records are
     no longer on disk. None: no usable checkpoint, scan the whole log.
+    ``wal_dir`` may be a :class:`CheckpointStore` (whose log starts at seq 1).
     """
-    start = history_start(wal_dir)
-    for seq, path in _listed(wal_dir):
+    if isinstance(wal_dir, Path):
+        start = history_start(wal_dir)
+        listed: list[tuple[int, Path | bytes]] = list(_listed(wal_dir))
+    else:
+        start, listed = 1, list(wal_dir.checkpoints())
+    for seq, path in listed:
+        where = f"checkpoint at seq {seq}" if isinstance(path, bytes) else str(path)
         try:
-            cp = decode_checkpoint(path.read_bytes())
+            cp = decode_checkpoint(path if isinstance(path, bytes) else path.read_bytes())
         except (OSError, ValueError) as exc:
-            log.warning("checkpoint.skipped", path=str(path), reason=str(exc))
+            log.warning("checkpoint.skipped", path=where, reason=str(exc))
             continue
         if cp.seq != seq or cp.seq > last_seq or cp.oldest_needed < start:
             log.warning(
                 "checkpoint.skipped",
-                path=str(path),
+                path=where,
                 reason=f"does not match the log (seq {cp.seq}, log {start}..{last_seq})",
             )
             continue

@@ -38,12 +38,18 @@ import itertools
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 import structlog
 
-from tiffany.durable.checkpoint import IDEMPOTENCY_WINDOW_S, Checkpoint, write_checkpoint
+from tiffany.durable.checkpoint import (
+    IDEMPOTENCY_WINDOW_S,
+    Checkpoint,
+    CheckpointStore,
+    write_checkpoint,
+)
 from tiffany.durable.history import checkpoint_of, load_many
+from tiffany.wal import LogReader
 from tiffany.wal.segments import Segment, list_segments, release_segment
 
 __all__ = ["CHECKPOINT_EVERY_RUNS", "Checkpointer", "Retain", "releasable", "release"]
@@ -87,11 +93,15 @@ def release(wal_dir: Path, cp: Checkpoint, projected_seq: int, retain: Retain) -
     return done
 
 
+class StreamLog(LogReader, CheckpointStore, Protocol):
+    """A log that is not a directory: read in seq order, keeping its own checkpoints."""
+
+
 class Checkpointer:
     """A thread that writes checkpoints and releases segments when poked.
 
     Args:
-        wal_dir: The WAL directory.
+        wal_dir: The WAL directory, or a PostgreSQL stream (checkpoints only).
         base: The checkpoint as of the end of recovery (the index the start built).
         durable_seq: Returns the WAL's durable seq (any thread).
         projected_seq: Returns the store's projected seq (any thread).
@@ -101,7 +111,7 @@ class Checkpointer:
 
     def __init__(
         self,
-        wal_dir: Path,
+        wal_dir: Path | StreamLog,
         base: Checkpoint,
         *,
         durable_seq: Callable[[], int],
@@ -146,8 +156,9 @@ class Checkpointer:
         if self.checkpoint.seq != self._written:
             write_checkpoint(self.wal_dir, self.checkpoint)
             self._written = self.checkpoint.seq
-        gone = release(self.wal_dir, self.checkpoint, self._projected_seq(), self.retain)
-        self.released += len(gone)
+        if isinstance(self.wal_dir, Path):  # a PostgreSQL stream has no segments to release
+            gone = release(self.wal_dir, self.checkpoint, self._projected_seq(), self.retain)
+            self.released += len(gone)
 
     def _run(self) -> None:
         while True:

@@ -23,11 +23,16 @@ from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
-from tiffany.durable.checkpoint import IDEMPOTENCY_WINDOW_S, Checkpoint, read_checkpoint
+from tiffany.durable.checkpoint import (
+    IDEMPOTENCY_WINDOW_S,
+    Checkpoint,
+    CheckpointStore,
+    read_checkpoint,
+)
 from tiffany.durable.history import Loaded, RunIndex, checkpoint_of, load_many, read_runs
 from tiffany.durable.journal import Journal, RunState
 from tiffany.errors import InstrumentFailure, NondeterminismError, TiffanyError
@@ -143,8 +148,8 @@ class Runtime:
         segment_size_bytes: The WAL's rotation size (tests shrink it).
         key_window_s: How long idempotency keys are remembered (checkpoint.py).
         log: An open log to journal into instead of the WAL under ``data_dir``
-            (a PostgreSQL stream, ``tiffany.pgwal``); the runtime closes it.
-            Such a log keeps no checkpoint files: a start reads it whole.
+            (a PostgreSQL stream, ``tiffany.pgwal``, which keeps its
+            checkpoints itself: a :class:`CheckpointStore`); the runtime closes it.
     """
 
     def __init__(
@@ -174,8 +179,8 @@ class Runtime:
         self.sched = Scheduler(clock=clock, seed=seed, instruments=instruments)
         self.journal = Journal(self.wal, self.sched)
         #: The newest usable checkpoint (docs/wal-format.md): a start reads the WAL after it.
-        self.checkpoint: Checkpoint | None = (
-            read_checkpoint(self.wal_dir, log.durable_seq) if isinstance(log, Wal) else None
+        self.checkpoint: Checkpoint | None = read_checkpoint(
+            self.wal_dir if isinstance(log, Wal) else cast(CheckpointStore, log), log.durable_seq
         )
         # One pass over the log: the index, and where the unfinished runs'
         # records are (recover() decodes them; a first submit lets them go).

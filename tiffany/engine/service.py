@@ -47,7 +47,7 @@ from collections.abc import Callable, Generator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import structlog
 
@@ -58,7 +58,7 @@ from tiffany.documents import DocumentError
 from tiffany.documents import check as check_document
 from tiffany.durable.checkpoint import KeyEntry
 from tiffany.durable.history import checkpoint_of
-from tiffany.durable.retention import CHECKPOINT_EVERY_RUNS, Checkpointer, Retain
+from tiffany.durable.retention import CHECKPOINT_EVERY_RUNS, Checkpointer, Retain, StreamLog
 from tiffany.engine import Engine, build
 from tiffany.engine.activity import ActivityLog
 from tiffany.engine.control_server import ControlServer
@@ -336,11 +336,10 @@ class EngineService:
         self.runs.load(index)
         base = checkpoint_of(index, self.settings.idempotency_window_s)
         self.runtime.index = None  # after a full scan it holds every run: let it go
-        if not isinstance(self.runtime.source, Path):
-            return  # a PostgreSQL stream: no checkpoint files, no segments to release (yet)
         wal = self.runtime.wal
+        source = self.runtime.source  # the WAL directory, or the PostgreSQL stream
         self.checkpointer = Checkpointer(
-            self.runtime.wal_dir,
+            source if isinstance(source, Path) else cast(StreamLog, source),
             base,
             durable_seq=lambda: wal.durable_seq,
             projected_seq=lambda: self.projector.last_seq,

@@ -2,7 +2,7 @@
 
 The store is a projection of the journal (docs/architecture.md, "Storage"): every
 row here can be rebuilt from the WAL (``tiffany db rebuild``), so nothing in
-it is a source of truth, except the two ``wal_*`` tables: they are the
+it is a source of truth, except the ``wal_*`` tables: they are the
 journal itself when it lives in PostgreSQL (``TIFFANY_JOURNAL=postgres``,
 ``tiffany.pgwal``); a rebuild never touches them. Alembic owns the schema
 (``migrations/versions/``); a change here needs a new revision, and
@@ -52,6 +52,7 @@ __all__ = [
     "Task",
     "TaskKind",
     "TaskState",
+    "WalCheckpoint",
     "WalRecord",
     "WalStream",
 ]
@@ -328,3 +329,17 @@ class WalRecord(Base):
     rtype: Mapped[int] = mapped_column(SmallInteger)
     #: The record's opaque payload (the run's 4-byte number first), as in a WAL segment.
     payload: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class WalCheckpoint(Base):
+    """A checkpoint of a journal stream in PostgreSQL: its bytes, as a checkpoint file holds them.
+
+    A start reads the newest one that checks out and then only the records
+    after it (and those of the runs it lists as unfinished): docs/wal-format.md.
+    """
+
+    __tablename__ = "wal_checkpoints"
+
+    stream: Mapped[str] = mapped_column(String(64), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
