@@ -274,7 +274,8 @@ class PgLog(PgStream, LogState):
             heartbeat: Renew the lease from a thread (tests turn it off to
                 play an engine that stopped).
             wait_s: How long to wait for a held lease to be given back or to
-                expire (an engine restarted after a crash waits out its dead
+                expire (a server waits as long as it takes: a standby, or an
+                engine restarted after a crash waiting out its dead
                 predecessor's lease); 0 refuses at once.
 
         Raises:
@@ -288,6 +289,7 @@ class PgLog(PgStream, LogState):
         pg = cls(url, stream, lease_s)
         pg._conn = _connect(url, autocommit=True)  # each commit is one statement
         deadline = time.monotonic() + wait_s
+        holder = None
         try:
             while True:
                 try:
@@ -297,7 +299,9 @@ class PgLog(PgStream, LogState):
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise
-                    log.warning("pgwal.waiting", **exc.fields)
+                    if exc.fields["owner"] != holder:  # once per holder, not per poll
+                        holder = exc.fields["owner"]
+                        log.warning("pgwal.waiting", **exc.fields)
                     time.sleep(min(left, exc.fields["lease_left_s"] + 0.05, lease_s / 4, 1.0))
         except BaseException:
             pg._conn.close()

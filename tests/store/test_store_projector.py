@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+import pytest
 from sqlalchemy import Engine
 from store_support import Journal, dump
 
@@ -165,7 +166,9 @@ def test_applying_twice_changes_nothing(store: Engine, journal: Journal):
     assert (again.applied, again.skipped) == (0, len(journal.records))
     assert Projector(store).apply(journal.records).applied == 0  # a new projector too
     assert dump(store) == before
-    assert before["projector_state"] == [{"id": 1, "last_seq": journal.records[-1][0]}]
+    assert before["projector_state"] == [
+        {"id": 1, "last_seq": journal.records[-1][0], "journal": None}  # None: the file WAL
+    ]
 
 
 def test_a_prefix_then_everything_equals_everything(
@@ -262,3 +265,23 @@ def test_list_runs_newest_first_with_filter_and_paging(store: Engine, journal: J
         assert queries.get_run(session, "no-such-run") is None
         summary = queries.run_summary(runs[0])
         assert set(summary) >= {"run_id", "name", "status", "created_at", "dispatches"}
+
+
+def test_a_store_projects_one_journal_and_refuses_another(store: Engine, journal: Journal):
+    from tiffany.store.projector import StoreJournalMismatch
+
+    _project(store, journal)  # the file WAL's (journal None)
+    with pytest.raises(StoreJournalMismatch) as refused:
+        Projector(store, "postgres:main")  # its seqs name other records: never mixed in
+    assert refused.value.fields == {
+        "store_journal": None,
+        "journal": "postgres:main",
+        "mark": journal.records[-1][0],
+    }
+    assert "tiffany db rebuild" in str(refused.value)
+    Projector(store, claim=False).reset("postgres:main")  # what a rebuild from a stream does
+    Projector(store, "postgres:main").apply(journal.records)
+    with pytest.raises(StoreJournalMismatch):
+        Projector(store, "postgres:other")  # another stream
+    with pytest.raises(StoreJournalMismatch):
+        Projector(store)  # the file WAL again

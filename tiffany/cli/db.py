@@ -78,7 +78,7 @@ def rebuild_store(
     """
     from sqlalchemy import func, select
 
-    from tiffany.engine.projection import decoded_batches
+    from tiffany.engine.projection import decoded_batches, journal_id
     from tiffany.store import Projector, Run, Step, Task, queries, session_factory
     from tiffany.wal.segments import history_start
 
@@ -91,8 +91,8 @@ def rebuild_store(
             first_seq=start,
         )
 
-    projector = Projector(engine)
-    projector.reset()
+    projector = Projector(engine, claim=False)  # whichever journal it held, it is emptied
+    projector.reset(journal_id(wal_dir))  # the store projects this journal from now on
     report = RebuildReport()
     for batch in decoded_batches(wal_dir, batch_records):
         applied = projector.apply(batch)

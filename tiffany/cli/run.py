@@ -120,8 +120,14 @@ def run(
         engine.runtime.close()
     from tiffany.engine import journal_source
     from tiffany.engine.projection import project_wal
+    from tiffany.store.projector import StoreJournalMismatch
 
-    project_wal(settings.database_url, journal_source(settings))  # into the store
+    stale = None
+    try:
+        project_wal(settings.database_url, journal_source(settings))  # into the store
+    except StoreJournalMismatch as exc:  # the run is journaled; only the store is behind
+        stale = exc
+        typer.echo(f"tiffany: the store was not updated: {exc}", err=True)
     result: dict[str, Any] = {"run_id": run_id, "status": state.status}
     if state.status == "succeeded":
         result["outputs"] = (
@@ -141,7 +147,7 @@ def run(
         if not use_live:
             console.print(view.summary())
         typer.echo(json.dumps(result, indent=2, default=repr))
-    raise typer.Exit(0 if state.status == "succeeded" else EXIT_FAILED)
+    raise typer.Exit(0 if state.status == "succeeded" and stale is None else EXIT_FAILED)
 
 
 @plan_app.command("validate")

@@ -179,7 +179,12 @@ def serve(
     old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         engine.start()
-        _wait_file(engine_ready, engine, START_TIMEOUT_S)
+        # On the PostgreSQL journal the engine may be a standby, waiting for
+        # the stream's lease for as long as another engine holds it.
+        standby = settings.journal == "postgres"
+        if standby:
+            typer.echo("tiffany: the engine takes the journal stream's lease (or waits for it)")
+        _wait_file(engine_ready, engine, float("inf") if standby else START_TIMEOUT_S)
         api.start()
         info = _wait_file(api_ready, api, START_TIMEOUT_S)
         url = str(info["url"])

@@ -200,8 +200,9 @@ def build(
         instruments=[watchdog],
         resolvers={"plan": plan_resolver(env)},
         key_window_s=settings.idempotency_window_s,
-        # A server restarted after a crash waits out its dead predecessor's lease.
-        log=journal_log(settings, wait_s=settings.journal_lease_s + 5 if server else 0.0),
+        # A server waits for the lease as long as another engine holds it (a
+        # standby; a restart after a crash waits out the dead one's lease).
+        log=journal_log(settings, wait_s=float("inf") if server else 0.0),
     )
     # A step of a tool disabled here waits instead of starting (before recovery).
     runtime.journal.step_gate = registry.step_gate

@@ -46,6 +46,7 @@ __all__ = [
     "WalTail",
     "decode_record",
     "decoded_batches",
+    "journal_id",
     "journal_tail",
     "project_wal",
 ]
@@ -236,6 +237,13 @@ class StreamTail:
         self.stream.close()
 
 
+def journal_id(source: Source) -> str | None:
+    """The name a store keeps of the journal it projects (None: the file WAL)."""
+    if isinstance(source, str | os.PathLike):
+        return None
+    return f"postgres:{cast('PgStream', source).stream}"
+
+
 def journal_tail(source: Source) -> JournalSource:
     """The projector's tail of ``source``: a WAL directory, or a PostgreSQL stream."""
     if isinstance(source, str | os.PathLike):
@@ -248,7 +256,7 @@ def project_wal(database_url: str, wal_dir: Source) -> int:
     engine = make_engine(database_url)
     try:
         upgrade(engine)
-        projector = Projector(engine)
+        projector = Projector(engine, journal_id(wal_dir))
         for batch in decoded_batches(wal_dir, from_seq=projector.last_seq + 1):
             projector.apply(batch)
         return projector.last_seq

@@ -51,7 +51,7 @@ from typing import Any, Final
 import structlog
 import tenacity
 
-from tiffany.engine.projection import DecodedRecord, JournalSource, journal_tail
+from tiffany.engine.projection import DecodedRecord, JournalSource, journal_id, journal_tail
 from tiffany.store import Projector, make_engine
 from tiffany.store.migrate import upgrade
 from tiffany.wal import Source
@@ -116,8 +116,9 @@ class Notices:
 
 
 class _Applier:
-    def __init__(self, database_url: str, out: Any) -> None:
+    def __init__(self, database_url: str, out: Any, journal: str | None = None) -> None:
         self.database_url = database_url
+        self.journal = journal  # the store must project this journal (projector_state.journal)
         self.out = out
         self.engine: Any = None
         self.projector: Projector | None = None
@@ -138,7 +139,7 @@ class _Applier:
         if self.projector is None:
             self.engine = make_engine(self.database_url)
             upgrade(self.engine)
-            self.projector = Projector(self.engine)
+            self.projector = Projector(self.engine, self.journal)
             self.last_seq = max(self.last_seq, self.projector.last_seq)
             self.dead_letters = self.projector.dead_letters
         return self.projector
@@ -218,7 +219,7 @@ def run_projector(database_url: str, journal: Source, fd: int | None = None) -> 
     ``journal`` is the WAL directory, or the PostgreSQL stream (``journal=postgres``).
     """
     notices = Notices(sys.stdin.fileno() if fd is None else fd)
-    applier = _Applier(database_url, sys.stdout)
+    applier = _Applier(database_url, sys.stdout, journal_id(journal))
     source = journal_tail(journal)
     try:
         applier.start()

@@ -251,6 +251,10 @@ class ProjectorState(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     last_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    #: Which journal the rows project (NULL: the file WAL; ``postgres:<stream>``):
+    #: another journal's seqs name other records, so a projector refuses a
+    #: store that holds another journal's (``tiffany db rebuild`` re-assigns it).
+    journal: Mapped[str | None] = mapped_column(String(128))
 
 
 class JournalRecord(Base):

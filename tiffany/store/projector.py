@@ -87,6 +87,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import update as sql_update
 from sqlalchemy.sql.dml import Insert, Update
 
+from tiffany.errors import TiffanyError
 from tiffany.records import (
     MAX_ARG_CHARS,
     Dispatch,
@@ -129,7 +130,7 @@ from tiffany.store.records import (
     text,
 )
 
-__all__ = ["ApplyReport", "Decoded", "Projector", "is_transient"]
+__all__ = ["ApplyReport", "Decoded", "Projector", "StoreJournalMismatch", "is_transient"]
 
 
 #: Finished runs whose context is kept in memory (more are reloaded on demand).
@@ -329,13 +330,18 @@ class Projector:
 
     Args:
         engine: The store's engine; the schema must exist (``tiffany db upgrade``).
+        journal: The journal this projector applies (None: the file WAL;
+            ``postgres:<stream>``): an empty store is claimed for it, and a
+            store holding another journal's rows is refused
+            (:class:`StoreJournalMismatch`), unless ``claim`` is false (a
+            rebuild, which empties the store first).
 
     One projector writes to a store at a time (the engine's projector process,
     or ``tiffany db rebuild``); the mark is read with ``FOR UPDATE`` in each
     transaction, so a second one would wait rather than double-apply.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, journal: str | None = None, *, claim: bool = True) -> None:
         self.engine = engine
         self._run_ids: dict[int, str] = {}
         self._run_ids_stale = False
@@ -344,6 +350,8 @@ class Projector:
         self.dead_letters = 0
         with engine.begin() as conn:
             self._ensure_state(conn)
+            if claim:
+                _claim(conn, journal)
             self._load_run_ids(conn)
             self.dead_letters = int(conn.scalar(select(func.count()).select_from(DeadLetter)) or 0)
 
@@ -468,8 +476,11 @@ class Projector:
             )
             report.statements += 1
 
-    def reset(self) -> None:
-        """Delete every projected row and set the mark back to 0 (before a rebuild)."""
+    def reset(self, journal: str | None = None) -> None:
+        """Delete every projected row and set the mark back to 0 (before a rebuild).
+
+        The store then projects ``journal`` (None: whichever projector claims it first).
+        """
         try:
             with self.engine.begin() as conn:
                 self._lock_mark(conn)
@@ -478,7 +489,7 @@ class Projector:
                 conn.execute(
                     sql_update(ProjectorState)
                     .where(ProjectorState.id == PROJECTOR_STATE_ID)
-                    .values(last_seq=0)
+                    .values(last_seq=0, journal=journal)
                 )
         finally:
             self._forget()
@@ -837,3 +848,44 @@ class Projector:
         finished = [no for no, ctx in self._ctx.items() if ctx.finished]
         for no in finished[: max(0, len(finished) - MAX_CACHED_FINISHED_RUNS)]:
             del self._ctx[no]
+
+
+class StoreJournalMismatch(TiffanyError):
+    """The store holds the projection of another journal than the projector's."""
+
+    code = "store.journal_mismatch"
+
+
+def _claim(conn: Connection, journal: str | None) -> None:
+    """Mark an empty store as ``journal``'s; refuse one that holds another journal's rows.
+
+    ``journal`` None is the file WAL (every store fed before PostgreSQL
+    streams existed is the file WAL's).
+
+    Raises:
+        StoreJournalMismatch: The store's rows come from another journal
+            (their seqs are not this journal's: applying would skip records).
+    """
+    row = conn.execute(
+        select(ProjectorState.journal, ProjectorState.last_seq).where(
+            ProjectorState.id == PROJECTOR_STATE_ID
+        )
+    ).one()
+    held, mark = row.journal, int(row.last_seq or 0)
+    if held == journal:
+        return
+    if held is None and mark == 0:
+        conn.execute(
+            sql_update(ProjectorState)
+            .where(ProjectorState.id == PROJECTOR_STATE_ID)
+            .values(journal=journal)
+        )
+        return
+    raise StoreJournalMismatch(
+        f"this store holds the projection of {held or 'the file WAL'} (up to seq {mark}), "
+        f"not of {journal or 'the file WAL'}: give each journal a database (or schema) of its "
+        "own, or run `tiffany db rebuild` to project this journal alone",
+        store_journal=held,
+        journal=journal,
+        mark=mark,
+    )
