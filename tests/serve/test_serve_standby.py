@@ -1,0 +1,97 @@
+"""Two ``tiffany serve`` on one PostgreSQL journal: one drives it, the other waits; kill -9, failover.
+
+Real processes on loopback and the local PostgreSQL (``pg_schema_url``):
+the second server's engine waits for the stream's lease (its API is not
+up, so nothing routes to it); the first one's whole process group is
+killed with SIGKILL mid-run; the second takes the stream over after the
+lease, replays the run, finishes it, and it verifies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from process_support import wait_for
+
+NAPS = {
+    "name": "naps",
+    "steps": [
+        {"id": "first", "tool": "sleep", "args": {"seconds": 1.5}},
+        {"id": "second", "tool": "sleep", "args": {"seconds": 0.5}, "after": ["first"]},
+    ],
+}
+
+
+def _http(url: str, body: dict[str, Any] | None = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def _serve(data_dir: Path, url: str) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")}
+    env |= {
+        "TIFFANY_LOG_FORMAT": "json",
+        "TIFFANY_DATABASE_URL": url,
+        "TIFFANY_JOURNAL": "postgres",
+        "TIFFANY_JOURNAL_LEASE_S": "2",
+    }
+    data_dir.mkdir(parents=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tiffany", "serve", "--data-dir", str(data_dir), "--port", "0"],
+        stdout=(data_dir.parent / f"{data_dir.name}.log").open("wb"),
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,  # its own process group: killed whole below
+    )
+
+
+def _url(data_dir: Path, timeout: float) -> str:
+    ready = data_dir / "serve.json"
+    wait_for(ready.exists, timeout, f"{ready}")
+    return str(json.loads(ready.read_text())["url"])
+
+
+def test_a_standby_server_takes_the_journal_over_when_the_active_one_is_killed(
+    tmp_path: Path, pg_schema_url: str
+) -> None:
+    active = _serve(tmp_path / "active", pg_schema_url)
+    standby = None
+    try:
+        active_url = _url(tmp_path / "active", 60)
+        standby = _serve(tmp_path / "standby", pg_schema_url)
+        time.sleep(3)  # longer than the lease: the active one keeps renewing it
+        assert standby.poll() is None
+        assert not (tmp_path / "standby" / "serve.json").exists()  # waiting: no API yet
+        log = (tmp_path / "standby.log").read_text()
+        assert "pgwal.waiting" in log
+        run_id = _http(active_url + "api/runs", {"plan": NAPS})["run_id"]
+        time.sleep(0.5)  # the first nap is under way
+        os.killpg(active.pid, signal.SIGKILL)
+        active.wait(timeout=10)
+        killed_at = time.monotonic()
+        standby_url = _url(tmp_path / "standby", 30)
+        took = time.monotonic() - killed_at
+        assert took < 2 + 5, took  # the lease, then the engine's replay and the API's start
+
+        def finished() -> bool:
+            return _http(standby_url + f"api/runs/{run_id}")["status"] == "succeeded"
+
+        wait_for(finished, 30, "the run to finish on the standby")
+        report = _http(standby_url + f"api/runs/{run_id}/verify", {})
+        assert report["identical"] is True, report
+    finally:
+        if active.poll() is None:
+            os.killpg(active.pid, signal.SIGKILL)
+        if standby is not None and standby.poll() is None:
+            standby.send_signal(signal.SIGTERM)
+            assert standby.wait(timeout=60) == 0
