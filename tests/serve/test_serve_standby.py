@@ -1,4 +1,4 @@
-"""Two ``tiffany serve`` on one PostgreSQL journal: one drives it, the other waits; kill -9, failover.
+"""Two ``tiffany serve`` on one PostgreSQL journal: one drives it, one waits; kill -9, failover.
 
 Real processes on loopback and the local PostgreSQL (``pg_schema_url``):
 the second server's engine waits for the stream's lease (its API is not
