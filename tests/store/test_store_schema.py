@@ -83,3 +83,35 @@ def test_upgrade_from_0002_keeps_runs_and_fills_start_seq(empty_store: Engine):
         )
         assert "dead_letters" in inspect(conn).get_table_names()
         assert "waiting" in {c["name"] for c in inspect(conn).get_columns("steps")}
+
+
+def test_migrations_started_together_on_postgresql_take_turns(pg_schema_url: str) -> None:
+    """Engines started at once on an empty database each migrate; none trips on another's tables.
+
+    (Without the advisory lock the four transactions wait on each other's
+    DDL for good: the joins below time out and the assertion fails.)
+    """
+    import threading
+
+    from tiffany.store import make_engine
+    from tiffany.store.migrate import head_revision, upgrade
+
+    engines = [make_engine(pg_schema_url) for _ in range(4)]
+    results: list[object] = []
+    barrier = threading.Barrier(len(engines))
+
+    def migrate(engine: Engine) -> None:
+        barrier.wait()
+        try:
+            results.append(upgrade(engine))
+        except Exception as exc:  # collected and asserted below
+            results.append(exc)
+
+    threads = [threading.Thread(target=migrate, args=(e,), daemon=True) for e in engines]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for engine in engines:
+        engine.dispose()
+    assert results == [head_revision()] * len(engines)

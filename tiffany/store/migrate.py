@@ -18,11 +18,12 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, text
 
 __all__ = [
     "ALEMBIC_INI",
     "MIGRATIONS_DIR",
+    "MIGRATION_LOCK",
     "alembic_config",
     "check",
     "current_revision",
@@ -63,9 +64,22 @@ def alembic_config(connection: Connection | None = None) -> Config:
     return cfg
 
 
+#: The PostgreSQL advisory lock that serializes migrations (any constant; "tiffany" in hex).
+MIGRATION_LOCK: Final = 0x7469666661_6E79
+
+
 def upgrade(engine: Engine, revision: str = "head") -> str | None:
-    """Migrate the store to ``revision``; return the revision it is at afterwards."""
+    """Migrate the store to ``revision``; return the revision it is at afterwards.
+
+    On PostgreSQL the migration holds a transaction-level advisory lock:
+    processes that start together on an empty database (two engines, an
+    engine and its projector, a migrations job) take turns, and the later
+    ones find the schema at head, instead of racing on ``CREATE TABLE``.
+    (DDL is transactional there: a migration is all or nothing.)
+    """
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
         command.upgrade(alembic_config(conn), revision)
     return current_revision(engine)
 
