@@ -1,8 +1,8 @@
 """Two ``tiffany serve`` on one PostgreSQL journal: one drives it, one waits; kill -9, failover.
 
 Real processes on loopback and the local PostgreSQL (``pg_schema_url``):
-the second server's engine waits for the stream's lease (its API is not
-up, so nothing routes to it); the first one's whole process group is
+the second server's engine waits for the stream's lease (its API answers
+``/healthz`` but not ``/readyz``, so nothing routes to it); the first one's whole process group is
 killed with SIGKILL mid-run; the second takes the stream over after the
 lease, replays the run, finishes it, and it verifies.
 """
@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,14 @@ def _http(url: str, body: dict[str, Any] | None = None) -> Any:
     req = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as resp:
         return json.loads(resp.read())
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
 
 
 def _serve(data_dir: Path, url: str) -> subprocess.Popen[bytes]:
@@ -69,9 +78,12 @@ def test_a_standby_server_takes_the_journal_over_when_the_active_one_is_killed(
     try:
         active_url = _url(tmp_path / "active", 60)
         standby = _serve(tmp_path / "standby", pg_schema_url)
+        standby_url = _url(tmp_path / "standby", 60)  # its API is up at once
         time.sleep(3)  # longer than the lease: the active one keeps renewing it
         assert standby.poll() is None
-        assert not (tmp_path / "standby" / "serve.json").exists()  # waiting: no API yet
+        assert _http(standby_url + "healthz")["ok"] is True  # alive...
+        assert _status(standby_url + "readyz") == 503  # ...but not driving the journal
+        assert _status(active_url + "readyz") == 200
         log = (tmp_path / "standby.log").read_text()
         assert "pgwal.waiting" in log
         run_id = _http(active_url + "api/runs", {"plan": NAPS})["run_id"]
@@ -79,9 +91,9 @@ def test_a_standby_server_takes_the_journal_over_when_the_active_one_is_killed(
         os.killpg(active.pid, signal.SIGKILL)
         active.wait(timeout=10)
         killed_at = time.monotonic()
-        standby_url = _url(tmp_path / "standby", 30)
+        wait_for(lambda: _status(standby_url + "readyz") == 200, 30, "the standby ready")
         took = time.monotonic() - killed_at
-        assert took < 2 + 5, took  # the lease, then the engine's replay and the API's start
+        assert took < 2 + 3, took  # the lease, then the engine's start and replay
 
         def finished() -> bool:
             return _http(standby_url + f"api/runs/{run_id}")["status"] == "succeeded"

@@ -97,9 +97,14 @@ class _Child:
             return proc.wait()
 
 
-def _wait_file(path: Path, child: _Child, timeout: float) -> dict[str, Any]:
+def _wait_file(
+    path: Path, child: _Child, timeout: float, stop: threading.Event | None = None
+) -> dict[str, Any]:
+    """Wait for ``child``'s ready file; ``{}`` if ``stop`` is set first (SIGINT, SIGTERM)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if stop is not None and stop.is_set():
+            return {}
         if path.exists():
             with contextlib.suppress(ValueError, OSError):
                 data: dict[str, Any] = json.loads(path.read_text())
@@ -179,20 +184,28 @@ def serve(
     old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         engine.start()
-        # On the PostgreSQL journal the engine may be a standby, waiting for
-        # the stream's lease for as long as another engine holds it.
-        standby = settings.journal == "postgres"
-        if standby:
-            typer.echo("tiffany: the engine takes the journal stream's lease (or waits for it)")
-        _wait_file(engine_ready, engine, float("inf") if standby else START_TIMEOUT_S)
-        api.start()
-        info = _wait_file(api_ready, api, START_TIMEOUT_S)
-        url = str(info["url"])
-        write_serve_file(url)
-        typer.echo(
-            f"Tiffany is serving the dashboard at {url}  (data dir {data_dir}; Ctrl-C stops)"
-        )
-        if demo:
+        if settings.journal == "postgres":
+            # The engine may be a standby, waiting for the stream's lease as long
+            # as another engine holds it: the API comes up first, so that the
+            # standby is alive (/healthz) but not ready (/readyz: no engine).
+            api.start()
+            url = str(_wait_file(api_ready, api, START_TIMEOUT_S)["url"])
+            write_serve_file(url)
+            typer.echo(
+                f"tiffany: API at {url}; the engine takes the journal stream's lease, "
+                "or waits while another engine holds it"
+            )
+            _wait_file(engine_ready, engine, float("inf"), stop=stop)
+        else:
+            _wait_file(engine_ready, engine, START_TIMEOUT_S)
+            api.start()
+            url = str(_wait_file(api_ready, api, START_TIMEOUT_S)["url"])
+            write_serve_file(url)
+        if not stop.is_set():
+            typer.echo(
+                f"Tiffany is serving the dashboard at {url}  (data dir {data_dir}; Ctrl-C stops)"
+            )
+        if demo and not stop.is_set():
             try:
                 answer = call(data_dir, "submit", plan=demo_plan(), inputs={}, key=None)
                 run_id = answer["run_id"]
@@ -257,6 +270,9 @@ def engine_cmd(
 
     settings = _settings(ctx)
     tools = list(dict.fromkeys([*settings.enabled_tools, *(enable_tool or [])]))
+    # Until the service installs its own handlers: a stop while the engine
+    # opens its journal (a standby waiting for the lease) is a clean exit.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         service = EngineService(settings, enabled_tools=tools)
     except WalCorruptionError as exc:
