@@ -56,7 +56,7 @@ from tiffany.wal.frame import check_record
 from tiffany.wal.state import LogState
 from tiffany.wal.writer import RotateListener
 
-__all__ = ["DEFAULT_LEASE_S", "DEFAULT_STREAM", "PgLog", "PgStream", "conninfo"]
+__all__ = ["DEFAULT_LEASE_S", "DEFAULT_STREAM", "PgLog", "PgStream", "conninfo", "streams"]
 
 log = structlog.get_logger("tiffany.pgwal")
 
@@ -111,7 +111,30 @@ _PRUNE_CHECKPOINTS: Final = """
 DELETE FROM wal_checkpoints WHERE stream = %s AND seq NOT IN
   (SELECT seq FROM wal_checkpoints WHERE stream = %s ORDER BY seq DESC LIMIT %s)
 """
+_STREAMS: Final = (
+    f"SELECT stream, head, epoch, owner, lease_until - {_NOW} FROM wal_streams ORDER BY stream"
+)
 _MISSING_TABLES: Final = "the journal tables are missing: run `tiffany db upgrade` first"
+
+
+def streams(url: str) -> list[dict[str, Any]]:
+    """Return every stream in the database: its head, epoch, lease holder and time left."""
+    with _connect(url, autocommit=True) as conn:
+        try:
+            rows = conn.execute(_STREAMS).fetchall()
+        except psycopg.errors.UndefinedTable as exc:
+            raise WalFailedError(_MISSING_TABLES, reason="schema") from exc
+    return [
+        {
+            "stream": stream,
+            "head": head,
+            "epoch": epoch,
+            "owner": owner,
+            "lease_left_s": round(max(left, 0.0), 3),
+            "held": left > 0,
+        }
+        for stream, head, epoch, owner, left in rows
+    ]
 
 
 def conninfo(url: str) -> str:

@@ -87,6 +87,9 @@ def test_serves_runs_from_the_postgres_journal_across_a_restart(pg_schema_url: s
             assert verified.json()["ok"] is True
         engine.stop()  # a clean stop gives the stream's lease back: the restart takes it at once
         engine = start_engine(data_dir, env_extra=env)
+        journal = engine.call("status")["journal"]
+        assert (journal["backend"], journal["stream"], journal["epoch"]) == ("postgres", "main", 2)
+        assert journal["fenced"] is False
         with TestClient(app) as client:
             r = client.post("/api/runs", json={"plan": SLEEP_PLAN})
             assert r.status_code == 201, r.text

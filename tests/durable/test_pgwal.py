@@ -261,6 +261,11 @@ def test_the_cli_reads_verifies_and_rebuilds_from_the_postgres_journal(
     rebuilt = _cli("db", "rebuild", "--json", url=pg_url, data_dir=data_dir)
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert json.loads(rebuilt.stdout)["runs"] == 1
+    listed_streams = _cli("wal", "streams", "--json", url=pg_url, data_dir=data_dir)
+    assert listed_streams.returncode == 0, listed_streams.stderr
+    (stream,) = [json.loads(x) for x in listed_streams.stdout.splitlines()]
+    assert (stream["stream"], stream["head"], stream["epoch"]) == ("main", rows[-1]["seq"], 1)
+    assert stream["held"] is False  # the engine closed cleanly: the lease was given back
     refused = _cli("wal", "repair", "--yes", url=pg_url, data_dir=data_dir)
     assert refused.returncode == 1, refused.stderr
     assert "TIFFANY_JOURNAL=postgres" in refused.stderr

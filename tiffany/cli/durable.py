@@ -316,6 +316,42 @@ def _verify_stream(ctx: typer.Context, as_json: bool) -> None:
     raise typer.Exit(0 if not bad else 1)
 
 
+@wal_app.command("streams")
+def wal_streams(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+    data_dir: DataDirOption = None,
+) -> None:
+    """List the PostgreSQL journal's streams: head, epoch, which engine holds each, for how long."""
+    from tiffany.cli import _settings
+    from tiffany.errors import WalError
+    from tiffany.pgwal import streams
+
+    settings = _settings(ctx)
+    if settings.journal != "postgres":
+        typer.echo(
+            "tiffany: the journal is the file WAL (one engine, one data dir): "
+            "`tiffany status` shows it; streams exist with TIFFANY_JOURNAL=postgres",
+            err=True,
+        )
+        raise typer.Exit(1)
+    try:
+        found = streams(settings.database_url)
+    except WalError as exc:
+        typer.echo(f"tiffany: {exc}", err=True)
+        raise typer.Exit(1) from None
+    for row in found:
+        if as_json:
+            _emit(row, True)
+            continue
+        holder = (
+            f"held by {row['owner']} for {row['lease_left_s']:.1f} s more"
+            if row["held"]
+            else f"free (last held by {row['owner']})"
+        )
+        typer.echo(f"{row['stream']:<20} head {row['head']:>10}  epoch {row['epoch']:>4}  {holder}")
+
+
 @wal_app.command("repair")
 def wal_repair(
     ctx: typer.Context,

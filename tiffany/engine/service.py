@@ -556,6 +556,21 @@ class EngineService:
             "tasks_held": self.runtime.sched.records,
             "projector": self.projector.health(),
             "shell_sandbox": _sandbox_status(self.settings.shell_sandbox),
+            "journal": self._journal_status(),
+        }
+
+    def _journal_status(self) -> dict[str, Any]:
+        """Where the journal is; on PostgreSQL, the stream and this engine's lease."""
+        wal = self.runtime.wal
+        if self.settings.journal != "postgres":
+            return {"backend": "file", "path": str(self.runtime.wal_dir)}
+        return {
+            "backend": "postgres",
+            "stream": self.settings.journal_stream,
+            "owner": getattr(wal, "owner", None),
+            "epoch": getattr(wal, "epoch", None),
+            "lease_s": self.settings.journal_lease_s,
+            "fenced": self._fenced or wal.failed,
         }
 
     def _on_loop(self, fn: Callable[[], Any], timeout: float = SUBMIT_TIMEOUT_S) -> Any:
