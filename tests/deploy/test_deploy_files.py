@@ -1017,3 +1017,86 @@ def test_duration_reader() -> None:
     assert duration_s("90") == 90
     with pytest.raises(AssertionError, match="cannot read"):
         duration_s("a minute")
+
+
+# --- deploy/kubernetes-postgres: engines on the PostgreSQL journal ----------------
+
+KUBERNETES_PG_DIR = ROOT / "deploy" / "kubernetes-postgres"
+
+
+def pg_object(kind: str) -> dict[str, Any]:
+    """The one manifest of ``kind`` in deploy/kubernetes-postgres."""
+    found = [doc for _, doc in kubernetes_documents(KUBERNETES_PG_DIR) if doc.get("kind") == kind]
+    assert len(found) == 1, f"{len(found)} {kind} manifests in {KUBERNETES_PG_DIR}"
+    return found[0]
+
+
+def container_env(container: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+    """A container's literal values and its secret references, by variable name."""
+    env = container.get("env", [])
+    literal = {e["name"]: str(e["value"]) for e in env if "value" in e}
+    secret = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in env if "valueFrom" in e}
+    return literal, secret
+
+
+@pytest.mark.parametrize("version", kubernetes_versions())
+def test_postgres_journal_manifests_match_the_api_schemas(
+    kubernetes_validate: Any, version: str
+) -> None:
+    errors = []
+    for path in sorted(KUBERNETES_PG_DIR.glob("*.yaml")):
+        if path.name != "kustomization.yaml":
+            errors += kubernetes_errors(kubernetes_validate, path, version)
+    assert not errors, f"Kubernetes {version} would refuse:\n" + "\n".join(errors)
+
+
+def test_postgres_journal_engines_are_a_deployment_of_standbys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    deployment = pg_object("Deployment")
+    assert deployment["spec"]["replicas"] >= 2  # one drives the stream, the others wait
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == ["tiffany", "serve"]
+    literal, secret = container_env(container)
+    assert unknown_tiffany_variables([*literal, *secret]) == []
+    assert literal["TIFFANY_JOURNAL"] == "postgres"
+    assert secret["TIFFANY_DATABASE_URL"] == {"name": "tiffany", "key": "database-url"}
+    settings = settings_from(
+        {**literal, "TIFFANY_DATABASE_URL": "postgresql+psycopg://u@db/tiffany"}, monkeypatch
+    )
+    assert (settings.journal, settings.journal_lease_s) == ("postgres", 10.0)
+    assert pod["terminationGracePeriodSeconds"] >= SERVE_STOP_S + SHUTDOWN_MARGIN_S
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert int(literal["TIFFANY_PORT"]) == ports["http"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert readiness_command(container)[-1] == f"http://127.0.0.1:{ports['http']}/readyz"
+    # No volume holds a journal here: the data dir is scratch (run workspaces).
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert "emptyDir" in volumes[mounts[literal["TIFFANY_DATA_DIR"]]]
+
+
+def test_postgres_journal_migrations_run_once_as_a_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    job = pg_object("Job")
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["tiffany", "db", "upgrade"]
+    literal, secret = container_env(container)
+    assert unknown_tiffany_variables([*literal, *secret]) == []
+    assert secret["TIFFANY_DATABASE_URL"] == {"name": "tiffany", "key": "database-url"}
+    deployment = pg_object("Deployment")
+    (engine,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == engine["image"]
+
+
+def test_postgres_journal_service_and_kustomization() -> None:
+    service = pg_object("Service")
+    labels = pg_object("Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
+    kustomization = yaml.safe_load((KUBERNETES_PG_DIR / "kustomization.yaml").read_text())
+    present = {p.name for p in KUBERNETES_PG_DIR.glob("*.yaml")} - KUSTOMIZE_EXCLUDED
+    assert set(kustomization["resources"]) == present
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert [i["newTag"] for i in kustomization["images"]] == [version]
