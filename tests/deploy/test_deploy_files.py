@@ -1100,3 +1100,16 @@ def test_postgres_journal_service_and_kustomization() -> None:
     assert set(kustomization["resources"]) == present
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert [i["newTag"] for i in kustomization["images"]] == [version]
+
+
+def test_compose_migrates_once_before_the_engine() -> None:
+    services = read_compose()["services"]
+    migrate, tiffany = services["migrate"], services["tiffany"]
+    assert migrate["command"] == ["tiffany", "db", "upgrade"]
+    assert migrate["image"] == tiffany["image"]
+    assert (
+        compose_env(migrate)["TIFFANY_DATABASE_URL"] == compose_env(tiffany)["TIFFANY_DATABASE_URL"]
+    )
+    assert unknown_tiffany_variables(compose_env(migrate)) == []
+    assert tiffany["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    assert migrate["restart"] == "no"
