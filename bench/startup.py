@@ -17,6 +17,12 @@ nothing here asserts on time.
 
     .venv/bin/python bench/startup.py                # 100,000 runs
     .venv/bin/python bench/startup.py --runs 20000 --repeat 2
+    .venv/bin/python bench/startup.py --journal postgres   # journal and store in PostgreSQL
+
+``--journal postgres``: the history is journaled into a PostgreSQL stream and
+projected into a store in the same schema (one schema per data dir, created
+and dropped by the bench); the columns are the empty database and the
+history (a checkpoint row instead of retention: the first start writes it).
 """
 
 from __future__ import annotations
@@ -60,7 +66,9 @@ def tiny(i: int, pad: str = "") -> Iterator[Any]:
     return (yield WaitTask(tid))
 
 
-def build(data_dir: Path, runs: int, entry_bytes: int) -> tuple[float, float, int]:
+def build(
+    data_dir: Path, runs: int, entry_bytes: int, pg_url: str | None = None
+) -> tuple[float, float, int]:
     """Journal ``runs`` finished runs and project them; return (journal s, project s, WAL bytes).
 
     Each run's entry carries ``entry_bytes`` of padding, standing for the plan
@@ -68,7 +76,12 @@ def build(data_dir: Path, runs: int, entry_bytes: int) -> tuple[float, float, in
     """
     pad = "p" * entry_bytes
     t0 = time.perf_counter()
-    with Runtime(data_dir, fsync="off") as rt:
+    log = None
+    if pg_url is not None:
+        from tiffany.pgwal import PgLog
+
+        log = PgLog.open(pg_url)
+    with Runtime(data_dir, fsync="off", log=log) as rt:
         done = 0
         while done < runs:
             ids = [
@@ -83,6 +96,11 @@ def build(data_dir: Path, runs: int, entry_bytes: int) -> tuple[float, float, in
                 rt.journal.forget_run(run_id)
             done = min(runs, done + BUILD_BATCH)
     t1 = time.perf_counter()
+    if pg_url is not None:
+        from tiffany.pgwal import PgStream
+
+        project_wal(pg_url, PgStream(pg_url))
+        return t1 - t0, time.perf_counter() - t1, 0
     project_wal(f"sqlite:///{data_dir / 'tiffany.db'}", data_dir / "wal")
     t2 = time.perf_counter()
     size = sum(p.stat().st_size for p in (data_dir / "wal").rglob("*.wal"))
@@ -101,10 +119,14 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_once(data_dir: Path, retain: str) -> tuple[float, float, float]:
+def start_once(
+    data_dir: Path, retain: str, pg_url: str | None = None
+) -> tuple[float, float, float]:
     """Start ``tiffany serve``; return (s to /readyz 200, engine CPU s, engine RSS MB); stop it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")}
     env.update(TIFFANY_LOG_FORMAT="json", TIFFANY_WAL_RETAIN=retain, TIFFANY_WAL_FSYNC="batch")
+    if pg_url is not None:
+        env.update(TIFFANY_JOURNAL="postgres", TIFFANY_DATABASE_URL=pg_url)
     (data_dir / "serve.json").unlink(missing_ok=True)
     argv = [sys.executable, "-m", "tiffany", "--data-dir", str(data_dir)]
     argv += ["serve", "--host", "127.0.0.1", "--port", "0"]
@@ -149,6 +171,8 @@ def _wait_ready(proc: subprocess.Popen[bytes], data_dir: Path) -> dict[str, Any]
 
 def wal_state(data_dir: Path) -> str:
     wal = data_dir / "wal"
+    if not wal.exists():
+        return "(journal in PostgreSQL)"
     live = sum(p.stat().st_size for p in wal.glob("*.wal")) / 2**20
     archived = sum(p.stat().st_size for p in (wal / "archive").glob("*.wal")) / 2**20
     return f"live {live:.0f} MiB, archived {archived:.0f} MiB"
@@ -160,8 +184,13 @@ def main() -> None:
     ap.add_argument("--entry-bytes", type=int, default=2_000, help="Plan-sized padding a run.")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", action="store_true", help="Keep the data dirs (printed).")
+    ap.add_argument("--journal", default="file", choices=["file", "postgres"])
+    ap.add_argument("--pg-url", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # the runs' target: startup:tiny
+    if args.journal == "postgres":
+        postgres_main(args)
+        return
     root = Path(tempfile.mkdtemp(prefix="tiffany-startup-"))
     try:
         history = root / "history"
@@ -187,6 +216,36 @@ def main() -> None:
             print(f"data dirs kept in {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def postgres_main(args: argparse.Namespace) -> None:
+    """The same comparison with the journal and the store in PostgreSQL."""
+    from durable_steps import _pg_schema
+
+    with (
+        tempfile.TemporaryDirectory(prefix="tiffany-startup-") as tmp,
+        _pg_schema(args.pg_url) as empty_url,
+        _pg_schema(args.pg_url) as history_url,
+    ):
+        root = Path(tmp)
+        journal_s, project_s, _ = build(root / "build", args.runs, args.entry_bytes, history_url)
+        print(
+            f"built {args.runs:,} finished runs in PostgreSQL: journal {journal_s:.1f} s, "
+            f"store {project_s:.1f} s"
+        )
+        dirs = {"empty": root / "empty", "pg": root / "history"}
+        urls = {"empty": empty_url, "pg": history_url}
+        for data in dirs.values():
+            data.mkdir()
+        first: dict[str, float | None] = {
+            name: start_once(data, "all", urls[name])[0] for name, data in dirs.items()
+        }
+        first["empty"] = None
+        samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in dirs}
+        for _ in range(args.repeat):
+            for name, data in dirs.items():
+                samples[name].append(start_once(data, "all", urls[name]))
+        report(dirs, first, samples, args.runs)
 
 
 def report(
