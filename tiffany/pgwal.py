@@ -114,6 +114,8 @@ DELETE FROM wal_checkpoints WHERE stream = %s AND seq NOT IN
 _STREAMS: Final = (
     f"SELECT stream, head, epoch, owner, lease_until - {_NOW} FROM wal_streams ORDER BY stream"
 )
+_FIRST: Final = "SELECT min(seq) FROM wal_records WHERE stream = %s"
+_RELEASE_BEFORE: Final = "DELETE FROM wal_records WHERE stream = %s AND seq < %s"
 _MISSING_TABLES: Final = "the journal tables are missing: run `tiffany db upgrade` first"
 
 
@@ -202,6 +204,21 @@ class PgStream:
             except psycopg.errors.UndefinedTable as exc:
                 raise WalFailedError(_MISSING_TABLES, reason="schema") from exc
         return [(seq, bytes(data)) for seq, data in rows]
+
+    def first_seq(self) -> int:
+        """The stream's first seq still held (records before it were released); 1 if empty."""
+        with _connect(self.url, autocommit=True) as conn:
+            row = conn.execute(_FIRST, (self.stream,)).fetchone()
+        return int(row[0]) if row and row[0] is not None else 1
+
+    def release_before(self, seq: int) -> int:
+        """Delete the stream's records below ``seq``; return how many (retain ``delete``).
+
+        The caller (the checkpointer) passes a bound below every unfinished
+        run's first record, the newest checkpoint and the store's mark.
+        """
+        with _connect(self.url, autocommit=True) as conn:
+            return int(conn.execute(_RELEASE_BEFORE, (self.stream, seq)).rowcount)
 
     def save_checkpoint(self, seq: int, data: bytes, keep: int) -> None:
         """Store the checkpoint at ``seq`` and keep only the newest ``keep`` (one transaction)."""

@@ -317,3 +317,54 @@ def test_a_start_reads_only_the_stream_after_its_checkpoint(
         assert rt.status("after").status == "succeeded"
     assert all(seq > total for seq in read), read  # nothing before the checkpoint was read
     assert verify(tmp_path / "unused", "after", log=PgStream(pg_url)).ok
+
+
+def test_retain_delete_releases_the_finished_prefix_of_a_stream(
+    pg_url: str, tmp_path: Path
+) -> None:
+    import retention_workloads as work
+    from test_checkpoint import stop_when_done
+
+    from tiffany.durable.retention import Checkpointer, Retain
+    from tiffany.pgwal import PgLog, PgStream
+
+    log = PgLog.open(pg_url)
+    with Runtime(tmp_path / "a", log=log) as rt:
+        done = [rt.submit(work.quick, i) for i in range(10)]
+        sleeper = rt.submit(work.dozer, 3600.0)  # stays unfinished
+        later = [rt.submit(work.quick, i) for i in range(10, 15)]
+        rt.sched.spawn(stop_when_done(rt, done + later), name="stop")
+        rt.run()
+    log = PgLog.open(pg_url)
+    with Runtime(tmp_path / "b", log=log) as rt:
+        sleeper_first = rt.opened.oldest_needed
+        before = _records(pg_url)
+        head = log.durable_seq
+        cp = Checkpointer(
+            log, rt.opened, durable_seq=lambda: head, projected_seq=lambda: 0, retain=Retain.DELETE
+        )
+        cp.step()
+        assert _records(pg_url) == before  # nothing projected yet: nothing released
+        cp = Checkpointer(
+            log,
+            rt.opened,
+            durable_seq=lambda: head,
+            projected_seq=lambda: head,
+            retain=Retain.DELETE,
+        )
+        cp.step()
+    stream = PgStream(pg_url)
+    assert stream.first_seq() == sleeper_first  # the finished runs before the sleeper: gone
+    assert _records(pg_url) == [r for r in before if r[0] >= sleeper_first]
+    # The next start reads past the released prefix, resumes the sleeper, numbers on.
+    with Runtime(tmp_path / "c", log=PgLog.open(pg_url)) as rt:
+        assert rt.checkpoint is not None
+        assert rt.recover() == [sleeper]
+        assert rt.opened.max_run_no == 16
+        rt.submit(work.quick, 99, run_id="after")
+        rt.sched.spawn(stop_when_done(rt, ["after"]), name="stop")
+        rt.run()
+        assert rt.status("after").result == 99
+    checked = _cli("wal", "verify", url=pg_url, data_dir=tmp_path / "cli")
+    assert checked.returncode == 0, checked.stderr
+    assert f"(seq {sleeper_first}.." in checked.stdout

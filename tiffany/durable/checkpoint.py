@@ -160,6 +160,10 @@ class CheckpointStore(Protocol):
         """Store one durably; keep only the newest ``keep``."""
         ...
 
+    def first_seq(self) -> int:
+        """The first seq the log still holds (retention may have released a prefix)."""
+        ...
+
 
 def write_checkpoint(wal_dir: Path | CheckpointStore, cp: Checkpoint) -> Path | None:
     """Write ``cp`` atomically (temp file, fsync, rename, directory fsync); prune old ones.
@@ -197,13 +201,13 @@ def read_checkpoint(wal_dir: Path | CheckpointStore, last_seq: int) -> Checkpoin
     A damaged one (logged) is skipped for the one before; so is one past the
     log's end (the log was repaired or cut) or one whose needed records are
     no longer on disk. None: no usable checkpoint, scan the whole log.
-    ``wal_dir`` may be a :class:`CheckpointStore` (whose log starts at seq 1).
+    ``wal_dir`` may be a :class:`CheckpointStore` (its own first seq is the log's start).
     """
     if isinstance(wal_dir, Path):
         start = history_start(wal_dir)
         listed: list[tuple[int, Path | bytes]] = list(_listed(wal_dir))
     else:
-        start, listed = 1, list(wal_dir.checkpoints())
+        start, listed = wal_dir.first_seq(), list(wal_dir.checkpoints())
     for seq, path in listed:
         where = f"checkpoint at seq {seq}" if isinstance(path, bytes) else str(path)
         try:

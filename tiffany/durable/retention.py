@@ -52,7 +52,15 @@ from tiffany.durable.history import checkpoint_of, load_many
 from tiffany.wal import LogReader
 from tiffany.wal.segments import Segment, list_segments, release_segment
 
-__all__ = ["CHECKPOINT_EVERY_RUNS", "Checkpointer", "Retain", "releasable", "release"]
+__all__ = [
+    "CHECKPOINT_EVERY_RUNS",
+    "Checkpointer",
+    "Retain",
+    "StreamLog",
+    "releasable",
+    "release",
+    "release_bound",
+]
 
 log = structlog.get_logger("tiffany.durable")
 
@@ -68,9 +76,14 @@ class Retain(enum.StrEnum):
     DELETE = "delete"  # remove it
 
 
+def release_bound(cp: Checkpoint, projected_seq: int) -> int:
+    """The last seq a release may take: checkpointed, projected, and before every unfinished run."""
+    return min(cp.seq, projected_seq, cp.oldest_needed - 1)
+
+
 def releasable(wal_dir: Path, cp: Checkpoint, projected_seq: int) -> list[Segment]:
     """Return the live segments that may be released, oldest first (see the module docstring)."""
-    bound = min(cp.seq, projected_seq, cp.oldest_needed - 1)
+    bound = release_bound(cp, projected_seq)
     live = list_segments(wal_dir)
     out = []
     for seg, after in itertools.pairwise(live):
@@ -95,6 +108,10 @@ def release(wal_dir: Path, cp: Checkpoint, projected_seq: int, retain: Retain) -
 
 class StreamLog(LogReader, CheckpointStore, Protocol):
     """A log that is not a directory: read in seq order, keeping its own checkpoints."""
+
+    def release_before(self, seq: int) -> int:
+        """Delete the records below ``seq`` (finished, projected runs'); return how many."""
+        ...
 
 
 class Checkpointer:
@@ -125,6 +142,7 @@ class Checkpointer:
         self.window_s = window_s
         self.released = 0
         self._written = -1
+        self._released_upto = 0  # a stream's records deleted up to here (Retain.DELETE)
         self._durable_seq = durable_seq
         self._projected_seq = projected_seq
         self._wake = threading.Event()
@@ -156,9 +174,16 @@ class Checkpointer:
         if self.checkpoint.seq != self._written:
             write_checkpoint(self.wal_dir, self.checkpoint)
             self._written = self.checkpoint.seq
-        if isinstance(self.wal_dir, Path):  # a PostgreSQL stream has no segments to release
+        if isinstance(self.wal_dir, Path):
             gone = release(self.wal_dir, self.checkpoint, self._projected_seq(), self.retain)
             self.released += len(gone)
+        elif self.retain is Retain.DELETE:  # a stream has no archive: ``all``/``archive`` keep
+            bound = release_bound(self.checkpoint, self._projected_seq())
+            if bound > self._released_upto:
+                deleted = self.wal_dir.release_before(bound + 1)
+                self._released_upto = bound
+                if deleted:
+                    log.info("wal.released", records=deleted, upto=bound, retain=str(self.retain))
 
     def _run(self) -> None:
         while True:
