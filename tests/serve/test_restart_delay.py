@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from tiffany.cli import serve
 
 
 def test_a_crash_loop_backs_off_to_the_cap() -> None:
-    child = serve._Child("engine", ["true"], {})
+    child = serve._Child("engine", ["true"], {}, Path("engine.json"))
     child.started_at = time.monotonic()  # died at once, every time
     delays = [child.restart_delay() for _ in range(10)]
     assert delays[:3] == [
@@ -21,7 +22,7 @@ def test_a_crash_loop_backs_off_to_the_cap() -> None:
 
 
 def test_a_child_that_stayed_up_restarts_at_once_again() -> None:
-    child = serve._Child("engine", ["true"], {})
+    child = serve._Child("engine", ["true"], {}, Path("engine.json"))
     child.started_at = time.monotonic()
     for _ in range(8):
         child.restart_delay()

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Final
@@ -62,9 +63,10 @@ def demo_plan() -> dict[str, Any]:
 class _Child:
     """One supervised child process."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], ready_file: Path) -> None:
         self.name = name
-        self.argv = argv
+        self.argv = [*argv, "--ready-file", str(ready_file)]
+        self.ready_file = ready_file  # written by the child once it is up
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts = 0
@@ -95,6 +97,32 @@ class _Child:
             )
             proc.kill()
             return proc.wait()
+
+
+def _start(
+    engine: _Child, api: _Child, *, standby: bool, stop: threading.Event, up: Callable[[str], None]
+) -> str:
+    """Start the engine and the API; call ``up(url)`` once the API answers; return its URL.
+
+    On the PostgreSQL journal (``standby``) the engine may wait for the
+    stream's lease as long as another engine holds it: the API comes up
+    first, so that a standby is alive (``/healthz``) but not ready
+    (``/readyz``: no engine), and the wait for the engine ends only when it
+    is ready or ``stop`` is set.
+    """
+    engine.start()
+    if not standby:
+        _wait_file(engine.ready_file, engine, START_TIMEOUT_S)
+    api.start()
+    url = str(_wait_file(api.ready_file, api, START_TIMEOUT_S)["url"])
+    up(url)
+    if standby:
+        typer.echo(
+            f"tiffany: API at {url}; the engine takes the journal stream's lease, "
+            "or waits while another engine holds it"
+        )
+        _wait_file(engine.ready_file, engine, float("inf"), stop=stop)
+    return url
 
 
 def _wait_file(
@@ -158,8 +186,8 @@ def serve(
     exe = [sys.executable, "-m", "tiffany"]
     engine_env = scrub_secrets(env, keep=("TIFFANY_LLM_API_KEY",))
     api_env = scrub_secrets(env, keep=("TIFFANY_API_TOKEN",))
-    engine = _Child("engine", [*exe, "engine", "--ready-file", str(engine_ready)], engine_env)
-    api = _Child("api", [*exe, "api", "--ready-file", str(api_ready)], api_env)
+    engine = _Child("engine", [*exe, "engine"], engine_env, engine_ready)
+    api = _Child("api", [*exe, "api"], api_env, api_ready)
     serve_file = data_dir / "serve.json"
 
     def write_serve_file(url: str) -> None:
@@ -183,24 +211,9 @@ def serve(
 
     old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        engine.start()
-        if settings.journal == "postgres":
-            # The engine may be a standby, waiting for the stream's lease as long
-            # as another engine holds it: the API comes up first, so that the
-            # standby is alive (/healthz) but not ready (/readyz: no engine).
-            api.start()
-            url = str(_wait_file(api_ready, api, START_TIMEOUT_S)["url"])
-            write_serve_file(url)
-            typer.echo(
-                f"tiffany: API at {url}; the engine takes the journal stream's lease, "
-                "or waits while another engine holds it"
-            )
-            _wait_file(engine_ready, engine, float("inf"), stop=stop)
-        else:
-            _wait_file(engine_ready, engine, START_TIMEOUT_S)
-            api.start()
-            url = str(_wait_file(api_ready, api, START_TIMEOUT_S)["url"])
-            write_serve_file(url)
+        url = _start(
+            engine, api, standby=settings.journal == "postgres", stop=stop, up=write_serve_file
+        )
         if not stop.is_set():
             typer.echo(
                 f"Tiffany is serving the dashboard at {url}  (data dir {data_dir}; Ctrl-C stops)"
