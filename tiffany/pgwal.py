@@ -43,7 +43,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 import psycopg
@@ -288,9 +288,8 @@ class PgLog(PgStream, LogState):
         self._durable_seq = 0
         self._failed: WalFailedError | None = None
         self._lost = threading.Event()  # the heartbeat found the lease gone
-        #: Called once, on the heartbeat's thread, when the lease turns out to
-        #: be lost (taken over): the engine stops driving the stream's runs.
-        self.on_lost: Callable[[], None] | None = None
+        # on_lost (LogState): called on the heartbeat's thread when the lease
+        # turns out to be taken over; the engine stops driving the stream's runs.
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
         self._closed = False

@@ -216,8 +216,7 @@ class EngineService:
         self._durable_waiters = 0
         self.runtime.wal.on_commit = self._on_commit
         self._fenced = False  # the journal's lease was taken over (PostgreSQL)
-        if hasattr(self.runtime.wal, "on_lost"):  # a PostgreSQL stream under a lease
-            self.runtime.wal.on_lost = self._lease_lost
+        self.runtime.wal.on_lost = self._lease_lost  # a PostgreSQL stream's lease taken over
         self.control = ControlServer(self.data_dir / CONTROL_SOCKET, self.handle)
         self.feed = FeedServer(self.hub, self.data_dir / FEED_SOCKET)
         self.verifier = Verifier(settings)

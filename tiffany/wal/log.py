@@ -15,7 +15,7 @@ stream); :func:`spans_of` reads either.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol, runtime_checkable
 
 from tiffany.wal.reader import Span, iter_spans
@@ -45,6 +45,7 @@ class Log(LogReader, Protocol):
 
     on_commit: CommitListener | None
     on_rotate: RotateListener | None
+    on_lost: Callable[[], None] | None
 
     @property
     def checked(self) -> Mapping[str, int]:

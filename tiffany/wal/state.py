@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NoReturn, Self
 
 from tiffany.errors import WalFailedError
@@ -21,6 +22,10 @@ class LogState:
     _durable_seq: int
     _failed: WalFailedError | None
     _closed: bool
+    #: Called once (on another thread) when the writer learns it may no longer
+    #: write: a PostgreSQL stream's lease taken over. The file WAL's lock is
+    #: held until the process dies, so it never calls it.
+    on_lost: Callable[[], None] | None = None
 
     def close(self) -> None:
         """Commit what is buffered (unless failed) and let the log go."""
