@@ -58,7 +58,9 @@ LAYERS: dict[str, Layer] = {
     "": Layer(STDLIB_ONLY, STDLIB_ONLY),
     # Bottom: the error tree, settings, logging setup.
     "errors": Layer(STDLIB_ONLY, STDLIB_ONLY),
-    "config": Layer(_parts("errors"), BOTTOM_LIBS),
+    # Engines' shares of a data dir or database: seq ranges, homes, streams.
+    "shards": Layer(STDLIB_ONLY, STDLIB_ONLY),
+    "config": Layer(_parts("errors", "shards"), BOTTOM_LIBS),
     "log": Layer(_parts("errors", "config"), BOTTOM_LIBS),
     # Bounded JSON/YAML documents: limits on depth, size, numbers, strings.
     "documents": Layer(_parts("errors"), _parts("yaml")),
@@ -75,7 +77,7 @@ LAYERS: dict[str, Layer] = {
     "pal": Layer(_parts("errors")),
     # The control channel's protocol and clients (engine <- API commands).
     "control": Layer(_parts("errors"), CODEC_LIBS),
-    "store": Layer(_parts("errors", "config", "records")),
+    "store": Layer(_parts("errors", "config", "records", "shards")),
     # records: only TaskLabel, the role and plan step a spawned task serves.
     "agents": Layer(_parts("errors", "kernel", "io", "documents", "records")),
     # Data only: the plans that ship with Tiffany (the demo plan).
@@ -99,10 +101,13 @@ LAYERS: dict[str, Layer] = {
             "control",
             "documents",
             "records",
+            "shards",
         )
     ),
     # The API side-process never imports kernel, wal, durable or agents.
-    "api": Layer(_parts("errors", "config", "log", "store", "pal", "control", "documents")),
+    "api": Layer(
+        _parts("errors", "config", "log", "store", "pal", "control", "documents", "shards")
+    ),
     "cli": Layer(ANYTHING),
     "__main__": Layer(_parts("cli")),
 }

@@ -21,6 +21,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from tiffany.shards import MAX_ENGINES, engine_home
+
 ENV_PREFIX = "TIFFANY_"
 
 #: File name of the embedded SQLite store inside the data dir.
@@ -75,7 +77,13 @@ class Settings(BaseSettings):
             ``data_dir``, the embedded default) or ``postgres`` (streams of
             rows in the PostgreSQL database of ``database_url``, under a
             fenced lease: docs/pg-journal.md).
-        journal_stream: The PostgreSQL stream this engine writes.
+        journal_stream: The PostgreSQL stream this engine writes (engine
+            ``i`` > 0 writes ``<journal_stream>-<i>``).
+        engine: This engine's number among several (``serve --engines N``
+            starts engines 0..N-1): its journal's seqs start at ``i << 40``
+            (``tiffany/shards.py``). ``serve`` sets it for each engine.
+        engines: How many engines ``serve`` starts, and the API reaches
+            (their homes under ``data_dir``: docs/engines.md).
         journal_lease_s: How long an engine's lease on its stream lasts
             without renewal: a dead engine's stream is taken over after it.
         idempotency_window_s: How long an ``Idempotency-Key`` keeps answering
@@ -131,6 +139,8 @@ class Settings(BaseSettings):
     journal: JournalBackend = "file"
     journal_stream: str = Field(default="main", min_length=1, max_length=64)
     journal_lease_s: float = Field(default=10.0, gt=0)
+    engine: int = Field(default=0, ge=0, lt=MAX_ENGINES)
+    engines: int = Field(default=1, ge=1, le=MAX_ENGINES)
     idempotency_window_s: float = Field(default=86_400.0, gt=0)
     slow_dispatch_threshold_s: float = Field(default=0.1, gt=0)
     enabled_tools: Annotated[list[str], NoDecode] = Field(
@@ -204,6 +214,17 @@ class Settings(BaseSettings):
                 "(TIFFANY_DATABASE_URL=postgresql+psycopg://...): the journal lives there"
             )
         return self
+
+    def for_engine(self, engine: int) -> Settings:
+        """Return the settings of engine ``engine`` of this data dir (``serve --engines N``).
+
+        Its data dir is the engine's home (its WAL, sockets, workspaces:
+        ``tiffany/shards.py``); the store stays this data dir's.
+        """
+        if engine == self.engine:
+            return self
+        root = self.data_dir if self.engine == 0 else self.data_dir.parent.parent
+        return self.model_copy(update={"data_dir": engine_home(root, engine), "engine": engine})
 
     @property
     def log_level_number(self) -> int:

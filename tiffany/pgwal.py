@@ -49,7 +49,7 @@ from typing import Any, Final
 import psycopg
 import structlog
 
-from tiffany.errors import WalCorruptionError, WalFailedError, WalLockedError
+from tiffany.errors import WalCorruptionError, WalFailedError, WalFormatError, WalLockedError
 from tiffany.wal import CommitListener, Span
 from tiffany.wal.format import MAX_RECORD_BYTES, MAX_TYPE
 from tiffany.wal.frame import check_record
@@ -71,7 +71,7 @@ _NOW: Final = "extract(epoch from clock_timestamp())::float8"
 
 _ACQUIRE: Final = f"""
 INSERT INTO wal_streams (stream, head, epoch, owner, lease_until)
-VALUES (%(stream)s, 0, 1, %(owner)s, {_NOW} + %(lease)s)
+VALUES (%(stream)s, %(base)s, 1, %(owner)s, {_NOW} + %(lease)s)
 ON CONFLICT (stream) DO UPDATE
    SET epoch = wal_streams.epoch + 1, owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until
  WHERE wal_streams.lease_until < {_NOW}
@@ -286,6 +286,7 @@ class PgLog(PgStream, LogState):
         self._payloads: list[bytes] = []
         self._next_seq = 1
         self._durable_seq = 0
+        self._base = 0  # the seq before this stream's first (an engine's range)
         self._failed: WalFailedError | None = None
         self._lost = threading.Event()  # the heartbeat found the lease gone
         # on_lost (LogState): called on the heartbeat's thread when the lease
@@ -303,6 +304,7 @@ class PgLog(PgStream, LogState):
         lease_s: float = DEFAULT_LEASE_S,
         heartbeat: bool = True,
         wait_s: float = 0.0,
+        first_seq: int = 1,
     ) -> PgLog:
         """Take the lease of ``stream`` and open it for appending after its head.
 
@@ -316,6 +318,9 @@ class PgLog(PgStream, LogState):
                 expire (a server waits as long as it takes: a standby, or an
                 engine restarted after a crash waiting out its dead
                 predecessor's lease); 0 refuses at once.
+            first_seq: The seq of a new stream's first record (an engine's
+                range starts there, ``tiffany/shards.py``); an existing
+                stream whose head lies below it is refused (another engine's).
 
         Raises:
             WalLockedError: Another engine holds a current lease on the
@@ -326,6 +331,7 @@ class PgLog(PgStream, LogState):
         if lease_s <= 0:
             raise ValueError("lease_s must be positive")
         pg = cls(url, stream, lease_s)
+        pg._base = first_seq - 1
         pg._conn = _connect(url, autocommit=True)  # each commit is one statement
         deadline = time.monotonic() + wait_s
         holder = None
@@ -358,7 +364,12 @@ class PgLog(PgStream, LogState):
     def _acquire(self) -> None:
         conn = self._conn
         assert conn is not None
-        args = {"stream": self.stream, "owner": self.owner, "lease": self.lease_s}
+        args = {
+            "stream": self.stream,
+            "owner": self.owner,
+            "lease": self.lease_s,
+            "base": self._base,
+        }
         try:
             with conn.cursor() as cur:
                 row = cur.execute(_ACQUIRE, args).fetchone()
@@ -373,9 +384,19 @@ class PgLog(PgStream, LogState):
                         lease_left_s=round(max(left, 0), 3),
                     )
                 self.epoch, head = row
-                last = cur.execute(_LAST, (self.stream,)).fetchone()[0] or 0  # type: ignore[index]
+                last = cur.execute(_LAST, (self.stream,)).fetchone()[0]  # type: ignore[index]
         except psycopg.errors.UndefinedTable as exc:
             raise WalFailedError(_MISSING_TABLES, reason="schema") from exc
+        if head < self._base:
+            raise WalFormatError(
+                f"stream {self.stream!r}: its head (seq {head}) lies below this engine's "
+                f"seqs (from {self._base + 1}): it is another engine's stream",
+                segment=self.stream,
+                first_seq=self._base + 1,
+            )
+        if last is None and head > self._base:
+            last = head  # every record released (TIFFANY_WAL_RETAIN=delete)
+        last = self._base if last is None else last
         if last != head:
             raise WalCorruptionError(
                 f"stream {self.stream!r}: its head says seq {head}, its records end at {last}",

@@ -368,3 +368,25 @@ def test_retain_delete_releases_the_finished_prefix_of_a_stream(
     checked = _cli("wal", "verify", url=pg_url, data_dir=tmp_path / "cli")
     assert checked.returncode == 0, checked.stderr
     assert f"(seq {sleeper_first}.." in checked.stdout
+
+
+def test_an_engines_stream_starts_at_its_first_seq_and_refuses_another_engines(
+    pg_url: str,
+) -> None:
+    """``serve --engines N``: stream ``main-1`` holds engine 1's seqs (tiffany/shards.py)."""
+    from tiffany.errors import WalFormatError
+    from tiffany.pgwal import PgLog
+
+    first = (1 << 40) + 1
+    with PgLog.open(pg_url, "main-1", first_seq=first) as log:
+        assert (log.next_seq, log.durable_seq) == (first, first - 1)
+        assert log.append(5, b"\x01\x00\x00\x00a") == first
+        log.commit()
+    with PgLog.open(pg_url, "main-1", first_seq=first) as log:
+        assert log.next_seq == first + 1
+    with PgLog.open(pg_url, "main") as log:  # engine 0's stream: from seq 1
+        log.append(5, b"\x01\x00\x00\x00a")
+        log.commit()
+    with pytest.raises(WalFormatError, match="another engine's stream"):
+        PgLog.open(pg_url, "main", first_seq=first)
+    assert [s for s, *_ in _records(pg_url, "main-1")] == [first]

@@ -27,6 +27,7 @@ def test_events_get_strictly_increasing_seqs_and_the_v2_schema():
         "v",
         "seq",
         "wal_seq",
+        "engine",
         "ts",
         "kind",
         "task_id",
@@ -39,6 +40,7 @@ def test_events_get_strictly_increasing_seqs_and_the_v2_schema():
         "data",
     }
     assert first["data"] == {"i": 0}
+    assert first["engine"] == 0
 
 
 def test_resume_with_since_is_gapless_and_filters_apply():

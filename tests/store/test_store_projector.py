@@ -285,3 +285,57 @@ def test_a_store_projects_one_journal_and_refuses_another(store: Engine, journal
         Projector(store, "postgres:other")  # another stream
     with pytest.raises(StoreJournalMismatch):
         Projector(store)  # the file WAL again
+
+
+def _as_engine(journal: Journal, engine: int) -> list[Any]:
+    """The journal's records as engine ``engine`` wrote them: its seqs, its own run ids.
+
+    The run numbers stay the same: each engine numbers its runs itself.
+    """
+    from tiffany.records import RunStart
+    from tiffany.shards import seq_base
+
+    base = seq_base(engine)
+    out = []
+    for seq, rtype, run_no, rec in journal.records:
+        if isinstance(rec, RunStart):
+            rec = msgspec.structs.replace(rec, run_id=f"{rec.run_id}-e{engine}")
+        out.append((seq + base, rtype, run_no, rec))
+    return out
+
+
+def test_engines_project_into_one_store_each_with_its_seqs_and_mark(
+    store: Engine, journal: Journal
+):
+    """``serve --engines N``: the engines' projectors share a store (tiffany/shards.py)."""
+    from tiffany.shards import seq_base
+
+    one = _as_engine(journal, 1)
+    _project(store, journal)
+    second = Projector(store, shard=1)
+    assert second.last_seq == seq_base(1)  # nothing of engine 1 yet
+    report = second.apply(one)
+    assert (report.applied, report.orphans) == (len(one), 0)
+    with session_factory(store)() as session:
+        assert queries.watermark(session) == journal.records[-1][0]
+        assert queries.watermark(session, 1) == one[-1][0]
+    # Same run numbers in both journals, yet each run shows its own records only.
+    rid = journal.run_ids["plan_ok"]
+    with session_factory(store)() as session:
+        mine = queries.run_records(session, rid, 0, 10_000)
+        theirs = queries.run_records(session, f"{rid}-e1", 0, 10_000)
+    assert mine is not None and theirs is not None
+    assert [r["seq"] + seq_base(1) for r in mine["records"]] == [
+        r["seq"] for r in theirs["records"]
+    ]
+    assert _detail(store, f"{rid}-e1")["status"] == _detail(store, rid)["status"]
+    # Rebuilding one engine's share leaves the other's rows alone.
+    before = dump(store)
+    rebuild_of_one = Projector(store, claim=False, shard=1)
+    rebuild_of_one.reset()
+    assert _detail(store, rid)["status"] == "succeeded"
+    with session_factory(store)() as session:
+        assert queries.get_run(session, f"{rid}-e1") is None
+        assert queries.watermark(session, 1) == seq_base(1)
+    rebuild_of_one.apply(one)
+    assert dump(store) == before

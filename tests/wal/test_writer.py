@@ -255,3 +255,23 @@ def test_open_syncs_what_a_previous_writer_left_unsynced(tmp_path, syscalls, fil
     syscalls.calls.clear()
     with syscalls.open(tmp_path, fsync="off"):
         assert syscalls.calls == []
+
+
+def test_an_engines_wal_starts_at_its_first_seq_and_refuses_another_engines(tmp_path):
+    """``serve --engines N``: engine i's WAL holds seqs of its range only (tiffany/shards.py)."""
+    first, limit = (1 << 40) + 1, (2 << 40) + 1
+    with Wal.open(tmp_path / "e1", first_seq=first, limit_seq=limit) as wal:
+        assert wal.append(1, b"a") == first
+        wal.commit()
+    with Wal.open(tmp_path / "e1", first_seq=first, limit_seq=limit) as wal:
+        assert wal.next_seq == first + 1  # reopened: it goes on, the range is no restart
+    assert [r.seq for r in iter_records(tmp_path / "e1")] == [first]
+    with Wal.open(tmp_path / "e0") as wal:
+        wal.append(1, b"a")
+        wal.commit()
+    # Engine 1 on engine 0's WAL, engine 0 on engine 1's: refused, nothing written.
+    with pytest.raises(WalFormatError, match="another engine's WAL"):
+        Wal.open(tmp_path / "e0", first_seq=first, limit_seq=limit)
+    with pytest.raises(WalFormatError, match="another engine's WAL"):
+        Wal.open(tmp_path / "e1", first_seq=1, limit_seq=first)
+    assert [r.seq for r in iter_records(tmp_path / "e0")] == [1]

@@ -30,7 +30,7 @@ from tiffany.api.metrics import ApiMetrics
 from tiffany.api.middleware import RequestLog, TokenAuth
 from tiffany.api.routes import activity, runs, system
 from tiffany.config import Settings
-from tiffany.control import AsyncControlClient
+from tiffany.shards import homes
 from tiffany.store import make_engine, session_factory
 
 __all__ = ["create_app"]
@@ -47,7 +47,7 @@ def create_app(settings: Settings) -> FastAPI:
     """
     store = make_engine(settings.database_url)
     relay = FeedRelay(
-        feed_path(settings.data_dir),
+        [feed_path(home) for home in homes(settings.data_dir, settings.engines)],
         ring_events=settings.feed_ring_events,
         queue_frames=settings.ws_queue_frames,
         queue_bytes=settings.ws_queue_bytes,
@@ -58,7 +58,6 @@ def create_app(settings: Settings) -> FastAPI:
         settings=settings,
         engine=store,
         sessions=session_factory(store),
-        control=AsyncControlClient(settings.data_dir),
         relay=relay,
         metrics=ApiMetrics(relay),
     )
@@ -82,7 +81,7 @@ def create_app(settings: Settings) -> FastAPI:
             yield
         finally:
             await state.relay.stop()
-            await state.control.close()
+            await state.engines.close()
             store.dispose()
             log.info("api.stopped")
 

@@ -14,7 +14,7 @@ import heapq
 import itertools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Final, TypeVar
+from typing import TYPE_CHECKING, Annotated, Final, TypeVar
 
 from fastapi import Depends, Request
 from sqlalchemy import Engine
@@ -23,12 +23,16 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 
+from tiffany import shards
 from tiffany.api.feed import FeedRelay
 from tiffany.api.metrics import ApiMetrics
 from tiffany.config import Settings
 from tiffany.control import AsyncControlClient, ControlUnavailable
 from tiffany.errors import TiffanyError
 from tiffany.store import queries
+
+if TYPE_CHECKING:
+    from tiffany.api.engines import Engines
 
 __all__ = [
     "MIN_SEQ_WAIT_S",
@@ -201,13 +205,28 @@ class ApiState:
     settings: Settings
     engine: Engine
     sessions: sessionmaker[Session]
-    control: AsyncControlClient
     relay: FeedRelay
     metrics: ApiMetrics
-    watermark: Watermark = field(init=False)
+    #: The engines' control channels and watermarks (``serve --engines N``).
+    engines: Engines = field(init=False)
 
     def __post_init__(self) -> None:
-        self.watermark = Watermark(self.control, lambda: self.read(queries.watermark))
+        from tiffany.api.engines import Engines
+
+        homes = shards.homes(self.settings.data_dir, self.settings.engines)
+        self.engines = Engines(
+            homes, lambda engine: self.read(lambda s: queries.watermark(s, engine))
+        )
+
+    @property
+    def control(self) -> AsyncControlClient:
+        """Engine 0's control channel (the only one with a single engine)."""
+        return self.engines.controls[0]
+
+    @property
+    def watermark(self) -> Watermark:
+        """Engine 0's watermark (the only one with a single engine)."""
+        return self.engines.watermarks[0]
 
     async def wait_projected(self, seq: int) -> int:
         """Return once the store holds WAL seq ``seq``; return the watermark learnt.
@@ -219,7 +238,7 @@ class ApiState:
         Raises:
             StoreBehind: The store did not reach ``seq`` within :data:`MIN_SEQ_WAIT_S`.
         """
-        last = await self.watermark.wait(seq, MIN_SEQ_WAIT_S)
+        last = await self.engines.wait(seq, MIN_SEQ_WAIT_S)
         if last < seq:
             raise StoreBehind(
                 f"the store is at seq {last} and did not reach seq {seq} "

@@ -368,7 +368,7 @@ class FeedRelay:
 
     def __init__(
         self,
-        path: str | Path,
+        path: str | Path | list[Path],
         *,
         ring_events: int = 100_000,
         queue_frames: int = 10_000,
@@ -378,7 +378,10 @@ class FeedRelay:
         follow_fn: Follow = follow,
         lines_fn: FollowLines = follow_lines,
     ) -> None:
-        self.path = Path(path)
+        paths = [Path(p) for p in path] if isinstance(path, list) else [Path(path)]
+        #: One upstream a feed: an engine's (``serve --engines N``: one an engine).
+        self.upstreams = [_Upstream(i, p) for i, p in enumerate(paths)]
+        self.path = paths[0]
         self.queue_frames = queue_frames
         self.queue_bytes = queue_bytes
         self.send_timeout_s = send_timeout_s
@@ -405,18 +408,23 @@ class FeedRelay:
         self.upstream_gone = 0
         self.upstream_cutoffs = 0
         self.catchups = 0
-        #: Whether the engine's feed answered lately (None: not tried yet).
-        self.connected: bool | None = None
         #: Why the relay stopped following (a failure reconnecting cannot mend), or None.
         self.failed: str | None = None
-        self._stuck = 0  # resumes in a row cut off without one new event
+
+    @property
+    def connected(self) -> bool | None:
+        """Whether every engine's feed answered lately (None: one not tried yet)."""
+        states = [up.connected for up in self.upstreams]
+        if False in states:
+            return False
+        return None if None in states else True
 
     # -- upstream ------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start following the engine's feed (reconnects forever)."""
+        """Start following the engines' feeds (reconnects forever)."""
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="tiffany-api-feed-relay")
+            self._task = asyncio.create_task(self._run_all(), name="tiffany-api-feed-relay")
             self._deadline_timer = asyncio.get_running_loop().call_later(
                 DEADLINE_CHECK_S, self._check_deadlines
             )
@@ -434,8 +442,21 @@ class FeedRelay:
         for sub in list(self.subscribers):
             self.cut_off(sub, "the API is shutting down", slow=False)
 
-    async def _run(self) -> None:
-        """Follow the engine's feed forever, resuming after every disconnect.
+    async def _run_all(self) -> None:
+        """Follow every engine's feed (one task each); stop them all together."""
+        if len(self.upstreams) == 1:
+            await self._run(self.upstreams[0])
+            return
+        tasks = [asyncio.create_task(self._run(up)) for up in self.upstreams]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _run(self, up: _Upstream) -> None:
+        """Follow one engine's feed forever, resuming after every disconnect.
 
         Discussion: the reconnects are done here rather than by ``follow``
         so that a resume that makes no progress can be abandoned. The hub
@@ -453,15 +474,15 @@ class FeedRelay:
         the relay reports it, cuts its websockets off and stops, instead of
         resuming into the same failure forever.
         """
-        policy = Reconnects(on_retry=self._unreachable)
+        policy = Reconnects(on_retry=lambda exc, wait_s: self._unreachable(up, exc, wait_s))
         try:
             async for attempt in policy.attempts():
                 with attempt:
-                    await self._follow_once(policy, attempt)
+                    await self._follow_once(up, policy, attempt)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - reported, then the relay stops
-            self.connected = False
+            up.connected = False
             self.failed = f"{type(exc).__name__}: {exc}"[:500]
             log.error("feed relay stopped: the engine's feed failed", error=self.failed)
             for sub in list(self.subscribers):
@@ -469,45 +490,56 @@ class FeedRelay:
                     sub, "the API lost the engine's feed: reload state over HTTP", slow=False
                 )
 
-    async def _follow_once(self, policy: Reconnects, attempt: tenacity.AttemptManager) -> None:
-        """One connection to the engine's feed, until it ends (always raises FeedClosed)."""
-        since = self.last_seq
-        if self._stuck >= STUCK_RESUMES and since is not None:
+    async def _follow_once(
+        self, up: _Upstream, policy: Reconnects, attempt: tenacity.AttemptManager
+    ) -> None:
+        """One connection to an engine's feed, until it ends (always raises FeedClosed)."""
+        since = up.last_seq
+        if up.stuck >= STUCK_RESUMES and since is not None:
             log.warning("feed relay gives up resuming; taking the live feed", last_seq=since)
             reason = "the API fell behind the engine's feed: reload state over HTTP"
             self._mark_gap(None, reason)
-            since, self._stuck = None, 0
-        before = self.received
+            since, up.stuck = None, 0
+        before = up.received
         cut = False
-        async for batch in self._lines(self.path, since=since):
+        async for batch in self._lines(up.path, since=since):
             policy.progressed(attempt)
             for head, text in batch:
                 if head.type == "cutoff":
                     self.upstream_cutoffs += 1
-                    log.warning("the engine cut the API's feed off", last_seq=self.last_seq)
+                    log.warning("the engine cut the API's feed off", last_seq=up.last_seq)
                     cut = True
                     break
-                self.accept(head, text)
+                self.accept(head, text, up)
             if cut:
                 break
-        self._stuck = self._stuck + 1 if cut and self.received == before else 0
+        up.stuck = up.stuck + 1 if cut and up.received == before else 0
         if cut:
             policy.at_once()
         raise FeedClosed("the engine's feed ended")
 
-    def _unreachable(self, exc: BaseException, wait_s: float) -> None:
+    def _unreachable(self, up: _Upstream, exc: BaseException, wait_s: float) -> None:
         """Before a reconnect: note an engine that cannot be reached (not a mere end)."""
         if isinstance(exc, FeedClosed):
             return
-        if self.connected is not False:
+        if up.connected is not False:
             log.warning(
-                "feed relay cannot reach the engine's feed", error=str(exc), retry_in_s=wait_s
+                "feed relay cannot reach the engine's feed",
+                error=str(exc),
+                retry_in_s=wait_s,
+                engine=up.engine,
             )
-        self.connected = False
+        up.connected = False
 
-    def accept(self, head: FrameHead, text: str) -> None:
-        """Take one frame from the engine's feed (events and control frames), as its text."""
-        self.connected = True
+    def accept(self, head: FrameHead, text: str, up: _Upstream | None = None) -> None:
+        """Take one frame from an engine's feed (events and control frames), as its text.
+
+        With several engines each event gets the relay's own key (see
+        :class:`_Upstream`), written into its ``seq``.
+        """
+        if up is None:
+            up = self.upstreams[0]
+        up.connected = True
         kind = head.type
         if kind == "gone":
             self.upstream_gone += 1
@@ -519,8 +551,15 @@ class FeedRelay:
         seq = head.seq
         if seq.__class__ is not int:
             return
-        if self.last_seq is not None and seq <= self.last_seq:
+        if up.last_seq is not None and seq <= up.last_seq:
             return  # duplicates after a reconnect
+        up.last_seq = seq
+        up.received += 1
+        if len(self.upstreams) > 1:
+            key = seq if self.last_seq is None else max(self.last_seq + 1, seq)
+            if key != seq:
+                text = _rekey(text, seq, key)
+            seq = key
         self.last_seq = seq
         self.received += 1
         run_id = head.run_id
@@ -775,6 +814,13 @@ class FeedRelay:
         """
         assert sub.since is not None
         self.catchups += 1
+        if len(self.upstreams) > 1:
+            # The relay's keys are its own (see _Upstream): no engine can
+            # tell what followed one it no longer holds.
+            sub.catching_up = False
+            await send(_gone(None, "events that old are no longer held: reload state over HTTP"))
+            sub._wake.set()
+            return
         boundary = sub.cursor
         # Every event after ``upto`` is in the ring from ``boundary`` on.
         upto = self.last_seq
@@ -844,6 +890,44 @@ class FeedRelay:
         if upto is None:
             return None  # the engine had nothing more before the relay's first event
         return "could not catch up with the engine's feed: reload state over HTTP"
+
+
+class _Upstream:
+    """One engine's feed as the relay follows it.
+
+    Discussion: each engine numbers its events itself (``tiffany/pal/hub.py``):
+    with several engines the relay merges the feeds in the order events
+    arrive and gives each the key ``max(last key + 1, its engine's seq)``, so
+    ``seq`` strictly increases on every websocket, per run and overall, and
+    a resume within the relay's ring is gapless. The keys are this API
+    process's: a resume older than its ring (or from another API replica)
+    gets ``gone`` and reloads over HTTP, where a single engine's feed is
+    caught up from the engine. Rejected: a cursor of one seq per engine in
+    ``since`` (every client would carry a vector for a rare case).
+    """
+
+    __slots__ = ("connected", "engine", "last_seq", "path", "received", "stuck")
+
+    def __init__(self, engine: int, path: Path) -> None:
+        self.engine = engine
+        self.path = path
+        #: The engine's own seq of its last event taken (the resume point).
+        self.last_seq: int | None = None
+        self.received = 0
+        #: Resumes in a row cut off without one new event.
+        self.stuck = 0
+        #: Whether the engine's feed answered lately (None: not tried yet).
+        self.connected: bool | None = None
+
+
+def _rekey(text: str, seq: int, key: int) -> str:
+    """Return an event's JSON text with its ``seq`` replaced by the relay's ``key``."""
+    old = f'"seq":{seq},'
+    if text.startswith("{" + old):
+        return '{"seq":' + str(key) + "," + text[len(old) + 1 :]
+    doc = msgspec.json.decode(text)
+    doc["seq"] = key
+    return _encode(doc).decode()
 
 
 def _gone(oldest: Any, reason: str) -> str:

@@ -173,8 +173,9 @@ class Readiness(BaseModel):
     ready: bool
     reason: str | None = None
     #: The projector's health: ``last_seq``, ``lag_records``, ``dead_letters``,
-    #: ``consecutive_errors``, ``last_error``, ``stalled``, ``stalled_reason``.
-    store: dict[str, Any] | None = None
+    #: ``consecutive_errors``, ``last_error``, ``stalled``, ``stalled_reason``;
+    #: with several engines (``serve --engines N``), one such object an engine.
+    store: dict[str, Any] | list[dict[str, Any]] | None = None
 
 
 class ErrorBody(_Open):

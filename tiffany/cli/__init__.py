@@ -69,6 +69,16 @@ DataDirOption = Annotated[
 ]
 
 
+EngineOption = Annotated[
+    int,
+    typer.Option(
+        "--engine",
+        min=0,
+        help="Which engine's journal, when `serve --engines N` ran on the data dir.",
+    ),
+]
+
+
 def _version_callback(value: bool) -> None:
     if value:
         typer.echo(f"tiffany {tiffany.__version__}")

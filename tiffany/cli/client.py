@@ -26,7 +26,17 @@ __all__ = ["register"]
 EXIT_NO_ENGINE = 3
 
 
-def _call(ctx: typer.Context, op: str, **fields: Any) -> dict[str, Any]:
+def _homes(ctx: typer.Context) -> list[Path]:
+    """The engines' homes under the data dir (``serve --engines N``: tiffany/shards.py)."""
+    from tiffany.cli import _settings
+    from tiffany.shards import homes
+
+    return homes(_settings(ctx).data_dir)
+
+
+def _call(
+    ctx: typer.Context, op: str, *, home: Path | None = None, **fields: Any
+) -> dict[str, Any]:
     from tiffany.cli import _settings
     from tiffany.control import ControlError, ControlUnavailable, call
 
@@ -71,6 +81,16 @@ def cancel(
     data_dir: DataDirOption = None,
 ) -> None:
     """Cancel a running run (its tasks are killed cooperatively, subprocesses included)."""
+    from tiffany.control import ControlError, ControlUnavailable, call
+
+    homes = _homes(ctx)
+    # Several engines: the one holding the run answers; then engine 0 says
+    # what the store knows of it (finished, or unknown).
+    for home in homes[1:] if len(homes) > 1 else []:
+        with contextlib.suppress(ControlUnavailable, ControlError):
+            answer = call(home, "cancel", run_id=run_id, live=True)
+            typer.echo(f"run {answer['run_id']}: {answer['status']}")
+            return
     answer = _call(ctx, "cancel", run_id=run_id)
     typer.echo(f"run {answer['run_id']}: {answer['status']}")
 
@@ -79,8 +99,26 @@ def status(
     ctx: typer.Context,
     data_dir: DataDirOption = None,
 ) -> None:
-    """Print the running engine's status as JSON (ready, runs active, WAL position...)."""
-    typer.echo(json.dumps(_call(ctx, "status"), indent=2))
+    """Print the running engine's status as JSON (ready, runs active, WAL position...).
+
+    With several engines (``serve --engines N``): ``{"engines": [...]}``, one
+    status an engine (``{"engine": i, "error": ...}`` for one that does not answer).
+    """
+    from tiffany.control import ControlError, ControlUnavailable, call
+
+    homes = _homes(ctx)
+    if len(homes) == 1:
+        typer.echo(json.dumps(_call(ctx, "status"), indent=2))
+        return
+    listed: list[dict[str, Any]] = []
+    for i, home in enumerate(homes):
+        try:
+            listed.append(call(home, "status"))
+        except (ControlUnavailable, ControlError) as exc:
+            listed.append({"engine": i, "error": str(exc)})
+    typer.echo(json.dumps({"engines": listed}, indent=2))
+    if all("error" in e for e in listed):
+        raise typer.Exit(EXIT_NO_ENGINE)
 
 
 def tail(
@@ -91,16 +129,37 @@ def tail(
     data_dir: DataDirOption = None,
 ) -> None:
     """Follow the activity feed (Ctrl-C stops); with --run, stop when that run finishes."""
-    from tiffany.cli import _settings
     from tiffany.pal.transport import FEED_SOCKET, follow
 
-    path = Path(_settings(ctx).data_dir) / FEED_SOCKET
-    if not path.exists():
-        typer.echo(f"tiffany: no feed at {path} (is `tiffany serve` running?)", err=True)
+    paths = [home / FEED_SOCKET for home in _homes(ctx)]
+    if not paths[0].exists():
+        typer.echo(f"tiffany: no feed at {paths[0]} (is `tiffany serve` running?)", err=True)
         raise typer.Exit(EXIT_NO_ENGINE)
 
+    async def frames() -> Any:
+        """Every engine's feed, as the frames come (``--since`` is engine 0's)."""
+        if len(paths) == 1:
+            async for frame in follow(paths[0], since=since, run_id=run_id):
+                yield frame
+            return
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+        async def pump(path: Path, resume: int | None) -> None:
+            async for frame in follow(path, since=resume, run_id=run_id):
+                await queue.put(frame)
+
+        tasks = [
+            asyncio.create_task(pump(p, since if i == 0 else None)) for i, p in enumerate(paths)
+        ]
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            for task in tasks:
+                task.cancel()
+
     async def main() -> None:
-        async for frame in follow(path, since=since, run_id=run_id):
+        async for frame in frames():
             if as_json:
                 sys.stdout.write(json.dumps(frame) + "\n")
             elif "seq" in frame:

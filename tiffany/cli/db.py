@@ -67,11 +67,17 @@ class RebuildReport:
 
 
 def rebuild_store(
-    engine: Engine, wal_dir: Source, batch_records: int = REBUILD_BATCH_RECORDS
+    engine: Engine,
+    wal_dir: Source,
+    batch_records: int = REBUILD_BATCH_RECORDS,
+    *,
+    shard: int = 0,
 ) -> RebuildReport:
     """Empty the store and project every record of the WAL (archive included) into it again.
 
     ``wal_dir`` may be another log (a PostgreSQL stream: ``journal=postgres``).
+    ``shard``: the engine whose journal it is; only its rows are replaced
+    (``serve --engines N``: tiffany/shards.py).
 
     Raises:
         HistoryReleased: Segments were deleted: the WAL starts after seq 1.
@@ -79,11 +85,13 @@ def rebuild_store(
     from sqlalchemy import func, select
 
     from tiffany.engine.projection import decoded_batches, journal_id
+    from tiffany.shards import seq_base
     from tiffany.store import Projector, Run, Step, Task, queries, session_factory
     from tiffany.wal.segments import history_start
 
-    start = history_start(wal_dir) if isinstance(wal_dir, Path) else 1
-    if start > 1:
+    first = seq_base(shard) + 1
+    start = history_start(wal_dir) if isinstance(wal_dir, Path) else first
+    if start > first:
         raise HistoryReleased(
             f"the WAL in {wal_dir} starts at seq {start}: the segments before it were "
             "deleted (TIFFANY_WAL_RETAIN=delete), so a rebuild would lose their runs; "
@@ -91,7 +99,8 @@ def rebuild_store(
             first_seq=start,
         )
 
-    projector = Projector(engine, claim=False)  # whichever journal it held, it is emptied
+    # Whichever journal it held, this engine's share of the store is emptied.
+    projector = Projector(engine, claim=False, shard=shard)
     projector.reset(journal_id(wal_dir))  # the store projects this journal from now on
     report = RebuildReport()
     for batch in decoded_batches(wal_dir, batch_records):
@@ -138,20 +147,24 @@ def rebuild(
     as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
 ) -> None:
     """Empty the store and project the whole WAL into it again (engine stopped)."""
-    from tiffany.cli import _settings
-    from tiffany.engine import journal_source
+    from tiffany.cli.durable import _engines, _source
     from tiffany.store.migrate import upgrade as alembic_upgrade
 
-    source = journal_source(_settings(ctx))
     engine, shown = _engine(ctx)
     try:
         alembic_upgrade(engine)
-        report = rebuild_store(engine, source)
+        # Engine by engine (serve --engines N): each replaces its own rows.
+        reports = [rebuild_store(engine, _source(ctx, e), shard=e) for e in range(_engines(ctx))]
     except TiffanyError as exc:
         typer.echo(f"tiffany: {exc}", err=True)
         raise typer.Exit(EXIT_FAILED) from None
     finally:
         engine.dispose()
+    report = reports[-1]  # its counts are the whole store's
+    report.records = sum(r.records for r in reports)
+    report.orphans = sum(r.orphans for r in reports)
+    report.quarantined = [q for r in reports for q in r.quarantined]
+    report.last_seq = reports[0].last_seq if len(reports) == 1 else max(r.last_seq for r in reports)
     if as_json:
         typer.echo(json.dumps(asdict(report)))
         return

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tiffany.cli import DataDirOption
+from tiffany.cli import DataDirOption, EngineOption
 
 if TYPE_CHECKING:
     from tiffany.wal import Loss
@@ -36,18 +36,46 @@ EXIT_DIVERGED = 1
 EXIT_NOT_FOUND = 3
 
 
-def _wal_dir(ctx: typer.Context) -> Path:
+def _wal_dir(ctx: typer.Context, engine: int = 0) -> Path:
     from tiffany.cli import _settings
 
-    return Path(_settings(ctx).data_dir) / "wal"
+    return Path(_settings(ctx).for_engine(engine).data_dir) / "wal"
 
 
-def _source(ctx: typer.Context) -> Any:
-    """Where the journal is read: the WAL directory, or the PostgreSQL stream (``journal``)."""
+def _source(ctx: typer.Context, engine: int = 0) -> Any:
+    """Where an engine's journal is read: its WAL directory, or its PostgreSQL stream."""
     from tiffany.cli import _settings
     from tiffany.engine import journal_source
 
-    return journal_source(_settings(ctx))
+    return journal_source(_settings(ctx).for_engine(engine))
+
+
+def _engines(ctx: typer.Context) -> int:
+    """How many engines' journals the data dir holds (``serve --engines N``)."""
+    from tiffany.cli import _settings
+    from tiffany.shards import homes
+
+    settings = _settings(ctx)
+    if settings.journal == "postgres":
+        from tiffany.pgwal import streams
+
+        names = {s["stream"] for s in streams(settings.database_url)}
+        n = 1
+        while f"{settings.journal_stream}-{n}" in names:
+            n += 1
+        return n
+    return len(homes(settings.data_dir))
+
+
+def _engine_of_run(ctx: typer.Context, run_id: str) -> int:
+    """The engine whose journal holds ``run_id`` (0 when none does: it reports the run unknown)."""
+    from tiffany.durable import scan
+
+    n = _engines(ctx)
+    for engine in range(n if n > 1 else 0):
+        if run_id in scan(_source(ctx, engine)).runs:
+            return engine
+    return 0
 
 
 def _on_postgres(ctx: typer.Context) -> bool:
@@ -56,7 +84,7 @@ def _on_postgres(ctx: typer.Context) -> bool:
     return _settings(ctx).journal == "postgres"
 
 
-def _existing_wal_dir(ctx: typer.Context) -> Path:
+def _existing_wal_dir(ctx: typer.Context, engine: int = 0) -> Path:
     """The WAL directory, or a clear error (exit 1) when there is none."""
     if _on_postgres(ctx):
         typer.echo(
@@ -65,7 +93,7 @@ def _existing_wal_dir(ctx: typer.Context) -> Path:
             err=True,
         )
         raise typer.Exit(1)
-    wal_dir = _wal_dir(ctx)
+    wal_dir = _wal_dir(ctx, engine)
     if not wal_dir.is_dir():
         typer.echo(f"tiffany: no WAL at {wal_dir} (check --data-dir)", err=True)
         raise typer.Exit(1)
@@ -103,13 +131,17 @@ def replay(
     from tiffany.durable import UnknownRun, verify
     from tiffany.engine import replay_resolvers
 
-    settings = _settings(ctx)
     _add_paths(path)
+    engine_no = _engine_of_run(ctx, run_id)  # serve --engines N: the journal holding it
+    settings = _settings(ctx).for_engine(engine_no)
     data_dir = Path(settings.data_dir)
     try:
         if verify_only:
             report = verify(
-                data_dir, run_id, resolvers=replay_resolvers(settings), log=_source(ctx)
+                data_dir,
+                run_id,
+                resolvers=replay_resolvers(settings),
+                log=_source(ctx, engine_no),
             )
             if as_json:
                 _emit(report.to_dict(), True)
@@ -160,11 +192,11 @@ def runs(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
     data_dir: DataDirOption = None,
 ) -> None:
-    """List the runs in the WAL, oldest first."""
+    """List the runs in the WAL, oldest first (engine by engine, with ``serve --engines N``)."""
     from tiffany.durable import scan
 
-    index = scan(_source(ctx))
-    for info in index.runs.values():
+    infos = [info for e in range(_engines(ctx)) for info in scan(_source(ctx, e)).runs.values()]
+    for info in infos:
         row = {
             "run_id": info.run_id,
             "name": info.name,
@@ -186,6 +218,7 @@ def wal_dump(
     run_id: Annotated[str | None, typer.Option("--run", help="Only this run's records.")] = None,
     from_seq: Annotated[int, typer.Option("--from", help="First sequence number.")] = 1,
     limit: Annotated[int | None, typer.Option("--limit", help="At most this many records.")] = None,
+    engine: EngineOption = 0,
     data_dir: DataDirOption = None,
 ) -> None:
     """Print WAL records, decoded."""
@@ -194,7 +227,7 @@ def wal_dump(
     from tiffany.wal import spans_of
     from tiffany.wal.format import RECORD_HEADER_SIZE_BYTES
 
-    source = _source(ctx)
+    source = _source(ctx, engine)
     prefix = None
     names: dict[int, str] = {}
     if run_id is not None:
@@ -237,6 +270,7 @@ def wal_dump(
 def wal_verify(
     ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    engine: EngineOption = 0,
     data_dir: DataDirOption = None,
 ) -> None:
     """Check every segment and record; exit non-zero on damage. Changes nothing."""
@@ -245,9 +279,9 @@ def wal_verify(
     from tiffany.wal.segments import ARCHIVE_DIR_NAME, list_segments
 
     if _on_postgres(ctx):
-        _verify_stream(ctx, as_json)
+        _verify_stream(ctx, as_json, engine)
         return
-    wal_dir = _existing_wal_dir(ctx)
+    wal_dir = _existing_wal_dir(ctx, engine)
     try:
         report = wal_verify_fn(wal_dir, archived=True)
         archived = len(list_segments(wal_dir / ARCHIVE_DIR_NAME))
@@ -282,13 +316,13 @@ def wal_verify(
     raise typer.Exit(0 if report.ok else 1)
 
 
-def _verify_stream(ctx: typer.Context, as_json: bool) -> None:
+def _verify_stream(ctx: typer.Context, as_json: bool, engine: int = 0) -> None:
     """``wal verify`` of a PostgreSQL stream: every record read, seqs gapless up to the head."""
     from tiffany.errors import WalError
     from tiffany.records import decode
     from tiffany.wal import spans_of
 
-    stream = _source(ctx)
+    stream = _source(ctx, engine)
     records, first, last, bad = 0, 0, 0, []
     try:
         for seq, code, data, start, end, _ in spans_of(stream):
@@ -366,21 +400,22 @@ def wal_repair(
             help="Keep every record that checks out; fail the runs that lost records.",
         ),
     ] = False,
+    engine: EngineOption = 0,
     data_dir: DataDirOption = None,
 ) -> None:
     """Repair a damaged WAL: ``--salvage`` keeps every good record, ``--yes`` truncates."""
     from tiffany.errors import WalError
 
     try:
-        _repair(ctx, yes=yes, salvage=salvage)
+        _repair(ctx, yes=yes, salvage=salvage, engine=engine)
     except WalError as exc:  # locked by a running engine, or another format
         typer.echo(f"tiffany: {exc}", err=True)
         raise typer.Exit(1) from None
 
 
-def _repair(ctx: typer.Context, *, yes: bool, salvage: bool) -> None:
+def _repair(ctx: typer.Context, *, yes: bool, salvage: bool, engine: int = 0) -> None:
     if salvage:
-        _salvage(ctx)
+        _salvage(ctx, engine)
         return
     if not yes:
         typer.echo(
@@ -395,7 +430,7 @@ def _repair(ctx: typer.Context, *, yes: bool, salvage: bool) -> None:
     from tiffany.wal import repair as wal_repair_fn
     from tiffany.wal.salvage import scan_salvage
 
-    wal_dir = _existing_wal_dir(ctx)
+    wal_dir = _existing_wal_dir(ctx, engine)
     intact = len(scan_salvage(wal_dir)[0])
     report = wal_repair_fn(wal_dir)
     if report.corruption is None:
@@ -414,16 +449,17 @@ def _repair(ctx: typer.Context, *, yes: bool, salvage: bool) -> None:
         f"  the dropped bytes are in: {', '.join(report.copies + report.moved_aside) or '-'}"
     )
     _discard_checkpoints(wal_dir)
-    _rebuild_store(ctx)
+    _rebuild_store(ctx, engine)
 
 
-def _salvage(ctx: typer.Context) -> None:
+def _salvage(ctx: typer.Context, engine: int = 0) -> None:
     """``wal repair --salvage``: rewrite the log, fail the runs that lost records, rebuild."""
     from tiffany.wal import salvage as wal_salvage_fn
 
     charged: dict[str, list[str]] = {}
     report = wal_salvage_fn(
-        _existing_wal_dir(ctx), finish=lambda recs, losses: _fail_losers(recs, losses, charged)
+        _existing_wal_dir(ctx, engine),
+        finish=lambda recs, losses: _fail_losers(recs, losses, charged),
     )
     if not report.losses:
         typer.echo("WAL ok: nothing lost, nothing to salvage")
@@ -441,8 +477,8 @@ def _salvage(ctx: typer.Context) -> None:
             typer.echo(f"  {run_id}: {'; '.join(reasons)}")
     else:
         typer.echo("no unfinished run lost a record; every run resumes")
-    _discard_checkpoints(_wal_dir(ctx))
-    _rebuild_store(ctx)
+    _discard_checkpoints(_wal_dir(ctx, engine))
+    _rebuild_store(ctx, engine)
 
 
 def _fail_losers(
@@ -516,7 +552,7 @@ def _discard_checkpoints(wal_dir: Path) -> None:
         typer.echo(f"  discarded the checkpoints {', '.join(gone)}: the next start scans the WAL")
 
 
-def _rebuild_store(ctx: typer.Context) -> None:
+def _rebuild_store(ctx: typer.Context, engine_no: int = 0) -> None:
     """Rebuild the SQL store from the repaired WAL (its sequence numbers changed)."""
     from tiffany.cli.db import _engine, rebuild_store
     from tiffany.store.migrate import upgrade as alembic_upgrade
@@ -525,7 +561,7 @@ def _rebuild_store(ctx: typer.Context) -> None:
         engine, shown = _engine(ctx)
         try:
             alembic_upgrade(engine)
-            done = rebuild_store(engine, _source(ctx))
+            done = rebuild_store(engine, _source(ctx, engine_no), shard=engine_no)
         finally:
             engine.dispose()
     except Exception as exc:  # noqa: BLE001 - said, with what to do

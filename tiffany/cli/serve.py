@@ -37,6 +37,7 @@ import typer
 
 from tiffany.cli import DataDirOption
 from tiffany.config import scrub_secrets
+from tiffany.shards import homes
 
 __all__ = ["register"]
 
@@ -84,11 +85,13 @@ class _Child:
         delay, self._delay = self._delay, min(self._delay * 2, MAX_RESTART_DELAY_S)
         return delay
 
-    def stop(self) -> int | None:
+    def stop(self, *, signalled: bool = False) -> int | None:
+        """SIGTERM the child (unless ``signalled`` already), wait, SIGKILL at the deadline."""
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return None if proc is None else proc.returncode
-        proc.send_signal(signal.SIGTERM)
+        if not signalled:  # a second SIGTERM could land after its handler is gone
+            proc.send_signal(signal.SIGTERM)
         try:
             return proc.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -100,29 +103,48 @@ class _Child:
 
 
 def _start(
-    engine: _Child, api: _Child, *, standby: bool, stop: threading.Event, up: Callable[[str], None]
+    engines: list[_Child],
+    api: _Child,
+    *,
+    standby: bool,
+    stop: threading.Event,
+    up: Callable[[str], None],
 ) -> str:
-    """Start the engine and the API; call ``up(url)`` once the API answers; return its URL.
+    """Start the engines and the API; call ``up(url)`` once the API answers; return its URL.
 
-    On the PostgreSQL journal (``standby``) the engine may wait for the
+    On the PostgreSQL journal (``standby``) an engine may wait for its
     stream's lease as long as another engine holds it: the API comes up
     first, so that a standby is alive (``/healthz``) but not ready
-    (``/readyz``: no engine), and the wait for the engine ends only when it
-    is ready or ``stop`` is set.
+    (``/readyz``: no engine), and the wait for the engines ends only when
+    they are ready or ``stop`` is set.
     """
-    engine.start()
+    for engine in engines:
+        engine.start()
     if not standby:
-        _wait_file(engine.ready_file, engine, START_TIMEOUT_S)
+        for engine in engines:
+            _wait_file(engine.ready_file, engine, START_TIMEOUT_S)
     api.start()
     url = str(_wait_file(api.ready_file, api, START_TIMEOUT_S)["url"])
     up(url)
     if standby:
         typer.echo(
-            f"tiffany: API at {url}; the engine takes the journal stream's lease, "
+            f"tiffany: API at {url}; each engine takes its journal stream's lease, "
             "or waits while another engine holds it"
         )
-        _wait_file(engine.ready_file, engine, float("inf"), stop=stop)
+        for engine in engines:
+            _wait_file(engine.ready_file, engine, float("inf"), stop=stop)
     return url
+
+
+def _stop_all(children: list[_Child]) -> list[int | None]:
+    """Stop children together (SIGTERM to all, then wait for each); return their codes."""
+    if len(children) == 1:
+        return [children[0].stop()]
+    for child in children:
+        proc = child.proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    return [child.stop(signalled=True) for child in children]
 
 
 def _wait_file(
@@ -154,6 +176,13 @@ def serve(
         int | None, typer.Option(help="API port (0: any free port) [default: 8000].")
     ] = None,
     demo: Annotated[bool, typer.Option("--demo", help="Submit the demo plan once up.")] = False,
+    engines: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Engine processes, runs spread over them (one per core) [default: 1].",
+        ),
+    ] = None,
     enable_tool: Annotated[
         list[str] | None,
         typer.Option(
@@ -179,25 +208,47 @@ def serve(
     if enable_tool:
         tools = list(dict.fromkeys([*settings.enabled_tools, *enable_tool]))
         env["TIFFANY_ENABLED_TOOLS"] = ",".join(tools)
-    engine_ready = data_dir / "engine.json"
+    count = engines if engines is not None else settings.engines
+    engine_homes = homes(data_dir, count)
+    if len(engine_homes) > count:
+        typer.echo(
+            f"tiffany: {data_dir} holds the journals of {len(engine_homes)} engines "
+            f"(an earlier --engines {len(engine_homes)}); starting them all, so that "
+            "their runs resume"
+        )
+    env["TIFFANY_ENGINES"] = str(len(engine_homes))
     api_ready = data_dir / "api.json"
-    for stale in (engine_ready, api_ready, data_dir / "serve.json"):
+    for stale in (api_ready, data_dir / "serve.json", *(h / "engine.json" for h in engine_homes)):
         stale.unlink(missing_ok=True)
     exe = [sys.executable, "-m", "tiffany"]
     engine_env = scrub_secrets(env, keep=("TIFFANY_LLM_API_KEY",))
     api_env = scrub_secrets(env, keep=("TIFFANY_API_TOKEN",))
-    engine = _Child("engine", [*exe, "engine"], engine_env, engine_ready)
+    children = []
+    for i, home in enumerate(engine_homes):
+        # Engine i lives in its home (its WAL, sockets, workspaces), writes
+        # seqs of its own (tiffany/shards.py) and projects into the one store.
+        home.mkdir(parents=True, exist_ok=True)
+        env_i = {
+            **engine_env,
+            "TIFFANY_DATA_DIR": str(home),
+            "TIFFANY_DATABASE_URL": settings.database_url,
+            "TIFFANY_ENGINE": str(i),
+        }
+        name = "engine" if len(engine_homes) == 1 else f"engine {i}"
+        children.append(_Child(name, [*exe, "engine"], env_i, home / "engine.json"))
     api = _Child("api", [*exe, "api"], api_env, api_ready)
     serve_file = data_dir / "serve.json"
 
     def write_serve_file(url: str) -> None:
         # Atomically: readers (tests, scripts) never see half a file.
+        pids = [c.proc.pid if c.proc else None for c in children]
         tmp = serve_file.with_suffix(".tmp")
         tmp.write_text(
             json.dumps(
                 {
                     "url": url,
-                    "engine_pid": engine.proc.pid if engine.proc else None,
+                    "engine_pid": pids[0],
+                    "engine_pids": pids,
                     "api_pid": api.proc.pid if api.proc else None,
                 }
             )
@@ -212,7 +263,7 @@ def serve(
     old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         url = _start(
-            engine, api, standby=settings.journal == "postgres", stop=stop, up=write_serve_file
+            children, api, standby=settings.journal == "postgres", stop=stop, up=write_serve_file
         )
         if not stop.is_set():
             typer.echo(
@@ -227,14 +278,14 @@ def serve(
                 typer.echo(f"tiffany: could not submit the demo plan: {exc}", err=True)
         sys.stdout.flush()
         while not stop.wait(0.2):
-            for child in (engine, api):
+            for child in (*children, api):
                 proc = child.proc
                 if proc is not None and proc.poll() is not None and not stop.is_set():
-                    if child is engine and proc.returncode == EXIT_WAL_DAMAGED:
+                    if child is not api and proc.returncode == EXIT_WAL_DAMAGED:
                         raise RuntimeError(
-                            "the engine refused a damaged WAL (see its message above); not "
-                            "restarting it: run `tiffany wal verify`, then `tiffany wal repair "
-                            "--salvage`"
+                            f"the {child.name} refused a damaged WAL (see its message above); "
+                            "not restarting it: run `tiffany wal verify`, then `tiffany wal "
+                            "repair --salvage`"
                         )
                     delay = child.restart_delay()
                     typer.echo(
@@ -250,17 +301,17 @@ def serve(
     except RuntimeError as exc:
         typer.echo(f"tiffany: {exc}", err=True)
         api.stop()
-        engine.stop()
+        _stop_all(children)
         serve_file.unlink(missing_ok=True)
         raise typer.Exit(1) from None
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
     typer.echo("tiffany: stopping (API first, then the engine flushes the WAL)")
-    api_code = api.stop()
-    engine_code = engine.stop()
+    codes = [("api", api.stop())]
+    codes += zip([c.name for c in children], _stop_all(children), strict=True)
     (data_dir / "serve.json").unlink(missing_ok=True)
-    bad = [(n, c) for n, c in (("api", api_code), ("engine", engine_code)) if c not in (0, None)]
+    bad = [(n, c) for n, c in codes if c not in (0, None)]
     if bad:
         typer.echo(f"tiffany: {', '.join(f'{n} exited {c}' for n, c in bad)}", err=True)
         raise typer.Exit(1)
@@ -319,7 +370,9 @@ def projector_cmd(ctx: typer.Context) -> None:
     from tiffany.engine.projector_proc import run_projector
 
     settings = _settings(ctx)
-    raise typer.Exit(run_projector(settings.database_url, journal_source(settings)))
+    raise typer.Exit(
+        run_projector(settings.database_url, journal_source(settings), shard=settings.engine)
+    )
 
 
 def api_cmd(

@@ -150,6 +150,8 @@ class Runtime:
         log: An open log to journal into instead of the WAL under ``data_dir``
             (a PostgreSQL stream, ``tiffany.pgwal``, which keeps its
             checkpoints itself: a :class:`CheckpointStore`); the runtime closes it.
+        seqs: The WAL's first seq and the bound its seqs stay below (None:
+            none): an engine's range (``tiffany/shards.py``).
     """
 
     def __init__(
@@ -164,6 +166,7 @@ class Runtime:
         segment_size_bytes: int | None = None,
         key_window_s: float = IDEMPOTENCY_WINDOW_S,
         log: Log | None = None,
+        seqs: tuple[int, int | None] = (1, None),
     ) -> None:
         self.data_dir = Path(data_dir)
         self.wal_dir = self.data_dir / "wal"
@@ -172,7 +175,9 @@ class Runtime:
             kwargs: dict[str, Any] = {}
             if segment_size_bytes is not None:
                 kwargs["segment_size_bytes"] = segment_size_bytes
-            log = Wal.open(self.wal_dir, fsync=policy, **kwargs)
+            log = Wal.open(
+                self.wal_dir, fsync=policy, first_seq=seqs[0], limit_seq=seqs[1], **kwargs
+            )
         self.wal: Log = log
         #: Where readers find this runtime's log: the WAL directory, or the log itself.
         self.source: Source = self.wal_dir if isinstance(log, Wal) else log

@@ -20,6 +20,7 @@ from tiffany.agents.tools.base import ToolSettings
 from tiffany.config import Settings
 from tiffany.durable import Runtime
 from tiffany.kernel import Instrument, SlowDispatchWatchdog
+from tiffany.shards import engine_stream, seq_base, seq_last
 from tiffany.wal import Log, Source
 
 __all__ = ["Engine", "build", "replay_resolvers", "tool_settings"]
@@ -142,7 +143,8 @@ def journal_log(settings: Settings, *, wait_s: float = 0.0) -> Log | None:
     """Open the journal ``settings`` name, or None for the WAL under the data dir.
 
     ``journal=postgres``: migrate the database (``tiffany db upgrade``),
-    then take the lease of ``journal_stream`` (:class:`~tiffany.pgwal.PgLog`),
+    then take the lease of this engine's stream (``journal_stream``, or
+    ``<journal_stream>-<engine>``: :class:`~tiffany.pgwal.PgLog`),
     waiting up to ``wait_s`` for a held one; raises
     :class:`~tiffany.errors.WalLockedError` while another engine holds it.
     """
@@ -159,9 +161,10 @@ def journal_log(settings: Settings, *, wait_s: float = 0.0) -> Log | None:
         store.dispose()
     return PgLog.open(
         settings.database_url,
-        settings.journal_stream,
+        engine_stream(settings.journal_stream, settings.engine),
         lease_s=settings.journal_lease_s,
         wait_s=wait_s,
+        first_seq=seq_base(settings.engine) + 1,
     )
 
 
@@ -171,7 +174,7 @@ def journal_source(settings: Settings) -> Source:
         return Path(settings.data_dir) / "wal"
     from tiffany.pgwal import PgStream
 
-    return PgStream(settings.database_url, settings.journal_stream)
+    return PgStream(settings.database_url, engine_stream(settings.journal_stream, settings.engine))
 
 
 def build(
@@ -203,6 +206,8 @@ def build(
         # A server waits for the lease as long as another engine holds it (a
         # standby; a restart after a crash waits out the dead one's lease).
         log=journal_log(settings, wait_s=float("inf") if server else 0.0),
+        # This engine's seqs (tiffany/shards.py): never another engine's.
+        seqs=(seq_base(settings.engine) + 1, seq_last(settings.engine) + 1),
     )
     # A step of a tool disabled here waits instead of starting (before recovery).
     runtime.journal.step_gate = registry.step_gate

@@ -251,12 +251,15 @@ def journal_tail(source: Source) -> JournalSource:
     return StreamTail(cast("PgStream", source))
 
 
-def project_wal(database_url: str, wal_dir: Source) -> int:
-    """Apply the journal's records the store has not seen yet; return the store's last seq."""
+def project_wal(database_url: str, wal_dir: Source, shard: int = 0) -> int:
+    """Apply the journal's records the store has not seen yet; return the store's last seq.
+
+    ``shard``: the engine whose journal it is (``tiffany/shards.py``).
+    """
     engine = make_engine(database_url)
     try:
         upgrade(engine)
-        projector = Projector(engine, journal_id(wal_dir))
+        projector = Projector(engine, journal_id(wal_dir), shard=shard)
         for batch in decoded_batches(wal_dir, from_seq=projector.last_seq + 1):
             projector.apply(batch)
         return projector.last_seq

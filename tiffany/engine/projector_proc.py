@@ -116,9 +116,12 @@ class Notices:
 
 
 class _Applier:
-    def __init__(self, database_url: str, out: Any, journal: str | None = None) -> None:
+    def __init__(
+        self, database_url: str, out: Any, journal: str | None = None, shard: int = 0
+    ) -> None:
         self.database_url = database_url
         self.journal = journal  # the store must project this journal (projector_state.journal)
+        self.shard = shard  # the engine whose journal it is (tiffany/shards.py)
         self.out = out
         self.engine: Any = None
         self.projector: Projector | None = None
@@ -139,7 +142,7 @@ class _Applier:
         if self.projector is None:
             self.engine = make_engine(self.database_url)
             upgrade(self.engine)
-            self.projector = Projector(self.engine, self.journal)
+            self.projector = Projector(self.engine, self.journal, shard=self.shard)
             self.last_seq = max(self.last_seq, self.projector.last_seq)
             self.dead_letters = self.projector.dead_letters
         return self.projector
@@ -213,13 +216,16 @@ class _Applier:
         self.out.flush()
 
 
-def run_projector(database_url: str, journal: Source, fd: int | None = None) -> int:
+def run_projector(
+    database_url: str, journal: Source, fd: int | None = None, *, shard: int = 0
+) -> int:
     """Follow the journal up to the durable seqs read from ``fd`` (stdin) until EOF; return 0.
 
-    ``journal`` is the WAL directory, or the PostgreSQL stream (``journal=postgres``).
+    ``journal`` is the WAL directory, or the PostgreSQL stream (``journal=postgres``),
+    of engine ``shard`` (``tiffany/shards.py``).
     """
     notices = Notices(sys.stdin.fileno() if fd is None else fd)
-    applier = _Applier(database_url, sys.stdout, journal_id(journal))
+    applier = _Applier(database_url, sys.stdout, journal_id(journal), shard)
     source = journal_tail(journal)
     try:
         applier.start()

@@ -70,6 +70,7 @@ from tiffany.errors import KernelError, NondeterminismError
 from tiffany.kernel import ReadWait
 from tiffany.pal import EVENT_KINDS, FEED_SEQ_FILE, Hub
 from tiffany.pal.transport import FEED_SOCKET, FeedServer
+from tiffany.shards import engine_stream, seq_base
 
 __all__ = ["FEED_SOCKET", "EngineService", "Inbox"]
 
@@ -185,7 +186,11 @@ class EngineService:
         self.settings = settings
         self.data_dir = Path(settings.data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.hub = Hub(seq_file=self.data_dir / FEED_SEQ_FILE)
+        self.hub = Hub(
+            seq_file=self.data_dir / FEED_SEQ_FILE,
+            engine=settings.engine,
+            base=seq_base(settings.engine),
+        )
         self.activity = ActivityLog(self.hub, runs_only=True)
         self.engine: Engine = build(
             settings,
@@ -500,7 +505,9 @@ class EngineService:
                     lambda: self._cancel(run_id, str(request.get("reason") or "cancelled"))
                 )
             except ControlError as exc:
-                stored = self._stored_status(run_id) if exc.status == 404 else None
+                # ``live``: the API asks every engine; only the one holding the run answers.
+                live = bool(request.get("live"))
+                stored = self._stored_status(run_id) if exc.status == 404 and not live else None
                 if stored is None:
                     raise
                 raise ControlError(
@@ -510,7 +517,7 @@ class EngineService:
         if op == "wait_projected":
             return self._wait_projected(request)
         if op == "verify":
-            return self._verify(str(request.get("run_id") or ""))
+            return self._verify(str(request.get("run_id") or ""), live=bool(request.get("live")))
         if op == "metrics":
             return {"text": self.metrics.render()}
         raise ControlError(400, f"unknown op {op!r}")
@@ -541,6 +548,7 @@ class EngineService:
 
     def _status(self) -> dict[str, Any]:
         return {
+            "engine": self.settings.engine,
             "ready": self.ready,
             "phase": self._phase,
             "recovering": len(self._replaying),
@@ -565,7 +573,7 @@ class EngineService:
             return {"backend": "file", "path": str(self.runtime.wal_dir)}
         return {
             "backend": "postgres",
-            "stream": self.settings.journal_stream,
+            "stream": engine_stream(self.settings.journal_stream, self.settings.engine),
             "owner": getattr(wal, "owner", None),
             "epoch": getattr(wal, "epoch", None),
             "lease_s": self.settings.journal_lease_s,
@@ -637,10 +645,10 @@ class EngineService:
             run = queries.get_run(session, run_id)
             return None if run is None else str(run.status)
 
-    def _verify(self, run_id: str) -> dict[str, Any]:
+    def _verify(self, run_id: str, *, live: bool = False) -> dict[str, Any]:
         if not run_id:
             raise ControlError(422, "run_id is required", [{"loc": "run_id", "msg": "required"}])
-        status = self.runs.status(run_id) or self._stored_status(run_id)
+        status = self.runs.status(run_id) or (None if live else self._stored_status(run_id))
         if status is None:
             raise ControlError(404, f"no run {run_id!r}")
         if status == "running":

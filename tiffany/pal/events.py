@@ -14,6 +14,9 @@ Schema v2 (JSON object, one per event)::
                written before the event (0: none yet); never decreasing
     ts         float, wall-clock seconds (for display only: nothing orders
                by it)
+    engine     int, the engine that published it (``serve --engines N``:
+               0..N-1); its ``wal_seq`` lies in that engine's range
+               (``tiffany/shards.py``)
     run_id     str | null (null for tasks outside any run)
     task_id    int, the engine's task id;  ltid: int | null, the run-local id
     task       str, the task's name;  task_kind: planner | worker | tool | step | task
@@ -25,8 +28,9 @@ Schema v2 (JSON object, one per event)::
     label      str, a short human text ("sleep 2s", "waiting on task 7")
     data       object, small details (never large payloads)
 
-How ``seq`` is made: ``seq = max(previous seq + 1, wal_seq *
-SEQS_PER_RECORD)``, so the events after record ``W`` get the keys from
+How ``seq`` is made: ``seq = max(previous seq + 1, (wal_seq - base) *
+SEQS_PER_RECORD)`` (``base``: the seq before the engine's first record, 0
+for engine 0), so the events after record ``W`` get the keys from
 ``W * 1_000_000`` up (``seq // 1_000_000`` is the record, the rest a counter)
 and ``seq`` grows by one between two records. Across a restart the hub
 starts above both the WAL's end (``next_seq * 1_000_000``) and the last key
@@ -89,6 +93,7 @@ class Event(msgspec.Struct, kw_only=True, omit_defaults=False):
     seq: int
     ts: float
     wal_seq: int = 0
+    engine: int = 0
     kind: str
     task_id: int = 0
     ltid: int | None = None

@@ -179,6 +179,10 @@ class Hub:
         seq_file: The high-water mark's file (:data:`FEED_SEQ_FILE` in the
             data dir); None keeps none (tests).
         seq0: The lowest seq this hub may hand out.
+        engine: The engine publishing (``tiffany/shards.py``): each event
+            carries it, and feed keys count from the engine's first WAL
+            seq (``base``), so they stay far below 2^53 whatever the engine.
+        base: The seq before the engine's first WAL record.
     """
 
     def __init__(
@@ -188,7 +192,10 @@ class Hub:
         wal: WalPosition | None = None,
         seq_file: str | os.PathLike[str] | None = None,
         seq0: int = 1,
+        engine: int = 0,
+        base: int = 0,
     ) -> None:
+        self.engine, self.base = engine, base
         self.inbox: deque[tuple[Any, ...]] = deque()
         self._seqs: deque[int] = deque(maxlen=ring_size)
         self._ring: deque[bytes] = deque(maxlen=ring_size)
@@ -213,7 +220,7 @@ class Hub:
     def follow_wal(self, wal: WalPosition) -> None:
         """Stamp events with ``wal``'s position; start above its end (before publishing)."""
         self._wal = wal
-        floor = max(self.floor, wal.next_seq * SEQS_PER_RECORD - 1)
+        floor = max(self.floor, max(0, wal.next_seq - self.base) * SEQS_PER_RECORD - 1)
         self.last_seq = self.floor = floor
 
     # -- scheduler side ------------------------------------------------------------
@@ -278,14 +285,16 @@ class Hub:
     def _stamp(self) -> list[Event]:
         """Take the inbox and give each event its seq (module docstring)."""
         inbox = self.inbox
-        last, wal_seq = self.last_seq, self.wal_seq
+        last, wal_seq, base, engine = self.last_seq, self.wal_seq, self.base, self.engine
         events = []
         while inbox:
             ts, at, kind, fields = inbox.popleft()
             if at > wal_seq:
                 wal_seq = at
-            last = max(last + 1, wal_seq * SEQS_PER_RECORD)
-            events.append(Event(seq=last, wal_seq=wal_seq, ts=ts, kind=kind, **fields))
+            last = max(last + 1, max(0, wal_seq - base) * SEQS_PER_RECORD)
+            events.append(
+                Event(seq=last, wal_seq=wal_seq, ts=ts, kind=kind, engine=engine, **fields)
+            )
         self.last_seq, self.wal_seq = last, wal_seq
         return events
 

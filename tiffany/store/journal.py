@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tiffany.records import Record, RecordType, Unknown
+from tiffany.shards import engine_of, seq_last
 from tiffany.store.models import JournalRecord, Run
 from tiffany.store.records import jsonable
 
@@ -51,11 +52,16 @@ def run_records(
     if run is None:
         return None
     run_no, start = run.run_no, run.start_seq or 0
-    # A legacy WAL may reuse the number: the run's records lie between its
-    # RUN_START and the next RUN_START with the same number.
+    # A legacy WAL may reuse the number, and other engines have their own
+    # numbers (tiffany/shards.py): the run's records lie between its RUN_START
+    # and the next RUN_START with the same number, within its engine's seqs.
+    last = seq_last(engine_of(start))
     end = session.scalar(
-        select(func.min(Run.start_seq)).where(Run.run_no == run_no, Run.start_seq > start)
+        select(func.min(Run.start_seq)).where(
+            Run.run_no == run_no, Run.start_seq > start, Run.start_seq <= last
+        )
     )
+    end = last + 1 if end is None else end
     after = max(after, start - 1)
     limit = max(1, min(limit, MAX_PAGE))
     rows = session.execute(
@@ -63,7 +69,7 @@ def run_records(
         .where(
             JournalRecord.run_no == run_no,
             JournalRecord.seq > after,
-            JournalRecord.seq < (end if end is not None else 2**63 - 1),
+            JournalRecord.seq < end,
         )
         .order_by(JournalRecord.seq)
         .limit(limit + 1)

@@ -107,6 +107,7 @@ from tiffany.records import (
     carried,
     root_role,
 )
+from tiffany.shards import seq_base, seq_last
 from tiffany.store.journal import record_row
 from tiffany.store.models import (
     PROJECTOR_STATE_ID,
@@ -148,10 +149,6 @@ _ROLES: Final = frozenset(k.value for k in TaskKind)
 
 #: ``steps.waiting`` (why a step waits) exists in this schema (revision 0003 on).
 _HAS_WAITING: Final = "waiting" in Step.__table__.c
-#: The mark, read and locked at the start of each batch's transaction.
-_LOCK_MARK: Final = (
-    select(ProjectorState.last_seq).where(ProjectorState.id == PROJECTOR_STATE_ID).with_for_update()
-)
 
 #: A decoded journal record: ``(seq, rtype, run_no, record)``.
 Decoded = tuple[int, int, int, Record | Unknown | Undecodable]
@@ -336,13 +333,33 @@ class Projector:
             (:class:`StoreJournalMismatch`), unless ``claim`` is false (a
             rebuild, which empties the store first).
 
-    One projector writes to a store at a time (the engine's projector process,
-    or ``tiffany db rebuild``); the mark is read with ``FOR UPDATE`` in each
-    transaction, so a second one would wait rather than double-apply.
+        shard: The engine whose journal this is (``tiffany/shards.py``): its
+            seqs, and its row of ``projector_state`` (the mark), are its own,
+            so the projectors of several engines share one store.
+
+    One projector writes an engine's rows at a time (that engine's projector
+    process, or ``tiffany db rebuild``); the mark is read with ``FOR UPDATE``
+    in each transaction, so a second one would wait rather than double-apply.
     """
 
-    def __init__(self, engine: Engine, journal: str | None = None, *, claim: bool = True) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        journal: str | None = None,
+        *,
+        claim: bool = True,
+        shard: int = 0,
+    ) -> None:
         self.engine = engine
+        self.shard = shard
+        self._state_id = PROJECTOR_STATE_ID + shard
+        self._base, self._last = seq_base(shard), seq_last(shard)
+        #: The mark, read and locked at the start of each batch's transaction.
+        self._lock_stmt = (
+            select(ProjectorState.last_seq)
+            .where(ProjectorState.id == self._state_id)
+            .with_for_update()
+        )
         self._run_ids: dict[int, str] = {}
         self._run_ids_stale = False
         self._ctx: dict[int, _RunCtx] = {}
@@ -351,7 +368,7 @@ class Projector:
         with engine.begin() as conn:
             self._ensure_state(conn)
             if claim:
-                _claim(conn, journal)
+                _claim(conn, journal, self._state_id)
             self._load_run_ids(conn)
             self.dead_letters = int(conn.scalar(select(func.count()).select_from(DeadLetter)) or 0)
 
@@ -362,9 +379,9 @@ class Projector:
         """The sequence number of the last record applied (0 for an empty store)."""
         with self.engine.connect() as conn:
             value = conn.scalar(
-                select(ProjectorState.last_seq).where(ProjectorState.id == PROJECTOR_STATE_ID)
+                select(ProjectorState.last_seq).where(ProjectorState.id == self._state_id)
             )
-        return int(value or 0)
+        return int(value or self._base)
 
     def apply(self, batch: Iterable[Decoded]) -> ApplyReport:
         """Apply ``(seq, rtype, run_no, record)`` records; quarantine those that fail.
@@ -471,25 +488,30 @@ class Projector:
         if report.last_seq > mark:
             conn.execute(
                 sql_update(ProjectorState)
-                .where(ProjectorState.id == PROJECTOR_STATE_ID)
+                .where(ProjectorState.id == self._state_id)
                 .values(last_seq=report.last_seq)
             )
             report.statements += 1
 
     def reset(self, journal: str | None = None) -> None:
-        """Delete every projected row and set the mark back to 0 (before a rebuild).
+        """Delete this engine's projected rows and set its mark back (before a rebuild).
 
-        The store then projects ``journal`` (None: whichever projector claims it first).
+        Its row then projects ``journal`` (None: whichever projector claims it first).
         """
+        lo, hi = self._base, self._last
         try:
             with self.engine.begin() as conn:
                 self._lock_mark(conn)
-                for model in (DeadLetter, JournalRecord, Step, Task, Run):
-                    conn.execute(delete(model))
+                runs = select(Run.run_id).where(self._own_runs())
+                for model in (Step, Task):
+                    conn.execute(delete(model).where(model.run_id.in_(runs)))
+                conn.execute(delete(Run).where(Run.run_id.in_(runs)))
+                for seqs in (DeadLetter, JournalRecord):
+                    conn.execute(delete(seqs).where(seqs.seq > lo, seqs.seq <= hi))
                 conn.execute(
                     sql_update(ProjectorState)
-                    .where(ProjectorState.id == PROJECTOR_STATE_ID)
-                    .values(last_seq=0, journal=journal)
+                    .where(ProjectorState.id == self._state_id)
+                    .values(last_seq=lo, journal=journal)
                 )
         finally:
             self._forget()
@@ -803,29 +825,34 @@ class Projector:
         exists = conn.scalar(
             select(func.count())
             .select_from(ProjectorState)
-            .where(ProjectorState.id == PROJECTOR_STATE_ID)
+            .where(ProjectorState.id == self._state_id)
         )
         if not exists:
-            conn.execute(insert(ProjectorState).values(id=PROJECTOR_STATE_ID, last_seq=0))
+            # An engine's mark starts below its first seq (tiffany/shards.py).
+            conn.execute(insert(ProjectorState).values(id=self._state_id, last_seq=self._base))
 
     def _lock_mark(self, conn: Connection) -> int:
-        value = conn.scalar(_LOCK_MARK)
+        value = conn.scalar(self._lock_stmt)
         if value is None:
             self._ensure_state(conn)
-            return 0
+            return self._base
         return int(value)
 
     def _load_run_ids(self, conn: Connection) -> None:
         """Map each run number to its latest start (a quarantined start maps to nothing)."""
         starts: list[tuple[int, int, str | None]] = [
             (int(seq or 0), int(no), str(rid))
-            for no, rid, seq in conn.execute(select(Run.run_no, Run.run_id, Run.start_seq))
+            for no, rid, seq in conn.execute(
+                select(Run.run_no, Run.run_id, Run.start_seq).where(self._own_runs())
+            )
         ]
         starts += [
             (int(seq), int(no), None)
             for seq, no in conn.execute(
                 select(DeadLetter.seq, DeadLetter.run_no).where(
-                    DeadLetter.rtype == RecordType.RUN_START.name
+                    DeadLetter.rtype == RecordType.RUN_START.name,
+                    DeadLetter.seq > self._base,
+                    DeadLetter.seq <= self._last,
                 )
             )
         ]
@@ -837,6 +864,14 @@ class Projector:
                 run_ids[no] = rid
         self._run_ids = run_ids
         self._run_ids_stale = False
+
+    def _own_runs(self) -> Any:
+        """The SQL condition of this engine's runs (their RUN_START is in its seqs).
+
+        Run numbers are per journal: another engine's run may have the same.
+        """
+        mine = (Run.start_seq > self._base) & (Run.start_seq <= self._last)
+        return mine | Run.start_seq.is_(None) if self.shard == 0 else mine
 
     def _forget(self) -> None:
         """Drop what memory holds of the rows (reloaded in the next transaction)."""
@@ -856,7 +891,7 @@ class StoreJournalMismatch(TiffanyError):
     code = "store.journal_mismatch"
 
 
-def _claim(conn: Connection, journal: str | None) -> None:
+def _claim(conn: Connection, journal: str | None, state_id: int = PROJECTOR_STATE_ID) -> None:
     """Mark an empty store as ``journal``'s; refuse one that holds another journal's rows.
 
     ``journal`` None is the file WAL (every store fed before PostgreSQL
@@ -867,18 +902,14 @@ def _claim(conn: Connection, journal: str | None) -> None:
             (their seqs are not this journal's: applying would skip records).
     """
     row = conn.execute(
-        select(ProjectorState.journal, ProjectorState.last_seq).where(
-            ProjectorState.id == PROJECTOR_STATE_ID
-        )
+        select(ProjectorState.journal, ProjectorState.last_seq).where(ProjectorState.id == state_id)
     ).one()
     held, mark = row.journal, int(row.last_seq or 0)
     if held == journal:
         return
-    if held is None and mark == 0:
+    if held is None and mark == seq_base(state_id - PROJECTOR_STATE_ID):
         conn.execute(
-            sql_update(ProjectorState)
-            .where(ProjectorState.id == PROJECTOR_STATE_ID)
-            .values(journal=journal)
+            sql_update(ProjectorState).where(ProjectorState.id == state_id).values(journal=journal)
         )
         return
     raise StoreJournalMismatch(

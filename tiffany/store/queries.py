@@ -15,6 +15,7 @@ from typing import Any, Final
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
+from tiffany.shards import seq_base
 from tiffany.store.journal import run_records
 from tiffany.store.models import PROJECTOR_STATE_ID, ProjectorState, Run, RunStatus, Step, Task
 
@@ -27,6 +28,7 @@ __all__ = [
     "run_detail",
     "run_records",
     "run_summary",
+    "start_seq_of",
     "step_dict",
     "task_dict",
     "watermark",
@@ -59,12 +61,22 @@ def list_runs(
     return list(session.scalars(stmt))
 
 
-def watermark(session: Session) -> int:
-    """Return the store's watermark: the last WAL seq projected (0 for an empty store)."""
+def watermark(session: Session, engine: int = 0) -> int:
+    """Return the store's watermark of an engine's journal: the last seq projected.
+
+    An engine nothing was projected of yet is at the seq before its first
+    (``tiffany/shards.py``; 0 for engine 0).
+    """
     value = session.scalar(
-        select(ProjectorState.last_seq).where(ProjectorState.id == PROJECTOR_STATE_ID)
+        select(ProjectorState.last_seq).where(ProjectorState.id == PROJECTOR_STATE_ID + engine)
     )
-    return int(value or 0)
+    return int(value or seq_base(engine))
+
+
+def start_seq_of(session: Session, run_id: str) -> int | None:
+    """Return the seq of a run's RUN_START (which names its engine), or None."""
+    value = session.scalar(select(Run.start_seq).where(Run.run_id == run_id))
+    return None if value is None else int(value)
 
 
 def get_run(session: Session, run_id: str) -> Run | None:

@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 import structlog
 
+from tiffany.errors import WalFormatError
 from tiffany.wal.format import HEADER_SIZE_BYTES
 from tiffany.wal.frame import is_benign
 from tiffany.wal.reader import TORN_CREATION, SegmentScan, TornTail, scan_segment, sequence_gap
@@ -88,13 +89,23 @@ class OpenState(NamedTuple):
     checked: dict[str, int]
 
 
-def recover(wal_dir: Path, *, write: WriteFn, fsync: SyncFn | None) -> OpenState:
+def recover(
+    wal_dir: Path,
+    *,
+    write: WriteFn,
+    fsync: SyncFn | None,
+    first_seq: int = 1,
+    limit_seq: int | None = None,
+) -> OpenState:
     """Check the log in ``wal_dir`` and get it ready for appending.
 
     Args:
         wal_dir: The WAL directory (locked by the caller).
         write: ``os.write`` or a stand-in, for a new segment's header.
         fsync: ``os.fsync`` or a stand-in; None (policy ``off``) syncs nothing.
+        first_seq: The seq of an empty log's first record (an engine's range
+            starts there: ``tiffany/shards.py``).
+        limit_seq: The seqs this log may hold stop below it (None: no bound).
 
     Raises:
         WalCorruptionError: A bad record that is not a torn tail.
@@ -102,9 +113,17 @@ def recover(wal_dir: Path, *, write: WriteFn, fsync: SyncFn | None) -> OpenState
     """
     segments = list_segments(wal_dir)
     if not segments:
-        fd = create_segment(wal_dir, 1, write=write, fsync=fsync)
-        return OpenState(fd, HEADER_SIZE_BYTES, 1, None, {})
+        fd = create_segment(wal_dir, first_seq, write=write, fsync=fsync)
+        return OpenState(fd, HEADER_SIZE_BYTES, first_seq, None, {})
     expected = segments[0].first_seq
+    if expected < first_seq or (limit_seq is not None and expected >= limit_seq):
+        bound = "" if limit_seq is None else f" to {limit_seq - 1}"
+        raise WalFormatError(
+            f"{wal_dir}: its first segment starts at seq {expected}, outside this "
+            f"engine's seqs ({first_seq}{bound}): it is another engine's WAL",
+            segment=segments[0].name,
+            first_seq=first_seq,
+        )
     scan = prev = SegmentScan(0, HEADER_SIZE_BYTES, None)
     checked: dict[str, int] = {}
     for i, seg in enumerate(segments):

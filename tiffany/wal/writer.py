@@ -141,6 +141,8 @@ class Wal(LogState):
         fsync: FsyncPolicy | str = FsyncPolicy.BATCH,
         segment_size_bytes: int = SEGMENT_SIZE_BYTES,
         *,
+        first_seq: int = 1,
+        limit_seq: int | None = None,
         _write: WriteFn = os.write,
         _fdatasync: SyncFn = os.fdatasync,
         _fsync: SyncFn = os.fsync,
@@ -155,6 +157,11 @@ class Wal(LogState):
             path: The WAL directory (created with its parents if missing).
             fsync: The fsync policy.
             segment_size_bytes: The rotation size (tests shrink it).
+            first_seq: The seq of an empty WAL's first record (an engine's
+                range starts there, ``tiffany/shards.py``).
+            limit_seq: The seqs this WAL may hold stop below it; a WAL
+                outside ``first_seq``..``limit_seq`` is refused (another
+                engine's). None: no bound.
             _write: Stand-in for ``os.write`` (tests inject failures).
             _fdatasync: Stand-in for ``os.fdatasync``, used at commit.
             _fsync: Stand-in for ``os.fsync``, used on new segments, their
@@ -176,15 +183,17 @@ class Wal(LogState):
         wal.path.mkdir(parents=True, exist_ok=True)
         wal._lock_fd = lock_dir(wal.path)
         try:
-            wal._open_log()
+            wal._open_log(first_seq, limit_seq)
         except BaseException:
             wal._release()
             raise
         return wal
 
-    def _open_log(self) -> None:
+    def _open_log(self, first_seq: int, limit_seq: int | None) -> None:
         sync = None if self.policy is FsyncPolicy.OFF else self._fsync
-        state = recover(self.path, write=self._write, fsync=sync)
+        state = recover(
+            self.path, write=self._write, fsync=sync, first_seq=first_seq, limit_seq=limit_seq
+        )
         self.recovery = state.recovery
         #: Segment name -> the end of the records this open checked (see
         #: :func:`~tiffany.wal.reader.iter_spans`'s ``checked``).

@@ -15,12 +15,14 @@ is a 404 at once.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Annotated, Any, Final
 
 import msgspec
 import structlog
 from fastapi import APIRouter, Header, Query, Request, Response
+from pydantic import Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -135,9 +137,7 @@ async def submit_run(
     )
     # Up to max_plan_bytes of JSON or YAML: parsed off the event loop, with limits.
     sub = await parse_off_loop(body, request.headers.get("content-type"))
-    answer = await state.control.request(
-        "submit", plan=sub.plan, inputs=sub.inputs, key=idempotency_key
-    )
+    answer = await state.engines.submit(idempotency_key, plan=sub.plan, inputs=sub.inputs)
     run_id = str(answer["run_id"])
     created = bool(answer.get("created", True))
     seq = int(answer["seq"])
@@ -153,13 +153,36 @@ async def submit_run(
 
 
 def _page(
-    session: Session, status: RunStatus | None, limit: int, before: int | None
+    session: Session,
+    status: RunStatus | None,
+    limit: int,
+    before: int | None,
+    *,
+    by_time: bool = False,
 ) -> dict[str, Any]:
-    stmt = select(Run).order_by(Run.start_seq.desc())
+    """A page of runs, newest first: by RUN_START seq, or (``by_time``) by start time.
+
+    Several engines (``by_time``) write seqs of their own ranges
+    (tiffany/shards.py), which order runs by engine before time: their runs
+    are ordered by the RUN_START's journal time, then seq. ``before`` is
+    always a run's ``start_seq`` (the previous page's ``next_before``).
+    """
+    if not by_time:
+        stmt = select(Run).order_by(Run.start_seq.desc())
+        if before is not None:
+            stmt = stmt.where(Run.start_seq < before)
+    else:
+        stmt = select(Run).order_by(Run.created_at.desc(), Run.start_seq.desc())
+        if before is not None:
+            at = session.scalar(select(Run.created_at).where(Run.start_seq == before))
+            if at is None:
+                stmt = stmt.where(Run.start_seq < before)
+            else:
+                stmt = stmt.where(
+                    (Run.created_at < at) | ((Run.created_at == at) & (Run.start_seq < before))
+                )
     if status is not None:
         stmt = stmt.where(Run.status == status.value)
-    if before is not None:
-        stmt = stmt.where(Run.start_seq < before)
     rows = list(session.scalars(stmt.limit(limit + 1)))
     more = len(rows) > limit
     rows = rows[:limit]
@@ -179,15 +202,26 @@ async def list_runs(
         int | None,
         Query(ge=0, le=MAX_INT64, description="Only runs older than this cursor (paging)."),
     ] = None,
-    min_seq: MinSeq = None,
+    min_seq: Annotated[
+        list[Annotated[int, Field(ge=0, le=MAX_INT64)]] | None,
+        Query(
+            description=(
+                "Answer once the store has projected this WAL seq; repeat it for several "
+                "engines' seqs (``serve --engines N``): waits a few seconds at most, then "
+                "503 with the seq the store is at."
+            ),
+        ),
+    ] = None,
 ) -> dict[str, Any]:
     """List runs, newest first (by their RUN_START's seq), with the count of runs by status.
 
-    Page with ``before=<next_before>`` from the previous answer.
+    Page with ``before=<next_before>`` from the previous answer. With
+    several engines, runs are ordered by their start time, then seq.
     """
-    if min_seq is not None:
-        await state.wait_projected(min_seq)
-    return await state.read(lambda s: _page(s, status, limit, before))
+    if min_seq:  # one wait an engine, side by side (each bounded)
+        await asyncio.gather(*(state.wait_projected(seq) for seq in set(min_seq)))
+    by_time = len(state.engines) > 1
+    return await state.read(lambda s: _page(s, status, limit, before, by_time=by_time))
 
 
 def _check_run_id(run_id: str) -> None:
@@ -206,6 +240,14 @@ async def _read_run(state: State, run_id: str, min_seq: int | None, fn: Any) -> 
     if result is None:
         raise RunNotFound(f"no run {run_id!r}", run_id=run_id)
     return result
+
+
+async def _owner(state: State, run_id: str) -> int | None:
+    """The engine that runs ``run_id`` (None: the store does not show the run yet)."""
+    if len(state.engines) == 1:
+        return 0
+    start = await state.read(lambda s: queries.start_seq_of(s, run_id))
+    return None if start is None else state.engines.engine_of(start)
 
 
 @router.get("/{run_id}", response_model=RunDetail, responses={**_NOT_FOUND, **_ERRORS})
@@ -247,7 +289,9 @@ async def run_events(
 async def cancel_run(run_id: str, state: State) -> CancelAnswer:
     """Ask the engine to cancel a running run (it ends ``cancelled`` shortly)."""
     _check_run_id(run_id)
-    answer = await state.control.request("cancel", run_id=run_id, reason="cancelled over HTTP")
+    answer = await state.engines.for_run(
+        await _owner(state, run_id), "cancel", run_id, reason="cancelled over HTTP"
+    )
     log.info("run cancel requested")
     return CancelAnswer(run_id=str(answer.get("run_id", run_id)))
 
@@ -269,7 +313,9 @@ async def verify_run(run_id: str, state: State) -> dict[str, Any]:
     (where the replay first differed) and ``problems``.
     """
     _check_run_id(run_id)
-    answer = await state.control.request("verify", run_id=run_id, timeout=VERIFY_TIMEOUT_S)
+    answer = await state.engines.for_run(
+        await _owner(state, run_id), "verify", run_id, timeout=VERIFY_TIMEOUT_S
+    )
     nested = answer.get("report")
     report = nested if isinstance(nested, dict) else {k: v for k, v in answer.items() if k != "id"}
     # Over the control channel "ok" is the envelope's; the verdict is "identical".

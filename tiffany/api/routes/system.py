@@ -16,6 +16,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from tiffany.api.deps import State, StoreUnavailable
+from tiffany.api.engines import merge_metrics
 from tiffany.api.schemas import Readiness
 from tiffany.control import ControlError, ControlUnavailable
 from tiffany.store import queries
@@ -52,36 +53,54 @@ async def healthz() -> dict[str, bool]:
 async def readyz(state: State) -> Any:
     """Readiness: the engine is reachable, done recovering, and its store is not stuck.
 
+    With several engines (``serve --engines N``): ready while at least one
+    is; ``reason`` then names the others.
+
     The store counts as stuck when the projector is stalled (records wait
     and none was applied for a few seconds), keeps failing, or its process
     restarts in a loop: then the answer is 503 with ``"store stalled:
     <reason>"``. Lag alone, while the projector makes progress, is not
     unready: a burst of submissions makes lag and the store catches up.
     """
-    try:
-        status = await state.control.request("status", timeout=ENGINE_PROBE_TIMEOUT_S)
-    except ControlUnavailable:
-        return JSONResponse({"ready": False, "reason": "engine unreachable"}, status_code=503)
-    except ControlError as exc:
-        return JSONResponse({"ready": False, "reason": exc.message}, status_code=503)
-    if not status.get("ready"):
-        reason = "engine stopping" if status.get("phase") == "stopping" else "engine recovering"
-        return JSONResponse({"ready": False, "reason": reason}, status_code=503)
-    store = status.get("projector")
-    if isinstance(store, dict) and store.get("stalled"):
-        reason = f"store stalled: {store.get('stalled_reason')}"
-        return JSONResponse({"ready": False, "reason": reason, "store": store}, status_code=503)
-    return {"ready": True, "reason": None, "store": store}
+    answers = await state.engines.each("status", ENGINE_PROBE_TIMEOUT_S)
+    several = len(answers) > 1
+    reasons: list[str] = []
+    stores: list[Any] = []
+    for engine, status in enumerate(answers):
+        # With several engines the reason names the one that is not ready.
+        who = f"engine {engine}" if several else "engine"
+        stores.append(status.get("projector") if isinstance(status, dict) else None)
+        if isinstance(status, ControlUnavailable):
+            reasons.append(f"{who} unreachable")
+        elif isinstance(status, ControlError):
+            reasons.append(f"{who}: {status.message}")
+        elif isinstance(status, BaseException):
+            raise status
+        elif not status.get("ready"):
+            reasons.append(
+                f"{who} {'stopping' if status.get('phase') == 'stopping' else 'recovering'}"
+            )
+        elif isinstance(stores[-1], dict) and stores[-1].get("stalled"):
+            stalled = f"store stalled: {stores[-1].get('stalled_reason')}"
+            reasons.append(f"{who}'s {stalled}" if several else stalled)
+    store = stores if several else stores[0]
+    # Ready while some engine takes work: submissions pass over the others
+    # (a standby's engine waiting for its stream, one restarting).
+    if len(reasons) == len(answers):
+        body: dict[str, Any] = {"ready": False, "reason": "; ".join(reasons)}
+        if any(s is not None for s in stores):
+            body["store"] = store
+        return JSONResponse(body, status_code=503)
+    return {"ready": True, "reason": "; ".join(reasons) or None, "store": store}
 
 
 @router.get("/metrics", tags=["system"], response_class=Response)
 async def metrics_text(state: State) -> Response:
     """Prometheus metrics: this process's registry, then the engine's (see ``api/metrics.py``)."""
-    try:
-        answer = await state.control.request("metrics", timeout=ENGINE_PROBE_TIMEOUT_S)
-        engine_text: str | None = str(answer.get("text", ""))
-    except (ControlUnavailable, ControlError):
-        engine_text = None
+    answers = await state.engines.each("metrics", ENGINE_PROBE_TIMEOUT_S)
+    texts = [str(a.get("text", "")) if isinstance(a, dict) else None for a in answers]
+    # Engine 0's text alone, or every engine's, each sample labelled engine="i".
+    engine_text = None if None in texts else merge_metrics(texts)
     try:
         counts: dict[str, int] | None = await state.read(queries.counts_by_status)
     except StoreUnavailable:

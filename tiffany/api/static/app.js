@@ -138,17 +138,18 @@ function flush() {
   inbox = [];
   const touched = new Set();
   let finished = false;
-  let walSeq = null;
+  const walSeqs = []; // the newest WAL seq of each engine's events (serve --engines N)
   const mine = [];
   for (const ev of batch) {
     live.apply(ev);
     if (ev.run) touched.add(ev.run);
-    if (ev.wal_seq != null && (walSeq == null || ev.wal_seq > walSeq)) walSeq = ev.wal_seq;
+    const e = ev.engine || 0;
+    if (ev.wal_seq != null && (walSeqs[e] == null || ev.wal_seq > walSeqs[e])) walSeqs[e] = ev.wal_seq;
     if (ev.kind === "run.finished" || ev.kind === "run.started") finished = true;
     if (page && ev.run === pageRunId) mine.push(ev);
   }
   tail.push(batch);
-  if (touched.size) runs.touched(touched, finished, walSeq);
+  if (touched.size) runs.touched(touched, finished, walSeqs.filter((x) => x != null));
   if (page && mine.length) page.onEvents(mine);
 }
 

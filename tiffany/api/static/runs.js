@@ -7,6 +7,8 @@ import { api } from "./api.js";
 import { ago, duration, fill, h, RUN_STATUSES, TERMINAL_RUN, throttle, tone } from "./dom.js";
 
 const PAGE = 50;
+/** Seqs an engine owns: engine i writes seqs i * 2^40 + 1 .. (i + 1) * 2^40 (tiffany/shards.py). */
+const ENGINE_SEQS = 2 ** 40;
 
 export class RunsPane {
   constructor(root, { live, route, navigate, onError, onLoaded }) {
@@ -23,7 +25,9 @@ export class RunsPane {
     this.sentMs = 0;
     this.loading = false;
     this.asked = new Set();
-    this.wantSeq = null; // the WAL seq the next refresh asks the store to have reached
+    // The WAL seqs the next refresh asks the store to have reached, one an
+    // engine (each engine's seqs lie in a range of their own: 2^40 apart).
+    this.wantSeqs = new Map();
     this.refreshSoon = throttle(() => this.refresh(), 700);
     this.renderSoon = throttle(() => this.render(), 250); // live patches: 4 redraws/s at most
     this.build();
@@ -67,7 +71,7 @@ export class RunsPane {
     const { status } = this.route();
     const q = new URLSearchParams({ limit: String(PAGE) });
     if (status) q.set("status", status);
-    if (this.wantSeq != null) q.set("min_seq", String(this.wantSeq));
+    for (const seq of this.wantSeqs.values()) q.append("min_seq", String(seq));
     this.sentMs = Date.now();
     try {
       const data = await api(`api/runs?${q}`);
@@ -101,21 +105,24 @@ export class RunsPane {
     }
   }
 
-  /** Ask for the store at least at WAL seq `seq` from the next refresh on. */
+  /** Ask for the store at least at WAL seq `seq` (of its engine) from the next refresh on. */
   want(seq) {
-    if (seq != null && (this.wantSeq == null || seq > this.wantSeq)) this.wantSeq = seq;
+    if (seq == null || seq <= 0) return;
+    const engine = Math.floor((seq - 1) / ENGINE_SEQS);
+    const had = this.wantSeqs.get(engine);
+    if (had == null || seq > had) this.wantSeqs.set(engine, seq);
   }
 
   /**
    * Live events arrived for `runIds` (called once per animation frame batch);
-   * `walSeq` is the newest WAL seq among them.
+   * `walSeqs` are the newest WAL seqs among them, one an engine.
    */
-  touched(runIds, finished, walSeq) {
+  touched(runIds, finished, walSeqs) {
     // A run we have not listed (new, or hidden by the filter): ask once.
     const unknown = [...runIds].some((id) => !this.asked.has(id) && !this.runs.some((r) => r.run_id === id));
     runIds.forEach((id) => this.asked.add(id));
     if (unknown || finished) {
-      this.want(walSeq);
+      for (const seq of walSeqs) this.want(seq);
       this.refreshSoon();
     }
     this.renderSoon();

@@ -1,0 +1,162 @@
+"""Total plan steps/s with 1 and 2 engines (``tiffany serve --engines N``), same run.
+
+    python bench/engines.py [--runs 400] [--steps 25] [--repeat 2] [--no-postgres]
+
+For each journal (the file WAL, and PostgreSQL when reachable at
+``TIFFANY_BENCH_PG``, default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``,
+in a schema of its own) and each engine count: a fresh data dir, ``tiffany
+serve --engines N`` (fsync ``batch``), then ``--runs`` plans of ``--steps``
+independent ``sleep 0`` steps submitted through ``POST /api/runs`` by 8
+client threads (the API spreads them round robin over the engines), and
+the time from the first submission to the moment the store shows every run
+succeeded (``GET /api/runs`` counts). Printed: total plan steps/s, and 2
+engines / 1 engine in the same run (issue 11's target: at least 1.7x). The
+best of ``--repeat`` rounds of each configuration, interleaved.
+
+Everything runs on this machine: with 2 cores, two engines share them with
+the API process and the engines' projector processes (one each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from durable_steps import _pg_schema  # noqa: E402
+
+PG_URL = os.environ.get("TIFFANY_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+CLIENTS = 8
+
+
+def _plan(steps: int) -> dict[str, Any]:
+    return {
+        "name": "fan",
+        "steps": [{"id": f"s{i}", "tool": "sleep", "args": {"seconds": 0}} for i in range(steps)],
+    }
+
+
+def _http(url: str, body: Any = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.loads(resp.read())
+
+
+@contextlib.contextmanager
+def _serve(engines: int, env: dict[str, str]) -> Iterator[str]:
+    with tempfile.TemporaryDirectory(prefix="tiffany-bench-engines-") as tmp:
+        data = Path(tmp) / "data"
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "tiffany", "serve", "--data-dir", str(data)),
+                *("--port", "0", "--engines", str(engines)),
+            ],
+            stdout=(Path(tmp) / "serve.log").open("wb"),
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        try:
+            ready = data / "serve.json"
+            deadline = time.monotonic() + 120
+            while not ready.exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit((Path(tmp) / "serve.log").read_text()[-2000:])
+                time.sleep(0.05)
+            url = str(json.loads(ready.read_text())["url"])
+            while True:
+                try:
+                    if _http(url + "readyz").get("ready"):
+                        break
+                except OSError:
+                    pass
+                time.sleep(0.1)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _measure(url: str, runs: int, steps: int) -> float:
+    """Submit ``runs`` plans; return the seconds until the store shows them all succeeded."""
+    plan = {"plan": _plan(steps)}
+    before = _http(f"{url}api/runs?limit=1")["counts"]
+    already = before.get("succeeded", 0) + before.get("failed", 0)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        answers = list(pool.map(lambda _: _http(url + "api/runs", plan), range(runs)))
+    # The newest seq of each engine: the list answers once the store holds them.
+    newest: dict[int, int] = {}
+    for a in answers:
+        seq = int(a["seq"])
+        engine = (seq - 1) >> 40
+        newest[engine] = max(newest.get(engine, 0), seq)
+    while True:
+        q = "&".join(f"min_seq={s}" for s in newest.values())
+        counts = _http(f"{url}api/runs?limit=1&{q}")["counts"]
+        done = counts.get("succeeded", 0) + counts.get("failed", 0)
+        if done >= already + runs:
+            if counts.get("failed"):
+                raise SystemExit(f"{counts['failed']} runs failed")
+            return time.perf_counter() - t0
+        time.sleep(0.02)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=400)
+    parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--no-postgres", action="store_true")
+    args = parser.parse_args()
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")}
+    base |= {"TIFFANY_LOG_LEVEL": "WARNING", "TIFFANY_LOG_FORMAT": "json"}
+    journals: list[tuple[str, dict[str, str] | None]] = [("file WAL", {})]
+    if not args.no_postgres:
+        journals.append(("PostgreSQL", None))
+    total = args.runs * args.steps
+    print(
+        f"{args.runs} runs x {args.steps} independent steps = {total:,} steps a round; "
+        f"{os.cpu_count()} CPUs; best of {args.repeat}"
+    )
+    print(f"{'journal':<12} {'engines':>7} {'seconds':>8} {'steps/s':>10} {'x 1 engine':>11}")
+    for name, extra in journals:
+        best: dict[int, float] = {}
+        for _ in range(args.repeat):
+            for engines in (1, 2):
+                with contextlib.ExitStack() as stack:
+                    env = dict(base)
+                    if extra is None:
+                        url = stack.enter_context(_pg_schema(PG_URL))
+                        env |= {"TIFFANY_DATABASE_URL": url, "TIFFANY_JOURNAL": "postgres"}
+                    api = stack.enter_context(_serve(engines, env))
+                    _measure(api, max(8, args.runs // 20), args.steps)  # warm up
+                    seconds = _measure(api, args.runs, args.steps)
+                best[engines] = min(best.get(engines, float("inf")), seconds)
+        for engines in (1, 2):
+            rate = total / best[engines]
+            ratio = best[1] / best[engines]
+            print(f"{name:<12} {engines:>7} {best[engines]:>8.2f} {rate:>10,.0f} {ratio:>10.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""``tiffany serve --engines N``: runs spread over engine processes behind one API and store.
+
+Real processes on loopback: ``serve`` with two engines on a data dir a
+``tiffany run`` used before (the file WAL), and on the local PostgreSQL
+(a stream per engine). Runs go to both engines; every read with the
+submission's ``min_seq`` finds its run; the feed shows both engines'
+events with strictly increasing seqs; a run is cancelled and another
+verified through the engine that holds it; the CLI's ``status``, ``runs``
+and ``replay --verify`` see every engine; a kill -9 of one engine loses
+none of its runs; a restart with fewer engines still starts the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from process_support import terminate, wait_for
+from websockets.sync.client import connect
+
+from tiffany.shards import engine_of, seq_base
+
+NAP = {"name": "nap", "steps": [{"id": "nap", "tool": "sleep", "args": {"seconds": 0.2}}]}
+LONG = {"name": "long", "steps": [{"id": "wait", "tool": "sleep", "args": {"seconds": 60}}]}
+TWO = {
+    "name": "two",
+    "steps": [
+        {"id": "first", "tool": "sleep", "args": {"seconds": 1.0}},
+        {"id": "second", "tool": "sleep", "args": {"seconds": 0.1}, "after": ["first"]},
+    ],
+}
+
+
+def _http(url: str, body: dict[str, Any] | None = None, method: str | None = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(
+        url, data=data, method=method, headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")}
+    return env | {"TIFFANY_LOG_FORMAT": "json"} | (extra or {})
+
+
+def _serve(data_dir: Path, engines: int, env: dict[str, str], log: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            *(sys.executable, "-m", "tiffany", "serve", "--data-dir", str(data_dir)),
+            *("--port", "0", "--engines", str(engines)),
+        ],
+        stdout=(data_dir.parent / log).open("wb"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+
+
+def _cli(data_dir: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tiffany", *args, "--data-dir", str(data_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _up(data_dir: Path) -> dict[str, Any]:
+    ready = data_dir / "serve.json"
+    wait_for(ready.exists, 90, f"{ready}")
+    info: dict[str, Any] = json.loads(ready.read_text())
+    wait_for(lambda: _ready(info["url"]), 60, "/readyz")
+    return info
+
+
+def _ready(url: str) -> bool:
+    try:
+        return bool(_http(url + "readyz")["ready"])
+    except urllib.error.HTTPError:
+        return False
+
+
+def _finished(url: str, run_id: str, seq: int) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        run: dict[str, Any] = _http(f"{url}api/runs/{run_id}?min_seq={seq}")
+        return run if run["status"] in ("succeeded", "failed", "cancelled") else None
+
+    result: dict[str, Any] = wait_for(done, 60, f"run {run_id} to finish")
+    return result
+
+
+def test_two_engines_share_the_runs_of_a_data_dir_used_before(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    env = _env()
+    plan = tmp_path / "nap.json"
+    plan.write_text(json.dumps(NAP))
+    # The data dir has history: a run of the CLI, before any server.
+    before = _cli(data, env, "run", str(plan), "--json")
+    assert before.returncode == 0, before.stderr
+    earlier = json.loads(before.stdout)["run_id"]
+
+    serve = _serve(data, 2, env, "serve.log")
+    try:
+        info = _up(data)
+        url = info["url"]
+        assert len(info["engine_pids"]) == 2
+        with connect(url.replace("http", "ws", 1) + "ws/activity") as ws:
+            answers = [_http(url + "api/runs", {"plan": NAP}) for _ in range(12)]
+            # Each engine got runs, in its own seq range.
+            engines = {engine_of(a["seq"]) for a in answers}
+            assert engines == {0, 1}, answers
+            for a in answers:  # read your writes: no 404, whichever engine ran it
+                run = _finished(url, a["run_id"], a["seq"])
+                assert run["status"] == "succeeded", run
+            seen: list[dict[str, Any]] = []
+            deadline = time.monotonic() + 10
+            mine = {a["run_id"] for a in answers}
+            while time.monotonic() < deadline:
+                finished = {e["run_id"] for e in seen if e["kind"] == "run.finished"}
+                if mine <= finished:
+                    break
+                try:
+                    frame = json.loads(ws.recv(timeout=0.5))
+                except TimeoutError:
+                    continue
+                seen += [e for e in (frame if isinstance(frame, list) else [frame]) if "seq" in e]
+        # The one feed shows both engines' activity, seqs strictly increasing.
+        assert {e["engine"] for e in seen} == {0, 1}
+        seqs = [e["seq"] for e in seen]
+        assert seqs == sorted(set(seqs)), "feed seqs must strictly increase"
+        assert mine <= {e["run_id"] for e in seen if e["kind"] == "run.finished"}
+        for e in seen:
+            assert engine_of(e["wal_seq"]) == e["engine"] or e["wal_seq"] == seq_base(e["engine"])
+
+        # The list holds every run, the CLI's earlier one too, with both engines' min_seqs.
+        q = "&".join(f"min_seq={a['seq']}" for a in answers[-2:])
+        listed = _http(f"{url}api/runs?limit=100&{q}")
+        assert {a["run_id"] for a in answers} | {earlier} <= {r["run_id"] for r in listed["runs"]}
+
+        # A run's commands reach the engine that holds it.
+        longs = [_http(url + "api/runs", {"plan": LONG}) for _ in range(2)]
+        assert {engine_of(a["seq"]) for a in longs} == {0, 1}
+        for a in longs:
+            wait_for(
+                lambda a=a: _http(f"{url}api/runs/{a['run_id']}?min_seq={a['seq']}")["status"]
+                == "running",
+                30,
+                "the long run to be running",
+            )
+            _http(f"{url}api/runs/{a['run_id']}/cancel", {}, method="POST")
+            assert _finished(url, a["run_id"], a["seq"])["status"] == "cancelled"
+        on_one = next(a for a in answers if engine_of(a["seq"]) == 1)
+        report = _http(f"{url}api/runs/{on_one['run_id']}/verify", {}, method="POST")
+        assert report["ok"] is True, report
+
+        # The CLI beside the server sees every engine.
+        status = _cli(data, env, "status")
+        assert status.returncode == 0, status.stderr
+        listed_engines = json.loads(status.stdout)["engines"]
+        assert [e["engine"] for e in listed_engines] == [0, 1]
+        assert all(e["ready"] for e in listed_engines)
+
+        # kill -9 one engine mid-run: serve restarts it, its run resumes and finishes.
+        two = [_http(url + "api/runs", {"plan": TWO}) for _ in range(4)]
+        victim = next(a for a in two if engine_of(a["seq"]) == 1)
+        wait_for(
+            lambda: any(
+                s["step_id"] == "first" and s["status"] == "running"
+                for s in _http(f"{url}api/runs/{victim['run_id']}?min_seq={victim['seq']}")[
+                    "steps"
+                ]
+            ),
+            30,
+            "the first step to run",
+        )
+        os.kill(info["engine_pids"][1], signal.SIGKILL)
+        for a in two:
+            run = _finished(url, a["run_id"], a["seq"])
+            assert run["status"] == "succeeded", run
+    finally:
+        assert terminate(serve) == 0, (tmp_path / "serve.log").read_text()[-3000:]
+
+    # Offline: the journals of both engines are read by the CLI.
+    runs = _cli(data, env, "runs", "--json")
+    assert runs.returncode == 0, runs.stderr
+    ids = {json.loads(line)["run_id"] for line in runs.stdout.splitlines()}
+    assert {a["run_id"] for a in answers} | {earlier} <= ids
+    replay = _cli(data, env, "replay", on_one["run_id"], "--verify")
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    verify = _cli(data, env, "wal", "verify", "--engine", "1")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "WAL ok" in verify.stdout
+
+    # Served again with one engine asked: the second engine's journal is still served.
+    again = _serve(data, 1, env, "again.log")
+    try:
+        info = _up(data)
+        assert len(info["engine_pids"]) == 2
+        listed = _http(info["url"] + "api/runs?limit=100")
+        assert on_one["run_id"] in {r["run_id"] for r in listed["runs"]}
+    finally:
+        assert terminate(again) == 0
+    assert "starting them all" in (tmp_path / "again.log").read_text()
+
+
+def test_two_engines_on_postgresql_each_write_a_stream(tmp_path: Path, pg_schema_url: str) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    env = _env({"TIFFANY_DATABASE_URL": pg_schema_url, "TIFFANY_JOURNAL": "postgres"})
+    serve = _serve(data, 2, env, "serve.log")
+    try:
+        info = _up(data)
+        url = info["url"]
+        answers = [_http(url + "api/runs", {"plan": NAP}) for _ in range(8)]
+        assert {engine_of(a["seq"]) for a in answers} == {0, 1}
+        for a in answers:
+            assert _finished(url, a["run_id"], a["seq"])["status"] == "succeeded"
+        streams = _cli(data, env, "wal", "streams", "--json")
+        assert streams.returncode == 0, streams.stderr
+        heads = {s["stream"]: s["head"] for s in map(json.loads, streams.stdout.splitlines())}
+        assert set(heads) == {"main", "main-1"}
+        assert 0 < heads["main"] < seq_base(1) < heads["main-1"]
+        on_one = next(a for a in answers if engine_of(a["seq"]) == 1)
+        report = _http(f"{url}api/runs/{on_one['run_id']}/verify", {}, method="POST")
+        assert report["ok"] is True, report
+    finally:
+        assert terminate(serve) == 0, (tmp_path / "serve.log").read_text()[-3000:]
+    replay = _cli(data, env, "replay", on_one["run_id"], "--verify")
+    assert replay.returncode == 0, replay.stdout + replay.stderr

@@ -1,0 +1,167 @@
+"""The engines the API reaches: one control channel and one watermark each.
+
+``tiffany serve --engines N`` runs N engine processes (docs/engines.md);
+the API talks to each over its control socket in the engine's home
+(``tiffany/shards.py``). What goes where:
+
+- **submit**: with an ``Idempotency-Key``, to the engine the key hashes to
+  (CRC-32 modulo N), so that a repeated key meets the engine that
+  remembers it; without one, round robin over the engines, passing over
+  one that does not answer (restarting, stopping).
+- **a run's commands** (cancel, verify): to the engine whose seqs hold the
+  run's RUN_START (the store's ``start_seq``); a run the store does not
+  show yet is asked of every engine, each answering only for runs it holds.
+- **min_seq**: the seq names its engine; the read waits for that engine's
+  projection.
+
+With one engine every call goes to it, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import zlib
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from tiffany.api.deps import Watermark
+from tiffany.control import AsyncControlClient, ControlError, ControlUnavailable
+from tiffany.shards import engine_of
+
+__all__ = ["Engines", "merge_metrics"]
+
+
+class Engines:
+    """The control channels and watermarks of the engines under a data dir.
+
+    Args:
+        homes: Each engine's home (its control socket), engine 0 first.
+        read_mark: Reads an engine's watermark from the store (when it is away).
+    """
+
+    def __init__(self, homes: list[Path], read_mark: Callable[[int], Awaitable[int]]) -> None:
+        self.controls = [AsyncControlClient(home) for home in homes]
+        self.watermarks = [
+            Watermark(control, _bind(read_mark, i)) for i, control in enumerate(self.controls)
+        ]
+        self._turn = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self.controls)
+
+    async def submit(self, key: str | None, **fields: Any) -> dict[str, Any]:
+        """Submit to one engine (see the module docstring); return its answer."""
+        n = len(self.controls)
+        if n == 1:
+            return await self.controls[0].request("submit", key=key, **fields)
+        if key is not None:
+            engine = zlib.crc32(key.encode()) % n
+            return await self.controls[engine].request("submit", key=key, **fields)
+        first = next(self._turn)
+        refused: Exception | None = None
+        for i in range(n):
+            control = self.controls[(first + i) % n]
+            try:
+                return await control.request("submit", key=None, **fields)
+            except ControlUnavailable as exc:
+                refused = exc
+            except ControlError as exc:
+                if exc.status != 503:  # a bad plan is bad on every engine
+                    raise
+                refused = exc
+        assert refused is not None
+        raise refused
+
+    async def for_run(
+        self, owner: int | None, op: str, run_id: str, **fields: Any
+    ) -> dict[str, Any]:
+        """Send a run's command to its engine (``owner``; None: ask each, live runs only).
+
+        Raises:
+            ControlError: 404 when no engine holds the run.
+        """
+        if len(self.controls) == 1 or owner is not None:
+            engine = owner if owner is not None and owner < len(self.controls) else 0
+            return await self.controls[engine].request(op, run_id=run_id, **fields)
+        answers = await asyncio.gather(
+            *(c.request(op, run_id=run_id, live=True, **fields) for c in self.controls),
+            return_exceptions=True,
+        )
+        missing: BaseException | None = None
+        for answer in answers:
+            if isinstance(answer, dict):
+                return answer
+            if isinstance(answer, ControlError) and answer.status == 404:
+                missing = answer
+                continue
+            raise answer
+        assert missing is not None
+        raise missing
+
+    async def wait(self, seq: int, timeout: float) -> int:
+        """Wait for the store to hold ``seq`` of its engine (:meth:`Watermark.wait`)."""
+        return await self.watermarks[self.engine_of(seq)].wait(seq, timeout)
+
+    def engine_of(self, seq: int) -> int:
+        """The engine whose journal wrote ``seq`` (engine 0 for one out of range)."""
+        engine = engine_of(seq)
+        return engine if engine < len(self.controls) else 0
+
+    async def each(self, op: str, timeout: float) -> list[dict[str, Any] | BaseException]:
+        """Ask every engine ``op``; an answer or the exception, engine by engine."""
+        return list(
+            await asyncio.gather(
+                *(c.request(op, timeout=timeout) for c in self.controls),
+                return_exceptions=True,
+            )
+        )
+
+    async def close(self) -> None:
+        """Close every control channel."""
+        for control in self.controls:
+            await control.close()
+
+
+def _bind(read_mark: Callable[[int], Awaitable[int]], engine: int) -> Callable[[], Awaitable[int]]:
+    return lambda: read_mark(engine)
+
+
+def merge_metrics(texts: list[str | None]) -> str:
+    """Merge the engines' Prometheus expositions, each sample labelled ``engine``.
+
+    One engine's text is returned as it is; with several, every family
+    appears once, its samples carrying ``engine="<i>"`` (None: unreachable).
+    """
+    if len(texts) == 1:
+        return texts[0] or ""
+    families: dict[str, Metric] = {}
+    for engine, text in enumerate(texts):
+        if not text:
+            continue
+        for family in text_string_to_metric_families(text):
+            merged = families.get(family.name)
+            if merged is None:
+                merged = families[family.name] = Metric(
+                    family.name, family.documentation, family.type, family.unit
+                )
+            for sample in family.samples:
+                labels = {**sample.labels, "engine": str(engine)}
+                merged.add_sample(sample.name, labels, sample.value, sample.timestamp)
+    return "".join(_exposition(families.values()))
+
+
+def _exposition(families: Any) -> Iterator[str]:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    class _Collector:
+        def collect(self) -> Any:
+            return list(families)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector())
+    yield generate_latest(registry).decode()

@@ -1,0 +1,90 @@
+"""Engines' shares of one data dir or database: seq ranges, homes and streams.
+
+``tiffany serve --engines N`` runs N engine processes beside one API and one
+store. Each engine writes its own journal (docs/engines.md): on the embedded
+default a WAL under its home directory, on PostgreSQL a stream of its own.
+Engine ``i`` numbers its journal's records from :func:`seq_base` ``(i) + 1``
+on, so the seqs of different engines never collide: a seq names its engine
+(:func:`engine_of`), the store keys records and dead letters by seq alone,
+and a reader's ``min_seq`` says which engine's projection it waits for.
+
+Engine 0's journal starts at seq 1, as a single engine's always did: a data
+dir served by one engine serves on with several, unchanged.
+
+Discussion: a pair ``(engine, seq)`` everywhere would have done too, at the
+cost of a second key column in every table and a second number in every
+event, cursor and ``min_seq``. Splitting one 64-bit space keeps one number
+and fits JavaScript's safe integers (2^53): 2^40 records an engine (seqs
+only grow: 35 years at 1,000 records a second) and 8,192 engines. Run
+numbers (a record's 4-byte prefix) stay per journal: the store finds a
+run's records by its number within its engine's seq range.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Final
+
+__all__ = [
+    "ENGINE_SEQ_BITS",
+    "MAX_ENGINES",
+    "engine_home",
+    "engine_of",
+    "engine_stream",
+    "homes",
+    "seq_base",
+    "seq_last",
+]
+
+#: Bits of an engine's own seqs: engine ``i`` writes ``(i << 40) + 1 .. (i + 1) << 40``.
+ENGINE_SEQ_BITS: Final = 40
+#: Engines one data dir or database may have (their seqs stay below 2^53).
+MAX_ENGINES: Final = 1 << (53 - ENGINE_SEQ_BITS)
+#: Where engines 1.. live under the data dir (engine 0 lives in the data dir itself).
+ENGINES_DIR: Final = "engines"
+
+
+def seq_base(engine: int) -> int:
+    """Return the seq before engine ``engine``'s first record (0 for engine 0)."""
+    if not 0 <= engine < MAX_ENGINES:
+        raise ValueError(f"engine {engine} is out of range (0 to {MAX_ENGINES - 1})")
+    return engine << ENGINE_SEQ_BITS
+
+
+def seq_last(engine: int) -> int:
+    """Return the last seq engine ``engine`` may write (its range is ``base+1..last``)."""
+    return seq_base(engine) + (1 << ENGINE_SEQ_BITS)
+
+
+def engine_of(seq: int) -> int:
+    """Return the engine whose journal wrote ``seq`` (0 for seq 0)."""
+    return max(0, seq - 1) >> ENGINE_SEQ_BITS if seq > 0 else 0
+
+
+def engine_home(data_dir: str | Path, engine: int) -> Path:
+    """Return engine ``engine``'s directory: its WAL, sockets and workspaces."""
+    seq_base(engine)  # range check
+    root = Path(data_dir)
+    return root if engine == 0 else root / ENGINES_DIR / str(engine)
+
+
+def homes(data_dir: str | Path, engines: int = 1) -> list[Path]:
+    """Return the homes of engines ``0..engines-1`` and of any more the data dir holds.
+
+    An engine directory left by an earlier ``serve --engines M`` (M larger)
+    counts: its journal may hold unfinished runs, which only its engine resumes.
+    """
+    root = Path(data_dir)
+    found = 0
+    extra = root / ENGINES_DIR
+    if extra.is_dir():
+        for child in extra.iterdir():
+            if child.name.isdigit() and (child / "wal").is_dir():
+                found = max(found, int(child.name) + 1)
+    return [engine_home(root, i) for i in range(max(engines, found, 1))]
+
+
+def engine_stream(stream: str, engine: int) -> str:
+    """Return the PostgreSQL journal stream of engine ``engine`` (``main``, ``main-1``, ...)."""
+    seq_base(engine)
+    return stream if engine == 0 else f"{stream}-{engine}"
