@@ -324,7 +324,8 @@ def test_engines_project_into_one_store_each_with_its_seqs_and_mark(
     with session_factory(store)() as session:
         mine = queries.run_records(session, rid, 0, 10_000)
         theirs = queries.run_records(session, f"{rid}-e1", 0, 10_000)
-    assert mine is not None and theirs is not None
+    assert mine is not None
+    assert theirs is not None
     assert [r["seq"] + seq_base(1) for r in mine["records"]] == [
         r["seq"] for r in theirs["records"]
     ]
