@@ -70,7 +70,7 @@ LAYERS: dict[str, Layer] = {
     # The WAL treats payloads as opaque bytes.
     "wal": Layer(_parts("errors"), CODEC_LIBS | _parts("structlog")),
     # The WAL's records as rows of a PostgreSQL stream, under a fenced lease.
-    "pgwal": Layer(_parts("errors", "wal"), _parts("psycopg", "structlog")),
+    "pgwal": Layer(_parts("errors", "config", "wal"), _parts("psycopg", "structlog")),
     # The journal's records: one typed definition every reader and writer imports.
     "records": Layer(_parts("errors"), _parts("msgspec")),
     "durable": Layer(_parts("errors", "kernel", "wal", "records")),

@@ -15,6 +15,7 @@ Examples:
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -24,6 +25,14 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from tiffany.shards import MAX_ENGINES, engine_home
 
 ENV_PREFIX = "TIFFANY_"
+
+
+def conninfo(url: str) -> str:
+    """Return a libpq URI for a SQLAlchemy PostgreSQL URL (``postgresql+psycopg://...``)."""
+    if not re.match(r"^postgres(ql)?(\+\w+)?://", url):
+        raise ValueError(f"not a PostgreSQL URL: {url.split('@')[-1]!r}")
+    return re.sub(r"^postgres(ql)?\+\w+://", "postgresql://", url)
+
 
 #: File name of the embedded SQLite store inside the data dir.
 SQLITE_FILE_NAME = "tiffany.db"

@@ -53,7 +53,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
+import json
 import os
 import re
 import socket
@@ -111,6 +113,12 @@ class ControlUnavailable(TiffanyError):
     """The engine process is not reachable (not started, restarting, or gone)."""
 
     code = "control.unavailable"
+
+
+def submission_digest(plan: Any, inputs: Any) -> str:
+    """The digest an ``Idempotency-Key`` is tied to: the same key for another body is refused."""
+    body = json.dumps({"plan": plan, "inputs": inputs}, sort_keys=True, default=str)
+    return hashlib.sha256(body.encode()).hexdigest()
 
 
 def socket_path(data_dir: str | os.PathLike[str]) -> Path:

@@ -38,7 +38,6 @@ writer, so readers, ``min_seq`` and the feed keep their meaning.
 from __future__ import annotations
 
 import os
-import re
 import socket
 import threading
 import time
@@ -49,6 +48,7 @@ from typing import Any, Final
 import psycopg
 import structlog
 
+from tiffany.config import conninfo
 from tiffany.errors import WalCorruptionError, WalFailedError, WalFormatError, WalLockedError
 from tiffany.wal import CommitListener, Span
 from tiffany.wal.format import MAX_RECORD_BYTES, MAX_TYPE
@@ -137,13 +137,6 @@ def streams(url: str) -> list[dict[str, Any]]:
         }
         for stream, head, epoch, owner, left in rows
     ]
-
-
-def conninfo(url: str) -> str:
-    """Return a libpq URI for a SQLAlchemy PostgreSQL URL (``postgresql+psycopg://...``)."""
-    if not re.match(r"^postgres(ql)?(\+\w+)?://", url):
-        raise ValueError(f"not a PostgreSQL URL: {url.split('@')[-1]!r}")
-    return re.sub(r"^postgres(ql)?\+\w+://", "postgresql://", url)
 
 
 def _connect(url: str, **kwargs: Any) -> psycopg.Connection[Any]:

@@ -212,3 +212,31 @@ def test_without_a_seq_file_a_restart_still_starts_above_the_wal(tmp_path):
     hub2.drain()
     assert hub2.last_seq > hub.last_seq
     assert hub2.last_seq == wal.next_seq * SEQS_PER_RECORD
+
+
+def test_a_resume_after_a_restart_gets_the_events_published_before_it(tmp_path):
+    """A relay that reconnects after the new engine's first events misses none of them."""
+    seq_file = tmp_path / FEED_SEQ_FILE
+    wal = FakeWal(next_seq=3)
+    hub = Hub(wal=wal, seq_file=seq_file)
+    hub.publish("run.started", wal_seq=wal.next_seq)
+    wal.append()
+    hub.publish("step")
+    hub.drain()
+    hub.stop()
+    last = hub.last_seq  # the relay saw everything of the first life
+
+    hub2 = Hub(wal=wal, seq_file=seq_file)
+    hub2.publish("run.started", wal_seq=wal.next_seq)  # a new run, before the relay is back
+    wal.append()
+    hub2.publish("step")
+    hub2.drain()
+    got = _events(hub2.subscribe(since=last).get(timeout=0))
+    assert [e["kind"] for e in got] == ["run.started", "step"]  # no gone
+    # With records in the WAL after the mark's (a mark that lost its last
+    # writes), nothing below the WAL's end resumes gaplessly.
+    hub2.stop()
+    wal.append(3)
+    hub3 = Hub(wal=wal, seq_file=seq_file)
+    assert _events(hub3.subscribe(since=hub2.last_seq).get(timeout=0))[0]["type"] == "gone"
+    hub3.stop()

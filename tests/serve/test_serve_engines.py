@@ -153,8 +153,9 @@ def test_two_engines_share_the_runs_of_a_data_dir_used_before(tmp_path: Path) ->
         assert {engine_of(a["seq"]) for a in longs} == {0, 1}
         for a in longs:
             wait_for(
-                lambda a=a: _http(f"{url}api/runs/{a['run_id']}?min_seq={a['seq']}")["status"]
-                == "running",
+                lambda a=a: (
+                    _http(f"{url}api/runs/{a['run_id']}?min_seq={a['seq']}")["status"] == "running"
+                ),
                 30,
                 "the long run to be running",
             )
@@ -177,9 +178,7 @@ def test_two_engines_share_the_runs_of_a_data_dir_used_before(tmp_path: Path) ->
         wait_for(
             lambda: any(
                 s["step_id"] == "first" and s["status"] == "running"
-                for s in _http(f"{url}api/runs/{victim['run_id']}?min_seq={victim['seq']}")[
-                    "steps"
-                ]
+                for s in _http(f"{url}api/runs/{victim['run_id']}?min_seq={victim['seq']}")["steps"]
             ),
             30,
             "the first step to run",

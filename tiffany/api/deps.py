@@ -213,9 +213,14 @@ class ApiState:
     def __post_init__(self) -> None:
         from tiffany.api.engines import Engines
 
+        db = None
+        if self.settings.journal == "postgres":  # requests through the database
+            from tiffany.api.db_requests import DbRequests
+
+            db = DbRequests(self.settings.database_url)
         homes = shards.homes(self.settings.data_dir, self.settings.engines)
         self.engines = Engines(
-            homes, lambda engine: self.read(lambda s: queries.watermark(s, engine))
+            homes, lambda engine: self.read(lambda s: queries.watermark(s, engine)), db
         )
 
     @property

@@ -15,6 +15,11 @@ the API talks to each over its control socket in the engine's home
   projection.
 
 With one engine every call goes to it, as before.
+
+On the PostgreSQL journal (``TIFFANY_JOURNAL=postgres``) submissions and a
+run's commands go through the database instead (``db_requests.py``): any
+engine, on any host, takes them, and this process needs no engine socket
+for them.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from tiffany.api.db_requests import DbRequests
 from tiffany.api.deps import Watermark
 from tiffany.control import AsyncControlClient, ControlError, ControlUnavailable
 from tiffany.shards import engine_of
@@ -42,9 +48,16 @@ class Engines:
     Args:
         homes: Each engine's home (its control socket), engine 0 first.
         read_mark: Reads an engine's watermark from the store (when it is away).
+        db: Requests through the database (journal=postgres), or None: the sockets.
     """
 
-    def __init__(self, homes: list[Path], read_mark: Callable[[int], Awaitable[int]]) -> None:
+    def __init__(
+        self,
+        homes: list[Path],
+        read_mark: Callable[[int], Awaitable[int]],
+        db: DbRequests | None = None,
+    ) -> None:
+        self.db = db
         self.controls = [AsyncControlClient(home) for home in homes]
         self.watermarks = [
             Watermark(control, _bind(read_mark, i)) for i, control in enumerate(self.controls)
@@ -56,6 +69,8 @@ class Engines:
 
     async def submit(self, key: str | None, **fields: Any) -> dict[str, Any]:
         """Submit to one engine (see the module docstring); return its answer."""
+        if self.db is not None:
+            return await self.db.submit(fields.get("plan"), fields.get("inputs"), key)
         n = len(self.controls)
         if n == 1:
             return await self.controls[0].request("submit", key=key, **fields)
@@ -85,6 +100,15 @@ class Engines:
         Raises:
             ControlError: 404 when no engine holds the run.
         """
+        if self.db is not None:
+            if owner is None:
+                owner = await self.db.owner(run_id)
+            if owner is None:
+                raise ControlError(404, f"no run {run_id!r}")
+            timeout = fields.pop("timeout", None)
+            if timeout is None:
+                return await self.db.request(op, owner, run_id, **fields)
+            return await self.db.request(op, owner, run_id, timeout=float(timeout), **fields)
         if len(self.controls) == 1 or owner is not None:
             engine = owner if owner is not None and owner < len(self.controls) else 0
             return await self.controls[engine].request(op, run_id=run_id, **fields)
@@ -122,9 +146,11 @@ class Engines:
         )
 
     async def close(self) -> None:
-        """Close every control channel."""
+        """Close every control channel (and the database's requests)."""
         for control in self.controls:
             await control.close()
+        if self.db is not None:
+            await self.db.close()
 
 
 def _bind(read_mark: Callable[[int], Awaitable[int]], engine: int) -> Callable[[], Awaitable[int]]:

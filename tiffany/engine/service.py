@@ -35,8 +35,6 @@ projector applies what is left, and the process exits 0.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import signal
 import threading
@@ -47,13 +45,18 @@ from collections.abc import Callable, Generator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import structlog
 
 from tiffany.agents import PlanError
 from tiffany.config import Settings, scrub_secrets
-from tiffany.control import CONTROL_SOCKET, MAX_WAIT_PROJECTED_S, ControlError
+from tiffany.control import (
+    CONTROL_SOCKET,
+    MAX_WAIT_PROJECTED_S,
+    ControlError,
+    submission_digest,
+)
 from tiffany.documents import DocumentError
 from tiffany.documents import check as check_document
 from tiffany.durable.checkpoint import KeyEntry
@@ -71,6 +74,9 @@ from tiffany.kernel import ReadWait
 from tiffany.pal import EVENT_KINDS, FEED_SEQ_FILE, Hub
 from tiffany.pal.transport import FEED_SOCKET, FeedServer
 from tiffany.shards import engine_stream, seq_base
+
+if TYPE_CHECKING:
+    from tiffany.engine.db_requests import RequestClaimer
 
 __all__ = ["FEED_SOCKET", "EngineService", "Inbox"]
 
@@ -165,11 +171,6 @@ def _drain(fd: int) -> Generator[Any, Any, None]:
                 pass
 
 
-def _digest(plan: Any, inputs: Any) -> str:
-    body = json.dumps({"plan": plan, "inputs": inputs}, sort_keys=True, default=str)
-    return hashlib.sha256(body.encode()).hexdigest()
-
-
 def _sandbox_status(mode: str) -> str:
     return "none (UNSANDBOXED)" if mode == "none" else mode
 
@@ -228,6 +229,8 @@ class EngineService:
         #: Running runs, the newest finished ones, idempotency keys in their window.
         self.runs = RunTable(window_s=settings.idempotency_window_s)
         self.checkpointer: Checkpointer | None = None
+        #: Requests through the database (journal=postgres): engine/db_requests.py.
+        self.claimer: RequestClaimer | None = None
         self._store: Any = None  # the store's SQLAlchemy engine, for _stored_status
         self._store_lock = threading.Lock()
         self._ended_since_checkpoint = 0
@@ -260,6 +263,7 @@ class EngineService:
         try:
             self._phase = "scanning"
             resumed = self.runtime.recover()
+            self._start_requests()  # before the index is dropped: it settles from it
             self._start_retention()
             for run_id in resumed:
                 self.runtime.journal.runs[run_id].on_end = self._on_end
@@ -311,6 +315,8 @@ class EngineService:
             with self._durable:
                 self._durable.notify_all()
             self.inbox.close()
+            if self.claimer is not None:
+                self.claimer.stop()  # what it holds is answered, or goes back to pending
             # Fail-stop (docs/wal-format.md): when the WAL failed, the disk may be
             # full or broken, and whatever writes to it (the projector) may hang
             # on it; wait on nothing for long, so that `serve` restarts us soon.
@@ -331,6 +337,27 @@ class EngineService:
                 for fd in wakeup:
                     os.close(fd)
             log.info("engine.stopped", durable_seq=self.durable_seq)
+
+    def _start_requests(self) -> None:
+        """On the PostgreSQL journal, take requests from the database too (docs/engines.md)."""
+        if self.settings.journal != "postgres":
+            return
+        from tiffany.engine.db_requests import RequestClaimer
+        from tiffany.pgwal import PgLog
+
+        wal = cast(PgLog, self.runtime.wal)
+        self.claimer = RequestClaimer(
+            self.settings.database_url,
+            self.settings.engine,
+            lambda: (wal.stream, wal.epoch),
+            self.handle,
+            window_s=self.settings.idempotency_window_s,
+            load=lambda: len(self.runs.running),
+        )
+        index = self.runtime.index
+        known = {r.run_id: r.first_seq for r in index.runs.values()} if index else {}
+        self.claimer.settle(known)
+        self.claimer.start()
 
     def _start_retention(self) -> None:
         """Remember what recovery found, drop its index, start the checkpointer."""
@@ -369,6 +396,8 @@ class EngineService:
             return
         self._stopping = True
         self._phase = "stopping"
+        if self.claimer is not None:
+            self.claimer.pause()  # claims nothing more; what it holds is finished
         self.inbox.call(self.runtime.sched.stop)
 
     @property
@@ -416,7 +445,12 @@ class EngineService:
                 log.info("engine.ready", after="recovery")
 
     def _start(
-        self, entry: dict[str, Any], name: str, key: str | None, digest: str
+        self,
+        entry: dict[str, Any],
+        name: str,
+        key: str | None,
+        digest: str,
+        run_id: str | None = None,
     ) -> tuple[str, bool, int]:
         if self._stopping:
             raise ControlError(503, "the engine is stopping")
@@ -432,7 +466,9 @@ class EngineService:
                         {"run_id": known.run_id},
                     )
                 return known.run_id, False, known.seq
-        run_id = f"run-{uuid.uuid4().hex[:12]}"
+        if run_id is not None and self.runs.status(run_id) is not None:
+            raise ControlError(409, f"run {run_id} exists already", {"run_id": run_id})
+        run_id = run_id or f"run-{uuid.uuid4().hex[:12]}"
         # Published first, so the feed shows the run before its tasks; it
         # announces the RUN_START record that submit_entry appends next.
         self.hub.publish(
@@ -609,11 +645,14 @@ class EngineService:
             entry, name = self.engine.prepare_plan(plan, inputs)  # type: ignore[arg-type]
         except PlanError as exc:
             raise ControlError(422, exc.message, exc.errors) from None
-        digest = _digest(plan, inputs)
+        digest = submission_digest(plan, inputs)
         if key is not None:
             entry["idempotency"] = {"key": key, "digest": digest}
         deadline = time.monotonic() + SUBMIT_TIMEOUT_S
-        run_id, created, seq = self._on_loop(lambda: self._start(entry, name, key, digest))
+        given = request.get("run_id")  # through the database: the API named the run
+        run_id, created, seq = self._on_loop(
+            lambda: self._start(entry, name, key, digest, given if isinstance(given, str) else None)
+        )
         self._wait_durable(seq, deadline)
         return {"run_id": run_id, "created": created, "seq": seq}
 

@@ -20,14 +20,19 @@ SEQS_PER_RECORD)``. Invariants: ``seq`` strictly increases, and so does it
 across restarts of the engine on the same data dir: a new hub starts above
 the WAL's end and above the high-water mark the last one wrote to its seq
 file before any of its events left. A resume at or after :attr:`Hub.floor`
-is served from the ring; an older one gets ``gone``.
+is served from the ring; an older one gets ``gone``. At start the floor is
+that high-water mark, not the WAL's end: a client that saw the last life's
+last event missed nothing of it, and every event of this life is in the
+ring, so its resume is gapless even when it comes after this life's first
+events (a relay reconnecting after a restart while runs already go on).
 
 Discussion: the WAL alone does not order two engine lives that wrote no
 record in between (a replay, or tool output while nothing is journaled):
 their events share the same last record. The seq file is the high-water
 mark for those. It is written (``pwrite``, no fsync) once per drain, on the
 hub's thread, so it survives a kill -9 (the page cache does); a power loss
-may lose it, and then the WAL's own end is the floor. Rejected: the wall
+may lose it: when the WAL holds records after the mark's, the WAL's own
+end is the floor. Rejected: the wall
 clock (v1: a clock stepped back silenced every resuming client); an fsync
 per drain (a disk flush 200 times a second for a product stream); a new WAL
 record at each start (the journal's format for the feed's sake).
@@ -220,8 +225,14 @@ class Hub:
     def follow_wal(self, wal: WalPosition) -> None:
         """Stamp events with ``wal``'s position; start above its end (before publishing)."""
         self._wal = wal
-        floor = max(self.floor, max(0, wal.next_seq - self.base) * SEQS_PER_RECORD - 1)
-        self.last_seq = self.floor = floor
+        start = max(0, wal.next_seq - self.base) * SEQS_PER_RECORD - 1
+        self.last_seq = max(self.last_seq, start)
+        mark = self._mark.value if self._mark is not None else 0
+        if mark // SEQS_PER_RECORD < max(0, wal.next_seq - 1 - self.base):
+            # No earlier life on record, or the WAL holds records after the
+            # mark's (a power loss may have lost the mark's last writes):
+            # nobody can resume gaplessly below the WAL's end.
+            self.floor = max(self.floor, start)
 
     # -- scheduler side ------------------------------------------------------------
 

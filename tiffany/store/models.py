@@ -43,6 +43,7 @@ __all__ = [
     "PROJECTOR_STATE_ID",
     "Base",
     "DeadLetter",
+    "EngineRequest",
     "JournalRecord",
     "ProjectorState",
     "Run",
@@ -333,6 +334,39 @@ class WalRecord(Base):
     rtype: Mapped[int] = mapped_column(SmallInteger)
     #: The record's opaque payload (the run's 4-byte number first), as in a WAL segment.
     payload: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class EngineRequest(Base):
+    """A command for the engines, through the database (``TIFFANY_JOURNAL=postgres``).
+
+    An API process inserts it (``pending``) and notifies ``tiffany_requests``;
+    an engine claims it with ``FOR UPDATE SKIP LOCKED`` (a submission: any
+    engine; a run's command: the engine that holds the run), does it, stores
+    the answer (``done``) and notifies ``tiffany_answers``: docs/engines.md.
+    """
+
+    __tablename__ = "engine_requests"
+    __table_args__ = (Index("ix_engine_requests_state_id", "state", "id"),)
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    #: ``submit``, ``cancel`` or ``verify`` (the control channel's ops).
+    op: Mapped[str] = mapped_column(String(16))
+    #: The engine that must do it (a run's command), or that claimed a submission.
+    engine: Mapped[int | None] = mapped_column(Integer)
+    run_id: Mapped[str | None] = mapped_column(String(128), index=True)
+    #: A submission's ``Idempotency-Key``: one row a key.
+    idem_key: Mapped[str | None] = mapped_column(String(255), unique=True)
+    digest: Mapped[str | None] = mapped_column(String(64))
+    #: The request's fields (a submission: ``plan`` and ``inputs``).
+    body: Mapped[Any] = mapped_column(JSON)
+    #: ``pending`` -> ``claimed`` -> ``done``; ``withdrawn`` when its API gave up first.
+    state: Mapped[str] = mapped_column(String(16))
+    #: The engine's answer, or ``{"error": {"status", "message", "detail"}}``.
+    answer: Mapped[Any | None] = mapped_column(JSON)
+    created_at: Mapped[float] = mapped_column(Double)
+    claimed_at: Mapped[float | None] = mapped_column(Double)
 
 
 class WalCheckpoint(Base):

@@ -1,0 +1,275 @@
+"""The API's side of the requests that go through the database (``TIFFANY_JOURNAL=postgres``).
+
+A submission (or a run's cancel or verify) is a row of ``engine_requests``,
+inserted and notified in one transaction; an engine claims it, carries it
+out and stores its answer (``tiffany/engine/db_requests.py``,
+docs/engines.md). This process LISTENs on ``tiffany_answers`` on one
+connection and wakes the request waiting for that row; a request re-reads
+its row after every wake-up, and after a reconnect, so a lost notification
+costs a wait of :data:`RECHECK_S` at most, never an answer.
+
+No engine socket is needed: several API replicas, on hosts without an
+engine, serve the same engines. The ``Idempotency-Key`` is unique in SQL:
+a repeated key on any replica finds the first submission's row (409 if the
+body differs, else the first answer with ``created: false``).
+
+A submission no engine took within :data:`SUBMIT_WAIT_S` is withdrawn (only
+while still pending, in one ``UPDATE``): the client gets 503 and nothing
+starts later behind its back. One an engine took is waited for longer, up
+to the timeout the caller gives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from typing import Any, Final
+
+import psycopg
+import structlog
+
+from tiffany.config import conninfo
+from tiffany.control import ControlError, ControlUnavailable, submission_digest
+
+__all__ = ["RECHECK_S", "SUBMIT_WAIT_S", "DbRequests"]
+
+log = structlog.get_logger(__name__)
+
+#: How long a submission waits for an engine to take it before it is withdrawn, in seconds.
+SUBMIT_WAIT_S: Final = 10.0
+#: How long a request waits for the engine's answer once taken, in seconds (default).
+ANSWER_WAIT_S: Final = 30.0
+#: A waiting request re-reads its row at least this often, in seconds.
+RECHECK_S: Final = 1.0
+#: Connections for statements (the listener has its own).
+POOL_SIZE: Final = 4
+
+_NOW: Final = "extract(epoch from clock_timestamp())"
+_INSERT: Final = f"""
+INSERT INTO engine_requests (op, engine, run_id, idem_key, digest, body, state, created_at)
+VALUES (%(op)s, %(engine)s, %(run_id)s, %(key)s, %(digest)s, %(body)s, 'pending', {_NOW})
+ON CONFLICT (idem_key) DO NOTHING
+RETURNING id
+"""
+_BY_KEY: Final = "SELECT id, digest, run_id FROM engine_requests WHERE idem_key = %s"
+_ROW: Final = "SELECT state, answer FROM engine_requests WHERE id = %s"
+_WITHDRAW: Final = (
+    "UPDATE engine_requests SET state = 'withdrawn' WHERE id = %s AND state = 'pending' "
+    "RETURNING id"
+)
+_OWNER: Final = (
+    "SELECT engine FROM engine_requests WHERE op = 'submit' AND run_id = %s "
+    "AND engine IS NOT NULL ORDER BY id DESC LIMIT 1"
+)
+_IDLE: Final = psycopg.pq.TransactionStatus.IDLE
+
+
+class DbRequests:
+    """Requests to the engines through ``engine_requests`` (module docstring).
+
+    Args:
+        url: The database (``TIFFANY_DATABASE_URL``, a PostgreSQL URL).
+    """
+
+    def __init__(self, url: str) -> None:
+        self.dsn = conninfo(url)
+        self._waiters: dict[int, asyncio.Event] = {}
+        self._pool: asyncio.Queue[psycopg.AsyncConnection[Any]] | None = None
+        self._opened = 0
+        self._task: asyncio.Task[None] | None = None
+        #: Whether the listener is connected (the answers' notifications arrive).
+        self.listening = False
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start listening for answers (reconnects until :meth:`close`)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._listen(), name="tiffany-api-db-answers")
+
+    async def close(self) -> None:
+        """Stop listening and close every connection."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        pool = self._pool
+        while pool is not None and not pool.empty():
+            await pool.get_nowait().close()
+
+    async def _listen(self) -> None:
+        delay = 0.1
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+                async with conn:
+                    await conn.execute("LISTEN tiffany_answers")
+                    self.listening, delay = True, 0.1
+                    for event in list(self._waiters.values()):
+                        event.set()  # what was answered meanwhile: re-read
+                    async for note in conn.notifies():
+                        woken = self._waiters.get(int(note.payload))
+                        if woken is not None:
+                            woken.set()
+            except (psycopg.Error, OSError, ValueError) as exc:
+                if self.listening:
+                    log.warning("api.db_answers_lost", error=str(exc))
+                self.listening = False
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    # -- requests ----------------------------------------------------------------------
+
+    async def submit(
+        self, plan: Any, inputs: Any, key: str | None, *, timeout: float = ANSWER_WAIT_S
+    ) -> dict[str, Any]:
+        """Submit a plan; return the engine's answer ``{"run_id", "created", "seq"}``.
+
+        Raises:
+            ControlError: The engine refused it (422), or the key names
+                another body (409).
+            ControlUnavailable: No engine took it in time (withdrawn: nothing
+                starts), or the engine that took it did not answer in time.
+        """
+        digest = submission_digest(plan, inputs)
+        run_id = f"run-{uuid.uuid4().hex[:12]}"
+        rid = await self._insert(
+            "submit", None, run_id, key, digest, {"plan": plan, "inputs": inputs}
+        )
+        if rid is None:  # the key names an earlier submission
+            assert key is not None
+            row = await self._fetch(_BY_KEY, (key,))
+            if row is None:  # deleted meanwhile (past its window): a new one
+                return await self.submit(plan, inputs, key, timeout=timeout)
+            first, first_digest, first_run = row
+            if first_digest != digest:
+                raise ControlError(
+                    409,
+                    f"Idempotency-Key {key!r} was used for a different submission "
+                    f"(run {first_run})",
+                    {"run_id": first_run},
+                )
+            answer = await self._answer(first, timeout, withdraw=False)
+            return {**answer, "created": False}
+        return await self._answer(rid, timeout, withdraw=True)
+
+    async def request(
+        self, op: str, engine: int, run_id: str, *, timeout: float = ANSWER_WAIT_S, **fields: Any
+    ) -> dict[str, Any]:
+        """Ask engine ``engine`` to do ``op`` (cancel, verify) for ``run_id``; its answer."""
+        rid = await self._insert(op, engine, run_id, None, None, fields)
+        assert rid is not None
+        return await self._answer(rid, timeout, withdraw=True)
+
+    async def owner(self, run_id: str) -> int | None:
+        """The engine that took ``run_id``'s submission (None: not submitted through here)."""
+        row = await self._fetch(_OWNER, (run_id,))
+        return None if row is None else int(row[0])
+
+    # -- internals -------------------------------------------------------------------
+
+    async def _insert(
+        self,
+        op: str,
+        engine: int | None,
+        run_id: str,
+        key: str | None,
+        digest: str | None,
+        body: dict[str, Any],
+    ) -> int | None:
+        args = {
+            "op": op,
+            "engine": engine,
+            "run_id": run_id,
+            "key": key,
+            "digest": digest,
+            "body": json.dumps(body),
+        }
+        async with self._connection() as conn, conn.transaction():
+            row = await (await conn.execute(_INSERT, args)).fetchone()
+            if row is not None:
+                await conn.execute("SELECT pg_notify('tiffany_requests', %s)", (str(row[0]),))
+        return None if row is None else int(row[0])
+
+    async def _fetch(self, sql: str, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        async with self._connection() as conn:
+            row: tuple[Any, ...] | None = await (await conn.execute(sql, args)).fetchone()
+            return row
+
+    async def _answer(self, rid: int, timeout: float, *, withdraw: bool) -> dict[str, Any]:
+        """Wait for row ``rid``'s answer (module docstring)."""
+        event = self._waiters.setdefault(rid, asyncio.Event())
+        start = time.monotonic()
+        taken_by = start + (min(SUBMIT_WAIT_S, timeout) if withdraw else timeout)
+        try:
+            while True:
+                event.clear()
+                row = await self._fetch(_ROW, (rid,))
+                state, answer = row if row is not None else ("withdrawn", None)
+                if state == "done":
+                    return _unwrap(answer)
+                if state == "withdrawn":
+                    raise ControlUnavailable("the request was withdrawn before an engine took it")
+                now = time.monotonic()
+                if state == "pending" and now >= taken_by and withdraw:
+                    if await self._fetch(_WITHDRAW, (rid,)) is not None:
+                        raise ControlUnavailable(
+                            f"no engine took the request within {taken_by - start:g} s "
+                            "(are the engines up?); it was withdrawn: nothing started"
+                        )
+                    continue  # an engine took it just now
+                if now - start >= timeout:
+                    raise ControlUnavailable(
+                        f"the engine that took the request did not answer within {timeout:g} s; "
+                        "retry with the same Idempotency-Key"
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), RECHECK_S)
+        finally:
+            self._waiters.pop(rid, None)
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> Any:
+        if self._pool is None:
+            self._pool = asyncio.Queue()
+        pool = self._pool
+        if pool.empty() and self._opened < POOL_SIZE:
+            self._opened += 1
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+            except (psycopg.Error, OSError) as exc:
+                self._opened -= 1
+                raise ControlUnavailable(f"the database cannot be reached: {exc}") from exc
+        else:
+            conn = await pool.get()
+        ok = False
+        try:
+            yield conn
+            ok = True
+        except psycopg.OperationalError as exc:
+            raise ControlUnavailable(f"the database connection failed: {exc}") from exc
+        finally:
+            if ok or (not conn.closed and conn.info.transaction_status == _IDLE):
+                pool.put_nowait(conn)
+            else:  # broken, or left mid-statement (cancelled): never reused
+                self._opened -= 1
+                with contextlib.suppress(psycopg.Error):
+                    await conn.close()
+
+
+def _unwrap(answer: Any) -> dict[str, Any]:
+    """The engine's answer, or its refusal raised as :class:`ControlError`."""
+    if isinstance(answer, str):
+        answer = json.loads(answer)
+    if not isinstance(answer, dict):
+        raise ControlError(500, f"the engine's answer is not an object: {answer!r}")
+    error = answer.get("error")
+    if isinstance(error, dict):
+        raise ControlError(
+            int(error.get("status", 500)), str(error.get("message", "")), error.get("detail")
+        )
+    return answer
