@@ -7,9 +7,11 @@ replicas at once while one replica is killed with SIGKILL and started
 again; every key ends as exactly one run, every run succeeds, a repeated
 key answers the first run from either replica and a changed body is
 refused. A run is cancelled through the replica that did not submit it.
-In-process: a submission no engine takes is withdrawn (503, nothing starts
-later), and an engine that died between its commit and its answer has its
-rows settled by the next holder of its stream.
+The replica with no engine is ready and shows the engine's live feed and
+its own reads at ``min_seq`` through the database. In-process: a
+submission no engine takes is withdrawn (503, nothing starts later), and
+an engine that died between its commit and its answer has its rows
+settled by the next holder of its stream.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import psycopg
 import pytest
 from api_support import LONG_PLAN, clean_env, short_dir, start_engine
 from process_support import terminate, wait_for
+from websockets.sync.client import connect
 
 from tiffany.control import ControlUnavailable
 from tiffany.pgwal import conninfo
@@ -161,6 +164,26 @@ def test_two_api_replicas_without_an_engine_socket_lose_and_duplicate_nothing(
         )
         unknown = _post(f"{urls['b']}api/runs/run-nope/cancel", {})
         assert unknown[0] == 404
+        # A replica with no engine beside it: ready, its feed shows the engine's
+        # events, and its min_seq reads wait for the store's notified mark.
+        assert _get(urls["b"] + "readyz")["reason"] == "1 engine(s) elsewhere"
+        with connect(urls["b"].replace("http", "ws", 1) + "ws/activity") as ws:
+            status, watched = _post(urls["a"] + "api/runs", {"plan": PLAN})
+            assert status == 201, watched
+            run = _get(f"{urls['b']}api/runs/{watched['run_id']}?min_seq={watched['seq']}")
+            assert run["run_id"] == watched["run_id"]
+            kinds: list[str] = []
+            deadline = time.monotonic() + 30
+            while "run.finished" not in kinds and time.monotonic() < deadline:
+                try:
+                    frame = json.loads(ws.recv(timeout=1))
+                except TimeoutError:
+                    continue
+                for event in frame if isinstance(frame, list) else [frame]:
+                    if event.get("run_id") == watched["run_id"]:
+                        kinds.append(event["kind"])
+            assert kinds[0] == "run.started"
+            assert kinds[-1] == "run.finished"
     finally:
         for proc in (a, b):
             terminate(proc)

@@ -1,8 +1,9 @@
 """Two ``tiffany serve`` on one PostgreSQL journal: one drives it, one waits; kill -9, failover.
 
 Real processes on loopback and the local PostgreSQL (``pg_schema_url``):
-the second server's engine waits for the stream's lease (its API answers
-``/healthz`` but not ``/readyz``, so nothing routes to it); the first one's whole process group is
+the second server's engine waits for the stream's lease, while its API
+serves through the database (a submission there is run by the first
+server's engine); the first one's whole process group is
 killed with SIGKILL mid-run; the second takes the stream over after the
 lease, replays the run, finishes it, and it verifies.
 """
@@ -38,12 +39,12 @@ def _http(url: str, body: dict[str, Any] | None = None) -> Any:
         return json.loads(resp.read())
 
 
-def _status(url: str) -> int:
+def _readiness(url: str) -> tuple[int, str | None]:
     try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            return int(resp.status)
+        with urllib.request.urlopen(url + "readyz", timeout=10) as resp:
+            return int(resp.status), json.loads(resp.read())["reason"]
     except urllib.error.HTTPError as exc:
-        return exc.code
+        return exc.code, json.loads(exc.read())["reason"]
 
 
 def _serve(data_dir: Path, url: str) -> subprocess.Popen[bytes]:
@@ -82,16 +83,22 @@ def test_a_standby_server_takes_the_journal_over_when_the_active_one_is_killed(
         time.sleep(3)  # longer than the lease: the active one keeps renewing it
         assert standby.poll() is None
         assert _http(standby_url + "healthz")["ok"] is True  # alive...
-        assert _status(standby_url + "readyz") == 503  # ...but not driving the journal
-        assert _status(active_url + "readyz") == 200
+        # ...not driving the journal, yet its API serves: requests, the feed
+        # and the store's marks go through the database to the active engine.
+        assert _readiness(standby_url) == (200, "1 engine(s) elsewhere")
+        assert _readiness(active_url) == (200, None)
         log = (tmp_path / "standby.log").read_text()
         assert "pgwal.waiting" in log
-        run_id = _http(active_url + "api/runs", {"plan": NAPS})["run_id"]
+        answer = _http(standby_url + "api/runs", {"plan": NAPS})  # run by the active engine
+        run_id = answer["run_id"]
+        _http(active_url + f"api/runs/{run_id}?min_seq={answer['seq']}")
         time.sleep(0.5)  # the first nap is under way
         os.killpg(active.pid, signal.SIGKILL)
         active.wait(timeout=10)
         killed_at = time.monotonic()
-        wait_for(lambda: _status(standby_url + "readyz") == 200, 30, "the standby ready")
+        wait_for(
+            lambda: _readiness(standby_url) == (200, None), 30, "the standby's own engine ready"
+        )
         took = time.monotonic() - killed_at
         assert took < 2 + 3, took  # the lease, then the engine's start and replay
 

@@ -29,7 +29,7 @@ from tiffany.api.feed import FeedRelay, feed_path
 from tiffany.api.metrics import ApiMetrics
 from tiffany.api.middleware import RequestLog, TokenAuth
 from tiffany.api.routes import activity, runs, system
-from tiffany.config import Settings
+from tiffany.config import Settings, conninfo
 from tiffany.shards import homes
 from tiffany.store import make_engine, session_factory
 
@@ -53,6 +53,8 @@ def create_app(settings: Settings) -> FastAPI:
         queue_bytes=settings.ws_queue_bytes,
         send_timeout_s=settings.ws_send_timeout_s,
         max_subscribers=settings.ws_max_subscribers,
+        # The PostgreSQL journal: engines on any host publish through the database.
+        notify_dsn=conninfo(settings.database_url) if settings.journal == "postgres" else None,
     )
     state = ApiState(
         settings=settings,

@@ -26,6 +26,7 @@ import contextlib
 import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any, Final
 
 import psycopg
@@ -33,6 +34,7 @@ import structlog
 
 from tiffany.config import conninfo
 from tiffany.control import ControlError, ControlUnavailable, submission_digest
+from tiffany.store.projector import PROJECTED_CHANNEL
 
 __all__ = ["RECHECK_S", "SUBMIT_WAIT_S", "DbRequests"]
 
@@ -64,6 +66,7 @@ _OWNER: Final = (
     "SELECT engine FROM engine_requests WHERE op = 'submit' AND run_id = %s "
     "AND engine IS NOT NULL ORDER BY id DESC LIMIT 1"
 )
+_LEASES: Final = f"SELECT count(*) FROM wal_streams WHERE lease_until > {_NOW}"
 _IDLE: Final = psycopg.pq.TransactionStatus.IDLE
 
 
@@ -76,6 +79,8 @@ class DbRequests:
 
     def __init__(self, url: str) -> None:
         self.dsn = conninfo(url)
+        #: Called with ``(engine, last seq)`` when an engine's projector moves its mark.
+        self.on_projected: Callable[[int, int], None] | None = None
         self._waiters: dict[int, asyncio.Event] = {}
         self._pool: asyncio.Queue[psycopg.AsyncConnection[Any]] | None = None
         self._opened = 0
@@ -108,10 +113,14 @@ class DbRequests:
                 conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
                 async with conn:
                     await conn.execute("LISTEN tiffany_answers")
+                    await conn.execute(f"LISTEN {PROJECTED_CHANNEL}")
                     self.listening, delay = True, 0.1
                     for event in list(self._waiters.values()):
                         event.set()  # what was answered meanwhile: re-read
                     async for note in conn.notifies():
+                        if note.channel == PROJECTED_CHANNEL:
+                            self._projected(note.payload)
+                            continue
                         woken = self._waiters.get(int(note.payload))
                         if woken is not None:
                             woken.set()
@@ -169,6 +178,16 @@ class DbRequests:
         """The engine that took ``run_id``'s submission (None: not submitted through here)."""
         row = await self._fetch(_OWNER, (run_id,))
         return None if row is None else int(row[0])
+
+    async def engines_alive(self) -> int:
+        """How many journal streams are held under a current lease (live engines anywhere)."""
+        row = await self._fetch(_LEASES, ())
+        return 0 if row is None else int(row[0])
+
+    def _projected(self, payload: str) -> None:
+        engine, _, seq = payload.partition(" ")
+        if self.on_projected is not None and engine.isdigit() and seq.isdigit():
+            self.on_projected(int(engine), int(seq))
 
     # -- internals -------------------------------------------------------------------
 

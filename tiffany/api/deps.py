@@ -105,6 +105,9 @@ class Watermark:
         self._waiters: list[tuple[int, int, asyncio.Future[int]]] = []  # a heap by seq
         #: The journal's last written seq as of the newest answer (it only grows).
         self.written = 0
+        #: Moves of the mark are pushed to :meth:`push` (the PostgreSQL store's
+        #: notifications), so a read waits for them even with no engine to ask.
+        self.pushed = False
         self._order = itertools.count()
         self._task: asyncio.Task[None] | None = None
 
@@ -145,11 +148,18 @@ class Watermark:
             except ControlUnavailable:
                 with contextlib.suppress(StoreUnavailable):
                     self._advance(await self.read_mark())  # once: no engine, no news after
-                self._settle()
+                if not self.pushed:
+                    self._settle()
+                # Pushed (the database notifies every move of the mark): the
+                # reads wait for those notifications, each to its deadline.
                 return
             except TiffanyError:
                 self._settle()
                 return
+
+    def push(self, seen: int) -> None:
+        """The store's mark moved to ``seen`` (a notification): wake the reads it covers."""
+        self._advance(seen)
 
     def _advance(self, seen: int) -> None:
         self.seq = max(self.seq, seen)

@@ -37,7 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tiffany.api.db_requests import DbRequests
 from tiffany.api.deps import Watermark
 from tiffany.control import AsyncControlClient, ControlError, ControlUnavailable
-from tiffany.shards import engine_of
+from tiffany.shards import engine_home, engine_of
 
 __all__ = ["Engines", "merge_metrics"]
 
@@ -59,10 +59,16 @@ class Engines:
     ) -> None:
         self.db = db
         self.controls = [AsyncControlClient(home) for home in homes]
+        self._homes = homes
+        self._read_mark = read_mark
         self.watermarks = [
             Watermark(control, _bind(read_mark, i)) for i, control in enumerate(self.controls)
         ]
         self._turn = itertools.count()
+        if db is not None:
+            for mark in self.watermarks:
+                mark.pushed = True
+            db.on_projected = lambda engine, seq: self.watermark(engine).push(seq)
 
     def __len__(self) -> int:
         return len(self.controls)
@@ -129,11 +135,23 @@ class Engines:
 
     async def wait(self, seq: int, timeout: float) -> int:
         """Wait for the store to hold ``seq`` of its engine (:meth:`Watermark.wait`)."""
-        return await self.watermarks[self.engine_of(seq)].wait(seq, timeout)
+        return await self.watermark(self.engine_of(seq)).wait(seq, timeout)
+
+    def watermark(self, engine: int) -> Watermark:
+        """Engine ``engine``'s watermark (through the database: made for any engine that speaks)."""
+        while self.db is not None and len(self.watermarks) <= engine:
+            i = len(self.watermarks)
+            home = engine_home(self._homes[0], i)
+            mark = Watermark(AsyncControlClient(home), _bind(self._read_mark, i))
+            mark.pushed = True
+            self.watermarks.append(mark)
+        return self.watermarks[engine]
 
     def engine_of(self, seq: int) -> int:
         """The engine whose journal wrote ``seq`` (engine 0 for one out of range)."""
         engine = engine_of(seq)
+        if self.db is not None:
+            return engine  # engines on other hosts: any number
         return engine if engine < len(self.controls) else 0
 
     async def each(self, op: str, timeout: float) -> list[dict[str, Any] | BaseException]:

@@ -91,12 +91,15 @@ from tiffany.api.fairshare import FairShare
 from tiffany.api.wsdirect import DirectWriter, text_frame
 from tiffany.pal.transport import (
     FEED_SOCKET,
+    MAX_RECONNECT_DELAY_S,
+    RECONNECT_DELAY_S,
     FeedClosed,
     FrameHead,
     Lines,
     Reconnects,
     follow,
     follow_lines,
+    frame_head,
 )
 
 __all__ = ["FEED_SOCKET", "FeedRelay", "FeedSubscriber", "bound_send_buffer", "feed_path"]
@@ -377,11 +380,18 @@ class FeedRelay:
         max_subscribers: int = 1000,
         follow_fn: Follow = follow,
         lines_fn: FollowLines = follow_lines,
+        notify_dsn: str | None = None,
     ) -> None:
         paths = [Path(p) for p in path] if isinstance(path, list) else [Path(path)]
         #: One upstream a feed: an engine's (``serve --engines N``: one an engine).
         self.upstreams = [_Upstream(i, p) for i, p in enumerate(paths)]
         self.path = paths[0]
+        #: Follow ``NOTIFY tiffany_feed`` of this database instead of the sockets
+        #: (the PostgreSQL journal: engines on any host; tiffany/engine/pg_feed.py).
+        self.notify_dsn = notify_dsn
+        #: Several feeds merged, each event re-keyed (see :class:`_Upstream`).
+        self.merged = len(paths) > 1 or notify_dsn is not None
+        self._notify_up = False
         self.queue_frames = queue_frames
         self.queue_bytes = queue_bytes
         self.send_timeout_s = send_timeout_s
@@ -414,6 +424,8 @@ class FeedRelay:
     @property
     def connected(self) -> bool | None:
         """Whether every engine's feed answered lately (None: one not tried yet)."""
+        if self.notify_dsn is not None:
+            return self._notify_up
         states = [up.connected for up in self.upstreams]
         if False in states:
             return False
@@ -444,6 +456,9 @@ class FeedRelay:
 
     async def _run_all(self) -> None:
         """Follow every engine's feed (one task each); stop them all together."""
+        if self.notify_dsn is not None:
+            await self._run_notify(self.notify_dsn)
+            return
         if len(self.upstreams) == 1:
             await self._run(self.upstreams[0])
             return
@@ -489,6 +504,46 @@ class FeedRelay:
                 self.cut_off(
                     sub, "the API lost the engine's feed: reload state over HTTP", slow=False
                 )
+
+    async def _run_notify(self, dsn: str) -> None:
+        """Follow every engine's feed through ``LISTEN tiffany_feed``, reconnecting forever.
+
+        A notification is one engine's batch: its number on the first line,
+        then its frames, one a line (``tiffany/engine/pg_feed.py``). What is
+        published while this process is not listening is lost: after a
+        reconnect the relay marks the gap (``gone``: reload over HTTP).
+        """
+        import psycopg
+
+        delay, listened = RECONNECT_DELAY_S, False
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+                async with conn:
+                    await conn.execute("LISTEN tiffany_feed")
+                    if listened:
+                        reason = "the API's feed from the database dropped: reload state over HTTP"
+                        self._mark_gap(None, reason)
+                    listened, self._notify_up, delay = True, True, RECONNECT_DELAY_S
+                    async for note in conn.notifies():
+                        self._take_notification(note.payload)
+            except (psycopg.Error, OSError) as exc:
+                if self._notify_up:
+                    log.warning("feed relay lost the database's feed", error=str(exc))
+                self._notify_up = False
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, MAX_RECONNECT_DELAY_S)
+
+    def _take_notification(self, payload: str) -> None:
+        number, _, body = payload.partition("\n")
+        if not number.isdigit() or not body:
+            return
+        engine = int(number)
+        while len(self.upstreams) <= engine:  # engines are learnt as they speak
+            self.upstreams.append(_Upstream(len(self.upstreams), self.path))
+        up = self.upstreams[engine]
+        for line in body.split("\n"):
+            self.accept(frame_head(line), line, up)
 
     async def _follow_once(
         self, up: _Upstream, policy: Reconnects, attempt: tenacity.AttemptManager
@@ -555,7 +610,7 @@ class FeedRelay:
             return  # duplicates after a reconnect
         up.last_seq = seq
         up.received += 1
-        if len(self.upstreams) > 1:
+        if self.merged:
             key = seq if self.last_seq is None else max(self.last_seq + 1, seq)
             if key != seq:
                 text = _rekey(text, seq, key)
@@ -814,7 +869,7 @@ class FeedRelay:
         """
         assert sub.since is not None
         self.catchups += 1
-        if len(self.upstreams) > 1:
+        if self.merged:
             # The relay's keys are its own (see _Upstream): no engine can
             # tell what followed one it no longer holds.
             sub.catching_up = False

@@ -77,6 +77,7 @@ from tiffany.shards import engine_stream, seq_base
 
 if TYPE_CHECKING:
     from tiffany.engine.db_requests import RequestClaimer
+    from tiffany.engine.pg_feed import NotifyFeed
 
 __all__ = ["FEED_SOCKET", "EngineService", "Inbox"]
 
@@ -204,6 +205,12 @@ class EngineService:
         self.hub.follow_wal(self.runtime.wal)  # feed seqs follow the WAL (tiffany/pal/hub.py)
         self.runtime.journal.on_hold = self.activity.step_held
         self.inbox = Inbox()
+        #: The feed through the database (journal=postgres): API replicas on any host.
+        self.pg_feed: NotifyFeed | None = None
+        if settings.journal == "postgres":
+            from tiffany.engine.pg_feed import NotifyFeed
+
+            self.pg_feed = NotifyFeed(self.hub, settings.database_url, settings.engine)
         child_env = {  # the projector needs the store, not the LLM key nor the API token
             **scrub_secrets(dict(os.environ)),
             "TIFFANY_DATA_DIR": str(self.data_dir),
@@ -258,6 +265,8 @@ class EngineService:
         _migrate(self.settings.database_url)  # the API reads the store as soon as we are up
         self.hub.start()
         self.feed.start()
+        if self.pg_feed is not None:
+            self.pg_feed.start()
         self.projector.start()
         self.control.start()
         try:
@@ -329,6 +338,8 @@ class EngineService:
             if self.checkpointer is not None and not wal_failed:
                 self.checkpointer.stop()  # a last checkpoint: the next start reads little
             self.feed.stop()
+            if self.pg_feed is not None:
+                self.pg_feed.stop()
             self.hub.stop()
             if self._store is not None:
                 self._store.dispose()

@@ -42,6 +42,8 @@ from tiffany.pal.hub import Hub
 
 __all__ = [
     "FEED_SOCKET",
+    "MAX_RECONNECT_DELAY_S",
+    "RECONNECT_DELAY_S",
     "FeedClosed",
     "FeedServer",
     "FrameHead",
@@ -49,6 +51,7 @@ __all__ = [
     "Reconnects",
     "follow",
     "follow_lines",
+    "frame_head",
     "is_transient",
     "line_of",
 ]
@@ -276,6 +279,11 @@ _decode_head = msgspec.json.Decoder(FrameHead).decode
 
 #: Largest frame a lines session takes, in bytes (the hub's frames are far smaller).
 MAX_FRAME_BYTES: Final = 16 * 1024 * 1024
+
+
+def frame_head(text: str | bytes) -> FrameHead:
+    """Decode what a relay reads of one frame's JSON text (its type, seq and run)."""
+    return _decode_head(text)
 
 
 def line_of(frame: dict[str, Any]) -> tuple[FrameHead, str]:

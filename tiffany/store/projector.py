@@ -131,7 +131,17 @@ from tiffany.store.records import (
     text,
 )
 
-__all__ = ["ApplyReport", "Decoded", "Projector", "StoreJournalMismatch", "is_transient"]
+__all__ = [
+    "PROJECTED_CHANNEL",
+    "ApplyReport",
+    "Decoded",
+    "Projector",
+    "StoreJournalMismatch",
+    "is_transient",
+]
+
+#: On PostgreSQL, each move of a mark is notified here: ``"<engine> <last seq>"``.
+PROJECTED_CHANNEL: Final = "tiffany_projected"
 
 
 #: Finished runs whose context is kept in memory (more are reloaded on demand).
@@ -352,6 +362,7 @@ class Projector:
     ) -> None:
         self.engine = engine
         self.shard = shard
+        self._notify = engine.dialect.name == "postgresql"
         self._state_id = PROJECTOR_STATE_ID + shard
         self._base, self._last = seq_base(shard), seq_last(shard)
         #: The mark, read and locked at the start of each batch's transaction.
@@ -492,6 +503,12 @@ class Projector:
                 .values(last_seq=report.last_seq)
             )
             report.statements += 1
+            if self._notify:
+                # On PostgreSQL, API replicas on any host learn the mark at the
+                # commit (``min_seq`` reads: tiffany/api/db_requests.py).
+                payload = f"{self.shard} {report.last_seq}"
+                conn.execute(select(func.pg_notify(PROJECTED_CHANNEL, payload)))
+                report.statements += 1
 
     def reset(self, journal: str | None = None) -> None:
         """Delete this engine's projected rows and set its mark back (before a rebuild).

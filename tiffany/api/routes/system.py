@@ -86,6 +86,16 @@ async def readyz(state: State) -> Any:
     store = stores if several else stores[0]
     # Ready while some engine takes work: submissions pass over the others
     # (a standby's engine waiting for its stream, one restarting).
+    db = state.engines.db
+    if len(reasons) == len(answers) and db is not None and state.relay.connected:
+        # No engine here, but the database carries requests, the feed and the
+        # store's marks: ready while engines elsewhere hold their streams.
+        try:
+            alive = await db.engines_alive()
+        except ControlUnavailable:
+            alive = 0
+        if alive:
+            return {"ready": True, "reason": f"{alive} engine(s) elsewhere", "store": None}
     if len(reasons) == len(answers):
         body: dict[str, Any] = {"ready": False, "reason": "; ".join(reasons)}
         if any(s is not None for s in stores):
