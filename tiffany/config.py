@@ -93,6 +93,11 @@ class Settings(BaseSettings):
             (``tiffany/shards.py``). ``serve`` sets it for each engine.
         engines: How many engines ``serve`` starts, and the API reaches
             (their homes under ``data_dir``: docs/engines.md).
+        engine_slots: On the PostgreSQL journal, the engine takes the first
+            free stream among ``journal_stream``, ``-1``, ... ``-<slots-1>``
+            (and becomes that engine), waiting while all are held: N replicas
+            of one engine with ``engine_slots=N`` share the work, a spare one
+            takes a dead one's stream. 0: the stream of ``engine``.
         journal_lease_s: How long an engine's lease on its stream lasts
             without renewal: a dead engine's stream is taken over after it.
         idempotency_window_s: How long an ``Idempotency-Key`` keeps answering
@@ -150,6 +155,7 @@ class Settings(BaseSettings):
     journal_lease_s: float = Field(default=10.0, gt=0)
     engine: int = Field(default=0, ge=0, lt=MAX_ENGINES)
     engines: int = Field(default=1, ge=1, le=MAX_ENGINES)
+    engine_slots: int = Field(default=0, ge=0, le=MAX_ENGINES)
     idempotency_window_s: float = Field(default=86_400.0, gt=0)
     slow_dispatch_threshold_s: float = Field(default=0.1, gt=0)
     enabled_tools: Annotated[list[str], NoDecode] = Field(
@@ -217,6 +223,10 @@ class Settings(BaseSettings):
         if not self.database_url.strip():
             path = self.data_dir / SQLITE_FILE_NAME
             self.database_url = f"sqlite:///{path}"
+        if self.engine_slots and self.journal != "postgres":
+            raise ValueError(
+                "engine_slots needs journal=postgres: engines take free streams of the database"
+            )
         if self.journal == "postgres" and not self.database_url.startswith("postgres"):
             raise ValueError(
                 "journal=postgres needs a PostgreSQL database_url "

@@ -1024,10 +1024,20 @@ def test_duration_reader() -> None:
 KUBERNETES_PG_DIR = ROOT / "deploy" / "kubernetes-postgres"
 
 
-def pg_object(kind: str) -> dict[str, Any]:
-    """The one manifest of ``kind`` in deploy/kubernetes-postgres."""
-    found = [doc for _, doc in kubernetes_documents(KUBERNETES_PG_DIR) if doc.get("kind") == kind]
-    assert len(found) == 1, f"{len(found)} {kind} manifests in {KUBERNETES_PG_DIR}"
+def pg_object(kind: str, component: str | None = None) -> dict[str, Any]:
+    """The one manifest of ``kind`` (and ``app.kubernetes.io/component``) in kubernetes-postgres."""
+    found = [
+        doc
+        for _, doc in kubernetes_documents(KUBERNETES_PG_DIR)
+        if doc.get("kind") == kind
+        and (
+            component is None
+            or doc["metadata"].get("labels", {}).get("app.kubernetes.io/component") == component
+        )
+    ]
+    assert len(found) == 1, (
+        f"{len(found)} {kind} {component or ''} manifests in {KUBERNETES_PG_DIR}"
+    )
     return found[0]
 
 
@@ -1050,32 +1060,52 @@ def test_postgres_journal_manifests_match_the_api_schemas(
     assert not errors, f"Kubernetes {version} would refuse:\n" + "\n".join(errors)
 
 
-def test_postgres_journal_engines_are_a_deployment_of_standbys(
+def test_postgres_journal_engines_are_a_deployment_sharing_slots(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    deployment = pg_object("Deployment")
-    assert deployment["spec"]["replicas"] >= 2  # one drives the stream, the others wait
-    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    deployment = pg_object("Deployment", "engine")
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert container["command"] == ["tiffany", "serve"]
+    assert container["command"] == ["tiffany", "engine"]
     literal, secret = container_env(container)
     assert unknown_tiffany_variables([*literal, *secret]) == []
-    assert literal["TIFFANY_JOURNAL"] == "postgres"
     assert secret["TIFFANY_DATABASE_URL"] == {"name": "tiffany", "key": "database-url"}
     settings = settings_from(
         {**literal, "TIFFANY_DATABASE_URL": "postgresql+psycopg://u@db/tiffany"}, monkeypatch
     )
     assert (settings.journal, settings.journal_lease_s) == ("postgres", 10.0)
+    # More replicas than slots: each slot's engine has a spare to take its stream.
+    assert deployment["spec"]["replicas"] > settings.engine_slots >= 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     assert pod["terminationGracePeriodSeconds"] >= SERVE_STOP_S + SHUTDOWN_MARGIN_S
-    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert int(literal["TIFFANY_PORT"]) == ports["http"]
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-    assert readiness_command(container)[-1] == f"http://127.0.0.1:{ports['http']}/readyz"
+    assert "ports" not in container  # engines serve no HTTP: the API reaches them via SQL
     # No volume holds a journal here: the data dir is scratch (run workspaces).
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     assert "emptyDir" in volumes[mounts[literal["TIFFANY_DATA_DIR"]]]
+
+
+def test_postgres_journal_api_is_a_deployment_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    deployment = pg_object("Deployment", "api")
+    assert deployment["spec"]["replicas"] >= 2
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == ["tiffany", "api"]
+    literal, secret = container_env(container)
+    assert unknown_tiffany_variables([*literal, *secret]) == []
+    assert literal["TIFFANY_JOURNAL"] == "postgres"  # requests and feed through the database
+    assert secret["TIFFANY_DATABASE_URL"] == {"name": "tiffany", "key": "database-url"}
+    assert secret["TIFFANY_API_TOKEN"]["key"] == "api-token"
+    settings = settings_from(
+        {**literal, "TIFFANY_DATABASE_URL": "postgresql+psycopg://u@db/tiffany"}, monkeypatch
+    )
+    assert settings.engine_slots == 0
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert int(literal["TIFFANY_PORT"]) == ports["http"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert readiness_command(container)[-1] == f"http://127.0.0.1:{ports['http']}/readyz"
 
 
 def test_postgres_journal_migrations_run_once_as_a_job(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1085,15 +1115,18 @@ def test_postgres_journal_migrations_run_once_as_a_job(monkeypatch: pytest.Monke
     literal, secret = container_env(container)
     assert unknown_tiffany_variables([*literal, *secret]) == []
     assert secret["TIFFANY_DATABASE_URL"] == {"name": "tiffany", "key": "database-url"}
-    deployment = pg_object("Deployment")
-    (engine,) = deployment["spec"]["template"]["spec"]["containers"]
-    assert container["image"] == engine["image"]
+    for component in ("engine", "api"):
+        deployment = pg_object("Deployment", component)
+        (other,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert container["image"] == other["image"]
 
 
 def test_postgres_journal_service_and_kustomization() -> None:
     service = pg_object("Service")
-    labels = pg_object("Deployment")["spec"]["template"]["metadata"]["labels"]
+    labels = pg_object("Deployment", "api")["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
+    engines = pg_object("Deployment", "engine")["spec"]["template"]["metadata"]["labels"]
+    assert not service["spec"]["selector"].items() <= engines.items()  # no HTTP there
     assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
     kustomization = yaml.safe_load((KUBERNETES_PG_DIR / "kustomization.yaml").read_text())
     present = {p.name for p in KUBERNETES_PG_DIR.glob("*.yaml")} - KUSTOMIZE_EXCLUDED

@@ -9,6 +9,7 @@ adds the activity log, the store projector and the control channel.
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from tiffany.kernel import Instrument, SlowDispatchWatchdog
 from tiffany.shards import engine_stream, seq_base, seq_last
 from tiffany.wal import Log, Source
 
-__all__ = ["Engine", "build", "replay_resolvers", "tool_settings"]
+__all__ = ["Engine", "build", "replay_resolvers", "take_slot", "tool_settings"]
 
 #: Held steps listed in the engine's status (the count is always exact).
 MAX_WAITING_LISTED = 100
@@ -151,14 +152,8 @@ def journal_log(settings: Settings, *, wait_s: float = 0.0) -> Log | None:
     if settings.journal != "postgres":
         return None
     from tiffany.pgwal import PgLog
-    from tiffany.store import make_engine
-    from tiffany.store.migrate import upgrade
 
-    store = make_engine(settings.database_url)  # the journal's tables are Alembic's too
-    try:
-        upgrade(store)
-    finally:
-        store.dispose()
+    _migrate(settings.database_url)
     return PgLog.open(
         settings.database_url,
         engine_stream(settings.journal_stream, settings.engine),
@@ -166,6 +161,53 @@ def journal_log(settings: Settings, *, wait_s: float = 0.0) -> Log | None:
         wait_s=wait_s,
         first_seq=seq_base(settings.engine) + 1,
     )
+
+
+def take_slot(settings: Settings) -> tuple[Settings, Log]:
+    """Take the first free stream of ``settings.engine_slots``; wait while every one is held.
+
+    Returns the settings of the engine whose stream it took (``engine`` set
+    to its number) and the open stream. Two engines after the same freed
+    stream: its lease row admits one; the other tries the next, or waits.
+    """
+    import structlog
+
+    from tiffany.errors import WalLockedError
+    from tiffany.pgwal import PgLog
+
+    log = structlog.get_logger(__name__)
+    _migrate(settings.database_url)
+    said = False
+    while True:
+        soonest = settings.journal_lease_s
+        for i in range(settings.engine_slots):
+            try:
+                opened = PgLog.open(
+                    settings.database_url,
+                    engine_stream(settings.journal_stream, i),
+                    lease_s=settings.journal_lease_s,
+                    first_seq=seq_base(i) + 1,
+                )
+            except WalLockedError as exc:
+                soonest = min(soonest, float(exc.fields["lease_left_s"]))
+                continue
+            log.info("engine.slot_taken", engine=i, slots=settings.engine_slots)
+            return settings.model_copy(update={"engine": i}), opened
+        if not said:
+            said = True
+            log.info("engine.standby", slots=settings.engine_slots, reason="every slot held")
+        time.sleep(min(max(soonest, 0.05), settings.journal_lease_s / 4, 1.0))
+
+
+def _migrate(url: str) -> None:
+    from tiffany.store import make_engine
+    from tiffany.store.migrate import upgrade
+
+    store = make_engine(url)  # the journal's tables are Alembic's too
+    try:
+        upgrade(store)
+    finally:
+        store.dispose()
 
 
 def journal_source(settings: Settings) -> Source:
@@ -184,10 +226,12 @@ def build(
     instruments: Iterable[Instrument] = (),
     emit: Callable[[str, str, Mapping[str, Any]], None] | None = None,
     server: bool = False,
+    log: Log | None = None,
 ) -> Engine:
     """Wire an engine under ``settings.data_dir`` (``server``: see :func:`tool_settings`).
 
     A ``server`` also waits for the journal's lease (``journal=postgres``).
+    ``log``: a journal already open (:func:`take_slot`'s).
     """
     data_dir = Path(settings.data_dir)
     registry = ToolRegistry.default(
@@ -205,7 +249,7 @@ def build(
         key_window_s=settings.idempotency_window_s,
         # A server waits for the lease as long as another engine holds it (a
         # standby; a restart after a crash waits out the dead one's lease).
-        log=journal_log(settings, wait_s=float("inf") if server else 0.0),
+        log=log or journal_log(settings, wait_s=float("inf") if server else 0.0),
         # This engine's seqs (tiffany/shards.py): never another engine's.
         seqs=(seq_base(settings.engine) + 1, seq_last(settings.engine) + 1),
     )

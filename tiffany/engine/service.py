@@ -62,7 +62,7 @@ from tiffany.documents import check as check_document
 from tiffany.durable.checkpoint import KeyEntry
 from tiffany.durable.history import checkpoint_of
 from tiffany.durable.retention import CHECKPOINT_EVERY_RUNS, Checkpointer, Retain, StreamLog
-from tiffany.engine import Engine, build
+from tiffany.engine import Engine, build, take_slot
 from tiffany.engine.activity import ActivityLog
 from tiffany.engine.control_server import ControlServer
 from tiffany.engine.metrics import EngineMetrics, project_health
@@ -185,6 +185,10 @@ class EngineService:
     """
 
     def __init__(self, settings: Settings, *, enabled_tools: list[str] | None = None) -> None:
+        log = None
+        if settings.engine_slots and settings.journal == "postgres":
+            # Become the engine of the first free stream (or wait for one).
+            settings, log = take_slot(settings)
         self.settings = settings
         self.data_dir = Path(settings.data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -196,6 +200,7 @@ class EngineService:
         self.activity = ActivityLog(self.hub, runs_only=True)
         self.engine: Engine = build(
             settings,
+            log=log,
             enabled_tools=enabled_tools,
             instruments=[self.activity],
             emit=self._emit,
@@ -217,7 +222,12 @@ class EngineService:
             "TIFFANY_DATABASE_URL": settings.database_url,
             "TIFFANY_LOG_FORMAT": settings.log_format,
             "TIFFANY_LOG_LEVEL": settings.log_level,
+            # The journal it tails: this engine's (a slot taken at start included).
+            "TIFFANY_ENGINE": str(settings.engine),
+            "TIFFANY_JOURNAL": settings.journal,
+            "TIFFANY_JOURNAL_STREAM": settings.journal_stream,
         }
+        child_env.pop("TIFFANY_ENGINE_SLOTS", None)
         self.projector = ProjectorLink(self.data_dir, child_env)
         # What the WAL already holds counts in the lag before the first commit.
         self.projector.durable_seq = self.runtime.wal.durable_seq

@@ -244,8 +244,8 @@ async def _read_run(state: State, run_id: str, min_seq: int | None, fn: Any) -> 
 
 async def _owner(state: State, run_id: str) -> int | None:
     """The engine that runs ``run_id`` (None: the store does not show the run yet)."""
-    if len(state.engines) == 1:
-        return 0
+    if len(state.engines) == 1 and state.engines.db is None:
+        return 0  # one engine, and it is this host's
     start = await state.read(lambda s: queries.start_seq_of(s, run_id))
     return None if start is None else state.engines.engine_of(start)
 
