@@ -95,3 +95,58 @@ def test_a_worker_keeps_no_secret_of_the_engine(monkeypatch: pytest.MonkeyPatch)
     assert "TIFFANY_LLM_API_KEY" not in os.environ
     assert "TIFFANY_API_TOKEN" not in os.environ
     assert os.environ["TIFFANY_DATA_DIR"] == "/kept"
+
+
+_HOLDER = """
+import json, os, sys, time
+from pathlib import Path
+sys.path.insert(0, {durable!r})
+from tiffany.config import Settings
+from tiffany.engine.verifier import Verifier
+
+def children(pid):
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+v = Verifier(Settings(data_dir={data!r}))
+v.verify({run!r})
+kids = children(os.getpid())
+print(json.dumps(kids + [g for k in kids for g in children(k)]), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_kill_9_of_the_engine_leaves_no_verify_process_behind(golden: Path) -> None:
+    """The fork server and its worker exit with the engine, however it dies."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from tiffany.durable import scan
+
+    data = golden / "fan_in"
+    run = next(iter(scan(data / "wal").runs))
+    code = _HOLDER.format(durable=str(TESTS / "durable"), data=str(data), run=run)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    pids = json.loads(line)
+    assert len(pids) >= 2, line  # the fork server and a worker
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in pids if Path(f"/proc/{p}").exists()]
+        time.sleep(0.05)
+    assert alive == [], f"left behind: {alive}"

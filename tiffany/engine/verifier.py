@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import select
 import threading
+import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
@@ -57,8 +59,8 @@ VERIFY_TIMEOUT_S: Final = 600.0
 _PRELOAD: Final = ["tiffany.durable", "tiffany.engine"]
 
 
-def _init_worker(settings: Settings) -> None:
-    """Drop the secrets the environment holds; log like the engine."""
+def _init_worker(settings: Settings, engine_pid: int) -> None:
+    """Drop the secrets the environment holds; log like the engine; die with the engine."""
     from tiffany.config import scrub_secrets
     from tiffany.log import configure_logging
 
@@ -66,6 +68,37 @@ def _init_worker(settings: Settings) -> None:
     for key in set(os.environ) - set(keep):
         del os.environ[key]
     configure_logging(settings)
+    threading.Thread(
+        target=_exit_with, args=(engine_pid,), name="tiffany-verify-watch", daemon=True
+    ).start()
+
+
+def _exit_with(pid: int) -> None:
+    """Exit this worker when process ``pid`` (the engine) is gone, however it went.
+
+    Discussion: a pool worker waits on its call queue, whose pipe it holds
+    both ends of, and the fork server waits for its "alive" pipe, whose
+    write end the worker inherited: after a kill -9 of the engine neither
+    ever saw an end, and every crash left the two processes behind (found
+    by counting processes after the kill -9 tests). The engine's pidfd
+    becomes readable when it exits; the worker then exits, and with it
+    the last holder of the fork server's pipe, so the fork server exits too.
+    """
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:  # already gone
+        os._exit(0)
+    except OSError:  # no pidfd here (an old kernel): look once a second
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os._exit(0)
+            except PermissionError:
+                pass  # alive, another user's (a reused pid cannot be ours)
+    select.select([fd], [], [])
+    os._exit(0)
 
 
 def _verify(settings: Settings, run_id: str) -> tuple[int, Any]:
@@ -163,7 +196,7 @@ class Verifier:
             VERIFY_WORKERS,
             mp_context=self._context,
             initializer=_init_worker,
-            initargs=(self.settings,),
+            initargs=(self.settings, os.getpid()),
         )
 
     def _kill(self, fut: Future[tuple[int, Any]]) -> None:
