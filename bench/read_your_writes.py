@@ -5,7 +5,9 @@
     python bench/read_your_writes.py --rate 200 --seconds 20 --postgres URL
 
 For each tree and each store (SQLite under the data dir; PostgreSQL in a
-schema of its own, dropped afterwards) it starts ``tiffany serve`` from that
+schema of its own, dropped afterwards; and PostgreSQL holding the journal
+too, ``pg journal``: submissions, the feed and the store's marks through the
+database) it starts ``tiffany serve`` from that
 tree (``PYTHONPATH``; a child process of this script per cell) and drives an
 **open-loop** load (``bench/api.py``'s generator: operation i is due at
 ``t0 + i / rate``): each operation submits a small plan and, as soon as the
@@ -120,12 +122,16 @@ async def _load(api: Any, url: str, rate: float, seconds: float) -> dict[str, An
     return out
 
 
-def run_cell(database_url: str | None, rate: float, seconds: float) -> dict[str, Any]:
+def run_cell(
+    database_url: str | None, rate: float, seconds: float, journal: str = "file"
+) -> dict[str, Any]:
     """Start serve from the tree on ``sys.path`` and drive the load; return the raw figures."""
     sys.path.insert(0, str(HERE))
     import api  # bench/api.py: Serve, Pool, build_request (after the tree is on sys.path)
 
     env = {"TIFFANY_DATABASE_URL": database_url} if database_url else {}
+    if journal == "postgres":  # requests, feed and marks through the database
+        env["TIFFANY_JOURNAL"] = "postgres"
     with api.Serve(env=env) as serve:
         deadline = time.monotonic() + 60
         while True:  # ready: the engine is up and the store answers
@@ -171,10 +177,12 @@ def _drop(handle: Any) -> None:
     admin.dispose()
 
 
-def _cell(tree: Path, database_url: str | None, args: argparse.Namespace) -> dict[str, Any]:
+def _cell(
+    tree: Path, database_url: str | None, args: argparse.Namespace, journal: str = "file"
+) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
     argv = [sys.executable, __file__, "--cell", "--rate", str(args.rate)]
-    argv += ["--seconds", str(args.seconds)]
+    argv += ["--seconds", str(args.seconds), "--journal", journal]
     if database_url:
         argv += ["--database-url", database_url]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, cwd=tree)
@@ -228,17 +236,18 @@ def main() -> None:
     )
     parser.add_argument("--cell", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--database-url", help=argparse.SUPPRESS)
+    parser.add_argument("--journal", default="file", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cell:
-        print(json.dumps(run_cell(args.database_url, args.rate, args.seconds)))
+        print(json.dumps(run_cell(args.database_url, args.rate, args.seconds, args.journal)))
         return
     trees = [("this", ROOT)] + ([("before", args.before.resolve())] if args.before else [])
     cells: dict[tuple[str, str], dict[str, Any]] = {}
-    for store in ("sqlite", "postgres"):
+    for store in ("sqlite", "postgres", "pg journal"):
         for name, tree in trees:
             handle = None
             url = None
-            if store == "postgres":
+            if store != "sqlite":
                 if not args.postgres:
                     continue
                 made = _pg_schema(args.postgres)
@@ -246,7 +255,8 @@ def main() -> None:
                     continue
                 url, handle = made
             try:
-                cells[(store, name)] = _cell(tree, url, args)
+                journal = "postgres" if store == "pg journal" else "file"
+                cells[(store, name)] = _cell(tree, url, args, journal)
             finally:
                 if handle is not None:
                     _drop(handle)
@@ -267,7 +277,7 @@ def _print(cells: dict[tuple[str, str], dict[str, Any]], args: argparse.Namespac
         for key in keys:
             row += _rows(cells[key]).get(label, "-").rjust(18)
         print(row)
-    for store in ("sqlite", "postgres"):
+    for store in ("sqlite", "postgres", "pg journal"):
         this, other = cells.get((store, "this")), cells.get((store, "before"))
         if this is not None and other is not None:
             print(

@@ -347,3 +347,60 @@ def test_dashboard_submits_a_plan_and_follows_it_live(
         finally:
             browser.close()
     assert not errors, "\n".join(errors)
+
+
+def test_the_dashboard_shows_every_engines_activity(
+    chromium_path: str, tmp_path: Path, artifacts_dir: Path
+) -> None:
+    """``serve --engines 2``: one page lists both engines' runs and tails both feeds."""
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    data_dir = tmp_path / "data"
+    log_path = tmp_path / "serve.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")}
+    cmd = [sys.executable, "-m", "tiffany", "--data-dir", str(data_dir), "serve"]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [*cmd, "--port", "0", "--engines", "2"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    errors: list[str] = []
+    try:
+        url = _wait_for_url(proc, data_dir / "serve.json", log_path)
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium_path, headless=True)
+            try:
+                page = browser.new_page(viewport={"width": 1600, "height": 1000})
+                page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+                page.on("console", lambda msg: _console(msg, errors))
+                page.goto(url)
+                expect(page.get_by_test_id("conn-status")).to_have_attribute("data-state", "live")
+                runs = []
+                for i in range(4):  # round robin: two runs on each engine
+                    body = json.dumps({"plan": {**GOOD_PLAN, "name": f"two-engines-{i}"}})
+                    req = urllib.request.Request(
+                        url + "api/runs",
+                        data=body.encode(),
+                        headers={"content-type": "application/json"},
+                    )
+                    with urllib.request.urlopen(req, timeout=30) as resp:
+                        runs.append(json.loads(resp.read()))
+                assert {r["seq"] >> 40 for r in runs} == {0, 1}
+                for r in runs:  # listed, whichever engine runs it
+                    row = page.locator(f'[data-testid=run-row][data-run-id="{r["run_id"]}"]')
+                    expect(row).to_have_count(1)
+                for engine in ("0", "1"):  # the tail follows both engines
+                    tail = page.locator(f"[data-testid=tail-row][data-engine='{engine}']")
+                    expect(tail.first).to_be_attached()
+                png = tmp_path / "two-engines.png"
+                page.screenshot(path=str(png), full_page=True)
+                _save_screenshot(png, "two-engines", artifacts_dir)
+            finally:
+                browser.close()
+    finally:
+        _stop(proc)
+    assert errors == []

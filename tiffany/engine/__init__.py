@@ -152,8 +152,9 @@ def journal_log(settings: Settings, *, wait_s: float = 0.0) -> Log | None:
     if settings.journal != "postgres":
         return None
     from tiffany.pgwal import PgLog
+    from tiffany.store.migrate import upgrade_url
 
-    _migrate(settings.database_url)
+    upgrade_url(settings.database_url)  # the journal's tables are Alembic's too
     return PgLog.open(
         settings.database_url,
         engine_stream(settings.journal_stream, settings.engine),
@@ -174,9 +175,10 @@ def take_slot(settings: Settings) -> tuple[Settings, Log]:
 
     from tiffany.errors import WalLockedError
     from tiffany.pgwal import PgLog
+    from tiffany.store.migrate import upgrade_url
 
     log = structlog.get_logger(__name__)
-    _migrate(settings.database_url)
+    upgrade_url(settings.database_url)  # the journal's tables are Alembic's too
     said = False
     while True:
         soonest = settings.journal_lease_s
@@ -197,17 +199,6 @@ def take_slot(settings: Settings) -> tuple[Settings, Log]:
             said = True
             log.info("engine.standby", slots=settings.engine_slots, reason="every slot held")
         time.sleep(min(max(soonest, 0.05), settings.journal_lease_s / 4, 1.0))
-
-
-def _migrate(url: str) -> None:
-    from tiffany.store import make_engine
-    from tiffany.store.migrate import upgrade
-
-    store = make_engine(url)  # the journal's tables are Alembic's too
-    try:
-        upgrade(store)
-    finally:
-        store.dispose()
 
 
 def journal_source(settings: Settings) -> Source:

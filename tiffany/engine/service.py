@@ -150,15 +150,10 @@ class Inbox:
 
 def _migrate(database_url: str) -> None:
     """Bring the store's schema up to date (logged, not fatal: the projector retries)."""
-    from tiffany.store import make_engine
-    from tiffany.store.migrate import upgrade
+    from tiffany.store.migrate import upgrade_url
 
     try:
-        engine = make_engine(database_url)
-        try:
-            upgrade(engine)
-        finally:
-            engine.dispose()
+        upgrade_url(database_url)
     except Exception as exc:  # noqa: BLE001 - the projector process migrates again
         log.warning("store.migrate_failed", error=repr(exc))
 

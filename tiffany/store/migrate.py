@@ -29,6 +29,7 @@ __all__ = [
     "current_revision",
     "head_revision",
     "upgrade",
+    "upgrade_url",
 ]
 
 
@@ -82,6 +83,17 @@ def upgrade(engine: Engine, revision: str = "head") -> str | None:
             conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
         command.upgrade(alembic_config(conn), revision)
     return current_revision(engine)
+
+
+def upgrade_url(url: str) -> str | None:
+    """:func:`upgrade` the store at ``url`` (an engine of its own, disposed of after)."""
+    from tiffany.store.session import make_engine
+
+    engine = make_engine(url)
+    try:
+        return upgrade(engine)
+    finally:
+        engine.dispose()
 
 
 def check(engine: Engine) -> None:

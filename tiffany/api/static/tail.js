@@ -179,8 +179,8 @@ export class Tail {
       {
         class: `tail-row kind-${ev.kind.replace(".", "-")}`,
         testid: "tail-row",
-        dataset: { kind: ev.kind, runId: ev.run || "", seq: String(ev.seq) },
-        title: `seq ${ev.seq} · WAL ${ev.wal_seq} · task ${ev.task_id}${ev.ltid != null ? ` (ltid ${ev.ltid})` : ""}${
+        dataset: { kind: ev.kind, runId: ev.run || "", seq: String(ev.seq), engine: String(ev.engine ?? 0) },
+        title: `engine ${ev.engine ?? 0} · seq ${ev.seq} · WAL ${ev.wal_seq} · task ${ev.task_id}${ev.ltid != null ? ` (ltid ${ev.ltid})` : ""}${
           ev.data && Object.keys(ev.data).length ? `\n${compact(ev.data, 400)}` : ""
         }`,
         onclick: ev.run ? () => this.openRun(ev.run) : null,
