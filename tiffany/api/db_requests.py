@@ -50,12 +50,18 @@ RECHECK_S: Final = 1.0
 POOL_SIZE: Final = 4
 
 _NOW: Final = "extract(epoch from clock_timestamp())"
+# One statement (autocommit: one round trip): the row, and its notification.
 _INSERT: Final = f"""
-INSERT INTO engine_requests (op, engine, run_id, idem_key, digest, body, state, created_at)
-VALUES (%(op)s, %(engine)s, %(run_id)s, %(key)s, %(digest)s, %(body)s, 'pending', {_NOW})
-ON CONFLICT (idem_key) DO NOTHING
-RETURNING id
+WITH ins AS (
+  INSERT INTO engine_requests (op, engine, run_id, idem_key, digest, body, state, created_at)
+  VALUES (%(op)s, %(engine)s, %(run_id)s, %(key)s, %(digest)s, %(body)s, 'pending', {_NOW})
+  ON CONFLICT (idem_key) DO NOTHING
+  RETURNING id
+)
+SELECT id, pg_notify('tiffany_requests', id::text) FROM ins
 """
+#: Answers that arrived before their request waited for them (kept a while).
+EARLY_ANSWERS: Final = 10_000
 _BY_KEY: Final = "SELECT id, digest, run_id FROM engine_requests WHERE idem_key = %s"
 _ROW: Final = "SELECT state, answer FROM engine_requests WHERE id = %s"
 _WITHDRAW: Final = (
@@ -82,6 +88,8 @@ class DbRequests:
         #: Called with ``(engine, last seq)`` when an engine's projector moves its mark.
         self.on_projected: Callable[[int, int], None] | None = None
         self._waiters: dict[int, asyncio.Event] = {}
+        #: Answers carried by their notification, by row id, until taken.
+        self._answers: dict[int, Any] = {}
         self._pool: asyncio.Queue[psycopg.AsyncConnection[Any]] | None = None
         self._opened = 0
         self._task: asyncio.Task[None] | None = None
@@ -120,10 +128,8 @@ class DbRequests:
                     async for note in conn.notifies():
                         if note.channel == PROJECTED_CHANNEL:
                             self._projected(note.payload)
-                            continue
-                        woken = self._waiters.get(int(note.payload))
-                        if woken is not None:
-                            woken.set()
+                        else:
+                            self._answered(note.payload)
             except (psycopg.Error, OSError, ValueError) as exc:
                 if self.listening:
                     log.warning("api.db_answers_lost", error=str(exc))
@@ -164,7 +170,7 @@ class DbRequests:
                 )
             answer = await self._answer(first, timeout, withdraw=False)
             return {**answer, "created": False}
-        return await self._answer(rid, timeout, withdraw=True)
+        return await self._answer(rid, timeout, withdraw=True, fresh=True)
 
     async def request(
         self, op: str, engine: int, run_id: str, *, timeout: float = ANSWER_WAIT_S, **fields: Any
@@ -172,7 +178,7 @@ class DbRequests:
         """Ask engine ``engine`` to do ``op`` (cancel, verify) for ``run_id``; its answer."""
         rid = await self._insert(op, engine, run_id, None, None, fields)
         assert rid is not None
-        return await self._answer(rid, timeout, withdraw=True)
+        return await self._answer(rid, timeout, withdraw=True, fresh=True)
 
     async def owner(self, run_id: str) -> int | None:
         """The engine that took ``run_id``'s submission (None: not submitted through here)."""
@@ -183,6 +189,20 @@ class DbRequests:
         """How many journal streams are held under a current lease (live engines anywhere)."""
         row = await self._fetch(_LEASES, ())
         return 0 if row is None else int(row[0])
+
+    def _answered(self, payload: str) -> None:
+        """A notification on ``tiffany_answers``: ``"<id>"``, or ``"<id> <answer JSON>"``."""
+        number, _, answer = payload.partition(" ")
+        if not number.isdigit():
+            return
+        rid = int(number)
+        if answer:
+            self._answers[rid] = answer
+            if len(self._answers) > EARLY_ANSWERS:  # nobody waits for the oldest
+                del self._answers[next(iter(self._answers))]
+        woken = self._waiters.get(rid)
+        if woken is not None:
+            woken.set()
 
     def _projected(self, payload: str) -> None:
         engine, _, seq = payload.partition(" ")
@@ -208,27 +228,37 @@ class DbRequests:
             "digest": digest,
             "body": json.dumps(body),
         }
-        async with self._connection() as conn, conn.transaction():
-            row = await (await conn.execute(_INSERT, args)).fetchone()
-            if row is not None:
-                await conn.execute("SELECT pg_notify('tiffany_requests', %s)", (str(row[0]),))
+        row = await self._fetch(_INSERT, args)
         return None if row is None else int(row[0])
 
-    async def _fetch(self, sql: str, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    async def _fetch(self, sql: str, args: Any) -> tuple[Any, ...] | None:
         async with self._connection() as conn:
             row: tuple[Any, ...] | None = await (await conn.execute(sql, args)).fetchone()
             return row
 
-    async def _answer(self, rid: int, timeout: float, *, withdraw: bool) -> dict[str, Any]:
-        """Wait for row ``rid``'s answer (module docstring)."""
+    async def _answer(
+        self, rid: int, timeout: float, *, withdraw: bool, fresh: bool = False
+    ) -> dict[str, Any]:
+        """Wait for row ``rid``'s answer (module docstring).
+
+        ``fresh``: the row was just inserted (pending: no need to read it first).
+        Most answers come in their notification; the row is read only when
+        one came without it, after a reconnect, and every :data:`RECHECK_S`.
+        """
         event = self._waiters.setdefault(rid, asyncio.Event())
         start = time.monotonic()
         taken_by = start + (min(SUBMIT_WAIT_S, timeout) if withdraw else timeout)
+        read = not fresh
         try:
             while True:
                 event.clear()
-                row = await self._fetch(_ROW, (rid,))
-                state, answer = row if row is not None else ("withdrawn", None)
+                if rid in self._answers:
+                    return _unwrap(self._answers.pop(rid))
+                if read:
+                    row = await self._fetch(_ROW, (rid,))
+                    state, answer = row if row is not None else ("withdrawn", None)
+                else:
+                    state, answer, read = "pending", None, True
                 if state == "done":
                     return _unwrap(answer)
                 if state == "withdrawn":

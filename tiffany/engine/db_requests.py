@@ -79,6 +79,16 @@ UPDATE engine_requests
 RETURNING id, op, run_id, idem_key, body
 """
 _ANSWER: Final = "UPDATE engine_requests SET state = 'done', answer = %s WHERE id = %s"
+# One statement (one round trip): the answer, and its notification, which
+# carries the answer itself when it fits (the API then reads nothing).
+_ANSWER_NOTIFY: Final = """
+WITH up AS (
+  UPDATE engine_requests SET state = 'done', answer = %(answer)s WHERE id = %(id)s RETURNING id
+)
+SELECT pg_notify('tiffany_answers', %(payload)s) FROM up
+"""
+#: The longest notification payload carrying an answer (PostgreSQL's limit is 8,000 bytes).
+MAX_PAYLOAD_BYTES: Final = 7_900
 _NOTIFY: Final = "SELECT pg_notify(%s, %s)"
 _MINE: Final = "SELECT id, op, run_id FROM engine_requests WHERE state = 'claimed' AND engine = %s"
 _STORED: Final = "SELECT start_seq FROM runs WHERE run_id = %s"
@@ -247,11 +257,13 @@ class RequestClaimer:
             log.warning("engine.request_answer_lost", id=rid, error=str(exc))
 
     def _answer(self, rid: int, result: dict[str, Any]) -> None:
+        text = json.dumps(result, default=str)
+        payload = f"{rid} {text}"
+        if len(payload.encode()) > MAX_PAYLOAD_BYTES:
+            payload = str(rid)  # the API reads the row
         with self._out_lock:
             conn = self._connection()
-            with conn.transaction():
-                conn.execute(_ANSWER, (json.dumps(result, default=str), rid))
-                conn.execute(_NOTIFY, (ANSWERS, str(rid)))
+            conn.execute(_ANSWER_NOTIFY, {"answer": text, "id": rid, "payload": payload})
         self.answered += 1
 
     def _requeue(self, rid: int) -> None:
