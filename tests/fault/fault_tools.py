@@ -31,7 +31,11 @@ def flaky(dir: str, key: str, fail_times: int) -> int:
     """Fail (ValueError) the first ``fail_times`` calls for ``key``; then return the call count."""
     p = Path(dir) / f"flaky-{key}"
     calls = int(p.read_text()) + 1 if p.exists() else 1
-    p.write_text(str(calls))
+    # Atomically: a kill -9 between a truncate and its write left an empty
+    # count, and every later call failed on int("") (a run failed, once in CI).
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(str(calls))
+    os.replace(tmp, p)
     if calls <= fail_times:
         raise ValueError(f"call {calls} fails")
     return calls
