@@ -390,15 +390,17 @@ def test_the_dashboard_shows_every_engines_activity(
                     with urllib.request.urlopen(req, timeout=30) as resp:
                         runs.append(json.loads(resp.read()))
                 assert {r["seq"] >> 40 for r in runs} == {0, 1}
-                for r in runs:  # listed, whichever engine runs it
+                for r in runs:  # listed, whichever engine runs it, named by engine and number
                     row = page.locator(f'[data-testid=run-row][data-run-id="{r["run_id"]}"]')
                     expect(row).to_have_count(1)
+                    if r["seq"] >> 40 == 1:
+                        expect(row).to_contain_text("· e1")
                 for engine in ("0", "1"):  # the tail follows both engines
                     tail = page.locator(f"[data-testid=tail-row][data-engine='{engine}']")
                     expect(tail.first).to_be_attached()
                 png = tmp_path / "two-engines.png"
                 page.screenshot(path=str(png), full_page=True)
-                _save_screenshot(png, "two-engines", artifacts_dir)
+                _save_screenshot(png, "two-engines.png", artifacts_dir)
             finally:
                 browser.close()
     finally:

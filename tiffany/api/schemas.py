@@ -72,6 +72,8 @@ class RunSummary(_Open):
 
     run_id: str
     run_no: int
+    #: The engine that runs it (``serve --engines N``); run numbers are per engine.
+    engine: int = 0
     name: str
     status: Literal["pending", "running", "succeeded", "failed", "cancelled"]
     kind: str | None = None

@@ -15,7 +15,7 @@ from typing import Any, Final
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
-from tiffany.shards import seq_base
+from tiffany.shards import engine_of, seq_base
 from tiffany.store.journal import run_records
 from tiffany.store.models import PROJECTOR_STATE_ID, ProjectorState, Run, RunStatus, Step, Task
 
@@ -102,6 +102,8 @@ def run_summary(run: Any) -> dict[str, Any]:
     return {
         "run_id": run.run_id,
         "run_no": run.run_no,
+        # Run numbers are per engine (serve --engines N): the pair names the run.
+        "engine": engine_of(run.start_seq or 0),
         "name": run.name,
         "status": run.status,
         "kind": (run.entry or {}).get("kind") if isinstance(run.entry, dict) else None,

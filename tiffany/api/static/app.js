@@ -5,7 +5,7 @@
 //   #/run/<run_id>?status=failed&tail=<run_id>
 
 import { adoptTokenFromUrl, api, ApiError, Feed, getToken, onUnauthorized, setToken } from "./api.js";
-import { $, fill, h, toast } from "./dom.js";
+import { $, fill, h, runNo, toast } from "./dom.js";
 import { Live } from "./live.js";
 import { RunPage } from "./runpage.js";
 import { RunsPane } from "./runs.js";
@@ -76,7 +76,7 @@ const tail = new Tail($("#tail-pane"), {
   runName: (id) => {
     const r = runs.runs.find((x) => x.run_id === id);
     if (!r) return { short: id.replace(/^run-/, "").slice(0, 6), long: id };
-    return { short: typeof r.run_no === "number" ? `#${r.run_no}` : r.name, long: `${r.name} · ${id}` };
+    return { short: runNo(r) ?? r.name, long: `${r.name} · ${id}` };
   },
   openRun: (id) => navigate({ view: "run", runId: id }),
   onFilter: (id) => navigate({ tail: id }, { replace: true }),

@@ -177,3 +177,9 @@ export function tone(state) {
       return state && state.startsWith("blocked") ? "wait" : "idle";
   }
 }
+
+/** A run's number as shown: `#7`, or `#7 · e1` for engine 1's (numbers are per engine). */
+export function runNo(run) {
+  if (typeof run.run_no !== "number") return null;
+  return run.engine ? `#${run.run_no} · e${run.engine}` : `#${run.run_no}`;
+}

@@ -4,7 +4,7 @@
 // (`?min_seq=`), so a run that just started or finished is in the answer.
 
 import { api } from "./api.js";
-import { ago, duration, fill, h, RUN_STATUSES, TERMINAL_RUN, throttle, tone } from "./dom.js";
+import { ago, duration, fill, h, RUN_STATUSES, runNo, TERMINAL_RUN, throttle, tone } from "./dom.js";
 
 const PAGE = 50;
 /** Seqs an engine owns: engine i writes seqs i * 2^40 + 1 .. (i + 1) * 2^40 (tiffany/shards.py). */
@@ -191,7 +191,7 @@ export class RunsPane {
               "span",
               { class: "run-main" },
               h("span", { class: "run-name" }, run.name || run.run_id),
-              h("span", { class: "run-meta" }, `#${run.run_no} · ${ago(run.created_at, now)}`),
+              h("span", { class: "run-meta" }, `${runNo(run) ?? "#…"} · ${ago(run.created_at, now)}`),
             ),
             h(
               "span",

@@ -2,7 +2,7 @@
 // run (and optionally without the per-dispatch `step` events). The DOM holds
 // at most TAIL_ROWS rows; new events are added once per animation frame.
 
-import { clock, compact, fill, h, tone } from "./dom.js";
+import { clock, compact, fill, h, runNo, tone } from "./dom.js";
 
 export const TAIL_ROWS = 250;
 
@@ -93,7 +93,7 @@ export class Tail {
     let seen = false;
     for (const r of runs.slice(0, 100)) {
       if (r.run_id === cur) seen = true;
-      opts.push(h("option", { value: r.run_id }, `${r.name || r.run_id} #${r.run_no}`));
+      opts.push(h("option", { value: r.run_id }, `${r.name || r.run_id} ${runNo(r) ?? ""}`));
     }
     if (cur && !seen) opts.push(h("option", { value: cur }, cur));
     fill(this.filterSel, opts);
