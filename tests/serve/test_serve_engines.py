@@ -183,6 +183,9 @@ def test_two_engines_share_the_runs_of_a_data_dir_used_before(tmp_path: Path) ->
             30,
             "the first step to run",
         )
+        # `tiffany status` lists each engine's running runs.
+        running = json.loads(_cli(data, env, "status").stdout)["engines"][1]["running"]
+        assert victim["run_id"] in running
         os.kill(info["engine_pids"][1], signal.SIGKILL)
         for a in two:
             run = _finished(url, a["run_id"], a["seq"])

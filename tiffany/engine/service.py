@@ -81,6 +81,9 @@ if TYPE_CHECKING:
 
 __all__ = ["FEED_SOCKET", "EngineService", "Inbox"]
 
+#: Running runs a status lists by id (the count is always exact).
+MAX_RUNNING_LISTED: Final = 100
+
 log = structlog.get_logger(__name__)
 
 #: How long a submission waits for the loop and its group commit, in seconds.
@@ -607,6 +610,8 @@ class EngineService:
             "pid": os.getpid(),
             "started_at": self.started_at,
             "runs_active": len(self.runs.running),
+            # Which runs (``tiffany status`` lists them engine by engine), the first few.
+            "running": sorted(self.runs.running)[:MAX_RUNNING_LISTED],
             "durable_seq": self.durable_seq,
             **self.engine.waiting(),  # steps held back: their tool is disabled here
             # Runs whose state the journal holds in memory (running ones, and
