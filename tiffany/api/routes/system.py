@@ -87,9 +87,12 @@ async def readyz(state: State) -> Any:
     # Ready while some engine takes work: submissions pass over the others
     # (a standby's engine waiting for its stream, one restarting).
     db = state.engines.db
-    if len(reasons) == len(answers) and db is not None and state.relay.connected:
-        # No engine here, but the database carries requests, the feed and the
-        # store's marks: ready while engines elsewhere hold their streams.
+    nobody_here = all(isinstance(status, ControlUnavailable) for status in answers)
+    if nobody_here and db is not None and state.relay.connected:
+        # No engine here (a standby's waits for its stream before it listens),
+        # but the database carries requests, the feed and the store's marks:
+        # ready while engines elsewhere hold their streams. An engine here
+        # that answers "recovering" is this host's own start: not ready yet.
         try:
             alive = await db.engines_alive()
         except ControlUnavailable:
