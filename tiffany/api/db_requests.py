@@ -34,7 +34,12 @@ import structlog
 
 from tiffany.config import conninfo
 from tiffany.control import ControlError, ControlUnavailable, submission_digest
-from tiffany.store.projector import PROJECTED_CHANNEL
+from tiffany.store.models import (
+    ANSWERS_CHANNEL,
+    DB_NOW_SQL,
+    PROJECTED_CHANNEL,
+    REQUESTS_CHANNEL,
+)
 
 __all__ = ["RECHECK_S", "SUBMIT_WAIT_S", "DbRequests"]
 
@@ -49,7 +54,7 @@ RECHECK_S: Final = 1.0
 #: Connections for statements (the listener has its own).
 POOL_SIZE: Final = 4
 
-_NOW: Final = "extract(epoch from clock_timestamp())"
+_NOW: Final = DB_NOW_SQL
 # One statement (autocommit: one round trip): the row, and its notification.
 _INSERT: Final = f"""
 WITH ins AS (
@@ -58,7 +63,7 @@ WITH ins AS (
   ON CONFLICT (idem_key) DO NOTHING
   RETURNING id
 )
-SELECT id, pg_notify('tiffany_requests', id::text) FROM ins
+SELECT id, pg_notify('{REQUESTS_CHANNEL}', id::text) FROM ins
 """
 #: Answers that arrived before their request waited for them (kept a while).
 EARLY_ANSWERS: Final = 10_000
@@ -120,7 +125,7 @@ class DbRequests:
             try:
                 conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
                 async with conn:
-                    await conn.execute("LISTEN tiffany_answers")
+                    await conn.execute(f"LISTEN {ANSWERS_CHANNEL}")
                     await conn.execute(f"LISTEN {PROJECTED_CHANNEL}")
                     self.listening, delay = True, 0.1
                     for event in list(self._waiters.values()):

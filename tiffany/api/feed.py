@@ -515,12 +515,14 @@ class FeedRelay:
         """
         import psycopg
 
+        from tiffany.store.models import FEED_CHANNEL
+
         delay, listened = RECONNECT_DELAY_S, False
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
                 async with conn:
-                    await conn.execute("LISTEN tiffany_feed")
+                    await conn.execute(f"LISTEN {FEED_CHANNEL}")
                     if listened:
                         reason = "the API's feed from the database dropped: reload state over HTTP"
                         self._mark_gap(None, reason)

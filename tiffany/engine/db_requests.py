@@ -44,15 +44,15 @@ import structlog
 
 from tiffany.control import ControlError
 from tiffany.pgwal import conninfo
+from tiffany.store.models import ANSWERS_CHANNEL as ANSWERS
+from tiffany.store.models import DB_NOW_SQL
+from tiffany.store.models import MAX_NOTIFY_BYTES as MAX_PAYLOAD_BYTES
+from tiffany.store.models import REQUESTS_CHANNEL as REQUESTS
 
 __all__ = ["ANSWERS", "POLL_S", "REQUESTS", "RequestClaimer"]
 
 log = structlog.get_logger(__name__)
 
-#: The channel API processes notify when they insert a request.
-REQUESTS: Final = "tiffany_requests"
-#: The channel engines notify (payload: the row's id) when they answered one.
-ANSWERS: Final = "tiffany_answers"
 #: How often the claimer looks for pending rows without a notification, in seconds.
 POLL_S: Final = 1.0
 #: Rows claimed at a time.
@@ -64,7 +64,7 @@ MAX_DEFER_S: Final = 0.01
 #: Threads that carry requests out (a submission waits for its RUN_START's commit).
 WORKERS: Final = 8
 
-_NOW: Final = "extract(epoch from clock_timestamp())"
+_NOW: Final = DB_NOW_SQL
 _CLAIM: Final = f"""
 UPDATE engine_requests
    SET state = 'claimed', claimed_at = {_NOW}, engine = %(engine)s
@@ -81,14 +81,12 @@ RETURNING id, op, run_id, idem_key, body
 _ANSWER: Final = "UPDATE engine_requests SET state = 'done', answer = %s WHERE id = %s"
 # One statement (one round trip): the answer, and its notification, which
 # carries the answer itself when it fits (the API then reads nothing).
-_ANSWER_NOTIFY: Final = """
+_ANSWER_NOTIFY: Final = f"""
 WITH up AS (
   UPDATE engine_requests SET state = 'done', answer = %(answer)s WHERE id = %(id)s RETURNING id
 )
-SELECT pg_notify('tiffany_answers', %(payload)s) FROM up
+SELECT pg_notify('{ANSWERS}', %(payload)s) FROM up
 """
-#: The longest notification payload carrying an answer (PostgreSQL's limit is 8,000 bytes).
-MAX_PAYLOAD_BYTES: Final = 7_900
 _NOTIFY: Final = "SELECT pg_notify(%s, %s)"
 _MINE: Final = "SELECT id, op, run_id FROM engine_requests WHERE state = 'claimed' AND engine = %s"
 _STORED: Final = "SELECT start_seq FROM runs WHERE run_id = %s"

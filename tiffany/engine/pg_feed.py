@@ -32,15 +32,13 @@ import structlog
 
 from tiffany.pal import Hub
 from tiffany.pgwal import conninfo
+from tiffany.store.models import FEED_CHANNEL
+from tiffany.store.models import MAX_NOTIFY_BYTES as MAX_PAYLOAD_BYTES
 
 __all__ = ["FEED_CHANNEL", "MAX_PAYLOAD_BYTES", "NotifyFeed", "split_payloads"]
 
 log = structlog.get_logger(__name__)
 
-#: The channel engines publish their feed on.
-FEED_CHANNEL: Final = "tiffany_feed"
-#: PostgreSQL refuses a NOTIFY payload of 8,000 bytes or more.
-MAX_PAYLOAD_BYTES: Final = 7_900
 #: How long the thread waits for frames before it looks at its stop flag, in seconds.
 POLL_S: Final = 0.25
 

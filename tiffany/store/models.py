@@ -40,7 +40,13 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 __all__ = [
+    "ANSWERS_CHANNEL",
+    "DB_NOW_SQL",
+    "FEED_CHANNEL",
+    "MAX_NOTIFY_BYTES",
+    "PROJECTED_CHANNEL",
     "PROJECTOR_STATE_ID",
+    "REQUESTS_CHANNEL",
     "Base",
     "DeadLetter",
     "EngineRequest",
@@ -66,6 +72,18 @@ NAMING_CONVENTION = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
+
+#: The channels of the database that engines and API processes share
+#: (``TIFFANY_JOURNAL=postgres``, docs/engines.md): requests inserted, their
+#: answers, the engines' activity feed, and each move of a projector's mark.
+REQUESTS_CHANNEL = "tiffany_requests"
+ANSWERS_CHANNEL = "tiffany_answers"
+FEED_CHANNEL = "tiffany_feed"
+PROJECTED_CHANNEL = "tiffany_projected"
+#: The longest NOTIFY payload sent (PostgreSQL refuses 8,000 bytes or more).
+MAX_NOTIFY_BYTES = 7_900
+#: The database's clock, in seconds since the epoch (SQL).
+DB_NOW_SQL = "extract(epoch from clock_timestamp())"
 
 #: The primary key of the single ``projector_state`` row.
 PROJECTOR_STATE_ID = 1

@@ -110,6 +110,7 @@ from tiffany.records import (
 from tiffany.shards import seq_base, seq_last
 from tiffany.store.journal import record_row
 from tiffany.store.models import (
+    PROJECTED_CHANNEL,
     PROJECTOR_STATE_ID,
     DeadLetter,
     JournalRecord,
@@ -139,9 +140,6 @@ __all__ = [
     "StoreJournalMismatch",
     "is_transient",
 ]
-
-#: On PostgreSQL, each move of a mark is notified here: ``"<engine> <last seq>"``.
-PROJECTED_CHANNEL: Final = "tiffany_projected"
 
 
 #: Finished runs whose context is kept in memory (more are reloaded on demand).
