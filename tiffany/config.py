@@ -45,6 +45,7 @@ DEFAULT_ENABLED_TOOLS: tuple[str, ...] = (
     "http",
     "llm",
     "python",
+    "signal.wait",
     "sleep",
 )
 

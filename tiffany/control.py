@@ -23,6 +23,9 @@ op             request fields                        answer (``ok: true``)
                                                      as soon as the projector reports it, or
                                                      after ``wait_s`` with ``reached: false``
 ``cancel``     ``run_id``                            ``run_id``, ``status: "cancelling"``
+``signal``     ``run_id``, ``name``, ``payload``     ``run_id``, ``name``, ``signal_id``,
+               (any JSON), ``signal_id`` (optional;  ``seq`` (the WAL seq of the signal's
+               the same id is journaled once)        record); answered once it is durable
 ``verify``     ``run_id``                            the replay report (``tiffany replay --verify
                                                      --json``, computed in a process pool), its
                                                      verdict as ``identical``

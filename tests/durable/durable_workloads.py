@@ -10,13 +10,14 @@ import os
 from pathlib import Path
 
 from tiffany.durable import Step
-from tiffany.errors import TaskCancelled
+from tiffany.errors import TaskCancelled, WaitTimeout
 from tiffany.kernel import (
     KillTask,
     NewTask,
     Now,
     Queue,
     Random,
+    Receive,
     RunInThread,
     Sleep,
     WaitTask,
@@ -218,3 +219,16 @@ def moody(n: int) -> object:
             yield
         total += i
     return total
+
+
+def approvals() -> object:
+    """Signals: one waited for, one sent before its wait (kept), a timeout, two of a name."""
+    got = [(yield Receive("a"))]
+    got.append((yield Receive("b")))
+    try:
+        yield Receive("c", timeout=0.05)
+    except WaitTimeout:
+        got.append("timeout")
+    got.append((yield Receive("d")))
+    got.append((yield Receive("d")))
+    return got

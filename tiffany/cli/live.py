@@ -62,6 +62,8 @@ def _detail(call: SystemCall) -> str:
         return f"running {fields['fn']}"
     if call.kind in ("read_wait", "write_wait"):
         return f"{call.kind} fd {fields['fd']}"
+    if call.kind == "receive":
+        return f"waiting for signal {fields['channel']}"
     return call.kind
 
 

@@ -22,6 +22,7 @@ from tiffany.kernel import (
     NewTask,
     Now,
     Random,
+    Receive,
     RunInThread,
     Sleep,
     Step,
@@ -54,6 +55,8 @@ def describe(ltid_of: Callable[[int], int | None], y: Any) -> tuple[str, Any]:
         return y.kind, ltid_of(y.tid)
     if cls is Sleep:
         return "sleep", y.seconds
+    if cls is Receive:
+        return "receive", y.channel
     if cls is NewTask:
         return "new_task", y.fields()["name"]
     if cls is Step or cls is RunInThread:

@@ -13,7 +13,10 @@ What is recorded (see ``tiffany/records.py`` for the layout):
   and thread results, and every wake-up that entered the ready queue at a
   wait stage (timers, I/O, thread and step completions, cancel requests),
   with the run's dispatch count at that moment;
-* spawns, step starts (with the attempt number), task exits, the run's end.
+* spawns, step starts (with the attempt number), task exits, the run's end;
+* every signal sent to the run (a WAKE of task 0, cause ``signal``), at the
+  wait stage that delivered it: to the task parked on ``Receive`` of its
+  name, or into the run's mailbox until one asks (:meth:`Journal.request_signal`).
 
 One record per dispatch at most: a dispatch whose own record would follow
 at once (a ``NewTask`` and its SPAWN, a ``Now()`` or ``Random()`` and its
@@ -60,6 +63,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -71,13 +75,15 @@ from tiffany.durable.gate import HeldStep, StepGate
 from tiffany.durable.recorder import GROUP_COMMIT_MAX_S, Recorder
 from tiffany.durable.records import pack_error
 from tiffany.durable.replayer import RecoveryError, ReplayCursor, Replayer
-from tiffany.errors import TiffanyError
+from tiffany.errors import SystemCallMisuse, TiffanyError
 from tiffany.kernel import (
+    PARKED,
     Instrument,
     NewTask,
     Now,
     Random,
     ReadWait,
+    Receive,
     RunInThread,
     Scheduler,
     Sleep,
@@ -103,6 +109,7 @@ from tiffany.records import (
     as_list,
     pack_value,
     root_role,
+    unpack_value,
 )
 from tiffany.wal import Log
 
@@ -148,6 +155,30 @@ class RunState:
     on_end: Callable[[RunState], None] | None = None
     #: The journal-compatibility version the run started under (its RUN_START).
     compat: int = JOURNAL_COMPAT
+    #: Signals journaled and not yet received, by name, oldest first.
+    mailbox: dict[str, deque[Any]] = field(default_factory=dict)
+    #: Tasks parked on ``Receive``, by channel: ``(task, call)``, oldest first
+    #: (an entry whose task no longer waits on that call is stale and skipped).
+    receivers: dict[str, list[tuple[Task, Receive]]] = field(default_factory=dict)
+    #: The id of each signal journaled for the run -> its WAL seq (a signal
+    #: sent again with the same id is not journaled twice).
+    signal_ids: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(eq=False, slots=True)
+class SignalRequest:
+    """A signal waiting for the next wait stage to be journaled and delivered.
+
+    ``done(seq, status)``: called on the loop with the WAL seq of its record
+    (the earlier one for a repeated id) and None, or with -1 and the run's
+    status when the run had ended first.
+    """
+
+    run: RunState
+    name: str
+    payload: Any
+    signal_id: str
+    done: Callable[[int, str | None], None]
 
 
 @dataclass(eq=False, slots=True)
@@ -188,6 +219,7 @@ class Journal(Instrument):
         self._spawning: Any = None  # the NewTask being dispatched (its label)
         self._opaque_parent: RunState | None = None
         self._cancels: list[tuple[RunState, str]] = []
+        self._signals: list[SignalRequest] = []
         #: Asked before a live step starts: None lets it start, a reason holds it.
         self.step_gate: StepGate | None = None
         #: Called with each step the gate holds back (the engine's activity feed).
@@ -204,6 +236,7 @@ class Journal(Instrument):
             (Step, self._h_step, self._unpark_step),
             (ReadWait, self._h_io, None),
             (WriteWait, self._h_io, None),
+            (Receive, self._h_receive, self._unpark_receive),
         ):
             self._live[call_type] = sched.handler(call_type)
             sched.register(call_type, handler, unpark)
@@ -261,6 +294,26 @@ class Journal(Instrument):
         if run is None or run.status != "running":
             return False
         self._cancels.append((run, reason))
+        return True
+
+    def request_signal(
+        self,
+        run_id: str,
+        name: str,
+        payload: Any,
+        signal_id: str,
+        done: Callable[[int, str | None], None],
+    ) -> bool:
+        """Journal signal ``name`` for run ``run_id`` at the next wait stage; False if it ended.
+
+        ``done`` is called on the loop once the signal's record is appended
+        (see :class:`SignalRequest`); it is durable at that wait stage's
+        commit. A run still being replayed gets its signals once it is live.
+        """
+        run = self.runs.get(run_id)
+        if run is None or run.status != "running":
+            return False
+        self._signals.append(SignalRequest(run, name, payload, signal_id, done))
         return True
 
     def fail_run(self, run_id: str, error: BaseException) -> bool:
@@ -438,8 +491,55 @@ class Journal(Instrument):
                 if run.status == "running":
                     self._append(run, Wake(run.n, 0, "cancel", True, reason))
                     self._cancel_tasks(run)
+        if self._signals:
+            self._journal_signals()
         if self.replayer.runs:
-            self.replayer.inject(self._cancel_tasks)
+            self.replayer.inject(self._cancel_tasks, self._replay_signal)
+
+    def _journal_signals(self) -> None:
+        requests, self._signals = self._signals, []
+        for req in requests:
+            run = req.run
+            if run.status != "running":
+                req.done(-1, run.status)
+            elif run.replay is not None:
+                self._signals.append(req)  # its record goes after the journal's last
+            elif req.signal_id in run.signal_ids:
+                req.done(run.signal_ids[req.signal_id], None)
+            else:
+                wal = self.wal
+                seq = wal.next_seq if wal is not None else 0
+                value = [req.name, pack_value(req.payload), req.signal_id]
+                self._append(run, Wake(run.n, 0, "signal", True, value))
+                self.recorder.require_commit()
+                run.signal_ids[req.signal_id] = seq
+                self._deliver_signal(run, req.name, req.payload)
+                req.done(seq, None)
+
+    def _replay_signal(self, run: RunState, seq: int, rec: Wake) -> None:
+        name, packed, signal_id = rec.value
+        run.signal_ids[signal_id] = seq
+        self._deliver_signal(run, name, unpack_value(packed))
+
+    def _deliver_signal(self, run: RunState, name: str, payload: Any) -> None:
+        """Wake the oldest task parked on ``Receive(name)``, or keep the signal for one."""
+        waiting = run.receivers.get(name)
+        while waiting:
+            task, call = waiting.pop(0)
+            if task.blocked_on is call and not task.finished:
+                if not waiting:
+                    del run.receivers[name]
+                self.sched.disarm(task)
+                if run.replay is not None:
+                    run.replay.parked.pop(task, None)
+                self.sched.wake(task, payload)
+                return
+        run.receivers.pop(name, None)
+        box = run.mailbox.get(name)
+        if box is None:
+            run.mailbox[name] = deque([payload])
+        else:
+            box.append(payload)
 
     def _cancel_tasks(self, run: RunState) -> None:
         for ltid in sorted(run.tasks):
@@ -499,6 +599,58 @@ class Journal(Instrument):
             return live(sched, task, call)
         sched.add_joiner(task, target)
         return self.replayer.park(task, call, deadline, TaskState.BLOCKED_JOIN)
+
+    def _h_receive(self, sched: Scheduler, task: Task, call: Receive) -> Any:
+        """A run's task waits for a signal: the oldest kept one, or park until one comes.
+
+        Which signals are in the mailbox at this dispatch is decided by the
+        SIGNAL records before it, so taking one needs no record of its own;
+        a timeout's deadline is an OUTCOME (as a ``Sleep``'s), and its
+        expiry a WAKE of the task.
+        """
+        meta = task.meta
+        if meta is None or meta.opaque:
+            sched.park(task, call, TaskState.BLOCKED_SYNC)
+            sched.defer_wake(
+                task,
+                None,
+                SystemCallMisuse(
+                    f"task {task.id} ({task.name}) yielded Receive outside a journaled run",
+                    call=call.kind,
+                ),
+            )
+            return PARKED
+        run = meta.run
+        box = run.mailbox.get(call.channel)
+        if box:
+            value = box.popleft()
+            if not box:
+                del run.mailbox[call.channel]
+            return value
+        deadline = None
+        if call.timeout is not None:
+            timeout = float(call.timeout)
+            deadline = self._outcome(task, call, lambda: sched.clock.time() + timeout)
+        entry = (task, call)
+        waiting = run.receivers.get(call.channel)
+        if waiting is None:
+            run.receivers[call.channel] = [entry]
+        else:
+            waiting.append(entry)
+        if run.replay is not None:
+            return self.replayer.park(task, call, deadline, TaskState.BLOCKED_SYNC)
+        if deadline is not None:
+            sched.wake_at(task, sched.clock.monotonic() + (deadline - sched.clock.time()))
+        return sched.park(task, call, TaskState.BLOCKED_SYNC)
+
+    def _unpark_receive(self, sched: Scheduler, task: Task, call: Receive) -> None:
+        meta = task.meta
+        if isinstance(meta, TaskMeta):
+            waiting = meta.run.receivers.get(call.channel)
+            if waiting and (task, call) in waiting:
+                waiting.remove((task, call))
+            if meta.run.replay is not None:
+                meta.run.replay.parked.pop(task, None)
 
     def _h_io(self, sched: Scheduler, task: Task, call: ReadWait | WriteWait) -> Any:
         meta = task.meta

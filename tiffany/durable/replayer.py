@@ -41,6 +41,7 @@ from tiffany.durable.dispatch import MAX_ARG_CHARS, describe, same
 from tiffany.durable.records import unpack_error
 from tiffany.errors import NondeterminismError, TiffanyError
 from tiffany.kernel import (
+    Receive,
     RunInThread,
     Scheduler,
     Sleep,
@@ -179,21 +180,35 @@ class Replayer:
 
     # -- at wait stages --------------------------------------------------------------
 
-    def inject(self, cancel: Callable[[RunState], None]) -> None:
-        """Deliver the wake-ups recorded at this point of each run; go live at the end."""
+    def inject(
+        self,
+        cancel: Callable[[RunState], None],
+        signal: Callable[[RunState, int, Wake], None],
+    ) -> None:
+        """Deliver the wake-ups recorded at this point of each run; go live at the end.
+
+        A run's own WAKEs (task 0) are a cancel (``cancel(run)``) or a
+        signal (``signal(run, seq, record)``: the journal delivers it).
+        """
         for run in list(self.runs):
             cur = run.replay
             if cur is not None:
-                self._inject_run(run, cur, cancel)
+                self._inject_run(run, cur, cancel, signal)
 
     def _inject_run(
-        self, run: RunState, cur: ReplayCursor, cancel: Callable[[RunState], None]
+        self,
+        run: RunState,
+        cur: ReplayCursor,
+        cancel: Callable[[RunState], None],
+        signal: Callable[[RunState, int, Wake], None],
     ) -> None:
         wakes = cur.wakes
         while wakes and wakes[0][1].at == run.n:
             seq, rec = wakes.popleft()
             if rec.cause == "cancel":
                 cancel(run)
+            elif rec.ltid == 0 and rec.cause == "signal":
+                signal(run, seq, rec)
             else:
                 self._deliver(run, cur, seq, rec)
         if wakes and wakes[0][1].at < run.n:
@@ -256,9 +271,11 @@ class Replayer:
         """Give a task parked by the replay what it waits on for real."""
         sched = self.sched
         cls = call.__class__
-        if cls is Sleep or cls is WaitTask:
+        if cls is Sleep or cls is WaitTask or (cls is Receive and extra is not None):
             remaining = max(0.0, float(extra) - sched.clock.time())
             sched.wake_at(task, sched.clock.monotonic() + remaining)
+        elif cls is Receive:
+            pass  # no timeout: it stays parked (among its run's receivers) until a signal
         elif isinstance(call, Step | RunInThread):
             attempt = cur.attempts.get((task.meta.ltid, extra), 0) + 1
             self.restart(task, call, extra, attempt)

@@ -33,6 +33,8 @@ def _label(call: Any) -> str:
             return f"{call.kind} {f['tid']}"
         if call.kind in ("step", "run_in_thread"):
             return f"{call.kind} {f['fn']}"
+        if call.kind == "receive":
+            return f"waiting for signal {f['channel']}"
         return call.kind
     return f"call {getattr(call, '__qualname__', type(call).__name__)}"
 

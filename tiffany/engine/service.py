@@ -3,7 +3,7 @@
 ``tiffany serve`` runs this in a process of its own (``tiffany engine``);
 the API side-process talks to it over two Unix sockets in the data dir::
 
-    control.sock   commands (tiffany.control: status, submit, cancel, verify, metrics)
+    control.sock   commands (tiffany.control: status, submit, cancel, signal, verify, metrics)
     feed.sock      the PAL feed (tiffany.pal.transport)
 
 Threads: the **scheduler loop runs on the main thread** and is the only
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import threading
 import time
@@ -50,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 import structlog
 
 from tiffany.agents import PlanError
+from tiffany.agents.tools.signal import SIGNAL_NAME_PATTERN
 from tiffany.config import Settings, scrub_secrets
 from tiffany.control import (
     CONTROL_SOCKET,
@@ -88,6 +90,7 @@ log = structlog.get_logger(__name__)
 
 #: How long a submission waits for the loop and its group commit, in seconds.
 SUBMIT_TIMEOUT_S: Final = 30.0
+_SIGNAL_NAME: Final = re.compile(SIGNAL_NAME_PATTERN)
 #: Exit code of an engine that stopped because a run's replay diverged
 #: (that run is marked failed; a restart resumes the others).
 EXIT_RUN_DIVERGED: Final = 3
@@ -569,6 +572,8 @@ class EngineService:
                     409, f"run {run_id} already finished ({stored})", {"status": stored}
                 ) from None
             return answer
+        if op == "signal":
+            return self._signal(request)
         if op == "wait_projected":
             return self._wait_projected(request)
         if op == "verify":
@@ -576,6 +581,74 @@ class EngineService:
         if op == "metrics":
             return {"text": self.metrics.render()}
         raise ControlError(400, f"unknown op {op!r}")
+
+    def _signal(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Journal a signal for a running run; answer once its record is durable.
+
+        Request: ``run_id``, ``name``, ``payload`` (any JSON), ``signal_id``
+        (optional: a signal sent again with the same id is journaled once;
+        the API sends one per request, so a request retried after an engine
+        died is not delivered twice). Answer: ``{"run_id", "name", "seq",
+        "signal_id"}``, ``seq`` the WAL seq of the signal's record.
+        """
+        run_id = str(request.get("run_id") or "")
+        name, payload = request.get("name"), request.get("payload")
+        signal_id = request.get("signal_id") or uuid.uuid4().hex
+        if not isinstance(name, str) or not _SIGNAL_NAME.match(name):
+            msg = f"must match {SIGNAL_NAME_PATTERN}"
+            raise ControlError(422, f"signal name {msg}", [{"loc": "name", "msg": msg}])
+        if not isinstance(signal_id, str) or not 0 < len(signal_id) <= 255:
+            msg = "must be 1 to 255 characters"
+            raise ControlError(422, f"signal_id {msg}", [{"loc": "signal_id", "msg": msg}])
+        try:  # the engine trusts no caller: `tiffany signal` bypasses the API's checks
+            check_document(payload, loc=["payload"])
+        except DocumentError as exc:
+            raise ControlError(422, exc.message, exc.detail) from None
+        deadline = time.monotonic() + SUBMIT_TIMEOUT_S
+        journaled: Future[int] = Future()
+
+        def done(seq: int, ended: str | None) -> None:  # on the loop
+            if ended is not None:
+                journaled.set_exception(
+                    ControlError(409, f"run {run_id} already finished ({ended})", {"status": ended})
+                )
+                return
+            journaled.set_result(seq)
+            self.hub.publish(
+                "signal",
+                wal_seq=seq,
+                run_id=run_id,
+                label=f"signal {name}",
+                data={"name": name, "signal_id": signal_id},
+            )
+
+        def queue() -> None:
+            run = self.runtime.journal.runs.get(run_id)
+            status = run.status if run is not None else self.runs.status(run_id)
+            if status is None:
+                raise ControlError(404, f"no run {run_id!r}")
+            if not self.runtime.journal.request_signal(run_id, name, payload, signal_id, done):
+                raise ControlError(
+                    409, f"run {run_id} already finished ({status})", {"status": status}
+                )
+
+        try:
+            self._on_loop(queue)
+        except ControlError as exc:
+            stored = None
+            if exc.status == 404 and not request.get("live"):
+                stored = self._stored_status(run_id)
+            if stored is None:
+                raise
+            raise ControlError(
+                409, f"run {run_id} already finished ({stored})", {"status": stored}
+            ) from None
+        try:
+            seq = journaled.result(max(0.0, deadline - time.monotonic()))
+        except FutureTimeout:
+            raise ControlError(503, "the engine is busy or recovering; try again") from None
+        self._wait_durable(seq, deadline)
+        return {"run_id": run_id, "name": name, "seq": seq, "signal_id": signal_id}
 
     def _wait_projected(self, request: dict[str, Any]) -> Future[dict[str, Any]]:
         """Answer once the store holds ``seq`` (or after ``wait_s``); holds no thread."""

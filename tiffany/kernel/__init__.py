@@ -3,7 +3,7 @@
 Public API::
 
     from tiffany.kernel import (Scheduler, GetTid, NewTask, WaitTask, KillTask,
-        ReadWait, WriteWait, Sleep, Now, Random, RunInThread, Event, Queue)
+        ReadWait, WriteWait, Sleep, Now, Random, RunInThread, Receive, Event, Queue)
 
 See ``scheduler.py`` for the design and docs/architecture.md for the contract.
 """
@@ -17,6 +17,7 @@ from tiffany.kernel.calls import (
     Now,
     Random,
     ReadWait,
+    Receive,
     RunInThread,
     Sleep,
     Step,
@@ -49,6 +50,7 @@ __all__ = [
     "Queue",
     "Random",
     "ReadWait",
+    "Receive",
     "RunInThread",
     "Scheduler",
     "Sleep",

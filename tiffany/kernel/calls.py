@@ -43,6 +43,7 @@ __all__ = [
     "Now",
     "Random",
     "ReadWait",
+    "Receive",
     "RunInThread",
     "Sleep",
     "Step",
@@ -200,6 +201,30 @@ class Sleep(SystemCall):
     def fields(self) -> dict[str, Any]:
         """Return the duration in seconds."""
         return {"seconds": self.seconds}
+
+
+class Receive(SystemCall):
+    """Wait for a message on ``channel`` from outside the task tree; return it.
+
+    The kernel keeps no mailboxes: the layer that delivers messages registers
+    the handler (the durable journal, for a run's signals: a message sent
+    before the wait is kept for it). Without one, a ``Receive`` is a misuse.
+    With ``timeout`` (seconds, > 0), :class:`~tiffany.errors.WaitTimeout` is
+    raised at the yield if nothing came by then.
+    """
+
+    __slots__ = ("channel", "timeout")
+    kind = "receive"
+
+    def __init__(self, channel: str, timeout: float | None = None) -> None:
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"Receive: timeout must be > 0 or None, got {timeout!r}")
+        self.channel = channel
+        self.timeout = timeout
+
+    def fields(self) -> dict[str, Any]:
+        """Return the channel and the timeout."""
+        return {"channel": self.channel, "timeout": self.timeout}
 
 
 class Now(SystemCall):

@@ -211,18 +211,24 @@ class Reactor:
             if task.state is _BLOCKED_SLEEP:
                 self._wake(task, None)
             else:
-                self._join_timed_out(task)
+                self._timed_out(task)
         return woken
 
-    def _join_timed_out(self, task: Task) -> None:
+    def _timed_out(self, task: Task) -> None:
+        """A timed wait's deadline passed: a join (``WaitTask``) or a ``Receive``."""
         call = task.blocked_on
-        assert isinstance(call, WaitTask)
-        self._unjoin(task, call.tid)
-        task._throw = WaitTimeout(
-            f"task {call.tid} did not finish within {call.timeout} s",
-            tid=call.tid,
-            timeout=call.timeout,
-        )
+        if isinstance(call, WaitTask):
+            self._unjoin(task, call.tid)
+            task._throw = WaitTimeout(
+                f"task {call.tid} did not finish within {call.timeout} s",
+                tid=call.tid,
+                timeout=call.timeout,
+            )
+        else:  # a Receive: the layer that parked it drops stale receivers itself
+            timeout = getattr(call, "timeout", None)
+            task._throw = WaitTimeout(
+                f"{getattr(call, 'kind', 'wait')} timed out after {timeout} s", timeout=timeout
+            )
         self._wake(task, None)
 
     # -- descriptors -------------------------------------------------------------

@@ -827,6 +827,10 @@ class Scheduler:
         """
         self._reactor.add_timer(task, deadline)
 
+    def disarm(self, task: Task) -> None:
+        """Cancel the timer armed for the parked ``task`` (something else wakes it first)."""
+        self._reactor.cancel_timer(task)
+
     def add_joiner(self, task: Task, target: Task) -> None:
         """Make ``task`` one of ``target``'s joiners: woken with its outcome when it ends."""
         if target.joiners is None:

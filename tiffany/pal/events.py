@@ -82,6 +82,7 @@ EVENT_KINDS: Final = frozenset(
         "llm.usage",
         "run.started",
         "run.finished",
+        "signal",
         "store.quarantined",
     }
 )

@@ -37,6 +37,7 @@ BLOCKING_KINDS: Final[Mapping[str, TaskState]] = {
     "write_wait": TaskState.BLOCKED_IO,
     "queue_get": TaskState.BLOCKED_SYNC,
     "event_wait": TaskState.BLOCKED_SYNC,
+    "receive": TaskState.BLOCKED_SYNC,  # a signal (tiffany/agents/tools/signal.py)
 }
 
 

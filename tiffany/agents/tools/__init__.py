@@ -7,6 +7,8 @@
 * ``file.read`` / ``file.write`` (:class:`FileReadTool`, :class:`FileWriteTool`):
   in a thread, confined to the run's workspace.
 * ``sleep`` (:class:`SleepTool`): in the worker task itself (a durable timer).
+* ``signal.wait`` (:class:`SignalWaitTool`): in the worker task itself (a journaled
+  wait for a signal sent to the run).
 
 :class:`~tiffany.agents.registry.ToolRegistry` holds them by name.
 """
@@ -19,6 +21,7 @@ from tiffany.agents.tools.http import HttpTool
 from tiffany.agents.tools.llm import LlmTool
 from tiffany.agents.tools.python import PythonTool, python_tool
 from tiffany.agents.tools.shell import ShellTool
+from tiffany.agents.tools.signal import SignalWaitTool
 from tiffany.agents.tools.sleep import SleepTool
 
 __all__ = [
@@ -29,6 +32,7 @@ __all__ = [
     "LlmTool",
     "PythonTool",
     "ShellTool",
+    "SignalWaitTool",
     "SleepTool",
     "Tool",
     "ToolArgs",
@@ -47,4 +51,5 @@ BUILTIN_TOOLS: tuple[type, ...] = (
     FileReadTool,
     FileWriteTool,
     SleepTool,
+    SignalWaitTool,
 )
