@@ -78,6 +78,7 @@ from tiffany.errors import TiffanyError
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "SIGNAL_NAME_PATTERN",
     "YAML_MEDIA_TYPES",
     "DocumentError",
     "Limits",
@@ -86,6 +87,9 @@ __all__ = [
     "load_reply",
     "load_text",
 ]
+
+#: What a signal's name may be (``signal.wait``'s ``name``; it travels in a URL path).
+SIGNAL_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 
 #: Content types read as YAML (anything else is read as JSON).
 YAML_MEDIA_TYPES: Final = frozenset(

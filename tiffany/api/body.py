@@ -70,6 +70,7 @@ __all__ = [
     "BodyTooLarge",
     "InvalidBody",
     "Submission",
+    "parse_json_off_loop",
     "parse_off_loop",
     "parse_submission",
     "read_capped",
@@ -206,6 +207,22 @@ async def parse_off_loop(body: bytes, content_type: str | None) -> Submission:
         _, loc, msg, fields = reply
         raise InvalidBody(loc, msg, **fields)
     return _shape(reply[1])
+
+
+async def parse_json_off_loop(body: bytes, loc: list[str | int]) -> Any:
+    """Parse a JSON body of any shape (a signal's payload) under the limits; empty is null.
+
+    Small bodies on the loop, others in a worker thread (their size is
+    capped by the caller: a signal's at ``max_signal_bytes``).
+    """
+    if not body.strip():
+        return None
+    try:
+        if len(body) <= INLINE_BODY_BYTES:
+            return load(body, "application/json", LIMITS, loc)
+        return await anyio.to_thread.run_sync(load, body, "application/json", LIMITS, loc)
+    except DocumentError as exc:
+        raise InvalidBody(exc.loc, exc.msg, **exc.fields) from None
 
 
 def _is_yaml(content_type: str | None) -> bool:

@@ -20,6 +20,7 @@ __all__ = [
     "RunEvents",
     "RunList",
     "RunSummary",
+    "SignalAnswer",
     "StepOut",
     "SubmitAnswer",
     "SubmitRequest",
@@ -167,6 +168,25 @@ class CancelAnswer(BaseModel):
 
     run_id: str
     status: Literal["cancelling"] = "cancelling"
+
+
+class SignalAnswer(BaseModel):
+    """A signal was journaled for the run (durable: it will be delivered, across a crash)."""
+
+    run_id: str
+    name: str
+    seq: int = Field(
+        description=(
+            "The WAL seq of the signal's record; pass it as ``min_seq`` to read the run "
+            "as of at least the signal. The same for a repeated Idempotency-Key."
+        )
+    )
+    signal_id: str = Field(
+        description=(
+            "The signal's id: the Idempotency-Key when one was sent (a signal sent again "
+            "with the same key is journaled once), otherwise a new one."
+        )
+    )
 
 
 class Readiness(BaseModel):

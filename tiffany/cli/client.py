@@ -1,6 +1,6 @@
 """Commands for a running engine (``tiffany serve`` on the same data dir).
 
-``submit``, ``cancel`` and ``status`` speak the control channel
+``submit``, ``cancel``, ``signal`` and ``status`` speak the control channel
 (``<data dir>/control.sock``); ``tail`` follows the activity feed
 (``<data dir>/feed.sock``). They need no API token: the sockets are the
 data dir owner's only (mode 0600).
@@ -95,6 +95,45 @@ def cancel(
     typer.echo(f"run {answer['run_id']}: {answer['status']}")
 
 
+def signal(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(help="The run to signal.")],
+    name: Annotated[str, typer.Argument(help="The signal's name (a signal.wait step's name).")],
+    data: Annotated[
+        str | None, typer.Option("--data", help="The payload as JSON (default: null).")
+    ] = None,
+    signal_id: Annotated[
+        str | None,
+        typer.Option("--id", help="The signal's id: sending it again with the same id is a no-op."),
+    ] = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Send a signal to a running run (a step waiting in signal.wait gets its payload).
+
+    Prints the seq of the signal's journal record once it is durable.
+    """
+    from tiffany.control import ControlError, ControlUnavailable, call
+    from tiffany.documents import DocumentError, load
+
+    try:
+        payload = None if data is None else load(data.encode(), "application/json", loc=["data"])
+    except DocumentError as exc:
+        typer.echo(f"tiffany: --data: {exc.msg}", err=True)
+        raise typer.Exit(2) from None
+    fields: dict[str, Any] = {"run_id": run_id, "name": name, "payload": payload}
+    if signal_id is not None:
+        fields["signal_id"] = signal_id
+    homes = _homes(ctx)
+    answer: dict[str, Any] | None = None
+    for home in homes[1:] if len(homes) > 1 else []:  # as `cancel`: the holder answers
+        with contextlib.suppress(ControlUnavailable, ControlError):
+            answer = call(home, "signal", live=True, **fields)
+            break
+    if answer is None:
+        answer = _call(ctx, "signal", **fields)
+    typer.echo(f"run {answer['run_id']}: signal {answer['name']} journaled (seq {answer['seq']})")
+
+
 def status(
     ctx: typer.Context,
     data_dir: DataDirOption = None,
@@ -178,8 +217,9 @@ def tail(
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``submit``, ``cancel``, ``status`` and ``tail`` to ``app``."""
+    """Add ``submit``, ``cancel``, ``signal``, ``status`` and ``tail`` to ``app``."""
     app.command("submit")(submit)
     app.command("cancel")(cancel)
+    app.command("signal")(signal)
     app.command("status")(status)
     app.command("tail")(tail)

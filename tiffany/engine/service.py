@@ -51,7 +51,6 @@ from typing import TYPE_CHECKING, Any, Final, cast
 import structlog
 
 from tiffany.agents import PlanError
-from tiffany.agents.tools.signal import SIGNAL_NAME_PATTERN
 from tiffany.config import Settings, scrub_secrets
 from tiffany.control import (
     CONTROL_SOCKET,
@@ -59,7 +58,7 @@ from tiffany.control import (
     ControlError,
     submission_digest,
 )
-from tiffany.documents import DocumentError
+from tiffany.documents import SIGNAL_NAME_PATTERN, DocumentError
 from tiffany.documents import check as check_document
 from tiffany.durable.checkpoint import KeyEntry
 from tiffany.durable.history import checkpoint_of

@@ -217,6 +217,7 @@ class _RunCtx:
     finished: bool
     tasks: dict[int, tuple[str, str | None]] = field(default_factory=dict)  # ltid -> kind, step
     held: set[int] = field(default_factory=set)  # ltids whose step a HOLD record held back
+    receiving: set[int] = field(default_factory=set)  # ltids whose step waits for a signal
     steps: dict[str, _StepInfo] = field(default_factory=dict)
 
 
@@ -667,6 +668,20 @@ class Projector:
         else:
             on = text(kind if arg is None else f"{kind} {arg}")
             b.tasks.update((ctx.run_id, ltid), state=blocked.value, blocked_on=on)
+        if kind == "receive":
+            self._step_waits(b, ctx, ltid, text(f"signal {arg}"))
+        elif ctx.receiving and ltid in ctx.receiving:
+            self._step_waits(b, ctx, ltid, None)
+
+    def _step_waits(self, b: _Batch, ctx: _RunCtx, ltid: int, waiting: str | None) -> None:
+        """A worker's step waits for a signal (``signal NAME``), or no longer (None)."""
+        if waiting is None:
+            ctx.receiving.discard(ltid)
+        else:
+            ctx.receiving.add(ltid)
+        step_id = ctx.tasks[ltid][1]
+        if _HAS_WAITING and step_id is not None and step_id in ctx.steps:
+            b.steps.update((ctx.run_id, step_id), waiting=waiting)
 
     def _step_held(self, b: _Batch, ctx: _RunCtx, ltid: Any, reason: str | None, name: Any) -> None:
         """A HOLD (``reason``): the task waits, and so does its step; a STEP_START ends it."""
@@ -823,10 +838,17 @@ class Projector:
         plan = entry.get("kind") == "plan" and isinstance(entry.get("plan"), Mapping)
         finished = run.status in _RUN_END_STATUSES
         ctx = _RunCtx(run.run_id, plan, root_role(entry), run.updated_at, run.dispatches, finished)
-        for ltid, kind, step_id in conn.execute(
-            select(Task.ltid, Task.kind, Task.step_id).where(Task.run_id == run.run_id)
+        for ltid, kind, step_id, on in conn.execute(
+            select(Task.ltid, Task.kind, Task.step_id, Task.blocked_on).where(
+                Task.run_id == run.run_id
+            )
         ):
             ctx.tasks[ltid] = (kind, step_id)
+            if on is not None:  # what _dispatch and _step_held wrote
+                if on.startswith("receive "):
+                    ctx.receiving.add(ltid)
+                elif on.startswith("waiting: "):
+                    ctx.held.add(ltid)
         for step_id, status, tool in conn.execute(
             select(Step.step_id, Step.status, Step.tool)
             .where(Step.run_id == run.run_id)

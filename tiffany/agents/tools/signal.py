@@ -22,15 +22,14 @@ from typing import Any, ClassVar, Final
 from pydantic import Field
 
 from tiffany.agents.tools.base import ToolArgs, ToolContext, ToolError
+from tiffany.documents import SIGNAL_NAME_PATTERN
 from tiffany.errors import WaitTimeout
 from tiffany.kernel import Coroutine, Receive
 
-__all__ = ["MAX_SIGNAL_WAIT_S", "SIGNAL_NAME_PATTERN", "SignalTimeout", "SignalWaitTool"]
+__all__ = ["MAX_SIGNAL_WAIT_S", "SignalTimeout", "SignalWaitTool"]
 
 #: Longest a step may wait for a signal, in seconds (a year).
 MAX_SIGNAL_WAIT_S: Final = 366 * 86_400.0
-#: What a signal's name may be (it travels in a URL path).
-SIGNAL_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 
 
 class SignalTimeout(ToolError):

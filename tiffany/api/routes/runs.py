@@ -1,4 +1,4 @@
-"""``/api/runs``: submit, list, inspect, page the journal of, cancel and verify runs.
+"""``/api/runs``: submit, list, inspect, page the journal of, signal, cancel and verify runs.
 
 Reads come from the SQL store (a projection of the journal, sync
 SQLAlchemy in the threadpool); commands go to the engine over the control
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import uuid
 from typing import Annotated, Any, Final
 
 import msgspec
@@ -26,7 +27,7 @@ from pydantic import Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from tiffany.api.body import parse_off_loop, read_capped
+from tiffany.api.body import InvalidBody, parse_json_off_loop, parse_off_loop, read_capped
 from tiffany.api.deps import State
 from tiffany.api.schemas import (
     CancelAnswer,
@@ -34,9 +35,11 @@ from tiffany.api.schemas import (
     RunDetail,
     RunEvents,
     RunList,
+    SignalAnswer,
     SubmitAnswer,
     SubmitRequest,
 )
+from tiffany.documents import SIGNAL_NAME_PATTERN
 from tiffany.errors import TiffanyError
 from tiffany.store import Run, RunStatus, queries
 
@@ -51,6 +54,7 @@ MAX_EVENTS_PAGE: Final = 1_000
 MAX_INT64: Final = 2**63 - 1
 #: What a run id can look like; anything else (NUL, surrogates, 10 kB) is a 404 at once.
 _RUN_ID: Final = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
+_SIGNAL_NAME: Final = re.compile(SIGNAL_NAME_PATTERN)
 #: How long a ``verify`` replay may take, in seconds (a little over the engine's own limit).
 VERIFY_TIMEOUT_S: Final = 630.0
 
@@ -294,6 +298,61 @@ async def cancel_run(run_id: str, state: State) -> CancelAnswer:
     )
     log.info("run cancel requested")
     return CancelAnswer(run_id=str(answer.get("run_id", run_id)))
+
+
+@router.post(
+    "/{run_id}/signals/{name}",
+    status_code=202,
+    response_model=SignalAnswer,
+    openapi_extra={
+        "requestBody": {
+            "description": "The signal's payload: any JSON (an empty body is null).",
+            "content": {"application/json": {"schema": {}}},
+        }
+    },
+    responses={
+        **_NOT_FOUND,
+        409: {"model": ErrorBody, "description": "The run has already finished."},
+        413: {"model": ErrorBody, "description": "The body is larger than max_signal_bytes."},
+        422: {"model": ErrorBody, "description": "A bad signal name or a malformed body."},
+        **_ERRORS,
+    },
+)
+async def signal_run(
+    run_id: str,
+    name: str,
+    request: Request,
+    state: State,
+    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+) -> Response:
+    """Send signal ``name`` to a running run; 202 once it is journaled.
+
+    A step ``{"tool": "signal.wait", "args": {"name": NAME}}`` outputs the
+    payload; a signal sent before the step waits is kept for it, and each
+    wait takes one signal, oldest first. With an ``Idempotency-Key``, sending
+    the same signal again journals it once (the answer names the first).
+    """
+    _check_run_id(run_id)
+    if _SIGNAL_NAME.match(name) is None:
+        raise InvalidBody(["path", "name"], f"a signal name must match {SIGNAL_NAME_PATTERN}")
+    body = await read_capped(
+        request.headers.get("content-length"), request.stream(), state.settings.max_signal_bytes
+    )
+    payload = await parse_json_off_loop(body, ["body"])
+    answer = await state.engines.for_run(
+        await _owner(state, run_id),
+        "signal",
+        run_id,
+        name=name,
+        payload=payload,
+        signal_id=idempotency_key or uuid.uuid4().hex,
+    )
+    seq = int(answer["seq"])
+    structlog.contextvars.bind_contextvars(run_id=run_id, signal=name, seq=seq)
+    return _json(
+        {"run_id": run_id, "name": name, "seq": seq, "signal_id": str(answer["signal_id"])},
+        status=202,
+    )
 
 
 @router.post(

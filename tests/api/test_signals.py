@@ -1,0 +1,255 @@
+"""Signals over HTTP and the CLI, as users send them: ``tiffany serve``, kill -9, PostgreSQL.
+
+* approval: a run waits in ``signal.wait``; the engine is killed -9 while it
+  waits; ``serve`` restarts it; the signal sent after the restart finishes
+  the run, which then replays identically;
+* a signal sent before its step waits is kept for it; the same
+  ``Idempotency-Key`` journals it once; a timeout fails the step after its
+  retries; bad names, bodies and runs get 422, 413, 404 and 409;
+* ``tiffany signal`` beside a running server;
+* on the PostgreSQL journal, through an API replica with no engine socket
+  (the request goes through ``engine_requests``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from api_support import clean_env, short_dir, start_engine
+from process_support import terminate, wait_for
+
+APPROVAL = {
+    "name": "approval",
+    "steps": [
+        {"id": "draft", "tool": "file.write", "args": {"path": "draft.txt", "content": "v1"}},
+        {
+            "id": "approve",
+            "tool": "signal.wait",
+            "args": {"name": "approve", "timeout_s": 3600},
+            "after": ["draft"],
+        },
+        {
+            "id": "publish",
+            "tool": "file.write",
+            "args": {"path": "published.txt", "content": "${steps.approve.output.by}"},
+            "after": ["approve"],
+        },
+    ],
+}
+
+
+def _serve(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    env = clean_env() | {"TIFFANY_LOG_FORMAT": "json"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tiffany", "serve", "--data-dir", str(data_dir), "--port", "0"],
+        stdout=(data_dir / "serve.log").open("ab"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    ready = data_dir / "serve.json"
+    wait_for(lambda: ready.exists() or proc.poll() is not None, 60, "serve.json")
+    assert proc.poll() is None, (data_dir / "serve.log").read_text()[-3000:]
+    url = json.loads(ready.read_text())["url"].rstrip("/")
+    wait_for(lambda: httpx.get(url + "/readyz").status_code == 200, 60, "readyz")
+    return proc, url
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[Path, str]]:
+    data_dir = short_dir("tfs-")
+    proc, url = _serve(data_dir)
+    try:
+        yield data_dir, url
+    finally:
+        terminate(proc)
+
+
+def _submit(url: str, plan: dict[str, Any]) -> dict[str, Any]:
+    r = httpx.post(url + "/api/runs", json={"plan": plan}, timeout=30)
+    assert r.status_code == 201, r.text
+    return dict(r.json())
+
+
+def _run(url: str, run_id: str, min_seq: int | None = None) -> dict[str, Any]:
+    params = {} if min_seq is None else {"min_seq": min_seq}
+    r = httpx.get(f"{url}/api/runs/{run_id}", params=params, timeout=30)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def _step(run: dict[str, Any], step_id: str) -> dict[str, Any]:
+    return next(s for s in run["steps"] if s["step_id"] == step_id)
+
+
+def _finished(url: str, run_id: str) -> dict[str, Any]:
+    return wait_for(
+        lambda: (r := _run(url, run_id))["status"] in ("succeeded", "failed") and r,
+        60,
+        f"run {run_id} to finish",
+    )
+
+
+def test_an_approval_waits_across_a_kill_9_and_the_signal_finishes_the_run(served) -> None:
+    data_dir, url = served
+    run_id = _submit(url, APPROVAL)["run_id"]
+    waiting = wait_for(
+        lambda: _step(_run(url, run_id), "approve")["waiting"], 30, "the step to wait"
+    )
+    assert waiting == "signal approve"
+    before = json.loads((data_dir / "serve.json").read_text())["engine_pid"]
+    os.kill(before, signal.SIGKILL)
+    wait_for(
+        lambda: json.loads((data_dir / "serve.json").read_text())["engine_pid"] != before,
+        30,
+        "serve to restart the engine",
+    )
+    # The restarted engine holds the run, still waiting: the signal is journaled (202) ...
+    seen: list[Any] = []
+
+    def send() -> httpx.Response | None:
+        r = httpx.post(f"{url}/api/runs/{run_id}/signals/approve", json={"by": "alice"}, timeout=30)
+        seen.append((r.status_code, r.text[:200]))
+        return None if r.status_code == 503 else r  # 503: the engine is starting again
+
+    r = wait_for(send, 30, "the engine to take commands")
+    assert r is not None, seen
+    assert r.status_code == 202, r.text
+    answer = r.json()
+    assert answer["run_id"] == run_id
+    assert answer["name"] == "approve"
+    # ... and a read with its seq sees it (no sleep): the step no longer waits.
+    assert _step(_run(url, run_id, answer["seq"]), "approve")["waiting"] is None
+    run = _finished(url, run_id)
+    assert run["status"] == "succeeded"
+    assert _step(run, "approve")["output"] == {"by": "alice"}
+    assert (data_dir / "workspaces" / run_id / "published.txt").read_text() == "alice"
+    r = httpx.post(f"{url}/api/runs/{run_id}/signals/approve", json=1, timeout=30)
+    assert r.status_code == 409, r.text
+    verdict = httpx.post(f"{url}/api/runs/{run_id}/verify", timeout=120).json()
+    assert verdict["identical"], verdict
+
+
+def test_a_signal_before_its_wait_is_kept_a_key_journals_it_once_and_a_timeout_fails(
+    served,
+) -> None:
+    _, url = served
+    plan = {
+        "name": "early",
+        "steps": [
+            {"id": "first", "tool": "sleep", "args": {"seconds": 1.0}},
+            {"id": "approve", "tool": "signal.wait", "args": {"name": "go"}, "after": ["first"]},
+            {
+                "id": "late",
+                "tool": "signal.wait",
+                "args": {"name": "never", "timeout_s": 0.2},
+                "retries": 1,
+                "backoff": 0.05,
+                "after": ["first"],
+            },
+        ],
+    }
+    run_id = _submit(url, plan)["run_id"]
+    answers = [
+        httpx.post(
+            f"{url}/api/runs/{run_id}/signals/go",
+            json=[1, "two"],
+            headers={"Idempotency-Key": "approve-once"},
+            timeout=30,
+        )
+        for _ in range(2)
+    ]
+    assert [a.status_code for a in answers] == [202, 202]
+    assert answers[0].json() == answers[1].json()
+    assert answers[0].json()["signal_id"] == "approve-once"
+    assert _step(_run(url, run_id, answers[0].json()["seq"]), "approve")["status"] == "pending"
+    run = _finished(url, run_id)
+    assert run["status"] == "failed"
+    assert _step(run, "approve")["output"] == [1, "two"]
+    late = _step(run, "late")
+    assert late["status"] == "failed"
+    assert late["error"]["code"] == "signal.timeout"
+    assert len(late["attempts"]) == 2
+    records = httpx.get(f"{url}/api/runs/{run_id}/events", params={"limit": 1000}).json()
+    signals = [r for r in records["records"] if r["type"] == "WAKE" and r["ltid"] == 0]
+    assert [s["data"]["value"][0] for s in signals] == ["go"]  # once, for two requests
+    verdict = httpx.post(f"{url}/api/runs/{run_id}/verify", timeout=120).json()
+    assert verdict["identical"], verdict
+
+
+def test_bad_signals_are_refused_naming_what_is_wrong(served) -> None:
+    _, url = served
+    run_id = _submit(url, APPROVAL)["run_id"]
+    base = f"{url}/api/runs/{run_id}/signals"
+    r = httpx.post(f"{base}/bad%20name", json=1)
+    assert (r.status_code, r.json()["detail"][0]["loc"]) == (422, ["path", "name"])
+    r = httpx.post(f"{base}/approve", content=b'{"by": [1,', headers={"content-type": "x"})
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["offset"] == 10
+    r = httpx.post(f"{base}/approve", content=b"[" + b"1," * 200_000 + b"1]")
+    assert r.status_code == 413
+    assert httpx.post(f"{url}/api/runs/no-such-run/signals/approve", json=1).status_code == 404
+    # Nothing of that reached the run: it still waits.
+    assert wait_for(lambda: _step(_run(url, run_id), "approve")["waiting"], 30, "the wait")
+    assert httpx.post(f"{base}/approve", json={"by": "bob"}).status_code == 202
+    assert _finished(url, run_id)["status"] == "succeeded"
+
+
+def test_the_cli_signals_a_run_beside_the_running_server(served) -> None:
+    data_dir, url = served
+    run_id = _submit(url, APPROVAL)["run_id"]
+    cli = [sys.executable, "-m", "tiffany", "--data-dir", str(data_dir), "signal", run_id]
+    bad = subprocess.run([*cli, "approve", "--data", "{oops"], capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert "--data: malformed JSON at byte 1" in bad.stderr
+    ok = subprocess.run(
+        [*cli, "approve", "--data", '{"by": "carol"}', "--id", "cli-1"],
+        capture_output=True,
+        text=True,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert f"run {run_id}: signal approve journaled (seq " in ok.stdout
+    run = _finished(url, run_id)
+    assert _step(run, "approve")["output"] == {"by": "carol"}
+    gone = subprocess.run([*cli, "approve"], capture_output=True, text=True)
+    assert gone.returncode == 1
+    assert "already finished (succeeded)" in gone.stderr
+
+
+def test_a_signal_through_the_database_on_the_postgresql_journal(pg_schema_url: str) -> None:
+    engine_dir, api_dir = short_dir("tfs-e-"), short_dir("tfs-a-")
+    env = {"TIFFANY_DATABASE_URL": pg_schema_url, "TIFFANY_JOURNAL": "postgres"}
+    engine = start_engine(engine_dir, env_extra=env)
+    ready = api_dir / "api.json"
+    api = subprocess.Popen(
+        [sys.executable, "-m", "tiffany", "api", "--ready-file", str(ready)],
+        stdout=(api_dir / "api.log").open("ab"),
+        stderr=subprocess.STDOUT,
+        env=clean_env()
+        | env
+        | {"TIFFANY_DATA_DIR": str(api_dir), "TIFFANY_PORT": "0", "TIFFANY_LOG_FORMAT": "json"},
+    )
+    try:
+        wait_for(ready.exists, 60, "the API")
+        url = str(json.loads(ready.read_text())["url"]).rstrip("/")
+        wait_for(lambda: httpx.get(url + "/readyz").status_code == 200, 60, "readyz")
+        run_id = _submit(url, APPROVAL)["run_id"]
+        wait_for(lambda: _step(_run(url, run_id), "approve")["waiting"], 30, "the wait")
+        r = httpx.post(f"{url}/api/runs/{run_id}/signals/approve", json={"by": "dana"}, timeout=30)
+        assert r.status_code == 202, r.text
+        run = _finished(url, run_id)
+        assert (run["status"], _step(run, "approve")["output"]) == ("succeeded", {"by": "dana"})
+        r = httpx.post(f"{url}/api/runs/{run_id}/signals/approve", json=1, timeout=30)
+        assert r.status_code == 409, r.text
+    finally:
+        terminate(api)
+        engine.stop()
