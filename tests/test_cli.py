@@ -155,3 +155,29 @@ def test_a_commands_own_data_dir_wins_over_the_global_one(tmp_path: Path) -> Non
     assert "tiny" in listed.output
     for command in ("serve", "replay", "runs", "run"):
         assert "--data-dir" in runner.invoke(app, [command, "--help"]).output
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def test_the_approval_example_runs_offline_with_its_signal_up_front(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "tiffany", "--data-dir", str(tmp_path), "run", "--json"]
+    plan = str(EXAMPLES / "approval" / "plan.yaml")
+    done = _run([*cmd, plan, "--signal", 'approve={"by": "alice", "note": "ship it"}'])
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["outputs"] == {"approved_by": "alice", "published": "published.md"}
+    published = tmp_path / "workspaces" / result["run_id"] / "published.md"
+    assert published.read_text() == "Release 1.4.0, approved by alice: ship it"
+
+
+def test_a_bad_signal_option_is_refused_naming_it(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "tiffany", "--data-dir", str(tmp_path), "run", "--json"]
+    plan = str(EXAMPLES / "approval" / "plan.yaml")
+    bad_json = _run([*cmd, plan, "--signal", "approve={oops"])
+    assert bad_json.returncode == 2
+    assert "--signal approve: malformed JSON at byte 1" in bad_json.stderr
+    bad_name = _run([*cmd, plan, "--signal", "no name=1"])
+    assert bad_name.returncode == 2
+    assert "--signal wants NAME=JSON" in bad_name.stderr
+    assert not (tmp_path / "wal").exists()  # refused before the engine opened the data dir

@@ -59,6 +59,30 @@ steps:
     after: [b]
 """
 
+#: A draft, a human's approval (signal ``approve``), then publishing what it says.
+APPROVAL_PLAN = {
+    "name": "approval",
+    "steps": [
+        {"id": "draft", "tool": "file.write", "args": {"path": "d.txt", "content": "v1"}},
+        {
+            "id": "approve",
+            "tool": "signal.wait",
+            "args": {"name": "approve"},
+            "after": ["draft"],
+        },
+        {
+            "id": "publish",
+            "tool": "file.write",
+            "args": {"path": "p.txt", "content": "${steps.approve.output.by}"},
+            "after": ["approve"],
+        },
+    ],
+}
+#: Only the wait: answered with the run page's quick "Approve" button.
+QUICK_APPROVAL_PLAN = {
+    "name": "quick-approval",
+    "steps": [{"id": "approve", "tool": "signal.wait", "args": {"name": "approve"}}],
+}
 
 SEQS_JS = "rows => rows.map(r => r.dataset.seq)"
 RUNS_JS = "rows => rows.map(r => r.dataset.runId)"
@@ -155,6 +179,29 @@ def _engine_feed(data_dir: Path, first: int, last: int) -> list[dict[str, Any]]:
             assert frame.get("type") is None, frame  # no gone: the engine's ring holds them
             got.append(frame)
     return got
+
+
+def _http_json(url: str, body: Any = None) -> Any:
+    """GET ``url`` (or POST ``body`` as JSON to it) and decode the JSON answer."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def _submit(url: str, plan: dict[str, Any]) -> str:
+    """Submit ``plan`` over HTTP; return its run id once the store has the run.
+
+    Read back with ``min_seq``: a run page opened on a run the store has not
+    projected yet (and with no event of it seen) would say it does not exist.
+    """
+    created = _http_json(url + "api/runs", {"plan": plan})
+    _http_json(f"{url}api/runs/{created['run_id']}?min_seq={created['seq']}")
+    return str(created["run_id"])
+
+
+def _step(detail: dict[str, Any], step_id: str) -> dict[str, Any]:
+    return next(s for s in detail["steps"] if s["step_id"] == step_id)
 
 
 def _console(msg: Any, errors: list[str]) -> None:
@@ -406,3 +453,116 @@ def test_the_dashboard_shows_every_engines_activity(
     finally:
         _stop(proc)
     assert errors == []
+
+
+def test_a_step_waiting_for_a_signal_is_answered_from_the_run_page(
+    chromium_path: str, service: dict[str, Any], tmp_path: Path, artifacts_dir: Path
+) -> None:
+    """A ``signal.wait`` step shows what it waits for and a form that sends it.
+
+    Invalid JSON is refused beside the form (nothing sent, the step still
+    waits); a payload sent with "Send" is the step's output and the run goes
+    on; "Approve" sends ``{"approved": true}``. After the 202 the page reads
+    the run again as of the signal's seq.
+    """
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    url = service["url"]
+    run_id = _submit(url, APPROVAL_PLAN)
+    errors: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+            page.on("console", lambda msg: _console(msg, errors))
+            requests: list[Any] = []
+            page.on("request", lambda req: requests.append(req))
+            page.goto(f"{url}#/run/{run_id}")
+            expect(page.get_by_test_id("run-page")).to_have_attribute("data-run-id", run_id)
+
+            # -- the step waits: a badge says for what, a form sends it ----------------
+            step = page.locator('[data-testid=step-row][data-step-id="approve"]')
+            badge = step.get_by_test_id("step-waiting")
+            expect(badge).to_have_text("waiting for approve")
+            expect(badge).to_have_attribute("data-waiting", "approve")
+            expect(step).to_have_attribute("data-status", "running")
+            form = step.locator('form[data-signal="approve"]')
+            expect(form).to_be_visible()
+            expect(page.get_by_test_id("signal-form")).to_have_count(1)  # only the waiting step
+            payload = form.get_by_label("Payload for approve")
+            expect(payload).to_have_value("{}")
+            send = form.get_by_role("button", name="Send", exact=True)
+            expect(form.get_by_role("button", name="Approve", exact=True)).to_be_enabled()
+            error = form.get_by_test_id("signal-error")
+            expect(error).to_be_hidden()
+
+            # -- invalid JSON: an error beside the form, nothing sent ------------------
+            payload.fill('{"by": eve}')
+            send.click()
+            expect(error).to_be_visible()
+            expect(error).to_contain_text("Invalid JSON")
+            expect(payload).to_have_attribute("aria-invalid", "true")
+            expect(badge).to_have_text("waiting for approve")
+            assert _step(_http_json(f"{url}api/runs/{run_id}"), "approve")["waiting"] == (
+                "signal approve"
+            )
+
+            # -- a good payload: sent, journaled (202), read back as of its seq -------
+            payload.fill('{"by": "eve"}')
+            with page.expect_response(lambda r: "/signals/" in r.url) as answered:
+                send.click()
+            answer = answered.value
+            assert answer.status == 202
+            sent = answer.json()
+            assert sent["run_id"] == run_id
+            assert sent["name"] == "approve"
+            expect(step).to_have_attribute("data-status", "succeeded")
+            expect(step.get_by_test_id("step-output")).to_contain_text('"by":"eve"')
+            expect(badge).to_have_count(0)
+            expect(form).to_have_count(0)
+            publish = page.locator('[data-testid=step-row][data-step-id="publish"]')
+            expect(publish).to_have_attribute("data-status", "succeeded")
+            expect(page.get_by_test_id("run-status")).to_have_attribute(
+                "data-status", "succeeded", timeout=30_000
+            )
+
+            # One signal request in all (the invalid JSON sent none), and the run
+            # was read again with min_seq at least the signal's seq after it.
+            posts = [r for r in requests if "/signals/" in r.url]
+            assert [(r.method, json.loads(r.post_data)) for r in posts] == [("POST", {"by": "eve"})]
+            after = requests[requests.index(posts[0]) + 1 :]
+            pattern = re.compile(rf"/api/runs/{run_id}\?min_seq=(\d+)$")
+            asked = [int(m.group(1)) for r in after if (m := pattern.search(r.url))]
+            assert any(seq >= sent["seq"] for seq in asked), asked
+
+            # Over HTTP, as of the newest event the page saw of the run (its end).
+            seen = page.evaluate("id => window.__tiffany.live.runs.get(id).walSeq", run_id)
+            detail = _http_json(f"{url}api/runs/{run_id}?min_seq={seen}")
+            assert detail["status"] == "succeeded", detail
+            assert _step(detail, "approve")["output"] == {"by": "eve"}
+            assert _step(detail, "approve")["waiting"] is None
+            assert _step(detail, "publish")["status"] == "succeeded"
+            png = tmp_path / "dashboard-signal.png"
+            page.screenshot(path=str(png))
+            _save_screenshot(png, "dashboard-signal.png", artifacts_dir)
+
+            # -- "Approve" sends {"approved": true} -------------------------------------
+            quick_id = _submit(url, QUICK_APPROVAL_PLAN)
+            page.goto(f"{url}#/run/{quick_id}")
+            expect(page.get_by_test_id("run-page")).to_have_attribute("data-run-id", quick_id)
+            quick = page.locator('[data-testid=step-row][data-step-id="approve"]')
+            expect(quick.get_by_test_id("step-waiting")).to_have_text("waiting for approve")
+            quick.get_by_role("button", name="Approve", exact=True).click()
+            expect(quick).to_have_attribute("data-status", "succeeded")
+            expect(quick.get_by_test_id("step-output")).to_contain_text('"approved":true')
+            expect(page.get_by_test_id("run-status")).to_have_attribute(
+                "data-status", "succeeded", timeout=30_000
+            )
+            seen = page.evaluate("id => window.__tiffany.live.runs.get(id).walSeq", quick_id)
+            detail = _http_json(f"{url}api/runs/{quick_id}?min_seq={seen}")
+            assert _step(detail, "approve")["output"] == {"approved": True}
+        finally:
+            browser.close()
+    assert not errors, "\n".join(errors)

@@ -39,6 +39,66 @@ def _parse_inputs(pairs: list[str] | None) -> dict[str, Any]:
     return out
 
 
+def _parse_signals(pairs: list[str] | None) -> list[tuple[str, Any]]:
+    """``--signal NAME=JSON`` options: (name, payload), the JSON checked like a request body."""
+    import re
+
+    from tiffany.documents import SIGNAL_NAME_PATTERN, DocumentError, load
+
+    out: list[tuple[str, Any]] = []
+    for pair in pairs or ():
+        name, sep, text = pair.partition("=")
+        if not sep or re.match(SIGNAL_NAME_PATTERN, name) is None:
+            msg = f"tiffany: --signal wants NAME=JSON with a valid name, got {pair!r}"
+            typer.echo(msg, err=True)
+            raise typer.Exit(EXIT_INVALID)
+        try:
+            payload = None
+            if text:
+                payload = load(text.encode(), "application/json", loc=["signal", name])
+        except DocumentError as exc:
+            typer.echo(f"tiffany: --signal {name}: {exc.msg}", err=True)
+            raise typer.Exit(EXIT_INVALID) from None
+        out.append((name, payload))
+    return out
+
+
+def _signal_hint(console: Any, *, quiet: bool) -> Any:
+    """An instrument that says once per signal name, on stderr, how to send it.
+
+    (The live view shows the wait in its task tree; without it, a run
+    waiting a day for an approval would look hung.)
+    """
+    from tiffany.kernel import Instrument, Receive
+
+    said: set[str] = set()
+
+    class SignalHint(Instrument):
+        def task_blocked(self, task: Any, call: Any) -> None:
+            if call.__class__ is not Receive or call.channel in said or quiet:
+                return
+            said.add(call.channel)
+            run_id = getattr(getattr(task.meta, "run", None), "run_id", "RUN_ID")
+            console.print(
+                f"run {run_id} waits for signal {call.channel}: Ctrl-C leaves it waiting in "
+                f"this data dir; `tiffany serve` resumes it and `tiffany signal {run_id} "
+                f"{call.channel} --data JSON` (or the dashboard) sends it; or run again with "
+                "--signal",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
+
+    return SignalHint()
+
+
+def _signals_awaited(run: Any) -> list[str]:
+    """The signal names the run's tasks wait for (a run the loop left stalled)."""
+    if run is None:
+        return []
+    return sorted(name for name, waiting in run.receivers.items() if waiting)
+
+
 def _load(path: Path) -> dict[str, Any]:
     from tiffany.agents import PlanError, load_plan
 
@@ -66,9 +126,23 @@ def run(
     live: Annotated[
         bool, typer.Option("--live/--no-live", help="The live task view (on a terminal).")
     ] = True,
+    signals: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--signal",
+            metavar="NAME=JSON",
+            help="Send the run signal NAME with a JSON payload up front (repeatable).",
+        ),
+    ] = None,
     data_dir: DataDirOption = None,
 ) -> None:
-    """Run a plan on the embedded engine with a live view; print its outputs."""
+    """Run a plan on the embedded engine with a live view; print its outputs.
+
+    A ``signal.wait`` step takes the ``--signal`` of its name (sent at the
+    run's start and kept until it waits). A run left waiting for a signal
+    nobody sent stays unfinished in the data dir: ``tiffany serve`` resumes
+    it and ``tiffany signal RUN NAME --data JSON`` (or the dashboard) sends it.
+    """
     from rich.console import Console
     from rich.live import Live
 
@@ -79,6 +153,7 @@ def run(
     settings = _settings(ctx)
     doc = _load(plan_path)
     given = _parse_inputs(inputs)
+    sent = _parse_signals(signals)
     from tiffany.agents import parse_plan
     from tiffany.agents.registry import ToolRegistry
 
@@ -95,10 +170,11 @@ def run(
     console = Console(stderr=True)
     view = LiveView(total_steps=len(doc.get("steps") or ()))
 
+    use_live = live and console.is_terminal and not as_json
     engine = _build_engine(
         settings,
         enabled_tools=ToolRegistry.default().all_names(),
-        instruments=[view],
+        instruments=[view, _signal_hint(console, quiet=use_live)],
         emit=view.on_event,
     )
     try:
@@ -107,7 +183,10 @@ def run(
         except PlanError as exc:
             _print_plan_errors(exc)
             raise typer.Exit(EXIT_INVALID) from None
-        use_live = live and console.is_terminal and not as_json
+        for i, (name, payload) in enumerate(sent):  # journaled at the first wait stage
+            engine.runtime.journal.request_signal(
+                run_id, name, payload, f"run-option-{i}", lambda seq, ended: None
+            )
         if use_live:
             with Live(
                 get_renderable=view.render, console=console, refresh_per_second=8, transient=False
@@ -116,8 +195,17 @@ def run(
         else:
             engine.runtime.run()
         state = engine.runtime.status(run_id)
+        waits = _signals_awaited(engine.runtime.journal.runs.get(run_id))
     finally:
         engine.runtime.close()
+    if state.status == "running" and waits:
+        names = ", ".join(waits)
+        typer.echo(
+            f"tiffany: run {run_id} waits for signal {names}: pass --signal NAME=JSON, or serve "
+            f"this data dir (`tiffany serve`: it resumes the run) and send it with "
+            f"`tiffany signal {run_id} NAME --data JSON` or the dashboard",
+            err=True,
+        )
     from tiffany.engine import journal_source
     from tiffany.engine.projection import project_wal
     from tiffany.store.projector import StoreJournalMismatch

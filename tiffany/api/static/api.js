@@ -82,6 +82,20 @@ export async function api(path, { method = "GET", body, headers = {}, signal } =
   return data;
 }
 
+/**
+ * Send signal `name` to a run with a JSON `payload` (null: no payload).
+ * Resolves to the 202's `{run_id, name, seq, signal_id}` once the signal is
+ * journaled: read the run with `?min_seq=<seq>` to see it.
+ */
+export function sendSignal(runId, name, payload = null, { idempotencyKey } = {}) {
+  const headers = idempotencyKey ? { "Idempotency-Key": idempotencyKey } : {};
+  return api(`api/runs/${encodeURIComponent(runId)}/signals/${encodeURIComponent(name)}`, {
+    method: "POST",
+    body: payload,
+    headers,
+  });
+}
+
 const BACKOFF_MIN_MS = 500;
 const BACKOFF_MAX_MS = 15000;
 const SILENCE_TIMEOUT_MS = 60000;

@@ -50,6 +50,16 @@ export function pretty(value) {
   }
 }
 
+/** Parse a JSON text field (blank is null): `{value}`, or `{error}` with the parser's message. */
+export function parseJsonField(text) {
+  if (!text.trim()) return { value: null };
+  try {
+    return { value: JSON.parse(text) };
+  } catch (err) {
+    return { error: err.message };
+  }
+}
+
 /** One-line JSON, cut at `max` characters. */
 export function compact(value, max = 140) {
   let s;

@@ -5,14 +5,17 @@
 // refresh asks for the store at least as far as the WAL record of the
 // newest event seen (`?min_seq=<wal_seq>`): the API answers once the store
 // has projected it, so nothing here waits on a timer for the store.
+// A step waiting for a signal offers a form to send it; once the signal is
+// journaled (202) the run is read again as of the signal's seq.
 
-import { api, ApiError } from "./api.js";
+import { api, ApiError, sendSignal } from "./api.js";
 import {
   clock,
   compact,
   duration,
   fill,
   h,
+  parseJsonField,
   pretty,
   runNo,
   stamp,
@@ -33,6 +36,8 @@ const FIRST_ROWS = 150;
 const MORE_ROWS = 500;
 const TASK_EVENTS = 60;
 const MAX_RENDER_GAP_MS = 1000;
+/** The quick "Approve" button's payload. */
+const APPROVE_PAYLOAD = { approved: true };
 
 export class RunPage {
   constructor(root, runId, { live, onError, onRunChanged, minSeq = null }) {
@@ -47,6 +52,8 @@ export class RunPage {
     this.collapsed = new Set();
     this.limits = { tree: FIRST_ROWS, timeline: FIRST_ROWS, steps: FIRST_ROWS };
     this.verify = null;
+    // Signal forms by `${step_id}\n${name}`, kept across renders (typed text, focus).
+    this.signalForms = new Map();
     this.closed = false;
     this.queued = false;
     // The WAL seq the next refresh asks the store to have reached: what
@@ -383,7 +390,8 @@ export class RunPage {
       const w = liveWorker.get(s.step_id);
       return s.status === "pending" && w && !TERMINAL_TASK.has(w.state) ? "running" : s.status;
     };
-    const sig = `${this.sentMs}|${steps.map(status).join(",")}`;
+    const runLive = !TERMINAL_RUN.has(d.status);
+    const sig = `${this.sentMs}|${runLive}|${steps.map((s) => `${status(s)}:${s.waiting || ""}`).join(",")}`;
     if (sig === this.stepsSig) return; // nothing new: keep the DOM (and open <details>)
     this.stepsSig = sig;
     if (!steps.length) {
@@ -391,6 +399,13 @@ export class RunPage {
       return;
     }
     const shown = steps.slice(0, this.limits.steps);
+    const waitingFor = (s) => (runLive ? signalWaited(s) : null);
+    const forms = new Set(shown.filter(waitingFor).map((s) => `${s.step_id}\n${waitingFor(s)}`));
+    for (const key of this.signalForms.keys()) if (!forms.has(key)) this.signalForms.delete(key);
+    // Rebuilding the rows moves a signal form: keep its focus and caret.
+    const active = document.activeElement;
+    const focus = active && active !== document.body && this.stepsEl.contains(active) ? active : null;
+    const caret = focus && focus.tagName === "TEXTAREA" ? [focus.selectionStart, focus.selectionEnd] : null;
     fill(
       this.stepsEl,
       steps.length > shown.length ? h("div", { class: "muted small" }, `${steps.length} steps`) : null,
@@ -399,6 +414,7 @@ export class RunPage {
         const spec = specs.get(s.step_id) || {};
         const end = s.ended_at;
         const attempts = (s.attempts || []).length;
+        const awaited = waitingFor(s);
         return h(
           "div",
           { class: `step tone-border-${tone(st)}`, testid: "step-row", dataset: { stepId: s.step_id, status: st } },
@@ -409,6 +425,9 @@ export class RunPage {
             h("strong", { class: "mono" }, s.step_id),
             h("span", { class: "tool-tag" }, s.tool),
             spec.after && spec.after.length ? h("span", { class: "muted small" }, `after ${spec.after.join(", ")}`) : null,
+            awaited
+              ? h("span", { class: "pill pill-sm tone-wait waiting-badge", testid: "step-waiting", dataset: { waiting: awaited } }, `waiting for ${awaited}`)
+              : null,
             h("div", { class: "spacer" }),
             attempts > 1 ? h("span", { class: "muted small", title: "attempts" }, `${attempts} attempts`) : null,
             h("span", { class: "muted small" }, s.started_at != null && end != null ? duration(end - s.started_at) : ""),
@@ -421,10 +440,33 @@ export class RunPage {
             s.output != null ? kv("output", s.output, "step-output") : null,
             s.error != null ? kv("error", s.error, "step-error", "error-text") : null,
           ),
+          awaited ? this.signalForm(s.step_id, awaited) : null,
         );
       }),
       steps.length > shown.length ? moreButton(steps.length - shown.length, () => this.more("steps"), "steps-more") : null,
     );
+    if (focus && focus.isConnected && document.activeElement !== focus) {
+      focus.focus({ preventScroll: true });
+      if (caret) focus.setSelectionRange(caret[0], caret[1]);
+    }
+  }
+
+  /** The (kept) form sending signal `name` to the run, for step `stepId` waiting on it. */
+  signalForm(stepId, name) {
+    const key = `${stepId}\n${name}`;
+    let form = this.signalForms.get(key);
+    if (!form) {
+      form = buildSignalForm(name, {
+        send: (payload) => sendSignal(this.runId, name, payload),
+        onSent: (answer) => {
+          // Read our own write: the store as of at least the signal's record.
+          this.want(answer.seq);
+          this.refresh();
+        },
+      });
+      this.signalForms.set(key, form);
+    }
+    return form;
   }
 
   renderErrorAndIo(d) {
@@ -496,6 +538,96 @@ export class RunPage {
       this.renderHead();
     }
   }
+}
+
+/** The signal a step waits for (its `waiting` is "signal NAME"), else null. */
+function signalWaited(step) {
+  const w = step.waiting;
+  return typeof w === "string" && w.startsWith("signal ") ? w.slice("signal ".length) : null;
+}
+
+let signalFormNo = 0;
+
+/**
+ * A form to send signal `name`: a JSON payload (blank is null), "Send", and
+ * "Approve" (`{"approved": true}`). Invalid JSON is refused here; the
+ * server's refusal is shown beside the form.
+ */
+function buildSignalForm(name, { send, onSent }) {
+  const n = ++signalFormNo;
+  const payload = h("textarea", {
+    id: `signal-payload-${n}`,
+    class: "code-input signal-payload",
+    rows: 2,
+    spellcheck: false,
+    placeholder: "null",
+    testid: "signal-payload",
+    "aria-describedby": `signal-error-${n}`,
+  });
+  payload.value = "{}";
+  const error = h("div", { id: `signal-error-${n}`, class: "signal-error error-text small", testid: "signal-error", role: "alert", hidden: true });
+  const note = h("span", { class: "signal-note muted small", testid: "signal-note", role: "status" });
+  const sendButton = h("button", { type: "submit", class: "btn btn-primary btn-sm", testid: "signal-send" }, "Send");
+  const approveButton = h(
+    "button",
+    {
+      type: "button",
+      class: "btn btn-sm",
+      testid: "signal-approve",
+      title: `Send ${name} with ${JSON.stringify(APPROVE_PAYLOAD)}`,
+      onclick: () => submit(APPROVE_PAYLOAD),
+    },
+    "Approve",
+  );
+
+  function showError(text) {
+    error.hidden = !text;
+    error.textContent = text || "";
+    payload.classList.toggle("invalid", !!text);
+    payload.setAttribute("aria-invalid", text ? "true" : "false");
+  }
+
+  async function submit(value) {
+    showError(null);
+    note.textContent = "Sending…";
+    sendButton.disabled = approveButton.disabled = true;
+    try {
+      const answer = await send(value);
+      note.textContent = `Sent (seq ${answer.seq}).`;
+      onSent(answer);
+    } catch (err) {
+      note.textContent = "";
+      showError(`Not sent: ${err.message || err}`);
+    } finally {
+      sendButton.disabled = approveButton.disabled = false;
+    }
+  }
+
+  return h(
+    "form",
+    {
+      class: "signal-form",
+      testid: "signal-form",
+      dataset: { signal: name },
+      "aria-label": `Send signal ${name}`,
+      novalidate: true,
+      onsubmit: (ev) => {
+        ev.preventDefault();
+        const parsed = parseJsonField(payload.value);
+        if (parsed.error !== undefined) {
+          note.textContent = "";
+          showError(`Invalid JSON: ${parsed.error}`);
+          payload.focus();
+          return;
+        }
+        submit(parsed.value);
+      },
+    },
+    h("label", { for: payload.id, class: "small" }, "Payload for ", h("code", null, name), h("span", { class: "muted" }, " (JSON; blank sends null)")),
+    payload,
+    h("div", { class: "signal-actions" }, sendButton, approveButton, note),
+    error,
+  );
 }
 
 function card(title, body, testid, hint) {
