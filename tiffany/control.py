@@ -16,8 +16,9 @@ op             request fields                        answer (``ok: true``)
                                                      ``pid``, ``started_at``, ``runs_active``
 ``submit``     ``plan`` (object), ``inputs``,        ``run_id``, ``created`` (false when the
                ``key`` (idempotency key or null)     key named an earlier submission), ``seq``
-                                                     (the WAL seq of the run's RUN_START; the
-                                                     same for a repeated key)
+               or, for a re-run, ``rerun_of`` (a     (the WAL seq of the run's RUN_START; the
+               finished run), ``from_step``          same for a repeated key)
+               (optional) and ``inputs``
 ``wait_``      ``seq``, ``wait_s`` (at most          ``last_seq`` (the store's watermark),
 ``projected``  :data:`MAX_WAIT_PROJECTED_S`)         ``reached`` (``last_seq >= seq``); answered
                                                      as soon as the projector reports it, or

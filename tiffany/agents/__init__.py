@@ -45,6 +45,9 @@ def plan_resolver(
     """Return the runtime resolver that rebuilds a plan run's planner task."""
 
     def resolve(entry: dict[str, Any], run_id: str, compat: int) -> Generator[Any, Any, Any]:
-        return run_plan(env, run_id, entry["plan"], entry.get("inputs") or {}, compat)
+        reuse, source = entry.get("reuse"), entry.get("rerun_of")  # a re-run's (rerun.py)
+        source_id = source.get("run_id") if isinstance(source, Mapping) else None
+        inputs = entry.get("inputs") or {}
+        return run_plan(env, run_id, entry["plan"], inputs, compat, reuse, source_id)
 
     return resolve

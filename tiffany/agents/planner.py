@@ -26,7 +26,7 @@ from tiffany.agents.plan import PlanError, StepSpec, check_steps, parse_plan
 from tiffany.agents.refs import RefError, resolve
 from tiffany.agents.worker import AgentEnv, StepOutcome, worker
 from tiffany.errors import TaskCancelled, TiffanyError
-from tiffany.kernel import KillTask, NewTask, Queue
+from tiffany.kernel import KillTask, NewTask, Queue, Step
 from tiffany.records import JOURNAL_COMPAT, TaskLabel
 
 __all__ = ["PlanFailed", "run_plan"]
@@ -54,10 +54,17 @@ def run_plan(
     doc: Mapping[str, Any],
     inputs: Mapping[str, Any],
     compat: int = JOURNAL_COMPAT,
+    reuse: Mapping[str, Mapping[str, Any]] | None = None,
+    rerun_of: str | None = None,
 ) -> Co:
     """The root task of a plan run; returns ``{"outputs": ..., "steps": ...}``.
 
     ``compat``: the journal version the run started under (its workers get it).
+    ``reuse``: a re-run's steps settled from an earlier run (``rerun.py``):
+    step id -> ``{"output", "run_id", "seq"}``; they succeed with that output
+    as soon as they are ready, with no worker (their attempt says where from).
+    ``rerun_of``: the run a re-run starts from: its workspace is copied into
+    this run's first (a durable step: the files the reused steps wrote).
     """
     # Validated once at submission; a replay or recovery parses it again,
     # against every tool (the engine holds a disabled tool's steps: registry.py).
@@ -68,6 +75,8 @@ def run_plan(
             [{"loc": f"inputs.{k}", "msg": "not an input of this plan"} for k in unknown]
         )
     values = {**plan.inputs, **inputs}
+    if rerun_of is not None:
+        yield Step(env.copy_workspace, rerun_of, run_id, name="workspace.copy")
     dag = _Dag()
     for spec in plan.steps:
         dag.add(spec)
@@ -76,9 +85,23 @@ def run_plan(
     attempts: dict[str, list[dict[str, Any]]] = {}
     running: dict[str, int] = {}
     results: Queue[StepOutcome] = Queue(name=f"{run_id}.results")
+    reuse = reuse or {}
     try:
         while True:
-            for sid in dag.take_ready():
+            ready = dag.take_ready()
+            while reuse and any(sid in reuse for sid in ready):
+                for sid in [s for s in ready if s in reuse]:  # no worker: settled at once
+                    ready.remove(sid)
+                    given = reuse[sid]
+                    outputs[sid] = given.get("output")
+                    origin = {"run_id": given.get("run_id"), "seq": given.get("seq")}
+                    attempts[sid] = [{"attempt": 1, "reused": origin}]
+                    dag.status[sid] = RUNNING
+                    if dag.specs[sid].dynamic:
+                        _extend(dag, reasons, sid, outputs[sid], values, env)
+                    dag.finish(sid, dag.status[sid] != FAILED, reasons)
+                ready += dag.take_ready()
+            for sid in ready:
                 dag.status[sid] = RUNNING
                 # A daemon: nobody joins a worker (it reports through the
                 # queue), so its record goes as soon as it ends.

@@ -28,6 +28,7 @@ step at most once more), and cost a third of the plan's throughput.
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +85,19 @@ class AgentEnv:
         """Return (once) the plan :meth:`remember_plan` kept for this very document."""
         hit = self._validated.pop(id(doc), None)
         return hit[1] if hit is not None and hit[0] is doc else None
+
+    def copy_workspace(self, source_run: str, run_id: str) -> dict[str, Any]:
+        """Copy run ``source_run``'s workspace into ``run_id``'s (a re-run's first step).
+
+        Blocking (a durable step runs it in the thread pool). Files already
+        there are overwritten (a step re-run after a crash copies again).
+        """
+        source = self.workspace_root / source_run
+        target = self.workspace(run_id)
+        if not source.is_dir():
+            return {"from": source_run, "files": 0, "missing": True}
+        shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
+        return {"from": source_run, "files": sum(1 for p in target.rglob("*") if p.is_file())}
 
     def workspace(self, run_id: str) -> Path:
         """Return (creating it once) the run's workspace directory."""

@@ -145,9 +145,18 @@ class DbRequests:
     # -- requests ----------------------------------------------------------------------
 
     async def submit(
-        self, plan: Any, inputs: Any, key: str | None, *, timeout: float = ANSWER_WAIT_S
+        self,
+        plan: Any,
+        inputs: Any,
+        key: str | None,
+        *,
+        timeout: float = ANSWER_WAIT_S,
+        extra: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Submit a plan; return the engine's answer ``{"run_id", "created", "seq"}``.
+
+        ``extra``: more fields of the request (a re-run's ``rerun_of`` and
+        ``from_step``), in its body and its idempotency digest.
 
         Raises:
             ControlError: The engine refused it (422), or the key names
@@ -155,16 +164,16 @@ class DbRequests:
             ControlUnavailable: No engine took it in time (withdrawn: nothing
                 starts), or the engine that took it did not answer in time.
         """
-        digest = submission_digest(plan, inputs)
+        digest = submission_digest(plan if not extra else {"plan": plan, **extra}, inputs)
         run_id = f"run-{uuid.uuid4().hex[:12]}"
         rid = await self._insert(
-            "submit", None, run_id, key, digest, {"plan": plan, "inputs": inputs}
+            "submit", None, run_id, key, digest, {"plan": plan, "inputs": inputs, **(extra or {})}
         )
         if rid is None:  # the key names an earlier submission
             assert key is not None
             row = await self._fetch(_BY_KEY, (key,))
             if row is None:  # deleted meanwhile (past its window): a new one
-                return await self.submit(plan, inputs, key, timeout=timeout)
+                return await self.submit(plan, inputs, key, timeout=timeout, extra=extra)
             first, first_digest, first_run = row
             if first_digest != digest:
                 raise ControlError(

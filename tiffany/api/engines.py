@@ -76,7 +76,8 @@ class Engines:
     async def submit(self, key: str | None, **fields: Any) -> dict[str, Any]:
         """Submit to one engine (see the module docstring); return its answer."""
         if self.db is not None:
-            return await self.db.submit(fields.get("plan"), fields.get("inputs"), key)
+            plan, inputs = fields.pop("plan", None), fields.pop("inputs", None)
+            return await self.db.submit(plan, inputs, key, extra=fields or None)
         n = len(self.controls)
         if n == 1:
             return await self.controls[0].request("submit", key=key, **fields)

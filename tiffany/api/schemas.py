@@ -16,6 +16,7 @@ __all__ = [
     "ErrorBody",
     "JournalRecordOut",
     "Readiness",
+    "RerunRequest",
     "RunDetail",
     "RunEvents",
     "RunList",
@@ -168,6 +169,23 @@ class CancelAnswer(BaseModel):
 
     run_id: str
     status: Literal["cancelling"] = "cancelling"
+
+
+class RerunRequest(BaseModel):
+    """A re-run of a finished run: where to restart, and inputs to change."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    from_step: str | None = Field(
+        default=None,
+        description=(
+            "Restart at this step and every step downstream of it; the others reuse the "
+            "earlier run's outputs. Default: the steps that failed."
+        ),
+    )
+    inputs: dict[str, Any] | None = Field(
+        default=None, description="Inputs that replace the earlier run's (the others are kept)."
+    )
 
 
 class SignalAnswer(BaseModel):

@@ -1,6 +1,6 @@
 """Commands for a running engine (``tiffany serve`` on the same data dir).
 
-``submit``, ``cancel``, ``signal`` and ``status`` speak the control channel
+``submit``, ``cancel``, ``signal``, ``rerun`` and ``status`` speak the control channel
 (``<data dir>/control.sock``); ``tail`` follows the activity feed
 (``<data dir>/feed.sock``). They need no API token: the sockets are the
 data dir owner's only (mode 0600).
@@ -93,6 +93,32 @@ def cancel(
             return
     answer = _call(ctx, "cancel", run_id=run_id)
     typer.echo(f"run {answer['run_id']}: {answer['status']}")
+
+
+def rerun(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(help="The finished run to re-run.")],
+    from_step: Annotated[
+        str | None,
+        typer.Option("--from", help="Restart at this step (default: at the failed steps)."),
+    ] = None,
+    inputs: InputsOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Re-run a finished run from a step: the other steps reuse their recorded outputs.
+
+    Prints the new run's id once it is durable. Steps not downstream of the
+    restart point are not called again (each names the run and journal seq
+    its output came from); the new run starts with a copy of the old run's
+    workspace.
+    """
+    from tiffany.cli.run import _parse_inputs
+
+    fields: dict[str, Any] = {"rerun_of": run_id, "inputs": _parse_inputs(inputs), "key": None}
+    if from_step is not None:
+        fields["from_step"] = from_step
+    answer = _call(ctx, "submit", **fields)
+    typer.echo(answer["run_id"])
 
 
 def signal(
@@ -217,9 +243,10 @@ def tail(
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``submit``, ``cancel``, ``signal``, ``status`` and ``tail`` to ``app``."""
+    """Add ``submit``, ``cancel``, ``signal``, ``rerun``, ``status`` and ``tail`` to ``app``."""
     app.command("submit")(submit)
     app.command("cancel")(cancel)
     app.command("signal")(signal)
+    app.command("rerun")(rerun)
     app.command("status")(status)
     app.command("tail")(tail)

@@ -722,6 +722,9 @@ class EngineService:
     def _submit(self, request: dict[str, Any]) -> dict[str, Any]:
         plan = request.get("plan")
         inputs = request.get("inputs") or {}
+        rerun: dict[str, Any] | None = None
+        if request.get("rerun_of") is not None:
+            plan, inputs, rerun = self._rerun_of(request, inputs)
         key = request.get("key")
         if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 255):
             raise ControlError(
@@ -739,6 +742,9 @@ class EngineService:
         except PlanError as exc:
             raise ControlError(422, exc.message, exc.errors) from None
         digest = submission_digest(plan, inputs)
+        if rerun is not None:
+            entry["rerun_of"], entry["reuse"] = rerun["rerun_of"], rerun["reuse"]
+            digest = submission_digest({"rerun_of": rerun["rerun_of"], "plan": plan}, inputs)
         if key is not None:
             entry["idempotency"] = {"key": key, "digest": digest}
         deadline = time.monotonic() + SUBMIT_TIMEOUT_S
@@ -748,6 +754,62 @@ class EngineService:
         )
         self._wait_durable(seq, deadline)
         return {"run_id": run_id, "created": created, "seq": seq}
+
+    def _rerun_of(
+        self, request: dict[str, Any], inputs: Any
+    ) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+        """A re-run's plan, inputs and reuse (``tiffany/agents/rerun.py``), from the store.
+
+        Control threads only (SQL). The earlier run must be finished and in
+        the store; ``inputs`` given here override its inputs.
+        """
+        from tiffany.agents.rerun import rerun_reuse
+        from tiffany.store import queries, session_factory
+
+        source_id, from_step = request.get("rerun_of"), request.get("from_step")
+        if not isinstance(source_id, str) or not source_id:
+            raise ControlError(422, "rerun_of must be a run id", [{"loc": "rerun_of"}])
+        if from_step is not None and not isinstance(from_step, str):
+            raise ControlError(422, "from_step must be a step id", [{"loc": "from_step"}])
+        if not isinstance(inputs, dict):
+            raise ControlError(422, "inputs must be an object", [{"loc": "inputs"}])
+        with session_factory(self._store_engine())() as session:
+            source = queries.rerun_source(session, source_id)
+        if source is None:
+            raise ControlError(404, f"no run {source_id!r}")
+        status, entry = source["status"], source["entry"]
+        if status in ("pending", "running"):
+            raise ControlError(
+                409,
+                f"run {source_id} has not finished ({status}); re-run a finished run",
+                {"status": status},
+            )
+        if not isinstance(entry, dict) or entry.get("kind") != "plan":
+            raise ControlError(422, f"run {source_id} is not a plan run", [{"loc": "rerun_of"}])
+        try:
+            reuse, restart = rerun_reuse(
+                entry.get("plan") or {}, source["steps"], from_step, source_id
+            )
+        except PlanError as exc:
+            raise ControlError(422, exc.message, exc.errors) from None
+        merged = {**(entry.get("inputs") or {}), **inputs}
+        return (
+            entry.get("plan"),
+            merged,
+            {
+                "rerun_of": {"run_id": source_id, "restart": restart},
+                "reuse": reuse,
+            },
+        )
+
+    def _store_engine(self) -> Any:
+        """The store's SQLAlchemy engine, made on first use (control threads only)."""
+        from tiffany.store import make_engine
+
+        with self._store_lock:
+            if self._store is None:
+                self._store = make_engine(self.settings.database_url)
+            return self._store
 
     def _wait_durable(self, seq: int, deadline: float) -> None:
         with self._durable:
@@ -767,13 +829,9 @@ class EngineService:
         The engine keeps the newest finished runs (``run_table.py``); the
         store is the source of truth for older ones. Never on the loop: SQL.
         """
-        from tiffany.store import make_engine, queries, session_factory
+        from tiffany.store import queries, session_factory
 
-        with self._store_lock:
-            if self._store is None:
-                self._store = make_engine(self.settings.database_url)
-            store = self._store
-        with session_factory(store)() as session:
+        with session_factory(self._store_engine())() as session:
             run = queries.get_run(session, run_id)
             return None if run is None else str(run.status)
 

@@ -625,6 +625,32 @@ class Projector:
                     tool = spec.get("tool")
                     tool = text(tool) if isinstance(tool, str) else None
                     self._new_step(b, ctx, text(spec["id"]), tool)
+            reuse = entry.get("reuse")
+            if isinstance(reuse, Mapping):
+                self._reused_steps(b, ctx, reuse)
+
+    def _reused_steps(self, b: _Batch, ctx: _RunCtx, reuse: Mapping[Any, Any]) -> None:
+        """A re-run's steps settled from an earlier run (``tiffany/agents/rerun.py``).
+
+        They succeed at the run's start, as its planner settles them there,
+        with the earlier output; their one attempt names the run and seq it
+        was recorded at.
+        """
+        for sid, given in reuse.items():
+            if not isinstance(given, Mapping):
+                continue
+            step_id = text(sid)
+            info = ctx.steps.get(step_id) or self._new_step(b, ctx, step_id, None)
+            info.status = StepStatus.SUCCEEDED.value
+            origin = {"run_id": jsonable(given.get("run_id")), "seq": jsonable(given.get("seq"))}
+            b.steps.update(
+                (ctx.run_id, step_id),
+                status=info.status,
+                output=jsonable(given.get("output")),
+                attempts=[{"attempt": 1, "reused": origin}],
+                started_at=ctx.clock,
+                ended_at=ctx.clock,
+            )
 
     def _spawn(self, b: _Batch, ctx: _RunCtx, rec: Spawn) -> None:
         ltid, parent, name = rec.ltid, rec.parent_ltid, text(rec.name)

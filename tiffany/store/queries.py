@@ -25,6 +25,7 @@ __all__ = [
     "counts_by_status",
     "get_run",
     "list_runs",
+    "rerun_source",
     "run_detail",
     "run_records",
     "run_summary",
@@ -178,6 +179,37 @@ def run_detail_of(session: Session, run_id: str) -> dict[str, Any] | None:
         select(Task.__table__).where(Task.run_id == run_id).order_by(Task.ltid)
     ).all()
     return _detail(run, steps, tasks)
+
+
+def rerun_source(session: Session, run_id: str) -> dict[str, Any] | None:
+    """What a re-run of ``run_id`` starts from, or None for an unknown run.
+
+    ``{"status", "entry", "steps": {step_id: {"status", "output", "run_id",
+    "seq"}}}``: the run's entry (plan and inputs) and each step's state, with
+    where its output was recorded: this run and the WAL seq of its worker's
+    exit (the record that settled it), or, for a step this run itself reused,
+    the run and seq it was reused from.
+    """
+    run = session.execute(select(Run.status, Run.entry).where(Run.run_id == run_id)).one_or_none()
+    if run is None:
+        return None
+    exits = dict(
+        session.execute(
+            select(Task.step_id, func.max(Task.last_seq))
+            .where(Task.run_id == run_id, Task.kind == "worker", Task.step_id.is_not(None))
+            .group_by(Task.step_id)
+        ).all()
+    )
+    steps: dict[str, Any] = {}
+    for step_id, status, output, attempts in session.execute(
+        select(Step.step_id, Step.status, Step.output, Step.attempts).where(Step.run_id == run_id)
+    ):
+        first = attempts[0] if isinstance(attempts, list) and attempts else None
+        origin = first.get("reused") if isinstance(first, dict) else None
+        if not isinstance(origin, dict):
+            origin = {"run_id": run_id, "seq": exits.get(step_id)}
+        steps[step_id] = {"status": status, "output": output, **origin}
+    return {"status": run.status, "entry": run.entry, "steps": steps}
 
 
 def _detail(run: Any, steps: Iterable[Any], tasks: Iterable[Any]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Final
 import msgspec
 import structlog
 from fastapi import APIRouter, Header, Query, Request, Response
-from pydantic import Field
+from pydantic import Field, ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -32,6 +32,7 @@ from tiffany.api.deps import State
 from tiffany.api.schemas import (
     CancelAnswer,
     ErrorBody,
+    RerunRequest,
     RunDetail,
     RunEvents,
     RunList,
@@ -298,6 +299,61 @@ async def cancel_run(run_id: str, state: State) -> CancelAnswer:
     )
     log.info("run cancel requested")
     return CancelAnswer(run_id=str(answer.get("run_id", run_id)))
+
+
+@router.post(
+    "/{run_id}/rerun",
+    status_code=201,
+    response_model=SubmitAnswer,
+    openapi_extra={
+        "requestBody": {
+            "content": {"application/json": {"schema": RerunRequest.model_json_schema()}}
+        }
+    },
+    responses={
+        200: {"model": SubmitAnswer, "description": "The Idempotency-Key named an earlier re-run."},
+        **_NOT_FOUND,
+        409: {"model": ErrorBody, "description": "The run has not finished."},
+        422: {"model": ErrorBody, "description": "No such step, no failed step, or a bad body."},
+        **_ERRORS,
+    },
+)
+async def rerun_run(
+    run_id: str,
+    request: Request,
+    state: State,
+    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+) -> Response:
+    """Re-run a finished run from a step (default: from its failed steps).
+
+    The new run reuses the recorded output of every step not downstream of
+    the restart point, without calling its tool again (each says which run
+    and WAL seq it came from), copies the earlier run's workspace, and runs
+    the rest. It replays and verifies on its own. Answers like a submission:
+    201 ``{"run_id", "seq"}`` once journaled.
+    """
+    _check_run_id(run_id)
+    body = await read_capped(
+        request.headers.get("content-length"), request.stream(), state.settings.max_plan_bytes
+    )
+    doc = await parse_json_off_loop(body, ["body"])
+    try:
+        asked = RerunRequest.model_validate(doc or {})
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        raise InvalidBody(["body", *errors[0]["loc"]], errors[0]["msg"]) from None
+    fields: dict[str, Any] = {"rerun_of": run_id, "inputs": asked.inputs or {}}
+    if asked.from_step is not None:
+        fields["from_step"] = asked.from_step
+    answer = await state.engines.submit(idempotency_key, plan=None, **fields)
+    new_id, seq = str(answer["run_id"]), int(answer["seq"])
+    created = bool(answer.get("created", True))
+    structlog.contextvars.bind_contextvars(run_id=new_id, rerun_of=run_id, seq=seq)
+    return _json(
+        {"run_id": new_id, "seq": seq, "created": created},
+        status=201 if created else 200,
+        headers={"Location": f"/api/runs/{new_id}?min_seq={seq}"},
+    )
 
 
 @router.post(
