@@ -10,6 +10,8 @@ import contextlib
 import json
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 from engine_process import EngineProc
@@ -205,3 +208,65 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def serve(data_dir: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``tiffany serve`` on ``data_dir`` as users do; return it and its base URL, ready."""
+    from process_support import wait_for
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    env = clean_env() | {"TIFFANY_LOG_FORMAT": "json"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tiffany",
+            "serve",
+            "--data-dir",
+            str(data_dir),
+            "--port",
+            "0",
+            *extra,
+        ],
+        stdout=(data_dir / "serve.log").open("ab"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    ready = data_dir / "serve.json"
+    wait_for(lambda: ready.exists() or proc.poll() is not None, 60, "serve.json")
+    assert proc.poll() is None, (data_dir / "serve.log").read_text()[-3000:]
+    url = str(json.loads(ready.read_text())["url"]).rstrip("/")
+    wait_for(lambda: httpx.get(url + "/readyz").status_code == 200, 60, "readyz")
+    return proc, url
+
+
+def submit_plan(url: str, plan: dict[str, Any]) -> dict[str, Any]:
+    """``POST /api/runs``; the 201's body."""
+    r = httpx.post(url + "/api/runs", json={"plan": plan}, timeout=30)
+    assert r.status_code == 201, r.text
+    return dict(r.json())
+
+
+def read_run(url: str, run_id: str, min_seq: int | None = None) -> dict[str, Any]:
+    """``GET /api/runs/{run_id}`` (as of ``min_seq``)."""
+    params = {} if min_seq is None else {"min_seq": min_seq}
+    r = httpx.get(f"{url}/api/runs/{run_id}", params=params, timeout=30)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def run_step(run: dict[str, Any], step_id: str) -> dict[str, Any]:
+    """One step of a run's detail."""
+    return next(s for s in run["steps"] if s["step_id"] == step_id)
+
+
+def finished_run(url: str, run_id: str, timeout: float = 60.0) -> dict[str, Any]:
+    """The run's detail once it has finished (succeeded, failed or cancelled)."""
+    from process_support import wait_for
+
+    done = ("succeeded", "failed", "cancelled")
+    return wait_for(
+        lambda: (r := read_run(url, run_id))["status"] in done and r,
+        timeout,
+        f"run {run_id} to finish",
+    )

@@ -8,7 +8,9 @@
   process, published to by hand: the engine's side of the feed, without the
   engine;
 * ``live_api_factory``: the app under a real uvicorn server in a thread
-  (real TCP, real websockets with real backpressure).
+  (real TCP, real websockets with real backpressure);
+* ``served``: ``tiffany serve`` as users run it (a subprocess on a short
+  data dir): ``(data_dir, base_url)``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from api_support import (  # noqa: E402
     EngineProcess,
     HandFeed,
     LiveApi,
+    serve,
     serve_in_thread,
     short_dir,
     start_engine,
@@ -78,3 +81,16 @@ def live_api_factory() -> Iterator[Callable[[Settings], LiveApi]]:
     yield start
     for live in started:
         live.stop()
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[Path, str]]:
+    from process_support import terminate
+
+    data_dir = short_dir("tfs-")
+    proc, url = serve(data_dir)
+    try:
+        yield data_dir, url
+    finally:
+        terminate(proc)
+        shutil.rmtree(data_dir, ignore_errors=True)

@@ -18,13 +18,18 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
-from api_support import clean_env, short_dir, start_engine
+from api_support import (
+    clean_env,
+    finished_run,
+    read_run,
+    run_step,
+    short_dir,
+    start_engine,
+    submit_plan,
+)
 from process_support import terminate, wait_for
 
 APPROVAL = {
@@ -47,63 +52,11 @@ APPROVAL = {
 }
 
 
-def _serve(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    data_dir.mkdir(parents=True, exist_ok=True)
-    env = clean_env() | {"TIFFANY_LOG_FORMAT": "json"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tiffany", "serve", "--data-dir", str(data_dir), "--port", "0"],
-        stdout=(data_dir / "serve.log").open("ab"),
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    ready = data_dir / "serve.json"
-    wait_for(lambda: ready.exists() or proc.poll() is not None, 60, "serve.json")
-    assert proc.poll() is None, (data_dir / "serve.log").read_text()[-3000:]
-    url = json.loads(ready.read_text())["url"].rstrip("/")
-    wait_for(lambda: httpx.get(url + "/readyz").status_code == 200, 60, "readyz")
-    return proc, url
-
-
-@pytest.fixture
-def served() -> Iterator[tuple[Path, str]]:
-    data_dir = short_dir("tfs-")
-    proc, url = _serve(data_dir)
-    try:
-        yield data_dir, url
-    finally:
-        terminate(proc)
-
-
-def _submit(url: str, plan: dict[str, Any]) -> dict[str, Any]:
-    r = httpx.post(url + "/api/runs", json={"plan": plan}, timeout=30)
-    assert r.status_code == 201, r.text
-    return dict(r.json())
-
-
-def _run(url: str, run_id: str, min_seq: int | None = None) -> dict[str, Any]:
-    params = {} if min_seq is None else {"min_seq": min_seq}
-    r = httpx.get(f"{url}/api/runs/{run_id}", params=params, timeout=30)
-    assert r.status_code == 200, r.text
-    return dict(r.json())
-
-
-def _step(run: dict[str, Any], step_id: str) -> dict[str, Any]:
-    return next(s for s in run["steps"] if s["step_id"] == step_id)
-
-
-def _finished(url: str, run_id: str) -> dict[str, Any]:
-    return wait_for(
-        lambda: (r := _run(url, run_id))["status"] in ("succeeded", "failed") and r,
-        60,
-        f"run {run_id} to finish",
-    )
-
-
 def test_an_approval_waits_across_a_kill_9_and_the_signal_finishes_the_run(served) -> None:
     data_dir, url = served
-    run_id = _submit(url, APPROVAL)["run_id"]
+    run_id = submit_plan(url, APPROVAL)["run_id"]
     waiting = wait_for(
-        lambda: _step(_run(url, run_id), "approve")["waiting"], 30, "the step to wait"
+        lambda: run_step(read_run(url, run_id), "approve")["waiting"], 30, "the step to wait"
     )
     assert waiting == "signal approve"
     before = json.loads((data_dir / "serve.json").read_text())["engine_pid"]
@@ -128,10 +81,10 @@ def test_an_approval_waits_across_a_kill_9_and_the_signal_finishes_the_run(serve
     assert answer["run_id"] == run_id
     assert answer["name"] == "approve"
     # ... and a read with its seq sees it (no sleep): the step no longer waits.
-    assert _step(_run(url, run_id, answer["seq"]), "approve")["waiting"] is None
-    run = _finished(url, run_id)
+    assert run_step(read_run(url, run_id, answer["seq"]), "approve")["waiting"] is None
+    run = finished_run(url, run_id)
     assert run["status"] == "succeeded"
-    assert _step(run, "approve")["output"] == {"by": "alice"}
+    assert run_step(run, "approve")["output"] == {"by": "alice"}
     assert (data_dir / "workspaces" / run_id / "published.txt").read_text() == "alice"
     r = httpx.post(f"{url}/api/runs/{run_id}/signals/approve", json=1, timeout=30)
     assert r.status_code == 409, r.text
@@ -158,7 +111,7 @@ def test_a_signal_before_its_wait_is_kept_a_key_journals_it_once_and_a_timeout_f
             },
         ],
     }
-    run_id = _submit(url, plan)["run_id"]
+    run_id = submit_plan(url, plan)["run_id"]
     answers = [
         httpx.post(
             f"{url}/api/runs/{run_id}/signals/go",
@@ -171,11 +124,13 @@ def test_a_signal_before_its_wait_is_kept_a_key_journals_it_once_and_a_timeout_f
     assert [a.status_code for a in answers] == [202, 202]
     assert answers[0].json() == answers[1].json()
     assert answers[0].json()["signal_id"] == "approve-once"
-    assert _step(_run(url, run_id, answers[0].json()["seq"]), "approve")["status"] == "pending"
-    run = _finished(url, run_id)
+    assert (
+        run_step(read_run(url, run_id, answers[0].json()["seq"]), "approve")["status"] == "pending"
+    )
+    run = finished_run(url, run_id)
     assert run["status"] == "failed"
-    assert _step(run, "approve")["output"] == [1, "two"]
-    late = _step(run, "late")
+    assert run_step(run, "approve")["output"] == [1, "two"]
+    late = run_step(run, "late")
     assert late["status"] == "failed"
     assert late["error"]["code"] == "signal.timeout"
     assert len(late["attempts"]) == 2
@@ -188,7 +143,7 @@ def test_a_signal_before_its_wait_is_kept_a_key_journals_it_once_and_a_timeout_f
 
 def test_bad_signals_are_refused_naming_what_is_wrong(served) -> None:
     _, url = served
-    run_id = _submit(url, APPROVAL)["run_id"]
+    run_id = submit_plan(url, APPROVAL)["run_id"]
     base = f"{url}/api/runs/{run_id}/signals"
     r = httpx.post(f"{base}/bad%20name", json=1)
     assert (r.status_code, r.json()["detail"][0]["loc"]) == (422, ["path", "name"])
@@ -199,14 +154,14 @@ def test_bad_signals_are_refused_naming_what_is_wrong(served) -> None:
     assert r.status_code == 413
     assert httpx.post(f"{url}/api/runs/no-such-run/signals/approve", json=1).status_code == 404
     # Nothing of that reached the run: it still waits.
-    assert wait_for(lambda: _step(_run(url, run_id), "approve")["waiting"], 30, "the wait")
+    assert wait_for(lambda: run_step(read_run(url, run_id), "approve")["waiting"], 30, "the wait")
     assert httpx.post(f"{base}/approve", json={"by": "bob"}).status_code == 202
-    assert _finished(url, run_id)["status"] == "succeeded"
+    assert finished_run(url, run_id)["status"] == "succeeded"
 
 
 def test_the_cli_signals_a_run_beside_the_running_server(served) -> None:
     data_dir, url = served
-    run_id = _submit(url, APPROVAL)["run_id"]
+    run_id = submit_plan(url, APPROVAL)["run_id"]
     cli = [sys.executable, "-m", "tiffany", "--data-dir", str(data_dir), "signal", run_id]
     bad = subprocess.run([*cli, "approve", "--data", "{oops"], capture_output=True, text=True)
     assert bad.returncode == 2
@@ -218,8 +173,8 @@ def test_the_cli_signals_a_run_beside_the_running_server(served) -> None:
     )
     assert ok.returncode == 0, ok.stderr
     assert f"run {run_id}: signal approve journaled (seq " in ok.stdout
-    run = _finished(url, run_id)
-    assert _step(run, "approve")["output"] == {"by": "carol"}
+    run = finished_run(url, run_id)
+    assert run_step(run, "approve")["output"] == {"by": "carol"}
     gone = subprocess.run([*cli, "approve"], capture_output=True, text=True)
     assert gone.returncode == 1
     assert "already finished (succeeded)" in gone.stderr
@@ -242,12 +197,12 @@ def test_a_signal_through_the_database_on_the_postgresql_journal(pg_schema_url: 
         wait_for(ready.exists, 60, "the API")
         url = str(json.loads(ready.read_text())["url"]).rstrip("/")
         wait_for(lambda: httpx.get(url + "/readyz").status_code == 200, 60, "readyz")
-        run_id = _submit(url, APPROVAL)["run_id"]
-        wait_for(lambda: _step(_run(url, run_id), "approve")["waiting"], 30, "the wait")
+        run_id = submit_plan(url, APPROVAL)["run_id"]
+        wait_for(lambda: run_step(read_run(url, run_id), "approve")["waiting"], 30, "the wait")
         r = httpx.post(f"{url}/api/runs/{run_id}/signals/approve", json={"by": "dana"}, timeout=30)
         assert r.status_code == 202, r.text
-        run = _finished(url, run_id)
-        assert (run["status"], _step(run, "approve")["output"]) == ("succeeded", {"by": "dana"})
+        run = finished_run(url, run_id)
+        assert (run["status"], run_step(run, "approve")["output"]) == ("succeeded", {"by": "dana"})
         r = httpx.post(f"{url}/api/runs/{run_id}/signals/approve", json=1, timeout=30)
         assert r.status_code == 409, r.text
     finally:

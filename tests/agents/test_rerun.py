@@ -1,0 +1,52 @@
+"""Which steps a re-run reuses (``tiffany/agents/rerun.py``): the DAG, dynamic children, errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from tiffany.agents.plan import PlanError
+from tiffany.agents.rerun import rerun_reuse
+
+PLAN = {
+    "name": "p",
+    "steps": [
+        {"id": "a", "tool": "sleep", "args": {"seconds": 0}},
+        {"id": "plan", "tool": "llm", "args": {"prompt": "x"}, "after": ["a"], "dynamic": True},
+        {"id": "z", "tool": "sleep", "args": {"seconds": 0}, "after": ["a"]},
+    ],
+}
+CHILDREN = {
+    "steps": [{"id": "k1", "tool": "sleep"}, {"id": "k2", "tool": "sleep", "after": ["k1"]}]
+}
+
+
+def _steps(**status: str) -> dict[str, dict[str, object]]:
+    return {
+        sid: {"status": st, "output": CHILDREN if sid == "plan" else sid, "run_id": "r0", "seq": i}
+        for i, (sid, st) in enumerate(status.items(), 1)
+    }
+
+
+def test_the_failed_steps_and_their_dependents_run_again_the_rest_is_reused() -> None:
+    steps = _steps(a="succeeded", plan="succeeded", z="succeeded", k1="failed", k2="skipped")
+    reuse, restart = rerun_reuse(PLAN, steps, None, "r1")
+    assert restart == ["k1"]
+    assert sorted(reuse) == ["a", "plan", "z"]  # k2 depends on k1: runs again
+    assert reuse["plan"] == {"output": CHILDREN, "run_id": "r0", "seq": 2}
+
+
+def test_from_a_step_everything_downstream_runs_again_dynamic_children_included() -> None:
+    steps = _steps(a="succeeded", plan="succeeded", z="succeeded", k1="succeeded", k2="succeeded")
+    reuse, restart = rerun_reuse(PLAN, steps, "plan", "r1")
+    assert (restart, sorted(reuse)) == (["plan"], ["a", "z"])
+    reuse, _ = rerun_reuse(PLAN, steps, "k2", "r1")
+    assert sorted(reuse) == ["a", "k1", "plan", "z"]
+
+
+def test_a_step_that_is_not_there_or_no_failure_to_restart_is_refused() -> None:
+    steps = _steps(a="succeeded", plan="succeeded", z="succeeded", k1="succeeded", k2="succeeded")
+    with pytest.raises(PlanError) as info:
+        rerun_reuse(PLAN, steps, "nope", "r1")
+    assert info.value.errors[0]["loc"] == "from_step"
+    with pytest.raises(PlanError, match="no failed step"):
+        rerun_reuse(PLAN, steps, None, "r1")
