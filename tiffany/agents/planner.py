@@ -89,18 +89,22 @@ def run_plan(
     try:
         while True:
             ready = dag.take_ready()
-            while reuse and any(sid in reuse for sid in ready):
-                for sid in [s for s in ready if s in reuse]:  # no worker: settled at once
-                    ready.remove(sid)
-                    given = reuse[sid]
-                    outputs[sid] = given.get("output")
-                    origin = {"run_id": given.get("run_id"), "seq": given.get("seq")}
-                    attempts[sid] = [{"attempt": 1, "reused": origin}]
-                    dag.status[sid] = RUNNING
-                    if dag.specs[sid].dynamic:
-                        _extend(dag, reasons, sid, outputs[sid], values, env)
-                    dag.finish(sid, dag.status[sid] != FAILED, reasons)
-                ready += dag.take_ready()
+            if reuse:  # reused steps settle at once (no worker), readying others
+                todo, ready = ready, []
+                while todo:
+                    for sid in todo:
+                        if sid not in reuse:
+                            ready.append(sid)
+                            continue
+                        given = reuse[sid]
+                        outputs[sid] = given.get("output")
+                        origin = {"run_id": given.get("run_id"), "seq": given.get("seq")}
+                        attempts[sid] = [{"attempt": 1, "reused": origin}]
+                        dag.status[sid] = RUNNING
+                        if dag.specs[sid].dynamic:
+                            _extend(dag, reasons, sid, outputs[sid], values, env)
+                        dag.finish(sid, dag.status[sid] != FAILED, reasons)
+                    todo = dag.take_ready()
             for sid in ready:
                 dag.status[sid] = RUNNING
                 # A daemon: nobody joins a worker (it reports through the

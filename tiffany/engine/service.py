@@ -733,7 +733,8 @@ class EngineService:
                 [{"loc": "Idempotency-Key", "msg": "must be 1 to 255 characters"}],
             )
         try:  # the engine trusts no caller: `tiffany submit` bypasses the API's checks
-            check_document(plan, loc=["plan"])
+            if rerun is None:  # a re-run's plan is the store's, checked when first submitted
+                check_document(plan, loc=["plan"])
             check_document(inputs, loc=["inputs"])
         except DocumentError as exc:
             raise ControlError(422, exc.message, exc.detail) from None
@@ -741,10 +742,11 @@ class EngineService:
             entry, name = self.engine.prepare_plan(plan, inputs)  # type: ignore[arg-type]
         except PlanError as exc:
             raise ControlError(422, exc.message, exc.errors) from None
-        digest = submission_digest(plan, inputs)
-        if rerun is not None:
+        if rerun is None:
+            digest = submission_digest(plan, inputs)
+        else:  # the earlier run and the restart point name the plan and what is reused
             entry["rerun_of"], entry["reuse"] = rerun["rerun_of"], rerun["reuse"]
-            digest = submission_digest({"rerun_of": rerun["rerun_of"], "plan": plan}, inputs)
+            digest = submission_digest(rerun["rerun_of"], inputs)
         if key is not None:
             entry["idempotency"] = {"key": key, "digest": digest}
         deadline = time.monotonic() + SUBMIT_TIMEOUT_S

@@ -545,7 +545,9 @@ class Projector:
     ) -> bool:
         cls = rec.__class__
         if cls is RunStart:
-            self._run_start(b, seq, run_no, rec)  # type: ignore[arg-type]
+            # Its journal row (just made) holds the entry already made JSON-able.
+            row = b.records[-1] if b.records and b.records[-1]["seq"] == seq else None
+            self._run_start(b, seq, run_no, rec, row)  # type: ignore[arg-type]
             return True
         ctx = self._context(conn, run_no)
         if ctx is None:
@@ -582,9 +584,15 @@ class Projector:
         if rec.kind == "now" and isinstance(value, int | float) and not isinstance(value, bool):
             self._tick(b, ctx, float(value))
 
-    def _run_start(self, b: _Batch, seq: int, run_no: int, rec: RunStart) -> None:
+    def _run_start(
+        self, b: _Batch, seq: int, run_no: int, rec: RunStart, row: dict[str, Any] | None
+    ) -> None:
         run_id, name, entry, ts = rec.run_id, rec.name, rec.entry, rec.ts
         entry = entry if isinstance(entry, Mapping) else {}
+        data = row["data"] if row is not None else None
+        entry_json = (
+            data["entry"] if isinstance(data, dict) and "entry" in data else jsonable(entry)
+        )
         plan_doc = entry.get("plan") if entry.get("kind") == "plan" else None
         plan = isinstance(plan_doc, Mapping)
         clock = float(ts) if isinstance(ts, int | float) else None
@@ -607,7 +615,7 @@ class Projector:
                 "run_no": run_no,
                 "name": text(name),
                 "status": RunStatus.RUNNING.value,
-                "entry": jsonable(entry),
+                "entry": entry_json,
                 "inputs": jsonable(inputs),
                 "created_at": clock if clock is not None else 0.0,
                 "started_at": clock,
@@ -625,7 +633,7 @@ class Projector:
                     tool = spec.get("tool")
                     tool = text(tool) if isinstance(tool, str) else None
                     self._new_step(b, ctx, text(spec["id"]), tool)
-            reuse = entry.get("reuse")
+            reuse = entry_json.get("reuse") if isinstance(entry_json, Mapping) else None
             if isinstance(reuse, Mapping):
                 self._reused_steps(b, ctx, reuse)
 
@@ -634,7 +642,7 @@ class Projector:
 
         They succeed at the run's start, as its planner settles them there,
         with the earlier output; their one attempt names the run and seq it
-        was recorded at.
+        was recorded at. ``reuse`` is the entry's, made JSON-able already.
         """
         for sid, given in reuse.items():
             if not isinstance(given, Mapping):
@@ -642,11 +650,11 @@ class Projector:
             step_id = text(sid)
             info = ctx.steps.get(step_id) or self._new_step(b, ctx, step_id, None)
             info.status = StepStatus.SUCCEEDED.value
-            origin = {"run_id": jsonable(given.get("run_id")), "seq": jsonable(given.get("seq"))}
+            origin = {"run_id": given.get("run_id"), "seq": given.get("seq")}
             b.steps.update(
                 (ctx.run_id, step_id),
                 status=info.status,
-                output=jsonable(given.get("output")),
+                output=given.get("output"),
                 attempts=[{"attempt": 1, "reused": origin}],
                 started_at=ctx.clock,
                 ended_at=ctx.clock,
@@ -803,7 +811,13 @@ class Projector:
             if not isinstance(info, Mapping) or info.get("status") not in _STEP_STATUSES:
                 continue
             step_id = text(step_id)
-            step = ctx.steps.get(step_id) or self._new_step(b, ctx, step_id, None)
+            step = ctx.steps.get(step_id)
+            if step is not None and step.status == info["status"] != StepStatus.RUNNING.value:
+                # Settled already, from the same outcome: its worker's exit (or a
+                # re-run's RUN_START). Rewriting every row cost a 1,000-step plan
+                # 1,000 UPDATEs at its end.
+                continue
+            step = step or self._new_step(b, ctx, step_id, None)
             step.status = str(info["status"])
             values: dict[str, Any] = {
                 "status": step.status,

@@ -173,11 +173,11 @@ def _page(
     always a run's ``start_seq`` (the previous page's ``next_before``).
     """
     if not by_time:
-        stmt = select(Run).order_by(Run.start_seq.desc())
+        stmt = queries.summary_select().order_by(Run.start_seq.desc())
         if before is not None:
             stmt = stmt.where(Run.start_seq < before)
     else:
-        stmt = select(Run).order_by(Run.created_at.desc(), Run.start_seq.desc())
+        stmt = queries.summary_select().order_by(Run.created_at.desc(), Run.start_seq.desc())
         if before is not None:
             at = session.scalar(select(Run.created_at).where(Run.start_seq == before))
             if at is None:
@@ -188,7 +188,7 @@ def _page(
                 )
     if status is not None:
         stmt = stmt.where(Run.status == status.value)
-    rows = list(session.scalars(stmt.limit(limit + 1)))
+    rows = list(session.execute(stmt.limit(limit + 1)))
     more = len(rows) > limit
     rows = rows[:limit]
     return {
