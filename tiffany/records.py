@@ -75,6 +75,7 @@ __all__ = [
     "MAX_ARG_CHARS",
     "ROLES",
     "RUN_PREFIX",
+    "SLOT_SIGNAL",
     "Dispatch",
     "Hold",
     "Outcome",
@@ -112,6 +113,12 @@ RUN_PREFIX: Final = struct.Struct("<I")
 #: a run's replay may rely on (docs/wal-format.md, "Versions"). A run keeps
 #: the version it started under for its whole life, across upgrades.
 JOURNAL_COMPAT: Final = 2
+
+#: The signal (a WAKE of the run, cause ``signal``: docs/wal-format.md) that
+#: gives a run with a ``concurrency`` limit its slot; its planner waits for
+#: it first (``tiffany/engine/concurrency.py``), and the store shows the run
+#: ``pending`` until it is journaled.
+SLOT_SIGNAL: Final = "concurrency.slot"
 #: Longest argument text kept in a DISPATCH record (names in carried ones too).
 MAX_ARG_CHARS: Final = 120
 

@@ -48,6 +48,7 @@ def plan_resolver(
         reuse, source = entry.get("reuse"), entry.get("rerun_of")  # a re-run's (rerun.py)
         source_id = source.get("run_id") if isinstance(source, Mapping) else None
         inputs = entry.get("inputs") or {}
-        return run_plan(env, run_id, entry["plan"], inputs, compat, reuse, source_id)
+        limited = entry.get("concurrency") is not None
+        return run_plan(env, run_id, entry["plan"], inputs, compat, reuse, source_id, limited)
 
     return resolve

@@ -46,6 +46,8 @@ __all__ = ["Plan", "PlanError", "StepSpec", "load_plan", "parse_plan"]
 MAX_STEPS = 10_000
 #: Most retries of one step.
 MAX_RETRIES = 20
+#: Largest ``concurrency.limit`` a plan may set.
+MAX_CONCURRENCY_LIMIT = 10_000
 
 
 class PlanError(TiffanyError):
@@ -84,6 +86,19 @@ class StepSpec(BaseModel):
         return v
 
 
+class ConcurrencySpec(BaseModel):
+    """At most ``limit`` runs with the same ``key`` run at once; the others queue (FIFO).
+
+    ``key`` may reference the inputs (``"${inputs.user}"``): it is resolved at
+    submission, into the run's entry (``tiffany/engine/concurrency.py``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(min_length=1, max_length=200)
+    limit: int = Field(ge=1, le=MAX_CONCURRENCY_LIMIT)
+
+
 class Plan(BaseModel):
     """A validated plan."""
 
@@ -94,6 +109,7 @@ class Plan(BaseModel):
     inputs: dict[str, Any] = Field(default_factory=dict)
     steps: list[StepSpec] = Field(min_length=1, max_length=MAX_STEPS)
     outputs: dict[str, Any] = Field(default_factory=dict)
+    concurrency: ConcurrencySpec | None = None
 
     def step(self, step_id: str) -> StepSpec:
         """Return the step with ``step_id``."""
@@ -150,6 +166,11 @@ def parse_plan(
                 errors.append({"loc": f"outputs.{name}", "msg": f"unknown input {ref.name!r}"})
             elif ref.scope == "steps" and ref.name not in {s.id for s in plan.steps}:
                 errors.append({"loc": f"outputs.{name}", "msg": f"unknown step {ref.name!r}"})
+    if plan.concurrency is not None:
+        for ref in find_refs(plan.concurrency.key):
+            if ref.scope != "inputs" or ref.name not in plan.inputs:
+                msg = f"the key may reference declared inputs only, not {ref.scope}.{ref.name}"
+                errors.append({"loc": "concurrency.key", "msg": msg})
     if errors:
         raise PlanError(errors)
     return plan

@@ -26,8 +26,8 @@ from tiffany.agents.plan import PlanError, StepSpec, check_steps, parse_plan
 from tiffany.agents.refs import RefError, resolve
 from tiffany.agents.worker import AgentEnv, StepOutcome, worker
 from tiffany.errors import TaskCancelled, TiffanyError
-from tiffany.kernel import KillTask, NewTask, Queue, Step
-from tiffany.records import JOURNAL_COMPAT, TaskLabel
+from tiffany.kernel import KillTask, NewTask, Queue, Receive, Step
+from tiffany.records import JOURNAL_COMPAT, SLOT_SIGNAL, TaskLabel
 
 __all__ = ["PlanFailed", "run_plan"]
 
@@ -56,6 +56,7 @@ def run_plan(
     compat: int = JOURNAL_COMPAT,
     reuse: Mapping[str, Mapping[str, Any]] | None = None,
     rerun_of: str | None = None,
+    limited: bool = False,
 ) -> Co:
     """The root task of a plan run; returns ``{"outputs": ..., "steps": ...}``.
 
@@ -65,6 +66,8 @@ def run_plan(
     as soon as they are ready, with no worker (their attempt says where from).
     ``rerun_of``: the run a re-run starts from: its workspace is copied into
     this run's first (a durable step: the files the reused steps wrote).
+    ``limited``: the plan has a ``concurrency`` limit: the run waits for its
+    slot (the signal :data:`SLOT_SIGNAL`) before anything else.
     """
     # Validated once at submission; a replay or recovery parses it again,
     # against every tool (the engine holds a disabled tool's steps: registry.py).
@@ -75,6 +78,8 @@ def run_plan(
             [{"loc": f"inputs.{k}", "msg": "not an input of this plan"} for k in unknown]
         )
     values = {**plan.inputs, **inputs}
+    if limited:
+        yield Receive(SLOT_SIGNAL)  # queued until the engine gives the run its slot
     if rerun_of is not None:
         yield Step(env.copy_workspace, rerun_of, run_id, name="workspace.copy")
     dag = _Dag()

@@ -168,7 +168,7 @@ def replay(
             raise typer.Exit(0 if report.ok else EXIT_DIVERGED)
         engine = _build_engine(settings, enabled_tools=ToolRegistry.default().all_names())
         with engine.runtime as rt:
-            resumed = rt.recover(only=[run_id])
+            resumed = engine.recover_runs(only=[run_id])
             if not resumed:
                 typer.echo(f"run {run_id} has already finished; nothing to resume", err=True)
                 raise typer.Exit(0)

@@ -488,9 +488,13 @@ class Journal(Instrument):
         if self._cancels:
             cancels, self._cancels = self._cancels, []
             for run, reason in cancels:
-                if run.status == "running":
-                    self._append(run, Wake(run.n, 0, "cancel", True, reason))
-                    self._cancel_tasks(run)
+                if run.status != "running":
+                    continue
+                if run.n == 0 or run.replay is not None:
+                    self._cancels.append((run, reason))  # see _journal_signals
+                    continue
+                self._append(run, Wake(run.n, 0, "cancel", True, reason))
+                self._cancel_tasks(run)
         if self._signals:
             self._journal_signals()
         if self.replayer.runs:
@@ -502,8 +506,12 @@ class Journal(Instrument):
             run = req.run
             if run.status != "running":
                 req.done(-1, run.status)
-            elif run.replay is not None:
-                self._signals.append(req)  # its record goes after the journal's last
+            elif run.replay is not None or run.n == 0:
+                # Its record goes after the journal's last, and after the run's
+                # first dispatch: a run started in this pass has not run yet,
+                # while its replay (started before the loop) runs before the
+                # first wait stage, so a record at dispatch 0 would be behind it.
+                self._signals.append(req)
             elif req.signal_id in run.signal_ids:
                 req.done(run.signal_ids[req.signal_id], None)
             else:

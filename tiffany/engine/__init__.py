@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from tiffany.agents.registry import ToolRegistry
 from tiffany.agents.tools.base import ToolSettings
 from tiffany.config import Settings
 from tiffany.durable import Runtime
+from tiffany.engine.concurrency import SLOT_SIGNAL, Slots, spec_of
 from tiffany.kernel import Instrument, SlowDispatchWatchdog
 from tiffany.shards import engine_stream, seq_base, seq_last
 from tiffany.wal import Log, Source
@@ -54,6 +55,11 @@ class Engine:
     runtime: Runtime
     env: AgentEnv
     watchdog: SlowDispatchWatchdog
+    #: Concurrency limits' slots (``concurrency.py``), on the loop only.
+    slots: Slots = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.slots = Slots(self._request_slot)
 
     def submit_plan(
         self,
@@ -64,7 +70,63 @@ class Engine:
     ) -> str:
         """Start a plan run (validated first); return its run id."""
         entry, name = self.prepare_plan(doc, inputs)
-        return self.runtime.submit_entry(entry, run_id=run_id, name=name)
+        return self.start_entry(entry, run_id=run_id, name=name)
+
+    def start_entry(
+        self,
+        entry: dict[str, Any],
+        *,
+        run_id: str | None = None,
+        name: str | None = None,
+        on_end: Callable[[Any], None] | None = None,
+    ) -> str:
+        """Start a run (on the loop's thread, or before it runs); return its id.
+
+        A run with a concurrency limit gets its slot or queues (``concurrency.py``).
+        """
+        spec = spec_of(entry)
+        if spec is None:
+            return self.runtime.submit_entry(entry, run_id=run_id, name=name, on_end=on_end)
+        run_id = self.runtime.submit_entry(
+            entry, run_id=run_id, name=name, on_end=self._releasing(on_end)
+        )
+        self.slots.admit(run_id, *spec)
+        return run_id
+
+    def recover_runs(
+        self, on_end: Callable[[Any], None] | None = None, only: Iterable[str] | None = None
+    ) -> list[str]:
+        """``Runtime.recover``, then ``on_end`` on each resumed run and their slots rebuilt."""
+        resumed = self.runtime.recover(only)
+        index = self.runtime.index
+        assert index is not None  # recover() sets it
+        limited = []
+        for run_id in resumed:
+            run = self.runtime.journal.runs[run_id]
+            spec = spec_of(index.get(run_id).entry)
+            if spec is None:
+                run.on_end = on_end
+                continue
+            run.on_end = self._releasing(on_end)
+            sid = f"{SLOT_SIGNAL}:{run_id}"
+            wakes = run.replay.wakes if run.replay is not None else ()
+            holds = any(w.ltid == 0 and w.cause == "signal" and w.value[2] == sid for _, w in wakes)
+            limited.append((run.run_no, run_id, *spec, holds))
+        self.slots.recover((r, k, n, h) for _, r, k, n, h in sorted(limited))
+        return resumed
+
+    def _releasing(self, on_end: Callable[[Any], None] | None) -> Callable[[Any], None]:
+        def ended(state: Any) -> None:
+            self.slots.release(state.run_id)
+            if on_end is not None:
+                on_end(state)
+
+        return ended
+
+    def _request_slot(self, run_id: str, payload: dict[str, Any], signal_id: str) -> bool:
+        return self.runtime.journal.request_signal(
+            run_id, SLOT_SIGNAL, payload, signal_id, lambda seq, ended: None
+        )
 
     def prepare_plan(
         self, doc: Mapping[str, Any], inputs: Mapping[str, Any] | None = None
@@ -77,6 +139,7 @@ class Engine:
             PlanError: The plan or an input is invalid (``errors`` name the fields).
         """
         from tiffany.agents import PlanError, parse_plan
+        from tiffany.agents.refs import resolve
 
         if not isinstance(doc, Mapping):
             raise PlanError([{"loc": "plan", "msg": "a plan must be a JSON object"}])
@@ -92,6 +155,9 @@ class Engine:
                 [{"loc": f"inputs.{k}", "msg": "not an input of this plan"} for k in unknown]
             )
         entry = plan_entry(doc, inputs)
+        if plan.concurrency is not None:
+            key = resolve(plan.concurrency.key, {**plan.inputs, **(inputs or {})}, {})
+            entry["concurrency"] = {"key": str(key), "limit": plan.concurrency.limit}
         self.env.remember_plan(entry["plan"], plan)
         return entry, plan.name
 

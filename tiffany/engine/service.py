@@ -281,11 +281,9 @@ class EngineService:
         self.control.start()
         try:
             self._phase = "scanning"
-            resumed = self.runtime.recover()
+            resumed = self.engine.recover_runs(self._on_end)
             self._start_requests()  # before the index is dropped: it settles from it
             self._start_retention()
-            for run_id in resumed:
-                self.runtime.journal.runs[run_id].on_end = self._on_end
             self._replaying = set(resumed)
             self._phase = "replaying" if resumed else "ready"
             log.info(
@@ -502,7 +500,7 @@ class EngineService:
             data={"name": name},
         )
         start_seq = self.runtime.wal.next_seq  # the RUN_START's: the run's first record
-        self.runtime.submit_entry(entry, run_id=run_id, name=name, on_end=self._on_end)
+        self.engine.start_entry(entry, run_id=run_id, name=name, on_end=self._on_end)
         self.runs.started(
             run_id, None if key is None else KeyEntry(key, run_id, digest, now, start_seq)
         )
@@ -682,6 +680,8 @@ class EngineService:
             "pid": os.getpid(),
             "started_at": self.started_at,
             "runs_active": len(self.runs.running),
+            # Concurrency limits: per key, runs holding a slot and runs queued.
+            "concurrency": self.engine.slots.status(),
             # Which runs (``tiffany status`` lists them engine by engine), the first few.
             "running": sorted(self.runs.running)[:MAX_RUNNING_LISTED],
             "durable_seq": self.durable_seq,

@@ -90,6 +90,7 @@ from sqlalchemy.sql.dml import Insert, Update
 from tiffany.errors import TiffanyError
 from tiffany.records import (
     MAX_ARG_CHARS,
+    SLOT_SIGNAL,
     Dispatch,
     Hold,
     Outcome,
@@ -566,6 +567,8 @@ class Projector:
             if rec.ltid in ctx.tasks:  # type: ignore[union-attr]
                 key = (ctx.run_id, rec.ltid)  # type: ignore[union-attr]
                 b.tasks.update(key, state=TaskState.READY.value, blocked_on=None)
+            elif _is_slot(rec) and not ctx.finished:  # a queued run got its slot
+                b.runs.update((ctx.run_id,), status=RunStatus.RUNNING.value)
         elif cls is Outcome:
             self._outcome(b, ctx, rec)  # type: ignore[arg-type]
         elif cls is TaskExit:
@@ -614,7 +617,10 @@ class Projector:
             {
                 "run_no": run_no,
                 "name": text(name),
-                "status": RunStatus.RUNNING.value,
+                # Queued behind a concurrency limit until its slot's signal.
+                "status": (
+                    RunStatus.PENDING.value if entry.get("concurrency") else RunStatus.RUNNING.value
+                ),
                 "entry": entry_json,
                 "inputs": jsonable(inputs),
                 "created_at": clock if clock is not None else 0.0,
@@ -996,4 +1002,16 @@ def _claim(conn: Connection, journal: str | None, state_id: int = PROJECTOR_STAT
         store_journal=held,
         journal=journal,
         mark=mark,
+    )
+
+
+def _is_slot(rec: Any) -> bool:
+    """True for the WAKE that gives a limited run its slot (``SLOT_SIGNAL``)."""
+    value = rec.value
+    return (
+        rec.ltid == 0
+        and rec.cause == "signal"
+        and isinstance(value, list | tuple)
+        and len(value) > 0
+        and value[0] == SLOT_SIGNAL
     )
