@@ -44,6 +44,7 @@ DEFAULT_ENABLED_TOOLS: tuple[str, ...] = (
     "file.write",
     "http",
     "llm",
+    "plan.run",
     "python",
     "signal.wait",
     "sleep",

@@ -12,7 +12,17 @@ from tiffany.agents.registry import DEFAULT_ENABLED, ToolDisabled, ToolRegistry,
 from tiffany.agents.tools import BUILTIN_TOOLS, ToolArgs, ToolContext
 from tiffany.agents.tools import python as pytool
 
-ALL = ["file.read", "file.write", "http", "llm", "python", "shell", "signal.wait", "sleep"]
+ALL = [
+    "file.read",
+    "file.write",
+    "http",
+    "llm",
+    "plan.run",
+    "python",
+    "shell",
+    "signal.wait",
+    "sleep",
+]
 
 
 class EchoArgs(ToolArgs):

@@ -46,6 +46,10 @@ __all__ = ["Plan", "PlanError", "StepSpec", "load_plan", "parse_plan"]
 MAX_STEPS = 10_000
 #: Most retries of one step.
 MAX_RETRIES = 20
+#: Arguments a tool takes as they are: references inside them are not this
+#: plan's (``plan.run``'s child plan has its own ``${inputs...}``).
+OPAQUE_ARGS: dict[str, frozenset[str]] = {"plan.run": frozenset({"plan"})}
+
 #: Largest ``concurrency.limit`` a plan may set.
 MAX_CONCURRENCY_LIMIT = 10_000
 
@@ -195,7 +199,7 @@ def _check_args(steps: list[StepSpec], loc_prefix: str) -> list[dict[str, str]]:
     errors: list[dict[str, str]] = []
     for i, s in enumerate(steps):
         model = models.get(s.tool)
-        if model is None or any(True for _ in _refs_in(s.args, "")):
+        if model is None or any(True for _ in _refs_in(_scanned(s), "")):
             continue
         try:
             model.model_validate(s.args)
@@ -255,7 +259,7 @@ def check_steps(
         return errors
     graph = {s.id: s.after for s in steps}
     for i, s in enumerate(steps):
-        for path, ref in _refs_in(s.args, f"{loc_prefix}steps[{i}].args"):
+        for path, ref in _refs_in(_scanned(s), f"{loc_prefix}steps[{i}].args"):
             if ref.scope == "invalid":
                 errors.append(
                     {
@@ -278,6 +282,14 @@ def check_steps(
                         }
                     )
     return errors
+
+
+def _scanned(step: StepSpec) -> dict[str, Any]:
+    """The step's arguments whose references are this plan's (``OPAQUE_ARGS`` left out)."""
+    opaque = OPAQUE_ARGS.get(step.tool)
+    if not opaque:
+        return step.args
+    return {k: v for k, v in step.args.items() if k not in opaque}
 
 
 def _refs_in(value: Any, path: str) -> Iterable[tuple[str, Any]]:

@@ -1,7 +1,8 @@
 """The tool registry: which tools exist, and which this server may run.
 
 ``ToolRegistry.default()`` holds every built-in tool (``shell``, ``http``,
-``python``, ``llm``, ``file.read``, ``file.write``, ``sleep``, ``signal.wait``) and loads the
+``python``, ``llm``, ``file.read``, ``file.write``, ``sleep``, ``signal.wait``,
+``plan.run``) and loads the
 ``tiffany.tools`` entry points (callables for the ``python`` tool). A
 server runs only the tools its operator enabled: :data:`DEFAULT_ENABLED` is
 every built-in but ``shell``; ``tiffany run`` enables them all
@@ -33,7 +34,7 @@ __all__ = ["DEFAULT_ENABLED", "ToolDisabled", "ToolRegistry", "UnknownTool"]
 
 #: Tools a server runs unless its operator says otherwise (``shell`` is opt-in).
 DEFAULT_ENABLED: frozenset[str] = frozenset(
-    {"file.read", "file.write", "http", "llm", "python", "signal.wait", "sleep"}
+    {"file.read", "file.write", "http", "llm", "plan.run", "python", "signal.wait", "sleep"}
 )
 
 

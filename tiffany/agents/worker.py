@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from tiffany.agents.plan import Plan, StepSpec
+from tiffany.agents.plan import OPAQUE_ARGS, Plan, StepSpec
 from tiffany.agents.refs import RefError, resolve
 from tiffany.agents.tools.base import ToolContext, ToolSettings
 from tiffany.errors import TaskCrashed, TaskKilled, TiffanyError, WaitTimeout
@@ -66,6 +66,8 @@ class AgentEnv:
     workspace_root: Path
     settings: ToolSettings = field(default_factory=ToolSettings)
     emit: Callable[[str, str, Mapping[str, Any]], None] = lambda run_id, kind, data: None
+    #: Child runs for ``plan.run`` (the engine's; ``tools/subplan.py``), or None.
+    runs: Any = None
 
     _made: dict[str, Path] = field(default_factory=dict)
     # Plans validated at submission, keyed by the document's identity (the
@@ -252,7 +254,14 @@ def worker(
         # Enabled or not: the engine holds a disabled tool's step (registry.py).
         tool = env.registry.lookup(spec.tool)
         raw = spec.args
-        args = tool.Args.model_validate(resolve(raw, inputs, outputs) if _has_refs(raw) else raw)
+        opaque = OPAQUE_ARGS.get(spec.tool)
+        if opaque:  # resolved without them, then put back as they are
+            kept = {k: raw[k] for k in opaque if k in raw}
+            rest = {k: v for k, v in raw.items() if k not in opaque}
+            raw = {**(resolve(rest, inputs, outputs) if _has_refs(rest) else rest), **kept}
+        args = tool.Args.model_validate(
+            resolve(raw, inputs, outputs) if not opaque and _has_refs(raw) else raw
+        )
     except ValidationError as exc:
         fields = "; ".join(
             f"args.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
@@ -287,7 +296,13 @@ def worker(
         try:
             workspace = env.workspace(run_id)
             ctx = ToolContext(
-                run_id, spec.id, attempt, workspace, env.settings, _emitter(env, run_id, spec.id)
+                run_id,
+                spec.id,
+                attempt,
+                workspace,
+                env.settings,
+                _emitter(env, run_id, spec.id),
+                env.runs,
             )
             output = yield from _run_tool(tool, args, ctx, spec)
         except TaskCrashed as exc:

@@ -18,6 +18,7 @@ from typing import Any
 from tiffany.agents import AgentEnv, plan_entry, plan_resolver
 from tiffany.agents.registry import ToolRegistry
 from tiffany.agents.tools.base import ToolSettings
+from tiffany.agents.tools.subplan import CHILD_SIGNAL_PREFIX
 from tiffany.config import Settings
 from tiffany.durable import Runtime
 from tiffany.engine.concurrency import SLOT_SIGNAL, Slots, spec_of
@@ -57,6 +58,15 @@ class Engine:
     watchdog: SlowDispatchWatchdog
     #: Concurrency limits' slots (``concurrency.py``), on the loop only.
     slots: Slots = field(init=False)
+    #: Whether a run id is taken, beyond the runs the journal holds (the
+    #: service adds the finished runs its run table remembers).
+    known_run: Callable[[str], bool] = lambda run_id: False
+    #: Told of each child run started (the service's run table), and its end.
+    child_started: Callable[[str], None] = lambda run_id: None
+    child_ended: Callable[[Any], None] | None = None
+
+    #: A run's children still running (``plan.run``), on the loop: cancelled with it.
+    _children: dict[str, set[str]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.slots = Slots(self._request_slot)
@@ -85,6 +95,7 @@ class Engine:
         A run with a concurrency limit gets its slot or queues (``concurrency.py``).
         """
         spec = spec_of(entry)
+        on_end = self._ending(entry, on_end)
         if spec is None:
             return self.runtime.submit_entry(entry, run_id=run_id, name=name, on_end=on_end)
         run_id = self.runtime.submit_entry(
@@ -103,17 +114,94 @@ class Engine:
         limited = []
         for run_id in resumed:
             run = self.runtime.journal.runs[run_id]
-            spec = spec_of(index.get(run_id).entry)
+            entry = index.get(run_id).entry
+            spec = spec_of(entry)
+            ending = self._ending(entry, on_end)
+            parent = entry.get("parent")
+            if isinstance(parent, Mapping) and isinstance(parent.get("run_id"), str):
+                self._children.setdefault(parent["run_id"], set()).add(run_id)
             if spec is None:
-                run.on_end = on_end
+                run.on_end = ending
                 continue
-            run.on_end = self._releasing(on_end)
+            run.on_end = self._releasing(ending)
             sid = f"{SLOT_SIGNAL}:{run_id}"
             wakes = run.replay.wakes if run.replay is not None else ()
             holds = any(w.ltid == 0 and w.cause == "signal" and w.value[2] == sid for _, w in wakes)
             limited.append((run.run_no, run_id, *spec, holds))
         self.slots.recover((r, k, n, h) for _, r, k, n, h in sorted(limited))
         return resumed
+
+    # -- child runs (plan.run: tiffany/agents/tools/subplan.py) ---------------------
+
+    def start_child(
+        self, parent: str, step: str, child: str, plan: Any, inputs: Any
+    ) -> dict[str, Any]:
+        """Start run ``child`` of ``plan`` for ``parent``'s step (an inline step: the loop).
+
+        A no-op for a child that exists (the step ran again after a crash).
+        An invalid plan is an answer (``{"error"}``), not an exception: the
+        step fails with it.
+        """
+        from tiffany.agents import PlanError
+
+        if child in self.runtime.journal.runs or self.known_run(child):
+            return {"run_id": child, "existing": True}
+        try:
+            entry, name = self.prepare_plan(plan, inputs)
+        except PlanError as exc:
+            return {"error": exc.message}
+        entry["parent"] = {"run_id": parent, "step": step}
+        self.start_entry(entry, run_id=child, name=name, on_end=self.child_ended)
+        self._children.setdefault(parent, set()).add(child)
+        self.child_started(child)
+        return {"run_id": child}
+
+    def _ending(
+        self, entry: Mapping[str, Any], on_end: Callable[[Any], None] | None
+    ) -> Callable[[Any], None] | None:
+        """``on_end``, after the run's own children still running are cancelled.
+
+        For a child run (``plan.run``), also its end sent to its parent (a signal).
+        """
+        parent = entry.get("parent")
+        if not isinstance(parent, Mapping) or not isinstance(parent.get("run_id"), str):
+
+            def parent_ended(state: Any) -> None:
+                self._end_children(state.run_id)
+                if on_end is not None:
+                    on_end(state)
+
+            return parent_ended
+        parent_id = parent["run_id"]
+
+        def ended(state: Any) -> None:
+            self._end_children(state.run_id)
+            kids = self._children.get(parent_id)
+            if kids is not None:
+                kids.discard(state.run_id)
+            result = state.result if isinstance(state.result, Mapping) else {}
+            end = {
+                "run_id": state.run_id,
+                "status": state.status,
+                "outputs": result.get("outputs") if state.status == "succeeded" else None,
+                "error": None if state.error is None else str(state.error)[:2000],
+            }
+            self.runtime.journal.request_signal(
+                parent_id,
+                CHILD_SIGNAL_PREFIX + state.run_id,
+                end,
+                f"end:{state.run_id}",
+                lambda seq, ended: None,
+            )
+            if on_end is not None:
+                on_end(state)
+
+        return ended
+
+    def _end_children(self, run_id: str) -> None:
+        """A run ended: cancel its children still running (they journal it)."""
+        for child in sorted(self._children.pop(run_id, ())):
+            self.runtime.journal.request_cancel(child, f"its parent run {run_id} ended")
 
     def _releasing(self, on_end: Callable[[Any], None] | None) -> Callable[[Any], None]:
         def ended(state: Any) -> None:
@@ -321,6 +409,8 @@ def build(
     # collection during a run traverses the run's objects only (measured: a
     # gen-2 collection over the start-up heap cost a 1,000-step fan-out a
     # third of its throughput).
+    engine = Engine(runtime, env, watchdog)
+    env.runs = engine  # plan.run's child runs (tiffany/agents/tools/subplan.py)
     gc.collect()
     gc.freeze()
-    return Engine(runtime, env, watchdog)
+    return engine

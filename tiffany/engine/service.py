@@ -245,6 +245,9 @@ class EngineService:
         self.verifier = Verifier(settings)
         #: Running runs, the newest finished ones, idempotency keys in their window.
         self.runs = RunTable(window_s=settings.idempotency_window_s)
+        self.engine.known_run = lambda run_id: self.runs.status(run_id) is not None
+        self.engine.child_started = self.runs.started
+        self.engine.child_ended = self._on_end
         self.checkpointer: Checkpointer | None = None
         #: Requests through the database (journal=postgres): engine/db_requests.py.
         self.claimer: RequestClaimer | None = None

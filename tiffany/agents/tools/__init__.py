@@ -9,6 +9,8 @@
 * ``sleep`` (:class:`SleepTool`): in the worker task itself (a durable timer).
 * ``signal.wait`` (:class:`SignalWaitTool`): in the worker task itself (a journaled
   wait for a signal sent to the run).
+* ``plan.run`` (:class:`PlanRunTool`): in the worker task itself (a child run of
+  another plan; its end comes back as a signal).
 
 :class:`~tiffany.agents.registry.ToolRegistry` holds them by name.
 """
@@ -23,6 +25,7 @@ from tiffany.agents.tools.python import PythonTool, python_tool
 from tiffany.agents.tools.shell import ShellTool
 from tiffany.agents.tools.signal import SignalWaitTool
 from tiffany.agents.tools.sleep import SleepTool
+from tiffany.agents.tools.subplan import PlanRunTool
 
 __all__ = [
     "BUILTIN_TOOLS",
@@ -30,6 +33,7 @@ __all__ = [
     "FileWriteTool",
     "HttpTool",
     "LlmTool",
+    "PlanRunTool",
     "PythonTool",
     "ShellTool",
     "SignalWaitTool",
@@ -52,4 +56,5 @@ BUILTIN_TOOLS: tuple[type, ...] = (
     FileWriteTool,
     SleepTool,
     SignalWaitTool,
+    PlanRunTool,
 )

@@ -74,6 +74,7 @@ class ToolContext:
         settings: Operator settings.
         emit: ``emit(kind, data)`` publishes an activity event (best effort;
             e.g. ``tool.output`` lines, ``llm.usage``). Never blocks.
+        runs: The engine's child runs (``plan.run``: ``tools/subplan.py``), or None.
     """
 
     run_id: str
@@ -82,6 +83,7 @@ class ToolContext:
     workspace: Path
     settings: ToolSettings = field(default_factory=ToolSettings)
     emit: Callable[[str, Mapping[str, Any]], None] = lambda kind, data: None
+    runs: Any = None
 
 
 class Tool(Protocol):
