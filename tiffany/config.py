@@ -40,6 +40,7 @@ SQLITE_FILE_NAME = "tiffany.db"
 #: Tools a server runs unless its operator says otherwise. ``shell`` is off by
 #: default (docs/architecture.md, "Plans"): it has to be enabled on purpose.
 DEFAULT_ENABLED_TOOLS: tuple[str, ...] = (
+    "agent",
     "file.read",
     "file.write",
     "http",

@@ -13,6 +13,7 @@ from tiffany.agents.tools import BUILTIN_TOOLS, ToolArgs, ToolContext
 from tiffany.agents.tools import python as pytool
 
 ALL = [
+    "agent",
     "file.read",
     "file.write",
     "http",

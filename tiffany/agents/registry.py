@@ -34,7 +34,17 @@ __all__ = ["DEFAULT_ENABLED", "ToolDisabled", "ToolRegistry", "UnknownTool"]
 
 #: Tools a server runs unless its operator says otherwise (``shell`` is opt-in).
 DEFAULT_ENABLED: frozenset[str] = frozenset(
-    {"file.read", "file.write", "http", "llm", "plan.run", "python", "signal.wait", "sleep"}
+    {
+        "agent",
+        "file.read",
+        "file.write",
+        "http",
+        "llm",
+        "plan.run",
+        "python",
+        "signal.wait",
+        "sleep",
+    }
 )
 
 

@@ -303,6 +303,7 @@ def worker(
                 env.settings,
                 _emitter(env, run_id, spec.id),
                 env.runs,
+                env.registry,
             )
             output = yield from _run_tool(tool, args, ctx, spec)
         except TaskCrashed as exc:

@@ -9,6 +9,8 @@
 * ``sleep`` (:class:`SleepTool`): in the worker task itself (a durable timer).
 * ``signal.wait`` (:class:`SignalWaitTool`): in the worker task itself (a journaled
   wait for a signal sent to the run).
+* ``agent`` (:class:`AgentTool`): in the worker task itself (a model calling tools in
+  a loop; each call a child task with a durable step).
 * ``plan.run`` (:class:`PlanRunTool`): in the worker task itself (a child run of
   another plan; its end comes back as a signal).
 
@@ -17,6 +19,7 @@
 
 from __future__ import annotations
 
+from tiffany.agents.tools.agent import AgentTool
 from tiffany.agents.tools.base import Tool, ToolArgs, ToolContext, ToolError, ToolSettings
 from tiffany.agents.tools.file import FileReadTool, FileWriteTool
 from tiffany.agents.tools.http import HttpTool
@@ -29,6 +32,7 @@ from tiffany.agents.tools.subplan import PlanRunTool
 
 __all__ = [
     "BUILTIN_TOOLS",
+    "AgentTool",
     "FileReadTool",
     "FileWriteTool",
     "HttpTool",
@@ -57,4 +61,5 @@ BUILTIN_TOOLS: tuple[type, ...] = (
     SleepTool,
     SignalWaitTool,
     PlanRunTool,
+    AgentTool,
 )

@@ -75,6 +75,7 @@ class ToolContext:
         emit: ``emit(kind, data)`` publishes an activity event (best effort;
             e.g. ``tool.output`` lines, ``llm.usage``). Never blocks.
         runs: The engine's child runs (``plan.run``: ``tools/subplan.py``), or None.
+        tools: The tool registry (``agent`` calls tools by name), or None.
     """
 
     run_id: str
@@ -84,6 +85,7 @@ class ToolContext:
     settings: ToolSettings = field(default_factory=ToolSettings)
     emit: Callable[[str, Mapping[str, Any]], None] = lambda kind, data: None
     runs: Any = None
+    tools: Any = None
 
 
 class Tool(Protocol):

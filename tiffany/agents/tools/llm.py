@@ -159,6 +159,10 @@ class ScriptRule(BaseModel):
     regex: str | None = None
     reply: str = ""
     steps: list[dict[str, Any]] | None = None
+    #: For the ``agent`` tool: the turn the rule answers (1-based; any if unset)
+    #: and the tool calls it makes (``[{"name", "arguments"}]``).
+    turn: int | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
     def matches(self, text: str) -> bool:
         """Return True if the rule applies to ``text`` (a rule with neither key always does)."""

@@ -96,6 +96,23 @@ export function sendSignal(runId, name, payload = null, { idempotencyKey } = {})
   });
 }
 
+/**
+ * Re-run finished run `runId` as a new run: from step `fromStep` (and what
+ * depends on it), or by default from its failed steps (an empty body). The
+ * steps not downstream of the restart point are reused from the earlier run.
+ * `inputs` override the run's inputs. Resolves to the 201's `{run_id, seq,
+ * created}` once the new run is journaled: read it with `?min_seq=<seq>`.
+ */
+export function rerunRun(runId, { fromStep = null, inputs = null } = {}) {
+  const body = {};
+  if (fromStep != null) body.from_step = fromStep;
+  if (inputs != null) body.inputs = inputs;
+  return api(`api/runs/${encodeURIComponent(runId)}/rerun`, {
+    method: "POST",
+    body: Object.keys(body).length ? body : undefined,
+  });
+}
+
 const BACKOFF_MIN_MS = 500;
 const BACKOFF_MAX_MS = 15000;
 const SILENCE_TIMEOUT_MS = 60000;

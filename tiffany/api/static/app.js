@@ -96,7 +96,20 @@ function onRoute() {
       fill(main, root);
       pageRunId = r.runId;
       const minSeq = created.get(r.runId) ?? null;
-      page = new RunPage(root, r.runId, { live, minSeq, onError: reportError, onRunChanged: () => runs.refreshSoon() });
+      page = new RunPage(root, r.runId, {
+        live,
+        minSeq,
+        onError: reportError,
+        onRunChanged: () => runs.refreshSoon(),
+        openRun: (runId, seq, name) => {
+          // A run just created (a re-run): its page reads it as of its seq.
+          if (seq != null) {
+            created.set(runId, seq);
+            runs.added(runId, name, seq);
+          }
+          navigate({ view: "run", runId });
+        },
+      });
       document.title = `Tiffany · ${r.runId}`;
     }
   } else {

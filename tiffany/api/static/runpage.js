@@ -7,8 +7,12 @@
 // has projected it, so nothing here waits on a timer for the store.
 // A step waiting for a signal offers a form to send it; once the signal is
 // journaled (202) the run is read again as of the signal's seq.
+// A finished run can be re-run: from its failed steps ("Re-run from failure")
+// or from any step ("Re-run from here"); once the new run is journaled (201)
+// the page opens it as of the answer's seq. Steps a re-run took over from an
+// earlier run say so, with a link to that run.
 
-import { api, ApiError, sendSignal } from "./api.js";
+import { api, ApiError, rerunRun, sendSignal } from "./api.js";
 import {
   clock,
   compact,
@@ -40,12 +44,14 @@ const MAX_RENDER_GAP_MS = 1000;
 const APPROVE_PAYLOAD = { approved: true };
 
 export class RunPage {
-  constructor(root, runId, { live, onError, onRunChanged, minSeq = null }) {
+  constructor(root, runId, { live, onError, onRunChanged, openRun = null, minSeq = null }) {
     this.root = root;
     this.runId = runId;
     this.live = live;
     this.onError = onError;
     this.onRunChanged = onRunChanged;
+    // Open another run's page (`seq`: the WAL seq to read it at, from a 201).
+    this.openRun = openRun || ((id) => (location.hash = `#/run/${encodeURIComponent(id)}`));
     this.detail = null;
     this.sentMs = 0;
     this.selected = null;
@@ -54,6 +60,9 @@ export class RunPage {
     this.verify = null;
     // Signal forms by `${step_id}\n${name}`, kept across renders (typed text, focus).
     this.signalForms = new Map();
+    // A re-run being asked for, and the last refusal: `from` is the step
+    // (null: from the failed steps), so the error shows beside its control.
+    this.rerun = { busy: false, from: null, error: null };
     this.closed = false;
     this.queued = false;
     // The WAL seq the next refresh asks the store to have reached: what
@@ -218,6 +227,20 @@ export class RunPage {
         h("h1", null, d.name || this.runId),
         h("span", { class: `pill tone-${tone(st)}${st === "running" ? " pulse" : ""}`, testid: "run-status", dataset: { status: st } }, st),
         h("div", { class: "spacer" }),
+        this.rerunError(null, "span"),
+        this.canRerun() && (d.steps || []).some((s) => s.status === "failed")
+          ? h(
+              "button",
+              {
+                class: "btn btn-primary",
+                testid: "rerun-failed",
+                disabled: this.rerun.busy,
+                title: "Start a new run that reuses the steps that succeeded and runs the failed ones and what depends on them",
+                onclick: () => this.doRerun(null),
+              },
+              this.rerun.busy && this.rerun.from == null ? "Re-running…" : "Re-run from failure",
+            )
+          : null,
         h(
           "button",
           {
@@ -246,6 +269,9 @@ export class RunPage {
         meta("run", h("code", { class: "copy", title: "click to copy", onclick: () => navigator.clipboard?.writeText(this.runId) }, this.runId), "run-id"),
         meta("no.", runNo(d)),
         meta("kind", d.kind),
+        d.entry && d.entry.rerun_of && d.entry.rerun_of.run_id
+          ? meta("re-run of", runLink(d.entry.rerun_of.run_id), "run-rerun-of")
+          : null,
         meta("created", d.created_at ? h("span", { title: stamp(d.created_at) }, clock(d.created_at)) : null),
         meta("duration", d.started_at != null && end != null ? duration(end - d.started_at) : null, "run-duration"),
         meta("dispatches", d.dispatches != null ? String(d.dispatches) : null),
@@ -391,7 +417,9 @@ export class RunPage {
       return s.status === "pending" && w && !TERMINAL_TASK.has(w.state) ? "running" : s.status;
     };
     const runLive = !TERMINAL_RUN.has(d.status);
-    const sig = `${this.sentMs}|${runLive}|${steps.map((s) => `${status(s)}:${s.waiting || ""}`).join(",")}`;
+    const rr = this.rerun;
+    const rerunSig = `${this.canRerun()}|${rr.busy}|${rr.from}|${rr.error ? `${rr.error.from}:${rr.error.message}` : ""}`;
+    const sig = `${this.sentMs}|${runLive}|${rerunSig}|${steps.map((s) => `${status(s)}:${s.waiting || ""}`).join(",")}`;
     if (sig === this.stepsSig) return; // nothing new: keep the DOM (and open <details>)
     this.stepsSig = sig;
     if (!steps.length) {
@@ -400,6 +428,7 @@ export class RunPage {
     }
     const shown = steps.slice(0, this.limits.steps);
     const waitingFor = (s) => (runLive ? signalWaited(s) : null);
+    const rerunnable = this.canRerun();
     const forms = new Set(shown.filter(waitingFor).map((s) => `${s.step_id}\n${waitingFor(s)}`));
     for (const key of this.signalForms.keys()) if (!forms.has(key)) this.signalForms.delete(key);
     // Rebuilding the rows moves a signal form: keep its focus and caret.
@@ -415,6 +444,7 @@ export class RunPage {
         const end = s.ended_at;
         const attempts = (s.attempts || []).length;
         const awaited = waitingFor(s);
+        const reused = reusedFrom(s);
         return h(
           "div",
           { class: `step tone-border-${tone(st)}`, testid: "step-row", dataset: { stepId: s.step_id, status: st } },
@@ -430,9 +460,33 @@ export class RunPage {
               : null,
             h("div", { class: "spacer" }),
             attempts > 1 ? h("span", { class: "muted small", title: "attempts" }, `${attempts} attempts`) : null,
-            h("span", { class: "muted small" }, s.started_at != null && end != null ? duration(end - s.started_at) : ""),
+            h("span", { class: "muted small" }, !reused && s.started_at != null && end != null ? duration(end - s.started_at) : ""),
             h("span", { class: `status-text tone-${tone(st)}`, testid: "step-status" }, st),
+            rerunnable
+              ? h(
+                  "button",
+                  {
+                    class: "btn btn-sm btn-ghost step-rerun",
+                    testid: "rerun-from",
+                    dataset: { stepId: s.step_id },
+                    disabled: this.rerun.busy,
+                    title: `Start a new run from step ${s.step_id}: the steps it does not lead to are reused`,
+                    onclick: () => this.doRerun(s.step_id),
+                  },
+                  this.rerun.busy && this.rerun.from === s.step_id ? "Re-running…" : "Re-run from here",
+                )
+              : null,
           ),
+          reused
+            ? h(
+                "div",
+                { class: "step-reused muted small", testid: "step-reused", dataset: { runId: reused.run_id, seq: String(reused.seq ?? "") } },
+                "reused from ",
+                runLink(reused.run_id),
+                reused.seq != null ? ` · seq ${reused.seq}` : null,
+              )
+            : null,
+          rerunnable ? this.rerunError(s.step_id, "div") : null,
           h(
             "div",
             { class: "step-io" },
@@ -467,6 +521,34 @@ export class RunPage {
       this.signalForms.set(key, form);
     }
     return form;
+  }
+
+  /** Whether the run can be re-run: the store has it finished. */
+  canRerun() {
+    return !!this.detail && TERMINAL_RUN.has(this.detail.status);
+  }
+
+  /** The last re-run refusal when it came from `from`'s control (null: the header's), else null. */
+  rerunError(from, tag) {
+    const e = this.rerun.error;
+    if (!e || e.from !== from) return null;
+    return h(tag, { class: "rerun-error error-text small", testid: "rerun-error", role: "alert" }, e.message);
+  }
+
+  /** Re-run this run from step `from` (null: from its failed steps), then open the new run. */
+  async doRerun(from) {
+    if (this.rerun.busy) return;
+    this.rerun = { busy: true, from, error: null };
+    this.render();
+    try {
+      const answer = await rerunRun(this.runId, { fromStep: from });
+      this.rerun = { busy: false, from: null, error: null };
+      if (this.closed) return;
+      this.openRun(answer.run_id, answer.seq, this.detail && this.detail.name);
+    } catch (err) {
+      this.rerun = { busy: false, from: null, error: { from, message: `Not re-run: ${err.message || err}` } };
+    }
+    this.render();
   }
 
   renderErrorAndIo(d) {
@@ -538,6 +620,18 @@ export class RunPage {
       this.renderHead();
     }
   }
+}
+
+/** Where a re-run took step `step` from: `{run_id, seq}`, else null. */
+function reusedFrom(step) {
+  const first = (step.attempts || [])[0];
+  const r = first && first.reused;
+  return r && typeof r.run_id === "string" ? r : null;
+}
+
+/** A link to run `runId`'s page. */
+function runLink(runId) {
+  return h("a", { class: "mono", href: `#/run/${encodeURIComponent(runId)}`, testid: "run-link", dataset: { runId } }, runId);
 }
 
 /** The signal a step waits for (its `waiting` is "signal NAME"), else null. */

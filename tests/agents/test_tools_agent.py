@@ -1,0 +1,120 @@
+"""The ``agent`` tool through the whole engine (``tiffany run``, real processes, offline).
+
+* the scripted model of examples/agent: three turns calling two tools; the
+  run replays identically without the model (no script at replay time);
+* an OpenAI-compatible endpoint on loopback: the model gets the tools'
+  JSON Schemas under function names (``file__write``), asks for a call,
+  gets its result as a ``tool`` message, answers; tokens and cost add up;
+* a tool the step does not list is refused to the model, not run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "agent"
+
+
+def _tiffany(data_dir: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")}
+    return subprocess.run(
+        [sys.executable, "-m", "tiffany", "--data-dir", str(data_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=base | env,
+        check=False,
+    )
+
+
+def test_the_scripted_agent_loop_calls_two_tools_and_replays_without_the_model(tmp_path):
+    script = str(EXAMPLE / "script.yaml")
+    done = _tiffany(
+        tmp_path, "run", "--json", str(EXAMPLE / "plan.yaml"), TIFFANY_LLM_SCRIPT=script
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["outputs"]["turns"] == 3
+    assert result["outputs"]["calls"] == [
+        {"turn": 1, "tool": "file.write", "ok": True},
+        {"turn": 2, "tool": "file.read", "ok": True},
+    ]
+    notes = tmp_path / "workspaces" / result["run_id"] / "notes.md"
+    assert notes.read_text() == "Tiffany journals every model and tool call."
+    notes.write_text("changed after the run")  # a replay that read it would diverge
+    verify = _tiffany(
+        tmp_path, "replay", "--verify", result["run_id"], TIFFANY_LLM_SCRIPT="/nonexistent.yaml"
+    )
+    assert verify.returncode == 0, verify.stderr[-3000:]
+    assert "replays identically" in verify.stdout + verify.stderr
+
+
+def test_an_openai_compatible_model_drives_the_tools(tmp_path, http_server, reply, read_body):
+    seen: list[dict[str, Any]] = []
+
+    def chat(h: Any) -> None:
+        payload = json.loads(read_body(h))
+        seen.append(payload)
+        if len(seen) == 1:
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {
+                            "name": "file__write",
+                            "arguments": json.dumps({"path": "a.txt", "content": "from gpt"}),
+                        },
+                    },
+                    {
+                        "id": "c2",
+                        "type": "function",
+                        "function": {"name": "shell", "arguments": "{}"},
+                    },
+                ],
+            }
+        else:
+            message = {"role": "assistant", "content": "wrote a.txt"}
+        doc = {
+            "model": "gpt-4o-mini-2024-07-18",
+            "choices": [{"index": 0, "message": message}],
+            "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120},
+        }
+        reply(h, 200, json.dumps(doc).encode(), "application/json")
+
+    base = http_server({"/v1/chat/completions": chat})
+    plan = tmp_path / "plan.json"
+    goal = {"goal": "write a.txt", "tools": ["file.write"], "max_turns": 3}
+    plan.write_text(
+        json.dumps({"name": "gpt", "steps": [{"id": "a", "tool": "agent", "args": goal}]})
+    )
+    done = _tiffany(
+        tmp_path / "data",
+        "run",
+        "--json",
+        str(plan),
+        TIFFANY_LLM_BASE_URL=base,
+        TIFFANY_LLM_MODEL="gpt-4o-mini",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_id = json.loads(done.stdout)["run_id"]
+    assert (tmp_path / "data" / "workspaces" / run_id / "a.txt").read_text() == "from gpt"
+    first, second = seen
+    (function,) = first["tools"]
+    assert function["function"]["name"] == "file__write"
+    assert function["function"]["parameters"]["required"] == ["path", "content"]
+    # The results went back as tool messages: the write's output, the refusal of shell.
+    tool_messages = [m for m in second["messages"] if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in tool_messages] == ["c1", "c2"]
+    assert json.loads(tool_messages[0]["content"]) == {"path": "a.txt", "bytes": 8}
+    assert "not one of this step's tools" in tool_messages[1]["content"]
+    store = _tiffany(tmp_path / "data", "runs")
+    assert run_id in store.stdout

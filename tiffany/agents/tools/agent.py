@@ -1,0 +1,314 @@
+"""``agent``: an LLM drives tools in a loop (OpenAI-style function calling).
+
+``{"tool": "agent", "args": {"goal": "...", "tools": ["file.read", "http"],
+"max_turns": 8}}``: the model is given the goal and the JSON Schemas of the
+listed tools; each turn it answers with text (the loop ends: that is the
+step's ``answer``) or with tool calls, which run and whose results go back
+to it as ``tool`` messages. Every model call and every tool call is a child
+task of the step (``llm:<step>:<turn>``, ``tool:<name>:<step>``) running a
+durable step, so its result (the model's reply with its tokens and cost, or
+the tool's output) is journaled: a replay reproduces the whole conversation
+without calling the model or the tools again, and a crash mid-loop resumes
+after the last call that finished.
+
+Providers: the OpenAI-compatible endpoint of the ``llm`` tool (``tools`` /
+``tool_calls``; a tool's name has its dots replaced by ``__``, as function
+names allow no dots), or the offline scripted provider: rules of
+``TIFFANY_LLM_SCRIPT`` with ``turn`` (1-based) and ``tool_calls`` (``[{"name",
+"arguments"}]``) drive it, so tests and demos run without a network.
+
+Output: ``{"answer", "turns", "calls": [{"turn", "tool", "ok"}], "usage",
+"cost_usd"}``. A tool the step does not list, unknown arguments, or a tool
+that fails are told to the model (as the ``tool`` message), not raised; no
+answer within ``max_turns`` fails the step (``agent.max_turns``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, ClassVar, Final
+
+from pydantic import Field, ValidationError
+
+from tiffany.agents.tools.base import ToolArgs, ToolContext, ToolError
+from tiffany.agents.tools.http import HttpConnectError, request
+from tiffany.agents.tools.llm import (
+    SCRIPTED_MODEL,
+    LlmConnectError,
+    LlmError,
+    LlmStatusError,
+    chat_url,
+    cost_usd,
+    count_tokens,
+    load_script,
+)
+from tiffany.kernel import Coroutine, NewTask, Step, WaitTask
+from tiffany.records import TaskLabel
+
+__all__ = ["AgentMaxTurns", "AgentTool", "function_name", "tool_name"]
+
+#: Most turns an agent step may take.
+MAX_TURNS: Final = 100
+#: Longest tool result given back to the model, in characters.
+MAX_RESULT_CHARS: Final = 20_000
+
+
+class AgentMaxTurns(ToolError):
+    """The model did not give its answer within ``max_turns``."""
+
+    code = "agent.max_turns"
+
+
+class AgentArgs(ToolArgs):
+    """Arguments of ``agent``."""
+
+    goal: str = Field(min_length=1, description="What the model is asked to do.")
+    tools: list[str] = Field(default_factory=list, description="Tools the model may call.")
+    max_turns: int = Field(default=8, ge=1, le=MAX_TURNS)
+    model: str | None = None
+    system: str | None = Field(default=None, description="A system message before the goal.")
+    timeout_s: float = Field(default=120.0, gt=0, le=3600, description="A model call's bound.")
+
+
+def function_name(tool: str) -> str:
+    """A tool's name as a function name (no dots: ``file.write`` -> ``file__write``)."""
+    return tool.replace(".", "__")
+
+
+def tool_name(function: str) -> str:
+    """The tool a function name stands for (:func:`function_name` undone)."""
+    return function.replace("__", ".")
+
+
+def _schemas(ctx: ToolContext, names: list[str]) -> list[dict[str, Any]]:
+    out = []
+    for name in names:
+        tool = ctx.tools.lookup(name)
+        doc = (tool.__doc__ or name).strip().splitlines()[0]
+        params = tool.Args.model_json_schema()
+        out.append(
+            {
+                "type": "function",
+                "function": {"name": function_name(name), "description": doc, "parameters": params},
+            }
+        )
+    return out
+
+
+def _chat(
+    ctx: ToolContext,
+    messages: list[dict[str, Any]],
+    functions: list[dict[str, Any]],
+    turn: int,
+    model: str | None,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """One model call (a durable step, in the thread pool): the reply, tokens and cost."""
+    settings = ctx.settings
+    if settings.llm_base_url:
+        reply = _openai(ctx, messages, functions, model or settings.llm_model, timeout_s)
+        provider = "openai"
+    else:
+        reply = _scripted(ctx, messages, turn, model or SCRIPTED_MODEL)
+        provider = "scripted"
+    usage = reply["usage"]
+    cost = (
+        0.0
+        if provider == "scripted"
+        else cost_usd(reply["model"], usage["prompt_tokens"], usage["completion_tokens"])
+    )
+    reply["cost_usd"] = cost
+    ctx.emit(
+        "llm.usage", {"provider": provider, "model": reply["model"], **usage, "cost_usd": cost}
+    )
+    return reply
+
+
+def _scripted(
+    ctx: ToolContext, messages: list[dict[str, Any]], turn: int, model: str
+) -> dict[str, Any]:
+    rules = load_script(ctx.settings.llm_script) if ctx.settings.llm_script else []
+    last = str(messages[-1].get("content") or "")
+    content, calls = f"Done: {messages[1 if messages[0]['role'] == 'system' else 0]['content']}", []
+    for rule in rules:
+        if (rule.turn is None or rule.turn == turn) and rule.matches(last):
+            content = rule.reply.replace("{prompt}", last)
+            calls = [
+                {"id": f"call_{turn}_{i}", "name": c["name"], "arguments": c.get("arguments") or {}}
+                for i, c in enumerate(rule.tool_calls or [])
+            ]
+            break
+    prompt_tokens = sum(count_tokens(str(m.get("content") or "")) for m in messages)
+    completion_tokens = count_tokens(content) + sum(len(c["arguments"]) for c in calls)
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    return {"content": content, "tool_calls": calls, "usage": usage, "model": model}
+
+
+def _openai(
+    ctx: ToolContext,
+    messages: list[dict[str, Any]],
+    functions: list[dict[str, Any]],
+    model: str,
+    timeout_s: float,
+) -> dict[str, Any]:
+    settings = ctx.settings
+    assert settings.llm_base_url is not None
+    payload: dict[str, Any] = {"model": model, "messages": messages, "temperature": 0}
+    if functions:
+        payload["tools"] = functions
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    if settings.llm_api_key:
+        headers["Authorization"] = f"Bearer {settings.llm_api_key}"
+    url = chat_url(settings.llm_base_url)
+    try:
+        resp = request(
+            "POST",
+            url,
+            headers=headers,
+            data=json.dumps(payload).encode("utf-8"),
+            timeout_s=timeout_s,
+            max_body_bytes=settings.http_max_body_bytes,
+        )
+    except HttpConnectError as exc:
+        raise LlmConnectError(f"llm endpoint {url}: {exc.message}", url=url) from exc
+    body = resp.body.decode("utf-8", errors="replace")
+    if resp.status >= 400:
+        raise LlmStatusError(
+            f"llm endpoint {url}: HTTP {resp.status}", status=resp.status, body=body[:2000]
+        )
+    try:
+        doc = json.loads(body)
+        message = doc["choices"][0]["message"]
+        calls = []
+        for c in message.get("tool_calls") or []:
+            raw = c["function"].get("arguments") or "{}"
+            calls.append(
+                {
+                    "id": str(c.get("id") or ""),
+                    "name": tool_name(str(c["function"]["name"])),
+                    "arguments": json.loads(raw) if isinstance(raw, str) else raw,
+                }
+            )
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise LlmError(f"llm endpoint {url}: unexpected reply: {exc!r}", body=body[:2000]) from exc
+    raw_usage = doc.get("usage") or {}
+    content = message.get("content") or ""
+    prompt_tokens = int(raw_usage.get("prompt_tokens", 0))
+    completion_tokens = int(raw_usage.get("completion_tokens", count_tokens(content)))
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": int(raw_usage.get("total_tokens", prompt_tokens + completion_tokens)),
+    }
+    return {
+        "content": content,
+        "tool_calls": calls,
+        "usage": usage,
+        "model": str(doc.get("model") or model),
+    }
+
+
+def _call_task(step: Step) -> Coroutine:
+    """A child task of the agent step running one durable call (model or tool)."""
+    return (yield step)
+
+
+def _tool_call(ctx: ToolContext, allowed: list[str], call: Mapping[str, Any]) -> Coroutine:
+    """Run one tool call the model asked for; ``(ok, result)`` (a refusal is a result)."""
+    name = str(call.get("name"))
+    if name not in allowed:
+        return False, {"error": f"tool {name!r} is not one of this step's tools: {allowed}"}
+    tool = ctx.tools.lookup(name)
+    try:
+        args = tool.Args.model_validate(call.get("arguments") or {})
+    except ValidationError as exc:
+        return False, {"error": f"bad arguments: {exc.errors(include_url=False)}"}
+    try:
+        if not tool.durable:
+            return True, (yield tool.run(args, ctx))
+        step_for = getattr(tool, "step_for", None)
+        step = step_for(args) if step_for is not None else None
+        if step is None:
+            step = Step(tool.run, args, ctx, name=name)
+        tid = yield NewTask(
+            _call_task(step),
+            name=f"tool:{name}:{ctx.step_id}",
+            meta=TaskLabel("tool", ctx.step_id, name),
+        )
+        return True, (yield WaitTask(tid))
+    except Exception as exc:  # noqa: BLE001 - told to the model, as the tool's result
+        cause = exc.__cause__ or exc
+        return False, {"error": f"{type(cause).__name__}: {cause}"}
+
+
+class AgentTool:
+    """Let a model call tools until it answers."""
+
+    name: ClassVar[str] = "agent"
+    Args: ClassVar[type[ToolArgs]] = AgentArgs
+    durable: ClassVar[bool] = False
+
+    def run(self, args: AgentArgs, ctx: ToolContext) -> Coroutine:
+        """The loop (in the worker task; each call a child task and a durable step)."""
+        if ctx.tools is None:
+            raise ToolError("this engine offers the agent no tools")
+        functions = _schemas(ctx, args.tools)
+        messages: list[dict[str, Any]] = []
+        if args.system:
+            messages.append({"role": "system", "content": args.system})
+        messages.append({"role": "user", "content": args.goal})
+        totals = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        cost = 0.0
+        calls: list[dict[str, Any]] = []
+        for turn in range(1, args.max_turns + 1):
+            step = Step(
+                _chat, ctx, list(messages), functions, turn, args.model, args.timeout_s, name="llm"
+            )
+            tid = yield NewTask(
+                _call_task(step),
+                name=f"llm:{ctx.step_id}:{turn}",
+                meta=TaskLabel("tool", ctx.step_id, "llm"),
+            )
+            reply = yield WaitTask(tid)
+            for k in totals:
+                totals[k] += int(reply["usage"].get(k, 0))
+            cost += float(reply.get("cost_usd") or 0.0)
+            wanted = reply.get("tool_calls") or []
+            if not wanted:
+                return {
+                    "answer": reply.get("content") or "",
+                    "turns": turn,
+                    "calls": calls,
+                    "usage": totals,
+                    "cost_usd": round(cost, 8),
+                }
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": reply.get("content") or None,
+                    "tool_calls": [
+                        {
+                            "id": c["id"],
+                            "type": "function",
+                            "function": {
+                                "name": function_name(c["name"]),
+                                "arguments": json.dumps(c["arguments"]),
+                            },
+                        }
+                        for c in wanted
+                    ],
+                }
+            )
+            for c in wanted:
+                ok, result = yield from _tool_call(ctx, args.tools, c)
+                calls.append({"turn": turn, "tool": c["name"], "ok": ok})
+                text = json.dumps(result, default=str)[:MAX_RESULT_CHARS]
+                messages.append({"role": "tool", "tool_call_id": c["id"], "content": text})
+        raise AgentMaxTurns(
+            f"no answer within {args.max_turns} turns", max_turns=args.max_turns, calls=len(calls)
+        )
