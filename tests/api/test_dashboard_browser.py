@@ -84,6 +84,22 @@ QUICK_APPROVAL_PLAN = {
     "steps": [{"id": "approve", "tool": "signal.wait", "args": {"name": "approve"}}],
 }
 
+#: Fails at b (its input names a file nobody wrote); a re-run can reuse a.
+FIX_ME_PLAN = {
+    "name": "fix-me",
+    "inputs": {"path": "missing.txt"},
+    "steps": [
+        {"id": "a", "tool": "file.write", "args": {"path": "a.txt", "content": "A"}},
+        {"id": "b", "tool": "file.read", "args": {"path": "${inputs.path}"}, "after": ["a"]},
+        {
+            "id": "c",
+            "tool": "file.write",
+            "args": {"path": "c.txt", "content": "C"},
+            "after": ["b"],
+        },
+    ],
+}
+
 SEQS_JS = "rows => rows.map(r => r.dataset.seq)"
 RUNS_JS = "rows => rows.map(r => r.dataset.runId)"
 
@@ -563,6 +579,143 @@ def test_a_step_waiting_for_a_signal_is_answered_from_the_run_page(
             seen = page.evaluate("id => window.__tiffany.live.runs.get(id).walSeq", quick_id)
             detail = _http_json(f"{url}api/runs/{quick_id}?min_seq={seen}")
             assert _step(detail, "approve")["output"] == {"approved": True}
+        finally:
+            browser.close()
+    assert not errors, "\n".join(errors)
+
+
+def test_a_failed_run_is_re_run_from_the_run_page(
+    chromium_path: str, service: dict[str, Any], tmp_path: Path, artifacts_dir: Path
+) -> None:
+    """ "Re-run from failure" starts a new run that reuses what succeeded.
+
+    The run fails at b (its file is missing). With the file written into the
+    failed run's workspace (a re-run copies it), the button posts the re-run
+    with an empty body, the page opens the new run as of the 201's seq, and
+    the new run succeeds: a is reused from the earlier run (its row says so,
+    with a link there), b and c ran again. A refused re-run shows the
+    server's message beside the step's "Re-run from here".
+    """
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    url = service["url"]
+    old_id = _submit(url, FIX_ME_PLAN)
+    errors: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+            page.on("console", lambda msg: _console(msg, errors))
+            requests: list[Any] = []
+            page.on("request", lambda req: requests.append(req))
+            page.goto(f"{url}#/run/{old_id}")
+            expect(page.get_by_test_id("run-page")).to_have_attribute("data-run-id", old_id)
+
+            # -- the run failed at b: the re-run controls show ----------------------
+            expect(page.get_by_test_id("run-status")).to_have_attribute(
+                "data-status", "failed", timeout=30_000
+            )
+            old_b = page.locator('[data-testid=step-row][data-step-id="b"]')
+            expect(old_b).to_have_attribute("data-status", "failed")
+            rerun = page.get_by_test_id("rerun-failed")
+            expect(rerun).to_be_enabled()
+            expect(rerun).to_have_text("Re-run from failure")
+            expect(page.get_by_test_id("rerun-from")).to_have_count(3)  # one a step
+            expect(old_b.get_by_test_id("rerun-from")).to_have_text("Re-run from here")
+            expect(page.get_by_test_id("step-reused")).to_have_count(0)
+
+            # The fix: the file b reads, in the failed run's workspace.
+            workspace = service["data_dir"] / "workspaces" / old_id
+            assert workspace.is_dir(), workspace
+            (workspace / "missing.txt").write_text("found\n")
+
+            # -- "Re-run from failure": 201, then the new run's page -----------------
+            with page.expect_response(lambda r: r.url.endswith("/rerun")) as answered:
+                rerun.click()
+            answer = answered.value
+            assert answer.status == 201, answer.text()
+            made = answer.json()
+            new_id, seq = made["run_id"], made["seq"]
+            assert new_id != old_id
+            assert made["created"] is True
+            post = answer.request
+            assert post.method == "POST"
+            assert not post.post_data, "the default re-run sends an empty body"
+
+            expect(page).to_have_url(re.compile(rf"#/run/{re.escape(new_id)}(\?|$)"))
+            expect(page.get_by_test_id("run-page")).to_have_attribute("data-run-id", new_id)
+            expect(page.get_by_test_id("run-missing")).to_have_count(0)
+            expect(page.get_by_test_id("run-status")).to_have_attribute(
+                "data-status", "succeeded", timeout=30_000
+            )
+            expect(page.get_by_test_id("run-rerun-of")).to_contain_text(old_id)
+            # Listed like any run, and followed to its end.
+            new_row = page.locator(f'[data-testid=run-row][data-run-id="{new_id}"]')
+            expect(new_row).to_have_attribute("data-status", "succeeded")
+            expect(new_row).to_contain_text("fix-me")
+            # The new page read the run as of the re-run's record (no 404 race).
+            pattern = re.compile(rf"/api/runs/{new_id}\?min_seq=(\d+)$")
+            asked = [int(m.group(1)) for r in requests if (m := pattern.search(r.url))]
+            assert asked, "the new run's page never asked for a WAL seq"
+            assert asked[0] >= seq, (asked, seq)
+
+            # -- a is reused (a note links to the earlier run); b and c ran -----------
+            seen = page.evaluate("id => window.__tiffany.live.runs.get(id).walSeq", new_id)
+            detail = _http_json(f"{url}api/runs/{new_id}?min_seq={max(seen, seq)}")
+            assert detail["status"] == "succeeded", detail
+            a = _step(detail, "a")
+            assert a["status"] == "succeeded"
+            assert a["attempts"][0]["reused"]["run_id"] == old_id
+            reused_seq = a["attempts"][0]["reused"]["seq"]
+            for sid in ("b", "c"):
+                step = _step(detail, sid)
+                assert step["status"] == "succeeded", step
+                assert all("reused" not in att for att in step["attempts"]), step
+            assert _step(detail, "b")["output"]["content"] == "found\n"
+
+            new_a = page.locator('[data-testid=step-row][data-step-id="a"]')
+            note = new_a.get_by_test_id("step-reused")
+            expect(note).to_be_visible()
+            expect(note).to_contain_text(f"reused from {old_id} · seq {reused_seq}")
+            expect(note.get_by_role("link", name=old_id)).to_have_attribute(
+                "href", f"#/run/{old_id}"
+            )
+            expect(page.get_by_test_id("step-reused")).to_have_count(1)  # only a
+            for sid in ("a", "b", "c"):
+                expect(
+                    page.locator(f'[data-testid=step-row][data-step-id="{sid}"]')
+                ).to_have_attribute("data-status", "succeeded")
+            # Nothing failed: no "Re-run from failure", but each step can restart.
+            expect(page.get_by_test_id("rerun-failed")).to_have_count(0)
+            expect(page.get_by_test_id("rerun-from")).to_have_count(3)
+            png = tmp_path / "dashboard-rerun.png"
+            page.screenshot(path=str(png))
+            _save_screenshot(png, "dashboard-rerun.png", artifacts_dir)
+
+            # -- a refusal shows the server's message beside the control ---------------
+            # The request still goes to the server, asking for a step the run lacks.
+            page.route(
+                "**/rerun",
+                lambda route: route.continue_(post_data=json.dumps({"from_step": "nope"})),
+            )
+            new_b = page.locator('[data-testid=step-row][data-step-id="b"]')
+            with page.expect_response(lambda r: r.url.endswith("/rerun")) as refused:
+                new_b.get_by_test_id("rerun-from").click()
+            assert refused.value.status == 422
+            message = refused.value.json()["message"]
+            error = new_b.get_by_test_id("rerun-error")
+            expect(error).to_be_visible()
+            expect(error).to_contain_text(message)
+            expect(page.get_by_test_id("rerun-error")).to_have_count(1)  # b's only
+            expect(page.get_by_test_id("run-page")).to_have_attribute("data-run-id", new_id)
+            page.unroute("**/rerun")
+
+            # The note's link opens the earlier run.
+            note.get_by_role("link", name=old_id).click()
+            expect(page.get_by_test_id("run-page")).to_have_attribute("data-run-id", old_id)
+            expect(page.get_by_test_id("run-status")).to_have_attribute("data-status", "failed")
         finally:
             browser.close()
     assert not errors, "\n".join(errors)
