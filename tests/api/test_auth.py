@@ -21,6 +21,8 @@ PROTECTED = [
     ("GET", "/api/runs/run-x/events"),
     ("POST", "/api/runs/run-x/cancel"),
     ("POST", "/api/runs/run-x/verify"),
+    ("POST", "/api/runs/run-x/rerun"),
+    ("POST", "/api/runs/run-x/signals/approve"),
     ("GET", "/readyz"),
     ("GET", "/metrics"),
     ("GET", "/docs"),
@@ -37,7 +39,10 @@ def client(api_dir) -> Iterator[TestClient]:
 
 
 def test_the_table_covers_every_route(client) -> None:
-    paths = {path.replace("{run_id}", "run-x") for path in client.app.openapi()["paths"]}
+    paths = {
+        path.replace("{run_id}", "run-x").replace("{name}", "approve")
+        for path in client.app.openapi()["paths"]
+    }
     listed = {path for _, path in PROTECTED} | {"/healthz"}
     assert paths <= listed
 
