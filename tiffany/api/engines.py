@@ -99,6 +99,19 @@ class Engines:
         assert refused is not None
         raise refused
 
+    async def check_plan(self, plan: Any, inputs: Any) -> None:
+        """Have an engine of this host check a plan (422 if invalid); no engine here: no check.
+
+        Without an engine socket (API replicas on the PostgreSQL journal) a
+        schedule's plan is checked at its first tick instead.
+        """
+        for control in self.controls:
+            try:
+                await control.request("check_plan", plan=plan, inputs=inputs)
+                return
+            except ControlUnavailable:
+                continue
+
     async def for_run(
         self, owner: int | None, op: str, run_id: str, **fields: Any
     ) -> dict[str, Any]:

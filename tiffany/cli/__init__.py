@@ -210,13 +210,14 @@ def main() -> None:
 
 def _register_subcommands() -> None:
     # Imported here so each command module can use ``app`` and ``_settings``.
-    from tiffany.cli import client, db, durable, run, serve
+    from tiffany.cli import client, db, durable, run, schedule, serve
 
     durable.register(app)
     run.register(app)
     db.register(app)
     serve.register(app)
     client.register(app)
+    schedule.register(app)
 
 
 _register_subcommands()

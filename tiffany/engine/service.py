@@ -69,6 +69,7 @@ from tiffany.engine.control_server import ControlServer
 from tiffany.engine.metrics import EngineMetrics, project_health
 from tiffany.engine.projector_link import ProjectorLink
 from tiffany.engine.run_table import RunTable
+from tiffany.engine.schedules import ScheduleRunner
 from tiffany.engine.verifier import Verifier
 from tiffany.errors import KernelError, NondeterminismError
 from tiffany.kernel import ReadWait
@@ -249,6 +250,8 @@ class EngineService:
         self.engine.child_started = self.runs.started
         self.engine.child_ended = self._on_end
         self.checkpointer: Checkpointer | None = None
+        #: Engine 0's schedule ticks (engine/schedules.py).
+        self.schedules: ScheduleRunner | None = None
         #: Requests through the database (journal=postgres): engine/db_requests.py.
         self.claimer: RequestClaimer | None = None
         self._store: Any = None  # the store's SQLAlchemy engine, for _stored_status
@@ -287,6 +290,9 @@ class EngineService:
             resumed = self.engine.recover_runs(self._on_end)
             self._start_requests()  # before the index is dropped: it settles from it
             self._start_retention()
+            if self.settings.engine == 0:  # engine 0 fires the schedules' ticks
+                self.schedules = ScheduleRunner(self.settings.database_url, self._submit)
+                self.schedules.start()
             self._replaying = set(resumed)
             self._phase = "replaying" if resumed else "ready"
             log.info(
@@ -330,6 +336,8 @@ class EngineService:
             return 1
         finally:
             self._phase = "stopping"
+            if self.schedules is not None:
+                self.schedules.stop()
             self.control.stop()
             self.verifier.close()
             with self._durable:
@@ -574,6 +582,17 @@ class EngineService:
             return answer
         if op == "signal":
             return self._signal(request)
+        if op == "check_plan":  # a schedule's plan, checked when it is added
+            plan, inputs = request.get("plan"), request.get("inputs") or {}
+            try:
+                check_document(plan, loc=["plan"])
+                check_document(inputs, loc=["inputs"])
+                _, name = self.engine.prepare_plan(plan, inputs)  # type: ignore[arg-type]
+            except DocumentError as exc:
+                raise ControlError(422, exc.message, exc.detail) from None
+            except PlanError as exc:
+                raise ControlError(422, exc.message, exc.errors) from None
+            return {"name": name}
         if op == "wait_projected":
             return self._wait_projected(request)
         if op == "verify":
@@ -745,6 +764,9 @@ class EngineService:
             entry, name = self.engine.prepare_plan(plan, inputs)  # type: ignore[arg-type]
         except PlanError as exc:
             raise ControlError(422, exc.message, exc.errors) from None
+        schedule = request.get("schedule")
+        if isinstance(schedule, dict):  # a schedule's tick (engine/schedules.py)
+            entry["schedule"] = {"id": str(schedule.get("id")), "tick": str(schedule.get("tick"))}
         if rerun is None:
             digest = submission_digest(plan, inputs)
         else:  # the earlier run and the restart point name the plan and what is reused

@@ -26,6 +26,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     CheckConstraint,
     Double,
     ForeignKey,
@@ -54,6 +55,7 @@ __all__ = [
     "ProjectorState",
     "Run",
     "RunStatus",
+    "Schedule",
     "Step",
     "StepStatus",
     "Task",
@@ -399,3 +401,31 @@ class WalCheckpoint(Base):
     stream: Mapped[str] = mapped_column(String(64), primary_key=True)
     seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class Schedule(Base):
+    """A cron schedule of a plan: each tick starts one run (``tiffany/engine/schedules.py``).
+
+    Written by the API and the CLI; engine 0 fires the ticks and moves
+    ``last_tick`` once a tick's run is durable (its Idempotency-Key,
+    ``schedule:<id>:<tick>``, makes a tick fired twice one run).
+    """
+
+    __tablename__ = "schedules"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    plan: Mapped[Any] = mapped_column(JSON)
+    inputs: Mapped[Any] = mapped_column(JSON)
+    #: Five fields (minute hour day month weekday) or six (and seconds, last).
+    cron: Mapped[str] = mapped_column(String(200))
+    timezone: Mapped[str] = mapped_column(String(64))
+    #: Ticks missed while no engine fired them: ``skip``, ``one`` (the last) or ``all``.
+    catchup: Mapped[str] = mapped_column(String(8))
+    paused: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[float] = mapped_column(Double)
+    #: The last tick fired or skipped (epoch seconds); None: none yet.
+    last_tick: Mapped[float | None] = mapped_column(Double)
+    last_run_id: Mapped[str | None] = mapped_column(String(128))
+    #: Why the last tick started no run (an invalid plan, say), or None.
+    last_error: Mapped[str | None] = mapped_column(Text)

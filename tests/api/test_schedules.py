@@ -1,0 +1,111 @@
+"""Schedules, as users run them: ``tiffany serve``, ticks every second, kill -9, pause.
+
+Each tick of a schedule starts exactly one run whose entry names the tick:
+across an engine killed -9 (no tick twice; ``skip`` leaves out those missed
+while it was down), and across a pause (``all`` catches every missed tick
+up, ``skip`` none).
+"""
+
+from __future__ import annotations
+
+import calendar
+import itertools
+import json
+import os
+import signal
+import time
+from typing import Any
+
+import httpx
+from process_support import wait_for
+
+
+def _plan(name: str) -> dict[str, Any]:
+    step = {"id": "w", "tool": "file.write", "args": {"path": "t.txt", "content": "x"}}
+    return {"name": name, "steps": [step]}
+
+
+def _add(url: str, name: str, catchup: str) -> str:
+    body = {"plan": _plan(name), "cron": "* * * * * *", "catchup": catchup}
+    r = httpx.post(f"{url}/api/schedules", json=body, timeout=30)
+    assert r.status_code == 201, r.text
+    return str(r.json()["schedule_id"])
+
+
+def _ticks(url: str, name: str) -> list[str]:
+    """The ticks of the runs of plan ``name`` (each run's entry names its tick)."""
+    runs = httpx.get(f"{url}/api/runs", params={"limit": 500}, timeout=30).json()["runs"]
+    ticks = []
+    for r in runs:
+        if r["name"] == name:
+            detail = httpx.get(f"{url}/api/runs/{r['run_id']}", timeout=30).json()
+            ticks.append(detail["entry"]["schedule"]["tick"])
+    return sorted(ticks)
+
+
+def _seconds(ticks: list[str]) -> list[int]:
+    return [calendar.timegm(time.strptime(t, "%Y-%m-%dT%H:%M:%SZ")) for t in ticks]
+
+
+def test_ticks_start_one_run_each_across_a_kill_9(served) -> None:
+    data_dir, url = served
+    sid = _add(url, "every-second", "skip")
+    wait_for(lambda: len(_ticks(url, "every-second")) >= 2, 30, "two ticks")
+    before = json.loads((data_dir / "serve.json").read_text())["engine_pid"]
+    os.kill(before, signal.SIGKILL)
+    wait_for(
+        lambda: json.loads((data_dir / "serve.json").read_text())["engine_pid"] != before,
+        30,
+        "serve to restart the engine",
+    )
+    count = len(_ticks(url, "every-second"))
+    wait_for(lambda: len(_ticks(url, "every-second")) >= count + 2, 30, "ticks after restart")
+    assert httpx.delete(f"{url}/api/schedules/{sid}").status_code == 204
+    ticks = _ticks(url, "every-second")
+    assert len(ticks) == len(set(ticks)), ticks  # no tick started two runs
+    seconds = _seconds(ticks)
+    assert all(b > a for a, b in itertools.pairwise(seconds))
+    schedule = httpx.get(f"{url}/api/schedules/{sid}")
+    assert schedule.status_code == 404
+
+
+def test_after_a_pause_all_catches_up_every_tick_and_skip_none(served) -> None:
+    _, url = served
+    every = _add(url, "catch-all", "all")
+    none = _add(url, "catch-none", "skip")
+    wait_for(lambda: len(_ticks(url, "catch-none")) >= 1, 30, "a first tick")
+    for sid in (every, none):
+        r = httpx.post(f"{url}/api/schedules/{sid}/pause")
+        assert (r.status_code, r.json()["paused"]) == (200, True)
+    paused_at = time.time()  # noqa: TID251 - ticks are wall-clock seconds
+    time.sleep(3.5)
+    for sid in (every, none):
+        assert httpx.post(f"{url}/api/schedules/{sid}/resume").json()["paused"] is False
+    time.sleep(1.5)
+    for sid in (every, none):
+        httpx.post(f"{url}/api/schedules/{sid}/pause")
+    all_ticks, skip_ticks = _seconds(_ticks(url, "catch-all")), _seconds(_ticks(url, "catch-none"))
+    # "all": every second from its first tick to its last has its run, the paused ones too.
+    assert all_ticks == list(range(all_ticks[0], all_ticks[-1] + 1)), all_ticks
+    assert all_ticks[-1] - all_ticks[0] >= 4
+    # "skip": the seconds of the pause (but the last, fresh at resume) started nothing.
+    missed = [t for t in range(int(paused_at) + 1, int(paused_at) + 3) if t not in skip_ticks]
+    assert missed, (paused_at, skip_ticks)
+    listed = httpx.get(f"{url}/api/schedules").json()
+    assert {s["schedule_id"] for s in listed} == {every, none}
+    assert all(s["last_run_id"] for s in listed)
+
+
+def test_bad_schedules_are_refused_naming_the_field(served) -> None:
+    _, url = served
+    base = {"plan": _plan("x"), "cron": "* * * * *"}
+    for field, value in (("cron", "61 * * * *"), ("timezone", "Mars/Olympus"), ("catchup", "x")):
+        r = httpx.post(f"{url}/api/schedules", json={**base, field: value})
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["loc"] == ["body", field]
+    bad_plan = {**base, "plan": {"name": "x", "steps": [{"id": "a", "tool": "nope"}]}}
+    r = httpx.post(f"{url}/api/schedules", json=bad_plan)
+    assert (r.status_code, r.json()["detail"][0]["loc"]) == (422, ["steps", 0, "tool"])
+    assert httpx.get(f"{url}/api/schedules").json() == []
+    assert httpx.post(f"{url}/api/schedules/nope/pause").status_code == 404
+    assert httpx.delete(f"{url}/api/schedules/nope").status_code == 404

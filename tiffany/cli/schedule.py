@@ -1,0 +1,143 @@
+"""``tiffany schedule add|list|pause|resume|rm``: cron schedules of plans on this data dir.
+
+They write the store's ``schedules`` (``tiffany/store/schedules.py``)
+directly, so they work with or without a running server; engine 0 of
+``tiffany serve`` fires the ticks (``tiffany/engine/schedules.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from tiffany.cli import DataDirOption
+from tiffany.cli.run import EXIT_INVALID, InputsOption
+
+__all__ = ["register"]
+
+schedule_app = typer.Typer(help="Cron schedules of plans: each tick starts one run.")
+
+
+def _sessions(ctx: typer.Context) -> Any:
+    from tiffany.cli import _settings
+    from tiffany.store import make_engine, session_factory
+    from tiffany.store.migrate import upgrade_url
+
+    settings = _settings(ctx)
+    upgrade_url(settings.database_url)  # the table exists before the first serve, too
+    return session_factory(make_engine(settings.database_url))
+
+
+def _now() -> float:
+    return time.time()  # noqa: TID251 - a schedule's ticks are wall-clock times
+
+
+@schedule_app.command("add")
+def add(
+    ctx: typer.Context,
+    plan_path: Annotated[Path, typer.Argument(metavar="PLAN", help="A plan file (JSON or YAML).")],
+    cron: Annotated[str, typer.Option("--cron", help='e.g. "0 9 * * 1-5"; six fields: seconds.')],
+    timezone: Annotated[str, typer.Option("--timezone", "--tz")] = "UTC",
+    catchup: Annotated[str, typer.Option("--catchup", help="skip, one or all")] = "skip",
+    inputs: InputsOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Add a schedule of a plan; print its id."""
+    from tiffany.agents import PlanError, parse_plan
+    from tiffany.agents.registry import ToolRegistry
+    from tiffany.cli.run import _load, _parse_inputs, _print_plan_errors
+    from tiffany.store import schedules
+
+    doc = _load(plan_path)
+    given = _parse_inputs(inputs)
+    try:
+        parse_plan(doc, ToolRegistry.default().all_names())
+    except PlanError as exc:
+        _print_plan_errors(exc)
+        raise typer.Exit(EXIT_INVALID) from None
+    errors = schedules.check(cron, timezone, catchup)
+    for e in errors:
+        typer.echo(f"tiffany: --{e['loc']}: {e['msg']}", err=True)
+    if errors:
+        raise typer.Exit(EXIT_INVALID)
+    with _sessions(ctx)() as session:
+        row = schedules.create(
+            session,
+            plan=doc,
+            inputs=given,
+            cron=cron,
+            timezone=timezone,
+            catchup=catchup,
+            now=_now(),
+        )
+    typer.echo(row["schedule_id"])
+
+
+@schedule_app.command("list")
+def list_(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON, one schedule a line.")] = False,
+    data_dir: DataDirOption = None,
+) -> None:
+    """List the schedules: id, cron, time zone, state, next tick, last run."""
+    from tiffany.store import schedules
+
+    with _sessions(ctx)() as session:
+        rows = schedules.list_schedules(session, _now())
+    for r in rows:
+        if as_json:
+            typer.echo(json.dumps(r))
+            continue
+        state = "paused" if r["paused"] else "active"
+        nxt = (
+            time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r["next_tick"]))
+            if r["next_tick"]
+            else "-"
+        )
+        typer.echo(
+            f"{r['schedule_id']}  {r['cron']!r} {r['timezone']}  {state}  next {nxt} UTC  "
+            f"last run {r['last_run_id'] or '-'}  {r['name']}"
+        )
+
+
+def _set(ctx: typer.Context, schedule_id: str, paused: bool) -> None:
+    from tiffany.store import schedules
+
+    with _sessions(ctx)() as session:
+        if schedules.set_paused(session, schedule_id, paused, _now()) is None:
+            typer.echo(f"tiffany: no schedule {schedule_id!r}", err=True)
+            raise typer.Exit(1)
+    typer.echo(f"{schedule_id}: {'paused' if paused else 'active'}")
+
+
+@schedule_app.command("pause")
+def pause(ctx: typer.Context, schedule_id: str, data_dir: DataDirOption = None) -> None:
+    """Stop firing a schedule's ticks (those due meanwhile follow its catch-up policy)."""
+    _set(ctx, schedule_id, True)
+
+
+@schedule_app.command("resume")
+def resume(ctx: typer.Context, schedule_id: str, data_dir: DataDirOption = None) -> None:
+    """Fire a paused schedule's ticks again."""
+    _set(ctx, schedule_id, False)
+
+
+@schedule_app.command("rm")
+def rm(ctx: typer.Context, schedule_id: str, data_dir: DataDirOption = None) -> None:
+    """Delete a schedule (the runs it started stay)."""
+    from tiffany.store import schedules
+
+    with _sessions(ctx)() as session:
+        if not schedules.remove(session, schedule_id):
+            typer.echo(f"tiffany: no schedule {schedule_id!r}", err=True)
+            raise typer.Exit(1)
+    typer.echo(f"{schedule_id}: deleted")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``schedule`` to the root app."""
+    app.add_typer(schedule_app, name="schedule")

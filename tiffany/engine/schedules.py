@@ -1,0 +1,138 @@
+"""Engine 0 fires the schedules' ticks (the rows: ``tiffany/store/schedules.py``).
+
+A thread of its own (SQL never on the loop) looks at the schedules every
+:data:`POLL_S`: for each active one, the ticks due since its ``last_tick``
+(or its creation), by its ``catchup`` policy:
+
+* ``skip``: a tick fires only if it is at most :data:`SKIP_GRACE_S` old;
+  older ones (the engine was down, the schedule paused) are skipped;
+* ``one``: of the ticks missed, the last fires, the others are skipped;
+* ``all``: every tick missed fires, oldest first (:data:`MAX_CATCHUP_TICKS`).
+
+A tick fires as a submission with the Idempotency-Key
+``schedule:<id>:<tick>``, and its run's entry names the schedule and the
+tick. ``last_tick`` moves once the run is durable: an engine killed between
+the two fires the tick again after its restart, and the key makes that the
+same run (the engine keeps keys across restarts: checkpoints hold them).
+So each tick starts exactly one run, across restarts.
+
+Only engine 0 runs this (``serve --engines N``: the other engines do not).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import structlog
+from sqlalchemy import select
+
+from tiffany.control import ControlError
+from tiffany.store import make_engine, session_factory
+from tiffany.store.models import Schedule
+from tiffany.store.schedules import MAX_CATCHUP_TICKS, fired, ticks
+
+__all__ = ["POLL_S", "SKIP_GRACE_S", "ScheduleRunner", "due"]
+
+log = structlog.get_logger("tiffany.engine")
+
+#: How often the schedules are looked at, in seconds.
+POLL_S: Final = 0.25
+#: How late a tick of a ``skip`` schedule may still fire, in seconds (a few polls).
+SKIP_GRACE_S: Final = 1.0
+
+#: ``submit(request)``: the engine's submission (the control op's handler).
+Submit = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def due(row: Schedule, now: float) -> tuple[list[float], float | None]:
+    """The ticks of ``row`` to fire now, and the last tick to mark done without firing."""
+    after = row.last_tick if row.last_tick is not None else row.created_at
+    missed = ticks(row.cron, row.timezone, after, now, MAX_CATCHUP_TICKS)
+    if not missed:
+        return [], None
+    if row.catchup == "all":
+        return missed, None
+    if row.catchup == "one":
+        return missed[-1:], missed[-2] if len(missed) > 1 else None
+    fresh = [t for t in missed if now - t <= SKIP_GRACE_S]
+    stale = [t for t in missed if now - t > SKIP_GRACE_S]
+    return fresh, stale[-1] if stale else None
+
+
+def tick_iso(tick: float) -> str:
+    """A tick as the key and the run's entry name it (UTC, to the second)."""
+    return datetime.fromtimestamp(tick, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class ScheduleRunner:
+    """Fires due ticks through ``submit`` (see the module docstring)."""
+
+    def __init__(self, database_url: str, submit: Submit) -> None:
+        self._engine = make_engine(database_url)
+        self._sessions = session_factory(self._engine)
+        self._submit = submit
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.fired = 0
+
+    def start(self) -> None:
+        """Start the thread."""
+        self._thread = threading.Thread(target=self._run, name="tiffany-schedules", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop firing (a tick in flight finishes)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        self._engine.dispose()
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            try:
+                self.step(time.time())  # noqa: TID251 - cron ticks are wall-clock times
+            except ControlError as exc:  # the engine is stopping or busy: next time
+                log.info("schedules.later", reason=exc.message)
+            except Exception:  # a database hiccup: log it, try again
+                log.exception("schedules.failed")
+
+    def step(self, now: float) -> int:
+        """Fire what is due at ``now``; return how many runs started."""
+        started = 0
+        with self._sessions() as session:
+            rows = list(session.scalars(select(Schedule).where(Schedule.paused.is_(False))))
+            for row in rows:
+                fire, skip = due(row, now)
+                if skip is not None and not fire:
+                    fired(session, row.id, skip, None, None)
+                for tick in fire:
+                    if self._stop.is_set():
+                        return started
+                    started += self._fire(session, row, tick)
+        return started
+
+    def _fire(self, session: Any, row: Schedule, tick: float) -> int:
+        at = tick_iso(tick)
+        request = {
+            "plan": row.plan,
+            "inputs": row.inputs or {},
+            "key": f"schedule:{row.id}:{at}",
+            "schedule": {"id": row.id, "tick": at},
+        }
+        try:
+            answer = self._submit(request)
+        except ControlError as exc:
+            if exc.status == 503:
+                raise
+            fired(session, row.id, tick, None, f"{exc.status}: {exc.message}")
+            log.warning("schedules.tick_refused", schedule=row.id, tick=at, error=exc.message)
+            return 0
+        fired(session, row.id, tick, str(answer["run_id"]), None)
+        self.fired += 1
+        log.info("schedules.tick", schedule=row.id, tick=at, run_id=answer["run_id"])
+        return 1

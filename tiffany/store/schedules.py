@@ -1,0 +1,170 @@
+"""Schedules of plans: cron, time zone, catch-up policy; each tick starts one run.
+
+The rows live in the store (``schedules``): the API and the CLI write them,
+engine 0 fires their ticks (``tiffany/engine/schedules.py``). A schedule's
+``cron`` has five fields (minute hour day-of-month month day-of-week) or six
+(and the second, last: ``* * * * * */10`` every ten seconds), evaluated in
+its IANA ``timezone`` (daylight-saving changes included: a 02:30 tick on a
+spring-forward day fires at 03:00). ``catchup`` says what happens to ticks
+missed while no engine fired them (it was down, or the schedule paused):
+``skip`` them, run ``one`` (the last) or ``all`` (up to
+:data:`MAX_CATCHUP_TICKS`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, Final
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+from sqlalchemy import delete, select, update
+from sqlalchemy.orm import Session
+
+from tiffany.store.models import Schedule
+
+__all__ = [
+    "CATCHUP",
+    "MAX_CATCHUP_TICKS",
+    "check",
+    "create",
+    "fired",
+    "get",
+    "list_schedules",
+    "remove",
+    "schedule_dict",
+    "set_paused",
+    "ticks",
+]
+
+#: What happens to ticks missed while no engine fired them.
+CATCHUP: Final = ("skip", "one", "all")
+#: Most missed ticks ``all`` catches up at once.
+MAX_CATCHUP_TICKS: Final = 1_000
+
+
+def check(cron: Any, timezone: Any, catchup: Any) -> list[dict[str, str]]:
+    """Every problem of a schedule's settings, ``[{"loc", "msg"}]`` (empty: valid)."""
+    errors = []
+    if not isinstance(cron, str) or not croniter.is_valid(cron) or len(cron.split()) not in (5, 6):
+        errors.append(
+            {
+                "loc": "cron",
+                "msg": "not a cron expression: five fields (minute hour day month weekday) "
+                "or six (and seconds)",
+            }
+        )
+    try:
+        ZoneInfo(timezone if isinstance(timezone, str) else "")
+    except (ZoneInfoNotFoundError, ValueError):
+        errors.append({"loc": "timezone", "msg": f"unknown time zone {timezone!r}"})
+    if catchup not in CATCHUP:
+        errors.append({"loc": "catchup", "msg": f"must be one of {', '.join(CATCHUP)}"})
+    return errors
+
+
+def ticks(cron: str, timezone: str, after: float, until: float, limit: int) -> list[float]:
+    """The schedule's ticks in ``(after, until]`` (epoch seconds), the first ``limit``."""
+    it = croniter(cron, datetime.fromtimestamp(after, ZoneInfo(timezone)))
+    out: list[float] = []
+    while len(out) < limit:
+        tick = float(it.get_next(float))
+        if tick > until:
+            break
+        out.append(tick)
+    return out
+
+
+def _next(row: Schedule, now: float) -> float | None:
+    after = max(row.last_tick or row.created_at, now)
+    found = ticks(row.cron, row.timezone, after, float("inf"), 1)
+    return found[0] if found else None
+
+
+def schedule_dict(row: Schedule, now: float) -> dict[str, Any]:
+    """A schedule as the API shows it (``next_tick``: when the next tick is due)."""
+    return {
+        "schedule_id": row.id,
+        "name": row.name,
+        "plan": row.plan,
+        "inputs": row.inputs,
+        "cron": row.cron,
+        "timezone": row.timezone,
+        "catchup": row.catchup,
+        "paused": row.paused,
+        "created_at": row.created_at,
+        "last_tick": row.last_tick,
+        "last_run_id": row.last_run_id,
+        "last_error": row.last_error,
+        "next_tick": None if row.paused else _next(row, now),
+    }
+
+
+def create(
+    session: Session,
+    *,
+    plan: dict[str, Any],
+    inputs: dict[str, Any],
+    cron: str,
+    timezone: str,
+    catchup: str,
+    now: float,
+) -> dict[str, Any]:
+    """Add a schedule (its settings :func:`check`-ed by the caller); return it."""
+    row = Schedule(
+        id=f"sched-{uuid.uuid4().hex[:12]}",
+        name=str(plan.get("name") or "plan")[:200],
+        plan=plan,
+        inputs=inputs,
+        cron=cron,
+        timezone=timezone,
+        catchup=catchup,
+        paused=False,
+        created_at=now,
+    )
+    session.add(row)
+    session.commit()
+    return schedule_dict(row, now)
+
+
+def list_schedules(session: Session, now: float) -> list[dict[str, Any]]:
+    """Every schedule, oldest first."""
+    rows = session.scalars(select(Schedule).order_by(Schedule.created_at, Schedule.id))
+    return [schedule_dict(r, now) for r in rows]
+
+
+def get(session: Session, schedule_id: str, now: float) -> dict[str, Any] | None:
+    """One schedule, or None."""
+    row = session.get(Schedule, schedule_id)
+    return None if row is None else schedule_dict(row, now)
+
+
+def set_paused(
+    session: Session, schedule_id: str, paused: bool, now: float
+) -> dict[str, Any] | None:
+    """Pause or resume a schedule; None if unknown. Ticks due while paused follow ``catchup``."""
+    row = session.get(Schedule, schedule_id)
+    if row is None:
+        return None
+    row.paused = paused
+    session.commit()
+    return schedule_dict(row, now)
+
+
+def remove(session: Session, schedule_id: str) -> bool:
+    """Delete a schedule (its runs stay); False if unknown."""
+    done = session.execute(delete(Schedule).where(Schedule.id == schedule_id))
+    session.commit()
+    return bool(done.rowcount)  # type: ignore[attr-defined]
+
+
+def fired(
+    session: Session, schedule_id: str, tick: float, run_id: str | None, error: str | None
+) -> None:
+    """Record that ``tick`` is done: its run started (``run_id``), skipped, or failed."""
+    values: dict[str, Any] = {"last_tick": tick, "last_error": error}
+    if run_id is not None:
+        values["last_run_id"] = run_id
+    session.execute(update(Schedule).where(Schedule.id == schedule_id).values(**values))
+    session.commit()
