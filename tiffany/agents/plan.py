@@ -103,6 +103,19 @@ class ConcurrencySpec(BaseModel):
     limit: int = Field(ge=1, le=MAX_CONCURRENCY_LIMIT)
 
 
+class BudgetSpec(BaseModel):
+    """The most model tokens and US dollars a run's steps may use (``llm``, ``agent``).
+
+    The step whose usage crosses it fails (``budget.exceeded``); its
+    dependents are skipped as for any failure.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokens: int | None = Field(default=None, ge=0)
+    usd: float | None = Field(default=None, ge=0)
+
+
 class Plan(BaseModel):
     """A validated plan."""
 
@@ -114,6 +127,7 @@ class Plan(BaseModel):
     steps: list[StepSpec] = Field(min_length=1, max_length=MAX_STEPS)
     outputs: dict[str, Any] = Field(default_factory=dict)
     concurrency: ConcurrencySpec | None = None
+    budget: BudgetSpec | None = None
 
     def step(self, step_id: str) -> StepSpec:
         """Return the step with ``step_id``."""

@@ -91,6 +91,11 @@ def run_plan(
     running: dict[str, int] = {}
     results: Queue[StepOutcome] = Queue(name=f"{run_id}.results")
     reuse = reuse or {}
+    # A budget (plan.budget) counts the model tokens and dollars of the run's
+    # steps (their outputs' "usage" and "cost_usd": llm, agent); only then is
+    # "usage" part of the run's result (runs journaled before stay as they were).
+    budget = plan.budget
+    usage: dict[str, float] | None = {"tokens": 0, "usd": 0.0} if budget is not None else None
     try:
         while True:
             ready = dag.take_ready()
@@ -129,6 +134,9 @@ def run_plan(
                 sid = outcome.step_id
                 running.pop(sid, None)
                 attempts[sid] = outcome.attempts
+                if outcome.ok and usage is not None and _spend(usage, outcome.output, budget):
+                    outcome.ok = False  # this step's model calls crossed the run's budget
+                    outcome.error = _over_budget(usage, budget)
                 if outcome.ok:
                     outputs[sid] = outcome.output
                     if dag.specs[sid].dynamic:
@@ -161,7 +169,35 @@ def run_plan(
         final = resolve(plan.outputs, values, outputs)
     except RefError as exc:
         raise PlanFailed(f"plan {plan.name}: outputs: {exc}", steps=summary) from exc
+    if usage is not None:
+        return {"outputs": final, "steps": summary, "usage": usage}
     return {"outputs": final, "steps": summary}
+
+
+def _spend(usage: dict[str, float], output: Any, budget: Any) -> bool:
+    """Add a step's model usage to the run's; True if that crosses the budget."""
+    if isinstance(output, Mapping):
+        used = output.get("usage")
+        tokens = used.get("total_tokens") if isinstance(used, Mapping) else None
+        if isinstance(tokens, int | float) and not isinstance(tokens, bool):
+            usage["tokens"] += tokens
+        cost = output.get("cost_usd")
+        if isinstance(cost, int | float) and not isinstance(cost, bool):
+            usage["usd"] = round(usage["usd"] + cost, 8)
+    over_tokens = budget.tokens is not None and usage["tokens"] > budget.tokens
+    return over_tokens or (budget.usd is not None and usage["usd"] > budget.usd)
+
+
+def _over_budget(usage: dict[str, float], budget: Any) -> dict[str, Any]:
+    return {
+        "code": "budget.exceeded",
+        "message": (
+            f"the run's model usage ({usage['tokens']:g} tokens, ${usage['usd']:g}) is over its "
+            f"budget ({budget.tokens} tokens, ${budget.usd})"
+        ),
+        "tokens": usage["tokens"],
+        "usd": usage["usd"],
+    }
 
 
 class _Dag:

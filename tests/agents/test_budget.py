@@ -1,0 +1,69 @@
+"""A plan's model budget: the step whose usage crosses it fails, the run's usage is reported."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tiffany.agents import PlanError, parse_plan
+
+
+def _llm(step_id: str, after: list[str]) -> dict[str, object]:
+    prompt = "one two three four five six seven eight nine ten"  # 10 tokens (scripted)
+    return {"id": step_id, "tool": "llm", "args": {"prompt": prompt}, "after": after}
+
+
+def _run(tmp_path: Path, plan: dict[str, object]) -> dict[str, object]:
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tiffany",
+            "--data-dir",
+            str(tmp_path / "d"),
+            "run",
+            "--json",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+def test_the_step_that_crosses_the_token_budget_fails_and_its_dependents_skip(tmp_path):
+    # Each scripted call: 10 prompt tokens + the summary's ~20 completion tokens.
+    plan = {
+        "name": "budgeted",
+        "budget": {"tokens": 70},
+        "steps": [_llm("a", []), _llm("b", ["a"]), _llm("c", ["b"]), _llm("d", ["c"])],
+    }
+    result = _run(tmp_path, plan)
+    assert result["status"] == "failed"
+    steps = result["steps"]
+    assert isinstance(steps, dict)
+    assert steps["a"]["status"] == "succeeded"
+    assert steps["b"]["status"] == "succeeded"
+    assert steps["c"]["status"] == "failed"
+    assert steps["c"]["error"]["code"] == "budget.exceeded"
+    assert steps["d"]["status"] == "skipped"
+
+
+def test_within_its_budget_a_run_reports_its_usage_and_a_bad_budget_is_refused(tmp_path):
+    plan = {"name": "cheap", "budget": {"tokens": 10_000, "usd": 1.0}, "steps": [_llm("a", [])]}
+    assert _run(tmp_path, plan)["status"] == "succeeded"
+    with pytest.raises(PlanError) as info:
+        parse_plan({**plan, "budget": {"tokens": -1}}, ["llm"])
+    assert info.value.errors[0]["loc"] == "budget.tokens"
