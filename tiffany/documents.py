@@ -575,6 +575,8 @@ def _load_yaml(text: str, limits: Limits, loc: Loc) -> Any:
         problem = exc.problem or exc.context or "invalid YAML"
         if mark is None:
             raise DocumentError(loc, f"malformed YAML: {problem}") from None
+        if "nesting depth" in problem and mark.index > 0:
+            _deeper_than_allowed(text[: mark.index], limits, loc)
         offset = _byte_offset(text, mark.index)
         raise DocumentError(
             loc,
@@ -586,6 +588,25 @@ def _load_yaml(text: str, limits: Limits, loc: Loc) -> Any:
         ) from None
     except yaml.YAMLError as exc:
         raise DocumentError(loc, f"malformed YAML: {exc}") from None
+
+
+def _deeper_than_allowed(prefix: str, limits: Limits, loc: Loc) -> None:
+    """Raise the limit's own error (with its path) for a document libyaml found too deep.
+
+    Discussion: libyaml (0.2.6, PyYAML 6.0.3 on) refuses nesting beyond its
+    own maximum while its scanner looks ahead for a key, before it hands out
+    the events of the first levels; so the builder never sees the level
+    where ``max_depth`` is passed. The prefix up to libyaml's error holds
+    that level: built alone, it raises the limit's error naming the path.
+    Anything else it raises, or none, and the caller reports libyaml's error.
+    """
+    try:
+        _YamlBuilder(prefix, limits, loc).build(yaml.parse(prefix, Loader=_Parser))
+    except DocumentError as exc:
+        if "nested deeper" in exc.msg:
+            raise
+    except yaml.YAMLError:
+        pass
 
 
 # -- entry points -----------------------------------------------------------------------------

@@ -23,6 +23,12 @@ PROTECTED = [
     ("POST", "/api/runs/run-x/verify"),
     ("POST", "/api/runs/run-x/rerun"),
     ("POST", "/api/runs/run-x/signals/approve"),
+    ("GET", "/api/schedules"),
+    ("POST", "/api/schedules"),
+    ("GET", "/api/schedules/sched-x"),
+    ("DELETE", "/api/schedules/sched-x"),
+    ("POST", "/api/schedules/sched-x/pause"),
+    ("POST", "/api/schedules/sched-x/resume"),
     ("GET", "/readyz"),
     ("GET", "/metrics"),
     ("GET", "/docs"),
@@ -40,7 +46,9 @@ def client(api_dir) -> Iterator[TestClient]:
 
 def test_the_table_covers_every_route(client) -> None:
     paths = {
-        path.replace("{run_id}", "run-x").replace("{name}", "approve")
+        path.replace("{run_id}", "run-x")
+        .replace("{name}", "approve")
+        .replace("{schedule_id}", "sched-x")
         for path in client.app.openapi()["paths"]
     }
     listed = {path for _, path in PROTECTED} | {"/healthz"}
