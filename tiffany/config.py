@@ -51,6 +51,34 @@ DEFAULT_ENABLED_TOOLS: tuple[str, ...] = (
     "sleep",
 )
 
+#: Units of ``TIFFANY_RATE_LIMITS`` (``llm=60/min``), in seconds.
+RATE_UNITS: dict[str, float] = {"s": 1.0, "sec": 1.0, "min": 60.0, "h": 3600.0, "hour": 3600.0}
+
+
+def parse_rate_limits(text: str) -> dict[str, tuple[int, float]]:
+    """``"llm=60/min,http=20/s"`` -> ``{"llm": (60, 60.0), "http": (20, 1.0)}``.
+
+    Raises:
+        ValueError: A part that is not ``TOOL=N/UNIT`` (N > 0; UNIT s, min or h).
+    """
+    out: dict[str, tuple[int, float]] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        tool, sep, rate = part.partition("=")
+        count, slash, unit = rate.partition("/")
+        if not sep or not tool.strip() or not slash or unit.strip() not in RATE_UNITS:
+            raise ValueError(f"{part!r} is not TOOL=N/UNIT (UNIT: s, min or h)")
+        try:
+            n = int(count)
+        except ValueError:
+            raise ValueError(f"{part!r}: {count!r} is not a whole number") from None
+        if n <= 0:
+            raise ValueError(f"{part!r}: the count must be above 0")
+        out[tool.strip()] = (n, RATE_UNITS[unit.strip()])
+    return out
+
+
 LogFormat = Literal["auto", "console", "json"]
 WalFsync = Literal["always", "batch", "off"]
 WalRetain = Literal["all", "archive", "delete"]
@@ -130,6 +158,9 @@ class Settings(BaseSettings):
         http_allow: Hosts and CIDRs the ``http`` tool may reach although they
             are loopback, private, link-local... (comma-separated, e.g.
             ``127.0.0.1,10.0.0.0/8,api.internal``; docs/security.md).
+        rate_limits: Per-tool rate limits of an engine, ``TOOL=N/UNIT`` comma
+            separated (``llm=60/min,http=20/s``): a step of the tool starts
+            no sooner than the limit allows (tiffany/engine/rate_limits.py).
         ws_max_subscribers: Websockets on ``/ws/activity`` at once per API
             process; one more is accepted and closed at once with code 1013
             (try again later).
@@ -178,8 +209,15 @@ class Settings(BaseSettings):
     ws_ping_interval_s: float = Field(default=15.0, gt=0)
     http_allow: Annotated[list[str], NoDecode] = Field(default_factory=list)
     ws_max_subscribers: int = Field(default=1000, gt=0)
+    rate_limits: str = ""
     ws_queue_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     ws_send_timeout_s: float = Field(default=10.0, gt=0)
+
+    @field_validator("rate_limits", mode="after")
+    @classmethod
+    def _check_rate_limits(cls, value: str) -> str:
+        parse_rate_limits(value)  # raises ValueError naming the bad part
+        return value
 
     @field_validator("data_dir", mode="after")
     @classmethod

@@ -19,9 +19,10 @@ from tiffany.agents import AgentEnv, plan_entry, plan_resolver
 from tiffany.agents.registry import ToolRegistry
 from tiffany.agents.tools.base import ToolSettings
 from tiffany.agents.tools.subplan import CHILD_SIGNAL_PREFIX
-from tiffany.config import Settings
+from tiffany.config import Settings, parse_rate_limits
 from tiffany.durable import Runtime
 from tiffany.engine.concurrency import SLOT_SIGNAL, Slots, spec_of
+from tiffany.engine.rate_limits import RateLimiter
 from tiffany.kernel import Instrument, SlowDispatchWatchdog
 from tiffany.shards import engine_stream, seq_base, seq_last
 from tiffany.wal import Log, Source
@@ -400,6 +401,10 @@ def build(
     )
     # A step of a tool disabled here waits instead of starting (before recovery).
     runtime.journal.step_gate = registry.step_gate
+    limits = parse_rate_limits(settings.rate_limits)
+    if limits:  # steps of a limited tool start when its limit allows (rate_limits.py)
+        limiter = RateLimiter(limits, registry.tool_of_step, runtime.sched.clock.monotonic)
+        runtime.sched.set_admission(limiter.admit)
     # After the journal: it tags each new task with its run (Task.meta),
     # which observers such as the activity log read in the same hook.
     for inst in instruments:

@@ -90,6 +90,11 @@ class Reactor:
         self._pool: ThreadPool | None = None
         self.threads_pending = 0
         self.outbox: list[tuple[Task, Any]] = []
+        #: ``admit(call)``: how many seconds a thread job must wait before it
+        #: starts (a rate limit), or None: every job starts at once.
+        self.admit: Callable[[Any], float] | None = None
+        #: Jobs ``admit`` delayed: ``(start at (monotonic), seq, task, call)``, a heap.
+        self.delayed: list[tuple[float, int, Task, Any]] = []
 
     @property
     def busy(self) -> bool:
@@ -107,8 +112,11 @@ class Reactor:
 
     def timeout(self) -> float | None:
         """How long the wait stage may block with nothing ready (None: until an event)."""
-        if self.timers:
-            delay = min(max(0.0, self.timers[0][0] - self.clock.monotonic()), MAX_SELECT_TIMEOUT_S)
+        due = self.timers[0][0] if self.timers else None
+        if self.delayed and (due is None or self.delayed[0][0] < due):
+            due = self.delayed[0][0]
+        if due is not None:
+            delay = min(max(0.0, due - self.clock.monotonic()), MAX_SELECT_TIMEOUT_S)
             return self.clock.wait_timeout(delay)
         return None
 
@@ -129,7 +137,23 @@ class Reactor:
                 self.clock.idle(timers[0][0])
                 now = self.clock.monotonic()
             woken += self._fire_timers(now)
+        if self.delayed:
+            self._start_delayed(self.clock.monotonic())
         return woken
+
+    def _start_delayed(self, now: float) -> None:
+        """Start the delayed jobs whose time has come (see ``admit``)."""
+        delayed, pool = self.delayed, self._pool
+        while delayed and delayed[0][0] <= now:
+            _, _, task, job = heapq.heappop(delayed)
+            call: Any = job
+            if pool is None or task.blocked_on is not job:  # killed while it waited
+                self.threads_pending -= 1
+                continue
+            fn, args = call.fn, call.args
+            if getattr(call, "timed", False):
+                fn, args = _timed_call, (self.clock, fn, args)
+            pool.submit((task, call), fn, args)
 
     def _make_selector(self) -> selectors.BaseSelector:
         self._selector = selectors.DefaultSelector()
@@ -320,7 +344,15 @@ class Reactor:
             sel = self._selector or self._make_selector()
             sel.register(pool.fileno(), selectors.EVENT_READ, None)
         outbox, self.outbox = self.outbox, []
+        admit = self.admit
         for task, call in outbox:
+            if admit is not None and not getattr(call, "inline", False):
+                delay = admit(call)
+                if delay > 0:  # a rate limit: start it later (still pending)
+                    self._timer_seq += 1
+                    start = self.clock.monotonic() + delay
+                    heapq.heappush(self.delayed, (start, self._timer_seq, task, call))
+                    continue
             fn, args = call.fn, call.args
             if getattr(call, "timed", False):
                 fn, args = _timed_call, (self.clock, fn, args)

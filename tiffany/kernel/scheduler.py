@@ -581,7 +581,7 @@ class Scheduler:
         if self._ready or self._deferred or self._reactor.outbox:
             return 0.0
         reactor = self._reactor
-        if reactor.timers:
+        if reactor.timers or reactor.delayed:
             return reactor.timeout()
         if reactor.io_waiting or reactor.threads_pending:
             return None
@@ -826,6 +826,14 @@ class Scheduler:
         ``Sleep`` or a timed ``WaitTask`` whose deadline it decided.
         """
         self._reactor.add_timer(task, deadline)
+
+    def set_admission(self, admit: Callable[[Any], float] | None) -> None:
+        """Delay thread jobs (plain-function steps): ``admit(call)`` -> seconds to wait first.
+
+        For rate limits: a job waits, queued, without holding a thread, and
+        its task stays parked on it; a replay starts no job, so it never asks.
+        """
+        self._reactor.admit = admit
 
     def disarm(self, task: Task) -> None:
         """Cancel the timer armed for the parked ``task`` (something else wakes it first)."""
