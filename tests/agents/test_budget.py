@@ -43,6 +43,17 @@ def _run(tmp_path: Path, plan: dict[str, object]) -> dict[str, object]:
     return result
 
 
+def _detail(tmp_path: Path, run_id: str) -> dict[str, object]:
+    from tiffany.store import make_engine, queries, session_factory
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'd' / 'tiffany.db'}")
+    with session_factory(engine)() as session:
+        detail = queries.run_detail_of(session, run_id)
+    engine.dispose()
+    assert detail is not None
+    return detail
+
+
 def test_the_step_that_crosses_the_token_budget_fails_and_its_dependents_skip(tmp_path):
     # Each scripted call: 10 prompt tokens + the summary's ~20 completion tokens.
     plan = {
@@ -59,6 +70,8 @@ def test_the_step_that_crosses_the_token_budget_fails_and_its_dependents_skip(tm
     assert steps["c"]["status"] == "failed"
     assert steps["c"]["error"]["code"] == "budget.exceeded"
     assert steps["d"]["status"] == "skipped"
+    store = _detail(tmp_path, str(result["run_id"]))
+    assert store["usage"]["tokens"] > 70  # the run's totals, in the store
 
 
 def test_within_its_budget_a_run_reports_its_usage_and_a_bad_budget_is_refused(tmp_path):

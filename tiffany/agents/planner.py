@@ -160,10 +160,12 @@ def run_plan(
         for sid, st in status.items()
     }
     if failed:
+        extra = {"usage": usage} if usage is not None else {}
         raise PlanFailed(
             f"plan {plan.name}: step(s) {', '.join(failed)} failed",
             failed=failed,
             steps=summary,
+            **extra,
         )
     try:
         final = resolve(plan.outputs, values, outputs)

@@ -141,6 +141,9 @@ class RunDetail(RunSummary):
     inputs: Any = None
     outputs: Any = None
     error: Any = None
+    usage: dict[str, float] | None = Field(
+        default=None, description="A plan with a budget: its model tokens and dollars."
+    )
     steps: list[StepOut] = Field(default_factory=list)
     tasks: list[TaskOut] = Field(default_factory=list)
 

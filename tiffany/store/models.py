@@ -175,6 +175,8 @@ class Run(Base):
     outputs: Mapped[Any | None] = mapped_column(JSON)
     #: ``{"type", "message", "args", "repr", "fields"}`` of a failed or cancelled run.
     error: Mapped[Any | None] = mapped_column(JSON)
+    #: A plan with a ``budget``: its model usage, ``{"tokens", "usd"}`` (at its end).
+    usage: Mapped[Any | None] = mapped_column(JSON)
     created_at: Mapped[float] = mapped_column(Double)
     started_at: Mapped[float | None] = mapped_column(Double)
     ended_at: Mapped[float | None] = mapped_column(Double)

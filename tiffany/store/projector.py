@@ -158,6 +158,7 @@ _ROLES: Final = frozenset(k.value for k in TaskKind)
 
 #: ``steps.waiting`` (why a step waits) exists in this schema (revision 0003 on).
 _HAS_WAITING: Final = "waiting" in Step.__table__.c
+_HAS_USAGE: Final = "usage" in Run.__table__.c
 
 #: A decoded journal record: ``(seq, rtype, run_no, record)``.
 Decoded = tuple[int, int, int, Record | Unknown | Undecodable]
@@ -797,10 +798,12 @@ class Projector:
         if 1 in ctx.tasks:  # the root's exit came just before, on the previous clock
             b.tasks.update((ctx.run_id, 1), ended_at=ctx.clock)
         summary: Any = None
+        usage: Any = None  # a plan with a budget reports its model usage
         if final is RunStatus.SUCCEEDED:
             outputs = value
             if ctx.plan and isinstance(value, Mapping):
                 outputs, summary = value.get("outputs"), value.get("steps")
+                usage = value.get("usage")
             b.runs.update(
                 (ctx.run_id,), status=final.value, ended_at=ctx.clock, outputs=jsonable(outputs)
             )
@@ -808,9 +811,12 @@ class Projector:
             if ctx.plan and isinstance(value, list | tuple) and len(value) > 3:
                 fields = value[3]
                 summary = fields.get("steps") if isinstance(fields, Mapping) else None
+                usage = fields.get("usage") if isinstance(fields, Mapping) else None
             b.runs.update(
                 (ctx.run_id,), status=final.value, ended_at=ctx.clock, error=error_dict(value)
             )
+        if _HAS_USAGE and isinstance(usage, Mapping):
+            b.runs.update((ctx.run_id,), usage=jsonable(usage))
         if not ctx.plan:
             return
         for step_id, info in summary.items() if isinstance(summary, Mapping) else ():

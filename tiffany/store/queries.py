@@ -250,6 +250,7 @@ def _detail(run: Any, steps: Iterable[Any], tasks: Iterable[Any]) -> dict[str, A
         "inputs": run.inputs,
         "outputs": run.outputs,
         "error": run.error,
+        "usage": getattr(run, "usage", None),
         "steps": [step_dict(s) for s in steps],
         "tasks": [task_dict(t) for t in tasks],
     }

@@ -188,6 +188,30 @@ export function tone(state) {
   }
 }
 
+/** What a task blocked on a run's concurrency slot is blocked on (the planner waits for its signal). */
+const SLOT_WAIT = "waiting for signal concurrency.slot";
+
+/**
+ * A run's concurrency slot as the live feed tells it: "queued" (its planner
+ * waits for the slot), "granted" (it waited and woke), else null (not seen:
+ * no limit, or the wait came before the page's feed). The feed says
+ * `run.started` for a queued run too: this is what tells it is not running.
+ * Ask it of a run the store shows pending (it looks through the run's tasks).
+ */
+export function slotState(liveRun) {
+  if (!liveRun) return null;
+  let planner = null;
+  for (const t of liveRun.tasks.values()) {
+    if (t.kind === "planner") {
+      planner = t; // the first task seen, as a rule
+      break;
+    }
+  }
+  const wait = planner && planner.segments.find((s) => s.label === SLOT_WAIT);
+  if (!wait) return null;
+  return wait.end == null ? "queued" : "granted";
+}
+
 /** A run's number as shown: `#7`, or `#7 · e1` for engine 1's (numbers are per engine). */
 export function runNo(run) {
   if (typeof run.run_no !== "number") return null;

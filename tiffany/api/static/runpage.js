@@ -11,6 +11,10 @@
 // or from any step ("Re-run from here"); once the new run is journaled (201)
 // the page opens it as of the answer's seq. Steps a re-run took over from an
 // earlier run say so, with a link to that run.
+// Where a run comes from shows in its header: the parent run and step of a
+// sub-plan's child run, the schedule and tick that started it; a run queued
+// behind its plan's concurrency limit says so while it waits for its slot. A
+// `plan.run` step links to its child run, one for each of its attempts.
 
 import { api, ApiError, rerunRun, sendSignal } from "./api.js";
 import {
@@ -22,6 +26,7 @@ import {
   parseJsonField,
   pretty,
   runNo,
+  slotState,
   stamp,
   stateLabel,
   TERMINAL_RUN,
@@ -90,6 +95,11 @@ export class RunPage {
     const lr = this.live.runs.get(this.runId);
     if (!d) return lr?.status || "pending";
     if (TERMINAL_RUN.has(d.status)) return d.status;
+    if (d.status === "pending" && !(lr && TERMINAL_RUN.has(lr.status))) {
+      // Queued behind a concurrency limit: the feed's `run.started` came at
+      // submission; the run starts when its planner wakes with its slot.
+      return slotState(lr) === "granted" ? "running" : "pending";
+    }
     if (lr && lr.status && (lr.updatedMs >= this.sentMs - 500 || TERMINAL_RUN.has(lr.status))) return lr.status;
     return d.status;
   }
@@ -226,6 +236,7 @@ export class RunPage {
         { class: "run-title" },
         h("h1", null, d.name || this.runId),
         h("span", { class: `pill tone-${tone(st)}${st === "running" ? " pulse" : ""}`, testid: "run-status", dataset: { status: st } }, st),
+        st === "pending" ? queuedBadge(d.entry) : null,
         h("div", { class: "spacer" }),
         this.rerunError(null, "span"),
         this.canRerun() && (d.steps || []).some((s) => s.status === "failed")
@@ -263,6 +274,7 @@ export class RunPage {
           this.cancelling ? "Cancelling…" : this.confirmCancel ? "Really cancel?" : "Cancel",
         ),
       ),
+      runOrigin(d.entry),
       h(
         "dl",
         { class: "run-meta-grid" },
@@ -486,6 +498,8 @@ export class RunPage {
                 reused.seq != null ? ` · seq ${reused.seq}` : null,
               )
             : null,
+          // A reused plan.run step's child ran under the earlier run (linked above).
+          s.tool === "plan.run" && !reused && attempts ? childRuns(this.runId, s.step_id, attempts) : null,
           rerunnable ? this.rerunError(s.step_id, "div") : null,
           h(
             "div",
@@ -630,8 +644,69 @@ function reusedFrom(step) {
 }
 
 /** A link to run `runId`'s page. */
-function runLink(runId) {
-  return h("a", { class: "mono", href: `#/run/${encodeURIComponent(runId)}`, testid: "run-link", dataset: { runId } }, runId);
+function runLink(runId, testid = "run-link", dataset = {}) {
+  return h("a", { class: "mono", href: `#/run/${encodeURIComponent(runId)}`, testid, dataset: { runId, ...dataset } }, runId);
+}
+
+/** The child run a `plan.run` step's attempt `attempt` (from 1) starts (tiffany/agents/tools/subplan.py). */
+function childRunId(runId, stepId, attempt) {
+  return `${runId}.${stepId}.${attempt}`;
+}
+
+/** Links to the child runs of `plan.run` step `stepId`: one an attempt. */
+function childRuns(runId, stepId, attempts) {
+  const links = [];
+  for (let n = 1; n <= attempts; n++) {
+    if (n > 1) links.push(", ");
+    links.push(runLink(childRunId(runId, stepId, n), "step-child", { attempt: String(n) }));
+  }
+  return h("div", { class: "step-children muted small", testid: "step-children" }, attempts > 1 ? "child runs " : "child run ", links);
+}
+
+/** "queued: concurrency key K (limit N)" for a run whose entry has a concurrency limit, else null. */
+function queuedBadge(entry) {
+  const c = entry && entry.concurrency;
+  if (!c || c.key == null) return null;
+  return h(
+    "span",
+    {
+      class: "pill tone-wait queued-badge",
+      testid: "run-queued",
+      dataset: { key: String(c.key), limit: String(c.limit ?? "") },
+      title: "Waiting for a slot: runs with this key beyond the limit wait their turn, first come first served",
+    },
+    `queued: concurrency key ${c.key} (limit ${c.limit})`,
+  );
+}
+
+/** Where a run comes from: the run and step that started it (a sub-plan), the schedule and tick. */
+function runOrigin(entry) {
+  const parent = entry && entry.parent;
+  const sched = entry && entry.schedule;
+  const items = [];
+  if (parent && typeof parent.run_id === "string") {
+    items.push(
+      h(
+        "span",
+        { class: "origin", testid: "run-parent", dataset: { runId: parent.run_id, step: String(parent.step ?? "") } },
+        "child of ",
+        runLink(parent.run_id),
+        parent.step != null ? [" · step ", h("code", null, String(parent.step))] : null,
+      ),
+    );
+  }
+  if (sched && sched.id != null) {
+    items.push(
+      h(
+        "span",
+        { class: "origin", testid: "run-schedule", dataset: { scheduleId: String(sched.id), tick: String(sched.tick ?? "") } },
+        "scheduled: ",
+        h("code", null, String(sched.id)),
+        sched.tick != null ? [" tick ", h("time", { datetime: String(sched.tick) }, String(sched.tick))] : null,
+      ),
+    );
+  }
+  return items.length ? h("div", { class: "run-origin muted small" }, items) : null;
 }
 
 /** The signal a step waits for (its `waiting` is "signal NAME"), else null. */

@@ -4,7 +4,7 @@
 // (`?min_seq=`), so a run that just started or finished is in the answer.
 
 import { api } from "./api.js";
-import { ago, duration, fill, h, RUN_STATUSES, runNo, TERMINAL_RUN, throttle, tone } from "./dom.js";
+import { ago, duration, fill, h, RUN_STATUSES, runNo, slotState, TERMINAL_RUN, throttle, tone } from "./dom.js";
 
 const PAGE = 50;
 /** Seqs an engine owns: engine i writes seqs i * 2^40 + 1 .. (i + 1) * 2^40 (tiffany/shards.py). */
@@ -132,6 +132,12 @@ export class RunsPane {
     const lr = this.live.runs.get(run.run_id);
     if (!lr || !lr.status) return run.status;
     if (TERMINAL_RUN.has(run.status)) return run.status;
+    if (run.status === "pending" && !TERMINAL_RUN.has(lr.status)) {
+      // A run queued behind a concurrency limit had its `run.started` but waits for its slot.
+      const slot = slotState(lr);
+      if (slot === "queued") return "pending";
+      if (slot === "granted") return "running";
+    }
     if (lr.updatedMs >= this.sentMs - 500 || TERMINAL_RUN.has(lr.status)) return lr.status;
     return run.status;
   }
