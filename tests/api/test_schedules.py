@@ -50,6 +50,7 @@ def _seconds(ticks: list[str]) -> list[int]:
 def test_ticks_start_one_run_each_across_a_kill_9(served) -> None:
     data_dir, url = served
     sid = _add(url, "every-second", "skip")
+    caught = _add(url, "caught-up", "all")
     wait_for(lambda: len(_ticks(url, "every-second")) >= 2, 30, "two ticks")
     before = json.loads((data_dir / "serve.json").read_text())["engine_pid"]
     os.kill(before, signal.SIGKILL)
@@ -60,11 +61,16 @@ def test_ticks_start_one_run_each_across_a_kill_9(served) -> None:
     )
     count = len(_ticks(url, "every-second"))
     wait_for(lambda: len(_ticks(url, "every-second")) >= count + 2, 30, "ticks after restart")
-    assert httpx.delete(f"{url}/api/schedules/{sid}").status_code == 204
+    for s in (sid, caught):
+        assert httpx.delete(f"{url}/api/schedules/{s}").status_code == 204
     ticks = _ticks(url, "every-second")
     assert len(ticks) == len(set(ticks)), ticks  # no tick started two runs
     seconds = _seconds(ticks)
     assert all(b > a for a, b in itertools.pairwise(seconds))
+    # "all": the ticks missed while the engine was down ran after its restart.
+    every = _seconds(_ticks(url, "caught-up"))
+    assert len(every) == len(set(every))
+    assert every == list(range(every[0], every[-1] + 1)), every
     schedule = httpx.get(f"{url}/api/schedules/{sid}")
     assert schedule.status_code == 404
 
