@@ -719,3 +719,128 @@ def test_a_failed_run_is_re_run_from_the_run_page(
         finally:
             browser.close()
     assert not errors, "\n".join(errors)
+
+
+#: A parent whose one step runs a child plan (a sub-plan): its run is ``<parent>.sub.1``.
+PARENT_PLAN = {
+    "name": "parent",
+    "steps": [
+        {
+            "id": "sub",
+            "tool": "plan.run",
+            "args": {
+                "plan": {
+                    "name": "kid",
+                    "steps": [{"id": "nap", "tool": "sleep", "args": {"seconds": 0.05}}],
+                }
+            },
+        }
+    ],
+}
+#: One run at a time on key ``k``: each waits for its signal ``go``, the next queues.
+QUEUED_PLAN = {
+    "name": "q",
+    "concurrency": {"key": "k", "limit": 1},
+    "steps": [{"id": "w", "tool": "signal.wait", "args": {"name": "go"}}],
+}
+
+
+def test_run_pages_link_sub_plans_and_show_a_queued_run(
+    chromium_path: str, service: dict[str, Any], tmp_path: Path, artifacts_dir: Path
+) -> None:
+    """A ``plan.run`` step links to its child run, whose page links back; a queued run says so.
+
+    The parent's step row links to ``<parent>.sub.1``; the child's header says
+    whose child it is, with a link back. Of two runs on a concurrency key with
+    limit 1, the second is pending with a "queued" badge until the first ends
+    (its signal sent over HTTP): its page, following the live feed, then shows
+    it running and drops the badge.
+    """
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    url = service["url"]
+    parent_id = _submit(url, PARENT_PLAN)
+    child_id = f"{parent_id}.sub.1"
+    errors: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+            page.on("console", lambda msg: _console(msg, errors))
+
+            # -- the parent: its plan.run step links to the child run ----------------
+            page.goto(f"{url}#/run/{parent_id}")
+            expect(page.get_by_test_id("run-page")).to_have_attribute("data-run-id", parent_id)
+            expect(page.get_by_test_id("run-status")).to_have_attribute(
+                "data-status", "succeeded", timeout=30_000
+            )
+            expect(page.get_by_test_id("run-parent")).to_have_count(0)
+            expect(page.get_by_test_id("run-queued")).to_have_count(0)
+            sub = page.locator('[data-testid=step-row][data-step-id="sub"]')
+            expect(sub).to_have_attribute("data-status", "succeeded")
+            link = sub.get_by_test_id("step-child")
+            expect(link).to_have_count(1)  # one attempt
+            expect(link).to_have_text(child_id)
+            expect(link).to_have_attribute("href", f"#/run/{child_id}")
+            expect(link).to_have_attribute("data-attempt", "1")
+
+            # -- the child: "child of <parent> · step sub", linking back -------------
+            link.click()
+            expect(page).to_have_url(re.compile(rf"#/run/{re.escape(child_id)}(\?|$)"))
+            expect(page.get_by_test_id("run-page")).to_have_attribute("data-run-id", child_id)
+            expect(page.get_by_test_id("run-missing")).to_have_count(0)
+            expect(page.get_by_test_id("run-status")).to_have_attribute("data-status", "succeeded")
+            origin = page.get_by_test_id("run-parent")
+            expect(origin).to_have_text(f"child of {parent_id} · step sub")
+            back = origin.get_by_role("link", name=parent_id)
+            expect(back).to_have_attribute("href", f"#/run/{parent_id}")
+            expect(page.locator('[data-testid=step-row][data-step-id="nap"]')).to_have_attribute(
+                "data-status", "succeeded"
+            )
+            expect(page.get_by_test_id("step-child")).to_have_count(0)
+            back.click()
+            expect(page.get_by_test_id("run-page")).to_have_attribute("data-run-id", parent_id)
+            expect(sub.get_by_test_id("step-child")).to_have_text(child_id)
+
+            # -- a queued run: pending with a badge, then running once it has a slot --
+            first = _submit(url, QUEUED_PLAN)
+            second = _submit(url, QUEUED_PLAN)
+            assert _http_json(f"{url}api/runs/{second}")["status"] == "pending"
+            page.goto(f"{url}#/run/{second}")
+            expect(page.get_by_test_id("run-page")).to_have_attribute("data-run-id", second)
+            expect(page.get_by_test_id("conn-status")).to_have_attribute("data-state", "live")
+            badge = page.get_by_test_id("run-queued")
+            expect(badge).to_have_text("queued: concurrency key k (limit 1)")
+            expect(page.get_by_test_id("run-status")).to_have_attribute("data-status", "pending")
+            # The list's row too (the feed's run.started is no start for a queued run).
+            expect(
+                page.locator(f'[data-testid=run-row][data-run-id="{second}"]')
+            ).to_have_attribute("data-status", "pending")
+            expect(page.locator(f'[data-testid=run-row][data-run-id="{first}"]')).to_have_attribute(
+                "data-status", "running"
+            )
+            png = tmp_path / "dashboard-queued.png"
+            page.screenshot(path=str(png))
+            _save_screenshot(png, "dashboard-queued.png", artifacts_dir)
+
+            # The first ends: the second gets its slot and its page follows live.
+            _http_json(f"{url}api/runs/{first}/signals/go", {})
+            expect(page.get_by_test_id("run-status")).to_have_attribute("data-status", "running")
+            expect(badge).to_have_count(0)
+            w = page.locator('[data-testid=step-row][data-step-id="w"]')
+            expect(w.get_by_test_id("step-waiting")).to_have_text("waiting for go")
+            expect(page.get_by_test_id("run-page")).to_have_attribute("data-run-id", second)
+
+            # Nothing left running: the second gets its signal too.
+            _http_json(f"{url}api/runs/{second}/signals/go", {})
+            expect(page.get_by_test_id("run-status")).to_have_attribute(
+                "data-status", "succeeded", timeout=30_000
+            )
+            expect(page.locator(f'[data-testid=run-row][data-run-id="{first}"]')).to_have_attribute(
+                "data-status", "succeeded"
+            )
+        finally:
+            browser.close()
+    assert not errors, "\n".join(errors)
