@@ -14,6 +14,7 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -268,6 +269,63 @@ def test_runs_list_pages_newest_first_and_filters(client) -> None:
     bad = client.get("/api/runs", params={"status": "sleeping"})
     assert bad.status_code == 422
     assert bad.json()["detail"][0]["loc"] == ["query", "status"]
+
+
+def test_runs_list_filters_by_name_inputs_and_time(client) -> None:
+    tag = f"Filt-{time.monotonic_ns()}"
+    declared = {"ticket": "", "who": ""}
+    named = {**SLEEP_PLAN, "name": f"{tag}-Report", "inputs": declared}
+    other = {**SLEEP_PLAN, "name": f"{tag}-other", "inputs": declared}
+    a = _submit(client, named, inputs={"ticket": "Ticket-42", "who": 'Zoë "the" admin'}).json()
+    b = _submit(client, other, inputs={"ticket": "ticket-7"}).json()
+    for r in (a, b):
+        _finished(client, r["run_id"])
+
+    def ids(**params: Any) -> list[str]:
+        got = client.get("/api/runs", params={"limit": 500, **params})
+        assert got.status_code == 200, got.text
+        return [r["run_id"] for r in got.json()["runs"]]
+
+    # name: a substring, any case; the counts follow the filter
+    assert ids(name=f"{tag.lower()}-report") == [a["run_id"]]
+    assert ids(name=tag) == [b["run_id"], a["run_id"]]
+    counts = client.get("/api/runs", params={"name": tag}).json()["counts"]
+    assert counts["succeeded"] == 2
+    assert sum(counts.values()) == 2
+    assert ids(name=tag, status="failed") == []
+    # q: text in the inputs (keys or values), any case, quotes and non-ASCII included
+    assert ids(name=tag, q="TICKET-42") == [a["run_id"]]
+    assert ids(name=tag, q='zoë "the"') == [a["run_id"]]
+    assert ids(name=tag, q="ticket") == [b["run_id"], a["run_id"]]
+    assert ids(name=tag, q="50%") == []  # LIKE wildcards are text here
+    # since / until: epoch seconds or ISO-8601 with a zone (none: UTC)
+    created = client.get(f"/api/runs/{a['run_id']}").json()["created_at"]
+    assert ids(name=tag, since=str(created - 1)) == [b["run_id"], a["run_id"]]
+    assert ids(name=tag, since=str(created + 3600)) == []
+    iso = datetime.fromtimestamp(created - 60, UTC).isoformat()
+    assert ids(name=tag, since=iso) == [b["run_id"], a["run_id"]]
+    assert ids(name=tag, until=iso) == []
+    naive = datetime.fromtimestamp(created + 3600, UTC).replace(tzinfo=None).isoformat()
+    assert ids(name=tag, until=naive) == [b["run_id"], a["run_id"]]
+    assert ids(name=tag, since=iso.replace("+00:00", "Z")) == [b["run_id"], a["run_id"]]
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"since": "yesterday"}, "since"),
+        ({"until": "2024-13-45"}, "until"),
+        ({"since": "nan"}, "since"),
+        ({"since": "1e300"}, "since"),
+        ({"since": "2024-05-02", "until": "2024-05-01"}, "until"),
+        ({"name": "x" * 201}, "name"),
+        ({"q": "x" * 201}, "q"),
+    ],
+)
+def test_runs_list_bad_filters_are_a_422_naming_the_parameter(client, params, field) -> None:
+    r = client.get("/api/runs", params=params)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["query", field]
 
 
 def test_verify_reports_an_identical_replay(client) -> None:

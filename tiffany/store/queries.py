@@ -10,9 +10,11 @@ records (``/events``).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import Select, func, select
+import msgspec
+from sqlalchemy import ColumnElement, Select, String, cast, func, select
 from sqlalchemy.orm import Session, selectinload
 
 from tiffany.shards import engine_of, seq_base
@@ -22,6 +24,7 @@ from tiffany.store.models import PROJECTOR_STATE_ID, ProjectorState, Run, RunSta
 __all__ = [
     "DEFAULT_PAGE_SIZE",
     "MAX_PAGE_SIZE",
+    "RunFilter",
     "counts_by_status",
     "get_run",
     "list_runs",
@@ -42,11 +45,55 @@ DEFAULT_PAGE_SIZE: Final = 50
 MAX_PAGE_SIZE: Final = 500
 
 
+@dataclass(frozen=True, slots=True)
+class RunFilter:
+    """What the runs list is narrowed to (``GET /api/runs``); None: any.
+
+    Attributes:
+        name: A substring of the run's name, case-insensitive.
+        q: A substring of the run's inputs as JSON text (keys and values),
+            case-insensitive: ``q=ticket-42`` finds ``{"ticket": "ticket-42"}``.
+        since: Runs created at or after this time (epoch seconds).
+        until: Runs created at or before this time (epoch seconds).
+
+    Discussion: plain ``LIKE`` on ``lower(...)``, the same SQL on SQLite and
+    PostgreSQL. The inputs column is JSON written by msgspec (UTF-8: non-ASCII
+    text is not escaped); PostgreSQL's ``json`` type (not
+    ``jsonb``) keeps that text as written, so ``CAST(inputs AS TEXT)`` reads
+    the same characters on both. The text asked for is escaped as a JSON
+    string would be (quotes, backslashes), so it matches inside a value.
+    SQLite's ``lower()`` folds ASCII letters only. Rejected: a full-text
+    index (SQLite FTS5 and PostgreSQL ``tsvector`` are two schemas, and a
+    substring is what an operator types).
+    """
+
+    name: str | None = None
+    q: str | None = None
+    since: float | None = None
+    until: float | None = None
+
+    def clauses(self) -> list[ColumnElement[bool]]:
+        """The WHERE clauses of this filter (none when nothing is asked)."""
+        out: list[ColumnElement[bool]] = []
+        if self.name:
+            out.append(func.lower(Run.name).contains(self.name.lower(), autoescape=True))
+        if self.q:
+            as_json = msgspec.json.encode(self.q).decode()[1:-1].lower()
+            text = func.lower(cast(Run.inputs, String))
+            out.append(text.contains(as_json, autoescape=True))
+        if self.since is not None:
+            out.append(Run.created_at >= self.since)
+        if self.until is not None:
+            out.append(Run.created_at <= self.until)
+        return out
+
+
 def list_runs(
     session: Session,
     status: str | RunStatus | None = None,
     limit: int = DEFAULT_PAGE_SIZE,
     offset: int = 0,
+    where: RunFilter | None = None,
 ) -> list[Run]:
     """Return runs newest first (by start time, then RUN_START seq), optionally of one status.
 
@@ -55,10 +102,13 @@ def list_runs(
         status: Only runs with this status (None: all).
         limit: Page size, clamped to 1..``MAX_PAGE_SIZE``.
         offset: Runs to skip (paging).
+        where: Only runs this filter keeps (name, inputs text, time range).
     """
     stmt = select(Run).order_by(Run.created_at.desc(), Run.start_seq.desc())
     if status is not None:
         stmt = stmt.where(Run.status == str(status))
+    if where is not None:
+        stmt = stmt.where(*where.clauses())
     stmt = stmt.limit(max(1, min(limit, MAX_PAGE_SIZE))).offset(max(0, offset))
     return list(session.scalars(stmt))
 
@@ -91,10 +141,16 @@ def get_run(session: Session, run_id: str) -> Run | None:
     return session.scalars(stmt).one_or_none()
 
 
-def counts_by_status(session: Session) -> dict[str, int]:
-    """Return how many runs have each status (every status present, zeros included)."""
+def counts_by_status(session: Session, where: RunFilter | None = None) -> dict[str, int]:
+    """Return how many runs have each status (every status present, zeros included).
+
+    With ``where``, only the runs that filter keeps are counted.
+    """
     counts = {s.value: 0 for s in RunStatus}
-    for status, n in session.execute(select(Run.status, func.count()).group_by(Run.status)):
+    stmt = select(Run.status, func.count()).group_by(Run.status)
+    if where is not None:
+        stmt = stmt.where(*where.clauses())
+    for status, n in session.execute(stmt):
         counts[status] = int(n)
     return counts
 

@@ -16,8 +16,10 @@ is a 404 at once.
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import uuid
+from datetime import UTC, datetime
 from typing import Annotated, Any, Final
 
 import msgspec
@@ -157,6 +159,37 @@ async def submit_run(
     )
 
 
+def instant(value: str | None, param: str) -> float | None:
+    """Epoch seconds of a ``since``/``until`` query value; 422 naming ``param`` if unreadable.
+
+    Takes epoch seconds (``1714557600``, ``1714557600.5``) or ISO-8601
+    (``2024-05-01``, ``2024-05-01T10:00``, ``2024-05-01T10:00:00+02:00``,
+    ``...Z``). A time without a zone is UTC, a date alone its midnight UTC:
+    the dashboard sends its local times with their offset.
+    """
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    try:
+        number = float(text)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(number) or abs(number) > 1e11:
+            raise InvalidBody(["query", param], f"{param}: {text!r} is not a time in range")
+        return number
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidBody(
+            ["query", param],
+            f"{param}: {text[:80]!r} is neither epoch seconds nor an ISO-8601 date-time",
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()
+
+
 def _page(
     session: Session,
     status: RunStatus | None,
@@ -164,6 +197,7 @@ def _page(
     before: int | None,
     *,
     by_time: bool = False,
+    where: queries.RunFilter | None = None,
 ) -> dict[str, Any]:
     """A page of runs, newest first: by RUN_START seq, or (``by_time``) by start time.
 
@@ -188,12 +222,14 @@ def _page(
                 )
     if status is not None:
         stmt = stmt.where(Run.status == status.value)
+    if where is not None:
+        stmt = stmt.where(*where.clauses())
     rows = list(session.execute(stmt.limit(limit + 1)))
     more = len(rows) > limit
     rows = rows[:limit]
     return {
         "runs": [queries.run_summary(r) for r in rows],
-        "counts": queries.counts_by_status(session),
+        "counts": queries.counts_by_status(session, where),
         "next_before": rows[-1].start_seq if more else None,
     }
 
@@ -202,6 +238,33 @@ def _page(
 async def list_runs(
     state: State,
     status: Annotated[RunStatus | None, Query(description="Only runs with this status.")] = None,
+    name: Annotated[
+        str | None,
+        Query(max_length=200, description="Only runs whose name contains this (any case)."),
+    ] = None,
+    q: Annotated[
+        str | None,
+        Query(
+            max_length=200,
+            description="Only runs whose inputs (keys or values, as JSON) contain this (any case).",
+        ),
+    ] = None,
+    since: Annotated[
+        str | None,
+        Query(
+            max_length=64,
+            description=(
+                "Only runs created at or after this time: epoch seconds or ISO-8601 (no zone: UTC)."
+            ),
+        ),
+    ] = None,
+    until: Annotated[
+        str | None,
+        Query(
+            max_length=64,
+            description="Only runs created at or before this time (as ``since``).",
+        ),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE_SIZE)] = queries.DEFAULT_PAGE_SIZE,
     before: Annotated[
         int | None,
@@ -222,11 +285,20 @@ async def list_runs(
 
     Page with ``before=<next_before>`` from the previous answer. With
     several engines, runs are ordered by their start time, then seq.
+    ``name``, ``q``, ``since`` and ``until`` narrow the list and its counts.
     """
+    where = queries.RunFilter(
+        name=name or None,
+        q=q or None,
+        since=instant(since, "since"),
+        until=instant(until, "until"),
+    )
+    if where.since is not None and where.until is not None and where.since > where.until:
+        raise InvalidBody(["query", "until"], "until: is before since")
     if min_seq:  # one wait an engine, side by side (each bounded)
         await asyncio.gather(*(state.wait_projected(seq) for seq in set(min_seq)))
     by_time = len(state.engines) > 1
-    return await state.read(lambda s: _page(s, status, limit, before, by_time=by_time))
+    return await state.read(lambda s: _page(s, status, limit, before, by_time=by_time, where=where))
 
 
 def _check_run_id(run_id: str) -> None:
