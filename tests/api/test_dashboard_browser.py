@@ -844,3 +844,105 @@ def test_run_pages_link_sub_plans_and_show_a_queued_run(
         finally:
             browser.close()
     assert not errors, "\n".join(errors)
+
+
+def _plan(name: str, seconds: float = 0.01, **inputs: str) -> dict[str, Any]:
+    """A one-step plan named ``name`` declaring ``inputs`` (their defaults)."""
+    return {
+        "name": name,
+        "inputs": inputs,
+        "steps": [{"id": "nap", "tool": "sleep", "args": {"seconds": seconds}}],
+    }
+
+
+def _submit_with(url: str, plan: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
+    """Submit ``plan`` with ``inputs``; return the submission's answer once the store has it."""
+    created = _http_json(url + "api/runs", {"plan": plan, "inputs": inputs})
+    _http_json(f"{url}api/runs/{created['run_id']}?min_seq={created['seq']}")
+    return dict(created)
+
+
+def test_the_runs_list_is_searched_by_name_inputs_and_date_and_keeps_it_on_reload(
+    chromium_path: str, service: dict[str, Any], tmp_path: Path, artifacts_dir: Path
+) -> None:
+    """The search bar narrows the list through ``GET /api/runs?name=&q=&since=&until=``.
+
+    Typing a name or a text of the inputs shows only the runs that match, the
+    status chips count them, the filters are in the URL hash (a reload keeps
+    them, inputs filled), a created-at range in the future shows nothing and
+    says so, and "Clear" brings every run back.
+    """
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    url = service["url"]
+    report = _submit_with(url, _plan("nightly-report", ticket=""), {"ticket": "TCK-42"})
+    backup = _submit_with(url, _plan("nightly-backup", ticket=""), {"ticket": "TCK-7"})
+    adhoc = _submit_with(url, _plan("adhoc", who=""), {"who": "Ada"})
+    errors: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+            page.on("console", lambda msg: _console(msg, errors))
+            asked: list[str] = []
+            page.on("request", lambda req: asked.append(req.url))
+            page.goto(url)
+            rows = page.get_by_test_id("run-row")
+            expect(rows).to_have_count(3)
+
+            # -- by name: a substring, any case --------------------------------------
+            page.get_by_test_id("filter-name").fill("NIGHTLY")
+            expect(rows).to_have_count(2)
+            expect(rows).to_contain_text(["nightly-backup", "nightly-report"])
+            expect(page.get_by_test_id("status-chip-all").get_by_test_id("chip-count")).to_have_text(
+                "2"
+            )
+            assert "name=NIGHTLY" in page.url
+            assert any("api/runs?" in u and "name=NIGHTLY" in u for u in asked)
+
+            # -- and text in the inputs ------------------------------------------------
+            page.get_by_test_id("filter-q").fill("tck-42")
+            expect(rows).to_have_count(1)
+            expect(rows.first).to_have_attribute("data-run-id", report["run_id"])
+
+            # -- a reload keeps the filters (the hash), inputs filled ------------------
+            page.reload()
+            expect(page.get_by_test_id("filter-name")).to_have_value("NIGHTLY")
+            expect(page.get_by_test_id("filter-q")).to_have_value("tck-42")
+            expect(rows).to_have_count(1)
+            expect(rows.first).to_have_attribute("data-run-id", report["run_id"])
+
+            # Opening a run keeps them too.
+            rows.first.locator("a").click()
+            expect(page.get_by_test_id("run-page")).to_have_attribute(
+                "data-run-id", report["run_id"]
+            )
+            assert "q=tck-42" in page.url
+            expect(rows).to_have_count(1)
+
+            # -- a date range: created from a future day shows nothing, and says so -----
+            page.get_by_test_id("filter-q").fill("")
+            expect(rows).to_have_count(2)
+            page.get_by_test_id("filter-since").fill("2999-01-01T00:00")
+            expect(rows).to_have_count(0)
+            expect(page.get_by_test_id("runs-empty")).to_have_text("No runs match these filters.")
+            assert any("since=2999-01-01T" in u or "since=2998-12-31T" in u for u in asked)
+            page.get_by_test_id("filter-since").fill("2000-01-01T00:00")
+            page.get_by_test_id("filter-until").fill("2999-01-01T00:00")
+            expect(rows).to_have_count(2)
+            png = tmp_path / "dashboard-runs-filters.png"
+            page.screenshot(path=str(png))
+            _save_screenshot(png, "dashboard-runs-filters.png", artifacts_dir)
+
+            # -- Clear: every run again ---------------------------------------------------
+            page.get_by_test_id("filter-clear").click()
+            expect(rows).to_have_count(3)
+            expect(page.get_by_test_id("filter-name")).to_have_value("")
+            ids = rows.evaluate_all(RUNS_JS)
+            assert ids == [adhoc["run_id"], backup["run_id"], report["run_id"]]
+            assert "name=" not in page.url
+        finally:
+            browser.close()
+    assert not errors, errors

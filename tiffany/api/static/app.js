@@ -2,7 +2,8 @@
 // form, the run page and the activity tail to the HTTP API and the live
 // feed, and keeps the view (selected run, filters) in the URL hash:
 //   #/                      overview (submit form)
-//   #/run/<run_id>?status=failed&tail=<run_id>
+//   #/run/<run_id>?status=failed&tail=<run_id>&name=nightly&q=ticket&since=2024-05-01T09:00
+// (`since`/`until` are local date-times, as the date inputs show them).
 
 import { adoptTokenFromUrl, api, ApiError, Feed, getToken, onUnauthorized, setToken } from "./api.js";
 import { $, fill, h, runNo, toast } from "./dom.js";
@@ -20,6 +21,9 @@ adoptTokenFromUrl();
 
 // -- the hash route ------------------------------------------------------------
 
+/** The runs list's filters kept in the hash (besides `status`). */
+const FILTERS = ["name", "q", "since", "until"];
+
 function readRoute() {
   const raw = location.hash.replace(/^#/, "");
   const [path, query = ""] = raw.split("?");
@@ -30,6 +34,7 @@ function readRoute() {
     runId: m ? decodeURIComponent(m[1]) : null,
     status: q.get("status") || null,
     tail: q.get("tail") || null,
+    ...Object.fromEntries(FILTERS.map((k) => [k, q.get(k) || null])),
   };
 }
 
@@ -38,6 +43,7 @@ function routeHash(r) {
   const q = new URLSearchParams();
   if (r.status) q.set("status", r.status);
   if (r.tail) q.set("tail", r.tail);
+  for (const k of FILTERS) if (r[k]) q.set(k, r[k]);
   const qs = q.toString();
   return `#${path}${qs ? `?${qs}` : ""}`;
 }

@@ -1,5 +1,7 @@
-// The runs list: status chips with counts, newest runs first, paged by
-// `before`, refreshed over HTTP and patched live from the activity feed.
+// The runs list: status chips with counts, a search bar (name, text in the
+// inputs, a created-at range: `?name=&q=&since=&until=` of GET /api/runs,
+// kept in the URL hash), newest runs first, paged by `before`, refreshed
+// over HTTP and patched live from the activity feed.
 // A refresh prompted by events asks for the store at least at their WAL seq
 // (`?min_seq=`), so a run that just started or finished is in the answer.
 
@@ -7,6 +9,25 @@ import { api } from "./api.js";
 import { ago, duration, fill, h, RUN_STATUSES, runNo, slotState, TERMINAL_RUN, throttle, tone } from "./dom.js";
 
 const PAGE = 50;
+/** How long typing pauses before the list is asked again, in milliseconds. */
+const SEARCH_DEBOUNCE_MS = 300;
+const TEXT_FILTERS = ["name", "q"];
+const TIME_FILTERS = ["since", "until"];
+
+/** The API's query for the route's filters (local date-times sent with their zone, as UTC). */
+function filterQuery(route, q) {
+  for (const k of TEXT_FILTERS) if (route[k]) q.set(k, route[k]);
+  for (const k of TIME_FILTERS) {
+    const d = route[k] ? new Date(route[k]) : null;
+    if (d && !isNaN(d)) q.set(k, d.toISOString());
+  }
+  return q;
+}
+
+/** The filters of a route, as one comparable string. */
+function filterKey(route) {
+  return JSON.stringify([route.status || null, ...[...TEXT_FILTERS, ...TIME_FILTERS].map((k) => route[k] || null)]);
+}
 /** Seqs an engine owns: engine i writes seqs i * 2^40 + 1 .. (i + 1) * 2^40 (tiffany/shards.py). */
 const ENGINE_SEQS = 2 ** 40;
 
@@ -62,20 +83,86 @@ export class RunsPane {
           "+ New run",
         ),
       ),
+      this.buildFilters(),
       this.chips,
       h("div", { class: "runs-scroll" }, this.list, this.empty, this.more),
     );
   }
 
+  /** The search bar: name, inputs text, created from/to; each change goes to the hash. */
+  buildFilters() {
+    const route = this.route();
+    this.inputs = {};
+    const changed = (k, el) => {
+      clearTimeout(this.searchTimer);
+      const apply = () => {
+        if ((this.route()[k] || "") === el.value) return;
+        this.navigate({ [k]: el.value || null }, { replace: true });
+        this.runs = [];
+        this.render();
+        this.refresh();
+      };
+      if (el.type === "search") this.searchTimer = setTimeout(apply, SEARCH_DEBOUNCE_MS);
+      else apply();
+    };
+    const input = (k, attrs) => {
+      const el = h("input", { class: "text-input input-sm", testid: `filter-${k}`, ...attrs });
+      el.value = route[k] || "";
+      el.addEventListener("input", () => changed(k, el));
+      el.addEventListener("change", () => changed(k, el));
+      this.inputs[k] = el;
+      return el;
+    };
+    this.clearBtn = h(
+      "button",
+      {
+        class: "btn btn-ghost btn-sm",
+        type: "button",
+        testid: "filter-clear",
+        onclick: () => {
+          this.navigate({ name: null, q: null, since: null, until: null, status: null }, { replace: true });
+          this.runs = [];
+          this.render();
+          this.refresh();
+        },
+      },
+      "Clear",
+    );
+    return h(
+      "div",
+      { class: "run-filters", testid: "run-filters", role: "search" },
+      input("name", { type: "search", placeholder: "name", "aria-label": "Filter runs by name" }),
+      input("q", { type: "search", placeholder: "text in inputs", "aria-label": "Filter runs by text in their inputs" }),
+      h(
+        "div",
+        { class: "filter-range" },
+        h("label", { class: "small muted" }, "from ", input("since", { type: "datetime-local", "aria-label": "Created from" })),
+        h("label", { class: "small muted" }, "to ", input("until", { type: "datetime-local", "aria-label": "Created until" })),
+        this.clearBtn,
+      ),
+    );
+  }
+
+  /** Put the route's filters into the inputs (the hash changed: back, a reload, Clear). */
+  syncFilters() {
+    const route = this.route();
+    for (const [k, el] of Object.entries(this.inputs || {})) {
+      if (document.activeElement !== el && el.value !== (route[k] || "")) el.value = route[k] || "";
+    }
+    const active = [...TEXT_FILTERS, ...TIME_FILTERS, "status"].some((k) => route[k]);
+    this.clearBtn.hidden = !active;
+  }
+
   async refresh() {
-    const { status } = this.route();
-    const q = new URLSearchParams({ limit: String(PAGE) });
+    const route = this.route();
+    const { status } = route;
+    const q = filterQuery(route, new URLSearchParams({ limit: String(PAGE) }));
     if (status) q.set("status", status);
     for (const seq of this.wantSeqs.values()) q.append("min_seq", String(seq));
     this.sentMs = Date.now();
     try {
       const data = await api(`api/runs?${q}`);
-      if ((this.route().status || null) !== (status || null)) return; // filter changed meanwhile
+      if (filterKey(this.route()) !== filterKey(route)) return; // filters changed meanwhile
       this.runs = data.runs || [];
       this.counts = data.counts || {};
       this.nextBefore = data.next_before ?? null;
@@ -88,8 +175,9 @@ export class RunsPane {
 
   async loadMore() {
     if (this.nextBefore == null || this.loading) return;
-    const { status } = this.route();
-    const q = new URLSearchParams({ limit: String(PAGE), before: String(this.nextBefore) });
+    const route = this.route();
+    const { status } = route;
+    const q = filterQuery(route, new URLSearchParams({ limit: String(PAGE), before: String(this.nextBefore) }));
     if (status) q.set("status", status);
     this.loading = true;
     try {
@@ -143,7 +231,10 @@ export class RunsPane {
   }
 
   render() {
-    const { runId, status } = this.route();
+    const route = this.route();
+    const { runId, status } = route;
+    const filtered = [...TEXT_FILTERS, ...TIME_FILTERS].some((k) => route[k]);
+    this.syncFilters();
     const total = RUN_STATUSES.reduce((n, s) => n + (this.counts[s] || 0), 0);
     const chip = (s, label, n) =>
       h(
@@ -174,6 +265,8 @@ export class RunsPane {
     );
 
     const now = Date.now() / 1000;
+    const query = location.hash.split("?")[1];
+    const keep = query ? `?${query}` : "";
     const rows = [];
     for (const run of this.runs) {
       const st = this.statusOf(run);
@@ -191,7 +284,11 @@ export class RunsPane {
           },
           h(
             "a",
-            { href: `#/run/${encodeURIComponent(run.run_id)}`, class: "run-link" },
+            {
+              // The filters stay in the hash when a run is opened.
+              href: `#/run/${encodeURIComponent(run.run_id)}${keep}`,
+              class: "run-link",
+            },
             h("span", { class: `status-dot tone-${tone(st)}${st === "running" ? " pulse" : ""}`, title: st }),
             h(
               "span",
@@ -211,7 +308,10 @@ export class RunsPane {
     }
     fill(this.list, rows);
     this.empty.hidden = rows.length > 0;
-    fill(this.empty, status ? `No ${status} runs.` : "No runs yet. Start one with “New run”.");
+    fill(
+      this.empty,
+      filtered ? "No runs match these filters." : status ? `No ${status} runs.` : "No runs yet. Start one with “New run”.",
+    );
     this.more.hidden = this.nextBefore == null;
   }
 
