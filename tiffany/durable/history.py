@@ -206,7 +206,9 @@ class Loaded:
     def cursors(self) -> dict[str, ReplayCursor]:
         """Decode the kept runs' records into replay cursors, by run id."""
         index = self.index
-        out = {}
+        out: dict[str, ReplayCursor] = {}
+        if not self.spans:  # nothing kept (the checkpointer's pass): nothing to pause for
+            return out
         with _gc_paused():
             for prefix, spans in self.spans.items():
                 info = index.by_no[int.from_bytes(prefix, "little")]
@@ -313,7 +315,7 @@ def load(wal_dir: Source, info: RunInfo) -> ReplayCursor:
 
 @contextmanager
 def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector; what it made goes to the oldest generation.
+    """Pause the cyclic garbage collector; what it made goes out of the young generations.
 
     Discussion: ``freeze`` then ``unfreeze`` moves every tracked object to
     the oldest generation in two list splices. Without it, the first young
@@ -321,14 +323,24 @@ def _gc_paused() -> Iterator[None]:
     more walks follow as they age (about 0.3 s per million records).
     Objects in the oldest generation are still collected, by the full
     collections the interpreter runs as the heap grows.
+
+    In a process that froze its start-up heap already (the engine, after it
+    built everything: ``tiffany/engine/__init__.py``), ``unfreeze`` would
+    give all of it back to the collector: every full collection then walked
+    the 110,000 objects of the engine's modules and schemas again (measured:
+    35-270 ms on the scheduler thread, a full collection every second under
+    a re-run load). There the records stay frozen with it: they are plain
+    data, freed by reference counting when the replay is done with them.
     """
     enabled = gc.isenabled()
+    frozen = gc.get_freeze_count()
     gc.disable()
     try:
         yield
     finally:
         gc.freeze()
-        gc.unfreeze()
+        if not frozen:
+            gc.unfreeze()
         if enabled:
             gc.enable()
 

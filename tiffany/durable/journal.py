@@ -340,6 +340,12 @@ class Journal(Instrument):
         del self.runs[run_id]
         if self._by_no.get(run.run_no) is run:
             del self._by_no[run.run_no]
+        # The root task's meta names the run, which names the root: a cycle
+        # that would leave the run (its result: every step's summary) to the
+        # cyclic collector. Broken, reference counting frees it now.
+        run.root, run.on_end, run.replay, run.result = None, None, None, None
+        run.tasks.clear()
+        run.receivers.clear()
         return True
 
     def ltid_of(self, tid: int) -> int | None:
