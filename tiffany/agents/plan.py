@@ -25,10 +25,28 @@ floats, string keys, valid Unicode without NUL), and the arguments of a
 built-in tool that hold no ``${...}`` reference are validated against the
 tool's argument model at submit (``sleep`` of NaN, inf or 1e300 is refused
 then, naming ``steps[0].args.seconds``, not when the step runs).
+
+Strict validation (``strict=True``: a submission, ``tiffany plan validate``)
+checks more, with hints: a misspelt tool gets a did-you-mean, a tool that
+exists but is disabled on this server says how to enable it, and every
+step's arguments are checked against its tool's model even when some hold
+references: an unknown argument (listing the allowed ones, with a
+did-you-mean) and a missing required one are errors either way; a field
+whose value holds a reference is only type-checked once resolved, when the
+step runs (``"${inputs.n}"`` may become a number), and so are the checks
+across fields (``llm``'s "messages or prompt") of a step that defers one.
+
+Discussion:
+    Why two levels: the planner parses a journaled plan again on every
+    replay and recovery (``planner.py``), leniently. A plan an earlier
+    version accepted must parse the same way for ever, or a replay of its
+    run would end differently; the stricter checks therefore run only where
+    a plan enters the system.
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -40,7 +58,18 @@ from tiffany.agents.refs import find_refs
 from tiffany.documents import DocumentError, check, load_text
 from tiffany.errors import TiffanyError
 
-__all__ = ["Plan", "PlanError", "StepSpec", "load_plan", "parse_plan"]
+__all__ = [
+    "Plan",
+    "PlanError",
+    "StepSpec",
+    "check_args",
+    "check_tools",
+    "did_you_mean",
+    "disabled_message",
+    "load_plan",
+    "parse_plan",
+    "unknown_tool_message",
+]
 
 #: Most steps a plan may hold (static plus added at run time).
 MAX_STEPS = 10_000
@@ -49,6 +78,9 @@ MAX_RETRIES = 20
 #: Arguments a tool takes as they are: references inside them are not this
 #: plan's (``plan.run``'s child plan has its own ``${inputs...}``).
 OPAQUE_ARGS: dict[str, frozenset[str]] = {"plan.run": frozenset({"plan"})}
+
+#: How close a misspelt name must be to a known one to be suggested (difflib ratio).
+SUGGEST_CUTOFF = 0.6
 
 #: Largest ``concurrency.limit`` a plan may set.
 MAX_CONCURRENCY_LIMIT = 10_000
@@ -153,6 +185,8 @@ def parse_plan(
     *,
     known_steps: Iterable[str] = (),
     loc_prefix: str = "",
+    strict: bool = False,
+    disabled: Iterable[str] = (),
 ) -> Plan:
     """Validate ``data`` as a plan; raise :class:`PlanError` listing every problem.
 
@@ -161,6 +195,10 @@ def parse_plan(
         tools: Tool names that exist (None: do not check).
         known_steps: Ids of steps already in the plan (for steps added at run time).
         loc_prefix: Prefix of error locations (for added steps).
+        strict: Check as at submission (see the module docstring): hints, and
+            arguments of steps that hold references. Never for a journaled plan.
+        disabled: Tools that exist but are not enabled here (strict only: the
+            error says how to enable them instead of "unknown").
     """
     try:
         check(data)
@@ -174,10 +212,17 @@ def parse_plan(
             for e in exc.errors(include_url=False)
         ]
         raise PlanError(errors) from None
-    errors = check_steps(
-        plan.steps, plan.inputs, tools, known_steps=known_steps, loc_prefix=loc_prefix
-    )
-    errors.extend(_check_args(plan.steps, loc_prefix))
+    if strict:
+        errors = check_steps(
+            plan.steps, plan.inputs, None, known_steps=known_steps, loc_prefix=loc_prefix
+        )
+        errors[:0] = check_tools(plan.steps, tools, disabled, loc_prefix)
+        errors.extend(check_args(plan.steps, tools, disabled, loc_prefix))
+    else:
+        errors = check_steps(
+            plan.steps, plan.inputs, tools, known_steps=known_steps, loc_prefix=loc_prefix
+        )
+        errors.extend(_check_args(plan.steps, loc_prefix))
     for name, value in plan.outputs.items():
         for ref in find_refs(value):
             if ref.scope == "inputs" and ref.name not in plan.inputs:
@@ -223,6 +268,117 @@ def _check_args(steps: list[StepSpec], loc_prefix: str) -> list[dict[str, str]]:
                 for e in exc.errors(include_url=False)
                 if e["type"] != "missing"  # a missing argument is the run's to report
             )
+    return errors
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """Return ``"; did you mean 'x'?"`` for the closest of ``choices``, or ``""``."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=SUGGEST_CUTOFF)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def disabled_message(tool: str) -> str:
+    """How a disabled tool is told apart from an unknown one, with the fix."""
+    return (
+        f"tool {tool!r} is disabled on this server: start it with --enable-tool {tool} "
+        f"(or add {tool} to TIFFANY_ENABLED_TOOLS)"
+    )
+
+
+def unknown_tool_message(tool: str, known: Iterable[str]) -> str:
+    """An unknown tool, with a did-you-mean and the known ones."""
+    names = sorted(known)
+    return f"unknown tool {tool!r}{did_you_mean(tool, names)} (known: {', '.join(names)})"
+
+
+def check_tools(
+    steps: list[StepSpec],
+    tools: Iterable[str] | None,
+    disabled: Iterable[str],
+    loc_prefix: str = "",
+) -> list[dict[str, str]]:
+    """Return a problem per step whose tool is unknown (did-you-mean) or disabled (the fix)."""
+    if tools is None:
+        return []
+    enabled, off = set(tools), set(disabled) - set(tools)
+    errors = []
+    for i, s in enumerate(steps):
+        if s.tool in enabled:
+            continue
+        msg = (
+            disabled_message(s.tool)
+            if s.tool in off
+            else unknown_tool_message(s.tool, enabled | off)
+        )
+        errors.append({"loc": f"{loc_prefix}steps[{i}].tool", "msg": msg})
+    return errors
+
+
+def check_args(
+    steps: list[StepSpec],
+    tools: Iterable[str] | None = None,
+    disabled: Iterable[str] = (),
+    loc_prefix: str = "",
+) -> list[dict[str, str]]:
+    """Check every built-in tool step's arguments against its model (strict validation).
+
+    Unknown and missing arguments are errors whatever the values; a field
+    holding a ``${...}`` reference is left to the run (see the module
+    docstring). ``agent``'s ``tools`` must name tools that exist here.
+    """
+    from tiffany.agents.tools.schema import arg_fields
+
+    models = _arg_models()
+    errors: list[dict[str, str]] = []
+    for i, s in enumerate(steps):
+        model = models.get(s.tool)
+        if model is None:
+            continue
+        loc = f"{loc_prefix}steps[{i}].args"
+        fields = arg_fields(model)
+        allowed = [k for k, f in fields.items() if f.shown]
+        opaque = OPAQUE_ARGS.get(s.tool, frozenset())
+        deferred = {k for k, v in s.args.items() if k not in opaque and find_refs(v)}
+        for key in s.args:
+            if key not in fields:
+                msg = (
+                    f"unknown argument {key!r} of tool {s.tool!r}{did_you_mean(key, allowed)} "
+                    f"(allowed: {', '.join(allowed)})"
+                )
+                errors.append({"loc": f"{loc}.{key}", "msg": msg})
+        given = {fields[k].name for k in s.args if k in fields}
+        for key, f in fields.items():
+            if f.required and f.name not in given and f.shown:
+                msg = f"missing required argument {key!r} of tool {s.tool!r}"
+                errors.append({"loc": f"{loc}.{key}", "msg": msg})
+        literal = {k: v for k, v in s.args.items() if k in fields and k not in deferred}
+        try:
+            model.model_validate(literal)
+        except ValidationError as exc:
+            for e in exc.errors(include_url=False):
+                if e["type"] in ("missing", "extra_forbidden") and len(e["loc"]) == 1:
+                    continue  # told above (or deferred to the run)
+                if not e["loc"] and deferred:
+                    continue  # a check across fields, one of them not known yet
+                errors.append({"loc": loc + _subloc(e["loc"]), "msg": e["msg"]})
+        if s.tool == "agent" and tools is not None and "tools" not in deferred:
+            errors.extend(_check_agent_tools(s.args.get("tools"), tools, disabled, loc))
+    return errors
+
+
+def _check_agent_tools(
+    listed: Any, tools: Iterable[str], disabled: Iterable[str], loc: str
+) -> list[dict[str, str]]:
+    """The ``agent`` step's ``tools``: each must be a tool this server runs."""
+    if not isinstance(listed, list):
+        return []
+    enabled, off = set(tools), set(disabled) - set(tools)
+    errors = []
+    for j, name in enumerate(listed):
+        if not isinstance(name, str) or name in enabled or find_refs(name):
+            continue
+        msg = disabled_message(name) if name in off else unknown_tool_message(name, enabled | off)
+        errors.append({"loc": f"{loc}.tools[{j}]", "msg": msg})
     return errors
 
 

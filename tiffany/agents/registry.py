@@ -9,8 +9,10 @@ every built-in but ``shell``; ``tiffany run`` enables them all
 (``enabled=registry.all_names()``).
 
 ``names()`` is what plans are validated against (the *enabled* tools), so a
-plan that uses a disabled tool is refused before it runs; ``get`` of a
-disabled tool raises :class:`ToolDisabled`.
+plan that uses a disabled tool is refused before it runs, with the fix
+(``--enable-tool NAME``: :func:`~tiffany.agents.plan.disabled_message`), never
+as an unknown tool; ``get`` of a disabled tool raises :class:`ToolDisabled`.
+``describe()`` is what ``GET /api/tools`` and ``tiffany tools`` list.
 
 A run accepted earlier (or by an engine set differently) may still reach a
 tool that is disabled here. Its code must not notice (enablement is not
@@ -25,10 +27,13 @@ a step's tool by the step's name: a tool's step is named after the tool
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
+from tiffany.agents.plan import did_you_mean, disabled_message, unknown_tool_message
 from tiffany.agents.tools import BUILTIN_TOOLS
 from tiffany.agents.tools.base import Tool, ToolError
-from tiffany.agents.tools.python import is_registered, load_entry_points
+from tiffany.agents.tools.python import functions, is_registered, load_entry_points
+from tiffany.agents.tools.schema import describe
 
 __all__ = ["DEFAULT_ENABLED", "ToolDisabled", "ToolRegistry", "UnknownTool"]
 
@@ -108,8 +113,9 @@ class ToolRegistry:
         names = set(names)
         unknown = sorted(names - self._tools.keys())
         if unknown:
+            hints = "".join(did_you_mean(name, self._tools) for name in unknown)
             raise UnknownTool(
-                f"cannot enable unknown tools {unknown}; known tools: {self.all_names()}",
+                f"cannot enable unknown tools {unknown}{hints}; known tools: {self.all_names()}",
                 tools=", ".join(unknown),
             )
         self.enabled = names if only else self.enabled | names
@@ -123,12 +129,9 @@ class ToolRegistry:
         """
         tool = self._tools.get(name)
         if tool is None:
-            known = ", ".join(self.all_names()) or "none"
-            raise UnknownTool(f"unknown tool {name!r}; known tools: {known}", tool=name)
+            raise UnknownTool(unknown_tool_message(name, self.all_names()), tool=name)
         if name not in self.enabled:
-            raise ToolDisabled(
-                f"tool {name!r} is not enabled on this server (--enable-tool {name})", tool=name
-            )
+            raise ToolDisabled(disabled_message(name), tool=name)
         return tool
 
     def lookup(self, name: str) -> Tool:
@@ -181,6 +184,25 @@ class ToolRegistry:
     def all_names(self) -> list[str]:
         """Return every registered tool name, sorted, enabled or not."""
         return sorted(self._tools)
+
+    def disabled_names(self) -> list[str]:
+        """Return the registered tools this server does not run, sorted."""
+        return sorted(n for n in self._tools if n not in self.enabled)
+
+    def describe(self) -> dict[str, Any]:
+        """Return what ``GET /api/tools`` shows: the enabled tools and the disabled names.
+
+        ``{"tools": [{"name", "description", "durable", "args", "output"}...],
+        "disabled": [names], "python_functions": [names]}``, in listing order
+        (built-ins first, as ``BUILTIN_TOOLS`` has them, then others by name).
+        """
+        order = {str(getattr(cls, "name", "")): i for i, cls in enumerate(BUILTIN_TOOLS)}
+        names = sorted(self.names(), key=lambda n: (order.get(n, len(order)), n))
+        return {
+            "tools": [describe(self._tools[n]) for n in names],
+            "disabled": self.disabled_names(),
+            "python_functions": functions() if "python" in self.enabled else [],
+        }
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools

@@ -234,7 +234,8 @@ class Engine:
             raise PlanError([{"loc": "plan", "msg": "a plan must be a JSON object"}])
         if inputs is not None and not isinstance(inputs, Mapping):
             raise PlanError([{"loc": "inputs", "msg": "inputs must be a JSON object"}])
-        plan = parse_plan(doc, self.env.registry.names())
+        registry = self.env.registry
+        plan = parse_plan(doc, registry.names(), strict=True, disabled=registry.disabled_names())
         missing = _missing_functions(plan)
         if missing:
             raise PlanError(missing)

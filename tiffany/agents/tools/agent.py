@@ -31,13 +31,14 @@ from typing import Any, ClassVar, Final
 
 from pydantic import Field, ValidationError
 
-from tiffany.agents.tools.base import ToolArgs, ToolContext, ToolError
+from tiffany.agents.tools.base import ToolArgs, ToolContext, ToolError, ToolOutput
 from tiffany.agents.tools.http import HttpConnectError, request
 from tiffany.agents.tools.llm import (
     SCRIPTED_MODEL,
     LlmConnectError,
     LlmError,
     LlmStatusError,
+    Usage,
     chat_url,
     cost_usd,
     count_tokens,
@@ -46,7 +47,14 @@ from tiffany.agents.tools.llm import (
 from tiffany.kernel import Coroutine, NewTask, Step, WaitTask
 from tiffany.records import TaskLabel
 
-__all__ = ["AgentMaxTurns", "AgentTool", "function_name", "tool_name"]
+__all__ = [
+    "AgentArgs",
+    "AgentMaxTurns",
+    "AgentOutput",
+    "AgentTool",
+    "function_name",
+    "tool_name",
+]
 
 #: Most turns an agent step may take.
 MAX_TURNS: Final = 100
@@ -69,6 +77,24 @@ class AgentArgs(ToolArgs):
     model: str | None = None
     system: str | None = Field(default=None, description="A system message before the goal.")
     timeout_s: float = Field(default=120.0, gt=0, le=3600, description="A model call's bound.")
+
+
+class AgentCall(ToolOutput):
+    """One tool call the model made."""
+
+    turn: int
+    tool: str
+    ok: bool = Field(description="False when refused or failed (the model was told why).")
+
+
+class AgentOutput(ToolOutput):
+    """What ``agent`` returns."""
+
+    answer: str = Field(description="The model's final text.")
+    turns: int = Field(description="Model calls made.")
+    calls: list[AgentCall] = Field(description="The tool calls, in order.")
+    usage: Usage = Field(description="Tokens of every model call, summed.")
+    cost_usd: float = Field(description="Estimated cost of every model call, in US dollars.")
 
 
 def function_name(tool: str) -> str:
@@ -251,6 +277,7 @@ class AgentTool:
 
     name: ClassVar[str] = "agent"
     Args: ClassVar[type[ToolArgs]] = AgentArgs
+    Output: ClassVar[type[ToolOutput]] = AgentOutput
     durable: ClassVar[bool] = False
 
     def run(self, args: AgentArgs, ctx: ToolContext) -> Coroutine:

@@ -1,7 +1,8 @@
 """The tool contract: what the worker task calls to run a plan step.
 
 A tool is an object with a ``name``, a pydantic ``Args`` model that
-validates its arguments (errors name the field), and a ``run(args, ctx)``:
+validates its arguments (errors name the field), a pydantic ``Output``
+model that describes its result, and a ``run(args, ctx)``:
 
 * a **plain function** ``run`` runs in the scheduler's thread pool (blocking
   libraries are fine there);
@@ -14,6 +15,11 @@ False (``sleep``) instead runs inside the worker task itself, journaled
 dispatch by dispatch; such a tool must be deterministic.
 
 Results must be JSON-like (dict, list, str, numbers, bool, None, bytes).
+``Output`` only *describes* them (``GET /api/tools``, ``tiffany tools``,
+docs/tools.md): a tool never builds its result through it, so what a tool
+returns, and so what a journal replays, stays as it was. A tool whose result
+is whatever its user code returns (``python``, ``signal.wait``, ``plan.run``)
+declares a :class:`FreeFormOutput` that says so.
 Tools raise :class:`ToolError` (with a stable ``code`` and fields) for
 failures the plan should see; the worker retries according to the step.
 """
@@ -25,11 +31,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, RootModel
 
 from tiffany.errors import TiffanyError
 
-__all__ = ["Tool", "ToolArgs", "ToolContext", "ToolError", "ToolSettings"]
+__all__ = [
+    "FreeFormOutput",
+    "Tool",
+    "ToolArgs",
+    "ToolContext",
+    "ToolError",
+    "ToolOutput",
+    "ToolSettings",
+]
 
 
 class ToolError(TiffanyError):
@@ -42,6 +56,20 @@ class ToolArgs(BaseModel):
     """Base of every tool's argument model: unknown fields are errors."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+class ToolOutput(BaseModel):
+    """Base of every tool's output model: the fields of its result, no others.
+
+    It describes the result (its JSON Schema is published); the tool returns
+    a plain dict, never an instance.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class FreeFormOutput(RootModel[Any]):
+    """Free-form: any JSON value (what the user's code, signal or child plan gives)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +121,7 @@ class Tool(Protocol):
 
     name: ClassVar[str]
     Args: ClassVar[type[ToolArgs]]
+    Output: ClassVar[type[BaseModel]]
     durable: ClassVar[bool]
 
     def run(self, args: Any, ctx: ToolContext) -> Any:

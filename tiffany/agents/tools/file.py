@@ -12,10 +12,17 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from tiffany.agents.tools.base import ToolArgs, ToolContext
+from tiffany.agents.tools.base import ToolArgs, ToolContext, ToolOutput
 from tiffany.agents.tools.workspace import open_in_workspace
 
-__all__ = ["FileReadArgs", "FileReadTool", "FileWriteArgs", "FileWriteTool"]
+__all__ = [
+    "FileReadArgs",
+    "FileReadOutput",
+    "FileReadTool",
+    "FileWriteArgs",
+    "FileWriteOutput",
+    "FileWriteTool",
+]
 
 #: Bytes read per ``os.read``.
 READ_CHUNK_BYTES = 1 << 16
@@ -35,6 +42,14 @@ class FileReadArgs(ToolArgs):
     max_bytes: int | None = Field(default=None, ge=1)
 
 
+class FileReadOutput(ToolOutput):
+    """What ``file.read`` returns."""
+
+    content: str = Field(description="The text read (UTF-8, bad bytes replaced).")
+    bytes: int = Field(description="Bytes read (at most the cap), before decoding.")
+    truncated: bool = Field(description="The file was longer than the cap.")
+
+
 class FileReadTool:
     """Read a text file from the workspace: ``{"content", "bytes", "truncated"}``.
 
@@ -43,6 +58,7 @@ class FileReadTool:
 
     name: ClassVar[str] = "file.read"
     Args: ClassVar[type[ToolArgs]] = FileReadArgs
+    Output: ClassVar[type[ToolOutput]] = FileReadOutput
     durable: ClassVar[bool] = True
 
     def run(self, args: FileReadArgs, ctx: ToolContext) -> dict[str, Any]:
@@ -84,11 +100,19 @@ class FileWriteArgs(ToolArgs):
     mode: Literal["w", "a"] = "w"
 
 
+class FileWriteOutput(ToolOutput):
+    """What ``file.write`` returns."""
+
+    path: str = Field(description="The path written, as given.")
+    bytes: int = Field(description="Bytes written (UTF-8).")
+
+
 class FileWriteTool:
     """Write a text file in the workspace: ``{"path", "bytes"}`` (bytes written)."""
 
     name: ClassVar[str] = "file.write"
     Args: ClassVar[type[ToolArgs]] = FileWriteArgs
+    Output: ClassVar[type[ToolOutput]] = FileWriteOutput
     durable: ClassVar[bool] = True
 
     def run(self, args: FileWriteArgs, ctx: ToolContext) -> dict[str, Any]:

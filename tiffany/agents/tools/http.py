@@ -46,13 +46,14 @@ from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from tiffany.agents.tools.base import ToolArgs, ToolContext, ToolError
+from tiffany.agents.tools.base import ToolArgs, ToolContext, ToolError, ToolOutput
 
 __all__ = [
     "EgressPolicy",
     "EgressRefused",
     "HttpArgs",
     "HttpConnectError",
+    "HttpOutput",
     "HttpResponse",
     "HttpStatusError",
     "HttpTimeout",
@@ -423,8 +424,8 @@ class HttpArgs(ToolArgs):
         method: The HTTP method.
         url: An ``http://`` or ``https://`` URL.
         headers: Request headers.
-        body: A text body (UTF-8), or
-        json: a JSON body (sets ``Content-Type: application/json``).
+        body: A text body (UTF-8); give this or ``json``, not both.
+        json: A JSON body (sets ``Content-Type: application/json``).
         timeout_s: Bound on the whole request, in seconds.
         max_body_bytes: Keep at most this many bytes of the response body
             (default and ceiling: the operator's ``http_max_body_bytes``).
@@ -464,6 +465,19 @@ class HttpArgs(ToolArgs):
         return self
 
 
+class HttpOutput(ToolOutput):
+    """What ``http`` returns (also the fields of ``tool.http.status`` on a status >= 400)."""
+
+    status: int = Field(description="The HTTP status of the last response.")
+    headers: dict[str, str] = Field(description="Response headers, names in lower case.")
+    body: str = Field(description="The body as text, decoded with the response's charset.")
+    json_body: Any = Field(
+        alias="json",
+        description="The parsed body when it is JSON and complete, else null.",
+    )
+    truncated: bool = Field(description="The body went past max_body_bytes and was cut.")
+
+
 class HttpTool:
     """Send a request: ``{"status", "headers", "body", "json", "truncated"}``.
 
@@ -474,6 +488,7 @@ class HttpTool:
 
     name: ClassVar[str] = "http"
     Args: ClassVar[type[ToolArgs]] = HttpArgs
+    Output: ClassVar[type[ToolOutput]] = HttpOutput
     durable: ClassVar[bool] = True
 
     def run(self, args: HttpArgs, ctx: ToolContext) -> dict[str, Any]:

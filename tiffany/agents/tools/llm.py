@@ -38,7 +38,7 @@ from typing import Any, ClassVar, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tiffany.agents.tools.base import ToolArgs, ToolContext, ToolError
+from tiffany.agents.tools.base import ToolArgs, ToolContext, ToolError, ToolOutput
 from tiffany.agents.tools.http import HttpConnectError, request
 
 __all__ = [
@@ -47,8 +47,10 @@ __all__ = [
     "ChatMessage",
     "LlmArgs",
     "LlmError",
+    "LlmOutput",
     "LlmTool",
     "ScriptRule",
+    "Usage",
     "cost_usd",
     "count_tokens",
     "scripted_reply",
@@ -148,6 +150,26 @@ class LlmArgs(ToolArgs):
         if self.messages is not None:
             return [m.model_dump() for m in self.messages]
         return [{"role": "user", "content": self.prompt or ""}]
+
+
+class Usage(ToolOutput):
+    """Model tokens a call used (the scripted provider counts words)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class LlmOutput(ToolOutput):
+    """What ``llm`` returns."""
+
+    content: str = Field(description="The model's reply.")
+    model: str = Field(description="The model that answered.")
+    usage: Usage
+    cost_usd: float = Field(description="Estimated cost in US dollars (0 for the scripted one).")
+    steps: list[dict[str, Any]] | None = Field(
+        description="New plan steps the model proposed (plan=true), else null."
+    )
 
 
 class ScriptRule(BaseModel):
@@ -289,6 +311,7 @@ class LlmTool:
 
     name: ClassVar[str] = "llm"
     Args: ClassVar[type[ToolArgs]] = LlmArgs
+    Output: ClassVar[type[ToolOutput]] = LlmOutput
     durable: ClassVar[bool] = True
 
     def run(self, args: LlmArgs, ctx: ToolContext) -> dict[str, Any]:

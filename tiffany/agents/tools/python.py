@@ -47,13 +47,14 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import Field
 
-from tiffany.agents.tools.base import ToolArgs, ToolContext, ToolError
+from tiffany.agents.tools.base import FreeFormOutput, ToolArgs, ToolContext, ToolError
 from tiffany.kernel import Coroutine, RunInThread, Step
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "PythonArgs",
     "PythonError",
+    "PythonOutput",
     "PythonTool",
     "UnknownFunction",
     "functions",
@@ -186,11 +187,16 @@ class PythonArgs(ToolArgs):
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
+class PythonOutput(FreeFormOutput):
+    """Free-form: whatever the registered function returns (JSON-like)."""
+
+
 class PythonTool:
     """Run a registered callable; its return value is the step's result."""
 
     name: ClassVar[str] = "python"
     Args: ClassVar[type[ToolArgs]] = PythonArgs
+    Output: ClassVar[type[FreeFormOutput]] = PythonOutput
     durable: ClassVar[bool] = True
 
     def step_for(self, args: PythonArgs) -> Step | None:

@@ -62,7 +62,7 @@ from typing import Any, ClassVar, Final
 
 from pydantic import Field, field_validator
 
-from tiffany.agents.tools.base import ToolArgs, ToolContext, ToolError
+from tiffany.agents.tools.base import ToolArgs, ToolContext, ToolError, ToolOutput
 from tiffany.agents.tools.workspace import workspace_dir
 from tiffany.io import spawn_process
 from tiffany.kernel import Coroutine
@@ -75,6 +75,7 @@ __all__ = [
     "SandboxUnavailable",
     "ShellArgs",
     "ShellExit",
+    "ShellOutput",
     "ShellTool",
     "bwrap_argv",
 ]
@@ -170,6 +171,18 @@ class ShellArgs(ToolArgs):
             if not key or "=" in key or "\x00" in key or "\x00" in value:
                 raise ValueError(f"invalid environment variable {key!r}")
         return env
+
+
+class ShellOutput(ToolOutput):
+    """What ``shell`` returns (also the fields of ``tool.shell.exit`` when ``check`` fails)."""
+
+    exit_code: int = Field(
+        description="The exit status; negative when a signal ended the command (-9: SIGKILL)."
+    )
+    stdout: str = Field(description="Standard output as UTF-8 text (bad bytes replaced).")
+    stderr: str = Field(description="Standard error as UTF-8 text (bad bytes replaced).")
+    stdout_truncated: bool = Field(description="stdout went past max_output_bytes and was cut.")
+    stderr_truncated: bool = Field(description="stderr went past max_output_bytes and was cut.")
 
 
 def bwrap_argv(bwrap: str, workspace: Path, cwd: Path, argv: list[str]) -> list[str]:
@@ -341,6 +354,7 @@ class ShellTool:
 
     name: ClassVar[str] = "shell"
     Args: ClassVar[type[ToolArgs]] = ShellArgs
+    Output: ClassVar[type[ToolOutput]] = ShellOutput
     durable: ClassVar[bool] = True
 
     def run(self, args: ShellArgs, ctx: ToolContext) -> Coroutine:

@@ -21,12 +21,18 @@ from typing import Any, ClassVar, Final
 
 from pydantic import Field
 
-from tiffany.agents.tools.base import ToolArgs, ToolContext, ToolError
+from tiffany.agents.tools.base import FreeFormOutput, ToolArgs, ToolContext, ToolError
 from tiffany.documents import SIGNAL_NAME_PATTERN
 from tiffany.errors import WaitTimeout
 from tiffany.kernel import Coroutine, Receive
 
-__all__ = ["MAX_SIGNAL_WAIT_S", "SignalTimeout", "SignalWaitTool"]
+__all__ = [
+    "MAX_SIGNAL_WAIT_S",
+    "SignalTimeout",
+    "SignalWaitArgs",
+    "SignalWaitOutput",
+    "SignalWaitTool",
+]
 
 #: Longest a step may wait for a signal, in seconds (a year).
 MAX_SIGNAL_WAIT_S: Final = 366 * 86_400.0
@@ -47,11 +53,16 @@ class SignalWaitArgs(ToolArgs):
     )
 
 
+class SignalWaitOutput(FreeFormOutput):
+    """Free-form: the signal's payload, any JSON value its sender gave."""
+
+
 class SignalWaitTool:
     """Wait for signal ``name``; output its payload."""
 
     name: ClassVar[str] = "signal.wait"
     Args: ClassVar[type[ToolArgs]] = SignalWaitArgs
+    Output: ClassVar[type[FreeFormOutput]] = SignalWaitOutput
     durable: ClassVar[bool] = False
 
     def run(self, args: SignalWaitArgs, ctx: ToolContext) -> Coroutine:

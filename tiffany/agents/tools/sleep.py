@@ -11,10 +11,10 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from tiffany.agents.tools.base import ToolArgs, ToolContext
+from tiffany.agents.tools.base import ToolArgs, ToolContext, ToolOutput
 from tiffany.kernel import Coroutine, Sleep
 
-__all__ = ["MAX_SLEEP_S", "SleepArgs", "SleepTool"]
+__all__ = ["MAX_SLEEP_S", "SleepArgs", "SleepOutput", "SleepTool"]
 
 #: Longest sleep a plan may ask for, in seconds (a day).
 MAX_SLEEP_S = 24 * 3600.0
@@ -26,11 +26,18 @@ class SleepArgs(ToolArgs):
     seconds: float = Field(ge=0, le=MAX_SLEEP_S)
 
 
+class SleepOutput(ToolOutput):
+    """What ``sleep`` returns."""
+
+    slept: float = Field(description="The seconds asked for.")
+
+
 class SleepTool:
     """Sleep ``seconds``; returns ``{"slept": seconds}``."""
 
     name: ClassVar[str] = "sleep"
     Args: ClassVar[type[ToolArgs]] = SleepArgs
+    Output: ClassVar[type[ToolOutput]] = SleepOutput
     durable: ClassVar[bool] = False
 
     def run(self, args: SleepArgs, ctx: ToolContext) -> Coroutine:

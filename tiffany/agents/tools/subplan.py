@@ -24,12 +24,20 @@ from typing import Any, ClassVar, Final, Protocol
 
 from pydantic import Field
 
-from tiffany.agents.tools.base import ToolArgs, ToolContext, ToolError
+from tiffany.agents.tools.base import FreeFormOutput, ToolArgs, ToolContext, ToolError
 from tiffany.agents.tools.workspace import open_in_workspace
 from tiffany.documents import DocumentError, load
 from tiffany.kernel import Coroutine, Receive, Step
 
-__all__ = ["CHILD_SIGNAL_PREFIX", "ChildRuns", "PlanRunTool", "SubPlanFailed", "child_run_id"]
+__all__ = [
+    "CHILD_SIGNAL_PREFIX",
+    "ChildRuns",
+    "PlanRunArgs",
+    "PlanRunOutput",
+    "PlanRunTool",
+    "SubPlanFailed",
+    "child_run_id",
+]
 
 #: A child run's end reaches its parent as the signal ``child:<child run id>``.
 CHILD_SIGNAL_PREFIX: Final = "child:"
@@ -58,6 +66,10 @@ class PlanRunArgs(ToolArgs):
 
     plan: dict[str, Any] | str = Field(description="A plan, or a plan file in the workspace.")
     inputs: dict[str, Any] = Field(default_factory=dict)
+
+
+class PlanRunOutput(FreeFormOutput):
+    """Free-form: the child run's outputs, shaped by the child plan's ``outputs``."""
 
 
 def child_run_id(parent: str, step: str, attempt: int) -> str:
@@ -96,6 +108,7 @@ class PlanRunTool:
 
     name: ClassVar[str] = "plan.run"
     Args: ClassVar[type[ToolArgs]] = PlanRunArgs
+    Output: ClassVar[type[FreeFormOutput]] = PlanRunOutput
     durable: ClassVar[bool] = False
 
     def run(self, args: PlanRunArgs, ctx: ToolContext) -> Coroutine:
