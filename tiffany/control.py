@@ -32,6 +32,10 @@ op             request fields                        answer (``ok: true``)
                                                      verdict as ``identical``
 ``metrics``    --                                    ``text``: the engine's registry in the
                                                      Prometheus text format
+``tools``      --                                    ``tools`` (the enabled ones: ``name``,
+                                                     ``description``, ``durable``, ``args`` and
+                                                     ``output`` JSON Schemas), ``disabled``
+                                                     (names), ``python_functions`` (names)
 =============  ====================================  ==========================================
 
 A refused request answers ``{"id", "ok": false, "status", "error", "detail"}``

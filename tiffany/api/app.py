@@ -28,7 +28,7 @@ from tiffany.api.deps import ApiState
 from tiffany.api.feed import FeedRelay, feed_path
 from tiffany.api.metrics import ApiMetrics
 from tiffany.api.middleware import RequestLog, TokenAuth
-from tiffany.api.routes import activity, runs, schedules, system
+from tiffany.api.routes import activity, runs, schedules, system, tools
 from tiffany.config import Settings, conninfo
 from tiffany.shards import homes
 from tiffany.store import make_engine, session_factory
@@ -99,6 +99,7 @@ def create_app(settings: Settings) -> FastAPI:
     problems.install(app)
     app.include_router(runs.router)
     app.include_router(schedules.router)
+    app.include_router(tools.router)
     app.include_router(activity.router)
     app.include_router(system.router)
     app.mount("/static", StaticFiles(directory=system.STATIC_DIR, check_dir=False), name="static")

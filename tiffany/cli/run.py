@@ -242,14 +242,31 @@ def run(
 def validate(
     ctx: typer.Context,
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN")],
+    enable_tool: Annotated[
+        list[str] | None,
+        typer.Option("--enable-tool", help="Count this tool as enabled too (repeatable)."),
+    ] = None,
+    all_tools: Annotated[
+        bool, typer.Option("--all-tools", help="Every tool enabled, as `tiffany run` has them.")
+    ] = False,
 ) -> None:
-    """Check a plan file; print every problem with the path of the field at fault."""
+    """Check a plan as a server would at submission; print every problem with its path.
+
+    The tools are those a server with these settings runs (TIFFANY_ENABLED_TOOLS,
+    default: all but shell) plus --enable-tool; a disabled one is named with its fix.
+    """
     from tiffany.agents import PlanError, parse_plan
     from tiffany.agents.registry import ToolRegistry
+    from tiffany.cli import _settings
 
     doc = _load(plan_path)
+    every = ToolRegistry.default().all_names()
+    if all_tools:
+        enabled = set(every)
+    else:
+        enabled = {*_settings(ctx).enabled_tools, *(enable_tool or [])} & set(every)
     try:
-        plan = parse_plan(doc, ToolRegistry.default().all_names())
+        plan = parse_plan(doc, sorted(enabled), strict=True, disabled=sorted(set(every) - enabled))
     except PlanError as exc:
         _print_plan_errors(exc)
         raise typer.Exit(EXIT_INVALID) from None

@@ -599,6 +599,8 @@ class EngineService:
             return self._verify(str(request.get("run_id") or ""), live=bool(request.get("live")))
         if op == "metrics":
             return {"text": self.metrics.render()}
+        if op == "tools":  # GET /api/tools: the API imports no tools, the engine knows its own
+            return self.engine.env.registry.describe()
         raise ControlError(400, f"unknown op {op!r}")
 
     def _signal(self, request: dict[str, Any]) -> dict[str, Any]:
