@@ -52,10 +52,12 @@ BOTTOM_LIBS = _parts("pydantic", "pydantic_settings", "structlog")
 CODEC_LIBS = _parts("msgspec", "crc32c", "google_crc32c", "orjson", "cbor2")
 
 #: The layer table, bottom to top. "" is the root ``tiffany/__init__.py``: it
-#: imports nothing, because every ``import tiffany.x`` runs it first and the API
-#: process must not pull in the kernel through it.
+#: imports nothing at import time, because every ``import tiffany.x`` runs it
+#: first and the API process must not pull in the kernel through it; its
+#: module ``__getattr__`` imports the public names (the SDK's ``Client``, the
+#: agents' ``python_tool``) on first use (tests/sdk/test_lazy_root.py).
 LAYERS: dict[str, Layer] = {
-    "": Layer(STDLIB_ONLY, STDLIB_ONLY),
+    "": Layer(_parts("sdk", "agents"), STDLIB_ONLY),
     # Bottom: the error tree, settings, logging setup.
     "errors": Layer(STDLIB_ONLY, STDLIB_ONLY),
     # Engines' shares of a data dir or database: seq ranges, homes, streams.
@@ -108,6 +110,8 @@ LAYERS: dict[str, Layer] = {
     "api": Layer(
         _parts("errors", "config", "log", "store", "pal", "control", "documents", "shards")
     ),
+    # The Python SDK: a client of the HTTP API, never of the server's modules.
+    "sdk": Layer(_parts("errors"), _parts("httpx", "websockets", "pydantic")),
     "cli": Layer(ANYTHING),
     "__main__": Layer(_parts("cli")),
 }

@@ -1,0 +1,328 @@
+"""The asyncio client of the HTTP API: :class:`AsyncClient`, ``Client``'s methods, awaited.
+
+See :mod:`tiffany.sdk.client` for what each method does and how ``wait``
+and ``events`` follow the feed; what is not I/O is shared through
+:mod:`tiffany.sdk.protocol`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Final
+
+import httpx
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+
+from tiffany.sdk import protocol
+from tiffany.sdk.client import FEED_OPEN_TIMEOUT_S, REMEMBERED_RUNS
+from tiffany.sdk.errors import ConnectionFailed, Unavailable, WaitTimeout
+from tiffany.sdk.models import (
+    CancelAnswer,
+    Event,
+    FeedGap,
+    RunDetail,
+    RunEvents,
+    RunList,
+    RunStatus,
+    SignalAnswer,
+    SubmitAnswer,
+)
+
+__all__ = ["AsyncClient", "AsyncRunHandle"]
+
+_FEED_ERRORS: Final = (OSError, ConnectionClosed, InvalidHandshake, InvalidURI, TimeoutError)
+
+
+class AsyncRunHandle:
+    """A run this client started (``run_id``, ``seq``); its methods are the client's, awaited."""
+
+    __slots__ = ("_client", "created", "run_id", "seq")
+
+    def __init__(self, client: AsyncClient, answer: SubmitAnswer) -> None:
+        self._client = client
+        self.run_id = answer.run_id
+        self.seq = answer.seq
+        self.created = answer.created
+
+    def __repr__(self) -> str:
+        return f"AsyncRunHandle(run_id={self.run_id!r}, seq={self.seq})"
+
+    async def get(self) -> RunDetail:
+        """The run as the store has it (at least as of its submission)."""
+        return await self._client.get(self.run_id, min_seq=self.seq)
+
+    async def wait(self, timeout: float | None = None) -> RunDetail:
+        """Wait for the run to finish."""
+        return await self._client.wait(self.run_id, timeout=timeout)
+
+    async def cancel(self) -> CancelAnswer:
+        """Cancel the run."""
+        return await self._client.cancel(self.run_id)
+
+    async def signal(
+        self, name: str, payload: Any = None, signal_id: str | None = None
+    ) -> SignalAnswer:
+        """Send the run signal ``name``."""
+        return await self._client.signal(self.run_id, name, payload, signal_id=signal_id)
+
+    def events(self, since: int | None = None) -> AsyncIterator[Event | FeedGap]:
+        """The run's activity events, until it finishes."""
+        return self._client.events(self.run_id, since=since)
+
+
+class AsyncClient:
+    """An asyncio client of a Tiffany server's HTTP API (arguments as :class:`~tiffany.sdk.Client`).
+
+    Use it as ``async with AsyncClient(url) as client: ...`` or call
+    :meth:`aclose` when done.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = protocol.DEFAULT_TIMEOUT_S,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.url = protocol.resolve_url(url)
+        self._token = protocol.resolve_token(token)
+        self._headers = protocol.auth_headers(self._token)
+        self._own_http = http is None
+        self._http = http or httpx.AsyncClient(timeout=timeout)
+        self._seqs: OrderedDict[str, int] = OrderedDict()
+
+    def __repr__(self) -> str:
+        return f"AsyncClient({self.url!r})"
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the HTTP connections (a client given ``http`` leaves it open)."""
+        if self._own_http:
+            await self._http.aclose()
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        headers = {**self._headers, **kwargs.pop("headers", {})}
+        try:
+            return await self._http.request(method, self.url + path, headers=headers, **kwargs)
+        except httpx.TransportError as exc:
+            raise protocol.unreachable(self.url, exc) from exc
+
+    def _remember(self, answer: SubmitAnswer) -> None:
+        self._seqs[answer.run_id] = answer.seq
+        self._seqs.move_to_end(answer.run_id)
+        while len(self._seqs) > REMEMBERED_RUNS:
+            self._seqs.popitem(last=False)
+
+    async def submit(
+        self,
+        plan: Any,
+        inputs: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> AsyncRunHandle:
+        """Submit a plan (a dict, JSON or YAML text, or a path); its run once durable."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        body = protocol.plan_body(plan, inputs)
+        response = await self._request("POST", "/api/runs", json=body, headers=headers)
+        got = protocol.answer(response, SubmitAnswer)
+        self._remember(got)
+        return AsyncRunHandle(self, got)
+
+    async def get(self, run_id: str, min_seq: int | None = None) -> RunDetail:
+        """The run (as of ``min_seq``; default: this client's submission of it)."""
+        if min_seq is None:
+            min_seq = self._seqs.get(run_id)
+        params = {} if min_seq is None else {"min_seq": min_seq}
+        response = await self._request("GET", f"/api/runs/{run_id}", params=params)
+        return protocol.answer(response, RunDetail)
+
+    async def list(
+        self,
+        status: RunStatus | None = None,
+        limit: int = 50,
+        before: int | None = None,
+    ) -> RunList:
+        """A page of runs, newest first."""
+        params: dict[str, Any] = {"limit": limit}
+        if status is not None:
+            params["status"] = status
+        if before is not None:
+            params["before"] = before
+        return protocol.answer(await self._request("GET", "/api/runs", params=params), RunList)
+
+    async def records(self, run_id: str, after: int = 0, limit: int = 200) -> RunEvents:
+        """A page of the run's journal records, decoded."""
+        params = {"after": after, "limit": limit}
+        response = await self._request("GET", f"/api/runs/{run_id}/events", params=params)
+        return protocol.answer(response, RunEvents)
+
+    async def cancel(self, run_id: str) -> CancelAnswer:
+        """Cancel a running run."""
+        response = await self._request("POST", f"/api/runs/{run_id}/cancel")
+        return protocol.answer(response, CancelAnswer)
+
+    async def signal(
+        self, run_id: str, name: str, payload: Any = None, signal_id: str | None = None
+    ) -> SignalAnswer:
+        """Send signal ``name`` with ``payload`` to a running run; once journaled."""
+        headers = {"Idempotency-Key": signal_id} if signal_id else {}
+        response = await self._request(
+            "POST", f"/api/runs/{run_id}/signals/{name}", json=payload, headers=headers
+        )
+        return protocol.answer(response, SignalAnswer)
+
+    async def rerun(
+        self,
+        run_id: str,
+        from_step: str | None = None,
+        inputs: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> AsyncRunHandle:
+        """Re-run a finished run from ``from_step`` (default: its failed steps) as a new run."""
+        body: dict[str, Any] = {}
+        if from_step is not None:
+            body["from_step"] = from_step
+        if inputs is not None:
+            body["inputs"] = dict(inputs)
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        response = await self._request(
+            "POST", f"/api/runs/{run_id}/rerun", json=body, headers=headers
+        )
+        got = protocol.answer(response, SubmitAnswer)
+        self._remember(got)
+        return AsyncRunHandle(self, got)
+
+    async def wait(self, run_id: str, timeout: float | None = None) -> RunDetail:
+        """Wait until the run has finished; return it (see ``Client.wait``)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        min_seq = self._seqs.get(run_id)
+        feed = await self._open_feed(run_id, since=None)
+        backoff = protocol.Backoff()
+        last: RunDetail | None = None
+        try:
+            while True:
+                try:
+                    last = await self.get(run_id, min_seq=min_seq)
+                    if last.finished:
+                        return last
+                except Unavailable:
+                    pass
+                interval = backoff.step()
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise WaitTimeout(
+                            f"run {run_id} did not finish within {timeout:g}s",
+                            run=last,
+                            run_id=run_id,
+                        )
+                    interval = min(interval, left)
+                if feed is None:
+                    await asyncio.sleep(interval)
+                    continue
+                try:
+                    seen = await _finished_seq(feed, run_id, interval)
+                except (*_FEED_ERRORS, protocol.Cutoff):
+                    await feed.close()
+                    feed = None
+                    continue
+                if seen is not None:
+                    min_seq = max(min_seq or 0, seen)
+        finally:
+            if feed is not None:
+                await feed.close()
+
+    async def events(
+        self,
+        run_id: str | None = None,
+        since: int | None = None,
+        *,
+        until_finished: bool = True,
+    ) -> AsyncIterator[Event | FeedGap]:
+        """Iterate over the activity feed, resuming across drops (see ``Client.events``)."""
+        last = since
+        finished_at_start = False
+        failing_since: float | None = None
+        backoff = protocol.Backoff()
+        while True:
+            feed = await self._open_feed(run_id, since=last)
+            if feed is None:
+                now = time.monotonic()
+                failing_since = failing_since or now
+                if now - failing_since > protocol.RECONNECT_FOR_S:
+                    raise ConnectionFailed(f"cannot follow the feed at {self.url}", url=self.url)
+                await asyncio.sleep(backoff.step())
+                continue
+            failing_since, backoff = None, protocol.Backoff()
+            try:
+                if run_id is not None and until_finished and last is None:
+                    finished_at_start = (await self.get(run_id)).finished
+                while True:
+                    quiet = protocol.FINISHED_DRAIN_S if finished_at_start else None
+                    try:
+                        message = await asyncio.wait_for(feed.recv(), quiet)
+                    except TimeoutError:
+                        return
+                    item = protocol.read_frame(message)
+                    if item is None:
+                        continue
+                    if isinstance(item, FeedGap):
+                        yield item
+                        if (
+                            run_id is not None
+                            and until_finished
+                            and (await self.get(run_id)).finished
+                        ):
+                            return
+                        continue
+                    last = item.seq
+                    yield item
+                    if until_finished and item.kind == "run.finished" and item.run_id == run_id:
+                        return
+            except protocol.Cutoff:
+                continue
+            except _FEED_ERRORS:
+                continue
+            finally:
+                await feed.close()
+
+    async def _open_feed(self, run_id: str | None, since: int | None) -> ClientConnection | None:
+        tail = protocol.FEED_TAIL if since is None and run_id else 0
+        url = protocol.feed_url(self.url, run_id, since, tail=tail)
+        try:
+            return await connect(
+                url,
+                additional_headers=self._headers,
+                open_timeout=FEED_OPEN_TIMEOUT_S,
+                compression=None,
+                max_size=None,
+            )
+        except _FEED_ERRORS:
+            return None
+
+
+async def _finished_seq(feed: ClientConnection, run_id: str, within: float) -> int | None:
+    """Read ``feed`` for up to ``within`` seconds; the WAL seq of ``run_id``'s end, or None."""
+    deadline = time.monotonic() + within
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        try:
+            message = await asyncio.wait_for(feed.recv(), left)
+        except TimeoutError:
+            return None
+        item = protocol.read_frame(message)
+        if isinstance(item, FeedGap):
+            return 0
+        if isinstance(item, Event) and item.kind == "run.finished" and item.run_id == run_id:
+            return item.wal_seq

@@ -1,0 +1,422 @@
+"""The blocking client of the HTTP API: :class:`Client` and the run handle it returns.
+
+Reads pass the WAL seq a submission answered as ``min_seq``, so a run just
+submitted reads back at once, never a 404 (docs/clock.md). ``wait`` follows
+the run on the activity feed (``/ws/activity?run_id=``) and reads it over
+HTTP when the feed says it finished; while the feed is quiet (or cannot be
+had: a proxy without websockets) it reads the run at doubling intervals, so
+a missed event costs a little time, never a hang.
+
+:class:`~tiffany.sdk.aclient.AsyncClient` has the same methods, awaited.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from typing import Any, Final
+
+import httpx
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.sync.client import ClientConnection, connect
+
+from tiffany.sdk import protocol
+from tiffany.sdk.errors import ConnectionFailed, Unavailable, WaitTimeout
+from tiffany.sdk.models import (
+    CancelAnswer,
+    Event,
+    FeedGap,
+    RunDetail,
+    RunEvents,
+    RunList,
+    RunStatus,
+    SignalAnswer,
+    SubmitAnswer,
+)
+
+__all__ = ["Client", "RunHandle"]
+
+#: Run ids whose submission seq a client remembers (for its reads' ``min_seq``).
+REMEMBERED_RUNS: Final = 1024
+#: What the websocket connection may take to open, in seconds.
+FEED_OPEN_TIMEOUT_S: Final = 10.0
+
+_FEED_ERRORS: Final = (OSError, ConnectionClosed, InvalidHandshake, InvalidURI, TimeoutError)
+
+
+class RunHandle:
+    """A run this client started: its ``run_id`` and the WAL ``seq`` of its first record.
+
+    Its methods are the client's, for this run (``handle.wait()`` is
+    ``client.wait(handle.run_id)``).
+    """
+
+    __slots__ = ("_client", "created", "run_id", "seq")
+
+    def __init__(self, client: Client, answer: SubmitAnswer) -> None:
+        self._client = client
+        self.run_id = answer.run_id
+        self.seq = answer.seq
+        #: False when the Idempotency-Key named an earlier submission.
+        self.created = answer.created
+
+    def __repr__(self) -> str:
+        return f"RunHandle(run_id={self.run_id!r}, seq={self.seq})"
+
+    def get(self) -> RunDetail:
+        """The run as the store has it (at least as of its submission)."""
+        return self._client.get(self.run_id, min_seq=self.seq)
+
+    def wait(self, timeout: float | None = None) -> RunDetail:
+        """Wait for the run to finish (see :meth:`Client.wait`)."""
+        return self._client.wait(self.run_id, timeout=timeout)
+
+    def cancel(self) -> CancelAnswer:
+        """Cancel the run."""
+        return self._client.cancel(self.run_id)
+
+    def signal(self, name: str, payload: Any = None, signal_id: str | None = None) -> SignalAnswer:
+        """Send the run signal ``name``."""
+        return self._client.signal(self.run_id, name, payload, signal_id=signal_id)
+
+    def events(self, since: int | None = None) -> Iterator[Event | FeedGap]:
+        """The run's activity events, until it finishes (see :meth:`Client.events`)."""
+        return self._client.events(self.run_id, since=since)
+
+
+class Client:
+    """A client of a Tiffany server's HTTP API (blocking; thread-safe like httpx.Client).
+
+    Args:
+        url: The server's base URL; default ``TIFFANY_URL``, else
+            ``http://127.0.0.1:8000``.
+        token: The API token (sent as ``Authorization: Bearer``); default
+            ``TIFFANY_API_TOKEN``, else none.
+        timeout: How long one HTTP request may take, in seconds.
+        http: An ``httpx.Client`` to use instead of a new one (proxies, TLS
+            settings); its base URL and headers are left as they are.
+
+    Raises:
+        ValueError: ``url`` is not an http(s) URL.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = protocol.DEFAULT_TIMEOUT_S,
+        http: httpx.Client | None = None,
+    ) -> None:
+        self.url = protocol.resolve_url(url)
+        self._token = protocol.resolve_token(token)
+        self._headers = protocol.auth_headers(self._token)
+        self._own_http = http is None
+        self._http = http or httpx.Client(timeout=timeout)
+        self._seqs: OrderedDict[str, int] = OrderedDict()
+
+    def __repr__(self) -> str:
+        return f"Client({self.url!r})"
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the HTTP connections (a client given ``http`` leaves it open)."""
+        if self._own_http:
+            self._http.close()
+
+    # -- Requests ------------------------------------------------------------
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        headers = {**self._headers, **kwargs.pop("headers", {})}
+        try:
+            return self._http.request(method, self.url + path, headers=headers, **kwargs)
+        except httpx.TransportError as exc:
+            raise protocol.unreachable(self.url, exc) from exc
+
+    def _remember(self, answer: SubmitAnswer) -> None:
+        self._seqs[answer.run_id] = answer.seq
+        self._seqs.move_to_end(answer.run_id)
+        while len(self._seqs) > REMEMBERED_RUNS:
+            self._seqs.popitem(last=False)
+
+    # -- Runs ------------------------------------------------------------------
+
+    def submit(
+        self,
+        plan: Any,
+        inputs: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> RunHandle:
+        """Submit a plan; return its run once the run is durable on the server.
+
+        Args:
+            plan: The plan: a dict, its JSON or YAML text, or a path to a
+                plan file (a :class:`~pathlib.Path`, or a string naming an
+                existing file).
+            inputs: Inputs, merged over the plan's own.
+            idempotency_key: Submitting again with it returns the first run
+                (``created`` False) instead of starting another.
+
+        Raises:
+            InvalidRequest: The plan or inputs are invalid (``errors`` name the fields).
+            PayloadTooLarge: The plan is larger than the server accepts.
+        """
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        body = protocol.plan_body(plan, inputs)
+        got = protocol.answer(
+            self._request("POST", "/api/runs", json=body, headers=headers), SubmitAnswer
+        )
+        self._remember(got)
+        return RunHandle(self, got)
+
+    def get(self, run_id: str, min_seq: int | None = None) -> RunDetail:
+        """The run with its steps, tasks, outputs and error.
+
+        Args:
+            run_id: The run.
+            min_seq: Answer once the store holds this WAL seq; default: the
+                seq of this client's submission of the run, if any.
+
+        Raises:
+            NotFound: No such run.
+        """
+        if min_seq is None:
+            min_seq = self._seqs.get(run_id)
+        params = {} if min_seq is None else {"min_seq": min_seq}
+        return protocol.answer(
+            self._request("GET", f"/api/runs/{run_id}", params=params), RunDetail
+        )
+
+    def list(
+        self,
+        status: RunStatus | None = None,
+        limit: int = 50,
+        before: int | None = None,
+    ) -> RunList:
+        """A page of runs, newest first (``before``: the previous page's ``next_before``)."""
+        params: dict[str, Any] = {"limit": limit}
+        if status is not None:
+            params["status"] = status
+        if before is not None:
+            params["before"] = before
+        return protocol.answer(self._request("GET", "/api/runs", params=params), RunList)
+
+    def records(self, run_id: str, after: int = 0, limit: int = 200) -> RunEvents:
+        """A page of the run's journal records, decoded (``after``: the previous ``next_after``)."""
+        params = {"after": after, "limit": limit}
+        return protocol.answer(
+            self._request("GET", f"/api/runs/{run_id}/events", params=params), RunEvents
+        )
+
+    def cancel(self, run_id: str) -> CancelAnswer:
+        """Cancel a running run (it ends ``cancelled`` shortly).
+
+        Raises:
+            NotFound: No such run.
+            Conflict: The run has already finished.
+        """
+        return protocol.answer(self._request("POST", f"/api/runs/{run_id}/cancel"), CancelAnswer)
+
+    def signal(
+        self, run_id: str, name: str, payload: Any = None, signal_id: str | None = None
+    ) -> SignalAnswer:
+        """Send signal ``name`` with ``payload`` (any JSON) to a running run; once journaled.
+
+        A ``signal.wait`` step of that name outputs the payload; a signal sent
+        before the step waits is kept for it. Sending again with the same
+        ``signal_id`` journals it once.
+
+        Raises:
+            NotFound: No such run.
+            Conflict: The run has already finished.
+        """
+        headers = {"Idempotency-Key": signal_id} if signal_id else {}
+        response = self._request(
+            "POST", f"/api/runs/{run_id}/signals/{name}", json=payload, headers=headers
+        )
+        return protocol.answer(response, SignalAnswer)
+
+    def rerun(
+        self,
+        run_id: str,
+        from_step: str | None = None,
+        inputs: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> RunHandle:
+        """Re-run a finished run from ``from_step`` (default: its failed steps) as a new run.
+
+        Steps not downstream of the restart point reuse their recorded
+        outputs; ``inputs`` replace the earlier run's (the others are kept).
+
+        Raises:
+            Conflict: The run has not finished.
+            InvalidRequest: No such step, or no failed step to restart at.
+        """
+        body: dict[str, Any] = {}
+        if from_step is not None:
+            body["from_step"] = from_step
+        if inputs is not None:
+            body["inputs"] = dict(inputs)
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        response = self._request("POST", f"/api/runs/{run_id}/rerun", json=body, headers=headers)
+        got = protocol.answer(response, SubmitAnswer)
+        self._remember(got)
+        return RunHandle(self, got)
+
+    # -- Waiting and following ---------------------------------------------------
+
+    def wait(self, run_id: str, timeout: float | None = None) -> RunDetail:
+        """Wait until the run has finished; return it (``status``, ``outputs``, ``error``).
+
+        A run that failed or was cancelled is returned too: look at ``status``.
+
+        Raises:
+            WaitTimeout: ``timeout`` seconds passed first (``.run``: the run as last read).
+            NotFound: No such run.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        min_seq = self._seqs.get(run_id)
+        feed = self._open_feed(run_id, since=None)
+        backoff = protocol.Backoff()
+        last: RunDetail | None = None
+        try:
+            while True:
+                try:
+                    last = self.get(run_id, min_seq=min_seq)
+                    if last.finished:
+                        return last
+                except Unavailable:  # the store is behind the seq: read again
+                    pass
+                interval = backoff.step()
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise WaitTimeout(
+                            f"run {run_id} did not finish within {timeout:g}s",
+                            run=last,
+                            run_id=run_id,
+                        )
+                    interval = min(interval, left)
+                if feed is None:
+                    time.sleep(interval)
+                    continue
+                try:
+                    seen = _finished_seq(feed, run_id, interval)
+                except (*_FEED_ERRORS, protocol.Cutoff):
+                    feed.close()
+                    feed = None  # the feed is gone: read at intervals from here
+                    continue
+                if seen is not None:
+                    min_seq = max(min_seq or 0, seen)
+        finally:
+            if feed is not None:
+                feed.close()
+
+    def events(
+        self,
+        run_id: str | None = None,
+        since: int | None = None,
+        *,
+        until_finished: bool = True,
+    ) -> Iterator[Event | FeedGap]:
+        """Iterate over the activity feed (of one run, or of every run), resuming across drops.
+
+        Without ``since`` the iteration starts with the events the server
+        still holds (of this run), then follows live; with ``since`` (an
+        event's ``seq``), it starts right after that event. A dropped
+        connection is resumed after the last event received. A
+        :class:`~tiffany.sdk.models.FeedGap` says events were lost (the
+        server no longer held them).
+
+        With ``run_id`` and ``until_finished``, the iteration ends after the
+        run's ``run.finished`` event (a run that had already finished ends
+        once the events the server holds of it have come).
+
+        Raises:
+            ConnectionFailed: The feed could not be reached for
+                :data:`~tiffany.sdk.protocol.RECONNECT_FOR_S` seconds.
+        """
+        last = since
+        finished_at_start = False
+        failing_since: float | None = None
+        backoff = protocol.Backoff()
+        while True:
+            feed = self._open_feed(run_id, since=last)
+            if feed is None:
+                now = time.monotonic()
+                failing_since = failing_since or now
+                if now - failing_since > protocol.RECONNECT_FOR_S:
+                    raise ConnectionFailed(f"cannot follow the feed at {self.url}", url=self.url)
+                time.sleep(backoff.step())
+                continue
+            failing_since, backoff = None, protocol.Backoff()
+            try:
+                if run_id is not None and until_finished and last is None:
+                    finished_at_start = self.get(run_id).finished
+                while True:
+                    quiet = protocol.FINISHED_DRAIN_S if finished_at_start else None
+                    try:
+                        message = feed.recv(timeout=quiet)
+                    except TimeoutError:
+                        return  # a finished run: what the server held has come
+                    item = protocol.read_frame(message)
+                    if item is None:
+                        continue
+                    if isinstance(item, FeedGap):
+                        yield item
+                        if run_id is not None and until_finished and self.get(run_id).finished:
+                            return
+                        continue
+                    last = item.seq
+                    yield item
+                    if _ends(item, run_id, until_finished):
+                        return
+            except protocol.Cutoff:
+                continue  # too slow for the server: resume after the last event
+            except _FEED_ERRORS:
+                continue  # dropped: resume after the last event
+            finally:
+                feed.close()
+
+    def _open_feed(self, run_id: str | None, since: int | None) -> ClientConnection | None:
+        """A websocket on the feed, or None if it cannot be had."""
+        tail = protocol.FEED_TAIL if since is None else 0
+        url = protocol.feed_url(self.url, run_id, since, tail=tail if run_id else 0)
+        try:
+            return connect(
+                url,
+                additional_headers=self._headers,
+                open_timeout=FEED_OPEN_TIMEOUT_S,
+                compression=None,
+                max_size=None,
+            )
+        except _FEED_ERRORS:
+            return None
+
+
+def _ends(event: Event, run_id: str | None, until_finished: bool) -> bool:
+    return until_finished and event.kind == "run.finished" and event.run_id == run_id
+
+
+def _finished_seq(feed: ClientConnection, run_id: str, within: float) -> int | None:
+    """Read ``feed`` for up to ``within`` seconds; the WAL seq of ``run_id``'s end, or None."""
+    deadline = time.monotonic() + within
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        try:
+            message = feed.recv(timeout=left)
+        except TimeoutError:
+            return None
+        item = protocol.read_frame(message)  # a cutoff raises: the caller polls from then on
+        if isinstance(item, FeedGap):
+            return 0  # events lost: read the run now
+        if isinstance(item, Event) and _ends(item, run_id, True):
+            return item.wal_seq

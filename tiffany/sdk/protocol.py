@@ -1,0 +1,201 @@
+"""What :class:`~tiffany.sdk.Client` and :class:`~tiffany.sdk.AsyncClient` share.
+
+Both speak the same HTTP API (docs/sdk.md); they differ only in how they do
+I/O. Everything that is not I/O lives here, once: building request bodies,
+turning answers into models or exceptions, reading feed frames, and the
+backoff of ``wait``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final, TypeVar
+from urllib.parse import urlencode, urlsplit, urlunsplit
+
+import httpx
+from pydantic import BaseModel
+
+from tiffany.sdk.errors import ConnectionFailed, error_from_answer
+from tiffany.sdk.models import Event, FeedGap
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "DEFAULT_URL",
+    "FEED_TAIL",
+    "FINISHED_DRAIN_S",
+    "RECONNECT_FOR_S",
+    "WAIT_POLL_FIRST_S",
+    "WAIT_POLL_MAX_S",
+    "Backoff",
+    "Cutoff",
+    "answer",
+    "auth_headers",
+    "feed_url",
+    "plan_body",
+    "raise_for",
+    "read_frame",
+    "resolve_token",
+    "resolve_url",
+    "unreachable",
+]
+
+M = TypeVar("M", bound=BaseModel)
+
+#: Where a client goes when given no URL and no ``TIFFANY_URL``.
+DEFAULT_URL: Final = "http://127.0.0.1:8000"
+#: How long one HTTP request may take, in seconds (a ``min_seq`` read waits
+#: up to 5 s on the server, a submission until it is journaled).
+DEFAULT_TIMEOUT_S: Final = 30.0
+#: ``wait``: the first interval between two reads of the run when the feed is
+#: quiet, in seconds; doubled after each quiet interval, up to the maximum.
+WAIT_POLL_FIRST_S: Final = 0.25
+WAIT_POLL_MAX_S: Final = 5.0
+#: ``events`` without ``since``: the feed's events the server still holds
+#: (the most it replays), then the live ones.
+FEED_TAIL: Final = 10_000
+#: ``events`` of a run that had finished before it was followed: the feed is
+#: read until the run's ``run.finished``, or until it stays quiet this long
+#: (the server sends what it holds at once), in seconds.
+FINISHED_DRAIN_S: Final = 1.0
+#: ``events``: how long a lost feed is retried before ConnectionFailed, in seconds.
+RECONNECT_FOR_S: Final = 30.0
+
+
+def resolve_url(url: str | None) -> str:
+    """The API's base URL: ``url``, else ``TIFFANY_URL``, else :data:`DEFAULT_URL`."""
+    text = (url or os.environ.get("TIFFANY_URL") or DEFAULT_URL).strip().rstrip("/")
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"url: not an http(s) URL: {text!r}")
+    return text
+
+
+def resolve_token(token: str | None) -> str | None:
+    """The bearer token: ``token``, else ``TIFFANY_API_TOKEN``, else None (empty is none)."""
+    value = token if token is not None else os.environ.get("TIFFANY_API_TOKEN")
+    return value.strip() or None if value else None
+
+
+def auth_headers(token: str | None) -> dict[str, str]:
+    """The headers every request carries."""
+    headers = {"Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return headers
+
+
+def plan_body(plan: Any, inputs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The body of ``POST /api/runs`` for ``plan`` (a dict, JSON or YAML text, or a path).
+
+    A :class:`~pathlib.Path` (or any path-like) is read; a string that names
+    an existing file (one line, not JSON) is too; any other string is sent as
+    the plan's text, which the server parses as JSON or YAML.
+    """
+    if isinstance(plan, os.PathLike) or (
+        isinstance(plan, str)
+        and "\n" not in plan
+        and not plan.lstrip().startswith("{")
+        and _is_file(plan)
+    ):
+        path = Path(os.fspath(plan))
+        try:
+            plan = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"plan: cannot read {path}: {exc.strerror}") from None
+    elif not isinstance(plan, dict | str):
+        raise TypeError(f"plan: a dict, JSON or YAML text, or a path, not {type(plan).__name__}")
+    if inputs is not None and not isinstance(inputs, Mapping):
+        raise TypeError(f"inputs: a mapping, not {type(inputs).__name__}")
+    return {"plan": plan, "inputs": dict(inputs or {})}
+
+
+def _is_file(text: str) -> bool:
+    try:
+        return Path(text).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def answer(response: httpx.Response, model: type[M]) -> M:
+    """``response``'s JSON as ``model``, or the :class:`~tiffany.sdk.errors.ApiError` it is."""
+    if response.status_code >= 400:
+        raise_for(response)
+    return model.model_validate(response.json())
+
+
+def raise_for(response: httpx.Response) -> None:
+    """Raise the error ``response`` answers (it is one: status 400 and up)."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    raise error_from_answer(
+        response.status_code,
+        body,
+        text=response.text,
+        retry_after=response.headers.get("retry-after"),
+    )
+
+
+def unreachable(base: str, exc: Exception) -> ConnectionFailed:
+    """The error for a transport failure (connection refused, timeout...)."""
+    reason = str(exc) or type(exc).__name__
+    return ConnectionFailed(f"cannot reach the Tiffany API at {base}: {reason}", url=base)
+
+
+def feed_url(base: str, run_id: str | None, since: int | None, tail: int = 0) -> str:
+    """The websocket URL of the activity feed (``ws://`` for ``http://``).
+
+    Without ``since``, ``tail`` > 0 asks first for the last events the
+    server holds (of the run, when ``run_id`` is given).
+    """
+    parts = urlsplit(base)
+    scheme = "wss" if parts.scheme == "https" else "ws"
+    query: dict[str, Any] = {}
+    if run_id is not None:
+        query["run_id"] = run_id
+    if since is not None:
+        query["since"] = since
+    elif tail:
+        query["tail"] = tail
+    path = parts.path.rstrip("/") + "/ws/activity"
+    return urlunsplit((scheme, parts.netloc, path, urlencode(query), ""))
+
+
+class Cutoff(Exception):
+    """The server cut this subscriber off (too slow): resume with ``since``."""
+
+
+def read_frame(text: str | bytes) -> Event | FeedGap | None:
+    """One websocket message as an event, a gap, or None (a ping or unknown control frame).
+
+    Raises:
+        Cutoff: The frame is ``cutoff``: reconnect with the last seq.
+    """
+    doc = json.loads(text)
+    if not isinstance(doc, dict):
+        return None
+    kind = doc.get("type")
+    if kind is None and "seq" in doc and "kind" in doc:
+        return Event.model_validate(doc)
+    if kind == "gone":
+        return FeedGap.model_validate({k: v for k, v in doc.items() if k != "type"})
+    if kind == "cutoff":
+        raise Cutoff(str(doc.get("reason") or "cut off"))
+    return None
+
+
+class Backoff:
+    """The intervals ``wait`` reads the run at while the feed is quiet: doubling, capped."""
+
+    def __init__(self, first: float = WAIT_POLL_FIRST_S, most: float = WAIT_POLL_MAX_S) -> None:
+        self.next = first
+        self.most = most
+
+    def step(self) -> float:
+        """Return the next interval, in seconds."""
+        value, self.next = self.next, min(self.next * 2, self.most)
+        return value
