@@ -946,3 +946,102 @@ def test_the_runs_list_is_searched_by_name_inputs_and_date_and_keeps_it_on_reloa
         finally:
             browser.close()
     assert not errors, errors
+
+
+#: The words the dashboard shows for a state, and nothing else (kernel words are mapped).
+VOCABULARY = {"pending", "running", "succeeded", "failed", "cancelled", "skipped"}
+
+
+def test_times_are_local_with_the_zone_elapsed_ticks_and_a_cancel_is_neutral(
+    chromium_path: str, service: dict[str, Any], tmp_path: Path, artifacts_dir: Path
+) -> None:
+    """Times show as local date-times with the zone; a run's elapsed time ticks; a cancel is grey.
+
+    In a New York browser the run page's start time reads like
+    "Jan 5, 2026, 10:00:00 AM EST", the list row shows the run's age with the
+    full time in its tooltip, and the row's elapsed time moves while the run
+    sleeps. Cancelled from its page, the run is grey (not the red of a
+    failure), says who cancelled it ("cancelled over HTTP", journaled with
+    the cancel), not the kernel's "task N", and its tasks speak the same
+    words as runs and steps.
+    """
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    url = service["url"]
+    run_id = _submit(url, _plan("long-nap", seconds=60))
+    errors: list[str] = []
+    zone = re.compile(r"\b\d{4}\b.*\d{1,2}:\d{2}:\d{2}.*\bE[SD]T$")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path, headless=True)
+        try:
+            page = browser.new_page(
+                viewport={"width": 1600, "height": 1000},
+                timezone_id="America/New_York",
+                locale="en-US",
+            )
+            page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+            page.on("console", lambda msg: _console(msg, errors))
+            page.goto(f"{url}#/run/{run_id}")
+            expect(page.get_by_test_id("run-status")).to_have_attribute("data-status", "running")
+
+            # -- local date, time and zone -------------------------------------------
+            started = page.get_by_test_id("run-started").locator("time")
+            expect(started).to_have_text(zone)
+            iso = started.get_attribute("datetime")
+            assert iso is not None
+            assert iso.endswith("Z")
+            row = page.locator(f'[data-testid=run-row][data-run-id="{run_id}"]')
+            age = row.get_by_test_id("run-row-age")
+            expect(age).to_have_text(re.compile(r"just now|\d+ s ago"))
+            expect(age).to_have_attribute("title", zone)
+
+            # -- the elapsed time ticks while the run runs --------------------------------
+            elapsed = row.get_by_test_id("run-row-elapsed")
+            expect(elapsed).not_to_have_text("")
+            first = elapsed.inner_text()
+            expect(elapsed).not_to_have_text(first, timeout=5_000)
+            duration = page.get_by_test_id("run-duration")
+            shown = duration.inner_text()
+            expect(duration).not_to_have_text(shown, timeout=5_000)
+
+            # -- cancel: grey, with who asked -------------------------------------------
+            page.get_by_test_id("cancel-button").click()
+            page.get_by_test_id("cancel-button").click()  # armed, then confirmed
+            status = page.get_by_test_id("run-status")
+            expect(status).to_have_attribute("data-status", "cancelled", timeout=30_000)
+            expect(status).to_have_text("cancelled")
+            expect(status).to_have_class(re.compile(r"\btone-idle\b"))
+            expect(row).to_have_attribute("data-status", "cancelled")
+            expect(row.get_by_test_id("run-row-status")).to_have_class(re.compile(r"\btone-idle\b"))
+            card = page.get_by_test_id("run-error")
+            expect(card).to_have_attribute("data-status", "cancelled")
+            expect(card.locator("h3")).to_have_text("Run cancelled")
+            reason = page.get_by_test_id("run-cancel-reason")
+            expect(reason).to_contain_text("Cancelled: cancelled over HTTP")
+            expect(reason).not_to_contain_text("task ")
+            colour = card.evaluate("el => getComputedStyle(el).borderLeftColor")
+            bad = page.evaluate(
+                "() => { const s = document.createElement('span'); s.className = 'tone-bad';"
+                " s.style.color = 'var(--tone)'; document.body.append(s);"
+                " const c = getComputedStyle(s).color; s.remove(); return c; }"
+            )
+            assert colour != bad, (colour, bad)
+            expect(page.get_by_test_id("run-ended").locator("time")).to_have_text(zone)
+
+            # -- one vocabulary: tasks say succeeded / failed / cancelled, never done ---
+            pills = page.get_by_test_id("task-tree").get_by_test_id("task-state")
+            expect(pills.first).to_be_visible()
+            words = set(pills.all_inner_texts())
+            assert words <= VOCABULARY, words
+            assert "cancelled" in words, words
+            steps = set(page.get_by_test_id("step-status").all_inner_texts())
+            assert steps <= VOCABULARY, steps
+            detail = _http_json(f"{url}api/runs/{run_id}")
+            assert {t["status"] for t in detail["tasks"]} <= VOCABULARY, detail["tasks"]
+            png = tmp_path / "dashboard-run-cancelled.png"
+            page.screenshot(path=str(png))
+            _save_screenshot(png, "dashboard-run-cancelled.png", artifacts_dir)
+        finally:
+            browser.close()
+    assert not errors, errors

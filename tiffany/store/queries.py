@@ -19,11 +19,20 @@ from sqlalchemy.orm import Session, selectinload
 
 from tiffany.shards import engine_of, seq_base
 from tiffany.store.journal import run_records
-from tiffany.store.models import PROJECTOR_STATE_ID, ProjectorState, Run, RunStatus, Step, Task
+from tiffany.store.models import (
+    PROJECTOR_STATE_ID,
+    ProjectorState,
+    Run,
+    RunStatus,
+    Step,
+    Task,
+    TaskState,
+)
 
 __all__ = [
     "DEFAULT_PAGE_SIZE",
     "MAX_PAGE_SIZE",
+    "TASK_STATUS",
     "RunFilter",
     "counts_by_status",
     "get_run",
@@ -43,6 +52,23 @@ __all__ = [
 DEFAULT_PAGE_SIZE: Final = 50
 #: The most runs one page returns.
 MAX_PAGE_SIZE: Final = 500
+
+#: A task's kernel state in the one vocabulary runs and steps speak (pending,
+#: running, succeeded, failed, cancelled): what ``task_dict`` answers as a
+#: task's ``status`` beside its ``state``. The dashboard's twin is
+#: ``statusWord`` in ``tiffany/api/static/dom.js``.
+TASK_STATUS: Final[dict[str, str]] = {
+    TaskState.READY: RunStatus.PENDING,
+    TaskState.RUNNING: RunStatus.RUNNING,
+    TaskState.BLOCKED_IO: RunStatus.RUNNING,
+    TaskState.BLOCKED_SLEEP: RunStatus.RUNNING,
+    TaskState.BLOCKED_JOIN: RunStatus.RUNNING,
+    TaskState.BLOCKED_SYNC: RunStatus.RUNNING,
+    TaskState.BLOCKED_THREAD: RunStatus.RUNNING,
+    TaskState.DONE: RunStatus.SUCCEEDED,
+    TaskState.CRASHED: RunStatus.FAILED,
+    TaskState.CANCELLED: RunStatus.CANCELLED,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +239,7 @@ def task_dict(task: Any) -> dict[str, Any]:
         "kind": task.kind,
         "step_id": task.step_id,
         "state": task.state,
+        "status": str(TASK_STATUS.get(task.state, task.state)),
         "blocked_on": task.blocked_on,
         "started_at": task.started_at,
         "ended_at": task.ended_at,

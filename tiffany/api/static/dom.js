@@ -91,6 +91,28 @@ export function clock(ts) {
   return `${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}.${p(d.getMilliseconds(), 3)}`;
 }
 
+const WHEN = new Intl.DateTimeFormat(undefined, {
+  year: "numeric",
+  month: "short",
+  day: "numeric",
+  hour: "2-digit",
+  minute: "2-digit",
+  second: "2-digit",
+  timeZoneName: "short",
+});
+
+/** Epoch seconds as a local date and time with the zone: "May 1, 2024, 10:00:00 AM GMT+2". */
+export function when(ts) {
+  return ts == null ? "" : WHEN.format(new Date(ts * 1000));
+}
+
+/** A <time> element showing `when(ts)` (or `text`), machine-readable, with the zone in its title. */
+export function timeEl(ts, text = null, attrs = {}) {
+  if (ts == null) return null;
+  const iso = new Date(ts * 1000).toISOString();
+  return h("time", { datetime: iso, title: when(ts), ...attrs }, text ?? when(ts));
+}
+
 /** Epoch seconds as "just now", "5 s ago", "3 min ago", or a date. */
 export function ago(ts, now = Date.now() / 1000) {
   if (ts == null) return "";
@@ -102,9 +124,9 @@ export function ago(ts, now = Date.now() / 1000) {
   return new Date(ts * 1000).toLocaleDateString();
 }
 
-/** Full local date-time for tooltips. */
+/** Full local date-time, with the zone, for tooltips. */
 export function stamp(ts) {
-  return ts == null ? "" : new Date(ts * 1000).toLocaleString();
+  return when(ts);
 }
 
 /** Run `fn` at most once per animation frame, however often it is scheduled. */
@@ -152,7 +174,31 @@ export const RUN_STATUSES = ["pending", "running", "succeeded", "failed", "cance
 export const TERMINAL_RUN = new Set(["succeeded", "failed", "cancelled"]);
 export const TERMINAL_TASK = new Set(["done", "crashed", "cancelled"]);
 
-/** Short label of a task state ("blocked_sleep" -> "sleeping"). */
+/**
+ * The one state vocabulary the dashboard shows: pending, running, succeeded,
+ * failed, cancelled (and `skipped`, a step that never ran). Runs and steps
+ * already speak it; the kernel's task states and the feed's `run.finished`
+ * labels (`done`, `crashed`, `ready`, `blocked_*`) are mapped here, and only
+ * here (the store's task rows carry the same word as `status`:
+ * tiffany/store/queries.py, TASK_STATUS).
+ */
+const STATUS_OF = {
+  ready: "pending",
+  running: "running",
+  done: "succeeded",
+  crashed: "failed",
+  cancelled: "cancelled",
+  cancelling: "cancelled",
+};
+
+/** A run, step or task state (or a feed label) in the dashboard's vocabulary. */
+export function statusWord(state) {
+  if (!state) return "pending";
+  if (state.startsWith("blocked")) return "running";
+  return STATUS_OF[state] || state;
+}
+
+/** Short label of a task state: the vocabulary's word, or what a running task waits on ("sleeping"). */
 export function stateLabel(state) {
   return (
     {
@@ -161,7 +207,7 @@ export function stateLabel(state) {
       blocked_join: "waiting on task",
       blocked_sync: "waiting",
       blocked_thread: "in thread",
-    }[state] || state || "?"
+    }[state] || statusWord(state)
   );
 }
 
@@ -176,10 +222,11 @@ export function tone(state) {
     case "crashed":
     case "diverged":
       return "bad";
+    // Neutral: someone stopped it, nothing went wrong.
     case "cancelled":
     case "cancelling":
     case "skipped":
-      return "warn";
+      return "idle";
     case "running":
     case "ready":
       return "live";

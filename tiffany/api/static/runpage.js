@@ -29,9 +29,11 @@ import {
   slotState,
   stamp,
   stateLabel,
+  statusWord,
   TERMINAL_RUN,
   TERMINAL_TASK,
   throttle,
+  timeEl,
   toast,
   tone,
 } from "./dom.js";
@@ -44,6 +46,8 @@ import { renderVerify } from "./verify.js";
 const FIRST_ROWS = 150;
 const MORE_ROWS = 500;
 const TASK_EVENTS = 60;
+/** How many journal records before a cancelled run's last one are read for its cancel reason. */
+const CANCEL_LOOKBACK = 1000;
 const MAX_RENDER_GAP_MS = 1000;
 /** The quick "Approve" button's payload. */
 const APPROVE_PAYLOAD = { approved: true };
@@ -284,7 +288,8 @@ export class RunPage {
         d.entry && d.entry.rerun_of && d.entry.rerun_of.run_id
           ? meta("re-run of", runLink(d.entry.rerun_of.run_id), "run-rerun-of")
           : null,
-        meta("created", d.created_at ? h("span", { title: stamp(d.created_at) }, clock(d.created_at)) : null),
+        meta("started", timeEl(d.started_at ?? d.created_at), "run-started"),
+        meta("ended", timeEl(d.ended_at), "run-ended"),
         meta("duration", d.started_at != null && end != null ? duration(end - d.started_at) : null, "run-duration"),
         meta("dispatches", d.dispatches != null ? String(d.dispatches) : null),
         meta("last seq", d.last_seq != null ? String(d.last_seq) : null),
@@ -412,7 +417,7 @@ export class RunPage {
         h(
           "ol",
           { class: "task-events" },
-          evs.reverse().map((e) => h("li", null, h("time", { class: "t" }, clock(e.ts)), " ", h("span", { class: "kind" }, e.kind), " ", e.label)),
+          evs.reverse().map((e) => h("li", null, h("time", { class: "t", title: stamp(e.ts) }, clock(e.ts)), " ", h("span", { class: "kind" }, e.kind), " ", e.label)),
         ),
       ),
     );
@@ -506,7 +511,7 @@ export class RunPage {
             { class: "step-io" },
             spec.args && Object.keys(spec.args).length ? kv("args", spec.args) : null,
             s.output != null ? kv("output", s.output, "step-output") : null,
-            s.error != null ? kv("error", s.error, "step-error", "error-text") : null,
+            s.error != null ? kv(st === "failed" ? "error" : "why", s.error, "step-error", st === "failed" ? "error-text" : "") : null,
           ),
           awaited ? this.signalForm(s.step_id, awaited) : null,
         );
@@ -566,29 +571,70 @@ export class RunPage {
   }
 
   renderErrorAndIo(d) {
+    if (d.status === "cancelled") this.loadCancelReason();
     fill(
       this.errorEl,
-      d.error
-        ? h(
-            "section",
-            { class: "card error-card", testid: "run-error" },
-            h("h3", null, `Run ${d.status === "cancelled" ? "cancelled" : "failed"}`),
-            h(
-              "div",
-              null,
-              h("p", { class: "error-message" }, (d.error && (d.error.message || d.error.repr)) || compact(d.error, 300)),
-              h("details", null, h("summary", null, "error details"), h("pre", { class: "payload error-text" }, pretty(d.error))),
-            ),
-          )
-        : null,
+      d.status === "cancelled"
+        ? this.cancelledCard(d)
+        : d.error
+          ? h(
+              "section",
+              { class: "card error-card", testid: "run-error" },
+              h("h3", null, "Run failed"),
+              h(
+                "div",
+                null,
+                h("p", { class: "error-message" }, (d.error && (d.error.message || d.error.repr)) || compact(d.error, 300)),
+                h("details", null, h("summary", null, "error details"), h("pre", { class: "payload error-text" }, pretty(d.error))),
+              ),
+            )
+          : null,
     );
-    const key = JSON.stringify([d.inputs, d.outputs]);
+    const key = JSON.stringify([d.inputs, d.outputs, d.status]);
     if (key === this.ioKey) return; // keep <details> state while nothing changed
     this.ioKey = key;
     fill(
       this.ioEl,
       h("div", { class: "io-grid" }, kv("inputs", d.inputs ?? {}, "run-inputs"), kv("outputs", d.outputs ?? (TERMINAL_RUN.has(d.status) ? null : "…"), "run-outputs")),
     );
+  }
+
+  /**
+   * A cancelled run, told neutrally: who asked (the reason journaled with
+   * the cancel, e.g. "cancelled over HTTP"), when, and the kernel's words
+   * (which name engine task ids, not this run's tree) only under "details".
+   */
+  cancelledCard(d) {
+    const reason = this.cancelReason;
+    return h(
+      "section",
+      { class: "card cancel-card", testid: "run-error", dataset: { status: "cancelled" } },
+      h("h3", null, "Run cancelled"),
+      h(
+        "p",
+        { class: "cancel-reason", testid: "run-cancel-reason" },
+        reason ? `Cancelled: ${reason}` : reason === null ? "Cancelled before it finished." : "…",
+        d.ended_at != null ? [" · ", timeEl(d.ended_at)] : null,
+      ),
+      d.error ? h("details", null, h("summary", null, "kernel detail"), h("pre", { class: "payload" }, pretty(d.error))) : null,
+    );
+  }
+
+  /** Find why the run was cancelled: the journal's cancel wake-up, near the run's end (once). */
+  async loadCancelReason() {
+    if (this.cancelReason !== undefined || this.cancelAsked) return;
+    this.cancelAsked = true;
+    const last = this.detail.last_seq || 0;
+    const q = new URLSearchParams({ after: String(Math.max(0, last - CANCEL_LOOKBACK)), limit: String(CANCEL_LOOKBACK) });
+    try {
+      const page = await api(`api/runs/${encodeURIComponent(this.runId)}/events?${q}`);
+      const wake = (page.records || []).find((r) => r.type === "WAKE" && r.data && r.data.cause === "cancel");
+      this.cancelReason = wake && typeof wake.data.value === "string" && wake.data.value ? wake.data.value : null;
+    } catch {
+      this.cancelReason = null;
+    }
+    this.stepsSig = null;
+    this.render();
   }
 
   async doCancel() {

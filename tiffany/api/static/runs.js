@@ -6,7 +6,7 @@
 // (`?min_seq=`), so a run that just started or finished is in the answer.
 
 import { api } from "./api.js";
-import { ago, duration, fill, h, RUN_STATUSES, runNo, slotState, TERMINAL_RUN, throttle, tone } from "./dom.js";
+import { ago, duration, fill, h, RUN_STATUSES, runNo, slotState, TERMINAL_RUN, throttle, timeEl, tone } from "./dom.js";
 
 const PAGE = 50;
 /** How long typing pauses before the list is asked again, in milliseconds. */
@@ -294,13 +294,19 @@ export class RunsPane {
               "span",
               { class: "run-main" },
               h("span", { class: "run-name" }, run.name || run.run_id),
-              h("span", { class: "run-meta" }, `${runNo(run) ?? "#…"} · ${ago(run.created_at, now)}`),
+              h(
+                "span",
+                { class: "run-meta" },
+                `${runNo(run) ?? "#…"} · `,
+                // The age; the local date, time and zone in its tooltip.
+                timeEl(run.created_at, ago(run.created_at, now), { testid: "run-row-age" }),
+              ),
             ),
             h(
               "span",
               { class: "run-side" },
               h("span", { class: `status-text tone-${tone(st)}`, testid: "run-row-status" }, st),
-              h("span", { class: "run-meta" }, dur),
+              h("span", { class: "run-meta", testid: "run-row-elapsed", title: "elapsed" }, dur),
             ),
           ),
         ),

@@ -2,7 +2,7 @@
 // run (and optionally without the per-dispatch `step` events). The DOM holds
 // at most TAIL_ROWS rows; new events are added once per animation frame.
 
-import { clock, compact, fill, h, runNo, tone } from "./dom.js";
+import { clock, compact, fill, h, runNo, stamp, tone } from "./dom.js";
 
 export const TAIL_ROWS = 250;
 
@@ -13,7 +13,7 @@ const KIND_TONE = {
   woke: "live",
   exit: "ok",
   crash: "bad",
-  cancelled: "warn",
+  cancelled: "idle",
   "tool.started": "live",
   "tool.output": "idle",
   "tool.finished": "ok",
@@ -185,7 +185,7 @@ export class Tail {
         }`,
         onclick: ev.run ? () => this.openRun(ev.run) : null,
       },
-      h("time", { class: "t" }, clock(ev.ts)),
+      h("time", { class: "t", title: stamp(ev.ts) }, clock(ev.ts)),
       h("span", { class: `kind tone-${KIND_TONE[ev.kind] || tone(ev.kind)}` }, ev.kind),
       h(
         "span",
