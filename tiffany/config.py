@@ -168,6 +168,11 @@ class Settings(BaseSettings):
             is cut off as a slow consumer (beside ``ws_queue_frames``).
         ws_send_timeout_s: How long one send to a websocket may wait for its
             socket to drain before it is cut off.
+        tool_modules: Python modules an engine imports at start, so that
+            their ``@python_tool`` functions register without packaging
+            (``mytools,pkg.more``: comma-separated or a JSON list; the
+            working directory is importable, as with ``python -m``). The
+            CLI's ``--import MOD`` adds to them.
     """
 
     model_config = SettingsConfigDict(
@@ -212,6 +217,7 @@ class Settings(BaseSettings):
     rate_limits: str = ""
     ws_queue_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     ws_send_timeout_s: float = Field(default=10.0, gt=0)
+    tool_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     @field_validator("rate_limits", mode="after")
     @classmethod
@@ -250,7 +256,7 @@ class Settings(BaseSettings):
                 raise ValueError(f"unknown log level {value!r}; use one of {choices}")
         return value
 
-    @field_validator("enabled_tools", "http_allow", mode="before")
+    @field_validator("enabled_tools", "http_allow", "tool_modules", mode="before")
     @classmethod
     def _split_tools(cls, value: Any) -> Any:
         if isinstance(value, str):

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from tiffany.cli import DataDirOption
+from tiffany.cli.imports import ImportOption, import_tool_modules, tool_modules
 
 __all__ = ["register"]
 
@@ -134,6 +135,7 @@ def run(
             help="Send the run signal NAME with a JSON payload up front (repeatable).",
         ),
     ] = None,
+    imports: ImportOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
     """Run a plan on the embedded engine with a live view; print its outputs.
@@ -154,6 +156,7 @@ def run(
     doc = _load(plan_path)
     given = _parse_inputs(inputs)
     sent = _parse_signals(signals)
+    import_tool_modules(tool_modules(settings.tool_modules, imports))
     from tiffany.agents import parse_plan
     from tiffany.agents.registry import ToolRegistry
 

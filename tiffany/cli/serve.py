@@ -36,6 +36,7 @@ from typing import Annotated, Any, Final
 import typer
 
 from tiffany.cli import DataDirOption
+from tiffany.cli.imports import ImportOption, import_tool_modules, tool_modules
 from tiffany.config import scrub_secrets
 from tiffany.shards import homes
 
@@ -189,6 +190,7 @@ def serve(
             "--enable-tool", help="Let the engine run this tool (repeatable; adds to the defaults)."
         ),
     ] = None,
+    imports: ImportOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
     """Serve the dashboard and API, and run submitted plans (engine + API processes)."""
@@ -197,9 +199,14 @@ def serve(
     from tiffany.engine.service import EXIT_WAL_DAMAGED
 
     settings = _settings(ctx)
+    # Imported here first, so a broken module is told before anything starts;
+    # the engines import them again (TIFFANY_TOOL_MODULES), from this directory.
+    modules = import_tool_modules(tool_modules(settings.tool_modules, imports))
     data_dir = Path(settings.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
+    if modules:
+        env["TIFFANY_TOOL_MODULES"] = ",".join(modules)
     env["TIFFANY_DATA_DIR"] = str(data_dir)
     env["TIFFANY_LOG_FORMAT"] = settings.log_format
     env["TIFFANY_LOG_LEVEL"] = settings.log_level
@@ -326,6 +333,7 @@ def engine_cmd(
     enable_tool: Annotated[
         list[str] | None, typer.Option("--enable-tool", help="Also run this tool.")
     ] = None,
+    imports: ImportOption = None,
 ) -> None:
     """Run the engine process alone (what ``serve`` starts): loop, WAL, PAL, projector."""
     from tiffany.cli import _settings
@@ -333,6 +341,7 @@ def engine_cmd(
     from tiffany.errors import WalCorruptionError, WalError
 
     settings = _settings(ctx)
+    import_tool_modules(tool_modules(settings.tool_modules, imports))
     tools = list(dict.fromkeys([*settings.enabled_tools, *(enable_tool or [])]))
     # Until the service installs its own handlers: a stop while the engine
     # opens its journal (a standby waiting for the lease) is a clean exit.
