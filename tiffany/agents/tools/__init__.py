@@ -14,13 +14,22 @@
 * ``plan.run`` (:class:`PlanRunTool`): in the worker task itself (a child run of
   another plan; its end comes back as a signal).
 
-:class:`~tiffany.agents.registry.ToolRegistry` holds them by name.
+:class:`~tiffany.agents.registry.ToolRegistry` holds them by name; each declares
+its ``Args`` and ``Output`` models (``schema.py`` turns them into JSON Schemas).
 """
 
 from __future__ import annotations
 
 from tiffany.agents.tools.agent import AgentTool
-from tiffany.agents.tools.base import Tool, ToolArgs, ToolContext, ToolError, ToolSettings
+from tiffany.agents.tools.base import (
+    FreeFormOutput,
+    Tool,
+    ToolArgs,
+    ToolContext,
+    ToolError,
+    ToolOutput,
+    ToolSettings,
+)
 from tiffany.agents.tools.file import FileReadTool, FileWriteTool
 from tiffany.agents.tools.http import HttpTool
 from tiffany.agents.tools.llm import LlmTool
@@ -35,6 +44,7 @@ __all__ = [
     "AgentTool",
     "FileReadTool",
     "FileWriteTool",
+    "FreeFormOutput",
     "HttpTool",
     "LlmTool",
     "PlanRunTool",
@@ -46,6 +56,7 @@ __all__ = [
     "ToolArgs",
     "ToolContext",
     "ToolError",
+    "ToolOutput",
     "ToolSettings",
     "python_tool",
 ]

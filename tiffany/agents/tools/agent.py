@@ -73,8 +73,10 @@ class AgentArgs(ToolArgs):
 
     goal: str = Field(min_length=1, description="What the model is asked to do.")
     tools: list[str] = Field(default_factory=list, description="Tools the model may call.")
-    max_turns: int = Field(default=8, ge=1, le=MAX_TURNS)
-    model: str | None = None
+    max_turns: int = Field(
+        default=8, ge=1, le=MAX_TURNS, description="Most model calls before the step fails."
+    )
+    model: str | None = Field(default=None, description="The model (default: the operator's).")
     system: str | None = Field(default=None, description="A system message before the goal.")
     timeout_s: float = Field(default=120.0, gt=0, le=3600, description="A model call's bound.")
 

@@ -165,7 +165,7 @@ class LlmOutput(ToolOutput):
 
     content: str = Field(description="The model's reply.")
     model: str = Field(description="The model that answered.")
-    usage: Usage
+    usage: Usage = Field(description="Tokens the call used.")
     cost_usd: float = Field(description="Estimated cost in US dollars (0 for the scripted one).")
     steps: list[dict[str, Any]] | None = Field(
         description="New plan steps the model proposed (plan=true), else null."

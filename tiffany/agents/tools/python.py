@@ -183,8 +183,10 @@ def functions() -> list[str]:
 class PythonArgs(ToolArgs):
     """Arguments of ``python``: the registered ``function`` and its keyword arguments."""
 
-    function: str = Field(min_length=1)
-    kwargs: dict[str, Any] = Field(default_factory=dict)
+    function: str = Field(min_length=1, description="The registered function's name.")
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments it is called with."
+    )
 
 
 class PythonOutput(FreeFormOutput):

@@ -23,7 +23,9 @@ MAX_SLEEP_S = 24 * 3600.0
 class SleepArgs(ToolArgs):
     """Arguments of ``sleep``: ``seconds`` in [0, one day]."""
 
-    seconds: float = Field(ge=0, le=MAX_SLEEP_S)
+    seconds: float = Field(
+        ge=0, le=MAX_SLEEP_S, description="How long, in seconds (at most a day)."
+    )
 
 
 class SleepOutput(ToolOutput):

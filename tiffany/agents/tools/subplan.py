@@ -65,7 +65,7 @@ class PlanRunArgs(ToolArgs):
     """Arguments of ``plan.run``: the child's ``plan`` (or a workspace path) and ``inputs``."""
 
     plan: dict[str, Any] | str = Field(description="A plan, or a plan file in the workspace.")
-    inputs: dict[str, Any] = Field(default_factory=dict)
+    inputs: dict[str, Any] = Field(default_factory=dict, description="The child run's inputs.")
 
 
 class PlanRunOutput(FreeFormOutput):
