@@ -80,3 +80,17 @@ def test_within_its_budget_a_run_reports_its_usage_and_a_bad_budget_is_refused(t
     with pytest.raises(PlanError) as info:
         parse_plan({**plan, "budget": {"tokens": -1}}, ["llm"])
     assert info.value.errors[0]["loc"] == "budget.tokens"
+
+
+def test_a_run_without_a_budget_has_its_model_usage_totalled_in_the_store(tmp_path):
+    """Totals for every run: the projector sums its steps' ``usage`` and ``cost_usd``."""
+    plan = {"name": "free", "steps": [_llm("a", []), _llm("b", ["a"]), _llm("c", [])]}
+    result = _run(tmp_path, plan)
+    assert result["status"] == "succeeded"
+    assert "usage" not in result  # the run's result is as before (no budget: no usage in it)
+    store = _detail(tmp_path, str(result["run_id"]))
+    outputs = [s["output"] for s in store["steps"]]
+    tokens = sum(o["usage"]["total_tokens"] for o in outputs)
+    assert tokens > 30  # three calls of 10 prompt tokens and their replies
+    assert store["usage"]["tokens"] == tokens
+    assert store["usage"]["usd"] == pytest.approx(sum(o["cost_usd"] for o in outputs))

@@ -28,7 +28,7 @@ def test_a_pause_keeps_what_the_process_froze() -> None:
 
 
 def test_a_pause_leaves_nothing_frozen_where_nothing_was() -> None:
-    """A process that froze nothing (``tiffany replay``) gets the records back in the oldest generation."""
+    """A process that froze nothing (``tiffany replay``): records go to the oldest generation."""
     gc.collect()
     assert gc.get_freeze_count() == 0
     with _gc_paused():

@@ -201,6 +201,33 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, _TRANSIENT)
 
 
+def _add_usage(ctx: _RunCtx, output: Any) -> bool:
+    """Add a step's model usage (an ``llm`` or ``agent`` output) to its run's; True if any.
+
+    The same sums as the planner's budget (``tiffany/agents/planner.py``:
+    ``usage.total_tokens`` and ``cost_usd``), for every run: a run with a
+    budget also reports its total in its RUN_END, which then stands.
+    """
+    if not isinstance(output, Mapping):
+        return False
+    used = output.get("usage")
+    tokens = used.get("total_tokens") if isinstance(used, Mapping) else None
+    cost = output.get("cost_usd")
+    if isinstance(tokens, bool) or not isinstance(tokens, int | float):
+        tokens = None
+    if isinstance(cost, bool) or not isinstance(cost, int | float):
+        cost = None
+    if tokens is None and cost is None:
+        return False
+    usage = ctx.usage if ctx.usage is not None else {"tokens": 0, "usd": 0.0}
+    if tokens is not None:
+        usage["tokens"] += tokens
+    if cost is not None:
+        usage["usd"] = round(usage["usd"] + cost, 8)
+    ctx.usage = usage
+    return True
+
+
 @dataclass(slots=True)
 class _StepInfo:
     status: str
@@ -221,6 +248,9 @@ class _RunCtx:
     held: set[int] = field(default_factory=set)  # ltids whose step a HOLD record held back
     receiving: set[int] = field(default_factory=set)  # ltids whose step waits for a signal
     steps: dict[str, _StepInfo] = field(default_factory=dict)
+    #: The model usage of its steps so far (``{"tokens", "usd"}``), or None
+    #: before a step reported any: the run's row shows it (``runs.usage``).
+    usage: dict[str, float] | None = None
 
 
 class _Rows:
@@ -777,15 +807,18 @@ class Projector:
         """A worker's StepOutcome: ``{"step_id", "ok", "output", "error", "attempts"}``."""
         step = ctx.steps[step_id]
         step.status = (StepStatus.SUCCEEDED if outcome.get("ok") else StepStatus.FAILED).value
+        output = outcome.get("output")
         values: dict[str, Any] = {
             "status": step.status,
-            "output": jsonable(outcome.get("output")),
+            "output": jsonable(output),
             "error": jsonable(outcome.get("error")),
         }
         if _HAS_WAITING:
             values["waiting"] = None
         values.update(attempt_times(outcome.get("attempts")))
         b.steps.update((ctx.run_id, step_id), **values)
+        if _HAS_USAGE and outcome.get("ok") and _add_usage(ctx, output):
+            b.runs.update((ctx.run_id,), usage=dict(ctx.usage or {}))
 
     def _run_end(self, b: _Batch, ctx: _RunCtx, rec: RunEnd) -> None:
         status, value, ts = rec.status, rec.value, rec.ts
@@ -879,17 +912,19 @@ class Projector:
         run_id = self._run_ids.get(run_no)
         if run_id is None:
             return None  # its RUN_START was never projected
-        run = conn.execute(
-            select(Run.run_id, Run.entry, Run.updated_at, Run.dispatches, Run.status).where(
-                Run.run_id == run_id
-            )
-        ).one_or_none()
+        columns = [Run.run_id, Run.entry, Run.updated_at, Run.dispatches, Run.status]
+        if _HAS_USAGE:
+            columns.append(Run.usage)
+        run = conn.execute(select(*columns).where(Run.run_id == run_id)).one_or_none()
         if run is None:
             return None
         entry = run.entry if isinstance(run.entry, Mapping) else {}
         plan = entry.get("kind") == "plan" and isinstance(entry.get("plan"), Mapping)
         finished = run.status in _RUN_END_STATUSES
         ctx = _RunCtx(run.run_id, plan, root_role(entry), run.updated_at, run.dispatches, finished)
+        used = run.usage if _HAS_USAGE else None
+        if isinstance(used, Mapping):
+            ctx.usage = {"tokens": used.get("tokens", 0), "usd": used.get("usd", 0.0)}
         for ltid, kind, step_id, on in conn.execute(
             select(Task.ltid, Task.kind, Task.step_id, Task.blocked_on).where(
                 Task.run_id == run.run_id
