@@ -29,6 +29,8 @@ PROTECTED = [
     ("DELETE", "/api/schedules/sched-x"),
     ("POST", "/api/schedules/sched-x/pause"),
     ("POST", "/api/schedules/sched-x/resume"),
+    ("GET", "/api/tools"),
+    ("GET", "/api/tools/approve"),  # {name}: the table test's stand-in for any name
     ("GET", "/readyz"),
     ("GET", "/metrics"),
     ("GET", "/docs"),

@@ -42,6 +42,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain click help: rich markup read "[default: 127.0.0.1]" in a help text
+    # as a tag and dropped it ("binds to ."), and showed flags as "--help <bool>".
+    rich_markup_mode=None,
 )
 
 #: Exit status for bad configuration or usage (as click uses for usage errors).
@@ -210,7 +213,7 @@ def main() -> None:
 
 def _register_subcommands() -> None:
     # Imported here so each command module can use ``app`` and ``_settings``.
-    from tiffany.cli import client, db, durable, run, schedule, serve
+    from tiffany.cli import client, db, durable, run, schedule, serve, tools
 
     durable.register(app)
     run.register(app)
@@ -218,6 +221,7 @@ def _register_subcommands() -> None:
     serve.register(app)
     client.register(app)
     schedule.register(app)
+    tools.register(app)
 
 
 _register_subcommands()

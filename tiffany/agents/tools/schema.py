@@ -121,7 +121,8 @@ def output_schema(model: type[BaseModel] | None) -> dict[str, Any]:
 def summary(tool: object) -> str:
     """The first line of a tool's docstring."""
     doc = inspect.getdoc(tool) or ""
-    return doc.strip().splitlines()[0] if doc.strip() else ""
+    line = doc.strip().splitlines()[0] if doc.strip() else ""
+    return line.replace("``", "`")  # Markdown, as docs/tools.md and the API show it
 
 
 def describe(tool: Any) -> dict[str, Any]:
