@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -155,6 +156,14 @@ def test_a_commands_own_data_dir_wins_over_the_global_one(tmp_path: Path) -> Non
     assert "tiny" in listed.output
     for command in ("serve", "replay", "runs", "run"):
         assert "--data-dir" in runner.invoke(app, [command, "--help"]).output
+
+
+def test_help_shows_defaults_in_brackets_and_flags_without_a_type() -> None:
+    """Help texts are plain: "[default: ...]" is text, not markup, and a flag takes no value."""
+    out = CliRunner().invoke(app, ["serve", "--help"]).output
+    assert "Address the API binds to [default: 127.0.0.1]." in out
+    assert "<bool>" not in out
+    assert re.search(r"^\s+--demo\s+Submit the demo plan", out, re.MULTILINE), out
 
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
