@@ -896,9 +896,9 @@ def test_the_runs_list_is_searched_by_name_inputs_and_date_and_keeps_it_on_reloa
             page.get_by_test_id("filter-name").fill("NIGHTLY")
             expect(rows).to_have_count(2)
             expect(rows).to_contain_text(["nightly-backup", "nightly-report"])
-            expect(page.get_by_test_id("status-chip-all").get_by_test_id("chip-count")).to_have_text(
-                "2"
-            )
+            expect(
+                page.get_by_test_id("status-chip-all").get_by_test_id("chip-count")
+            ).to_have_text("2")
             assert "name=NIGHTLY" in page.url
             assert any("api/runs?" in u and "name=NIGHTLY" in u for u in asked)
 
@@ -1042,6 +1042,213 @@ def test_times_are_local_with_the_zone_elapsed_ticks_and_a_cancel_is_neutral(
             png = tmp_path / "dashboard-run-cancelled.png"
             page.screenshot(path=str(png))
             _save_screenshot(png, "dashboard-run-cancelled.png", artifacts_dir)
+        finally:
+            browser.close()
+    assert not errors, errors
+
+
+@pytest.fixture
+def shell_service(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """``tiffany serve`` as :func:`service`, with ``shell`` enabled (unsandboxed, on purpose)."""
+    data_dir = tmp_path / "data"
+    log_path = tmp_path / "serve.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")}
+    env.update(
+        PYTHONUNBUFFERED="1",
+        TIFFANY_ENABLED_TOOLS="shell,sleep,file.read,file.write",
+        TIFFANY_SHELL_SANDBOX="none",
+    )
+    cmd = [sys.executable, "-m", "tiffany", "--data-dir", str(data_dir), "serve", "--port", "0"]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    try:
+        url = _wait_for_url(proc, data_dir / "serve.json", log_path)
+        yield {"url": url, "data_dir": data_dir, "log": log_path}
+    finally:
+        _stop(proc)
+
+
+#: Fails twice (counting its tries in a file), then succeeds; prints to both streams.
+FLAKY_SH = (
+    'n=$(cat tries 2>/dev/null || echo 0); n=$((n+1)); echo "$n" > tries; '
+    'echo "try $n"; echo "boom $n" >&2; [ "$n" -ge 3 ]'
+)
+
+LOGS_PLAN = {
+    "name": "logs",
+    "inputs": {"who": "nobody"},
+    "steps": [
+        {
+            "id": "greet",
+            "tool": "shell",
+            "args": {
+                "argv": ["sh", "-c", "echo hello ${inputs.who}; echo line2; echo careful >&2"]
+            },
+        },
+        {
+            "id": "flaky",
+            "tool": "shell",
+            "args": {"argv": ["sh", "-c", FLAKY_SH]},
+            "retries": 2,
+            "backoff": 0,
+        },
+        {
+            "id": "slow",
+            "tool": "shell",
+            "args": {"argv": ["sh", "-c", "echo start; sleep 3; echo end"]},
+            "after": ["flaky"],
+        },
+        {
+            "id": "use",
+            "tool": "shell",
+            "args": {"argv": ["printf", "%s", "${steps.greet.output.stdout}"]},
+            "after": ["greet", "slow"],
+        },
+    ],
+}
+
+#: Cases both resolvers (tiffany/agents/refs.py and static/refs.js) answer the same way.
+REF_CASES: list[Any] = [
+    "${inputs.who}",
+    " ${inputs.n} ",
+    "n=${inputs.n}; f=${inputs.f}; b=${inputs.b}; z=${inputs.z}",
+    "${inputs.items}",
+    "all: ${inputs.items} and ${inputs.obj}",
+    "${steps.s.output.rows[1].name}",
+    "${ steps.s.output.rows[0] }",
+    "${steps.s.output.text[2]}",
+    {"a": ["${inputs.who}", {"b": "x ${steps.s.output.rows} y"}], "n": 3, "t": True},
+    "${inputs.missing}",
+    "${steps.nope.output}",
+    "${steps.s.output.rows[9]}",
+    "${steps.s.rows}",
+    "${other.x}",
+    "plain $ {not} ${",
+]
+REF_INPUTS = {
+    "who": "Zoë",
+    "n": 7,
+    "f": 2.5,
+    "b": False,
+    "z": None,
+    "items": [1, "two", None],
+    "obj": {"k": "ü", "e": 1e21},
+}
+REF_OUTPUTS = {"s": {"rows": [{"name": "r0"}, {"name": "r1"}], "text": "abcdef"}}
+
+
+def _text(locator: Any) -> str:
+    """The exact text of an element (line breaks kept, nothing normalized)."""
+    return str(locator.evaluate("el => el.textContent"))
+
+
+def _python_resolve(value: Any) -> dict[str, Any]:
+    from tiffany.agents.refs import RefError, resolve
+
+    try:
+        return {"ok": resolve(value, REF_INPUTS, REF_OUTPUTS)}
+    except RefError:
+        return {"error": True}
+
+
+def test_step_args_resolved_every_attempt_with_its_logs_and_live_output(
+    chromium_path: str, shell_service: dict[str, Any], tmp_path: Path, artifacts_dir: Path
+) -> None:
+    """The run page shows args as the worker resolved them, and each attempt with its logs.
+
+    ``greet``'s argv shows ``hello world`` (from ``${inputs.who}``), its
+    template behind a toggle; ``use``'s shows greet's recorded stdout. The
+    flaky step's three attempts are all listed, the first two failed with
+    their error and their stdout and stderr as text (lines, not JSON
+    strings); while ``slow`` runs, its live output (the feed's
+    ``tool.output`` events) is tailed under its running attempt. The page's
+    resolver answers as the worker's does on a table of cases.
+    """
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    url = shell_service["url"]
+    run_id = _submit_with(url, LOGS_PLAN, {"who": "world"})["run_id"]
+    errors: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1400})
+            page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+            page.on("console", lambda msg: _console(msg, errors))
+            page.goto(f"{url}#/run/{run_id}")
+            step = lambda sid: page.locator(f'[data-testid=step-row][data-step-id="{sid}"]')  # noqa: E731
+
+            # -- while slow runs: its attempt tails the live output -------------------
+            slow = step("slow")
+            expect(slow).to_have_attribute("data-status", "running", timeout=30_000)
+            live_log = slow.get_by_test_id("step-live-log")
+            expect(live_log).to_contain_text("started pid")
+            expect(slow.locator('[data-testid=attempt][data-status="running"]')).to_have_count(1)
+            png = tmp_path / "dashboard-log-live.png"
+            slow.screenshot(path=str(png))
+            _save_screenshot(png, "dashboard-log-live.png", artifacts_dir)
+
+            expect(page.get_by_test_id("run-status")).to_have_attribute(
+                "data-status", "succeeded", timeout=30_000
+            )
+
+            # -- resolved args, the template behind the toggle ------------------------------
+            greet = step("greet")
+            args = greet.get_by_test_id("step-args")
+            expect(args).to_have_attribute("data-view", "resolved")
+            expect(args.get_by_test_id("step-args-value")).to_contain_text("echo hello world;")
+            expect(args.get_by_test_id("step-args-value")).not_to_contain_text("${")
+            args.get_by_test_id("args-toggle").click()
+            expect(args).to_have_attribute("data-view", "template")
+            expect(args.get_by_test_id("step-args-value")).to_contain_text("${inputs.who}")
+            args.get_by_test_id("args-toggle").click()
+            expect(args).to_have_attribute("data-view", "resolved")
+            use = step("use").get_by_test_id("step-args-value")
+            expect(use).to_contain_text("hello world\\nline2\\n")
+            # A step without references shows its args as they are, no toggle.
+            expect(step("slow").get_by_test_id("args-toggle")).to_have_count(0)
+
+            # -- greet's log: text with line breaks, stdout and stderr apart -------------------
+            expect(greet.get_by_test_id("log-stdout")).to_be_visible()
+            assert _text(greet.get_by_test_id("log-stdout")) == "hello world\nline2\n"
+            assert _text(greet.get_by_test_id("log-stderr")) == "careful\n"
+
+            # -- every attempt of the flaky step, errors and logs included -----------------
+            flaky = step("flaky")
+            attempts = flaky.get_by_test_id("attempt")
+            expect(attempts).to_have_count(3)
+            expect(flaky.get_by_test_id("attempt-status")).to_have_text(
+                ["failed", "failed", "succeeded"]
+            )
+            first = attempts.nth(0)
+            expect(first.get_by_test_id("attempt-error")).to_contain_text("sh exited with status 1")
+            expect(first.get_by_test_id("log-stdout")).to_be_visible()
+            assert _text(first.get_by_test_id("log-stdout")) == "try 1\n"
+            assert _text(first.get_by_test_id("log-stderr")) == "boom 1\n"
+            assert _text(attempts.nth(1).get_by_test_id("log-stdout")) == "try 2\n"
+            assert _text(attempts.nth(2).get_by_test_id("log-stdout")) == "try 3\n"
+            expect(attempts.nth(0).locator("time")).to_have_attribute("datetime", re.compile("Z$"))
+            png = tmp_path / "dashboard-logs.png"
+            flaky.scroll_into_view_if_needed()
+            page.screenshot(path=str(png), full_page=True)
+            _save_screenshot(png, "dashboard-logs.png", artifacts_dir)
+
+            # -- the page's resolver answers as the worker's ---------------------------------------
+            got = page.evaluate(
+                """async ([cases, inputs, outputs]) => {
+                    const { resolve, RefError } = await import("./static/refs.js");
+                    return cases.map((c) => {
+                        try { return { ok: resolve(c, inputs, outputs) }; }
+                        catch (e) { if (e instanceof RefError) return { error: true }; throw e; }
+                    });
+                }""",
+                [REF_CASES, REF_INPUTS, REF_OUTPUTS],
+            )
+            want = [_python_resolve(c) for c in REF_CASES]
+            assert got == want
         finally:
             browser.close()
     assert not errors, errors

@@ -40,6 +40,7 @@ import {
 import { Journal } from "./journal.js";
 import { mergeTasks, treeOrder } from "./live.js";
 import { moreButton, renderTimeline } from "./timeline.js";
+import { argsBlock, attemptsBlock, liveLinesOf } from "./steplog.js";
 import { renderVerify } from "./verify.js";
 
 /** Rows drawn at first in the tree, timeline and steps; "show more" adds MORE_ROWS. */
@@ -69,6 +70,8 @@ export class RunPage {
     this.verify = null;
     // Signal forms by `${step_id}\n${name}`, kept across renders (typed text, focus).
     this.signalForms = new Map();
+    // Steps whose args show as the plan's template rather than resolved.
+    this.templates = new Set();
     // A re-run being asked for, and the last refusal: `from` is the step
     // (null: from the failed steps), so the error shows beside its control.
     this.rerun = { busy: false, from: null, error: null };
@@ -436,7 +439,9 @@ export class RunPage {
     const runLive = !TERMINAL_RUN.has(d.status);
     const rr = this.rerun;
     const rerunSig = `${this.canRerun()}|${rr.busy}|${rr.from}|${rr.error ? `${rr.error.from}:${rr.error.message}` : ""}`;
-    const sig = `${this.sentMs}|${runLive}|${rerunSig}|${steps.map((s) => `${status(s)}:${s.waiting || ""}`).join(",")}`;
+    const live = new Map(steps.map((s) => [s.step_id, status(s) === "running" ? liveLinesOf(this.live.events, this.runId, s.step_id) : []]));
+    const liveSig = [...live.values()].map((l) => l.length).join(",");
+    const sig = `${this.sentMs}|${runLive}|${rerunSig}|${[...this.templates].join(",")}|${liveSig}|${steps.map((s) => `${status(s)}:${s.waiting || ""}`).join(",")}`;
     if (sig === this.stepsSig) return; // nothing new: keep the DOM (and open <details>)
     this.stepsSig = sig;
     if (!steps.length) {
@@ -447,6 +452,8 @@ export class RunPage {
     const waitingFor = (s) => (runLive ? signalWaited(s) : null);
     const rerunnable = this.canRerun();
     const forms = new Set(shown.filter(waitingFor).map((s) => `${s.step_id}\n${waitingFor(s)}`));
+    // What the workers resolved references from: the run's inputs and the recorded outputs.
+    const outputs = Object.fromEntries(steps.filter((s) => s.status === "succeeded").map((s) => [s.step_id, s.output]));
     for (const key of this.signalForms.keys()) if (!forms.has(key)) this.signalForms.delete(key);
     // Rebuilding the rows moves a signal form: keep its focus and caret.
     const active = document.activeElement;
@@ -509,10 +516,21 @@ export class RunPage {
           h(
             "div",
             { class: "step-io" },
-            spec.args && Object.keys(spec.args).length ? kv("args", spec.args) : null,
+            argsBlock(spec.args, {
+              inputs: d.inputs,
+              outputs,
+              showTemplate: this.templates.has(s.step_id),
+              onToggle: () => {
+                if (this.templates.has(s.step_id)) this.templates.delete(s.step_id);
+                else this.templates.add(s.step_id);
+                this.render();
+              },
+            }),
             s.output != null ? kv("output", s.output, "step-output") : null,
-            s.error != null ? kv(st === "failed" ? "error" : "why", s.error, "step-error", st === "failed" ? "error-text" : "") : null,
+            // A succeeded step's error is an earlier attempt's: listed with its attempt.
+            s.error != null && st !== "succeeded" ? kv(st === "failed" ? "error" : "why", s.error, "step-error", st === "failed" ? "error-text" : "") : null,
           ),
+          reused ? null : attemptsBlock(s, { running: st === "running", liveLines: live.get(s.step_id) || [] }),
           awaited ? this.signalForm(s.step_id, awaited) : null,
         );
       }),
