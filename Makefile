@@ -21,6 +21,9 @@ DEV_STAMP := $(VENV)/.tiffany-dev.stamp
 BENCH_STAMP := $(VENV)/.tiffany-bench.stamp
 PIP_INSTALL := $(BIN)/python -m pip install --disable-pip-version-check -q
 PYTEST_ARGS ?=
+# make run: the API's port, and tools to enable besides the defaults (e.g. TOOLS="shell").
+PORT ?= 8000
+TOOLS ?=
 
 .PHONY: help install run test lint bench clean
 
@@ -46,8 +49,8 @@ $(BENCH_STAMP): pyproject.toml | $(BIN)/python
 
 install: $(DEV_STAMP) ## create .venv and install the project with the dev extras
 
-run: $(DEV_STAMP) ## the main job: serve the dashboard and run the demo plan (Ctrl-C stops)
-	$(BIN)/tiffany serve --demo
+run: $(DEV_STAMP) ## the main job: serve the dashboard and run the demo plan (Ctrl-C stops; PORT=8000 TOOLS="shell http")
+	$(BIN)/tiffany serve --demo --port $(PORT)$(foreach t,$(TOOLS), --enable-tool $(t))
 
 test: $(DEV_STAMP) ## run the test suite (PYTEST_ARGS=... to pass options)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -92,8 +92,9 @@ def test_serve_runs_the_demo_survives_a_dead_engine_and_stops_cleanly(tmp_path: 
     assert not (data / "serve.json").exists()
     assert not (data / "control.sock").exists()
 
-    # Everything is still there at the next start.
-    proc, url = _serve(data)
+    # Everything is still there at the next start, and `--demo` (`make run` again)
+    # submits no second demo run: it names the first.
+    proc, url = _serve(data, "--demo")
     try:
         names = _wait(
             lambda: (
@@ -103,5 +104,9 @@ def test_serve_runs_the_demo_survives_a_dead_engine_and_stops_cleanly(tmp_path: 
             "both runs",
         )
         assert names
+        demos = [r for r in _get(url + "api/runs")["runs"] if r["name"] == "demo-research"]
     finally:
-        assert _stop(proc)[0] == 0
+        code, out = _stop(proc)
+    assert code == 0, out
+    assert [r["run_id"] for r in demos] == [runs[0]["run_id"]]
+    assert f"the demo plan ran here already: run {runs[0]['run_id']}" in out

@@ -21,6 +21,7 @@ engine's ``/proc/<pid>/environ``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -28,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Final
@@ -51,6 +52,44 @@ STOP_TIMEOUT_S: Final = 20.0
 RESTART_DELAY_S: Final = 0.5
 MAX_RESTART_DELAY_S: Final = 30.0
 STABLE_S: Final = 60.0
+
+
+def demo_key(plan: Mapping[str, Any]) -> str:
+    """The demo's idempotency key: ``serve --demo`` submits each demo plan once per data dir.
+
+    Named after the plan's content, so a Tiffany whose demo changed runs the new one.
+    """
+    blob = json.dumps(plan, sort_keys=True, separators=(",", ":")).encode()
+    return f"demo:{hashlib.sha256(blob).hexdigest()[:16]}"
+
+
+#: Where ``serve --demo`` notes the demo run it submitted (``{"key", "run_id"}``).
+DEMO_FILE: Final = "demo-run.json"
+
+
+def submit_demo(data_dir: Path, call: Callable[..., dict[str, Any]]) -> tuple[str, bool]:
+    """Submit the demo plan unless this data dir ran it: ``(run_id, submitted now)``.
+
+    The idempotency key covers a second ``serve --demo`` within the engine's
+    key window (a day); the note in the data dir covers the days after.
+    """
+    plan = demo_plan()
+    key = demo_key(plan)
+    note = data_dir / DEMO_FILE
+    with contextlib.suppress(OSError, ValueError):
+        seen = json.loads(note.read_text())
+        if (
+            isinstance(seen, dict)
+            and seen.get("key") == key
+            and isinstance(seen.get("run_id"), str)
+        ):
+            return seen["run_id"], False
+    answer = call(data_dir, "submit", plan=plan, inputs={}, key=key)
+    run_id = str(answer["run_id"])
+    tmp = note.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"key": key, "run_id": run_id}))
+    tmp.replace(note)
+    return run_id, bool(answer.get("created", True))
 
 
 def demo_plan() -> dict[str, Any]:
@@ -278,9 +317,13 @@ def serve(
             )
         if demo and not stop.is_set():
             try:
-                answer = call(data_dir, "submit", plan=demo_plan(), inputs={}, key=None)
-                run_id = answer["run_id"]
-                typer.echo(f"submitted the demo plan: run {run_id}  ({url}#/run/{run_id})")
+                run_id, created = submit_demo(data_dir, call)
+                if created:
+                    typer.echo(f"submitted the demo plan: run {run_id}  ({url}#/run/{run_id})")
+                else:  # `make run` again on the same data dir: the same run
+                    typer.echo(
+                        f"the demo plan ran here already: run {run_id}  ({url}#/run/{run_id})"
+                    )
             except (ControlError, ControlUnavailable) as exc:
                 typer.echo(f"tiffany: could not submit the demo plan: {exc}", err=True)
         sys.stdout.flush()
