@@ -252,7 +252,9 @@ def test_dashboard_submits_a_plan_and_follows_it_live(
             page.on("request", lambda req: reads.append(req.url))
             page.goto(url)
 
-            # The page is up and the live feed connected.
+            # The page is up and the live feed connected; the tail shows every
+            # kernel event (the check for gaps below compares it with the engine's).
+            page.get_by_test_id("tail-kernel").check()
             expect(page.get_by_test_id("submit-form")).to_be_visible()
             expect(page.get_by_test_id("conn-status")).to_have_attribute("data-state", "live")
             expect(page.get_by_test_id("status-chip-all")).to_be_visible()
@@ -1188,7 +1190,7 @@ def test_step_args_resolved_every_attempt_with_its_logs_and_live_output(
             expect(live_log).to_contain_text("started pid")
             expect(slow.locator('[data-testid=attempt][data-status="running"]')).to_have_count(1)
             png = tmp_path / "dashboard-log-live.png"
-            slow.screenshot(path=str(png))
+            page.screenshot(path=str(png))  # the steps re-render live: the whole page
             _save_screenshot(png, "dashboard-log-live.png", artifacts_dir)
 
             expect(page.get_by_test_id("run-status")).to_have_attribute(
@@ -1249,6 +1251,103 @@ def test_step_args_resolved_every_attempt_with_its_logs_and_live_output(
             )
             want = [_python_resolve(c) for c in REF_CASES]
             assert got == want
+        finally:
+            browser.close()
+    assert not errors, errors
+
+
+#: a fails twice (a retry between), b waits for signal ``go``: the run ends failed.
+ACTIVITY_PLAN = {
+    "name": "activity",
+    "steps": [
+        {
+            "id": "a",
+            "tool": "file.read",
+            "args": {"path": "missing.txt"},
+            "retries": 1,
+            "backoff": 0,
+        },
+        {"id": "b", "tool": "signal.wait", "args": {"name": "go"}},
+    ],
+}
+
+
+def test_the_activity_pane_tells_run_events_and_the_run_page_says_when_it_catches_up(
+    chromium_path: str, service: dict[str, Any], tmp_path: Path, artifacts_dir: Path
+) -> None:
+    """The activity pane shows run-level events as sentences; kernel detail is behind a toggle.
+
+    A run whose step a fails and is retried while step b waits for a signal
+    reads "run started", "step a started", "step a retried ...", "step b
+    waiting for signal go", "run failed", with no dispatch, block or wake-up
+    until "kernel detail" is ticked. While the store's answers are held back
+    (the feed runs ahead of it), the run page says "catching up" instead of
+    passing old rows off as current; once they arrive, the badge goes.
+    """
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    url = service["url"]
+    errors: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+            page.on("console", lambda msg: _console(msg, errors))
+            page.goto(url)
+            expect(page.get_by_test_id("conn-status")).to_have_attribute("data-state", "live")
+            expect(page.get_by_test_id("tail-kernel")).not_to_be_checked()
+            run_id = _submit(url, ACTIVITY_PLAN)
+            page.goto(f"{url}#/run/{run_id}")
+            b = page.locator('[data-testid=step-row][data-step-id="b"]')
+            expect(b.get_by_test_id("step-waiting")).to_have_text("waiting for go")
+
+            rows = page.locator(f'[data-testid=tail-row][data-run-id="{run_id}"]')
+            what = rows.get_by_test_id("tail-what")
+            expect(what.filter(has_text="run started")).to_have_count(1)
+            expect(what.filter(has_text="step a started")).to_have_count(1)
+            expect(what.filter(has_text="step a retried (attempt 1 failed")).to_have_count(1)
+            expect(what.filter(has_text="step b waiting for signal go")).to_have_count(1)
+            assert set(rows.evaluate_all("rs => rs.map(r => r.dataset.level)")) == {"run"}
+
+            # -- the store held back: the page says it is catching up ----------------
+            held: list[Any] = []
+            released: list[bool] = []
+
+            def hold(route: Any) -> None:
+                if released:
+                    route.continue_()
+                else:
+                    held.append(route)
+
+            pattern = re.compile(rf"/api/runs/{re.escape(run_id)}\?min_seq=\d+$")
+            page.route(pattern, hold)
+            _http_json(f"{url}api/runs/{run_id}/signals/go", {})
+            expect(what.filter(has_text="run failed")).to_have_count(1, timeout=30_000)
+            badge = page.get_by_test_id("store-catching-up")
+            expect(badge).to_have_text("catching up")
+            # The steps shown are the store's older state (b not yet settled), and it says so.
+            expect(b).not_to_have_attribute("data-status", "succeeded")
+            png = tmp_path / "dashboard-activity.png"
+            page.screenshot(path=str(png))
+            _save_screenshot(png, "dashboard-activity.png", artifacts_dir)
+            released.append(True)
+            for route in held:
+                route.continue_()
+            expect(page.get_by_test_id("run-status")).to_have_attribute("data-status", "failed")
+            expect(b).to_have_attribute("data-status", "succeeded")
+            expect(badge).to_have_count(0)
+
+            # -- kernel detail behind the toggle ---------------------------------------
+            kernel = rows.and_(page.locator("[data-level=kernel]"))
+            expect(kernel).to_have_count(0)
+            page.get_by_test_id("tail-kernel").check()
+            expect(kernel.first).to_be_visible()
+            kinds = set(kernel.evaluate_all("rs => rs.map(r => r.dataset.kind)"))
+            assert {"step", "blocked", "woke"} <= kinds, kinds
+            page.get_by_test_id("tail-kernel").uncheck()
+            expect(kernel).to_have_count(0)
         finally:
             browser.close()
     assert not errors, errors

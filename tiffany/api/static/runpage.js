@@ -149,6 +149,14 @@ export class RunPage {
     this.renderHead();
   }
 
+  /** Whether the feed has shown this run further than the store answered (the page shows older rows). */
+  catchingUp() {
+    const lr = this.live.runs.get(this.runId);
+    if (!lr || !lr.walSeq) return false;
+    if (!this.detail) return true;
+    return this.storeSeq == null ? lr.walSeq > (this.detail.last_seq || 0) : lr.walSeq > this.storeSeq;
+  }
+
   /** Ask for the store at least at WAL seq `seq` (from now on; null: nothing new). */
   want(seq) {
     if (seq != null && (this.wantSeq == null || seq > this.wantSeq)) this.wantSeq = seq;
@@ -157,13 +165,16 @@ export class RunPage {
   async refresh() {
     if (this.closed) return;
     const sent = Date.now();
-    const q = this.wantSeq != null ? `?min_seq=${this.wantSeq}` : "";
+    const asked = this.wantSeq;
+    const q = asked != null ? `?min_seq=${asked}` : "";
     try {
       const d = await api(`api/runs/${encodeURIComponent(this.runId)}${q}`);
       if (this.closed) return;
       const wasLive = this.detail && !TERMINAL_RUN.has(this.detail.status);
       this.detail = d;
       this.sentMs = sent;
+      // The store has projected at least this far (the answer waited for it).
+      if (asked != null && (this.storeSeq == null || asked > this.storeSeq)) this.storeSeq = asked;
       if (wasLive && TERMINAL_RUN.has(d.status)) this.onRunChanged();
       // Follow the journal while the user is at its end (at most every 2 s).
       const followed = this.detail.last_seq != null && this.detail.last_seq > this.journal.after;
@@ -244,6 +255,17 @@ export class RunPage {
         h("h1", null, d.name || this.runId),
         h("span", { class: `pill tone-${tone(st)}${st === "running" ? " pulse" : ""}`, testid: "run-status", dataset: { status: st } }, st),
         st === "pending" ? queuedBadge(d.entry) : null,
+        this.catchingUp()
+          ? h(
+              "span",
+              {
+                class: "pill pill-sm tone-wait catching-up",
+                testid: "store-catching-up",
+                title: "The live feed is ahead of the store: the steps, outputs and journal shown are being brought up to date",
+              },
+              "catching up",
+            )
+          : null,
         h("div", { class: "spacer" }),
         this.rerunError(null, "span"),
         this.canRerun() && (d.steps || []).some((s) => s.status === "failed")

@@ -1,10 +1,54 @@
 // The live activity tail: the newest events first, pausable, filtered by
-// run (and optionally without the per-dispatch `step` events). The DOM holds
-// at most TAIL_ROWS rows; new events are added once per animation frame.
+// run. By default it shows run-level events, told as sentences (run
+// started / ended, step started / finished / failed / retried, waiting for a
+// signal, tool output); the kernel's detail (dispatches, blocked, woke, the
+// tasks that are not steps) is behind the "kernel detail" toggle, where the
+// per-dispatch `step` events can be hidden again. The DOM holds at most
+// TAIL_ROWS rows; new events are added once per animation frame.
 
-import { clock, compact, fill, h, runNo, stamp, tone } from "./dom.js";
+import { clock, compact, fill, h, runNo, stamp, statusWord, tone } from "./dom.js";
 
 export const TAIL_ROWS = 250;
+
+/**
+ * A run-level event told as a sentence: `{text, tone}`, or null for the
+ * kernel's detail. Steps are the plan's (a worker task and its step id).
+ */
+export function runLevel(ev) {
+  const d = ev.data || {};
+  const step = ev.step_id || d.step || (ev.task_kind === "worker" && ev.task ? ev.task.replace(/^worker:/, "") : null);
+  switch (ev.kind) {
+    case "run.started":
+      return { text: "run started", tone: "live" };
+    case "run.finished": {
+      const word = d.ok ? "succeeded" : statusWord(ev.label);
+      return { text: `run ${word}`, tone: tone(word) };
+    }
+    case "retry":
+      return { text: `step ${step} retried (attempt ${d.attempt} failed; next in ${d.delay_s ?? 0} s)`, tone: "warn" };
+    case "tool.output":
+      return { text: `step ${step}: ${d.message ?? d.text ?? d.line ?? compact(d, 120)}`, tone: d.level === "warning" ? "warn" : "idle" };
+    case "tool.finished":
+      return d.ok ? null : { text: `step ${step} attempt failed: ${(d.error && d.error.message) || ev.label}`, tone: "bad" };
+    default:
+      break;
+  }
+  if (ev.task_kind !== "worker" || !step) return null;
+  switch (ev.kind) {
+    case "spawned":
+      return { text: `step ${step} started`, tone: "live" };
+    case "exit":
+      return { text: `step ${step} finished`, tone: "ok" };
+    case "crash":
+      return { text: `step ${step} failed: ${ev.label}`, tone: "bad" };
+    case "cancelled":
+      return { text: `step ${step} cancelled`, tone: "idle" };
+    case "blocked":
+      return /signal/.test(ev.label || "") ? { text: `step ${step} ${ev.label}`, tone: "wait" } : null;
+    default:
+      return null;
+  }
+}
 
 const KIND_TONE = {
   spawned: "live",
@@ -32,6 +76,7 @@ export class Tail {
     this.onFilter = onFilter;
     this.paused = false;
     this.hideSteps = false;
+    this.kernel = false; // kernel detail shown
     this.runFilter = null;
     this.missed = 0;
     this.pending = [];
@@ -61,6 +106,16 @@ export class Tail {
         this.rebuild();
       },
     });
+    this.kernelBox = h("input", {
+      type: "checkbox",
+      testid: "tail-kernel",
+      onchange: () => {
+        this.kernel = this.kernelBox.checked;
+        this.stepsLabel.hidden = !this.kernel;
+        this.rebuild();
+      },
+    });
+    this.stepsLabel = h("label", { class: "check small", hidden: true }, this.stepsBox, "hide dispatches");
     this.note = h("span", { class: "muted small", testid: "tail-note" });
     this.list = h("ol", { class: "tail-list", testid: "activity-tail", "aria-live": "off" });
     this.emptyEl = h("div", { class: "empty" }, "Waiting for activity…");
@@ -78,7 +133,8 @@ export class Tail {
         "div",
         { class: "tail-controls" },
         this.filterSel,
-        h("label", { class: "check small" }, this.stepsBox, "hide dispatches"),
+        h("label", { class: "check small", title: "Show every kernel event: dispatches, blocks, wake-ups, all tasks" }, this.kernelBox, "kernel detail"),
+        this.stepsLabel,
         this.note,
       ),
       h("div", { class: "tail-scroll" }, this.list, this.emptyEl),
@@ -130,6 +186,7 @@ export class Tail {
 
   accepts(ev) {
     if (this.runFilter && ev.run !== this.runFilter) return false;
+    if (!this.kernel) return runLevel(ev) !== null;
     if (this.hideSteps && ev.kind === "step") return false;
     return true;
   }
@@ -174,26 +231,29 @@ export class Tail {
 
   row(ev) {
     const runLabel = ev.run ? this.runName(ev.run) : null;
+    const told = runLevel(ev);
     return h(
       "li",
       {
-        class: `tail-row kind-${ev.kind.replace(".", "-")}`,
+        class: `tail-row kind-${ev.kind.replace(".", "-")}${told ? " run-level" : ""}`,
         testid: "tail-row",
-        dataset: { kind: ev.kind, runId: ev.run || "", seq: String(ev.seq), engine: String(ev.engine ?? 0) },
+        dataset: { kind: ev.kind, level: told ? "run" : "kernel", runId: ev.run || "", seq: String(ev.seq), engine: String(ev.engine ?? 0) },
         title: `engine ${ev.engine ?? 0} · seq ${ev.seq} · WAL ${ev.wal_seq} · task ${ev.task_id}${ev.ltid != null ? ` (ltid ${ev.ltid})` : ""}${
           ev.data && Object.keys(ev.data).length ? `\n${compact(ev.data, 400)}` : ""
         }`,
         onclick: ev.run ? () => this.openRun(ev.run) : null,
       },
       h("time", { class: "t", title: stamp(ev.ts) }, clock(ev.ts)),
-      h("span", { class: `kind tone-${KIND_TONE[ev.kind] || tone(ev.kind)}` }, ev.kind),
-      h(
-        "span",
-        { class: "what" },
-        h("span", { class: `task tk-${ev.task_kind}` }, ev.task || `task ${ev.task_id}`),
-        " ",
-        h("span", { class: "label" }, ev.label),
-      ),
+      h("span", { class: `kind tone-${told ? told.tone : KIND_TONE[ev.kind] || tone(ev.kind)}` }, ev.kind),
+      told
+        ? h("span", { class: "what", testid: "tail-what" }, told.text)
+        : h(
+            "span",
+            { class: "what", testid: "tail-what" },
+            h("span", { class: `task tk-${ev.task_kind}` }, ev.task || `task ${ev.task_id}`),
+            " ",
+            h("span", { class: "label" }, ev.label),
+          ),
       runLabel && !this.runFilter ? h("span", { class: "run-tag", title: runLabel.long }, runLabel.short) : null,
     );
   }
