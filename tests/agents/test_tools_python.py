@@ -77,6 +77,29 @@ def test_errors_become_tool_errors_with_the_type(run_tool, make_ctx):
         run_tool(PY, {"function": "test.add", "kwargs": {"nope": 1}}, make_ctx())
 
 
+def test_a_bare_decorator_registers_the_function_under_its_own_name(run_tool, make_ctx):
+    """``@python_tool`` with no name: the function's own (what a user writes first)."""
+
+    @python_tool
+    def shout(text: str) -> str:
+        return text.upper()
+
+    @python_tool(inline=True)
+    def whisper(text: str) -> str:
+        return text.lower()
+
+    try:
+        assert shout("a") == "A"  # still the function itself
+        assert run_tool(PY, {"function": "shout", "kwargs": {"text": "hi"}}, make_ctx()) == "HI"
+        out = run_tool(PY, {"function": "whisper", "kwargs": {"text": "HI"}}, make_ctx())
+        assert out == "hi"
+        with pytest.raises(TypeError, match="must be a string"):
+            python_tool(3)  # type: ignore[call-overload]
+    finally:
+        unregister_function("shout")
+        unregister_function("whisper")
+
+
 def test_double_registration_is_refused():
     with pytest.raises(ValueError, match="already registered"):
         python_tool("test.add")(lambda: None)

@@ -43,7 +43,7 @@ import inspect
 import threading
 from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, overload
 
 from pydantic import Field
 
@@ -123,15 +123,30 @@ def unregister_function(name: str) -> None:
         _INLINE.discard(name)
 
 
-def python_tool(name: str, *, inline: bool = False) -> Callable[[F], F]:
-    """Decorator: register the decorated function under ``name``; returns it unchanged.
+@overload
+def python_tool(name: F, *, inline: bool = False) -> F: ...
 
-    ``inline=True`` marks a quick function that never blocks (see
-    :func:`register_function`).
+
+@overload
+def python_tool(name: str | None = None, *, inline: bool = False) -> Callable[[F], F]: ...
+
+
+def python_tool(name: str | F | None = None, *, inline: bool = False) -> F | Callable[[F], F]:
+    """Decorator: register the decorated function; returns it unchanged.
+
+    ``@python_tool`` registers it under its own name (``fn.__name__``),
+    ``@python_tool("name")`` under another. ``inline=True`` marks a quick
+    function that never blocks (see :func:`register_function`).
     """
+    if callable(name):  # bare @python_tool
+        fn = name
+        register_function(fn.__name__, fn, inline=inline)
+        return fn
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"python_tool: the name must be a string, not {name!r}")
 
     def decorate(fn: F) -> F:
-        register_function(name, fn, inline=inline)
+        register_function(name or fn.__name__, fn, inline=inline)
         return fn
 
     return decorate
