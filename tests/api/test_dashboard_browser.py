@@ -1351,3 +1351,42 @@ def test_the_activity_pane_tells_run_events_and_the_run_page_says_when_it_catche
         finally:
             browser.close()
     assert not errors, errors
+
+
+def test_the_run_page_shows_the_runs_model_usage(
+    chromium_path: str, service: dict[str, Any], tmp_path: Path, artifacts_dir: Path
+) -> None:
+    """Two scripted ``llm`` steps: the header's "model usage" is their tokens and cost, summed."""
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    url = service["url"]
+    llm = {"tool": "llm", "args": {"prompt": "one two three four five"}}
+    run_id = _submit(
+        url, {"name": "talk", "steps": [{"id": "a", **llm}, {"id": "b", **llm, "after": ["a"]}]}
+    )
+    errors: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+            page.on("console", lambda msg: _console(msg, errors))
+            page.goto(f"{url}#/run/{run_id}")
+            expect(page.get_by_test_id("run-status")).to_have_attribute(
+                "data-status", "succeeded", timeout=30_000
+            )
+            detail = _http_json(f"{url}api/runs/{run_id}")
+            outputs = [s["output"] for s in detail["steps"]]
+            tokens = sum(o["usage"]["total_tokens"] for o in outputs)
+            usd = sum(o["cost_usd"] for o in outputs)
+            assert detail["usage"] == {"tokens": tokens, "usd": pytest.approx(usd)}
+            expect(page.get_by_test_id("run-usage").locator("dd")).to_have_text(
+                f"{tokens:,} tokens · ${usd:.4f}"
+            )
+            png = tmp_path / "dashboard-usage.png"
+            page.screenshot(path=str(png))
+            _save_screenshot(png, "dashboard-usage.png", artifacts_dir)
+        finally:
+            browser.close()
+    assert not errors, "\n".join(errors)

@@ -318,6 +318,7 @@ export class RunPage {
         meta("duration", d.started_at != null && end != null ? duration(end - d.started_at) : null, "run-duration"),
         meta("dispatches", d.dispatches != null ? String(d.dispatches) : null),
         meta("last seq", d.last_seq != null ? String(d.last_seq) : null),
+        meta("model usage", usageText(d.usage), "run-usage"),
       ),
     );
   }
@@ -747,6 +748,15 @@ function childRuns(runId, stepId, attempts) {
     links.push(runLink(childRunId(runId, stepId, n), "step-child", { attempt: String(n) }));
   }
   return h("div", { class: "step-children muted small", testid: "step-children" }, attempts > 1 ? "child runs " : "child run ", links);
+}
+
+/** The run's model usage (its llm and agent steps): "1,234 tokens · $0.0012", or null if none. */
+function usageText(usage) {
+  if (!usage || (usage.tokens == null && usage.usd == null)) return null;
+  const parts = [];
+  if (usage.tokens != null) parts.push(`${Number(usage.tokens).toLocaleString()} tokens`);
+  if (usage.usd != null) parts.push(`$${Number(usage.usd).toFixed(4)}`);
+  return parts.join(" · ");
 }
 
 /** "queued: concurrency key K (limit N)" for a run whose entry has a concurrency limit, else null. */
