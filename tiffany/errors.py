@@ -24,6 +24,9 @@ class TiffanyError(Exception):
     """
 
     code: str = "tiffany.error"
+    #: An outcome the program reports (a tool's failure, a plan's failed
+    #: steps), not a bug: the kernel logs the task's crash without alarm.
+    outcome: bool = False
 
     def __init__(self, message: str, **fields: Any) -> None:
         super().__init__(message)

@@ -8,7 +8,7 @@ import os
 import pytest
 import structlog
 
-from tiffany.errors import KernelError, TaskCrashed
+from tiffany.errors import KernelError, TaskCrashed, TiffanyError
 from tiffany.kernel import (
     Event,
     GetTid,
@@ -506,6 +506,25 @@ def test_an_unobserved_crash_is_an_error_with_its_traceback(sched: Scheduler) ->
     assert entry["tid"] == bad
     assert entry["log_level"] == "error"
     assert entry["exc_info"][0] is KeyError
+
+
+def test_a_crash_that_is_an_outcome_is_logged_at_debug_without_alarm(sched: Scheduler) -> None:
+    """A TiffanyError marked ``outcome`` (a tool's failure, a plan's) is reported elsewhere."""
+
+    class Reported(TiffanyError):
+        outcome = True
+
+    def crasher(err: BaseException):
+        yield
+        raise err
+
+    with structlog.testing.capture_logs() as logs:
+        quiet = sched.spawn(crasher(Reported("the step failed")), name="tool")
+        loud = sched.spawn(crasher(TiffanyError("a bug")), name="bug")
+        sched.run()
+    assert sched.task(quiet).state is TaskState.CRASHED
+    levels = {e["tid"]: e["log_level"] for e in logs if e["event"] == "kernel.task_crashed"}
+    assert levels == {quiet: "debug", loud: "error"}
 
 
 def test_run_returns_when_no_task_can_ever_wake_and_close_runs_finally(

@@ -46,6 +46,7 @@ class PlanFailed(TiffanyError):
     """A step failed (without ``continue_on_error``): the run fails."""
 
     code = "plan.failed"
+    outcome = True
 
 
 def run_plan(

@@ -59,6 +59,7 @@ from tiffany.errors import (
     KernelInternalError,
     SystemCallMisuse,
     TaskCancelled,
+    TiffanyError,
     UnknownTask,
 )
 from tiffany.kernel.calls import (
@@ -653,7 +654,11 @@ class Scheduler:
             task.state = TaskState.CANCELLED
         else:
             task.state = TaskState.CRASHED
-            if task.joiners:
+            if isinstance(err, TiffanyError) and err.outcome:
+                # Reported where it belongs (a step's attempt, the run's end): a
+                # tool failing before its retry, a plan whose steps failed.
+                log.debug("kernel.task_crashed", tid=task.id, name=task.name, error=repr(err))
+            elif task.joiners:
                 # Someone waits for it: the error is theirs to handle (a worker
                 # retrying a tool); record it without a traceback.
                 log.warning("kernel.task_crashed", tid=task.id, name=task.name, error=repr(err))

@@ -50,6 +50,7 @@ class ToolError(TiffanyError):
     """A tool failed in a way the plan should see (retried per the step)."""
 
     code = "tool.error"
+    outcome = True
 
 
 class ToolArgs(BaseModel):
