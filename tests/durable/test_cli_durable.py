@@ -95,7 +95,7 @@ def test_wal_verify_and_repair_on_a_corrupted_log(golden):
     raw[60] ^= 0x10  # inside an early record: good records follow it
     seg.write_bytes(bytes(raw))
     bad = tiffany("wal", "verify", data_dir=data)
-    assert bad.returncode == 1
+    assert bad.returncode == 4  # WAL_DAMAGED
     assert "corrupt" in bad.stdout.lower() or "corrupt" in bad.stderr.lower()
     refused = tiffany("wal", "repair", data_dir=data)
     assert refused.returncode == 2  # only when asked

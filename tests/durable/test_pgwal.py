@@ -267,7 +267,7 @@ def test_the_cli_reads_verifies_and_rebuilds_from_the_postgres_journal(
     assert (stream["stream"], stream["head"], stream["epoch"]) == ("main", rows[-1]["seq"], 1)
     assert stream["held"] is False  # the engine closed cleanly: the lease was given back
     refused = _cli("wal", "repair", "--yes", url=pg_url, data_dir=data_dir)
-    assert refused.returncode == 1, refused.stderr
+    assert refused.returncode == 2, refused.stderr  # USAGE: not for this journal
     assert "TIFFANY_JOURNAL=postgres" in refused.stderr
     assert not (data_dir / "wal").exists()  # nothing fell back to a file WAL
 

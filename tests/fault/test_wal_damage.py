@@ -179,7 +179,7 @@ def test_a_flipped_bit_mid_log_fails_only_its_run_and_the_others_finish(crashed)
     _flip(data / "wal" / rec.segment, rec.offset + RECORD_HEADER_SIZE_BYTES + 6)
 
     out = cli(data, "wal", "verify")
-    assert out.returncode == 1
+    assert out.returncode == 4  # WAL_DAMAGED (tiffany/cli/exits.py)
     assert (
         f"WAL DAMAGED at segment {rec.segment} offset {rec.offset} (seq {rec.seq}): bad checksum"
         in out.stderr
@@ -233,7 +233,7 @@ def test_a_missing_segment_fails_the_runs_live_across_it(crashed) -> None:
     gone.unlink()
 
     out = cli(data, "wal", "verify")
-    assert out.returncode == 1
+    assert out.returncode == 4  # WAL_DAMAGED (tiffany/cli/exits.py)
     assert "sequence gap" in out.stderr
     out = cli(data, "wal", "repair", "--salvage")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -261,6 +261,6 @@ def test_an_engine_refuses_a_damaged_log_once_and_serve_does_not_loop(crashed) -
     served = subprocess.run(
         [*exe, "serve", "--port", "0"], capture_output=True, text=True, check=False, timeout=120
     )
-    assert served.returncode == 1, served.stderr
+    assert served.returncode == 4, served.stderr  # the engine's WAL_DAMAGED, passed on
     assert "engine exited with code 4" in served.stderr
     assert "restarting it" not in served.stderr

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tiffany.cli import DataDirOption, EngineOption
+from tiffany.cli import DataDirOption, EngineOption, exits
 
 if TYPE_CHECKING:
     from tiffany.wal import Loss
@@ -32,8 +32,8 @@ __all__ = ["register"]
 
 wal_app = typer.Typer(help="Inspect, verify and repair the write-ahead log.", no_args_is_help=True)
 
-EXIT_DIVERGED = 1
-EXIT_NOT_FOUND = 3
+EXIT_DIVERGED = exits.FAILED
+EXIT_NOT_FOUND = exits.NOT_FOUND
 
 
 def _wal_dir(ctx: typer.Context, engine: int = 0) -> Path:
@@ -85,18 +85,18 @@ def _on_postgres(ctx: typer.Context) -> bool:
 
 
 def _existing_wal_dir(ctx: typer.Context, engine: int = 0) -> Path:
-    """The WAL directory, or a clear error (exit 1) when there is none."""
+    """The WAL directory, or a clear error (exit 2 or 3) when there is none."""
     if _on_postgres(ctx):
         typer.echo(
             "tiffany: the journal is in PostgreSQL (TIFFANY_JOURNAL=postgres); this command "
             "works on the file WAL (the database keeps its own integrity)",
             err=True,
         )
-        raise typer.Exit(1)
+        raise typer.Exit(exits.USAGE)
     wal_dir = _wal_dir(ctx, engine)
     if not wal_dir.is_dir():
         typer.echo(f"tiffany: no WAL at {wal_dir} (check --data-dir)", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(exits.NOT_FOUND)
     return wal_dir
 
 
@@ -287,7 +287,7 @@ def wal_verify(
         archived = len(list_segments(wal_dir / ARCHIVE_DIR_NAME))
     except WalError as exc:
         _emit(exc.to_dict() if as_json else f"WAL unreadable: {exc}", as_json)
-        raise typer.Exit(1) from None
+        raise typer.Exit(exits.WAL_DAMAGED) from None
     if as_json:
         _emit(_as_dict(report), True)
     elif report.corruption is not None:
@@ -313,7 +313,7 @@ def wal_verify(
                 f"({t.bytes_dropped} bytes, {t.reason}; never acknowledged): the next "
                 "open cuts it"
             )
-    raise typer.Exit(0 if report.ok else 1)
+    raise typer.Exit(exits.OK if report.ok else exits.WAL_DAMAGED)
 
 
 def _verify_stream(ctx: typer.Context, as_json: bool, engine: int = 0) -> None:
@@ -335,7 +335,7 @@ def _verify_stream(ctx: typer.Context, as_json: bool, engine: int = 0) -> None:
                 bad.append({"seq": seq, "error": f"{type(exc).__name__}: {exc}"})
     except WalError as exc:
         _emit(exc.to_dict() if as_json else f"journal unreadable: {exc}", as_json)
-        raise typer.Exit(1) from None
+        raise typer.Exit(exits.WAL_DAMAGED) from None
     report = {"stream": stream.stream, "ok": not bad, "records": records, "first_seq": first}
     report |= {"last_seq": last, "undecodable": bad}
     if as_json:
@@ -347,7 +347,7 @@ def _verify_stream(ctx: typer.Context, as_json: bool, engine: int = 0) -> None:
     else:
         span = f" (seq {first}..{last})" if records else ""
         typer.echo(f"journal ok: {records} records in stream {stream.stream!r}{span}")
-    raise typer.Exit(0 if not bad else 1)
+    raise typer.Exit(exits.WAL_DAMAGED if bad else exits.OK)
 
 
 @wal_app.command("streams")

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from tiffany.cli import DataDirOption
+from tiffany.cli import DataDirOption, exits
 from tiffany.cli.run import EXIT_INVALID, InputsOption
 
 __all__ = ["register"]
@@ -110,7 +110,7 @@ def _set(ctx: typer.Context, schedule_id: str, paused: bool) -> None:
     with _sessions(ctx)() as session:
         if schedules.set_paused(session, schedule_id, paused, _now()) is None:
             typer.echo(f"tiffany: no schedule {schedule_id!r}", err=True)
-            raise typer.Exit(1)
+            raise typer.Exit(exits.NOT_FOUND)
     typer.echo(f"{schedule_id}: {'paused' if paused else 'active'}")
 
 
@@ -134,7 +134,7 @@ def rm(ctx: typer.Context, schedule_id: str, data_dir: DataDirOption = None) -> 
     with _sessions(ctx)() as session:
         if not schedules.remove(session, schedule_id):
             typer.echo(f"tiffany: no schedule {schedule_id!r}", err=True)
-            raise typer.Exit(1)
+            raise typer.Exit(exits.NOT_FOUND)
     typer.echo(f"{schedule_id}: deleted")
 
 

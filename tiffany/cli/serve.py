@@ -36,7 +36,7 @@ from typing import Annotated, Any, Final
 
 import typer
 
-from tiffany.cli import DataDirOption
+from tiffany.cli import DataDirOption, exits
 from tiffany.cli.imports import ImportOption, import_tool_modules, tool_modules
 from tiffany.config import scrub_secrets
 from tiffany.shards import homes
@@ -353,7 +353,12 @@ def serve(
         api.stop()
         _stop_all(children)
         serve_file.unlink(missing_ok=True)
-        raise typer.Exit(1) from None
+        # An engine that refused a damaged WAL: its code, the table's (cli/exits.py).
+        damaged = any(
+            c is not api and c.proc is not None and c.proc.returncode == EXIT_WAL_DAMAGED
+            for c in children
+        )
+        raise typer.Exit(exits.WAL_DAMAGED if damaged else exits.FAILED) from None
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)

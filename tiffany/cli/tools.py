@@ -18,11 +18,9 @@ from typing import Annotated, Any
 
 import typer
 
-from tiffany.cli import DataDirOption
+from tiffany.cli import DataDirOption, exits
 
 __all__ = ["register"]
-
-EXIT_NO_TOOL = 1
 
 
 def _listing(ctx: typer.Context, enable_tool: list[str]) -> tuple[dict[str, Any], str | None]:
@@ -109,12 +107,14 @@ def tools(
                     f"tool {name!r} is disabled on this server: start it with "
                     f"--enable-tool {name} (or add {name} to TIFFANY_ENABLED_TOOLS)"
                 )
+                code = exits.FAILED
             else:
                 from tiffany.agents.plan import unknown_tool_message
 
                 msg = unknown_tool_message(name, [*enabled, *disabled])
+                code = exits.NOT_FOUND
             typer.echo(f"tiffany: {msg}", err=True)
-            raise typer.Exit(EXIT_NO_TOOL)
+            raise typer.Exit(code)
         if as_json:
             typer.echo(json.dumps(tool, indent=2))
             return

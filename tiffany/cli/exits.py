@@ -1,0 +1,54 @@
+"""The exit codes of every ``tiffany`` command: one table (docs/cli.md).
+
+=====  ===============  ==========================================================
+code   name             meaning
+=====  ===============  ==========================================================
+0      OK               done; for ``run`` and ``replay``: the run succeeded
+1      FAILED           the run failed or was cancelled, ``verify`` found a
+                        divergence, or the operation was refused (a finished run
+                        cancelled or signalled, a WAL check that found damage)
+2      USAGE            bad input: an invalid plan, option, input, or a tool
+                        module that does not import
+3      NOT_FOUND        no such run, tool or schedule
+4      WAL_DAMAGED      the engine refuses a damaged WAL (``tiffany wal verify``,
+                        ``tiffany wal repair``)
+5      UNAVAILABLE      nothing answers: no engine serves the data dir, or the
+                        server at ``--url`` is unreachable
+130    INTERRUPTED      Ctrl-C (the run stays in the data dir: ``tiffany replay``
+                        resumes it)
+=====  ===============  ==========================================================
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "FAILED",
+    "INTERRUPTED",
+    "NOT_FOUND",
+    "OK",
+    "UNAVAILABLE",
+    "USAGE",
+    "WAL_DAMAGED",
+    "for_status",
+]
+
+OK: Final = 0
+FAILED: Final = 1
+USAGE: Final = 2
+NOT_FOUND: Final = 3
+WAL_DAMAGED: Final = 4
+UNAVAILABLE: Final = 5
+INTERRUPTED: Final = 130
+
+
+def for_status(status: int) -> int:
+    """The exit code for an HTTP (or control channel) error status."""
+    if status in (400, 413, 415, 422):
+        return USAGE
+    if status == 404:
+        return NOT_FOUND
+    if status in (502, 503, 504):
+        return UNAVAILABLE
+    return FAILED
