@@ -22,6 +22,7 @@ from tiffany.agents.tools.subplan import CHILD_SIGNAL_PREFIX
 from tiffany.config import Settings, parse_rate_limits
 from tiffany.durable import Runtime
 from tiffany.engine.concurrency import SLOT_SIGNAL, Slots, spec_of
+from tiffany.engine.otel import attach_from_env
 from tiffany.engine.rate_limits import RateLimiter
 from tiffany.kernel import Instrument, SlowDispatchWatchdog
 from tiffany.shards import engine_stream, seq_base, seq_last
@@ -410,6 +411,8 @@ def build(
     # which observers such as the activity log read in the same hook.
     for inst in instruments:
         runtime.sched.add_instrument(inst)
+    # Run and step spans, when OpenTelemetry's variables ask for them (engine/otel.py).
+    attach_from_env(runtime)
     # Everything loaded so far (modules, schemas, the tool registry) lives as
     # long as the process: move it out of the collector's reach, so a full
     # collection during a run traverses the run's objects only (measured: a

@@ -1,0 +1,548 @@
+"""OpenTelemetry spans for runs and steps (the ``otel`` extra; docs/observability.md).
+
+A run becomes a span ``run <name>``; each attempt of each plan step becomes a
+child span ``step <id>``. They go out over OTLP/HTTP through the SDK's
+``BatchSpanProcessor`` when the environment asks for traces
+(``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or
+``OTEL_TRACES_EXPORTER``) and the extra is installed; when it asks and the
+packages are missing, one warning names the extra and the engine goes on.
+:func:`attach_from_env` is the one hook (``engine.build``), so ``tiffany run``
+and the engine of ``tiffany serve`` both trace.
+
+Threads: :class:`SpanRecorder` is a kernel instrument. Its hooks run on the
+scheduler thread and only append a small tuple to a deque (O(1), never
+blocks, never touches the SDK); its own thread drains the deque every
+:data:`DRAIN_INTERVAL_S` and makes the spans. The SDK's batch processor then
+exports them from its thread. The loop never waits on a collector.
+
+Where the facts come from:
+    * a run starts when its root task is spawned and ends when the root
+      exits; its status is the journal's (``RunState.status``, set in the
+      journal's own hook, which runs before this one);
+    * a step's attempts come from the worker's report (``StepOutcome``) when
+      the worker exits: each attempt's ``started_at``/``ended_at`` are the
+      clock readings the journal recorded, its error the attempt's own. So a
+      retried step shows one span per attempt, with the attempt's real times,
+      even when the first attempt ran in an earlier life of the engine;
+    * a step's tool comes from the run's plan (the entry the ``plan``
+      resolver receives) or from a tool task's label (a dynamic step).
+
+Trace ids: a run's spans share the trace id :func:`trace_id_of` derives from
+the run id (the first 16 bytes of its SHA-256), so a run resumed after a
+restart continues the same trace, and the trace of a run is found from its
+id. Span ids are random.
+
+Invariants: a run or step left open when the process ends (an engine stop,
+Ctrl-C on ``tiffany run``) is ended by :meth:`SpanRecorder.close` at that
+moment with status unset and ``tiffany.status`` ``interrupted``. A worker
+that ends while its run replays (its step finished in an earlier life) is
+not exported again: that life exported it. A recorder whose span making
+raises is disabled and logged (observers fail soft); the run goes on.
+
+Rejected: a subscriber of the PAL hub. The hub's events carry no step
+outcome (a python step fails as a value inside its worker, with no task
+crash) and ``tiffany run`` has no hub; the worker's report has both.
+Rejected: opening a step span when each attempt starts: the attempt's
+start is a journaled ``Now()`` inside the worker, invisible to an
+instrument; the report at the worker's end has it exactly.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import hashlib
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Generator, Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+import structlog
+
+from tiffany import __version__
+from tiffany.durable.journal import TaskMeta
+from tiffany.kernel import Instrument, Task
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.trace import Span
+
+    from tiffany.durable import Runtime
+
+__all__ = [
+    "DEFAULT_SERVICE_NAME",
+    "OTEL_EXTRA_HINT",
+    "SpanRecorder",
+    "attach",
+    "attach_from_env",
+    "build_tracer_provider",
+    "trace_id_of",
+    "tracing_wanted",
+]
+
+log = structlog.get_logger(__name__)
+
+#: ``service.name`` of the spans unless ``OTEL_SERVICE_NAME`` says otherwise.
+DEFAULT_SERVICE_NAME: Final = "tiffany-engine"
+#: How to install what tracing needs (said once when it is missing).
+OTEL_EXTRA_HINT: Final = "pip install 'tiffany[otel]'"
+#: How often the recorder's thread makes spans of what the loop queued, in seconds.
+DRAIN_INTERVAL_S: Final = 0.05
+#: How long :meth:`SpanRecorder.close` waits for its thread, in seconds.
+CLOSE_JOIN_S: Final = 5.0
+#: Longest error text kept on a span, in characters.
+MAX_ERROR_CHARS: Final = 500
+#: Variables any one of which turns tracing on (OpenTelemetry's own names).
+ENABLING_VARS: Final = (
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_TRACES_EXPORTER",
+)
+
+_warned: set[str] = set()  # "missing": the extra's absence is said once per process
+
+Resolver = Callable[[dict[str, Any], str, int], Generator[Any, Any, Any]]
+
+
+def tracing_wanted(environ: Mapping[str, str]) -> bool:
+    """Return whether the environment asks for traces (OpenTelemetry's variables)."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    if environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
+        return False
+    return any(environ.get(name, "").strip() for name in ENABLING_VARS)
+
+
+def trace_id_of(run_id: str) -> int:
+    """Return the trace id of run ``run_id``'s spans: the first 16 bytes of its SHA-256."""
+    return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:16], "big") or 1
+
+
+def build_tracer_provider(
+    *,
+    exporter: SpanExporter | None = None,
+    processor: SpanProcessor | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> TracerProvider:
+    """Return a tracer provider for the recorder (needs the ``otel`` extra).
+
+    Args:
+        exporter: Where spans go, through a ``BatchSpanProcessor`` (default:
+            OTLP/HTTP configured by the ``OTEL_EXPORTER_OTLP_*`` variables, or
+            the console for ``OTEL_TRACES_EXPORTER=console``).
+        processor: A span processor to use instead (tests: a
+            ``SimpleSpanProcessor`` over an in-memory exporter).
+        environ: The environment read (default: ``os.environ``).
+    """
+    from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    env = os.environ if environ is None else environ
+    attributes: dict[str, str] = {SERVICE_VERSION: __version__}
+    if not env.get("OTEL_SERVICE_NAME", "").strip():
+        attributes[SERVICE_NAME] = DEFAULT_SERVICE_NAME
+    # Resource.create adds OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME.
+    provider = TracerProvider(
+        resource=Resource.create(attributes),
+        id_generator=_run_trace_ids()(),
+        shutdown_on_exit=False,  # SpanRecorder.close shuts it down, after its last spans
+    )
+    if processor is None:
+        processor = BatchSpanProcessor(exporter if exporter is not None else _exporter(env))
+    provider.add_span_processor(processor)
+    return provider
+
+
+def _exporter(environ: Mapping[str, str]) -> SpanExporter:
+    """The exporter ``OTEL_TRACES_EXPORTER`` names: ``otlp`` (HTTP, the default) or ``console``."""
+    if environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter()  # endpoint, headers, timeout: the OTEL_EXPORTER_OTLP_* variables
+
+
+@functools.cache
+def _run_trace_ids() -> Any:
+    """The SDK's ``IdGenerator`` subclass (made once, when the SDK is importable)."""
+    from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+
+    class RunTraceIds(IdGenerator):
+        """Random span ids; the next trace id is the run's (:func:`trace_id_of`) when set.
+
+        Only the recorder's thread makes spans with its provider, so the
+        attribute it sets around a ``start_span`` needs no lock.
+        """
+
+        def __init__(self) -> None:
+            self._random = RandomIdGenerator()
+            #: The trace id the next root span gets (0: a random one).
+            self.next_trace_id = 0
+
+        def generate_span_id(self) -> int:
+            return self._random.generate_span_id()
+
+        def generate_trace_id(self) -> int:
+            return self.next_trace_id or self._random.generate_trace_id()
+
+    return RunTraceIds
+
+
+def attach_from_env(
+    runtime: Runtime, environ: Mapping[str, str] | None = None
+) -> SpanRecorder | None:
+    """Trace ``runtime``'s runs when the environment asks for it; return the recorder.
+
+    None when no OpenTelemetry variable asks for traces, or when the ``otel``
+    extra is missing (then one warning names it, once per process).
+    """
+    env = os.environ if environ is None else environ
+    if not tracing_wanted(env):
+        return None
+    try:
+        provider = build_tracer_provider(environ=env)
+    except ImportError as exc:
+        if "missing" not in _warned:
+            _warned.add("missing")
+            log.warning(
+                "otel.unavailable",
+                message=f"OpenTelemetry variables are set but the packages are missing: "
+                f"{OTEL_EXTRA_HINT} to export run and step spans",
+                missing=exc.name,
+            )
+        return None
+    recorder = attach(runtime, provider)
+    atexit.register(recorder.close)
+    return recorder
+
+
+def attach(runtime: Runtime, provider: TracerProvider) -> SpanRecorder:
+    """Record ``runtime``'s runs and steps as spans of ``provider``; start the recorder.
+
+    Call before the runtime takes runs (``engine.build`` does). The caller
+    (or the process's exit) calls :meth:`SpanRecorder.close`.
+    """
+    recorder = SpanRecorder(provider, clock=runtime.sched.clock.time)
+    plan = runtime.resolvers.get("plan")
+    if plan is not None:
+        runtime.resolvers["plan"] = recorder.watch_plans(plan)
+    runtime.sched.add_instrument(recorder)
+    recorder.start()
+    return recorder
+
+
+class _OpenRun:
+    """A run's span while it is open, and its steps' tools."""
+
+    __slots__ = ("span", "tools")
+
+    def __init__(self, span: Span | None, tools: dict[str, str]) -> None:
+        self.span = span
+        self.tools = tools
+
+
+class SpanRecorder(Instrument):
+    """Turn runs and step attempts into spans (see the module docstring).
+
+    Args:
+        provider: The tracer provider spans are made with (and shut down by
+            :meth:`close`).
+        clock: The wall clock runs' and steps' own times come from (the
+            scheduler's ``clock.time``, which ``Now()`` reads too).
+    """
+
+    def __init__(self, provider: TracerProvider, *, clock: Callable[[], float]) -> None:
+        self.provider = provider
+        self.tracer = provider.get_tracer("tiffany", __version__)
+        self._clock = clock
+        self._queue: deque[tuple[Any, ...]] = deque()
+        self._runs: dict[str, _OpenRun] = {}
+        self._plans: dict[str, dict[str, str]] = {}  # run id -> step id -> tool, before its root
+        self._steps: dict[int, tuple[str, str, float]] = {}  # worker tid -> run, step, start
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        #: Set when making spans failed: the hooks stop queueing (fail soft).
+        self.disabled = False
+        #: Spans made (ended) so far.
+        self.spans = 0
+
+    # -- scheduler thread: O(1) appends only ------------------------------------------
+
+    def watch_plans(self, resolver: Resolver) -> Resolver:
+        """Wrap the ``plan`` resolver: note each run's entry (its steps' tools)."""
+        queue = self._queue
+
+        def resolve(entry: dict[str, Any], run_id: str, compat: int) -> Generator[Any, Any, Any]:
+            if not self.disabled:
+                queue.append(("plan", run_id, entry))
+            return resolver(entry, run_id, compat)
+
+        return resolve
+
+    def task_spawned(self, task: Task) -> None:
+        """Queue a run's start (its root) or a step's (its worker, or a tool task's tool)."""
+        meta = task.meta
+        if meta.__class__ is not TaskMeta or self.disabled:
+            return
+        run = meta.run
+        if run.root is task:
+            self._queue.append(("run", run.run_id, run.name, self._clock(), run.replay is not None))
+            return
+        label = meta.label
+        if label.role == "worker":
+            self._queue.append(("step", task.id, run.run_id, label.step_id, self._clock()))
+        elif label.role == "tool" and label.tool is not None:
+            self._queue.append(("tool", run.run_id, label.step_id, label.tool))
+
+    def task_exited(self, task: Task) -> None:
+        """Queue a run's or a worker's end (DONE or CANCELLED)."""
+        self._ended(task, None)
+
+    def task_crashed(self, task: Task, error: BaseException) -> None:
+        """Queue a run's or a worker's end by an exception."""
+        self._ended(task, error)
+
+    def _ended(self, task: Task, error: BaseException | None) -> None:
+        meta = task.meta
+        if meta.__class__ is not TaskMeta or self.disabled:
+            return
+        run = meta.run
+        if run.root is task:
+            # The journal's hook ran first: the run's status and error are set.
+            self._queue.append(("run_end", run.run_id, self._clock(), run.status, run.error))
+        elif meta.label.role == "worker":
+            state = task.state.value
+            outcome = task.result
+            report = None
+            if error is None and state == "done" and outcome is not None:
+                report = (outcome.ok, outcome.error, outcome.attempts)
+            self._queue.append(
+                ("step_end", task.id, self._clock(), state, report, error, run.replay is not None)
+            )
+
+    # -- the recorder's thread ----------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the thread that makes the spans."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="tiffany-otel", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(DRAIN_INTERVAL_S):
+            self.drain()
+
+    def drain(self) -> int:
+        """Make spans of what the loop queued; return how many items were taken."""
+        queue, taken = self._queue, 0
+        while queue and not self.disabled:
+            item = queue.popleft()
+            taken += 1
+            try:
+                getattr(self, "_on_" + item[0])(*item[1:])
+            except Exception as exc:  # noqa: BLE001 - observers fail soft (disabled, logged)
+                self.disabled = True
+                queue.clear()
+                log.warning("otel.disabled", error=repr(exc), item=item[0])
+        return taken
+
+    def close(self) -> None:
+        """End what is still open (status unset), flush and shut the provider down.
+
+        Idempotent; registered with ``atexit`` by :func:`attach_from_env`.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(CLOSE_JOIN_S)
+            self._thread = None
+        self.drain()
+        if not self.disabled:
+            now = _ns(self._clock())
+            for tid in list(self._steps):
+                self._step_interrupted(tid, now)
+            for open_run in self._runs.values():
+                if open_run.span is not None:
+                    open_run.span.set_attribute("tiffany.status", "interrupted")
+                    open_run.span.end(end_time=now)
+                    self.spans += 1
+            self._runs.clear()
+        self.provider.shutdown()
+
+    def _on_plan(self, run_id: str, entry: Mapping[str, Any]) -> None:
+        tools: dict[str, str] = {}
+        plan = entry.get("plan")
+        steps = plan.get("steps") if isinstance(plan, Mapping) else None
+        for step in steps if isinstance(steps, list) else ():
+            if isinstance(step, Mapping):
+                sid, tool = step.get("id"), step.get("tool")
+                if isinstance(sid, str) and isinstance(tool, str):
+                    tools[sid] = tool
+        self._plans[run_id] = tools
+
+    def _on_run(self, run_id: str, name: str, ts: float, resumed: bool) -> None:
+        from opentelemetry.trace import SpanKind
+
+        ids = self.provider.id_generator
+        if hasattr(ids, "next_trace_id"):
+            ids.next_trace_id = trace_id_of(run_id)
+        try:
+            span = self.tracer.start_span(
+                f"run {name}",
+                kind=SpanKind.INTERNAL,
+                attributes={
+                    "tiffany.run_id": run_id,
+                    "tiffany.plan": name,
+                    "tiffany.resumed": resumed,
+                },
+                start_time=_ns(ts),
+            )
+        finally:
+            if hasattr(ids, "next_trace_id"):
+                ids.next_trace_id = 0
+        self._runs[run_id] = _OpenRun(span, self._plans.pop(run_id, {}))
+
+    def _on_tool(self, run_id: str, step_id: str | None, tool: str) -> None:
+        open_run = self._runs.get(run_id)
+        if open_run is not None and step_id is not None:
+            open_run.tools.setdefault(step_id, tool)
+
+    def _on_step(self, tid: int, run_id: str, step_id: str, ts: float) -> None:
+        self._steps[tid] = (run_id, step_id, ts)
+
+    def _on_step_end(
+        self,
+        tid: int,
+        ts: float,
+        state: str,
+        report: tuple[bool, Mapping[str, Any] | None, list[dict[str, Any]]] | None,
+        error: BaseException | None,
+        replayed: bool,
+    ) -> None:
+        opened = self._steps.pop(tid, None)
+        if opened is None or replayed:
+            return  # a step this life did not see start, or one an earlier life exported
+        run_id, step_id, started = opened
+        if report is None:  # cancelled, killed or crashed: one span for the whole step
+            status = "cancelled" if state == "cancelled" else "failed"
+            info = None if error is None else _error_of(error)
+            self._step_span(run_id, step_id, None, started, ts, status, info)
+            return
+        ok, step_error, attempts = report
+        made = 0
+        for attempt in attempts:
+            if "reused" in attempt or "started_at" not in attempt:
+                continue
+            good = bool(attempt.get("ok"))
+            begin = float(attempt["started_at"])
+            end = float(attempt.get("ended_at") or begin)
+            info = None if good else attempt.get("error")
+            status = "succeeded" if good else "failed"
+            number = attempt.get("attempt")
+            self._step_span(run_id, step_id, number, begin, end, status, info)
+            made += 1
+        if not made:  # no attempt ran (its arguments were refused): the step itself
+            status = "succeeded" if ok else "failed"
+            self._step_span(run_id, step_id, None, started, ts, status, step_error)
+
+    def _on_run_end(self, run_id: str, ts: float, status: str, error: Any) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        open_run = self._runs.pop(run_id, None)
+        if open_run is None or open_run.span is None:
+            return
+        span = open_run.span
+        span.set_attribute("tiffany.status", status)
+        if status == "succeeded":
+            span.set_status(Status(StatusCode.OK))
+        elif status == "failed":
+            message = _text(error) if error is not None else "failed"
+            span.set_attribute("tiffany.error", message)
+            if error is not None:
+                span.set_attribute("error.type", type(error).__name__)
+            span.set_status(Status(StatusCode.ERROR, message))
+        span.end(end_time=_ns(ts))
+        self.spans += 1
+
+    def _step_interrupted(self, tid: int, now_ns: int) -> None:
+        run_id, step_id, started = self._steps.pop(tid)
+        span = self._start_step(run_id, step_id, None, started)
+        span.set_attribute("tiffany.status", "interrupted")
+        span.end(end_time=max(now_ns, _ns(started)))
+        self.spans += 1
+
+    def _start_step(self, run_id: str, step_id: str, attempt: Any, begin: float) -> Span:
+        from opentelemetry import trace
+        from opentelemetry.trace import SpanKind
+
+        open_run = self._runs.get(run_id)
+        attributes: dict[str, Any] = {"tiffany.run_id": run_id, "tiffany.step_id": step_id}
+        tool = open_run.tools.get(step_id) if open_run is not None else None
+        if tool is not None:
+            attributes["tiffany.tool"] = tool
+        if isinstance(attempt, int):
+            attributes["tiffany.attempt"] = attempt
+        context = None
+        ids = self.provider.id_generator
+        if open_run is not None and open_run.span is not None:
+            context = trace.set_span_in_context(open_run.span)
+        elif hasattr(ids, "next_trace_id"):  # its run's span is gone: the same trace still
+            ids.next_trace_id = trace_id_of(run_id)
+        try:
+            return self.tracer.start_span(
+                f"step {step_id}",
+                context=context,
+                kind=SpanKind.INTERNAL,
+                attributes=attributes,
+                start_time=_ns(begin),
+            )
+        finally:
+            if hasattr(ids, "next_trace_id"):
+                ids.next_trace_id = 0
+
+    def _step_span(
+        self,
+        run_id: str,
+        step_id: str,
+        attempt: Any,
+        begin: float,
+        end: float,
+        status: str,
+        error: Mapping[str, Any] | None,
+    ) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        span = self._start_step(run_id, step_id, attempt, begin)
+        span.set_attribute("tiffany.status", status)
+        if status == "succeeded":
+            span.set_status(Status(StatusCode.OK))
+        elif status == "failed":
+            message = _text(error.get("message") if error else None) or "failed"
+            span.set_attribute("tiffany.error", message)
+            if error and isinstance(error.get("type"), str):
+                span.set_attribute("error.type", error["type"])
+            span.set_status(Status(StatusCode.ERROR, message))
+        span.end(end_time=max(_ns(end), _ns(begin)))
+        self.spans += 1
+
+
+def _ns(seconds: float) -> int:
+    return int(seconds * 1e9)
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)[:MAX_ERROR_CHARS]
+
+
+def _error_of(error: BaseException) -> dict[str, Any]:
+    cause = error.__cause__ or error
+    return {"type": type(cause).__name__, "message": _text(cause)}
