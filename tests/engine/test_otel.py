@@ -19,10 +19,12 @@ from typing import Any
 
 import pytest
 import structlog
+from engine_process import EngineProc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
+from process_support import wait_for
 
 from tiffany.agents.tools.python import python_tool
 from tiffany.config import Settings
@@ -317,21 +319,74 @@ def test_tiffany_run_exports_its_spans_over_otlp_http(
     assert proc.returncode == 0, proc.stderr
     run_id = json.loads(proc.stdout)["run_id"]
     assert posts, "the exporter posted nothing"
-    names: list[str] = []
-    services = set()
-    trace_ids = set()
-    for path, content_type, body in posts:
+    spans = _received(posts)
+    assert sorted(s["name"] for s in spans) == ["run exported", "step nap", "step write"]
+    assert {s["service"] for s in spans} == {"tiffany-test"}
+    assert {s["trace_id"] for s in spans} == {trace_id_of(run_id)}
+
+
+def _received(posts: list[tuple[str, str, bytes]]) -> list[dict[str, Any]]:
+    """Decode the exporter's POSTs (OTLP protobuf) into one dict per span."""
+    out = []
+    for path, content_type, body in list(posts):
         assert path == "/v1/traces"
         assert content_type == "application/x-protobuf"
         request = ExportTraceServiceRequest.FromString(body)
         for resource_spans in request.resource_spans:
-            for attr in resource_spans.resource.attributes:
-                if attr.key == "service.name":
-                    services.add(attr.value.string_value)
+            resource = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
             for scope in resource_spans.scope_spans:
                 for span in scope.spans:
-                    names.append(span.name)
-                    trace_ids.add(int.from_bytes(span.trace_id, "big"))
-    assert sorted(names) == ["run exported", "step nap", "step write"]
-    assert services == {"tiffany-test"}
-    assert trace_ids == {trace_id_of(run_id)}
+                    attrs = {a.key: a.value for a in span.attributes}
+                    out.append(
+                        {
+                            "name": span.name,
+                            "service": resource.get("service.name"),
+                            "trace_id": int.from_bytes(span.trace_id, "big"),
+                            "status": span.status.code,  # 0 unset, 1 ok, 2 error
+                            "tiffany.status": attrs["tiffany.status"].string_value,
+                            "run_id": attrs["tiffany.run_id"].string_value,
+                        }
+                    )
+    return out
+
+
+def test_the_engine_process_exports_spans_and_ends_open_ones_at_its_stop(
+    tmp_path: Path, receiver: tuple[str, list[tuple[str, str, bytes]]]
+) -> None:
+    url, posts = receiver
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TIFFANY_"))}
+    env |= {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": url,
+        "OTEL_BSP_SCHEDULE_DELAY": "50",  # ms: the batch goes out soon after the run
+        "TIFFANY_LOG_FORMAT": "json",
+    }
+    engine = EngineProc(tmp_path / "data", env=env)
+    try:
+        engine.wait_ready()
+        quick = engine.call("submit", plan=NAP_PLAN, inputs={})["run_id"]
+        wait_for(
+            lambda: any(s["name"] == "run napper" for s in _received(posts)),
+            30,
+            "the finished run's span",
+        )
+        long_plan = {
+            "name": "long",
+            "steps": [{"id": "wait", "tool": "sleep", "args": {"seconds": 600}}],
+        }
+        long = engine.call("submit", plan=long_plan, inputs={})["run_id"]
+        assert engine.call("status")["runs_active"] == 1
+    finally:
+        assert engine.stop() == 0, engine.log()
+    spans = {(s["run_id"], s["name"]): s for s in _received(posts)}
+    assert set(spans) == {
+        (quick, "run napper"),
+        (quick, "step nap"),
+        (long, "run long"),
+        (long, "step wait"),
+    }
+    assert spans[quick, "run napper"]["status"] == 1
+    assert spans[quick, "run napper"]["service"] == "tiffany-engine"
+    for name in ("run long", "step wait"):  # open at the stop: ended then, status unset
+        assert spans[long, name]["status"] == 0
+        assert spans[long, name]["tiffany.status"] == "interrupted"
+        assert spans[long, name]["trace_id"] == trace_id_of(long)

@@ -92,6 +92,8 @@ OTEL_EXTRA_HINT: Final = "pip install 'tiffany[otel]'"
 DRAIN_INTERVAL_S: Final = 0.05
 #: How long :meth:`SpanRecorder.close` waits for its thread, in seconds.
 CLOSE_JOIN_S: Final = 5.0
+#: How long :meth:`SpanRecorder.close` waits for the last spans to be sent, in seconds.
+CLOSE_FLUSH_S: Final = 3.0
 #: Longest error text kept on a span, in characters.
 MAX_ERROR_CHARS: Final = 500
 #: Variables any one of which turns tracing on (OpenTelemetry's own names).
@@ -355,7 +357,8 @@ class SpanRecorder(Instrument):
     def close(self) -> None:
         """End what is still open (status unset), flush and shut the provider down.
 
-        Idempotent; registered with ``atexit`` by :func:`attach_from_env`.
+        The flush waits at most :data:`CLOSE_FLUSH_S` (a collector down or slow
+        costs the exit no more). Idempotent; registered with ``atexit`` by :func:`attach_from_env`.
         """
         if self._closed:
             return
@@ -376,7 +379,14 @@ class SpanRecorder(Instrument):
                     open_run.span.end(end_time=now)
                     self.spans += 1
             self._runs.clear()
-        self.provider.shutdown()
+        # Flush and shut down, waiting a bounded time: with the collector down,
+        # the exporter's retries would hold the process's exit for seconds.
+        flush = threading.Thread(target=self.provider.shutdown, name="tiffany-otel-flush")
+        flush.daemon = True
+        flush.start()
+        flush.join(CLOSE_FLUSH_S)
+        if flush.is_alive():
+            log.warning("otel.flush_timeout", waited_s=CLOSE_FLUSH_S, note="spans not sent")
 
     def _on_plan(self, run_id: str, entry: Mapping[str, Any]) -> None:
         tools: dict[str, str] = {}
