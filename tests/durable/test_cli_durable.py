@@ -123,3 +123,89 @@ def test_replay_resumes_a_crashed_run(tmp_path):
     assert out["result"][0] == 30
     again = tiffany("replay", "crashed", "--verify", data_dir=tmp_path / "cut")
     assert again.returncode == 0, again.stderr
+
+
+WAIT_PLAN = {
+    "name": "waits",
+    "steps": [{"id": "ok", "tool": "signal.wait", "args": {"name": "go"}}],
+}
+QUICK_PLAN = {"name": "quick", "steps": [{"id": "nap", "tool": "sleep", "args": {"seconds": 0}}]}
+
+
+def test_runs_lists_newest_first_with_ages_and_tells_an_interrupted_run(tmp_path):
+    """Day-to-day use: a finished run, then one left waiting by Ctrl-C; then a server on the dir.
+
+    The waiting run is newest, so it comes first; with no engine on the data
+    dir it is "interrupted" with the command that resumes it; once ``serve``
+    holds the data dir it is "running" again.
+    """
+    import signal
+    import time
+
+    data = tmp_path / "d"
+    for doc in (QUICK_PLAN, WAIT_PLAN):
+        (tmp_path / f"{doc['name']}.json").write_text(json.dumps(doc))
+    tiffany("run", str(tmp_path / "quick.json"), data_dir=data, check=True)
+    env = dict(os.environ, TIFFANY_LOG_FORMAT="json")
+    cmd = [sys.executable, "-m", "tiffany", "--data-dir", str(data), "run"]
+    waiting = subprocess.Popen(
+        [*cmd, str(tmp_path / "waits.json")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    deadline = time.monotonic() + 60
+    while "waits for signal go" not in (out := _runs_stderr_probe(waiting)):
+        assert time.monotonic() < deadline, out
+    # Ctrl-C right after the wait began (it once landed inside the dispatch and
+    # journaled the worker's records twice: the resumed run then diverged).
+    waiting.send_signal(signal.SIGINT)
+    _, err = waiting.communicate(timeout=60)
+    assert waiting.returncode == 130, err
+    assert "tiffany replay run-" in err
+
+    listed = tiffany("runs", data_dir=data, check=True)
+    lines = listed.stdout.splitlines()
+    assert [line.split()[1] for line in lines] == ["interrupted", "succeeded"]
+    assert lines[0].endswith("waits")
+    assert lines[1].endswith("quick")
+    assert " ago " in lines[0]
+    assert "`tiffany replay RUN` resumes one" in listed.stderr
+    as_json = [json.loads(x) for x in tiffany("runs", "--json", data_dir=data).stdout.splitlines()]
+    assert [(r["name"], r["status"], r["interrupted"]) for r in as_json] == [
+        ("waits", "running", True),
+        ("quick", "succeeded", False),
+    ]
+    newest = tiffany("runs", "--limit", "1", data_dir=data).stdout.splitlines()
+    assert [line.split()[0] for line in newest] == [lines[0].split()[0]]
+
+    # A server on the data dir resumes the run: it is running, not interrupted.
+    served = subprocess.Popen(
+        [*cmd[:-1], "serve", "--port", "0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        while not (data / "serve.json").exists():
+            assert served.poll() is None
+            assert time.monotonic() < deadline + 60
+            time.sleep(0.1)
+        assert tiffany("runs", data_dir=data, check=True).stdout.split()[1] == "running"
+    finally:
+        served.send_signal(signal.SIGTERM)
+        assert served.wait(timeout=60) == 0
+
+
+def _runs_stderr_probe(proc: subprocess.Popen[str]) -> str:
+    """The next line of ``tiffany run``'s output (stdout and stderr), or all of it if it ended."""
+    import select
+
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    ready, _, _ = select.select([proc.stdout, proc.stderr], [], [], 1.0)
+    got = "".join(stream.readline() for stream in ready)
+    if proc.poll() is not None:
+        raise AssertionError(f"tiffany run ended early: {got}{proc.stderr.read()}")
+    return got

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from tiffany.cli import DataDirOption, EngineOption, exits
+from tiffany.cli.interrupt import CtrlC
 
 if TYPE_CHECKING:
     from tiffany.wal import Loss
@@ -172,8 +174,16 @@ def replay(
             if not resumed:
                 typer.echo(f"run {run_id} has already finished; nothing to resume", err=True)
                 raise typer.Exit(0)
-            rt.run()
+            with CtrlC(rt.sched) as ctrl_c:
+                rt.run()
             state = rt.status(run_id)
+            if ctrl_c.pressed and state.status == "running":
+                typer.echo(
+                    f"tiffany: interrupted; run {run_id} stays in this data dir: "
+                    f"`tiffany replay {run_id}` resumes it again",
+                    err=True,
+                )
+                raise typer.Exit(exits.INTERRUPTED)
             out = {
                 "run_id": run_id,
                 "status": state.status,
@@ -190,25 +200,71 @@ def replay(
 def runs(
     ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+    limit: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Show the newest N runs (0: all) [default: 50; with --json: all].",
+            show_default=False,
+        ),
+    ] = None,
     data_dir: DataDirOption = None,
 ) -> None:
-    """List the runs in the WAL, oldest first (engine by engine, with ``serve --engines N``)."""
-    from tiffany.durable import scan
+    """List the runs in the WAL, newest first, with their age.
 
-    infos = [info for e in range(_engines(ctx)) for info in scan(_source(ctx, e)).runs.values()]
-    for info in infos:
-        row = {
-            "run_id": info.run_id,
-            "name": info.name,
-            "status": info.status,
-            "started_at": info.started_at,
-            "ended_at": info.ended_at,
-            "first_seq": info.first_seq,
-        }
+    A run the WAL shows unfinished while no engine holds the data dir was
+    interrupted (a crash, Ctrl-C): `tiffany replay RUN` or `tiffany serve`
+    resumes it.
+    """
+    from tiffany.durable import scan
+    from tiffany.wal.lock import holder
+
+    on_pg = _on_postgres(ctx)
+    infos = []
+    for e in range(_engines(ctx)):
+        # Nobody holds this engine's WAL: nothing is running its runs.
+        idle = not on_pg and holder(_wal_dir(ctx, e)) is None
+        infos += [(info, idle) for info in scan(_source(ctx, e)).runs.values()]
+    infos.sort(key=lambda pair: (pair[0].started_at, pair[0].first_seq), reverse=True)
+    if limit is None:
+        limit = 0 if as_json else 50
+    shown = infos[:limit] if limit else infos
+    now = time.time()  # noqa: TID251 - ages, for people
+    for info, idle in shown:
+        interrupted = info.status == "running" and idle
         if as_json:
+            row = {
+                "run_id": info.run_id,
+                "name": info.name,
+                "status": info.status,
+                "interrupted": interrupted,
+                "started_at": info.started_at,
+                "ended_at": info.ended_at,
+                "first_seq": info.first_seq,
+            }
             _emit(row, True)
-        else:
-            typer.echo(f"{info.run_id}  {info.status:<10} {info.name}")
+            continue
+        status = "interrupted" if interrupted else info.status
+        started = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(info.started_at))
+        typer.echo(
+            f"{info.run_id}  {status:<11} {_age(now - info.started_at):>8}  {started}  {info.name}"
+        )
+    if not as_json and len(shown) < len(infos):
+        typer.echo(f"({len(infos) - len(shown)} older runs: --limit 0 lists them all)", err=True)
+    if not as_json and any(i.status == "running" and idle for i, idle in shown):
+        typer.echo(
+            "interrupted: `tiffany replay RUN` resumes one, `tiffany serve` resumes them all",
+            err=True,
+        )
+
+
+def _age(seconds: float) -> str:
+    """``42s ago``, ``5m ago``, ``3h ago``, ``2d ago``."""
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return f"{int(seconds)}s ago"
 
 
 @wal_app.command("dump")

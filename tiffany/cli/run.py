@@ -8,15 +8,16 @@ from typing import Annotated, Any
 
 import typer
 
-from tiffany.cli import DataDirOption
+from tiffany.cli import DataDirOption, exits
 from tiffany.cli.imports import ImportOption, import_tool_modules, tool_modules
+from tiffany.cli.interrupt import CtrlC
 
 __all__ = ["register"]
 
 plan_app = typer.Typer(help="Validate and draw plans.", no_args_is_help=True)
 
-EXIT_FAILED = 1
-EXIT_INVALID = 2
+EXIT_FAILED = exits.FAILED
+EXIT_INVALID = exits.USAGE
 
 
 #: ``--input key=value`` (repeatable), for the commands that take a plan.
@@ -190,17 +191,28 @@ def run(
             engine.runtime.journal.request_signal(
                 run_id, name, payload, f"run-option-{i}", lambda seq, ended: None
             )
-        if use_live:
-            with Live(
-                get_renderable=view.render, console=console, refresh_per_second=8, transient=False
-            ):
+        with CtrlC(engine.runtime.sched) as ctrl_c:
+            if use_live:
+                with Live(
+                    get_renderable=view.render,
+                    console=console,
+                    refresh_per_second=8,
+                    transient=False,
+                ):
+                    engine.runtime.run()
+            else:
                 engine.runtime.run()
-        else:
-            engine.runtime.run()
         state = engine.runtime.status(run_id)
         waits = _signals_awaited(engine.runtime.journal.runs.get(run_id))
     finally:
         engine.runtime.close()
+    if ctrl_c.pressed and state.status == "running":
+        typer.echo(
+            f"tiffany: interrupted; run {run_id} stays in this data dir: `tiffany replay "
+            f"{run_id}` resumes it (or `tiffany serve`, which resumes every unfinished run)",
+            err=True,
+        )
+        raise typer.Exit(exits.INTERRUPTED)
     if state.status == "running" and waits:
         names = ", ".join(waits)
         typer.echo(

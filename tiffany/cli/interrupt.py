@@ -1,0 +1,56 @@
+"""Ctrl-C for the commands that drive the loop themselves (``run``, ``replay``)."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import sys
+from typing import Any
+
+from tiffany.cli import exits
+
+__all__ = ["CtrlC"]
+
+
+class CtrlC:
+    """Ctrl-C stops the loop between dispatches; a second one exits at once, as a crash would.
+
+    Python's own handler raises ``KeyboardInterrupt`` wherever the main
+    thread is: inside a task's code, half-way through a dispatch and its
+    journal record. A run interrupted there could replay differently from
+    what was journaled (seen: a worker's records written twice, and the
+    resumed run failing as diverged). Here the first Ctrl-C asks the
+    scheduler to stop before its next pass, raising only while the loop
+    waits in its selector (nothing half done there); the run stays
+    unfinished in the WAL, everything committed so far kept. A second
+    Ctrl-C exits at once without another write: the WAL recovers from that
+    like from ``kill -9``.
+    """
+
+    def __init__(self, sched: Any) -> None:
+        self.sched = sched
+        self.pressed = 0
+        self._old: Any = None
+
+    def __enter__(self) -> CtrlC:
+        self._old = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> bool:
+        signal.signal(signal.SIGINT, self._old)
+        return exc_type is _Stopped  # the loop was waiting: it stopped there
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        self.pressed += 1
+        if self.pressed > 1:
+            sys.stderr.write("tiffany: stopped at once (the WAL keeps what was committed)\n")
+            sys.stderr.flush()
+            os._exit(exits.INTERRUPTED)
+        self.sched.stop()
+        if frame is not None and frame.f_code.co_filename == selectors.__file__:
+            raise _Stopped  # waiting in the selector: no dispatch is under way
+
+
+class _Stopped(Exception):
+    """Raised out of the loop's selector wait by the first Ctrl-C."""
