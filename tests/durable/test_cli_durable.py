@@ -120,7 +120,7 @@ def test_replay_resumes_a_crashed_run(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["status"] == "succeeded"
-    assert out["result"][0] == 30
+    assert out["outputs"][0] == 30  # the same shape as `tiffany run` prints
     again = tiffany("replay", "crashed", "--verify", data_dir=tmp_path / "cut")
     assert again.returncode == 0, again.stderr
 

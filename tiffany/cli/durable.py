@@ -121,6 +121,9 @@ def replay(
         bool, typer.Option("--verify", help="Check that a finished run replays identically.")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    live: Annotated[
+        bool, typer.Option("--live/--no-live", help="The live task view (on a terminal).")
+    ] = True,
     path: Annotated[
         list[Path] | None,
         typer.Option("--path", help="Add a directory to sys.path (where the run's code lives)."),
@@ -168,30 +171,59 @@ def replay(
                 for problem in report.problems:
                     typer.echo(f"  {problem}", err=True)
             raise typer.Exit(0 if report.ok else EXIT_DIVERGED)
-        engine = _build_engine(settings, enabled_tools=ToolRegistry.default().all_names())
+        from rich.console import Console
+        from rich.live import Live
+
+        from tiffany.cli.live import LiveView
+        from tiffany.cli.run import _signals_awaited
+        from tiffany.cli.run import report as print_result
+
+        view = LiveView(total_steps=0)
+        use_live = live and Console(stderr=True).is_terminal and not as_json
+        engine = _build_engine(
+            settings,
+            enabled_tools=ToolRegistry.default().all_names(),
+            instruments=[view],
+            emit=view.on_event,
+        )
         with engine.runtime as rt:
             resumed = engine.recover_runs(only=[run_id])
             if not resumed:
                 typer.echo(f"run {run_id} has already finished; nothing to resume", err=True)
                 raise typer.Exit(0)
+            steps = (
+                (rt.index.get(run_id).entry.get("plan") or {}).get("steps") if rt.index else None
+            )
+            view.total_steps = len(steps) if isinstance(steps, list) else 0
             with CtrlC(rt.sched) as ctrl_c:
-                rt.run()
+                if use_live:
+                    live_view = Live(
+                        get_renderable=view.render,
+                        console=Console(stderr=True),
+                        refresh_per_second=8,
+                        transient=False,
+                    )
+                    with live_view:
+                        rt.run()
+                else:
+                    rt.run()
             state = rt.status(run_id)
-            if ctrl_c.pressed and state.status == "running":
-                typer.echo(
-                    f"tiffany: interrupted; run {run_id} stays in this data dir: "
-                    f"`tiffany replay {run_id}` resumes it again",
-                    err=True,
-                )
-                raise typer.Exit(exits.INTERRUPTED)
-            out = {
-                "run_id": run_id,
-                "status": state.status,
-                "result": state.result,
-                "error": repr(state.error) if state.error else None,
-            }
-            _emit(out, as_json)
-            raise typer.Exit(0 if state.status == "succeeded" else EXIT_DIVERGED)
+            waits = _signals_awaited(rt.journal.runs.get(run_id))
+        if ctrl_c.pressed and state.status == "running":
+            typer.echo(
+                f"tiffany: interrupted; run {run_id} stays in this data dir: "
+                f"`tiffany replay {run_id}` resumes it again",
+                err=True,
+            )
+            raise typer.Exit(exits.INTERRUPTED)
+        if state.status == "running" and waits:
+            typer.echo(
+                f"tiffany: run {run_id} waits for signal {', '.join(waits)}: serve this data dir "
+                f"(`tiffany serve`) and send it with `tiffany signal {run_id} NAME --data JSON`",
+                err=True,
+            )
+        code = print_result(settings, run_id, state, view.summary(), use_live, as_json)
+        raise typer.Exit(code)
     except UnknownRun as exc:
         typer.echo(f"tiffany: {exc}", err=True)
         raise typer.Exit(EXIT_NOT_FOUND) from None

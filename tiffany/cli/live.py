@@ -26,17 +26,24 @@ from rich.tree import Tree
 
 from tiffany.durable.journal import TaskMeta
 from tiffany.kernel import Instrument, SystemCall, Task
+from tiffany.store.queries import TASK_STATUS
 
 __all__ = ["LiveView"]
 
 _FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 _STYLE = {
-    "ready": "cyan",
+    "pending": "cyan",
     "running": "cyan",
-    "done": "green",
-    "crashed": "red",
-    "cancelled": "yellow",
+    "succeeded": "green",
+    "failed": "red",
+    "cancelled": "dim",
 }
+
+
+def _word(state: Any) -> str:
+    """A task's state in the words the dashboard, the store and the feed use."""
+    value = getattr(state, "value", state)
+    return str(getattr(TASK_STATUS.get(value), "value", value))
 
 
 @dataclass(slots=True)
@@ -45,7 +52,7 @@ class _Row:
     parent: int | None
     role: str = "task"
     step_id: str | None = None
-    state: str = "ready"
+    state: str = "pending"
     detail: str = ""
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None
@@ -110,13 +117,13 @@ class LiveView(Instrument):
         """Show what the task waits on."""
         row = self.rows.get(task.id)
         if row is not None:
-            row.state, row.detail = task.state.value, _detail(call)
+            row.state, row.detail = _word(task.state), _detail(call)
 
     def task_woken(self, task: Task, value: Any) -> None:
         """Back to ready."""
         row = self.rows.get(task.id)
         if row is not None:
-            row.state, row.detail = "ready", ""
+            row.state, row.detail = "running", ""
 
     def task_exited(self, task: Task) -> None:
         """Done or cancelled."""
@@ -129,7 +136,7 @@ class LiveView(Instrument):
     def _ended(self, task: Task, detail: str = "") -> None:
         row = self.rows.get(task.id)
         if row is not None:
-            row.state, row.detail, row.ended = task.state.value, detail, time.monotonic()
+            row.state, row.detail, row.ended = _word(task.state), detail, time.monotonic()
             if row.role == "worker":
                 self.workers_done += 1
 

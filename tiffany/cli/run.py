@@ -221,6 +221,20 @@ def run(
             f"`tiffany signal {run_id} NAME --data JSON` or the dashboard",
             err=True,
         )
+    raise typer.Exit(report(settings, run_id, state, view.summary(), use_live, as_json))
+
+
+def report(
+    settings: Any, run_id: str, state: Any, summary: Any, use_live: bool, as_json: bool
+) -> int:
+    """Project the run into the store, print its result; return the exit code.
+
+    ``run`` and ``replay`` both end here, so both print one shape: the
+    task summary (unless the live view showed it), then ``{"run_id",
+    "status", "outputs", "steps"}`` (or ``"error"``).
+    """
+    from rich.console import Console
+
     from tiffany.engine import journal_source
     from tiffany.engine.projection import project_wal
     from tiffany.store.projector import StoreJournalMismatch
@@ -231,26 +245,33 @@ def run(
     except StoreJournalMismatch as exc:  # the run is journaled; only the store is behind
         stale = exc
         typer.echo(f"tiffany: the store was not updated: {exc}", err=True)
-    result: dict[str, Any] = {"run_id": run_id, "status": state.status}
-    if state.status == "succeeded":
-        result["outputs"] = (
-            state.result.get("outputs") if isinstance(state.result, dict) else state.result
-        )
-        result["steps"] = {k: v["status"] for k, v in state.result.get("steps", {}).items()}
-    else:
-        result["error"] = f"{type(state.error).__name__}: {state.error}" if state.error else None
-        steps = getattr(state.error, "fields", {}).get("steps")
-        if steps:
-            result["steps"] = {
-                k: {"status": v["status"], "error": v["error"]} for k, v in steps.items()
-            }
+    result = run_result(run_id, state)
     if as_json:
         typer.echo(json.dumps(result, default=repr))
     else:
         if not use_live:
-            console.print(view.summary())
+            Console(stderr=True).print(summary)
         typer.echo(json.dumps(result, indent=2, default=repr))
-    raise typer.Exit(0 if state.status == "succeeded" and stale is None else EXIT_FAILED)
+    return exits.OK if state.status == "succeeded" and stale is None else exits.FAILED
+
+
+def run_result(run_id: str, state: Any) -> dict[str, Any]:
+    """A finished (or stopped) run as ``run`` and ``replay`` print it."""
+    result: dict[str, Any] = {"run_id": run_id, "status": state.status}
+    value = state.result
+    if state.status == "succeeded":
+        plan = isinstance(value, dict) and "steps" in value
+        result["outputs"] = value.get("outputs") if plan else value
+        if plan:
+            result["steps"] = {k: v["status"] for k, v in value["steps"].items()}
+        return result
+    result["error"] = f"{type(state.error).__name__}: {state.error}" if state.error else None
+    steps = getattr(state.error, "fields", {}).get("steps")
+    if steps:
+        result["steps"] = {
+            k: {"status": v["status"], "error": v["error"]} for k, v in steps.items()
+        }
+    return result
 
 
 @plan_app.command("validate")
