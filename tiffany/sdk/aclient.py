@@ -150,6 +150,11 @@ class AsyncClient:
         status: RunStatus | None = None,
         limit: int = 50,
         before: int | None = None,
+        *,
+        name: str | None = None,
+        q: str | None = None,
+        since: float | str | None = None,
+        until: float | str | None = None,
     ) -> RunList:
         """A page of runs, newest first."""
         params: dict[str, Any] = {"limit": limit}
@@ -157,6 +162,9 @@ class AsyncClient:
             params["status"] = status
         if before is not None:
             params["before"] = before
+        # The runs list's filters: a part of the name, text in the inputs, a created-at range.
+        filters = {"name": name, "q": q, "since": since, "until": until}
+        params.update({k: v for k, v in filters.items() if v is not None})
         return protocol.answer(await self._request("GET", "/api/runs", params=params), RunList)
 
     async def records(self, run_id: str, after: int = 0, limit: int = 200) -> RunEvents:

@@ -12,6 +12,7 @@ a missed event costs a little time, never a hang.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
@@ -198,6 +199,11 @@ class Client:
         status: RunStatus | None = None,
         limit: int = 50,
         before: int | None = None,
+        *,
+        name: str | None = None,
+        q: str | None = None,
+        since: float | str | None = None,
+        until: float | str | None = None,
     ) -> RunList:
         """A page of runs, newest first (``before``: the previous page's ``next_before``)."""
         params: dict[str, Any] = {"limit": limit}
@@ -205,6 +211,9 @@ class Client:
             params["status"] = status
         if before is not None:
             params["before"] = before
+        # The runs list's filters: a part of the name, text in the inputs, a created-at range.
+        filters = {"name": name, "q": q, "since": since, "until": until}
+        params.update({k: v for k, v in filters.items() if v is not None})
         return protocol.answer(self._request("GET", "/api/runs", params=params), RunList)
 
     def records(self, run_id: str, after: int = 0, limit: int = 200) -> RunEvents:
@@ -282,10 +291,10 @@ class Client:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         min_seq = self._seqs.get(run_id)
-        feed = self._open_feed(run_id, since=None)
         backoff = protocol.Backoff()
         last: RunDetail | None = None
-        try:
+        with contextlib.ExitStack() as stack:
+            feed = self._open_feed(stack, run_id, since=None)
             while True:
                 try:
                     last = self.get(run_id, min_seq=min_seq)
@@ -309,14 +318,10 @@ class Client:
                 try:
                     seen = _finished_seq(feed, run_id, interval)
                 except (*_FEED_ERRORS, protocol.Cutoff):
-                    feed.close()
                     feed = None  # the feed is gone: read at intervals from here
                     continue
                 if seen is not None:
                     min_seq = max(min_seq or 0, seen)
-        finally:
-            if feed is not None:
-                feed.close()
 
     def events(
         self,
@@ -347,49 +352,49 @@ class Client:
         failing_since: float | None = None
         backoff = protocol.Backoff()
         while True:
-            feed = self._open_feed(run_id, since=last)
-            if feed is None:
-                now = time.monotonic()
-                failing_since = failing_since or now
-                if now - failing_since > protocol.RECONNECT_FOR_S:
-                    raise ConnectionFailed(f"cannot follow the feed at {self.url}", url=self.url)
-                time.sleep(backoff.step())
-                continue
-            failing_since, backoff = None, protocol.Backoff()
-            try:
-                if run_id is not None and until_finished and last is None:
-                    finished_at_start = self.get(run_id).finished
-                while True:
-                    quiet = protocol.FINISHED_DRAIN_S if finished_at_start else None
-                    try:
-                        message = feed.recv(timeout=quiet)
-                    except TimeoutError:
-                        return  # a finished run: what the server held has come
-                    item = protocol.read_frame(message)
-                    if item is None:
-                        continue
-                    if isinstance(item, FeedGap):
+            with contextlib.ExitStack() as stack:
+                feed = self._open_feed(stack, run_id, since=last)
+                if feed is None:
+                    now = time.monotonic()
+                    failing_since = failing_since or now
+                    if now - failing_since > protocol.RECONNECT_FOR_S:
+                        msg = f"cannot follow the feed at {self.url}"
+                        raise ConnectionFailed(msg, url=self.url)
+                    time.sleep(backoff.step())
+                    continue
+                failing_since, backoff = None, protocol.Backoff()
+                try:
+                    if run_id is not None and until_finished and last is None:
+                        finished_at_start = self.get(run_id).finished
+                    while True:
+                        quiet = protocol.FINISHED_DRAIN_S if finished_at_start else None
+                        try:
+                            message = feed.recv(timeout=quiet)
+                        except TimeoutError:
+                            return  # a finished run: what the server held has come
+                        item = protocol.read_frame(message)
+                        if item is None:
+                            continue
+                        if isinstance(item, FeedGap):
+                            yield item
+                            if run_id is not None and until_finished and self.get(run_id).finished:
+                                return
+                            continue
+                        last = item.seq
                         yield item
-                        if run_id is not None and until_finished and self.get(run_id).finished:
+                        if _ends(item, run_id, until_finished):
                             return
-                        continue
-                    last = item.seq
-                    yield item
-                    if _ends(item, run_id, until_finished):
-                        return
-            except protocol.Cutoff:
-                continue  # too slow for the server: resume after the last event
-            except _FEED_ERRORS:
-                continue  # dropped: resume after the last event
-            finally:
-                feed.close()
+                except (*_FEED_ERRORS, protocol.Cutoff):
+                    continue  # dropped or cut off: resume after the last event
 
-    def _open_feed(self, run_id: str | None, since: int | None) -> ClientConnection | None:
-        """A websocket on the feed, or None if it cannot be had."""
+    def _open_feed(
+        self, stack: contextlib.ExitStack, run_id: str | None, since: int | None
+    ) -> ClientConnection | None:
+        """A websocket on the feed (closed with ``stack``), or None if it cannot be had."""
         tail = protocol.FEED_TAIL if since is None else 0
         url = protocol.feed_url(self.url, run_id, since, tail=tail if run_id else 0)
         try:
-            return connect(
+            opened = connect(
                 url,
                 additional_headers=self._headers,
                 open_timeout=FEED_OPEN_TIMEOUT_S,
@@ -398,6 +403,8 @@ class Client:
             )
         except _FEED_ERRORS:
             return None
+        conn: ClientConnection = stack.enter_context(opened)
+        return conn
 
 
 def _ends(event: Event, run_id: str | None, until_finished: bool) -> bool:

@@ -16,6 +16,7 @@ websocket): it follows the activity event schema v2 (docs/sdk.md).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -79,11 +80,20 @@ class RunSummary(_Open):
 
 
 class RunList(_Open):
-    """A page of runs, newest first; ``next_before`` pages on (None on the last page)."""
+    """A page of runs, newest first; ``next_before`` pages on (None on the last page).
+
+    Iterating it (and ``len``) goes over its runs: ``for run in client.list(): ...``.
+    """
 
     runs: list[RunSummary]
     counts: dict[str, int]
     next_before: int | None
+
+    def __iter__(self) -> Iterator[RunSummary]:  # type: ignore[override]
+        return iter(self.runs)
+
+    def __len__(self) -> int:
+        return len(self.runs)
 
 
 class StepOut(_Open):

@@ -1,0 +1,121 @@
+"""``tiffany serve`` started as a user does, from the directory that holds their code.
+
+Importable by name (``from sdk_support import ...``; ``conftest.py`` puts this
+directory on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from process_support import terminate, wait_for
+
+from tiffany.config import ENV_PREFIX
+
+#: A user's tool module: what ``--import usertools`` registers on the servers of these tests.
+USER_TOOLS = """\
+from tiffany import python_tool
+
+
+@python_tool("word_count")
+def word_count(text: str) -> dict:
+    return {"words": len(text.split())}
+
+
+@python_tool("must_be_even")
+def must_be_even(n: int) -> dict:
+    if n % 2:
+        raise ValueError(f"{n} is odd")
+    return {"half": n // 2}
+"""
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def clean_env() -> dict[str, str]:
+    """The environment without TIFFANY_* settings (a developer's must not leak in)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+
+
+def short_dir(prefix: str) -> Path:
+    """A fresh directory with a short path (Unix socket paths are limited to 107 bytes)."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+@dataclass
+class Served:
+    """A ``tiffany serve`` subprocess: its URL, data dir and working directory."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    data_dir: Path
+    cwd: Path
+
+    def log(self) -> str:
+        path = self.data_dir / "serve.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+    def stop(self) -> int:
+        code = terminate(self.proc)
+        shutil.rmtree(self.cwd, ignore_errors=True)
+        return code
+
+
+def serve(
+    cwd: Path,
+    *extra: str,
+    env_extra: dict[str, str] | None = None,
+    token: str | None = None,
+    port: int = 0,
+) -> Served:
+    """Start ``tiffany serve`` in ``cwd`` on the fresh data dir ``cwd/d``; wait until it is ready.
+
+    ``port`` 0 takes any free port; a restarted API process then takes
+    another, so a test that restarts it gives a port of its own.
+    """
+    data_dir = cwd / "d"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    env = clean_env() | {"TIFFANY_LOG_FORMAT": "json", **(env_extra or {})}
+    if token is not None:
+        env["TIFFANY_API_TOKEN"] = token
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tiffany",
+            "serve",
+            "--data-dir",
+            str(data_dir),
+            "--port",
+            str(port),
+            *list(extra),
+        ],
+        cwd=cwd,
+        stdout=(data_dir / "serve.log").open("ab"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    ready = data_dir / "serve.json"
+    wait_for(lambda: ready.exists() or proc.poll() is not None, 90, "serve.json")
+    served = Served(proc, "", data_dir, cwd)
+    assert proc.poll() is None, served.log()
+    served.url = str(json.loads(ready.read_text())["url"]).rstrip("/")
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    wait_for(
+        lambda: httpx.get(served.url + "/readyz", headers=headers).status_code == 200, 60, "readyz"
+    )
+    return served
