@@ -11,19 +11,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from tiffany.cli import DataDirOption
+from tiffany.cli import DataDirOption, exits
+from tiffany.cli.remote import TokenOption, UrlOption, remote, show_event
 from tiffany.cli.run import InputsOption
 
 __all__ = ["register"]
 
-#: Exit code when no engine answers on the data dir.
-EXIT_NO_ENGINE = 3
+#: Exit code when no engine answers on the data dir (the table's UNAVAILABLE).
+EXIT_NO_ENGINE = exits.UNAVAILABLE
 
 
 def _homes(ctx: typer.Context) -> list[Path]:
@@ -52,7 +52,7 @@ def _call(
             for e in exc.detail:
                 if isinstance(e, dict):
                     typer.echo(f"  {e.get('loc')}: {e.get('msg')}", err=True)
-        raise typer.Exit(2 if exc.status in (400, 422) else 1) from None
+        raise typer.Exit(exits.for_status(exc.status)) from None
 
 
 def submit(
@@ -63,13 +63,21 @@ def submit(
         str | None,
         typer.Option("--idempotency-key", help="Resubmitting with it returns the same run."),
     ] = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
-    """Submit a plan to the running engine; print its run id once it is durable."""
+    """Submit a plan to the running engine (or --url's server); print its run id once durable."""
     from tiffany.cli.run import _load, _parse_inputs
 
     doc = _load(plan_path)
-    answer = _call(ctx, "submit", plan=doc, inputs=_parse_inputs(inputs), key=key)
+    given = _parse_inputs(inputs)
+    if url:
+        with remote(url, token) as client:
+            run = client.submit(doc, inputs=given, idempotency_key=key)
+        answer = {"run_id": run.run_id, "created": run.created}
+    else:
+        answer = _call(ctx, "submit", plan=doc, inputs=given, key=key)
     typer.echo(answer["run_id"])
     if not answer.get("created", True):
         typer.echo("(an earlier submission with this idempotency key)", err=True)
@@ -78,11 +86,18 @@ def submit(
 def cancel(
     ctx: typer.Context,
     run_id: Annotated[str, typer.Argument(help="The run to cancel.")],
+    url: UrlOption = None,
+    token: TokenOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
     """Cancel a running run (its tasks are killed cooperatively, subprocesses included)."""
     from tiffany.control import ControlError, ControlUnavailable, call
 
+    if url:
+        with remote(url, token) as client:
+            done = client.cancel(run_id)
+        typer.echo(f"run {done.run_id}: {done.status}")
+        return
     homes = _homes(ctx)
     # Several engines: the one holding the run answers; then engine 0 says
     # what the store knows of it (finished, or unknown).
@@ -103,6 +118,8 @@ def rerun(
         typer.Option("--from", help="Restart at this step (default: at the failed steps)."),
     ] = None,
     inputs: InputsOption = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
     """Re-run a finished run from a step: the other steps reuse their recorded outputs.
@@ -114,6 +131,11 @@ def rerun(
     """
     from tiffany.cli.run import _parse_inputs
 
+    if url:
+        with remote(url, token) as client:
+            again = client.rerun(run_id, from_step=from_step, inputs=_parse_inputs(inputs) or None)
+        typer.echo(again.run_id)
+        return
     fields: dict[str, Any] = {"rerun_of": run_id, "inputs": _parse_inputs(inputs), "key": None}
     if from_step is not None:
         fields["from_step"] = from_step
@@ -132,6 +154,8 @@ def signal(
         str | None,
         typer.Option("--id", help="The signal's id: sending it again with the same id is a no-op."),
     ] = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
     """Send a signal to a running run (a step waiting in signal.wait gets its payload).
@@ -145,7 +169,12 @@ def signal(
         payload = None if data is None else load(data.encode(), "application/json", loc=["data"])
     except DocumentError as exc:
         typer.echo(f"tiffany: --data: {exc.msg}", err=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(exits.USAGE) from None
+    if url:
+        with remote(url, token) as client:
+            sent = client.signal(run_id, name, payload, signal_id=signal_id)
+        typer.echo(f"run {sent.run_id}: signal {sent.name} journaled (seq {sent.seq})")
+        return
     fields: dict[str, Any] = {"run_id": run_id, "name": name, "payload": payload}
     if signal_id is not None:
         fields["signal_id"] = signal_id
@@ -162,6 +191,8 @@ def signal(
 
 def status(
     ctx: typer.Context,
+    url: UrlOption = None,
+    token: TokenOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
     """Print the running engine's status as JSON (ready, runs active, WAL position...).
@@ -171,6 +202,14 @@ def status(
     """
     from tiffany.control import ControlError, ControlUnavailable, call
 
+    if url:  # the server's readiness, and how many runs it is running
+        with remote(url, token) as client:
+            ready = client.readiness()
+            ready["runs_running"] = client.list(status="running", limit=1).counts.get("running", 0)
+        typer.echo(json.dumps(ready, indent=2))
+        if not ready.get("ready"):
+            raise typer.Exit(exits.UNAVAILABLE)
+        return
     homes = _homes(ctx)
     if len(homes) == 1:
         typer.echo(json.dumps(_call(ctx, "status"), indent=2))
@@ -191,10 +230,19 @@ def tail(
     run_id: Annotated[str | None, typer.Option("--run", help="Only this run's events.")] = None,
     since: Annotated[int | None, typer.Option(help="Resume after this seq.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON event per line.")] = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
     """Follow the activity feed (Ctrl-C stops); with --run, stop when that run finishes."""
     from tiffany.pal.transport import FEED_SOCKET, follow
+
+    if url:
+        with remote(url, token) as client, contextlib.suppress(KeyboardInterrupt):
+            for item in client.events(run_id, since=since, until_finished=run_id is not None):
+                frame = item.model_dump(exclude_none=True)
+                show_event(frame, as_json)
+        return
 
     paths = [home / FEED_SOCKET for home in _homes(ctx)]
     if not paths[0].exists():
@@ -225,16 +273,7 @@ def tail(
 
     async def main() -> None:
         async for frame in frames():
-            if as_json:
-                sys.stdout.write(json.dumps(frame) + "\n")
-            elif "seq" in frame:
-                sys.stdout.write(
-                    f"{frame['seq']}  {frame.get('run_id') or '-':<18} {frame.get('task', ''):<24} "
-                    f"{frame['kind']:<13} {frame.get('label', '')}\n"
-                )
-            else:
-                sys.stdout.write(f"-- {frame}\n")
-            sys.stdout.flush()
+            show_event(frame, as_json)
             if run_id is not None and frame.get("kind") == "run.finished":
                 return
 

@@ -26,6 +26,7 @@ import typer
 
 from tiffany.cli import DataDirOption, EngineOption, exits
 from tiffany.cli.interrupt import CtrlC
+from tiffany.cli.remote import TokenOption, UrlOption, remote
 
 if TYPE_CHECKING:
     from tiffany.wal import Loss
@@ -240,9 +241,11 @@ def runs(
             show_default=False,
         ),
     ] = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
-    """List the runs in the WAL, newest first, with their age.
+    """List the runs in the WAL (or --url's server), newest first, with their age.
 
     A run the WAL shows unfinished while no engine holds the data dir was
     interrupted (a crash, Ctrl-C): `tiffany replay RUN` or `tiffany serve`
@@ -251,6 +254,9 @@ def runs(
     from tiffany.durable import scan
     from tiffany.wal.lock import holder
 
+    if url:
+        _remote_runs(url, token, limit, as_json)
+        return
     on_pg = _on_postgres(ctx)
     infos = []
     for e in range(_engines(ctx)):
@@ -288,6 +294,33 @@ def runs(
             "interrupted: `tiffany replay RUN` resumes one, `tiffany serve` resumes them all",
             err=True,
         )
+
+
+def _remote_runs(url: str, token: str | None, limit: int | None, as_json: bool) -> None:
+    """``runs --url``: the server's runs list, newest first, in the same lines."""
+    if limit is None:
+        limit = 0 if as_json else 50
+    now = time.time()  # noqa: TID251 - ages, for people
+    shown, before, total = 0, None, None
+    with remote(url, token) as client:
+        while True:
+            page = client.list(limit=min(limit - shown, 200) if limit else 200, before=before)
+            total = total if total is not None else sum(page.counts.values())
+            for run in page:
+                shown += 1
+                if as_json:
+                    _emit(run.model_dump(), True)
+                    continue
+                started = run.started_at or run.created_at or now
+                when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started))
+                typer.echo(
+                    f"{run.run_id}  {run.status:<11} {_age(now - started):>8}  {when}  {run.name}"
+                )
+            before = page.next_before
+            if before is None or (limit and shown >= limit):
+                break
+    if not as_json and total is not None and shown < total:
+        typer.echo(f"({total - shown} older runs: --limit 0 lists them all)", err=True)
 
 
 def _age(seconds: float) -> str:

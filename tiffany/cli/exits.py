@@ -7,8 +7,8 @@ code   name             meaning
 1      FAILED           the run failed or was cancelled, ``verify`` found a
                         divergence, or the operation was refused (a finished run
                         cancelled or signalled, a WAL check that found damage)
-2      USAGE            bad input: an invalid plan, option, input, or a tool
-                        module that does not import
+2      USAGE            bad input: an invalid plan, option, input or token, or
+                        a tool module that does not import
 3      NOT_FOUND        no such run, tool or schedule
 4      WAL_DAMAGED      the engine refuses a damaged WAL (``tiffany wal verify``,
                         ``tiffany wal repair``)
@@ -45,7 +45,7 @@ INTERRUPTED: Final = 130
 
 def for_status(status: int) -> int:
     """The exit code for an HTTP (or control channel) error status."""
-    if status in (400, 413, 415, 422):
+    if status in (400, 401, 403, 413, 415, 422):
         return USAGE
     if status == 404:
         return NOT_FOUND

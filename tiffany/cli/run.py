@@ -171,10 +171,15 @@ def run(
     except PlanError as exc:
         _print_plan_errors(exc)
         raise typer.Exit(EXIT_INVALID) from None
+    from tiffany.wal.lock import holder
+
     console = Console(stderr=True)
     view = LiveView(total_steps=len(doc.get("steps") or ()))
-
     use_live = live and console.is_terminal and not as_json
+    server = holder(Path(settings.data_dir) / "wal")
+    if server is not None:  # `tiffany serve` holds the data dir: run the plan there
+        code = _run_on_server(settings, server, doc, given, sent, as_json, view, console, use_live)
+        raise typer.Exit(code)
     engine = _build_engine(
         settings,
         enabled_tools=ToolRegistry.default().all_names(),
@@ -222,6 +227,134 @@ def run(
             err=True,
         )
     raise typer.Exit(report(settings, run_id, state, view.summary(), use_live, as_json))
+
+
+def _run_on_server(
+    settings: Any,
+    pid: int,
+    doc: dict[str, Any],
+    given: dict[str, Any],
+    sent: list[tuple[str, Any]],
+    as_json: bool,
+    view: Any,
+    console: Any,
+    use_live: bool,
+) -> int:
+    """``tiffany run`` while a server holds the data dir: submit there, follow, print the result.
+
+    The plan goes through the engine's control socket (as ``submit``), the
+    ``--signal`` payloads after it; its activity is followed on the engine's
+    feed from the run's first record on, into the same live view a local run
+    shows (:meth:`LiveView.on_feed`); the result is read from the store once
+    the run has finished, and printed in the shape a local run prints.
+    Ctrl-C stops following; the run goes on in the server.
+    """
+    import asyncio
+    import contextlib
+
+    from rich.live import Live
+
+    from tiffany.control import ControlError, ControlUnavailable, call
+    from tiffany.pal.events import SEQS_PER_RECORD
+    from tiffany.pal.transport import FEED_SOCKET, follow
+
+    data_dir = Path(settings.data_dir)
+    try:
+        answer = call(data_dir, "submit", plan=doc, inputs=given, key=None)
+        run_id = str(answer["run_id"])
+        # The feed's keys start at the record's seq times SEQS_PER_RECORD
+        # (tiffany/pal/events.py; engine 0, whose control socket this is).
+        since = max(0, int(answer["seq"]) * SEQS_PER_RECORD - 1)
+        for i, (name, payload) in enumerate(sent):
+            sid = f"run-option-{run_id}-{i}"
+            call(data_dir, "signal", run_id=run_id, name=name, payload=payload, signal_id=sid)
+    except ControlUnavailable as exc:
+        typer.echo(
+            f"tiffany: the data dir is in use by pid {pid}, whose engine does not answer ({exc}); "
+            "stop it, or use another --data-dir",
+            err=True,
+        )
+        return exits.UNAVAILABLE
+    except ControlError as exc:
+        typer.echo(f"tiffany: {exc.message}", err=True)
+        if isinstance(exc.detail, list):
+            for e in exc.detail:
+                if isinstance(e, dict):
+                    typer.echo(f"  {e.get('loc')}: {e.get('msg')}", err=True)
+        return exits.for_status(exc.status)
+    typer.echo(
+        f"tiffany: this data dir is served (pid {pid}): run {run_id} submitted to the server; "
+        "following it (Ctrl-C stops following, the run goes on)",
+        err=True,
+    )
+
+    async def watch() -> None:
+        async for frame in follow(data_dir / FEED_SOCKET, since=since, run_id=run_id):
+            view.on_feed(frame)
+            if frame.get("kind") == "run.finished":
+                return
+
+    try:
+        if use_live:
+            with Live(
+                get_renderable=view.render, console=console, refresh_per_second=8, transient=False
+            ):
+                asyncio.run(watch())
+        else:
+            asyncio.run(watch())
+    except KeyboardInterrupt:
+        typer.echo(
+            f"tiffany: stopped following; run {run_id} goes on in the server "
+            f"(`tiffany tail --run {run_id}` follows it again)",
+            err=True,
+        )
+        return exits.INTERRUPTED
+    detail = _finished_in_store(settings, run_id)
+    if detail is None:
+        typer.echo(f"tiffany: run {run_id} finished; the store has not shown it yet", err=True)
+        return exits.FAILED
+    result: dict[str, Any] = {"run_id": run_id, "status": detail["status"]}
+    steps = {s["step_id"]: s for s in detail.get("steps") or ()}
+    if detail["status"] == "succeeded":
+        result["outputs"] = detail.get("outputs")
+        result["steps"] = {k: s["status"] for k, s in steps.items()}
+    else:
+        error = detail.get("error") or {}
+        result["error"] = (
+            f"{error.get('type') or 'Error'}: {error.get('message')}" if error else None
+        )
+        result["steps"] = {
+            k: {"status": s["status"], "error": s.get("error")} for k, s in steps.items()
+        }
+    with contextlib.suppress(BrokenPipeError):
+        if not as_json and not use_live:
+            console.print(view.summary())
+        typer.echo(json.dumps(result, default=repr) if as_json else json.dumps(result, indent=2))
+    return exits.OK if detail["status"] == "succeeded" else exits.FAILED
+
+
+def _finished_in_store(settings: Any, run_id: str, timeout: float = 30.0) -> Any:
+    """The run's detail once the store shows it finished (it follows the journal), or None."""
+    import time
+
+    from tiffany.store import make_engine, queries, session_factory
+
+    engine = make_engine(settings.database_url)
+    try:
+        sessions = session_factory(engine)
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        while True:
+            with sessions() as session:
+                detail = queries.run_detail_of(session, run_id)
+            if detail is not None and detail["status"] in ("succeeded", "failed", "cancelled"):
+                return detail
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+    finally:
+        engine.dispose()
 
 
 def report(

@@ -146,6 +146,23 @@ class Client:
         while len(self._seqs) > REMEMBERED_RUNS:
             self._seqs.popitem(last=False)
 
+    # -- The server ----------------------------------------------------------------
+
+    def readiness(self) -> dict[str, Any]:
+        """The server's ``/readyz`` answer: ``{"ready": bool, ...}`` (ready or not).
+
+        Raises:
+            Unauthorized: The token is missing or wrong.
+        """
+        response = self._request("GET", "/readyz")
+        if response.status_code not in (200, 503):
+            protocol.raise_for(response)
+        try:
+            body = response.json()
+        except ValueError:
+            body = {"detail": response.text}
+        return {"ready": response.status_code == 200, **body}
+
     # -- Runs ------------------------------------------------------------------
 
     def submit(

@@ -1,0 +1,97 @@
+"""The CLI against a server's HTTP API: ``--url`` and ``--token``.
+
+``submit``, ``status``, ``runs``, ``tail``, ``cancel``, ``signal`` and
+``rerun`` take ``--url`` and ``--token`` (``TIFFANY_URL``,
+``TIFFANY_API_TOKEN``); given a URL, they go through the
+Python SDK (:class:`tiffany.Client`) to that server instead of the local
+engine's control socket. Their output is the same either way, and so are
+their exit codes (``tiffany/cli/exits.py``: an HTTP 404 is 3, a 422 is 2, an
+unreachable server 5).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+import typer
+
+from tiffany.cli import exits
+
+__all__ = ["TokenOption", "UrlOption", "remote", "show_event"]
+
+#: ``--url``: the server to talk to, instead of the engine on the data dir.
+UrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        envvar="TIFFANY_URL",
+        help="A Tiffany server's URL (http://host:port): talk to its HTTP API instead of "
+        "the engine serving the data dir [env: TIFFANY_URL].",
+        show_envvar=False,
+        show_default=False,
+    ),
+]
+#: ``--token``: the server's API token (``Authorization: Bearer``).
+TokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="TIFFANY_API_TOKEN",
+        help="The server's API token, with --url [env: TIFFANY_API_TOKEN].",
+        show_envvar=False,
+        show_default=False,
+    ),
+]
+
+
+@contextlib.contextmanager
+def remote(url: str, token: str | None) -> Iterator[Any]:
+    """A :class:`tiffany.Client` for ``url``; its errors: one line and the table's exit code."""
+    from tiffany.sdk import Client
+    from tiffany.sdk.errors import ApiError, ClientError, ConnectionFailed
+
+    try:
+        client = Client(url, token)
+    except ValueError as exc:
+        typer.echo(f"tiffany: --url: {exc}", err=True)
+        raise typer.Exit(exits.USAGE) from None
+    try:
+        with client:
+            yield client
+    except ApiError as exc:
+        typer.echo(f"tiffany: {exc.message}", err=True)
+        for e in exc.errors:
+            if e.msg not in exc.message:
+                typer.echo(f"  {e.path}: {e.msg}", err=True)
+        raise typer.Exit(exits.for_status(exc.status)) from None
+    except ConnectionFailed as exc:
+        typer.echo(f"tiffany: {exc.message}", err=True)
+        raise typer.Exit(exits.UNAVAILABLE) from None
+    except ClientError as exc:
+        typer.echo(f"tiffany: {exc}", err=True)
+        raise typer.Exit(exits.FAILED) from None
+
+
+def show_event(frame: dict[str, Any], as_json: bool) -> None:
+    """One feed event as ``tail`` prints it: local time, run, task, kind, label."""
+    if as_json:
+        sys.stdout.write(json.dumps(frame) + "\n")
+    elif "seq" in frame:
+        ts = frame.get("ts")
+        when = (
+            time.strftime("%H:%M:%S", time.localtime(ts)) + f".{int(ts * 1000) % 1000:03d}"
+            if isinstance(ts, int | float) and ts > 0
+            else "-"
+        )
+        sys.stdout.write(
+            f"{when}  {frame.get('run_id') or '-':<18} {frame.get('task') or '':<24} "
+            f"{frame['kind']:<13} {frame.get('label') or ''}\n"
+        )
+    else:
+        sys.stdout.write(f"-- {frame}\n")
+    sys.stdout.flush()
