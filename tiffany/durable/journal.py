@@ -397,24 +397,46 @@ class Journal(Instrument):
             self._append(run, rec)
 
     def after_dispatch(self, task: Task, yielded: Any) -> None:
-        """Journal the dispatch, or check it against the journal when replaying."""
+        """Journal the dispatch, or check it against the journal when replaying.
+
+        Discussion: this runs once per dispatch of every journaled task,
+        a million times in ``bench/replay.py``. A bare ``yield`` being
+        replayed (most dispatches of a replay) is checked here, without
+        the call to :meth:`Replayer.check_dispatch`: when the next recorded
+        dispatch is that exact yield, there is nothing else to do. Any
+        other dispatch, and any mismatch, takes the general check, which
+        raises the divergence.
+        """
         meta = task.meta
         if meta is None or meta.opaque:
             return
         run = meta.run
         cur = run.replay
-        if cur is not None and cur.index >= len(cur.dispatches):
+        if cur is not None:
+            i = cur.index
+            if i < len(cur.dispatches):
+                n = run.n = run.n + 1
+                if yielded is None:
+                    rec = cur.dispatches[i]
+                    if (
+                        rec.n == n
+                        and rec.ltid == meta.ltid
+                        and rec.kind == "yield"
+                        and rec.arg is None
+                    ):
+                        cur.index = i + 1
+                        return
+                elif yielded.__class__ is NewTask:
+                    self._spawning = yielded  # task_spawned, next, takes its label
+                self.replayer.check_dispatch(run, cur, task, yielded)
+                return
             # Before counting this dispatch: steps restarted at go-live are
             # journaled at the last recorded ``n``, so they carry no dispatch.
             self.replayer.go_live(run)
-            cur = None
         run.n += 1
         if yielded.__class__ is NewTask:
             self._spawning = yielded  # task_spawned, next, takes its label
-        if cur is None:
-            self.recorder.dispatch(run, meta, task, yielded)
-        else:
-            self.replayer.check_dispatch(run, cur, task, yielded)
+        self.recorder.dispatch(run, meta, task, yielded)
 
     def task_woken(self, task: Task, value: Any) -> None:
         """Journal a wake-up that came from outside the run (at a wait stage)."""
