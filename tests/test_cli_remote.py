@@ -1,0 +1,152 @@
+"""The CLI against a real server: ``--url``/``--token``, and ``run`` on a served data dir.
+
+Real processes only: ``tiffany serve`` (with a token, and ``--import`` of a
+user's tool module) on loopback, and each command as its own ``python -m
+tiffany`` process, as a user types it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SDK_TESTS = Path(__file__).resolve().parent / "sdk"
+if str(SDK_TESTS) not in sys.path:
+    sys.path.insert(0, str(SDK_TESTS))
+
+from sdk_support import USER_TOOLS, Served, clean_env, serve, short_dir  # noqa: E402
+
+from tiffany import Client  # noqa: E402
+
+TOKEN = "cli-remote-token"
+COUNT = (
+    "name: count\ninputs: {text: a b c}\nsteps:\n"
+    "  - {id: count, tool: python, args: {function: word_count, "
+    "kwargs: {text: '${inputs.text}'}}}\n"
+    "outputs: {words: '${steps.count.output.words}'}\n"
+)
+APPROVE = (
+    "name: approve\nsteps:\n  - {id: ok, tool: signal.wait, args: {name: approve}}\n"
+    "outputs: {by: '${steps.ok.output.by}'}\n"
+)
+NAP = "name: nap\nsteps:\n  - {id: nap, tool: sleep, args: {seconds: 60}}\n"
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    cwd = short_dir("tfr-")
+    (cwd / "usertools.py").write_text(USER_TOOLS)
+    for name, text in (("count.yaml", COUNT), ("approve.yaml", APPROVE), ("nap.yaml", NAP)):
+        (cwd / name).write_text(text)
+    server = serve(cwd, "--import", "usertools", token=TOKEN)
+    yield server
+    server.stop()
+
+
+def tiffany(
+    served: Served, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tiffany", *args],
+        cwd=served.cwd,
+        env=clean_env() | (env or {}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def remote(served: Served, *args: str) -> subprocess.CompletedProcess[str]:
+    return tiffany(served, *args, "--url", served.url, "--token", TOKEN)
+
+
+def test_submit_tail_runs_status_over_http(served: Served) -> None:
+    submitted = remote(served, "submit", "count.yaml", "--input", "text=one two")
+    assert submitted.returncode == 0, submitted.stderr
+    run_id = submitted.stdout.strip()
+    tailed = remote(served, "tail", "--run", run_id)
+    assert tailed.returncode == 0, tailed.stderr
+    lines = tailed.stdout.splitlines()
+    assert "run.finished" in lines[-1]
+    assert run_id in lines[-1]
+    with Client(served.url, token=TOKEN) as client:
+        done = client.wait(run_id, timeout=60)
+    assert done.status == "succeeded"
+    assert done.outputs == {"words": 2}
+    listed = remote(served, "runs", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert rows[0]["run_id"] == run_id
+    assert rows[0]["status"] == "succeeded"
+    human = remote(served, "runs")
+    assert run_id in human.stdout.splitlines()[0]
+    assert "succeeded" in human.stdout
+    status = remote(served, "status")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["ready"] is True
+
+
+def test_signal_cancel_and_rerun_over_http(served: Served) -> None:
+    run_id = remote(served, "submit", "approve.yaml").stdout.strip()
+    sent = remote(served, "signal", run_id, "approve", "--data", '{"by": "ada"}')
+    assert sent.returncode == 0, sent.stderr
+    assert f"run {run_id}: signal approve journaled" in sent.stdout
+    with Client(served.url, token=TOKEN) as client:
+        assert client.wait(run_id, timeout=60).outputs == {"by": "ada"}
+        again = remote(served, "rerun", run_id, "--from", "ok")
+        assert again.returncode == 0, again.stderr
+        new_id = again.stdout.strip()
+        assert new_id != run_id
+        # The re-run's step waits again: it takes a signal of its own.
+        assert remote(served, "signal", new_id, "approve", "--data", '{"by": "bo"}').returncode == 0
+        assert client.wait(new_id, timeout=60).outputs == {"by": "bo"}
+        nap = remote(served, "submit", "nap.yaml").stdout.strip()
+        cancelled = remote(served, "cancel", nap)
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert cancelled.stdout.strip() == f"run {nap}: cancelling"
+        assert client.wait(nap, timeout=60).status == "cancelled"
+    refused = remote(served, "cancel", nap)
+    assert refused.returncode == 1
+    assert "finished" in refused.stderr
+
+
+def test_errors_map_onto_the_exit_code_table(served: Served) -> None:
+    no_token = tiffany(served, "runs", "--url", served.url)
+    assert no_token.returncode == 2
+    assert "bearer token" in no_token.stderr
+    # TIFFANY_URL and TIFFANY_API_TOKEN instead of the options.
+    env = {"TIFFANY_URL": served.url, "TIFFANY_API_TOKEN": TOKEN}
+    unknown = tiffany(served, "cancel", "run-nope", env=env)
+    assert unknown.returncode == 3
+    assert "run-nope" in unknown.stderr
+    invalid = tiffany(served, "submit", "count.yaml", "--input", "nope=1", env=env)
+    assert invalid.returncode == 2
+    assert "nope" in invalid.stderr
+    nobody = tiffany(served, "runs", "--url", "http://127.0.0.1:9")
+    assert nobody.returncode == 5
+    assert "cannot reach" in nobody.stderr
+    assert "Traceback" not in nobody.stderr + unknown.stderr + no_token.stderr
+
+
+def test_run_on_a_served_data_dir_submits_to_the_server(served: Served) -> None:
+    data_dir = str(served.data_dir)
+    ran = tiffany(served, "run", "count.yaml", "--data-dir", data_dir, "--json")
+    assert ran.returncode == 0, ran.stderr
+    assert "WalLocked" not in ran.stderr
+    assert "Traceback" not in ran.stderr
+    result = json.loads(ran.stdout)
+    assert result["status"] == "succeeded"
+    assert result["outputs"] == {"words": 3}  # the server's --import usertools
+    assert result["steps"] == {"count": "succeeded"}
+    with Client(served.url, token=TOKEN) as client:
+        assert client.get(result["run_id"]).status == "succeeded"
+    shown = tiffany(served, "run", "count.yaml", "--data-dir", data_dir, "--no-live")
+    assert shown.returncode == 0, shown.stderr
+    assert "submitted to the server" in shown.stderr
+    assert "worker:count" in shown.stderr  # the live view's task table, as a local run's
+    assert json.loads(shown.stdout)["outputs"] == {"words": 3}
