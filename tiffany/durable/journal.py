@@ -414,10 +414,11 @@ class Journal(Instrument):
         cur = run.replay
         if cur is not None:
             i = cur.index
-            if i < len(cur.dispatches):
+            dispatches = cur.dispatches
+            if i < len(dispatches):
                 n = run.n = run.n + 1
                 if yielded is None:
-                    rec = cur.dispatches[i]
+                    rec = dispatches[i]
                     if (
                         rec.n == n
                         and rec.ltid == meta.ltid

@@ -33,7 +33,7 @@ from tiffany.durable.checkpoint import (
     CheckpointStore,
     read_checkpoint,
 )
-from tiffany.durable.history import Loaded, RunIndex, checkpoint_of, load_many, read_runs
+from tiffany.durable.history import Loaded, RunIndex, checkpoint_of, load_run, read_runs
 from tiffany.durable.journal import Journal, RunState
 from tiffany.errors import InstrumentFailure, NondeterminismError, TiffanyError
 from tiffany.kernel import Clock, Instrument, Scheduler
@@ -361,9 +361,7 @@ def verify(
     PostgreSQL stream).
     """
     wal_dir = log if log is not None else Path(data_dir) / "wal"
-    index, cursors = load_many(wal_dir, {run_id})
-    info = index.get(run_id)
-    cursor = cursors[run_id]
+    info, cursor = load_run(wal_dir, run_id)
     report = VerifyReport(run_id, False, info.status, len(cursor.dispatches), info.records)
     if not info.finished:
         report.problems.append("the run has not finished; resume it with `tiffany replay RUN_ID`")
