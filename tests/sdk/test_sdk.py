@@ -262,6 +262,7 @@ def test_async_client_does_the_same(server: Served) -> None:
     async def main() -> tuple[RunDetail, list[Any], int]:
         async with AsyncClient(server.url) as client:
             run = await client.submit(COUNT, inputs={"text": "a b c d e"})
+            assert (await client.readiness())["ready"] is True
             got = await run.get()
             assert got.run_id == run.run_id
             done = await run.wait(timeout=60)

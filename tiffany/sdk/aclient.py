@@ -123,6 +123,17 @@ class AsyncClient:
         while len(self._seqs) > REMEMBERED_RUNS:
             self._seqs.popitem(last=False)
 
+    async def readiness(self) -> dict[str, Any]:
+        """The server's ``/readyz`` answer: ``{"ready": bool, ...}`` (ready or not)."""
+        response = await self._request("GET", "/readyz")
+        if response.status_code not in (200, 503):
+            protocol.raise_for(response)
+        try:
+            body = response.json()
+        except ValueError:
+            body = {"detail": response.text}
+        return {"ready": response.status_code == 200, **body}
+
     async def submit(
         self,
         plan: Any,
