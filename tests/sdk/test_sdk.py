@@ -44,7 +44,6 @@ def word_count(text: str) -> dict:
     return {"words": len(text.split())}
 """
 USER_SCRIPT = """\
-import sys
 from tiffany import Client
 
 plan = {
@@ -54,8 +53,8 @@ plan = {
                "args": {"function": "word_count", "kwargs": {"text": "${inputs.text}"}}}],
     "outputs": {"words": "${steps.count.output.words}"},
 }
-run = Client(sys.argv[1]).submit(plan)
-print(run.wait(timeout=60).outputs)
+run = Client("http://127.0.0.1:8000").submit(plan)
+print(run.wait(timeout=60).outputs)     # {'words': 3}
 """
 
 
@@ -84,12 +83,14 @@ def test_user_code_to_outputs_through_the_sdk_in_under_20_lines() -> None:
     assert _code_lines(USER_MODULE, USER_SCRIPT) < 20
     cwd = short_dir("tfu-")
     (cwd / "mytools.py").write_text(USER_MODULE)
-    (cwd / "client.py").write_text(USER_SCRIPT)
     assert not (cwd / "d").exists()
     served = serve(cwd, "--import", "mytools")  # a fresh data dir: cwd/d
+    # The script exactly as docs/sdk.md and the README show it, but for the port.
+    script = USER_SCRIPT.replace("http://127.0.0.1:8000", served.url)
+    (cwd / "client.py").write_text(script)
     try:
         done = subprocess.run(
-            [sys.executable, "client.py", served.url],
+            [sys.executable, "client.py"],
             cwd=cwd,
             env=clean_env(),
             capture_output=True,
