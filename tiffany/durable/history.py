@@ -384,7 +384,8 @@ def _cursor(spans: Iterable[Span], prefix: bytes | None = None) -> tuple[ReplayC
     4-byte prefix it is are read (without it, every span is the run's).
 
     The records are decoded in place (``memoryview`` slices of the segments);
-    a DISPATCH, most of any run, takes the short way.
+    a DISPATCH, most of any run and a few bytes long (its argument is cut to
+    ``MAX_ARG_CHARS``), takes the short way.
     """
     dispatches: list[Dispatch] = []
     seqs: list[int] = []  # the WAL seq of each dispatch (for errors)
@@ -400,14 +401,16 @@ def _cursor(spans: Iterable[Span], prefix: bytes | None = None) -> tuple[ReplayC
     view = memoryview(segment)
     others = implied_n = 0  # records other than DISPATCH; dispatches they carry
     for seq, rtype, data, start, end, _ in spans:
-        if prefix is not None and (not data.startswith(prefix, start) or rtype == run_start):
+        if rtype == dispatch_type:
+            if prefix is None or data[start : start + 4] == prefix:
+                # A copy of a few bytes costs less than a memoryview slice.
+                add_dispatch(decode_dispatch(data[start + 4 : end]))
+                add_seq(seq)
+            continue
+        if prefix is not None and (data[start : start + 4] != prefix or rtype == run_start):
             continue
         if data is not segment:
             segment, view = data, memoryview(data)
-        if rtype == dispatch_type:
-            add_dispatch(decode_dispatch(view[start + 4 : end]))
-            add_seq(seq)
-            continue
         others += 1
         rec = decode_body(rtype, view[start + 4 : end])
         cls = rec.__class__
