@@ -284,7 +284,11 @@ def _missing_functions(plan: Any) -> list[dict[str, str]]:
             problems.append(
                 {
                     "loc": f"steps[{i}].args.function",
-                    "msg": f"no python tool function {name!r} on this engine (registered: {known})",
+                    "msg": (
+                        f"no python tool function {name!r} on this engine (registered: {known});"
+                        " a function of your own module registers with --import MODULE"
+                        " (or TIFFANY_TOOL_MODULES) on the engine's command"
+                    ),
                 }
             )
     return problems
