@@ -414,11 +414,15 @@ class Journal(Instrument):
         cur = run.replay
         if cur is not None:
             i = cur.index
-            dispatches = cur.dispatches
-            if i < len(dispatches):
+            try:
+                rec = cur.dispatches[i]
+            except IndexError:
+                # Before counting this dispatch: steps restarted at go-live are
+                # journaled at the last recorded ``n``, so they carry no dispatch.
+                self.replayer.go_live(run)
+            else:
                 n = run.n = run.n + 1
                 if yielded is None:
-                    rec = dispatches[i]
                     if (
                         rec.n == n
                         and rec.ltid == meta.ltid
@@ -431,9 +435,6 @@ class Journal(Instrument):
                     self._spawning = yielded  # task_spawned, next, takes its label
                 self.replayer.check_dispatch(run, cur, task, yielded)
                 return
-            # Before counting this dispatch: steps restarted at go-live are
-            # journaled at the last recorded ``n``, so they carry no dispatch.
-            self.replayer.go_live(run)
         run.n += 1
         if yielded.__class__ is NewTask:
             self._spawning = yielded  # task_spawned, next, takes its label
