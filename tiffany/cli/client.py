@@ -212,17 +212,30 @@ def status(
         return
     homes = _homes(ctx)
     if len(homes) == 1:
-        typer.echo(json.dumps(_call(ctx, "status"), indent=2))
+        typer.echo(json.dumps(_with_local_times(_call(ctx, "status")), indent=2))
         return
     listed: list[dict[str, Any]] = []
     for i, home in enumerate(homes):
         try:
-            listed.append(call(home, "status"))
+            listed.append(_with_local_times(call(home, "status")))
         except (ControlUnavailable, ControlError) as exc:
             listed.append({"engine": i, "error": str(exc)})
     typer.echo(json.dumps({"engines": listed}, indent=2))
     if all("error" in e for e in listed):
         raise typer.Exit(EXIT_NO_ENGINE)
+
+
+def _with_local_times(status: dict[str, Any]) -> dict[str, Any]:
+    """An engine's status with its start as local time and its uptime, for people."""
+    started = status.get("started_at")
+    if isinstance(started, int | float) and not isinstance(started, bool):
+        import time
+
+        from tiffany.cli.durable import _age, local_time
+
+        status = {**status, "started": local_time(started)}
+        status["up"] = _age(time.time() - started).removesuffix(" ago")  # noqa: TID251
+    return status
 
 
 def tail(

@@ -323,6 +323,27 @@ def _remote_runs(url: str, token: str | None, limit: int | None, as_json: bool) 
         typer.echo(f"({total - shown} older runs: --limit 0 lists them all)", err=True)
 
 
+#: Where a record holds its wall-clock time (a ``now`` OUTCOME: its value).
+_TIME_FIELD = {"RUN_START": 3, "RUN_END": 2}
+
+
+def _record_time(rtype: str, fields: list[Any]) -> str | None:
+    """The record's time as local time (``2026-11-24 15:17:45.235 UTC``), for a person."""
+    index = _TIME_FIELD.get(rtype)
+    if rtype == "OUTCOME" and len(fields) > 3 and fields[2] == "now":
+        index = 3
+    value = fields[index] if index is not None and len(fields) > index else None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e11:
+        return None
+    return local_time(value)
+
+
+def local_time(ts: float) -> str:
+    """``2026-11-24 15:17:45.235 UTC``: epoch seconds as local time with the zone."""
+    base = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    return f"{base}.{int(ts * 1000) % 1000:03d} {time.strftime('%Z', time.localtime(ts))}"
+
+
 def _age(seconds: float) -> str:
     """``42s ago``, ``5m ago``, ``3h ago``, ``2d ago``."""
     seconds = max(0.0, seconds)
@@ -379,8 +400,10 @@ def wal_dump(
         if as_json:
             _emit(row, True)
         else:
+            when = _record_time(rtype, fields)
             typer.echo(
                 f"{seq:>8} {rtype:<10} {row['run']!s:<18} {json.dumps(fields, default=repr)}"
+                + (f"  ({when})" if when else "")
             )
         shown += 1
         if limit is not None and shown >= limit:
