@@ -82,5 +82,5 @@ def test_submit_tail_and_cancel_from_the_command_line(tmp_path: Path) -> None:
     finally:
         assert engine.stop() == 0
     gone = runner.invoke(app, ["status", "--data-dir", str(data)])
-    assert gone.exit_code == 3
+    assert gone.exit_code == 5  # UNAVAILABLE (tiffany/cli/exits.py)
     assert "is `tiffany serve` running" in gone.output
