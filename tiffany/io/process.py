@@ -7,6 +7,8 @@ so waiting for a process parks the task in the selector like any socket.
 ``communicate`` feeds stdin and drains stdout and stderr at once with child
 tasks, so a chatty child never deadlocks on a full pipe. Output is capped:
 bytes past ``max_output_bytes`` are counted and dropped, never buffered.
+An ``on_output`` callback sees each chunk kept as it is read (the shell
+tool's live view); it runs in the reader task, so it must not block.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import IO, Any
 
 from tiffany.kernel import KillTask, NewTask, ReadWait, WaitTask, WriteWait
@@ -105,8 +108,13 @@ class Process:
                 view = view[n:]
         return len(data)
 
-    def read_all(self, pipe: IO[bytes], max_bytes: int) -> Co:
-        """Read ``pipe`` to its end; keep at most ``max_bytes``. Returns (data, dropped)."""
+    def read_all(
+        self, pipe: IO[bytes], max_bytes: int, on_chunk: Callable[[bytes], None] | None = None
+    ) -> Co:
+        """Read ``pipe`` to its end; keep at most ``max_bytes``. Returns (data, dropped).
+
+        ``on_chunk`` is called with each piece kept, as it is read.
+        """
         chunks: list[bytes] = []
         kept = dropped = 0
         while True:
@@ -115,8 +123,11 @@ class Process:
                 return b"".join(chunks), dropped
             room = max_bytes - kept
             if room > 0:
-                chunks.append(chunk[:room])
-                kept += min(room, len(chunk))
+                piece = chunk[:room] if room < len(chunk) else chunk
+                chunks.append(piece)
+                kept += len(piece)
+                if on_chunk is not None:
+                    on_chunk(piece)
             dropped += max(0, len(chunk) - max(room, 0))
 
     def wait(self) -> Co:
@@ -134,20 +145,30 @@ class Process:
         self._close_pidfd()
         return code
 
-    def communicate(self, stdin: bytes = b"", max_output_bytes: int = 1 << 20) -> Co:
+    def communicate(
+        self,
+        stdin: bytes = b"",
+        max_output_bytes: int = 1 << 20,
+        on_output: Callable[[str, bytes], None] | None = None,
+    ) -> Co:
         """Feed ``stdin``, collect stdout/stderr (capped), wait; return CompletedRun.
 
+        ``on_output(stream, chunk)`` (``"stdout"`` or ``"stderr"``) sees each
+        chunk kept as it is read; it must not block (it runs in the reader task).
         If the calling task is killed (or anything fails) meanwhile, the child's
         process group is killed too: a process never outlives its task.
         """
         p = self.popen
         assert p.stdout is not None
         assert p.stderr is not None
+        on_out = on_err = None
+        if on_output is not None:
+            on_out, on_err = partial(on_output, "stdout"), partial(on_output, "stderr")
         out_tid = yield NewTask(
-            self.read_all(p.stdout, max_output_bytes), name=f"pid{self.pid}.stdout"
+            self.read_all(p.stdout, max_output_bytes, on_out), name=f"pid{self.pid}.stdout"
         )
         err_tid = yield NewTask(
-            self.read_all(p.stderr, max_output_bytes), name=f"pid{self.pid}.stderr"
+            self.read_all(p.stderr, max_output_bytes, on_err), name=f"pid{self.pid}.stderr"
         )
         try:
             if p.stdin is not None:

@@ -11,6 +11,11 @@ lands at the ``yield`` in :meth:`Process.communicate`, which kills the
 process group; :meth:`ShellTool.run` then reaps the child before it lets the
 cancellation go on, so no process outlives its step (not even as a zombie).
 
+While the command runs, its output is published line by line as
+``tool.output`` events (``stream``, ``text``: ``live_output.py``), capped
+per second; the dashboard tails them. The result is built from the pipes as
+before, whatever the live view showed or held back.
+
 Sandbox (``ToolSettings.shell_sandbox``, docs/security.md):
 
 * ``"none"``: run the argv directly (the operator's explicit choice; a
@@ -63,9 +68,10 @@ from typing import Any, ClassVar, Final
 from pydantic import Field, field_validator
 
 from tiffany.agents.tools.base import ToolArgs, ToolContext, ToolError, ToolOutput
+from tiffany.agents.tools.live_output import LiveOutput
 from tiffany.agents.tools.workspace import workspace_dir
 from tiffany.io import spawn_process
-from tiffany.kernel import Coroutine
+from tiffany.kernel import Coroutine, KillTask, NewTask
 
 __all__ = [
     "SANDBOX_AS_BYTES",
@@ -409,15 +415,24 @@ class ShellTool:
                 "sandbox": sandboxed,
             },
         )
+        live = LiveOutput(ctx.emit)
+        ticker: int | None = None
         try:
-            done = yield proc.communicate((args.stdin or "").encode("utf-8"), max_output_bytes=cap)
+            ticker = yield NewTask(live.ticker(), name=f"pid{proc.pid}.live")
+            done = yield proc.communicate(
+                (args.stdin or "").encode("utf-8"), max_output_bytes=cap, on_output=live.feed
+            )
         except GeneratorExit:
             proc.kill()  # the scheduler is closing: no yield allowed, kill only
             raise
         except BaseException:
             proc.kill()  # communicate already did; a kill before it started needs this
+            if ticker is not None:
+                yield KillTask(ticker)
             yield proc.wait()  # reap: the child must not outlive the step, even as a zombie
             raise
+        yield KillTask(ticker)
+        live.flush(final=True)
         result: dict[str, Any] = {
             "exit_code": done.returncode,
             "stdout": done.stdout.decode("utf-8", errors="replace"),
