@@ -1,7 +1,8 @@
-"""The shell tool: real subprocesses, kill on cancel, and the bubblewrap sandbox."""
+"""The shell tool: real subprocesses, kill on cancel, live output, and the bubblewrap sandbox."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import socket
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tiffany.agents.tools import shell
+from tiffany.agents.tools import live_output, shell
 from tiffany.agents.tools.shell import CommandNotFound, SandboxUnavailable, ShellExit, ShellTool
 from tiffany.agents.tools.workspace import FileDenied, FileNotFound
 from tiffany.errors import TaskKilled
@@ -165,6 +166,131 @@ def test_cancel_kills_the_process_group_and_reaps_the_child(make_ctx, events, wo
     assert _state(bg) in (None, "Z")
 
 
+# -- live output ------------------------------------------------------------------
+
+#: One line, half a second of nothing, another line.
+TWO_LINES = ["sh", "-c", "echo one; sleep 0.5; echo two"]
+
+
+def _timed(ctx):
+    """``ctx`` whose events are recorded with the monotonic time they were emitted at."""
+    got: list[tuple[float, str, dict]] = []
+    emit = lambda kind, data: got.append((time.monotonic(), kind, dict(data)))  # noqa: E731
+    return dataclasses.replace(ctx, emit=emit), got
+
+
+def _lines(got, stream="stdout"):
+    """The (time, data) of the text events of ``stream``."""
+    return [(t, d) for t, k, d in got if k == "tool.output" and d.get("stream") == stream]
+
+
+def _first_line_comes_before_the_end(run_tool, ctx):
+    ctx, got = _timed(ctx)
+    out = run_tool(SH, {"argv": TWO_LINES}, ctx)
+    ended = time.monotonic()
+    # the result is what it always was: no trace of the live view
+    assert out == {
+        "exit_code": 0,
+        "stdout": "one\ntwo\n",
+        "stderr": "",
+        "stdout_truncated": False,
+        "stderr_truncated": False,
+    }
+    (t1, one), (t2, two) = _lines(got)
+    assert one == {"tool": "shell", "stream": "stdout", "text": "one", "partial": False}
+    assert two["text"] == "two"
+    # "one" was published while the command slept, not when it ended
+    assert t2 - t1 >= 0.4
+    assert ended - t1 >= 0.4
+
+
+def test_each_line_is_published_while_the_command_runs(run_tool, make_ctx):
+    _first_line_comes_before_the_end(run_tool, make_ctx(shell_sandbox="none"))
+
+
+def test_stderr_is_tagged_and_a_line_without_its_newline_is_flushed(run_tool, make_ctx):
+    ctx, got = _timed(make_ctx(shell_sandbox="none"))
+    script = "printf 'half'; sleep 0.6; echo ' done'; echo oops >&2; printf 'no newline'"
+    started = time.monotonic()
+    out = run_tool(SH, {"argv": ["sh", "-c", script]}, ctx)
+    assert out["stdout"] == "half done\nno newline"
+    assert out["stderr"] == "oops\n"
+    (t_half, half), (t_done, done), (_, last) = _lines(got)
+    assert half == {"tool": "shell", "stream": "stdout", "text": "half", "partial": True}
+    # flushed about LIVE_FLUSH_S after it came, long before its newline
+    assert live_output.LIVE_FLUSH_S - 0.05 <= t_half - started < 0.5
+    assert t_done - t_half >= 0.3
+    assert done == {"tool": "shell", "stream": "stdout", "text": " done", "partial": False}
+    # the end of the stream ends its last line
+    assert last == {"tool": "shell", "stream": "stdout", "text": "no newline", "partial": False}
+    ((_, err),) = _lines(got, "stderr")
+    assert err == {"tool": "shell", "stream": "stderr", "text": "oops", "partial": False}
+
+
+def test_a_long_line_goes_out_in_pieces_that_keep_its_characters(run_tool, make_ctx):
+    ctx, got = _timed(make_ctx(shell_sandbox="none"))
+    line = "é" * 3000 + "x"  # 6,001 bytes: a cut in the middle of a character must not happen
+    out = run_tool(SH, {"argv": ["printf", "%s\n", line]}, ctx)
+    assert out["stdout"] == line + "\n"
+    pieces = [d for _, d in _lines(got)]
+    assert len(pieces) >= 6
+    assert all(len(p["text"].encode()) <= live_output.LIVE_TEXT_BYTES for p in pieces)
+    assert [p["partial"] for p in pieces] == [True] * (len(pieces) - 1) + [False]
+    assert "".join(p["text"] for p in pieces) == line
+
+
+def test_a_chatty_command_is_capped_and_says_what_it_held_back(run_tool, make_ctx):
+    ctx, got = _timed(make_ctx(shell_sandbox="none"))
+    out = run_tool(SH, {"argv": ["seq", "1", "20000"]}, ctx)
+    assert out["stdout"] == "".join(f"{i}\n" for i in range(1, 20001))  # all of it
+    shown = [d["text"] for _, d in _lines(got)]
+    notices = [d for _, k, d in got if k == "tool.output" and "dropped_lines" in d]
+    elapsed = got[-1][0] - got[0][0]
+    cap = live_output.LIVE_EVENTS_BURST + live_output.LIVE_EVENTS_PER_S * elapsed + 1
+    assert len(shown) <= cap
+    assert shown[:3] == ["1", "2", "3"]  # the first lines get through
+    assert notices, "no notice of the lines held back"
+    assert all(n["level"] == "warning" and "not shown live" in n["message"] for n in notices)
+    # every line is either shown or counted in a notice
+    assert len(shown) + sum(n["dropped_lines"] for n in notices) == 20000
+
+
+def test_the_cap_refills_with_time():
+    now = [0.0]
+    sent: list[dict] = []
+    live = live_output.LiveOutput(
+        lambda kind, data: sent.append(dict(data)), clock=lambda: now[0], rate=10, burst=5
+    )
+    live.feed("stdout", b"".join(b"%d\n" % i for i in range(8)))
+    assert [d.get("text") for d in sent] == ["0", "1", "2", "3", "4"]
+    now[0] += 0.25  # two and a half lines' worth
+    live.feed("stdout", b"8\n9\n10\n")
+    assert sent[5]["dropped_lines"] == 3  # 5, 6, 7: said before the next line shown
+    assert [d.get("text") for d in sent[6:]] == ["8", "9"]
+    live.flush(final=True)
+    assert sent[-1]["dropped_lines"] == 1  # 10
+    assert (live.published, live.dropped_total) == (7, 4)
+
+
+def test_live_output_shows_no_more_than_the_result_keeps(run_tool, make_ctx):
+    ctx, got = _timed(make_ctx(shell_sandbox="none"))
+    args = {"argv": ["sh", "-c", "yes abc | head -n 1000"], "max_output_bytes": 42}
+    out = run_tool(SH, args, ctx)
+    assert out["stdout"] == "abc\n" * 10 + "ab"
+    assert out["stdout_truncated"] is True
+    assert [d["text"] for _, d in _lines(got)] == ["abc"] * 10 + ["ab"]
+
+
+def test_a_broken_emit_does_not_fail_the_command(run_tool, make_ctx):
+    def emit(kind, data):
+        if "stream" in data:
+            raise RuntimeError("feed is down")
+
+    ctx = dataclasses.replace(make_ctx(shell_sandbox="none"), emit=emit)
+    out = run_tool(SH, {"argv": TWO_LINES}, ctx)
+    assert out["stdout"] == "one\ntwo\n"
+
+
 # -- the sandbox ----------------------------------------------------------------
 
 
@@ -201,6 +327,10 @@ def test_sandbox_has_no_network(run_tool, make_ctx, sandboxed):
         inside = run_tool(SH, args, sandboxed)
         assert inside["exit_code"] != 0  # ...but not from inside
         assert "Error" in inside["stderr"]
+
+
+def test_output_streams_from_the_sandbox_too(run_tool, sandboxed):
+    _first_line_comes_before_the_end(run_tool, sandboxed)
 
 
 def test_sandbox_sees_only_the_workspace(run_tool, sandboxed, workspace, tmp_path):
