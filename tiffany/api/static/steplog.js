@@ -118,12 +118,27 @@ export function attemptsBlock(step, { running, liveLines }) {
   );
 }
 
-/** A step's live output lines from the feed's `tool.output` events. */
+/**
+ * A step's live output lines from the feed's `tool.output` events. A shell
+ * line comes as `{stream, text, partial}`: `partial` says the stream's next
+ * text goes on the same line (a long line's pieces, or output that waited
+ * for its newline). Any other event (a notice of lines held back) ends them.
+ */
 export function liveLinesOf(events, runId, stepId) {
   const out = [];
+  const open = new Map(); // stream -> index in `out` of its unfinished line
   for (const e of events) {
     if (e.run !== runId || e.kind !== "tool.output" || !e.data || e.data.step !== stepId) continue;
     const d = e.data;
+    if (d.stream && typeof d.text === "string") {
+      let at = open.get(d.stream);
+      if (at === undefined) at = out.push(d.text) - 1;
+      else out[at] += d.text;
+      if (d.partial) open.set(d.stream, at);
+      else open.delete(d.stream);
+      continue;
+    }
+    open.clear();
     const text = d.text ?? d.line ?? d.message ?? (d.child_run ? `child run ${d.child_run}` : compact(d, 200));
     out.push(`${d.level && d.level !== "info" ? `[${d.level}] ` : ""}${text}`);
   }
