@@ -321,7 +321,9 @@ def load_run(wal_dir: Source, run_id: str) -> tuple[RunInfo, ReplayCursor]:
     it keeps a run is known only at the run's end (recovery drops finished
     runs). Here the run is wanted whatever its end, so the spans are not
     kept: one loop over the records instead of two, and a million span
-    tuples less (0.15 s of 1.3 s for ``bench/replay.py``'s verify).
+    tuples less (0.15 s of 1.3 s for ``bench/replay.py``'s verify). Nor
+    are the dispatches' seqs, which only an error names: the cursor reads
+    them again if it needs one (:meth:`ReplayCursor.seq_of`).
 
     Raises:
         UnknownRun: No run ``run_id`` in the log.
@@ -336,8 +338,10 @@ def load_run(wal_dir: Source, run_id: str) -> tuple[RunInfo, ReplayCursor]:
                 break
     else:
         raise UnknownRun(f"no run {run_id!r} in the WAL", run_id=run_id)
+    prefix, first = RUN_PREFIX.pack(info.run_no), info.first_seq
     with _gc_paused():
-        cursor, info.records = _cursor(spans, RUN_PREFIX.pack(info.run_no))
+        cursor, info.records = _cursor(spans, prefix, seqs=False)
+    cursor.reread = lambda: _cursor(spans_of(wal_dir, first), prefix)[0].seqs
     ended = cursor.run_end
     if ended is not None:
         info.status, info.result, info.ended_at = ended.status, ended.value, ended.ts
@@ -376,25 +380,30 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _cursor(spans: Iterable[Span], prefix: bytes | None = None) -> tuple[ReplayCursor, int]:
+def _cursor(
+    spans: Iterable[Span], prefix: bytes | None = None, *, seqs: bool = True
+) -> tuple[ReplayCursor, int]:
     """Decode a run's records into what its replay consumes (carried dispatches made explicit).
 
     Returns the cursor and how many records went into it. With ``prefix``,
     ``spans`` may hold other runs' records: only those of the run whose
     4-byte prefix it is are read (without it, every span is the run's).
+    ``seqs`` false: the cursor's dispatches' seqs are not kept (the caller
+    sets :attr:`ReplayCursor.reread`).
 
     The records are decoded in place (``memoryview`` slices of the segments);
     a DISPATCH, most of any run and a few bytes long (its argument is cut to
     ``MAX_ARG_CHARS``), takes the short way.
     """
     dispatches: list[Dispatch] = []
-    seqs: list[int] = []  # the WAL seq of each dispatch (for errors)
+    kept: list[int] = []  # the WAL seq of each dispatch (for errors)
+    keep_seqs = seqs
     outcomes: dict[int, Outcome] = {}
     wakes: deque[tuple[int, Wake]] = deque()
     exits: dict[int, TaskExit] = {}
     attempts: dict[tuple[int, int], int] = {}
     run_end: RunEnd | None = None
-    add_dispatch, add_seq = dispatches.append, seqs.append  # hot loop
+    add_dispatch, add_seq = dispatches.append, kept.append  # hot loop
     dispatch_type = int(RecordType.DISPATCH)
     run_start = int(RecordType.RUN_START)
     segment: bytes = b""
@@ -405,7 +414,8 @@ def _cursor(spans: Iterable[Span], prefix: bytes | None = None) -> tuple[ReplayC
             if prefix is None or data[start : start + 4] == prefix:
                 # A copy of a few bytes costs less than a memoryview slice.
                 add_dispatch(decode_dispatch(data[start + 4 : end]))
-                add_seq(seq)
+                if keep_seqs:
+                    add_seq(seq)
             continue
         if prefix is not None and (data[start : start + 4] != prefix or rtype == run_start):
             continue
@@ -430,7 +440,8 @@ def _cursor(spans: Iterable[Span], prefix: bytes | None = None) -> tuple[ReplayC
         implied = carried(rec, dispatches[-1].n if dispatches else 0)  # type: ignore[arg-type]
         if implied is not None:
             add_dispatch(implied)
-            add_seq(seq)
+            if keep_seqs:
+                add_seq(seq)
             implied_n += 1
-    cursor = ReplayCursor(dispatches, seqs, outcomes, wakes, exits, attempts, run_end)
+    cursor = ReplayCursor(dispatches, kept, outcomes, wakes, exits, attempts, run_end)
     return cursor, len(dispatches) - implied_n + others

@@ -75,7 +75,7 @@ class ReplayCursor:
     """What is left to replay of one run."""
 
     dispatches: list[Dispatch]  # in order, carried ones made explicit
-    seqs: list[int]  # the WAL seq of each dispatch (for errors)
+    seqs: list[int]  # the WAL seq of each dispatch (for errors: read them with seq_of)
     outcomes: dict[int, Outcome]  # n -> record
     wakes: deque[tuple[int, Wake]]  # (wal seq, record)
     exits: dict[int, TaskExit]  # ltid -> record
@@ -83,11 +83,25 @@ class ReplayCursor:
     run_end: RunEnd | None
     index: int = 0
     parked: dict[Task, tuple[SystemCall, Any]] = field(default_factory=dict)
+    #: Reads ``seqs`` again, when the load did not keep them (``history.load_run``).
+    reread: Callable[[], list[int]] | None = None
 
     @property
     def exhausted(self) -> bool:
         """True once every dispatch and wake-up was replayed."""
         return self.index >= len(self.dispatches) and not self.wakes
+
+    def seq_of(self, i: int) -> int:
+        """Return the WAL seq of dispatch ``i`` (reading the seqs again if none were kept).
+
+        Discussion: only an error names a dispatch's seq. A million kept
+        seqs cost a one-pass load 0.05 s of its 0.65 s (``bench/replay.py``),
+        so ``verify`` does not keep them, and a divergence reads the run's
+        records again to find its seq.
+        """
+        if self.reread is not None:
+            self.seqs, self.reread = self.reread(), None
+        return self.seqs[i]
 
 
 class Replayer:
@@ -131,7 +145,7 @@ class Replayer:
         cur.index = i + 1
         ltid = task.meta.ltid
         if rec.n != run.n or rec.ltid != ltid or rec.kind != kind or rec.arg != arg:
-            raise self.divergence(run, task, cur.seqs[i], rec, [run.n, ltid, kind, arg])
+            raise self.divergence(run, task, cur.seq_of(i), rec, [run.n, ltid, kind, arg])
 
     def outcome(self, run: RunState, cur: ReplayCursor, task: Task, call: SystemCall) -> Any:
         """Return the recorded outcome of ``call`` (``Now()``...), or go live if the journal ends.
@@ -220,7 +234,7 @@ class Replayer:
             if not wakes:
                 i = cur.index
                 raise self._stalled(
-                    run, cur.seqs[i], cur.dispatches[i], "no task is ready for the next dispatch"
+                    run, cur.seq_of(i), cur.dispatches[i], "no task is ready for the next dispatch"
                 )
             if wakes[0][1].at > run.n:
                 seq, rec = wakes[0]
