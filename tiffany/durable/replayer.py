@@ -23,9 +23,11 @@ Invariants:
   the code did; the journal is a critical instrument, so it stops the kernel.
 
 Discussion: the per-dispatch check is the replay's hot path (a million
-dispatches for ``bench/replay.py``): a bare ``yield`` is described without a
-call, the recorded record is compared field by field, and the WAL seq is
-looked up only to report a divergence.
+dispatches for ``bench/replay.py``): a bare ``yield`` that matches its
+record is checked by the journal's ``after_dispatch`` itself, without a
+call here; other dispatches are described, the recorded record is compared
+field by field, and the WAL seq is looked up only to report a divergence
+(:meth:`ReplayCursor.seq_of`).
 """
 
 from __future__ import annotations
