@@ -1390,3 +1390,56 @@ def test_the_run_page_shows_the_runs_model_usage(
         finally:
             browser.close()
     assert not errors, "\n".join(errors)
+
+
+#: Prints a line, then half a line, sleeps, and ends the line.
+TALKER_SH = "echo first line; printf waiting; sleep 4; echo ' done'"
+
+
+def test_the_live_log_shows_a_shell_steps_first_line_while_it_runs(
+    chromium_path: str, shell_service: dict[str, Any], tmp_path: Path, artifacts_dir: Path
+) -> None:
+    """The run page's live log tails the shell step's lines while the command still sleeps.
+
+    ``first line`` shows under the running attempt, and so does ``waiting``
+    (half a line, flushed when no newline came), long before the step ends;
+    once it has, the attempt's log is the recorded stdout, the line whole.
+    """
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    url = shell_service["url"]
+    plan = {
+        "name": "talker",
+        "steps": [{"id": "talk", "tool": "shell", "args": {"argv": ["sh", "-c", TALKER_SH]}}],
+    }
+    run_id = _submit(url, plan)
+    errors: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+            page.on("console", lambda msg: _console(msg, errors))
+            page.goto(f"{url}#/run/{run_id}")
+            talk = page.locator('[data-testid=step-row][data-step-id="talk"]')
+            live_log = talk.get_by_test_id("step-live-log")
+            expect(live_log).to_contain_text("first line", timeout=30_000)
+            expect(live_log).to_contain_text("waiting")
+            # still running: the line came from the feed, not from the step's result
+            expect(talk).to_have_attribute("data-status", "running")
+            expect(talk.get_by_test_id("log-stdout")).to_have_count(0)
+            detail = _http_json(f"{url}api/runs/{run_id}")
+            assert detail["status"] == "running"
+            png = tmp_path / "dashboard-live-shell.png"
+            page.screenshot(path=str(png))
+            _save_screenshot(png, "dashboard-live-shell.png", artifacts_dir)
+
+            expect(page.get_by_test_id("run-status")).to_have_attribute(
+                "data-status", "succeeded", timeout=30_000
+            )
+            expect(talk.get_by_test_id("log-stdout")).to_be_visible()
+            assert _text(talk.get_by_test_id("log-stdout")) == "first line\nwaiting done\n"
+        finally:
+            browser.close()
+    assert not errors, "\n".join(errors)
