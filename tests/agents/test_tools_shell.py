@@ -217,8 +217,8 @@ def test_stderr_is_tagged_and_a_line_without_its_newline_is_flushed(run_tool, ma
     assert out["stderr"] == "oops\n"
     (t_half, half), (t_done, done), (_, last) = _lines(got)
     assert half == {"tool": "shell", "stream": "stdout", "text": "half", "partial": True}
-    # flushed about LIVE_FLUSH_S after it came, long before its newline
-    assert live_output.LIVE_FLUSH_S - 0.05 <= t_half - started < 0.5
+    # flushed LIVE_FLUSH_S after it came, long before its newline
+    assert t_half - started >= live_output.LIVE_FLUSH_S
     assert t_done - t_half >= 0.3
     assert done == {"tool": "shell", "stream": "stdout", "text": " done", "partial": False}
     # the end of the stream ends its last line
