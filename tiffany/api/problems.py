@@ -102,7 +102,15 @@ async def _too_large(_request: Request, exc: Exception) -> JSONResponse:
 
 async def _invalid_body(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, DocumentError)
-    return error_response(422, exc.code, exc.message, exc.detail)
+    # FastAPI's shape in full (its ValidationError schema requires a "type"),
+    # as the 422s of every route declare it.
+    detail = exc.detail
+    if isinstance(detail, list):
+        detail = [
+            {**e, "type": e.get("type") or "value_error"} if isinstance(e, dict) else e
+            for e in detail
+        ]
+    return error_response(422, exc.code, exc.message, detail)
 
 
 async def _store_unavailable(_request: Request, exc: Exception) -> JSONResponse:
