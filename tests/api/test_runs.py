@@ -327,7 +327,7 @@ def test_runs_list_bad_filters_are_a_422_naming_the_parameter(client, params, fi
     assert r.status_code == 422, r.text
     assert r.json()["detail"][0]["loc"] == ["query", field]
     # The declared 422 schema (FastAPI's ValidationError) requires a type: the fuzzer checks it.
-    assert r.json()["detail"][0]["type"] == "value_error"
+    assert r.json()["detail"][0]["type"] in ("value_error", "string_too_long")
 
 
 def test_verify_reports_an_identical_replay(client) -> None:
