@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -87,3 +88,25 @@ def test_plan_graph_text_and_mermaid(tmp_path):
     mermaid = tiffany("plan", "graph", plan, "--mermaid", data_dir=tmp_path)
     assert mermaid.stdout.splitlines()[0] == "flowchart TD"
     assert "    test --> flaky_integration" in mermaid.stdout
+
+
+def test_the_task_summary_shows_the_runs_tree_not_a_steps_insides(tmp_path):
+    """A shell step's body and its pipe readers (pidN.stdout...) are not the run's tasks."""
+    plan = tmp_path / "sh.json"
+    argv = [sys.executable, "-c", "print('hi')"]
+    plan.write_text(
+        json.dumps({"name": "sh", "steps": [{"id": "s", "tool": "shell", "args": {"argv": argv}}]})
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "tiffany", "--data-dir", str(tmp_path / "d"), "run", str(plan)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "TIFFANY_SHELL_SANDBOX": "none", "COLUMNS": "200"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stderr.splitlines() if line.startswith("│")]
+    names = [row.split("│")[2].strip() for row in rows]
+    assert names == ["sh", "worker:s", "tool:shell:s"], proc.stderr
+    assert all("succeeded" in row for row in rows)

@@ -143,9 +143,12 @@ class LiveView(Instrument):
     def task_spawned(self, task: Task) -> None:
         """Add a row."""
         meta = task.meta
+        if not isinstance(meta, TaskMeta) or meta.opaque:
+            # Inside a durable step (its body, a subprocess's pipe readers): not
+            # the run's task tree, which is what the view shows.
+            return
         row = _Row(task.name, task.parent)
-        if isinstance(meta, TaskMeta):
-            row.role, row.step_id = meta.label.role, meta.label.step_id
+        row.role, row.step_id = meta.label.role, meta.label.step_id
         self._add(task.id, row)
 
     def _add(self, tid: int, row: _Row) -> None:
