@@ -74,7 +74,11 @@ def test_an_approval_waits_across_a_kill_9_and_the_signal_finishes_the_run(serve
         seen.append((r.status_code, r.text[:200]))
         return None if r.status_code == 503 else r  # 503: the engine is starting again
 
-    r = wait_for(send, 30, "the engine to take commands")
+    try:
+        r = wait_for(send, 60, "the engine to take commands")
+    except AssertionError as exc:  # say what the API answered, and what serve logged
+        log = (data_dir / "serve.log").read_text(errors="replace")[-6000:]
+        raise AssertionError(f"{exc}; answers: {seen[-5:]}; serve.log:\n{log}") from None
     assert r is not None, seen
     assert r.status_code == 202, r.text
     answer = r.json()

@@ -232,3 +232,8 @@ def approvals() -> object:
     got.append((yield Receive("d")))
     got.append((yield Receive("d")))
     return got
+
+
+def wait_for_go() -> object:
+    """One signal ``go``, waited for with no timeout: the run's only wait."""
+    return (yield Receive("go"))

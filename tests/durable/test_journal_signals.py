@@ -129,3 +129,31 @@ def test_receive_needs_a_journaled_run_and_a_positive_timeout():
         sched.run()
     assert len(caught) == 1
     assert "no handler" in str(caught[0])
+
+
+def test_a_signal_sent_while_a_recovered_run_replays_is_journaled_when_it_goes_live(tmp_path):
+    """A signal that arrives before the replay ends goes in at the wait stage the run goes live.
+
+    It used to wait for the wait stage after that one, which an engine with
+    nothing else to do never reached: the signal's 202 did not come, and the
+    API answered 503 for as long as nobody else woke the loop (seen in CI
+    after a kill -9 of the engine). No ticker here: nothing else wakes the loop.
+    """
+    with Runtime(tmp_path) as rt:
+        run_id = rt.submit("durable_workloads:wait_for_go")
+        rt.run()  # it waits for "go"; with nothing else to do, the loop returns
+        assert rt.status(run_id).status == "running"
+    answers: list[tuple[int, str | None]] = []
+    with Runtime(tmp_path) as rt:
+        assert rt.recover() == [run_id]
+        assert rt.journal.request_signal(
+            run_id, "go", 7, "g1", lambda seq, ended: answers.append((seq, ended))
+        )
+        rt.run()
+        state = rt.status(run_id)
+    assert (state.status, state.result) == ("succeeded", 7), state.error
+    assert len(answers) == 1
+    assert answers[0][0] > 0
+    assert answers[0][1] is None
+    assert _signals(tmp_path / "wal") == [["go", "g1"]]
+    assert verify(tmp_path, run_id).ok

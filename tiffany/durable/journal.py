@@ -506,7 +506,7 @@ class Journal(Instrument):
             run.on_end(run)
 
     def _inject(self) -> None:
-        """Wait-stage injector: cancel requests, then the replays' recorded wake-ups.
+        """Wait-stage injector: the replays' recorded wake-ups, then cancel and signal requests.
 
         Wake-ups caused *by* what it injects (a cancelled task's joiners...)
         are consequences the replay reproduces, so they are not journaled as
@@ -515,6 +515,13 @@ class Journal(Instrument):
         it appends (a cancel, steps restarted at go-live) join that commit,
         before their effects are released.
         """
+        # The replays first: a run that goes live here takes the cancels and
+        # signals that waited for its replay at this same stage. (After them,
+        # they waited for the next wait stage, which a loop with nothing else
+        # to do never reached: a signal sent during a recovery was not
+        # journaled until something else woke the engine.)
+        if self.replayer.runs:
+            self.replayer.inject(self._cancel_tasks, self._replay_signal)
         if self._cancels:
             cancels, self._cancels = self._cancels, []
             for run, reason in cancels:
@@ -527,8 +534,6 @@ class Journal(Instrument):
                 self._cancel_tasks(run)
         if self._signals:
             self._journal_signals()
-        if self.replayer.runs:
-            self.replayer.inject(self._cancel_tasks, self._replay_signal)
 
     def _journal_signals(self) -> None:
         requests, self._signals = self._signals, []
