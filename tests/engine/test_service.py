@@ -221,6 +221,8 @@ def test_feed_streams_the_runs_activity(engine: EngineProc) -> None:
     kinds = {e["kind"] for e in events}
     assert {"run.started", "spawned", "step", "blocked", "woke", "exit", "run.finished"} <= kinds
     assert {e["task_kind"] for e in events} >= {"planner", "worker"}
+    # A run's end in the run's own words (the store's and the dashboard's), not the kernel's.
+    assert [e["label"] for e in events if e["kind"] == "run.finished"] == ["succeeded"]
     # The engine's own tasks (inbox, signal pipe) are not on the feed.
     assert all(e["run_id"] for e in events), [e for e in events if not e["run_id"]][:3]
 

@@ -10,7 +10,7 @@ record holds), never from its name.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from tiffany.durable.gate import HeldStep
 from tiffany.durable.journal import TaskMeta
@@ -18,6 +18,9 @@ from tiffany.kernel import RETURNED, Instrument, SystemCall, Task
 from tiffany.pal import Hub
 
 __all__ = ["ActivityLog"]
+
+#: A run's end in the one state vocabulary, from its root task's state.
+_RUN_WORD: Final = {"done": "succeeded", "crashed": "failed", "cancelled": "cancelled"}
 
 
 def _label(call: Any) -> str:
@@ -128,4 +131,7 @@ class ActivityLog(Instrument):
             self.hub.publish("tool.finished", label=task.name, data=data, **ids)
         meta = task.meta
         if isinstance(meta, TaskMeta) and meta.run.root is task:
-            self.hub.publish("run.finished", label=task.state.value, data=data, **ids)
+            # The run's own word (succeeded, failed, cancelled), as the store and
+            # the dashboard say it; the task events keep the kernel's.
+            label = _RUN_WORD.get(task.state.value, task.state.value)
+            self.hub.publish("run.finished", label=label, data=data, **ids)
