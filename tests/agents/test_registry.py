@@ -98,3 +98,12 @@ def test_default_loads_entry_point_functions(monkeypatch):
         assert "ep_upper" in pytool.functions()
     finally:
         pytool.unregister_function("ep_upper")
+
+
+def test_the_default_tools_are_the_same_list_in_the_settings_and_the_registry() -> None:
+    """Two copies on purpose (agents may not import config: tests/test_layering.py); held equal."""
+    from tiffany.agents.registry import DEFAULT_ENABLED
+    from tiffany.config import DEFAULT_ENABLED_TOOLS
+
+    assert set(DEFAULT_ENABLED_TOOLS) == DEFAULT_ENABLED
+    assert len(DEFAULT_ENABLED_TOOLS) == len(DEFAULT_ENABLED)

@@ -32,17 +32,14 @@ from typing import Any, ClassVar, Final
 from pydantic import Field, ValidationError
 
 from tiffany.agents.tools.base import ToolArgs, ToolContext, ToolError, ToolOutput
-from tiffany.agents.tools.http import HttpConnectError, request
 from tiffany.agents.tools.llm import (
     SCRIPTED_MODEL,
-    LlmConnectError,
     LlmError,
-    LlmStatusError,
     Usage,
-    chat_url,
     cost_usd,
     count_tokens,
     load_script,
+    post_chat,
 )
 from tiffany.kernel import Coroutine, NewTask, Step, WaitTask
 from tiffany.records import TaskLabel
@@ -189,26 +186,7 @@ def _openai(
     payload: dict[str, Any] = {"model": model, "messages": messages, "temperature": 0}
     if functions:
         payload["tools"] = functions
-    headers = {"Content-Type": "application/json", "Accept": "application/json"}
-    if settings.llm_api_key:
-        headers["Authorization"] = f"Bearer {settings.llm_api_key}"
-    url = chat_url(settings.llm_base_url)
-    try:
-        resp = request(
-            "POST",
-            url,
-            headers=headers,
-            data=json.dumps(payload).encode("utf-8"),
-            timeout_s=timeout_s,
-            max_body_bytes=settings.http_max_body_bytes,
-        )
-    except HttpConnectError as exc:
-        raise LlmConnectError(f"llm endpoint {url}: {exc.message}", url=url) from exc
-    body = resp.body.decode("utf-8", errors="replace")
-    if resp.status >= 400:
-        raise LlmStatusError(
-            f"llm endpoint {url}: HTTP {resp.status}", status=resp.status, body=body[:2000]
-        )
+    url, body = post_chat(settings, payload, timeout_s)
     try:
         doc = json.loads(body)
         message = doc["choices"][0]["message"]

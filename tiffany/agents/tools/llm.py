@@ -38,7 +38,7 @@ from typing import Any, ClassVar, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tiffany.agents.tools.base import ToolArgs, ToolContext, ToolError, ToolOutput
+from tiffany.agents.tools.base import ToolArgs, ToolContext, ToolError, ToolOutput, ToolSettings
 from tiffany.agents.tools.http import HttpConnectError, request
 
 __all__ = [
@@ -302,6 +302,40 @@ def chat_url(base_url: str) -> str:
     return f"{base if base.endswith('/v1') else base + '/v1'}/chat/completions"
 
 
+def post_chat(settings: ToolSettings, payload: dict[str, Any], timeout_s: float) -> tuple[str, str]:
+    """POST ``payload`` to the OpenAI-compatible chat endpoint; return ``(url, reply body)``.
+
+    Shared by ``llm`` and ``agent``: the request, the API key, and the
+    connect and HTTP-status errors; each reads the reply's fields itself.
+
+    Raises:
+        LlmConnectError: The endpoint could not be reached.
+        LlmStatusError: It answered 400 or more.
+    """
+    assert settings.llm_base_url is not None
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    if settings.llm_api_key:
+        headers["Authorization"] = f"Bearer {settings.llm_api_key}"
+    url = chat_url(settings.llm_base_url)
+    try:
+        resp = request(
+            "POST",
+            url,
+            headers=headers,
+            data=json.dumps(payload).encode("utf-8"),
+            timeout_s=timeout_s,
+            max_body_bytes=settings.http_max_body_bytes,
+        )
+    except HttpConnectError as exc:
+        raise LlmConnectError(f"llm endpoint {url}: {exc.message}", url=url) from exc
+    body = resp.body.decode("utf-8", errors="replace")
+    if resp.status >= 400:
+        raise LlmStatusError(
+            f"llm endpoint {url}: HTTP {resp.status}", status=resp.status, body=body[:2000]
+        )
+    return url, body
+
+
 class LlmTool:
     """Ask a model: ``{"content", "model", "usage", "cost_usd", "steps"}``.
 
@@ -364,26 +398,7 @@ class LlmTool:
         }
         if args.max_tokens is not None:
             payload["max_tokens"] = args.max_tokens
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if settings.llm_api_key:
-            headers["Authorization"] = f"Bearer {settings.llm_api_key}"
-        url = chat_url(settings.llm_base_url)
-        try:
-            resp = request(
-                "POST",
-                url,
-                headers=headers,
-                data=json.dumps(payload).encode("utf-8"),
-                timeout_s=args.timeout_s,
-                max_body_bytes=settings.http_max_body_bytes,
-            )
-        except HttpConnectError as exc:
-            raise LlmConnectError(f"llm endpoint {url}: {exc.message}", url=url) from exc
-        body = resp.body.decode("utf-8", errors="replace")
-        if resp.status >= 400:
-            raise LlmStatusError(
-                f"llm endpoint {url}: HTTP {resp.status}", status=resp.status, body=body[:2000]
-            )
+        url, body = post_chat(settings, payload, args.timeout_s)
         try:
             doc = json.loads(body)
             content = doc["choices"][0]["message"]["content"] or ""
