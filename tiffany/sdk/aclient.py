@@ -168,14 +168,9 @@ class AsyncClient:
         until: float | str | None = None,
     ) -> RunList:
         """A page of runs, newest first."""
-        params: dict[str, Any] = {"limit": limit}
-        if status is not None:
-            params["status"] = status
-        if before is not None:
-            params["before"] = before
-        # The runs list's filters: a part of the name, text in the inputs, a created-at range.
-        filters = {"name": name, "q": q, "since": since, "until": until}
-        params.update({k: v for k, v in filters.items() if v is not None})
+        params = protocol.list_params(
+            limit, status=status, before=before, name=name, q=q, since=since, until=until
+        )
         return protocol.answer(await self._request("GET", "/api/runs", params=params), RunList)
 
     async def records(self, run_id: str, after: int = 0, limit: int = 200) -> RunEvents:

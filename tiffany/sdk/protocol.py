@@ -119,6 +119,16 @@ def _is_file(text: str) -> bool:
         return False
 
 
+def list_params(limit: int, **given: Any) -> dict[str, Any]:
+    """The query of ``GET /api/runs``: ``limit`` and whichever of the rest were given.
+
+    ``status``, ``before`` (the previous page's ``next_before``), and the
+    list's filters: ``name`` (a part of it), ``q`` (text in the inputs),
+    ``since``/``until`` (a created-at range).
+    """
+    return {"limit": limit, **{k: v for k, v in given.items() if v is not None}}
+
+
 def answer(response: httpx.Response, model: type[M]) -> M:
     """``response``'s JSON as ``model``, or the :class:`~tiffany.sdk.errors.ApiError` it is."""
     if response.status_code >= 400:
