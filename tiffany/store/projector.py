@@ -576,9 +576,11 @@ class Projector:
         rec: Record | Unknown,
     ) -> bool:
         cls = rec.__class__
+        # Its journal row (just made) holds its fields made JSON-able already:
+        # a value is walked once, not once for the row and again for each
+        # column that shows it (a step's output was walked three times).
+        row = b.records[-1] if b.records and b.records[-1]["seq"] == seq else None
         if cls is RunStart:
-            # Its journal row (just made) holds the entry already made JSON-able.
-            row = b.records[-1] if b.records and b.records[-1]["seq"] == seq else None
             self._run_start(b, seq, run_no, rec, row)  # type: ignore[arg-type]
             return True
         ctx = self._context(conn, run_no)
@@ -603,9 +605,9 @@ class Projector:
         elif cls is Outcome:
             self._outcome(b, ctx, rec)  # type: ignore[arg-type]
         elif cls is TaskExit:
-            self._task_exit(b, ctx, rec)  # type: ignore[arg-type]
+            self._task_exit(b, ctx, rec, _made(row, "value", rec))  # type: ignore[arg-type]
         elif cls is RunEnd:
-            self._run_end(b, ctx, rec)  # type: ignore[arg-type]
+            self._run_end(b, ctx, rec, _made(row, "value", rec))  # type: ignore[arg-type]
         elif cls is StepStart:
             if ctx.held:
                 self._step_held(b, ctx, rec.ltid, None, rec.name)  # type: ignore[union-attr]
@@ -770,7 +772,8 @@ class Projector:
         if _HAS_WAITING and step_id is not None and step_id in ctx.steps:
             b.steps.update((ctx.run_id, step_id), waiting=reason)
 
-    def _task_exit(self, b: _Batch, ctx: _RunCtx, rec: TaskExit) -> None:
+    def _task_exit(self, b: _Batch, ctx: _RunCtx, rec: TaskExit, made: Any) -> None:
+        """A task's exit; ``made`` is ``jsonable(rec.value)`` (its journal row's)."""
         ltid, state, value = rec.ltid, rec.state, rec.value
         known = ctx.tasks.get(ltid)
         final = _EXIT_STATES.get(state)
@@ -787,7 +790,7 @@ class Projector:
         key = (ctx.run_id, ltid)
         if final is TaskState.DONE:
             b.tasks.update(
-                key, state=final.value, blocked_on=None, ended_at=ctx.clock, result=jsonable(value)
+                key, state=final.value, blocked_on=None, ended_at=ctx.clock, result=made
             )
         else:
             b.tasks.update(
@@ -797,30 +800,34 @@ class Projector:
         if step_id is None or step_id not in ctx.steps or final is not TaskState.DONE:
             return
         if kind == TaskKind.WORKER.value and isinstance(value, Mapping):
-            self._settle_step(b, ctx, step_id, value)
+            self._settle_step(b, ctx, step_id, value, made)
         elif kind == TaskKind.TOOL.value:
-            b.steps.update((ctx.run_id, step_id), output=jsonable(value))
+            b.steps.update((ctx.run_id, step_id), output=made)
 
     def _settle_step(
-        self, b: _Batch, ctx: _RunCtx, step_id: str, outcome: Mapping[str, Any]
+        self, b: _Batch, ctx: _RunCtx, step_id: str, outcome: Mapping[str, Any], made: Any
     ) -> None:
-        """A worker's StepOutcome: ``{"step_id", "ok", "output", "error", "attempts"}``."""
+        """A worker's StepOutcome: ``{"step_id", "ok", "output", "error", "attempts"}``.
+
+        ``made``: the outcome made JSON-able (its parts are taken from it).
+        """
         step = ctx.steps[step_id]
         step.status = (StepStatus.SUCCEEDED if outcome.get("ok") else StepStatus.FAILED).value
         output = outcome.get("output")
         values: dict[str, Any] = {
             "status": step.status,
-            "output": jsonable(output),
-            "error": jsonable(outcome.get("error")),
+            "output": _part(made, "output", outcome),
+            "error": _part(made, "error", outcome),
         }
         if _HAS_WAITING:
             values["waiting"] = None
-        values.update(attempt_times(outcome.get("attempts")))
+        values.update(attempt_times(outcome.get("attempts"), _part(made, "attempts", outcome)))
         b.steps.update((ctx.run_id, step_id), **values)
         if _HAS_USAGE and outcome.get("ok") and _add_usage(ctx, output):
             b.runs.update((ctx.run_id,), usage=dict(ctx.usage or {}))
 
-    def _run_end(self, b: _Batch, ctx: _RunCtx, rec: RunEnd) -> None:
+    def _run_end(self, b: _Batch, ctx: _RunCtx, rec: RunEnd, made: Any) -> None:
+        """The run's end; ``made`` is ``jsonable(rec.value)`` (its journal row's)."""
         status, value, ts = rec.status, rec.value, rec.ts
         final = _RUN_END_STATUSES.get(status)
         if final is None:
@@ -833,13 +840,11 @@ class Projector:
         summary: Any = None
         usage: Any = None  # a plan with a budget reports its model usage
         if final is RunStatus.SUCCEEDED:
-            outputs = value
+            outputs = made
             if ctx.plan and isinstance(value, Mapping):
-                outputs, summary = value.get("outputs"), value.get("steps")
+                outputs, summary = _part(made, "outputs", value), value.get("steps")
                 usage = value.get("usage")
-            b.runs.update(
-                (ctx.run_id,), status=final.value, ended_at=ctx.clock, outputs=jsonable(outputs)
-            )
+            b.runs.update((ctx.run_id,), status=final.value, ended_at=ctx.clock, outputs=outputs)
         else:
             if ctx.plan and isinstance(value, list | tuple) and len(value) > 3:
                 fields = value[3]
@@ -1044,6 +1049,26 @@ def _claim(conn: Connection, journal: str | None, state_id: int = PROJECTOR_STAT
         journal=journal,
         mark=mark,
     )
+
+
+def _made(row: dict[str, Any] | None, name: str, rec: Any) -> Any:
+    """``jsonable(rec.<name>)``: the record's journal row made it already (else made now)."""
+    data = row["data"] if row is not None else None
+    if data.__class__ is dict and name in data:
+        return data[name]
+    return jsonable(getattr(rec, name))
+
+
+def _part(made: Any, key: str, raw: Mapping[str, Any]) -> Any:
+    """``jsonable(raw[key])``, taken from ``made`` (``jsonable(raw)``) when it holds it.
+
+    The part was made one level down its parent, so a value nested exactly
+    ``MAX_JSON_DEPTH`` deep is cut one level sooner than on its own: the
+    same way every time, in a rebuild as in the live projection.
+    """
+    if made.__class__ is dict and key in made:
+        return made[key]
+    return jsonable(raw.get(key))
 
 
 def _is_slot(rec: Any) -> bool:

@@ -168,11 +168,14 @@ def error_dict(packed: Any) -> dict[str, Any]:
     return {"message": value if isinstance(value, str) else excerpt(value), "repr": value}
 
 
-def attempt_times(attempts: Any) -> dict[str, Any]:
-    """Return the step's start and end times from its attempt records."""
+def attempt_times(attempts: Any, made: Any = None) -> dict[str, Any]:
+    """Return the step's start and end times from its attempt records.
+
+    ``made``: ``attempts`` made JSON-able already (:func:`jsonable`), if the caller has it.
+    """
     if not isinstance(attempts, list) or not attempts:
         return {}
-    out: dict[str, Any] = {"attempts": jsonable(attempts)}
+    out: dict[str, Any] = {"attempts": jsonable(attempts) if made is None else made}
     first, last = attempts[0], attempts[-1]
     if isinstance(first, Mapping) and isinstance(first.get("started_at"), int | float):
         out["started_at"] = float(first["started_at"])
