@@ -789,9 +789,7 @@ class Projector:
                 self._tick(b, ctx, float(ended))
         key = (ctx.run_id, ltid)
         if final is TaskState.DONE:
-            b.tasks.update(
-                key, state=final.value, blocked_on=None, ended_at=ctx.clock, result=made
-            )
+            b.tasks.update(key, state=final.value, blocked_on=None, ended_at=ctx.clock, result=made)
         else:
             b.tasks.update(
                 key, state=final.value, blocked_on=None, ended_at=ctx.clock, error=error_dict(value)
