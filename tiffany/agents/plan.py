@@ -187,6 +187,7 @@ def parse_plan(
     loc_prefix: str = "",
     strict: bool = False,
     disabled: Iterable[str] = (),
+    checked: bool = False,
 ) -> Plan:
     """Validate ``data`` as a plan; raise :class:`PlanError` listing every problem.
 
@@ -199,11 +200,14 @@ def parse_plan(
             arguments of steps that hold references. Never for a journaled plan.
         disabled: Tools that exist but are not enabled here (strict only: the
             error says how to enable them instead of "unknown").
+        checked: ``data`` passed :func:`tiffany.documents.check` already (the
+            engine checks a submission's whole body first): not checked twice.
     """
-    try:
-        check(data)
-    except DocumentError as exc:
-        raise PlanError([{"loc": loc_prefix + _loc(exc.loc), "msg": exc.msg}]) from None
+    if not checked:
+        try:
+            check(data)
+        except DocumentError as exc:
+            raise PlanError([{"loc": loc_prefix + _loc(exc.loc), "msg": exc.msg}]) from None
     try:
         plan = Plan.model_validate(data)
     except ValidationError as exc:

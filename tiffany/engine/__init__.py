@@ -219,11 +219,16 @@ class Engine:
         )
 
     def prepare_plan(
-        self, doc: Mapping[str, Any], inputs: Mapping[str, Any] | None = None
+        self,
+        doc: Mapping[str, Any],
+        inputs: Mapping[str, Any] | None = None,
+        *,
+        checked: bool = False,
     ) -> tuple[dict[str, Any], str]:
         """Validate a plan and its inputs; return its run entry and name.
 
         Pure (any thread): the service validates off the scheduler thread.
+        ``checked``: the document passed ``tiffany.documents.check`` already.
 
         Raises:
             PlanError: The plan or an input is invalid (``errors`` name the fields).
@@ -236,7 +241,13 @@ class Engine:
         if inputs is not None and not isinstance(inputs, Mapping):
             raise PlanError([{"loc": "inputs", "msg": "inputs must be a JSON object"}])
         registry = self.env.registry
-        plan = parse_plan(doc, registry.names(), strict=True, disabled=registry.disabled_names())
+        plan = parse_plan(
+            doc,
+            registry.names(),
+            strict=True,
+            disabled=registry.disabled_names(),
+            checked=checked,
+        )
         missing = _missing_functions(plan)
         if missing:
             raise PlanError(missing)

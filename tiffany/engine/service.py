@@ -587,7 +587,7 @@ class EngineService:
             try:
                 check_document(plan, loc=["plan"])
                 check_document(inputs, loc=["inputs"])
-                _, name = self.engine.prepare_plan(plan, inputs)  # type: ignore[arg-type]
+                _, name = self.engine.prepare_plan(plan, inputs, checked=True)  # type: ignore[arg-type]
             except DocumentError as exc:
                 raise ControlError(422, exc.message, exc.detail) from None
             except PlanError as exc:
@@ -762,8 +762,8 @@ class EngineService:
             check_document(inputs, loc=["inputs"])
         except DocumentError as exc:
             raise ControlError(422, exc.message, exc.detail) from None
-        try:
-            entry, name = self.engine.prepare_plan(plan, inputs)  # type: ignore[arg-type]
+        try:  # checked just above (or, for a re-run, when it was first submitted)
+            entry, name = self.engine.prepare_plan(plan, inputs, checked=True)  # type: ignore[arg-type]
         except PlanError as exc:
             raise ControlError(422, exc.message, exc.errors) from None
         schedule = request.get("schedule")
