@@ -10,9 +10,12 @@ packed as ``[type, args, repr, fields]``, made into JSON every store takes.
 from __future__ import annotations
 
 import math
+import re
 import reprlib
 from collections.abc import Mapping
 from typing import Any, Final
+
+import msgspec
 
 from tiffany.store.models import TaskState
 
@@ -76,6 +79,58 @@ def _number(value: int) -> int | str:
     return str(value) if bits <= MAX_INT_TEXT_BITS else f"<int of {bits} bits>"
 
 
+_json_encode: Final = msgspec.json.Encoder().encode
+_json_decode: Final = msgspec.json.Decoder().decode
+#: ``bytes.translate`` tables: digits to ``9`` and the rest to a space; and
+#: the bytes deleted to leave only brackets, quotes and backslashes.
+_DIGITS_ONLY: Final = bytes(57 if 48 <= b <= 57 else 32 for b in range(256))
+_NOT_STRUCTURE: Final = bytes(b for b in range(256) if b not in b'[]{}"\\')
+#: A run of 19 digits (2**63 has 19): an integer that may not fit in 63 bits.
+_LONG_NUMBER: Final = b"9" * 19
+#: A JSON string, once everything but brackets and quotes is gone.
+_STRING: Final = re.compile(rb'"[^"]*"')
+#: An innermost empty pair of brackets.
+_EMPTY_PAIR: Final = re.compile(rb"\[\]|\{\}")
+
+
+def _shallow(text: bytes) -> bool:
+    """True if JSON ``text`` nests at most ``MAX_JSON_DEPTH`` containers deep."""
+    if text.count(b"[") + text.count(b"{") <= MAX_JSON_DEPTH:
+        return True
+    # Escapes go first (an escaped backslash, an escaped quote, then the
+    # rest: \\n, \\uXXXX...), then strings: what is left is the brackets.
+    left = text.translate(None, _NOT_STRUCTURE)
+    if b"\\" in left:
+        left = left.replace(b"\\\\", b"").replace(b'\\"', b"").replace(b"\\", b"")
+    left = left.replace(b'""', b"")
+    if b'"' in left:  # strings that hold brackets
+        left = _STRING.sub(b"", left)
+    for _ in range(MAX_JSON_DEPTH):  # each pass takes away one level, innermost first
+        left = _EMPTY_PAIR.sub(b"", left)
+        if not left:
+            return True
+    return False
+
+
+def _plain(value: dict[Any, Any] | list[Any]) -> bool:
+    r"""True if :func:`jsonable` would return ``value`` as it is: found in C, not by a walk.
+
+    msgspec encodes it and decodes it back equal: no tuples, sets, bytes,
+    stand-ins or non-string keys, no non-finite float (it comes back
+    ``null``); lone surrogates do not encode. The text then shows no NUL
+    (``\u0000``), no run of 19 digits (an integer that may need more than
+    63 bits) and no nesting past ``MAX_JSON_DEPTH``. A false alarm (say,
+    19 digits inside a string) only sends the value the long way.
+    """
+    try:
+        text = _json_encode(value)
+    except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError):
+        return False
+    if b"\\u0000" in text or _LONG_NUMBER in text.translate(_DIGITS_ONLY):
+        return False
+    return _json_decode(text) == value and _shallow(text)
+
+
 def jsonable(value: Any, _depth: int = 0) -> Any:
     """Return ``value`` as plain JSON data every store takes, deterministically.
 
@@ -88,6 +143,8 @@ def jsonable(value: Any, _depth: int = 0) -> Any:
     this function nor the JSON encoder recurses without bound.
     """
     cls = value.__class__
+    if _depth == 0 and (cls is dict or cls is list) and value and _plain(value):
+        return value  # plain JSON already: itself, not a copy
     if cls is str:  # the common cases first, by exact type (subclasses take the long way)
         return _clean(value)
     if cls is int:
