@@ -61,6 +61,8 @@ def find_refs(value: Any) -> list[Ref]:
     """Return the references inside a string (or nested dicts/lists of strings)."""
     out: list[Ref] = []
     if isinstance(value, str):
+        if "${" not in value:  # most strings: no regex search
+            return out
         for m in _REF.finditer(value):
             try:
                 out.append(_parse(m.group(1)))
