@@ -23,6 +23,7 @@ from tiffany.config import Settings, parse_rate_limits
 from tiffany.durable import Runtime
 from tiffany.engine.concurrency import SLOT_SIGNAL, Slots, spec_of
 from tiffany.engine.otel import attach_from_env
+from tiffany.engine.plan_cache import PlanCache
 from tiffany.engine.rate_limits import RateLimiter
 from tiffany.kernel import Instrument, SlowDispatchWatchdog
 from tiffany.shards import engine_stream, seq_base, seq_last
@@ -69,6 +70,8 @@ class Engine:
 
     #: A run's children still running (``plan.run``), on the loop: cancelled with it.
     _children: dict[str, set[str]] = field(init=False, default_factory=dict)
+    #: Plans validated already, by content (``plan_cache.py``).
+    plans: PlanCache = field(init=False, default_factory=PlanCache)
 
     def __post_init__(self) -> None:
         self.slots = Slots(self._request_slot)
@@ -241,12 +244,11 @@ class Engine:
         if inputs is not None and not isinstance(inputs, Mapping):
             raise PlanError([{"loc": "inputs", "msg": "inputs must be a JSON object"}])
         registry = self.env.registry
-        plan = parse_plan(
+        names, disabled = registry.names(), registry.disabled_names()
+        plan = self.plans.get(
             doc,
-            registry.names(),
-            strict=True,
-            disabled=registry.disabled_names(),
-            checked=checked,
+            (tuple(names), tuple(disabled)),
+            lambda: parse_plan(doc, names, strict=True, disabled=disabled, checked=checked),
         )
         missing = _missing_functions(plan)
         if missing:
