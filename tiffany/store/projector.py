@@ -153,6 +153,8 @@ _RUN_END_STATUSES: Final = {
     s.value: s for s in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
 }
 _UNSETTLED_STEPS: Final = (StepStatus.PENDING.value, StepStatus.RUNNING.value)
+_PENDING: Final = StepStatus.PENDING.value
+_SUCCEEDED: Final = StepStatus.SUCCEEDED.value
 _STEP_STATUSES: Final = frozenset(s.value for s in StepStatus)
 _ROLES: Final = frozenset(k.value for k in TaskKind)
 
@@ -666,38 +668,20 @@ class Projector:
         )
         if plan:
             assert isinstance(plan_doc, Mapping)
+            # A re-run's steps settled from an earlier run (tiffany/agents/rerun.py),
+            # made JSON-able already: each row is made settled, not made and changed.
+            reuse = entry_json.get("reuse") if isinstance(entry_json, Mapping) else None
+            reused = _reused(reuse, ctx.clock) if isinstance(reuse, Mapping) else {}
             steps = plan_doc.get("steps")
             for spec in steps if isinstance(steps, list) else ():
                 if isinstance(spec, Mapping) and isinstance(spec.get("id"), str):
                     tool = spec.get("tool")
                     tool = text(tool) if isinstance(tool, str) else None
-                    self._new_step(b, ctx, text(spec["id"]), tool)
-            reuse = entry_json.get("reuse") if isinstance(entry_json, Mapping) else None
-            if isinstance(reuse, Mapping):
-                self._reused_steps(b, ctx, reuse)
-
-    def _reused_steps(self, b: _Batch, ctx: _RunCtx, reuse: Mapping[Any, Any]) -> None:
-        """A re-run's steps settled from an earlier run (``tiffany/agents/rerun.py``).
-
-        They succeed at the run's start, as its planner settles them there,
-        with the earlier output; their one attempt names the run and seq it
-        was recorded at. ``reuse`` is the entry's, made JSON-able already.
-        """
-        for sid, given in reuse.items():
-            if not isinstance(given, Mapping):
-                continue
-            step_id = text(sid)
-            info = ctx.steps.get(step_id) or self._new_step(b, ctx, step_id, None)
-            info.status = StepStatus.SUCCEEDED.value
-            origin = {"run_id": given.get("run_id"), "seq": given.get("seq")}
-            b.steps.update(
-                (ctx.run_id, step_id),
-                status=info.status,
-                output=given.get("output"),
-                attempts=[{"attempt": 1, "reused": origin}],
-                started_at=ctx.clock,
-                ended_at=ctx.clock,
-            )
+                    step_id = text(spec["id"])
+                    self._new_step(b, ctx, step_id, tool, reused.get(step_id))
+            for step_id, settled in reused.items():  # a dynamic step's children
+                if step_id not in ctx.steps:
+                    self._new_step(b, ctx, step_id, None, settled)
 
     def _spawn(self, b: _Batch, ctx: _RunCtx, rec: Spawn) -> None:
         ltid, parent, name = rec.ltid, rec.parent_ltid, text(rec.name)
@@ -889,17 +873,23 @@ class Projector:
 
     # -- helpers ---------------------------------------------------------------
 
-    def _new_step(self, b: _Batch, ctx: _RunCtx, step_id: str, tool: str | None) -> _StepInfo:
-        info = _StepInfo(StepStatus.PENDING.value, tool)
-        b.steps.insert(
-            (ctx.run_id, step_id),
-            {
-                "position": len(ctx.steps),
-                "tool": tool,
-                "status": info.status,
-                "attempts": [],
-            },
-        )
+    def _new_step(
+        self,
+        b: _Batch,
+        ctx: _RunCtx,
+        step_id: str,
+        tool: str | None,
+        settled: dict[str, Any] | None = None,
+    ) -> _StepInfo:
+        """A step's row: pending, or ``settled`` (a re-run's reused step: :func:`_reused`)."""
+        row: dict[str, Any] = {"position": len(ctx.steps), "tool": tool}
+        if settled is None:
+            info = _StepInfo(_PENDING, tool)
+            row["status"], row["attempts"] = _PENDING, []
+        else:
+            info = _StepInfo(_SUCCEEDED, tool)
+            row.update(settled)
+        b.steps.insert((ctx.run_id, step_id), row)
         ctx.steps[step_id] = info
         return info
 
@@ -1047,6 +1037,27 @@ def _claim(conn: Connection, journal: str | None, state_id: int = PROJECTOR_STAT
         journal=journal,
         mark=mark,
     )
+
+
+def _reused(reuse: Mapping[Any, Any], clock: float | None) -> dict[str, dict[str, Any]]:
+    """The rows' settled columns of a re-run's reused steps, by step id, in ``reuse``'s order.
+
+    They succeed at the run's start, as its planner settles them there, with
+    the earlier output; their one attempt names the run and seq it was
+    recorded at.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for sid, given in reuse.items():
+        if isinstance(given, Mapping):
+            origin = {"run_id": given.get("run_id"), "seq": given.get("seq")}
+            out[text(sid)] = {
+                "status": _SUCCEEDED,
+                "output": given.get("output"),
+                "attempts": [{"attempt": 1, "reused": origin}],
+                "started_at": clock,
+                "ended_at": clock,
+            }
+    return out
 
 
 def _made(row: dict[str, Any] | None, name: str, rec: Any) -> Any:
