@@ -54,6 +54,7 @@ import tenacity
 from tiffany.engine.projection import DecodedRecord, JournalSource, journal_id, journal_tail
 from tiffany.store import Projector, make_engine
 from tiffany.store.migrate import upgrade
+from tiffany.store.session import checkpoint
 from tiffany.wal import Source
 
 __all__ = ["BATCH_RECORDS", "DURABLE", "Notices", "run_projector"]
@@ -114,6 +115,10 @@ class Notices:
                 block = False  # got news: take what else waits, without blocking
         return self.durable_seq
 
+    def pending(self) -> bool:
+        """True if a message waits on the pipe (:meth:`wait` would not block)."""
+        return bool(select.select([self.fd], [], [], 0)[0])
+
 
 class _Applier:
     def __init__(
@@ -130,6 +135,8 @@ class _Applier:
         self.consecutive_errors = 0
         self.last_error: str | None = None
         self.dead_letters = 0
+        #: Transactions committed since the last idle checkpoint.
+        self.unchecked = 0
 
     def _retrying(self) -> tenacity.Retrying:
         """Retry forever with exponential backoff (``FIRST_BACKOFF_S`` to ``MAX_BACKOFF_S``)."""
@@ -178,6 +185,7 @@ class _Applier:
         assert report is not None
         self.last_seq = max(self.last_seq, report.last_seq)
         self.consecutive_errors = 0
+        self.unchecked += 1
         if report.quarantined:
             self.dead_letters = projector.dead_letters
             log.warning(
@@ -201,6 +209,19 @@ class _Applier:
                     f"the journal ends at seq {self.last_seq}, below the durable seq {durable_seq}"
                 )
             self.apply(batch)
+
+    def idle(self) -> None:
+        """Nothing to apply: checkpoint a SQLite store's WAL now (``store.session.checkpoint``).
+
+        A failure is logged and left to SQLite's own checkpoint at a commit.
+        """
+        if not self.unchecked or self.engine is None:
+            return
+        self.unchecked = 0
+        try:
+            checkpoint(self.engine)
+        except Exception as exc:  # noqa: BLE001 - a missed checkpoint loses nothing
+            log.warning("projector.checkpoint_failed", error=repr(exc)[:500])
 
     def _report(self, quarantined: list[int] | None = None) -> None:
         report: dict[str, Any] = {
@@ -235,6 +256,8 @@ def run_projector(
         gc.collect()
         gc.freeze()
         while not notices.closed:
+            if not notices.pending():
+                applier.idle()
             applier.follow(source, notices.wait())
     finally:
         source.close()

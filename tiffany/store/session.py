@@ -18,7 +18,15 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-__all__ = ["SQLITE_BUSY_TIMEOUT_MS", "is_sqlite", "make_engine", "normalize_url", "session_factory"]
+__all__ = [
+    "SQLITE_BUSY_TIMEOUT_MS",
+    "checkpoint",
+    "is_sqlite",
+    "json_text",
+    "make_engine",
+    "normalize_url",
+    "session_factory",
+]
 
 #: How long a SQLite connection waits for a lock before failing.
 SQLITE_BUSY_TIMEOUT_MS: Final = 5_000
@@ -56,7 +64,8 @@ def _sqlite_pragmas(memory: bool) -> Any:
     return on_connect
 
 
-def _json_text(value: Any) -> str:
+def json_text(value: Any) -> str:
+    """A JSON column's text, as the store's engines write it (``make_engine``)."""
     return msgspec.json.encode(value).decode()
 
 
@@ -74,7 +83,7 @@ def make_engine(url: str | URL, **kwargs: Any) -> Engine:
     # JSON columns hold values records.jsonable made plain: msgspec writes and
     # reads them several times faster than the json module (the projector
     # spent a tenth of its time in json.dumps).
-    kwargs.setdefault("json_serializer", _json_text)
+    kwargs.setdefault("json_serializer", json_text)
     kwargs.setdefault("json_deserializer", msgspec.json.decode)
     if parsed.get_backend_name() == "sqlite":
         database = parsed.database or ""
@@ -87,6 +96,26 @@ def make_engine(url: str | URL, **kwargs: Any) -> Engine:
         return engine
     kwargs.setdefault("pool_pre_ping", True)
     return create_engine(parsed, **kwargs)
+
+
+def checkpoint(engine: Engine) -> int:
+    """Copy a SQLite store's WAL into the database file now; return its frames copied so far.
+
+    SQLite does this itself at the commit that grows its WAL past 1,000
+    pages (``wal_autocheckpoint``): that commit then copies and syncs
+    megabytes, and whatever waits on it (a ``min_seq`` read) waits too. The
+    projector calls this when it has nothing to apply, so the commits that
+    follow are short. ``PASSIVE``: it never waits for a reader, and copies
+    what no reader still needs. No-op (0) on PostgreSQL or an in-memory
+    database.
+    """
+    if engine.dialect.name != "sqlite":
+        return 0
+    with engine.connect() as conn:
+        row = conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)").first()
+    # (busy, frames in the WAL, frames of it in the database file): -1s when
+    # not in WAL mode (memory).
+    return max(int(row[2]), 0) if row is not None else 0
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:
