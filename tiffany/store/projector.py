@@ -82,7 +82,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from sqlalchemy import Connection, Engine, Table, and_, bindparam, delete, func, insert, select
+from sqlalchemy import (
+    JSON,
+    Connection,
+    Engine,
+    Table,
+    and_,
+    bindparam,
+    delete,
+    func,
+    insert,
+    select,
+)
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import update as sql_update
 from sqlalchemy.sql.dml import Insert, Update
@@ -132,6 +143,7 @@ from tiffany.store.records import (
     jsonable,
     text,
 )
+from tiffany.store.session import json_text
 
 __all__ = [
     "PROJECTED_CHANNEL",
@@ -291,6 +303,26 @@ class _Rows:
             self.changed.setdefault(key, {}).update(values)
 
     def flush(self, conn: Connection) -> int:
+        marker = _MARKERS.get(conn.dialect.paramstyle)
+        if marker is None:  # a driver this fast path does not know: SQLAlchemy binds
+            return self._flush_bound(conn)
+        statements = 0
+        if self.new:
+            _insert_rows(conn, self.table, marker, self.new.values())
+            statements += 1
+        groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+        for key, values in self.changed.items():
+            columns = tuple(sorted(values))
+            values.update(zip(self.keys, key, strict=True))
+            groups.setdefault(columns, []).append(values)
+        keys = tuple(self.keys)
+        for columns, rows in groups.items():
+            sql = _update_sql(conn.dialect, self.table, keys, columns, marker)
+            conn.exec_driver_sql(sql, _driver_rows(self.table, columns + keys, rows))
+            statements += 1
+        return statements
+
+    def _flush_bound(self, conn: Connection) -> int:
         statements = 0
         if self.new:
             conn.execute(_insert_of(self.table), list(self.new.values()))
@@ -304,6 +336,64 @@ class _Rows:
             conn.execute(_update_of(self.table, tuple(self.keys), columns), params_list)
             statements += 1
         return statements
+
+
+#: Positional parameter markers by DB-API ``paramstyle`` (sqlite3: qmark; psycopg: pyformat).
+_MARKERS: Final = {"qmark": "?", "format": "%s", "pyformat": "%s"}
+
+
+def _insert_rows(
+    conn: Connection, table: Table, marker: str, rows: Iterable[dict[str, Any]]
+) -> None:
+    """INSERT ``rows`` (dicts of every column of ``table``) in one executemany."""
+    names = tuple(c.name for c in table.columns)
+    sql = _insert_sql(conn.dialect, table, names, marker)
+    conn.exec_driver_sql(sql, _driver_rows(table, names, rows))
+
+
+def _driver_rows(
+    table: Table, names: tuple[str, ...], rows: Iterable[dict[str, Any]]
+) -> list[tuple[Any, ...]]:
+    """``rows`` as the driver's parameters: ``names``' values, JSON columns as their text.
+
+    The text SQLAlchemy's JSON type would bind (``json_text``, the engine's
+    serializer; None is JSON ``null``, as ``none_as_null=False`` stores
+    it), made here in one pass: SQLAlchemy's per-row parameter processing
+    was a third of the projector's time for a batch of 1,000 new steps.
+    The other columns (text, integers, floats) bind as they are.
+    """
+    json = _json_columns(table)
+    positions = [i for i, name in enumerate(names) if name in json]
+    out = []
+    for row in rows:
+        values = [row[name] for name in names]
+        for i in positions:
+            values[i] = json_text(values[i])
+        out.append(tuple(values))
+    return out
+
+
+@functools.cache
+def _json_columns(table: Table) -> frozenset[str]:
+    return frozenset(c.name for c in table.columns if isinstance(c.type, JSON))
+
+
+@functools.cache
+def _insert_sql(dialect: Any, table: Table, names: tuple[str, ...], marker: str) -> str:
+    quote = dialect.identifier_preparer.quote
+    columns = ", ".join(quote(n) for n in names)
+    markers = ", ".join([marker] * len(names))
+    return f"INSERT INTO {quote(table.name)} ({columns}) VALUES ({markers})"
+
+
+@functools.cache
+def _update_sql(
+    dialect: Any, table: Table, keys: tuple[str, ...], columns: tuple[str, ...], marker: str
+) -> str:
+    quote = dialect.identifier_preparer.quote
+    sets = ", ".join(f"{quote(c)} = {marker}" for c in columns)
+    where = " AND ".join(f"{quote(k)} = {marker}" for k in keys)
+    return f"UPDATE {quote(table.name)} SET {sets} WHERE {where}"
 
 
 @functools.cache
@@ -355,7 +445,12 @@ class _Batch:
         # Parents first: tasks and steps reference runs.
         n = self.runs.flush(conn) + self.tasks.flush(conn) + self.steps.flush(conn)
         if self.records:
-            conn.execute(_insert_of(JournalRecord.__table__), self.records)
+            table = JournalRecord.__table__
+            marker = _MARKERS.get(conn.dialect.paramstyle)
+            if marker is None:
+                conn.execute(_insert_of(table), self.records)
+            else:
+                _insert_rows(conn, table, marker, self.records)  # type: ignore[arg-type]
             n += 1
         return n
 
