@@ -16,6 +16,9 @@ The engine writes only the newest value, so several commits make one
 message; the process takes the largest of what waits on the pipe, reads
 the WAL from its watermark up to it, and applies it, one transaction per
 ``BATCH_RECORDS``. It never reads past the durable seq (see ``WalTail``).
+When no notice has come for ``IDLE_S``, it checkpoints a SQLite store's WAL
+(``store.session.checkpoint``) rather than leave the work to the commit
+that crosses SQLite's threshold, which a ``min_seq`` read may be waiting on.
 
 On stdout the process reports progress, one JSON object a line, after each
 transaction and each failure: ``{"last_seq": N, "errors": K,
@@ -67,6 +70,10 @@ DURABLE: Final = struct.Struct("<Q")
 BATCH_RECORDS: Final = 5_000
 #: Sequence numbers of quarantined records one progress report lists at most.
 MAX_REPORTED_SEQS: Final = 20
+#: How long the journal must be quiet before the projector checkpoints a
+#: SQLite store, in seconds: not at every pause between two group commits
+#: (each checkpoint syncs the database file), but before the next burst.
+IDLE_S: Final = 0.02
 #: First wait before retrying after a database error, in seconds.
 FIRST_BACKOFF_S: Final = 0.1
 #: Longest wait between retries after a database error, in seconds.
@@ -115,9 +122,9 @@ class Notices:
                 block = False  # got news: take what else waits, without blocking
         return self.durable_seq
 
-    def pending(self) -> bool:
-        """True if a message waits on the pipe (:meth:`wait` would not block)."""
-        return bool(select.select([self.fd], [], [], 0)[0])
+    def quiet(self, timeout: float) -> bool:
+        """True if no message arrives on the pipe within ``timeout`` seconds."""
+        return not select.select([self.fd], [], [], timeout)[0]
 
 
 class _Applier:
@@ -211,7 +218,7 @@ class _Applier:
             self.apply(batch)
 
     def idle(self) -> None:
-        """Nothing to apply: checkpoint a SQLite store's WAL now (``store.session.checkpoint``).
+        """Nothing to apply for a while: checkpoint a SQLite store's WAL (``session.checkpoint``).
 
         A failure is logged and left to SQLite's own checkpoint at a commit.
         """
@@ -256,7 +263,7 @@ def run_projector(
         gc.collect()
         gc.freeze()
         while not notices.closed:
-            if not notices.pending():
+            if applier.unchecked and notices.quiet(IDLE_S):
                 applier.idle()
             applier.follow(source, notices.wait())
     finally:
