@@ -74,8 +74,8 @@ MAX_REPORTED_SEQS: Final = 20
 #: SQLite store, in seconds: a few group commits' time, so a running plan's
 #: stream of commits (one every 1-3 ms) does not checkpoint at each pause
 #: (each checkpoint syncs the database file), while the pause before a
-#: user's next request does (bench/rerun.py: 20 ms let the re-run's
-#: RUN_START meet SQLite's own checkpoint now and then; 5 ms did not).
+#: user's next request does (with 20 ms, bench/rerun.py's re-run, which
+#: follows its original within milliseconds, could still meet SQLite's own).
 IDLE_S: Final = 0.005
 #: First wait before retrying after a database error, in seconds.
 FIRST_BACKOFF_S: Final = 0.1
