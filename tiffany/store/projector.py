@@ -309,7 +309,7 @@ class _Rows:
             return self._flush_bound(conn)
         statements = 0
         if self.new:
-            _insert_rows(conn, self.table, marker, self.new.values())
+            _insert_many(conn, self.table, self.new.values())
             statements += 1
         groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
         for key, values in self.changed.items():
@@ -326,7 +326,7 @@ class _Rows:
     def _flush_bound(self, conn: Connection) -> int:
         statements = 0
         if self.new:
-            conn.execute(_insert_of(self.table), list(self.new.values()))
+            _insert_many(conn, self.table, self.new.values())
             statements += 1
         groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
         for key, values in self.changed.items():
@@ -343,10 +343,12 @@ class _Rows:
 _MARKERS: Final = {"qmark": "?", "format": "%s", "pyformat": "%s"}
 
 
-def _insert_rows(
-    conn: Connection, table: Table, marker: str, rows: Iterable[dict[str, Any]]
-) -> None:
+def _insert_many(conn: Connection, table: Table, rows: Iterable[dict[str, Any]]) -> None:
     """INSERT ``rows`` (dicts of every column of ``table``) in one executemany."""
+    marker = _MARKERS.get(conn.dialect.paramstyle)
+    if marker is None:  # a driver the fast path does not know: SQLAlchemy binds
+        conn.execute(_insert_of(table), list(rows))
+        return
     names = tuple(c.name for c in table.columns)
     sql = _insert_sql(conn.dialect, table, names, marker)
     conn.exec_driver_sql(sql, _driver_rows(table, names, rows))
@@ -446,12 +448,7 @@ class _Batch:
         # Parents first: tasks and steps reference runs.
         n = self.runs.flush(conn) + self.tasks.flush(conn) + self.steps.flush(conn)
         if self.records:
-            table = JournalRecord.__table__
-            marker = _MARKERS.get(conn.dialect.paramstyle)
-            if marker is None:
-                conn.execute(_insert_of(table), self.records)
-            else:
-                _insert_rows(conn, table, marker, self.records)  # type: ignore[arg-type]
+            _insert_many(conn, JournalRecord.__table__, self.records)  # type: ignore[arg-type]
             n += 1
         return n
 
