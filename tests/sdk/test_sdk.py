@@ -12,11 +12,13 @@ every method of ``Client`` and ``AsyncClient`` against the shared server of
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,7 @@ from tiffany.sdk import (
     Unauthorized,
     WaitTimeout,
 )
+from tiffany.sdk.aclient import _close_feed as _aclose_feed
 
 #: The acceptance test's user code: a tool module and a script (nothing else).
 USER_MODULE = """\
@@ -257,6 +260,36 @@ def test_events_resume_across_a_restart_of_the_api_process(server: Served) -> No
         # API process has not seen them: it catches up from the engine).
         again = client.events(run.run_id, since=seqs[0] - 1)
         assert [e.seq for e in again if isinstance(e, Event)] == seqs
+
+
+def test_a_feed_left_with_unread_events_closes_cleanly(server: Served) -> None:
+    """Closing a feed whose unread events passed the client's queue mark is a clean close.
+
+    The websockets client stops reading the socket while more than 16
+    messages wait unread, so the server's close frame behind them went
+    unread and every ``wait`` that returned with such a feed open took the
+    whole 10 s close timeout and ended in 1006. The SDK takes what is
+    waiting first: the handshake completes (1000).
+    """
+    fan = _plan("fan", *({"id": f"c{i}", **_python("word_count", text="a")} for i in range(6)))
+    with Client(server.url) as client:
+        run = client.submit(fan)
+        assert run.wait(timeout=60).status == "succeeded"
+        with contextlib.ExitStack() as stack:
+            feed = client._open_feed(stack, run.run_id, since=None)
+            assert feed is not None
+            time.sleep(0.3)  # the run's events (more than 16) arrive, unread
+        assert feed.close_code == 1000
+
+    async def main() -> int | None:
+        async with AsyncClient(server.url) as client:
+            feed = await client._open_feed(run.run_id, since=None)
+            assert feed is not None
+            await asyncio.sleep(0.3)
+            await _aclose_feed(feed)
+            return feed.close_code
+
+    assert asyncio.run(main()) == 1000
 
 
 def test_async_client_does_the_same(server: Served) -> None:

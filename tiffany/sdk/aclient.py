@@ -219,7 +219,8 @@ class AsyncClient:
         """Wait until the run has finished; return it (see ``Client.wait``)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         min_seq = self._seqs.get(run_id)
-        feed = await self._open_feed(run_id, since=None)
+        feed: ClientConnection | None = None
+        followed = False
         backoff = protocol.Backoff()
         last: RunDetail | None = None
         try:
@@ -230,6 +231,8 @@ class AsyncClient:
                         return last
                 except Unavailable:
                     pass
+                if not followed:  # unfinished: follow its feed (its tail holds an end since)
+                    feed, followed = await self._open_feed(run_id, since=None), True
                 interval = backoff.step()
                 if deadline is not None:
                     left = deadline - time.monotonic()
@@ -246,14 +249,14 @@ class AsyncClient:
                 try:
                     seen = await _finished_seq(feed, run_id, interval)
                 except (*_FEED_ERRORS, protocol.Cutoff):
-                    await feed.close()
+                    await _close_feed(feed)
                     feed = None
                     continue
                 if seen is not None:
                     min_seq = max(min_seq or 0, seen)
         finally:
             if feed is not None:
-                await feed.close()
+                await _close_feed(feed)
 
     async def events(
         self,
@@ -307,7 +310,7 @@ class AsyncClient:
             except _FEED_ERRORS:
                 continue
             finally:
-                await feed.close()
+                await _close_feed(feed)
 
     async def _open_feed(self, run_id: str | None, since: int | None) -> ClientConnection | None:
         tail = protocol.FEED_TAIL if since is None and run_id else 0
@@ -317,11 +320,23 @@ class AsyncClient:
                 url,
                 additional_headers=self._headers,
                 open_timeout=FEED_OPEN_TIMEOUT_S,
+                close_timeout=protocol.FEED_CLOSE_TIMEOUT_S,
                 compression=None,
                 max_size=None,
             )
         except _FEED_ERRORS:
             return None
+
+
+async def _close_feed(feed: ClientConnection) -> None:
+    """Close a feed at once, whatever it still has unread (see ``protocol.FEED_SETTLE_S``)."""
+    deadline = time.monotonic() + protocol.FEED_DRAIN_MAX_S
+    try:
+        while time.monotonic() < deadline:
+            await asyncio.wait_for(feed.recv(), protocol.FEED_SETTLE_S)
+    except _FEED_ERRORS:
+        pass
+    await feed.close()
 
 
 async def _finished_seq(feed: ClientConnection, run_id: str, within: float) -> int | None:

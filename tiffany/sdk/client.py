@@ -306,7 +306,8 @@ class Client:
         backoff = protocol.Backoff()
         last: RunDetail | None = None
         with contextlib.ExitStack() as stack:
-            feed = self._open_feed(stack, run_id, since=None)
+            feed: ClientConnection | None = None
+            followed = False
             while True:
                 try:
                     last = self.get(run_id, min_seq=min_seq)
@@ -314,6 +315,8 @@ class Client:
                         return last
                 except Unavailable:  # the store is behind the seq: read again
                     pass
+                if not followed:  # unfinished: follow its feed (its tail holds an end since)
+                    feed, followed = self._open_feed(stack, run_id, since=None), True
                 interval = backoff.step()
                 if deadline is not None:
                     left = deadline - time.monotonic()
@@ -410,13 +413,23 @@ class Client:
                 url,
                 additional_headers=self._headers,
                 open_timeout=FEED_OPEN_TIMEOUT_S,
+                close_timeout=protocol.FEED_CLOSE_TIMEOUT_S,
                 compression=None,
                 max_size=None,
             )
         except _FEED_ERRORS:
             return None
         conn: ClientConnection = stack.enter_context(opened)
+        stack.callback(_drain_feed, conn)  # before the close (the stack unwinds LIFO)
         return conn
+
+
+def _drain_feed(feed: ClientConnection) -> None:
+    """Take what a feed still has unread, so its close completes at once (``FEED_SETTLE_S``)."""
+    deadline = time.monotonic() + protocol.FEED_DRAIN_MAX_S
+    with contextlib.suppress(*_FEED_ERRORS):
+        while time.monotonic() < deadline:
+            feed.recv(timeout=protocol.FEED_SETTLE_S)
 
 
 def _ends(event: Event, run_id: str | None, until_finished: bool) -> bool:

@@ -24,6 +24,9 @@ from tiffany.sdk.models import Event, FeedGap
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "DEFAULT_URL",
+    "FEED_CLOSE_TIMEOUT_S",
+    "FEED_DRAIN_MAX_S",
+    "FEED_SETTLE_S",
     "FEED_TAIL",
     "FINISHED_DRAIN_S",
     "RECONNECT_FOR_S",
@@ -60,6 +63,15 @@ FEED_TAIL: Final = 10_000
 #: read until the run's ``run.finished``, or until it stays quiet this long
 #: (the server sends what it holds at once), in seconds.
 FINISHED_DRAIN_S: Final = 1.0
+#: Closing a feed: what it still has unread is taken first, until it has been
+#: quiet this long or for at most FEED_DRAIN_MAX_S, in seconds. The websockets
+#: client stops reading the socket while more than its queue's high-water
+#: mark of messages wait unread (flow control), so the server's close frame
+#: behind them would not be read and ``close`` would wait its whole timeout.
+FEED_SETTLE_S: Final = 0.05
+FEED_DRAIN_MAX_S: Final = 0.5
+#: The closing handshake's bound once the feed is drained, in seconds.
+FEED_CLOSE_TIMEOUT_S: Final = 1.0
 #: ``events``: how long a lost feed is retried before ConnectionFailed, in seconds.
 RECONNECT_FOR_S: Final = 30.0
 
