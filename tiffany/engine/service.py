@@ -8,9 +8,11 @@ the API side-process talks to it over two Unix sockets in the data dir::
 
 Threads: the **scheduler loop runs on the main thread** and is the only
 thread that touches the kernel, the journal or the WAL. Everything else
-reaches it through the :class:`Inbox`, a kernel task that sleeps on an
-eventfd (``ReadWait``) and runs the callables other threads queue. The
-control server's threads parse and validate requests; the hub's thread
+reaches it through the :class:`~tiffany.engine.inbox.Inbox`, a kernel task
+that sleeps on an eventfd (``ReadWait``) and runs the callables other
+threads queue. The control server's threads parse and validate requests,
+and one waiting for a submission to be durable sleeps on a future of its
+own, woken once (``inbox.DurableWaits``); the hub's thread
 encodes and fans out activity events; a notifier thread tells the projector
 process how far the WAL is durable, and the process tails the WAL into the
 SQL store (see ``projector_link.py``). None of them ever makes the loop
@@ -41,7 +43,6 @@ import signal
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Generator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -66,6 +67,7 @@ from tiffany.durable.retention import CHECKPOINT_EVERY_RUNS, Checkpointer, Retai
 from tiffany.engine import Engine, build, take_slot
 from tiffany.engine.activity import ActivityLog
 from tiffany.engine.control_server import ControlServer
+from tiffany.engine.inbox import DurableWaits, Inbox
 from tiffany.engine.metrics import EngineMetrics, project_health
 from tiffany.engine.projector_link import ProjectorLink
 from tiffany.engine.run_table import RunTable
@@ -90,6 +92,8 @@ log = structlog.get_logger(__name__)
 
 #: How long a submission waits for the loop and its group commit, in seconds.
 SUBMIT_TIMEOUT_S: Final = 30.0
+_BUSY: Final = "the engine is busy or recovering; try again"
+_NOT_DURABLE: Final = "the submission was not made durable in time"
 _SIGNAL_NAME: Final = re.compile(SIGNAL_NAME_PATTERN)
 #: Exit code of an engine that stopped because a run's replay diverged
 #: (that run is marked failed; a restart resumes the others).
@@ -100,60 +104,6 @@ EXIT_WAL_DAMAGED: Final = 4
 #: How long the stop waits on the projector after the WAL failed (disk full or
 #: broken: the projector may hang on the same disk; it is killed after this).
 WAL_FAILED_STOP_S: Final = 0.3
-#: Commands the inbox runs in one dispatch before letting other tasks run.
-INBOX_BATCH: Final = 8
-
-
-class Inbox:
-    """Callables queued by other threads and run on the scheduler thread.
-
-    :meth:`call` is thread-safe and never blocks; :meth:`task` is the kernel
-    coroutine that runs them (spawned once, outside any run, so the journal
-    ignores it).
-    """
-
-    def __init__(self) -> None:
-        self._queue: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
-        self._fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-
-    def call(self, fn: Callable[[], Any]) -> Future[Any]:
-        """Queue ``fn`` for the loop; the future gets its result or exception."""
-        fut: Future[Any] = Future()
-        self._queue.append((fn, fut))
-        os.eventfd_write(self._fd, 1)
-        return fut
-
-    def task(self) -> Generator[Any, Any, None]:
-        """Run queued callables as they come (a kernel task)."""
-        queue = self._queue
-        while True:
-            yield ReadWait(self._fd)
-            with contextlib.suppress(BlockingIOError):
-                os.eventfd_read(self._fd)
-            done = 0
-            while queue:
-                if done == INBOX_BATCH:
-                    done = 0
-                    yield  # let other tasks run between bursts of commands
-                    continue
-                done += 1
-                fn, fut = queue.popleft()
-                if not fut.set_running_or_notify_cancel():
-                    continue
-                try:
-                    fut.set_result(fn())
-                except Exception as exc:  # noqa: BLE001 - handed to the caller
-                    fut.set_exception(exc)
-
-    def close(self) -> None:
-        """Fail what is still queued and close the eventfd."""
-        while self._queue:
-            _, fut = self._queue.popleft()
-            if fut.set_running_or_notify_cancel():
-                fut.set_exception(ControlError(503, "the engine is stopping"))
-        os.close(self._fd)
-
-
 def _migrate(database_url: str) -> None:
     """Bring the store's schema up to date (logged, not fatal: the projector retries)."""
     from tiffany.store.migrate import upgrade_url
@@ -236,8 +186,8 @@ class EngineService:
         self.metrics = EngineMetrics(self._pulled_metrics)
         self.engine.watchdog.on_report = self.metrics.slow
         self.durable_seq = self.runtime.wal.durable_seq
-        self._durable = threading.Condition()
-        self._durable_waiters = 0
+        #: Control threads waiting for the WAL to be durable past a seq.
+        self.durable = DurableWaits(self.durable_seq)
         self.runtime.wal.on_commit = self._on_commit
         self._fenced = False  # the journal's lease was taken over (PostgreSQL)
         self.runtime.wal.on_lost = self._lease_lost  # a PostgreSQL stream's lease taken over
@@ -340,8 +290,8 @@ class EngineService:
                 self.schedules.stop()
             self.control.stop()
             self.verifier.close()
-            with self._durable:
-                self._durable.notify_all()
+            if self._loop_error is not None:  # nothing more becomes durable
+                self.durable.fail(ControlError(503, _NOT_DURABLE))
             self.inbox.close()
             if self.claimer is not None:
                 self.claimer.stop()  # what it holds is answered, or goes back to pending
@@ -353,6 +303,7 @@ class EngineService:
                 self.runtime.close()
             except Exception:
                 log.exception("engine.close_failed")
+            self.durable.fail(ControlError(503, "the engine is stopping"))
             self.projector.stop(timeout=WAL_FAILED_STOP_S if wal_failed else 15.0)
             if self.checkpointer is not None and not wal_failed:
                 self.checkpointer.stop()  # a last checkpoint: the next start reads little
@@ -445,9 +396,7 @@ class EngineService:
         self.metrics.committed(last - first_seq + 1, sync_s)
         self.projector.committed(last)
         self.durable_seq = last
-        if self._durable_waiters:
-            with self._durable:
-                self._durable.notify_all()
+        self.durable.committed(last)
 
     def _still_replaying(self) -> set[str]:
         runs = self.runtime.journal.runs  # a finished run may be forgotten already
@@ -667,7 +616,7 @@ class EngineService:
         try:
             seq = journaled.result(max(0.0, deadline - time.monotonic()))
         except FutureTimeout:
-            raise ControlError(503, "the engine is busy or recovering; try again") from None
+            raise ControlError(503, _BUSY) from None
         self._wait_durable(seq, deadline)
         return {"run_id": run_id, "name": name, "seq": seq, "signal_id": signal_id}
 
@@ -741,7 +690,7 @@ class EngineService:
             return fut.result(timeout)
         except FutureTimeout:
             fut.cancel()
-            raise ControlError(503, "the engine is busy or recovering; try again") from None
+            raise ControlError(503, _BUSY) from None
 
     def _submit(self, request: dict[str, Any]) -> dict[str, Any]:
         plan = request.get("plan")
@@ -776,13 +725,26 @@ class EngineService:
             digest = submission_digest(rerun["rerun_of"], inputs)
         if key is not None:
             entry["idempotency"] = {"key": key, "digest": digest}
-        deadline = time.monotonic() + SUBMIT_TIMEOUT_S
         given = request.get("run_id")  # through the database: the API named the run
-        run_id, created, seq = self._on_loop(
-            lambda: self._start(entry, name, key, digest, given if isinstance(given, str) else None)
-        )
-        self._wait_durable(seq, deadline)
-        return {"run_id": run_id, "created": created, "seq": seq}
+        answer: Future[dict[str, Any]] = Future()
+        started = False
+
+        def start() -> None:  # on the loop; the answer is resolved when its seq is durable
+            nonlocal started
+            run_id, created, seq = self._start(
+                entry, name, key, digest, given if isinstance(given, str) else None
+            )
+            started = True
+            self.durable.when(seq, answer, {"run_id": run_id, "created": created, "seq": seq})
+
+        if self._phase == "stopping":
+            raise ControlError(503, "the engine is stopping")
+        self.inbox.call_later(start, answer)
+        try:
+            return answer.result(SUBMIT_TIMEOUT_S)
+        except FutureTimeout:
+            answer.cancel()
+            raise ControlError(503, _NOT_DURABLE if started else _BUSY) from None
 
     def _rerun_of(
         self, request: dict[str, Any], inputs: Any
@@ -841,16 +803,16 @@ class EngineService:
             return self._store
 
     def _wait_durable(self, seq: int, deadline: float) -> None:
-        with self._durable:
-            self._durable_waiters += 1
-            try:
-                while self.durable_seq < seq:
-                    left = deadline - time.monotonic()
-                    if left <= 0 or (self._phase == "stopping" and self._loop_error is not None):
-                        raise ControlError(503, "the submission was not made durable in time")
-                    self._durable.wait(min(left, 1.0))
-            finally:
-                self._durable_waiters -= 1
+        """Until the WAL is durable past ``seq`` (control threads; 503 at ``deadline``)."""
+        if self.durable_seq >= seq:
+            return
+        durable: Future[None] = Future()
+        self.durable.when(seq, durable)
+        try:
+            durable.result(max(0.0, deadline - time.monotonic()))
+        except FutureTimeout:
+            durable.cancel()
+            raise ControlError(503, _NOT_DURABLE) from None
 
     def _stored_status(self, run_id: str) -> str | None:
         """The store's status of a run the engine no longer holds (control threads only).
