@@ -137,7 +137,7 @@ class Subscription:
             self.frames.append(frame)
             self._seqs.append(seq)
             self.last_seq = seq
-        self._ready.set()
+        # The reader is woken once per drain (Hub.drain), not once a frame.
 
     def _backlog(self, seq: int, frame: bytes) -> None:
         """Queue a frame replayed from the ring (not counted against ``maxlen``)."""
@@ -290,6 +290,9 @@ class Hub:
                 for sub in subs:
                     if sub.filter is None or sub.filter(event):
                         sub._push(seq, frame)
+            for sub in subs:
+                if sub.frames or sub.closed:
+                    sub._ready.set()  # one wake per drain, for every frame it got
         self.published += len(events)
         return len(events)
 
