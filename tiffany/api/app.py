@@ -24,7 +24,7 @@ from fastapi.staticfiles import StaticFiles
 
 import tiffany
 from tiffany.api import problems
-from tiffany.api.deps import ApiState
+from tiffany.api.deps import STORE_READERS, ApiState
 from tiffany.api.feed import FeedRelay, feed_path
 from tiffany.api.metrics import ApiMetrics
 from tiffany.api.middleware import RequestLog, TokenAuth
@@ -45,7 +45,8 @@ def create_app(settings: Settings) -> FastAPI:
         settings: The process settings: data dir (the engine's sockets),
             database URL, API token, body and websocket limits.
     """
-    store = make_engine(settings.database_url)
+    # As many connections as reads in flight (deps.STORE_READERS), kept open.
+    store = make_engine(settings.database_url, pool_size=STORE_READERS, max_overflow=0)
     relay = FeedRelay(
         [feed_path(home) for home in homes(settings.data_dir, settings.engines)],
         ring_events=settings.feed_ring_events,

@@ -16,11 +16,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Final, TypeVar
 
+import anyio
+import anyio.to_thread
 from fastapi import Depends, Request
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.orm import Session, sessionmaker
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 
 from tiffany import shards
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MIN_SEQ_WAIT_S",
+    "STORE_READERS",
     "ApiState",
     "BeyondJournal",
     "State",
@@ -47,6 +49,13 @@ __all__ = [
 
 #: How long a read with ``min_seq`` waits for the store to pass it, in seconds.
 MIN_SEQ_WAIT_S: Final = 5.0
+#: Store reads in flight at once; the store's connection pool holds as many
+#: connections and no more (``app.create_app``). A read beyond them waits for
+#: a turn instead of opening a connection of its own: with the pool's default
+#: overflow, a burst of reads on PostgreSQL opened and closed connections
+#: (430 in one 15 s run at 200 req/s), and each new one cost a backend's fork
+#: and a connect, which tipped the machine into saturation.
+STORE_READERS: Final = 16
 #: How much longer the control request may take than that (the engine answers
 #: at its own deadline; this only covers the trip), in seconds.
 CONTROL_MARGIN_S: Final = 2.0
@@ -223,6 +232,8 @@ class ApiState:
     def __post_init__(self) -> None:
         from tiffany.api.engines import Engines
 
+        self._readers: anyio.CapacityLimiter | None = None  # made in the event loop
+
         db = None
         if self.settings.journal == "postgres":  # requests through the database
             from tiffany.api.db_requests import DbRequests
@@ -274,8 +285,10 @@ class ApiState:
             with self.sessions() as session:
                 return fn(session)
 
+        if self._readers is None:
+            self._readers = anyio.CapacityLimiter(STORE_READERS)
         try:
-            return await run_in_threadpool(work)
+            return await anyio.to_thread.run_sync(work, limiter=self._readers)
         except (OperationalError, ProgrammingError) as exc:
             raise StoreUnavailable(
                 f"the store cannot be read: {exc.orig or exc}",
