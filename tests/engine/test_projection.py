@@ -104,3 +104,18 @@ def test_notices_coalesce_to_the_newest_durable_seq() -> None:
         os.close(r)
         if w >= 0:
             os.close(w)
+
+
+def test_notices_taken_without_blocking_answer_at_once_with_the_newest() -> None:
+    """What the projector does after its gather pause: take what came, never wait."""
+    r, w = os.pipe()
+    try:
+        notices = Notices(r)
+        assert notices.wait(block=False) == 0  # nothing yet: at once
+        os.write(w, DURABLE.pack(7) + DURABLE.pack(11))
+        assert notices.wait(block=False) == 11
+        assert notices.wait(block=False) == 11  # nothing new: at once, the same
+        assert not notices.closed
+    finally:
+        os.close(r)
+        os.close(w)
