@@ -70,6 +70,10 @@ def uvicorn_config(settings: Settings, app: Any) -> uvicorn.Config:
         log_config=None,
         access_log=False,  # RequestLog writes one line per request instead
         lifespan="on",
+        # uvloop and httptools (dependencies): uvicorn's fastest loop and parser;
+        # "auto" falls back to asyncio and h11 where they cannot be installed.
+        loop="auto",
+        http="auto",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         # Protocol pings besides the feed's own JSON pings: a peer that stops
         # reading stops answering them too, and is then disconnected.
