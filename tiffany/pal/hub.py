@@ -139,6 +139,10 @@ class Subscription:
             self.last_seq = seq
         # The reader is woken once per drain (Hub.drain), not once a frame.
 
+    def _wake_reader(self) -> None:
+        """Wake the reader waiting in :meth:`get` (the hub, once per drain)."""
+        self._ready.set()
+
     def _backlog(self, seq: int, frame: bytes) -> None:
         """Queue a frame replayed from the ring (not counted against ``maxlen``)."""
         self.frames.append(frame)
@@ -292,7 +296,7 @@ class Hub:
                         sub._push(seq, frame)
             for sub in subs:
                 if sub.frames or sub.closed:
-                    sub._ready.set()  # one wake per drain, for every frame it got
+                    sub._wake_reader()  # one wake per drain, for every frame it got
         self.published += len(events)
         return len(events)
 
