@@ -13,9 +13,10 @@ that sleeps on an eventfd (``ReadWait``) and runs the callables other
 threads queue. The control server's threads parse and validate requests,
 and one waiting for a submission to be durable sleeps on a future of its
 own, woken once (``inbox.DurableWaits``); the hub's thread
-encodes and fans out activity events; a notifier thread tells the projector
-process how far the WAL is durable, and the process tails the WAL into the
-SQL store (see ``projector_link.py``). None of them ever makes the loop
+encodes and fans out activity events; after each group commit the loop
+tells the projector process how far the WAL is durable (one non-blocking
+pipe write), and the process tails the WAL into the SQL store (see
+``projector_link.py``). None of them ever makes the loop
 wait: the loop only appends to deques and sets events.
 
 Start-up: the sockets come up first, so ``/readyz`` can say "recovering";
@@ -104,6 +105,8 @@ EXIT_WAL_DAMAGED: Final = 4
 #: How long the stop waits on the projector after the WAL failed (disk full or
 #: broken: the projector may hang on the same disk; it is killed after this).
 WAL_FAILED_STOP_S: Final = 0.3
+
+
 def _migrate(database_url: str) -> None:
     """Bring the store's schema up to date (logged, not fatal: the projector retries)."""
     from tiffany.store.migrate import upgrade_url
@@ -185,9 +188,8 @@ class EngineService:
         self.projector.on_quarantine = self._quarantined
         self.metrics = EngineMetrics(self._pulled_metrics)
         self.engine.watchdog.on_report = self.metrics.slow
-        self.durable_seq = self.runtime.wal.durable_seq
-        #: Control threads waiting for the WAL to be durable past a seq.
-        self.durable = DurableWaits(self.durable_seq)
+        #: The WAL's durable seq, and the control threads waiting for it to pass theirs.
+        self.durable = DurableWaits(self.runtime.wal.durable_seq)
         self.runtime.wal.on_commit = self._on_commit
         self._fenced = False  # the journal's lease was taken over (PostgreSQL)
         self.runtime.wal.on_lost = self._lease_lost  # a PostgreSQL stream's lease taken over
@@ -392,10 +394,14 @@ class EngineService:
 
     # -- scheduler thread --------------------------------------------------------------
 
+    @property
+    def durable_seq(self) -> int:
+        """The last seq the WAL made durable (as of the last group commit)."""
+        return self.durable.seq
+
     def _on_commit(self, first_seq: int, last: int, sync_s: float) -> None:
         self.metrics.committed(last - first_seq + 1, sync_s)
         self.projector.committed(last)
-        self.durable_seq = last
         self.durable.committed(last)
 
     def _still_replaying(self) -> set[str]:
