@@ -304,9 +304,7 @@ class _Rows:
             self.changed.setdefault(key, {}).update(values)
 
     def flush(self, conn: Connection) -> int:
-        marker = _MARKERS.get(conn.dialect.paramstyle)
-        if marker is None:  # a driver this fast path does not know: SQLAlchemy binds
-            return self._flush_bound(conn)
+        """Write the new rows (one INSERT) and the changed ones (one UPDATE per column set)."""
         statements = 0
         if self.new:
             _insert_many(conn, self.table, self.new.values())
@@ -317,24 +315,17 @@ class _Rows:
             values.update(zip(self.keys, key, strict=True))
             groups.setdefault(columns, []).append(values)
         keys = tuple(self.keys)
+        marker = _MARKERS.get(conn.dialect.paramstyle)
         for columns, rows in groups.items():
-            sql = _update_sql(conn.dialect, self.table, keys, columns, marker)
-            conn.exec_driver_sql(sql, _driver_rows(self.table, columns + keys, rows))
-            statements += 1
-        return statements
-
-    def _flush_bound(self, conn: Connection) -> int:
-        statements = 0
-        if self.new:
-            _insert_many(conn, self.table, self.new.values())
-            statements += 1
-        groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
-        for key, values in self.changed.items():
-            params = {f"k_{k}": v for k, v in zip(self.keys, key, strict=True)}
-            params.update({f"v_{c}": v for c, v in values.items()})
-            groups.setdefault(tuple(sorted(values)), []).append(params)
-        for columns, params_list in groups.items():
-            conn.execute(_update_of(self.table, tuple(self.keys), columns), params_list)
+            if marker is not None:  # the driver's executemany, rows as tuples
+                sql = _update_sql(conn.dialect, self.table, keys, columns, marker)
+                conn.exec_driver_sql(sql, _driver_rows(self.table, columns + keys, rows))
+            else:  # a driver the fast path does not know: SQLAlchemy binds
+                params = [
+                    {**{f"k_{k}": row[k] for k in keys}, **{f"v_{c}": row[c] for c in columns}}
+                    for row in rows
+                ]
+                conn.execute(_update_of(self.table, keys, columns), params)
             statements += 1
         return statements
 
