@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tiffany.engine.projection import WalTail, decoded_batches
+from tiffany.engine.projection import WalTail, decoded_batches, journal_reaches
 from tiffany.engine.projector_proc import DURABLE, Notices
 from tiffany.errors import WalCorruptionError
 from tiffany.records import Dispatch, encode
@@ -119,3 +119,21 @@ def test_notices_taken_without_blocking_answer_at_once_with_the_newest() -> None
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_a_journal_reaches_the_seqs_it_held_even_after_releasing_them(tmp_path: Path) -> None:
+    wal_dir = tmp_path / "wal"
+    with Wal.open(wal_dir, segment_size_bytes=400) as wal:
+        _append(wal, 40, 1)
+        wal.commit()
+        last = wal.durable_seq
+    segments = list_segments(wal_dir)
+    assert len(segments) > 2
+    assert journal_reaches(wal_dir, last)
+    assert not journal_reaches(wal_dir, last + 1)  # the store would be ahead of it
+    for seg in segments[:-1]:  # retention deleted every segment but the live one
+        seg.path.unlink()
+    released = segments[-1].first_seq - 1
+    assert journal_reaches(wal_dir, released)
+    assert journal_reaches(wal_dir, last)
+    assert not journal_reaches(wal_dir, last + 1)

@@ -44,15 +44,17 @@ def dump(engine: Engine) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def tiffany_cli(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def tiffany_cli(data_dir: Path, *args: str, **env_extra: str) -> subprocess.CompletedProcess[str]:
     """Run ``python -m tiffany --data-dir DATA_DIR ARGS`` (no TIFFANY_* from the caller)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")}
+    env.update(env_extra)
     return subprocess.run(
         [sys.executable, "-m", "tiffany", "--data-dir", str(data_dir), *args],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
-        env={k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")},
+        env=env,
     )
 
 

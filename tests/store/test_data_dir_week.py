@@ -121,13 +121,13 @@ def test_a_legacy_wal_with_one_run_number_twice_projects_fully(
     tmp_path: Path, store: Engine
 ) -> None:
     from tiffany.cli.db import rebuild_store
-    from tiffany.engine.projection import decoded_batches
+    from tiffany.engine.projection import decoded_batches, journal_id
     from tiffany.store import Projector, queries, session_factory
 
     data = tmp_path / "legacy"
     first, second = _legacy_runs(data)
     wal = data / "wal"
-    projector = Projector(store)
+    projector = Projector(store, journal_id(wal))  # as the projector process claims it
     for batch in decoded_batches(wal, batch_records=7):  # batches that cut runs apart
         report = projector.apply(batch)
         assert report.quarantined == []

@@ -10,6 +10,7 @@ from store_support import Journal, dump
 from typer.testing import CliRunner
 
 from tiffany.cli.db import register
+from tiffany.engine.projection import journal_id
 from tiffany.store import Projector, make_engine
 from tiffany.store.migrate import current_revision, head_revision, upgrade
 
@@ -55,7 +56,7 @@ def test_db_rebuild_equals_incremental_projection(cli, journal: Journal, tmp_pat
     rebuilt = make_engine(cli.url)
     try:
         upgrade(incremental)
-        projector = Projector(incremental)
+        projector = Projector(incremental, journal_id(journal.wal_dir))  # as the engine names it
         for start in range(0, len(journal.records), 11):
             projector.apply(journal.records[start : start + 11])
         expected = dump(incremental)

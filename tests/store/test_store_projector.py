@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 from store_support import Journal, dump
 
 from tiffany.cli.db import rebuild_store
+from tiffany.engine.projection import journal_id
 from tiffany.records import decode_record
 from tiffany.store import Projector, RecordType, Step, queries, session_factory
 
@@ -189,10 +190,11 @@ def test_small_batches_and_restarts_equal_a_rebuild(
 ):
     """Incremental projection, with the projector restarted (caches lost), == rebuild."""
     records = journal.records
-    projector = Projector(store)
+    named = journal_id(journal.wal_dir)  # the WAL's name, as the projector process claims it
+    projector = Projector(store, named)
     for i, start in enumerate(range(0, len(records), 7)):
         if i % 5 == 4:
-            projector = Projector(store)  # an engine restart: contexts reload from rows
+            projector = Projector(store, named)  # an engine restart: contexts reload from rows
         projector.apply(records[start : start + 7])
     rebuilt = make_store()
     report = rebuild_store(rebuilt, journal.wal_dir, batch_records=50)

@@ -20,6 +20,7 @@ from sqlalchemy.exc import OperationalError
 from store_support import Journal, dump, get_json, serve, wait_for
 
 from tiffany.cli.db import rebuild_store
+from tiffany.engine.projection import journal_id
 from tiffany.records import RunEnd, RunStart, Spawn, TaskExit
 from tiffany.store import Projector, RecordType, queries, session_factory
 from tiffany.store.projector import _Batch
@@ -42,7 +43,7 @@ def test_a_record_that_fails_is_quarantined_and_the_rest_projected(
     records = journal.records
     bad = next(r for r in records[len(records) // 2 :] if r[1] == RecordType.SPAWN)
     _fail_at(monkeypatch, bad[0], TypeError("a bug in one handler"))
-    projector = Projector(store)
+    projector = Projector(store, journal_id(journal.wal_dir))  # as the projector process claims it
     report = projector.apply(records)
     assert report.quarantined == [bad[0]]
     assert projector.last_seq == records[-1][0]

@@ -170,8 +170,9 @@ def test_a_write_error_is_fail_stop(tmp_path, syscalls):
 
 def test_a_failed_segment_creation_is_fail_stop(tmp_path, syscalls):
     wal = syscalls.open(tmp_path, segment_size_bytes=100)
-    assert syscalls.of("fsync") == [segment_name(1), "dir"]
-    syscalls.fail_on["fsync"] = 4  # the directory sync of the second segment
+    # The journal's name (wal/identity.py), then the first segment: each file, then its directory.
+    assert syscalls.of("fsync") == ["JOURNAL.tmp", "dir", segment_name(1), "dir"]
+    syscalls.fail_on["fsync"] = 6  # the directory sync of the second segment
     for _ in range(4):
         wal.append(1, b"z" * 40)
     with pytest.raises(WalFailedError):

@@ -19,6 +19,7 @@ projector's loop stays as it is.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +34,8 @@ from tiffany.wal import Source, spans_of
 from tiffany.wal.format import HEADER_SIZE_BYTES
 from tiffany.wal.frame import Frame, is_benign
 from tiffany.wal.frame import decode as decode_frame
-from tiffany.wal.segments import REMEDY, Segment, check_header, list_segments
+from tiffany.wal.identity import identity
+from tiffany.wal.segments import REMEDY, Segment, check_header, history_segments, list_segments
 
 if TYPE_CHECKING:
     from tiffany.pgwal import PgStream
@@ -47,6 +49,7 @@ __all__ = [
     "decode_record",
     "decoded_batches",
     "journal_id",
+    "journal_reaches",
     "journal_tail",
     "project_wal",
 ]
@@ -238,10 +241,29 @@ class StreamTail:
 
 
 def journal_id(source: Source) -> str | None:
-    """The name a store keeps of the journal it projects (None: the file WAL)."""
+    """The name a store keeps of the journal it projects.
+
+    A WAL's is in its ``JOURNAL`` file (``file:<hex>``, ``tiffany/wal/identity.py``;
+    None for a WAL no writer has named yet); a PostgreSQL stream's is
+    ``postgres:<stream>``.
+    """
     if isinstance(source, str | os.PathLike):
-        return None
+        return identity(source)
     return f"postgres:{cast('PgStream', source).stream}"
+
+
+def journal_reaches(source: Source, seq: int) -> bool:
+    """Whether the journal ever held ``seq``: it holds a record at or after it (reads a segment).
+
+    A WAL whose records up to ``seq`` were all released (retention) reaches
+    it too, when its segments begin after ``seq``.
+    """
+    if next(iter(spans_of(source, from_seq=seq)), None) is not None:
+        return True
+    if isinstance(source, str | os.PathLike):
+        held = history_segments(Path(source))
+        return bool(held) and held[-1].first_seq > seq
+    return False
 
 
 def journal_tail(source: Source) -> JournalSource:
@@ -259,7 +281,12 @@ def project_wal(database_url: str, wal_dir: Source, shard: int = 0) -> int:
     engine = make_engine(database_url)
     try:
         upgrade(engine)
-        projector = Projector(engine, journal_id(wal_dir), shard=shard)
+        projector = Projector(
+            engine,
+            journal_id(wal_dir),
+            shard=shard,
+            reaches=functools.partial(journal_reaches, wal_dir),
+        )
         for batch in decoded_batches(wal_dir, from_seq=projector.last_seq + 1):
             projector.apply(batch)
         return projector.last_seq

@@ -44,6 +44,7 @@ durable seq received and exit 0.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -51,12 +52,19 @@ import select
 import struct
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, Final
 
 import structlog
 import tenacity
 
-from tiffany.engine.projection import DecodedRecord, JournalSource, journal_id, journal_tail
+from tiffany.engine.projection import (
+    DecodedRecord,
+    JournalSource,
+    journal_id,
+    journal_reaches,
+    journal_tail,
+)
 from tiffany.store import Projector, make_engine
 from tiffany.store.migrate import upgrade
 from tiffany.store.session import checkpoint
@@ -141,10 +149,16 @@ class Notices:
 
 class _Applier:
     def __init__(
-        self, database_url: str, out: Any, journal: str | None = None, shard: int = 0
+        self,
+        database_url: str,
+        out: Any,
+        journal: str | None = None,
+        shard: int = 0,
+        reaches: Callable[[int], bool] | None = None,
     ) -> None:
         self.database_url = database_url
         self.journal = journal  # the store must project this journal (projector_state.journal)
+        self.reaches = reaches  # and the journal must reach the store's mark
         self.shard = shard  # the engine whose journal it is (tiffany/shards.py)
         self.out = out
         self.engine: Any = None
@@ -168,7 +182,9 @@ class _Applier:
         if self.projector is None:
             self.engine = make_engine(self.database_url)
             upgrade(self.engine)
-            self.projector = Projector(self.engine, self.journal, shard=self.shard)
+            self.projector = Projector(
+                self.engine, self.journal, shard=self.shard, reaches=self.reaches
+            )
             self.last_seq = max(self.last_seq, self.projector.last_seq)
             self.dead_letters = self.projector.dead_letters
         return self.projector
@@ -265,7 +281,13 @@ def run_projector(
     of engine ``shard`` (``tiffany/shards.py``).
     """
     notices = Notices(sys.stdin.fileno() if fd is None else fd)
-    applier = _Applier(database_url, sys.stdout, journal_id(journal), shard)
+    applier = _Applier(
+        database_url,
+        sys.stdout,
+        journal_id(journal),
+        shard,
+        functools.partial(journal_reaches, journal),
+    )
     source = journal_tail(journal)
     try:
         applier.start()

@@ -78,7 +78,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -454,15 +454,18 @@ class Projector:
 
     Args:
         engine: The store's engine; the schema must exist (``tiffany db upgrade``).
-        journal: The journal this projector applies (None: the file WAL;
-            ``postgres:<stream>``): an empty store is claimed for it, and a
+        journal: The journal this projector applies (``file:<hex>``, a WAL's
+            name; ``postgres:<stream>``; None, a WAL written before WALs were
+            named): an empty store is claimed for it, and a
             store holding another journal's rows is refused
             (:class:`StoreJournalMismatch`), unless ``claim`` is false (a
             rebuild, which empties the store first).
-
         shard: The engine whose journal this is (``tiffany/shards.py``): its
             seqs, and its row of ``projector_state`` (the mark), are its own,
             so the projectors of several engines share one store.
+        reaches: ``reaches(seq)``: whether the journal holds a record at or
+            after ``seq``; a store whose mark the journal does not reach is
+            refused (see :func:`_claim`). None: not checked.
 
     One projector writes an engine's rows at a time (that engine's projector
     process, or ``tiffany db rebuild``); the mark is read with ``FOR UPDATE``
@@ -476,6 +479,7 @@ class Projector:
         *,
         claim: bool = True,
         shard: int = 0,
+        reaches: Callable[[int], bool] | None = None,
     ) -> None:
         self.engine = engine
         self.shard = shard
@@ -496,7 +500,7 @@ class Projector:
         with engine.begin() as conn:
             self._ensure_state(conn)
             if claim:
-                _claim(conn, journal, self._state_id)
+                _claim(conn, journal, self._state_id, reaches)
             self._load_run_ids(conn)
             self.dead_letters = int(conn.scalar(select(func.count()).select_from(DeadLetter)) or 0)
 
@@ -1095,30 +1099,60 @@ class StoreJournalMismatch(TiffanyError):
     code = "store.journal_mismatch"
 
 
-def _claim(conn: Connection, journal: str | None, state_id: int = PROJECTOR_STATE_ID) -> None:
+#: How a file WAL's name starts (``tiffany/wal/identity.py``; the store does not import the WAL).
+FILE_JOURNAL_PREFIX: Final = "file:"
+
+
+def _claim(
+    conn: Connection,
+    journal: str | None,
+    state_id: int = PROJECTOR_STATE_ID,
+    reaches: Callable[[int], bool] | None = None,
+) -> None:
     """Mark an empty store as ``journal``'s; refuse one that holds another journal's rows.
 
-    ``journal`` None is the file WAL (every store fed before PostgreSQL
-    streams existed is the file WAL's).
+    ``journal``: ``file:<hex>`` (a named WAL), ``postgres:<stream>``, or
+    None (a WAL written before WALs were named). A store fed before names
+    existed (its journal None) is taken over by the first named file WAL
+    whose records reach its mark: that is the upgrade of a data dir whose
+    WAL had no name yet. ``reaches(seq)``: whether the journal holds a
+    record at or after ``seq`` (None: not checked).
 
     Raises:
         StoreJournalMismatch: The store's rows come from another journal
-            (their seqs are not this journal's: applying would skip records).
+            (their seqs are not this journal's: applying would skip records),
+            or from this one as it was before it lost records (restored from
+            an older copy, or cut by a repair): the store is ahead of it.
     """
     row = conn.execute(
         select(ProjectorState.journal, ProjectorState.last_seq).where(ProjectorState.id == state_id)
     ).one()
     held, mark = row.journal, int(row.last_seq or 0)
+    empty = mark == seq_base(state_id - PROJECTOR_STATE_ID)
+    named = journal or "the file WAL"
+    ours = held == journal or held is None  # or another journal's, refused below
+    if ours and not empty and reaches is not None and not reaches(mark):
+        raise StoreJournalMismatch(
+            f"this store holds the projection of a journal up to seq {mark}, and {named} "
+            f"ends before seq {mark}: it is another data dir's WAL, or this one restored from "
+            "an older copy or cut by a repair, so its next records would be taken for ones the "
+            "store holds and skipped. Run `tiffany db rebuild` to project this journal alone, "
+            "or give each data dir a database (or schema) of its own",
+            store_journal=held,
+            journal=journal,
+            mark=mark,
+        )
     if held == journal:
         return
-    if held is None and mark == seq_base(state_id - PROJECTOR_STATE_ID):
+    legacy = held is None and (journal or "").startswith(FILE_JOURNAL_PREFIX)
+    if held is None and (empty or legacy):
         conn.execute(
             sql_update(ProjectorState).where(ProjectorState.id == state_id).values(journal=journal)
         )
         return
     raise StoreJournalMismatch(
-        f"this store holds the projection of {held or 'the file WAL'} (up to seq {mark}), "
-        f"not of {journal or 'the file WAL'}: give each journal a database (or schema) of its "
+        f"this store holds the projection of {held or 'an unnamed file WAL'} (up to seq {mark}), "
+        f"not of {named}: give each journal a database (or schema) of its "
         "own, or run `tiffany db rebuild` to project this journal alone",
         store_journal=held,
         journal=journal,

@@ -26,6 +26,7 @@ __all__ = [
     "BROKEN_SUFFIX",
     "HEADER",
     "HEADER_SIZE_BYTES",
+    "JOURNAL_NAME",
     "LOCK_NAME",
     "MAGIC",
     "MAX_RECORD_BYTES",
@@ -72,6 +73,8 @@ SEGMENT_SUFFIX: Final = ".wal"
 BROKEN_SUFFIX: Final = ".broken"
 #: The lock file in the WAL directory; it holds the writer's pid.
 LOCK_NAME: Final = "LOCK"
+#: The file in the WAL directory that names the journal (``tiffany/wal/identity.py``).
+JOURNAL_NAME: Final = "JOURNAL"
 
 _HEADER_CRC_OFFSET: Final = HEADER_SIZE_BYTES - 4
 

@@ -31,6 +31,7 @@ module-level indirection: it would leak between tests and processes.
 from __future__ import annotations
 
 import enum
+import errno
 import os
 import struct
 import time
@@ -50,6 +51,7 @@ from tiffany.wal.format import (
     SEGMENT_SIZE_BYTES,
 )
 from tiffany.wal.frame import check_record
+from tiffany.wal.identity import ensure_identity
 from tiffany.wal.lock import lock_dir
 from tiffany.wal.reader import Span, iter_spans
 from tiffany.wal.recovery import Recovery, recover
@@ -110,6 +112,9 @@ class Wal(LogState):
         self.policy = policy
         self.segment_size_bytes = segment_size_bytes
         self.recovery: Recovery | None = None
+        #: The journal's name (``JOURNAL``, :mod:`tiffany.wal.identity`); None
+        #: while a full disk keeps an old WAL from being named.
+        self.identity: str | None = None
         self._write = write
         self._fdatasync = fdatasync
         self._fsync = fsync
@@ -183,11 +188,28 @@ class Wal(LogState):
         wal.path.mkdir(parents=True, exist_ok=True)
         wal._lock_fd = lock_dir(wal.path)
         try:
+            wal._name_journal()
             wal._open_log(first_seq, limit_seq)
         except BaseException:
             wal._release()
             raise
         return wal
+
+    def _name_journal(self) -> None:
+        """Read the WAL's name, writing one first if it has none (``wal/identity.py``).
+
+        A full disk leaves an old WAL unnamed until a later open (the store
+        then treats it as it treated every file WAL before names existed)
+        rather than keeping the engine from starting on what it holds.
+        """
+        try:
+            self.identity = ensure_identity(
+                self.path, None if self.policy is FsyncPolicy.OFF else self._fsync
+            )
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            self.identity = None
 
     def _open_log(self, first_seq: int, limit_seq: int | None) -> None:
         sync = None if self.policy is FsyncPolicy.OFF else self._fsync
