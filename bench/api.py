@@ -374,6 +374,8 @@ class Conn:
         self.reader = reader
         self.writer = writer
         self.last_used = time.monotonic()
+        #: The last answer's ``Server-Timing`` parts, ms by name (none from older trees).
+        self.timing: dict[str, float] = {}
 
     @classmethod
     async def open(cls, host: str, port: int) -> Conn:
@@ -387,10 +389,14 @@ class Conn:
         lines = head.split(b"\r\n")
         status = int(lines[0].split(b" ", 2)[1])
         length = None
+        self.timing = {}
         for line in lines[1:]:
             name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
+            name = name.strip().lower()
+            if name == b"content-length":
                 length = int(value)
+            elif name == b"server-timing":
+                self.timing = server_timing(value.decode("ascii", "replace"))
         if length is None:
             raise HttpError("answer without Content-Length")
         body = await self.reader.readexactly(length) if length else b""
@@ -398,6 +404,18 @@ class Conn:
 
     def close(self) -> None:
         self.writer.close()
+
+
+def server_timing(value: str) -> dict[str, float]:
+    """``projected;dur=3.1, store;dur=0.9`` as ``{"projected": 3.1, "store": 0.9}`` (ms)."""
+    parts = {}
+    for entry in value.split(","):
+        name, _, params = entry.strip().partition(";")
+        for param in params.split(";"):
+            key, _, dur = param.strip().partition("=")
+            if key == "dur":
+                parts[name] = float(dur)
+    return parts
 
 
 def build_request(method: str, host: str, path: str, body: bytes = b"") -> bytes:
@@ -418,6 +436,9 @@ class Pool:
         self.idle: list[Conn] = []
         self.opened = 0
         self.sem = asyncio.Semaphore(limit)
+        #: The ``Server-Timing`` parts of the answer :meth:`request` returned last
+        #: (read it before the next await).
+        self.timing: dict[str, float] = {}
 
     async def request(self, raw: bytes) -> tuple[int, bytes]:
         async with self.sem:
@@ -437,6 +458,7 @@ class Pool:
                 raise
             conn.last_used = time.monotonic()
             self.idle.append(conn)
+            self.timing = conn.timing
             return answer
 
     async def get_json(self, path: str) -> Any:

@@ -83,7 +83,9 @@ async def _operation(pool: Any, api: Any, due: float, out: dict[str, Any]) -> No
             out["errors"][f"GET {type(exc).__name__}"] += 1
             return
         if first:
-            out["get"].append(loop.time() - sent)
+            took = loop.time() - sent
+            out["get"].append(took)
+            out["get_split"].append((took * 1000, pool.timing))
             first = False
         if status == 200:
             out["visible"].append(loop.time() - acked)
@@ -100,7 +102,7 @@ async def _operation(pool: Any, api: Any, due: float, out: dict[str, Any]) -> No
 
 async def _load(api: Any, url: str, rate: float, seconds: float) -> dict[str, Any]:
     pool = api.Pool(url)
-    out: dict[str, Any] = {"post": [], "get": [], "visible": [], "not_found": 0}
+    out: dict[str, Any] = {"post": [], "get": [], "get_split": [], "visible": [], "not_found": 0}
     out["errors"] = Counter()
     loop = asyncio.get_running_loop()
     n = max(1, round(rate * seconds))
@@ -214,7 +216,28 @@ def _rows(cell: dict[str, Any]) -> dict[str, str]:
         "201->visible p50 ms": f"{_pct(cell['visible'], 0.5):.1f}",
         "201->visible p99 ms": f"{_pct(cell['visible'], 0.99):.1f}",
         "201->visible max ms": f"{_pct(cell['visible'], 1.0):.1f}",
+        **_tail_split(cell.get("get_split", [])),
     }
+
+
+def _tail_split(split: list[tuple[float, dict[str, float]]]) -> dict[str, str]:
+    """Where the slowest 1% of GETs spent their time, mean ms (from ``Server-Timing``).
+
+    ``outside``: the GET's time not inside the app (the client's loop, the
+    sockets, uvicorn's parsing and the API's event loop queue).
+    """
+    timed = [(took, parts) for took, parts in split if parts]
+    if not timed:
+        return {}
+    timed.sort(key=lambda pair: pair[0])
+    tail = timed[min(len(timed) - 1, round(0.99 * len(timed)) - 1) :]
+    rows = {}
+    for part in ("projected", "store", "app"):
+        mean = sum(parts.get(part, 0.0) for _, parts in tail) / len(tail)
+        rows[f"GET top 1%: {part} ms"] = f"{mean:.1f}"
+    outside = sum(took - parts.get("app", 0.0) for took, parts in tail) / len(tail)
+    rows["GET top 1%: outside ms"] = f"{outside:.1f}"
+    return rows
 
 
 def _ratio(this: dict[str, Any], other: dict[str, Any], key: str) -> str:

@@ -81,6 +81,29 @@ def test_a_submitted_run_is_there_at_once_and_succeeds(client) -> None:
     assert listed["counts"]["succeeded"] >= 1
 
 
+def _timing(response: httpx.Response) -> dict[str, float]:
+    """The ``Server-Timing`` header as ``{part: ms}``."""
+    parts = {}
+    for entry in response.headers["server-timing"].split(","):
+        name, _, dur = entry.strip().partition(";dur=")
+        parts[name] = float(dur)
+    return parts
+
+
+def test_server_timing_says_where_a_submission_and_its_read_spent_their_time(client) -> None:
+    r = client.post("/api/runs", json={"plan": SLEEP_PLAN})
+    assert r.status_code == 201, r.text
+    posted = _timing(r)
+    assert set(posted) == {"parse", "engine", "app"}
+    assert 0 < posted["engine"] <= posted["app"]
+    read = client.get(r.headers["location"])
+    got = _timing(read)
+    assert set(got) == {"projected", "store", "app"}
+    assert 0 < got["projected"] + got["store"] <= got["app"]
+    assert set(_timing(client.get("/api/runs/run-000000000000"))) == {"store", "app"}  # a 404
+    assert set(_timing(client.get("/healthz"))) == {"app"}
+
+
 def test_the_bare_plan_and_yaml_are_accepted(client) -> None:
     bare = client.post("/api/runs", json=SLEEP_PLAN)
     assert bare.status_code == 201, bare.text

@@ -29,6 +29,7 @@ from tiffany.api.feed import FeedRelay, feed_path
 from tiffany.api.metrics import ApiMetrics
 from tiffany.api.middleware import RequestLog, TokenAuth
 from tiffany.api.routes import activity, runs, schedules, system, tools
+from tiffany.api.timing import Timings
 from tiffany.config import Settings, conninfo
 from tiffany.shards import homes
 from tiffany.store import make_engine, session_factory
@@ -106,6 +107,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.mount("/static", StaticFiles(directory=system.STATIC_DIR, check_dir=False), name="static")
     token = settings.api_token.get_secret_value() if settings.api_token is not None else None
     # Outermost last: the request log sees 401s too.
+    app.add_middleware(Timings)
     app.add_middleware(TokenAuth, token=token)
     app.add_middleware(RequestLog)
     return app

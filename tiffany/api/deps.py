@@ -27,6 +27,7 @@ from starlette.requests import HTTPConnection
 from tiffany import shards
 from tiffany.api.feed import FeedRelay
 from tiffany.api.metrics import ApiMetrics
+from tiffany.api.timing import timed
 from tiffany.config import Settings
 from tiffany.control import AsyncControlClient, ControlUnavailable
 from tiffany.errors import TiffanyError
@@ -264,7 +265,8 @@ class ApiState:
         Raises:
             StoreBehind: The store did not reach ``seq`` within :data:`MIN_SEQ_WAIT_S`.
         """
-        last = await self.engines.wait(seq, MIN_SEQ_WAIT_S)
+        with timed("projected"):
+            last = await self.engines.wait(seq, MIN_SEQ_WAIT_S)
         if last < seq:
             raise StoreBehind(
                 f"the store is at seq {last} and did not reach seq {seq} "
@@ -288,7 +290,8 @@ class ApiState:
         if self._readers is None:
             self._readers = anyio.CapacityLimiter(STORE_READERS)
         try:
-            return await anyio.to_thread.run_sync(work, limiter=self._readers)
+            with timed("store"):
+                return await anyio.to_thread.run_sync(work, limiter=self._readers)
         except (OperationalError, ProgrammingError) as exc:
             raise StoreUnavailable(
                 f"the store cannot be read: {exc.orig or exc}",

@@ -42,6 +42,7 @@ from tiffany.api.schemas import (
     SubmitAnswer,
     SubmitRequest,
 )
+from tiffany.api.timing import timed
 from tiffany.documents import SIGNAL_NAME_PATTERN
 from tiffany.errors import TiffanyError
 from tiffany.store import Run, RunStatus, queries
@@ -143,8 +144,10 @@ async def submit_run(
         request.headers.get("content-length"), request.stream(), state.settings.max_plan_bytes
     )
     # Up to max_plan_bytes of JSON or YAML: parsed off the event loop, with limits.
-    sub = await parse_off_loop(body, request.headers.get("content-type"))
-    answer = await state.engines.submit(idempotency_key, plan=sub.plan, inputs=sub.inputs)
+    with timed("parse"):
+        sub = await parse_off_loop(body, request.headers.get("content-type"))
+    with timed("engine"):  # until the run is durable
+        answer = await state.engines.submit(idempotency_key, plan=sub.plan, inputs=sub.inputs)
     run_id = str(answer["run_id"])
     created = bool(answer.get("created", True))
     seq = int(answer["seq"])
