@@ -66,6 +66,35 @@ def test_reads_with_min_seq_never_404_through_postgres(pg_schema_url: str) -> No
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
+def test_reads_go_on_when_the_server_drops_the_apis_connections(pg_schema_url: str) -> None:
+    """The API reads without a ping per checkout: a dropped connection is retried once."""
+    data_dir = short_dir("tfp-")
+    engine = start_engine(data_dir, env_extra={"TIFFANY_DATABASE_URL": pg_schema_url})
+    admin = make_engine(pg_schema_url)
+    try:
+        app = create_app(make_settings(data_dir, database_url=pg_schema_url))
+        with TestClient(app) as client:
+            r = client.post("/api/runs", json={"plan": SLEEP_PLAN})
+            run_id, seq = r.json()["run_id"], r.json()["seq"]
+            assert client.get(f"/api/runs/{run_id}", params={"min_seq": seq}).status_code == 200
+            with admin.connect() as conn:  # as a server restart or an idle timeout would
+                dropped = conn.execute(
+                    text(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                        "WHERE application_name = 'tiffany-api' AND pid <> pg_backend_pid()"
+                    )
+                ).scalar()
+            assert dropped >= 1
+            for _ in range(3):
+                again = client.get(f"/api/runs/{run_id}")
+                assert again.status_code == 200, again.text
+                assert again.json()["run_id"] == run_id
+    finally:
+        admin.dispose()
+        engine.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
 def test_serves_runs_from_the_postgres_journal_across_a_restart(pg_schema_url: str) -> None:
     """TIFFANY_JOURNAL=postgres: the engine journals into the database, no WAL file."""
     data_dir = short_dir("tfj-")

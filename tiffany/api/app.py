@@ -32,7 +32,7 @@ from tiffany.api.routes import activity, runs, schedules, system, tools
 from tiffany.api.timing import Timings
 from tiffany.config import Settings, conninfo
 from tiffany.shards import homes
-from tiffany.store import make_engine, session_factory
+from tiffany.store import make_reader_engine, session_factory
 
 __all__ = ["create_app"]
 
@@ -47,7 +47,7 @@ def create_app(settings: Settings) -> FastAPI:
             database URL, API token, body and websocket limits.
     """
     # As many connections as reads in flight (deps.STORE_READERS), kept open.
-    store = make_engine(settings.database_url, pool_size=STORE_READERS, max_overflow=0)
+    store = make_reader_engine(settings.database_url, STORE_READERS)
     relay = FeedRelay(
         [feed_path(home) for home in homes(settings.data_dir, settings.engines)],
         ring_events=settings.feed_ring_events,

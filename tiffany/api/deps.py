@@ -20,7 +20,7 @@ import anyio
 import anyio.to_thread
 from fastapi import Depends, Request
 from sqlalchemy import Engine
-from sqlalchemy.exc import OperationalError, ProgrammingError
+from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.requests import HTTPConnection
 
@@ -284,6 +284,14 @@ class ApiState:
         """
 
         def work() -> T:
+            try:
+                with self.sessions() as session:
+                    return fn(session)
+            except DBAPIError as exc:
+                if not exc.connection_invalidated:
+                    raise
+            # A connection the server dropped (no ping before each read:
+            # store.make_reader_engine): the pool has let it go; once more.
             with self.sessions() as session:
                 return fn(session)
 

@@ -28,7 +28,7 @@ from tiffany.store.models import (
     Task,
 )
 from tiffany.store.projector import ApplyReport, Projector
-from tiffany.store.session import make_engine, session_factory
+from tiffany.store.session import make_engine, make_reader_engine, session_factory
 
 __all__ = [
     "ApplyReport",
@@ -44,6 +44,7 @@ __all__ = [
     "StepStatus",
     "Task",
     "make_engine",
+    "make_reader_engine",
     "queries",
     "session_factory",
 ]

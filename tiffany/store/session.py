@@ -24,6 +24,7 @@ __all__ = [
     "is_sqlite",
     "json_text",
     "make_engine",
+    "make_reader_engine",
     "normalize_url",
     "session_factory",
 ]
@@ -96,6 +97,32 @@ def make_engine(url: str | URL, **kwargs: Any) -> Engine:
         return engine
     kwargs.setdefault("pool_pre_ping", True)
     return create_engine(parsed, **kwargs)
+
+
+def make_reader_engine(url: str | URL, connections: int, name: str = "tiffany-api") -> Engine:
+    """The engine of a process that only reads the store (the API): ``connections`` kept open.
+
+    On PostgreSQL its sessions show as ``name`` in ``pg_stat_activity``
+    (``application_name``, unless the URL sets one).
+
+    On PostgreSQL a read is its statements alone: autocommit (no ``BEGIN``
+    before it, no ``ROLLBACK`` when its connection goes back to the pool)
+    and no ``SELECT 1`` ping at each checkout. Reading a run took six round
+    trips for three SELECTs, and each round trip is two context switches,
+    which on a busy machine is where a read's time goes. Consistency is what
+    it was: PostgreSQL's default isolation (read committed) gives each
+    statement its own snapshot inside a transaction too. A connection that
+    died (the server restarted) fails its read with a disconnect error, and
+    the pool drops it and its siblings; the caller retries the read once
+    (``tiffany.api.deps.ApiState.read``).
+    """
+    kwargs: dict[str, Any] = {"pool_size": connections, "max_overflow": 0}
+    parsed = normalize_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        kwargs.update(isolation_level="AUTOCOMMIT", pool_pre_ping=False)
+        if "application_name" not in parsed.query:
+            kwargs["connect_args"] = {"application_name": name}
+    return make_engine(url, **kwargs)
 
 
 def checkpoint(engine: Engine) -> int:
