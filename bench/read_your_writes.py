@@ -232,7 +232,7 @@ def _tail_split(split: list[tuple[float, dict[str, float]]]) -> dict[str, str]:
     timed.sort(key=lambda pair: pair[0])
     tail = timed[min(len(timed) - 1, round(0.99 * len(timed)) - 1) :]
     rows = {}
-    for part in ("projected", "store", "app"):
+    for part in ("projected", "queue", "store", "app"):
         mean = sum(parts.get(part, 0.0) for _, parts in tail) / len(tail)
         rows[f"GET top 1%: {part} ms"] = f"{mean:.1f}"
     outside = sum(took - parts.get("app", 0.0) for took, parts in tail) / len(tail)

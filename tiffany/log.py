@@ -72,6 +72,11 @@ _REDACTIONS: tuple[tuple[re.Pattern[str], str], ...] = (
     ),
     (re.compile(r"(\bbearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE), rf"\1{REDACTED}"),
 )
+#: Text none of ``_REDACTIONS`` can match: no ``=``, no "authoriz", no "bearer"
+#: (each pattern needs one). Most values of a line (paths, ids, times) are
+#: such text, and one search instead of three substitutions each halved the
+#: cost of the API's line per request.
+_MAYBE_SECRET = re.compile(r"=|authoriz|bearer", re.IGNORECASE)
 _SECRET_KEY = re.compile(r"(token|authorization|api_key|password|passwd|secret)$", re.IGNORECASE)
 #: Literal secret values of this process (set by :func:`configure_logging`).
 _SECRETS: set[str] = set()
@@ -96,6 +101,8 @@ def redact_text(text: str) -> str:
     for secret in _SECRETS:
         if secret in text:
             text = text.replace(secret, REDACTED)
+    if _MAYBE_SECRET.search(text) is None:
+        return text
     for pattern, repl in _REDACTIONS:
         text = pattern.sub(repl, text)
     return text

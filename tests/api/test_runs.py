@@ -98,9 +98,11 @@ def test_server_timing_says_where_a_submission_and_its_read_spent_their_time(cli
     assert 0 < posted["engine"] <= posted["app"]
     read = client.get(r.headers["location"])
     got = _timing(read)
-    assert set(got) == {"projected", "store", "app"}
-    assert 0 < got["projected"] + got["store"] <= got["app"]
-    assert set(_timing(client.get("/api/runs/run-000000000000"))) == {"store", "app"}  # a 404
+    assert set(got) == {"projected", "queue", "store", "app"}
+    assert 0 < got["projected"] + got["queue"] + got["store"] <= got["app"]
+    missing = client.get("/api/runs/run-000000000000")
+    assert missing.status_code == 404
+    assert set(_timing(missing)) == {"queue", "store", "app"}
     assert set(_timing(client.get("/healthz"))) == {"app"}
 
 

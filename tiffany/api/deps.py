@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import heapq
 import itertools
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Final, TypeVar
@@ -25,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.requests import HTTPConnection
 
 from tiffany import shards
+from tiffany.api import timing
 from tiffany.api.feed import FeedRelay
 from tiffany.api.metrics import ApiMetrics
 from tiffany.api.timing import timed
@@ -282,8 +284,11 @@ class ApiState:
         Raises:
             StoreUnavailable: The store has no schema yet or cannot be reached.
         """
+        began = 0.0
 
         def work() -> T:
+            nonlocal began
+            began = time.perf_counter()
             try:
                 with self.sessions() as session:
                     return fn(session)
@@ -297,14 +302,18 @@ class ApiState:
 
         if self._readers is None:
             self._readers = anyio.CapacityLimiter(STORE_READERS)
+        called = time.perf_counter()
         try:
-            with timed("store"):
-                return await anyio.to_thread.run_sync(work, limiter=self._readers)
+            return await anyio.to_thread.run_sync(work, limiter=self._readers)
         except (OperationalError, ProgrammingError) as exc:
             raise StoreUnavailable(
                 f"the store cannot be read: {exc.orig or exc}",
                 hint="is the engine running (it creates and migrates the store)?",
             ) from exc
+        finally:
+            if began:  # its turn came: the wait for it, and the read
+                timing.add("queue", began - called)
+                timing.add("store", time.perf_counter() - began)
 
 
 def get_state(conn: HTTPConnection) -> ApiState:

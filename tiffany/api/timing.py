@@ -6,10 +6,11 @@ store. Each HTTP answer carries a ``Server-Timing`` header (W3C Server
 Timing; browsers show it in their network panel) with one entry per part
 the request went through, in milliseconds::
 
-    Server-Timing: projected;dur=3.1, store;dur=0.9, app;dur=4.6
+    Server-Timing: projected;dur=3.1, queue;dur=0.2, store;dur=0.9, app;dur=4.6
 
 - ``projected``: waiting for the store to pass ``min_seq``;
-- ``store``: store reads (the connection's turn included);
+- ``store``: store reads, in their thread;
+- ``queue``: the store reads' wait for a turn (``deps.STORE_READERS``) and a thread;
 - ``app``: from the request's arrival in the app to its answer's head.
 
 The parts are gathered in a context variable that :class:`Timings` (the
@@ -27,7 +28,7 @@ from typing import Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["HEADER", "Timings", "timed"]
+__all__ = ["HEADER", "Timings", "add", "timed"]
 
 HEADER: Final = b"server-timing"
 
@@ -46,6 +47,13 @@ def timed(name: str) -> Iterator[None]:
         yield
     finally:
         parts[name] = parts.get(name, 0.0) + time.perf_counter() - started
+
+
+def add(name: str, seconds: float) -> None:
+    """Add ``seconds`` to part ``name`` of this request's timing (no-op outside a request)."""
+    parts = _PARTS.get()
+    if parts is not None:
+        parts[name] = parts.get(name, 0.0) + seconds
 
 
 def _header(parts: dict[str, float], started: float) -> bytes:

@@ -305,8 +305,8 @@ def run_projector(
             if gap > 0 and not notices.closed:  # the last transaction was just now
                 time.sleep(gap)
                 durable = notices.wait(block=False)
-            applier.follow(source, durable)
             applied_at = time.monotonic()
+            applier.follow(source, durable)
     finally:
         source.close()
         if applier.engine is not None:
