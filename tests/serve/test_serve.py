@@ -110,3 +110,39 @@ def test_serve_runs_the_demo_survives_a_dead_engine_and_stops_cleanly(tmp_path: 
     assert code == 0, out
     assert [r["run_id"] for r in demos] == [runs[0]["run_id"]]
     assert f"the demo plan ran here already: run {runs[0]['run_id']}" in out
+
+
+def test_serve_on_a_taken_port_says_so_before_starting_anything(tmp_path: Path) -> None:
+    import socket
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    data_dir = tmp_path / "data"
+    try:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tiffany",
+                "serve",
+                "--data-dir",
+                str(data_dir),
+                "--port",
+                f"{port}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")},
+            check=False,
+        )
+    finally:
+        holder.close()
+    assert proc.returncode == 2, proc.stderr  # usage (docs/cli.md, "Exit codes")
+    assert proc.stderr.strip() == (
+        f"tiffany: the API's address 127.0.0.1:{port} is in use (another server is "
+        "listening there); pick another with --port"
+    )
+    assert not (data_dir / "wal").exists()  # no engine was started

@@ -21,10 +21,12 @@ engine's ``/proc/<pid>/environ``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -32,7 +34,7 @@ import time
 from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, NoReturn
 
 import typer
 
@@ -212,6 +214,42 @@ def _wait_file(
     raise RuntimeError(f"{child.name} did not start within {timeout:g}s")
 
 
+def check_address(host: str, port: int) -> None:
+    """Exit 2 at once, saying what to do, if the API could not listen on ``host:port``.
+
+    Checked before any engine starts: otherwise an engine recovers its WAL,
+    the API starts and fails on the address, and everything stops again
+    after seconds of start-up lines. The check binds as uvicorn does
+    (``SO_REUSEADDR``: a port in ``TIME_WAIT`` counts as free) and lets go
+    at once; port 0 (any free port) is never taken.
+    """
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        _refuse(f"cannot listen on {host!r}: {exc.strerror}; pass an address with --host")
+    family, kind, proto, _name, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            if exc.errno == errno.EADDRINUSE:
+                why = "is in use (another server is listening there); pick another with --port"
+            elif exc.errno == errno.EACCES:
+                why = "needs privileges (ports below 1024); pick one above with --port"
+            else:
+                why = f"cannot be listened on ({exc.strerror}); check --host and --port"
+            _refuse(f"the API's address {shown} {why}")
+
+
+def _refuse(message: str) -> NoReturn:
+    typer.echo(f"tiffany: {message}", err=True)
+    raise typer.Exit(exits.USAGE)
+
+
 def serve(
     ctx: typer.Context,
     host: Annotated[
@@ -256,6 +294,7 @@ def serve(
     env["TIFFANY_LOG_LEVEL"] = settings.log_level
     env["TIFFANY_HOST"] = host if host is not None else settings.host
     env["TIFFANY_PORT"] = str(port if port is not None else settings.port)
+    check_address(env["TIFFANY_HOST"], int(env["TIFFANY_PORT"]))
     if enable_tool:
         tools = list(dict.fromkeys([*settings.enabled_tools, *enable_tool]))
         env["TIFFANY_ENABLED_TOOLS"] = ",".join(tools)
