@@ -66,8 +66,8 @@ def test_reads_with_min_seq_never_404_through_postgres(pg_schema_url: str) -> No
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
-def test_reads_go_on_when_the_server_drops_the_apis_connections(pg_schema_url: str) -> None:
-    """The API reads without a ping per checkout: a dropped connection is retried once."""
+def test_reads_go_on_when_the_server_drops_the_connections(pg_schema_url: str) -> None:
+    """The API and the projector use no ping per checkout: a dropped connection is retried."""
     data_dir = short_dir("tfp-")
     engine = start_engine(data_dir, env_extra={"TIFFANY_DATABASE_URL": pg_schema_url})
     admin = make_engine(pg_schema_url)
@@ -89,6 +89,20 @@ def test_reads_go_on_when_the_server_drops_the_apis_connections(pg_schema_url: s
                 again = client.get(f"/api/runs/{run_id}")
                 assert again.status_code == 200, again.text
                 assert again.json()["run_id"] == run_id
+            # Every session this schema's processes hold (the projector's too), as a
+            # server restart would: the projector reconnects (no ping; its retry).
+            with admin.connect() as conn:
+                conn.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                        "AND backend_type = 'client backend'"
+                    )
+                )
+            r = client.post("/api/runs", json={"plan": SLEEP_PLAN})
+            assert r.status_code == 201, r.text
+            later = client.get(r.headers["location"])
+            assert later.status_code == 200, later.text
     finally:
         admin.dispose()
         engine.stop()

@@ -180,7 +180,10 @@ class _Applier:
 
     def _connect(self) -> Projector:
         if self.projector is None:
-            self.engine = make_engine(self.database_url)
+            # No ping at each checkout (a round trip a transaction on
+            # PostgreSQL): a dropped connection fails its transaction, which is
+            # retried on a new engine (_failed disposes of this one).
+            self.engine = make_engine(self.database_url, pool_pre_ping=False)
             upgrade(self.engine)
             self.projector = Projector(
                 self.engine, self.journal, shard=self.shard, reaches=self.reaches
