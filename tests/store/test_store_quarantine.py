@@ -83,7 +83,7 @@ def test_transient_errors_are_retried_and_lose_nothing(
         return real_flush(self, conn)
 
     monkeypatch.setattr(_Batch, "flush", flaky)
-    monkeypatch.setattr(projector_proc, "make_engine", lambda _url: store)
+    monkeypatch.setattr(projector_proc, "make_engine", lambda _url, **_kw: store)
     out = io.StringIO()
     applier = projector_proc._Applier("unused", out)
     applier.engine = store
