@@ -150,3 +150,29 @@ def test_run_on_a_served_data_dir_submits_to_the_server(served: Served) -> None:
     assert "submitted to the server" in shown.stderr
     assert "worker:count" in shown.stderr  # the live view's task table, as a local run's
     assert json.loads(shown.stdout)["outputs"] == {"words": 3}
+
+
+def test_every_way_in_prints_an_invalid_plan_alike(served: Served) -> None:
+    """run (beside the server and alone), plan validate, submit (socket and --url): one report."""
+    (served.cwd / "typo.yaml").write_text(
+        "name: typo\nsteps:\n  - {id: nap, tool: sleep, args: {secondz: 1}}\n"
+    )
+    expected = [
+        "tiffany: invalid plan:",
+        "  steps[0].args.secondz: unknown argument 'secondz' of tool 'sleep'; "
+        "did you mean 'seconds'? (allowed: seconds)",
+        "  steps[0].args.seconds: missing required argument 'seconds' of tool 'sleep'",
+    ]
+    served_dir = ("--data-dir", str(served.data_dir))
+    alone = ("--data-dir", str(served.cwd / "alone"))
+    ways = {
+        "run beside serve": tiffany(served, "run", "typo.yaml", *served_dir),
+        "run alone": tiffany(served, "run", "typo.yaml", *alone),
+        "plan validate": tiffany(served, "plan", "validate", "typo.yaml"),
+        "submit": tiffany(served, "submit", "typo.yaml", *served_dir),
+        "submit --url": remote(served, "submit", "typo.yaml"),
+    }
+    for way, proc in ways.items():
+        assert proc.returncode == 2, (way, proc.stderr)
+        assert proc.stderr.splitlines() == expected, (way, proc.stderr)
+    assert not (served.cwd / "alone" / "wal").exists()  # refused before the engine opened

@@ -64,10 +64,7 @@ def remote(url: str, token: str | None) -> Iterator[Any]:
         with client:
             yield client
     except ApiError as exc:
-        typer.echo(f"tiffany: {exc.message}", err=True)
-        for e in exc.errors:
-            if e.msg not in exc.message:
-                typer.echo(f"  {e.path}: {e.msg}", err=True)
+        print_problem(exc.message, [(e.path, e.msg) for e in exc.errors])
         raise typer.Exit(exits.for_status(exc.status)) from None
     except ConnectionFailed as exc:
         typer.echo(f"tiffany: {exc.message}", err=True)
@@ -75,6 +72,21 @@ def remote(url: str, token: str | None) -> Iterator[Any]:
     except ClientError as exc:
         typer.echo(f"tiffany: {exc}", err=True)
         raise typer.Exit(exits.FAILED) from None
+
+
+def print_problem(message: str, fields: list[tuple[str, str]]) -> None:
+    """An error answer on standard error: its message, then one line per field it names.
+
+    A message that already lists those fields (``invalid plan: a: x; b: y``)
+    keeps only its head, so each problem is printed once, as ``tiffany run``
+    and ``tiffany plan validate`` print them.
+    """
+    if fields and all(msg in message for _, msg in fields):
+        typer.echo(f"tiffany: {message.split(': ', 1)[0]}:", err=True)
+    else:
+        typer.echo(f"tiffany: {message}", err=True)
+    for loc, msg in fields:
+        typer.echo(f"  {loc or '(plan)'}: {msg}", err=True)
 
 
 def show_event(frame: dict[str, Any], as_json: bool) -> None:

@@ -115,7 +115,7 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def _print_plan_errors(exc: Any) -> None:
-    typer.echo("invalid plan:", err=True)
+    typer.echo("tiffany: invalid plan:", err=True)
     for e in exc.errors:
         typer.echo(f"  {e['loc'] or '(plan)'}: {e['msg']}", err=True)
 
@@ -161,8 +161,8 @@ def run(
     from tiffany.agents import parse_plan
     from tiffany.agents.registry import ToolRegistry
 
-    try:  # validate before the engine opens the data directory
-        plan = parse_plan(doc, ToolRegistry.default().all_names())
+    try:  # validate before the engine opens the data directory, as a server checks a submission
+        plan = parse_plan(doc, ToolRegistry.default().all_names(), strict=True)
         unknown = sorted(set(given) - set(plan.inputs))
         if unknown:
             raise PlanError(
