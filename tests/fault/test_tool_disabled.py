@@ -164,6 +164,19 @@ def test_a_disabled_tool_makes_its_steps_wait_and_an_enabled_one_resumes_them(
             event = _waiting_events(data, run_id)[0]
             assert event["kind"] == "blocked"
             assert event["label"] == f"waiting: {REASON}"
+        # `tiffany runs` beside the engine: the journal says running, the engine says why.
+        listed = subprocess.run(
+            [sys.executable, "-m", "tiffany", "runs", "--data-dir", str(data)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=_env(),
+            check=True,
+        )
+        for run_id in (run_a, run_b):
+            (line,) = [x for x in listed.stdout.splitlines() if x.startswith(run_id)]
+            assert line.split()[1] == "held", listed.stdout
+            assert f"held: {run_id} waits: {REASON}" in listed.stderr.splitlines()
         assert second.logged("step.held")
         assert not second.logged("replay.nondeterminism")
         assert not second.logged("engine.run_diverged")

@@ -20,7 +20,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
@@ -37,6 +37,8 @@ wal_app = typer.Typer(help="Inspect, verify and repair the write-ahead log.", no
 
 EXIT_DIVERGED = exits.FAILED
 EXIT_NOT_FOUND = exits.NOT_FOUND
+#: How long ``runs`` waits for the serving engine's status (held steps), in seconds.
+STATUS_TIMEOUT_S: Final = 2.0
 
 
 def _wal_dir(ctx: typer.Context, engine: int = 0) -> Path:
@@ -259,10 +261,14 @@ def runs(
         return
     on_pg = _on_postgres(ctx)
     infos = []
+    held: dict[str, str] = {}
     for e in range(_engines(ctx)):
         # Nobody holds this engine's WAL: nothing is running its runs.
         idle = not on_pg and holder(_wal_dir(ctx, e)) is None
-        infos += [(info, idle) for info in scan(_source(ctx, e)).runs.values()]
+        runs = scan(_source(ctx, e)).runs.values()
+        infos += [(info, idle) for info in runs]
+        if not idle and not on_pg and any(info.status == "running" for info in runs):
+            held.update(_held_steps(ctx, e))
     infos.sort(key=lambda pair: (pair[0].started_at, pair[0].first_seq), reverse=True)
     if limit is None:
         limit = 0 if as_json else 50
@@ -276,6 +282,7 @@ def runs(
                 "name": info.name,
                 "status": info.status,
                 "interrupted": interrupted,
+                "held": held.get(info.run_id) if info.status == "running" else None,
                 "started_at": info.started_at,
                 "ended_at": info.ended_at,
                 "first_seq": info.first_seq,
@@ -283,6 +290,8 @@ def runs(
             _emit(row, True)
             continue
         status = "interrupted" if interrupted else info.status
+        if info.status == "running" and info.run_id in held:
+            status = "held"
         started = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(info.started_at))
         typer.echo(
             f"{info.run_id}  {status:<11} {_age(now - info.started_at):>8}  {started}  {info.name}"
@@ -294,6 +303,32 @@ def runs(
             "interrupted: `tiffany replay RUN` resumes one, `tiffany serve` resumes them all",
             err=True,
         )
+    if not as_json:
+        for info, _idle in shown:
+            if info.status == "running" and info.run_id in held:
+                typer.echo(f"held: {info.run_id} waits: {held[info.run_id]}", err=True)
+
+
+def _held_steps(ctx: typer.Context, engine: int) -> dict[str, str]:
+    """Run id -> why a step of it waits, as the engine holding the data dir says (best effort).
+
+    A run journaled by ``tiffany run`` with a tool this server does not
+    enable (``shell``) waits in ``serve`` until the tool is enabled; the
+    journal alone shows it running.
+    """
+    from tiffany.cli import _settings
+    from tiffany.control import ControlError, ControlUnavailable, call
+
+    home = _settings(ctx).for_engine(engine).data_dir
+    try:
+        status = call(home, "status", timeout=STATUS_TIMEOUT_S)
+    except (ControlError, ControlUnavailable, OSError):
+        return {}
+    out: dict[str, str] = {}
+    for step in status.get("waiting") or ():
+        if isinstance(step, dict) and isinstance(step.get("run_id"), str):
+            out.setdefault(step["run_id"], str(step.get("reason")))
+    return out
 
 
 def _remote_runs(url: str, token: str | None, limit: int | None, as_json: bool) -> None:
