@@ -6,6 +6,7 @@ import errno
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -276,3 +277,32 @@ def test_an_engines_wal_starts_at_its_first_seq_and_refuses_another_engines(tmp_
     with pytest.raises(WalFormatError, match="another engine's WAL"):
         Wal.open(tmp_path / "e1", first_seq=1, limit_seq=first)
     assert [r.seq for r in iter_records(tmp_path / "e0")] == [1]
+
+
+def test_the_first_open_names_the_wal_and_a_full_disk_leaves_it_unnamed(tmp_path, monkeypatch):
+    from tiffany.wal import identity
+
+    with Wal.open(tmp_path / "named") as wal:
+        wal.append(1, b"a")
+    name = identity.identity(tmp_path / "named")
+    assert name is not None
+    assert name.startswith("file:")
+    Wal.open(tmp_path / "named").close()
+    assert identity.identity(tmp_path / "named") == name  # written once, never changed
+
+    def failing(code: int, text: str) -> Any:
+        def fail(*_args: Any, **_kw: Any) -> int:
+            raise OSError(code, text)
+
+        return fail
+
+    from tiffany.wal import writer
+
+    # Naming fails as writing its file would on a full disk (os.open itself is the lock's too).
+    monkeypatch.setattr(writer, "ensure_identity", failing(errno.ENOSPC, "No space left on device"))
+    with Wal.open(tmp_path / "old") as wal:  # the engine still starts on what it holds
+        wal.append(1, b"a")
+    assert identity.identity(tmp_path / "old") is None
+    monkeypatch.setattr(writer, "ensure_identity", failing(errno.EIO, "I/O error"))
+    with pytest.raises(OSError, match="I/O error"):
+        Wal.open(tmp_path / "other")

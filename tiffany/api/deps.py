@@ -29,7 +29,6 @@ from tiffany import shards
 from tiffany.api import timing
 from tiffany.api.feed import FeedRelay
 from tiffany.api.metrics import ApiMetrics
-from tiffany.api.timing import timed
 from tiffany.config import Settings
 from tiffany.control import AsyncControlClient, ControlUnavailable
 from tiffany.errors import TiffanyError
@@ -267,7 +266,7 @@ class ApiState:
         Raises:
             StoreBehind: The store did not reach ``seq`` within :data:`MIN_SEQ_WAIT_S`.
         """
-        with timed("projected"):
+        with timing.timed("projected"):
             last = await self.engines.wait(seq, MIN_SEQ_WAIT_S)
         if last < seq:
             raise StoreBehind(

@@ -112,9 +112,6 @@ class Wal(LogState):
         self.policy = policy
         self.segment_size_bytes = segment_size_bytes
         self.recovery: Recovery | None = None
-        #: The journal's name (``JOURNAL``, :mod:`tiffany.wal.identity`); None
-        #: while a full disk keeps an old WAL from being named.
-        self.identity: str | None = None
         self._write = write
         self._fdatasync = fdatasync
         self._fsync = fsync
@@ -196,20 +193,17 @@ class Wal(LogState):
         return wal
 
     def _name_journal(self) -> None:
-        """Read the WAL's name, writing one first if it has none (``wal/identity.py``).
+        """Give the WAL its name if it has none (``JOURNAL``, :mod:`tiffany.wal.identity`).
 
         A full disk leaves an old WAL unnamed until a later open (the store
         then treats it as it treated every file WAL before names existed)
         rather than keeping the engine from starting on what it holds.
         """
         try:
-            self.identity = ensure_identity(
-                self.path, None if self.policy is FsyncPolicy.OFF else self._fsync
-            )
+            ensure_identity(self.path, None if self.policy is FsyncPolicy.OFF else self._fsync)
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
-            self.identity = None
 
     def _open_log(self, first_seq: int, limit_seq: int | None) -> None:
         sync = None if self.policy is FsyncPolicy.OFF else self._fsync
