@@ -163,7 +163,14 @@ def test_runs_lists_newest_first_with_ages_and_tells_an_interrupted_run(tmp_path
     waiting.send_signal(signal.SIGINT)
     _, err = waiting.communicate(timeout=60)
     assert waiting.returncode == 130, err
-    assert "tiffany replay run-" in err
+    # The loop stops once the run only waits (one group commit after the wait
+    # began, when the hint is printed): the Ctrl-C lands in the loop (the
+    # replay command), or just after it stalled (how to send the signal). A
+    # loaded machine (CI, once) takes the second way; both leave the run here.
+    in_loop = "tiffany replay run-" in err
+    after_stall = "waits for signal go: pass --signal NAME=JSON, or serve this data dir" in err
+    assert in_loop or after_stall, err
+    assert "Traceback" not in err
 
     listed = tiffany("runs", data_dir=data, check=True)
     lines = listed.stdout.splitlines()
