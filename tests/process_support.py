@@ -1,8 +1,8 @@
 """Waiting on and stopping the real processes tests start (serve, engine, API).
 
-One helper each, for what the serve, store and fault tests all do: poll a
-condition with a deadline, and stop a process gently (SIGTERM) and then
-surely (SIGKILL).
+One helper each, for what the serve, store and fault tests all do: the
+``serve`` command line, poll a condition with a deadline, and stop a process
+gently (SIGTERM) and then surely (SIGKILL).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,12 @@ def projector_pid(engine_pid: int) -> int:
         if b"projector" in cmdline:
             return int(child)
     raise AssertionError(f"engine {engine_pid} has no projector child")
+
+
+def serve_argv(data_dir: Path, port: int = 0, *extra: str) -> list[str]:
+    """``python -m tiffany serve --data-dir DATA_DIR --port PORT EXTRA...`` (this interpreter)."""
+    command = [sys.executable, "-m", "tiffany", "serve", "--data-dir", str(data_dir)]
+    return [*command, "--port", str(port), *extra]
 
 
 def serve_json(data_dir: Path) -> dict[str, Any] | None:

@@ -11,7 +11,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -212,22 +211,12 @@ def free_port() -> int:
 
 def serve(data_dir: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
     """Start ``tiffany serve`` on ``data_dir`` as users do; return it and its base URL, ready."""
-    from process_support import wait_for
+    from process_support import serve_argv, wait_for
 
     data_dir.mkdir(parents=True, exist_ok=True)
     env = clean_env() | {"TIFFANY_LOG_FORMAT": "json"}
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tiffany",
-            "serve",
-            "--data-dir",
-            str(data_dir),
-            "--port",
-            "0",
-            *extra,
-        ],
+        serve_argv(data_dir, 0, *extra),
         stdout=(data_dir / "serve.log").open("ab"),
         stderr=subprocess.STDOUT,
         env=env,

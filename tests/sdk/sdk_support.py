@@ -11,13 +11,12 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from process_support import terminate, wait_for
+from process_support import serve_argv, terminate, wait_for
 
 from tiffany.config import ENV_PREFIX
 
@@ -93,17 +92,7 @@ def serve(
     if token is not None:
         env["TIFFANY_API_TOKEN"] = token
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tiffany",
-            "serve",
-            "--data-dir",
-            str(data_dir),
-            "--port",
-            str(port),
-            *list(extra),
-        ],
+        serve_argv(data_dir, port, *extra),
         cwd=cwd,
         stdout=(data_dir / "serve.log").open("ab"),
         stderr=subprocess.STDOUT,

@@ -6,11 +6,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+from process_support import serve_argv
 from process_support import wait_for as _wait
 
 
@@ -19,23 +19,10 @@ def _get(url: str, timeout: float = 5.0) -> Any:
         return json.loads(resp.read())
 
 
-def _serve_argv(data_dir: Path, port: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "tiffany",
-        "serve",
-        "--data-dir",
-        str(data_dir),
-        "--port",
-        str(port),
-    ]
-
-
 def _serve(data_dir: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
     env = {**os.environ, "TIFFANY_LOG_FORMAT": "json"}
     proc = subprocess.Popen(
-        [*_serve_argv(data_dir, 0), *extra],
+        serve_argv(data_dir, 0, *extra),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -125,7 +112,7 @@ def test_serve_on_a_taken_port_says_so_before_starting_anything(tmp_path: Path) 
     data_dir = tmp_path / "data"
     try:
         proc = subprocess.run(
-            _serve_argv(data_dir, port),
+            serve_argv(data_dir, port),
             capture_output=True,
             text=True,
             timeout=60,
