@@ -368,3 +368,66 @@ def test_a_long_lived_engine_keeps_nothing_of_finished_runs(engine: EngineProc) 
         time.sleep(0.05)
     # Only the engine's own tasks are left (the inbox and the signal pipe).
     assert engine.call("status")["tasks_held"] == 2
+
+
+HOG_TOOLS = """\
+import time
+
+from tiffany import python_tool
+
+
+@python_tool("hog", inline=True)
+def hog(seconds: float) -> dict:
+    time.sleep(seconds)  # inline: holds the scheduler thread (what a bad tool does)
+    return {"slept": seconds}
+"""
+
+
+def test_submissions_waiting_for_the_loop_hold_no_control_thread(tmp_path: Path) -> None:
+    """More submissions wait than there are control workers (16), and the engine still answers.
+
+    A tool holds the loop for 3 s; 40 submissions queue behind it, and a
+    ``status`` asked meanwhile is answered at once, before them. (Each
+    submission used to hold a control worker until its commit: the 17th
+    request waited for the loop, ``status`` included.)
+    """
+    (tmp_path / "hogtools.py").write_text(HOG_TOOLS)
+    env = {**os.environ, "TIFFANY_LOG_FORMAT": "json", "PYTHONPATH": str(tmp_path)}
+    proc = EngineProc(tmp_path / "data", "--import", "hogtools", env=env)
+    hog_plan = {
+        "name": "hog",
+        "steps": [
+            {"id": "hog", "tool": "python", "args": {"function": "hog", "kwargs": {"seconds": 3}}}
+        ],
+    }
+
+    async def main() -> tuple[float, int, list[dict[str, Any]]]:
+        queued = AsyncControlClient(proc.data_dir)
+        asker = AsyncControlClient(proc.data_dir)
+        try:
+            await queued.request("submit", plan=hog_plan, inputs={})
+            await asyncio.sleep(0.5)  # the hog step starts in the loop's next pass
+            submissions = [
+                asyncio.ensure_future(queued.request("submit", plan=SLEEPY, inputs={}))
+                for _ in range(40)
+            ]
+            await asyncio.sleep(0.2)
+            t0 = time.monotonic()
+            status = await asker.request("status")
+            took = time.monotonic() - t0
+            waiting = sum(not s.done() for s in submissions)
+            assert status["ready"]
+            return took, waiting, await asyncio.gather(*submissions)
+        finally:
+            await queued.close()
+            await asker.close()
+
+    try:
+        proc.wait_ready()
+        took, waiting, answers = asyncio.run(main())
+    finally:
+        code = proc.stop()
+    assert code == 0, proc.log()
+    assert took < 1.5, f"status took {took:.2f} s behind the waiting submissions"
+    assert waiting > 16, f"only {waiting} submissions were still waiting for the loop"
+    assert len({a["run_id"] for a in answers}) == 40

@@ -9,9 +9,10 @@ scheduler thread: requests reach the loop through the service's inbox.
 
 A handler may answer later: it returns a :class:`~concurrent.futures.Future`
 instead of the answer's fields, and the answer is sent (from the pool) when
-the future is done. ``wait_projected`` answers this way, so a reader
-waiting for the store holds no worker thread (sixteen slow readers would
-otherwise hold up every submission).
+the future is done. ``submit`` (waiting for its group commit) and
+``wait_projected`` (waiting for the store) answer this way, so what waits
+holds no worker thread: sixteen waiting requests would otherwise hold up
+every other one (``engine/timeouts.py``).
 
 A bad request line (over :data:`~tiffany.control.MAX_FRAME_BYTES`, not
 JSON, nested too deep to decode) is refused on its own, with its ``id``

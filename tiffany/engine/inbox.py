@@ -30,7 +30,7 @@ import structlog
 from tiffany.control import ControlError
 from tiffany.kernel import ReadWait
 
-__all__ = ["INBOX_BATCH", "DurableWaits", "Inbox"]
+__all__ = ["INBOX_BATCH", "DurableWaits", "Inbox", "settle"]
 
 log = structlog.get_logger(__name__)
 
@@ -38,7 +38,7 @@ log = structlog.get_logger(__name__)
 INBOX_BATCH: Final = 8
 
 
-def _settle(fut: Future[Any], value: Any = None, exc: BaseException | None = None) -> None:
+def settle(fut: Future[Any], value: Any = None, exc: BaseException | None = None) -> None:
     """Resolve ``fut`` unless it is done already (its waiter gave up and cancelled it)."""
     with contextlib.suppress(InvalidStateError):
         if exc is not None:
@@ -90,15 +90,15 @@ class Inbox:
                     yield  # let other tasks run between bursts of commands
                     continue
                 done += 1
-                fn, fut, settle = queue.popleft()
+                fn, fut, resolve = queue.popleft()
                 if not fut.set_running_or_notify_cancel():
                     continue
                 try:
                     value = fn()
                 except Exception as exc:  # noqa: BLE001 - handed to the caller
-                    _settle(fut, exc=exc)
+                    settle(fut, exc=exc)
                 else:
-                    if settle:
+                    if resolve:
                         fut.set_result(value)
 
     def close(self) -> None:
@@ -135,7 +135,7 @@ class DurableWaits:
             if failed is None and seq > self.seq:
                 heapq.heappush(self._heap, (seq, next(self._order), fut, value))
                 return
-        _settle(fut, value, failed)
+        settle(fut, value, failed)
 
     def committed(self, seq: int) -> None:
         """The WAL is durable up to ``seq``: resolve the futures it covers (never blocks)."""
@@ -146,7 +146,7 @@ class DurableWaits:
             while heap and heap[0][0] <= seq:
                 ready.append(heapq.heappop(heap))
         for _seq, _order, fut, value in ready:
-            _settle(fut, value)
+            settle(fut, value)
 
     def fail(self, exc: BaseException) -> None:
         """Fail every waiting future, and those that come later, with ``exc``."""
@@ -154,4 +154,4 @@ class DurableWaits:
             self._failed = exc
             waiting, self._heap = self._heap, []
         for _seq, _order, fut, _value in waiting:
-            _settle(fut, exc=exc)
+            settle(fut, exc=exc)

@@ -68,11 +68,12 @@ from tiffany.durable.retention import CHECKPOINT_EVERY_RUNS, Checkpointer, Retai
 from tiffany.engine import Engine, build, take_slot
 from tiffany.engine.activity import ActivityLog
 from tiffany.engine.control_server import ControlServer
-from tiffany.engine.inbox import DurableWaits, Inbox
+from tiffany.engine.inbox import DurableWaits, Inbox, settle
 from tiffany.engine.metrics import EngineMetrics, project_health
 from tiffany.engine.projector_link import ProjectorLink
 from tiffany.engine.run_table import RunTable
 from tiffany.engine.schedules import ScheduleRunner
+from tiffany.engine.timeouts import Timeouts
 from tiffany.engine.verifier import Verifier
 from tiffany.errors import KernelError, NondeterminismError
 from tiffany.kernel import ReadWait
@@ -164,6 +165,8 @@ class EngineService:
         self.hub.follow_wal(self.runtime.wal)  # feed seqs follow the WAL (tiffany/pal/hub.py)
         self.runtime.journal.on_hold = self.activity.step_held
         self.inbox = Inbox()
+        #: Submissions' timeouts (a submission holds no control thread while it waits).
+        self.timeouts = Timeouts(SUBMIT_TIMEOUT_S)
         #: The feed through the database (journal=postgres): API replicas on any host.
         self.pg_feed: NotifyFeed | None = None
         if settings.journal == "postgres":
@@ -243,7 +246,9 @@ class EngineService:
             self._start_requests()  # before the index is dropped: it settles from it
             self._start_retention()
             if self.settings.engine == 0:  # engine 0 fires the schedules' ticks
-                self.schedules = ScheduleRunner(self.settings.database_url, self._submit)
+                self.schedules = ScheduleRunner(
+                    self.settings.database_url, lambda request: self._submit(request).result()
+                )
                 self.schedules.start()
             self._replaying = set(resumed)
             self._phase = "replaying" if resumed else "ready"
@@ -295,6 +300,7 @@ class EngineService:
             if self._loop_error is not None:  # nothing more becomes durable
                 self.durable.fail(ControlError(503, _NOT_DURABLE))
             self.inbox.close()
+            self.timeouts.close()
             if self.claimer is not None:
                 self.claimer.stop()  # what it holds is answered, or goes back to pending
             # Fail-stop (docs/wal-format.md): when the WAL failed, the disk may be
@@ -698,7 +704,13 @@ class EngineService:
             fut.cancel()
             raise ControlError(503, _BUSY) from None
 
-    def _submit(self, request: dict[str, Any]) -> dict[str, Any]:
+    def _submit(self, request: dict[str, Any]) -> Future[dict[str, Any]]:
+        """Start a run; a future of ``{"run_id", "created", "seq"}`` once it is durable.
+
+        Holds no thread while it waits (``engine/timeouts.py``): after
+        ``SUBMIT_TIMEOUT_S`` the future fails with 503, busy if the loop
+        never took the submission, not durable if it did.
+        """
         plan = request.get("plan")
         inputs = request.get("inputs") or {}
         rerun: dict[str, Any] | None = None
@@ -732,25 +744,32 @@ class EngineService:
         if key is not None:
             entry["idempotency"] = {"key": key, "digest": digest}
         given = request.get("run_id")  # through the database: the API named the run
-        answer: Future[dict[str, Any]] = Future()
-        started = False
+        answer: Future[dict[str, Any]] = Future()  # the inbox runs it, the commit resolves it
+        reply: Future[dict[str, Any]] = Future()  # the caller's: the answer, or the timeout
 
         def start() -> None:  # on the loop; the answer is resolved when its seq is durable
-            nonlocal started
             run_id, created, seq = self._start(
                 entry, name, key, digest, given if isinstance(given, str) else None
             )
-            started = True
             self.durable.when(seq, answer, {"run_id": run_id, "created": created, "seq": seq})
+
+        def relay(done: Future[dict[str, Any]]) -> None:
+            if not done.cancelled():
+                exc = done.exception()
+                settle(reply, None if exc is not None else done.result(), exc)
+
+        def expire() -> None:
+            if not reply.done():
+                never_taken = answer.cancel()  # the inbox skips it; False once it ran
+                settle(reply, exc=ControlError(503, _BUSY if never_taken else _NOT_DURABLE))
 
         if self._phase == "stopping":
             raise ControlError(503, "the engine is stopping")
+        answer.add_done_callback(relay)
+        token = self.timeouts.start(expire)
+        reply.add_done_callback(lambda _: self.timeouts.cancel(token))
         self.inbox.call_later(start, answer)
-        try:
-            return answer.result(SUBMIT_TIMEOUT_S)
-        except FutureTimeout:
-            answer.cancel()
-            raise ControlError(503, _NOT_DURABLE if started else _BUSY) from None
+        return reply
 
     def _rerun_of(
         self, request: dict[str, Any], inputs: Any
