@@ -237,9 +237,31 @@ class RequestClaimer:
             request["key"] = key
         try:
             answer = self.handle(request)
-            if isinstance(answer, Future):
-                answer = answer.result()
-            result: dict[str, Any] = dict(answer)
+        except Exception as exc:  # noqa: BLE001 - settled below as the answer
+            self._settle(rid, op, None, exc)
+            return
+        if isinstance(answer, Future):
+            # A submission waits for its group commit holding no worker: the
+            # answer is written from the pool once the future is done.
+            answer.add_done_callback(lambda fut: self._finish_later(rid, op, fut))
+            return
+        self._settle(rid, op, answer, None)
+
+    def _finish_later(self, rid: int, op: str, fut: Future[dict[str, Any]]) -> None:
+        exc = fut.exception()
+        try:
+            self._pool.submit(self._settle, rid, op, None if exc else fut.result(), exc)
+        except RuntimeError:  # shutting down: the row stays claimed, the next holder settles it
+            return
+
+    def _settle(
+        self, rid: int, op: str, answer: Mapping[str, Any] | None, error: BaseException | None
+    ) -> None:
+        """Write the answer (or the refusal) to the request's row; 503 puts it back."""
+        try:
+            if error is not None:
+                raise error
+            result: dict[str, Any] = dict(answer or {})
         except ControlError as exc:
             if exc.status == 503:  # stopping, or busy: another engine (or a later try) takes it
                 self._requeue(rid)
