@@ -33,6 +33,13 @@ dispatch seen so far (cumulative: there is no reset) and the number of
 dispatches over 20 ms during the rate (the delta). The slow dispatches the
 watchdog logged during the rate are listed by task and yield.
 
+It also prints, per rate, the WAL's group commits (commits a second,
+records a commit, mean fsync, the share of the wall the scheduler spent
+in fsync: the engine's ``tiffany_wal_*`` metrics) and the mean
+``Server-Timing`` parts of the slowest 1% of answers (``parse``,
+``engine``, ``app``; ``outside`` is the latency less ``app``: time in
+the generator's connections and uvicorn before the app).
+
 Floor: the same load against a FastAPI app (under uvicorn, configured like
 the API) whose ``POST /api/runs`` reads and parses the body and answers 201
 without doing anything: the cost of the HTTP stack alone. ``t/floor`` is
@@ -486,6 +493,7 @@ async def open_loop(pool: Pool, raw: bytes, rate: float, seconds: float) -> dict
     loop = asyncio.get_running_loop()
     n = max(1, round(rate * seconds))
     latencies: list[float] = []
+    timed: list[tuple[float, dict[str, float]]] = []
     late: list[float] = []
     errors: Counter[str] = Counter()
     tasks: set[asyncio.Task[None]] = set()
@@ -498,7 +506,9 @@ async def open_loop(pool: Pool, raw: bytes, rate: float, seconds: float) -> dict
             errors[type(exc).__name__] += 1
             return
         if status == 201:
-            latencies.append(loop.time() - due)
+            took = loop.time() - due
+            latencies.append(took)
+            timed.append((took, pool.timing))
         else:
             errors[f"HTTP {status}"] += 1
 
@@ -532,7 +542,26 @@ async def open_loop(pool: Pool, raw: bytes, rate: float, seconds: float) -> dict
         "late_p99": percentile(late, 0.99),
         "gen_cpu": gen_cpu / max(sent_s, 1e-9),
         "seconds": sent_s,
+        "tail_split": tail_split(timed),
     }
+
+
+def tail_split(timed: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
+    """Mean ``Server-Timing`` parts (ms) of the slowest 1% of answers, and the time outside the app.
+
+    ``outside`` is the latency less the API's ``app`` part: the generator,
+    the sockets and uvicorn's queue before the request reached the app.
+    """
+    if not timed:
+        return {}
+    timed.sort(key=lambda pair: pair[0])
+    tail = timed[min(len(timed) - 1, round(0.99 * len(timed)) - 1) :]
+    split = {
+        part: sum(parts.get(part, 0.0) for _, parts in tail) / len(tail)
+        for part in ("parse", "engine", "app")
+    }
+    split["outside"] = sum(1000 * took - parts.get("app", 0.0) for took, parts in tail) / len(tail)
+    return split
 
 
 async def wait_finished(pool: Pool, accepted: int) -> tuple[float, dict[str, int]]:
@@ -644,6 +673,7 @@ async def bench_tiffany(args: argparse.Namespace, rates: list[float]) -> dict[fl
             drain_s, counts = await wait_finished(pool, accepted)
             after = serve.metrics()
             r["drain_s"] = drain_s
+            r["wall_s"] = time.monotonic() - t0
             r["counts"] = counts
             longest, slow = (
                 "tiffany_loop_max_dispatch_seconds",
@@ -652,6 +682,14 @@ async def bench_tiffany(args: argparse.Namespace, rates: list[float]) -> dict[fl
             r["max_dispatch"] = after[longest]
             r["max_dispatch_grew"] = after[longest] > before[longest]
             r["slow"] = after[slow] - before[slow]
+            r["commits"] = {
+                key: after.get(name, 0.0) - before.get(name, 0.0)
+                for key, name in (
+                    ("n", "tiffany_wal_commits_total"),
+                    ("records", "tiffany_wal_records_total"),
+                    ("fsync_s", "tiffany_wal_fsync_seconds_sum"),
+                )
+            }
             r["cpu_engine"] = (cpu1[0] - cpu0[0]) / wall
             r["cpu_api"] = (cpu1[1] - cpu0[1]) / wall
             r["cpu_projector"] = (cpu1[2] - cpu0[2]) / wall
@@ -707,6 +745,24 @@ async def bench_tiffany(args: argparse.Namespace, rates: list[float]) -> dict[fl
             print(
                 f"    {rate:g} req/s: {eng:.2f} / {api:.2f} / {proj:.2f} / {eng + api + proj:.2f}"
             )
+        print(
+            "  WAL group commits during the rate and its drain (commits/s, records a commit, "
+            "mean fsync ms, share of the wall the scheduler spent in fsync):"
+        )
+        for rate, r in results.items():
+            c, wall = r["commits"], r["wall_s"]
+            n = max(c["n"], 1.0)
+            print(
+                f"    {rate:g} req/s: {c['n'] / wall:.0f}/s, {c['records'] / n:.1f}, "
+                f"{1000 * c['fsync_s'] / n:.2f} ms, {c['fsync_s'] / wall:.0%}"
+            )
+        print(
+            "  the slowest 1% of answers, mean ms (Server-Timing: parse, engine, app; "
+            "outside = latency - app):"
+        )
+        for rate, r in results.items():
+            split = ", ".join(f"{k} {v:.1f}" for k, v in r["tail_split"].items())
+            print(f"    {rate:g} req/s: {split}")
         for rate, lines in slow_lines:
             if lines:
                 print(f"  dispatches over 20 ms at {rate:g} req/s, by task/yield/frame:")
