@@ -688,6 +688,8 @@ async def bench_tiffany(args: argparse.Namespace, rates: list[float]) -> dict[fl
                     ("n", "tiffany_wal_commits_total"),
                     ("records", "tiffany_wal_records_total"),
                     ("fsync_s", "tiffany_wal_fsync_seconds_sum"),
+                    ("dispatches", "tiffany_dispatches_total"),
+                    ("events", "tiffany_feed_published_total"),
                 )
             }
             r["cpu_engine"] = (cpu1[0] - cpu0[0]) / wall
@@ -747,14 +749,16 @@ async def bench_tiffany(args: argparse.Namespace, rates: list[float]) -> dict[fl
             )
         print(
             "  WAL group commits during the rate and its drain (commits/s, records a commit, "
-            "mean fsync ms, share of the wall the scheduler spent in fsync):"
+            "mean fsync ms, share of the wall the scheduler spent in fsync; dispatches and "
+            "activity events a run):"
         )
         for rate, r in results.items():
             c, wall = r["commits"], r["wall_s"]
             n = max(c["n"], 1.0)
             print(
                 f"    {rate:g} req/s: {c['n'] / wall:.0f}/s, {c['records'] / n:.1f}, "
-                f"{1000 * c['fsync_s'] / n:.2f} ms, {c['fsync_s'] / wall:.0%}"
+                f"{1000 * c['fsync_s'] / n:.2f} ms, {c['fsync_s'] / wall:.0%}; "
+                f"{c['dispatches'] / max(r['ok'], 1):.0f}, {c['events'] / max(r['ok'], 1):.0f}"
             )
         print(
             "  the slowest 1% of answers, mean ms (Server-Timing: parse, engine, app; "
