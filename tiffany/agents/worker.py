@@ -28,7 +28,6 @@ step at most once more), and cost a third of the plan's throughput.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import shutil
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
@@ -138,52 +137,19 @@ def error_info(exc: BaseException) -> dict[str, Any]:
     return info
 
 
-def _tool_task(tool: Any, args: Any, ctx: ToolContext, name: str, env: AgentEnv) -> Co:
+def _tool_task(tool: Any, args: Any, ctx: ToolContext, name: str) -> Co:
     """Task_Tool: run the tool inside a durable step.
 
     A tool may offer ``step_for(args)``: a ready-made step (the python tool
     calls a plain function straight from the thread pool that way; it needs
     no context); otherwise its ``run`` is the step, named after the tool (the
     engine's step gate reads a step's tool from its name: ``registry.py``).
-    A plain ``run`` goes to the pool wrapped in :class:`_InWorkspace`, which
-    makes the workspace there (same name, same arguments: the journal sees
-    the same step).
     """
     step_for = getattr(tool, "step_for", None)
     step = step_for(args) if step_for is not None else None
     if step is None:
-        run = tool.run
-        fn = run if inspect.isgeneratorfunction(run) else _InWorkspace(env, ctx.run_id, run)
-        step = Step(fn, args, ctx, name=name)
+        step = Step(tool.run, args, ctx, name=name)
     return (yield step)
-
-
-def _makes_workspace_on_loop(tool: Any) -> bool:
-    """True if the worker makes the run's workspace (on the loop) before running ``tool``.
-
-    A tool that declares ``uses_workspace = False`` (``sleep``, ``signal.wait``)
-    gets none. A durable tool whose ``run`` is a plain function runs in the
-    thread pool, which makes it (``_InWorkspace``): a ``mkdir`` on the loop
-    waits for the file system, then for the GIL back, and at 500 runs a second
-    that was a tenth of the loop's time (bench/README.md, 2026-11-25). Any
-    other tool runs on the loop and may use the directory at once.
-    """
-    if not getattr(tool, "uses_workspace", True):
-        return False
-    return not tool.durable or inspect.isgeneratorfunction(tool.run)
-
-
-class _InWorkspace:
-    """``run(args, ctx)`` after making the run's workspace (in the thread pool)."""
-
-    __slots__ = ("env", "run", "run_id")
-
-    def __init__(self, env: AgentEnv, run_id: str, run: Callable[..., Any]) -> None:
-        self.env, self.run_id, self.run = env, run_id, run
-
-    def __call__(self, args: Any, ctx: ToolContext) -> Any:
-        self.env.workspace(self.run_id)
-        return self.run(args, ctx)
 
 
 def _has_refs(value: Any) -> bool:
@@ -250,12 +216,12 @@ def _reporting(fn: Callable[..., Any], args: tuple[Any, ...]) -> list[Any]:
         return [False, error_info(exc)]
 
 
-def _run_tool(tool: Any, args: Any, ctx: ToolContext, spec: StepSpec, env: AgentEnv) -> Co:
+def _run_tool(tool: Any, args: Any, ctx: ToolContext, spec: StepSpec) -> Co:
     """Run the tool as a tool task (with the step's timeout), or in the worker if not durable."""
     if not tool.durable:
         return (yield tool.run(args, ctx))
     tid = yield NewTask(
-        _tool_task(tool, args, ctx, spec.tool, env),
+        _tool_task(tool, args, ctx, spec.tool),
         name=f"tool:{spec.tool}:{spec.id}",
         meta=TaskLabel("tool", spec.id, spec.tool),
     )
@@ -328,10 +294,7 @@ def worker(
         started = yield _NOW
         record = {"attempt": attempt, "started_at": started}
         try:
-            if _makes_workspace_on_loop(tool):
-                workspace = env.workspace(run_id)
-            else:  # made in the pool by the step (``_InWorkspace``), or never used
-                workspace = env.workspace_root / run_id
+            workspace = env.workspace(run_id)
             ctx = ToolContext(
                 run_id,
                 spec.id,
@@ -342,7 +305,7 @@ def worker(
                 env.runs,
                 env.registry,
             )
-            output = yield from _run_tool(tool, args, ctx, spec, env)
+            output = yield from _run_tool(tool, args, ctx, spec)
         except TaskCrashed as exc:
             cause = exc.__cause__ or exc
             record.update(ok=False, error=error_info(cause))

@@ -118,13 +118,7 @@ class ToolContext:
 
 
 class Tool(Protocol):
-    """What the registry holds.
-
-    A tool may also set ``uses_workspace: ClassVar[bool] = False`` (``sleep``
-    does): the worker then makes no workspace directory for its steps. By
-    default the directory exists when ``run`` is called: made in the thread
-    pool for a plain ``run`` of a durable tool, on the loop otherwise.
-    """
+    """What the registry holds."""
 
     name: ClassVar[str]
     Args: ClassVar[type[ToolArgs]]

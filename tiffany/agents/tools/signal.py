@@ -64,7 +64,6 @@ class SignalWaitTool:
     Args: ClassVar[type[ToolArgs]] = SignalWaitArgs
     Output: ClassVar[type[FreeFormOutput]] = SignalWaitOutput
     durable: ClassVar[bool] = False
-    uses_workspace: ClassVar[bool] = False  # the worker makes no directory for it
 
     def run(self, args: SignalWaitArgs, ctx: ToolContext) -> Coroutine:
         """Receive the signal in the worker task (journaled; see the module docstring)."""

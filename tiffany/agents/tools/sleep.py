@@ -41,7 +41,6 @@ class SleepTool:
     Args: ClassVar[type[ToolArgs]] = SleepArgs
     Output: ClassVar[type[ToolOutput]] = SleepOutput
     durable: ClassVar[bool] = False
-    uses_workspace: ClassVar[bool] = False  # the worker makes no directory for it
 
     def run(self, args: SleepArgs, ctx: ToolContext) -> Coroutine:
         """Sleep on the scheduler's clock (a generator: runs in the worker task)."""
