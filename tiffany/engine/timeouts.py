@@ -11,9 +11,8 @@ keeps a collapse from growing the heap the collector walks).
 
 Discussion: the control workers used to wait in ``Future.result(timeout)``.
 Sixteen of them capped the submissions in flight at sixteen: at 500
-submissions a second a commit cycle over 32 ms left the queue growing,
-longer passes made the cycle longer still, and submissions waited seconds
-with the loop half idle (bench/README.md, 2026-11-25).
+submissions a second a commit cycle over 32 ms left the queue growing and
+longer passes made the cycle longer still (bench/README.md, 2026-11-25).
 """
 
 from __future__ import annotations
