@@ -63,7 +63,10 @@ def test_close_drops_what_is_left_and_stops_the_thread() -> None:
     timeouts.start(lambda: called.append(1))
     thread = timeouts._thread
     timeouts.close()
-    assert thread is not None and not thread.is_alive()
-    assert len(timeouts) == 0 and called == []
+    assert thread is not None
+    assert not thread.is_alive()
+    assert len(timeouts) == 0
+    assert called == []
     timeouts.start(lambda: called.append(2))  # after close: dropped, no new thread
-    assert len(timeouts) == 0 and timeouts._thread is thread
+    assert len(timeouts) == 0
+    assert timeouts._thread is thread
