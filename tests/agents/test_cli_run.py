@@ -78,6 +78,22 @@ def test_an_invalid_plan_exits_two_naming_the_field(tmp_path):
     assert not (tmp_path / "d" / "wal").exists()  # nothing was opened, nothing written
 
 
+def test_a_plan_path_that_is_no_text_file_exits_two_without_a_traceback(tmp_path):
+    binary = tmp_path / "p.yaml"
+    binary.write_bytes(b"name: x\nsteps: []\n\xff\xfe")
+    cases = {
+        str(binary): "p.yaml: not UTF-8 text: byte 0xff at offset 18",
+        str(tmp_path): f"cannot read plan file {tmp_path}: Is a directory",
+    }
+    for path, message in cases.items():
+        for cmd in (("run", path), ("plan", "validate", path)):
+            proc = tiffany(*cmd, data_dir=tmp_path / "d")
+            assert proc.returncode == 2, proc.stderr
+            assert message in proc.stderr
+            assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "d" / "wal").exists()
+
+
 def test_plan_graph_text_and_mermaid(tmp_path):
     plan = str(ROOT / "examples" / "build" / "plan.yaml")
     text = tiffany("plan", "graph", plan, data_dir=tmp_path)

@@ -528,7 +528,12 @@ def _is_upstream(graph: Mapping[str, list[str]], target: str, start: str) -> boo
 def load_plan(path: str | Path) -> dict[str, Any]:
     """Read a plan file (JSON, or YAML for .yaml/.yml) with the document limits; return it."""
     p = Path(path)
-    text = p.read_text(encoding="utf-8")
+    raw = p.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        msg = f"{p.name}: not UTF-8 text: byte 0x{raw[exc.start]:02x} at offset {exc.start}"
+        raise PlanError([{"loc": "", "msg": msg}]) from None
     try:
         data = load_text(text, p.suffix in (".yaml", ".yml"))
     except DocumentError as exc:

@@ -109,6 +109,9 @@ def _load(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         typer.echo(f"tiffany: no such plan file: {path}", err=True)
         raise typer.Exit(EXIT_INVALID) from None
+    except OSError as exc:  # a directory, no permission
+        typer.echo(f"tiffany: cannot read plan file {path}: {exc.strerror or exc}", err=True)
+        raise typer.Exit(EXIT_INVALID) from None
     except PlanError as exc:
         _print_plan_errors(exc)
         raise typer.Exit(EXIT_INVALID) from None
