@@ -66,8 +66,10 @@ class Counting:
         self.records = 0
         real_iter = history.spans_of
 
-        def spans_of(wal_dir: Any, from_seq: int = 1, checked: Any = None) -> Iterator[Any]:
-            for span in real_iter(wal_dir, from_seq, checked):
+        def spans_of(
+            wal_dir: Any, from_seq: int = 1, checked: Any = None, at: Any = None
+        ) -> Iterator[Any]:
+            for span in real_iter(wal_dir, from_seq, checked, at):
                 self.records += 1
                 if not self.segments or self.segments[-1] != span[5]:
                     self.segments.append(span[5])

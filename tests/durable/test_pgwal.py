@@ -302,9 +302,11 @@ def test_a_start_reads_only_the_stream_after_its_checkpoint(
     read: list[int] = []
     real = history.spans_of
 
-    def counted(source: object, from_seq: int = 1, checked: object = None) -> object:
+    def counted(
+        source: object, from_seq: int = 1, checked: object = None, at: object = None
+    ) -> object:
         read.append(from_seq)
-        return real(source, from_seq, checked)  # type: ignore[arg-type]
+        return real(source, from_seq, checked, at)  # type: ignore[arg-type]
 
     monkeypatch.setattr(history, "spans_of", counted)
     with Runtime(tmp_path / "c", log=PgLog.open(pg_url)) as rt:

@@ -55,7 +55,8 @@ from tiffany.records import (
     decode_dispatch,
     run_of,
 )
-from tiffany.wal import Source, Span, spans_of
+from tiffany.wal import Position, Source, Span, spans_of
+from tiffany.wal.format import RECORD_HEADER_SIZE_BYTES
 
 __all__ = [
     "Loaded",
@@ -199,10 +200,13 @@ class Loaded:
         spans: Per kept run (its 4-byte prefix), where its records are in the
             segments read (:data:`~tiffany.wal.Span`), RUN_START excluded;
             nothing is decoded or copied until :meth:`cursors`.
+        position: Where the next pass may resume (``read_runs(at=...)``).
     """
 
     index: RunIndex
     spans: dict[bytes, list[Span]]
+    #: Where the pass stopped: the end of the last record it read (None: none read).
+    position: Position | None = None
 
     def cursors(self) -> dict[str, ReplayCursor]:
         """Decode the kept runs' records into replay cursors, by run id."""
@@ -241,6 +245,7 @@ def read_runs(
     base: Checkpoint | None = None,
     until: int | None = None,
     checked: Mapping[str, int] | None = None,
+    at: Position | None = None,
 ) -> Loaded:
     """Build the index and find the wanted runs' records in one pass over the WAL.
 
@@ -253,6 +258,8 @@ def read_runs(
             a start knows where the log ends, and reads nothing when the
             checkpoint is there).
         checked: What the writer's open verified (:func:`~tiffany.wal.iter_spans`).
+        at: Where an earlier pass over this log stopped (its
+            :attr:`Loaded.position`): a file WAL is read from there.
 
     Discussion: a run's first record is its RUN_START, so a single pass
     can decide, at that record, whether to keep the run's records; only
@@ -266,12 +273,15 @@ def read_runs(
     kept = [i for i in index.runs.values() if wanted is None or i.run_id in wanted]
     keep: dict[bytes, list[Span]] = {RUN_PREFIX.pack(i.run_no): [] for i in kept}
     first = min([i.first_seq for i in kept] + [after + 1])
-    spans = spans_of(wal_dir, first, checked) if until is None or first <= until else ()
+    spans = spans_of(wal_dir, first, checked, at) if until is None or first <= until else ()
     run_start, run_end = RecordType.RUN_START, RecordType.RUN_END
     last = after
+    name, start, end, seq = "", 0, 0, 0
+    position: Position | None = None
     for span in spans:
-        seq, rtype, data, start, end, _ = span
+        seq, rtype, data, start, end, name = span
         if until is not None and seq > until:
+            position = name, start - RECORD_HEADER_SIZE_BYTES, seq  # where it starts
             break
         if seq <= after:  # before the checkpoint: only its unfinished runs' records
             if rtype != run_start and (buf := keep.get(data[start : start + 4])) is not None:
@@ -296,8 +306,10 @@ def read_runs(
                 continue
         if (buf := keep.get(prefix)) is not None:
             buf.append(span)
+    if position is None and name:  # read to the end: where the next record will start
+        position = name, end, seq + 1
     index.last_seq = last
-    return Loaded(index, keep)
+    return Loaded(index, keep, position)
 
 
 def load(wal_dir: Source, info: RunInfo) -> ReplayCursor:

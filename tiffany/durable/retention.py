@@ -26,6 +26,15 @@ after the last checkpoint (the same fold as a start-up,
 :func:`~tiffany.durable.history.load_many`), writes the new checkpoint
 atomically, then releases what it may, oldest segment first.
 
+The fold is a Python loop over every record since the last pass (some
+33,000 for 1,000 small runs). On this thread it would hold the GIL against
+the scheduler thread, 5 ms at a time, for as long as it lasts: at 500
+submissions a second that stall, every two seconds, was what the slowest
+answers waited on (bench/README.md, ``api.py``). So the engine hands a
+large fold of a WAL directory to a worker process (``fold=``,
+``engine/checkpoints.py``); :func:`fold` is the same fold on this thread
+(small folds, PostgreSQL streams, tests).
+
 Invariants: a failed pass is logged and changes nothing that a later pass
 or a start-up cannot redo (observers fail soft); releasing is idempotent
 (see :func:`~tiffany.wal.segments.release_segment`).
@@ -48,15 +57,17 @@ from tiffany.durable.checkpoint import (
     CheckpointStore,
     write_checkpoint,
 )
-from tiffany.durable.history import checkpoint_of, load_many
-from tiffany.wal import LogReader
+from tiffany.durable.history import checkpoint_of, read_runs
+from tiffany.wal import LogReader, Position
 from tiffany.wal.segments import Segment, list_segments, release_segment
 
 __all__ = [
     "CHECKPOINT_EVERY_RUNS",
     "Checkpointer",
+    "Fold",
     "Retain",
     "StreamLog",
+    "fold",
     "releasable",
     "release",
     "release_bound",
@@ -114,6 +125,29 @@ class StreamLog(LogReader, CheckpointStore, Protocol):
         ...
 
 
+def fold(
+    wal_dir: Path | StreamLog,
+    base: Checkpoint,
+    upto: int,
+    window_s: float,
+    at: Position | None = None,
+) -> tuple[Checkpoint, Position | None]:
+    """Return the checkpoint at ``upto`` (``base`` plus the records after it) and where it stopped.
+
+    ``at``: where the previous fold stopped (a file WAL is read from there,
+    not from the head of the segment: :func:`~tiffany.wal.iter_spans`).
+    """
+    loaded = read_runs(wal_dir, set(), base=base, until=upto, at=at)
+    return checkpoint_of(loaded.index, window_s), loaded.position
+
+
+#: ``fold(wal_dir, base, upto, window_s, at)``: what :func:`fold` returns, computed anywhere.
+Fold = Callable[
+    [Path | StreamLog, Checkpoint, int, float, Position | None],
+    tuple[Checkpoint, Position | None],
+]
+
+
 class Checkpointer:
     """A thread that writes checkpoints and releases segments when poked.
 
@@ -124,6 +158,8 @@ class Checkpointer:
         projected_seq: Returns the store's projected seq (any thread).
         retain: The retention policy.
         window_s: The idempotency key window.
+        fold: Computes each pass's checkpoint (:func:`fold`, or the engine's
+            worker process for a large one).
     """
 
     def __init__(
@@ -135,8 +171,11 @@ class Checkpointer:
         projected_seq: Callable[[], int],
         retain: Retain = Retain.ARCHIVE,
         window_s: float = IDEMPOTENCY_WINDOW_S,
+        fold: Fold = fold,
     ) -> None:
         self.wal_dir = wal_dir
+        self._fold = fold
+        self._at: Position | None = None  # where the last fold stopped
         self.checkpoint = base
         self.retain = retain
         self.window_s = window_s
@@ -169,8 +208,9 @@ class Checkpointer:
         """One pass: advance and write the checkpoint, then release segments."""
         upto = self._durable_seq()
         if upto > self.checkpoint.seq:
-            index, _ = load_many(self.wal_dir, set(), base=self.checkpoint, until=upto)
-            self.checkpoint = checkpoint_of(index, self.window_s)
+            self.checkpoint, self._at = self._fold(
+                self.wal_dir, self.checkpoint, upto, self.window_s, self._at
+            )
         if self.checkpoint.seq != self._written:
             write_checkpoint(self.wal_dir, self.checkpoint)
             self._written = self.checkpoint.seq

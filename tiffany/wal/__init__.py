@@ -27,7 +27,7 @@ Modules: ``format`` (constants, segment header), ``frame`` (one record),
 
 from tiffany.wal.format import MAX_RECORD_BYTES, SEGMENT_SIZE_BYTES
 from tiffany.wal.log import Log, LogReader, Source, spans_of
-from tiffany.wal.reader import Record, Span, TornTail, iter_records, iter_spans
+from tiffany.wal.reader import Position, Record, Span, TornTail, iter_records, iter_spans
 from tiffany.wal.recovery import Recovery
 from tiffany.wal.repair import RepairReport, VerifyReport, repair, verify
 from tiffany.wal.salvage import Loss, SalvageReport, salvage
@@ -41,6 +41,7 @@ __all__ = [
     "Log",
     "LogReader",
     "Loss",
+    "Position",
     "Record",
     "Recovery",
     "RepairReport",

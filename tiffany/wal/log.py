@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol, runtime_checkable
 
-from tiffany.wal.reader import Span, iter_spans
+from tiffany.wal.reader import Position, Span, iter_spans
 from tiffany.wal.writer import CommitListener, RotateListener
 
 __all__ = ["Log", "LogReader", "Source", "spans_of"]
@@ -85,9 +85,15 @@ Source = str | os.PathLike[str] | LogReader
 
 
 def spans_of(
-    source: Source, from_seq: int = 1, checked: Mapping[str, int] | None = None
+    source: Source,
+    from_seq: int = 1,
+    checked: Mapping[str, int] | None = None,
+    at: Position | None = None,
 ) -> Iterator[Span]:
-    """Yield ``source``'s records with ``seq >= from_seq`` (:func:`~tiffany.wal.iter_spans`)."""
+    """Yield ``source``'s records with ``seq >= from_seq`` (:func:`~tiffany.wal.iter_spans`).
+
+    ``at``: where a file WAL's walk may resume (a stream ignores it).
+    """
     if isinstance(source, str | os.PathLike):
-        return iter_spans(source, from_seq, checked)
+        return iter_spans(source, from_seq, checked, at)
     return source.spans(from_seq, checked)
