@@ -40,6 +40,12 @@ in fsync: the engine's ``tiffany_wal_*`` metrics) and the mean
 ``engine``, ``app``; ``outside`` is the latency less ``app``: time in
 the generator's connections and uvicorn before the app).
 
+Before the load it prints how long the data dir's file system takes to
+create a directory with a file in it (each run creates one workspace and
+one file): on ext4 without a journal, inodes freed in the last minutes
+(another benchmark's ``rm -rf``) make that 30 times slower, and the engine's
+loop, which creates the workspace, with it. Read the figures with it.
+
 Floor: the same load against a FastAPI app (under uvicorn, configured like
 the API) whose ``POST /api/runs`` reads and parses the body and answers 201
 without doing anything: the cost of the HTTP stack alone. ``t/floor`` is
@@ -96,6 +102,8 @@ IDLE_REUSE_S = 2.0
 #: The warm-up before the first rate (not reported): req/s and seconds.
 WARMUP_RATE = 50
 WARMUP_S = 2.0
+#: Directories (each with a file) the file-system probe creates.
+FS_PROBE_DIRS = 200
 #: How long a rate's runs may take to finish before the script moves on, in seconds.
 DRAIN_TIMEOUT_S = 180.0
 START_TIMEOUT_S = 90.0
@@ -625,11 +633,39 @@ def header(what: str, quick: bool) -> None:
         print(f"  running now besides this script: {running}", flush=True)
 
 
+def inode_probe(where: Path, n: int = FS_PROBE_DIRS) -> float:
+    """Return the mean microseconds to create a directory with one file in it, in ``where``.
+
+    What each run costs the file system (its workspace and ``file.write``'s
+    file). On ext4 without a journal, ``ext4_new_inode`` skips the inodes
+    freed in the last minutes, testing each (``recently_deleted``), so after
+    a ``rm -rf`` of many files nearby this went from 38 us to over 1 ms here,
+    and the engine's loop, which makes the workspace, slowed with it
+    (bench/README.md). The probe's own files are removed.
+    """
+    probe = Path(tempfile.mkdtemp(prefix="tiffany-probe-", dir=where))
+    try:
+        t0 = time.perf_counter()
+        for i in range(n):
+            os.mkdir(probe / f"w{i}")
+            fd = os.open(probe / f"w{i}" / "f", os.O_WRONLY | os.O_CREAT, 0o600)
+            os.close(fd)
+        return (time.perf_counter() - t0) / n * 1e6
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+
+
 async def bench_tiffany(args: argparse.Namespace, rates: list[float]) -> dict[float, Any]:
     body = json.dumps({"plan": small_plan(), "inputs": {}}).encode()
     results: dict[float, Any] = {}
     with Serve(keep=args.keep) as serve:
         print(f"tiffany serve: {serve.url} (data dir {serve.data_dir}; fsync batch)", flush=True)
+        print(
+            f"file system: {inode_probe(serve.data_dir):.0f} us to create a directory and a "
+            "file in the data dir (a clean ext4 here: about 40 us; over 300 us, runs pay for "
+            "recently deleted inodes: see bench/README.md)",
+            flush=True,
+        )
         pool = Pool(serve.url)
         raw = build_request("POST", pool.hostport, "/api/runs", body)
         # Warm-up: imports, first connections, the store's first writes.
