@@ -27,11 +27,11 @@ after the last checkpoint (the same fold as a start-up,
 atomically, then releases what it may, oldest segment first.
 
 The fold is a Python loop over every record since the last pass (some
-33,000 for 1,000 small runs). On this thread it would hold the GIL against
-the scheduler thread, 5 ms at a time, for as long as it lasts: at 500
-submissions a second that stall, every two seconds, was what the slowest
-answers waited on (bench/README.md, ``api.py``). So the engine hands a
-large fold of a WAL directory to a worker process (``fold=``,
+33,000 for 1,000 small runs), resumed where the last pass stopped. On this
+thread it would hold the GIL against the scheduler thread, 5 ms at a time,
+for as long as it lasts: at 500 submissions a second its slices were the
+loop's longest dispatches (bench/README.md, ``api.py``). So the engine
+hands a large fold of a WAL directory to a worker process (``fold=``,
 ``engine/checkpoints.py``); :func:`fold` is the same fold on this thread
 (small folds, PostgreSQL streams, tests).
 

@@ -4,9 +4,9 @@ Each checkpoint pass folds every WAL record since the last one into the
 run index (``durable/retention.py``): a Python loop over some 33,000
 records per 1,000 small runs. On the checkpointer's thread it held the GIL
 against the scheduler thread, in 5 ms slices, for as long as it lasted: at
-500 submissions a second (one pass every two seconds) the slowest answers
-waited in the engine's inbox for that pass, and the longest dispatches
-were its slices (bench/README.md, ``api.py``).
+500 submissions a second (one pass every two seconds) the loop's longest
+dispatches were 27-42 ms, 13-21 ms with the fold in a worker
+(bench/README.md, ``api.py``).
 
 :class:`WorkerFold` sends a fold of at least :data:`OFFLOAD_MIN_RECORDS`
 records of a WAL directory to a :class:`~tiffany.engine.workers.WorkerPool`
