@@ -247,8 +247,7 @@ export class RunPage {
     const end = d.ended_at ?? (TERMINAL_RUN.has(st) ? this.live.runs.get(this.runId)?.lastTs : now);
     const finished = TERMINAL_RUN.has(st);
     const meta = (k, v, testid) => (v == null || v === "" ? null : h("div", { class: "meta", testid }, h("dt", null, k), h("dd", null, v)));
-    fill(
-      this.headEl,
+    const parts = [
       h(
         "div",
         { class: "run-title" },
@@ -320,7 +319,13 @@ export class RunPage {
         meta("last seq", d.last_seq != null ? String(d.last_seq) : null),
         meta("model usage", usageText(d.usage), "run-usage"),
       ),
-    );
+    ];
+    // Rebuilt only when it shows something new: a header replaced between a
+    // click's mousedown and mouseup swallows the click (re-run, verify, cancel).
+    const html = parts.map((p) => (p instanceof Element ? p.outerHTML : String(p ?? ""))).join("");
+    if (html === this.headHtml) return;
+    this.headHtml = html;
+    fill(this.headEl, ...parts);
   }
 
   renderBody() {
