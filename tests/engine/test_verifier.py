@@ -82,7 +82,7 @@ def test_a_closed_verifier_refuses_with_503(verifier_for: dict[str, Verifier]) -
 def test_a_worker_keeps_no_secret_of_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from tiffany.engine import workers
+    from tiffany.engine import verifier
 
     monkeypatch.setenv("TIFFANY_LLM_API_KEY", "sk-engine-only")
     monkeypatch.setenv("TIFFANY_API_TOKEN", "api-only")
@@ -91,7 +91,7 @@ def test_a_worker_keeps_no_secret_of_the_engine(monkeypatch: pytest.MonkeyPatch)
     v = Verifier(Settings(api_token="t", llm_api_key="k"))  # type: ignore[arg-type]
     assert v.settings.api_token is None
     assert v.settings.llm_api_key is None
-    workers._init_worker(v.settings, os.getpid())  # what each worker process runs first
+    verifier._init_worker(v.settings, os.getpid())  # what each worker process runs first
     assert "TIFFANY_LLM_API_KEY" not in os.environ
     assert "TIFFANY_API_TOKEN" not in os.environ
     assert os.environ["TIFFANY_DATA_DIR"] == "/kept"

@@ -26,14 +26,13 @@ after the last checkpoint (the same fold as a start-up,
 :func:`~tiffany.durable.history.load_many`), writes the new checkpoint
 atomically, then releases what it may, oldest segment first.
 
-The fold is a Python loop over every record since the last pass (some
-33,000 for 1,000 small runs), resumed where the last pass stopped. On this
-thread it would hold the GIL against the scheduler thread, 5 ms at a time,
-for as long as it lasts: at 500 submissions a second its slices were the
-loop's longest dispatches (bench/README.md, ``api.py``). So the engine
-hands a large fold of a WAL directory to a worker process (``fold=``,
-``engine/checkpoints.py``); :func:`fold` is the same fold on this thread
-(small folds, PostgreSQL streams, tests).
+Each pass resumes its walk of the log where the last one stopped
+(:data:`~tiffany.wal.Position`): it costs the records since the last pass,
+not the whole live segment. The fold stays on this thread: in a worker
+process (tried, with the process at ``SCHED_IDLE``) the loop's longest
+dispatches fell, but starting the process cost the busy two cores a burst
+of CPU, and read-your-writes at 200 req/s got slower on both stores
+(bench/README.md, ``api.py``).
 
 Invariants: a failed pass is logged and changes nothing that a later pass
 or a start-up cannot redo (observers fail soft); releasing is idempotent
@@ -64,7 +63,6 @@ from tiffany.wal.segments import Segment, list_segments, release_segment
 __all__ = [
     "CHECKPOINT_EVERY_RUNS",
     "Checkpointer",
-    "Fold",
     "Retain",
     "StreamLog",
     "fold",
@@ -141,13 +139,6 @@ def fold(
     return checkpoint_of(loaded.index, window_s), loaded.position
 
 
-#: ``fold(wal_dir, base, upto, window_s, at)``: what :func:`fold` returns, computed anywhere.
-Fold = Callable[
-    [Path | StreamLog, Checkpoint, int, float, Position | None],
-    tuple[Checkpoint, Position | None],
-]
-
-
 class Checkpointer:
     """A thread that writes checkpoints and releases segments when poked.
 
@@ -158,8 +149,6 @@ class Checkpointer:
         projected_seq: Returns the store's projected seq (any thread).
         retain: The retention policy.
         window_s: The idempotency key window.
-        fold: Computes each pass's checkpoint (:func:`fold`, or the engine's
-            worker process for a large one).
     """
 
     def __init__(
@@ -171,10 +160,8 @@ class Checkpointer:
         projected_seq: Callable[[], int],
         retain: Retain = Retain.ARCHIVE,
         window_s: float = IDEMPOTENCY_WINDOW_S,
-        fold: Fold = fold,
     ) -> None:
         self.wal_dir = wal_dir
-        self._fold = fold
         self._at: Position | None = None  # where the last fold stopped
         self.checkpoint = base
         self.retain = retain
@@ -208,7 +195,7 @@ class Checkpointer:
         """One pass: advance and write the checkpoint, then release segments."""
         upto = self._durable_seq()
         if upto > self.checkpoint.seq:
-            self.checkpoint, self._at = self._fold(
+            self.checkpoint, self._at = fold(
                 self.wal_dir, self.checkpoint, upto, self.window_s, self._at
             )
         if self.checkpoint.seq != self._written:

@@ -67,7 +67,6 @@ from tiffany.durable.history import checkpoint_of
 from tiffany.durable.retention import CHECKPOINT_EVERY_RUNS, Checkpointer, Retain, StreamLog
 from tiffany.engine import Engine, build, take_slot
 from tiffany.engine.activity import ActivityLog
-from tiffany.engine.checkpoints import WorkerFold
 from tiffany.engine.control_server import ControlServer
 from tiffany.engine.inbox import DurableWaits, Inbox, settle
 from tiffany.engine.metrics import EngineMetrics, project_health
@@ -200,7 +199,6 @@ class EngineService:
         self.control = ControlServer(self.data_dir / CONTROL_SOCKET, self.handle)
         self.feed = FeedServer(self.hub, self.data_dir / FEED_SOCKET)
         self.verifier = Verifier(settings)
-        self.folds = WorkerFold(settings)  # the checkpointer's large folds (engine/checkpoints.py)
         #: Running runs, the newest finished ones, idempotency keys in their window.
         self.runs = RunTable(window_s=settings.idempotency_window_s)
         self.engine.known_run = lambda run_id: self.runs.status(run_id) is not None
@@ -317,7 +315,6 @@ class EngineService:
             self.projector.stop(timeout=WAL_FAILED_STOP_S if wal_failed else 15.0)
             if self.checkpointer is not None and not wal_failed:
                 self.checkpointer.stop()  # a last checkpoint: the next start reads little
-            self.folds.close()
             self.feed.stop()
             if self.pg_feed is not None:
                 self.pg_feed.stop()
@@ -368,7 +365,6 @@ class EngineService:
             projected_seq=lambda: self.projector.last_seq,
             retain=Retain(self.settings.wal_retain),
             window_s=self.settings.idempotency_window_s,
-            fold=self.folds,
         )
         wal.on_rotate = self.checkpointer.poke
         self.checkpointer.start()

@@ -11,9 +11,16 @@ scheduler thread never sees it.
 
 Invariants:
 
-* The pool is a :class:`~tiffany.engine.workers.WorkerPool`: forkserver
-  workers started on the first verify, without the secrets they do not use,
-  that die with the engine. A replay runs no tool and writes nothing.
+* The workers come from the ``forkserver`` context: the engine has threads
+  (control, hub, projector link), and a plain ``fork`` of a threaded process
+  may copy a lock held by another thread. The fork server is started on the
+  first verify, with the replay's modules preloaded, so later verifies fork
+  a warm process; nothing is started for an engine that never verifies.
+* A worker holds no secret it does not use: its settings come without the
+  API token, the LLM key and, unless the journal is in the database
+  (``journal=postgres``, which it reads), the database URL; its environment
+  comes without the secret variables (``scrub_secrets``). A replay runs no
+  tool and writes nothing.
 * A replay past :data:`VERIFY_TIMEOUT_S` answers 504 and its worker is
   killed (a pool whose worker died is replaced on the next verify).
 
@@ -25,7 +32,12 @@ the GIL (above).
 
 from __future__ import annotations
 
-from concurrent.futures import Future
+import multiprocessing
+import os
+import select
+import threading
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Final
@@ -34,7 +46,6 @@ import structlog
 
 from tiffany.config import Settings
 from tiffany.control import ControlError
-from tiffany.engine.workers import WorkerPool
 
 __all__ = ["VERIFY_TIMEOUT_S", "VERIFY_WORKERS", "Verifier"]
 
@@ -46,6 +57,48 @@ VERIFY_WORKERS: Final = 1
 VERIFY_TIMEOUT_S: Final = 600.0
 #: Modules the fork server imports once, so that each worker starts warm.
 _PRELOAD: Final = ["tiffany.durable", "tiffany.engine"]
+
+
+def _init_worker(settings: Settings, engine_pid: int) -> None:
+    """Drop the secrets the environment holds; log like the engine; die with the engine."""
+    from tiffany.config import scrub_secrets
+    from tiffany.log import configure_logging
+
+    keep = scrub_secrets(dict(os.environ))
+    for key in set(os.environ) - set(keep):
+        del os.environ[key]
+    configure_logging(settings)
+    threading.Thread(
+        target=_exit_with, args=(engine_pid,), name="tiffany-verify-watch", daemon=True
+    ).start()
+
+
+def _exit_with(pid: int) -> None:
+    """Exit this worker when process ``pid`` (the engine) is gone, however it went.
+
+    Discussion: a pool worker waits on its call queue, whose pipe it holds
+    both ends of, and the fork server waits for its "alive" pipe, whose
+    write end the worker inherited: after a kill -9 of the engine neither
+    ever saw an end, and every crash left the two processes behind (found
+    by counting processes after the kill -9 tests). The engine's pidfd
+    becomes readable when it exits; the worker then exits, and with it
+    the last holder of the fork server's pipe, so the fork server exits too.
+    """
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:  # already gone
+        os._exit(0)
+    except OSError:  # no pidfd here (an old kernel): look once a second
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os._exit(0)
+            except PermissionError:
+                pass  # alive, another user's (a reused pid cannot be ours)
+    select.select([fd], [], [])
+    os._exit(0)
 
 
 def _verify(settings: Settings, run_id: str) -> tuple[int, Any]:
@@ -82,9 +135,19 @@ class Verifier:
     """
 
     def __init__(self, settings: Settings, *, timeout_s: float = VERIFY_TIMEOUT_S) -> None:
-        self.pool = WorkerPool(settings, VERIFY_WORKERS, _PRELOAD)
-        self.settings = self.pool.settings
+        reads_db = settings.journal == "postgres"
+        self.settings = settings.model_copy(
+            update={
+                "api_token": None,
+                "llm_api_key": None,
+                "database_url": settings.database_url if reads_db else "",
+            }
+        )
         self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._context = multiprocessing.get_context("forkserver")
+        self._pool: ProcessPoolExecutor | None = None
+        self._closed = False
 
     def verify(self, run_id: str) -> dict[str, Any]:
         """Return ``run_id``'s replay report (``tiffany.durable.VerifyReport.to_dict()``).
@@ -109,16 +172,44 @@ class Verifier:
 
     def close(self) -> None:
         """Stop the pool (a replay under way is abandoned)."""
-        self.pool.close()
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def _submit(self, run_id: str) -> Future[tuple[int, Any]]:
-        try:
-            return self.pool.submit(_verify, self.settings, run_id)
-        except RuntimeError:  # closed
-            raise ControlError(503, "the engine is stopping") from None
+        with self._lock:
+            if self._closed:
+                raise ControlError(503, "the engine is stopping")
+            if self._pool is None:
+                self._context.set_forkserver_preload(_PRELOAD)
+                self._pool = self._new_pool()
+            try:
+                return self._pool.submit(_verify, self.settings, run_id)
+            except BrokenProcessPool:  # a worker died since the last verify: a fresh pool
+                self._pool = self._new_pool()
+                return self._pool.submit(_verify, self.settings, run_id)
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(
+            VERIFY_WORKERS,
+            mp_context=self._context,
+            initializer=_init_worker,
+            initargs=(self.settings, os.getpid()),
+        )
 
     def _kill(self, fut: Future[tuple[int, Any]]) -> None:
         """Drop the pool ``fut`` ran in and kill its workers (the replay may spin)."""
-        killed = self.pool.kill()
-        if killed:
-            log.warning("engine.verify_pool_replaced", workers=killed, done=fut.done())
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        # Discussion: ProcessPoolExecutor cannot cancel a running call; its
+        # ``terminate_workers()`` only comes with Python 3.14. Until then the
+        # workers are killed by their processes, which the pool lists.
+        workers = list(getattr(pool, "_processes", {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in workers:
+            proc.kill()
+        log.warning("engine.verify_pool_replaced", workers=len(workers), done=fut.done())
