@@ -278,11 +278,9 @@ class _Rows:
 
     def __init__(self, table: Table) -> None:
         self.table = table
-        self.keys = [c.name for c in table.primary_key.columns]
+        self.keys, self.stamped, self._blank = _shape(table)
         self.new: dict[tuple[Any, ...], dict[str, Any]] = {}
         self.changed: dict[tuple[Any, ...], dict[str, Any]] = {}
-        self.stamped = "last_seq" in table.c
-        self._blank = dict.fromkeys(c.name for c in table.columns)
         #: The seq of the record being applied.
         self.seq = 0
 
@@ -319,7 +317,7 @@ class _Rows:
         for columns, rows in groups.items():
             if marker is not None:  # the driver's executemany, rows as tuples
                 sql = _update_sql(conn.dialect, self.table, keys, columns, marker)
-                conn.exec_driver_sql(sql, _driver_rows(self.table, columns + keys, rows))
+                _driver(conn, sql, _driver_rows(self.table, columns + keys, rows), many=True)
             else:  # a driver the fast path does not know: SQLAlchemy binds
                 params = [
                     {**{f"k_{k}": row[k] for k in keys}, **{f"v_{c}": row[c] for c in columns}}
@@ -328,6 +326,35 @@ class _Rows:
                 conn.execute(_update_of(self.table, keys, columns), params)
             statements += 1
         return statements
+
+
+def _mark_sql(dialect: Any, notify: bool) -> tuple[str, str] | None:
+    """The SQL that reads and locks the mark, and the SQL that moves it (and notifies).
+
+    Both take the driver's positional markers: the lock ``(id,)``; the move
+    ``(last_seq, id)``, then on PostgreSQL ``(channel, payload)`` for the
+    ``pg_notify`` that rides in the same statement (a CTE), so moving the
+    mark is one round trip.
+    """
+    m = _MARKERS.get(dialect.paramstyle)
+    if m is None:
+        return None
+    quote = dialect.identifier_preparer.quote
+    table, last, key = quote(ProjectorState.__tablename__), quote("last_seq"), quote("id")
+    lock = f"SELECT {last} FROM {table} WHERE {key} = {m}"
+    move = f"UPDATE {table} SET {last} = {m} WHERE {key} = {m}"
+    if dialect.name == "postgresql":
+        lock += " FOR UPDATE"
+    if notify:
+        move = f"WITH moved AS ({move} RETURNING {last}) SELECT pg_notify({m}, {m}) FROM moved"
+    return lock, move
+
+
+@functools.cache
+def _shape(table: Table) -> tuple[list[str], bool, dict[str, None]]:
+    """``table``'s primary key names, whether it has ``last_seq``, and a row of its columns."""
+    keys = [c.name for c in table.primary_key.columns]
+    return keys, "last_seq" in table.c, dict.fromkeys(c.name for c in table.columns)
 
 
 #: Positional parameter markers by DB-API ``paramstyle`` (sqlite3: qmark; psycopg: pyformat).
@@ -342,7 +369,41 @@ def _insert_many(conn: Connection, table: Table, rows: Iterable[dict[str, Any]])
         return
     names = tuple(c.name for c in table.columns)
     sql = _insert_sql(conn.dialect, table, names, marker)
-    conn.exec_driver_sql(sql, _driver_rows(table, names, rows))
+    _driver(conn, sql, _driver_rows(table, names, rows), many=True)
+
+
+def _driver(conn: Connection, sql: str, params: Any, *, many: bool = False) -> Any:
+    """Run driver SQL on ``conn``'s DB-API connection, in its transaction; return the first row.
+
+    The projector's own statements (already the driver's SQL, parameters
+    already the driver's values) skip SQLAlchemy's execution context: its
+    setup and result objects cost more than a small statement's work in
+    SQLite (a tenth of a 22-record batch). A driver error is raised as
+    SQLAlchemy would raise it (:meth:`DBAPIError.instance`, with whether it
+    is a disconnect), so :func:`is_transient` reads it the same.
+    """
+    dialect, dbapi = conn.dialect, conn.dialect.loaded_dbapi
+    raw = conn.connection
+    cursor = raw.cursor()
+    try:
+        if many:
+            cursor.executemany(sql, params)
+            return None
+        cursor.execute(sql, params)
+        return cursor.fetchone() if cursor.description is not None else None
+    except dbapi.Error as exc:
+        gone = dialect.is_disconnect(exc, raw, cursor)
+        raise sa_exc.DBAPIError.instance(
+            sql,
+            params,
+            exc,
+            dbapi.Error,
+            connection_invalidated=gone,
+            dialect=dialect,
+            ismulti=many,
+        ) from exc
+    finally:
+        cursor.close()
 
 
 def _driver_rows(
@@ -492,9 +553,15 @@ class Projector:
             .where(ProjectorState.id == self._state_id)
             .with_for_update()
         )
+        #: The mark's statements as the driver's SQL (one string each, no
+        #: statement built or compiled a transaction), or None on a driver the
+        #: fast path does not know.
+        self._mark_sql = _mark_sql(engine.dialect, self._notify)
         self._run_ids: dict[int, str] = {}
         self._run_ids_stale = False
         self._ctx: dict[int, _RunCtx] = {}
+        #: Runs that finished in memory since the last eviction (:meth:`_evict`).
+        self._finished = 0
         #: Records in ``dead_letters`` (kept up to date by :meth:`apply`).
         self.dead_letters = 0
         with engine.begin() as conn:
@@ -617,7 +684,15 @@ class Projector:
         return report
 
     def _move_mark(self, conn: Connection, mark: int, report: ApplyReport) -> None:
-        if report.last_seq > mark:
+        if report.last_seq > mark and self._mark_sql is not None:
+            # One statement: on PostgreSQL the notification rides in it.
+            last = report.last_seq
+            params: tuple[Any, ...] = (last, self._state_id)
+            if self._notify:
+                params += (PROJECTED_CHANNEL, f"{self.shard} {last}")
+            _driver(conn, self._mark_sql[1], params)
+            report.statements += 1
+        elif report.last_seq > mark:
             conn.execute(
                 sql_update(ProjectorState)
                 .where(ProjectorState.id == self._state_id)
@@ -905,6 +980,7 @@ class Projector:
         if isinstance(ts, int | float):
             self._tick(b, ctx, float(ts))
         ctx.finished = True
+        self._finished += 1
         if 1 in ctx.tasks:  # the root's exit came just before, on the previous clock
             b.tasks.update((ctx.run_id, 1), ended_at=ctx.clock)
         summary: Any = None
@@ -1027,6 +1103,7 @@ class Projector:
         ):
             ctx.steps[step_id] = _StepInfo(status, tool)
         self._ctx[run_no] = ctx
+        self._finished += finished
         return ctx
 
     def _ensure_state(self, conn: Connection) -> None:
@@ -1040,7 +1117,11 @@ class Projector:
             conn.execute(insert(ProjectorState).values(id=self._state_id, last_seq=self._base))
 
     def _lock_mark(self, conn: Connection) -> int:
-        value = conn.scalar(self._lock_stmt)
+        if self._mark_sql is not None:
+            row = _driver(conn, self._mark_sql[0], (self._state_id,))
+            value = None if row is None else row[0]
+        else:
+            value = conn.scalar(self._lock_stmt)
         if value is None:
             self._ensure_state(conn)
             return self._base
@@ -1084,10 +1165,20 @@ class Projector:
     def _forget(self) -> None:
         """Drop what memory holds of the rows (reloaded in the next transaction)."""
         self._ctx.clear()
+        self._finished = 0
         self._run_ids.clear()
         self._run_ids_stale = True
 
     def _evict(self) -> None:
+        """Drop the contexts of the oldest finished runs beyond :data:`MAX_CACHED_FINISHED_RUNS`.
+
+        A pass walks every context, so it runs once a quarter of that many
+        runs have finished, not after each batch (a walk of hundreds of
+        contexts was a tenth of a small batch's time).
+        """
+        if self._finished < MAX_CACHED_FINISHED_RUNS // 4:
+            return
+        self._finished = 0
         finished = [no for no, ctx in self._ctx.items() if ctx.finished]
         for no in finished[: max(0, len(finished) - MAX_CACHED_FINISHED_RUNS)]:
             del self._ctx[no]
