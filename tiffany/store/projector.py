@@ -351,10 +351,11 @@ def _mark_sql(dialect: Any, notify: bool) -> tuple[str, str] | None:
 
 
 @functools.cache
-def _shape(table: Table) -> tuple[list[str], bool, dict[str, None]]:
+def _shape(table: Table) -> tuple[list[str], bool, dict[str, Any]]:
     """``table``'s primary key names, whether it has ``last_seq``, and a row of its columns."""
     keys = [c.name for c in table.primary_key.columns]
-    return keys, "last_seq" in table.c, dict.fromkeys(c.name for c in table.columns)
+    blank: dict[str, Any] = dict.fromkeys(c.name for c in table.columns)
+    return keys, "last_seq" in table.c, blank
 
 
 #: Positional parameter markers by DB-API ``paramstyle`` (sqlite3: qmark; psycopg: pyformat).
