@@ -257,6 +257,17 @@ def main() -> None:
         default=os.environ.get("TIFFANY_TEST_POSTGRES_URL", DEFAULT_POSTGRES),
         help="PostgreSQL URL ('' to skip)",
     )
+    parser.add_argument(
+        "--stores",
+        default="sqlite,postgres,pg journal",
+        help="comma-separated cells to run (sqlite, postgres, pg journal)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="repeat the cells, the trees' order swapped each round (a table per round)",
+    )
     parser.add_argument("--cell", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--database-url", help=argparse.SUPPRESS)
     parser.add_argument("--journal", default="file", help=argparse.SUPPRESS)
@@ -265,8 +276,19 @@ def main() -> None:
         print(json.dumps(run_cell(args.database_url, args.rate, args.seconds, args.journal)))
         return
     trees = [("this", ROOT)] + ([("before", args.before.resolve())] if args.before else [])
+    stores = [s.strip() for s in args.stores.split(",") if s.strip()]
+    for ordinal in range(args.rounds):
+        if args.rounds > 1:
+            print(f"\nround {ordinal + 1} of {args.rounds}: {', '.join(n for n, _ in trees)}")
+        _print(_round(trees, stores, args), args)
+        trees.reverse()  # the other tree first next time: neither always runs on a warmer machine
+
+
+def _round(
+    trees: list[tuple[str, Path]], stores: list[str], args: argparse.Namespace
+) -> dict[tuple[str, str], dict[str, Any]]:
     cells: dict[tuple[str, str], dict[str, Any]] = {}
-    for store in ("sqlite", "postgres", "pg journal"):
+    for store in stores:
         for name, tree in trees:
             handle = None
             url = None
@@ -283,7 +305,7 @@ def main() -> None:
             finally:
                 if handle is not None:
                     _drop(handle)
-    _print(cells, args)
+    return cells
 
 
 def _print(cells: dict[tuple[str, str], dict[str, Any]], args: argparse.Namespace) -> None:

@@ -23,7 +23,8 @@ from tiffany.cli.db import rebuild_store
 from tiffany.engine.projection import journal_id
 from tiffany.records import RunEnd, RunStart, Spawn, TaskExit
 from tiffany.store import Projector, RecordType, queries, session_factory
-from tiffany.store.projector import _Batch
+from tiffany.store.pgflush import MarkMoved
+from tiffany.store.projector import _Batch, is_transient
 
 
 def _fail_at(monkeypatch: pytest.MonkeyPatch, seq: int, exc: Exception) -> None:
@@ -76,11 +77,11 @@ def test_transient_errors_are_retried_and_lose_nothing(
     failures = {"left": 3}
     real_flush = _Batch.flush
 
-    def flaky(self: _Batch, conn: Any) -> int:
+    def flaky(self: _Batch, conn: Any, *moved: Any) -> int:
         if failures["left"]:
             failures["left"] -= 1
             raise OperationalError("INSERT ...", {}, ConnectionResetError("server closed"))
-        return real_flush(self, conn)
+        return real_flush(self, conn, *moved)
 
     monkeypatch.setattr(_Batch, "flush", flaky)
     monkeypatch.setattr(projector_proc, "make_engine", lambda _url, **_kw: store)
@@ -235,3 +236,43 @@ def test_what_is_retried_and_what_is_quarantined() -> None:
         KeyError("k"),
     ):
         assert not is_transient(exc), exc
+
+
+def test_a_second_projector_on_the_same_rows_never_applies_a_record_twice(
+    store: Engine, journal: Journal
+) -> None:
+    """Two projectors of one engine's rows: whichever writes second skips what the first wrote.
+
+    On PostgreSQL a batch moves the mark from the value its projector read
+    (a compare-and-set in the batch's one statement): a projector whose mark
+    is stale writes nothing and fails transiently, then reads the mark again
+    and applies only the records after it. On SQLite the mark is read at the
+    start of each batch's transaction.
+    """
+    records = journal.records
+    third = len(records) // 3
+    first = Projector(store)
+    assert first.apply(records[:third]).applied == third
+    # A second one (it loads the runs the first projected) moves the mark
+    # past what the first believes.
+    second = Projector(store)
+    assert second.apply(records[: 2 * third]).skipped == third
+    assert second.last_seq == records[2 * third - 1][0]
+    if store.dialect.name == "postgresql":  # stale: it writes nothing, and says so
+        with pytest.raises(MarkMoved) as stale:
+            first.apply(records)
+        assert is_transient(stale.value)
+        assert first.last_seq == second.last_seq  # nothing of the stale batch was kept
+    report = first.apply(records)  # PostgreSQL: the retry, with the mark read again
+    assert report.skipped == 2 * third
+    assert report.applied + report.orphans == len(records) - 2 * third
+    assert report.quarantined == []
+    assert first.last_seq == second.last_seq == records[-1][0]
+    rows = dump(store)
+    assert len(rows["journal_records"]) == len(records)
+    assert len(rows["runs"]) == len(journal.run_ids)
+    # The same rows as one projector that applied the journal once.
+    clean = Projector(store)
+    clean.reset()
+    clean.apply(records)
+    assert dump(store) == rows

@@ -120,6 +120,7 @@ from tiffany.records import (
     root_role,
 )
 from tiffany.shards import seq_base, seq_last
+from tiffany.store import pgflush
 from tiffany.store.journal import record_row
 from tiffany.store.models import (
     PROJECTED_CHANNEL,
@@ -192,6 +193,7 @@ _TRANSIENT: Final = (
     sa_exc.TimeoutError,
     ConnectionError,
     OSError,
+    pgflush.MarkMoved,  # another projector wrote first: read the mark again
 )
 
 
@@ -278,7 +280,7 @@ class _Rows:
 
     def __init__(self, table: Table) -> None:
         self.table = table
-        self.keys, self.stamped, self._blank = _shape(table)
+        self.keys, self.stamped, self._blank, self.names = _shape(table)
         self.new: dict[tuple[Any, ...], dict[str, Any]] = {}
         self.changed: dict[tuple[Any, ...], dict[str, Any]] = {}
         #: The seq of the record being applied.
@@ -301,20 +303,24 @@ class _Rows:
         else:
             self.changed.setdefault(key, {}).update(values)
 
+    def groups(self) -> dict[tuple[str, ...], list[dict[str, Any]]]:
+        """The changed rows by their set of changed columns (each row with its key)."""
+        groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+        for key, values in self.changed.items():
+            columns = tuple(sorted(values))
+            values.update(zip(self.keys, key, strict=True))
+            groups.setdefault(columns, []).append(values)
+        return groups
+
     def flush(self, conn: Connection) -> int:
         """Write the new rows (one INSERT) and the changed ones (one UPDATE per column set)."""
         statements = 0
         if self.new:
             _insert_many(conn, self.table, self.new.values())
             statements += 1
-        groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
-        for key, values in self.changed.items():
-            columns = tuple(sorted(values))
-            values.update(zip(self.keys, key, strict=True))
-            groups.setdefault(columns, []).append(values)
         keys = tuple(self.keys)
         marker = _MARKERS.get(conn.dialect.paramstyle)
-        for columns, rows in groups.items():
+        for columns, rows in self.groups().items():
             if marker is not None:  # the driver's executemany, rows as tuples
                 sql = _update_sql(conn.dialect, self.table, keys, columns, marker)
                 _driver(conn, sql, _driver_rows(self.table, columns + keys, rows), many=True)
@@ -351,11 +357,12 @@ def _mark_sql(dialect: Any, notify: bool) -> tuple[str, str] | None:
 
 
 @functools.cache
-def _shape(table: Table) -> tuple[list[str], bool, dict[str, Any]]:
-    """``table``'s primary key names, whether it has ``last_seq``, and a row of its columns."""
+def _shape(table: Table) -> tuple[list[str], bool, dict[str, Any], tuple[str, ...]]:
+    """``table``'s primary key, whether it has ``last_seq``, a row of its columns, their names."""
     keys = [c.name for c in table.primary_key.columns]
-    blank: dict[str, Any] = dict.fromkeys(c.name for c in table.columns)
-    return keys, "last_seq" in table.c, blank
+    names = tuple(c.name for c in table.columns)
+    blank: dict[str, Any] = dict.fromkeys(names)
+    return keys, "last_seq" in table.c, blank, names
 
 
 #: Positional parameter markers by DB-API ``paramstyle`` (sqlite3: qmark; psycopg: pyformat).
@@ -497,7 +504,43 @@ class _Batch:
         """The records that follow are ``seq``'s (rows they touch carry it)."""
         self.runs.seq = self.tasks.seq = self.steps.seq = seq
 
-    def flush(self, conn: Connection) -> int:
+    def parts(self) -> list[pgflush.Part]:
+        """The batch as :func:`pgflush.statement`'s parts: new rows, then updates."""
+        out: list[pgflush.Part] = []
+        for rows in (self.runs, self.tasks, self.steps):
+            if rows.new:
+                out.append((rows.table, None, rows.names, rows.new.values()))
+        if self.records:
+            table: Table = JournalRecord.__table__  # type: ignore[assignment]
+            out.append((table, None, _shape(table)[3], self.records))
+        for rows in (self.runs, self.tasks, self.steps):
+            for columns, changed in rows.groups().items():
+                out.append((rows.table, tuple(rows.keys), columns + tuple(rows.keys), changed))
+        return out
+
+    def flush(
+        self,
+        conn: Connection,
+        moved: tuple[int, int, int] | None = None,
+        notify: tuple[str, str] | None = None,
+    ) -> int:
+        """Write the batch; return the statements it took.
+
+        With ``moved`` (``(last_seq, state id, expected mark)``), the batch,
+        the mark's move and ``notify`` are one statement (:mod:`pgflush`,
+        PostgreSQL in autocommit).
+
+        Raises:
+            pgflush.MarkMoved: The mark was not at the expected seq; nothing was written.
+        """
+        if moved is not None:
+            sql, params = pgflush.statement(conn.dialect, self.parts(), moved, notify)
+            if _driver(conn, sql, params) is None:
+                raise pgflush.MarkMoved(
+                    f"the store's mark moved from seq {moved[2]} under this projector",
+                    mark=moved[2],
+                )
+            return 1
         # Parents first: tasks and steps reference runs.
         n = self.runs.flush(conn) + self.tasks.flush(conn) + self.steps.flush(conn)
         if self.records:
@@ -558,6 +601,11 @@ class Projector:
         #: statement built or compiled a transaction), or None on a driver the
         #: fast path does not know.
         self._mark_sql = _mark_sql(engine.dialect, self._notify)
+        #: PostgreSQL: a batch is one statement in autocommit (:meth:`_statement`),
+        #: which moves the mark from :attr:`_mark` (None: read it first).
+        self._one_statement = self._notify and self._mark_sql is not None
+        self._read_mark_sql = "SELECT last_seq FROM projector_state WHERE id = %s"
+        self._mark: int | None = None
         self._run_ids: dict[int, str] = {}
         self._run_ids_stale = False
         self._ctx: dict[int, _RunCtx] = {}
@@ -612,33 +660,65 @@ class Projector:
             self._isolate(records[mid:], report)
 
     def _transaction(self, batch: list[Decoded]) -> ApplyReport:
+        if self._one_statement:
+            return self._statement(batch)
         report = ApplyReport()
         try:
             with self.engine.begin() as conn:
                 mark = self._lock_mark(conn)
                 if self._run_ids_stale:
                     self._load_run_ids(conn)
-                report.last_seq = mark
-                changes = _Batch()
-                for seq, _rtype, run_no, rec in batch:
-                    if seq <= report.last_seq:
-                        report.skipped += 1
-                        continue
-                    report.last_seq = seq
-                    if isinstance(rec, Undecodable):
-                        raise rec.error
-                    changes.records.append(record_row(seq, run_no, rec))
-                    changes.at(seq)
-                    if self._apply_one(conn, changes, seq, run_no, rec):
-                        report.applied += 1
-                    else:
-                        report.orphans += 1
+                changes = self._collect(conn, batch, mark, report)
                 report.statements = changes.flush(conn)
                 self._move_mark(conn, mark, report)
         except BaseException:
             self._forget()
             raise
         return report
+
+    def _statement(self, batch: list[Decoded]) -> ApplyReport:
+        """:meth:`_transaction` on PostgreSQL: the batch is one statement (``pgflush``)."""
+        report = ApplyReport()
+        try:
+            with self.engine.connect() as conn:
+                conn.execution_options(isolation_level="AUTOCOMMIT")
+                if self._mark is None:
+                    row = _driver(conn, self._read_mark_sql, (self._state_id,))
+                    self._mark = self._base if row is None or row[0] is None else int(row[0])
+                mark = self._mark
+                if self._run_ids_stale:
+                    self._load_run_ids(conn)
+                changes = self._collect(conn, batch, mark, report)
+                if report.last_seq > mark:
+                    moved = (report.last_seq, self._state_id, mark)
+                    notify = (PROJECTED_CHANNEL, f"{self.shard} {report.last_seq}")
+                    report.statements = changes.flush(conn, moved, notify)
+                    self._mark = report.last_seq
+        except BaseException:
+            self._forget()
+            raise
+        return report
+
+    def _collect(
+        self, conn: Connection, batch: list[Decoded], mark: int, report: ApplyReport
+    ) -> _Batch:
+        """Apply the records after ``mark`` to a new :class:`_Batch` of row changes."""
+        report.last_seq = mark
+        changes = _Batch()
+        for seq, _rtype, run_no, rec in batch:
+            if seq <= report.last_seq:
+                report.skipped += 1
+                continue
+            report.last_seq = seq
+            if isinstance(rec, Undecodable):
+                raise rec.error
+            changes.records.append(record_row(seq, run_no, rec))
+            changes.at(seq)
+            if self._apply_one(conn, changes, seq, run_no, rec):
+                report.applied += 1
+            else:
+                report.orphans += 1
+        return changes
 
     def _quarantine(self, record: Decoded, error: BaseException) -> ApplyReport:
         """Put one record that fails on its own into ``dead_letters``; move the mark past it."""
@@ -679,6 +759,7 @@ class Projector:
                 report.last_seq = seq
                 report.quarantined.append(seq)
                 self._move_mark(conn, mark, report)
+                self._mark = None  # moved here: read again by the next batch
         except BaseException:
             self._forget()
             raise
@@ -1167,6 +1248,7 @@ class Projector:
         """Drop what memory holds of the rows (reloaded in the next transaction)."""
         self._ctx.clear()
         self._finished = 0
+        self._mark = None
         self._run_ids.clear()
         self._run_ids_stale = True
 
