@@ -419,3 +419,20 @@ def test_an_idle_projector_checkpoints_a_sqlite_store(
         assert copied[0] > 0
     else:
         assert copied == [0]  # PostgreSQL: nothing to do
+
+
+def test_a_run_read_for_the_api_is_the_run_the_orm_loads(store: Engine, journal: Journal):
+    """``run_detail_of`` (the API's read: three SELECTs, pipelined on PostgreSQL) and the ORM agree.
+
+    On PostgreSQL the three statements go through psycopg's pipeline on the
+    driver's cursors, with the engine's JSON loader: the same values, JSON
+    columns and floats included, as SQLAlchemy's own reading of the rows.
+    """
+    _project(store, journal)
+    with session_factory(store)() as session:
+        for run_id in journal.run_ids.values():
+            fast = queries.run_detail_of(session, run_id)
+            assert fast is not None
+            assert fast == _detail(store, run_id)
+            assert fast["tasks"]  # every run here has its root at least
+        assert queries.run_detail_of(session, "run-nobody-started") is None

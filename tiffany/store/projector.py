@@ -144,7 +144,7 @@ from tiffany.store.records import (
     jsonable,
     text,
 )
-from tiffany.store.session import json_text
+from tiffany.store.session import driver_errors, json_text
 
 __all__ = [
     "PROJECTED_CHANNEL",
@@ -387,31 +387,19 @@ def _driver(conn: Connection, sql: str, params: Any, *, many: bool = False) -> A
     already the driver's values) skip SQLAlchemy's execution context: its
     setup and result objects cost more than a small statement's work in
     SQLite (a tenth of a 22-record batch). A driver error is raised as
-    SQLAlchemy would raise it (:meth:`DBAPIError.instance`, with whether it
-    is a disconnect), so :func:`is_transient` reads it the same.
+    SQLAlchemy would raise it (``session.driver_errors``), so
+    :func:`is_transient` reads it the same.
     """
-    dialect, dbapi = conn.dialect, conn.dialect.loaded_dbapi
-    raw = conn.connection
-    cursor = raw.cursor()
-    try:
-        if many:
-            cursor.executemany(sql, params)
-            return None
-        cursor.execute(sql, params)
-        return cursor.fetchone() if cursor.description is not None else None
-    except dbapi.Error as exc:
-        gone = dialect.is_disconnect(exc, raw, cursor)
-        raise sa_exc.DBAPIError.instance(
-            sql,
-            params,
-            exc,
-            dbapi.Error,
-            connection_invalidated=gone,
-            dialect=dialect,
-            ismulti=many,
-        ) from exc
-    finally:
-        cursor.close()
+    with driver_errors(conn, sql, params, many=many) as raw:
+        cursor = raw.cursor()
+        try:
+            if many:
+                cursor.executemany(sql, params)
+                return None
+            cursor.execute(sql, params)
+            return cursor.fetchone() if cursor.description is not None else None
+        finally:
+            cursor.close()
 
 
 def _driver_rows(

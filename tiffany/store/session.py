@@ -10,17 +10,21 @@ instead of an immediate ``database is locked``; on PostgreSQL, the psycopg
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
 import msgspec
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 __all__ = [
     "SQLITE_BUSY_TIMEOUT_MS",
     "checkpoint",
+    "driver_errors",
     "is_sqlite",
     "json_text",
     "make_engine",
@@ -148,3 +152,34 @@ def checkpoint(engine: Engine) -> int:
 def session_factory(engine: Engine) -> sessionmaker[Session]:
     """Return a session factory bound to ``engine`` (objects stay usable after commit)."""
     return sessionmaker(engine, expire_on_commit=False)
+
+
+@contextlib.contextmanager
+def driver_errors(conn: Connection, sql: str, params: Any, *, many: bool = False) -> Iterator[Any]:
+    """Yield ``conn``'s DB-API connection; raise a driver error as SQLAlchemy would.
+
+    For statements run on the driver's own cursors (the projector's batches,
+    the API's pipelined reads): the error is SQLAlchemy's wrapper
+    (:meth:`DBAPIError.instance`: ``OperationalError``, ``IntegrityError``...)
+    with ``connection_invalidated`` set on a disconnect, and the connection
+    is then invalidated (the pool opens a new one), as SQLAlchemy's own
+    execution does, so callers read these errors as they read any other.
+    """
+    dialect = conn.dialect
+    dbapi = dialect.loaded_dbapi
+    raw = conn.connection
+    try:
+        yield raw
+    except dbapi.Error as exc:
+        gone = dialect.is_disconnect(exc, raw, None)
+        if gone:
+            conn.invalidate()
+        raise sa_exc.DBAPIError.instance(
+            sql,
+            params,
+            exc,
+            dbapi.Error,
+            connection_invalidated=gone,
+            dialect=dialect,
+            ismulti=many,
+        ) from exc
