@@ -589,8 +589,11 @@ class Projector:
         #: statement built or compiled a transaction), or None on a driver the
         #: fast path does not know.
         self._mark_sql = _mark_sql(engine.dialect, self._notify)
-        #: PostgreSQL: a batch is one statement in autocommit (:meth:`_statement`),
-        #: which moves the mark from :attr:`_mark` (None: read it first).
+        #: The mark as this projector last wrote it (None: unknown). PostgreSQL:
+        #: a batch is one statement in autocommit (:meth:`_statement`) that
+        #: moves the mark from it (None: read it first); SQLite: a mark read
+        #: at a batch's start that is not it means another projector wrote,
+        #: and what memory holds of the rows is dropped.
         self._one_statement = self._notify and self._mark_sql is not None
         self._read_mark_sql = "SELECT last_seq FROM projector_state WHERE id = %s"
         self._mark: int | None = None
@@ -654,11 +657,14 @@ class Projector:
         try:
             with self.engine.begin() as conn:
                 mark = self._lock_mark(conn)
+                if self._mark is not None and mark != self._mark:
+                    self._forget()  # another projector wrote since: its rows, not our memory
                 if self._run_ids_stale:
                     self._load_run_ids(conn)
                 changes = self._collect(conn, batch, mark, report)
                 report.statements = changes.flush(conn)
                 self._move_mark(conn, mark, report)
+            self._mark = report.last_seq
         except BaseException:
             self._forget()
             raise
