@@ -104,6 +104,8 @@ WARMUP_RATE = 50
 WARMUP_S = 2.0
 #: Directories (each with a file) the file-system probe creates.
 FS_PROBE_DIRS = 200
+#: Iterations of :func:`cpu_probe`'s loop.
+CPU_PROBE_LOOPS = 5_000_000
 #: How long a rate's runs may take to finish before the script moves on, in seconds.
 DRAIN_TIMEOUT_S = 180.0
 START_TIMEOUT_S = 90.0
@@ -655,6 +657,24 @@ def inode_probe(where: Path, n: int = FS_PROBE_DIRS) -> float:
         shutil.rmtree(probe, ignore_errors=True)
 
 
+def cpu_probe(loops: int = CPU_PROBE_LOOPS) -> float:
+    """Return the milliseconds this machine takes for a fixed pure-Python loop (best of 3).
+
+    The same loop took 320 to 410 ms, and at times 620-690 ms, on this
+    2-vCPU machine while it was otherwise idle (2026-11-25): the host gives
+    the vCPUs less at times, and every figure of a run then moves with it.
+    Printed beside the figures so runs on a slow host are read as such.
+    """
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        total = 0
+        for i in range(loops):
+            total += i
+        best = min(best, time.perf_counter() - t0)
+    return best * 1000
+
+
 async def bench_tiffany(args: argparse.Namespace, rates: list[float]) -> dict[float, Any]:
     body = json.dumps({"plan": small_plan(), "inputs": {}}).encode()
     results: dict[float, Any] = {}
@@ -664,6 +684,11 @@ async def bench_tiffany(args: argparse.Namespace, rates: list[float]) -> dict[fl
             f"file system: {inode_probe(serve.data_dir):.0f} us to create a directory and a "
             "file in the data dir (a clean ext4 here: about 40 us; over 300 us, runs pay for "
             "recently deleted inodes: see bench/README.md)",
+            flush=True,
+        )
+        print(
+            f"cpu: {cpu_probe():.0f} ms for {CPU_PROBE_LOOPS:,} additions in a Python loop "
+            "(best of 3; a quiet host here: 320-410 ms, a slow one over 600)",
             flush=True,
         )
         pool = Pool(serve.url)

@@ -16,7 +16,9 @@ tree (``PYTHONPATH``; a child process of this script per cell) and drives an
 A 404 is counted, and the read is repeated every 5 ms until the run is
 there, to time when it became visible.
 
-Figures per cell: operations, 404s (the target: 0), other errors, the
+Figures per cell: operations, the host's speed just before the load
+(``cpu probe ms``: bench/api.py's ``cpu_probe``, a fixed Python loop; it
+doubled at times on an idle 2-vCPU machine), 404s (the target: 0), other errors, the
 submission's p50/p99 (from the due time), the read's p50/p99 (from the 201;
 the target: p99 < 20 ms at 200 req/s), and the time from the 201 to the
 first read that found the run, p50/p99/max. The cells are printed side by
@@ -146,7 +148,10 @@ def run_cell(
             if time.monotonic() > deadline:
                 raise RuntimeError(f"serve not ready:\n{serve.log_tail()}")
             time.sleep(0.1)
-        return asyncio.run(_load(api, serve.url, rate, seconds))
+        probe = api.cpu_probe()  # the host's speed now (bench/api.py)
+        out: dict[str, Any] = asyncio.run(_load(api, serve.url, rate, seconds))
+        out["cpu_probe_ms"] = probe
+        return out
 
 
 # -- the parent: cells side by side ---------------------------------------------------------------
@@ -207,6 +212,7 @@ def _rows(cell: dict[str, Any]) -> dict[str, str]:
         return {"operations": "failed"}
     return {
         "operations": str(cell["operations"]),
+        "cpu probe ms": f"{cell.get('cpu_probe_ms', float('nan')):.0f}",
         "404s": str(cell["not_found"]),
         "other errors": str(sum(cell["errors"].values()) if cell["errors"] else 0),
         "POST p50 ms": f"{_pct(cell['post'], 0.5):.1f}",
