@@ -660,10 +660,10 @@ def inode_probe(where: Path, n: int = FS_PROBE_DIRS) -> float:
 def cpu_probe(loops: int = CPU_PROBE_LOOPS) -> float:
     """Return the milliseconds this machine takes for a fixed pure-Python loop (best of 3).
 
-    The same loop took 320 to 410 ms, and at times 620-690 ms, on this
-    2-vCPU machine while it was otherwise idle (2026-11-25): the host gives
-    the vCPUs less at times, and every figure of a run then moves with it.
-    Printed beside the figures so runs on a slow host are read as such.
+    Eight probes in a row took 130 to 290 ms on this 2-vCPU machine while
+    it was otherwise idle (2026-11-25): the host gives the vCPUs less at
+    times, and every figure of a run moves with it. Printed beside the
+    figures so that runs on a slow host are read as such.
     """
     best = float("inf")
     for _ in range(3):
@@ -688,7 +688,7 @@ async def bench_tiffany(args: argparse.Namespace, rates: list[float]) -> dict[fl
         )
         print(
             f"cpu: {cpu_probe():.0f} ms for {CPU_PROBE_LOOPS:,} additions in a Python loop "
-            "(best of 3; a quiet host here: 320-410 ms, a slow one over 600)",
+            "(best of 3; 130-290 ms on this idle machine, 2026-11-25)",
             flush=True,
         )
         pool = Pool(serve.url)
