@@ -94,6 +94,9 @@ class Served:
         """CPU seconds by role so far (engines, projectors, API, and this client)."""
         me = resource.getrusage(resource.RUSAGE_SELF)
         out: dict[str, float] = {"client": me.ru_utime + me.ru_stime}
+        # Looked up at each call: an engine may start its projector after /readyz
+        # answers (the PostgreSQL journal's did: its CPU read 0.0).
+        self.roles["projectors"] = [p for e in self.roles["engines"] for p in _children(e)]
         for role, pids in self.roles.items():
             total = 0.0
             for pid in pids:
