@@ -44,7 +44,7 @@ from tiffany.errors import TiffanyError
 from tiffany.store.models import ProjectorState
 from tiffany.store.session import json_text
 
-__all__ = ["MarkMoved", "Part", "statement"]
+__all__ = ["MarkMoved", "Part", "json_columns", "statement"]
 
 #: One part of a batch: ``(table, key columns or None for an INSERT, columns, rows)``.
 Part = tuple[Table, tuple[str, ...] | None, tuple[str, ...], Iterable[dict[str, Any]]]
@@ -89,7 +89,7 @@ def statement(
 
 def _document(table: Table, columns: tuple[str, ...], rows: Iterable[dict[str, Any]]) -> str:
     """The rows' ``columns`` as a JSON array of objects (JSON columns as their text)."""
-    json = _json_columns(table)
+    json = json_columns(table)
     if not json.intersection(columns):
         return _encode([{c: row[c] for c in columns} for row in rows])
     return _encode(
@@ -98,7 +98,8 @@ def _document(table: Table, columns: tuple[str, ...], rows: Iterable[dict[str, A
 
 
 @functools.cache
-def _json_columns(table: Table) -> frozenset[str]:
+def json_columns(table: Table) -> frozenset[str]:
+    """The names of ``table``'s JSON columns (bound as their text, ``session.json_text``)."""
     return frozenset(c.name for c in table.columns if isinstance(c.type, JSON))
 
 
@@ -115,7 +116,7 @@ def _sql(
         f" RETURNING {last})"
     ]
     for i, (table, keys, columns) in enumerate(shape):
-        json = _json_columns(table)
+        json = json_columns(table)
         names = {c: quote(c) for c in columns}
         typed = ", ".join(
             f"{names[c]} {'text' if c in json else table.c[c].type.compile(dialect=dialect)}"

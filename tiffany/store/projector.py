@@ -83,7 +83,6 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from sqlalchemy import (
-    JSON,
     Connection,
     Engine,
     Table,
@@ -413,7 +412,7 @@ def _driver_rows(
     was a third of the projector's time for a batch of 1,000 new steps.
     The other columns (text, integers, floats) bind as they are.
     """
-    json = _json_columns(table)
+    json = pgflush.json_columns(table)
     positions = [i for i, name in enumerate(names) if name in json]
     out = []
     for row in rows:
@@ -422,11 +421,6 @@ def _driver_rows(
             values[i] = json_text(values[i])
         out.append(tuple(values))
     return out
-
-
-@functools.cache
-def _json_columns(table: Table) -> frozenset[str]:
-    return frozenset(c.name for c in table.columns if isinstance(c.type, JSON))
 
 
 @functools.cache
