@@ -69,14 +69,16 @@ def make_journal(where: Path, rate: float, seconds: float) -> Path:
 
 def run_cell(wal: Path, url: str | None, batch: int) -> dict[str, Any]:
     """Apply ``wal`` to a fresh store at ``url`` (None: SQLite) in batches of ``batch``."""
-    sys.path.insert(0, str(HERE))
-    import api
-
+    # The tree under test first (PYTHONPATH): bench/api.py puts this script's
+    # tree at the front of sys.path when it is imported.
     from tiffany.engine.projection import WalTail
     from tiffany.errors import WalCorruptionError
     from tiffany.store.migrate import upgrade
     from tiffany.store.projector import Projector
     from tiffany.store.session import make_engine
+
+    sys.path.insert(0, str(HERE))
+    import api
 
     source = WalTail(wal)
     records: list[Any] = []
@@ -105,7 +107,10 @@ def run_cell(wal: Path, url: str | None, batch: int) -> dict[str, Any]:
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         busy = (_busy_jiffies() - busy) / os.sysconf("SC_CLK_TCK")
         engine.dispose()
+    import tiffany
+
     return {
+        "tree": str(Path(tiffany.__file__).parent.parent),
         "records": len(records),
         "runs": runs,
         "cpu_s": cpu,
@@ -150,6 +155,8 @@ def _cell(tree: Path, wal: Path, url: str | None, batch: int) -> dict[str, Any]:
     if proc.returncode != 0 or not lines:
         return {"failed": (proc.stderr or proc.stdout)[-800:]}
     result: dict[str, Any] = json.loads(lines[-1])
+    if Path(result["tree"]).resolve() != tree.resolve():
+        return {"failed": f"the cell ran {result['tree']}, not {tree}"}
     return result
 
 

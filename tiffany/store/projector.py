@@ -496,8 +496,13 @@ class _Batch:
             table: Table = JournalRecord.__table__  # type: ignore[assignment]
             out.append((table, None, _shape(table)[3], self.records))
         for rows in (self.runs, self.tasks, self.steps):
-            for columns, changed in rows.groups().items():
-                out.append((rows.table, tuple(rows.keys), columns + tuple(rows.keys), changed))
+            if rows.changed:  # one part a table, whatever columns each row changes
+                keys = tuple(rows.keys)
+                changed = [
+                    {**values, **dict(zip(keys, key, strict=True))}
+                    for key, values in rows.changed.items()
+                ]
+                out.append((rows.table, keys, rows.names, changed))
         return out
 
     def flush(
