@@ -366,13 +366,14 @@ def test_driver_parameters_store_what_sqlalchemy_binds_would(
     make_store: Callable[[], Engine],
     monkeypatch: pytest.MonkeyPatch,
 ):
-    """The projector's executemany with its own parameters (JSON as text) == SQLAlchemy's binds.
+    """The projector's own statements and parameters (JSON as text) == SQLAlchemy's binds.
 
-    Byte for byte, JSON ``null`` for None included: the other store is
+    SQLite: its executemany; PostgreSQL: its one statement per batch
+    (``pgflush``). Byte for byte, JSON ``null`` for None included: the other store is
     projected with the fast path off (a driver whose paramstyle it does not
     know), in the same small batches, so updates take both paths too.
     """
-    from tiffany.store import projector as projector_module
+    from tiffany.store import rows as rows_module
 
     def project(engine: Engine) -> None:
         projector = Projector(engine)
@@ -382,7 +383,7 @@ def test_driver_parameters_store_what_sqlalchemy_binds_would(
     project(store)
     bound = make_store()
     with monkeypatch.context() as patch:
-        patch.setattr(projector_module, "_MARKERS", {})
+        patch.setattr(rows_module, "_MARKERS", {})
         project(bound)
     fast, slow = _raw(store), _raw(bound)
     assert fast["steps"]

@@ -24,7 +24,8 @@ from tiffany.engine.projection import journal_id
 from tiffany.records import RunEnd, RunStart, Spawn, TaskExit
 from tiffany.store import Projector, RecordType, queries, session_factory
 from tiffany.store.pgflush import MarkMoved
-from tiffany.store.projector import _Batch, is_transient
+from tiffany.store.projector import is_transient
+from tiffany.store.rows import Batch
 
 
 def _fail_at(monkeypatch: pytest.MonkeyPatch, seq: int, exc: Exception) -> None:
@@ -75,15 +76,15 @@ def test_transient_errors_are_retried_and_lose_nothing(
     clean.reset()
 
     failures = {"left": 3}
-    real_flush = _Batch.flush
+    real_flush = Batch.flush
 
-    def flaky(self: _Batch, conn: Any, *moved: Any) -> int:
+    def flaky(self: Batch, conn: Any, *moved: Any) -> int:
         if failures["left"]:
             failures["left"] -= 1
             raise OperationalError("INSERT ...", {}, ConnectionResetError("server closed"))
         return real_flush(self, conn, *moved)
 
-    monkeypatch.setattr(_Batch, "flush", flaky)
+    monkeypatch.setattr(Batch, "flush", flaky)
     monkeypatch.setattr(projector_proc, "make_engine", lambda _url, **_kw: store)
     out = io.StringIO()
     applier = projector_proc._Applier("unused", out)

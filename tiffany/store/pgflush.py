@@ -1,6 +1,6 @@
 """A projector batch on PostgreSQL as one statement: its rows, the mark and the notification.
 
-The projector merges a batch's changes per row (``projector._Rows``): new
+The projector merges a batch's changes per row (``rows.Batch``): new
 rows per table, and updates per table and set of columns. On SQLite those
 are a few ``executemany`` calls on a local file. On PostgreSQL each
 statement is a round trip to a server process that shares the machine, and

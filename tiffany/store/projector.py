@@ -76,7 +76,6 @@ commit, so the store is at most one batch behind the truth.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -85,9 +84,6 @@ from typing import Any, Final
 from sqlalchemy import (
     Connection,
     Engine,
-    Table,
-    and_,
-    bindparam,
     delete,
     func,
     insert,
@@ -95,7 +91,6 @@ from sqlalchemy import (
 )
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import update as sql_update
-from sqlalchemy.sql.dml import Insert, Update
 
 from tiffany.errors import TiffanyError
 from tiffany.records import (
@@ -143,7 +138,7 @@ from tiffany.store.records import (
     jsonable,
     text,
 )
-from tiffany.store.session import driver_errors, json_text
+from tiffany.store.rows import Batch, driver, mark_sql
 
 __all__ = [
     "PROJECTED_CHANNEL",
@@ -269,191 +264,6 @@ class _RunCtx:
     usage: dict[str, float] | None = None
 
 
-class _Rows:
-    """One table's changes in a batch: new rows, and column updates by primary key.
-
-    A table with a ``last_seq`` column gets the seq of the record being
-    applied (:attr:`seq`) in every row it inserts or changes: each row names
-    the point of the journal it reflects (docs/clock.md).
-    """
-
-    def __init__(self, table: Table) -> None:
-        self.table = table
-        self.keys, self.stamped, self._blank, self.names = _shape(table)
-        self.new: dict[tuple[Any, ...], dict[str, Any]] = {}
-        self.changed: dict[tuple[Any, ...], dict[str, Any]] = {}
-        #: The seq of the record being applied.
-        self.seq = 0
-
-    def insert(self, key: tuple[Any, ...], row: dict[str, Any]) -> None:
-        full = self._blank.copy()
-        full.update(row)
-        full.update(zip(self.keys, key, strict=True))
-        if self.stamped:
-            full["last_seq"] = self.seq
-        self.new[key] = full
-
-    def update(self, key: tuple[Any, ...], **values: Any) -> None:
-        if self.stamped:
-            values["last_seq"] = self.seq
-        row = self.new.get(key)
-        if row is not None:
-            row.update(values)
-        else:
-            self.changed.setdefault(key, {}).update(values)
-
-    def groups(self) -> dict[tuple[str, ...], list[dict[str, Any]]]:
-        """The changed rows by their set of changed columns (each row with its key)."""
-        groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
-        for key, values in self.changed.items():
-            columns = tuple(sorted(values))
-            values.update(zip(self.keys, key, strict=True))
-            groups.setdefault(columns, []).append(values)
-        return groups
-
-    def flush(self, conn: Connection) -> int:
-        """Write the new rows (one INSERT) and the changed ones (one UPDATE per column set)."""
-        statements = 0
-        if self.new:
-            _insert_many(conn, self.table, self.new.values())
-            statements += 1
-        keys = tuple(self.keys)
-        marker = _MARKERS.get(conn.dialect.paramstyle)
-        for columns, rows in self.groups().items():
-            if marker is not None:  # the driver's executemany, rows as tuples
-                sql = _update_sql(conn.dialect, self.table, keys, columns, marker)
-                _driver(conn, sql, _driver_rows(self.table, columns + keys, rows), many=True)
-            else:  # a driver the fast path does not know: SQLAlchemy binds
-                params = [
-                    {**{f"k_{k}": row[k] for k in keys}, **{f"v_{c}": row[c] for c in columns}}
-                    for row in rows
-                ]
-                conn.execute(_update_of(self.table, keys, columns), params)
-            statements += 1
-        return statements
-
-
-def _mark_sql(dialect: Any, notify: bool) -> tuple[str, str] | None:
-    """The SQL that reads and locks the mark, and the SQL that moves it (and notifies).
-
-    Both take the driver's positional markers: the lock ``(id,)``; the move
-    ``(last_seq, id)``, then on PostgreSQL ``(channel, payload)`` for the
-    ``pg_notify`` that rides in the same statement (a CTE), so moving the
-    mark is one round trip.
-    """
-    m = _MARKERS.get(dialect.paramstyle)
-    if m is None:
-        return None
-    quote = dialect.identifier_preparer.quote
-    table, last, key = quote(ProjectorState.__tablename__), quote("last_seq"), quote("id")
-    lock = f"SELECT {last} FROM {table} WHERE {key} = {m}"
-    move = f"UPDATE {table} SET {last} = {m} WHERE {key} = {m}"
-    if dialect.name == "postgresql":
-        lock += " FOR UPDATE"
-    if notify:
-        move = f"WITH moved AS ({move} RETURNING {last}) SELECT pg_notify({m}, {m}) FROM moved"
-    return lock, move
-
-
-@functools.cache
-def _shape(table: Table) -> tuple[list[str], bool, dict[str, Any], tuple[str, ...]]:
-    """``table``'s primary key, whether it has ``last_seq``, a row of its columns, their names."""
-    keys = [c.name for c in table.primary_key.columns]
-    names = tuple(c.name for c in table.columns)
-    blank: dict[str, Any] = dict.fromkeys(names)
-    return keys, "last_seq" in table.c, blank, names
-
-
-#: Positional parameter markers by DB-API ``paramstyle`` (sqlite3: qmark; psycopg: pyformat).
-_MARKERS: Final = {"qmark": "?", "format": "%s", "pyformat": "%s"}
-
-
-def _insert_many(conn: Connection, table: Table, rows: Iterable[dict[str, Any]]) -> None:
-    """INSERT ``rows`` (dicts of every column of ``table``) in one executemany."""
-    marker = _MARKERS.get(conn.dialect.paramstyle)
-    if marker is None:  # a driver the fast path does not know: SQLAlchemy binds
-        conn.execute(_insert_of(table), list(rows))
-        return
-    names = tuple(c.name for c in table.columns)
-    sql = _insert_sql(conn.dialect, table, names, marker)
-    _driver(conn, sql, _driver_rows(table, names, rows), many=True)
-
-
-def _driver(conn: Connection, sql: str, params: Any, *, many: bool = False) -> Any:
-    """Run driver SQL on ``conn``'s DB-API connection, in its transaction; return the first row.
-
-    The projector's own statements (already the driver's SQL, parameters
-    already the driver's values) skip SQLAlchemy's execution context: its
-    setup and result objects cost more than a small statement's work in
-    SQLite (a tenth of a 22-record batch). A driver error is raised as
-    SQLAlchemy would raise it (``session.driver_errors``), so
-    :func:`is_transient` reads it the same.
-    """
-    with driver_errors(conn, sql, params, many=many) as raw:
-        cursor = raw.cursor()
-        try:
-            if many:
-                cursor.executemany(sql, params)
-                return None
-            cursor.execute(sql, params)
-            return cursor.fetchone() if cursor.description is not None else None
-        finally:
-            cursor.close()
-
-
-def _driver_rows(
-    table: Table, names: tuple[str, ...], rows: Iterable[dict[str, Any]]
-) -> list[tuple[Any, ...]]:
-    """``rows`` as the driver's parameters: ``names``' values, JSON columns as their text.
-
-    The text SQLAlchemy's JSON type would bind (``json_text``, the engine's
-    serializer; None is JSON ``null``, as ``none_as_null=False`` stores
-    it), made here in one pass: SQLAlchemy's per-row parameter processing
-    was a third of the projector's time for a batch of 1,000 new steps.
-    The other columns (text, integers, floats) bind as they are.
-    """
-    json = pgflush.json_columns(table)
-    positions = [i for i, name in enumerate(names) if name in json]
-    out = []
-    for row in rows:
-        values = [row[name] for name in names]
-        for i in positions:
-            values[i] = json_text(values[i])
-        out.append(tuple(values))
-    return out
-
-
-@functools.cache
-def _insert_sql(dialect: Any, table: Table, names: tuple[str, ...], marker: str) -> str:
-    quote = dialect.identifier_preparer.quote
-    columns = ", ".join(quote(n) for n in names)
-    markers = ", ".join([marker] * len(names))
-    return f"INSERT INTO {quote(table.name)} ({columns}) VALUES ({markers})"
-
-
-@functools.cache
-def _update_sql(
-    dialect: Any, table: Table, keys: tuple[str, ...], columns: tuple[str, ...], marker: str
-) -> str:
-    quote = dialect.identifier_preparer.quote
-    sets = ", ".join(f"{quote(c)} = {marker}" for c in columns)
-    where = " AND ".join(f"{quote(k)} = {marker}" for k in keys)
-    return f"UPDATE {quote(table.name)} SET {sets} WHERE {where}"
-
-
-@functools.cache
-def _insert_of(table: Table) -> Insert:
-    """The INSERT of ``table``'s rows (built once: a statement's cache key is not free)."""
-    return insert(table)
-
-
-@functools.cache
-def _update_of(table: Table, keys: tuple[str, ...], columns: tuple[str, ...]) -> Update:
-    """The UPDATE of ``columns`` by primary key ``keys`` (``k_*`` and ``v_*`` parameters)."""
-    where = and_(*(table.c[k] == bindparam(f"k_{k}") for k in keys))
-    return sql_update(table).where(where).values({c: bindparam(f"v_{c}") for c in columns})
-
-
 @dataclass(slots=True)
 class ApplyReport:
     """What one :meth:`Projector.apply` did."""
@@ -473,67 +283,6 @@ class ApplyReport:
         self.quarantined += other.quarantined
         self.last_seq = max(self.last_seq, other.last_seq)
         self.statements += other.statements
-
-
-class _Batch:
-    def __init__(self) -> None:
-        self.runs = _Rows(Run.__table__)  # type: ignore[arg-type]
-        self.tasks = _Rows(Task.__table__)  # type: ignore[arg-type]
-        self.steps = _Rows(Step.__table__)  # type: ignore[arg-type]
-        self.records: list[dict[str, Any]] = []  # journal_records rows
-
-    def at(self, seq: int) -> None:
-        """The records that follow are ``seq``'s (rows they touch carry it)."""
-        self.runs.seq = self.tasks.seq = self.steps.seq = seq
-
-    def parts(self) -> list[pgflush.Part]:
-        """The batch as :func:`pgflush.statement`'s parts: new rows, then updates."""
-        out: list[pgflush.Part] = []
-        for rows in (self.runs, self.tasks, self.steps):
-            if rows.new:
-                out.append((rows.table, None, rows.names, rows.new.values()))
-        if self.records:
-            table: Table = JournalRecord.__table__  # type: ignore[assignment]
-            out.append((table, None, _shape(table)[3], self.records))
-        for rows in (self.runs, self.tasks, self.steps):
-            if rows.changed:  # one part a table, whatever columns each row changes
-                keys = tuple(rows.keys)
-                changed = [
-                    {**values, **dict(zip(keys, key, strict=True))}
-                    for key, values in rows.changed.items()
-                ]
-                out.append((rows.table, keys, rows.names, changed))
-        return out
-
-    def flush(
-        self,
-        conn: Connection,
-        moved: tuple[int, int, int] | None = None,
-        notify: tuple[str, str] | None = None,
-    ) -> int:
-        """Write the batch; return the statements it took.
-
-        With ``moved`` (``(last_seq, state id, expected mark)``), the batch,
-        the mark's move and ``notify`` are one statement (:mod:`pgflush`,
-        PostgreSQL in autocommit).
-
-        Raises:
-            pgflush.MarkMoved: The mark was not at the expected seq; nothing was written.
-        """
-        if moved is not None:
-            sql, params = pgflush.statement(conn.dialect, self.parts(), moved, notify)
-            if _driver(conn, sql, params) is None:
-                raise pgflush.MarkMoved(
-                    f"the store's mark moved from seq {moved[2]} under this projector",
-                    mark=moved[2],
-                )
-            return 1
-        # Parents first: tasks and steps reference runs.
-        n = self.runs.flush(conn) + self.tasks.flush(conn) + self.steps.flush(conn)
-        if self.records:
-            _insert_many(conn, JournalRecord.__table__, self.records)  # type: ignore[arg-type]
-            n += 1
-        return n
 
 
 def _fields(rec: Record | Unknown | Undecodable) -> Any:
@@ -587,14 +336,14 @@ class Projector:
         #: The mark's statements as the driver's SQL (one string each, no
         #: statement built or compiled a transaction), or None on a driver the
         #: fast path does not know.
-        self._mark_sql = _mark_sql(engine.dialect, self._notify)
+        self.mark_sql = mark_sql(engine.dialect, self._notify)
         #: The mark as this projector last wrote it (None: unknown). PostgreSQL:
         #: a batch is one statement in autocommit (:meth:`_statement`) that
         #: moves the mark from it (None: read it first); SQLite: a mark read
         #: at a batch's start that is not it means another projector wrote,
         #: and what memory holds of the rows is dropped.
-        self._one_statement = self._notify and self._mark_sql is not None
-        self._read_mark_sql = "SELECT last_seq FROM projector_state WHERE id = %s"
+        self._one_statement = self._notify and self.mark_sql is not None
+        self._readmark_sql = "SELECT last_seq FROM projector_state WHERE id = %s"
         self._mark: int | None = None
         self._run_ids: dict[int, str] = {}
         self._run_ids_stale = False
@@ -676,7 +425,7 @@ class Projector:
             with self.engine.connect() as conn:
                 conn.execution_options(isolation_level="AUTOCOMMIT")
                 if self._mark is None:
-                    row = _driver(conn, self._read_mark_sql, (self._state_id,))
+                    row = driver(conn, self._readmark_sql, (self._state_id,))
                     self._mark = self._base if row is None or row[0] is None else int(row[0])
                 mark = self._mark
                 if self._run_ids_stale:
@@ -694,10 +443,10 @@ class Projector:
 
     def _collect(
         self, conn: Connection, batch: list[Decoded], mark: int, report: ApplyReport
-    ) -> _Batch:
-        """Apply the records after ``mark`` to a new :class:`_Batch` of row changes."""
+    ) -> Batch:
+        """Apply the records after ``mark`` to a new :class:`Batch` of row changes."""
         report.last_seq = mark
-        changes = _Batch()
+        changes = Batch()
         for seq, _rtype, run_no, rec in batch:
             if seq <= report.last_seq:
                 report.skipped += 1
@@ -759,13 +508,13 @@ class Projector:
         return report
 
     def _move_mark(self, conn: Connection, mark: int, report: ApplyReport) -> None:
-        if report.last_seq > mark and self._mark_sql is not None:
+        if report.last_seq > mark and self.mark_sql is not None:
             # One statement: on PostgreSQL the notification rides in it.
             last = report.last_seq
             params: tuple[Any, ...] = (last, self._state_id)
             if self._notify:
                 params += (PROJECTED_CHANNEL, f"{self.shard} {last}")
-            _driver(conn, self._mark_sql[1], params)
+            driver(conn, self.mark_sql[1], params)
             report.statements += 1
         elif report.last_seq > mark:
             conn.execute(
@@ -810,7 +559,7 @@ class Projector:
     def _apply_one(
         self,
         conn: Connection,
-        b: _Batch,
+        b: Batch,
         seq: int,
         run_no: int,
         rec: Record | Unknown,
@@ -855,13 +604,13 @@ class Projector:
             self._step_held(b, ctx, rec.ltid, text(rec.reason), rec.name)  # type: ignore[union-attr]
         return True
 
-    def _outcome(self, b: _Batch, ctx: _RunCtx, rec: Outcome) -> None:
+    def _outcome(self, b: Batch, ctx: _RunCtx, rec: Outcome) -> None:
         value = rec.value
         if rec.kind == "now" and isinstance(value, int | float) and not isinstance(value, bool):
             self._tick(b, ctx, float(value))
 
     def _run_start(
-        self, b: _Batch, seq: int, run_no: int, rec: RunStart, row: dict[str, Any] | None
+        self, b: Batch, seq: int, run_no: int, rec: RunStart, row: dict[str, Any] | None
     ) -> None:
         run_id, name, entry, ts = rec.run_id, rec.name, rec.entry, rec.ts
         entry = entry if isinstance(entry, Mapping) else {}
@@ -921,7 +670,7 @@ class Projector:
                 if step_id not in ctx.steps:
                     self._new_step(b, ctx, step_id, None, settled)
 
-    def _spawn(self, b: _Batch, ctx: _RunCtx, rec: Spawn) -> None:
+    def _spawn(self, b: Batch, ctx: _RunCtx, rec: Spawn) -> None:
         ltid, parent, name = rec.ltid, rec.parent_ltid, text(rec.name)
         role = rec.role if rec.role is not None else ctx.root
         kind = TaskKind(role) if role in _ROLES else TaskKind.TASK
@@ -950,7 +699,7 @@ class Projector:
             step.tool = text(rec.tool)
             b.steps.update((ctx.run_id, step_id), tool=step.tool)
 
-    def _dispatch(self, b: _Batch, ctx: _RunCtx, rec: Dispatch) -> None:
+    def _dispatch(self, b: Batch, ctx: _RunCtx, rec: Dispatch) -> None:
         n, ltid, kind, arg = rec.n, rec.ltid, rec.kind, rec.arg
         if n > ctx.dispatches:
             ctx.dispatches = n
@@ -968,7 +717,7 @@ class Projector:
         elif ctx.receiving and ltid in ctx.receiving:
             self._step_waits(b, ctx, ltid, None)
 
-    def _step_waits(self, b: _Batch, ctx: _RunCtx, ltid: int, waiting: str | None) -> None:
+    def _step_waits(self, b: Batch, ctx: _RunCtx, ltid: int, waiting: str | None) -> None:
         """A worker's step waits for a signal (``signal NAME``), or no longer (None)."""
         if waiting is None:
             ctx.receiving.discard(ltid)
@@ -978,7 +727,7 @@ class Projector:
         if _HAS_WAITING and step_id is not None and step_id in ctx.steps:
             b.steps.update((ctx.run_id, step_id), waiting=waiting)
 
-    def _step_held(self, b: _Batch, ctx: _RunCtx, ltid: Any, reason: str | None, name: Any) -> None:
+    def _step_held(self, b: Batch, ctx: _RunCtx, ltid: Any, reason: str | None, name: Any) -> None:
         """A HOLD (``reason``): the task waits, and so does its step; a STEP_START ends it."""
         known = ctx.tasks.get(ltid)
         if known is None or (reason is None and ltid not in ctx.held):
@@ -994,7 +743,7 @@ class Projector:
         if _HAS_WAITING and step_id is not None and step_id in ctx.steps:
             b.steps.update((ctx.run_id, step_id), waiting=reason)
 
-    def _task_exit(self, b: _Batch, ctx: _RunCtx, rec: TaskExit, made: Any) -> None:
+    def _task_exit(self, b: Batch, ctx: _RunCtx, rec: TaskExit, made: Any) -> None:
         """A task's exit; ``made`` is ``jsonable(rec.value)`` (its journal row's)."""
         ltid, state, value = rec.ltid, rec.state, rec.value
         known = ctx.tasks.get(ltid)
@@ -1025,7 +774,7 @@ class Projector:
             b.steps.update((ctx.run_id, step_id), output=made)
 
     def _settle_step(
-        self, b: _Batch, ctx: _RunCtx, step_id: str, outcome: Mapping[str, Any], made: Any
+        self, b: Batch, ctx: _RunCtx, step_id: str, outcome: Mapping[str, Any], made: Any
     ) -> None:
         """A worker's StepOutcome: ``{"step_id", "ok", "output", "error", "attempts"}``.
 
@@ -1046,7 +795,7 @@ class Projector:
         if _HAS_USAGE and outcome.get("ok") and _add_usage(ctx, output):
             b.runs.update((ctx.run_id,), usage=dict(ctx.usage or {}))
 
-    def _run_end(self, b: _Batch, ctx: _RunCtx, rec: RunEnd, made: Any) -> None:
+    def _run_end(self, b: Batch, ctx: _RunCtx, rec: RunEnd, made: Any) -> None:
         """The run's end; ``made`` is ``jsonable(rec.value)`` (its journal row's)."""
         status, value, ts = rec.status, rec.value, rec.ts
         final = _RUN_END_STATUSES.get(status)
@@ -1117,7 +866,7 @@ class Projector:
 
     def _new_step(
         self,
-        b: _Batch,
+        b: Batch,
         ctx: _RunCtx,
         step_id: str,
         tool: str | None,
@@ -1135,7 +884,7 @@ class Projector:
         ctx.steps[step_id] = info
         return info
 
-    def _tick(self, b: _Batch, ctx: _RunCtx, ts: float) -> None:
+    def _tick(self, b: Batch, ctx: _RunCtx, ts: float) -> None:
         if math.isfinite(ts) and (ctx.clock is None or ts > ctx.clock):
             ctx.clock = ts
             b.runs.update((ctx.run_id,), updated_at=ts)
@@ -1192,8 +941,8 @@ class Projector:
             conn.execute(insert(ProjectorState).values(id=self._state_id, last_seq=self._base))
 
     def _lock_mark(self, conn: Connection) -> int:
-        if self._mark_sql is not None:
-            row = _driver(conn, self._mark_sql[0], (self._state_id,))
+        if self.mark_sql is not None:
+            row = driver(conn, self.mark_sql[0], (self._state_id,))
             value = None if row is None else row[0]
         else:
             value = conn.scalar(self._lock_stmt)
