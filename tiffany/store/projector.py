@@ -336,14 +336,13 @@ class Projector:
         #: The mark's statements as the driver's SQL (one string each, no
         #: statement built or compiled a transaction), or None on a driver the
         #: fast path does not know.
-        self.mark_sql = mark_sql(engine.dialect, self._notify)
+        self._mark_sql = mark_sql(engine.dialect, self._notify)
         #: The mark as this projector last wrote it (None: unknown). PostgreSQL:
         #: a batch is one statement in autocommit (:meth:`_statement`) that
         #: moves the mark from it (None: read it first); SQLite: a mark read
         #: at a batch's start that is not it means another projector wrote,
         #: and what memory holds of the rows is dropped.
-        self._one_statement = self._notify and self.mark_sql is not None
-        self._readmark_sql = "SELECT last_seq FROM projector_state WHERE id = %s"
+        self._one_statement = self._notify and self._mark_sql is not None
         self._mark: int | None = None
         self._run_ids: dict[int, str] = {}
         self._run_ids_stale = False
@@ -424,9 +423,8 @@ class Projector:
         try:
             with self.engine.connect() as conn:
                 conn.execution_options(isolation_level="AUTOCOMMIT")
-                if self._mark is None:
-                    row = driver(conn, self._readmark_sql, (self._state_id,))
-                    self._mark = self._base if row is None or row[0] is None else int(row[0])
+                if self._mark is None:  # its lock ends with the statement (autocommit)
+                    self._mark = self._lock_mark(conn)
                 mark = self._mark
                 if self._run_ids_stale:
                     self._load_run_ids(conn)
@@ -508,13 +506,13 @@ class Projector:
         return report
 
     def _move_mark(self, conn: Connection, mark: int, report: ApplyReport) -> None:
-        if report.last_seq > mark and self.mark_sql is not None:
+        if report.last_seq > mark and self._mark_sql is not None:
             # One statement: on PostgreSQL the notification rides in it.
             last = report.last_seq
             params: tuple[Any, ...] = (last, self._state_id)
             if self._notify:
                 params += (PROJECTED_CHANNEL, f"{self.shard} {last}")
-            driver(conn, self.mark_sql[1], params)
+            driver(conn, self._mark_sql[1], params)
             report.statements += 1
         elif report.last_seq > mark:
             conn.execute(
@@ -941,8 +939,8 @@ class Projector:
             conn.execute(insert(ProjectorState).values(id=self._state_id, last_seq=self._base))
 
     def _lock_mark(self, conn: Connection) -> int:
-        if self.mark_sql is not None:
-            row = driver(conn, self.mark_sql[0], (self._state_id,))
+        if self._mark_sql is not None:
+            row = driver(conn, self._mark_sql[0], (self._state_id,))
             value = None if row is None else row[0]
         else:
             value = conn.scalar(self._lock_stmt)
