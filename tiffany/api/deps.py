@@ -321,7 +321,9 @@ def get_state(conn: HTTPConnection) -> ApiState:
     return state
 
 
-def _state_of_request(request: Request) -> ApiState:
+async def _state_of_request(request: Request) -> ApiState:
+    # async: FastAPI runs a plain ``def`` dependency in its thread pool, a
+    # thread hop (and a GIL hand-off) on every request for one attribute read.
     return get_state(request)
 
 
