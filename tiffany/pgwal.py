@@ -56,7 +56,15 @@ from tiffany.wal.frame import check_record
 from tiffany.wal.state import LogState
 from tiffany.wal.writer import RotateListener
 
-__all__ = ["DEFAULT_LEASE_S", "DEFAULT_STREAM", "PgLog", "PgStream", "conninfo", "streams"]
+__all__ = [
+    "DEFAULT_LEASE_S",
+    "DEFAULT_STREAM",
+    "PgLog",
+    "PgStream",
+    "conninfo",
+    "new_owner",
+    "streams",
+]
 
 log = structlog.get_logger("tiffany.pgwal")
 
@@ -146,6 +154,11 @@ def _connect(url: str, **kwargs: Any) -> psycopg.Connection[Any]:
         raise WalFailedError(
             f"cannot reach the journal's database: {exc}", reason="unreachable"
         ) from exc
+
+
+def new_owner() -> str:
+    """A lease holder's name: ``host:pid:random`` (unique across restarts of a pid)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 class PgStream:
@@ -265,11 +278,11 @@ class PgLog(PgStream, LogState):
     lease).
     """
 
-    def __init__(self, url: str, stream: str, lease_s: float) -> None:
+    def __init__(self, url: str, stream: str, lease_s: float, owner: str | None = None) -> None:
         """Set up a closed log; :meth:`open` takes the lease."""
         super().__init__(url, stream)
         self.lease_s = lease_s
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.owner = owner or new_owner()
         self.epoch = 0
         self.on_commit: CommitListener | None = None
         self.on_rotate: RotateListener | None = None  # a stream never rotates
@@ -298,6 +311,7 @@ class PgLog(PgStream, LogState):
         heartbeat: bool = True,
         wait_s: float = 0.0,
         first_seq: int = 1,
+        owner: str | None = None,
     ) -> PgLog:
         """Take the lease of ``stream`` and open it for appending after its head.
 
@@ -314,6 +328,9 @@ class PgLog(PgStream, LogState):
             first_seq: The seq of a new stream's first record (an engine's
                 range starts there, ``tiffany/shards.py``); an existing
                 stream whose head lies below it is refused (another engine's).
+            owner: The name the lease row gives its holder (default: a new
+                :func:`new_owner`); an engine passes its own, written down
+                first where its API looks (``tiffany/shards.py``, owner notes).
 
         Raises:
             WalLockedError: Another engine holds a current lease on the
@@ -323,7 +340,7 @@ class PgLog(PgStream, LogState):
         """
         if lease_s <= 0:
             raise ValueError("lease_s must be positive")
-        pg = cls(url, stream, lease_s)
+        pg = cls(url, stream, lease_s, owner)
         pg._base = first_seq - 1
         pg._conn = _connect(url, autocommit=True)  # each commit is one statement
         deadline = time.monotonic() + wait_s

@@ -22,6 +22,9 @@ run's records by its number within its engine's seq range.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import time
 from pathlib import Path
 from typing import Final
 
@@ -32,6 +35,8 @@ __all__ = [
     "engine_of",
     "engine_stream",
     "homes",
+    "note_owner",
+    "owners_here",
     "seq_base",
     "seq_last",
 ]
@@ -42,6 +47,10 @@ ENGINE_SEQ_BITS: Final = 40
 MAX_ENGINES: Final = 1 << (53 - ENGINE_SEQ_BITS)
 #: Where engines 1.. live under the data dir (engine 0 lives in the data dir itself).
 ENGINES_DIR: Final = "engines"
+#: Where the data dir's engines note the names they hold journal leases under.
+OWNERS_DIR: Final = "lease-owners"
+#: A dead engine's owner note goes after this long (its lease ended long before).
+STALE_NOTE_S: Final = 86_400.0
 
 
 def seq_base(engine: int) -> int:
@@ -88,3 +97,54 @@ def engine_stream(stream: str, engine: int) -> str:
     """Return the PostgreSQL journal stream of engine ``engine`` (``main``, ``main-1``, ...)."""
     seq_base(engine)
     return stream if engine == 0 else f"{stream}-{engine}"
+
+
+def note_owner(data_dir: str | Path, owner: str) -> Path:
+    """Note that an engine of ``data_dir`` holds (or is about to take) leases as ``owner``.
+
+    An engine writes this before it takes its stream's lease and removes it
+    when it stops (see :func:`owners_here`). Notes of processes gone from this
+    host (a ``kill -9``) are removed on the way once :data:`STALE_NOTE_S`
+    old: until then a dead engine's lease, still current, is not counted as
+    an engine elsewhere either. Returns the note's path.
+
+    Discussion: with the journal in PostgreSQL an API with no engine
+    answering beside it is ready while engines elsewhere hold their streams
+    (a standby's, an API replica's). Its own engine, between taking its lease
+    and listening on its socket, is not elsewhere: counted, the API said
+    ready and its first submissions waited for an engine still starting (a
+    second, in ``bench/read_your_writes.py``). A lease row does not say
+    which data dir its holder serves; this note does.
+    """
+    folder = Path(data_dir) / OWNERS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    host = owner.split(":", 1)[0]
+    now = time.time()  # noqa: TID251 - compared with a file's mtime
+    for old in folder.iterdir():
+        parts = old.name.split(":")
+        if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if now - old.stat().st_mtime > STALE_NOTE_S and not _alive(int(parts[1])):
+                old.unlink()
+    note = folder / owner
+    note.touch()
+    return note
+
+
+def owners_here(data_dir: str | Path) -> list[str]:
+    """The lease owners noted by ``data_dir``'s engines (:func:`note_owner`)."""
+    try:
+        return sorted(p.name for p in (Path(data_dir) / OWNERS_DIR).iterdir())
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # someone else's: alive
+    return True

@@ -236,3 +236,49 @@ def test_rows_an_engine_claimed_and_never_answered_are_settled(pg_migrated_url: 
     assert answer is not None
     value = json.loads(answer[0]) if isinstance(answer[0], str) else answer[0]
     assert value == {"run_id": "run-journaled", "created": True, "seq": 42}
+
+
+def test_an_engine_of_the_apis_own_data_dir_is_not_an_engine_elsewhere(
+    pg_migrated_url: str,
+) -> None:
+    """A lease held by this data dir's engine (noted there) does not make its API ready.
+
+    That engine has taken its stream but does not listen yet (the window of
+    a ``serve`` start): counted as an engine elsewhere, the API said ready
+    and its first submissions waited for an engine still starting.
+    """
+    from tiffany.pgwal import PgLog, new_owner
+    from tiffany.shards import note_owner, owners_here
+
+    here, there = short_dir("tfq-h-"), short_dir("tfq-t-")
+    owner = new_owner()
+    note = note_owner(here, owner)
+    assert owners_here(here) == [owner]
+    stream = PgLog.open(pg_migrated_url, "main", lease_s=5.0, owner=owner)
+    apis = []
+    try:
+        here_api, here_url = _api(here, pg_migrated_url)
+        apis.append(here_api)
+        there_api, there_url = _api(there, pg_migrated_url)
+        apis.append(there_api)
+        with psycopg.connect(conninfo(pg_migrated_url)) as conn:
+            held = conn.execute("SELECT owner FROM wal_streams WHERE stream = 'main'").fetchone()
+        assert held == (owner,)
+
+        def readiness(url: str) -> tuple[int, str]:
+            try:
+                with urllib.request.urlopen(url + "readyz", timeout=10) as resp:
+                    return resp.status, json.loads(resp.read())["reason"]
+            except urllib.error.HTTPError as exc:
+                return exc.code, json.loads(exc.read())["reason"]
+
+        # The other data dir's API: an engine elsewhere holds its stream.
+        wait_for(lambda: readiness(there_url) == (200, "1 engine(s) elsewhere"), 30, "ready")
+        # Its own: the engine is here, and not answering.
+        assert readiness(here_url) == (503, "engine unreachable")
+        note.unlink()  # an engine of another data dir on this host, say
+        assert readiness(here_url) == (200, "1 engine(s) elsewhere")
+    finally:
+        for proc in apis:
+            terminate(proc)
+        stream.close()

@@ -26,7 +26,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import psycopg
@@ -77,7 +77,7 @@ _OWNER: Final = (
     "SELECT engine FROM engine_requests WHERE op = 'submit' AND run_id = %s "
     "AND engine IS NOT NULL ORDER BY id DESC LIMIT 1"
 )
-_LEASES: Final = f"SELECT count(*) FROM wal_streams WHERE lease_until > {_NOW}"
+_LEASES: Final = f"SELECT count(*) FROM wal_streams WHERE lease_until > {_NOW} AND owner <> ALL(%s)"
 _IDLE: Final = psycopg.pq.TransactionStatus.IDLE
 
 
@@ -199,9 +199,13 @@ class DbRequests:
         row = await self._fetch(_OWNER, (run_id,))
         return None if row is None else int(row[0])
 
-    async def engines_alive(self) -> int:
-        """How many journal streams are held under a current lease (live engines anywhere)."""
-        row = await self._fetch(_LEASES, ())
+    async def engines_alive(self, besides: Sequence[str] = ()) -> int:
+        """How many journal streams are held under a current lease, by owners not in ``besides``.
+
+        ``besides``: the lease owners of this data dir's own engines
+        (:func:`tiffany.shards.owners_here`), which are not engines elsewhere.
+        """
+        row = await self._fetch(_LEASES, (list(besides),))
         return 0 if row is None else int(row[0])
 
     def _answered(self, payload: str) -> None:

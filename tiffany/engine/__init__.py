@@ -314,7 +314,7 @@ def replay_resolvers(settings: Settings) -> dict[str, Any]:
     return {"plan": plan_resolver(env)}
 
 
-def journal_log(settings: Settings, *, wait_s: float = 0.0) -> Log | None:
+def journal_log(settings: Settings, *, wait_s: float = 0.0, owner: str | None = None) -> Log | None:
     """Open the journal ``settings`` name, or None for the WAL under the data dir.
 
     ``journal=postgres``: migrate the database (``tiffany db upgrade``),
@@ -322,6 +322,7 @@ def journal_log(settings: Settings, *, wait_s: float = 0.0) -> Log | None:
     ``<journal_stream>-<engine>``: :class:`~tiffany.pgwal.PgLog`),
     waiting up to ``wait_s`` for a held one; raises
     :class:`~tiffany.errors.WalLockedError` while another engine holds it.
+    ``owner``: the lease holder's name (:func:`tiffany.pgwal.new_owner`).
     """
     if settings.journal != "postgres":
         return None
@@ -335,10 +336,11 @@ def journal_log(settings: Settings, *, wait_s: float = 0.0) -> Log | None:
         lease_s=settings.journal_lease_s,
         wait_s=wait_s,
         first_seq=seq_base(settings.engine) + 1,
+        owner=owner,
     )
 
 
-def take_slot(settings: Settings) -> tuple[Settings, Log]:
+def take_slot(settings: Settings, owner: str | None = None) -> tuple[Settings, Log]:
     """Take the first free stream of ``settings.engine_slots``; wait while every one is held.
 
     Returns the settings of the engine whose stream it took (``engine`` set
@@ -363,6 +365,7 @@ def take_slot(settings: Settings) -> tuple[Settings, Log]:
                     engine_stream(settings.journal_stream, i),
                     lease_s=settings.journal_lease_s,
                     first_seq=seq_base(i) + 1,
+                    owner=owner,
                 )
             except WalLockedError as exc:
                 soonest = min(soonest, float(exc.fields["lease_left_s"]))

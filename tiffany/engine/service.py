@@ -65,7 +65,7 @@ from tiffany.documents import check as check_document
 from tiffany.durable.checkpoint import KeyEntry
 from tiffany.durable.history import checkpoint_of
 from tiffany.durable.retention import CHECKPOINT_EVERY_RUNS, Checkpointer, Retain, StreamLog
-from tiffany.engine import Engine, build, take_slot
+from tiffany.engine import Engine, build, journal_log, take_slot
 from tiffany.engine.activity import ActivityLog
 from tiffany.engine.control_server import ControlServer
 from tiffany.engine.inbox import DurableWaits, Inbox, settle
@@ -79,7 +79,7 @@ from tiffany.errors import KernelError, NondeterminismError
 from tiffany.kernel import ReadWait
 from tiffany.pal import EVENT_KINDS, FEED_SEQ_FILE, Hub
 from tiffany.pal.transport import FEED_SOCKET, FeedServer
-from tiffany.shards import engine_stream, seq_base
+from tiffany.shards import engine_stream, note_owner, seq_base
 
 if TYPE_CHECKING:
     from tiffany.engine.db_requests import RequestClaimer
@@ -141,9 +141,23 @@ class EngineService:
 
     def __init__(self, settings: Settings, *, enabled_tools: list[str] | None = None) -> None:
         log = None
-        if settings.engine_slots and settings.journal == "postgres":
-            # Become the engine of the first free stream (or wait for one).
-            settings, log = take_slot(settings)
+        #: The note naming this engine's lease holder to its API (shards.note_owner).
+        self._owner_note: Path | None = None
+        if settings.journal == "postgres":
+            from tiffany.pgwal import new_owner
+
+            owner = new_owner()
+            # Before the lease: an API here never counts it as an engine elsewhere.
+            self._owner_note = note_owner(settings.data_dir, owner)
+            try:
+                if settings.engine_slots:
+                    # Become the engine of the first free stream (or wait for one).
+                    settings, log = take_slot(settings, owner)
+                else:  # a server waits as long as another engine holds the stream
+                    log = journal_log(settings, wait_s=float("inf"), owner=owner)
+            except BaseException:
+                self._owner_note.unlink(missing_ok=True)
+                raise
         self.settings = settings
         self.data_dir = Path(settings.data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -311,6 +325,8 @@ class EngineService:
                 self.runtime.close()
             except Exception:
                 log.exception("engine.close_failed")
+            if self._owner_note is not None:  # its lease is given back
+                self._owner_note.unlink(missing_ok=True)
             self.durable.fail(ControlError(503, "the engine is stopping"))
             self.projector.stop(timeout=WAL_FAILED_STOP_S if wal_failed else 15.0)
             if self.checkpointer is not None and not wal_failed:

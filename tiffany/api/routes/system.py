@@ -19,6 +19,7 @@ from tiffany.api.deps import State, StoreUnavailable
 from tiffany.api.engines import merge_metrics
 from tiffany.api.schemas import Readiness
 from tiffany.control import ControlError, ControlUnavailable
+from tiffany.shards import owners_here
 from tiffany.store import queries
 
 __all__ = ["STATIC_DIR", "router"]
@@ -94,7 +95,7 @@ async def readyz(state: State) -> Any:
         # ready while engines elsewhere hold their streams. An engine here
         # that answers "recovering" is this host's own start: not ready yet.
         try:
-            alive = await db.engines_alive()
+            alive = await db.engines_alive(owners_here(state.settings.data_dir))
         except ControlUnavailable:
             alive = 0
         if alive:
