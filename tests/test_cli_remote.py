@@ -176,3 +176,18 @@ def test_every_way_in_prints_an_invalid_plan_alike(served: Served) -> None:
         assert proc.returncode == 2, (way, proc.stderr)
         assert proc.stderr.splitlines() == expected, (way, proc.stderr)
     assert not (served.cwd / "alone" / "wal").exists()  # refused before the engine opened
+
+
+def test_run_beside_serve_prints_the_servers_refusal_once_a_problem(served: Served) -> None:
+    """A plan valid here but refused by the server (a tool it disabled): one line a step."""
+    (served.cwd / "shelly.yaml").write_text(
+        "name: shelly\nsteps:\n"
+        "  - {id: a, tool: shell, args: {argv: ['true']}}\n"
+        "  - {id: b, tool: shell, args: {argv: ['true']}}\n"
+    )
+    ran = tiffany(served, "run", "shelly.yaml", "--data-dir", str(served.data_dir))
+    assert ran.returncode == 2, ran.stderr
+    lines = ran.stderr.splitlines()
+    assert lines[0] == "tiffany: invalid plan:", ran.stderr
+    assert [line.split(":", 1)[0] for line in lines[1:]] == ["  steps[0].tool", "  steps[1].tool"]
+    assert all("'shell' is disabled on this server" in line for line in lines[1:])

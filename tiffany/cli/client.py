@@ -17,7 +17,14 @@ from typing import Annotated, Any
 import typer
 
 from tiffany.cli import DataDirOption, exits
-from tiffany.cli.remote import TokenOption, UrlOption, print_problem, remote, show_event
+from tiffany.cli.remote import (
+    TokenOption,
+    UrlOption,
+    control_problems,
+    print_problem,
+    remote,
+    show_event,
+)
 from tiffany.cli.run import InputsOption
 
 __all__ = ["register"]
@@ -47,11 +54,7 @@ def _call(
         typer.echo(f"tiffany: {exc} (is `tiffany serve` running on this data dir?)", err=True)
         raise typer.Exit(EXIT_NO_ENGINE) from None
     except ControlError as exc:
-        detail = exc.detail if isinstance(exc.detail, list) else []
-        problems = [
-            (str(e.get("loc") or ""), str(e.get("msg"))) for e in detail if isinstance(e, dict)
-        ]
-        print_problem(exc.message, problems)
+        print_problem(exc.message, control_problems(exc.detail))
         raise typer.Exit(exits.for_status(exc.status)) from None
 
 

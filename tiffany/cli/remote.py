@@ -74,6 +74,12 @@ def remote(url: str, token: str | None) -> Iterator[Any]:
         raise typer.Exit(exits.FAILED) from None
 
 
+def control_problems(detail: Any) -> list[tuple[str, str]]:
+    """The ``(loc, msg)`` pairs of a control error's ``detail`` (none unless a list)."""
+    items = detail if isinstance(detail, list) else []
+    return [(str(e.get("loc") or ""), str(e.get("msg"))) for e in items if isinstance(e, dict)]
+
+
 def print_problem(message: str, fields: list[tuple[str, str]]) -> None:
     """An error answer on standard error: its message, then one line per field it names.
 

@@ -279,11 +279,9 @@ def _run_on_server(
         )
         return exits.UNAVAILABLE
     except ControlError as exc:
-        typer.echo(f"tiffany: {exc.message}", err=True)
-        if isinstance(exc.detail, list):
-            for e in exc.detail:
-                if isinstance(e, dict):
-                    typer.echo(f"  {e.get('loc')}: {e.get('msg')}", err=True)
+        from tiffany.cli.remote import control_problems, print_problem
+
+        print_problem(exc.message, control_problems(exc.detail))
         return exits.for_status(exc.status)
     typer.echo(
         f"tiffany: this data dir is served (pid {pid}): run {run_id} submitted to the server; "
