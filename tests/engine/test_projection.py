@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
 from tiffany.engine.projection import WalTail, decoded_batches, journal_reaches
-from tiffany.engine.projector_proc import DURABLE, Notices
+from tiffany.engine.projector_link import ProjectorLink
+from tiffany.engine.projector_proc import DURABLE, READER_WAITS, Notices
 from tiffany.errors import WalCorruptionError
 from tiffany.records import Dispatch, encode
 from tiffany.wal import Wal
@@ -119,6 +122,47 @@ def test_notices_taken_without_blocking_answer_at_once_with_the_newest() -> None
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_notices_say_whether_a_read_waits_and_a_reader_alone_is_news() -> None:
+    """The top bit: a read waits on the store; it ends the projector's gathering."""
+    r, w = os.pipe()
+    try:
+        notices = Notices(r)
+        os.write(w, DURABLE.pack(5))
+        assert notices.wait() == 5
+        assert not notices.reader_waits
+        os.write(w, DURABLE.pack(5 | READER_WAITS))  # the same seq, a reader now waits
+        assert notices.wait() == 5  # news all the same: a blocking wait returns
+        assert notices.reader_waits
+        os.write(w, DURABLE.pack(9 | READER_WAITS) + DURABLE.pack(12))  # the newest counts
+        assert notices.wait() == 12
+        assert not notices.reader_waits
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_the_engine_tells_the_projector_while_a_read_waits(tmp_path: Path) -> None:
+    """Each commit's message carries the bit exactly while a ``min_seq`` read waits."""
+    r, w = os.pipe()
+    link = ProjectorLink(tmp_path, {})
+    writer = os.fdopen(w, "wb", buffering=0)
+    try:
+        link._attach(cast("Any", SimpleNamespace(stdin=writer)))
+        notices = Notices(r)
+        link.committed(10)
+        assert (notices.wait(), notices.reader_waits) == (10, False)
+        answer = link.when_projected(11, 5.0)  # a read waits for seq 11
+        link.committed(11)
+        assert (notices.wait(), notices.reader_waits) == (11, True)
+        link._take_report({"last_seq": 11})  # the store holds it: the read is answered
+        assert answer.result(1) == {"last_seq": 11, "reached": True}
+        link.committed(12)
+        assert (notices.wait(), notices.reader_waits) == (12, False)
+    finally:
+        writer.close()
+        os.close(r)
 
 
 def test_a_journal_reaches_the_seqs_it_held_even_after_releasing_them(tmp_path: Path) -> None:

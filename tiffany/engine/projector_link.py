@@ -59,7 +59,7 @@ from typing import IO, Any, Final
 
 import structlog
 
-from tiffany.engine.projector_proc import DURABLE
+from tiffany.engine.projector_proc import DURABLE, READER_WAITS
 
 __all__ = ["ProjectorLink"]
 
@@ -135,14 +135,25 @@ class ProjectorLink:
         if self._pipe_lock.acquire(blocking=False):
             try:
                 if self._pipe_fd >= 0:
-                    os.write(self._pipe_fd, DURABLE.pack(durable_seq))  # 8 bytes: atomic
-                    self._sent = durable_seq
+                    message = self._message()
+                    os.write(self._pipe_fd, DURABLE.pack(message))  # 8 bytes: atomic
+                    self._sent = message
                     return
             except OSError:  # full (the process is busy), or gone: the notifier sees to it
                 pass
             finally:
                 self._pipe_lock.release()
         self._wake.set()
+
+    def _message(self) -> int:
+        """What the process is told: the durable seq, and whether a read waits on the store.
+
+        While a read waits (:meth:`when_projected`), the process applies what
+        is durable after :data:`~tiffany.engine.projector_proc.GATHER_S`;
+        while none does, it gathers longer (``GATHER_IDLE_S``): fewer, larger
+        transactions, less CPU a record.
+        """
+        return self.durable_seq | READER_WAITS if self._waiters else self.durable_seq
 
     # -- any thread ----------------------------------------------------------------
 
@@ -159,7 +170,8 @@ class ProjectorLink:
                 return fut
             deadline = time.monotonic() + max(0.0, wait_s)
             heapq.heappush(self._waiters, (seq, next(self._order), deadline, fut))
-        self._wake.set()  # the notifier thread sees the new deadline
+        # The notifier sees the new deadline, and tells the process a read waits.
+        self._wake.set()
         return fut
 
     @property
@@ -334,12 +346,12 @@ class ProjectorLink:
             self._wake.clear()  # before looking: a commit from here on wakes us again
             try:
                 with self._pipe_lock:
-                    durable = self.durable_seq
-                    if durable != self._sent and self._pipe_fd >= 0:
+                    message = self._message()
+                    if message != self._sent and self._pipe_fd >= 0:
                         # 8 bytes: atomic on a pipe. A full pipe (the process is busy)
                         # is no error: the next wake sends the newest value instead.
-                        os.write(self._pipe_fd, DURABLE.pack(durable))
-                        self._sent = durable
+                        os.write(self._pipe_fd, DURABLE.pack(message))
+                        self._sent = message
                         delay = 0.2
             except BlockingIOError:
                 pass
@@ -358,7 +370,7 @@ class ProjectorLink:
         with self._pipe_lock:
             sent, self._pipe_fd = self._sent, -1  # the loop writes no more
         with contextlib.suppress(OSError):
-            if self.durable_seq != sent:
+            if self.durable_seq != sent & ~READER_WAITS:
                 os.set_blocking(proc.stdin.fileno(), True)
                 os.write(proc.stdin.fileno(), DURABLE.pack(self.durable_seq))
             proc.stdin.close()
