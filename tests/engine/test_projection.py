@@ -153,7 +153,8 @@ def test_the_engine_tells_the_projector_while_a_read_waits(tmp_path: Path) -> No
         notices = Notices(r)
         link.committed(10)
         assert (notices.wait(), notices.reader_waits) == (10, False)
-        answer = link.when_projected(11, 5.0)  # a read waits for seq 11
+        answer = link.when_projected(11, 5.0)  # a read waits for seq 11: told at once
+        assert (notices.wait(), notices.reader_waits) == (10, True)
         link.committed(11)
         assert (notices.wait(), notices.reader_waits) == (11, True)
         link._take_report({"last_seq": 11})  # the store holds it: the read is answered

@@ -132,18 +132,29 @@ class ProjectorLink:
         if self.durable_seq <= self.last_seq:
             self._progress_at = time.monotonic()  # caught up until now: the wait starts here
         self.durable_seq = durable_seq
-        if self._pipe_lock.acquire(blocking=False):
-            try:
-                if self._pipe_fd >= 0:
-                    message = self._message()
-                    os.write(self._pipe_fd, DURABLE.pack(message))  # 8 bytes: atomic
-                    self._sent = message
-                    return
-            except OSError:  # full (the process is busy), or gone: the notifier sees to it
-                pass
-            finally:
-                self._pipe_lock.release()
-        self._wake.set()
+        if not self._tell(always=True):
+            self._wake.set()
+
+    def _tell(self, always: bool = False) -> bool:
+        """Write :meth:`_message` to the process if new (``always``: anyway); never blocks.
+
+        Returns False when it could not: the pipe is busy with another
+        thread, full (the process is busy) or gone; the notifier sees to it.
+        """
+        if not self._pipe_lock.acquire(blocking=False):
+            return False
+        try:
+            message = self._message()
+            if self._pipe_fd < 0:
+                return False
+            if always or message != self._sent:
+                os.write(self._pipe_fd, DURABLE.pack(message))  # 8 bytes: atomic
+                self._sent = message
+            return True
+        except OSError:
+            return False
+        finally:
+            self._pipe_lock.release()
 
     def _message(self) -> int:
         """What the process is told: the durable seq, and whether a read waits on the store.
@@ -170,8 +181,8 @@ class ProjectorLink:
                 return fut
             deadline = time.monotonic() + max(0.0, wait_s)
             heapq.heappush(self._waiters, (seq, next(self._order), deadline, fut))
-        # The notifier sees the new deadline, and tells the process a read waits.
-        self._wake.set()
+        self._tell()  # a read waits: the process stops gathering
+        self._wake.set()  # the notifier sees the new deadline (and tells, if this could not)
         return fut
 
     @property

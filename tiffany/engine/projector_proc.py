@@ -107,6 +107,11 @@ GATHER_S: Final = 0.005
 #: wakes the process). Only for the file WAL: on PostgreSQL, API replicas
 #: elsewhere wait through the database and their engine cannot tell.
 GATHER_IDLE_S: Final = 0.02
+#: How long after the last message that said a read waits the gathering
+#: stays at ``GATHER_S``: under a stream of reads (a client reading its
+#: writes back) a read's message would otherwise come a moment after the
+#: commit it waits for, while the longer gathering had begun.
+READERS_RECENT_S: Final = 1.0
 #: First wait before retrying after a database error, in seconds.
 FIRST_BACKOFF_S: Final = 0.1
 #: Longest wait between retries after a database error, in seconds.
@@ -126,8 +131,10 @@ class Notices:
         self.fd = fd
         self.buf = bytearray()
         self.durable_seq = 0
-        #: Whether the newest message said a read waits on the store.
+        #: Whether the newest message said a read waits on the store, and when
+        #: one last did (monotonic seconds).
         self.reader_waits = False
+        self.reader_at = float("-inf")
         self.closed = False
 
     def wait(self, block: bool = True) -> int:
@@ -152,6 +159,8 @@ class Notices:
             if whole:
                 (newest,) = DURABLE.unpack_from(self.buf, whole - DURABLE.size)
                 self.reader_waits = bool(newest & READER_WAITS)
+                if self.reader_waits:
+                    self.reader_at = time.monotonic()
                 self.durable_seq = max(self.durable_seq, newest & ~READER_WAITS)
                 del self.buf[:whole]
             if self.durable_seq > seen or self.reader_waits:
@@ -322,7 +331,8 @@ def run_projector(
                 applier.idle()
             durable = notices.wait()
             while not notices.closed:  # the last transaction was just now: gather
-                gather = GATHER_S if notices.reader_waits else gather_idle_s
+                readers = time.monotonic() - notices.reader_at < READERS_RECENT_S
+                gather = GATHER_S if readers else gather_idle_s
                 gap = applied_at + gather - time.monotonic()
                 if gap <= 0 or notices.quiet(gap):
                     durable = notices.wait(block=False)
