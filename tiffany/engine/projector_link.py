@@ -136,22 +136,33 @@ class ProjectorLink:
             self._wake.set()
 
     def _tell(self, always: bool = False) -> bool:
-        """Write :meth:`_message` to the process if new (``always``: anyway); never blocks.
+        """:meth:`_send` without waiting for the pipe's lock; False on any failure.
 
-        Returns False when it could not: the pipe is busy with another
-        thread, full (the process is busy) or gone; the notifier sees to it.
+        The notifier sees to what this could not send.
         """
-        if not self._pipe_lock.acquire(blocking=False):
+        try:
+            return self._send(always=always)
+        except OSError:  # the process is gone: the notifier restarts it
+            return False
+
+    def _send(self, *, always: bool = False, block: bool = False) -> bool:
+        """Write :meth:`_message` to the process if it is new (``always``: anyway).
+
+        Returns False when the pipe's lock is taken (unless ``block``), the
+        pipe is full (the process is busy) or there is none; never waits on
+        the pipe itself. Raises ``OSError`` for a broken pipe.
+        """
+        if not self._pipe_lock.acquire(blocking=block):
             return False
         try:
-            message = self._message()
             if self._pipe_fd < 0:
                 return False
+            message = self._message()
             if always or message != self._sent:
                 os.write(self._pipe_fd, DURABLE.pack(message))  # 8 bytes: atomic
                 self._sent = message
             return True
-        except OSError:
+        except BlockingIOError:  # full: the next wake sends the newest value instead
             return False
         finally:
             self._pipe_lock.release()
@@ -356,16 +367,8 @@ class ProjectorLink:
                 self._attach(fresh)
             self._wake.clear()  # before looking: a commit from here on wakes us again
             try:
-                with self._pipe_lock:
-                    message = self._message()
-                    if message != self._sent and self._pipe_fd >= 0:
-                        # 8 bytes: atomic on a pipe. A full pipe (the process is busy)
-                        # is no error: the next wake sends the newest value instead.
-                        os.write(self._pipe_fd, DURABLE.pack(message))
-                        self._sent = message
-                        delay = 0.2
-            except BlockingIOError:
-                pass
+                if self._send(block=True):
+                    delay = 0.2
             except OSError as exc:
                 log.warning("projector.pipe_failed", error=repr(exc))
                 continue
