@@ -108,6 +108,10 @@ class Settings(BaseSettings):
         log_level: Minimum level of log records, a :mod:`logging` level name.
         wal_fsync: WAL durability policy: ``always`` (fsync every record),
             ``batch`` (one fsync per loop iteration, group commit) or ``off``.
+        wal_preallocate: Zero-fill the WAL's next segment ahead, off the
+            scheduler thread, so that commits overwrite written blocks and
+            their fdatasync journals no file-system metadata (about a third
+            less time a commit here; a spare segment of disk: 64 MiB).
         wal_retain: What happens to WAL segments whose runs all finished and
             were projected into the store, once a checkpoint covers them:
             ``archive`` (moved to ``<data_dir>/wal/archive/``, still read by
@@ -190,6 +194,7 @@ class Settings(BaseSettings):
     log_format: LogFormat = "auto"
     log_level: str = "INFO"
     wal_fsync: WalFsync = "batch"
+    wal_preallocate: bool = True
     wal_retain: WalRetain = "archive"
     journal: JournalBackend = "file"
     journal_stream: str = Field(default="main", min_length=1, max_length=64)

@@ -17,6 +17,7 @@ settled by the next holder of its stream.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import signal
 import subprocess
@@ -97,8 +98,10 @@ def test_two_api_replicas_without_an_engine_socket_lose_and_duplicate_nothing(
                 for name in order:
                     try:
                         status, body = _post(urls[name] + "api/runs", {"plan": PLAN}, key)
-                    except OSError:
-                        continue  # that replica is down (killed, restarting)
+                    except (OSError, http.client.HTTPException):
+                        # That replica is down (killed, restarting), or died
+                        # mid-answer (IncompleteRead): retry with the same key.
+                        continue
                     if status in (200, 201):
                         with lock:
                             answers[key] = body

@@ -35,9 +35,15 @@ def _everything(wal_dir: Path) -> list[tuple[int, int, int, list[object]]]:
     return [rec for batch in decoded_batches(wal_dir) for rec in batch]
 
 
-def test_the_tail_reads_up_to_the_seq_it_is_given_across_segments(tmp_path: Path) -> None:
+@pytest.mark.parametrize("preallocate", [False, True])
+def test_the_tail_reads_up_to_the_seq_it_is_given_across_segments(
+    tmp_path: Path, preallocate: bool
+) -> None:
+    """With preallocation, what the tail read past the records was zeros records overwrote."""
     wal_dir = tmp_path / "wal"
-    wal = Wal.open(wal_dir, segment_size_bytes=400)
+    wal = Wal.open(
+        wal_dir, segment_size_bytes=400, preallocate=preallocate, _spawn=lambda prepare: prepare()
+    )
     tail = WalTail(wal_dir)
     got: list[tuple[int, int, int, object]] = []
     try:
@@ -51,7 +57,10 @@ def test_the_tail_reads_up_to_the_seq_it_is_given_across_segments(tmp_path: Path
             got += tail.read(got[-1][0], told, limit=1_000)  # ...then the rest
             assert got[-1][0] == told  # never past what it was told
         got += tail.read(got[-1][0], wal.durable_seq, limit=1_000)
-        assert len(list_segments(wal_dir)) > 5  # the tail crossed rotations
+        segments = list_segments(wal_dir)
+        assert len(segments) > 5  # the tail crossed rotations
+        zero_filled = [s for s in segments if s.path.stat().st_size == 400]
+        assert len(zero_filled) > 5 if preallocate else not zero_filled
     finally:
         wal.close()
         tail.close()

@@ -237,3 +237,32 @@ def test_a_rotation_torn_by_a_full_disk_reopens_on_the_still_full_disk(small_dis
         assert wal.recovery.segment == torn.name
         assert wal.durable_seq == seqs[-1]
     assert [r.payload[0] for r in iter_records(wal_dir)] == list(range(40))
+
+
+def test_a_full_disk_stops_a_preparation_not_a_commit(small_disk: Path) -> None:
+    """Zero-filling the next segment on a full disk: logged, its space freed, commits go on.
+
+    The segment to prepare (8 MiB) does not fit the 2 MiB disk: the worker
+    gets ENOSPC midway, removes its partial file, and the log goes on with
+    segments that grow, into the space the partial file gave back.
+    """
+    import structlog
+
+    from tiffany.wal.prealloc import PREPARED_NAME
+
+    wal_dir = small_disk / "wal"
+    payloads = [bytes([i % 256]) * 1000 for i in range(1200)]
+    with (
+        structlog.testing.capture_logs() as logs,
+        Wal.open(
+            wal_dir, segment_size_bytes=8 << 20, preallocate=True, _spawn=lambda prep: prep()
+        ) as wal,
+    ):
+        for p in payloads:  # 1.2 MB: past the 1 MiB after which a preparation is asked for
+            wal.append(1, p)
+            wal.commit()
+    failed = [e for e in logs if e["event"] == "wal.prepare_failed"]
+    assert len(failed) == 1
+    assert "disk is full" in failed[0]["note"]
+    assert not (wal_dir / PREPARED_NAME).exists()
+    assert [r.payload for r in iter_records(wal_dir)] == payloads

@@ -151,8 +151,8 @@ def test_a_flipped_bit_in_the_last_record_is_cut_with_an_error_log(tmp_path, fil
 @pytest.mark.parametrize(
     ("tail", "reason"),
     [
-        (b"\0" * 64, "zero fill"),
-        (b"\0" * 5, "short header"),
+        (b"\0" * 64 + b"\x05", "zero fill"),  # zeros that do not run to the end
+        (b"\0" * 4 + b"\x01", "short header"),
         (b"\x01\x02\x03", "short header"),
         (b"\x11\x22\x33\x44\x10\x00\x00\x00\x01abc", "short payload"),
         (b"\xff" * 40, "impossible length"),
@@ -175,10 +175,10 @@ def test_zero_fill_and_garbage_tails(tmp_path, fill, tail, reason):
 def test_a_torn_tail_is_reported_by_verify_and_readers_stop_before_it(tmp_path, fill):
     fill(tmp_path, [b"a", b"b"])
     with open(tmp_path / segment_name(1), "ab") as f:
-        f.write(b"\0" * 20)
+        f.write(b"\x07" * 20)
     report = verify(tmp_path)
     assert report.ok
-    assert (report.records, report.last_seq, report.torn.reason) == (2, 2, "zero fill")
+    assert (report.records, report.last_seq, report.torn.reason) == (2, 2, "impossible length")
     assert report.to_dict()["torn"]["bytes_dropped"] == 20
     assert [r.payload for r in iter_records(tmp_path)] == [b"a", b"b"]
     assert repair(tmp_path).truncated is None  # a torn tail is left for Wal.open

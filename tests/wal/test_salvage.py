@@ -130,3 +130,28 @@ def test_a_header_only_segment_is_kept(tmp_path) -> None:
     Wal.open(tmp_path).close()
     assert salvage(tmp_path).losses == []
     assert (tmp_path / "00000000000000000001.wal").stat().st_size == HEADER_SIZE_BYTES
+
+
+def test_one_good_frame_after_damage_at_the_end_is_kept_and_the_log_opens_again(
+    tmp_path: Path, fill
+) -> None:
+    """The reader's rule (one frame that checks out after a problem is corruption) is salvage's.
+
+    A power cut left this (seed 1130 of the power-loss test): garbage, then
+    one frame that checks out, then garbage again. Salvage asked for two
+    frames in a row, found none, called it all a torn tail and changed
+    nothing: the log still did not open.
+    """
+    from tiffany.wal.format import segment_name
+    from tiffany.wal.frame import encode
+
+    fill(tmp_path, [b"a", b"b"])
+    with open(tmp_path / segment_name(1), "ab") as f:
+        f.write(b"\x99" * 7 + encode(3, b"alone") + b"\x99" * 5)
+    with pytest.raises(WalCorruptionError, match="good records follow"):
+        Wal.open(tmp_path)
+    report = salvage(tmp_path)
+    assert [(loss.seq, loss.bytes_lost) for loss in report.losses] == [(3, 7)]
+    with Wal.open(tmp_path) as wal:
+        assert wal.durable_seq == 3
+    assert [r.payload for r in iter_records(tmp_path)] == [b"a", b"b", b"alone"]

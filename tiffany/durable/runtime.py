@@ -152,6 +152,8 @@ class Runtime:
             checkpoints itself: a :class:`CheckpointStore`); the runtime closes it.
         seqs: The WAL's first seq and the bound its seqs stay below (None:
             none): an engine's range (``tiffany/shards.py``).
+        preallocate: Zero-fill the WAL's next segment ahead
+            (``Wal.open``'s, docs/wal-format.md "Preallocation").
     """
 
     def __init__(
@@ -167,6 +169,7 @@ class Runtime:
         key_window_s: float = IDEMPOTENCY_WINDOW_S,
         log: Log | None = None,
         seqs: tuple[int, int | None] = (1, None),
+        preallocate: bool = False,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.wal_dir = self.data_dir / "wal"
@@ -176,7 +179,12 @@ class Runtime:
             if segment_size_bytes is not None:
                 kwargs["segment_size_bytes"] = segment_size_bytes
             log = Wal.open(
-                self.wal_dir, fsync=policy, first_seq=seqs[0], limit_seq=seqs[1], **kwargs
+                self.wal_dir,
+                fsync=policy,
+                first_seq=seqs[0],
+                limit_seq=seqs[1],
+                preallocate=preallocate,
+                **kwargs,
             )
         self.wal: Log = log
         #: Where readers find this runtime's log: the WAL directory, or the log itself.

@@ -412,6 +412,7 @@ def build(
     runtime = Runtime(
         data_dir,
         fsync=settings.wal_fsync,
+        preallocate=settings.wal_preallocate,
         instruments=[watchdog],
         resolvers={"plan": plan_resolver(env)},
         key_window_s=settings.idempotency_window_s,

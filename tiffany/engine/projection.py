@@ -32,7 +32,7 @@ from tiffany.store.migrate import upgrade
 from tiffany.store.projector import Decoded
 from tiffany.wal import Source, spans_of
 from tiffany.wal.format import HEADER_SIZE_BYTES
-from tiffany.wal.frame import Frame, is_benign
+from tiffany.wal.frame import SHORT_HEADER, SHORT_PAYLOAD, Frame, is_benign
 from tiffany.wal.frame import decode as decode_frame
 from tiffany.wal.identity import identity
 from tiffany.wal.segments import REMEDY, Segment, check_header, history_segments, list_segments
@@ -58,6 +58,8 @@ __all__ = [
 BATCH_RECORDS: Final = 5_000
 #: Bytes a tail reads from a segment at once.
 READ_BYTES: Final = 4 * 1024 * 1024
+#: Bytes a tail reads again where its buffer stopped (see :meth:`WalTail._more`).
+REREAD_BYTES: Final = 64 * 1024
 
 #: A decoded journal record: ``(seq, rtype, run_no, record)``.
 DecodedRecord = Decoded
@@ -105,7 +107,11 @@ class WalTail:
     * A position is ``(segment, offset, seq)``; a read that does not start
       where the last one ended (a new projector process, a retried batch)
       seeks: the segment that holds the seq is scanned from its header.
-      Otherwise only the bytes appended since are read (``pread``).
+      Otherwise only the bytes written since are read (``pread``).
+    * Bytes it read past the records may have been zeros that records have
+      overwritten since (a preallocated segment, docs/wal-format.md): where
+      a frame does not check out, the file is read again from there before
+      anything is concluded.
     * Frames are checked as the WAL reader checks them (``frame.decode``).
       Below the durable seq, a frame cut short is the end of a segment the
       writer has left (the next one starts at the next seq); anything else
@@ -124,6 +130,7 @@ class WalTail:
         self._pos = 0  # where the next record starts in _data
         self._end = 0  # the file offset just past _data
         self._seq = 0  # the seq of the record at _pos (0: no position)
+        self._fresh_at = -1  # the file offset the buffer was last read again from
 
     def read(self, after: int, upto: int, limit: int) -> list[DecodedRecord]:
         """See :meth:`JournalSource.read`."""
@@ -152,12 +159,19 @@ class WalTail:
     # -- reading ------------------------------------------------------------------
 
     def _more(self, problem: str) -> None:
-        """Read on after ``problem`` at ``_pos``: more bytes, or the next segment.
+        """Read on after ``problem`` at ``_pos``: read there again, more bytes, or the next segment.
 
         Raises:
-            WalCorruptionError: Neither: a record below the durable seq is missing.
+            WalCorruptionError: None of them: a record below the durable seq is missing.
         """
-        if self._fill():
+        at = self._end - len(self._data) + self._pos  # the file offset of _pos
+        if at != self._fresh_at:
+            # What the buffer holds from here may predate the record (zero
+            # fill the writer has overwritten since): read it again first.
+            self._data = os.pread(self._fd, REREAD_BYTES, at)
+            self._pos, self._end, self._fresh_at = 0, at + len(self._data), at
+            return
+        if problem in (SHORT_HEADER, SHORT_PAYLOAD) and self._fill():
             return
         following = [s for s in list_segments(self.wal_dir) if s.first_seq == self._seq]
         if following and is_benign(problem):
@@ -175,7 +189,7 @@ class WalTail:
         )
 
     def _fill(self) -> bool:
-        """Append the segment's next bytes to the buffer; False if there are none."""
+        """Append the segment's next bytes to the buffer (a record runs past it); False if none."""
         more = os.pread(self._fd, READ_BYTES, self._end)
         if not more:
             return False
@@ -192,6 +206,7 @@ class WalTail:
         self._seg = seg
         self._data, self._pos, self._end = b"", 0, HEADER_SIZE_BYTES
         self._seq = seg.first_seq
+        self._fresh_at = -1
 
     def _seek(self, seq: int) -> None:
         """Position on record ``seq`` (or on the first one kept, if it is older)."""

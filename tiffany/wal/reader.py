@@ -3,6 +3,10 @@
 The rules are those of ``docs/wal-format.md`` ("Reading, torn tails and
 corruption"), after LevelDB's ``log_reader.cc`` and etcd's ``decoder.go``:
 
+* Zero fill that runs to the end of a segment (any segment) is where its
+  records end: the segment was preallocated (docs/wal-format.md,
+  "Preallocation"). A sealed segment that ends so early that records are
+  missing is caught by the next segment's first seq (a sequence gap).
 * A problem in the **last** segment with no record that checks out anywhere
   after it is a **torn tail**: the writer died mid-write, and the log ends
   cleanly before it. A last segment shorter than its header, or all zeros,
@@ -47,7 +51,7 @@ from tiffany.wal.format import (
     RECORD_HEADER,
     RECORD_HEADER_SIZE_BYTES,
 )
-from tiffany.wal.frame import decode, next_frame
+from tiffany.wal.frame import decode, next_frame, zero_to_end
 from tiffany.wal.segments import (
     REMEDY,
     Segment,
@@ -171,7 +175,7 @@ def scan_segment(seg: Segment, data: bytes, *, last: bool) -> SegmentScan:
             break
         off = end
         count += 1
-    if off == size:
+    if off == size or zero_to_end(data, off):
         return SegmentScan(count, off, None)
     return SegmentScan(count, off, _problem(seg, data, off, seg.first_seq + count, last=last))
 
@@ -291,7 +295,7 @@ def iter_spans(
                 yield seq, rtype, data, end - n, end, name
             off = end
             seq += 1
-        if off != size:
+        if off != size and not zero_to_end(data, off):
             _problem(seg, data, off, seq, last=last)  # raises, or a torn tail: the end
             return
         expected = seq

@@ -14,7 +14,9 @@ What ``Wal.open`` does once it holds the lock:
    renamed ``.broken`` and appending goes on in the segment before it (no
    new space needed); a torn first segment gets its header again instead.
    Either way it is logged and reported as :class:`Recovery`;
-4. open the last segment for appending, and fsync it: what a previous
+4. open the last segment for writing at the end of its records (a
+   preallocated segment's zero fill is overwritten, docs/wal-format.md
+   "Preallocation"), and fsync it: what a previous
    writer left unsynced in the page cache becomes durable, so
    ``durable_seq`` starts honest.
 
@@ -81,7 +83,7 @@ class Recovery:
 class OpenState(NamedTuple):
     """Where appending resumes."""
 
-    fd: int  # the last segment, open for appending
+    fd: int  # the last segment, open for writing at ``segment_bytes``
     segment_bytes: int  # its size
     next_seq: int
     recovery: Recovery | None
@@ -146,8 +148,11 @@ def recover(
         elif torn.reason == TORN_CREATION:
             fd = reset_segment(last.path, last.first_seq, write=write, fsync=fsync)
             return OpenState(fd, HEADER_SIZE_BYTES, last.first_seq, recovery, checked)
-    fd = os.open(last.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    fd = os.open(last.path, os.O_WRONLY | os.O_CLOEXEC)
     try:
+        # Appending goes on where the records end: the end of the file, or
+        # where a preallocated segment's zero fill begins.
+        os.lseek(fd, scan.end, os.SEEK_SET)
         if fsync is not None:
             # What a previous writer wrote but never synced (policy off, or a
             # failed sync) may still be only in the page cache: sync it now, so

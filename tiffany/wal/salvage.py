@@ -11,7 +11,10 @@ skipping a bad block, but at record level:
 * otherwise the reader **resynchronises**: it scans forward for the next
   offset where a frame checks out *and* the frame after it also checks out
   or ends the segment (two in a row: garbage passes CRC32C once in four
-  billion tries, twice practically never); the bytes between are lost;
+  billion tries, twice practically never); the bytes between are lost. In
+  the last segment, where no two frames in a row check out, one is enough:
+  the reader calls a problem followed by one good frame corruption, so
+  salvage must resume at that frame or its log would still not open;
 * a **missing segment** (a sequence gap between segments) loses the
   records in the gap; a **bad segment header** loses nothing by itself: the
   name gives ``first_seq`` and the records after the header are read;
@@ -56,7 +59,15 @@ from tiffany.wal.format import (
     SEGMENT_SIZE_BYTES,
     header_problem,
 )
-from tiffany.wal.frame import BAD_CHECKSUM, RESERVED_TYPE, Frame, decode
+from tiffany.wal.frame import (
+    BAD_CHECKSUM,
+    RESERVED_TYPE,
+    ZERO_FILL,
+    Frame,
+    decode,
+    next_frame,
+    zero_to_end,
+)
 from tiffany.wal.lock import lock_dir, unlock
 from tiffany.wal.segments import (
     Segment,
@@ -153,8 +164,8 @@ Finish = Callable[[list[tuple[int, bytes]], list[Loss]], list[tuple[int, bytes]]
 
 
 def _boundary(data: bytes, end: int) -> bool:
-    """True when ``end`` ends the segment or a frame that checks out starts there."""
-    return end == len(data) or isinstance(decode(data, end), Frame)
+    """True when ``end`` ends the records (the file or its zero fill) or a frame starts there."""
+    return end == len(data) or isinstance(decode(data, end), Frame) or zero_to_end(data, end)
 
 
 def _resync(data: bytes, offset: int) -> int | None:
@@ -197,6 +208,8 @@ def _scan_one(
             out.append((found.rtype, data[found.start : found.end]))
             off, seq = found.end, seq + 1
             continue
+        if found == ZERO_FILL and zero_to_end(data, off):
+            break  # a preallocated segment's zero fill: where its records end
         if found in (BAD_CHECKSUM, RESERVED_TYPE):
             _, length, _ = RECORD_HEADER.unpack_from(data, off)
             end = off + RECORD_HEADER_SIZE_BYTES + length
@@ -208,7 +221,12 @@ def _scan_one(
                 continue
         nxt = _resync(data, off)
         if nxt is None and last:
-            break  # a torn tail: never acknowledged, not a loss
+            # The reader's rule (reader.py): one frame that checks out after
+            # the problem makes it corruption, not a torn tail. Resume there,
+            # or the log salvage leaves would still not open.
+            nxt = next_frame(data, off)
+            if nxt is None:
+                break  # a torn tail: never acknowledged, not a loss
         stop = size if nxt is None else nxt
         losses.append(Loss(seg.name, off, seq, None, stop - off, found, None, len(out)))
         off, seq = stop, seq + 1

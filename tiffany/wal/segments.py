@@ -5,11 +5,13 @@ Invariants:
 * A segment is named after its first sequence number
   (``segment_name(first_seq)``, 20 digits), so sorting names sorts segments;
   the header repeats the number and the two must agree.
-* A segment is created with ``O_EXCL``, gets its header, and is made durable
-  (the file, then the directory that names it) before any record is written
-  into it. After a crash, a segment the directory knows has a header, unless
-  the crash struck during creation: then it is the last segment, shorter than
-  a header or all zeros, and recovery recreates it.
+* A segment is created with ``O_EXCL`` (or renamed from a zero-filled file
+  prepared ahead, :mod:`tiffany.wal.prealloc`, never over an existing name),
+  gets its header, and is made durable (the file, then the directory that
+  names it) before any record is written into it. After a crash, a segment
+  the directory knows has a header, unless the crash struck during
+  creation: then it is the last segment, shorter than a header or all
+  zeros, and recovery recreates it.
 * Nothing here deletes a damaged file: damaged ones are renamed with
   ``BROKEN_SUFFIX``, or their damaged tails moved into such a file.
 * Released segments (retention, docs/wal-format.md "Retention") are the
@@ -24,6 +26,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +55,7 @@ __all__ = [
     "fsync_dir",
     "history_segments",
     "history_start",
+    "install_segment",
     "is_torn_creation",
     "list_segments",
     "move_tail_aside",
@@ -234,7 +238,7 @@ def fsync_dir(path: Path, fsync: SyncFn = os.fsync) -> None:
 
 
 def create_segment(wal_dir: Path, first_seq: int, *, write: WriteFn, fsync: SyncFn | None) -> int:
-    """Create a segment with its header; return its descriptor (append mode).
+    """Create a segment with its header; return its descriptor, positioned after the header.
 
     Args:
         wal_dir: The WAL directory.
@@ -249,8 +253,37 @@ def create_segment(wal_dir: Path, first_seq: int, *, write: WriteFn, fsync: Sync
             torn creation that recovery handles.
     """
     path = wal_dir / segment_name(first_seq)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
-    fd = os.open(path, flags, 0o644)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    return _head(os.open(path, flags, 0o644), wal_dir, first_seq, write=write, fsync=fsync)
+
+
+def install_segment(
+    wal_dir: Path, prepared: Path, first_seq: int, *, write: WriteFn, fsync: SyncFn | None
+) -> int:
+    """Make a prepared zero-filled file the segment of ``first_seq``; return its descriptor.
+
+    The file is renamed first, then headed and synced like a created
+    segment (:func:`create_segment`): a crash before the header is durable
+    leaves a named segment of zeros, the torn creation recovery handles.
+    Its records then overwrite blocks that are already written, so a
+    commit's ``fdatasync`` has no block allocation or file size to journal
+    (docs/wal-format.md, "Preallocation").
+
+    Raises:
+        FileExistsError: The segment's name is taken (never replaced).
+        OSError: Renaming, writing or syncing failed (the caller fails stop).
+    """
+    path = wal_dir / segment_name(first_seq)
+    if path.exists():
+        raise FileExistsError(errno.EEXIST, "WAL segment exists", str(path))
+    prepared.rename(path)
+    return _head(
+        os.open(path, os.O_WRONLY | os.O_CLOEXEC), wal_dir, first_seq, write=write, fsync=fsync
+    )
+
+
+def _head(fd: int, wal_dir: Path, first_seq: int, *, write: WriteFn, fsync: SyncFn | None) -> int:
+    """Write a new segment's header at its start and make it and its name durable; return ``fd``."""
     try:
         write_all(write, fd, encode_header(first_seq))
         if fsync is not None:
@@ -271,16 +304,9 @@ def reset_segment(path: Path, first_seq: int, *, write: WriteFn, fsync: SyncFn |
     Raises:
         OSError: Writing or syncing failed.
     """
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-    try:
-        write_all(write, fd, encode_header(first_seq))
-        if fsync is not None:
-            fsync(fd)
-            fsync_dir(path.parent, fsync)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return _head(
+        os.open(path, os.O_WRONLY | os.O_CLOEXEC), path.parent, first_seq, write=write, fsync=fsync
+    )
 
 
 def broken_name(path: Path) -> Path:

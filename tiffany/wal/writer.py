@@ -13,6 +13,13 @@ Invariants:
   segment, the buffer offset is noted as a cut) and done in ``commit``: the
   old segment is written up to the cut and fdatasynced, then the new one is
   created, headed and fsynced with its directory before records go into it.
+* Preallocation (``preallocate=True``, docs/wal-format.md): a worker thread
+  zero-fills the next segment ahead (:mod:`tiffany.wal.prealloc`), and a
+  rotation renames it into place, so commits overwrite written blocks and
+  their fdatasync journals no metadata. A segment that grows (the first of
+  a new log, or when no file was ready) is left at the next commit once a
+  prepared one is ready. Writes go at the writer's own offset, never
+  ``O_APPEND``: a preallocated file's end is not where its records end.
 * Fail-stop: a failed ``write`` or ``fsync`` puts the WAL in a failed state.
   It is never retried (after a failed fsync Linux may have dropped the dirty
   pages, and the next fsync would succeed: PostgreSQL's "fsyncgate"),
@@ -53,9 +60,10 @@ from tiffany.wal.format import (
 from tiffany.wal.frame import check_record
 from tiffany.wal.identity import ensure_identity
 from tiffany.wal.lock import lock_dir
+from tiffany.wal.prealloc import Preparer, Spawn
 from tiffany.wal.reader import Span, iter_spans
 from tiffany.wal.recovery import Recovery, recover
-from tiffany.wal.segments import SyncFn, WriteFn, create_segment, write_all
+from tiffany.wal.segments import SyncFn, WriteFn, create_segment, install_segment, write_all
 from tiffany.wal.state import LogState
 
 #: ``on_commit(first_seq, last_seq, sync_s)``: after a commit made records
@@ -75,6 +83,10 @@ log = structlog.get_logger("tiffany.wal")
 
 _pack_len_type = struct.Struct("<IB").pack
 _pack_record_header = RECORD_HEADER.pack
+
+#: A growing segment asks for a prepared one once this much was written since the open
+#: (a short-lived log, a test's, a one-off ``tiffany run``, never writes a zero-filled file).
+PREPARE_AFTER_BYTES = 1 << 20
 
 
 class FsyncPolicy(enum.StrEnum):
@@ -129,6 +141,9 @@ class Wal(LogState):
         self._durable_seq = 0
         self._failed: WalFailedError | None = None
         self._closed = False
+        self._prep: Preparer | None = None  # preallocation (see open's ``preallocate``)
+        self._prealloc = False  # the current segment was zero-filled to the rotation size
+        self._written = 0  # bytes written since the open (while a growing segment waits)
         #: Called after each commit that wrote records (see :meth:`commit`).
         self.on_commit: CommitListener | None = None
         #: Called after each commit that rotated to a new segment.
@@ -145,9 +160,11 @@ class Wal(LogState):
         *,
         first_seq: int = 1,
         limit_seq: int | None = None,
+        preallocate: bool = False,
         _write: WriteFn = os.write,
         _fdatasync: SyncFn = os.fdatasync,
         _fsync: SyncFn = os.fsync,
+        _spawn: Spawn | None = None,
     ) -> Wal:
         """Open (creating if need be) the WAL in ``path``.
 
@@ -164,10 +181,13 @@ class Wal(LogState):
             limit_seq: The seqs this WAL may hold stop below it; a WAL
                 outside ``first_seq``..``limit_seq`` is refused (another
                 engine's). None: no bound.
+            preallocate: Zero-fill the next segment ahead on a worker thread
+                (:mod:`tiffany.wal.prealloc`); ignored under policy ``off``.
             _write: Stand-in for ``os.write`` (tests inject failures).
             _fdatasync: Stand-in for ``os.fdatasync``, used at commit.
             _fsync: Stand-in for ``os.fsync``, used on new segments, their
                 directory, and truncated tails.
+            _spawn: Runs a preparation (tests run it inline).
 
         Raises:
             WalLockedError: Another ``Wal`` (in any process) has it open.
@@ -187,6 +207,10 @@ class Wal(LogState):
         try:
             wal._name_journal()
             wal._open_log(first_seq, limit_seq)
+            if preallocate and wal.policy is not FsyncPolicy.OFF:
+                kw = {} if _spawn is None else {"spawn": _spawn}
+                wal._prep = Preparer(wal.path, segment_size_bytes, **kw)
+                wal._prealloc = os.fstat(wal._fd).st_size >= segment_size_bytes
         except BaseException:
             wal._release()
             raise
@@ -311,6 +335,8 @@ class Wal(LogState):
         self._buf = bytearray()
         self._seg_empty = False
         self._limit = self.segment_size_bytes - self._seg_bytes - RECORD_HEADER_SIZE_BYTES
+        if self._prep is not None:
+            self._prepare_next(len(tail))
         first = self._durable_seq + 1
         self._durable_seq = seq = self._next_seq - 1
         if listener is not None:
@@ -337,14 +363,40 @@ class Wal(LogState):
                         sync(self._fd)
                 fd, self._fd = self._fd, -1
                 os.close(fd)
-                self._fd = create_segment(
-                    self.path, first_seq, write=write, fsync=None if sync is None else self._fsync
-                )
+                self._fd = self._new_segment(first_seq, None if sync is None else self._fsync)
                 self._seg_bytes = HEADER_SIZE_BYTES
                 start = cut
         self._cuts.clear()
         self._seg_start = 0
         return buf[start:]
+
+    def _new_segment(self, first_seq: int, fsync: SyncFn | None) -> int:
+        """Open the segment of ``first_seq``: the prepared file if one is ready, else a new one."""
+        prepared = None if self._prep is None else self._prep.take()
+        self._prealloc = prepared is not None
+        if prepared is not None:
+            return install_segment(self.path, prepared, first_seq, write=self._write, fsync=fsync)
+        return create_segment(self.path, first_seq, write=self._write, fsync=fsync)
+
+    def _prepare_next(self, wrote: int) -> None:
+        """After a commit: ask for the next segment ahead, or leave a growing one for it.
+
+        A preallocated segment asks once it is half full; a growing one once
+        :data:`PREPARE_AFTER_BYTES` were written since the open, and is left
+        at the next append when the file is ready (``_limit`` -1 makes
+        ``append`` cut).
+        """
+        prep = self._prep
+        assert prep is not None
+        if self._prealloc:
+            if self._seg_bytes >= self.segment_size_bytes // 2:
+                prep.request()
+        elif prep.ready:
+            self._limit = -1
+        else:
+            self._written += wrote
+            if self._written >= min(PREPARE_AFTER_BYTES, self.segment_size_bytes // 2):
+                prep.request()
 
     def spans(self, from_seq: int = 1, checked: Mapping[str, int] | None = None) -> Iterator[Span]:
         """Yield the durable records with ``seq >= from_seq`` (:func:`~tiffany.wal.iter_spans`).
@@ -383,6 +435,8 @@ class Wal(LogState):
             self._release()
 
     def _release(self) -> None:
+        if self._prep is not None:
+            self._prep.close()
         for fd in (self._fd, self._lock_fd):
             if fd >= 0:
                 os.close(fd)
