@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import os
 import platform
 import shutil
@@ -50,6 +51,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import msgspec
+import structlog
 
 from tiffany.records import Dispatch
 from tiffany.wal import FsyncPolicy, Wal, iter_records
@@ -233,6 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=1.5, help="time per cell")
     parser.add_argument("--dir", type=Path, default=None, help="where to write the logs")
     args = parser.parse_args(argv)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     seconds = 0.3 if args.quick else args.seconds
     base = args.dir or Path(__file__).resolve().parent
     root = Path(tempfile.mkdtemp(prefix="wal-bench-", dir=base))
