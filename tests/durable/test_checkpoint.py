@@ -67,9 +67,9 @@ class Counting:
         real_iter = history.spans_of
 
         def spans_of(
-            wal_dir: Any, from_seq: int = 1, checked: Any = None, at: Any = None
+            wal_dir: Any, from_seq: int = 1, checked: Any = None, at: Any = None, ends: Any = None
         ) -> Iterator[Any]:
-            for span in real_iter(wal_dir, from_seq, checked, at):
+            for span in real_iter(wal_dir, from_seq, checked, at, ends):
                 self.records += 1
                 if not self.segments or self.segments[-1] != span[5]:
                     self.segments.append(span[5])

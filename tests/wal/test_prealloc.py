@@ -152,3 +152,21 @@ def test_a_rename_never_replaces_a_segment(tmp_path: Path, size: int) -> None:
     fd = install_segment(tmp_path, prepared, 6, write=os.write, fsync=os.fsync)
     os.close(fd)
     assert (tmp_path / segment_name(6)).stat().st_size == size  # headed, not truncated
+
+
+def test_a_reader_given_the_writers_ends_reads_no_zero_fill(tmp_path: Path) -> None:
+    """The checkpointer's reads of the live segment stop where its records end."""
+    from tiffany.wal import iter_spans
+
+    with _open(tmp_path) as wal:
+        for i in range(120):
+            wal.append(1, _payload(i))
+            wal.commit()
+        assert wal._prealloc
+        ends = wal.durable_ends()
+        (live,) = ends
+        assert live == list_segments(tmp_path)[-1].name
+        assert (tmp_path / live).stat().st_size == SEG > ends[live]
+        spans = list(iter_spans(tmp_path, 1, None, None, ends))
+        assert [s[2][s[3] : s[4]] for s in spans] == [_payload(i) for i in range(120)]
+        assert {len(s[2]) for s in spans if s[5] == live} == {ends[live]}  # no zeros read

@@ -246,6 +246,7 @@ def read_runs(
     until: int | None = None,
     checked: Mapping[str, int] | None = None,
     at: Position | None = None,
+    ends: Mapping[str, int] | None = None,
 ) -> Loaded:
     """Build the index and find the wanted runs' records in one pass over the WAL.
 
@@ -260,6 +261,8 @@ def read_runs(
         checked: What the writer's open verified (:func:`~tiffany.wal.iter_spans`).
         at: Where an earlier pass over this log stopped (its
             :attr:`Loaded.position`): a file WAL is read from there.
+        ends: How much of a file WAL's segments to read
+            (:meth:`Wal.durable_ends <tiffany.wal.writer.Wal.durable_ends>`).
 
     Discussion: a run's first record is its RUN_START, so a single pass
     can decide, at that record, whether to keep the run's records; only
@@ -273,7 +276,7 @@ def read_runs(
     kept = [i for i in index.runs.values() if wanted is None or i.run_id in wanted]
     keep: dict[bytes, list[Span]] = {RUN_PREFIX.pack(i.run_no): [] for i in kept}
     first = min([i.first_seq for i in kept] + [after + 1])
-    spans = spans_of(wal_dir, first, checked, at) if until is None or first <= until else ()
+    spans = spans_of(wal_dir, first, checked, at, ends) if until is None or first <= until else ()
     run_start, run_end = RecordType.RUN_START, RecordType.RUN_END
     last = after
     name, start, end, seq = "", 0, 0, 0

@@ -44,7 +44,7 @@ from __future__ import annotations
 import enum
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final, Protocol
 
@@ -129,13 +129,15 @@ def fold(
     upto: int,
     window_s: float,
     at: Position | None = None,
+    ends: Mapping[str, int] | None = None,
 ) -> tuple[Checkpoint, Position | None]:
     """Return the checkpoint at ``upto`` (``base`` plus the records after it) and where it stopped.
 
     ``at``: where the previous fold stopped (a file WAL is read from there,
-    not from the head of the segment: :func:`~tiffany.wal.iter_spans`).
+    not from the head of the segment: :func:`~tiffany.wal.iter_spans`);
+    ``ends``: how much of each segment to read (the writer's ``durable_ends``).
     """
-    loaded = read_runs(wal_dir, set(), base=base, until=upto, at=at)
+    loaded = read_runs(wal_dir, set(), base=base, until=upto, at=at, ends=ends)
     return checkpoint_of(loaded.index, window_s), loaded.position
 
 
@@ -146,6 +148,8 @@ class Checkpointer:
         wal_dir: The WAL directory, or a PostgreSQL stream (checkpoints only).
         base: The checkpoint as of the end of recovery (the index the start built).
         durable_seq: Returns the WAL's durable seq (any thread).
+        durable_ends: Returns where the WAL's live segment's records end
+            (``Wal.durable_ends``, any thread), or None: segments are read whole.
         projected_seq: Returns the store's projected seq (any thread).
         retain: The retention policy.
         window_s: The idempotency key window.
@@ -160,6 +164,7 @@ class Checkpointer:
         projected_seq: Callable[[], int],
         retain: Retain = Retain.ARCHIVE,
         window_s: float = IDEMPOTENCY_WINDOW_S,
+        durable_ends: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         self.wal_dir = wal_dir
         self._at: Position | None = None  # where the last fold stopped
@@ -170,6 +175,7 @@ class Checkpointer:
         self._written = -1
         self._released_upto = 0  # a stream's records deleted up to here (Retain.DELETE)
         self._durable_seq = durable_seq
+        self._durable_ends = durable_ends
         self._projected_seq = projected_seq
         self._wake = threading.Event()
         self._stop = False
@@ -195,8 +201,10 @@ class Checkpointer:
         """One pass: advance and write the checkpoint, then release segments."""
         upto = self._durable_seq()
         if upto > self.checkpoint.seq:
+            # After upto: where the records end now covers every record up to it.
+            ends = None if self._durable_ends is None else self._durable_ends()
             self.checkpoint, self._at = fold(
-                self.wal_dir, self.checkpoint, upto, self.window_s, self._at
+                self.wal_dir, self.checkpoint, upto, self.window_s, self._at, ends
             )
         if self.checkpoint.seq != self._written:
             write_checkpoint(self.wal_dir, self.checkpoint)

@@ -80,6 +80,7 @@ from tiffany.kernel import ReadWait
 from tiffany.pal import EVENT_KINDS, FEED_SEQ_FILE, Hub
 from tiffany.pal.transport import FEED_SOCKET, FeedServer
 from tiffany.shards import engine_stream, note_owner, seq_base
+from tiffany.wal import Wal
 
 if TYPE_CHECKING:
     from tiffany.engine.db_requests import RequestClaimer
@@ -381,6 +382,7 @@ class EngineService:
             projected_seq=lambda: self.projector.last_seq,
             retain=Retain(self.settings.wal_retain),
             window_s=self.settings.idempotency_window_s,
+            durable_ends=wal.durable_ends if isinstance(wal, Wal) else None,
         )
         wal.on_rotate = self.checkpointer.poke
         self.checkpointer.start()

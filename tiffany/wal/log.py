@@ -89,11 +89,13 @@ def spans_of(
     from_seq: int = 1,
     checked: Mapping[str, int] | None = None,
     at: Position | None = None,
+    ends: Mapping[str, int] | None = None,
 ) -> Iterator[Span]:
     """Yield ``source``'s records with ``seq >= from_seq`` (:func:`~tiffany.wal.iter_spans`).
 
-    ``at``: where a file WAL's walk may resume (a stream ignores it).
+    ``at``, ``ends``: where a file WAL's walk may resume, and how much of a
+    segment to read (a stream ignores them).
     """
     if isinstance(source, str | os.PathLike):
-        return iter_spans(source, from_seq, checked, at)
+        return iter_spans(source, from_seq, checked, at, ends)
     return source.spans(from_seq, checked)

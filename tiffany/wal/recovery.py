@@ -36,7 +36,7 @@ from typing import NamedTuple
 import structlog
 
 from tiffany.errors import WalFormatError
-from tiffany.wal.format import HEADER_SIZE_BYTES
+from tiffany.wal.format import HEADER_SIZE_BYTES, segment_name
 from tiffany.wal.frame import is_benign
 from tiffany.wal.reader import TORN_CREATION, SegmentScan, TornTail, scan_segment, sequence_gap
 from tiffany.wal.segments import (
@@ -89,6 +89,7 @@ class OpenState(NamedTuple):
     recovery: Recovery | None
     #: Segment name -> the end of its records this check found good (every live one).
     checked: dict[str, int]
+    segment: str  # the name of the segment appending goes on in
 
 
 def recover(
@@ -116,7 +117,7 @@ def recover(
     segments = list_segments(wal_dir)
     if not segments:
         fd = create_segment(wal_dir, first_seq, write=write, fsync=fsync)
-        return OpenState(fd, HEADER_SIZE_BYTES, first_seq, None, {})
+        return OpenState(fd, HEADER_SIZE_BYTES, first_seq, None, {}, segment_name(first_seq))
     expected = segments[0].first_seq
     if expected < first_seq or (limit_seq is not None and expected >= limit_seq):
         bound = "" if limit_seq is None else f" to {limit_seq - 1}"
@@ -147,7 +148,7 @@ def recover(
             last, scan = segments[-2], prev
         elif torn.reason == TORN_CREATION:
             fd = reset_segment(last.path, last.first_seq, write=write, fsync=fsync)
-            return OpenState(fd, HEADER_SIZE_BYTES, last.first_seq, recovery, checked)
+            return OpenState(fd, HEADER_SIZE_BYTES, last.first_seq, recovery, checked, last.name)
     fd = os.open(last.path, os.O_WRONLY | os.O_CLOEXEC)
     try:
         # Appending goes on where the records end: the end of the file, or
@@ -161,7 +162,7 @@ def recover(
     except BaseException:
         os.close(fd)
         raise
-    return OpenState(fd, scan.end, expected, recovery, checked)
+    return OpenState(fd, scan.end, expected, recovery, checked, last.name)
 
 
 def _cut_tail(

@@ -168,21 +168,24 @@ def release_segment(seg: Segment, *, archive: bool, fsync: SyncFn | None = os.fs
         fsync_dir(wal_dir, fsync)
 
 
-def read_segment(seg: Segment) -> bytes:
+def read_segment(seg: Segment, size: int | None = None) -> bytes:
     """Return a whole segment file (segments are read whole; 64 MiB at most by default).
+
+    ``size``: read only the first ``size`` bytes (where the writer says its
+    records end: a preallocated live segment's zero fill is not read).
 
     A live segment archived since it was listed (a reader beside a running
     engine) is read from the archive.
     """
     try:
         with open(seg.path, "rb") as f:
-            return f.read()
+            return f.read(size)
     except FileNotFoundError:
         moved = seg.path.parent / ARCHIVE_DIR_NAME / seg.name
         if seg.path.parent.name == ARCHIVE_DIR_NAME or not moved.is_file():
             raise
     with open(moved, "rb") as f:
-        return f.read()
+        return f.read(size)
 
 
 def check_header(seg: Segment, data: bytes) -> None:

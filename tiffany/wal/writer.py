@@ -56,6 +56,7 @@ from tiffany.wal.format import (
     RECORD_HEADER,
     RECORD_HEADER_SIZE_BYTES,
     SEGMENT_SIZE_BYTES,
+    segment_name,
 )
 from tiffany.wal.frame import check_record
 from tiffany.wal.identity import ensure_identity
@@ -144,6 +145,9 @@ class Wal(LogState):
         self._prep: Preparer | None = None  # preallocation (see open's ``preallocate``)
         self._prealloc = False  # the current segment was zero-filled to the rotation size
         self._written = 0  # bytes written since the open (while a growing segment waits)
+        self._seg_name = ""  # the current segment's file name
+        #: (current segment, where its written records end), replaced whole at each commit.
+        self._end: tuple[str, int] = ("", 0)
         #: Called after each commit that wrote records (see :meth:`commit`).
         self.on_commit: CommitListener | None = None
         #: Called after each commit that rotated to a new segment.
@@ -240,6 +244,8 @@ class Wal(LogState):
         self.checked = state.checked
         self._fd = state.fd
         self._seg_bytes = state.segment_bytes
+        self._seg_name = state.segment
+        self._end = (state.segment, state.segment_bytes)
         self._next_seq = state.next_seq
         self._durable_seq = state.next_seq - 1
         self._reset_buffer()
@@ -332,6 +338,7 @@ class Wal(LogState):
         except OSError as exc:
             raise self._fail(exc) from exc
         self._seg_bytes += len(tail)
+        self._end = (self._seg_name, self._seg_bytes)
         self._buf = bytearray()
         self._seg_empty = False
         self._limit = self.segment_size_bytes - self._seg_bytes - RECORD_HEADER_SIZE_BYTES
@@ -374,6 +381,7 @@ class Wal(LogState):
         """Open the segment of ``first_seq``: the prepared file if one is ready, else a new one."""
         prepared = None if self._prep is None else self._prep.take()
         self._prealloc = prepared is not None
+        self._seg_name = segment_name(first_seq)
         if prepared is not None:
             return install_segment(self.path, prepared, first_seq, write=self._write, fsync=fsync)
         return create_segment(self.path, first_seq, write=self._write, fsync=fsync)
@@ -397,6 +405,15 @@ class Wal(LogState):
             self._written += wrote
             if self._written >= min(PREPARE_AFTER_BYTES, self.segment_size_bytes // 2):
                 prep.request()
+
+    def durable_ends(self) -> dict[str, int]:
+        """Where the current segment's records end, by name (any thread: one atomic read).
+
+        At least the end of every durable record: a reader given it
+        (``iter_spans``'s ``ends``) reads no zero fill of a preallocated segment.
+        """
+        name, end = self._end
+        return {name: end}
 
     def spans(self, from_seq: int = 1, checked: Mapping[str, int] | None = None) -> Iterator[Span]:
         """Yield the durable records with ``seq >= from_seq`` (:func:`~tiffany.wal.iter_spans`).
