@@ -198,7 +198,12 @@ class Runtime:
         # One pass over the log: the index, and where the unfinished runs'
         # records are (recover() decodes them; a first submit lets them go).
         self._unfinished: Loaded | None = _read_opened(
-            self.source, self.checkpoint, log.durable_seq, log.checked
+            self.source,
+            self.checkpoint,
+            log.durable_seq,
+            log.checked,
+            # A preallocated live segment's zero fill is not read again.
+            log.durable_ends() if isinstance(log, Wal) else None,
         )
         #: The log as this open found it, as a checkpoint at its last seq.
         self.opened = checkpoint_of(self._unfinished.index, key_window_s)
@@ -327,7 +332,11 @@ class Runtime:
 
 
 def _read_opened(
-    wal_dir: Source, base: Checkpoint | None, last_seq: int, checked: Mapping[str, int]
+    wal_dir: Source,
+    base: Checkpoint | None,
+    last_seq: int,
+    checked: Mapping[str, int],
+    ends: Mapping[str, int] | None = None,
 ) -> Loaded:
     """Read the log as opened: ``base`` advanced over the records after it, unfinished runs kept.
 
@@ -352,7 +361,7 @@ def _read_opened(
             "reserved above those still on disk only",
         )
     return read_runs(
-        wal_dir, None, unfinished_only=True, base=base, until=last_seq, checked=checked
+        wal_dir, None, unfinished_only=True, base=base, until=last_seq, checked=checked, ends=ends
     )
 
 
