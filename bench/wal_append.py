@@ -149,7 +149,7 @@ def run_commits(root: Path, seconds: float, *, preallocate: bool) -> tuple[float
         warm_until = time.perf_counter() + 10.0
         # Warm up past the 1 MiB after which a growing segment asks for a
         # prepared one, and (preallocating) until the writer moved into it.
-        while written < 2 << 20 or (preallocate and not wal._prealloc):
+        while written < 2 << 20 or (preallocate and not wal.preallocated):
             wal.append(RTYPE, payload)
             wal.commit()
             written += len(payload)

@@ -137,7 +137,7 @@ def _one(seed: int, tmp: Path) -> str:
             if rng.random() < 0.3:
                 wal.commit()
         durable = wal.durable_seq  # what callers were told is durable
-        mode = "preallocated" if wal._prealloc else "growing"  # the last segment's
+        mode = "preallocated" if wal.preallocated else "growing"  # the last segment's
         if rng.random() < 0.5:  # written, not synced: an unacknowledged tail
             wal._fdatasync = lambda fd: None
             wal.commit()

@@ -162,7 +162,7 @@ def test_a_reader_given_the_writers_ends_reads_no_zero_fill(tmp_path: Path) -> N
         for i in range(120):
             wal.append(1, _payload(i))
             wal.commit()
-        assert wal._prealloc
+        assert wal.preallocated
         ends = wal.durable_ends()
         (live,) = ends
         assert live == list_segments(tmp_path)[-1].name

@@ -406,6 +406,11 @@ class Wal(LogState):
             if self._written >= min(PREPARE_AFTER_BYTES, self.segment_size_bytes // 2):
                 prep.request()
 
+    @property
+    def preallocated(self) -> bool:
+        """Whether the segment being written was zero-filled ahead (docs/wal-format.md)."""
+        return self._prealloc
+
     def durable_ends(self) -> dict[str, int]:
         """Where the current segment's records end, by name (any thread: one atomic read).
 
