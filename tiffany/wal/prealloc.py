@@ -4,11 +4,11 @@ Why (docs/wal-format.md, "Preallocation"): a commit's ``fdatasync`` into a
 file that grows must also journal the new blocks and the new size, a
 metadata commit of the file system; into blocks that were written before,
 it flushes the data alone. On this project's ext4 machine, a 5 KB write
-then ``fdatasync`` took 0.13-0.15 ms in a zero-filled file against 0.20-0.23
-ms at the end of a growing one; ``posix_fallocate`` did not help (its
-unwritten extents are converted at the first write: metadata again). etcd
-preallocates its segments the same way, and PostgreSQL zero-fills its WAL
-files.
+then ``fdatasync`` took 0.11-0.14 ms in a zero-filled file against
+0.21-0.25 ms at the end of a growing one (``bench/wal_append.py``, Table 4).
+``posix_fallocate``, which etcd uses, did not help here: its unwritten
+extents are converted at the first write, metadata again. PostgreSQL
+zero-fills its WAL files (``wal_init_zero``), as we do.
 
 How:
 
