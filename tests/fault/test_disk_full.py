@@ -240,11 +240,11 @@ def test_a_rotation_torn_by_a_full_disk_reopens_on_the_still_full_disk(small_dis
 
 
 def test_a_full_disk_stops_a_preparation_not_a_commit(small_disk: Path) -> None:
-    """Zero-filling the next segment on a full disk: logged, its space freed, commits go on.
+    """Zero-filling the next segment with too little space: never started, logged, commits go on.
 
     The segment to prepare (8 MiB) does not fit the 2 MiB disk: the worker
-    gets ENOSPC midway, removes its partial file, and the log goes on with
-    segments that grow, into the space the partial file gave back.
+    does not start filling the disk (a commit's write would then fail and
+    the engine fail-stop), and the log goes on with segments that grow.
     """
     import structlog
 

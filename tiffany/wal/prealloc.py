@@ -20,9 +20,12 @@ How:
   (:func:`~tiffany.wal.segments.install_segment` renames it into place and
   heads it), so its records overwrite zeros; ``prepared.tmp`` is not a
   segment name, so no reader ever sees it.
-* A failure (a full disk) removes the partial file and is logged; the
-  writer goes on creating segments that grow, and asks again after
-  :data:`RETRY_S`. Nothing here can fail a commit.
+* It starts only with twice the file's size free on the file system
+  (:data:`FREE_FACTOR`): zero-filling into the last free blocks would make
+  a commit's own write fail for want of space, and the engine fail-stop.
+* A failure (too little space, or a full disk all the same) removes the
+  partial file and is logged; the writer goes on creating segments that
+  grow, and asks again after :data:`RETRY_S`.
 * Opening removes a file left by an earlier process: it may be partial.
 
 Invariants: the prepared file only ever holds zeros; only the committing
@@ -56,6 +59,8 @@ SYNC_EVERY_BYTES: Final = 8 << 20
 PAUSE_S: Final = 0.002
 #: Seconds before asking again after a preparation failed.
 RETRY_S: Final = 60.0
+#: A preparation starts only with this many times its size free on the file system.
+FREE_FACTOR: Final = 2
 
 _ZEROS: Final = bytes(CHUNK_BYTES)
 
@@ -154,6 +159,12 @@ class Preparer:
 
     def _fill(self) -> bool:
         """Write the zero-filled file and sync it; False if closing stopped it."""
+        st = os.statvfs(self.path.parent)
+        free = st.f_bavail * st.f_frsize
+        if free < FREE_FACTOR * self.size:
+            raise OSError(
+                errno.ENOSPC, f"{free} bytes free, {FREE_FACTOR} x {self.size} wanted to prepare"
+            )
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
             left = self.size
@@ -161,7 +172,7 @@ class Preparer:
             while left > 0:
                 if self._closing:
                     return False
-                n = os.write(fd, _ZEROS[: min(left, CHUNK_BYTES)])
+                n = os.write(fd, memoryview(_ZEROS)[: min(left, CHUNK_BYTES)])
                 left -= n
                 since_sync += n
                 if since_sync >= SYNC_EVERY_BYTES:
