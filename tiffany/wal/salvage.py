@@ -169,15 +169,18 @@ def _boundary(data: bytes, end: int) -> bool:
 
 
 def _resync(data: bytes, offset: int) -> int | None:
-    """Return the first offset after ``offset`` where two frames in a row check out."""
-    size = len(data)
-    k = offset + 1
-    while k <= size - RECORD_HEADER_SIZE_BYTES:
-        if data[k + 8] != 0:  # a record's type byte is never zero
-            frame = decode(data, k)
-            if isinstance(frame, Frame) and _boundary(data, frame.end):
-                return k
-        k += 1
+    """Return the first offset after ``offset`` where two frames in a row check out.
+
+    The candidates are :func:`~tiffany.wal.frame.next_frame`'s, which skips
+    a run of zeros in one search (a preallocated segment's: a byte at a time,
+    16 MiB took 1.7 s).
+    """
+    k = next_frame(data, offset)
+    while k is not None:
+        frame = decode(data, k)
+        if isinstance(frame, Frame) and _boundary(data, frame.end):
+            return k
+        k = next_frame(data, k)
     return None
 
 
