@@ -23,20 +23,21 @@ from tiffany.cli.db import rebuild_store
 from tiffany.engine.projection import journal_id
 from tiffany.records import RunEnd, RunStart, Spawn, TaskExit
 from tiffany.store import Projector, RecordType, queries, session_factory
+from tiffany.store.fold import RowFold
 from tiffany.store.pgflush import MarkMoved
 from tiffany.store.projector import is_transient
 from tiffany.store.rows import Batch
 
 
 def _fail_at(monkeypatch: pytest.MonkeyPatch, seq: int, exc: Exception) -> None:
-    real = Projector._apply_one
+    real = RowFold.apply
 
-    def apply_one(self: Projector, conn: Any, b: Any, s: int, *rest: Any) -> bool:
+    def apply(self: RowFold, conn: Any, b: Any, s: int, *rest: Any) -> bool:
         if s == seq:
             raise exc
         return real(self, conn, b, s, *rest)
 
-    monkeypatch.setattr(Projector, "_apply_one", apply_one)
+    monkeypatch.setattr(RowFold, "apply", apply)
 
 
 def test_a_record_that_fails_is_quarantined_and_the_rest_projected(
