@@ -69,8 +69,7 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         state.relay.start()
-        if state.engines.db is not None:
-            state.engines.db.start()
+        state.engines.start()
         # The start-up heap (FastAPI, pydantic, SQLAlchemy, the routes) lives as
         # long as the process: out of the collector's reach, a full collection
         # walks the requests' objects only (each one paused the loop 60-80 ms,

@@ -32,6 +32,7 @@ from typing import Any, Final
 import psycopg
 import structlog
 
+from tiffany.api.pg_listen import Listener, projected_mark
 from tiffany.config import conninfo
 from tiffany.control import ControlError, ControlUnavailable, submission_digest
 from tiffany.store.models import (
@@ -97,50 +98,30 @@ class DbRequests:
         self._answers: dict[int, Any] = {}
         self._pool: asyncio.Queue[psycopg.AsyncConnection[Any]] | None = None
         self._opened = 0
-        self._task: asyncio.Task[None] | None = None
-        #: Whether the listener is connected (the answers' notifications arrive).
-        self.listening = False
+        self._listener = Listener(
+            self.dsn,
+            {ANSWERS_CHANNEL: self._answered, PROJECTED_CHANNEL: self._projected},
+            "tiffany-api-db-answers",
+            on_connect=self._reconnected,
+        )
 
     # -- lifecycle -------------------------------------------------------------------
 
+    @property
+    def listening(self) -> bool:
+        """Whether the listener is connected (the answers' notifications arrive)."""
+        return self._listener.listening
+
     def start(self) -> None:
         """Start listening for answers (reconnects until :meth:`close`)."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._listen(), name="tiffany-api-db-answers")
+        self._listener.start()
 
     async def close(self) -> None:
         """Stop listening and close every connection."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._listener.close()
         pool = self._pool
         while pool is not None and not pool.empty():
             await pool.get_nowait().close()
-
-    async def _listen(self) -> None:
-        delay = 0.1
-        while True:
-            try:
-                conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
-                async with conn:
-                    await conn.execute(f"LISTEN {ANSWERS_CHANNEL}")
-                    await conn.execute(f"LISTEN {PROJECTED_CHANNEL}")
-                    self.listening, delay = True, 0.1
-                    for event in list(self._waiters.values()):
-                        event.set()  # what was answered meanwhile: re-read
-                    async for note in conn.notifies():
-                        if note.channel == PROJECTED_CHANNEL:
-                            self._projected(note.payload)
-                        else:
-                            self._answered(note.payload)
-            except (psycopg.Error, OSError, ValueError) as exc:
-                if self.listening:
-                    log.warning("api.db_answers_lost", error=str(exc))
-                self.listening = False
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
 
     # -- requests ----------------------------------------------------------------------
 
@@ -222,10 +203,15 @@ class DbRequests:
         if woken is not None:
             woken.set()
 
+    def _reconnected(self) -> None:
+        """After a (re)connect: what was answered meanwhile is re-read by its request."""
+        for event in list(self._waiters.values()):
+            event.set()
+
     def _projected(self, payload: str) -> None:
-        engine, _, seq = payload.partition(" ")
-        if self.on_projected is not None and engine.isdigit() and seq.isdigit():
-            self.on_projected(int(engine), int(seq))
+        mark = projected_mark(payload)
+        if self.on_projected is not None and mark is not None:
+            self.on_projected(*mark)
 
     # -- internals -------------------------------------------------------------------
 

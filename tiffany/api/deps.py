@@ -29,7 +29,7 @@ from tiffany import shards
 from tiffany.api import timing
 from tiffany.api.feed import FeedRelay
 from tiffany.api.metrics import ApiMetrics
-from tiffany.config import Settings
+from tiffany.config import Settings, conninfo
 from tiffany.control import AsyncControlClient, ControlUnavailable
 from tiffany.errors import TiffanyError
 from tiffany.store import queries
@@ -242,8 +242,10 @@ class ApiState:
 
             db = DbRequests(self.settings.database_url)
         homes = shards.homes(self.settings.data_dir, self.settings.engines)
+        url = self.settings.database_url
+        marks = conninfo(url) if db is None and url.startswith("postgresql") else None
         self.engines = Engines(
-            homes, lambda engine: self.read(lambda s: queries.watermark(s, engine)), db
+            homes, lambda engine: self.read(lambda s: queries.watermark(s, engine)), db, marks
         )
 
     @property

@@ -36,8 +36,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tiffany.api.db_requests import DbRequests
 from tiffany.api.deps import Watermark
+from tiffany.api.pg_listen import Listener, projected_mark
 from tiffany.control import AsyncControlClient, ControlError, ControlUnavailable
 from tiffany.shards import engine_home, engine_of
+from tiffany.store.models import PROJECTED_CHANNEL
 
 __all__ = ["Engines", "merge_metrics"]
 
@@ -49,6 +51,9 @@ class Engines:
         homes: Each engine's home (its control socket), engine 0 first.
         read_mark: Reads an engine's watermark from the store (when it is away).
         db: Requests through the database (journal=postgres), or None: the sockets.
+        marks_dsn: A PostgreSQL store's connection string (with the sockets): the
+            projectors' notifications of their marks wake the reads waiting for
+            them, besides the engines' answers (``pg_listen.py``).
     """
 
     def __init__(
@@ -56,6 +61,7 @@ class Engines:
         homes: list[Path],
         read_mark: Callable[[int], Awaitable[int]],
         db: DbRequests | None = None,
+        marks_dsn: str | None = None,
     ) -> None:
         self.db = db
         self.controls = [AsyncControlClient(home) for home in homes]
@@ -69,6 +75,23 @@ class Engines:
             for mark in self.watermarks:
                 mark.pushed = True
             db.on_projected = lambda engine, seq: self.watermark(engine).push(seq)
+        self._marks: Listener | None = None
+        if db is None and marks_dsn is not None:
+            channels = {PROJECTED_CHANNEL: self._projected}
+            self._marks = Listener(marks_dsn, channels, "tiffany-api-store-marks")
+
+    def start(self) -> None:
+        """Start listening to the database (answers, the store's marks), if it is used."""
+        if self.db is not None:
+            self.db.start()
+        if self._marks is not None:
+            self._marks.start()
+
+    def _projected(self, payload: str) -> None:
+        """A projector notified its new mark: wake the reads it covers."""
+        mark = projected_mark(payload)
+        if mark is not None and mark[0] < len(self.watermarks):
+            self.watermarks[mark[0]].push(mark[1])
 
     def __len__(self) -> int:
         return len(self.controls)
@@ -183,6 +206,8 @@ class Engines:
             await control.close()
         if self.db is not None:
             await self.db.close()
+        if self._marks is not None:
+            await self._marks.close()
 
 
 def _bind(read_mark: Callable[[int], Awaitable[int]], engine: int) -> Callable[[], Awaitable[int]]:

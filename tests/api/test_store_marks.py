@@ -1,0 +1,94 @@
+"""A PostgreSQL store's notifications wake the reads that wait for its mark (file journal).
+
+The projector notifies ``tiffany_projected`` with its new mark in the
+statement that writes it; the API listens (``tiffany/api/pg_listen.py``)
+besides asking its engine. Against the real local PostgreSQL and a real
+Unix socket that plays an engine too busy to answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import psycopg
+import pytest
+from api_support import short_dir
+
+from tiffany.api.engines import Engines
+from tiffany.config import conninfo
+from tiffany.control import socket_path
+from tiffany.store.models import PROJECTED_CHANNEL
+
+
+async def _no_mark() -> int:
+    return 0
+
+
+def _silent_engine(home: object) -> socket.socket:
+    """A control socket that accepts and never answers (an engine busy elsewhere)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(socket_path(home)))  # type: ignore[arg-type]
+    listener.listen(8)
+    return listener
+
+
+async def _until(check: object, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+def test_a_notified_mark_wakes_a_read_the_engine_has_not_answered(pg_migrated_url: str) -> None:
+    home = short_dir("tfm-")
+    silent = _silent_engine(home)
+    dsn = conninfo(pg_migrated_url)
+
+    async def main() -> tuple[int, float, int]:
+        engines = Engines([home], lambda _engine: _no_mark(), None, dsn)
+        engines.start()
+        try:
+            await _until(lambda: engines._marks is not None and engines._marks.listening)
+            read = asyncio.create_task(engines.wait(7, timeout=10.0))
+            await asyncio.sleep(0.2)
+            assert not read.done()  # the engine says nothing: the read waits
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                await conn.execute("SELECT pg_notify(%s, %s)", (PROJECTED_CHANNEL, "0 5"))
+                await asyncio.sleep(0.2)
+                assert not read.done()  # 5 does not cover 7
+                # Another engine's mark (a store several engines share) wakes nothing here.
+                await conn.execute("SELECT pg_notify(%s, %s)", (PROJECTED_CHANNEL, "3 9"))
+                await conn.execute("SELECT pg_notify(%s, %s)", (PROJECTED_CHANNEL, "garbage"))
+                await asyncio.sleep(0.2)
+                assert not read.done()
+                t0 = time.monotonic()
+                await conn.execute("SELECT pg_notify(%s, %s)", (PROJECTED_CHANNEL, "0 8"))
+                seen = await read
+            return seen, time.monotonic() - t0, engines.watermarks[0].seq
+        finally:
+            await engines.close()
+
+    try:
+        seen, waited, mark = asyncio.run(main())
+    finally:
+        silent.close()
+    assert seen == 8
+    assert mark == 8
+    assert waited < 1.0
+
+
+def test_without_a_postgresql_store_nothing_listens(tmp_path: object) -> None:
+    engines = Engines([short_dir("tfm-")], lambda _engine: _no_mark())
+    assert engines._marks is None
+
+
+@pytest.mark.parametrize("payload", ["0 5", "12 345"])
+def test_projected_mark_reads_engine_and_seq(payload: str) -> None:
+    from tiffany.api.pg_listen import projected_mark
+
+    engine, seq = payload.split()
+    assert projected_mark(payload) == (int(engine), int(seq))
+    assert projected_mark("x 5") is None
+    assert projected_mark("5") is None
