@@ -221,3 +221,90 @@ def test_a_paused_engine_is_fenced_and_steps_down_when_another_takes_its_stream(
     store.dispose()
     assert epoch == 2  # taken over once; the paused engine never took it back
     assert seqs == list(range(1, head + 1))  # one writer at a time: gapless, no seq twice
+
+
+#: A plan whose rows hold JSON of every shape the detail shows: inputs,
+#: outputs, a step's output and attempts, a task's result, a failed step's error.
+JSON_PLAN = {
+    "name": "shapes",
+    "inputs": {"who": "world", "n": 3},
+    "steps": [
+        {"id": "nap", "tool": "sleep", "args": {"seconds": 0.01}},
+        {
+            "id": "note",
+            "tool": "file.write",
+            "after": ["nap"],
+            "args": {"path": "out.txt", "content": "hello ${inputs.who}"},
+        },
+    ],
+}
+
+
+def test_the_loops_read_of_a_run_is_the_threads_read(pg_schema_url: str) -> None:
+    """``GET /api/runs/{id}`` on PostgreSQL reads on the event loop: the same detail as a thread."""
+    import asyncio
+
+    from sqlalchemy.orm import Session
+
+    from tiffany.api.deps import _msgspec_json
+    from tiffany.api.pg_async import AsyncPool
+    from tiffany.config import conninfo
+    from tiffany.store import queries
+
+    data_dir = short_dir("tfp-")
+    engine = start_engine(data_dir, env_extra={"TIFFANY_DATABASE_URL": pg_schema_url})
+    store = make_engine(pg_schema_url)
+    try:
+        app = create_app(make_settings(data_dir, database_url=pg_schema_url))
+        with TestClient(app) as client:
+            assert app.state.tiffany.pg_reads is not None  # the route's path is the loop's
+            r = client.post("/api/runs", json={"plan": JSON_PLAN, "inputs": {"n": 4}})
+            assert r.status_code == 201, r.text
+            run_id = r.json()["run_id"]
+            served = wait_until(
+                lambda: (d := client.get(f"/api/runs/{run_id}").json())["status"] == "succeeded"
+                and d,
+                timeout=30,
+            )
+            missing = client.get("/api/runs/run-000000000000")
+            assert missing.status_code == 404, missing.text
+
+        with Session(store) as session:
+            threaded = queries.run_detail_of(session, run_id)
+
+        async def on_the_loop() -> tuple[object, object]:
+            pool = AsyncPool(conninfo(pg_schema_url), 1, configure=_msgspec_json)
+            try:
+                async with pool.connection() as conn:
+                    found = await queries.run_detail_async(conn, store.dialect, run_id)
+                    none = await queries.run_detail_async(conn, store.dialect, "run-nope")
+            finally:
+                await pool.close()
+            return found, none
+
+        looped, nothing = asyncio.run(on_the_loop())
+        assert threaded is not None
+        assert looped == threaded
+        assert nothing is None
+        assert served == threaded
+        steps = {s["step_id"]: s for s in threaded["steps"]}
+        assert steps["note"]["status"] == "succeeded"
+        assert isinstance(steps["note"]["attempts"], list)
+        assert len(steps["note"]["attempts"]) == 1
+        assert threaded["inputs"] == {"who": "world", "n": 4}
+    finally:
+        store.dispose()
+        engine.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_a_store_the_loop_cannot_reach_answers_503(tmp_path: object) -> None:
+    """A PostgreSQL store that refuses connections: the read is a 503 naming the store."""
+    from api_support import free_port
+
+    url = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/nowhere"
+    app = create_app(make_settings(short_dir("tfp-"), database_url=url))
+    with TestClient(app) as client:
+        r = client.get("/api/runs/run-000000000000")
+    assert r.status_code == 503, r.text
+    assert "the store cannot be read" in r.text

@@ -1,7 +1,7 @@
 """A PostgreSQL store's notifications wake the reads that wait for its mark (file journal).
 
 The projector notifies ``tiffany_projected`` with its new mark in the
-statement that writes it; the API listens (``tiffany/api/pg_listen.py``)
+statement that writes it; the API listens (``tiffany.api.pg_async.py``)
 besides asking its engine. Against the real local PostgreSQL and a real
 Unix socket that plays an engine too busy to answer.
 """
@@ -86,7 +86,7 @@ def test_without_a_postgresql_store_nothing_listens(tmp_path: object) -> None:
 
 @pytest.mark.parametrize("payload", ["0 5", "12 345"])
 def test_projected_mark_reads_engine_and_seq(payload: str) -> None:
-    from tiffany.api.pg_listen import projected_mark
+    from tiffany.api.pg_async import projected_mark
 
     engine, seq = payload.split()
     assert projected_mark(payload) == (int(engine), int(seq))

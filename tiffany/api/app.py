@@ -87,6 +87,8 @@ def create_app(settings: Settings) -> FastAPI:
         finally:
             await state.relay.stop()
             await state.engines.close()
+            if state.pg_reads is not None:
+                await state.pg_reads.close()
             store.dispose()
             log.info("api.stopped")
 

@@ -32,7 +32,7 @@ from typing import Any, Final
 import psycopg
 import structlog
 
-from tiffany.api.pg_listen import Listener, projected_mark
+from tiffany.api.pg_async import AsyncPool, Listener, projected_mark
 from tiffany.config import conninfo
 from tiffany.control import ControlError, ControlUnavailable, submission_digest
 from tiffany.store.models import (
@@ -79,7 +79,6 @@ _OWNER: Final = (
     "AND engine IS NOT NULL ORDER BY id DESC LIMIT 1"
 )
 _LEASES: Final = f"SELECT count(*) FROM wal_streams WHERE lease_until > {_NOW} AND owner <> ALL(%s)"
-_IDLE: Final = psycopg.pq.TransactionStatus.IDLE
 
 
 class DbRequests:
@@ -96,8 +95,7 @@ class DbRequests:
         self._waiters: dict[int, asyncio.Event] = {}
         #: Answers carried by their notification, by row id, until taken.
         self._answers: dict[int, Any] = {}
-        self._pool: asyncio.Queue[psycopg.AsyncConnection[Any]] | None = None
-        self._opened = 0
+        self._pool = AsyncPool(self.dsn, POOL_SIZE)
         self._listener = Listener(
             self.dsn,
             {ANSWERS_CHANNEL: self._answered, PROJECTED_CHANNEL: self._projected},
@@ -119,9 +117,7 @@ class DbRequests:
     async def close(self) -> None:
         """Stop listening and close every connection."""
         await self._listener.close()
-        pool = self._pool
-        while pool is not None and not pool.empty():
-            await pool.get_nowait().close()
+        await self._pool.close()
 
     # -- requests ----------------------------------------------------------------------
 
@@ -287,31 +283,11 @@ class DbRequests:
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> Any:
-        if self._pool is None:
-            self._pool = asyncio.Queue()
-        pool = self._pool
-        if pool.empty() and self._opened < POOL_SIZE:
-            self._opened += 1
-            try:
-                conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
-            except (psycopg.Error, OSError) as exc:
-                self._opened -= 1
-                raise ControlUnavailable(f"the database cannot be reached: {exc}") from exc
-        else:
-            conn = await pool.get()
-        ok = False
         try:
-            yield conn
-            ok = True
+            async with self._pool.connection() as conn:
+                yield conn
         except psycopg.OperationalError as exc:
-            raise ControlUnavailable(f"the database connection failed: {exc}") from exc
-        finally:
-            if ok or (not conn.closed and conn.info.transaction_status == _IDLE):
-                pool.put_nowait(conn)
-            else:  # broken, or left mid-statement (cancelled): never reused
-                self._opened -= 1
-                with contextlib.suppress(psycopg.Error):
-                    await conn.close()
+            raise ControlUnavailable(f"the database cannot be reached: {exc}") from exc
 
 
 def _unwrap(answer: Any) -> dict[str, Any]:

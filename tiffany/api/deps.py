@@ -15,10 +15,12 @@ import itertools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Final, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Final, TypeVar
 
 import anyio
 import anyio.to_thread
+import msgspec
+import psycopg
 from fastapi import Depends, Request
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
@@ -29,6 +31,7 @@ from tiffany import shards
 from tiffany.api import timing
 from tiffany.api.feed import FeedRelay
 from tiffany.api.metrics import ApiMetrics
+from tiffany.api.pg_async import AsyncPool
 from tiffany.config import Settings, conninfo
 from tiffany.control import AsyncControlClient, ControlUnavailable
 from tiffany.errors import TiffanyError
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
     from tiffany.api.engines import Engines
 
 __all__ = [
+    "ASYNC_READERS",
     "MIN_SEQ_WAIT_S",
     "STORE_READERS",
     "ApiState",
@@ -58,6 +62,9 @@ MIN_SEQ_WAIT_S: Final = 5.0
 #: (430 in one 15 s run at 200 req/s), and each new one cost a backend's fork
 #: and a connect, which tipped the machine into saturation.
 STORE_READERS: Final = 16
+#: Connections of a PostgreSQL store's reads on the event loop (:meth:`ApiState.read_async`):
+#: a read holds one for its one round trip, so a few serve hundreds of reads a second.
+ASYNC_READERS: Final = 8
 #: How much longer the control request may take than that (the engine answers
 #: at its own deadline; this only covers the trip), in seconds.
 CONTROL_MARGIN_S: Final = 2.0
@@ -243,7 +250,19 @@ class ApiState:
             db = DbRequests(self.settings.database_url)
         homes = shards.homes(self.settings.data_dir, self.settings.engines)
         url = self.settings.database_url
-        marks = conninfo(url) if db is None and url.startswith("postgresql") else None
+        pg = url.startswith("postgresql")
+        marks = conninfo(url) if db is None and pg else None
+        #: A PostgreSQL store's connections for reads on the event loop (:meth:`read_async`).
+        self.pg_reads = (
+            AsyncPool(
+                conninfo(url),
+                ASYNC_READERS,
+                application_name="tiffany-api",
+                configure=_msgspec_json,
+            )
+            if pg
+            else None
+        )
         self.engines = Engines(
             homes, lambda engine: self.read(lambda s: queries.watermark(s, engine)), db, marks
         )
@@ -278,6 +297,37 @@ class ApiState:
                 store_seq=last,
             )
         return last
+
+    async def read_async(self, fn: Callable[[Any], Awaitable[T]]) -> T:
+        """Await ``fn(connection)`` on a PostgreSQL store's asyncio pool (:attr:`pg_reads`).
+
+        As :meth:`read`: a connection the server dropped is retried once on
+        a new one, and a store that cannot be read (no schema yet, the
+        server away) is a :class:`StoreUnavailable`.
+        """
+        pool = self.pg_reads
+        assert pool is not None, "read_async needs a PostgreSQL store"
+        called = time.perf_counter()
+        began = 0.0
+        try:
+            for attempt in (1, 2):
+                try:
+                    async with pool.connection() as conn:
+                        began = time.perf_counter()
+                        return await fn(conn)
+                except psycopg.OperationalError:
+                    if attempt == 2:
+                        raise
+            raise AssertionError("unreachable")
+        except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
+            raise StoreUnavailable(
+                f"the store cannot be read: {exc}",
+                hint="is the engine running (it creates and migrates the store)?",
+            ) from exc
+        finally:
+            if began:
+                timing.add("queue", began - called)
+                timing.add("store", time.perf_counter() - began)
 
     async def read(self, fn: Callable[[Session], T]) -> T:
         """Run ``fn(session)`` in the threadpool with a fresh session.
@@ -315,6 +365,13 @@ class ApiState:
             if began:  # its turn came: the wait for it, and the read
                 timing.add("queue", began - called)
                 timing.add("store", time.perf_counter() - began)
+
+
+async def _msgspec_json(conn: Any) -> None:
+    """Decode JSON columns as the store's engine does (``store.session.make_engine``)."""
+    from psycopg.types.json import set_json_loads
+
+    set_json_loads(msgspec.json.decode, conn)
 
 
 def get_state(conn: HTTPConnection) -> ApiState:

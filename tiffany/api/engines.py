@@ -36,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tiffany.api.db_requests import DbRequests
 from tiffany.api.deps import Watermark
-from tiffany.api.pg_listen import Listener, projected_mark
+from tiffany.api.pg_async import Listener, projected_mark
 from tiffany.control import AsyncControlClient, ControlError, ControlUnavailable
 from tiffany.shards import engine_home, engine_of
 from tiffany.store.models import PROJECTED_CHANNEL
@@ -53,7 +53,7 @@ class Engines:
         db: Requests through the database (journal=postgres), or None: the sockets.
         marks_dsn: A PostgreSQL store's connection string (with the sockets): the
             projectors' notifications of their marks wake the reads waiting for
-            them, besides the engines' answers (``pg_listen.py``).
+            them, besides the engines' answers (``pg_async.py``).
     """
 
     def __init__(

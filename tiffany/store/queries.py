@@ -328,6 +328,33 @@ def _detail_pipelined(conn: Connection, run_id: str) -> dict[str, Any] | None:
                 cursor.close()
 
 
+async def run_detail_async(conn: Any, dialect: Any, run_id: str) -> dict[str, Any] | None:
+    """:func:`run_detail_of` on an asyncio psycopg connection (the API's loop), or None.
+
+    The same three SELECTs as :func:`_detail_pipelined`, in one pipeline:
+    one round trip, awaited on the event loop instead of a thread
+    (``tiffany/api/pg_async.py``). ``dialect``: the store engine's, which
+    compiles them; the connection decodes JSON as the store's engine does
+    (``msgspec``: ``ApiState``'s pool sets it).
+    """
+    from psycopg.rows import namedtuple_row
+
+    sqls = _pipelined_sql(dialect)
+    params = {"run_id": run_id}
+    cursors = [conn.cursor(row_factory=namedtuple_row) for _ in sqls]
+    try:
+        async with conn.pipeline():
+            for cursor, sql in zip(cursors, sqls, strict=True):
+                await cursor.execute(sql, params)
+        run = await cursors[0].fetchone()
+        if run is None:
+            return None
+        return _detail(run, await cursors[1].fetchall(), await cursors[2].fetchall())
+    finally:
+        for cursor in cursors:
+            await cursor.close()
+
+
 @functools.cache
 def _pipelined_sql(dialect: Any) -> tuple[str, str, str]:
     """The run's, its steps' and its tasks' SELECTs as the driver's SQL (``%(run_id)s``)."""

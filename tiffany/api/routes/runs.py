@@ -311,12 +311,21 @@ def _check_run_id(run_id: str) -> None:
         raise RunNotFound(f"no run {shown!r}", run_id=shown)
 
 
-async def _read_run(state: State, run_id: str, min_seq: int | None, fn: Any) -> Any:
-    """Return ``fn(session)`` once the store holds ``min_seq``; 404 if it is None."""
+async def _read_run(
+    state: State, run_id: str, min_seq: int | None, fn: Any, *, pg: Any = None
+) -> Any:
+    """Return ``fn(session)`` once the store holds ``min_seq``; 404 if it is None.
+
+    ``pg``: the same read as ``await pg(connection)``, on a PostgreSQL store's
+    event-loop pool (no thread hop: ``api/pg_async.py``).
+    """
     _check_run_id(run_id)
     if min_seq is not None:
         await state.wait_projected(min_seq)
-    result = await state.read(fn)
+    if pg is not None and state.pg_reads is not None:
+        result = await state.read_async(pg)
+    else:
+        result = await state.read(fn)
     if result is None:
         raise RunNotFound(f"no run {run_id!r}", run_id=run_id)
     return result
@@ -333,8 +342,15 @@ async def _owner(state: State, run_id: str) -> int | None:
 @router.get("/{run_id}", response_model=RunDetail, responses={**_NOT_FOUND, **_ERRORS})
 async def get_run(run_id: str, state: State, min_seq: MinSeq = None) -> Response:
     """A run with its steps and tasks (as of at least ``min_seq``, when given)."""
+    dialect = state.engine.dialect
     return _json(
-        await _read_run(state, run_id, min_seq, lambda s: queries.run_detail_of(s, run_id))
+        await _read_run(
+            state,
+            run_id,
+            min_seq,
+            lambda s: queries.run_detail_of(s, run_id),
+            pg=lambda c: queries.run_detail_async(c, dialect, run_id),
+        )
     )
 
 

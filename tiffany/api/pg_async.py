@@ -1,6 +1,7 @@
-"""One PostgreSQL connection that LISTENs on some channels, reconnecting until closed.
+"""The API's asyncio connections to PostgreSQL: a listener and a pool.
 
-The API learns two things from the database's notifications: the answers
+:class:`Listener`: one connection that LISTENs on some channels,
+reconnecting until closed. The API learns two things from the database's notifications: the answers
 to requests that went through it (``db_requests.py``, the PostgreSQL
 journal) and the moves of the store's mark (``tiffany_projected``: a
 projector's batch notifies its new mark in the statement that writes it,
@@ -19,25 +20,36 @@ with no process in between: at 200 reads/s on two cores the slowest
 reads waited 6.5-17 ms for the projection with it, against 21-33 ms
 through the engine alone (bench/README.md). Both paths stay: the engine's
 covers a store that does not notify, and the notification a busy engine.
+
+:class:`AsyncPool`: connections for statements run on the event loop
+(the database requests of ``db_requests.py``, and the reads of a run on a
+PostgreSQL store: ``ApiState.read_async``). A statement on the loop waits
+for its socket in the loop's own poll; a read in the thread pool paid a
+thread hop and GIL hand-offs to and from a busy loop, up to a switch
+interval (5 ms) each: at 200 reads/s the slowest 1% of reads of a run
+spent 13-37 ms queued for a thread and 16-54 ms in the read, against none
+and 4-16 ms on the loop (bench/README.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
-from typing import Final
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, Final
 
 import psycopg
 import structlog
 
-__all__ = ["Listener", "projected_mark"]
+__all__ = ["AsyncPool", "Listener", "projected_mark"]
 
 log = structlog.get_logger(__name__)
 
 #: The first wait before a reconnect, in seconds (doubled up to :data:`MAX_RECONNECT_S`).
 RECONNECT_S: Final = 0.1
 MAX_RECONNECT_S: Final = 5.0
+
+_IDLE: Final = psycopg.pq.TransactionStatus.IDLE
 
 
 def projected_mark(payload: str) -> tuple[int, int] | None:
@@ -114,3 +126,84 @@ class Listener:
                 self.listening = False
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, MAX_RECONNECT_S)
+
+
+class AsyncPool:
+    """At most ``size`` autocommit connections to ``dsn``, opened on demand and reused.
+
+    A connection comes back to the pool only if it is still open and idle:
+    one that broke, or that a cancelled statement left mid-way, is closed,
+    and the next caller opens a fresh one. Errors are psycopg's, for the
+    caller to map (a connect failure is an ``OperationalError`` too).
+
+    Args:
+        dsn: A libpq connection string.
+        size: The most connections open at once; callers beyond wait their turn.
+        application_name: How the connections show in ``pg_stat_activity``
+            (unless ``dsn`` names one).
+        configure: Awaited on each new connection (say, its JSON loader).
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        size: int,
+        *,
+        application_name: str | None = None,
+        configure: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None,
+    ) -> None:
+        self.dsn = dsn
+        self.size = size
+        self.application_name = application_name
+        self.configure = configure
+        self._idle: asyncio.Queue[psycopg.AsyncConnection[Any]] | None = None
+        self._opened = 0
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A connection of the pool for the ``async with`` block."""
+        if self._idle is None:
+            self._idle = asyncio.Queue()
+        idle = self._idle
+        if idle.empty() and self._opened < self.size:
+            self._opened += 1
+            try:
+                conn = await self._open()
+            except BaseException:
+                self._opened -= 1
+                raise
+        else:
+            conn = await idle.get()
+        ok = False
+        try:
+            yield conn
+            ok = True
+        finally:
+            if not conn.closed and (ok or conn.info.transaction_status == _IDLE):
+                idle.put_nowait(conn)
+            else:  # broken, or left mid-statement (cancelled): never reused
+                self._opened -= 1
+                with contextlib.suppress(psycopg.Error):
+                    await conn.close()
+
+    async def _open(self) -> psycopg.AsyncConnection[Any]:
+        kwargs: dict[str, Any] = {"autocommit": True}
+        if self.application_name is not None and "application_name" not in self.dsn:
+            kwargs["application_name"] = self.application_name
+        conn = await psycopg.AsyncConnection.connect(self.dsn, **kwargs)
+        if self.configure is not None:
+            try:
+                await self.configure(conn)
+            except BaseException:
+                await conn.close()
+                raise
+        return conn
+
+    async def close(self) -> None:
+        """Close the idle connections (those in use close as they come back)."""
+        idle = self._idle
+        while idle is not None and not idle.empty():
+            conn = idle.get_nowait()
+            self._opened -= 1
+            with contextlib.suppress(psycopg.Error):
+                await conn.close()
