@@ -754,12 +754,11 @@ class EngineService:
         schedule = request.get("schedule")
         if isinstance(schedule, dict):  # a schedule's tick (engine/schedules.py)
             entry["schedule"] = {"id": str(schedule.get("id")), "tick": str(schedule.get("tick"))}
-        if rerun is None:
-            digest = submission_digest(plan, inputs)
-        else:  # the earlier run and the restart point name the plan and what is reused
+        if rerun is not None:  # the earlier run and the restart point name the plan and reuse
             entry["rerun_of"], entry["reuse"] = rerun["rerun_of"], rerun["reuse"]
-            digest = submission_digest(rerun["rerun_of"], inputs)
+        digest = ""  # only a key is tied to a body (a sorted JSON dump and a hash a run)
         if key is not None:
+            digest = submission_digest(plan if rerun is None else rerun["rerun_of"], inputs)
             entry["idempotency"] = {"key": key, "digest": digest}
         given = request.get("run_id")  # through the database: the API named the run
         answer: Future[dict[str, Any]] = Future()  # the inbox runs it, the commit resolves it
