@@ -309,16 +309,19 @@ class ApiState:
         assert pool is not None, "read_async needs a PostgreSQL store"
         called = time.perf_counter()
         began = 0.0
+
+        async def once() -> T:
+            nonlocal began
+            async with pool.connection() as conn:
+                began = time.perf_counter()
+                return await fn(conn)
+
         try:
-            for attempt in (1, 2):
-                try:
-                    async with pool.connection() as conn:
-                        began = time.perf_counter()
-                        return await fn(conn)
-                except psycopg.OperationalError:
-                    if attempt == 2:
-                        raise
-            raise AssertionError("unreachable")
+            try:
+                return await once()
+            except psycopg.OperationalError:
+                # A connection the server dropped: the pool let it go; once more.
+                return await once()
         except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
             raise StoreUnavailable(
                 f"the store cannot be read: {exc}",

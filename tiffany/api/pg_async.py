@@ -1,12 +1,12 @@
 """The API's asyncio connections to PostgreSQL: a listener and a pool.
 
 :class:`Listener`: one connection that LISTENs on some channels,
-reconnecting until closed. The API learns two things from the database's notifications: the answers
-to requests that went through it (``db_requests.py``, the PostgreSQL
-journal) and the moves of the store's mark (``tiffany_projected``: a
-projector's batch notifies its new mark in the statement that writes it,
-``tiffany/store/pgflush.py``), which wake the reads that wait with
-``min_seq``.
+reconnecting until closed. The API learns two things from the database's
+notifications: the answers to requests that went through it
+(``db_requests.py``, the PostgreSQL journal) and the moves of the store's
+mark (``tiffany_projected``: a projector's batch notifies its new mark in
+the statement that writes it, ``tiffany/store/pgflush.py``), which wake
+the reads that wait with ``min_seq``.
 
 Notifications sent while the connection is down are lost: ``on_connect``
 runs after each (re)connect so that the caller re-reads what it may have
@@ -19,7 +19,8 @@ notification comes straight from the database at the projector's commit,
 with no process in between: at 200 reads/s on two cores the slowest
 reads waited 6.5-17 ms for the projection with it, against 21-33 ms
 through the engine alone (bench/README.md). Both paths stay: the engine's
-covers a store that does not notify, and the notification a busy engine.
+covers the notifications lost while the listener reconnects, and the
+notification covers a busy engine.
 
 :class:`AsyncPool`: connections for statements run on the event loop
 (the database requests of ``db_requests.py``, and the reads of a run on a
