@@ -1,4 +1,4 @@
-"""A PostgreSQL store's notifications wake the reads that wait for its mark (file journal).
+"""A PostgreSQL store's notifications wake the reads waiting for its mark; the API's async pool.
 
 The projector notifies ``tiffany_projected`` with its new mark in the
 statement that writes it; the API listens (``tiffany.api.pg_async.py``)
@@ -92,3 +92,53 @@ def test_projected_mark_reads_engine_and_seq(payload: str) -> None:
     assert projected_mark(payload) == (int(engine), int(seq))
     assert projected_mark("x 5") is None
     assert projected_mark("5") is None
+
+
+def test_a_statement_cancelled_mid_way_is_stopped_before_its_connection_serves_again(
+    pg_migrated_url: str,
+) -> None:
+    """A read cancelled (its client went away): the server stops it, then the connection serves.
+
+    psycopg cancels the statement on the server when its task is cancelled;
+    the pool takes the connection back only if it is idle again (else it
+    closes it), so the next read never meets the old one's results.
+    """
+    from tiffany.api.pg_async import AsyncPool
+
+    async def main() -> tuple[int, int, object]:
+        pool = AsyncPool(conninfo(pg_migrated_url), 2, application_name="tiffany-test")
+        try:
+            async with pool.connection() as conn:
+                first_pid = conn.info.backend_pid
+
+            async def slow() -> None:
+                async with pool.connection() as conn:
+                    await conn.execute("SELECT pg_sleep(30)")
+
+            task = asyncio.create_task(slow())
+            await asyncio.sleep(0.3)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            async with pool.connection() as conn:
+                reused = conn.info.backend_pid
+                one = await (await conn.execute("SELECT 1")).fetchone()
+                sleeping = await (
+                    await conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity "
+                        "WHERE query LIKE 'SELECT pg_sleep%' AND state = 'active'"
+                    )
+                ).fetchone()
+            return first_pid, reused, (one, sleeping)
+        finally:
+            await pool.close()
+
+    first_pid, reused, (one, sleeping) = asyncio.run(main())
+    assert reused == first_pid  # idle again after the server's cancel: kept
+    assert one == (1,)
+    assert sleeping == (0,)  # the cancelled statement is not running anywhere
+    with psycopg.connect(conninfo(pg_migrated_url)) as conn:
+        left = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'tiffany-test'"
+        ).fetchone()
+    assert left == (0,)  # closed at the cancel and at the pool's close
