@@ -2,8 +2,9 @@
 
 The engine serves its PAL feed on ``<data dir>/feed.sock``
 (:class:`tiffany.pal.transport.FeedServer`). Each API process keeps exactly
-one live subscription to it (:func:`tiffany.pal.transport.follow`) and fans
-the events out to its websockets itself: the engine's hub thread shares the
+one live subscription to it (:func:`tiffany.pal.transport.follow`; the
+following, reconnects and resumes are ``upstream.py``'s) and fans the
+events out to its websockets itself: the engine's hub thread shares the
 GIL with the scheduler loop, so it must serve one subscriber per API process,
 not one per browser.
 
@@ -85,21 +86,15 @@ from typing import Any, Final, NamedTuple
 
 import msgspec
 import structlog
-import tenacity
 
 from tiffany.api.fairshare import FairShare
+from tiffany.api.upstream import FollowLines, Upstream, Upstreams
 from tiffany.api.wsdirect import DirectWriter, text_frame
 from tiffany.pal.transport import (
     FEED_SOCKET,
-    MAX_RECONNECT_DELAY_S,
-    RECONNECT_DELAY_S,
-    FeedClosed,
     FrameHead,
-    Lines,
-    Reconnects,
     follow,
     follow_lines,
-    frame_head,
 )
 
 __all__ = ["FEED_SOCKET", "FeedRelay", "FeedSubscriber", "bound_send_buffer", "feed_path"]
@@ -108,8 +103,6 @@ log = structlog.get_logger(__name__)
 
 #: Entries a sender takes from the ring at a time.
 READ_BATCH_ENTRIES: Final = 512
-#: Resumes cut off without one new event before the relay takes the live feed.
-STUCK_RESUMES: Final = 2
 
 #: How long the relay gathers a trickle of events before it wakes the senders, in seconds.
 FLUSH_S: Final = 0.025
@@ -144,7 +137,6 @@ class _Message(NamedTuple):
 #: The messages framed in one pass, by (ring position, run filter, batch).
 _Made = dict[tuple[int, str | None, bool], _Message]
 Follow = Callable[..., AsyncIterator[dict[str, Any]]]
-FollowLines = Callable[..., AsyncIterator[Lines]]
 
 
 def bound_send_buffer(listener: socket.socket) -> None:
@@ -383,15 +375,12 @@ class FeedRelay:
         notify_dsn: str | None = None,
     ) -> None:
         paths = [Path(p) for p in path] if isinstance(path, list) else [Path(path)]
-        #: One upstream a feed: an engine's (``serve --engines N``: one an engine).
-        self.upstreams = [_Upstream(i, p) for i, p in enumerate(paths)]
+        #: The engines' feeds (or, on the PostgreSQL journal, ``NOTIFY
+        #: tiffany_feed``: tiffany/engine/pg_feed.py) that fill the ring.
+        self.upstreams = Upstreams(paths, self, lines_fn=lines_fn, notify_dsn=notify_dsn)
         self.path = paths[0]
-        #: Follow ``NOTIFY tiffany_feed`` of this database instead of the sockets
-        #: (the PostgreSQL journal: engines on any host; tiffany/engine/pg_feed.py).
-        self.notify_dsn = notify_dsn
-        #: Several feeds merged, each event re-keyed (see :class:`_Upstream`).
-        self.merged = len(paths) > 1 or notify_dsn is not None
-        self._notify_up = False
+        #: Several feeds merged, each event re-keyed (see :class:`Upstream`).
+        self.merged = self.upstreams.merged
         self.queue_frames = queue_frames
         self.queue_bytes = queue_bytes
         self.send_timeout_s = send_timeout_s
@@ -407,7 +396,6 @@ class FeedRelay:
         self.last_seq: int | None = None
         self.subscribers: set[FeedSubscriber] = set()
         self._follow = follow_fn
-        self._lines = lines_fn
         self._task: asyncio.Task[None] | None = None
         self._wake_pending = False
         self._wake_timer: asyncio.TimerHandle | None = None
@@ -416,27 +404,29 @@ class FeedRelay:
         self.received = 0
         self.dropped_subscribers = 0
         self.upstream_gone = 0
-        self.upstream_cutoffs = 0
         self.catchups = 0
-        #: Why the relay stopped following (a failure reconnecting cannot mend), or None.
-        self.failed: str | None = None
 
     @property
     def connected(self) -> bool | None:
         """Whether every engine's feed answered lately (None: one not tried yet)."""
-        if self.notify_dsn is not None:
-            return self._notify_up
-        states = [up.connected for up in self.upstreams]
-        if False in states:
-            return False
-        return None if None in states else True
+        return self.upstreams.connected
+
+    @property
+    def failed(self) -> str | None:
+        """Why the relay stopped following (a failure reconnecting cannot mend), or None."""
+        return self.upstreams.failed
+
+    @property
+    def upstream_cutoffs(self) -> int:
+        """Times an engine cut this relay's feed off for falling behind."""
+        return self.upstreams.upstream_cutoffs
 
     # -- upstream ------------------------------------------------------------------
 
     def start(self) -> None:
         """Start following the engines' feeds (reconnects forever)."""
         if self._task is None:
-            self._task = asyncio.create_task(self._run_all(), name="tiffany-api-feed-relay")
+            self._task = asyncio.create_task(self.upstreams.run(), name="tiffany-api-feed-relay")
             self._deadline_timer = asyncio.get_running_loop().call_later(
                 DEADLINE_CHECK_S, self._check_deadlines
             )
@@ -454,154 +444,20 @@ class FeedRelay:
         for sub in list(self.subscribers):
             self.cut_off(sub, "the API is shutting down", slow=False)
 
-    async def _run_all(self) -> None:
-        """Follow every engine's feed (one task each); stop them all together."""
-        if self.notify_dsn is not None:
-            await self._run_notify(self.notify_dsn)
-            return
-        if len(self.upstreams) == 1:
-            await self._run(self.upstreams[0])
-            return
-        tasks = [asyncio.create_task(self._run(up)) for up in self.upstreams]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _run(self, up: _Upstream) -> None:
-        """Follow one engine's feed forever, resuming after every disconnect.
-
-        Discussion: the reconnects are done here rather than by ``follow``
-        so that a resume that makes no progress can be abandoned. The hub
-        replays a resume's backlog into a queue of the same bound as live
-        lag, so once this relay is cut off more than a queue behind, every
-        resume from the same point is cut off again at once. After
-        :data:`STUCK_RESUMES` such resumes the relay takes the live feed
-        instead and marks the gap (``gone``) for its websockets.
-
-        The reconnects themselves are tenacity's
-        (:class:`~tiffany.pal.transport.Reconnects`): the end of the stream,
-        a refused or reset connection and a missing socket are retried with
-        backoff (at once after a cutoff). Anything else (a frame that is not
-        JSON, a permission error) would fail the same way on every resume:
-        the relay reports it, cuts its websockets off and stops, instead of
-        resuming into the same failure forever.
-        """
-        policy = Reconnects(on_retry=lambda exc, wait_s: self._unreachable(up, exc, wait_s))
-        try:
-            async for attempt in policy.attempts():
-                with attempt:
-                    await self._follow_once(up, policy, attempt)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - reported, then the relay stops
-            up.connected = False
-            self.failed = f"{type(exc).__name__}: {exc}"[:500]
-            log.error("feed relay stopped: the engine's feed failed", error=self.failed)
-            for sub in list(self.subscribers):
-                self.cut_off(
-                    sub, "the API lost the engine's feed: reload state over HTTP", slow=False
-                )
-
-    async def _run_notify(self, dsn: str) -> None:
-        """Follow every engine's feed through ``LISTEN tiffany_feed``, reconnecting forever.
-
-        A notification is one engine's batch: its number on the first line,
-        then its frames, one a line (``tiffany/engine/pg_feed.py``). What is
-        published while this process is not listening is lost: after a
-        reconnect the relay marks the gap (``gone``: reload over HTTP).
-        """
-        import psycopg
-
-        from tiffany.store.models import FEED_CHANNEL
-
-        delay, listened = RECONNECT_DELAY_S, False
-        while True:
-            try:
-                conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-                async with conn:
-                    await conn.execute(f"LISTEN {FEED_CHANNEL}")
-                    if listened:
-                        reason = "the API's feed from the database dropped: reload state over HTTP"
-                        self._mark_gap(None, reason)
-                    listened, self._notify_up, delay = True, True, RECONNECT_DELAY_S
-                    async for note in conn.notifies():
-                        self._take_notification(note.payload)
-            except (psycopg.Error, OSError) as exc:
-                if self._notify_up:
-                    log.warning("feed relay lost the database's feed", error=str(exc))
-                self._notify_up = False
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, MAX_RECONNECT_DELAY_S)
-
-    def _take_notification(self, payload: str) -> None:
-        number, _, body = payload.partition("\n")
-        if not number.isdigit() or not body:
-            return
-        engine = int(number)
-        while len(self.upstreams) <= engine:  # engines are learnt as they speak
-            self.upstreams.append(_Upstream(len(self.upstreams), self.path))
-        up = self.upstreams[engine]
-        for line in body.split("\n"):
-            self.accept(frame_head(line), line, up)
-
-    async def _follow_once(
-        self, up: _Upstream, policy: Reconnects, attempt: tenacity.AttemptManager
-    ) -> None:
-        """One connection to an engine's feed, until it ends (always raises FeedClosed)."""
-        since = up.last_seq
-        if up.stuck >= STUCK_RESUMES and since is not None:
-            log.warning("feed relay gives up resuming; taking the live feed", last_seq=since)
-            reason = "the API fell behind the engine's feed: reload state over HTTP"
-            self._mark_gap(None, reason)
-            since, up.stuck = None, 0
-        before = up.received
-        cut = False
-        async for batch in self._lines(up.path, since=since):
-            policy.progressed(attempt)
-            for head, text in batch:
-                if head.type == "cutoff":
-                    self.upstream_cutoffs += 1
-                    log.warning("the engine cut the API's feed off", last_seq=up.last_seq)
-                    cut = True
-                    break
-                self.accept(head, text, up)
-            if cut:
-                break
-        up.stuck = up.stuck + 1 if cut and up.received == before else 0
-        if cut:
-            policy.at_once()
-        raise FeedClosed("the engine's feed ended")
-
-    def _unreachable(self, up: _Upstream, exc: BaseException, wait_s: float) -> None:
-        """Before a reconnect: note an engine that cannot be reached (not a mere end)."""
-        if isinstance(exc, FeedClosed):
-            return
-        if up.connected is not False:
-            log.warning(
-                "feed relay cannot reach the engine's feed",
-                error=str(exc),
-                retry_in_s=wait_s,
-                engine=up.engine,
-            )
-        up.connected = False
-
-    def accept(self, head: FrameHead, text: str, up: _Upstream | None = None) -> None:
+    def accept(self, head: FrameHead, text: str, up: Upstream | None = None) -> None:
         """Take one frame from an engine's feed (events and control frames), as its text.
 
         With several engines each event gets the relay's own key (see
-        :class:`_Upstream`), written into its ``seq``.
+        :class:`Upstream`), written into its ``seq``.
         """
         if up is None:
-            up = self.upstreams[0]
+            up = self.upstreams.upstreams[0]
         up.connected = True
         kind = head.type
         if kind == "gone":
             self.upstream_gone += 1
             reason = "the engine restarted or dropped events: reload state over HTTP"
-            self._mark_gap(head.oldest, reason)
+            self.mark_gap(head.oldest, reason)
             return
         if kind is not None:
             return  # cutoff (handled by _run), ping, or newer control frames
@@ -624,7 +480,12 @@ class FeedRelay:
             run_id = str(run_id)
         self._append((seq, run_id, text))
 
-    def _mark_gap(self, oldest: Any, reason: str) -> None:
+    def lost(self, reason: str) -> None:
+        """An engine's feed failed for good (``upstream.py``): cut every subscriber off."""
+        for sub in list(self.subscribers):
+            self.cut_off(sub, reason, slow=False)
+
+    def mark_gap(self, oldest: Any, reason: str) -> None:
         """Put a ``gone`` frame in the ring, between the seqs before and after a gap."""
         if self.ring.end and self.ring.at(self.ring.end - 1)[1] == EVERYONE:
             return  # one is enough between two stretches of events
@@ -872,7 +733,7 @@ class FeedRelay:
         assert sub.since is not None
         self.catchups += 1
         if self.merged:
-            # The relay's keys are its own (see _Upstream): no engine can
+            # The relay's keys are its own (see Upstream): no engine can
             # tell what followed one it no longer holds.
             sub.catching_up = False
             await send(_gone(None, "events that old are no longer held: reload state over HTTP"))
@@ -947,34 +808,6 @@ class FeedRelay:
         if upto is None:
             return None  # the engine had nothing more before the relay's first event
         return "could not catch up with the engine's feed: reload state over HTTP"
-
-
-class _Upstream:
-    """One engine's feed as the relay follows it.
-
-    Discussion: each engine numbers its events itself (``tiffany/pal/hub.py``):
-    with several engines the relay merges the feeds in the order events
-    arrive and gives each the key ``max(last key + 1, its engine's seq)``, so
-    ``seq`` strictly increases on every websocket, per run and overall, and
-    a resume within the relay's ring is gapless. The keys are this API
-    process's: a resume older than its ring (or from another API replica)
-    gets ``gone`` and reloads over HTTP, where a single engine's feed is
-    caught up from the engine. Rejected: a cursor of one seq per engine in
-    ``since`` (every client would carry a vector for a rare case).
-    """
-
-    __slots__ = ("connected", "engine", "last_seq", "path", "received", "stuck")
-
-    def __init__(self, engine: int, path: Path) -> None:
-        self.engine = engine
-        self.path = path
-        #: The engine's own seq of its last event taken (the resume point).
-        self.last_seq: int | None = None
-        self.received = 0
-        #: Resumes in a row cut off without one new event.
-        self.stuck = 0
-        #: Whether the engine's feed answered lately (None: not tried yet).
-        self.connected: bool | None = None
 
 
 def _rekey(text: str, seq: int, key: int) -> str:
