@@ -260,10 +260,14 @@ def test_the_loops_read_of_a_run_is_the_threads_read(pg_schema_url: str) -> None
             assert app.state.tiffany.pg_reads is not None  # the route's path is the loop's
             r = client.post("/api/runs", json={"plan": JSON_PLAN, "inputs": {"n": 4}})
             assert r.status_code == 201, r.text
-            run_id = r.json()["run_id"]
-            served = wait_until(
-                lambda: (d := client.get(f"/api/runs/{run_id}").json())["status"] == "succeeded"
-                and d,
+            run_id, seq = r.json()["run_id"], r.json()["seq"]
+            detail = f"/api/runs/{run_id}"
+            served = wait_until(  # with min_seq: never a 404 for the run just submitted
+                lambda: (
+                    (d := client.get(detail, params={"min_seq": seq}).json())["status"]
+                    == "succeeded"
+                    and d
+                ),
                 timeout=30,
             )
             missing = client.get("/api/runs/run-000000000000")

@@ -76,7 +76,7 @@ def test_a_notified_mark_wakes_a_read_the_engine_has_not_answered(pg_migrated_ur
         silent.close()
     assert seen == 8
     assert mark == 8
-    assert waited < 1.0
+    assert waited < 5.0  # the notification, not the read's 10 s timeout
 
 
 def test_without_a_postgresql_store_nothing_listens(tmp_path: object) -> None:
@@ -105,11 +105,11 @@ def test_a_statement_cancelled_mid_way_is_stopped_before_its_connection_serves_a
     """
     from tiffany.api.pg_async import AsyncPool
 
-    async def main() -> tuple[int, int, object]:
+    async def main() -> tuple[object, object]:
         pool = AsyncPool(conninfo(pg_migrated_url), 2, application_name="tiffany-test")
         try:
             async with pool.connection() as conn:
-                first_pid = conn.info.backend_pid
+                await conn.execute("SELECT 1")  # an idle connection, which slow() takes
 
             async def slow() -> None:
                 async with pool.connection() as conn:
@@ -121,7 +121,6 @@ def test_a_statement_cancelled_mid_way_is_stopped_before_its_connection_serves_a
             with pytest.raises(asyncio.CancelledError):
                 await task
             async with pool.connection() as conn:
-                reused = conn.info.backend_pid
                 one = await (await conn.execute("SELECT 1")).fetchone()
                 sleeping = await (
                     await conn.execute(
@@ -129,13 +128,12 @@ def test_a_statement_cancelled_mid_way_is_stopped_before_its_connection_serves_a
                         "WHERE query LIKE 'SELECT pg_sleep%' AND state = 'active'"
                     )
                 ).fetchone()
-            return first_pid, reused, (one, sleeping)
+            return one, sleeping
         finally:
             await pool.close()
 
-    first_pid, reused, (one, sleeping) = asyncio.run(main())
-    assert reused == first_pid  # idle again after the server's cancel: kept
-    assert one == (1,)
+    one, sleeping = asyncio.run(main())
+    assert one == (1,)  # nothing of the cancelled statement pending on the connection
     assert sleeping == (0,)  # the cancelled statement is not running anywhere
     with psycopg.connect(conninfo(pg_migrated_url)) as conn:
         left = conn.execute(
