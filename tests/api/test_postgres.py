@@ -6,10 +6,13 @@ Skipped unless PostgreSQL is reachable (``TIFFANY_TEST_POSTGRES_URL``);
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 from api_support import (
     SLEEP_PLAN,
@@ -26,54 +29,51 @@ from tiffany.api import create_app
 from tiffany.store import make_engine
 
 
-def test_runs_through_postgres(pg_schema_url: str) -> None:
+@contextlib.contextmanager
+def _served(pg_schema_url: str) -> Iterator[tuple[TestClient, Path]]:
+    """An engine projecting into ``pg_schema_url`` and a client of an API reading it."""
     data_dir = short_dir("tfp-")
     engine = start_engine(data_dir, env_extra={"TIFFANY_DATABASE_URL": pg_schema_url})
     try:
         app = create_app(make_settings(data_dir, database_url=pg_schema_url))
         with TestClient(app) as client:
-            r = client.post("/api/runs", json={"plan": SLEEP_PLAN})
-            assert r.status_code == 201, r.text
-            run_id, seq = r.json()["run_id"], r.json()["seq"]
-            at_once = client.get(f"/api/runs/{run_id}", params={"min_seq": seq})
-            assert at_once.status_code == 200, at_once.text  # no retry: the seq says when
-            wait_until(
-                lambda: client.get(f"/api/runs/{run_id}").json()["status"] == "succeeded",
-                timeout=30,
-            )
-            listed = client.get("/api/runs").json()
-            assert [x["run_id"] for x in listed["runs"]] == [run_id]
-            assert listed["counts"]["succeeded"] == 1
-            events = client.get(f"/api/runs/{run_id}/events").json()
-            assert events["records"][0]["type"] == "RUN_START"
-            assert 'tiffany_runs{status="succeeded"} 1.0' in client.get("/metrics").text
-        assert not (data_dir / "tiffany.db").exists()  # nothing fell back to SQLite
+            yield client, data_dir
     finally:
         engine.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_runs_through_postgres(pg_schema_url: str) -> None:
+    with _served(pg_schema_url) as (client, data_dir):
+        r = client.post("/api/runs", json={"plan": SLEEP_PLAN})
+        assert r.status_code == 201, r.text
+        run_id, seq = r.json()["run_id"], r.json()["seq"]
+        at_once = client.get(f"/api/runs/{run_id}", params={"min_seq": seq})
+        assert at_once.status_code == 200, at_once.text  # no retry: the seq says when
+        wait_until(
+            lambda: client.get(f"/api/runs/{run_id}").json()["status"] == "succeeded",
+            timeout=30,
+        )
+        listed = client.get("/api/runs").json()
+        assert [x["run_id"] for x in listed["runs"]] == [run_id]
+        assert listed["counts"]["succeeded"] == 1
+        events = client.get(f"/api/runs/{run_id}/events").json()
+        assert events["records"][0]["type"] == "RUN_START"
+        assert 'tiffany_runs{status="succeeded"} 1.0' in client.get("/metrics").text
+        assert not (data_dir / "tiffany.db").exists()  # nothing fell back to SQLite
 
 
 def test_reads_with_min_seq_never_404_through_postgres(pg_schema_url: str) -> None:
     """200 submissions, each read back at once with its seq, through PostgreSQL."""
-    data_dir = short_dir("tfp-")
-    engine = start_engine(data_dir, env_extra={"TIFFANY_DATABASE_URL": pg_schema_url})
-    try:
-        app = create_app(make_settings(data_dir, database_url=pg_schema_url))
-        with TestClient(app) as client:
-            assert read_your_writes(client, 200) == [200] * 200
-    finally:
-        engine.stop()
-        shutil.rmtree(data_dir, ignore_errors=True)
+    with _served(pg_schema_url) as (client, _):
+        assert read_your_writes(client, 200) == [200] * 200
 
 
 def test_reads_go_on_when_the_server_drops_the_connections(pg_schema_url: str) -> None:
     """The API and the projector use no ping per checkout: a dropped connection is retried."""
-    data_dir = short_dir("tfp-")
-    engine = start_engine(data_dir, env_extra={"TIFFANY_DATABASE_URL": pg_schema_url})
     admin = make_engine(pg_schema_url)
     try:
-        app = create_app(make_settings(data_dir, database_url=pg_schema_url))
-        with TestClient(app) as client:
+        with _served(pg_schema_url) as (client, _):
             r = client.post("/api/runs", json={"plan": SLEEP_PLAN})
             run_id, seq = r.json()["run_id"], r.json()["seq"]
             assert client.get(f"/api/runs/{run_id}", params={"min_seq": seq}).status_code == 200
@@ -105,8 +105,6 @@ def test_reads_go_on_when_the_server_drops_the_connections(pg_schema_url: str) -
             assert later.status_code == 200, later.text
     finally:
         admin.dispose()
-        engine.stop()
-        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def test_serves_runs_from_the_postgres_journal_across_a_restart(pg_schema_url: str) -> None:
@@ -251,13 +249,10 @@ def test_the_loops_read_of_a_run_is_the_threads_read(pg_schema_url: str) -> None
     from tiffany.config import conninfo
     from tiffany.store import queries
 
-    data_dir = short_dir("tfp-")
-    engine = start_engine(data_dir, env_extra={"TIFFANY_DATABASE_URL": pg_schema_url})
     store = make_engine(pg_schema_url)
     try:
-        app = create_app(make_settings(data_dir, database_url=pg_schema_url))
-        with TestClient(app) as client:
-            assert app.state.tiffany.pg_reads is not None  # the route's path is the loop's
+        with _served(pg_schema_url) as (client, _):
+            assert client.app.state.tiffany.pg_reads is not None  # the route's path: the loop's
             r = client.post("/api/runs", json={"plan": JSON_PLAN, "inputs": {"n": 4}})
             assert r.status_code == 201, r.text
             run_id, seq = r.json()["run_id"], r.json()["seq"]
@@ -298,8 +293,6 @@ def test_the_loops_read_of_a_run_is_the_threads_read(pg_schema_url: str) -> None
         assert threaded["inputs"] == {"who": "world", "n": 4}
     finally:
         store.dispose()
-        engine.stop()
-        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def test_a_store_the_loop_cannot_reach_answers_503(tmp_path: object) -> None:
