@@ -221,8 +221,8 @@ def test_a_paused_engine_is_fenced_and_steps_down_when_another_takes_its_stream(
     assert seqs == list(range(1, head + 1))  # one writer at a time: gapless, no seq twice
 
 
-#: A plan whose rows hold JSON of every shape the detail shows: inputs,
-#: outputs, a step's output and attempts, a task's result, a failed step's error.
+#: A plan whose rows hold JSON in the detail's columns: the run's entry, inputs
+#: and outputs, a step's output and attempts, a task's result.
 JSON_PLAN = {
     "name": "shapes",
     "inputs": {"who": "world", "n": 3},
