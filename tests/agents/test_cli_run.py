@@ -42,6 +42,30 @@ def test_run_prints_outputs_and_exits_zero(tmp_path):
     assert steps == dict.fromkeys(out["steps"], "succeeded")
 
 
+def test_a_run_that_never_writes_makes_no_workspace(tmp_path):
+    # A step gets its workspace's path alone; file tools make it when they
+    # write (in the thread pool), so the scheduler thread makes no directory
+    # for a sleep.
+    plan = tmp_path / "naps.json"
+    plan.write_text(
+        json.dumps(
+            {
+                "name": "naps",
+                "steps": [
+                    {"id": "a", "tool": "sleep", "args": {"seconds": 0.01}},
+                    {"id": "b", "tool": "sleep", "args": {"seconds": 0.01}, "after": ["a"]},
+                ],
+            }
+        )
+    )
+    data = tmp_path / "data"
+    proc = tiffany("run", str(plan), "--json", data_dir=data)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["status"] == "succeeded"
+    assert not (data / "workspaces" / out["run_id"]).exists()
+
+
 def test_a_failing_plan_exits_one_with_the_failed_step(tmp_path):
     plan = tmp_path / "p.json"
     plan.write_text(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 
@@ -46,6 +47,28 @@ def test_missing_file_is_not_found(run_tool, make_ctx):
     with pytest.raises(FileNotFound) as info:
         run_tool(READ, {"path": "nope/x.txt"}, make_ctx())
     assert info.value.code == "tool.file.not_found"
+
+
+def test_a_workspace_not_made_yet_reads_as_empty_and_the_first_write_makes_it(
+    run_tool, make_ctx, tmp_path
+):
+    # The worker hands a step the workspace's path alone (agents/worker.py):
+    # a run whose steps never wrote has no directory.
+    ws = tmp_path / "workspaces" / "run-1"
+    ctx = dataclasses.replace(make_ctx(), workspace=ws)
+    with pytest.raises(FileNotFound) as info:
+        run_tool(READ, {"path": "notes.md"}, ctx)
+    assert info.value.code == "tool.file.not_found"
+    assert not ws.exists()  # a read makes nothing
+    run_tool(WRITE, {"path": "d/notes.md", "content": "hi"}, ctx)
+    assert (ws / "d" / "notes.md").read_text() == "hi"
+    assert ws.stat().st_mode & 0o777 == 0o755 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 @pytest.mark.parametrize(

@@ -114,6 +114,14 @@ def test_cwd_is_confined_to_the_workspace(run_tool, make_ctx, workspace):
         run_tool(SH, {"argv": ["pwd"], "cwd": "missing"}, ctx)
 
 
+def test_a_workspace_not_made_yet_is_made_for_the_command(run_tool, make_ctx, tmp_path):
+    ws = tmp_path / "workspaces" / "run-1"  # no step of the run wrote there yet
+    ctx = dataclasses.replace(make_ctx(shell_sandbox="none"), workspace=ws)
+    out = run_tool(SH, {"argv": ["sh", "-c", "pwd; echo x > made.txt"]}, ctx)
+    assert out["stdout"].strip() == os.path.realpath(ws)
+    assert (ws / "made.txt").read_text() == "x\n"
+
+
 def test_missing_command_and_bad_args(run_tool, make_ctx):
     with pytest.raises(CommandNotFound) as info:
         run_tool(SH, {"argv": ["tiffany-no-such-command"]}, make_ctx(shell_sandbox="none"))

@@ -39,6 +39,7 @@ from pydantic import ValidationError
 from tiffany.agents.plan import OPAQUE_ARGS, Plan, StepSpec
 from tiffany.agents.refs import RefError, resolve
 from tiffany.agents.tools.base import ToolContext, ToolSettings
+from tiffany.agents.tools.workspace import ensure_workspace
 from tiffany.errors import TaskCrashed, TaskKilled, TiffanyError, WaitTimeout
 from tiffany.kernel import KillTask, NewTask, Now, Queue, Sleep, Step, WaitTask
 from tiffany.records import JOURNAL_COMPAT, TaskLabel
@@ -52,8 +53,6 @@ Co = Generator[Any, Any, Any]
 
 _NOW = Now()  # a Now() has no fields: one instance serves every yield
 
-#: Runs whose workspace path is remembered (an evicted one is just made again).
-MAX_WORKSPACES_CACHED = 4_096
 #: Validated plans kept for their planners (submissions not yet started).
 MAX_VALIDATED_PLANS = 4_096
 
@@ -69,7 +68,6 @@ class AgentEnv:
     #: Child runs for ``plan.run`` (the engine's; ``tools/subplan.py``), or None.
     runs: Any = None
 
-    _made: dict[str, Path] = field(default_factory=dict)
     # Plans validated at submission, keyed by the document's identity (the
     # document itself is held, so its id cannot be reused meanwhile).
     _validated: dict[int, tuple[Mapping[str, Any], Plan]] = field(default_factory=dict)
@@ -102,17 +100,14 @@ class AgentEnv:
         return {"from": source_run, "files": sum(1 for p in target.rglob("*") if p.is_file())}
 
     def workspace(self, run_id: str) -> Path:
-        """Return (creating it once) the run's workspace directory."""
-        made = self._made
-        path = made.get(run_id)
-        if path is None:
-            path = self.workspace_root / run_id
-            path.mkdir(parents=True, exist_ok=True)
-            if len(made) >= MAX_WORKSPACES_CACHED:  # a long-lived engine: stay bounded
-                with contextlib.suppress(KeyError, RuntimeError, StopIteration):
-                    del made[next(iter(made))]
-            made[run_id] = path
-        return path
+        """Return the run's workspace directory, made if missing (blocking: a thread's).
+
+        A step's tool gets the path alone (``ToolContext.workspace``): the
+        tools that use the directory make it when they do (in their thread),
+        so a step that never touches it (``sleep``, ``llm``) costs the
+        scheduler thread no ``mkdir``.
+        """
+        return ensure_workspace(self.workspace_root / run_id)
 
 
 @dataclass(slots=True)
@@ -294,12 +289,11 @@ def worker(
         started = yield _NOW
         record = {"attempt": attempt, "started_at": started}
         try:
-            workspace = env.workspace(run_id)
             ctx = ToolContext(
                 run_id,
                 spec.id,
                 attempt,
-                workspace,
+                env.workspace_root / run_id,  # made by the first tool that needs it
                 env.settings,
                 _emitter(env, run_id, spec.id),
                 env.runs,

@@ -99,7 +99,9 @@ class ToolContext:
         run_id: The run.
         step_id: The plan step.
         attempt: 1 for the first try, 2... for retries and re-runs.
-        workspace: The run's workspace directory (file tools and shell cwd stay inside).
+        workspace: The run's workspace directory (file tools and shell cwd stay
+            inside). It may not exist yet: a tool that needs it makes it
+            (``tools/workspace.py``: ``ensure_workspace``), in its thread.
         settings: Operator settings.
         emit: ``emit(kind, data)`` publishes an activity event (best effort;
             e.g. ``tool.output`` lines, ``llm.usage``). Never blocks.

@@ -69,7 +69,7 @@ from pydantic import Field, field_validator
 
 from tiffany.agents.tools.base import ToolArgs, ToolContext, ToolError, ToolOutput
 from tiffany.agents.tools.live_output import LiveOutput
-from tiffany.agents.tools.workspace import workspace_dir
+from tiffany.agents.tools.workspace import ensure_workspace, workspace_dir
 from tiffany.io import spawn_process
 from tiffany.kernel import Coroutine, KillTask, NewTask
 
@@ -365,7 +365,8 @@ class ShellTool:
 
     def run(self, args: ShellArgs, ctx: ToolContext) -> Coroutine:
         """Run the command as a kernel task (pipes and exit wait through the selector)."""
-        workspace = Path(os.path.realpath(ctx.workspace))
+        # On the loop, as spawning the command is: a mkdir once a run, next to a fork.
+        workspace = Path(os.path.realpath(ensure_workspace(ctx.workspace)))
         cwd = workspace_dir(workspace, args.cwd)
         cap = min(args.max_output_bytes or ctx.settings.max_output_bytes, MAX_OUTPUT_BYTES_CEILING)
         cap = min(cap, ctx.settings.max_output_bytes)

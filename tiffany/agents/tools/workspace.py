@@ -36,7 +36,14 @@ from pathlib import Path, PurePosixPath
 
 from tiffany.agents.tools.base import ToolError
 
-__all__ = ["FileDenied", "FileNotFound", "open_in_workspace", "split_relative", "workspace_dir"]
+__all__ = [
+    "FileDenied",
+    "FileNotFound",
+    "ensure_workspace",
+    "open_in_workspace",
+    "split_relative",
+    "workspace_dir",
+]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: Permissions of directories and files the tools create (before the umask).
@@ -93,9 +100,29 @@ def _open_dir(name: str, dir_fd: int, path: str, *, create: bool) -> int:
         raise
 
 
+def ensure_workspace(workspace: Path) -> Path:
+    """Make the run's workspace directory if it is missing (and its parents); return it.
+
+    Blocking: a tool's thread calls it (the worker hands a step the path
+    alone, ``agents/worker.py``).
+    """
+    os.makedirs(workspace, DIR_MODE, exist_ok=True)
+    return workspace
+
+
 def _walk(workspace: Path, parts: list[str], path: str, *, create: bool) -> int:
-    """Open the directory ``parts`` names under ``workspace``; return its descriptor."""
-    fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    """Open the directory ``parts`` names under ``workspace``; return its descriptor.
+
+    A workspace not made yet (no step wrote there) holds nothing: with
+    ``create`` it is made, else the path is not found.
+    """
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    try:
+        fd = os.open(workspace, flags)
+    except FileNotFoundError:
+        if not create:
+            raise FileNotFound(f"no file {path!r} in the workspace", path=path) from None
+        fd = os.open(ensure_workspace(workspace), flags)
     try:
         for name in parts:
             child = _open_dir(name, fd, path, create=create)
