@@ -119,6 +119,18 @@ def _migrate(database_url: str) -> None:
         log.warning("store.migrate_failed", error=repr(exc))
 
 
+def _quick(request: dict[str, Any]) -> bool:
+    """Whether :meth:`EngineService.handle` answers ``request`` without blocking.
+
+    Such requests are handled on their connection's thread, not the control
+    pool's (``engine/control_server.py``): a submission checks its plan and
+    queues it for the loop (a re-run's reads the store: not quick), a
+    ``wait_projected`` registers a future.
+    """
+    op = request.get("op")
+    return op == "wait_projected" or (op == "submit" and request.get("rerun_of") is None)
+
+
 def _drain(fd: int) -> Generator[Any, Any, None]:
     """Empty the signal wakeup pipe whenever it is readable (a kernel task)."""
     while True:
@@ -211,7 +223,7 @@ class EngineService:
         self.runtime.wal.on_commit = self._on_commit
         self._fenced = False  # the journal's lease was taken over (PostgreSQL)
         self.runtime.wal.on_lost = self._lease_lost  # a PostgreSQL stream's lease taken over
-        self.control = ControlServer(self.data_dir / CONTROL_SOCKET, self.handle)
+        self.control = ControlServer(self.data_dir / CONTROL_SOCKET, self.handle, _quick)
         self.feed = FeedServer(self.hub, self.data_dir / FEED_SOCKET)
         self.verifier = Verifier(settings)
         #: Running runs, the newest finished ones, idempotency keys in their window.

@@ -1,0 +1,162 @@
+"""The engine's control server on a real Unix socket: which thread answers, and lines stay whole.
+
+A quick request (``quick(request)``) is handled on its connection's thread;
+a deferred answer is written by the thread that completes its future when
+the socket takes it at once, else (or for its tail) by the pool.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tiffany.control import decode_frame, encode_frame
+from tiffany.engine.control_server import WORKERS, ControlServer
+
+
+class Handler:
+    """Answers ``echo`` at once, parks ``wait`` until released, defers ``later``."""
+
+    def __init__(self) -> None:
+        self.threads: dict[int, str] = {}
+        self.later: dict[int, Future[dict[str, Any]]] = {}
+        self.release = threading.Event()
+
+    def __call__(self, request: dict[str, Any]) -> dict[str, Any] | Future[dict[str, Any]]:
+        self.threads[request["id"]] = threading.current_thread().name
+        if request["op"] == "wait":
+            assert self.release.wait(30)
+            return {"waited": True}
+        if request["op"] == "later":
+            fut: Future[dict[str, Any]] = Future()
+            self.later[request["id"]] = fut
+            return fut
+        return {"echo": request.get("text")}
+
+
+def _quick(request: dict[str, Any]) -> bool:
+    return request.get("op") in ("echo", "later")
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[ControlServer, Handler, Path]]:
+    handler = Handler()
+    server = ControlServer(tmp_path / "control.sock", handler, _quick)
+    server.start()
+    try:
+        yield server, handler, tmp_path / "control.sock"
+    finally:
+        handler.release.set()
+        server.stop()
+
+
+def _connect(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.connect(str(path))
+    return sock
+
+
+def _lines(sock: socket.socket, n: int) -> list[dict[str, Any]]:
+    buf = b""
+    out: list[dict[str, Any]] = []
+    while len(out) < n:
+        chunk = sock.recv(1 << 20)
+        assert chunk, "the server closed the connection"
+        buf += chunk
+        *whole, buf = buf.split(b"\n")
+        out += [decode_frame(line) for line in whole]
+    assert buf == b""
+    return out
+
+
+def test_quick_requests_are_answered_on_the_connection_thread(served):
+    _, handler, path = served
+    with _connect(path) as sock:
+        sock.sendall(encode_frame({"id": 1, "op": "echo", "text": "hi"}))
+        sock.sendall(encode_frame({"id": 2, "op": "wait"}))
+        assert _lines(sock, 1) == [{"id": 1, "ok": True, "echo": "hi"}]
+        handler.release.set()
+        assert _lines(sock, 1) == [{"id": 2, "ok": True, "waited": True}]
+    assert handler.threads[1] == "tiffany-control-conn"
+    assert handler.threads[2].startswith("tiffany-control_")  # the pool's
+
+
+def test_a_deferred_answer_goes_out_while_every_pool_worker_is_busy(served):
+    # Every worker of the pool is held by a blocking request: the answer the
+    # resolving thread completes must not need one of them.
+    _, handler, path = served
+    with _connect(path) as sock:
+        for i in range(WORKERS):
+            sock.sendall(encode_frame({"id": 100 + i, "op": "wait"}))
+        sock.sendall(encode_frame({"id": 1, "op": "later"}))
+        deadline = time.monotonic() + 10
+        while (1 not in handler.later or len(handler.threads) < WORKERS + 1) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.01)
+        assert 1 in handler.later
+        resolver = threading.Thread(
+            target=handler.later[1].set_result, args=({"run_id": "r1", "seq": 7},)
+        )
+        resolver.start()
+        resolver.join()
+        assert _lines(sock, 1) == [{"id": 1, "ok": True, "run_id": "r1", "seq": 7}]
+        handler.release.set()
+        answers = _lines(sock, WORKERS)
+    assert sorted(a["id"] for a in answers) == list(range(100, 100 + WORKERS))
+
+
+def test_a_line_the_socket_cannot_take_at_once_is_finished_by_the_pool_whole(served):
+    # The client reads nothing while a 4 MB answer and a small one are
+    # completed: the first goes out in part at once, its tail from the pool
+    # (holding the connection's lock), and the second cannot cut into it.
+    _, handler, path = served
+    with _connect(path) as sock:
+        sock.sendall(
+            encode_frame({"id": 1, "op": "later"}) + encode_frame({"id": 2, "op": "later"})
+        )
+        deadline = time.monotonic() + 10
+        while len(handler.later) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        big = "x" * (4 << 20)
+        handler.later[1].set_result({"blob": big})
+        handler.later[2].set_result({"small": True})
+        answers = {a["id"]: a for a in _lines(sock, 2)}
+    assert answers[1] == {"id": 1, "ok": True, "blob": big}
+    assert answers[2] == {"id": 2, "ok": True, "small": True}
+
+
+def test_a_refused_deferred_answer_names_its_error(served):
+    _, handler, path = served
+    with _connect(path) as sock:
+        sock.sendall(encode_frame({"id": 1, "op": "later"}))
+        deadline = time.monotonic() + 10
+        while 1 not in handler.later and time.monotonic() < deadline:
+            time.sleep(0.01)
+        handler.later[1].set_exception(RuntimeError("boom"))
+        (answer,) = _lines(sock, 1)
+    assert answer["id"] == 1
+    assert answer["ok"] is False
+    assert answer["status"] == 500
+    assert "boom" in answer["error"]
+
+
+def test_the_answer_of_a_client_gone_is_dropped_and_the_server_goes_on(served):
+    _, handler, path = served
+    with _connect(path) as sock:
+        sock.sendall(encode_frame({"id": 1, "op": "later"}))
+        deadline = time.monotonic() + 10
+        while 1 not in handler.later and time.monotonic() < deadline:
+            time.sleep(0.01)
+    handler.later[1].set_result({"late": True})  # the resolving thread sees EPIPE/ECONNRESET
+    with _connect(path) as sock:
+        sock.sendall(encode_frame({"id": 2, "op": "echo", "text": "still here"}))
+        assert _lines(sock, 1) == [{"id": 2, "ok": True, "echo": "still here"}]
