@@ -172,6 +172,12 @@ class Settings(BaseSettings):
             is cut off as a slow consumer (beside ``ws_queue_frames``).
         ws_send_timeout_s: How long one send to a websocket may wait for its
             socket to drain before it is cut off.
+        projector_nice: How much lower the projector process runs than its
+            engine: its niceness is raised by this much, and above 0 it runs
+            as a batch process (``SCHED_BATCH``). The projector catches up
+            in batches, so when both cores are busy the submission path (the
+            engine and the API) gets the CPU first (measured at 500
+            submissions a second: bench/README.md). 0: the engine's priority.
         tool_modules: Python modules an engine imports at start, so that
             their ``@python_tool`` functions register without packaging
             (``mytools,pkg.more``: comma-separated or a JSON list; the
@@ -223,6 +229,7 @@ class Settings(BaseSettings):
     ws_queue_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     ws_send_timeout_s: float = Field(default=10.0, gt=0)
     tool_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    projector_nice: int = Field(default=10, ge=0, le=19)
 
     @field_validator("rate_limits", mode="after")
     @classmethod

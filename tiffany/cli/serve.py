@@ -472,7 +472,12 @@ def projector_cmd(ctx: typer.Context) -> None:
 
     settings = _settings(ctx)
     raise typer.Exit(
-        run_projector(settings.database_url, journal_source(settings), shard=settings.engine)
+        run_projector(
+            settings.database_url,
+            journal_source(settings),
+            shard=settings.engine,
+            nice=settings.projector_nice,
+        )
     )
 
 

@@ -47,6 +47,7 @@ durable seq received and exit 0.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import json
@@ -300,13 +301,35 @@ class _Applier:
         self.out.flush()
 
 
+def background_priority(nice: int) -> None:
+    """Run this process ``nice`` steps below its parent, as a batch process if ``nice`` > 0.
+
+    Lowering one's own priority needs no privilege. ``SCHED_BATCH`` tells
+    the kernel the process is not interactive: a wake-up of it does not
+    preempt a running engine or API thread. Where the platform has no such
+    policy, the niceness alone applies.
+    """
+    if nice <= 0:
+        return
+    os.nice(nice)
+    if hasattr(os, "sched_setscheduler"):
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+
+
 def run_projector(
-    database_url: str, journal: Source, fd: int | None = None, *, shard: int = 0
+    database_url: str,
+    journal: Source,
+    fd: int | None = None,
+    *,
+    shard: int = 0,
+    nice: int = 0,
 ) -> int:
     """Follow the journal up to the durable seqs read from ``fd`` (stdin) until EOF; return 0.
 
     ``journal`` is the WAL directory, or the PostgreSQL stream (``journal=postgres``),
-    of engine ``shard`` (``tiffany/shards.py``).
+    of engine ``shard`` (``tiffany/shards.py``); ``nice``: see
+    :func:`background_priority` (``Settings.projector_nice``).
     """
     notices = Notices(sys.stdin.fileno() if fd is None else fd)
     applier = _Applier(
@@ -325,6 +348,7 @@ def run_projector(
         # engine and the API do; engine/__init__.py).
         gc.collect()
         gc.freeze()
+        background_priority(nice)
         applied_at = float("-inf")
         while not notices.closed:
             if applier.unchecked and notices.quiet(IDLE_S):

@@ -210,6 +210,7 @@ class EngineService:
             "TIFFANY_ENGINE": str(settings.engine),
             "TIFFANY_JOURNAL": settings.journal,
             "TIFFANY_JOURNAL_STREAM": settings.journal_stream,
+            "TIFFANY_PROJECTOR_NICE": str(settings.projector_nice),
         }
         child_env.pop("TIFFANY_ENGINE_SLOTS", None)
         self.projector = ProjectorLink(self.data_dir, child_env)
