@@ -174,9 +174,10 @@ class Settings(BaseSettings):
             socket to drain before it is cut off.
         projector_nice: How much lower the projector process runs than its
             engine: its niceness is raised by this much, and above 0 it runs
-            as a batch process (``SCHED_BATCH``). The projector catches up
-            in batches, so when both cores are busy the submission path (the
-            engine and the API) gets the CPU first (measured at 500
+            as a batch process (``SCHED_BATCH``) while no read waits on the
+            store (``engine/projector_proc.py``: ``Priority``). The projector
+            catches up in batches, so when both cores are busy the submission
+            path (the engine and the API) gets the CPU first (measured at 500
             submissions a second: bench/README.md). 0: the engine's priority.
         tool_modules: Python modules an engine imports at start, so that
             their ``@python_tool`` functions register without packaging

@@ -301,20 +301,37 @@ class _Applier:
         self.out.flush()
 
 
-def background_priority(nice: int) -> None:
-    """Run this process ``nice`` steps below its parent, as a batch process if ``nice`` > 0.
+class Priority:
+    """The projector's CPU priority: below its engine, a batch process while no read waits.
 
-    Lowering one's own priority needs no privilege. ``SCHED_BATCH`` tells
-    the kernel the process is not interactive: a wake-up of it does not
-    preempt a running engine or API thread. Where the platform has no such
-    policy, the niceness alone applies.
+    ``nice`` > 0 raises the niceness by that much once (:meth:`lower`), and
+    makes the process ``SCHED_BATCH``: the kernel treats it as not
+    interactive, so its wake-up does not preempt a running engine or API
+    thread. While reads wait on the store (``READER_WAITS``) it is an
+    ordinary process again (``SCHED_OTHER``), so a woken projector runs
+    when the read needs it; the niceness stays (lowering it back would
+    need a privilege, switching between the two policies does not).
+    Where the platform has no such policies, the niceness alone applies.
     """
-    if nice <= 0:
-        return
-    os.nice(nice)
-    if hasattr(os, "sched_setscheduler"):
+
+    def __init__(self, nice: int) -> None:
+        self.nice = nice
+        self.batch = False
+
+    def lower(self) -> None:
+        """Take the lower priority (after start-up)."""
+        if self.nice > 0:
+            os.nice(self.nice)
+            self.readers(False)
+
+    def readers(self, waiting: bool) -> None:
+        """Reads wait on the store (an ordinary process) or none does (a batch process)."""
+        if self.nice <= 0 or self.batch != waiting or not hasattr(os, "sched_setscheduler"):
+            return
+        policy = os.SCHED_OTHER if waiting else os.SCHED_BATCH
         with contextlib.suppress(OSError):
-            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+            os.sched_setscheduler(0, policy, os.sched_param(0))
+            self.batch = not waiting
 
 
 def run_projector(
@@ -328,8 +345,8 @@ def run_projector(
     """Follow the journal up to the durable seqs read from ``fd`` (stdin) until EOF; return 0.
 
     ``journal`` is the WAL directory, or the PostgreSQL stream (``journal=postgres``),
-    of engine ``shard`` (``tiffany/shards.py``); ``nice``: see
-    :func:`background_priority` (``Settings.projector_nice``).
+    of engine ``shard`` (``tiffany/shards.py``); ``nice``: see :class:`Priority`
+    (``Settings.projector_nice``).
     """
     notices = Notices(sys.stdin.fileno() if fd is None else fd)
     applier = _Applier(
@@ -348,7 +365,8 @@ def run_projector(
         # engine and the API do; engine/__init__.py).
         gc.collect()
         gc.freeze()
-        background_priority(nice)
+        priority = Priority(nice)
+        priority.lower()
         applied_at = float("-inf")
         while not notices.closed:
             if applier.unchecked and notices.quiet(IDLE_S):
@@ -356,6 +374,7 @@ def run_projector(
             durable = notices.wait()
             while not notices.closed:  # the last transaction was just now: gather
                 readers = time.monotonic() - notices.reader_at < READERS_RECENT_S
+                priority.readers(readers)
                 gather = GATHER_S if readers else gather_idle_s
                 gap = applied_at + gather - time.monotonic()
                 if gap <= 0 or notices.quiet(gap):
