@@ -64,6 +64,14 @@ def _connect(path: Path) -> socket.socket:
     return sock
 
 
+def _deferred(handler: Handler, *ids: int, handled: int = 0) -> None:
+    """Wait until requests ``ids`` hold a future and ``handled`` requests reached ``handle``."""
+    deadline = time.monotonic() + 10
+    while not (set(ids) <= handler.later.keys() and len(handler.threads) >= handled):
+        assert time.monotonic() < deadline, f"requests {ids} never reached the handler"
+        time.sleep(0.01)
+
+
 def _lines(sock: socket.socket, n: int) -> list[dict[str, Any]]:
     buf = b""
     out: list[dict[str, Any]] = []
@@ -97,12 +105,7 @@ def test_a_deferred_answer_goes_out_while_every_pool_worker_is_busy(served):
         for i in range(WORKERS):
             sock.sendall(encode_frame({"id": 100 + i, "op": "wait"}))
         sock.sendall(encode_frame({"id": 1, "op": "later"}))
-        deadline = time.monotonic() + 10
-        while (1 not in handler.later or len(handler.threads) < WORKERS + 1) and (
-            time.monotonic() < deadline
-        ):
-            time.sleep(0.01)
-        assert 1 in handler.later
+        _deferred(handler, 1, handled=WORKERS + 1)
         resolver = threading.Thread(
             target=handler.later[1].set_result, args=({"run_id": "r1", "seq": 7},)
         )
@@ -123,9 +126,7 @@ def test_a_line_the_socket_cannot_take_at_once_is_finished_by_the_pool_whole(ser
         sock.sendall(
             encode_frame({"id": 1, "op": "later"}) + encode_frame({"id": 2, "op": "later"})
         )
-        deadline = time.monotonic() + 10
-        while len(handler.later) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        _deferred(handler, 1, 2)
         big = "x" * (4 << 20)
         handler.later[1].set_result({"blob": big})
         handler.later[2].set_result({"small": True})
@@ -138,9 +139,7 @@ def test_a_refused_deferred_answer_names_its_error(served):
     _, handler, path = served
     with _connect(path) as sock:
         sock.sendall(encode_frame({"id": 1, "op": "later"}))
-        deadline = time.monotonic() + 10
-        while 1 not in handler.later and time.monotonic() < deadline:
-            time.sleep(0.01)
+        _deferred(handler, 1)
         handler.later[1].set_exception(RuntimeError("boom"))
         (answer,) = _lines(sock, 1)
     assert answer["id"] == 1
@@ -153,9 +152,7 @@ def test_the_answer_of_a_client_gone_is_dropped_and_the_server_goes_on(served):
     _, handler, path = served
     with _connect(path) as sock:
         sock.sendall(encode_frame({"id": 1, "op": "later"}))
-        deadline = time.monotonic() + 10
-        while 1 not in handler.later and time.monotonic() < deadline:
-            time.sleep(0.01)
+        _deferred(handler, 1)
     handler.later[1].set_result({"late": True})  # the resolving thread sees EPIPE/ECONNRESET
     with _connect(path) as sock:
         sock.sendall(encode_frame({"id": 2, "op": "echo", "text": "still here"}))

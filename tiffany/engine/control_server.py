@@ -225,7 +225,7 @@ class ControlServer:
         fut: Future[dict[str, Any]],
     ) -> None:
         """Send a deferred answer now if that cannot block, else from the pool (module doc)."""
-        if fut.exception() is None:
+        if not fut.cancelled() and fut.exception() is None:
             data = self._frame(self._envelope(request, fut.result(), None))
             if write_lock.acquire(blocking=False):
                 try:
@@ -238,29 +238,21 @@ class ControlServer:
                     write_lock.release()
                     return
                 if sent:  # the line's head is out: its tail goes next, lock held till then
-                    self._submit_or_release(self._send_rest, conn, write_lock, data[sent:])
+                    try:
+                        self._pool.submit(self._send_rest, conn, write_lock, data[sent:])
+                    except RuntimeError:  # shutting down: the connection goes too
+                        write_lock.release()
                     return
                 write_lock.release()
+            with contextlib.suppress(RuntimeError):  # shutting down: the connection goes too
+                self._pool.submit(self._send_line, conn, write_lock, data)
+            return
 
-        def send() -> None:
-            exc = fut.exception()
-            answer = self._envelope(request, None if exc else fut.result(), exc)
-            self._send(conn, write_lock, answer)
+        def send() -> None:  # a refusal: its envelope may log
+            self._send(conn, write_lock, self._envelope(request, None, fut.exception()))
 
         with contextlib.suppress(RuntimeError):  # shutting down: the connection goes too
             self._pool.submit(send)
-
-    def _submit_or_release(
-        self,
-        fn: Callable[[socket.socket, threading.Lock, bytes], None],
-        conn: socket.socket,
-        write_lock: threading.Lock,
-        rest: bytes,
-    ) -> None:
-        try:
-            self._pool.submit(fn, conn, write_lock, rest)
-        except RuntimeError:  # shutting down: the connection goes too
-            write_lock.release()
 
     @staticmethod
     def _send_rest(conn: socket.socket, write_lock: threading.Lock, rest: bytes) -> None:
@@ -308,6 +300,9 @@ class ControlServer:
     def _send(
         self, conn: socket.socket, write_lock: threading.Lock, answer: dict[str, Any]
     ) -> None:
-        data = self._frame(answer)
+        self._send_line(conn, write_lock, self._frame(answer))
+
+    @staticmethod
+    def _send_line(conn: socket.socket, write_lock: threading.Lock, data: bytes) -> None:
         with write_lock, contextlib.suppress(OSError):
             conn.sendall(data)
