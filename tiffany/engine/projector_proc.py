@@ -74,7 +74,7 @@ from tiffany.store.migrate import upgrade
 from tiffany.store.session import checkpoint
 from tiffany.wal import Source
 
-__all__ = ["BATCH_RECORDS", "DURABLE", "READER_WAITS", "Notices", "run_projector"]
+__all__ = ["BATCH_RECORDS", "DURABLE", "READER_WAITS", "Notices", "Priority", "run_projector"]
 
 log = structlog.get_logger(__name__)
 
