@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ from tiffany.config import Settings
 from tiffany.engine import build
 from tiffany.engine.activity import ActivityLog
 from tiffany.kernel import NewTask, Sleep
+from tiffany.pal import Hub
 
 PLAN = {
     "name": "labelled",
@@ -21,13 +23,18 @@ PLAN = {
 
 
 class Recorder:
-    """Stands for the hub: keeps what the instrument publishes."""
+    """A hub and its one subscriber: what the instrument published, as the feed says it."""
 
     def __init__(self) -> None:
-        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.hub = Hub()
+        self._sub = self.hub.subscribe()
+        self._events: list[tuple[str, dict[str, Any]]] = []
 
-    def publish(self, kind: str, **fields: Any) -> None:
-        self.events.append((kind, fields))
+    @property
+    def events(self) -> list[tuple[str, dict[str, Any]]]:
+        self.hub.drain()
+        self._events += [(e["kind"], e) for e in map(json.loads, self._sub.get(timeout=0))]
+        return self._events
 
 
 def _impostor() -> Any:
@@ -45,7 +52,7 @@ def test_events_and_rows_carry_the_label_not_a_parsed_name(tmp_path: Path) -> No
     hub = Recorder()
     live = LiveView(0)
     settings = Settings(data_dir=tmp_path, enabled_tools=["file.write", "sleep"], _env_file=None)
-    engine = build(settings, instruments=[ActivityLog(hub), live])  # type: ignore[arg-type]
+    engine = build(settings, instruments=[ActivityLog(hub.hub), live])
     try:
         plan_run = engine.submit_plan(PLAN)
         other = engine.runtime.submit(f"{__name__}:named_like_a_worker")

@@ -259,6 +259,7 @@ def test_stalled_subscribers_are_cut_off_and_readers_get_every_event() -> None:
             60,
             "the stalled subscribers cut off",
         )
+
         # The relay lets go of a subscriber (the gauge drops) before its handler
         # has stopped the sender and logged the cut: the lines follow shortly.
         def reasons() -> collections.Counter[str]:

@@ -6,6 +6,7 @@ import json
 import time
 
 from tiffany.pal import FEED_SEQ_FILE, SEQS_PER_RECORD, Hub
+from tiffany.pal.events import TaskFields
 
 
 def _events(frames):
@@ -240,3 +241,31 @@ def test_a_resume_after_a_restart_gets_the_events_published_before_it(tmp_path):
     hub3 = Hub(wal=wal, seq_file=seq_file)
     assert _events(hub3.subscribe(since=hub2.last_seq).get(timeout=0))[0]["type"] == "gone"
     hub3.stop()
+
+
+def test_a_task_event_is_the_event_publish_makes_and_filters_see_it():
+    """``publish_task`` (the activity log's path) writes what ``publish`` would."""
+    hub = Hub(seq0=1)
+    everything = hub.subscribe()
+    only_b = hub.subscribe(flt=lambda e: e.run_id == "b")
+    ids = {
+        "task_id": 7,
+        "ltid": None,
+        "run_id": "b",
+        "task": 'worker:"quoted" \u00e9',
+        "task_kind": "worker",
+        "step_id": "s1",
+    }
+    task = TaskFields(**ids)
+    hub.publish("step", label="sleep 2s", data={"n": [1, 2]}, **ids)
+    hub.publish_task("step", task, "sleep 2s", {"n": [1, 2]})
+    hub.publish_task("woke", task, "woke")
+    hub.publish_task("woke", TaskFields(8, 2, "a", "t", "task", None), "woke")
+    hub.drain()
+    slow, fast, woke, other = _events(everything.get(timeout=0))
+    for event in (slow, fast):
+        del event["seq"], event["ts"]
+    assert fast == slow
+    assert (woke["data"], woke["ltid"], woke["step_id"]) == ({}, None, "s1")
+    assert (other["ltid"], other["run_id"]) == (2, "a")
+    assert [e["seq"] for e in _events(only_b.get(timeout=0))] == [1, 2, 3]

@@ -16,6 +16,7 @@ from tiffany.durable.gate import HeldStep
 from tiffany.durable.journal import TaskMeta
 from tiffany.kernel import RETURNED, Instrument, SystemCall, Task
 from tiffany.pal import Hub
+from tiffany.pal.events import TaskFields
 
 __all__ = ["ActivityLog"]
 
@@ -52,21 +53,24 @@ class ActivityLog(Instrument):
         self.runs_only = runs_only
         #: Dispatches seen (every task step, published or not).
         self.dispatched = 0
+        #: Each live task's encoded ids, with the note they were made from.
+        self._fields: dict[int, tuple[Any, TaskFields]] = {}
 
-    def _ids(self, task: Task) -> dict[str, Any] | None:
+    def _ids(self, task: Task) -> TaskFields | None:
         meta = task.meta
+        known = self._fields.get(task.id)
+        if known is not None and known[0] is meta:
+            return known[1]
         if isinstance(meta, TaskMeta):
-            return {
-                "task_id": task.id,
-                "ltid": meta.ltid if meta.ltid >= 0 else None,
-                "run_id": meta.run.run_id,
-                "task": task.name,
-                "task_kind": meta.label.role,
-                "step_id": meta.label.step_id,
-            }
-        if self.runs_only:
+            ltid = meta.ltid if meta.ltid >= 0 else None
+            label = meta.label
+            ids = TaskFields(task.id, ltid, meta.run.run_id, task.name, label.role, label.step_id)
+        elif self.runs_only:
             return None
-        return {"task_id": task.id, "task": task.name}
+        else:
+            ids = TaskFields(task.id, None, None, task.name, "task", None)
+        self._fields[task.id] = (meta, ids)
+        return ids
 
     def task_spawned(self, task: Task) -> None:
         """Publish ``spawned`` (and ``tool.started`` for tool tasks)."""
@@ -74,9 +78,9 @@ class ActivityLog(Instrument):
         if ids is None:
             return
         data = {"parent": task.parent}
-        self.hub.publish("spawned", label=f"spawned {task.name}", data=data, **ids)
-        if ids["task_kind"] == "tool":
-            self.hub.publish("tool.started", label=task.name, data=data, **ids)
+        self.hub.publish_task("spawned", ids, f"spawned {task.name}", data)
+        if ids.task_kind == "tool":
+            self.hub.publish_task("tool.started", ids, task.name, data)
 
     def after_dispatch(self, task: Task, yielded: Any) -> None:
         """Publish ``step`` with what the task yielded."""
@@ -84,34 +88,35 @@ class ActivityLog(Instrument):
         if self.dispatches:
             ids = self._ids(task)
             if ids is not None:
-                self.hub.publish("step", label=_label(yielded), **ids)
+                self.hub.publish_task("step", ids, _label(yielded))
 
     def task_blocked(self, task: Task, call: SystemCall) -> None:
         """Publish ``blocked`` with the reason."""
         ids = self._ids(task)
         if ids is not None:
-            self.hub.publish("blocked", label=_label(call), data={"state": task.state.value}, **ids)
+            self.hub.publish_task("blocked", ids, _label(call), {"state": task.state.value})
 
     def step_held(self, task: Task, held: HeldStep) -> None:
         """Publish ``blocked``: the journal held a step back (``Journal.on_hold``)."""
         ids = self._ids(task)
         if ids is not None:
             data = {"state": "waiting", "step": held.step, "reason": held.reason}
-            self.hub.publish("blocked", label=f"waiting: {held.reason}", data=data, **ids)
+            self.hub.publish_task("blocked", ids, f"waiting: {held.reason}", data)
 
     def task_woken(self, task: Task, value: Any) -> None:
         """Publish ``woke``."""
         ids = self._ids(task)
         if ids is not None:
-            self.hub.publish("woke", label="woke", **ids)
+            self.hub.publish_task("woke", ids, "woke")
 
     def task_exited(self, task: Task) -> None:
         """Publish ``exit`` or ``cancelled`` (and ``tool.finished``, ``run.finished``)."""
         ids = self._ids(task)
         if ids is None:
             return
+        del self._fields[task.id]  # its last events
         kind = "cancelled" if task.state.value == "cancelled" else "exit"
-        self.hub.publish(kind, label=task.state.value, **ids)
+        self.hub.publish_task(kind, ids, task.state.value)
         self._finished(task, ids, ok=kind == "exit")
 
     def task_crashed(self, task: Task, error: BaseException) -> None:
@@ -119,19 +124,20 @@ class ActivityLog(Instrument):
         ids = self._ids(task)
         if ids is None:
             return
+        del self._fields[task.id]
         err = {"type": type(error).__name__, "message": str(error)[:500]}
-        self.hub.publish("crash", label=f"{err['type']}: {err['message'][:80]}", data=err, **ids)
+        self.hub.publish_task("crash", ids, f"{err['type']}: {err['message'][:80]}", err)
         self._finished(task, ids, ok=False, error=err)
 
     def _finished(
-        self, task: Task, ids: Mapping[str, Any], ok: bool, error: Mapping[str, Any] | None = None
+        self, task: Task, ids: TaskFields, ok: bool, error: Mapping[str, Any] | None = None
     ) -> None:
         data = {"ok": ok, "error": dict(error) if error else None}
-        if ids.get("task_kind") == "tool":
-            self.hub.publish("tool.finished", label=task.name, data=data, **ids)
+        if ids.task_kind == "tool":
+            self.hub.publish_task("tool.finished", ids, task.name, data)
         meta = task.meta
         if isinstance(meta, TaskMeta) and meta.run.root is task:
             # The run's own word (succeeded, failed, cancelled), as the store and
             # the dashboard say it; the task events keep the kernel's.
             label = _RUN_WORD.get(task.state.value, task.state.value)
-            self.hub.publish("run.finished", label=label, data=data, **ids)
+            self.hub.publish_task("run.finished", ids, label, data)

@@ -59,7 +59,15 @@ from typing import Any, Final
 
 import msgspec
 
-__all__ = ["EVENT_KINDS", "SCHEMA_VERSION", "SEQS_PER_RECORD", "Event", "encode_event"]
+__all__ = [
+    "EVENT_KINDS",
+    "SCHEMA_VERSION",
+    "SEQS_PER_RECORD",
+    "Event",
+    "TaskFields",
+    "encode_event",
+    "encode_task_event",
+]
 
 SCHEMA_VERSION: Final = 2
 
@@ -113,3 +121,67 @@ _encoder = msgspec.json.Encoder()
 def encode_event(event: Event) -> bytes:
     """Return the event as one line of JSON (no newline)."""
     return _encoder.encode(event)
+
+
+_encode = _encoder.encode
+_NO_DATA: Final = b"{}"
+_TASK_EVENT: Final = (
+    b'{"seq":%d,"ts":%b,"wal_seq":%d,"engine":%d,"kind":%b,%b,"label":%b,"data":%b,"v":%d}'
+)
+#: Each kind's JSON string, encoded once.
+_KINDS: Final = {kind: _encode(kind) for kind in EVENT_KINDS}
+
+
+class TaskFields:
+    """The fields every event of one task shares, encoded once for all of them.
+
+    A task causes a dozen events or more (one per dispatch); its ids, name,
+    role and plan step never change, so :func:`encode_task_event` splices
+    this JSON into each frame instead of building and encoding an
+    :class:`Event` (the activity log keeps one per live task).
+    """
+
+    __slots__ = ("json", "run_id", "task_kind")
+
+    def __init__(
+        self,
+        task_id: int,
+        ltid: int | None,
+        run_id: str | None,
+        task: str,
+        task_kind: str,
+        step_id: str | None,
+    ) -> None:
+        self.run_id, self.task_kind = run_id, task_kind
+        self.json = b'"task_id":%d,"ltid":%b,"run_id":%b,"task":%b,"task_kind":%b,"step_id":%b' % (
+            task_id,
+            _encode(ltid),
+            _encode(run_id),
+            _encode(task),
+            _encode(task_kind),
+            _encode(step_id),
+        )
+
+
+def encode_task_event(
+    seq: int,
+    ts: float,
+    wal_seq: int,
+    engine: int,
+    kind: str,
+    fields: TaskFields,
+    label: str,
+    data: dict[str, Any] | None,
+) -> bytes:
+    """Return the same line :func:`encode_event` would for this task's event."""
+    return _TASK_EVENT % (
+        seq,
+        _encode(ts),
+        wal_seq,
+        engine,
+        _KINDS.get(kind) or _encode(kind),
+        fields.json,
+        _encode(label),
+        _encode(data) if data else _NO_DATA,
+        SCHEMA_VERSION,
+    )

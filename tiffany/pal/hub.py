@@ -50,7 +50,13 @@ from typing import Any, Final, Protocol
 
 import msgspec
 
-from tiffany.pal.events import SEQS_PER_RECORD, Event, encode_event
+from tiffany.pal.events import (
+    SEQS_PER_RECORD,
+    Event,
+    TaskFields,
+    encode_event,
+    encode_task_event,
+)
 
 __all__ = ["FEED_SEQ_FILE", "Hub", "Subscription", "WalPosition"]
 
@@ -251,6 +257,18 @@ class Hub:
             wal_seq = wal.next_seq - 1 if wal is not None else 0
         self.inbox.append((time.time(), wal_seq, kind, fields))  # noqa: TID251 - display only
 
+    def publish_task(
+        self, kind: str, task: TaskFields, label: str, data: dict[str, Any] | None = None
+    ) -> None:
+        """Queue a task's event (the activity log's path: no dict of fields to build).
+
+        The same event as ``publish(kind, label=..., data=..., **ids)``;
+        ``task`` holds the task's ids, encoded once for all its events.
+        """
+        wal = self._wal
+        wal_seq = wal.next_seq - 1 if wal is not None else 0
+        self.inbox.append((time.time(), wal_seq, kind, task, label, data))  # noqa: TID251
+
     # -- hub side --------------------------------------------------------------------
 
     def start(self) -> None:
@@ -284,15 +302,18 @@ class Hub:
                 self._mark.write(self.last_seq)  # before any of them leaves the hub
             subs = list(self._subs)
             seqs, ring = self._seqs, self._ring
-            for event in events:
-                seq = event.seq
-                frame = encode_event(event)
+            for seq, frame, event in events:
                 if len(seqs) == seqs.maxlen:
                     self.floor = seqs[0]  # about to be dropped from the ring
                 seqs.append(seq)
                 ring.append(frame)
                 for sub in subs:
-                    if sub.filter is None or sub.filter(event):
+                    if sub.filter is None:
+                        sub._push(seq, frame)
+                        continue
+                    if event is None:  # a task's event: decoded only for a filter
+                        event = msgspec.json.decode(frame, type=Event)
+                    if sub.filter(event):
                         sub._push(seq, frame)
             for sub in subs:
                 if sub.frames or sub.closed:
@@ -300,19 +321,25 @@ class Hub:
         self.published += len(events)
         return len(events)
 
-    def _stamp(self) -> list[Event]:
-        """Take the inbox and give each event its seq (module docstring)."""
+    def _stamp(self) -> list[tuple[int, bytes, Event | None]]:
+        """Take the inbox, give each event its seq (module docstring) and encode it."""
         inbox = self.inbox
         last, wal_seq, base, engine = self.last_seq, self.wal_seq, self.base, self.engine
-        events = []
+        events: list[tuple[int, bytes, Event | None]] = []
         while inbox:
-            ts, at, kind, fields = inbox.popleft()
+            entry = inbox.popleft()
+            at = entry[1]
             if at > wal_seq:
                 wal_seq = at
             last = max(last + 1, max(0, wal_seq - base) * SEQS_PER_RECORD)
-            events.append(
-                Event(seq=last, wal_seq=wal_seq, ts=ts, kind=kind, engine=engine, **fields)
-            )
+            if len(entry) == 6:  # publish_task
+                ts, _, kind, task, label, data = entry
+                frame = encode_task_event(last, ts, wal_seq, engine, kind, task, label, data)
+                events.append((last, frame, None))
+            else:
+                ts, _, kind, fields = entry
+                event = Event(seq=last, wal_seq=wal_seq, ts=ts, kind=kind, engine=engine, **fields)
+                events.append((last, encode_event(event), event))
         self.last_seq, self.wal_seq = last, wal_seq
         return events
 
