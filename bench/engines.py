@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -178,7 +179,12 @@ def _measure(url: str, runs: int, steps: int, homes: list[Path]) -> tuple[float,
     engines_s = time.perf_counter() - t0
     while True:
         q = "&".join(f"min_seq={s}" for s in newest.values())
-        counts = _http(f"{url}api/runs?limit=1&{q}")["counts"]
+        try:
+            counts = _http(f"{url}api/runs?limit=1&{q}")["counts"]
+        except urllib.error.HTTPError as exc:
+            if exc.code != 503:  # 503 store.behind: the bounded wait ended first
+                raise
+            continue
         done = counts.get("succeeded", 0) + counts.get("failed", 0)
         if done >= already + runs:
             if counts.get("failed"):
