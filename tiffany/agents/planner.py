@@ -91,6 +91,7 @@ def run_plan(
     attempts: dict[str, list[dict[str, Any]]] = {}
     running: dict[str, int] = {}
     results: Queue[StepOutcome] = Queue(name=f"{run_id}.results")
+    workspace = env.workspace_root / run_id  # the steps' (made by the first tool needing it)
     reuse = reuse or {}
     # A budget (plan.budget) counts the model tokens and dollars of the run's
     # steps (their outputs' "usage" and "cost_usd": llm, agent); only then is
@@ -121,7 +122,9 @@ def run_plan(
                 # A daemon: nobody joins a worker (it reports through the
                 # queue), so its record goes as soon as it ends.
                 running[sid] = yield NewTask(
-                    worker(env, run_id, dag.specs[sid], values, outputs, results, compat),
+                    worker(
+                        env, run_id, dag.specs[sid], values, outputs, results, compat, workspace
+                    ),
                     name=f"worker:{sid}",
                     daemon=True,
                     meta=TaskLabel("worker", sid),

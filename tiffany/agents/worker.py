@@ -237,12 +237,15 @@ def worker(
     outputs: Mapping[str, Any],
     results: Queue[StepOutcome],
     compat: int = JOURNAL_COMPAT,
+    workspace: Path | None = None,
 ) -> Co:
     """Run one step to success or to the end of its retries; report to ``results``.
 
     ``compat`` is the journal version the run started under: a change to
     the calls this function yields bumps ``JOURNAL_COMPAT`` and keeps the
     old sequence for runs of older versions (docs/wal-format.md, "Versions").
+    ``workspace`` is the run's workspace path (default: made from
+    ``run_id``; the planner makes it once for all its steps).
     """
     outcome = StepOutcome(spec.id, False)
     try:
@@ -293,7 +296,7 @@ def worker(
                 run_id,
                 spec.id,
                 attempt,
-                env.workspace_root / run_id,  # made by the first tool that needs it
+                workspace or env.workspace_root / run_id,  # made by the first tool needing it
                 env.settings,
                 _emitter(env, run_id, spec.id),
                 env.runs,
