@@ -184,6 +184,21 @@ class Subscription:
         self._ready.set()
 
 
+def _fan_out(subs: list[Subscription], seq: int, frame: bytes, event: Event | None) -> None:
+    """Queue one event for every subscriber whose filter takes it.
+
+    ``event`` is None for a task's event: decoded only if a subscriber filters.
+    """
+    for sub in subs:
+        if sub.filter is None:
+            sub._push(seq, frame)
+            continue
+        if event is None:
+            event = msgspec.json.decode(frame, type=Event)
+        if sub.filter(event):
+            sub._push(seq, frame)
+
+
 class Hub:
     """Ring + fan-out for activity events (see module docstring).
 
@@ -307,14 +322,7 @@ class Hub:
                     self.floor = seqs[0]  # about to be dropped from the ring
                 seqs.append(seq)
                 ring.append(frame)
-                for sub in subs:
-                    if sub.filter is None:
-                        sub._push(seq, frame)
-                        continue
-                    if event is None:  # a task's event: decoded only for a filter
-                        event = msgspec.json.decode(frame, type=Event)
-                    if sub.filter(event):
-                        sub._push(seq, frame)
+                _fan_out(subs, seq, frame, event)
             for sub in subs:
                 if sub.frames or sub.closed:
                     sub._wake_reader()  # one wake per drain, for every frame it got
