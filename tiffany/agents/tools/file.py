@@ -118,13 +118,11 @@ class FileWriteTool:
     def run(self, args: FileWriteArgs, ctx: ToolContext) -> dict[str, Any]:
         """Write the file (in the thread pool)."""
         flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if args.mode == "a" else 0)
-        fd = open_in_workspace(ctx.workspace, args.path, flags, make_parents=True)
+        fd = open_in_workspace(
+            ctx.workspace, args.path, flags, make_parents=True, truncate=args.mode == "w"
+        )
         data = args.content.encode("utf-8")
         try:
-            if args.mode == "w":
-                # Truncate after the checks in open_in_workspace: O_TRUNC at open
-                # would empty a hard-linked file before it could be refused.
-                os.ftruncate(fd, 0)
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]

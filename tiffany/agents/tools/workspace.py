@@ -106,7 +106,12 @@ def ensure_workspace(workspace: Path) -> Path:
     Blocking: a tool's thread calls it (the worker hands a step the path
     alone, ``agents/worker.py``).
     """
-    os.makedirs(workspace, DIR_MODE, exist_ok=True)
+    try:  # one mkdir in the usual case (the workspaces' root is there)
+        os.mkdir(workspace, DIR_MODE)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        os.makedirs(workspace, DIR_MODE, exist_ok=True)
     return workspace
 
 
@@ -146,7 +151,9 @@ def workspace_dir(workspace: Path, path: str) -> Path:
     return workspace.joinpath(*parts)
 
 
-def open_in_workspace(workspace: Path, path: str, flags: int, *, make_parents: bool = False) -> int:
+def open_in_workspace(
+    workspace: Path, path: str, flags: int, *, make_parents: bool = False, truncate: bool = False
+) -> int:
     """Open the regular file ``path`` inside ``workspace``; return its descriptor.
 
     Args:
@@ -155,6 +162,13 @@ def open_in_workspace(workspace: Path, path: str, flags: int, *, make_parents: b
         flags: ``os.open`` flags (``O_NOFOLLOW``, ``O_NONBLOCK`` and
             ``O_CLOEXEC`` are added).
         make_parents: Create missing parent directories (inside the workspace).
+        truncate: Empty the file, once it passed the checks (``O_TRUNC`` at
+            open would empty a hard-linked file before it could be refused).
+
+    The descriptor is left in ``O_NONBLOCK`` mode: it only kept the open of a
+    FIFO from hanging, and Linux ignores it for the regular files returned.
+    A tool runs in a pool thread that gives up the GIL at every system call
+    (and waits to get it back), so the path here makes as few as it can.
 
     Raises:
         FileDenied: See the module docstring.
@@ -190,5 +204,10 @@ def open_in_workspace(workspace: Path, path: str, flags: int, *, make_parents: b
         os.close(fd)
         what = "has several hard links" if stat.S_ISREG(st.st_mode) else "is not a regular file"
         raise FileDenied(f"{path!r} {what}", path=path)
-    os.set_blocking(fd, True)
+    if truncate and st.st_size:
+        try:
+            os.ftruncate(fd, 0)
+        except BaseException:
+            os.close(fd)
+            raise
     return fd
