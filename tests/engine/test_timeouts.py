@@ -70,3 +70,42 @@ def test_close_drops_what_is_left_and_stops_the_thread() -> None:
     timeouts.start(lambda: called.append(2))  # after close: dropped, no new thread
     assert len(timeouts) == 0
     assert timeouts._thread is thread
+
+
+def _switches(thread: threading.Thread) -> int:
+    """The times ``thread`` gave up the CPU to wait (Linux: its task's status)."""
+    status = f"/proc/self/task/{thread.native_id}/status"
+    with open(status) as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("voluntary"))
+
+
+def test_entries_answered_at_once_never_wake_the_thread() -> None:
+    """Submissions answered within milliseconds (the usual case) cost the thread nothing."""
+    timeouts = Timeouts(5.0)
+    try:
+        timeouts.cancel(timeouts.start(lambda: None))  # starts the thread
+        time.sleep(0.05)  # it sleeps now, for the cancelled entry's deadline
+        thread = timeouts._thread
+        assert thread is not None
+        before = _switches(thread)
+        for _ in range(200):
+            timeouts.cancel(timeouts.start(lambda: None))
+            time.sleep(0.001)
+        assert _switches(thread) - before < 5  # it was woken for each one before
+    finally:
+        timeouts.close()
+
+
+def test_an_entry_that_comes_to_an_empty_table_still_expires_on_time() -> None:
+    timeouts = Timeouts(1.0)
+    fired = threading.Event()
+    try:
+        timeouts.cancel(timeouts.start(lambda: None))
+        time.sleep(1.3)  # the cancelled entry's deadline passed: the table is empty
+        t0 = time.monotonic()
+        timeouts.start(fired.set)
+        assert fired.wait(5)
+        after = time.monotonic() - t0
+    finally:
+        timeouts.close()
+    assert 1.0 <= after < 1.5  # a thread that missed it would call it a delay later

@@ -7,7 +7,12 @@ One daemon thread sleeps until the oldest entry expires, calls it, and
 sleeps again. Every entry has the same delay, so the entries expire in the
 order they came: a dict in insertion order is the queue, and an answered
 entry leaves it at once (the table holds only what is in flight, which
-keeps a collapse from growing the heap the collector walks).
+keeps a collapse from growing the heap the collector walks). For the same
+reason nothing ever wakes the thread early: with nothing in flight it sleeps
+one delay, and an entry that came meanwhile expires after that. (It was
+notified when an entry came to an empty table: with submissions answered
+within milliseconds that is nearly every one, a wake-up and a wait for the
+GIL each.)
 
 Discussion: the control workers used to wait in ``Future.result(timeout)``.
 Sixteen of them capped the submissions in flight at sixteen: at 500
@@ -60,8 +65,6 @@ class Timeouts:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
-            elif len(self._entries) == 1:  # the thread sleeps with nothing to wait for
-                self._cond.notify()
         return token
 
     def cancel(self, token: int) -> None:
@@ -84,8 +87,8 @@ class Timeouts:
             with cond:
                 due: list[Callable[[], None]] = []
                 while not self._closed and not due:
-                    if not entries:
-                        cond.wait()
+                    if not entries:  # whatever comes now expires after this wait
+                        cond.wait(self.delay_s)
                         continue
                     token = next(iter(entries))
                     at, fn = entries[token]
