@@ -15,7 +15,7 @@ import pytest
 from api_support import clean_env, make_settings, wait_until
 
 
-def _start(data_dir: Path, ready: Path) -> subprocess.Popen[bytes]:
+def _start(data_dir: Path, ready: Path, *after: Path) -> subprocess.Popen[bytes]:
     env = clean_env()
     env["TIFFANY_LOG_FORMAT"] = "json"
     return subprocess.Popen(
@@ -31,6 +31,7 @@ def _start(data_dir: Path, ready: Path) -> subprocess.Popen[bytes]:
             "0",
             "--ready-file",
             str(ready),
+            *(a for path in after for a in ("--after", str(path))),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -90,6 +91,46 @@ def test_a_sigterm_during_start_up_is_not_lost(api_dir) -> None:
             proc.communicate()
     # 0 once our handlers are in place; killed by the default one before that
     assert proc.returncode in (0, -signal.SIGTERM), err.decode()
+    assert not ready.exists()
+
+
+def test_an_api_started_with_its_engines_listens_only_once_they_are_up(api_dir) -> None:
+    """``serve`` starts the API with the engines, ``--after`` their ready files."""
+    ready, engines = api_dir / "api.json", [api_dir / "e0.json", api_dir / "e1.json"]
+    proc = _start(api_dir, ready, *engines)
+    try:
+        time.sleep(3)  # its imports take about a second
+        assert proc.poll() is None
+        assert not ready.exists()
+        engines[0].write_text("{}")
+        time.sleep(0.5)
+        assert not ready.exists()
+        engines[1].write_text("{}")
+        wait_until(lambda: ready.exists() or proc.poll() is not None, timeout=30)
+        url = json.loads(ready.read_text())["url"]
+        with urllib.request.urlopen(url + "healthz", timeout=5) as res:
+            assert json.loads(res.read()) == {"ok": True}
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err.decode()
+
+
+def test_a_sigterm_while_the_api_waits_for_its_engines_stops_it(api_dir) -> None:
+    ready = api_dir / "api.json"
+    proc = _start(api_dir, ready, api_dir / "never.json")
+    try:
+        time.sleep(2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err.decode()
     assert not ready.exists()
 
 

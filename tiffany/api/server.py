@@ -13,6 +13,8 @@ import json
 import os
 import signal
 import socket
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -57,6 +59,24 @@ class _Server(uvicorn.Server):
             tmp.replace(self.ready_file)
 
 
+#: How long the API waits for the files of ``after`` (the engines' ready files), in seconds.
+AFTER_TIMEOUT_S: Final = 60.0
+
+
+def _wait_for(paths: Sequence[Path], stopped: Any, timeout: float = AFTER_TIMEOUT_S) -> bool:
+    """Until every path exists: True; False if ``stopped()`` first (SIGTERM) or at the deadline."""
+    deadline = time.monotonic() + timeout
+    while not stopped():
+        if all(path.exists() for path in paths):
+            return True
+        if time.monotonic() > deadline:
+            missing = [str(path) for path in paths if not path.exists()]
+            log.error("api.not_started", waited_s=timeout, missing=missing)
+            return False
+        time.sleep(0.02)
+    return False
+
+
 #: Websocket protocol ping interval and timeout, in seconds.
 WS_PING_INTERVAL_S: Final = 20.0
 
@@ -88,13 +108,20 @@ def uvicorn_config(settings: Settings, app: Any) -> uvicorn.Config:
     )
 
 
-def run_api(settings: Settings, *, ready_file: Path | None = None) -> None:
-    """Serve the API on ``settings.host:settings.port`` until SIGINT/SIGTERM.
+def run_api(
+    settings: Settings, *, ready_file: Path | None = None, after: Sequence[Path] = ()
+) -> int:
+    """Serve the API on ``settings.host:settings.port`` until SIGINT/SIGTERM; the exit code.
 
     Args:
         settings: The process settings.
         ready_file: Once listening, ``{"url": "http://HOST:PORT/", "pid": ...}``
             is written here (atomically; port 0 becomes the bound port).
+        after: Files to wait for before the app is made and the port bound
+            (``serve`` passes its engines' ready files). The process imports
+            its modules meanwhile, about a second of CPU that then overlaps
+            the engines' start, and no client sees an API whose engine is
+            not up yet. 1 if they are not there within ``AFTER_TIMEOUT_S``.
     """
     configure_logging(settings)
     # uvicorn installs its own handlers while it serves, and re-raises the
@@ -112,6 +139,8 @@ def run_api(settings: Settings, *, ready_file: Path | None = None) -> None:
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        if after and not _wait_for(after, lambda: asked):
+            return 0 if asked else 1
         server = _Server(uvicorn_config(settings, create_app(settings)), ready_file)
         server.should_exit = asked
         stopping.append(server)
@@ -121,3 +150,4 @@ def run_api(settings: Settings, *, ready_file: Path | None = None) -> None:
             signal.signal(sig, handler)
         if ready_file is not None:
             ready_file.unlink(missing_ok=True)
+    return 0

@@ -160,17 +160,19 @@ def _start(
     (``/readyz``: no engine), and the wait for the engines ends only when
     they are ready or ``stop`` is set.
 
-    Otherwise the API starts only once the engines are up. Starting both
-    at once saved 0.3 s, but then the API listened (its log line, its
-    ``/healthz``) before an engine did, and a client taking that as the
-    sign to submit got 503 (tests/api/test_dashboard_browser.py did).
+    Otherwise the API starts with the engines but listens only once they
+    are up (``tiffany api --after``, their ready files): it imports its
+    modules meanwhile, a second of start-up that no longer follows the
+    engines', and no client sees an API (its log line, its ``/healthz``)
+    whose engine cannot take a submission yet (a 503: the test of the
+    dashboard in a browser got one when both simply started at once).
     """
     for engine in engines:
         engine.start()
+    api.start()
     if not standby:
         for engine in engines:
             _wait_file(engine.ready_file, engine, START_TIMEOUT_S)
-    api.start()
     url = str(_wait_file(api.ready_file, api, START_TIMEOUT_S)["url"])
     up(url)
     if standby:
@@ -326,7 +328,12 @@ def serve(
         }
         name = "engine" if len(engine_homes) == 1 else f"engine {i}"
         children.append(_Child(name, [*exe, "engine"], env_i, home / "engine.json"))
-    api = _Child("api", [*exe, "api"], api_env, api_ready)
+    # An API started with the engines listens once they are up (see _start).
+    standby = settings.journal == "postgres"
+    after = [] if standby else [c.ready_file for c in children]
+    api = _Child(
+        "api", [*exe, "api", *(a for f in after for a in ("--after", str(f)))], api_env, api_ready
+    )
     serve_file = data_dir / "serve.json"
 
     def write_serve_file(url: str) -> None:
@@ -352,9 +359,7 @@ def serve(
 
     old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        url = _start(
-            children, api, standby=settings.journal == "postgres", stop=stop, up=write_serve_file
-        )
+        url = _start(children, api, standby=standby, stop=stop, up=write_serve_file)
         if not stop.is_set():
             typer.echo(
                 f"Tiffany is serving the dashboard at {url}  (data dir {data_dir}; Ctrl-C stops)"
@@ -486,12 +491,16 @@ def api_cmd(
     ready_file: Annotated[
         Path | None, typer.Option(help="Write {url, pid} here once listening.")
     ] = None,
+    after: Annotated[
+        list[Path] | None,
+        typer.Option(help="Listen once this file exists (repeatable: engines' ready files)."),
+    ] = None,
 ) -> None:
     """Run the API side-process alone (what ``serve`` starts)."""
     from tiffany.api import run_api
     from tiffany.cli import _settings
 
-    run_api(_settings(ctx), ready_file=ready_file)
+    raise typer.Exit(run_api(_settings(ctx), ready_file=ready_file, after=after or ()))
 
 
 def register(app: typer.Typer) -> None:
