@@ -280,7 +280,6 @@ def serve(
     """Serve the dashboard and API, and run submitted plans (engine + API processes)."""
     from tiffany.cli import _settings
     from tiffany.control import ControlError, ControlUnavailable, call
-    from tiffany.engine.service import EXIT_WAL_DAMAGED
 
     settings = _settings(ctx)
     # Imported here first, so a broken module is told before anything starts;
@@ -380,7 +379,7 @@ def serve(
             for child in (*children, api):
                 proc = child.proc
                 if proc is not None and proc.poll() is not None and not stop.is_set():
-                    if child is not api and proc.returncode == EXIT_WAL_DAMAGED:
+                    if child is not api and proc.returncode == exits.WAL_DAMAGED:
                         raise RuntimeError(
                             f"the {child.name} refused a damaged WAL (see its message above); "
                             "not restarting it: run `tiffany wal verify`, then `tiffany wal "
@@ -404,7 +403,7 @@ def serve(
         serve_file.unlink(missing_ok=True)
         # An engine that refused a damaged WAL: its code, the table's (cli/exits.py).
         damaged = any(
-            c is not api and c.proc is not None and c.proc.returncode == EXIT_WAL_DAMAGED
+            c is not api and c.proc is not None and c.proc.returncode == exits.WAL_DAMAGED
             for c in children
         )
         raise typer.Exit(exits.WAL_DAMAGED if damaged else exits.FAILED) from None
