@@ -19,7 +19,7 @@ from api_support import short_dir
 from tiffany.api.engines import Engines
 from tiffany.config import conninfo
 from tiffany.control import socket_path
-from tiffany.store.models import PROJECTED_CHANNEL
+from tiffany.store.models import PROJECTED_CHANNEL, channel
 
 
 async def _no_mark() -> int:
@@ -45,6 +45,8 @@ def test_a_notified_mark_wakes_a_read_the_engine_has_not_answered(pg_migrated_ur
     home = short_dir("tfm-")
     silent = _silent_engine(home)
     dsn = conninfo(pg_migrated_url)
+    mine = channel(PROJECTED_CHANNEL, dsn)  # this store's schema's channel
+    assert mine != PROJECTED_CHANNEL
 
     async def main() -> tuple[int, float, int]:
         engines = Engines([home], lambda _engine: _no_mark(), None, dsn)
@@ -55,16 +57,18 @@ def test_a_notified_mark_wakes_a_read_the_engine_has_not_answered(pg_migrated_ur
             await asyncio.sleep(0.2)
             assert not read.done()  # the engine says nothing: the read waits
             async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-                await conn.execute("SELECT pg_notify(%s, %s)", (PROJECTED_CHANNEL, "0 5"))
+                await conn.execute("SELECT pg_notify(%s, %s)", (mine, "0 5"))
                 await asyncio.sleep(0.2)
                 assert not read.done()  # 5 does not cover 7
                 # Another engine's mark (a store several engines share) wakes nothing here.
-                await conn.execute("SELECT pg_notify(%s, %s)", (PROJECTED_CHANNEL, "3 9"))
-                await conn.execute("SELECT pg_notify(%s, %s)", (PROJECTED_CHANNEL, "garbage"))
+                await conn.execute("SELECT pg_notify(%s, %s)", (mine, "3 9"))
+                await conn.execute("SELECT pg_notify(%s, %s)", (mine, "garbage"))
+                # A Tiffany in another schema of the same database: not ours.
+                await conn.execute("SELECT pg_notify(%s, %s)", (PROJECTED_CHANNEL, "0 9"))
                 await asyncio.sleep(0.2)
                 assert not read.done()
                 t0 = time.monotonic()
-                await conn.execute("SELECT pg_notify(%s, %s)", (PROJECTED_CHANNEL, "0 8"))
+                await conn.execute("SELECT pg_notify(%s, %s)", (mine, "0 8"))
                 seen = await read
             return seen, time.monotonic() - t0, engines.watermarks[0].seq
         finally:

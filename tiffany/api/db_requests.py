@@ -40,6 +40,7 @@ from tiffany.store.models import (
     DB_NOW_SQL,
     PROJECTED_CHANNEL,
     REQUESTS_CHANNEL,
+    channel,
 )
 
 __all__ = ["RECHECK_S", "SUBMIT_WAIT_S", "DbRequests"]
@@ -64,7 +65,7 @@ WITH ins AS (
   ON CONFLICT (idem_key) DO NOTHING
   RETURNING id
 )
-SELECT id, pg_notify('{REQUESTS_CHANNEL}', id::text) FROM ins
+SELECT id, pg_notify(%(channel)s, id::text) FROM ins
 """
 #: Answers that arrived before their request waited for them (kept a while).
 EARLY_ANSWERS: Final = 10_000
@@ -90,6 +91,7 @@ class DbRequests:
 
     def __init__(self, url: str) -> None:
         self.dsn = conninfo(url)
+        self._requests = channel(REQUESTS_CHANNEL, url)
         #: Called with ``(engine, last seq)`` when an engine's projector moves its mark.
         self.on_projected: Callable[[int, int], None] | None = None
         self._waiters: dict[int, asyncio.Event] = {}
@@ -227,6 +229,7 @@ class DbRequests:
             "key": key,
             "digest": digest,
             "body": json.dumps(body),
+            "channel": self._requests,
         }
         row = await self._fetch(_INSERT, args)
         return None if row is None else int(row[0])

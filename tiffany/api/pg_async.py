@@ -42,6 +42,8 @@ from typing import Any, Final
 import psycopg
 import structlog
 
+from tiffany.store.models import channel
+
 __all__ = ["AsyncPool", "Listener", "projected_mark"]
 
 log = structlog.get_logger(__name__)
@@ -66,7 +68,9 @@ class Listener:
 
     Args:
         dsn: A libpq connection string.
-        channels: Each channel's handler, called on the event loop.
+        channels: Each channel's handler, called on the event loop; by its
+            bare name, which becomes the name of the ``dsn``'s schema
+            (:func:`tiffany.store.models.channel`).
         name: The task's name (and the log's).
         on_connect: Called after each (re)connect, once the LISTENs are in place.
     """
@@ -79,7 +83,7 @@ class Listener:
         on_connect: Callable[[], None] | None = None,
     ) -> None:
         self.dsn = dsn
-        self.channels = dict(channels)
+        self.channels = {channel(name, dsn): handler for name, handler in channels.items()}
         self.name = name
         self.on_connect = on_connect
         #: Whether the connection is up (notifications arrive).
@@ -99,8 +103,8 @@ class Listener:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    def _deliver(self, channel: str, payload: str) -> None:
-        handler = self.channels.get(channel)
+    def _deliver(self, name: str, payload: str) -> None:
+        handler = self.channels.get(name)
         if handler is None:
             return
         try:
@@ -114,8 +118,8 @@ class Listener:
             try:
                 conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
                 async with conn:
-                    for channel in self.channels:
-                        await conn.execute(f"LISTEN {channel}")
+                    for name in self.channels:
+                        await conn.execute(f'LISTEN "{name}"')
                     self.listening, delay = True, RECONNECT_S
                     if self.on_connect is not None:
                         self.on_connect()

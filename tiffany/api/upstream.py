@@ -190,14 +190,14 @@ class Upstreams:
         """
         import psycopg
 
-        from tiffany.store.models import FEED_CHANNEL
+        from tiffany.store.models import FEED_CHANNEL, channel
 
         delay, listened = RECONNECT_DELAY_S, False
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
                 async with conn:
-                    await conn.execute(f"LISTEN {FEED_CHANNEL}")
+                    await conn.execute(f'LISTEN "{channel(FEED_CHANNEL, dsn)}"')
                     if listened:
                         reason = "the API's feed from the database dropped: reload state over HTTP"
                         self._sink.mark_gap(None, reason)

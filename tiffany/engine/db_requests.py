@@ -44,12 +44,10 @@ import structlog
 
 from tiffany.control import ControlError
 from tiffany.pgwal import conninfo
-from tiffany.store.models import ANSWERS_CHANNEL as ANSWERS
-from tiffany.store.models import DB_NOW_SQL
+from tiffany.store.models import ANSWERS_CHANNEL, DB_NOW_SQL, REQUESTS_CHANNEL, channel
 from tiffany.store.models import MAX_NOTIFY_BYTES as MAX_PAYLOAD_BYTES
-from tiffany.store.models import REQUESTS_CHANNEL as REQUESTS
 
-__all__ = ["ANSWERS", "POLL_S", "REQUESTS", "RequestClaimer"]
+__all__ = ["POLL_S", "RequestClaimer"]
 
 log = structlog.get_logger(__name__)
 
@@ -81,11 +79,11 @@ RETURNING id, op, run_id, idem_key, body
 _ANSWER: Final = "UPDATE engine_requests SET state = 'done', answer = %s WHERE id = %s"
 # One statement (one round trip): the answer, and its notification, which
 # carries the answer itself when it fits (the API then reads nothing).
-_ANSWER_NOTIFY: Final = f"""
+_ANSWER_NOTIFY: Final = """
 WITH up AS (
   UPDATE engine_requests SET state = 'done', answer = %(answer)s WHERE id = %(id)s RETURNING id
 )
-SELECT pg_notify('{ANSWERS}', %(payload)s) FROM up
+SELECT pg_notify(%(channel)s, %(payload)s) FROM up
 """
 _NOTIFY: Final = "SELECT pg_notify(%s, %s)"
 _MINE: Final = "SELECT id, op, run_id FROM engine_requests WHERE state = 'claimed' AND engine = %s"
@@ -124,6 +122,8 @@ class RequestClaimer:
         load: Callable[[], int] = lambda: 0,
     ) -> None:
         self.url = url
+        self._requests = channel(REQUESTS_CHANNEL, url)
+        self._answers = channel(ANSWERS_CHANNEL, url)
         self.load = load
         self.engine = engine
         self.lease = lease
@@ -159,11 +159,11 @@ class RequestClaimer:
                     answer = {"run_id": run_id, "created": True, "seq": seq}
                     with conn.transaction():
                         conn.execute(_ANSWER, (json.dumps(answer), rid))
-                        conn.execute(_NOTIFY, (ANSWERS, str(rid)))
+                        conn.execute(_NOTIFY, (self._answers, str(rid)))
                 else:
                     with conn.transaction():
                         conn.execute(_REQUEUE, (rid,))
-                        conn.execute(_NOTIFY, (REQUESTS, str(rid)))
+                        conn.execute(_NOTIFY, (self._requests, str(rid)))
                 settled += 1
         if settled:
             log.info("engine.requests_settled", rows=settled, engine=self.engine)
@@ -205,7 +205,7 @@ class RequestClaimer:
 
     def _listen(self) -> None:
         with psycopg.connect(conninfo(self.url), autocommit=True) as conn:
-            conn.execute(f"LISTEN {REQUESTS}")
+            conn.execute(f'LISTEN "{self._requests}"')
             last_forget = 0.0
             while not self._stop.is_set():
                 defer = min(self.load() * DEFER_PER_RUN_S, MAX_DEFER_S)
@@ -283,7 +283,10 @@ class RequestClaimer:
             payload = str(rid)  # the API reads the row
         with self._out_lock:
             conn = self._connection()
-            conn.execute(_ANSWER_NOTIFY, {"answer": text, "id": rid, "payload": payload})
+            conn.execute(
+                _ANSWER_NOTIFY,
+                {"answer": text, "id": rid, "channel": self._answers, "payload": payload},
+            )
         self.answered += 1
 
     def _requeue(self, rid: int) -> None:
@@ -292,7 +295,7 @@ class RequestClaimer:
                 conn = self._connection()
                 with conn.transaction():
                     conn.execute(_REQUEUE, (rid,))
-                    conn.execute(_NOTIFY, (REQUESTS, str(rid)))
+                    conn.execute(_NOTIFY, (self._requests, str(rid)))
         except psycopg.Error as exc:
             log.warning("engine.request_requeue_lost", id=rid, error=str(exc))
 

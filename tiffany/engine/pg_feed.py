@@ -32,7 +32,7 @@ import structlog
 
 from tiffany.pal import Hub
 from tiffany.pgwal import conninfo
-from tiffany.store.models import FEED_CHANNEL
+from tiffany.store.models import FEED_CHANNEL, channel
 from tiffany.store.models import MAX_NOTIFY_BYTES as MAX_PAYLOAD_BYTES
 
 __all__ = ["FEED_CHANNEL", "MAX_PAYLOAD_BYTES", "NotifyFeed", "split_payloads"]
@@ -86,6 +86,7 @@ class NotifyFeed:
     def __init__(self, hub: Hub, url: str, engine: int) -> None:
         self.hub = hub
         self.dsn = conninfo(url)
+        self.channel = channel(FEED_CHANNEL, url)
         self.engine = engine
         self.sent = 0
         self.notifications = 0
@@ -125,7 +126,7 @@ class NotifyFeed:
             frames = sub.get(timeout=POLL_S)
             if frames:
                 for payload in split_payloads(self.engine, frames):
-                    conn.execute("SELECT pg_notify(%s, %s)", (FEED_CHANNEL, payload))
+                    conn.execute("SELECT pg_notify(%s, %s)", (self.channel, payload))
                     self.notifications += 1
                 self.sent += len(frames)
             if sub.closed or (stopping and not frames):

@@ -21,7 +21,10 @@ value, and SQLite has none; the Python side names the values in the
 from __future__ import annotations
 
 import enum
+import hashlib
+import re
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from sqlalchemy import (
     JSON,
@@ -64,6 +67,8 @@ __all__ = [
     "WalCheckpoint",
     "WalRecord",
     "WalStream",
+    "channel",
+    "url_schema",
 ]
 
 #: Constraint and index names the same on every database (Alembic compares them).
@@ -82,6 +87,47 @@ REQUESTS_CHANNEL = "tiffany_requests"
 ANSWERS_CHANNEL = "tiffany_answers"
 FEED_CHANNEL = "tiffany_feed"
 PROJECTED_CHANNEL = "tiffany_projected"
+#: PostgreSQL's longest identifier, in bytes (a channel's name is one).
+_MAX_IDENTIFIER_BYTES = 63
+_SEARCH_PATH = re.compile(r"-c\s*search_path\s*=\s*(\S+)")
+
+
+def url_schema(url: str) -> str | None:
+    """The schema a database URL's connections create tables in, if it names one.
+
+    That is the first schema of a ``search_path`` set in the URL's
+    ``options`` (``...?options=-csearch_path%3Dstaging``); None without one.
+    """
+    for options in parse_qs(urlsplit(url).query).get("options", []):
+        found = _SEARCH_PATH.search(options)
+        if found is None:
+            continue
+        for part in found.group(1).split(","):
+            schema = part.strip().strip('"')
+            if schema and schema != "$user":
+                return schema
+    return None
+
+
+def channel(name: str, url: str) -> str:
+    """The channel ``name`` (``REQUESTS_CHANNEL``...) of the Tiffany whose store ``url`` is.
+
+    LISTEN and NOTIFY channels belong to the database, not to a schema: two
+    Tiffanys in one database, each in a schema of its own (:func:`url_schema`),
+    would otherwise hear each other's requests, answers, marks and feed.
+    The default schema keeps the bare name; another one is appended to it,
+    or its digest where it does not fit an identifier as it is.
+    """
+    schema = url_schema(url)
+    if schema is None or schema == "public":
+        return name
+    tail = re.sub(r"[^a-z0-9_]", "_", schema.lower())
+    full = f"{name}__{tail}"
+    if tail != schema or len(full) > _MAX_IDENTIFIER_BYTES:  # two schemas, one name: never
+        full = f"{name}__{hashlib.sha256(schema.encode()).hexdigest()[:16]}"
+    return full
+
+
 #: The longest NOTIFY payload sent (PostgreSQL refuses 8,000 bytes or more).
 MAX_NOTIFY_BYTES = 7_900
 #: The database's clock, in seconds since the epoch (SQL).

@@ -73,6 +73,7 @@ from tiffany.store.models import (
     Run,
     Step,
     Task,
+    channel,
 )
 from tiffany.store.records import (
     excerpt,
@@ -197,6 +198,7 @@ class Projector:
         self.engine = engine
         self.shard = shard
         self._notify = engine.dialect.name == "postgresql"
+        self._channel = channel(PROJECTED_CHANNEL, engine.url.render_as_string())
         self._state_id = PROJECTOR_STATE_ID + shard
         self._base, self._last = seq_base(shard), seq_last(shard)
         #: The mark, read and locked at the start of each batch's transaction.
@@ -300,7 +302,7 @@ class Projector:
                 changes = self._collect(conn, batch, mark, report)
                 if report.last_seq > mark:
                     moved = (report.last_seq, self._state_id, mark)
-                    notify = (PROJECTED_CHANNEL, f"{self.shard} {report.last_seq}")
+                    notify = (self._channel, f"{self.shard} {report.last_seq}")
                     report.statements = changes.flush(conn, moved, notify)
                     self._mark = report.last_seq
         except BaseException:
@@ -380,7 +382,7 @@ class Projector:
             last = report.last_seq
             params: tuple[Any, ...] = (last, self._state_id)
             if self._notify:
-                params += (PROJECTED_CHANNEL, f"{self.shard} {last}")
+                params += (self._channel, f"{self.shard} {last}")
             driver(conn, self._mark_sql[1], params)
             report.statements += 1
         elif report.last_seq > mark:
@@ -394,7 +396,7 @@ class Projector:
                 # On PostgreSQL, API replicas on any host learn the mark at the
                 # commit (``min_seq`` reads: tiffany/api/db_requests.py).
                 payload = f"{self.shard} {report.last_seq}"
-                conn.execute(select(func.pg_notify(PROJECTED_CHANNEL, payload)))
+                conn.execute(select(func.pg_notify(self._channel, payload)))
                 report.statements += 1
 
     def reset(self, journal: str | None = None) -> None:
