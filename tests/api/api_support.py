@@ -250,12 +250,22 @@ def run_step(run: dict[str, Any], step_id: str) -> dict[str, Any]:
 
 
 def finished_run(url: str, run_id: str, timeout: float = 60.0) -> dict[str, Any]:
-    """The run's detail once it has finished (succeeded, failed or cancelled)."""
+    """The run's detail once it has finished (succeeded, failed or cancelled).
+
+    A 404 is waited out as a run still running is: the run was acknowledged,
+    and a read without ``min_seq`` may come before the store has it (under
+    load, as with pytest-xdist, it does). Any other answer fails at once.
+    """
     from process_support import wait_for
 
     done = ("succeeded", "failed", "cancelled")
-    return wait_for(
-        lambda: (r := read_run(url, run_id))["status"] in done and r,
-        timeout,
-        f"run {run_id} to finish",
-    )
+
+    def finished() -> dict[str, Any] | None:
+        r = httpx.get(f"{url}/api/runs/{run_id}", timeout=30)
+        if r.status_code == 404:
+            return None
+        assert r.status_code == 200, r.text
+        run = dict(r.json())
+        return run if run["status"] in done else None
+
+    return wait_for(finished, timeout, f"run {run_id} to finish")

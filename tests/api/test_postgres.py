@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,39 +71,37 @@ def test_reads_with_min_seq_never_404_through_postgres(pg_schema_url: str) -> No
 
 
 def test_reads_go_on_when_the_server_drops_the_connections(pg_schema_url: str) -> None:
-    """The API and the projector use no ping per checkout: a dropped connection is retried."""
+    """The API and the projector use no ping per checkout: a dropped connection is retried.
+
+    The sessions dropped are this test's only (its ``application_name``):
+    others may run beside it on the same database (pytest-xdist).
+    """
+    name = f"tiffany-test-{uuid.uuid4().hex[:12]}"
+    url = f"{pg_schema_url}&application_name={name}"
+    mine = (
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE application_name = :name AND pid <> pg_backend_pid()"
+    )
     admin = make_engine(pg_schema_url)
     try:
-        with _served(pg_schema_url) as (client, _):
+        with _served(url) as (client, _):
             r = client.post("/api/runs", json={"plan": SLEEP_PLAN})
             run_id, seq = r.json()["run_id"], r.json()["seq"]
             assert client.get(f"/api/runs/{run_id}", params={"min_seq": seq}).status_code == 200
-            with admin.connect() as conn:  # as a server restart or an idle timeout would
-                dropped = conn.execute(
-                    text(
-                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                        "WHERE application_name = 'tiffany-api' AND pid <> pg_backend_pid()"
-                    )
-                ).scalar()
-            assert dropped >= 1
-            for _ in range(3):
-                again = client.get(f"/api/runs/{run_id}")
-                assert again.status_code == 200, again.text
-                assert again.json()["run_id"] == run_id
-            # Every session this schema's processes hold (the projector's too), as a
-            # server restart would: the projector reconnects (no ping; its retry).
-            with admin.connect() as conn:
-                conn.execute(
-                    text(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                        "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-                        "AND backend_type = 'client backend'"
-                    )
-                )
-            r = client.post("/api/runs", json={"plan": SLEEP_PLAN})
-            assert r.status_code == 201, r.text
-            later = client.get(r.headers["location"])
-            assert later.status_code == 200, later.text
+            # As a server restart or an idle timeout would: every session of the
+            # API's and the projector's (the projector reconnects: no ping, its retry).
+            for _round in range(2):
+                with admin.connect() as conn:
+                    dropped = conn.execute(text(mine), {"name": name}).scalar()
+                assert dropped >= 1
+                for _ in range(3):
+                    again = client.get(f"/api/runs/{run_id}")
+                    assert again.status_code == 200, again.text
+                    assert again.json()["run_id"] == run_id
+                r = client.post("/api/runs", json={"plan": SLEEP_PLAN})
+                assert r.status_code == 201, r.text
+                later = client.get(r.headers["location"])
+                assert later.status_code == 200, later.text
     finally:
         admin.dispose()
 
