@@ -424,7 +424,10 @@ def serve(
 def engine_cmd(
     ctx: typer.Context,
     ready_file: Annotated[
-        Path | None, typer.Option(help="Write {pid, control, feed} here once the sockets are up.")
+        Path | None,
+        typer.Option(
+            help="Write {pid, control, feed} here once up (the sockets, the projector's report)."
+        ),
     ] = None,
     enable_tool: Annotated[
         list[str] | None, typer.Option("--enable-tool", help="Also run this tool.")

@@ -111,6 +111,7 @@ class ProjectorLink:
         self.dead_letters = 0
         #: Whether a process has reported yet (it reports the store's mark once up).
         self.reported = False
+        self._first_report = threading.Event()
         self._progress_at = time.monotonic()
         self._restarted_at: deque[float] = deque(maxlen=RESTART_LOOP_COUNT)
         #: Called (reader thread) with the seqs of records the projector just
@@ -260,6 +261,10 @@ class ProjectorLink:
                 proc.wait()
         self._expire(float("inf"))  # nobody is left to answer them
 
+    def wait_reported(self, timeout: float) -> bool:
+        """Until a process has reported (True), or for ``timeout`` seconds (False)."""
+        return self._first_report.wait(timeout)
+
     # -- the reader thread ---------------------------------------------------------------
 
     def _read_reports(self, out: IO[bytes]) -> None:
@@ -270,6 +275,7 @@ class ProjectorLink:
     def _take_report(self, report: dict[str, Any]) -> None:
         with self._lock:
             self.reported = True
+            self._first_report.set()
             seq = int(report.get("last_seq", 0))
             if seq > self.last_seq:
                 self.last_seq = seq

@@ -109,6 +109,10 @@ EXIT_WAL_DAMAGED: Final = 4
 #: How long the stop waits on the projector after the WAL failed (disk full or
 #: broken: the projector may hang on the same disk; it is killed after this).
 WAL_FAILED_STOP_S: Final = 0.3
+#: How long the engine waits for its projector's first report before it says
+#: it is up (``ready``, the ready file) anyway, in seconds: a projector that
+#: cannot reach its store reports that too, so this bound is seldom reached.
+ANNOUNCE_WAIT_S: Final = 5.0
 
 
 def _migrate(database_url: str) -> None:
@@ -244,6 +248,7 @@ class EngineService:
         self._ended_since_checkpoint = 0
         self.started_at = time.time()  # noqa: TID251 - wall clock for status, not task code
         self._phase = "starting"  # starting -> scanning -> replaying -> ready -> stopping
+        self._leaving = threading.Event()  # the loop has ended
         self._replaying: set[str] = set()
         self._loop_error: BaseException | None = None
         self._stopping = False
@@ -255,6 +260,7 @@ class EngineService:
     ) -> int:
         """Start everything, recover, run the loop until stopped; return an exit code."""
         wakeup: tuple[int, int] | None = None
+        announcer: threading.Thread | None = None
         if install_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda *_: self.request_stop())
@@ -300,7 +306,13 @@ class EngineService:
             if resumed:
                 self.inbox.call(self._watch_replay)
             if ready is not None:
-                ready()
+                # Off the loop: once the projector has reported, reads with
+                # ``min_seq`` are answered and /readyz says ready (serve's API
+                # listens once this is called: its first client sees no 503).
+                announcer = threading.Thread(
+                    target=self._announce, args=(ready,), name="tiffany-ready", daemon=True
+                )
+                announcer.start()
             self.runtime.run()
             return 1 if self._fenced else 0  # stepped down: not a clean stop
         except NondeterminismError as exc:
@@ -322,6 +334,9 @@ class EngineService:
             log.exception("engine.failed")
             return 1
         finally:
+            self._leaving.set()  # an engine that exits at once (a diverged run) says so too
+            if announcer is not None:
+                announcer.join()
             self._phase = "stopping"
             if self.schedules is not None:
                 self.schedules.stop()
@@ -421,6 +436,14 @@ class EngineService:
         if self.claimer is not None:
             self.claimer.pause()  # claims nothing more; what it holds is finished
         self.inbox.call(self.runtime.sched.stop)
+
+    def _announce(self, ready: Callable[[], None]) -> None:
+        """Call ``ready`` once the projector reported, the loop ended, or at the bound."""
+        deadline = time.monotonic() + ANNOUNCE_WAIT_S
+        while not self.projector.wait_reported(0.02):
+            if self._leaving.is_set() or time.monotonic() > deadline:
+                break
+        ready()
 
     @property
     def ready(self) -> bool:

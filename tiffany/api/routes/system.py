@@ -78,9 +78,12 @@ async def readyz(state: State) -> Any:
         elif isinstance(status, BaseException):
             raise status
         elif not status.get("ready"):
-            reasons.append(
-                f"{who} {'stopping' if status.get('phase') == 'stopping' else 'recovering'}"
-            )
+            phase = status.get("phase")
+            doing = {
+                "stopping": "stopping",
+                "ready": "starting its store's projector",  # its first report is due
+            }.get(str(phase), "recovering")
+            reasons.append(f"{who} {doing}")
         elif isinstance(stores[-1], dict) and stores[-1].get("stalled"):
             stalled = f"store stalled: {stores[-1].get('stalled_reason')}"
             reasons.append(f"{who}'s {stalled}" if several else stalled)
