@@ -13,12 +13,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tiffany.agents import AgentEnv, plan_entry, plan_resolver
-from tiffany.agents.registry import ToolRegistry
-from tiffany.agents.tools.base import ToolSettings
-from tiffany.agents.tools.subplan import CHILD_SIGNAL_PREFIX
 from tiffany.config import Settings, parse_rate_limits
 from tiffany.durable import Runtime
 from tiffany.engine.concurrency import SLOT_SIGNAL, Slots, spec_of
@@ -28,6 +24,13 @@ from tiffany.engine.rate_limits import RateLimiter
 from tiffany.kernel import Instrument, SlowDispatchWatchdog
 from tiffany.shards import engine_stream, seq_base, seq_last
 from tiffany.wal import Log, Source
+
+if TYPE_CHECKING:
+    from tiffany.agents import AgentEnv
+    from tiffany.agents.tools.base import ToolSettings
+
+# The agents (plans, tools: a third of a second of imports) are imported where
+# they are used: the projector's process imports this package, and needs none.
 
 __all__ = ["Engine", "build", "replay_resolvers", "take_slot", "tool_settings"]
 
@@ -41,6 +44,8 @@ def tool_settings(settings: Settings, *, server: bool = False) -> ToolSettings:
     ``server``: the engine of ``tiffany serve``; its ``auto`` shell sandbox
     is bubblewrap or a refusal, never an unsandboxed fallback (docs/security.md).
     """
+    from tiffany.agents.tools.base import ToolSettings
+
     return ToolSettings(
         llm_base_url=settings.llm_base_url,
         llm_model=settings.llm_model,
@@ -191,6 +196,8 @@ class Engine:
                 "outputs": result.get("outputs") if state.status == "succeeded" else None,
                 "error": None if state.error is None else str(state.error)[:2000],
             }
+            from tiffany.agents.tools.subplan import CHILD_SIGNAL_PREFIX
+
             self.runtime.journal.request_signal(
                 parent_id,
                 CHILD_SIGNAL_PREFIX + state.run_id,
@@ -236,7 +243,7 @@ class Engine:
         Raises:
             PlanError: The plan or an input is invalid (``errors`` name the fields).
         """
-        from tiffany.agents import PlanError, parse_plan
+        from tiffany.agents import PlanError, parse_plan, plan_entry
         from tiffany.agents.refs import resolve
 
         if not isinstance(doc, Mapping):
@@ -309,6 +316,9 @@ def _missing_functions(plan: Any) -> list[dict[str, str]]:
 
 def replay_resolvers(settings: Settings) -> dict[str, Any]:
     """Return the entry resolvers a local replay needs (plans with every tool known)."""
+    from tiffany.agents import AgentEnv, plan_resolver
+    from tiffany.agents.registry import ToolRegistry
+
     registry = ToolRegistry.default(enabled=ToolRegistry.default().all_names())
     env = AgentEnv(registry, Path(settings.data_dir) / "workspaces", tool_settings(settings))
     return {"plan": plan_resolver(env)}
@@ -401,6 +411,9 @@ def build(
     A ``server`` also waits for the journal's lease (``journal=postgres``).
     ``log``: a journal already open (:func:`take_slot`'s).
     """
+    from tiffany.agents import AgentEnv, plan_resolver
+    from tiffany.agents.registry import ToolRegistry
+
     data_dir = Path(settings.data_dir)
     registry = ToolRegistry.default(
         enabled=list(enabled_tools) if enabled_tools is not None else settings.enabled_tools

@@ -21,11 +21,12 @@ import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from tiffany.agents.plan import Plan
+if TYPE_CHECKING:
+    from tiffany.agents.plan import Plan
 
 __all__ = ["MAX_PLANS", "PlanCache"]
 
