@@ -21,6 +21,9 @@ DEV_STAMP := $(VENV)/.tiffany-dev.stamp
 BENCH_STAMP := $(VENV)/.tiffany-bench.stamp
 PIP_INSTALL := $(BIN)/python -m pip install --disable-pip-version-check -q
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist; 1 runs the suite in this process). A file's
+# tests stay in one process (--dist loadfile: they share its fixtures).
+TEST_WORKERS ?= 2
 # make run: the API's port, and tools to enable besides the defaults (e.g. TOOLS="shell").
 PORT ?= 8000
 TOOLS ?=
@@ -60,7 +63,7 @@ run: $(DEV_STAMP) ## the main job: serve the dashboard and run the demo plan (Ct
 
 test: $(DEV_STAMP) ## run the test suite (PYTEST_ARGS=... to pass options)
 	@$(COMPILE)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 lint: $(DEV_STAMP) ## ruff on the tree, mypy on the package (strict on most layers)
 	$(BIN)/ruff check .
