@@ -48,7 +48,6 @@ durable seq received and exit 0.
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import json
 import os
@@ -349,12 +348,17 @@ def run_projector(
     (``Settings.projector_nice``).
     """
     notices = Notices(sys.stdin.fileno() if fd is None else fd)
+    # The engine sends its log's durable seq as it starts us; it is usually
+    # here by now. A store mark at or below it is reached by the journal (its
+    # writer says so), which spares the check a walk of a segment's records
+    # (up to 64 MiB: 0.4 s of a restart with a full live segment).
+    known = notices.wait(block=False)
     applier = _Applier(
         database_url,
         sys.stdout,
         journal_id(journal),
         shard,
-        functools.partial(journal_reaches, journal),
+        lambda seq: seq <= known or journal_reaches(journal, seq),
     )
     source = journal_tail(journal)
     gather_idle_s = GATHER_IDLE_S if isinstance(journal, str | os.PathLike) else GATHER_S
@@ -368,10 +372,11 @@ def run_projector(
         priority = Priority(nice)
         priority.lower()
         applied_at = float("-inf")
+        pending = known  # read before the loop: its first pass applies up to it
         while not notices.closed:
             if applier.unchecked and notices.quiet(IDLE_S):
                 applier.idle()
-            durable = notices.wait()
+            durable, pending = pending or notices.wait(), 0
             while not notices.closed:  # the last transaction was just now: gather
                 readers = time.monotonic() - notices.reader_at < READERS_RECENT_S
                 priority.readers(readers)
