@@ -39,6 +39,18 @@ def _start(data_dir: Path, ready: Path, *after: Path) -> subprocess.Popen[bytes]
     )
 
 
+def _signal(proc: subprocess.Popen[bytes], sig: int, timeout: float = 30) -> str:
+    """Send ``sig`` and wait for the process to exit; its stderr (SIGKILL if it does not)."""
+    try:
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return err.decode()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_the_api_process_reports_its_url_and_stops_cleanly(api_dir, sig) -> None:
     ready = api_dir / "api.json"
@@ -56,15 +68,11 @@ def test_the_api_process_reports_its_url_and_stops_cleanly(api_dir, sig) -> None
             urllib.request.urlopen(info["url"] + "api/runs/run-x", timeout=5)
         assert http_error.value.code == 503  # no engine, no store
         time.sleep(0.1)
-        proc.send_signal(sig)
-        _, err = proc.communicate(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err.decode()
+        err = _signal(proc, sig)
+    assert proc.returncode == 0, err
     assert not ready.exists()
-    lines = [json.loads(line) for line in err.decode().splitlines() if line.strip()]
+    lines = [json.loads(line) for line in err.splitlines() if line.strip()]
     events = [line["event"] for line in lines]
     assert "api.listening" in events
     assert "api.stopped" in events
@@ -79,18 +87,12 @@ def test_the_api_process_reports_its_url_and_stops_cleanly(api_dir, sig) -> None
 def test_a_sigterm_during_start_up_is_not_lost(api_dir) -> None:
     ready = api_dir / "api.json"
     proc = _start(api_dir, ready)
-    try:
-        # as soon as the process has set its handlers (it logs nothing before
-        # uvicorn starts), a SIGTERM must not be lost
-        time.sleep(0.8)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    # as soon as the process has set its handlers (it logs nothing before
+    # uvicorn starts), a SIGTERM must not be lost
+    time.sleep(0.8)
+    err = _signal(proc, signal.SIGTERM)
     # 0 once our handlers are in place; killed by the default one before that
-    assert proc.returncode in (0, -signal.SIGTERM), err.decode()
+    assert proc.returncode in (0, -signal.SIGTERM), err
     assert not ready.exists()
 
 
@@ -110,27 +112,17 @@ def test_an_api_started_with_its_engines_listens_only_once_they_are_up(api_dir) 
         url = json.loads(ready.read_text())["url"]
         with urllib.request.urlopen(url + "healthz", timeout=5) as res:
             assert json.loads(res.read()) == {"ok": True}
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err.decode()
+        err = _signal(proc, signal.SIGTERM)
+    assert proc.returncode == 0, err
 
 
 def test_a_sigterm_while_the_api_waits_for_its_engines_stops_it(api_dir) -> None:
     ready = api_dir / "api.json"
     proc = _start(api_dir, ready, api_dir / "never.json")
-    try:
-        time.sleep(2)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err.decode()
+    time.sleep(2)
+    err = _signal(proc, signal.SIGTERM, timeout=10)
+    assert proc.returncode == 0, err
     assert not ready.exists()
 
 

@@ -14,7 +14,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -63,7 +63,9 @@ class _Server(uvicorn.Server):
 AFTER_TIMEOUT_S: Final = 60.0
 
 
-def _wait_for(paths: Sequence[Path], stopped: Any, timeout: float = AFTER_TIMEOUT_S) -> bool:
+def _wait_for(
+    paths: Sequence[Path], stopped: Callable[[], bool], timeout: float = AFTER_TIMEOUT_S
+) -> bool:
     """Until every path exists: True; False if ``stopped()`` first (SIGTERM) or at the deadline."""
     deadline = time.monotonic() + timeout
     while not stopped():
