@@ -109,9 +109,7 @@ class ProjectorLink:
         self.last_error: str | None = None
         #: Records the projector quarantined (``dead_letters`` rows).
         self.dead_letters = 0
-        #: Whether a process has reported yet (it reports the store's mark once up).
-        self.reported = False
-        self._first_report = threading.Event()
+        self._first_report = threading.Event()  # set by a process's first report
         self._progress_at = time.monotonic()
         self._restarted_at: deque[float] = deque(maxlen=RESTART_LOOP_COUNT)
         #: Called (reader thread) with the seqs of records the projector just
@@ -261,6 +259,11 @@ class ProjectorLink:
                 proc.wait()
         self._expire(float("inf"))  # nobody is left to answer them
 
+    @property
+    def reported(self) -> bool:
+        """Whether a process has reported yet (it reports the store's mark once up)."""
+        return self._first_report.is_set()
+
     def wait_reported(self, timeout: float) -> bool:
         """Until a process has reported (True), or for ``timeout`` seconds (False)."""
         return self._first_report.wait(timeout)
@@ -274,7 +277,6 @@ class ProjectorLink:
 
     def _take_report(self, report: dict[str, Any]) -> None:
         with self._lock:
-            self.reported = True
             self._first_report.set()
             seq = int(report.get("last_seq", 0))
             if seq > self.last_seq:
