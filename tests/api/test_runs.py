@@ -12,6 +12,8 @@ import json
 import os
 import signal
 import socket
+import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -25,6 +27,8 @@ from process_support import projector_pid
 from prometheus_client.parser import text_string_to_metric_families
 
 from tiffany.api import create_app
+from tiffany.api.routes import runs as runs_routes
+from tiffany.store.migrate import upgrade_url
 
 
 @pytest.fixture(scope="module")
@@ -98,12 +102,61 @@ def test_server_timing_says_where_a_submission_and_its_read_spent_their_time(cli
     assert 0 < posted["engine"] <= posted["app"]
     read = client.get(r.headers["location"])
     got = _timing(read)
-    assert set(got) == {"projected", "queue", "store", "app"}
-    assert 0 < got["projected"] + got["queue"] + got["store"] <= got["app"]
+    # A SQLite store's run is read on the event loop: no wait for a thread.
+    assert set(got) == {"projected", "store", "app"}
+    assert 0 < got["projected"] + got["store"] <= got["app"]
     missing = client.get("/api/runs/run-000000000000")
     assert missing.status_code == 404
-    assert set(_timing(missing)) == {"queue", "store", "app"}
+    assert set(_timing(missing)) == {"store", "app"}
+    listed = client.get("/api/runs", params={"limit": 1})
+    assert set(_timing(listed)) == {"queue", "store", "app"}  # a list: the threadpool's
     assert set(_timing(client.get("/healthz"))) == {"app"}
+
+
+def test_a_run_too_large_for_the_loop_is_read_in_the_threadpool_alike(client, monkeypatch) -> None:
+    r = _submit(client, SLEEP_PLAN)
+    run_id = r.json()["run_id"]
+    done = _finished(client, run_id)
+    on_loop = client.get(f"/api/runs/{run_id}")
+    assert "queue" not in _timing(on_loop)
+    monkeypatch.setattr(runs_routes, "LOOP_READ_DISPATCHES", done["dispatches"] - 1)
+    threaded = client.get(f"/api/runs/{run_id}")
+    assert "queue" in _timing(threaded)
+    assert threaded.json() == on_loop.json() == done
+
+
+def test_a_store_locked_for_the_loop_is_read_in_the_threadpool_while_the_loop_serves(
+    api_dir,
+) -> None:
+    settings = make_settings(api_dir)
+    upgrade_url(settings.database_url)  # the store's schema, as an engine makes it
+    # Another process's exclusive lock (SQLite's EXCLUSIVE locking mode, taken
+    # before any other connection opened the file): every reader meets it,
+    # in WAL mode too, until that connection closes.
+    holder = sqlite3.connect(api_dir / "tiffany.db", isolation_level=None)
+    answers: dict[str, httpx.Response] = {}
+    with TestClient(create_app(settings)) as client:
+        try:
+            holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+            holder.execute("BEGIN EXCLUSIVE")
+            holder.execute("UPDATE runs SET name = name WHERE 0")
+            reader = threading.Thread(
+                target=lambda: answers.update(run=client.get("/api/runs/run-000000000000"))
+            )
+            reader.start()
+            time.sleep(0.2)  # the read met the lock (10 ms on the loop) and waits in a thread
+            started = time.monotonic()
+            assert client.get("/healthz").status_code == 200
+            # The loop answered at once, not after the store's 5 s busy timeout.
+            assert time.monotonic() - started < 2.0
+            assert reader.is_alive()  # still waiting on the lock
+            assert "run" not in answers
+        finally:
+            holder.close()
+        reader.join(10)
+    got = answers["run"]
+    assert got.status_code == 404, got.text  # read once the lock went: no such run
+    assert "queue" in _timing(got)
 
 
 def test_the_bare_plan_and_yaml_are_accepted(client) -> None:

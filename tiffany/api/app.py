@@ -87,8 +87,7 @@ def create_app(settings: Settings) -> FastAPI:
         finally:
             await state.relay.stop()
             await state.engines.close()
-            if state.pg_reads is not None:
-                await state.pg_reads.close()
+            await state.close()
             store.dispose()
             log.info("api.stopped")
 

@@ -35,13 +35,15 @@ from tiffany.api.pg_async import AsyncPool
 from tiffany.config import Settings, conninfo
 from tiffany.control import AsyncControlClient, ControlUnavailable
 from tiffany.errors import TiffanyError
-from tiffany.store import queries
+from tiffany.store import make_reader_engine, queries, session_factory
 
 if TYPE_CHECKING:
     from tiffany.api.engines import Engines
 
 __all__ = [
     "ASYNC_READERS",
+    "LOOP_BUSY_TIMEOUT_MS",
+    "LOOP_READ_DISPATCHES",
     "MIN_SEQ_WAIT_S",
     "STORE_READERS",
     "ApiState",
@@ -62,6 +64,16 @@ MIN_SEQ_WAIT_S: Final = 5.0
 #: (430 in one 15 s run at 200 req/s), and each new one cost a backend's fork
 #: and a connect, which tipped the machine into saturation.
 STORE_READERS: Final = 16
+#: A run read on the event loop (:meth:`ApiState.read_on_loop`) has at most
+#: this many dispatches; a larger one is read in the threadpool. Its rows
+#: and the Python that shapes them grow with its dispatches: some 3 us each
+#: on the 2-core machine (a 1,000-step run, 7,003 dispatches: 22.7 ms; a
+#: one-step run: 0.2 ms), so the loop is held 1.5 ms at most.
+LOOP_READ_DISPATCHES: Final = 500
+#: How long a SQLite read on the event loop waits for a lock before it is
+#: handed to the threadpool instead, in milliseconds. In WAL mode a reader
+#: meets a lock only while the WAL is being recovered or reset.
+LOOP_BUSY_TIMEOUT_MS: Final = 10
 #: Connections of a PostgreSQL store's reads on the event loop (:meth:`ApiState.read_async`):
 #: a read holds one for its one round trip, so a few serve hundreds of reads a second.
 ASYNC_READERS: Final = 8
@@ -263,6 +275,11 @@ class ApiState:
             if pg
             else None
         )
+        #: A SQLite store's connection for reads on the event loop (:meth:`read_on_loop`).
+        self.loop_reads = (
+            None if pg else make_reader_engine(url, 1, busy_timeout_ms=LOOP_BUSY_TIMEOUT_MS)
+        )
+        self._loop_sessions = session_factory(self.loop_reads) if self.loop_reads else None
         self.engines = Engines(
             homes, lambda engine: self.read(lambda s: queries.watermark(s, engine)), db, marks
         )
@@ -331,6 +348,39 @@ class ApiState:
             if began:
                 timing.add("queue", began - called)
                 timing.add("store", time.perf_counter() - began)
+
+    async def read_on_loop(self, fn: Callable[[Session], T], fallback: Callable[[Session], T]) -> T:
+        """``fn(session)`` on the event loop on a SQLite store; else :meth:`read` of ``fallback``.
+
+        A small SQLite read costs less than the thread it would run in: a
+        one-step run's three SELECTs take 0.2 ms, but in the threadpool of a
+        busy API each statement gives the GIL up and waits to take it back
+        (up to the interpreter's 5 ms switch interval), and the thread's
+        answer waits for the loop. At 200 read-your-writes a second the
+        slowest 1% of these reads spent 14-28 ms in the store read and its
+        queue; on the loop, 1-2 ms (bench/read_your_writes.py; bench/README.md).
+        What shapes the rows is Python, which holds the GIL on any thread.
+
+        ``fn`` bounds its own work: it raises :class:`~tiffany.store.queries.TooLarge`
+        for a read too large to hold the loop for (``LOOP_READ_DISPATCHES``),
+        and the read goes to the threadpool as ``fallback``; so does a read
+        that met a lock (``LOOP_BUSY_TIMEOUT_MS``) or any error of the
+        driver, which :meth:`read` then reports as it always does.
+        """
+        if self._loop_sessions is None:
+            return await self.read(fallback)
+        try:
+            with timing.timed("store"), self._loop_sessions() as session:
+                return fn(session)
+        except (queries.TooLarge, DBAPIError):
+            return await self.read(fallback)
+
+    async def close(self) -> None:
+        """Close the store's connections for reads on the loop (the app stops)."""
+        if self.pg_reads is not None:
+            await self.pg_reads.close()
+        if self.loop_reads is not None:
+            self.loop_reads.dispose()
 
     async def read(self, fn: Callable[[Session], T]) -> T:
         """Run ``fn(session)`` in the threadpool with a fresh session.

@@ -54,15 +54,17 @@ def is_sqlite(url: str | URL) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
-def _sqlite_pragmas(memory: bool) -> Any:
+def _sqlite_pragmas(memory: bool, busy_timeout_ms: int) -> Any:
     def on_connect(dbapi_conn: Any, _record: Any) -> None:
         cur = dbapi_conn.cursor()
         try:
+            # First: the journal mode's pragma reads the file, and may meet a
+            # lock (until now the driver's own 5 s timeout applied).
+            cur.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
             if not memory:
                 cur.execute("PRAGMA journal_mode=WAL")
                 cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         finally:
             cur.close()
 
@@ -74,11 +76,14 @@ def json_text(value: Any) -> str:
     return msgspec.json.encode(value).decode()
 
 
-def make_engine(url: str | URL, **kwargs: Any) -> Engine:
+def make_engine(
+    url: str | URL, *, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS, **kwargs: Any
+) -> Engine:
     """Create the store's engine for ``url`` (SQLite file or PostgreSQL).
 
     Args:
         url: A SQLAlchemy URL (``settings.database_url``).
+        busy_timeout_ms: How long a SQLite connection waits for a lock.
         **kwargs: Passed on to :func:`sqlalchemy.create_engine`.
 
     The directory of a SQLite file is created if missing (the data dir may
@@ -97,17 +102,24 @@ def make_engine(url: str | URL, **kwargs: Any) -> Engine:
             Path(database).parent.mkdir(parents=True, exist_ok=True)
         kwargs.setdefault("connect_args", {}).setdefault("check_same_thread", False)
         engine = create_engine(parsed, **kwargs)
-        event.listen(engine, "connect", _sqlite_pragmas(memory))
+        event.listen(engine, "connect", _sqlite_pragmas(memory, busy_timeout_ms))
         return engine
     kwargs.setdefault("pool_pre_ping", True)
     return create_engine(parsed, **kwargs)
 
 
-def make_reader_engine(url: str | URL, connections: int, name: str = "tiffany-api") -> Engine:
+def make_reader_engine(
+    url: str | URL,
+    connections: int,
+    name: str = "tiffany-api",
+    *,
+    busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
+) -> Engine:
     """The engine of a process that only reads the store (the API): ``connections`` kept open.
 
     On PostgreSQL its sessions show as ``name`` in ``pg_stat_activity``
-    (``application_name``, unless the URL sets one).
+    (``application_name``, unless the URL sets one); ``busy_timeout_ms``:
+    as :func:`make_engine`'s (SQLite only).
 
     On PostgreSQL a read is its statements alone: autocommit (no ``BEGIN``
     before it, no ``ROLLBACK`` when its connection goes back to the pool)
@@ -126,7 +138,7 @@ def make_reader_engine(url: str | URL, connections: int, name: str = "tiffany-ap
         kwargs.update(isolation_level="AUTOCOMMIT", pool_pre_ping=False)
         if "application_name" not in parsed.query:
             kwargs["connect_args"] = {"application_name": name}
-    return make_engine(url, **kwargs)
+    return make_engine(url, busy_timeout_ms=busy_timeout_ms, **kwargs)
 
 
 def checkpoint(engine: Engine) -> int:

@@ -30,7 +30,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tiffany.api.body import InvalidBody, parse_json_off_loop, parse_off_loop, read_capped
-from tiffany.api.deps import State
+from tiffany.api.deps import LOOP_READ_DISPATCHES, State
 from tiffany.api.schemas import (
     CancelAnswer,
     ErrorBody,
@@ -312,18 +312,27 @@ def _check_run_id(run_id: str) -> None:
 
 
 async def _read_run(
-    state: State, run_id: str, min_seq: int | None, fn: Any, *, pg: Any = None
+    state: State,
+    run_id: str,
+    min_seq: int | None,
+    fn: Any,
+    *,
+    pg: Any = None,
+    loop: Any = None,
 ) -> Any:
     """Return ``fn(session)`` once the store holds ``min_seq``; 404 if it is None.
 
     ``pg``: the same read as ``await pg(connection)``, on a PostgreSQL store's
-    event-loop pool (no thread hop: ``api/pg_async.py``).
+    event-loop pool (no thread hop: ``api/pg_async.py``); ``loop``: the same
+    read on a SQLite store, on the event loop, bounded (``ApiState.read_on_loop``).
     """
     _check_run_id(run_id)
     if min_seq is not None:
         await state.wait_projected(min_seq)
     if pg is not None and state.pg_reads is not None:
         result = await state.read_async(pg)
+    elif loop is not None:
+        result = await state.read_on_loop(loop, fn)
     else:
         result = await state.read(fn)
     if result is None:
@@ -350,6 +359,7 @@ async def get_run(run_id: str, state: State, min_seq: MinSeq = None) -> Response
             min_seq,
             lambda s: queries.run_detail_of(s, run_id),
             pg=lambda c: queries.run_detail_async(c, dialect, run_id),
+            loop=lambda s: queries.run_detail_of(s, run_id, LOOP_READ_DISPATCHES),
         )
     )
 
