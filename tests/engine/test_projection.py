@@ -17,7 +17,7 @@ import pytest
 
 from tiffany.engine.projection import WalTail, decoded_batches, journal_reaches
 from tiffany.engine.projector_link import ProjectorLink
-from tiffany.engine.projector_proc import DURABLE, READER_WAITS, Notices
+from tiffany.engine.projector_proc import DURABLE, READ_WANTS, READER_WAITS, Notices
 from tiffany.errors import WalCorruptionError
 from tiffany.records import Dispatch, encode
 from tiffany.wal import Wal
@@ -152,6 +152,30 @@ def test_notices_say_whether_a_read_waits_and_a_reader_alone_is_news() -> None:
         os.close(w)
 
 
+def test_a_read_that_waits_for_a_durable_seq_ends_the_gathering() -> None:
+    """``READ_WANTS``: the seq a read waits for; apply now once it is durable and unapplied."""
+    r, w = os.pipe()
+    try:
+        notices = Notices(r)
+        os.write(w, DURABLE.pack(8))
+        assert notices.wait() == 8
+        assert not notices.read_waits(applied=5)  # nobody waits: gather
+        os.write(w, DURABLE.pack(7 | READ_WANTS))  # a read waits for seq 7
+        assert notices.wait() == 8  # news, though the durable seq is the same
+        assert notices.wanted == 7
+        assert notices.read_waits(applied=5)  # durable, not applied: now
+        assert not notices.read_waits(applied=7)  # applied already
+        os.write(w, DURABLE.pack(12 | READ_WANTS) + DURABLE.pack(10 | READER_WAITS))
+        assert notices.wait() == 10  # a read's seq is never taken for a durable one
+        assert not notices.read_waits(applied=8)  # seq 12 is not durable yet: gather
+        os.write(w, DURABLE.pack(12 | READER_WAITS))
+        assert notices.wait() == 12
+        assert notices.read_waits(applied=10)  # now it is
+    finally:
+        os.close(r)
+        os.close(w)
+
+
 def test_the_engine_tells_the_projector_while_a_read_waits(tmp_path: Path) -> None:
     """Each commit's message carries the bit exactly while a ``min_seq`` read waits."""
     r, w = os.pipe()
@@ -163,9 +187,11 @@ def test_the_engine_tells_the_projector_while_a_read_waits(tmp_path: Path) -> No
         link.committed(10)
         assert (notices.wait(), notices.reader_waits) == (10, False)
         answer = link.when_projected(11, 5.0)  # a read waits for seq 11: told at once
-        assert (notices.wait(), notices.reader_waits) == (10, True)
+        assert (notices.wait(), notices.reader_waits, notices.wanted) == (10, True, 11)
+        assert not notices.read_waits(applied=10)  # not durable yet
         link.committed(11)
         assert (notices.wait(), notices.reader_waits) == (11, True)
+        assert notices.read_waits(applied=10)
         link._take_report({"last_seq": 11})  # the store holds it: the read is answered
         assert answer.result(1) == {"last_seq": 11, "reached": True}
         link.committed(12)

@@ -59,7 +59,7 @@ from typing import IO, Any, Final
 
 import structlog
 
-from tiffany.engine.projector_proc import DURABLE, READER_WAITS
+from tiffany.engine.projector_proc import DURABLE, READ_WANTS, READER_WAITS
 
 __all__ = ["ProjectorLink"]
 
@@ -191,9 +191,21 @@ class ProjectorLink:
                 return fut
             deadline = time.monotonic() + max(0.0, wait_s)
             heapq.heappush(self._waiters, (seq, next(self._order), deadline, fut))
-        self._tell()  # a read waits: the process stops gathering
+        self._ask(seq)  # the process applies it as soon as it is durable
+        self._tell()  # a read waits: the process gathers for less
         self._wake.set()  # the notifier sees the new deadline (and tells, if this could not)
         return fut
+
+    def _ask(self, seq: int) -> None:
+        """Tell the process a read waits for ``seq`` (``READ_WANTS``); best effort.
+
+        Not on the scheduler thread (a control connection's), so it may wait
+        for the pipe's lock. A full pipe or a process away drops the message:
+        the read then waits for the gathering (``GATHER_S``) as well.
+        """
+        with self._pipe_lock, contextlib.suppress(OSError):
+            if self._pipe_fd >= 0:
+                os.write(self._pipe_fd, DURABLE.pack(seq | READ_WANTS))
 
     @property
     def lag_records(self) -> int:

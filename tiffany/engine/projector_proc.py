@@ -13,12 +13,16 @@ the WAL on disk itself (:class:`~tiffany.engine.projection.WalTail`, a
     durable_seq:u64 (little-endian)   the WAL is durable up to this seq; its top
                                       bit (``READER_WAITS``) set: a read waits
                                       on the store (``min_seq``)
+    seq | READ_WANTS:u64              a read waits for the store to hold ``seq``
 
-The engine writes only the newest value, so several commits make one
+The engine writes only the newest durable seq, so several commits make one
 message; the process takes the largest of what waits on the pipe, reads
 the WAL from its watermark up to it, and applies it, one transaction per
 ``BATCH_RECORDS``, and at most one transaction every ``GATHER_S`` while
-commits keep coming (``GATHER_IDLE_S`` while no read waits on the store).
+commits keep coming (``GATHER_IDLE_S`` while no read waits on the store),
+except that a read's seq which is durable and not yet applied is applied
+at once, with whatever else is durable (``READ_WANTS``: a read waits for
+the projection alone, not for the gathering as well).
 It never reads past the durable seq (see ``WalTail``).
 When no notice has come for ``IDLE_S``, it checkpoints a SQLite store's WAL
 (``store.session.checkpoint``) rather than leave the work to the commit
@@ -73,7 +77,15 @@ from tiffany.store.migrate import upgrade
 from tiffany.store.session import checkpoint
 from tiffany.wal import Source
 
-__all__ = ["BATCH_RECORDS", "DURABLE", "READER_WAITS", "Notices", "Priority", "run_projector"]
+__all__ = [
+    "BATCH_RECORDS",
+    "DURABLE",
+    "READER_WAITS",
+    "READ_WANTS",
+    "Notices",
+    "Priority",
+    "run_projector",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -82,6 +94,11 @@ DURABLE: Final = struct.Struct("<Q")
 #: The message's top bit: a read waits for the store to reach some seq (a
 #: seq is below 2^53: tiffany/shards.py).
 READER_WAITS: Final = 1 << 63
+#: The next bit: the message is not a durable seq but the seq a read waits
+#: for (the engine sends one as each ``min_seq`` read starts to wait).
+READ_WANTS: Final = 1 << 62
+#: A message's seq, without its flags.
+SEQ_MASK: Final = READ_WANTS - 1
 #: Records applied per transaction at most.
 BATCH_RECORDS: Final = 5_000
 #: Sequence numbers of quarantined records one progress report lists at most.
@@ -135,6 +152,8 @@ class Notices:
         #: one last did (monotonic seconds).
         self.reader_waits = False
         self.reader_at = float("-inf")
+        #: The highest seq a read said it waits for (``READ_WANTS``).
+        self.wanted = 0
         self.closed = False
 
     def wait(self, block: bool = True) -> int:
@@ -146,7 +165,7 @@ class Notices:
         closed the pipe) :attr:`closed` turns true and the last value
         received is returned.
         """
-        seen = self.durable_seq
+        seen, wanted = self.durable_seq, self.wanted
         while not self.closed:
             if not block and not select.select([self.fd], [], [], 0)[0]:
                 break
@@ -156,16 +175,25 @@ class Notices:
                 break
             self.buf += chunk
             whole = len(self.buf) - len(self.buf) % DURABLE.size
-            if whole:
-                (newest,) = DURABLE.unpack_from(self.buf, whole - DURABLE.size)
+            newest = -1
+            for (value,) in DURABLE.iter_unpack(memoryview(self.buf)[:whole]):
+                if value & READ_WANTS:
+                    self.wanted = max(self.wanted, value & SEQ_MASK)
+                else:
+                    newest = value
+            del self.buf[:whole]
+            if newest >= 0:
                 self.reader_waits = bool(newest & READER_WAITS)
                 if self.reader_waits:
                     self.reader_at = time.monotonic()
-                self.durable_seq = max(self.durable_seq, newest & ~READER_WAITS)
-                del self.buf[:whole]
-            if self.durable_seq > seen or self.reader_waits:
+                self.durable_seq = max(self.durable_seq, newest & SEQ_MASK)
+            if self.durable_seq > seen or self.reader_waits or self.wanted > wanted:
                 block = False  # got news: take what else waits, without blocking
         return self.durable_seq
+
+    def read_waits(self, applied: int) -> bool:
+        """Whether a read waits for a seq that is durable and above ``applied``: apply now."""
+        return applied < self.wanted <= self.durable_seq
 
     def quiet(self, timeout: float) -> bool:
         """True if no message arrives on the pipe within ``timeout`` seconds."""
@@ -382,7 +410,7 @@ def run_projector(
                 priority.readers(readers)
                 gather = GATHER_S if readers else gather_idle_s
                 gap = applied_at + gather - time.monotonic()
-                if gap <= 0 or notices.quiet(gap):
+                if gap <= 0 or notices.read_waits(applier.last_seq) or notices.quiet(gap):
                     durable = notices.wait(block=False)
                     break
                 durable = notices.wait(block=False)  # news: a read may wait now
