@@ -516,6 +516,15 @@ def test_a_step_waiting_for_a_signal_is_answered_from_the_run_page(
             error = form.get_by_test_id("signal-error")
             expect(error).to_be_hidden()
 
+            # -- a refresh that brings nothing new keeps the rows (a click in them lands)
+            row = step.element_handle()
+            with page.expect_response(
+                lambda r: r.url.split("?")[0].endswith(f"/api/runs/{run_id}"), timeout=10_000
+            ):
+                pass  # the live page's poll (every 3 s)
+            page.wait_for_timeout(1_100)  # its render (at most MAX_RENDER_GAP_MS, 1 s, later)
+            assert row.evaluate("el => el.isConnected"), "the step rows were rebuilt"
+
             # -- invalid JSON: an error beside the form, nothing sent ------------------
             payload.fill('{"by": eve}')
             send.click()

@@ -469,7 +469,12 @@ export class RunPage {
     const rerunSig = `${this.canRerun()}|${rr.busy}|${rr.from}|${rr.error ? `${rr.error.from}:${rr.error.message}` : ""}`;
     const live = new Map(steps.map((s) => [s.step_id, status(s) === "running" ? liveLinesOf(this.live.events, this.runId, s.step_id) : []]));
     const liveSig = [...live.values()].map((l) => l.length).join(",");
-    const sig = `${this.sentMs}|${runLive}|${rerunSig}|${[...this.templates].join(",")}|${liveSig}|${steps.map((s) => `${status(s)}:${s.waiting || ""}`).join(",")}`;
+    // What the rows show, not when they were read: a row rebuilt between a
+    // click's mousedown and mouseup swallows the click ("Re-run from here"),
+    // and a refresh that brought nothing new (the live page's poll) rebuilt
+    // them all. A step's `last_seq` moves whenever its row changes.
+    const rows = steps.map((s) => `${status(s)}:${s.waiting || ""}:${s.last_seq}`).join(",");
+    const sig = `${runLive}|${rerunSig}|${[...this.templates].join(",")}|${liveSig}|${rows}`;
     if (sig === this.stepsSig) return; // nothing new: keep the DOM (and open <details>)
     this.stepsSig = sig;
     if (!steps.length) {
