@@ -959,6 +959,61 @@ def test_the_runs_list_is_searched_by_name_inputs_and_date_and_keeps_it_on_reloa
     assert not errors, errors
 
 
+def _slow_click(page: Any, locator: Any, held_ms: int) -> None:
+    """Press the mouse on ``locator``'s middle, hold it ``held_ms``, release (a human's click)."""
+    box = None
+    for _ in range(20):  # None while the element is being redrawn (detached): measure again
+        box = locator.bounding_box()
+        if box is not None:
+            break
+        page.wait_for_timeout(50)
+    assert box is not None, "not on the page"
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    page.wait_for_timeout(held_ms)
+    page.mouse.up()
+
+
+def test_a_click_held_across_the_live_pages_redraws_lands(
+    chromium_path: str, service: dict[str, Any]
+) -> None:
+    """A click lands however long the button is held while the page redraws.
+
+    A live run redraws the runs list (its elapsed time, every second) and
+    its page's header (every 250 ms). An element rebuilt between a click's
+    mousedown and mouseup swallows the click: the browser sends it to
+    neither. Here each click is held past a redraw: opening the run from the
+    list, then arming and confirming its cancel.
+    """
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    url = service["url"]
+    run_id = _submit(url, QUICK_APPROVAL_PLAN)  # waits for its signal: live
+    errors: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+            page.on("console", lambda msg: _console(msg, errors))
+            page.goto(url)
+            row = page.locator(f'[data-testid=run-row][data-run-id="{run_id}"]')
+            expect(row).to_have_attribute("data-status", "running")
+            _slow_click(page, row.locator("a"), held_ms=1_300)
+            expect(page.get_by_test_id("run-page")).to_have_attribute("data-run-id", run_id)
+
+            cancel = page.get_by_test_id("cancel-button")
+            expect(cancel).to_have_text("Cancel")
+            _slow_click(page, cancel, held_ms=600)
+            expect(cancel).to_have_text("Really cancel?")
+            _slow_click(page, cancel, held_ms=600)
+            expect(page.get_by_test_id("run-status")).to_have_attribute("data-status", "cancelled")
+        finally:
+            browser.close()
+    assert not errors, errors
+
+
 #: The words the dashboard shows for a state, and nothing else (kernel words are mapped).
 VOCABULARY = {"pending", "running", "succeeded", "failed", "cancelled", "skipped"}
 

@@ -30,6 +30,45 @@ function append(el, children) {
   }
 }
 
+// -- a pressed pointer: redraws wait for its release ----------------------------------
+//
+// An element rebuilt between a click's mousedown and mouseup swallows the
+// click: the browser sends it to neither the old element nor the new one.
+// A live page redraws several times a second (a run's elapsed time, the
+// feed's patches), and a person's click takes about a tenth of one, so a
+// redraw asks `pressed()` first and, while a button is down, leaves itself
+// to `whenReleased` instead: it runs after the release and its click.
+let pointerDown = false;
+const onRelease = new Set();
+
+function released() {
+  if (!pointerDown) return;
+  pointerDown = false;
+  // The click is dispatched with the mouseup, in this same task: after it.
+  setTimeout(() => {
+    if (pointerDown) return;
+    const waiting = [...onRelease];
+    onRelease.clear();
+    for (const fn of waiting) fn();
+  }, 0);
+}
+
+addEventListener("pointerdown", () => (pointerDown = true), true);
+addEventListener("pointerup", released, true);
+addEventListener("pointercancel", released, true);
+addEventListener("blur", released);
+
+/** Whether a pointer's button is down on the page (a click may be under way). */
+export function pressed() {
+  return pointerDown;
+}
+
+/** Run `fn` once the pointer's button is released (one call per `fn`, however often asked). */
+export function whenReleased(fn) {
+  if (pointerDown) onRelease.add(fn);
+  else fn();
+}
+
 /** Replace the children of `el`. */
 export function fill(el, ...children) {
   el.replaceChildren();

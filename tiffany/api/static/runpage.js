@@ -24,6 +24,7 @@ import {
   fill,
   h,
   parseJsonField,
+  pressed,
   pretty,
   runNo,
   slotState,
@@ -36,6 +37,7 @@ import {
   timeEl,
   toast,
   tone,
+  whenReleased,
 } from "./dom.js";
 import { Journal } from "./journal.js";
 import { mergeTasks, treeOrder } from "./live.js";
@@ -81,6 +83,7 @@ export class RunPage {
     // submitted the run, else the newest event the feed showed of it.
     this.wantSeq = minSeq ?? live.runs.get(runId)?.walSeq ?? null;
     this.refreshSoon = throttle(() => this.refresh(), 500);
+    this.renderReleased = () => this.render(); // the redraw a pressed pointer put off
     this.build();
     this.refresh();
     this.timer = setInterval(() => {
@@ -221,6 +224,7 @@ export class RunPage {
       requestAnimationFrame(() => {
         this.queued = false;
         if (this.closed) return;
+        if (pressed()) return whenReleased(this.renderReleased); // a click may be under way (dom.js)
         const t0 = performance.now();
         this.renderHead();
         this.renderBody();

@@ -6,7 +6,7 @@
 // (`?min_seq=`), so a run that just started or finished is in the answer.
 
 import { api } from "./api.js";
-import { ago, duration, fill, h, RUN_STATUSES, runNo, slotState, TERMINAL_RUN, throttle, timeEl, tone } from "./dom.js";
+import { ago, duration, fill, h, pressed, RUN_STATUSES, runNo, slotState, TERMINAL_RUN, throttle, timeEl, tone, whenReleased } from "./dom.js";
 
 const PAGE = 50;
 /** How long typing pauses before the list is asked again, in milliseconds. */
@@ -51,6 +51,7 @@ export class RunsPane {
     this.wantSeqs = new Map();
     this.refreshSoon = throttle(() => this.refresh(), 700);
     this.renderSoon = throttle(() => this.render(), 250); // live patches: 4 redraws/s at most
+    this.renderReleased = () => this.render(); // the redraw a pressed pointer put off
     this.build();
   }
 
@@ -231,6 +232,7 @@ export class RunsPane {
   }
 
   render() {
+    if (pressed()) return whenReleased(this.renderReleased); // a click may be under way (dom.js)
     const route = this.route();
     const { runId, status } = route;
     const filtered = [...TEXT_FILTERS, ...TIME_FILTERS].some((k) => route[k]);
