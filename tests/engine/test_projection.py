@@ -9,6 +9,7 @@ what the tail returns is checked against the WAL's own reader
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -99,81 +100,85 @@ def test_a_bad_record_below_the_durable_seq_is_corruption(tmp_path: Path) -> Non
     assert err.value.fields["segment"] == seg.name
 
 
-def test_notices_coalesce_to_the_newest_durable_seq() -> None:
-    r, w = os.pipe()
-    try:
-        notices = Notices(r)
-        os.write(w, b"".join(DURABLE.pack(n) for n in (3, 9, 12)))
-        assert notices.wait() == 12  # three messages, one answer
-        os.write(w, DURABLE.pack(20)[:5])  # half a message: waited for
-        os.write(w, DURABLE.pack(20)[5:])
-        assert notices.wait() == 20
-        os.close(w)
-        w = -1
-        assert notices.wait() == 20
-        assert notices.closed
-    finally:
-        os.close(r)
-        if w >= 0:
-            os.close(w)
+class _NoticePipe:
+    """A pipe with the projector's :class:`Notices` on its read end (what the engine writes to)."""
+
+    def __init__(self) -> None:
+        self.r, self.w = os.pipe()
+        self.notices = Notices(self.r)
+
+    def send(self, *values: int) -> None:
+        os.write(self.w, b"".join(DURABLE.pack(v) for v in values))
+
+    def close_writer(self) -> None:
+        os.close(self.w)
+        self.w = -1
 
 
-def test_notices_taken_without_blocking_answer_at_once_with_the_newest() -> None:
+@pytest.fixture
+def pipe() -> Iterator[_NoticePipe]:
+    made = _NoticePipe()
+    yield made
+    os.close(made.r)
+    if made.w >= 0:
+        os.close(made.w)
+
+
+def test_notices_coalesce_to_the_newest_durable_seq(pipe: _NoticePipe) -> None:
+    notices = pipe.notices
+    pipe.send(3, 9, 12)
+    assert notices.wait() == 12  # three messages, one answer
+    os.write(pipe.w, DURABLE.pack(20)[:5])  # half a message: waited for
+    os.write(pipe.w, DURABLE.pack(20)[5:])
+    assert notices.wait() == 20
+    pipe.close_writer()
+    assert notices.wait() == 20
+    assert notices.closed
+
+
+def test_notices_taken_without_blocking_answer_at_once_with_the_newest(
+    pipe: _NoticePipe,
+) -> None:
     """What the projector does after its gather pause: take what came, never wait."""
-    r, w = os.pipe()
-    try:
-        notices = Notices(r)
-        assert notices.wait(block=False) == 0  # nothing yet: at once
-        os.write(w, DURABLE.pack(7) + DURABLE.pack(11))
-        assert notices.wait(block=False) == 11
-        assert notices.wait(block=False) == 11  # nothing new: at once, the same
-        assert not notices.closed
-    finally:
-        os.close(r)
-        os.close(w)
+    notices = pipe.notices
+    assert notices.wait(block=False) == 0  # nothing yet: at once
+    pipe.send(7, 11)
+    assert notices.wait(block=False) == 11
+    assert notices.wait(block=False) == 11  # nothing new: at once, the same
+    assert not notices.closed
 
 
-def test_notices_say_whether_a_read_waits_and_a_reader_alone_is_news() -> None:
+def test_notices_say_whether_a_read_waits_and_a_reader_alone_is_news(pipe: _NoticePipe) -> None:
     """The top bit: a read waits on the store; it ends the projector's gathering."""
-    r, w = os.pipe()
-    try:
-        notices = Notices(r)
-        os.write(w, DURABLE.pack(5))
-        assert notices.wait() == 5
-        assert not notices.reader_waits
-        os.write(w, DURABLE.pack(5 | READER_WAITS))  # the same seq, a reader now waits
-        assert notices.wait() == 5  # news all the same: a blocking wait returns
-        assert notices.reader_waits
-        os.write(w, DURABLE.pack(9 | READER_WAITS) + DURABLE.pack(12))  # the newest counts
-        assert notices.wait() == 12
-        assert not notices.reader_waits
-    finally:
-        os.close(r)
-        os.close(w)
+    notices = pipe.notices
+    pipe.send(5)
+    assert notices.wait() == 5
+    assert not notices.reader_waits
+    pipe.send(5 | READER_WAITS)  # the same seq, a reader now waits
+    assert notices.wait() == 5  # news all the same: a blocking wait returns
+    assert notices.reader_waits
+    pipe.send(9 | READER_WAITS, 12)  # the newest counts
+    assert notices.wait() == 12
+    assert not notices.reader_waits
 
 
-def test_a_read_that_waits_for_a_durable_seq_ends_the_gathering() -> None:
+def test_a_read_that_waits_for_a_durable_seq_ends_the_gathering(pipe: _NoticePipe) -> None:
     """``READ_WANTS``: the seq a read waits for; apply now once it is durable and unapplied."""
-    r, w = os.pipe()
-    try:
-        notices = Notices(r)
-        os.write(w, DURABLE.pack(8))
-        assert notices.wait() == 8
-        assert not notices.read_waits(applied=5)  # nobody waits: gather
-        os.write(w, DURABLE.pack(7 | READ_WANTS))  # a read waits for seq 7
-        assert notices.wait() == 8  # news, though the durable seq is the same
-        assert notices.wanted == 7
-        assert notices.read_waits(applied=5)  # durable, not applied: now
-        assert not notices.read_waits(applied=7)  # applied already
-        os.write(w, DURABLE.pack(12 | READ_WANTS) + DURABLE.pack(10 | READER_WAITS))
-        assert notices.wait() == 10  # a read's seq is never taken for a durable one
-        assert not notices.read_waits(applied=8)  # seq 12 is not durable yet: gather
-        os.write(w, DURABLE.pack(12 | READER_WAITS))
-        assert notices.wait() == 12
-        assert notices.read_waits(applied=10)  # now it is
-    finally:
-        os.close(r)
-        os.close(w)
+    notices = pipe.notices
+    pipe.send(8)
+    assert notices.wait() == 8
+    assert not notices.read_waits(applied=5)  # nobody waits: gather
+    pipe.send(7 | READ_WANTS)  # a read waits for seq 7
+    assert notices.wait() == 8  # news, though the durable seq is the same
+    assert notices.wanted == 7
+    assert notices.read_waits(applied=5)  # durable, not applied: now
+    assert not notices.read_waits(applied=7)  # applied already
+    pipe.send(12 | READ_WANTS, 10 | READER_WAITS)
+    assert notices.wait() == 10  # a read's seq is never taken for a durable one
+    assert not notices.read_waits(applied=8)  # seq 12 is not durable yet: gather
+    pipe.send(12 | READER_WAITS)
+    assert notices.wait() == 12
+    assert notices.read_waits(applied=10)  # now it is
 
 
 def test_the_engine_tells_the_projector_while_a_read_waits(tmp_path: Path) -> None:
