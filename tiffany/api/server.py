@@ -81,6 +81,13 @@ def _wait_for(
 
 #: Websocket protocol ping interval and timeout, in seconds.
 WS_PING_INTERVAL_S: Final = 20.0
+#: How long an idle keep-alive connection stays open, in seconds: longer
+#: than the clients' own idle expiry (httpx, and so the SDK: 5 s, which is
+#: uvicorn's default too). With both at 5 s a client can reuse a connection
+#: the moment the server closes it, and a POST sent on it fails with a
+#: reset, accepted or not (the fault suite's 10,000 submissions met it once
+#: under two test processes). The client's pool now lets it go first.
+KEEP_ALIVE_S: Final = 15
 
 
 def uvicorn_config(settings: Settings, app: Any) -> uvicorn.Config:
@@ -97,6 +104,7 @@ def uvicorn_config(settings: Settings, app: Any) -> uvicorn.Config:
         loop="auto",
         http="auto",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        timeout_keep_alive=KEEP_ALIVE_S,
         # Protocol pings besides the feed's own JSON pings: a peer that stops
         # reading stops answering them too, and is then disconnected.
         ws_ping_interval=WS_PING_INTERVAL_S,
