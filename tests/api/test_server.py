@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
 import subprocess
@@ -12,7 +13,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from api_support import clean_env, make_settings, wait_until
+from api_support import clean_env, make_settings, serve_in_thread, wait_until
+
+from tiffany.api.server import KEEP_ALIVE_S
 
 
 def _start(data_dir: Path, ready: Path, *after: Path) -> subprocess.Popen[bytes]:
@@ -147,3 +150,53 @@ def test_a_submission_logs_one_request_line_that_names_its_run(engine) -> None:
     assert mine[0]["created"] is True
     assert mine[0]["plan"] == "logged"
     assert mine[0]["method"] == "POST"
+
+
+def test_an_idle_connection_outlives_the_clients_own_idle_expiry(api_dir) -> None:
+    """A keep-alive connection idle for longer than httpx's 5 s expiry is still served.
+
+    So a client's pool drops an idle connection before the server does, and
+    never sends a request on one the server is closing.
+    """
+    import httpx
+
+    idle_s = httpx.Limits().keepalive_expiry
+    assert idle_s is not None
+    assert idle_s < KEEP_ALIVE_S
+    live = serve_in_thread(make_settings(api_dir))
+    conn = http.client.HTTPConnection("127.0.0.1", live.port, timeout=10)
+    try:
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().read()
+        sock = conn.sock
+        time.sleep(idle_s + 1)
+        conn.request("GET", "/healthz")  # the same connection, if the server kept it
+        answer = conn.getresponse()
+        assert answer.status == 200
+        assert conn.sock is sock, "the server had closed the connection"
+    finally:
+        conn.close()
+        live.stop()
+
+
+def test_a_client_gone_mid_body_is_a_499_line_not_an_error(api_dir, caplog) -> None:
+    """A client that closes its connection halfway through a body is not a server error."""
+    import socket
+
+    from structlog.contextvars import merge_contextvars
+    from structlog.testing import capture_logs
+
+    live = serve_in_thread(make_settings(api_dir))
+    try:
+        with capture_logs(processors=[merge_contextvars]) as logs:
+            with socket.create_connection(("127.0.0.1", live.port), timeout=10) as sock:
+                sock.sendall(
+                    b"POST /api/runs HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: 1000\r\n\r\n" + b'{"plan": {"na'
+                )
+                time.sleep(0.2)  # the route is reading the body
+            lines = wait_until(lambda: [ln for ln in logs if ln.get("path") == "/api/runs"])
+    finally:
+        live.stop()
+    assert [(ln["event"], ln.get("status")) for ln in lines] == [("request", 499)]
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text

@@ -21,7 +21,8 @@ import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import JSONResponse
+from starlette.requests import ClientDisconnect
+from starlette.responses import JSONResponse, Response
 
 from tiffany.api.body import BodyTooLarge, InvalidBody
 from tiffany.api.deps import StoreUnavailable
@@ -151,6 +152,21 @@ async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+#: The status a request's log line shows when its client went away before
+#: the answer (nginx's "client closed request"); the client never sees it.
+CLIENT_CLOSED: Final = 499
+
+
+async def _client_gone(_request: Request, _exc: Exception) -> Response:
+    """The client closed its connection while its body was being read: nothing to answer.
+
+    Not a server error: no traceback, no ``error`` line; the request's log
+    line says ``status: 499``. (Handled here, it never reaches uvicorn,
+    which logged it as an exception in the application.)
+    """
+    return Response(status_code=CLIENT_CLOSED)
+
+
 async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
     log.error("unhandled error", exc_info=exc)
     return error_response(500, "internal", f"internal error: {type(exc).__name__}")
@@ -167,4 +183,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(TiffanyError, _tiffany_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_exception_handler(Exception, _unexpected)
