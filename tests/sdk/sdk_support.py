@@ -6,14 +6,17 @@ directory on ``sys.path``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 from process_support import serve_argv, terminate, wait_for
@@ -108,3 +111,48 @@ def serve(
         lambda: httpx.get(served.url + "/readyz", headers=headers).status_code == 200, 60, "readyz"
     )
     return served
+
+
+class CuttingFront:
+    """A TCP front on loopback for the server at ``url``: it cuts the first ``cut`` connections.
+
+    A cut connection is closed once the request's first bytes have arrived,
+    unanswered and not passed on (so the server never sees that request):
+    the client cannot tell whether it was carried out. Later connections
+    are piped through both ways. ``accepted`` counts connections.
+    """
+
+    def __init__(self, url: str, cut: int) -> None:
+        target = urlsplit(url)
+        self.target = (target.hostname or "127.0.0.1", int(target.port or 80))
+        self.cut = cut
+        self.accepted = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            self.accepted += 1
+            if self.accepted <= self.cut:
+                with conn:
+                    conn.recv(1)  # the request is under way
+                continue
+            upstream = socket.create_connection(self.target)
+            for a, b in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while chunk := src.recv(65536):
+                dst.sendall(chunk)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.listener.close()

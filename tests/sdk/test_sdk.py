@@ -22,13 +22,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from process_support import wait_for
-from sdk_support import Served, clean_env, serve, short_dir
+from sdk_support import CuttingFront, Served, clean_env, serve, short_dir
 
 from tiffany import AsyncClient, Client
 from tiffany.sdk import (
     Conflict,
+    ConnectionFailed,
     Event,
     InvalidRequest,
     NotFound,
@@ -349,3 +351,75 @@ def test_a_token_is_sent_as_a_bearer_header() -> None:
             assert kinds[-1] == "run.finished"
     finally:
         assert served.stop() == 0, served.log()
+
+
+def test_a_keyed_submission_and_a_read_are_sent_again_after_a_cut_connection(
+    server: Served,
+) -> None:
+    """A connection cut before the answer: what cannot happen twice is sent again."""
+    key = f"cut-{time.monotonic_ns()}"
+    front = CuttingFront(server.url, cut=1)
+    try:
+        with Client(front.url) as client:
+            run = client.submit(COUNT, inputs={"text": "x y"}, idempotency_key=key)
+        assert front.accepted == 2  # cut, then sent again
+        assert run.created
+    finally:
+        front.close()
+    front = CuttingFront(server.url, cut=1)
+    try:
+        with Client(front.url) as client:
+            assert client.get(run.run_id, min_seq=run.seq).run_id == run.run_id
+        assert front.accepted == 2
+    finally:
+        front.close()
+    with Client(server.url) as client:  # one run for the key: the server saw it once
+        again = client.submit(COUNT, inputs={"text": "x y"}, idempotency_key=key)
+        assert (again.run_id, again.created) == (run.run_id, False)
+
+
+def test_a_submission_without_a_key_is_not_sent_twice(server: Served) -> None:
+    """It may have been carried out: the error says so, and nothing is sent again."""
+    front = CuttingFront(server.url, cut=1)
+    try:
+        with Client(front.url) as client, pytest.raises(ConnectionFailed):
+            client.submit(COUNT, inputs={"text": "x"})
+        assert front.accepted == 1
+        with Client(front.url, retries=0) as client:  # and no retry at all when asked
+            front.cut = 2
+            with pytest.raises(ConnectionFailed):
+                client.submit(COUNT, inputs={"text": "x"}, idempotency_key="never-retried")
+        assert front.accepted == 2
+    finally:
+        front.close()
+
+
+def test_async_client_sends_a_keyed_submission_again_after_a_cut_connection(
+    server: Served,
+) -> None:
+    async def main() -> Any:
+        async with AsyncClient(front.url) as client:
+            return await client.submit(COUNT, inputs={"text": "z"}, idempotency_key=key)
+
+    key = f"cut-async-{time.monotonic_ns()}"
+    front = CuttingFront(server.url, cut=1)
+    try:
+        run = asyncio.run(main())
+        assert run.created
+        assert front.accepted == 2
+    finally:
+        front.close()
+
+
+def test_which_failed_requests_are_sent_again_and_after_how_long() -> None:
+    from tiffany.sdk.protocol import RETRY_FIRST_S, retry_delay
+
+    refused = httpx.ConnectError("refused")
+    cut = httpx.RemoteProtocolError("Server disconnected without sending a response.")
+    keyed = {"Idempotency-Key": "k"}
+    assert retry_delay(refused, "POST", {}, 1, 2) == RETRY_FIRST_S  # it never left
+    assert retry_delay(cut, "POST", {}, 1, 2) is None  # it may have been carried out
+    assert retry_delay(cut, "POST", keyed, 1, 2) == RETRY_FIRST_S
+    assert retry_delay(httpx.ReadError("reset"), "GET", {}, 2, 2) == 2 * RETRY_FIRST_S
+    assert retry_delay(httpx.ReadError("reset"), "GET", {}, 3, 2) is None  # retries spent
+    assert retry_delay(httpx.ReadTimeout("slow"), "GET", {}, 1, 2) is None  # busy, not gone

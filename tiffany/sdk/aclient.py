@@ -88,10 +88,12 @@ class AsyncClient:
         *,
         timeout: float = protocol.DEFAULT_TIMEOUT_S,
         http: httpx.AsyncClient | None = None,
+        retries: int = protocol.DEFAULT_RETRIES,
     ) -> None:
         self.url = protocol.resolve_url(url)
         self._token = protocol.resolve_token(token)
         self._headers = protocol.auth_headers(self._token)
+        self.retries = retries
         self._own_http = http is None
         self._http = http or httpx.AsyncClient(timeout=timeout)
         self._seqs: OrderedDict[str, int] = OrderedDict()
@@ -112,10 +114,16 @@ class AsyncClient:
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         headers = {**self._headers, **kwargs.pop("headers", {})}
-        try:
-            return await self._http.request(method, self.url + path, headers=headers, **kwargs)
-        except httpx.TransportError as exc:
-            raise protocol.unreachable(self.url, exc) from exc
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await self._http.request(method, self.url + path, headers=headers, **kwargs)
+            except httpx.TransportError as exc:
+                delay = protocol.retry_delay(exc, method, headers, attempt, self.retries)
+                if delay is None:
+                    raise protocol.unreachable(self.url, exc) from exc
+            await asyncio.sleep(delay)
 
     def _remember(self, answer: SubmitAnswer) -> None:
         self._seqs[answer.run_id] = answer.seq

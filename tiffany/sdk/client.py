@@ -97,6 +97,10 @@ class Client:
         timeout: How long one HTTP request may take, in seconds.
         http: An ``httpx.Client`` to use instead of a new one (proxies, TLS
             settings); its base URL and headers are left as they are.
+        retries: How many times a request whose connection failed is sent
+            again, when that is safe: a read, a request with an
+            ``Idempotency-Key``, or one that never reached the server
+            (``protocol.retry_delay``). 0: never.
 
     Raises:
         ValueError: ``url`` is not an http(s) URL.
@@ -109,10 +113,12 @@ class Client:
         *,
         timeout: float = protocol.DEFAULT_TIMEOUT_S,
         http: httpx.Client | None = None,
+        retries: int = protocol.DEFAULT_RETRIES,
     ) -> None:
         self.url = protocol.resolve_url(url)
         self._token = protocol.resolve_token(token)
         self._headers = protocol.auth_headers(self._token)
+        self.retries = retries
         self._own_http = http is None
         self._http = http or httpx.Client(timeout=timeout)
         self._seqs: OrderedDict[str, int] = OrderedDict()
@@ -135,10 +141,16 @@ class Client:
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         headers = {**self._headers, **kwargs.pop("headers", {})}
-        try:
-            return self._http.request(method, self.url + path, headers=headers, **kwargs)
-        except httpx.TransportError as exc:
-            raise protocol.unreachable(self.url, exc) from exc
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return self._http.request(method, self.url + path, headers=headers, **kwargs)
+            except httpx.TransportError as exc:
+                delay = protocol.retry_delay(exc, method, headers, attempt, self.retries)
+                if delay is None:
+                    raise protocol.unreachable(self.url, exc) from exc
+            time.sleep(delay)
 
     def _remember(self, answer: SubmitAnswer) -> None:
         self._seqs[answer.run_id] = answer.seq

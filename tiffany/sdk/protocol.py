@@ -22,6 +22,7 @@ from tiffany.sdk.errors import ConnectionFailed, error_from_answer
 from tiffany.sdk.models import Event, FeedGap
 
 __all__ = [
+    "DEFAULT_RETRIES",
     "DEFAULT_TIMEOUT_S",
     "DEFAULT_URL",
     "FEED_CLOSE_TIMEOUT_S",
@@ -42,6 +43,7 @@ __all__ = [
     "read_frame",
     "resolve_token",
     "resolve_url",
+    "retry_delay",
     "unreachable",
 ]
 
@@ -52,6 +54,11 @@ DEFAULT_URL: Final = "http://127.0.0.1:8000"
 #: How long one HTTP request may take, in seconds (a ``min_seq`` read waits
 #: up to 5 s on the server, a submission until it is journaled).
 DEFAULT_TIMEOUT_S: Final = 30.0
+#: How many times a request that failed on its connection is sent again
+#: (:func:`retry_delay` says which may be), waiting ``RETRY_FIRST_S``, then
+#: twice as long each time.
+DEFAULT_RETRIES: Final = 2
+RETRY_FIRST_S: Final = 0.2
 #: ``wait``: the first interval between two reads of the run when the feed is
 #: quiet, in seconds; doubled after each quiet interval, up to the maximum.
 WAIT_POLL_FIRST_S: Final = 0.25
@@ -160,6 +167,30 @@ def raise_for(response: httpx.Response) -> None:
         text=response.text,
         retry_after=response.headers.get("retry-after"),
     )
+
+
+def retry_delay(
+    exc: httpx.TransportError, method: str, headers: Mapping[str, str], attempt: int, retries: int
+) -> float | None:
+    """How long to wait before sending a request again after ``exc``, or None: do not.
+
+    Only what cannot do a thing twice is sent again: a request that never
+    left (the connection was refused), a read (``GET``), or a request with
+    an ``Idempotency-Key`` (a submission, re-run or signal given one: the
+    server answers a repeat with the first one's result). A request whose
+    connection broke after it was sent may have been carried out; without
+    a key it is not sent again, and the error says the server could not be
+    reached. Timeouts are not retried (the server may be busy with it).
+    ``attempt``: how many times the request was sent already (from 1).
+    """
+    if attempt > retries or isinstance(exc, httpx.TimeoutException):
+        return None
+    never_sent = isinstance(exc, httpx.ConnectError)
+    keyed = any(k.lower() == "idempotency-key" for k in headers)
+    broken = isinstance(exc, httpx.NetworkError | httpx.RemoteProtocolError)
+    if never_sent or (broken and (method == "GET" or keyed)):
+        return RETRY_FIRST_S * 2.0 ** (attempt - 1)
+    return None
 
 
 def unreachable(base: str, exc: Exception) -> ConnectionFailed:
