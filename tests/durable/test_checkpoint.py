@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 import retention_workloads as work
+import structlog
 
 import tiffany.durable.history as history
 from tiffany.durable.checkpoint import (
+    IDEMPOTENCY_WINDOW_S,
     Checkpoint,
     KeyEntry,
     OpenRun,
@@ -21,8 +23,10 @@ from tiffany.durable.checkpoint import (
     write_checkpoint,
 )
 from tiffany.durable.history import checkpoint_of, scan
+from tiffany.durable.retention import fold
 from tiffany.durable.runtime import Runtime
 from tiffany.kernel import Sleep
+from tiffany.shards import seq_base, seq_last
 
 SEGMENT_BYTES = 4096
 
@@ -219,3 +223,54 @@ def test_a_start_on_a_checkpoint_at_the_end_of_the_log_reads_no_segment(
         assert rt.opened.max_run_no == 200
     assert counted.segments == []
     assert counted.records == 0
+
+
+def _engine_one(data: Path) -> Runtime:
+    """A runtime numbering its records as engine 1 of ``serve --engines N`` does."""
+    return Runtime(
+        data,
+        fsync="off",
+        segment_size_bytes=SEGMENT_BYTES,
+        seqs=(seq_base(1) + 1, seq_last(1) + 1),
+    )
+
+
+@pytest.mark.parametrize("finished", [0, 3], ids=["empty", "with-runs"])
+def test_a_second_engines_journal_opens_without_alarms_and_checkpoints_at_its_own_seqs(
+    tmp_path: Path, finished: int
+) -> None:
+    """Engine 1's journal starts at seq 2^40 + 1: no history was deleted, no checkpoint is bad."""
+    with structlog.testing.capture_logs() as logs:
+        with _engine_one(tmp_path) as rt:
+            rt.recover()
+            assert rt.index is not None
+            base = checkpoint_of(rt.index)  # what the engine's checkpointer starts from
+            ids = [rt.submit(work.quick, i) for i in range(finished)]
+            rt.sched.spawn(stop_when_done(rt, ids), name="stop")
+            rt.run()
+            durable = rt.wal.durable_seq
+        cp, _ = fold(tmp_path / "wal", base, durable, IDEMPOTENCY_WINDOW_S)  # its pass
+        write_checkpoint(tmp_path / "wal", cp)
+        with _engine_one(tmp_path) as rt:
+            assert rt.checkpoint == cp  # it checks out: the start reads only what follows
+            assert rt.recover() == []
+    assert cp.seq == durable
+    assert (durable > seq_base(1)) if finished else (durable == seq_base(1))
+    assert cp.max_run_no == finished
+    assert [e for e in logs if e["log_level"] in ("warning", "error")] == []
+
+
+def test_a_second_engines_deleted_history_is_still_reported(tmp_path: Path) -> None:
+    with _engine_one(tmp_path) as rt:
+        rt.recover()
+        ids = [rt.submit(work.quick, i) for i in range(60)]
+        rt.sched.spawn(stop_when_done(rt, ids), name="stop")
+        rt.run()
+    segments = sorted((tmp_path / "wal").glob("*.wal"))
+    assert len(segments) > 1
+    segments[0].unlink()  # retention `delete` took it; no checkpoint
+    with structlog.testing.capture_logs() as logs, _engine_one(tmp_path):
+        pass
+    missing = [e for e in logs if e["event"] == "checkpoint.missing"]
+    assert len(missing) == 1
+    assert missing[0]["first_seq"] > seq_base(1) + 1

@@ -200,6 +200,7 @@ class Runtime:
         self._unfinished: Loaded | None = _read_opened(
             self.source,
             self.checkpoint,
+            seqs[0],
             log.durable_seq,
             log.checked,
             # A preallocated live segment's zero fill is not read again.
@@ -334,11 +335,18 @@ class Runtime:
 def _read_opened(
     wal_dir: Source,
     base: Checkpoint | None,
+    first_seq: int,
     last_seq: int,
     checked: Mapping[str, int],
     ends: Mapping[str, int] | None = None,
 ) -> Loaded:
     """Read the log as opened: ``base`` advanced over the records after it, unfinished runs kept.
+
+    ``first_seq``: the seq the log numbers its first record with (1; engine
+    ``i``'s: ``seq_base(i) + 1``, tiffany/shards.py). Without a checkpoint
+    the read starts from an empty one just before the first record on disk,
+    so the log as opened is a checkpoint at a seq of this log even when it
+    holds no record (engine 1's empty journal is at ``seq_base(1)``, not 0).
 
     Discussion: one pass, over the records after the checkpoint and those of
     the runs it lists as unfinished (or over the whole history, archive
@@ -351,15 +359,19 @@ def _read_opened(
     is usable, the run numbers in the deleted segments are unknown: that is
     logged loudly (keep the checkpoints, or use ``archive``).
     """
-    file_wal = isinstance(wal_dir, str | PathLike)  # not another log
-    if base is None and file_wal and (start := history_start(Path(str(wal_dir)))) > 1:
-        log.error(
-            "checkpoint.missing",
-            wal=str(wal_dir),
-            first_seq=start,
-            note="segments were deleted and no checkpoint checks out: run numbers are "
-            "reserved above those still on disk only",
-        )
+    if base is None:
+        start = first_seq
+        if isinstance(wal_dir, str | PathLike):  # a file WAL: what retention left on disk
+            start = max(start, history_start(Path(str(wal_dir))))
+        if start > first_seq:
+            log.error(
+                "checkpoint.missing",
+                wal=str(wal_dir),
+                first_seq=start,
+                note="segments were deleted and no checkpoint checks out: run numbers are "
+                "reserved above those still on disk only",
+            )
+        base = Checkpoint(start - 1, 0)
     return read_runs(
         wal_dir, None, unfinished_only=True, base=base, until=last_seq, checked=checked, ends=ends
     )
