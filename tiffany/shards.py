@@ -25,12 +25,14 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import zlib
 from pathlib import Path
 from typing import Final
 
 __all__ = [
     "ENGINE_SEQ_BITS",
     "MAX_ENGINES",
+    "engine_for_key",
     "engine_home",
     "engine_of",
     "engine_stream",
@@ -68,6 +70,17 @@ def seq_last(engine: int) -> int:
 def engine_of(seq: int) -> int:
     """Return the engine whose journal wrote ``seq`` (0 for seq 0)."""
     return max(0, seq - 1) >> ENGINE_SEQ_BITS if seq > 0 else 0
+
+
+def engine_for_key(key: str, engines: int) -> int:
+    """Return the engine, of ``engines``, that takes a submission with idempotency key ``key``.
+
+    Each engine remembers the keys of the runs it started, so every path
+    that submits to an engine's control socket (the API, the CLI, ``serve
+    --demo``) sends a key to the same engine: CRC-32 of the key modulo the
+    number of engines. A repeated key then meets the engine that remembers it.
+    """
+    return zlib.crc32(key.encode()) % engines if engines > 1 else 0
 
 
 def engine_home(data_dir: str | Path, engine: int) -> Path:

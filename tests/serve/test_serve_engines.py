@@ -26,7 +26,7 @@ from typing import Any
 from process_support import terminate, wait_for
 from websockets.sync.client import connect
 
-from tiffany.shards import engine_of, seq_base
+from tiffany.shards import engine_for_key, engine_of, seq_base
 
 NAP = {"name": "nap", "steps": [{"id": "nap", "tool": "sleep", "args": {"seconds": 0.2}}]}
 LONG = {"name": "long", "steps": [{"id": "wait", "tool": "sleep", "args": {"seconds": 60}}]}
@@ -43,6 +43,16 @@ def _http(url: str, body: dict[str, Any] | None = None, method: str | None = Non
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(
         url, data=data, method=method, headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def _http_keyed(url: str, body: dict[str, Any], key: str) -> Any:
+    req = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json", "Idempotency-Key": key},
     )
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.loads(resp.read())
@@ -162,6 +172,24 @@ def test_two_engines_share_the_runs_of_a_data_dir_used_before(tmp_path: Path) ->
             _http(f"{url}api/runs/{a['run_id']}/cancel", {}, method="POST")
             assert _finished(url, a["run_id"], a["seq"])["status"] == "cancelled"
         on_one = next(a for a in answers if engine_of(a["seq"]) == 1)
+
+        # An idempotency key meets the same engine from the CLI as from the API,
+        # whichever submits first: one run per key (keys for both engines).
+        keys = {engine_for_key(k, 2): k for k in ("key-a", "key-b", "key-c", "key-d")}
+        assert set(keys) == {0, 1}
+        for engine, key in keys.items():
+            by_cli = _cli(data, env, "submit", str(plan), "--idempotency-key", key)
+            assert by_cli.returncode == 0, by_cli.stderr
+            again = _http_keyed(url + "api/runs", {"plan": NAP}, key)
+            assert again["created"] is False, (engine, again)
+            assert again["run_id"] == by_cli.stdout.strip()
+            assert engine_of(again["seq"]) == engine
+            first = _http_keyed(url + "api/runs", {"plan": NAP}, key + "-api")
+            by_cli = _cli(data, env, "submit", str(plan), "--idempotency-key", key + "-api")
+            assert by_cli.returncode == 0, by_cli.stderr
+            assert by_cli.stdout.strip() == first["run_id"]
+            assert "an earlier submission with this idempotency key" in by_cli.stderr
+
         report = _http(f"{url}api/runs/{on_one['run_id']}/verify", {}, method="POST")
         assert report["ok"] is True, report
 
@@ -239,6 +267,7 @@ def test_two_engines_on_postgresql_each_write_a_stream(tmp_path: Path, pg_schema
         assert set(heads) == {"main", "main-1"}
         assert 0 < heads["main"] < seq_base(1) < heads["main-1"]
         on_one = next(a for a in answers if engine_of(a["seq"]) == 1)
+
         report = _http(f"{url}api/runs/{on_one['run_id']}/verify", {}, method="POST")
         assert report["ok"] is True, report
     finally:

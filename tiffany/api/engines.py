@@ -5,9 +5,10 @@ the API talks to each over its control socket in the engine's home
 (``tiffany/shards.py``). What goes where:
 
 - **submit**: with an ``Idempotency-Key``, to the engine the key hashes to
-  (CRC-32 modulo N), so that a repeated key meets the engine that
-  remembers it; without one, round robin over the engines, passing over
-  one that does not answer (restarting, stopping).
+  (``shards.engine_for_key``: CRC-32 modulo N, as the CLI does), so that
+  a repeated key meets the engine that remembers it; without one, round
+  robin over the engines, passing over one that does not answer
+  (restarting, stopping).
 - **a run's commands** (cancel, verify): to the engine whose seqs hold the
   run's RUN_START (the store's ``start_seq``); a run the store does not
   show yet is asked of every engine, each answering only for runs it holds.
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import zlib
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from tiffany.api.db_requests import DbRequests
 from tiffany.api.deps import Watermark
 from tiffany.api.pg_async import Listener, projected_mark
 from tiffany.control import AsyncControlClient, ControlError, ControlUnavailable
-from tiffany.shards import engine_home, engine_of
+from tiffany.shards import engine_for_key, engine_home, engine_of
 from tiffany.store.models import PROJECTED_CHANNEL
 
 __all__ = ["Engines", "merge_metrics"]
@@ -105,7 +105,7 @@ class Engines:
         if n == 1:
             return await self.controls[0].request("submit", key=key, **fields)
         if key is not None:
-            engine = zlib.crc32(key.encode()) % n
+            engine = engine_for_key(key, n)
             return await self.controls[engine].request("submit", key=key, **fields)
         first = next(self._turn)
         refused: Exception | None = None

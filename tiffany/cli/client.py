@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import secrets
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -41,21 +43,57 @@ def _homes(ctx: typer.Context) -> list[Path]:
     return homes(_settings(ctx).data_dir)
 
 
-def _call(
-    ctx: typer.Context, op: str, *, home: Path | None = None, **fields: Any
-) -> dict[str, Any]:
-    from tiffany.cli import _settings
-    from tiffany.control import ControlError, ControlUnavailable, call
+@contextlib.contextmanager
+def _answered() -> Iterator[None]:
+    """Print a control call's failure as the CLI does, and exit with its code."""
+    from tiffany.control import ControlError, ControlUnavailable
 
-    settings = _settings(ctx)
     try:
-        return call(settings.data_dir, op, **fields)
+        yield
     except ControlUnavailable as exc:
         typer.echo(f"tiffany: {exc} (is `tiffany serve` running on this data dir?)", err=True)
         raise typer.Exit(EXIT_NO_ENGINE) from None
     except ControlError as exc:
         print_problem(exc.message, control_problems(exc.detail))
         raise typer.Exit(exits.for_status(exc.status)) from None
+
+
+def _call(
+    ctx: typer.Context, op: str, *, home: Path | None = None, **fields: Any
+) -> dict[str, Any]:
+    from tiffany.cli import _settings
+    from tiffany.control import call
+
+    with _answered():
+        return call(home or _settings(ctx).data_dir, op, **fields)
+
+
+def _submit(ctx: typer.Context, key: str | None, **fields: Any) -> dict[str, Any]:
+    """Submit to an engine of the data dir, as the API does (``tiffany/api/engines.py``).
+
+    With an idempotency key: to the engine the key goes to
+    (:func:`~tiffany.shards.engine_for_key`), which remembers it. Without
+    one: to any engine, starting at a random one and passing over one that
+    does not answer or is not ready (503).
+    """
+    from tiffany.control import ControlError, ControlUnavailable, call
+    from tiffany.shards import engine_for_key
+
+    homes = _homes(ctx)
+    if key is not None:
+        return _call(ctx, "submit", home=homes[engine_for_key(key, len(homes))], key=key, **fields)
+    first = secrets.randbelow(len(homes))
+    order = [homes[(first + i) % len(homes)] for i in range(len(homes))]
+    for home in order[:-1]:
+        with _answered():
+            try:
+                return call(home, "submit", key=None, **fields)
+            except ControlUnavailable:
+                continue
+            except ControlError as exc:
+                if exc.status != 503:  # a bad plan is bad on every engine
+                    raise
+    return _call(ctx, "submit", home=order[-1], key=None, **fields)
 
 
 def submit(
@@ -80,7 +118,7 @@ def submit(
             run = client.submit(doc, inputs=given, idempotency_key=key)
         answer = {"run_id": run.run_id, "created": run.created}
     else:
-        answer = _call(ctx, "submit", plan=doc, inputs=given, key=key)
+        answer = _submit(ctx, key, plan=doc, inputs=given)
     typer.echo(answer["run_id"])
     if not answer.get("created", True):
         typer.echo("(an earlier submission with this idempotency key)", err=True)
@@ -139,10 +177,10 @@ def rerun(
             again = client.rerun(run_id, from_step=from_step, inputs=_parse_inputs(inputs) or None)
         typer.echo(again.run_id)
         return
-    fields: dict[str, Any] = {"rerun_of": run_id, "inputs": _parse_inputs(inputs), "key": None}
+    fields: dict[str, Any] = {"rerun_of": run_id, "inputs": _parse_inputs(inputs)}
     if from_step is not None:
         fields["from_step"] = from_step
-    answer = _call(ctx, "submit", **fields)
+    answer = _submit(ctx, None, **fields)
     typer.echo(answer["run_id"])
 
 

@@ -41,7 +41,7 @@ import typer
 from tiffany.cli import DataDirOption, exits
 from tiffany.cli.imports import ImportOption, import_tool_modules, tool_modules
 from tiffany.config import scrub_secrets
-from tiffany.shards import homes
+from tiffany.shards import engine_for_key, engine_home, homes
 
 __all__ = ["register"]
 
@@ -69,11 +69,15 @@ def demo_key(plan: Mapping[str, Any]) -> str:
 DEMO_FILE: Final = "demo-run.json"
 
 
-def submit_demo(data_dir: Path, call: Callable[..., dict[str, Any]]) -> tuple[str, bool]:
+def submit_demo(
+    data_dir: Path, call: Callable[..., dict[str, Any]], engines: int = 1
+) -> tuple[str, bool]:
     """Submit the demo plan unless this data dir ran it: ``(run_id, submitted now)``.
 
     The idempotency key covers a second ``serve --demo`` within the engine's
     key window (a day); the note in the data dir covers the days after.
+    With several ``engines`` the key goes where the API sends it
+    (:func:`~tiffany.shards.engine_for_key`).
     """
     plan = demo_plan()
     key = demo_key(plan)
@@ -86,7 +90,8 @@ def submit_demo(data_dir: Path, call: Callable[..., dict[str, Any]]) -> tuple[st
             and isinstance(seen.get("run_id"), str)
         ):
             return seen["run_id"], False
-    answer = call(data_dir, "submit", plan=plan, inputs={}, key=key)
+    home = engine_home(data_dir, engine_for_key(key, engines))
+    answer = call(home, "submit", plan=plan, inputs={}, key=key)
     run_id = str(answer["run_id"])
     tmp = note.with_suffix(".tmp")
     tmp.write_text(json.dumps({"key": key, "run_id": run_id}))
@@ -365,7 +370,7 @@ def serve(
             )
         if demo and not stop.is_set():
             try:
-                run_id, created = submit_demo(data_dir, call)
+                run_id, created = submit_demo(data_dir, call, len(engine_homes))
                 if created:
                     typer.echo(f"submitted the demo plan: run {run_id}  ({url}#/run/{run_id})")
                 else:  # `make run` again on the same data dir: the same run
