@@ -28,19 +28,23 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 import structlog
+import tenacity
 from sqlalchemy import select
 
 from tiffany.control import ControlError
 from tiffany.store import make_engine, session_factory
 from tiffany.store.models import Schedule
+from tiffany.store.projector import is_transient
 from tiffany.store.schedules import MAX_CATCHUP_TICKS, fired, ticks
 
-__all__ = ["POLL_S", "SKIP_GRACE_S", "ScheduleRunner", "due"]
+__all__ = ["MAX_BACKOFF_S", "POLL_S", "SKIP_GRACE_S", "ScheduleRunner", "due"]
 
 log = structlog.get_logger("tiffany.engine")
 
 #: How often the schedules are looked at, in seconds.
 POLL_S: Final = 0.25
+#: The longest wait between polls while the store fails, in seconds.
+MAX_BACKOFF_S: Final = 5.0
 #: How late a tick of a ``skip`` schedule may still fire, in seconds (a few polls).
 SKIP_GRACE_S: Final = 1.0
 
@@ -78,6 +82,8 @@ class ScheduleRunner:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.fired = 0
+        #: Polls that failed in a row (the store down): they back off.
+        self.failures = 0
 
     def start(self) -> None:
         """Start the thread."""
@@ -93,13 +99,45 @@ class ScheduleRunner:
         self._engine.dispose()
 
     def _run(self) -> None:
+        # A store that fails (down, unreachable) is retried with exponential
+        # backoff, one line a failure: polled every POLL_S, a store down for
+        # a minute logged 240 tracebacks.
+        retrying = tenacity.Retrying(
+            wait=tenacity.wait_exponential(multiplier=POLL_S, max=MAX_BACKOFF_S),
+            retry=tenacity.retry_if_exception(
+                lambda exc: not isinstance(exc, ControlError) and not self._stop.is_set()
+            ),
+            sleep=self._nap,
+            before_sleep=self._failed,
+            reraise=True,
+        )
         while not self._stop.wait(POLL_S):
             try:
-                self.step(time.time())  # noqa: TID251 - cron ticks are wall-clock times
+                retrying(self._poll)
             except ControlError as exc:  # the engine is stopping or busy: next time
                 log.info("schedules.later", reason=exc.message)
-            except Exception:  # a database hiccup: log it, try again
-                log.exception("schedules.failed")
+            except Exception as exc:  # noqa: BLE001 - the store still failing as the engine stops
+                log.debug("schedules.stopped", error=repr(exc)[:500])
+
+    def _nap(self, seconds: float) -> None:
+        self._stop.wait(seconds)  # a stop ends the wait (and the retries: see retry=)
+
+    def _poll(self) -> None:
+        self.step(time.time())  # noqa: TID251 - cron ticks are wall-clock times
+        if self.failures:
+            log.info("schedules.recovered", failures=self.failures)
+            self.failures = 0
+
+    def _failed(self, state: tenacity.RetryCallState) -> None:
+        """Log a failed poll in one line (a traceback only for what is not the database's)."""
+        exc = state.outcome.exception() if state.outcome is not None else None
+        self.failures += 1
+        retry_in = state.next_action.sleep if state.next_action is not None else 0.0
+        fields = {"error": repr(exc)[:500], "retry_in_s": round(retry_in, 3)}
+        if exc is not None and is_transient(exc):
+            log.warning("schedules.failed", **fields)
+        else:
+            log.error("schedules.failed", exc_info=exc, **fields)
 
     def step(self, now: float) -> int:
         """Fire what is due at ``now``; return how many runs started."""
