@@ -37,8 +37,9 @@ def _most_at_once(intervals: list[tuple[float, float]]) -> int:
 
 def test_ten_runs_on_one_key_never_run_more_than_the_limit_across_a_kill_9(served) -> None:
     data_dir, url = served
-    runs = [submit_plan(url, PLAN)["run_id"] for _ in range(10)]
-    queued = read_run(url, runs[-1])
+    answers = [submit_plan(url, PLAN) for _ in range(10)]
+    runs = [a["run_id"] for a in answers]
+    queued = read_run(url, runs[-1], min_seq=answers[-1]["seq"])  # read your write: no race
     assert queued["status"] == "pending"  # queued: the reason is the entry's limit
     assert queued["entry"]["concurrency"] == {"key": "user-alice", "limit": 2}
     status = httpx.get(f"{url}/api/runs", params={"status": "succeeded"}).json()

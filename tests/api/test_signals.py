@@ -54,9 +54,10 @@ APPROVAL = {
 
 def test_an_approval_waits_across_a_kill_9_and_the_signal_finishes_the_run(served) -> None:
     data_dir, url = served
-    run_id = submit_plan(url, APPROVAL)["run_id"]
+    submitted = submit_plan(url, APPROVAL)
+    run_id, seq = submitted["run_id"], submitted["seq"]
     waiting = wait_for(
-        lambda: run_step(read_run(url, run_id), "approve")["waiting"], 30, "the step to wait"
+        lambda: run_step(read_run(url, run_id, seq), "approve")["waiting"], 30, "the step to wait"
     )
     assert waiting == "signal approve"
     before = json.loads((data_dir / "serve.json").read_text())["engine_pid"]
@@ -147,7 +148,8 @@ def test_a_signal_before_its_wait_is_kept_a_key_journals_it_once_and_a_timeout_f
 
 def test_bad_signals_are_refused_naming_what_is_wrong(served) -> None:
     _, url = served
-    run_id = submit_plan(url, APPROVAL)["run_id"]
+    submitted = submit_plan(url, APPROVAL)
+    run_id, seq = submitted["run_id"], submitted["seq"]
     base = f"{url}/api/runs/{run_id}/signals"
     r = httpx.post(f"{base}/bad%20name", json=1)
     assert (r.status_code, r.json()["detail"][0]["loc"]) == (422, ["path", "name"])
@@ -158,7 +160,9 @@ def test_bad_signals_are_refused_naming_what_is_wrong(served) -> None:
     assert r.status_code == 413
     assert httpx.post(f"{url}/api/runs/no-such-run/signals/approve", json=1).status_code == 404
     # Nothing of that reached the run: it still waits.
-    assert wait_for(lambda: run_step(read_run(url, run_id), "approve")["waiting"], 30, "the wait")
+    assert wait_for(
+        lambda: run_step(read_run(url, run_id, seq), "approve")["waiting"], 30, "the wait"
+    )
     assert httpx.post(f"{base}/approve", json={"by": "bob"}).status_code == 202
     assert finished_run(url, run_id)["status"] == "succeeded"
 
@@ -201,8 +205,9 @@ def test_a_signal_through_the_database_on_the_postgresql_journal(pg_schema_url: 
         wait_for(ready.exists, 60, "the API")
         url = str(json.loads(ready.read_text())["url"]).rstrip("/")
         wait_for(lambda: httpx.get(url + "/readyz").status_code == 200, 60, "readyz")
-        run_id = submit_plan(url, APPROVAL)["run_id"]
-        wait_for(lambda: run_step(read_run(url, run_id), "approve")["waiting"], 30, "the wait")
+        submitted = submit_plan(url, APPROVAL)
+        run_id, seq = submitted["run_id"], submitted["seq"]
+        wait_for(lambda: run_step(read_run(url, run_id, seq), "approve")["waiting"], 30, "the wait")
         r = httpx.post(f"{url}/api/runs/{run_id}/signals/approve", json={"by": "dana"}, timeout=30)
         assert r.status_code == 202, r.text
         run = finished_run(url, run_id)
