@@ -270,6 +270,13 @@ def test_the_cli_reads_verifies_and_rebuilds_from_the_postgres_journal(
     assert refused.returncode == 2, refused.stderr  # USAGE: not for this journal
     assert "TIFFANY_JOURNAL=postgres" in refused.stderr
     assert not (data_dir / "wal").exists()  # nothing fell back to a file WAL
+    # An engine on the stream again: the rebuild is refused, the store left as it is.
+    with PgLog.open(pg_url) as held:
+        busy = _cli("db", "rebuild", url=pg_url, data_dir=data_dir)
+        assert held.durable_seq == rows[-1]["seq"]
+    assert busy.returncode == 1, busy.stdout + busy.stderr
+    assert "the journal stream 'main' is held by" in busy.stderr
+    assert "an engine is running on it" in busy.stderr
 
 
 def test_journal_postgres_needs_a_postgres_url(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import typer
@@ -13,6 +14,7 @@ from tiffany.cli.db import register
 from tiffany.engine.projection import journal_id
 from tiffany.store import Projector, make_engine
 from tiffany.store.migrate import current_revision, head_revision, upgrade
+from tiffany.wal import Wal
 
 
 @pytest.fixture
@@ -70,3 +72,22 @@ def test_db_rebuild_equals_incremental_projection(cli, journal: Journal, tmp_pat
     finally:
         incremental.dispose()
         rebuilt.dispose()
+
+
+def test_db_rebuild_is_refused_while_an_engine_holds_the_wal(cli, journal: Journal):
+    """Beside a running engine a rebuild would race its projector: the WAL's lock says no."""
+    first = cli("db", "rebuild")
+    assert first.exit_code == 0, first.output
+    store = make_engine(cli.url)
+    try:
+        before = dump(store)
+        with Wal.open(journal.wal_dir):  # as an engine holds it
+            refused = cli("db", "rebuild")
+        assert refused.exit_code == 1, refused.output
+        assert f"the WAL in {journal.wal_dir} is in use by pid {os.getpid()}" in refused.output
+        assert dump(store) == before  # nothing emptied
+        again = cli("db", "rebuild")  # the engine stopped: the lock was given back
+        assert again.exit_code == 0, again.output
+        assert dump(store) == before
+    finally:
+        store.dispose()

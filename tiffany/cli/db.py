@@ -19,7 +19,9 @@ the rebuild refuses: it would drop every run those segments held.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Final
@@ -141,20 +143,62 @@ def upgrade(
     typer.echo(f"store {shown} is at revision {at}")
 
 
+@contextlib.contextmanager
+def engines_stopped(sources: list[Source]) -> Iterator[None]:
+    """Hold every file WAL's lock while the body runs; refuse a stream an engine holds.
+
+    A rebuild empties the store and projects the journal again: beside a
+    running engine it would race that engine's projector, and read records
+    the engine has written but not yet made durable. With the WAL's lock
+    held (as ``wal repair`` holds it), no engine runs, and none starts
+    until the rebuild is done. A PostgreSQL stream's lease is the engine's
+    to take: a stream whose lease is held is refused.
+
+    Raises:
+        WalLockedError: An engine runs on one of the journals.
+    """
+    from tiffany.errors import WalLockedError
+    from tiffany.pgwal import PgStream, streams
+    from tiffany.wal.lock import lock_dir, unlock
+
+    fds: list[int] = []
+    try:
+        for source in sources:
+            if isinstance(source, Path):
+                if source.is_dir():
+                    fds.append(lock_dir(source))
+            elif isinstance(source, PgStream):
+                for row in streams(source.url):
+                    if row["stream"] == source.stream and row["held"]:
+                        raise WalLockedError(
+                            f"the journal stream {source.stream!r} is held by {row['owner']} "
+                            f"for {row['lease_left_s']} s more: an engine is running on it "
+                            "(stop it first)",
+                            stream=source.stream,
+                            owner=row["owner"],
+                        )
+        yield
+    finally:
+        for fd in fds:
+            unlock(fd)
+
+
 @db_app.command("rebuild")
 def rebuild(
     ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
 ) -> None:
-    """Empty the store and project the whole WAL into it again (engine stopped)."""
+    """Empty the store and project the whole WAL into it again (refused while an engine runs)."""
     from tiffany.cli.durable import _engines, _source
     from tiffany.store.migrate import upgrade as alembic_upgrade
 
     engine, shown = _engine(ctx)
+    sources = [_source(ctx, e) for e in range(_engines(ctx))]
     try:
-        alembic_upgrade(engine)
-        # Engine by engine (serve --engines N): each replaces its own rows.
-        reports = [rebuild_store(engine, _source(ctx, e), shard=e) for e in range(_engines(ctx))]
+        with engines_stopped(sources):
+            alembic_upgrade(engine)
+            # Engine by engine (serve --engines N): each replaces its own rows.
+            reports = [rebuild_store(engine, source, shard=e) for e, source in enumerate(sources)]
     except TiffanyError as exc:
         typer.echo(f"tiffany: {exc}", err=True)
         raise typer.Exit(EXIT_FAILED) from None
