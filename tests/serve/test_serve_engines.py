@@ -58,6 +58,30 @@ def _http_keyed(url: str, body: dict[str, Any], key: str) -> Any:
         return json.loads(resp.read())
 
 
+def _one_run_per_key(
+    data: Path, env: dict[str, str], url: str, plan: Path, keys: list[str]
+) -> list[tuple[str, dict[str, Any]]]:
+    """Submit each key from the CLI then over HTTP, and a twin key the other way round.
+
+    Each pair must give one run (``created`` false the second time, the
+    CLI saying so); returns ``(key, the HTTP answer)`` for the CLI-first keys.
+    """
+    out = []
+    for key in keys:
+        by_cli = _cli(data, env, "submit", str(plan), "--idempotency-key", key)
+        assert by_cli.returncode == 0, by_cli.stderr
+        again = _http_keyed(url + "api/runs", {"plan": NAP}, key)
+        assert again["created"] is False, (key, again)
+        assert again["run_id"] == by_cli.stdout.strip()
+        out.append((key, again))
+        first = _http_keyed(url + "api/runs", {"plan": NAP}, key + "-api")
+        by_cli = _cli(data, env, "submit", str(plan), "--idempotency-key", key + "-api")
+        assert by_cli.returncode == 0, by_cli.stderr
+        assert by_cli.stdout.strip() == first["run_id"]
+        assert "an earlier submission with this idempotency key" in by_cli.stderr
+    return out
+
+
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")}
     return env | {"TIFFANY_LOG_FORMAT": "json"} | (extra or {})
@@ -177,18 +201,8 @@ def test_two_engines_share_the_runs_of_a_data_dir_used_before(tmp_path: Path) ->
         # whichever submits first: one run per key (keys for both engines).
         keys = {engine_for_key(k, 2): k for k in ("key-a", "key-b", "key-c", "key-d")}
         assert set(keys) == {0, 1}
-        for engine, key in keys.items():
-            by_cli = _cli(data, env, "submit", str(plan), "--idempotency-key", key)
-            assert by_cli.returncode == 0, by_cli.stderr
-            again = _http_keyed(url + "api/runs", {"plan": NAP}, key)
-            assert again["created"] is False, (engine, again)
-            assert again["run_id"] == by_cli.stdout.strip()
-            assert engine_of(again["seq"]) == engine
-            first = _http_keyed(url + "api/runs", {"plan": NAP}, key + "-api")
-            by_cli = _cli(data, env, "submit", str(plan), "--idempotency-key", key + "-api")
-            assert by_cli.returncode == 0, by_cli.stderr
-            assert by_cli.stdout.strip() == first["run_id"]
-            assert "an earlier submission with this idempotency key" in by_cli.stderr
+        for key, run in _one_run_per_key(data, env, url, plan, list(keys.values())):
+            assert engine_of(run["seq"]) == engine_for_key(key, 2)
 
         report = _http(f"{url}api/runs/{on_one['run_id']}/verify", {}, method="POST")
         assert report["ok"] is True, report
@@ -267,6 +281,10 @@ def test_two_engines_on_postgresql_each_write_a_stream(tmp_path: Path, pg_schema
         assert set(heads) == {"main", "main-1"}
         assert 0 < heads["main"] < seq_base(1) < heads["main-1"]
         on_one = next(a for a in answers if engine_of(a["seq"]) == 1)
+        # The CLI submits through the database too: a key is one run, from either side.
+        plan = tmp_path / "nap.json"
+        plan.write_text(json.dumps(NAP))
+        _one_run_per_key(data, env, url, plan, ["pg-key-a", "pg-key-b", "pg-key-c"])
 
         report = _http(f"{url}api/runs/{on_one['run_id']}/verify", {}, method="POST")
         assert report["ok"] is True, report

@@ -74,11 +74,18 @@ def _submit(ctx: typer.Context, key: str | None, **fields: Any) -> dict[str, Any
     With an idempotency key: to the engine the key goes to
     (:func:`~tiffany.shards.engine_for_key`), which remembers it. Without
     one: to any engine, starting at a random one and passing over one that
-    does not answer or is not ready (503).
+    does not answer or is not ready (503). On the PostgreSQL journal, through
+    the database as the API submits there (the key is unique in SQL, and any
+    engine on any host takes the submission).
     """
+    from tiffany.cli import _settings
     from tiffany.control import ControlError, ControlUnavailable, call
     from tiffany.shards import engine_for_key
 
+    settings = _settings(ctx)
+    if settings.journal == "postgres":
+        with _answered():
+            return asyncio.run(_submit_through_database(settings.database_url, key, fields))
     homes = _homes(ctx)
     if key is not None:
         return _call(ctx, "submit", home=homes[engine_for_key(key, len(homes))], key=key, **fields)
@@ -94,6 +101,30 @@ def _submit(ctx: typer.Context, key: str | None, **fields: Any) -> dict[str, Any
                 if exc.status != 503:  # a bad plan is bad on every engine
                     raise
     return _call(ctx, "submit", home=order[-1], key=None, **fields)
+
+
+#: How long a submission through the database waits for its listener to connect, in seconds.
+LISTEN_WAIT_S = 5.0
+
+
+async def _submit_through_database(
+    url: str, key: str | None, fields: dict[str, Any]
+) -> dict[str, Any]:
+    """A submission as a row of ``engine_requests`` (``tiffany/api/db_requests.py``)."""
+    from tiffany.api.db_requests import DbRequests
+
+    requests = DbRequests(url)
+    requests.start()
+    try:
+        # Listening first: the answer comes as a notification (else a re-read, a second later).
+        deadline = asyncio.get_running_loop().time() + LISTEN_WAIT_S
+        while not requests.listening and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        rest = dict(fields)
+        plan, inputs = rest.pop("plan", None), rest.pop("inputs", None)
+        return await requests.submit(plan, inputs, key, extra=rest or None)
+    finally:
+        await requests.close()
 
 
 def submit(
