@@ -285,6 +285,22 @@ def test_two_engines_on_postgresql_each_write_a_stream(tmp_path: Path, pg_schema
         plan = tmp_path / "nap.json"
         plan.write_text(json.dumps(NAP))
         _one_run_per_key(data, env, url, plan, ["pg-key-a", "pg-key-b", "pg-key-c"])
+        # A run's command from the CLI on another host (a data dir with no
+        # engine) reaches the run's engine through the database.
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        longs = [_http(url + "api/runs", {"plan": LONG}) for _ in range(2)]
+        while {engine_of(a["seq"]) for a in longs} != {0, 1} and len(longs) < 20:
+            longs.append(_http(url + "api/runs", {"plan": LONG}))
+        for a in longs:
+            run = _http(f"{url}api/runs/{a['run_id']}?min_seq={a['seq']}")
+            assert run["status"] in ("pending", "running")
+            cancelled = _cli(elsewhere, env, "cancel", a["run_id"])
+            assert cancelled.returncode == 0, cancelled.stderr
+            assert _finished(url, a["run_id"], a["seq"])["status"] == "cancelled"
+        unknown = _cli(elsewhere, env, "cancel", "run-nobody")
+        assert unknown.returncode == 3, unknown.stderr
+        assert "no run 'run-nobody'" in unknown.stderr
 
         report = _http(f"{url}api/runs/{on_one['run_id']}/verify", {}, method="POST")
         assert report["ok"] is True, report

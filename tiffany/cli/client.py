@@ -12,9 +12,9 @@ import asyncio
 import contextlib
 import json
 import secrets
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -28,6 +28,9 @@ from tiffany.cli.remote import (
     show_event,
 )
 from tiffany.cli.run import InputsOption
+
+if TYPE_CHECKING:
+    from tiffany.api.db_requests import DbRequests
 
 __all__ = ["register"]
 
@@ -103,6 +106,49 @@ def _submit(ctx: typer.Context, key: str | None, **fields: Any) -> dict[str, Any
     return _call(ctx, "submit", home=order[-1], key=None, **fields)
 
 
+def _for_run(ctx: typer.Context, op: str, run_id: str, **fields: Any) -> dict[str, Any]:
+    """Send a run's command (cancel, signal) to the engine that holds the run.
+
+    Several engines on the data dir: the one holding the run answers (asked
+    live); then engine 0 says what the store knows of it (finished, or
+    unknown). On the PostgreSQL journal, through the database to the
+    engine the store names, wherever it runs (as the API does).
+    """
+    from tiffany.cli import _settings
+    from tiffany.control import ControlError, ControlUnavailable, call
+
+    settings = _settings(ctx)
+    if settings.journal == "postgres":
+        with _answered():
+            return asyncio.run(_ask_through_database(settings.database_url, op, run_id, fields))
+    homes = _homes(ctx)
+    for home in homes[1:] if len(homes) > 1 else []:
+        with contextlib.suppress(ControlUnavailable, ControlError):
+            return call(home, op, run_id=run_id, live=True, **fields)
+    return _call(ctx, op, run_id=run_id, **fields)
+
+
+async def _ask_through_database(
+    url: str, op: str, run_id: str, fields: dict[str, Any]
+) -> dict[str, Any]:
+    """A run's command as a row of ``engine_requests``, for the engine the store names."""
+    from tiffany.control import ControlError
+    from tiffany.shards import engine_of
+    from tiffany.store import make_engine, queries, session_factory
+
+    store = make_engine(url)
+    try:
+        with session_factory(store)() as session:
+            start = queries.start_seq_of(session, run_id)
+    finally:
+        store.dispose()
+    async with _database_requests(url) as requests:
+        owner = engine_of(start) if start is not None else await requests.owner(run_id)
+        if owner is None:
+            raise ControlError(404, f"no run {run_id!r}")
+        return await requests.request(op, owner, run_id, **fields)
+
+
 #: How long a submission through the database waits for its listener to connect, in seconds.
 LISTEN_WAIT_S = 5.0
 
@@ -111,6 +157,15 @@ async def _submit_through_database(
     url: str, key: str | None, fields: dict[str, Any]
 ) -> dict[str, Any]:
     """A submission as a row of ``engine_requests`` (``tiffany/api/db_requests.py``)."""
+    async with _database_requests(url) as requests:
+        rest = dict(fields)
+        plan, inputs = rest.pop("plan", None), rest.pop("inputs", None)
+        return await requests.submit(plan, inputs, key, extra=rest or None)
+
+
+@contextlib.asynccontextmanager
+async def _database_requests(url: str) -> AsyncIterator[DbRequests]:
+    """The API's requests through the database (``tiffany/api/db_requests.py``), listening."""
     from tiffany.api.db_requests import DbRequests
 
     requests = DbRequests(url)
@@ -120,9 +175,7 @@ async def _submit_through_database(
         deadline = asyncio.get_running_loop().time() + LISTEN_WAIT_S
         while not requests.listening and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.01)
-        rest = dict(fields)
-        plan, inputs = rest.pop("plan", None), rest.pop("inputs", None)
-        return await requests.submit(plan, inputs, key, extra=rest or None)
+        yield requests
     finally:
         await requests.close()
 
@@ -163,22 +216,12 @@ def cancel(
     data_dir: DataDirOption = None,
 ) -> None:
     """Cancel a running run (its tasks are killed cooperatively, subprocesses included)."""
-    from tiffany.control import ControlError, ControlUnavailable, call
-
     if url:
         with remote(url, token) as client:
             done = client.cancel(run_id)
         typer.echo(f"run {done.run_id}: {done.status}")
         return
-    homes = _homes(ctx)
-    # Several engines: the one holding the run answers; then engine 0 says
-    # what the store knows of it (finished, or unknown).
-    for home in homes[1:] if len(homes) > 1 else []:
-        with contextlib.suppress(ControlUnavailable, ControlError):
-            answer = call(home, "cancel", run_id=run_id, live=True)
-            typer.echo(f"run {answer['run_id']}: {answer['status']}")
-            return
-    answer = _call(ctx, "cancel", run_id=run_id)
+    answer = _for_run(ctx, "cancel", run_id)
     typer.echo(f"run {answer['run_id']}: {answer['status']}")
 
 
@@ -234,7 +277,6 @@ def signal(
 
     Prints the seq of the signal's journal record once it is durable.
     """
-    from tiffany.control import ControlError, ControlUnavailable, call
     from tiffany.documents import DocumentError, load
 
     try:
@@ -247,17 +289,10 @@ def signal(
             sent = client.signal(run_id, name, payload, signal_id=signal_id)
         typer.echo(f"run {sent.run_id}: signal {sent.name} journaled (seq {sent.seq})")
         return
-    fields: dict[str, Any] = {"run_id": run_id, "name": name, "payload": payload}
+    fields: dict[str, Any] = {"name": name, "payload": payload}
     if signal_id is not None:
         fields["signal_id"] = signal_id
-    homes = _homes(ctx)
-    answer: dict[str, Any] | None = None
-    for home in homes[1:] if len(homes) > 1 else []:  # as `cancel`: the holder answers
-        with contextlib.suppress(ControlUnavailable, ControlError):
-            answer = call(home, "signal", live=True, **fields)
-            break
-    if answer is None:
-        answer = _call(ctx, "signal", **fields)
+    answer = _for_run(ctx, "signal", run_id, **fields)
     typer.echo(f"run {answer['run_id']}: signal {answer['name']} journaled (seq {answer['seq']})")
 
 
