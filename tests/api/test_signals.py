@@ -97,6 +97,31 @@ def test_an_approval_waits_across_a_kill_9_and_the_signal_finishes_the_run(serve
     assert verdict["identical"], verdict
 
 
+def test_a_signal_sent_again_after_it_finished_its_run_gets_the_first_answer(served) -> None:
+    """A client that lost the 202 and sends the signal again, same key, is told it was delivered.
+
+    The signal finishes the run at once: the retry meets a finished run. It
+    gets the first delivery's seq (202), not a 409; another signal, or the
+    same key on another name, still gets the 409.
+    """
+    _, url = served
+    submitted = submit_plan(url, APPROVAL)
+    run_id, seq = submitted["run_id"], submitted["seq"]
+    wait_for(lambda: run_step(read_run(url, run_id, seq), "approve")["waiting"], 30, "the wait")
+    base = f"{url}/api/runs/{run_id}/signals"
+    key = {"Idempotency-Key": "approve-once"}
+    first = httpx.post(f"{base}/approve", json={"by": "ada"}, headers=key, timeout=30)
+    assert first.status_code == 202, first.text
+    assert finished_run(url, run_id)["status"] == "succeeded"
+    again = httpx.post(f"{base}/approve", json={"by": "ada"}, headers=key, timeout=30)
+    assert again.status_code == 202, again.text
+    assert again.json() == first.json()
+    other = httpx.post(f"{base}/approve", json={"by": "ada"}, timeout=30)
+    assert other.status_code == 409, other.text
+    renamed = httpx.post(f"{base}/reject", json={"by": "ada"}, headers=key, timeout=30)
+    assert renamed.status_code == 409, renamed.text
+
+
 def test_a_signal_before_its_wait_is_kept_a_key_journals_it_once_and_a_timeout_fails(
     served,
 ) -> None:

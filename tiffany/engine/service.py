@@ -96,6 +96,9 @@ log = structlog.get_logger(__name__)
 #: How long a submission waits for the loop and its group commit, in seconds.
 SUBMIT_TIMEOUT_S: Final = 30.0
 _BUSY: Final = "the engine is busy or recovering; try again"
+#: How long a signal sent again to a finished run waits for the store to hold
+#: the run's end before its first delivery is looked up there, in seconds.
+SIGNAL_LOOKUP_WAIT_S: Final = 5.0
 _NOT_DURABLE: Final = "the submission was not made durable in time"
 _SIGNAL_NAME: Final = re.compile(SIGNAL_NAME_PATTERN)
 #: Exit code of an engine that stopped because a run's replay diverged
@@ -631,7 +634,8 @@ class EngineService:
         """
         run_id = str(request.get("run_id") or "")
         name, payload = request.get("name"), request.get("payload")
-        signal_id = request.get("signal_id") or uuid.uuid4().hex
+        given = request.get("signal_id")  # the caller's id: it may send the signal again
+        signal_id = given or uuid.uuid4().hex
         if not isinstance(name, str) or not _SIGNAL_NAME.match(name):
             msg = f"must match {SIGNAL_NAME_PATTERN}"
             raise ControlError(422, f"signal name {msg}", [{"loc": "name", "msg": msg}])
@@ -671,22 +675,44 @@ class EngineService:
                 )
 
         try:
-            self._on_loop(queue)
+            try:
+                self._on_loop(queue)
+            except ControlError as exc:
+                stored = None
+                if exc.status == 404 and not request.get("live"):
+                    stored = self._stored_status(run_id)
+                if stored is None:
+                    raise
+                raise ControlError(
+                    409, f"run {run_id} already finished ({stored})", {"status": stored}
+                ) from None
+            try:
+                seq = journaled.result(max(0.0, deadline - time.monotonic()))
+            except FutureTimeout:
+                raise ControlError(503, _BUSY) from None
         except ControlError as exc:
-            stored = None
-            if exc.status == 404 and not request.get("live"):
-                stored = self._stored_status(run_id)
-            if stored is None:
+            # Sent again (a client retried after a lost answer) once the run had
+            # finished, perhaps because of it: the first delivery's answer.
+            sent = self._signal_sent(run_id, given) if exc.status == 409 and given else None
+            if sent is None or sent[1] != name:  # not that signal: the run had finished
                 raise
-            raise ControlError(
-                409, f"run {run_id} already finished ({stored})", {"status": stored}
-            ) from None
-        try:
-            seq = journaled.result(max(0.0, deadline - time.monotonic()))
-        except FutureTimeout:
-            raise ControlError(503, _BUSY) from None
+            seq = sent[0]
         self._wait_durable(seq, deadline)
         return {"run_id": run_id, "name": name, "seq": seq, "signal_id": signal_id}
+
+    def _signal_sent(self, run_id: str, signal_id: str) -> tuple[int, str] | None:
+        """A finished run's signal ``signal_id``: ``(seq, name)`` from the store, or None.
+
+        Control threads only (SQL). The store is first let catch up with what
+        is durable now (the run's end, and so the signal before it), for
+        :data:`SIGNAL_LOOKUP_WAIT_S` at most.
+        """
+        from tiffany.store import session_factory
+        from tiffany.store.journal import signal_record
+
+        self.projector.when_projected(self.durable_seq, SIGNAL_LOOKUP_WAIT_S).result()
+        with session_factory(self._store_engine())() as session:
+            return signal_record(session, run_id, signal_id)
 
     def _wait_projected(self, request: dict[str, Any]) -> Future[dict[str, Any]]:
         """Answer once the store holds ``seq`` (or after ``wait_s``); holds no thread."""

@@ -20,7 +20,7 @@ from tiffany.shards import engine_of, seq_last
 from tiffany.store.models import JournalRecord, Run
 from tiffany.store.records import jsonable
 
-__all__ = ["record_row", "run_records"]
+__all__ = ["record_row", "run_records", "signal_record"]
 
 #: Largest page :func:`run_records` returns.
 MAX_PAGE: Final = 1_000
@@ -37,15 +37,8 @@ def record_row(seq: int, run_no: int, record: Record | Unknown) -> dict[str, Any
     return {"seq": seq, "run_no": run_no, "rtype": type_name, "ltid": ltid, "data": data}
 
 
-def run_records(
-    session: Session, run_id: str, after: int = 0, limit: int = 200
-) -> dict[str, Any] | None:
-    """Return a page of a run's journal records after sequence number ``after``.
-
-    Returns None for an unknown run; otherwise ``{"run_id", "records":
-    [{"seq", "type", "ltid", "data"}], "next_after"}`` where ``next_after``
-    is the ``after`` of the next page, or None on the last page.
-    """
+def _records_of(session: Session, run_id: str) -> tuple[int, int, int] | None:
+    """Where a run's records are: ``(run_no, first seq, seq past the last)``; None: no run."""
     run = session.execute(
         select(Run.run_no, Run.start_seq).where(Run.run_id == run_id)
     ).one_or_none()
@@ -61,7 +54,54 @@ def run_records(
             Run.run_no == run_no, Run.start_seq > start, Run.start_seq <= last
         )
     )
-    end = last + 1 if end is None else end
+    return run_no, start, last + 1 if end is None else end
+
+
+def signal_record(session: Session, run_id: str, signal_id: str) -> tuple[int, str] | None:
+    """The seq and name of the signal ``signal_id`` a run's journal holds, or None.
+
+    A signal is journaled as a WAKE of task 0, cause ``signal``, whose value
+    is ``[name, payload, signal_id]`` (``tiffany/durable/journal.py``).
+    """
+    span = _records_of(session, run_id)
+    if span is None:
+        return None
+    run_no, start, end = span
+    rows = session.execute(
+        select(JournalRecord.seq, JournalRecord.data).where(
+            JournalRecord.run_no == run_no,
+            JournalRecord.seq >= start,
+            JournalRecord.seq < end,
+            JournalRecord.rtype == RecordType.WAKE.name,
+            JournalRecord.ltid == 0,
+        )
+    )
+    for seq, data in rows:
+        value = data.get("value") if isinstance(data, dict) else None
+        if (
+            data.get("cause") == "signal"
+            and isinstance(value, list)
+            and len(value) >= 3
+            and value[2] == signal_id
+            and isinstance(value[0], str)
+        ):
+            return int(seq), value[0]
+    return None
+
+
+def run_records(
+    session: Session, run_id: str, after: int = 0, limit: int = 200
+) -> dict[str, Any] | None:
+    """Return a page of a run's journal records after sequence number ``after``.
+
+    Returns None for an unknown run; otherwise ``{"run_id", "records":
+    [{"seq", "type", "ltid", "data"}], "next_after"}`` where ``next_after``
+    is the ``after`` of the next page, or None on the last page.
+    """
+    span = _records_of(session, run_id)
+    if span is None:
+        return None
+    run_no, start, end = span
     after = max(after, start - 1)
     limit = max(1, min(limit, MAX_PAGE))
     rows = session.execute(
