@@ -149,8 +149,10 @@ async def _ask_through_database(
         return await requests.request(op, owner, run_id, **fields)
 
 
-#: How long a submission through the database waits for its listener to connect, in seconds.
-LISTEN_WAIT_S = 5.0
+#: How long a request through the database waits for its listener to connect, in seconds
+#: (without it the answer is read from its row a second later; a database that is down
+#: fails the request itself).
+LISTEN_WAIT_S = 1.0
 
 
 async def _submit_through_database(
