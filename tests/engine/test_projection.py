@@ -22,7 +22,7 @@ from tiffany.engine.projector_proc import DURABLE, READ_WANTS, READER_WAITS, Not
 from tiffany.errors import WalCorruptionError
 from tiffany.records import Dispatch, encode
 from tiffany.wal import Wal
-from tiffany.wal.segments import list_segments
+from tiffany.wal.segments import ARCHIVE_DIR_NAME, list_segments
 
 PREFIX = (7).to_bytes(4, "little")
 
@@ -222,3 +222,31 @@ def test_a_journal_reaches_the_seqs_it_held_even_after_releasing_them(tmp_path: 
     assert journal_reaches(wal_dir, released)
     assert journal_reaches(wal_dir, last)
     assert not journal_reaches(wal_dir, last + 1)
+
+
+def test_a_tail_behind_the_live_segments_reads_the_archive_first(tmp_path: Path) -> None:
+    """A new store (or one restored from an old backup) starts before the live segments.
+
+    Retention archived the oldest segments: the tail reads them, then the live
+    ones, as one log. It used to start at the first live segment and skip them:
+    a store given a fresh database lost every run of the archive, silently.
+    """
+    wal_dir = tmp_path / "wal"
+    with Wal.open(wal_dir, segment_size_bytes=400) as wal:
+        _append(wal, 60, 1)
+        durable = wal.commit()
+    on_disk = _everything(wal_dir)
+    segments = list_segments(wal_dir)
+    assert len(segments) > 3
+    (wal_dir / ARCHIVE_DIR_NAME).mkdir()
+    for seg in segments[:3]:  # what the checkpointer does under TIFFANY_WAL_RETAIN=archive
+        seg.path.rename(wal_dir / ARCHIVE_DIR_NAME / seg.path.name)
+    assert _everything(wal_dir) == on_disk  # the WAL's reader reads it as one log
+    for after in (0, 5, segments[2].first_seq, segments[3].first_seq - 1):
+        tail = WalTail(wal_dir)
+        try:
+            got = tail.read(after, durable, limit=7)  # a part, then the rest
+            got += tail.read(got[-1][0], durable, limit=1_000)
+        finally:
+            tail.close()
+        assert got == on_disk[after:], after

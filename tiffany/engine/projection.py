@@ -35,7 +35,14 @@ from tiffany.wal.format import HEADER_SIZE_BYTES
 from tiffany.wal.frame import SHORT_HEADER, SHORT_PAYLOAD, Frame, is_benign
 from tiffany.wal.frame import decode as decode_frame
 from tiffany.wal.identity import identity
-from tiffany.wal.segments import REMEDY, Segment, check_header, history_segments, list_segments
+from tiffany.wal.segments import (
+    ARCHIVE_DIR_NAME,
+    REMEDY,
+    Segment,
+    check_header,
+    history_segments,
+    list_segments,
+)
 
 if TYPE_CHECKING:
     from tiffany.pgwal import PgStream
@@ -112,6 +119,8 @@ class WalTail:
       overwritten since (a preallocated segment, docs/wal-format.md): where
       a frame does not check out, the file is read again from there before
       anything is concluded.
+    * A read behind the live segments reads the archive first (retention
+      moved the oldest segments there): a new store catches up from seq 1.
     * Frames are checked as the WAL reader checks them (``frame.decode``).
       Below the durable seq, a frame cut short is the end of a segment the
       writer has left (the next one starts at the next seq); anything else
@@ -173,7 +182,7 @@ class WalTail:
             return
         if problem in (SHORT_HEADER, SHORT_PAYLOAD) and self._fill():
             return
-        following = [s for s in list_segments(self.wal_dir) if s.first_seq == self._seq]
+        following = [s for s in self._segments() if s.first_seq == self._seq]
         if following and is_benign(problem):
             self._open(following[0])
             return
@@ -198,9 +207,27 @@ class WalTail:
         self._end += len(more)
         return True
 
+    def _segments(self) -> list[Segment]:
+        """The segments on disk, archived ones included, in order.
+
+        A tail behind the live segments (a new store, the projector's first
+        start on a data dir that retention archived) reads the archive first,
+        as the WAL's reader does. The live directory is listed before the
+        archive: a segment the checkpointer archives between the two listings
+        is then seen twice (the archive's path kept), never missed.
+        """
+        by_seq = {s.first_seq: s for s in list_segments(self.wal_dir)}
+        by_seq.update((s.first_seq, s) for s in list_segments(self.wal_dir / ARCHIVE_DIR_NAME))
+        return [by_seq[seq] for seq in sorted(by_seq)]
+
     def _open(self, seg: Segment) -> None:
         self.close()
-        self._fd = os.open(seg.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self._fd = os.open(seg.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:  # archived since it was listed: the same bytes, moved
+            self._fd = os.open(
+                self.wal_dir / ARCHIVE_DIR_NAME / seg.path.name, os.O_RDONLY | os.O_CLOEXEC
+            )
         header = os.pread(self._fd, HEADER_SIZE_BYTES, 0)
         check_header(seg, header)
         self._seg = seg
@@ -210,7 +237,7 @@ class WalTail:
 
     def _seek(self, seq: int) -> None:
         """Position on record ``seq`` (or on the first one kept, if it is older)."""
-        segments = list_segments(self.wal_dir)
+        segments = self._segments()
         holding = [s for s in segments if s.first_seq <= seq] or segments[:1]
         if not holding:
             raise WalCorruptionError(
