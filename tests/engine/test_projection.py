@@ -15,12 +15,14 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+import structlog
 
 from tiffany.engine.projection import WalTail, decoded_batches, journal_reaches
 from tiffany.engine.projector_link import ProjectorLink
 from tiffany.engine.projector_proc import DURABLE, READ_WANTS, READER_WAITS, Notices
 from tiffany.errors import WalCorruptionError
 from tiffany.records import Dispatch, encode
+from tiffany.shards import seq_base
 from tiffany.wal import Wal
 from tiffany.wal.segments import ARCHIVE_DIR_NAME, list_segments
 
@@ -250,3 +252,42 @@ def test_a_tail_behind_the_live_segments_reads_the_archive_first(tmp_path: Path)
         finally:
             tail.close()
         assert got == on_disk[after:], after
+
+
+def test_a_tail_behind_deleted_segments_starts_after_them_and_says_so(tmp_path: Path) -> None:
+    wal_dir = tmp_path / "wal"
+    with Wal.open(wal_dir, segment_size_bytes=400) as wal:
+        _append(wal, 60, 1)
+        durable = wal.commit()
+    on_disk = _everything(wal_dir)
+    segments = list_segments(wal_dir)
+    for seg in segments[:2]:  # TIFFANY_WAL_RETAIN=delete
+        seg.path.unlink()
+    first = segments[2].first_seq
+    tail = WalTail(wal_dir)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            got = tail.read(0, durable, limit=1_000)
+    finally:
+        tail.close()
+    assert got == on_disk[first - 1 :]
+    (warned,) = [e for e in logs if e["event"] == "projector.history_deleted"]
+    assert (warned["wanted_seq"], warned["first_seq"]) == (1, first)
+
+
+def test_a_second_engines_journal_starts_where_its_seqs_do_without_a_warning(
+    tmp_path: Path,
+) -> None:
+    wal_dir = tmp_path / "wal"
+    base = seq_base(1)
+    with Wal.open(wal_dir, segment_size_bytes=400, first_seq=base + 1) as wal:
+        _append(wal, 20, 1)
+        durable = wal.commit()
+    tail = WalTail(wal_dir)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            got = tail.read(0, durable, limit=1_000)  # a fresh store's mark
+    finally:
+        tail.close()
+    assert [seq for seq, *_ in got] == list(range(base + 1, durable + 1))
+    assert [e for e in logs if e["log_level"] == "warning"] == []

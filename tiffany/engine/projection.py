@@ -25,8 +25,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Protocol, cast
 
+import structlog
+
 from tiffany.errors import WalCorruptionError
 from tiffany.records import decode_record
+from tiffany.shards import engine_of, seq_base
 from tiffany.store import Projector, make_engine
 from tiffany.store.migrate import upgrade
 from tiffany.store.projector import Decoded
@@ -46,6 +49,8 @@ from tiffany.wal.segments import (
 
 if TYPE_CHECKING:
     from tiffany.pgwal import PgStream
+
+log = structlog.get_logger(__name__)
 
 __all__ = [
     "BATCH_RECORDS",
@@ -239,6 +244,17 @@ class WalTail:
         """Position on record ``seq`` (or on the first one kept, if it is older)."""
         segments = self._segments()
         holding = [s for s in segments if s.first_seq <= seq] or segments[:1]
+        if holding and seq < holding[0].first_seq > seq_base(engine_of(holding[0].first_seq)) + 1:
+            # Records this store never held were deleted (TIFFANY_WAL_RETAIN=delete):
+            # their runs are in no store now. Say so once, where the tail starts.
+            log.warning(
+                "projector.history_deleted",
+                wal=str(self.wal_dir),
+                wanted_seq=seq,
+                first_seq=holding[0].first_seq,
+                note="the WAL's segments before first_seq were deleted by retention; "
+                "this store starts after them and will not show their runs",
+            )
         if not holding:
             raise WalCorruptionError(
                 f"{self.wal_dir}: no segment holds seq {seq}{REMEDY}",
