@@ -619,6 +619,20 @@ def test_a_failed_run_is_re_run_from_the_run_page(
         )
         old_b = page.locator('[data-testid=step-row][data-step-id="b"]')
         expect(old_b).to_have_attribute("data-status", "failed")
+        # b's worker returned the failure to the planner (its task is done),
+        # yet it shows failed, in the tree and on the timeline: its step failed.
+        tree = page.get_by_test_id("task-tree")
+        worker_b = tree.locator('[data-testid=task-node][data-name="worker:b"]')
+        expect(worker_b).to_have_attribute("data-state", "step_failed")
+        expect(worker_b.get_by_test_id("task-state")).to_have_text("step failed")
+        expect(worker_b.get_by_test_id("task-state")).to_have_class(re.compile(r"\btone-bad\b"))
+        worker_a = tree.locator('[data-testid=task-node][data-name="worker:a"]')
+        expect(worker_a).to_have_attribute("data-state", "done")
+        bar_b = page.locator("[data-testid=gantt-row][data-state=step_failed]").get_by_test_id(
+            "gantt-bar"
+        )
+        expect(bar_b).to_have_count(1)
+        expect(bar_b).to_have_class(re.compile(r"\btone-bad\b"))
         rerun = page.get_by_test_id("rerun-failed")
         expect(rerun).to_be_enabled()
         expect(rerun).to_have_text("Re-run from failure")

@@ -250,6 +250,18 @@ export function stateLabel(state) {
   );
 }
 
+/**
+ * A task's state as the run page shows it: a worker whose step failed ended
+ * `done` (it returned the failure to the planner), yet what it did failed.
+ * `failedSteps`: the ids of the run's failed steps.
+ */
+export function taskState(task, failedSteps) {
+  const failed = task.kind === "worker" && task.state === "done" && failedSteps?.has(task.step_id);
+  return failed
+    ? { tone: "bad", label: "step failed", state: "step_failed" }
+    : { tone: tone(task.state), label: stateLabel(task.state), state: task.state };
+}
+
 /** A CSS class family for a run/step/task state. */
 export function tone(state) {
   switch (state) {

@@ -30,6 +30,7 @@ import {
   slotState,
   stamp,
   stateLabel,
+  taskState,
   statusWord,
   TERMINAL_RUN,
   TERMINAL_TASK,
@@ -341,15 +342,17 @@ export class RunPage {
     const tasks = this.tasks();
     const rows = treeOrder(tasks);
     const now = Date.now() / 1000;
+    const failedSteps = new Set((d.steps || []).filter((s) => s.status === "failed").map((s) => s.step_id));
     renderTimeline(this.timelineEl, rows, {
       now,
       tools: new Map((d.steps || []).map((s) => [s.step_id, s.tool])),
+      failedSteps,
       selected: this.selected,
       onSelect: (lt) => this.select(lt),
       limit: this.limits.timeline,
       onMore: () => this.more("timeline"),
     });
-    this.renderTree(rows, now);
+    this.renderTree(rows, now, failedSteps);
     this.renderTask(tasks);
     this.renderSteps(d, tasks);
     this.renderErrorAndIo(d);
@@ -367,7 +370,7 @@ export class RunPage {
     this.render();
   }
 
-  renderTree(rows, now) {
+  renderTree(rows, now, failedSteps) {
     const hidden = new Set();
     const out = [];
     let notDrawn = 0;
@@ -381,6 +384,7 @@ export class RunPage {
         continue;
       }
       const st = task.state;
+      const look = taskState(task, failedSteps);
       const end = task.ended_at ?? (TERMINAL_TASK.has(st) ? null : now);
       const isCollapsed = this.collapsed.has(task.ltid);
       out.push(
@@ -398,7 +402,7 @@ export class RunPage {
               }
             },
             "aria-expanded": children ? String(!isCollapsed) : null,
-            dataset: { ltid: String(task.ltid), state: st, kind: task.kind, name: task.name },
+            dataset: { ltid: String(task.ltid), state: look.state, kind: task.kind, name: task.name },
             style: { paddingLeft: `${6 + depth * 18}px` },
             onclick: () => this.select(task.ltid),
           },
@@ -420,7 +424,7 @@ export class RunPage {
             : h("span", { class: "twisty-space" }),
           h("span", { class: `kind-badge tk-${task.kind}`, title: task.kind }, task.kind[0].toUpperCase()),
           h("span", { class: "tree-name" }, task.name, h("span", { class: "muted small" }, ` #${task.ltid}`)),
-          h("span", { class: `pill pill-sm tone-${tone(st)}`, testid: "task-state" }, stateLabel(st)),
+          h("span", { class: `pill pill-sm tone-${look.tone}`, testid: "task-state" }, look.label),
           task.blocked_on && !TERMINAL_TASK.has(st)
             ? h("span", { class: "blocked-on", testid: "task-blocked-on", title: "blocked on" }, h("span", { class: "on" }, "on"), task.blocked_on)
             : null,

@@ -2,7 +2,7 @@
 // bar from started_at to ended_at (or now), blocked spans from the live
 // feed shaded inside the bar. Plain divs positioned in percent.
 
-import { duration, fill, h, stateLabel, tone } from "./dom.js";
+import { duration, fill, h, taskState } from "./dom.js";
 
 const STEPS_S = [
   0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.25, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900,
@@ -49,7 +49,7 @@ function rowLabel(task, tools) {
  * Render `rows` ({task, depth} in tree order) into `root`.
  * `now` (epoch s) closes the bars of tasks still running.
  */
-export function renderTimeline(root, rows, { now, tools, selected, onSelect, limit, onMore }) {
+export function renderTimeline(root, rows, { now, tools, failedSteps, selected, onSelect, limit, onMore }) {
   const timed = rows.filter((r) => r.task.started_at != null);
   if (!timed.length) {
     fill(root, h("div", { class: "empty" }, "No task has started yet."));
@@ -75,7 +75,8 @@ export function renderTimeline(root, rows, { now, tools, selected, onSelect, lim
   const body = shown.map(({ task, depth }) => {
     const end = task.ended_at ?? now;
     const open = task.ended_at == null;
-    const st = task.state;
+    const look = taskState(task, failedSteps);
+    const st = look.state;
     const segs = (task.segments || [])
       .filter((sg) => sg.start >= task.started_at)
       .map((sg) => {
@@ -112,10 +113,10 @@ export function renderTimeline(root, rows, { now, tools, selected, onSelect, lim
         h(
           "div",
           {
-            class: `gantt-bar tone-${tone(st)}${open ? " open" : ""}`,
+            class: `gantt-bar tone-${look.tone}${open ? " open" : ""}`,
             testid: "gantt-bar",
             style: { left: pct(task.started_at), width: width(task.started_at, end) },
-            title: `${task.name} · ${stateLabel(st)}${task.blocked_on ? ` (${task.blocked_on})` : ""} · ${duration(end - task.started_at)}`,
+            title: `${task.name} · ${look.label}${task.blocked_on ? ` (${task.blocked_on})` : ""} · ${duration(end - task.started_at)}`,
           },
           segs,
         ),
