@@ -292,3 +292,19 @@ def test_db_rebuild_reads_the_archive_and_refuses_a_deleted_prefix(tmp_path: Pat
     assert proc.returncode == 1
     assert "deleted" in proc.stderr
     assert f"starts at seq {history_start(deleted / 'wal')}" in proc.stderr
+
+
+def test_a_deleted_run_is_not_found_by_dump_or_replay_and_they_say_why(tmp_path: Path) -> None:
+    """A run in deleted segments: exit 3 (no traceback), naming the deletion and the store."""
+    deleted, ids = archived_dir(tmp_path, Retain.DELETE)
+    start = history_start(deleted / "wal")
+    for argv in (("wal", "dump", "--run", ids[0]), ("replay", ids[0], "--verify")):
+        proc = tiffany(deleted, *argv)
+        assert proc.returncode == 3, proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert f"no run '{ids[0]}' in the WAL" in proc.stderr
+        assert f"its segments before seq {start} were deleted" in proc.stderr
+    kept, _ = archived_dir(tmp_path / "kept", Retain.ARCHIVE)
+    proc = tiffany(kept, "wal", "dump", "--run", "run-nobody")
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.strip() == "tiffany: no run 'run-nobody' in the WAL"

@@ -20,7 +20,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Final
+from typing import TYPE_CHECKING, Annotated, Any, Final, NoReturn
 
 import typer
 
@@ -53,6 +53,22 @@ def _source(ctx: typer.Context, engine: int = 0) -> Any:
     from tiffany.engine import journal_source
 
     return journal_source(_settings(ctx).for_engine(engine))
+
+
+def _unknown_run(ctx: typer.Context, engine: int, exc: Exception) -> NoReturn:
+    """Say that a run is not in the journal (and why it may not be), and exit 3."""
+    from tiffany.shards import seq_base
+    from tiffany.wal.segments import history_start
+
+    note = ""
+    source = _source(ctx, engine)
+    if isinstance(source, Path) and (start := history_start(source)) > seq_base(engine) + 1:
+        note = (
+            f" (its segments before seq {start} were deleted: TIFFANY_WAL_RETAIN=delete; "
+            "a run there is in the store only: GET /api/runs/RUN_ID/events)"
+        )
+    typer.echo(f"tiffany: {exc}{note}", err=True)
+    raise typer.Exit(EXIT_NOT_FOUND)
 
 
 def _engines(ctx: typer.Context) -> int:
@@ -228,8 +244,7 @@ def replay(
         code = print_result(settings, run_id, state, view.summary(), use_live, as_json)
         raise typer.Exit(code)
     except UnknownRun as exc:
-        typer.echo(f"tiffany: {exc}", err=True)
-        raise typer.Exit(EXIT_NOT_FOUND) from None
+        _unknown_run(ctx, engine_no, exc)
 
 
 def runs(
@@ -399,16 +414,21 @@ def wal_dump(
     data_dir: DataDirOption = None,
 ) -> None:
     """Print WAL records, decoded."""
-    from tiffany.durable import scan
+    from tiffany.durable import UnknownRun, scan
     from tiffany.records import RecordType, Unknown, as_list, decode
     from tiffany.wal import spans_of
     from tiffany.wal.format import RECORD_HEADER_SIZE_BYTES
 
-    source = _source(ctx, engine)
     prefix = None
     names: dict[int, str] = {}
+    if run_id is not None and engine == 0:
+        engine = _engine_of_run(ctx, run_id)  # serve --engines N: the journal holding it
+    source = _source(ctx, engine)
     if run_id is not None:
-        info = scan(source).get(run_id)
+        try:
+            info = scan(source).get(run_id)
+        except UnknownRun as exc:
+            _unknown_run(ctx, engine, exc)
         prefix = info.run_no.to_bytes(4, "little")
         from_seq = max(from_seq, info.first_seq)
     shown = 0
