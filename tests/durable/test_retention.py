@@ -304,6 +304,13 @@ def test_a_deleted_run_is_not_found_by_dump_or_replay_and_they_say_why(tmp_path:
         assert "Traceback" not in proc.stderr
         assert f"no run '{ids[0]}' in the WAL" in proc.stderr
         assert f"its segments before seq {start} were deleted" in proc.stderr
+    # The engine's verify (the dashboard's "Verify replay") says the same.
+    from tiffany.config import Settings
+    from tiffany.engine.verifier import _verify
+
+    status, message = _verify(Settings(data_dir=deleted), ids[0])
+    assert status == 404
+    assert f"its segments before seq {start} were deleted" in message
     kept, _ = archived_dir(tmp_path / "kept", Retain.ARCHIVE)
     proc = tiffany(kept, "wal", "dump", "--run", "run-nobody")
     assert proc.returncode == 3, proc.stderr

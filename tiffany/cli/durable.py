@@ -57,16 +57,10 @@ def _source(ctx: typer.Context, engine: int = 0) -> Any:
 
 def _unknown_run(ctx: typer.Context, engine: int, exc: Exception) -> NoReturn:
     """Say that a run is not in the journal (and why it may not be), and exit 3."""
+    from tiffany.durable.retention import released_note
     from tiffany.shards import seq_base
-    from tiffany.wal.segments import history_start
 
-    note = ""
-    source = _source(ctx, engine)
-    if isinstance(source, Path) and (start := history_start(source)) > seq_base(engine) + 1:
-        note = (
-            f" (its segments before seq {start} were deleted: TIFFANY_WAL_RETAIN=delete; "
-            "a run there is in the store only: GET /api/runs/RUN_ID/events)"
-        )
+    note = released_note(_source(ctx, engine), seq_base(engine) + 1)
     typer.echo(f"tiffany: {exc}{note}", err=True)
     raise typer.Exit(EXIT_NOT_FOUND)
 

@@ -58,7 +58,7 @@ from tiffany.durable.checkpoint import (
 )
 from tiffany.durable.history import checkpoint_of, read_runs
 from tiffany.wal import LogReader, Position
-from tiffany.wal.segments import Segment, list_segments, release_segment
+from tiffany.wal.segments import Segment, history_start, list_segments, release_segment
 
 __all__ = [
     "CHECKPOINT_EVERY_RUNS",
@@ -69,6 +69,7 @@ __all__ = [
     "releasable",
     "release",
     "release_bound",
+    "released_note",
 ]
 
 log = structlog.get_logger("tiffany.durable")
@@ -83,6 +84,21 @@ class Retain(enum.StrEnum):
     ALL = "all"  # nothing: keep it live
     ARCHIVE = "archive"  # rename it into wal/archive/
     DELETE = "delete"  # remove it
+
+
+def released_note(source: object, first_seq: int) -> str:
+    """What to add to "no run in the WAL" when retention deleted segments of ``source``.
+
+    ``first_seq``: the seq the log numbers its first record with (engine
+    ``i``'s journal: ``seq_base(i) + 1``). Empty when nothing was deleted
+    (or ``source`` is not a file WAL).
+    """
+    if not isinstance(source, Path) or (start := history_start(source)) <= first_seq:
+        return ""
+    return (
+        f" (its segments before seq {start} were deleted: TIFFANY_WAL_RETAIN=delete; "
+        "a run there is in the store only: GET /api/runs/RUN_ID/events)"
+    )
 
 
 def release_bound(cp: Checkpoint, projected_seq: int) -> int:

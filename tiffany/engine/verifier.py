@@ -108,8 +108,10 @@ def _verify(settings: Settings, run_id: str) -> tuple[int, Any]:
     takes other arguments than its ``args`` does not survive unpickling.
     """
     from tiffany.durable import UnknownRun, verify
+    from tiffany.durable.retention import released_note
     from tiffany.engine import journal_source, replay_resolvers
     from tiffany.errors import TiffanyError
+    from tiffany.shards import seq_base
 
     try:
         report = verify(
@@ -119,7 +121,7 @@ def _verify(settings: Settings, run_id: str) -> tuple[int, Any]:
             log=journal_source(settings),
         )
     except UnknownRun as exc:
-        return 404, str(exc)
+        return 404, f"{exc}{released_note(journal_source(settings), seq_base(settings.engine) + 1)}"
     except TiffanyError as exc:  # the run's code cannot be loaded, the WAL is damaged...
         return 500, f"verify failed: {exc}"
     return 200, report.to_dict()
