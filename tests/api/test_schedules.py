@@ -109,6 +109,16 @@ def test_bad_schedules_are_refused_naming_the_field(served) -> None:
         r = httpx.post(f"{url}/api/schedules", json={**base, field: value})
         assert r.status_code == 422, r.text
         assert r.json()["detail"][0]["loc"] == ["body", field]
+    # A cron expression's problem names its field.
+    for cron, says in (
+        ("61 * * * *", "minute '61': out of range"),
+        ("* 25 * * *", "hour '25': out of range"),
+        ("* * * * 9", "weekday '9': out of range"),
+        ("* * * *", "4 fields"),
+    ):
+        r = httpx.post(f"{url}/api/schedules", json={**base, "cron": cron})
+        assert r.status_code == 422, r.text
+        assert says in r.json()["detail"][0]["msg"], r.text
     bad_plan = {**base, "plan": {"name": "x", "steps": [{"id": "a", "tool": "nope"}]}}
     r = httpx.post(f"{url}/api/schedules", json=bad_plan)
     assert (r.status_code, r.json()["detail"][0]["loc"]) == (422, ["steps", 0, "tool"])

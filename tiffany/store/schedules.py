@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any, Final
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterError, croniter
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
@@ -47,12 +47,13 @@ MAX_CATCHUP_TICKS: Final = 1_000
 def check(cron: Any, timezone: Any, catchup: Any) -> list[dict[str, str]]:
     """Every problem of a schedule's settings, ``[{"loc", "msg"}]`` (empty: valid)."""
     errors = []
-    if not isinstance(cron, str) or not croniter.is_valid(cron) or len(cron.split()) not in (5, 6):
+    why = _cron_problem(cron)
+    if why is not None:
         errors.append(
             {
                 "loc": "cron",
-                "msg": "not a cron expression: five fields (minute hour day month weekday) "
-                "or six (and seconds)",
+                "msg": f"not a cron expression ({why}): five fields (minute hour day month "
+                "weekday) or six (and seconds)",
             }
         )
     try:
@@ -62,6 +63,41 @@ def check(cron: Any, timezone: Any, catchup: Any) -> list[dict[str, str]]:
     if catchup not in CATCHUP:
         errors.append({"loc": "catchup", "msg": f"must be one of {', '.join(CATCHUP)}"})
     return errors
+
+
+def _cron_problem(cron: Any) -> str | None:
+    """What is wrong with ``cron`` (croniter's reason, or the field count), or None."""
+    if not isinstance(cron, str):
+        return f"a {type(cron).__name__}, not text"
+    fields = len(cron.split())
+    if fields not in (5, 6):
+        return f"{fields} fields"
+    reason = _croniter_refuses(cron)
+    if reason is None:
+        return None
+    # croniter names no field: find the first that is refused with the others "*".
+    parts = cron.split()
+    for i, part in enumerate(parts):
+        alone = " ".join(part if j == i else "*" for j in range(len(parts)))
+        refused = _croniter_refuses(alone)
+        if refused is not None:
+            return f"{_CRON_FIELDS[i]} {part!r}: {refused}"
+    return reason
+
+
+#: The fields of a cron expression, in order (croniter's sixth is the second).
+_CRON_FIELDS: Final = ("minute", "hour", "day", "month", "weekday", "second")
+
+
+def _croniter_refuses(cron: str) -> str | None:
+    """The reason croniter refuses ``cron`` for (None: it takes it)."""
+    try:
+        croniter(cron)
+    except (CroniterError, ValueError, KeyError) as exc:
+        # "[61 * * * *] is not acceptable, out of range": the part after the expression.
+        reason = str(exc).split("] ", 1)[-1].removeprefix("is not acceptable, ")
+        return reason[:200] if reason and reason != "is not acceptable" else "not acceptable"
+    return None
 
 
 def ticks(cron: str, timezone: str, after: float, until: float, limit: int) -> list[float]:
