@@ -122,10 +122,13 @@ class CuttingFront:
     are piped through both ways. ``accepted`` counts connections.
     """
 
-    def __init__(self, url: str, cut: int) -> None:
+    def __init__(self, url: str, cut: int, *, deliver: bool = False) -> None:
         target = urlsplit(url)
         self.target = (target.hostname or "127.0.0.1", int(target.port or 80))
         self.cut = cut
+        #: Pass a cut connection's request on, and lose the answer: the server
+        #: carried it out, the client cannot tell.
+        self.deliver = deliver
         self.accepted = 0
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
@@ -139,12 +142,24 @@ class CuttingFront:
                 return  # closed
             self.accepted += 1
             if self.accepted <= self.cut:
+                if self.deliver:
+                    threading.Thread(target=self._lose_answer, args=(conn,), daemon=True).start()
+                    continue
                 with conn:
                     conn.recv(1)  # the request is under way
                 continue
             upstream = socket.create_connection(self.target)
             for a, b in ((conn, upstream), (upstream, conn)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _lose_answer(self, conn: socket.socket) -> None:
+        """Pass the request on; once the answer starts, close the client's connection."""
+        with conn, socket.create_connection(self.target) as upstream:
+            threading.Thread(target=self._pipe, args=(conn, upstream), daemon=True).start()
+            upstream.recv(1)  # the server answered: the request was carried out
+            for sock in (conn, upstream):  # wakes the pipe's recv; close alone would not
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
 
     @staticmethod
     def _pipe(src: socket.socket, dst: socket.socket) -> None:

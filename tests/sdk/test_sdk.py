@@ -378,6 +378,39 @@ def test_a_keyed_submission_and_a_read_are_sent_again_after_a_cut_connection(
         assert (again.run_id, again.created) == (run.run_id, False)
 
 
+def test_a_signal_whose_answer_was_lost_is_sent_again_and_answered_once_its_run_ended(
+    server: Served,
+) -> None:
+    """The server journaled the signal and it finished the run; the 202 never arrived.
+
+    The SDK sends it again (it has an id): the run has ended by then, and the
+    answer is the first delivery's, not a 409.
+    """
+    approval = {
+        "name": "approve",
+        "steps": [{"id": "wait", "tool": "signal.wait", "args": {"name": "go", "timeout_s": 60}}],
+    }
+    with Client(server.url) as client:
+        run = client.submit(approval)
+        wait_for(lambda: client.get(run.run_id, min_seq=run.seq).steps[0].waiting, 30, "the wait")
+    front = CuttingFront(server.url, cut=1, deliver=True)
+    try:
+        with Client(front.url) as client:
+            sent = client.signal(run.run_id, "go", {"by": "ada"}, signal_id="go-once")
+            assert front.accepted == 2  # answered, lost, sent again
+            done = client.wait(run.run_id, timeout=30)
+        assert done.status == "succeeded"
+        assert done.steps[0].output == {"by": "ada"}
+        with Client(server.url) as client:
+            records = client.records(run.run_id, limit=1_000)
+        assert records.next_after is None
+        wakes = [r for r in records.records if r.type == "WAKE"]
+        signals = [r.seq for r in wakes if r.data["cause"] == "signal"]
+        assert signals == [sent.seq]  # journaled once, and that is the answer
+    finally:
+        front.close()
+
+
 def test_a_submission_without_a_key_is_not_sent_twice(server: Served) -> None:
     """It may have been carried out: the error says so, and nothing is sent again."""
     front = CuttingFront(server.url, cut=1)
