@@ -226,6 +226,24 @@ def test_a_journal_reaches_the_seqs_it_held_even_after_releasing_them(tmp_path: 
     assert not journal_reaches(wal_dir, last + 1)
 
 
+def _journal(tmp_path: Path, records: int, first_seq: int = 1) -> tuple[Path, int]:
+    """A closed WAL of ``records`` records in small segments: its directory and durable seq."""
+    wal_dir = tmp_path / "wal"
+    with Wal.open(wal_dir, segment_size_bytes=400, first_seq=first_seq) as wal:
+        _append(wal, records, 1)
+        return wal_dir, wal.commit()
+
+
+def _new_tail_reads(wal_dir: Path, after: int, upto: int) -> tuple[list[Any], list[dict[str, Any]]]:
+    """What a new tail reads after ``after`` (up to ``upto``), and what it logged."""
+    tail = WalTail(wal_dir)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            return tail.read(after, upto, limit=1_000), logs
+    finally:
+        tail.close()
+
+
 def test_a_tail_behind_the_live_segments_reads_the_archive_first(tmp_path: Path) -> None:
     """A new store (or one restored from an old backup) starts before the live segments.
 
@@ -233,10 +251,7 @@ def test_a_tail_behind_the_live_segments_reads_the_archive_first(tmp_path: Path)
     ones, as one log. It used to start at the first live segment and skip them:
     a store given a fresh database lost every run of the archive, silently.
     """
-    wal_dir = tmp_path / "wal"
-    with Wal.open(wal_dir, segment_size_bytes=400) as wal:
-        _append(wal, 60, 1)
-        durable = wal.commit()
+    wal_dir, durable = _journal(tmp_path, 60)
     on_disk = _everything(wal_dir)
     segments = list_segments(wal_dir)
     assert len(segments) > 3
@@ -255,21 +270,13 @@ def test_a_tail_behind_the_live_segments_reads_the_archive_first(tmp_path: Path)
 
 
 def test_a_tail_behind_deleted_segments_starts_after_them_and_says_so(tmp_path: Path) -> None:
-    wal_dir = tmp_path / "wal"
-    with Wal.open(wal_dir, segment_size_bytes=400) as wal:
-        _append(wal, 60, 1)
-        durable = wal.commit()
+    wal_dir, durable = _journal(tmp_path, 60)
     on_disk = _everything(wal_dir)
     segments = list_segments(wal_dir)
     for seg in segments[:2]:  # TIFFANY_WAL_RETAIN=delete
         seg.path.unlink()
     first = segments[2].first_seq
-    tail = WalTail(wal_dir)
-    try:
-        with structlog.testing.capture_logs() as logs:
-            got = tail.read(0, durable, limit=1_000)
-    finally:
-        tail.close()
+    got, logs = _new_tail_reads(wal_dir, 0, durable)
     assert got == on_disk[first - 1 :]
     (warned,) = [e for e in logs if e["event"] == "projector.history_deleted"]
     assert (warned["wanted_seq"], warned["first_seq"]) == (1, first)
@@ -278,16 +285,8 @@ def test_a_tail_behind_deleted_segments_starts_after_them_and_says_so(tmp_path: 
 def test_a_second_engines_journal_starts_where_its_seqs_do_without_a_warning(
     tmp_path: Path,
 ) -> None:
-    wal_dir = tmp_path / "wal"
     base = seq_base(1)
-    with Wal.open(wal_dir, segment_size_bytes=400, first_seq=base + 1) as wal:
-        _append(wal, 20, 1)
-        durable = wal.commit()
-    tail = WalTail(wal_dir)
-    try:
-        with structlog.testing.capture_logs() as logs:
-            got = tail.read(0, durable, limit=1_000)  # a fresh store's mark
-    finally:
-        tail.close()
+    wal_dir, durable = _journal(tmp_path, 20, first_seq=base + 1)
+    got, logs = _new_tail_reads(wal_dir, 0, durable)  # from a fresh store's mark
     assert [seq for seq, *_ in got] == list(range(base + 1, durable + 1))
     assert [e for e in logs if e["log_level"] == "warning"] == []
