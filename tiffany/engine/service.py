@@ -586,19 +586,10 @@ class EngineService:
             return self._submit(request)
         if op == "cancel":
             run_id = str(request.get("run_id") or "")
-            try:
-                answer: dict[str, Any] = self._on_loop(
-                    lambda: self._cancel(run_id, str(request.get("reason") or "cancelled"))
-                )
-            except ControlError as exc:
-                # ``live``: the API asks every engine; only the one holding the run answers.
-                live = bool(request.get("live"))
-                stored = self._stored_status(run_id) if exc.status == 404 and not live else None
-                if stored is None:
-                    raise
-                raise ControlError(
-                    409, f"run {run_id} already finished ({stored})", {"status": stored}
-                ) from None
+            reason = str(request.get("reason") or "cancelled")
+            answer: dict[str, Any] = self._for_run(
+                run_id, lambda: self._cancel(run_id, reason), live=bool(request.get("live"))
+            )
             return answer
         if op == "signal":
             return self._signal(request)
@@ -675,17 +666,7 @@ class EngineService:
                 )
 
         try:
-            try:
-                self._on_loop(queue)
-            except ControlError as exc:
-                stored = None
-                if exc.status == 404 and not request.get("live"):
-                    stored = self._stored_status(run_id)
-                if stored is None:
-                    raise
-                raise ControlError(
-                    409, f"run {run_id} already finished ({stored})", {"status": stored}
-                ) from None
+            self._for_run(run_id, queue, live=bool(request.get("live")))
             try:
                 seq = journaled.result(max(0.0, deadline - time.monotonic()))
             except FutureTimeout:
@@ -699,6 +680,22 @@ class EngineService:
             seq = sent[0]
         self._wait_durable(seq, deadline)
         return {"run_id": run_id, "name": name, "seq": seq, "signal_id": signal_id}
+
+    def _for_run(self, run_id: str, fn: Callable[[], Any], *, live: bool) -> Any:
+        """Run a run's command on the loop; a run the engine no longer holds: 409 from the store.
+
+        ``live``: the API asks every engine; only the one holding the run
+        answers, the others 404 (the store is not asked).
+        """
+        try:
+            return self._on_loop(fn)
+        except ControlError as exc:
+            stored = self._stored_status(run_id) if exc.status == 404 and not live else None
+            if stored is None:
+                raise
+            raise ControlError(
+                409, f"run {run_id} already finished ({stored})", {"status": stored}
+            ) from None
 
     def _signal_sent(self, run_id: str, signal_id: str) -> tuple[int, str] | None:
         """A finished run's signal ``signal_id``: ``(seq, name)`` from the store, or None.
