@@ -155,3 +155,16 @@ class NondeterminismError(TiffanyError):
     """Replay saw a system call that differs from the journal."""
 
     code = "replay.nondeterminism"
+
+
+class UnjournalableValue(TiffanyError):
+    """A value from outside a run (a step's result) that the journal cannot record.
+
+    Too large for one record, or not encodable (an integer beyond 64 bits,
+    a mapping key of no JSON-like type). The task that was to receive it
+    gets this error instead (the step fails, its retries apply), and the
+    journal records the error: a replay hands back the same failure.
+    """
+
+    code = "journal.value"
+    outcome = True

@@ -76,6 +76,7 @@ __all__ = [
     "ROLES",
     "RUN_PREFIX",
     "SLOT_SIGNAL",
+    "STAND_IN_CHARS",
     "Dispatch",
     "Hold",
     "Outcome",
@@ -104,6 +105,8 @@ __all__ = [
     "pack_value",
     "root_role",
     "run_of",
+    "stand_in",
+    "stand_in_text",
     "unpack_value",
 ]
 
@@ -396,7 +399,26 @@ def pack_value(value: Any) -> Any:
     try:
         return msgspec.to_builtins(value)
     except (TypeError, msgspec.EncodeError):
-        return msgspec.msgpack.Ext(_EXT_UNENCODABLE, repr(value)[:2000].encode())
+        return stand_in(value)
+
+
+#: Characters of a value's repr its stand-in keeps.
+STAND_IN_CHARS: Final = 2000
+
+
+def stand_in_text(value: Any) -> str:
+    """Return what the journal keeps of a value it cannot store: its repr, cut."""
+    return repr(value)[:STAND_IN_CHARS]
+
+
+def stand_in(value: Any) -> msgspec.msgpack.Ext:
+    """Return the journaled stand-in of ``value`` (decoded: an :class:`Unencodable`).
+
+    For a value that does not encode, or whose record would be too large.
+    A replay compares a recorded stand-in with :func:`stand_in_text` of the
+    value it computed (``durable/dispatch.py``: ``same``).
+    """
+    return msgspec.msgpack.Ext(_EXT_UNENCODABLE, stand_in_text(value).encode())
 
 
 def unpack_value(value: Any) -> Any:

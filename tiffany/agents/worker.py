@@ -275,7 +275,10 @@ def worker(
     for attempt in range(1, spec.retries + 2):
         step = _ready_step(tool, args, spec)
         if step is not None:
-            (ok, output), started, ended = yield step
+            try:
+                (ok, output), started, ended = yield step
+            except TiffanyError as exc:  # a result the journal refused (the step reports the rest)
+                (ok, output), started, ended = (False, error_info(exc)), None, None
             record: dict[str, Any] = {"attempt": attempt, "started_at": started, "ok": ok}
             if ok:
                 record["ended_at"] = ended

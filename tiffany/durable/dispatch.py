@@ -29,7 +29,7 @@ from tiffany.kernel import (
     SystemCall,
     WaitTask,
 )
-from tiffany.records import MAX_ARG_CHARS, Unencodable, canonical
+from tiffany.records import MAX_ARG_CHARS, Unencodable, canonical, stand_in_text
 
 __all__ = ["CARRIED_CALLS", "MAX_ARG_CHARS", "carried", "describe", "is_generator_step", "same"]
 
@@ -98,5 +98,5 @@ def same(recorded: Any, actual: Any) -> bool:
     the dict it was recorded as, and a tuple still differs from a list.
     """
     if isinstance(recorded, Unencodable):
-        return recorded.repr == repr(actual)[:2000]
+        return recorded.repr == stand_in_text(actual)
     return bool(canonical(recorded) == canonical(actual))

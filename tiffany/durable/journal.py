@@ -488,7 +488,10 @@ class Journal(Instrument):
         exit_rec = TaskExit(run.n, meta.ltid, task.state._value_, value)  # _value_: no property
         cur = run.replay
         if cur is None or not self.replayer.check_exit(run, cur, task, as_list(exit_rec)):
-            self._append(run, exit_rec)
+            if task.state is TaskState.DONE:
+                value = self.recorder.append_result(run, exit_rec, task.result)
+            else:
+                self._append(run, exit_rec)
         if task is run.root:
             self._end_run(run, task, value)
 
@@ -501,7 +504,11 @@ class Journal(Instrument):
         run.result, run.error = root.result, root.error
         cur = run.replay
         if cur is None or not self.replayer.check_end(run, cur, root, value):
-            self._append(run, RunEnd(run.status, value, self.sched.clock.time()))
+            end = RunEnd(run.status, value, self.sched.clock.time())
+            if run.status == "succeeded":
+                self.recorder.append_result(run, end, root.result)
+            else:
+                self._append(run, end)
         if run.on_end is not None:
             run.on_end(run)
 

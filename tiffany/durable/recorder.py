@@ -49,16 +49,34 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
+import msgspec
+import structlog
+
 from tiffany.durable.dispatch import MAX_ARG_CHARS, carried, describe
 from tiffany.durable.records import pack_error
+from tiffany.errors import UnjournalableValue
 from tiffany.kernel import RETURNED, Scheduler, Task
-from tiffany.records import Dispatch, Record, RecordType, Wake, encode_body, pack_value
-from tiffany.wal import Log
+from tiffany.records import (
+    RUN_PREFIX,
+    STAND_IN_CHARS,
+    Dispatch,
+    Record,
+    RecordType,
+    RunEnd,
+    TaskExit,
+    Wake,
+    encode_body,
+    pack_value,
+    stand_in,
+)
+from tiffany.wal import MAX_RECORD_BYTES, Log
 
 if TYPE_CHECKING:
     from tiffany.durable.journal import RunState, TaskMeta
 
-__all__ = ["GROUP_COMMIT_MAX_S", "Recorder"]
+__all__ = ["GROUP_COMMIT_MAX_S", "MAX_BODY_BYTES", "Recorder"]
+
+log = structlog.get_logger("tiffany.durable")
 
 #: Commit at least this often while records are pending, even with no effect.
 GROUP_COMMIT_MAX_S: Final = 0.010
@@ -68,6 +86,8 @@ _SYNC_BEFORE_EFFECT: Final = frozenset(
     {RecordType.STEP_START, RecordType.RUN_START, RecordType.RUN_END}
 )
 _encode_body: Final = encode_body
+#: The largest record body a run's record may have (the WAL's limit, less the run prefix).
+MAX_BODY_BYTES: Final = MAX_RECORD_BYTES - RUN_PREFIX.size
 
 
 class Recorder:
@@ -105,6 +125,43 @@ class Recorder:
             if rtype in _SYNC_BEFORE_EFFECT:
                 self._need_sync = True
 
+    def _append_body(self, run: RunState, rtype: int, body: bytes) -> None:
+        """:meth:`append` of a record already encoded (``encode_body``)."""
+        wal = self.wal
+        if wal is not None:
+            wal.append(rtype, run.prefix + body)
+            self._dirty = True
+            if rtype in _SYNC_BEFORE_EFFECT:
+                self._need_sync = True
+
+    def append_result(self, run: RunState, rec: TaskExit | RunEnd, result: Any) -> Any:
+        """Append a TASK_EXIT or RUN_END holding a task's ``result``; return the value recorded.
+
+        That is ``rec.value`` (``result`` packed), or, when the record would
+        be too large or does not encode, ``result``'s stand-in
+        (:func:`~tiffany.records.stand_in`, its repr cut), which a replay
+        compares as such. Each step's result fit a record (see :meth:`woken`),
+        but a task may put several together (a plan's outputs).
+        """
+        try:
+            body = _encode_body(rec)
+            if len(body) <= MAX_BODY_BYTES:
+                self._append_body(run, rec.rtype, body)
+                return rec.value
+            why = f"{len(body):,} bytes encoded"
+        except (OverflowError, TypeError, msgspec.EncodeError) as exc:
+            why = f"{type(exc).__name__}: {exc}"
+        value = stand_in(result)
+        log.warning(
+            "journal.result_cut",
+            run_id=run.run_id,
+            record=rec.__class__.__name__,
+            reason=why,
+            kept_chars=STAND_IN_CHARS,
+        )
+        self.append(run, msgspec.structs.replace(rec, value=value))
+        return value
+
     def dispatch(self, run: RunState, meta: TaskMeta, task: Task, yielded: Any) -> None:
         """Record dispatch ``run.n`` of ``task``, unless the record that follows carries it."""
         # A dispatch the next record carries has no record of its own; nor
@@ -127,10 +184,38 @@ class Recorder:
         cause = call.kind if call is not None else "?"
         err = task.pending_error
         if err is not None:
-            rec = Wake(meta.run.n, meta.ltid, cause, False, pack_error(err))
-        else:
-            rec = Wake(meta.run.n, meta.ltid, cause, True, pack_value(value))
-        self.append(meta.run, rec)
+            self.append(meta.run, Wake(meta.run.n, meta.ltid, cause, False, pack_error(err)))
+            return
+        rec = Wake(meta.run.n, meta.ltid, cause, True, pack_value(value))
+        try:
+            body = _encode_body(rec)
+            why = None if len(body) <= MAX_BODY_BYTES else f"{len(body):,} bytes encoded"
+        except (OverflowError, TypeError, msgspec.EncodeError) as exc:
+            why = f"{type(exc).__name__}: {exc}"
+        if why is not None:
+            body = self._refuse(meta.run, task, call, why)
+        self._append_body(meta.run, RecordType.WAKE, body)
+
+    def _refuse(self, run: RunState, task: Task, call: Any, why: str) -> bytes:
+        """The value ``task`` was woken with cannot be recorded: it gets an error instead.
+
+        The task raises :class:`UnjournalableValue` at its yield (a step's
+        failure, which its worker reports), and the error is what the WAKE
+        records, so a replay hands the task the same failure. Rejected:
+        failing the journal, as for a WAL error: a value is the run's data,
+        not the engine's health, and the recovered engine met the same value
+        again (a restart loop taking every run on the engine with it).
+        """
+        name = getattr(call, "name", None) or (call.kind if call is not None else "?")
+        err = UnjournalableValue(
+            f"the result of {name} cannot be journaled: {why} (a result must be JSON-like, "
+            f"its integers within 64 bits, and encode to at most {MAX_BODY_BYTES:,} bytes)",
+            step=str(name),
+            reason=why,
+        )
+        self.sched.refuse_wake(task, err)
+        cause = call.kind if call is not None else "?"
+        return _encode_body(Wake(run.n, task.meta.ltid, cause, False, pack_error(err)))
 
     # -- commits -------------------------------------------------------------------
 

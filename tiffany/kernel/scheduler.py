@@ -824,6 +824,18 @@ class Scheduler:
         task._throw = error
         self.wake(task, None)
 
+    def refuse_wake(self, task: Task, error: BaseException) -> None:
+        """From a ``task_woken`` hook: ``task`` gets ``error`` at its yield, not its value.
+
+        For the journal, when the value a task was just woken with cannot be
+        recorded: the task must then see what a replay will hand it back.
+        Only for a task made ready and not dispatched since.
+        """
+        if task.state is not _READY:
+            raise KernelError(f"refuse_wake: task {task.id} is not ready", task=task.id)
+        task._send = None
+        task._throw = error
+
     def wake_at(self, task: Task, deadline: float) -> None:
         """Arm a timer that wakes the parked ``task`` at ``deadline`` (``clock.monotonic``).
 
