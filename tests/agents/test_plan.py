@@ -172,3 +172,22 @@ def test_a_reference_to_an_indirect_upstream_step_is_fine() -> None:
         parse_plan(doc)
     assert [e["loc"] for e in err.value.errors] == ["steps[3].args.content"]
     assert "not upstream" in err.value.errors[0]["msg"]
+
+
+def test_bad_references_in_outputs_are_refused_before_anything_runs() -> None:
+    # They passed validation, the run did every step, then failed on its outputs.
+    doc = _plan(
+        {"id": "a", "tool": "sleep", "args": {"seconds": 0}},
+        outputs={
+            "z": "${bogus}",
+            "y": "${steps.a.outptu}",
+            "n": {"deep": ["${inputs.q}", "${steps.zz.output}"]},
+            "ok": "${steps.a.output.slept}",
+        },
+    )
+    assert _errors(doc) == {
+        "outputs.z": "bad reference ${bogus}: use inputs.NAME or steps.ID.output",
+        "outputs.y": "bad reference ${steps.a.outptu}: use inputs.NAME or steps.ID.output",
+        "outputs.n.deep[0]": "unknown input 'q'",
+        "outputs.n.deep[1]": "unknown step 'zz'",
+    }

@@ -227,12 +227,16 @@ def parse_plan(
             plan.steps, plan.inputs, tools, known_steps=known_steps, loc_prefix=loc_prefix
         )
         errors.extend(_check_args(plan.steps, loc_prefix))
+    step_ids = {s.id for s in plan.steps}
     for name, value in plan.outputs.items():
-        for ref in find_refs(value):
-            if ref.scope == "inputs" and ref.name not in plan.inputs:
-                errors.append({"loc": f"outputs.{name}", "msg": f"unknown input {ref.name!r}"})
-            elif ref.scope == "steps" and ref.name not in {s.id for s in plan.steps}:
-                errors.append({"loc": f"outputs.{name}", "msg": f"unknown step {ref.name!r}"})
+        for path, ref in _refs_in(value, f"outputs.{name}"):
+            if ref.scope == "invalid":
+                msg = f"bad reference ${{{ref.text}}}: use inputs.NAME or steps.ID.output"
+                errors.append({"loc": path, "msg": msg})
+            elif ref.scope == "inputs" and ref.name not in plan.inputs:
+                errors.append({"loc": path, "msg": f"unknown input {ref.name!r}"})
+            elif ref.scope == "steps" and ref.name not in step_ids:
+                errors.append({"loc": path, "msg": f"unknown step {ref.name!r}"})
     if plan.concurrency is not None:
         for ref in find_refs(plan.concurrency.key):
             if ref.scope != "inputs" or ref.name not in plan.inputs:
