@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -150,3 +152,71 @@ def test_the_task_summary_shows_the_runs_tree_not_a_steps_insides(tmp_path):
     names = [row.split("│")[2].strip() for row in rows]
     assert names == ["sh", "worker:s", "tool:shell:s"], proc.stderr
     assert all("succeeded" in row for row in rows)
+
+
+def test_run_and_wal_dump_print_values_json_cannot_hold_as_the_store_shows_them(tmp_path):
+    # A tuple key and NaN from a python tool: `run --json` and `wal dump`
+    # ended in a TypeError traceback, or printed NaN, which is no JSON.
+    (tmp_path / "oddtools.py").write_text(
+        "from tiffany import python_tool\n\n"
+        "@python_tool('test.odd')\n"
+        "def odd():\n"
+        "    return {(1, 2): 'a', 'nan': float('nan')}\n"
+    )
+    plan = tmp_path / "plan.json"
+    plan.write_text(
+        json.dumps(
+            {
+                "name": "odd",
+                "steps": [{"id": "a", "tool": "python", "args": {"function": "test.odd"}}],
+                "outputs": {"v": "${steps.a.output}"},
+            }
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    data_dir = tmp_path / "data"
+    common = ["--data-dir", str(data_dir)]
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tiffany",
+            "run",
+            str(plan),
+            "--json",
+            "--import",
+            "oddtools",
+            *common,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout.strip().splitlines()[-1], parse_constant=pytest.fail)
+    assert out["outputs"] == {"v": {"(1, 2)": "a", "nan": "nan"}}
+    for extra in (["--json"], []):
+        dump = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tiffany",
+                "wal",
+                "dump",
+                "--run",
+                out["run_id"],
+                *extra,
+                *common,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=120,
+            check=False,
+        )
+        assert dump.returncode == 0, dump.stderr
+        assert '{"(1, 2)": "a", "nan": "nan"}' in dump.stdout

@@ -115,11 +115,18 @@ def _existing_wal_dir(ctx: typer.Context, engine: int = 0) -> Path:
     return wal_dir
 
 
+def _json(obj: Any, indent: int | None = None) -> str:
+    """JSON text of journal values (tuple keys, NaN, big ints: as the store shows them)."""
+    from tiffany.store.records import jsonable
+
+    return json.dumps(jsonable(obj), indent=indent, default=repr)
+
+
 def _emit(obj: Any, as_json: bool) -> None:
     if as_json:
-        typer.echo(json.dumps(obj, default=repr))
+        typer.echo(_json(obj))
     else:
-        typer.echo(obj if isinstance(obj, str) else json.dumps(obj, indent=2, default=repr))
+        typer.echo(obj if isinstance(obj, str) else _json(obj, indent=2))
 
 
 def _add_paths(paths: list[Path] | None) -> None:
@@ -451,7 +458,7 @@ def wal_dump(
         else:
             when = _record_time(rtype, fields)
             typer.echo(
-                f"{seq:>8} {rtype:<10} {row['run']!s:<18} {json.dumps(fields, default=repr)}"
+                f"{seq:>8} {rtype:<10} {row['run']!s:<18} {_json(fields)}"
                 + (f"  ({when})" if when else "")
             )
         shown += 1

@@ -379,7 +379,11 @@ def report(
     except StoreJournalMismatch as exc:  # the run is journaled; only the store is behind
         stale = exc
         typer.echo(f"tiffany: the store was not updated: {exc}", err=True)
-    result = run_result(run_id, state)
+    from tiffany.store.records import jsonable
+
+    result = jsonable(
+        run_result(run_id, state)
+    )  # tuple keys, NaN, big ints: as the store shows them
     if as_json:
         typer.echo(json.dumps(result, default=repr))
     else:
