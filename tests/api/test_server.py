@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -200,3 +201,43 @@ def test_a_client_gone_mid_body_is_a_499_line_not_an_error(api_dir, caplog) -> N
         live.stop()
     assert [(ln["event"], ln.get("status")) for ln in lines] == [("request", 499)]
     assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+
+
+def _server_send_buffer(port: int, client: tuple[str, int]) -> int:
+    """The kernel send buffer of the API's side of the connection from ``client`` (``ss``)."""
+    out = subprocess.run(
+        ["ss", "-tmnH", "state", "established", f"( sport = :{port} and dport = :{client[1]} )"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    found = re.search(r"\btb(\d+)", out)
+    assert found, out
+    return int(found.group(1))
+
+
+def test_only_websockets_have_a_bounded_send_buffer(api_dir) -> None:
+    # The feed bounds a websocket's kernel send buffer (a client that never
+    # reads blocks early). Set on the listening socket, every HTTP connection
+    # inherited it: a 20 MB run page downloaded at 2 MB/s on loopback.
+    from websockets.sync.client import connect
+
+    from tiffany.api.wsdirect import SOCKET_SEND_BUFFER_BYTES
+
+    ready = api_dir / "api.json"
+    proc = _start(api_dir, ready)
+    try:
+        wait_until(lambda: ready.exists() or proc.poll() is not None, timeout=30)
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        port = int(json.loads(ready.read_text())["url"].rsplit(":", 1)[1].strip("/"))
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().read() == b'{"ok":true}'
+        http_buffer = _server_send_buffer(port, conn.sock.getsockname())
+        with connect(f"ws://127.0.0.1:{port}/ws/activity", open_timeout=10) as ws:
+            ws_buffer = _server_send_buffer(port, ws.socket.getsockname())
+        conn.close()
+    finally:
+        _signal(proc, signal.SIGTERM)
+    assert ws_buffer == 2 * SOCKET_SEND_BUFFER_BYTES  # the kernel doubles what it is given
+    assert http_buffer > 2 * SOCKET_SEND_BUFFER_BYTES  # the kernel's own, tuned as it sends

@@ -44,7 +44,7 @@ class FairShare:
         tens of milliseconds, and every HTTP request in the process waits for
         that pass (with 200 subscribers that never read, whose sockets took
         every event until their buffers filled, submissions were 5 to 10 times
-        slower; see :func:`tiffany.api.feed.bound_send_buffer`). Instead the senders share
+        slower; see :func:`tiffany.api.wsdirect.bound_send_buffer`). Instead the senders share
         :data:`FANOUT_SLICE_S` of each pass; once it is spent, the others queue
         (FIFO) and the next passes wake as many of them as fitted in the last
         slice. A pass thus carries at most a slice of fan-out (plus one sender's

@@ -35,9 +35,9 @@ partition, rather than a queue per subscriber):
   drain within it (a direct subscriber's transport that stays above its
   high-water mark, a sender's blocked send) is cut off the same way (checked by a timer, every
   :data:`DEADLINE_CHECK_S`), and its websocket handler ends even though the
-  client neither reads nor closes. The API's listening socket fixes the
-  kernel send buffer (:func:`bound_send_buffer`), so a client that never
-  reads blocks after some 100 KB instead of 3 MB;
+  client neither reads nor closes. Each websocket's kernel send buffer is
+  fixed (:func:`tiffany.api.wsdirect.bound_send_buffer`), so a client that
+  never reads blocks after some 200 KB instead of 3 MB;
 * a cap (``max_subscribers``): the route refuses one more with close code
   1013 (try again later), logged as a warning;
 * fairness: the senders take turns at the loop (:meth:`FeedRelay.turn`), a
@@ -77,7 +77,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -97,7 +96,7 @@ from tiffany.pal.transport import (
     follow_lines,
 )
 
-__all__ = ["FEED_SOCKET", "FeedRelay", "FeedSubscriber", "bound_send_buffer", "feed_path"]
+__all__ = ["FEED_SOCKET", "FeedRelay", "FeedSubscriber", "feed_path"]
 
 log = structlog.get_logger(__name__)
 
@@ -112,9 +111,6 @@ FLUSH_ENTRIES: Final = 64
 DEADLINE_CHECK_S: Final = 0.25
 #: Loop time one pass of direct writes may take before it yields, in seconds.
 DIRECT_SLICE_S: Final = 0.0005
-
-#: The kernel send buffer of the API's connections, in bytes (the kernel doubles it).
-SOCKET_SEND_BUFFER_BYTES: Final = 16 * 1024
 
 #: ``run_id`` of ring entries that go to every subscriber (control frames).
 EVERYONE: Final = "*"
@@ -137,24 +133,6 @@ class _Message(NamedTuple):
 #: The messages framed in one pass, by (ring position, run filter, batch).
 _Made = dict[tuple[int, str | None, bool], _Message]
 Follow = Callable[..., AsyncIterator[dict[str, Any]]]
-
-
-def bound_send_buffer(listener: socket.socket) -> None:
-    """Fix the kernel send buffer of the connections ``listener`` accepts.
-
-    Discussion: Linux grows a TCP socket's send buffer up to ``tcp_wmem``'s
-    maximum (4 MiB by default), so a websocket whose client never reads
-    took some 3 MB, ten thousand events, before a send blocked: until then it
-    cost the API as much as a reading one, and 200 of them held 600 MB of
-    kernel memory. With the buffer fixed (accepted sockets inherit it from
-    the listener), a stalled client blocks after some 100 KB (twice this
-    buffer, and asyncio's 64 KiB) and is cut off by the send deadline.
-    Loopback and LAN clients that read lose nothing: the buffer is refilled
-    as it drains (64 KiB measured worse for submissions beside 200 stalled
-    websockets; below 16 KiB large batch messages need many more writes).
-    """
-    with contextlib.suppress(OSError):
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_SEND_BUFFER_BYTES)
 
 
 def feed_path(data_dir: str | Path) -> Path:

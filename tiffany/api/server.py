@@ -22,7 +22,6 @@ import structlog
 import uvicorn
 
 from tiffany.api.app import create_app
-from tiffany.api.feed import bound_send_buffer
 from tiffany.api.wsdirect import DirectWebSocketProtocol
 from tiffany.config import Settings
 from tiffany.log import configure_logging
@@ -47,8 +46,6 @@ class _Server(uvicorn.Server):
         await super().startup(sockets)
         if self.should_exit or not self.servers:
             return
-        for listener in self.servers[0].sockets:
-            bound_send_buffer(listener)  # stalled websockets block early (tiffany.api.feed)
         host, port = self.servers[0].sockets[0].getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{port}/"
