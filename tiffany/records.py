@@ -341,7 +341,14 @@ decode_dispatch: Final = msgspec.msgpack.Decoder(Dispatch, ext_hook=_ext_hook).d
 
 
 class Unencodable:
-    """Stands for a value the journal could not store (its repr is kept)."""
+    """Stands for a value the journal could not store (its repr is kept).
+
+    Its own repr is the kept one, and it packs as the stand-in it came
+    from (:func:`pack_value`): a value a replay rebuilds around it (a
+    dataclass holding it, a task's result) packs as the original did, and
+    a whole value's stand-in (journals before stand-ins were kept inside
+    structures) is the repr of what the replay rebuilt.
+    """
 
     __slots__ = ("repr",)
 
@@ -349,7 +356,7 @@ class Unencodable:
         self.repr = text
 
     def __repr__(self) -> str:
-        return f"Unencodable({self.repr})"
+        return self.repr
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Unencodable) and other.repr == self.repr
@@ -365,7 +372,11 @@ def pack_value(value: Any) -> Any:
     """Return ``value`` in a form msgpack keeps exactly (tuples and sets as extensions).
 
     A list or dict with nothing to pack inside comes back as itself, not a
-    copy: encode the result before the value can change.
+    copy: encode the result before the value can change. A part that does
+    not encode is kept as its stand-in (:func:`stand_in`), in place: the
+    rest of a dict, list or dataclass is kept as it is. A stand-in packs as
+    itself, so a value rebuilt from the journal packs as the value it was
+    rebuilt from (what a replay compares: ``durable/dispatch.py``: ``same``).
     """
     cls = value.__class__
     if cls in _PLAIN:
@@ -396,10 +407,15 @@ def pack_value(value: Any) -> Any:
         code = _EXT_SET if cls is set else _EXT_FROZENSET
         items = sorted((pack_value(v) for v in value), key=repr)
         return msgspec.msgpack.Ext(code, _encoder.encode(items))
-    try:
-        return msgspec.to_builtins(value)
-    except (TypeError, msgspec.EncodeError):
+    if cls is Unencodable:
         return stand_in(value)
+    try:
+        return msgspec.to_builtins(value, builtin_types=_EXT, enc_hook=stand_in)
+    except (TypeError, msgspec.EncodeError):  # e.g. a key that is no str, number or tuple
+        return stand_in(value)
+
+
+_EXT: Final = (msgspec.msgpack.Ext,)
 
 
 #: Characters of a value's repr its stand-in keeps.
@@ -407,7 +423,12 @@ STAND_IN_CHARS: Final = 2000
 
 
 def stand_in_text(value: Any) -> str:
-    """Return what the journal keeps of a value it cannot store: its repr, cut."""
+    """Return what the journal keeps of a value it cannot store: its repr, cut.
+
+    (Of a stand-in, the text it kept.)
+    """
+    if value.__class__ is Unencodable:
+        return value.repr
     return repr(value)[:STAND_IN_CHARS]
 
 

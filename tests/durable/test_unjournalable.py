@@ -7,21 +7,36 @@ engine that recovered the run, met the same value and died again, taking
 every run on the engine with it. Now the step fails with
 ``journal.value`` (retries apply), a plan's outputs too large for one
 record are kept as their stand-in, and both replay identically.
+
+A value that does not encode inside a result that does (``{"x": object()}``,
+a list or a dataclass holding one) is kept as a stand-in in place. The
+replay rebuilds the result around the stand-in, which packs as itself: a
+``replay --verify`` of such a run, and its recovery from a crash at any
+record, used to end in a divergence at the worker's exit (the whole
+``StepOutcome`` had been kept as the repr of the live object).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from walcut import cut_wal
 
 from tiffany.agents.tools.python import register_function, unregister_function
 from tiffany.config import Settings
 from tiffany.durable import verify
 from tiffany.engine import build, replay_resolvers
 from tiffany.records import Unencodable
-from tiffany.wal import MAX_RECORD_BYTES
+from tiffany.wal import MAX_RECORD_BYTES, iter_records
+
+
+@dataclass
+class _Holder:
+    value: Any
+
 
 _FUNCTIONS = {
     "test.huge_int": lambda: {"n": 2**100},
@@ -29,6 +44,10 @@ _FUNCTIONS = {
     "test.too_large": lambda: "x" * MAX_RECORD_BYTES,
     "test.half": lambda: "y" * (MAX_RECORD_BYTES * 5 // 8),
     "test.small": lambda: 7,
+    "test.object_in_dict": lambda: {"x": object(), "n": 1},
+    "test.object_in_list": lambda: [1, object()],
+    "test.object": object,
+    "test.object_in_dataclass": lambda: _Holder({"x": object(), "t": (1, 2)}),
 }
 
 
@@ -119,3 +138,57 @@ def test_outputs_that_fit_one_by_one_but_not_together_keep_a_stand_in(tmp_path):
     ]
     assert isinstance(end.value, Unencodable)
     assert end.value.repr.startswith("{'outputs': {'a': 'yyy")
+
+
+_STAND_INS = {
+    "name": "stand-ins",
+    "steps": [
+        {"id": "d", "tool": "python", "args": {"function": "test.object_in_dict"}},
+        {"id": "l", "tool": "python", "args": {"function": "test.object_in_list"}},
+        {"id": "o", "tool": "python", "args": {"function": "test.object"}},
+        {"id": "h", "tool": "python", "args": {"function": "test.object_in_dataclass"}},
+        {
+            "id": "t",
+            "tool": "python",
+            "timeout_s": 30,  # a tool task: its exit holds the bare result
+            "args": {"function": "test.object_in_dict"},
+            "after": ["d", "l", "o", "h"],
+        },
+    ],
+    "outputs": {"n": "${steps.d.output.n}", "l": "${steps.l.output}"},
+}
+
+
+def test_a_result_holding_a_stand_in_replays_and_recovers_from_any_record(tmp_path):
+    [(run_id, state)] = _run_all(tmp_path / "full", [_STAND_INS])
+    assert state.status == "succeeded", state.error
+    assert state.result["outputs"]["n"] == 1
+    _verify(tmp_path / "full", run_id)
+    # What the journal keeps: the structure, the object's repr in its place.
+    from tiffany.durable import RecordType, scan
+    from tiffany.durable.history import decoded_records
+
+    info = scan(tmp_path / "full" / "wal").get(run_id)
+    exits = [
+        rec.value
+        for _s, rtype, rec in decoded_records(tmp_path / "full" / "wal", info)
+        if rtype == RecordType.TASK_EXIT and isinstance(rec.value, dict) and "ok" in rec.value
+    ]
+    outputs = {e["step_id"]: e["output"] for e in exits}
+    assert outputs["d"]["n"] == 1
+    assert isinstance(outputs["d"]["x"], Unencodable)
+    assert outputs["d"]["x"].repr.startswith("<object object at 0x")
+    assert isinstance(outputs["h"]["value"]["x"], Unencodable)
+
+    # A crash after any record: the run recovers, finishes and verifies.
+    n = sum(1 for _ in iter_records(tmp_path / "full" / "wal"))
+    for keep in range(1, n):
+        data = tmp_path / f"cut{keep}"
+        cut_wal(tmp_path / "full" / "wal", data / "wal", keep)
+        engine = build(Settings(data_dir=data), enabled_tools=["python"])
+        with engine.runtime as rt:
+            assert engine.recover_runs() == [run_id], keep
+            rt.run()
+            recovered = rt.status(run_id)
+        assert recovered.status == "succeeded", (keep, recovered.error)
+        _verify(data, run_id)

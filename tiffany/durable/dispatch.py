@@ -94,9 +94,13 @@ def is_generator_step(call: Step | RunInThread) -> bool:
 def same(recorded: Any, actual: Any) -> bool:
     """Compare a journaled value (decoded) with a value produced by the replay.
 
-    Both are compared in their journaled form, so a dataclass result equals
-    the dict it was recorded as, and a tuple still differs from a list.
+    Both are compared in their journaled form (:func:`~tiffany.records.pack_value`),
+    so a dataclass result equals the dict it was recorded as, and a tuple
+    still differs from a list. The replay rebuilds from the journal, stand-ins
+    included, so a value holding one packs as it did when recorded: a stand-in
+    packs as itself. A whole value's stand-in (a result too large for its
+    record) is compared with the text the value would have been kept as.
     """
-    if isinstance(recorded, Unencodable):
+    if recorded.__class__ is Unencodable:
         return recorded.repr == stand_in_text(actual)
     return bool(canonical(recorded) == canonical(actual))

@@ -180,7 +180,8 @@ class Replayer:
         if rec is None:
             return False  # the journal ends right before this record (a torn pass)
         if rec.state != fields[2] or (rec.state == "done" and not same(rec.value, task.result)):
-            raise self.divergence(run, task, -1, rec, fields, what="task exit")
+            shown = [*fields[:3], task.result] if fields[2] == "done" else fields  # not packed
+            raise self.divergence(run, task, -1, rec, shown, what="task exit")
         return True
 
     def check_end(self, run: RunState, cur: ReplayCursor, root: Task, value: Any) -> bool:
@@ -191,7 +192,7 @@ class Replayer:
         if end.status != run.status or (
             run.status == "succeeded" and not same(end.value, root.result)
         ):
-            raise self.divergence(run, root, -1, end, [run.status, value], what="run end")
+            raise self.divergence(run, root, -1, end, [run.status, root.result], what="run end")
         return True
 
     # -- at wait stages --------------------------------------------------------------
