@@ -221,6 +221,17 @@ def moody(n: int) -> object:
     return total
 
 
+def _answer() -> object:
+    yield
+    return 1 if MODE["value"] == "a" else 2
+
+
+def changed_result() -> object:
+    """Its child's result (so its own) depends on a module global: replay diverges at an exit."""
+    child = yield NewTask(_answer())
+    return (yield WaitTask(child))
+
+
 def approvals() -> object:
     """Signals: one waited for, one sent before its wait (kept), a timeout, two of a name."""
     got = [(yield Receive("a"))]

@@ -15,9 +15,14 @@ HERE = Path(__file__).resolve().parent
 GOLDEN = HERE.parent / "data" / "golden"
 
 
-def tiffany(*args: str, data_dir: Path, check: bool = False) -> subprocess.CompletedProcess[str]:
+def tiffany(
+    *args: str, data_dir: Path, check: bool = False, **extra_env: str
+) -> subprocess.CompletedProcess[str]:
     env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join([str(HERE), *sys.path]), TIFFANY_LOG_FORMAT="json"
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(HERE), *sys.path]),
+        TIFFANY_LOG_FORMAT="json",
+        **extra_env,
     )
     proc = subprocess.run(
         [sys.executable, "-m", "tiffany", "--data-dir", str(data_dir), *args],
@@ -63,6 +68,19 @@ def test_replay_verify_exits_non_zero_with_the_divergence(golden):
         data_dir=golden / "nondeterministic",
     )
     assert json.loads(as_json.stdout)["divergence"]["code"] == "replay.nondeterminism"
+
+
+def test_a_divergence_at_a_task_exit_names_its_wal_seq(tmp_path):
+    """It said "WAL seq -1" for a divergence anywhere but at a dispatch."""
+    from tiffany.durable import Runtime
+
+    with Runtime(tmp_path) as rt:
+        run_id = rt.submit("durable_workloads:changed_result")
+        rt.run()
+    proc = tiffany("replay", run_id, "--verify", data_dir=tmp_path, TIFFANY_GOLDEN_MODE="b")
+    assert proc.returncode == 1
+    assert "at dispatch #4 (WAL seq 6), task 2 (_answer)" in proc.stderr
+    assert "WAL seq -1" not in proc.stderr
 
 
 def test_unknown_run_is_a_clear_error(golden):

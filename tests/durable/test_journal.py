@@ -87,6 +87,24 @@ def test_a_changed_program_raises_nondeterminism_with_details(tmp_path):
     assert any("moody" in frame for frame in d["stack"])
 
 
+def test_a_divergence_at_a_task_exit_names_the_seq_of_its_record(tmp_path):
+    """It named "WAL seq -1": the exit records' seqs were not kept."""
+    run_id, _, _ = _run(tmp_path, "durable_workloads:changed_result")
+    info = scan(tmp_path / "wal").get(run_id)
+    [child_exit] = [
+        seq
+        for seq, rtype, rec in decoded_records(tmp_path / "wal", info)
+        if rtype == RecordType.TASK_EXIT and rec.ltid == 2
+    ]
+    wl.MODE["value"] = "b"
+    report = verify(tmp_path, run_id)
+    assert not report.ok
+    d = report.divergence
+    assert d is not None
+    assert (d["what"], d["task"], d["actual"][3]) == ("task exit", 2, 2)
+    assert d["seq"] == child_exit
+
+
 def test_runtime_replay_raises_nondeterminism_error(tmp_path):
     with Runtime(tmp_path) as rt:
         run_id = rt.submit("durable_workloads:moody", 4)

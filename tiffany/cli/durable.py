@@ -179,8 +179,10 @@ def replay(
                 typer.echo(f"run {run_id} does NOT replay identically", err=True)
                 if report.divergence:
                     d = report.divergence
+                    seq = d.get("seq")
+                    where = f"WAL seq {seq}" if seq is not None else "no WAL record there"
                     typer.echo(
-                        f"  at dispatch #{d.get('dispatch')} (WAL seq {d.get('seq')}), "
+                        f"  at dispatch #{d.get('dispatch')} ({where}), "
                         f"task {d.get('task')} ({d.get('task_name')})",
                         err=True,
                     )

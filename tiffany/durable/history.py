@@ -413,11 +413,12 @@ def _cursor(
     dispatches: list[Dispatch] = []
     kept: list[int] = []  # the WAL seq of each dispatch (for errors)
     keep_seqs = seqs
-    outcomes: dict[int, Outcome] = {}
+    outcomes: dict[int, tuple[int, Outcome]] = {}
     wakes: deque[tuple[int, Wake]] = deque()
-    exits: dict[int, TaskExit] = {}
+    exits: dict[int, tuple[int, TaskExit]] = {}
     attempts: dict[tuple[int, int], int] = {}
     run_end: RunEnd | None = None
+    end_seq: int | None = None
     add_dispatch, add_seq = dispatches.append, kept.append  # hot loop
     dispatch_type = int(RecordType.DISPATCH)
     run_start = int(RecordType.RUN_START)
@@ -442,14 +443,14 @@ def _cursor(
         if cls is Wake:
             wakes.append((seq, rec))  # type: ignore[arg-type]
         elif cls is Outcome:
-            outcomes[rec.n] = rec  # type: ignore[union-attr, assignment]
+            outcomes[rec.n] = (seq, rec)  # type: ignore[union-attr, assignment]
         elif cls is TaskExit:
-            exits[rec.ltid] = rec  # type: ignore[union-attr, assignment]
+            exits[rec.ltid] = (seq, rec)  # type: ignore[union-attr, assignment]
         elif cls is StepStart:
             key = (rec.ltid, rec.ordinal)  # type: ignore[union-attr]
             attempts[key] = max(attempts.get(key, 0), rec.attempt)  # type: ignore[union-attr]
         elif cls is RunEnd:
-            run_end = rec  # type: ignore[assignment]
+            run_end, end_seq = rec, seq  # type: ignore[assignment]
             continue
         # The last dispatch seen: a carrying record above it is the next one.
         implied = carried(rec, dispatches[-1].n if dispatches else 0)  # type: ignore[arg-type]
@@ -458,5 +459,5 @@ def _cursor(
             if keep_seqs:
                 add_seq(seq)
             implied_n += 1
-    cursor = ReplayCursor(dispatches, kept, outcomes, wakes, exits, attempts, run_end)
+    cursor = ReplayCursor(dispatches, kept, outcomes, wakes, exits, attempts, run_end, end_seq)
     return cursor, len(dispatches) - implied_n + others

@@ -78,11 +78,13 @@ class ReplayCursor:
 
     dispatches: list[Dispatch]  # in order, carried ones made explicit
     seqs: list[int]  # the WAL seq of each dispatch (for errors: read them with seq_of)
-    outcomes: dict[int, Outcome]  # n -> record
+    outcomes: dict[int, tuple[int, Outcome]]  # n -> (wal seq, record)
     wakes: deque[tuple[int, Wake]]  # (wal seq, record)
-    exits: dict[int, TaskExit]  # ltid -> record
+    exits: dict[int, tuple[int, TaskExit]]  # ltid -> (wal seq, record)
     attempts: dict[tuple[int, int], int]  # (ltid, ordinal) -> last attempt started
     run_end: RunEnd | None
+    #: The WAL seq of ``run_end``.
+    end_seq: int | None = None
     index: int = 0
     parked: dict[Task, tuple[SystemCall, Any]] = field(default_factory=dict)
     #: Reads ``seqs`` again, when the load did not keep them (``history.load_run``).
@@ -104,6 +106,14 @@ class ReplayCursor:
         if self.reread is not None:
             self.seqs, self.reread = self.reread(), None
         return self.seqs[i]
+
+    def next_seq(self) -> int | None:
+        """Return the WAL seq of the next record to replay (None at the end of the journal)."""
+        i = self.index
+        seq = self.seq_of(i) if i < len(self.dispatches) else None
+        if self.wakes and (seq is None or self.wakes[0][0] < seq):
+            seq = self.wakes[0][0]
+        return seq
 
 
 class Replayer:
@@ -157,12 +167,15 @@ class Replayer:
             live and the caller must produce (and record) the value itself.
         """
         ltid = task.meta.ltid
-        rec = cur.outcomes.get(run.n)
-        if rec is not None and rec.ltid == ltid and rec.kind == call.kind:
-            return unpack_value(rec.value)
-        if rec is not None or cur.index < len(cur.dispatches):
+        found = cur.outcomes.get(run.n)
+        if found is not None:
+            seq, rec = found
+            if rec.ltid == ltid and rec.kind == call.kind:
+                return unpack_value(rec.value)
+            raise self.divergence(run, task, seq, rec, [run.n, ltid, call.kind], what="outcome")
+        if cur.index < len(cur.dispatches):
             raise self.divergence(
-                run, task, -1, rec or [], [run.n, ltid, call.kind], what="outcome"
+                run, task, cur.next_seq(), [], [run.n, ltid, call.kind], what="outcome"
             )
         self.go_live(run)  # the journal ends between a dispatch and its outcome
         return NotImplemented
@@ -176,12 +189,13 @@ class Replayer:
 
     def check_exit(self, run: RunState, cur: ReplayCursor, task: Task, fields: list[Any]) -> bool:
         """Check the task's end against its TASK_EXIT; False if none is recorded (record it)."""
-        rec = cur.exits.get(fields[1])
-        if rec is None:
+        found = cur.exits.get(fields[1])
+        if found is None:
             return False  # the journal ends right before this record (a torn pass)
+        seq, rec = found
         if rec.state != fields[2] or (rec.state == "done" and not same(rec.value, task.result)):
             shown = [*fields[:3], task.result] if fields[2] == "done" else fields  # not packed
-            raise self.divergence(run, task, -1, rec, shown, what="task exit")
+            raise self.divergence(run, task, seq, rec, shown, what="task exit")
         return True
 
     def check_end(self, run: RunState, cur: ReplayCursor, root: Task, value: Any) -> bool:
@@ -192,7 +206,9 @@ class Replayer:
         if end.status != run.status or (
             run.status == "succeeded" and not same(end.value, root.result)
         ):
-            raise self.divergence(run, root, -1, end, [run.status, root.result], what="run end")
+            raise self.divergence(
+                run, root, cur.end_seq, end, [run.status, root.result], what="run end"
+            )
         return True
 
     # -- at wait stages --------------------------------------------------------------
@@ -278,7 +294,7 @@ class Replayer:
             raise self.divergence(
                 run,
                 task,
-                -1,
+                cur.next_seq(),
                 ["end of journal"],
                 [f"{len(alive)} task(s) still running"],
                 what="replay end",
@@ -313,12 +329,16 @@ class Replayer:
         self,
         run: RunState,
         task: Task,
-        seq: int,
+        seq: int | None,
         expected: Record | list[Any],
         actual: list[Any],
         what: str = "dispatch",
     ) -> NondeterminismError:
-        """Return (and log) the error for a replay that does not match its journal."""
+        """Return (and log) the error for a replay that does not match its journal.
+
+        ``seq`` is the WAL seq of the record it does not match (None: the
+        journal holds none there, e.g. it ended while tasks still ran).
+        """
         if not isinstance(expected, list):
             expected = as_list(expected)
         meta = task.meta
