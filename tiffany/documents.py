@@ -20,7 +20,10 @@ Invariants (each a :class:`Limits` field):
   calling ``int()`` on it (Python's 4,300-digit limit never surfaces);
 * floats are finite (JSON ``NaN``/``Infinity``, YAML ``.nan``/``.inf`` and
   overflowing literals such as ``1e400`` are refused);
-* mapping keys are strings (YAML ``yes:``, ``1:``, ``? [a]`` are refused);
+* mapping keys are strings (YAML ``yes:``, ``1:``, ``? [a]`` are refused)
+  and differ within a mapping (a key given twice is refused, naming it and,
+  in YAML, its line: the parsers would keep the last one silently, and a
+  plan with a misspelt line would run something other than what it says);
 * strings are valid Unicode (no lone surrogate such as JSON ``"\\ud800"``)
   and hold no NUL character (PostgreSQL cannot store one);
 * only null, bool, int, float, str, list and dict (str-keyed) occur.
@@ -159,6 +162,28 @@ def _parse_int(text: str) -> int | _BigInt:
     return int(text) if len(text) <= _INT_LITERAL_MAX else _BigInt(text)
 
 
+class _Duplicate:
+    """A JSON object that gives a key twice (kept in its place, refused by :func:`check`)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any] | _Duplicate:
+    """``object_pairs_hook``: the object as a dict, or a :class:`_Duplicate` naming its key."""
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            return _Duplicate(key)
+        seen.add(key)
+    return obj  # pragma: no cover - a shorter dict has a repeated key
+
+
 def _byte_offset(text: str, index: int) -> int:
     """Return the UTF-8 byte offset of character ``index`` (parsers count characters)."""
     return len(text[:index].encode("utf-8", "surrogatepass"))
@@ -260,6 +285,8 @@ def check(value: Any, limits: Limits = DEFAULT_LIMITS, loc: Loc | None = None) -
                 raise DocumentError(_at(base, path), f"nested deeper than {limits.max_depth}")
             for i in range(len(v) - 1, -1, -1):
                 stack.append((v[i], _Path(path, i), depth + 1))
+        elif t is _Duplicate:
+            raise DocumentError(_at(base, _Path(path, v.key)), _DUPLICATE)
         elif t is _BigInt:
             raise DocumentError(
                 _at(base, path),
@@ -271,6 +298,10 @@ def check(value: Any, limits: Limits = DEFAULT_LIMITS, loc: Loc | None = None) -
             raise DocumentError(
                 _at(base, path), f"more than {limits.max_nodes} values in the document"
             )
+
+
+#: What a key given twice in one mapping is told.
+_DUPLICATE: Final = "key given twice in the same mapping (remove one: the last would win)"
 
 
 def _kind(v: Any) -> str:
@@ -345,7 +376,9 @@ def _nth_bracket(text: str, n: int) -> int:
 def _load_json(text: str, limits: Limits, loc: Loc) -> Any:
     _scan_json(text, limits, loc)
     try:
-        return json.loads(text, parse_int=_parse_int, parse_constant=float)
+        return json.loads(
+            text, parse_int=_parse_int, parse_constant=float, object_pairs_hook=_json_object
+        )
     except json.JSONDecodeError as exc:
         offset = _byte_offset(text, exc.pos)
         raise DocumentError(
@@ -523,6 +556,8 @@ class _YamlBuilder:
                 f"key {_show(key)} is a {_kind(key)}; keys must be strings (quote it: 'yes', '1')",
                 top.key_mark,
             )
+        if key in top.value:
+            raise self.fail(_Path(top.path, key), _DUPLICATE, top.key_mark)
         top.value[key] = value
         return root, done
 

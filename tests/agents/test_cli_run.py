@@ -104,6 +104,28 @@ def test_an_invalid_plan_exits_two_naming_the_field(tmp_path):
     assert not (tmp_path / "d" / "wal").exists()  # nothing was opened, nothing written
 
 
+def test_a_key_given_twice_in_a_plan_file_exits_two_naming_it(tmp_path):
+    """The last of two ``tool:`` (or ``name:``, or an argument) won silently."""
+    yaml_plan = tmp_path / "p.yaml"
+    yaml_plan.write_text(
+        "name: x\nsteps:\n  - id: a\n    tool: sleep\n    tool: sleep\n    args: {seconds: 0}\n"
+    )
+    json_plan = tmp_path / "p.json"
+    json_plan.write_text(
+        '{"name": "x", "name": "y", "steps": [{"id": "a", "tool": "sleep", "args": {}}]}'
+    )
+    cases = {
+        yaml_plan: "steps[0].tool: p.yaml: not valid yaml: key given twice",
+        json_plan: "name: p.json: not valid json: key given twice",
+    }
+    for path, message in cases.items():
+        for cmd in (("run", str(path)), ("plan", "validate", str(path))):
+            proc = tiffany(*cmd, data_dir=tmp_path / "d")
+            assert proc.returncode == 2, proc.stderr
+            assert message in proc.stderr
+    assert not (tmp_path / "d" / "wal").exists()
+
+
 def test_a_plan_path_that_is_no_text_file_exits_two_without_a_traceback(tmp_path):
     binary = tmp_path / "p.yaml"
     binary.write_bytes(b"name: x\nsteps: []\n\xff\xfe")

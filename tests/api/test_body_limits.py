@@ -201,6 +201,57 @@ def test_yaml_keys_must_be_strings(client, engine, key: str) -> None:
     assert "line 6" in item["msg"]
 
 
+@pytest.mark.parametrize(
+    ("body", "headers", "loc", "line"),
+    [
+        (b'{"name": "p", "name": "q", "steps": []}', {}, ["body", "name"], None),
+        (
+            json.dumps(plan_with_args({})).replace('"tool"', '"tool": "shell", "tool"').encode(),
+            {},
+            ["body", "steps", 0, "tool"],
+            None,
+        ),
+        (
+            json.dumps(
+                {
+                    "plan": "name: p\nsteps:\n- id: a\n  tool: sleep\n"
+                    "  args: {seconds: 0, seconds: 9}"
+                }
+            ).encode(),
+            {},
+            ["body", "plan", "steps", 0, "args", "seconds"],
+            5,
+        ),
+        (
+            b"name: p\nsteps:\n- id: a\n  tool: sleep\n  tool: sleep\n  args: {seconds: 0}\n",
+            YAML,
+            ["body", "steps", 0, "tool"],
+            5,
+        ),
+    ],
+    ids=["json-name", "json-tool", "yaml-text-arg", "yaml-tool"],
+)
+def test_a_key_given_twice_is_refused_naming_it(
+    client, engine, body: bytes, headers: dict[str, str], loc: list[Any], line: int | None
+) -> None:
+    """The last one won silently: a plan ran something other than what it read as."""
+    item = refused(client, engine, body, headers)
+    assert item["loc"] == loc
+    assert "key given twice" in item["msg"]
+    if line is not None:
+        assert item["line"] == line
+        assert f"line {line}" in item["msg"]
+
+
+def test_yaml_merge_keys_may_still_be_overridden(client) -> None:
+    body = (
+        b"name: p\nsteps:\n- &base {id: a, tool: sleep, args: {seconds: 5}}\n"
+        b"- <<: *base\n  id: b\n  args: {seconds: 0}\n"
+    )
+    r = client.post("/api/runs", content=body, headers=YAML)
+    assert r.status_code == 201, r.text
+
+
 @pytest.mark.parametrize("seconds", ["NaN", "Infinity", "1e300", "-1"])
 def test_absurd_sleeps_are_refused_at_submit_naming_the_field(client, engine, seconds) -> None:
     body = json.dumps(plan_with_args({})).replace('"seconds": 0', f'"seconds": {seconds}')
@@ -337,8 +388,10 @@ def test_the_cli_refuses_a_hostile_plan_file_before_the_engine_sees_it(engine, t
     deep.write_text(
         json.dumps(plan_with_args({})).replace('"seconds": 0', '"x": ' + "[" * 1000 + "]" * 1000)
     )
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("name: p\nname: q\nsteps: []\n")
     before = durable_seq(engine)
-    for path, words in ((deep, "nested deeper"), (bomb, "values")):
+    for path, words in ((deep, "nested deeper"), (bomb, "values"), (twice, "key given twice")):
         result = CliRunner().invoke(app, ["submit", str(path), "--data-dir", str(engine.data_dir)])
         assert result.exit_code == 2, result.output
         assert words in result.output
