@@ -191,3 +191,37 @@ def test_bad_references_in_outputs_are_refused_before_anything_runs() -> None:
         "outputs.n.deep[0]": "unknown input 'q'",
         "outputs.n.deep[1]": "unknown step 'zz'",
     }
+
+
+def test_a_bad_step_id_is_listed_with_the_plans_other_problems() -> None:
+    """A bad id (or retries, or an unknown field) was told alone; the rest came after its fix."""
+    errors = _errors(
+        _plan(
+            {"id": "../x", "tool": "sleep"},
+            {"id": "b", "tool": "nosuch", "after": ["zzz", "../x"], "retries": -3, "timeout": 5},
+            {"id": "c", "tool": "shell", "args": {"argv": ["${steps.b.output}"]}},
+            name="",
+        )
+    )
+    assert set(errors) == {
+        "name",
+        "steps[0].id",
+        "steps[1].retries",
+        "steps[1].timeout",
+        "steps[1].tool",
+        "steps[1].after[0]",  # not [1]: the bad id is still the step's id
+        "steps[2].args.argv[0]",
+    }
+    assert "unknown tool 'nosuch'" in errors["steps[1].tool"]
+    assert errors["steps[1].after[0]"] == "unknown step 'zzz'"
+
+
+def test_a_shape_error_other_checks_would_build_on_is_told_alone() -> None:
+    # Without its `after`, b's reference would be "not upstream": a consequence, not a problem.
+    errors = _errors(
+        _plan(
+            {"id": "a", "tool": "sleep"},
+            {"id": "b", "tool": "nosuch", "after": "a", "args": {"x": "${steps.a.output}"}},
+        )
+    )
+    assert list(errors) == ["steps[1].after"]

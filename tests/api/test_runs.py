@@ -181,6 +181,20 @@ def test_an_invalid_plan_is_a_422_naming_the_field(client) -> None:
     assert "no-such-tool" in body["detail"][0]["msg"]
 
 
+def test_a_bad_step_id_is_a_422_listing_the_plans_other_problems_too(client) -> None:
+    plan = {
+        "name": "bad",
+        "steps": [
+            {"id": "../x", "tool": "sleep", "args": {"seconds": 0}},
+            {"id": "b", "tool": "no-such-tool", "after": ["zzz"]},
+        ],
+    }
+    r = _submit(client, plan)
+    assert r.status_code == 422, r.text
+    locs = [d["loc"] for d in r.json()["detail"]]
+    assert locs == [["steps", 0, "id"], ["steps", 1, "tool"], ["steps", 1, "after", 0]]
+
+
 def test_malformed_json_is_a_422_naming_the_offset(client) -> None:
     raw = '{"plan": {"name": "é", "steps": [}'.encode()
     r = client.post("/api/runs", content=raw, headers={"content-type": "application/json"})

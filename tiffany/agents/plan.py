@@ -17,7 +17,9 @@ Validation happens before anything runs and reports every problem with the
 path of the field at fault (``steps[2].after[0]: unknown step 'b'``): shape
 errors from pydantic, then unknown tools, duplicate ids, unknown ``after``
 targets, cycles (named with their members) and references to steps that are
-not upstream of the step that uses them.
+not upstream of the step that uses them. A shape error in a field the other
+checks do not build on (a step's id, ``retries``, an unknown field) is
+listed with them; one they build on (``after``, ``args``) is listed alone.
 
 A plan that validates can be journaled and projected: the document first
 passes :func:`tiffany.documents.check` (depth, size, int64 integers, finite
@@ -215,7 +217,81 @@ def parse_plan(
             {"loc": loc_prefix + _loc(e["loc"]), "msg": e["msg"]}
             for e in exc.errors(include_url=False)
         ]
+        rest = _without_bad_fields(data, exc)
+        if rest is not None:
+            more = _problems(rest, tools, known_steps, loc_prefix, strict, disabled)
+            errors.extend(e for e in more if e not in errors)
         raise PlanError(errors) from None
+    errors = _problems(plan, tools, known_steps, loc_prefix, strict, disabled)
+    if errors:
+        raise PlanError(errors)
+    return plan
+
+
+#: A step's fields that have defaults and that no other check of the plan reads:
+#: one that fails its shape is left out for the rest of the checks.
+_INERT_STEP_FIELDS = frozenset({"retries", "backoff", "timeout_s", "continue_on_error", "dynamic"})
+#: The same for the plan's own fields (``name`` gets a stand-in).
+_INERT_PLAN_FIELDS = frozenset({"name", "description", "concurrency", "budget"})
+
+
+def _without_bad_fields(data: Mapping[str, Any], exc: ValidationError) -> Plan | None:
+    """Return the plan with the fields that failed their shape left out, for the other checks.
+
+    So that every problem is listed at once (a bad step id used to hide an
+    unknown tool until it was fixed). Left out: an unknown field, a bad
+    step id given as a string (kept as written: the checks only compare
+    ids), and the fields no other check reads (:data:`_INERT_STEP_FIELDS`).
+    None when another field is at fault (``steps``, ``after``, ``args``,
+    ``inputs``, ``outputs``...): the checks would report what follows from
+    leaving it out (a reference "not upstream" of a step whose ``after``
+    was dropped), so the shape errors are told alone, as before.
+
+    Discussion: the result is for reporting only; a plan with any shape
+    error is refused whatever the other checks find.
+    """
+    steps = data.get("steps")
+    if not isinstance(steps, list):
+        return None
+    plan = dict(data)
+    plan["steps"] = copies = [dict(s) if isinstance(s, Mapping) else s for s in steps]
+    ids: dict[int, str] = {}  # steps whose id is kept as written
+    for e in exc.errors(include_url=False):
+        where, kind = e["loc"], e["type"]
+        if len(where) >= 3 and where[0] == "steps" and isinstance(where[1], int):
+            step, field = copies[where[1]], where[2]
+            if not isinstance(step, dict):
+                return None
+            if kind == "extra_forbidden" or field in _INERT_STEP_FIELDS:
+                step.pop(field, None)
+            elif field == "id" and isinstance(step.get("id"), str) and step["id"]:
+                ids[where[1]] = step["id"]
+                step["id"] = f"_{where[1]}"  # valid; the id as written is put back below
+            else:
+                return None
+        elif len(where) >= 1 and (kind == "extra_forbidden" or where[0] in _INERT_PLAN_FIELDS):
+            plan.pop(str(where[0]), None)
+        else:
+            return None
+    plan.setdefault("name", "plan")
+    try:
+        valid = Plan.model_validate(plan)
+    except ValidationError:
+        return None
+    for i, step_id in ids.items():
+        valid.steps[i].id = step_id
+    return valid
+
+
+def _problems(
+    plan: Plan,
+    tools: Iterable[str] | None,
+    known_steps: Iterable[str],
+    loc_prefix: str,
+    strict: bool,
+    disabled: Iterable[str],
+) -> list[dict[str, str]]:
+    """The problems of a plan of the right shape: ids, tools, arguments, references."""
     if strict:
         errors = check_steps(
             plan.steps, plan.inputs, None, known_steps=known_steps, loc_prefix=loc_prefix
@@ -242,9 +318,7 @@ def parse_plan(
             if ref.scope != "inputs" or ref.name not in plan.inputs:
                 msg = f"the key may reference declared inputs only, not {ref.scope}.{ref.name}"
                 errors.append({"loc": "concurrency.key", "msg": msg})
-    if errors:
-        raise PlanError(errors)
-    return plan
+    return errors
 
 
 @functools.cache
