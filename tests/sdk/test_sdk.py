@@ -190,6 +190,41 @@ def test_signal_reaches_a_waiting_step(server: Served) -> None:
             client.signal(run.run_id, "approve", {"by": "late"})
 
 
+def test_a_signal_name_or_run_id_is_one_path_segment_whatever_it_holds(server: Served) -> None:
+    # "../cancel" once cancelled the run, "approve?x" was sent as "approve"
+    # and "run/../../x" read another path: names went into the URL unescaped.
+    plan = _plan(
+        "approve",
+        {"id": "ok", "tool": "signal.wait", "args": {"name": "approve"}},
+        outputs={"by": "${steps.ok.output.by}"},
+    )
+    with Client(server.url) as client:
+        run = client.submit(plan)
+        for name in ("../cancel", "approve?x=1", "approve#x", "..", "a/b"):
+            with pytest.raises(InvalidRequest) as bad:
+                client.signal(run.run_id, name, {"by": "mallory"})
+            assert bad.value.field == "path.name", name
+        for run_id in (f"{run.run_id}/cancel", f"{run.run_id}?min_seq=1", ".."):
+            with pytest.raises(NotFound):
+                client.cancel(run_id)
+        assert client.get(run.run_id).status == "running"
+        client.signal(run.run_id, "approve", {"by": "ada"})
+        assert run.wait(timeout=60).outputs == {"by": "ada"}
+
+
+async def _async_signal_names(url: str) -> None:
+    async with AsyncClient(url) as client:
+        run = await client.submit(NAP)
+        with pytest.raises(InvalidRequest):
+            await client.signal(run.run_id, "../cancel")
+        assert (await client.get(run.run_id)).status == "running"
+        await client.cancel(run.run_id)
+
+
+def test_async_client_escapes_a_signal_name_too(server: Served) -> None:
+    asyncio.run(_async_signal_names(server.url))
+
+
 def test_rerun_with_other_inputs_after_a_failure(server: Served) -> None:
     plan = _plan(
         "even",

@@ -161,7 +161,7 @@ class AsyncClient:
         if min_seq is None:
             min_seq = self._seqs.get(run_id)
         params = {} if min_seq is None else {"min_seq": min_seq}
-        response = await self._request("GET", f"/api/runs/{run_id}", params=params)
+        response = await self._request("GET", protocol.run_path(run_id), params=params)
         return protocol.answer(response, RunDetail)
 
     async def list(
@@ -184,12 +184,12 @@ class AsyncClient:
     async def records(self, run_id: str, after: int = 0, limit: int = 200) -> RunEvents:
         """A page of the run's journal records, decoded."""
         params = {"after": after, "limit": limit}
-        response = await self._request("GET", f"/api/runs/{run_id}/events", params=params)
+        response = await self._request("GET", protocol.run_path(run_id, "events"), params=params)
         return protocol.answer(response, RunEvents)
 
     async def cancel(self, run_id: str) -> CancelAnswer:
         """Cancel a running run."""
-        response = await self._request("POST", f"/api/runs/{run_id}/cancel")
+        response = await self._request("POST", protocol.run_path(run_id, "cancel"))
         return protocol.answer(response, CancelAnswer)
 
     async def signal(
@@ -198,7 +198,7 @@ class AsyncClient:
         """Send signal ``name`` with ``payload`` to a running run; once journaled."""
         headers = {"Idempotency-Key": signal_id} if signal_id else {}
         response = await self._request(
-            "POST", f"/api/runs/{run_id}/signals/{name}", json=payload, headers=headers
+            "POST", protocol.run_path(run_id, "signals", name), json=payload, headers=headers
         )
         return protocol.answer(response, SignalAnswer)
 
@@ -217,7 +217,7 @@ class AsyncClient:
             body["inputs"] = dict(inputs)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         response = await self._request(
-            "POST", f"/api/runs/{run_id}/rerun", json=body, headers=headers
+            "POST", protocol.run_path(run_id, "rerun"), json=body, headers=headers
         )
         got = protocol.answer(response, SubmitAnswer)
         self._remember(got)

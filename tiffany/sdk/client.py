@@ -220,7 +220,7 @@ class Client:
             min_seq = self._seqs.get(run_id)
         params = {} if min_seq is None else {"min_seq": min_seq}
         return protocol.answer(
-            self._request("GET", f"/api/runs/{run_id}", params=params), RunDetail
+            self._request("GET", protocol.run_path(run_id), params=params), RunDetail
         )
 
     def list(
@@ -244,7 +244,7 @@ class Client:
         """A page of the run's journal records, decoded (``after``: the previous ``next_after``)."""
         params = {"after": after, "limit": limit}
         return protocol.answer(
-            self._request("GET", f"/api/runs/{run_id}/events", params=params), RunEvents
+            self._request("GET", protocol.run_path(run_id, "events"), params=params), RunEvents
         )
 
     def cancel(self, run_id: str) -> CancelAnswer:
@@ -254,7 +254,9 @@ class Client:
             NotFound: No such run.
             Conflict: The run has already finished.
         """
-        return protocol.answer(self._request("POST", f"/api/runs/{run_id}/cancel"), CancelAnswer)
+        return protocol.answer(
+            self._request("POST", protocol.run_path(run_id, "cancel")), CancelAnswer
+        )
 
     def signal(
         self, run_id: str, name: str, payload: Any = None, signal_id: str | None = None
@@ -271,7 +273,7 @@ class Client:
         """
         headers = {"Idempotency-Key": signal_id} if signal_id else {}
         response = self._request(
-            "POST", f"/api/runs/{run_id}/signals/{name}", json=payload, headers=headers
+            "POST", protocol.run_path(run_id, "signals", name), json=payload, headers=headers
         )
         return protocol.answer(response, SignalAnswer)
 
@@ -297,7 +299,9 @@ class Client:
         if inputs is not None:
             body["inputs"] = dict(inputs)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        response = self._request("POST", f"/api/runs/{run_id}/rerun", json=body, headers=headers)
+        response = self._request(
+            "POST", protocol.run_path(run_id, "rerun"), json=body, headers=headers
+        )
         got = protocol.answer(response, SubmitAnswer)
         self._remember(got)
         return RunHandle(self, got)

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, TypeVar
-from urllib.parse import urlencode, urlsplit, urlunsplit
+from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
 import httpx
 from pydantic import BaseModel
@@ -44,6 +44,7 @@ __all__ = [
     "resolve_token",
     "resolve_url",
     "retry_delay",
+    "run_path",
     "unreachable",
 ]
 
@@ -104,6 +105,22 @@ def auth_headers(token: str | None) -> dict[str, str]:
     if token:
         headers["Authorization"] = f"Bearer {token}"
     return headers
+
+
+def run_path(run_id: str, *rest: str) -> str:
+    """The path ``/api/runs/{run_id}/...`` with each part percent-encoded.
+
+    A run id or signal name is one path segment whatever it holds: ``/``,
+    ``?`` or ``#`` in it cannot reach another route or become a query, and
+    ``.`` or ``..`` cannot climb a level (a URL drops dot-segments), so a
+    signal named ``../cancel`` is refused as a name, not sent as a cancel.
+    """
+    return "/".join(["/api/runs", *(_segment(part) for part in (run_id, *rest))])
+
+
+def _segment(text: str) -> str:
+    quoted = quote(text, safe="")
+    return quoted.replace(".", "%2E") if quoted in (".", "..") else quoted
 
 
 def plan_body(plan: Any, inputs: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -458,7 +458,7 @@ async def rerun_run(
 
 
 @router.post(
-    "/{run_id}/signals/{name}",
+    "/{run_id}/signals/{name:path}",  # "a/b" is a bad name (422), not another route
     status_code=202,
     response_model=SignalAnswer,
     openapi_extra={
