@@ -131,6 +131,12 @@ def test_errors_map_onto_the_exit_code_table(served: Served) -> None:
     assert nobody.returncode == 5
     assert "cannot reach" in nobody.stderr
     assert "Traceback" not in nobody.stderr + unknown.stderr + no_token.stderr
+    # tail's websocket refused for the token: exit 2 and the server's reason, at
+    # once (it was retried for 30 s, then "cannot follow the feed", exit 5).
+    for token_args in ((), ("--token", "wrong")):
+        tailed = tiffany(served, "tail", "--url", served.url, *token_args)
+        assert tailed.returncode == 2, tailed.stderr
+        assert "bearer token" in tailed.stderr
 
 
 def test_run_on_a_served_data_dir_submits_to_the_server(served: Served) -> None:

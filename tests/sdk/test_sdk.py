@@ -37,6 +37,7 @@ from tiffany.sdk import (
     RunDetail,
     Unauthorized,
     WaitTimeout,
+    protocol,
 )
 from tiffany.sdk.aclient import _close_feed as _aclose_feed
 
@@ -384,8 +385,24 @@ def test_a_token_is_sent_as_a_bearer_header() -> None:
             assert run.wait(timeout=60).status == "succeeded"
             kinds = [e.kind for e in run.events()]  # the websocket carries the header too
             assert kinds[-1] == "run.finished"
+        # The feed refused for the token is the 401 it is, at once: it was
+        # retried as unreachable for 30 s, then ConnectionFailed (tail: exit 5).
+        for token in (None, "wrong"):
+            started = time.monotonic()
+            with Client(served.url, token=token) as bad, pytest.raises(Unauthorized) as refused:
+                next(iter(bad.events()))
+            assert time.monotonic() - started < protocol.RECONNECT_FOR_S / 3
+            assert "bearer token" in refused.value.message
+        with pytest.raises(Unauthorized):
+            asyncio.run(_first_event(served.url, "wrong"))
     finally:
         assert served.stop() == 0, served.log()
+
+
+async def _first_event(url: str, token: str) -> None:
+    async with AsyncClient(url, token=token) as client:
+        async for _ in client.events():
+            return
 
 
 def test_a_keyed_submission_and_a_read_are_sent_again_after_a_cut_connection(

@@ -279,7 +279,7 @@ class AsyncClient:
         failing_since: float | None = None
         backoff = protocol.Backoff()
         while True:
-            feed = await self._open_feed(run_id, since=last)
+            feed = await self._open_feed(run_id, since=last, strict=True)
             if feed is None:
                 now = time.monotonic()
                 failing_since = failing_since or now
@@ -320,7 +320,15 @@ class AsyncClient:
             finally:
                 await _close_feed(feed)
 
-    async def _open_feed(self, run_id: str | None, since: int | None) -> ClientConnection | None:
+    async def _open_feed(
+        self, run_id: str | None, since: int | None, *, strict: bool = False
+    ) -> ClientConnection | None:
+        """A websocket on the feed, or None if it cannot be had.
+
+        Raises:
+            ApiError: ``strict`` and the server refused it for good (see
+                ``protocol.refusal``).
+        """
         tail = protocol.FEED_TAIL if since is None and run_id else 0
         url = protocol.feed_url(self.url, run_id, since, tail=tail)
         try:
@@ -332,7 +340,10 @@ class AsyncClient:
                 compression=None,
                 max_size=None,
             )
-        except _FEED_ERRORS:
+        except _FEED_ERRORS as exc:
+            refused = protocol.refusal(exc) if strict else None
+            if refused is not None:
+                raise refused from None
             return None
 
 

@@ -377,6 +377,8 @@ class Client:
         Raises:
             ConnectionFailed: The feed could not be reached for
                 :data:`~tiffany.sdk.protocol.RECONNECT_FOR_S` seconds.
+            Unauthorized: The server refused the token (any 4xx answer to
+                the feed's handshake is raised at once, as over HTTP).
         """
         last = since
         finished_at_start = False
@@ -384,7 +386,7 @@ class Client:
         backoff = protocol.Backoff()
         while True:
             with contextlib.ExitStack() as stack:
-                feed = self._open_feed(stack, run_id, since=last)
+                feed = self._open_feed(stack, run_id, since=last, strict=True)
                 if feed is None:
                     now = time.monotonic()
                     failing_since = failing_since or now
@@ -419,9 +421,19 @@ class Client:
                     continue  # dropped or cut off: resume after the last event
 
     def _open_feed(
-        self, stack: contextlib.ExitStack, run_id: str | None, since: int | None
+        self,
+        stack: contextlib.ExitStack,
+        run_id: str | None,
+        since: int | None,
+        *,
+        strict: bool = False,
     ) -> ClientConnection | None:
-        """A websocket on the feed (closed with ``stack``), or None if it cannot be had."""
+        """A websocket on the feed (closed with ``stack``), or None if it cannot be had.
+
+        Raises:
+            ApiError: ``strict`` and the server refused it for good (a 4xx:
+                a missing or wrong token...; see ``protocol.refusal``).
+        """
         tail = protocol.FEED_TAIL if since is None else 0
         url = protocol.feed_url(self.url, run_id, since, tail=tail if run_id else 0)
         try:
@@ -433,7 +445,10 @@ class Client:
                 compression=None,
                 max_size=None,
             )
-        except _FEED_ERRORS:
+        except _FEED_ERRORS as exc:
+            refused = protocol.refusal(exc) if strict else None
+            if refused is not None:
+                raise refused from None
             return None
         conn: ClientConnection = stack.enter_context(opened)
         stack.callback(_drain_feed, conn)  # before the close (the stack unwinds LIFO)

@@ -17,8 +17,9 @@ from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
 import httpx
 from pydantic import BaseModel
+from websockets.exceptions import InvalidStatus
 
-from tiffany.sdk.errors import ConnectionFailed, error_from_answer
+from tiffany.sdk.errors import ApiError, ConnectionFailed, error_from_answer
 from tiffany.sdk.models import Event, FeedGap
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "plan_body",
     "raise_for",
     "read_frame",
+    "refusal",
     "resolve_token",
     "resolve_url",
     "retry_delay",
@@ -208,6 +210,30 @@ def retry_delay(
     if never_sent or (broken and (method == "GET" or keyed)):
         return RETRY_FIRST_S * 2.0 ** (attempt - 1)
     return None
+
+
+def refusal(exc: Exception) -> ApiError | None:
+    """The error a websocket handshake's answer is, if trying again cannot help; else None.
+
+    A 4xx (a missing or wrong token, no such route) stays what it is: it is
+    raised at once, as the same answer over HTTP would be, not retried
+    until the feed is given up as unreachable. A 408, a 429, a 5xx (the API
+    restarting behind a proxy) and a failed connection may pass: None.
+    """
+    if not isinstance(exc, InvalidStatus):
+        return None
+    response = exc.response
+    status = response.status_code
+    if not 400 <= status < 500 or status in (408, 429):
+        return None
+    text = response.body.decode("utf-8", "replace") if response.body else ""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    return error_from_answer(
+        status, body, text=text, retry_after=response.headers.get("Retry-After")
+    )
 
 
 def unreachable(base: str, exc: Exception) -> ConnectionFailed:
