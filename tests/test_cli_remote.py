@@ -7,9 +7,11 @@ tiffany`` process, as a user types it.
 
 from __future__ import annotations
 
+import http.server
 import json
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -197,3 +199,55 @@ def test_run_beside_serve_prints_the_servers_refusal_once_a_problem(served: Serv
     assert lines[0] == "tiffany: invalid plan:", ran.stderr
     assert [line.split(":", 1)[0] for line in lines[1:]] == ["  steps[0].tool", "  steps[1].tool"]
     assert all("'shell' is disabled on this server" in line for line in lines[1:])
+
+
+class _NotTiffany(http.server.BaseHTTPRequestHandler):
+    """Another service on the URL: JSON of its own on GET, an HTML error page on POST."""
+
+    def do_GET(self) -> None:
+        self._answer(200, "application/json", b'{"hello": "world"}')
+
+    def do_POST(self) -> None:
+        self._answer(501, "text/html", b"<!DOCTYPE HTML>\n<html><body>Unsupported</body></html>")
+
+    def _answer(self, status: int, kind: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def not_tiffany() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotTiffany)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_url_that_is_not_a_tiffany_api_says_so(served: Served, not_tiffany: str) -> None:
+    """A wrong --url: one line naming the request, never a traceback or a page of HTML."""
+    # A 200 of another shape was a pydantic traceback (exit 1).
+    for args in (("runs",), ("status",)):
+        proc = tiffany(served, *args, "--url", not_tiffany)
+        assert proc.returncode == 5, proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert proc.stderr.startswith("tiffany: not a Tiffany API answer: GET ")
+        assert len(proc.stderr.splitlines()) == 1
+    # An error page was printed whole.
+    posted = tiffany(served, "cancel", "run-x", "--url", not_tiffany)
+    assert posted.returncode == 1, posted.stderr
+    assert posted.stderr.splitlines() == [
+        f"tiffany: not a Tiffany API answer: POST {not_tiffany}/api/runs/run-x/cancel"
+        " -> 501 (text/html)"
+    ]
+    # The right server under a path it does not serve: "Not Found" alone named nothing.
+    prefixed = tiffany(served, "runs", "--url", served.url + "/tiffany", "--token", TOKEN)
+    assert prefixed.returncode == 3, prefixed.stderr
+    assert f"GET {served.url}/tiffany/api/runs" in prefixed.stderr

@@ -133,14 +133,7 @@ class AsyncClient:
 
     async def readiness(self) -> dict[str, Any]:
         """The server's ``/readyz`` answer: ``{"ready": bool, ...}`` (ready or not)."""
-        response = await self._request("GET", "/readyz")
-        if response.status_code not in (200, 503):
-            protocol.raise_for(response)
-        try:
-            body = response.json()
-        except ValueError:
-            body = {"detail": response.text}
-        return {"ready": response.status_code == 200, **body}
+        return protocol.readiness(await self._request("GET", "/readyz"))
 
     async def submit(
         self,
@@ -341,7 +334,7 @@ class AsyncClient:
                 max_size=None,
             )
         except _FEED_ERRORS as exc:
-            refused = protocol.refusal(exc) if strict else None
+            refused = protocol.refusal(exc, url) if strict else None
             if refused is not None:
                 raise refused from None
             return None

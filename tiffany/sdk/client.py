@@ -166,14 +166,7 @@ class Client:
         Raises:
             Unauthorized: The token is missing or wrong.
         """
-        response = self._request("GET", "/readyz")
-        if response.status_code not in (200, 503):
-            protocol.raise_for(response)
-        try:
-            body = response.json()
-        except ValueError:
-            body = {"detail": response.text}
-        return {"ready": response.status_code == 200, **body}
+        return protocol.readiness(self._request("GET", "/readyz"))
 
     # -- Runs ------------------------------------------------------------------
 
@@ -446,7 +439,7 @@ class Client:
                 max_size=None,
             )
         except _FEED_ERRORS as exc:
-            refused = protocol.refusal(exc) if strict else None
+            refused = protocol.refusal(exc, url) if strict else None
             if refused is not None:
                 raise refused from None
             return None

@@ -39,9 +39,11 @@ __all__ = [
     "answer",
     "auth_headers",
     "feed_url",
+    "foreign",
     "plan_body",
     "raise_for",
     "read_frame",
+    "readiness",
     "refusal",
     "resolve_token",
     "resolve_url",
@@ -168,24 +170,85 @@ def list_params(limit: int, **given: Any) -> dict[str, Any]:
 
 
 def answer(response: httpx.Response, model: type[M]) -> M:
-    """``response``'s JSON as ``model``, or the :class:`~tiffany.sdk.errors.ApiError` it is."""
+    """``response``'s JSON as ``model``, or the :class:`~tiffany.sdk.errors.ApiError` it is.
+
+    Raises:
+        ConnectionFailed: The answer is not the API's (a URL that names
+            another server, or a path under which no Tiffany API is served).
+    """
     if response.status_code >= 400:
         raise_for(response)
-    return model.model_validate(response.json())
+    try:
+        return model.model_validate(response.json())
+    except ValueError:  # not JSON, or not this model (pydantic's error is one)
+        raise foreign(response, f"not a {model.__name__}") from None
 
 
-def raise_for(response: httpx.Response) -> None:
-    """Raise the error ``response`` answers (it is one: status 400 and up)."""
+def readiness(response: httpx.Response) -> dict[str, Any]:
+    """The ``/readyz`` answer ``response`` as ``{"ready": bool, ...}`` (200 or 503).
+
+    Raises:
+        ApiError: Any other status.
+        ConnectionFailed: A 200 that is not the API's readiness.
+    """
+    if response.status_code not in (200, 503):
+        raise_for(response)
     try:
         body = response.json()
     except ValueError:
         body = None
-    raise error_from_answer(
+    if not isinstance(body, dict):
+        if response.status_code == 200:
+            raise foreign(response, "not a JSON object")
+        body = {"detail": response.text}  # a proxy's 503 page: not ready
+    return {"ready": response.status_code == 200, **body}
+
+
+def raise_for(response: httpx.Response) -> None:
+    """Raise the error ``response`` answers (it is one: status 400 and up)."""
+    raise _api_error(
         response.status_code,
-        body,
-        text=response.text,
-        retry_after=response.headers.get("retry-after"),
+        response.text,
+        response.headers.get("content-type", ""),
+        _request_line(response),
+        response.headers.get("retry-after"),
     )
+
+
+def _api_error(
+    status: int, text: str, content_type: str, where: str, retry_after: str | None
+) -> ApiError:
+    """The exception for an error answer ``text`` to the request ``where`` ("GET url").
+
+    An answer that is not the API's error body (a proxy's or another
+    server's page, a route the API does not have) names the request, so a
+    wrong ``url`` shows as one, not as a bare "Not Found" or a page of HTML.
+    """
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    if not (isinstance(body, dict) and "code" in body and "message" in body):
+        kind = content_type.split(";")[0] or "no content type"
+        message = f"not a Tiffany API answer: {where} -> {status} ({kind})"
+        body = {**(body if isinstance(body, dict) else {}), "message": message}
+    elif str(body["code"]).startswith("http."):  # no such route, or method: not one of ours
+        body = {**body, "message": f"{body['message']}: {where}"}
+    return error_from_answer(status, body, text=text, retry_after=retry_after)
+
+
+def foreign(response: httpx.Response, why: str) -> ConnectionFailed:
+    """The error for a success answer that is not the API's: the URL names something else."""
+    url = str(response.request.url)
+    return ConnectionFailed(
+        f"not a Tiffany API answer: {_request_line(response)} -> "
+        f"{response.status_code} ({why}); is the URL the API's base URL?",
+        url=url,
+    )
+
+
+def _request_line(response: httpx.Response) -> str:
+    return f"{response.request.method} {response.request.url}"
 
 
 def retry_delay(
@@ -212,13 +275,14 @@ def retry_delay(
     return None
 
 
-def refusal(exc: Exception) -> ApiError | None:
+def refusal(exc: Exception, url: str) -> ApiError | None:
     """The error a websocket handshake's answer is, if trying again cannot help; else None.
 
     A 4xx (a missing or wrong token, no such route) stays what it is: it is
     raised at once, as the same answer over HTTP would be, not retried
     until the feed is given up as unreachable. A 408, a 429, a 5xx (the API
     restarting behind a proxy) and a failed connection may pass: None.
+    ``url``: the websocket's URL, named in a refusal that is not the API's.
     """
     if not isinstance(exc, InvalidStatus):
         return None
@@ -226,13 +290,12 @@ def refusal(exc: Exception) -> ApiError | None:
     status = response.status_code
     if not 400 <= status < 500 or status in (408, 429):
         return None
-    text = response.body.decode("utf-8", "replace") if response.body else ""
-    try:
-        body = json.loads(text)
-    except ValueError:
-        body = None
-    return error_from_answer(
-        status, body, text=text, retry_after=response.headers.get("Retry-After")
+    return _api_error(
+        status,
+        response.body.decode("utf-8", "replace") if response.body else "",
+        response.headers.get("Content-Type", ""),
+        f"GET {url}",
+        response.headers.get("Retry-After"),
     )
 
 
