@@ -18,14 +18,15 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from process_support import wait_for
-from sdk_support import CuttingFront, Served, clean_env, serve, short_dir
+from process_support import terminate, wait_for
+from sdk_support import CuttingFront, Served, clean_env, free_port, serve, short_dir
 
 from tiffany import AsyncClient, Client
 from tiffany.sdk import (
@@ -298,6 +299,54 @@ def test_events_resume_across_a_restart_of_the_api_process(server: Served) -> No
         # API process has not seen them: it catches up from the engine).
         again = client.events(run.run_id, since=seqs[0] - 1)
         assert [e.seq for e in again if isinstance(e, Event)] == seqs
+
+
+def test_wait_waits_out_a_restart_of_the_whole_server() -> None:
+    """``tiffany serve`` stopped and started again while a client waits on a run.
+
+    The wait's read during the restart was refused, and ``wait`` raised
+    ConnectionFailed at once (after its 0.6 s of retries), with its own
+    timeout far off. It now reads the run again until the server is back.
+    """
+    cwd = short_dir("tfw-")
+    port = free_port()
+    served = serve(cwd, port=port)
+    plan = _plan("approve", {"id": "ok", "tool": "signal.wait", "args": {"name": "approve"}})
+    try:
+        sync = Client(served.url)
+        runs = [sync.submit(plan), sync.submit(plan)]
+        results: dict[str, Any] = {}
+
+        def wait_sync() -> None:
+            try:
+                results["sync"] = runs[0].wait(timeout=120).status
+            except Exception as exc:  # the test reads it
+                results["sync"] = exc
+
+        async def wait_async() -> None:
+            try:
+                async with AsyncClient(served.url) as client:
+                    results["async"] = (await client.wait(runs[1].run_id, timeout=120)).status
+            except Exception as exc:
+                results["async"] = exc
+
+        waiters = [
+            threading.Thread(target=wait_sync),
+            threading.Thread(target=lambda: asyncio.run(wait_async())),
+        ]
+        for waiter in waiters:
+            waiter.start()
+        wait_for(lambda: len(sync.list(status="running").runs) == 2, 30, "both runs waiting")
+        assert terminate(served.proc) == 0, served.log()
+        served = serve(cwd, port=port)  # the same data dir, port and URL
+        for run in runs:
+            sync.signal(run.run_id, "approve", {"by": "ada"})
+        for waiter in waiters:
+            waiter.join(timeout=120)
+        assert results == {"sync": "succeeded", "async": "succeeded"}, results
+        sync.close()
+    finally:
+        assert served.stop() == 0, served.log()
 
 
 def test_a_feed_left_with_unread_events_closes_cleanly(server: Served) -> None:

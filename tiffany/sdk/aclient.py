@@ -223,15 +223,19 @@ class AsyncClient:
         feed: ClientConnection | None = None
         followed = False
         backoff = protocol.Backoff()
+        outage = protocol.Outage()
         last: RunDetail | None = None
         try:
             while True:
                 try:
                     last = await self.get(run_id, min_seq=min_seq)
+                    outage.ended()
                     if last.finished:
                         return last
                 except Unavailable:
-                    pass
+                    outage.ended()
+                except ConnectionFailed as exc:  # restarting: read again, for a while
+                    outage.failed(exc)
                 if not followed:  # unfinished: follow its feed (its tail holds an end since)
                     feed, followed = await self._open_feed(run_id, since=None), True
                 interval = backoff.step()

@@ -306,9 +306,15 @@ class Client:
 
         A run that failed or was cancelled is returned too: look at ``status``.
 
+        The server going away for a while (a restart) is waited out: the
+        run is read again until it answers, for up to
+        :data:`~tiffany.sdk.protocol.RECONNECT_FOR_S` seconds at a time.
+
         Raises:
             WaitTimeout: ``timeout`` seconds passed first (``.run``: the run as last read).
             NotFound: No such run.
+            ConnectionFailed: The server could not be reached for
+                :data:`~tiffany.sdk.protocol.RECONNECT_FOR_S` seconds.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         min_seq = self._seqs.get(run_id)
@@ -317,13 +323,17 @@ class Client:
         with contextlib.ExitStack() as stack:
             feed: ClientConnection | None = None
             followed = False
+            outage = protocol.Outage()
             while True:
                 try:
                     last = self.get(run_id, min_seq=min_seq)
+                    outage.ended()
                     if last.finished:
                         return last
                 except Unavailable:  # the store is behind the seq: read again
-                    pass
+                    outage.ended()
+                except ConnectionFailed as exc:  # restarting: read again, for a while
+                    outage.failed(exc)
                 if not followed:  # unfinished: follow its feed (its tail holds an end since)
                     feed, followed = self._open_feed(stack, run_id, since=None), True
                 interval = backoff.step()

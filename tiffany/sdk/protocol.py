@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -36,6 +37,7 @@ __all__ = [
     "WAIT_POLL_MAX_S",
     "Backoff",
     "Cutoff",
+    "Outage",
     "answer",
     "auth_headers",
     "feed_url",
@@ -345,6 +347,29 @@ def read_frame(text: str | bytes) -> Event | FeedGap | None:
     if kind == "cutoff":
         raise Cutoff(str(doc.get("reason") or "cut off"))
     return None
+
+
+class Outage:
+    """How long the server has been out of reach, for ``wait``: given up after RECONNECT_FOR_S.
+
+    A server restarting (its API process, or the whole service) refuses
+    connections for a few seconds; ``wait`` reads the run again meanwhile,
+    as ``events`` reconnects, instead of failing on the first refusal.
+    """
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def failed(self, exc: ConnectionFailed) -> None:
+        """Note a failed read; raise ``exc`` once the server has been out of reach too long."""
+        now = time.monotonic()
+        self.since = self.since if self.since is not None else now
+        if now - self.since > RECONNECT_FOR_S:
+            raise exc
+
+    def ended(self) -> None:
+        """Note a read that reached the server."""
+        self.since = None
 
 
 class Backoff:
