@@ -157,6 +157,15 @@ def test_plan_as_yaml_text_and_as_a_path_with_an_idempotency_key(
         assert again.run_id == first.run_id
         assert not again.created
         assert client.wait(first.run_id, timeout=60).outputs == {"words": 2}
+        # A path with a typo was sent as the plan's text, and refused by the
+        # server as "the plan must be an object": it is named as a file here.
+        for typo in (str(tmp_path / "cuont.yaml"), "cuont.yaml", str(tmp_path)):
+            with pytest.raises(ValueError, match="no file") as missing:
+                client.submit(typo)
+            assert repr(typo) in str(missing.value)
+        # A one-line plan is still a plan.
+        one_line = json.dumps(_plan("nap", {"id": "n", "tool": "sleep", "args": {"seconds": 0}}))
+        assert client.submit(one_line).wait(timeout=60).status == "succeeded"
 
 
 def test_cancel_and_wait_timeout(server: Served) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -56,6 +57,8 @@ __all__ = [
 
 M = TypeVar("M", bound=BaseModel)
 
+#: What a one-line YAML mapping holds: a key's colon before a space or the end.
+_MAPPING_LINE: Final = re.compile(r":(\s|$)")
 #: Where a client goes when given no URL and no ``TIFFANY_URL``.
 DEFAULT_URL: Final = "http://127.0.0.1:8000"
 #: How long one HTTP request may take, in seconds (a ``min_seq`` read waits
@@ -134,19 +137,23 @@ def plan_body(plan: Any, inputs: Mapping[str, Any] | None) -> dict[str, Any]:
 
     A :class:`~pathlib.Path` (or any path-like) is read; a string that names
     an existing file (one line, not JSON) is too; any other string is sent as
-    the plan's text, which the server parses as JSON or YAML.
+    the plan's text, which the server parses as JSON or YAML. A one-line
+    string that no mapping can be (no ``{``, no ``key: value``) is taken for
+    a path: one that names no file is an error here, not a plan the server
+    refuses as "not an object".
+
+    Raises:
+        ValueError: ``plan`` names a file that cannot be read, or none.
     """
-    if isinstance(plan, os.PathLike) or (
-        isinstance(plan, str)
-        and "\n" not in plan
-        and not plan.lstrip().startswith("{")
-        and _is_file(plan)
-    ):
+    one_line = isinstance(plan, str) and "\n" not in plan and not plan.lstrip().startswith("{")
+    if isinstance(plan, os.PathLike) or (one_line and _is_file(plan)):
         path = Path(os.fspath(plan))
         try:
             plan = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ValueError(f"plan: cannot read {path}: {exc.strerror}") from None
+    elif one_line and plan.strip() and not _MAPPING_LINE.search(plan):
+        raise ValueError(f"plan: no file {plan!r} (a plan given as text is a JSON or YAML mapping)")
     elif not isinstance(plan, dict | str):
         raise TypeError(f"plan: a dict, JSON or YAML text, or a path, not {type(plan).__name__}")
     if inputs is not None and not isinstance(inputs, Mapping):
