@@ -293,16 +293,25 @@ def test_memory_of_the_relay_is_its_ring(hand_feed, live_api_factory) -> None:
     assert not live.state.relay.covers(seqs[0])
 
 
-@pytest.mark.parametrize("query", ["since=-1", "since=abc"])
-def test_bad_query_is_refused(hand_feed, live_api_factory, query: str) -> None:
-    from websockets.exceptions import ConnectionClosed, InvalidStatus
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [("since=-1", "since"), ("since=abc", "since"), ("tail=-1", "tail"), ("batch=maybe", "batch")],
+)
+def test_bad_query_is_refused_with_a_422_naming_it(
+    hand_feed, live_api_factory, ws_impl, query: str, field: str
+) -> None:
+    """As an HTTP request's bad query is (it was a bare 403: nothing said what was wrong)."""
+    from websockets.exceptions import InvalidStatus
 
-    live = live_api_factory(_settings(hand_feed.data_dir))
-    with (
-        pytest.raises((ConnectionClosed, InvalidStatus)),
-        ws_connect(f"{live.ws_base}/ws/activity?{query}") as ws,
-    ):
-        ws.recv(timeout=5)
+    live = live_api_factory(_settings(hand_feed.data_dir), ws=ws_impl)
+    with pytest.raises(InvalidStatus) as refused, ws_connect(f"{live.ws_base}/ws/activity?{query}"):
+        pass
+    response = refused.value.response
+    assert response.status_code == 422
+    body = json.loads(response.body)
+    assert body["code"] == "request.invalid"
+    assert body["message"].startswith(f"query.{field}: ")
+    assert body["detail"][0]["loc"] == ["query", field]
 
 
 def test_batch_mode_sends_arrays_of_frames(hand_feed, live_api_factory, ws_impl) -> None:

@@ -8,18 +8,20 @@
   :class:`~tiffany.api.body.InvalidBody` (422), and any other
   :class:`~tiffany.documents.DocumentError` (422, naming the path);
 * any other :class:`~tiffany.errors.TiffanyError`: its ``to_dict()``;
-* FastAPI's validation errors (422) and HTTP errors (404 route, 405...) in
+* FastAPI's validation errors (422, a websocket's as its handshake's answer)
+  and HTTP errors (404 route, 405...) in
   the same shape, and anything unexpected as a logged 500.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, Final
 
 import structlog
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI, Request, WebSocket
+from fastapi.exceptions import RequestValidationError, WebSocketRequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
@@ -134,13 +136,34 @@ async def _tiffany_error(_request: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
+    return _invalid_request(exc.errors())
+
+
+def _invalid_request(errors: Any) -> JSONResponse:
     detail = [
         {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type")}
-        for e in exc.errors()
+        for e in errors
     ]
     first = detail[0] if detail else {"loc": [], "msg": "invalid request"}
     where = ".".join(str(p) for p in first["loc"])
     return error_response(422, "request.invalid", f"{where}: {first['msg']}", detail)
+
+
+async def _websocket_validation_error(websocket: WebSocket, exc: Exception) -> None:
+    """A websocket's bad query (``?since=abc``): an HTTP request's 422, as the handshake's answer.
+
+    FastAPI's own handler closed the socket before accepting it, which
+    uvicorn answers with a bare 403: nothing said which parameter was bad.
+    Where the server cannot answer a handshake with a response, the close
+    (1008) carries the message.
+    """
+    assert isinstance(exc, WebSocketRequestValidationError)
+    response = _invalid_request(exc.errors())
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(response)
+    else:
+        message = str(json.loads(bytes(response.body))["message"])
+        await websocket.close(code=1008, reason=message.encode()[:120].decode("utf-8", "ignore"))
 
 
 async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
@@ -182,6 +205,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(StoreUnavailable, _store_unavailable)
     app.add_exception_handler(TiffanyError, _tiffany_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(WebSocketRequestValidationError, _websocket_validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_exception_handler(Exception, _unexpected)
