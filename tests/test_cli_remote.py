@@ -251,3 +251,31 @@ def test_a_url_that_is_not_a_tiffany_api_says_so(served: Served, not_tiffany: st
     prefixed = tiffany(served, "runs", "--url", served.url + "/tiffany", "--token", TOKEN)
     assert prefixed.returncode == 3, prefixed.stderr
     assert f"GET {served.url}/tiffany/api/runs" in prefixed.stderr
+
+
+def test_a_plan_name_cannot_drive_the_readers_terminal(served: Served) -> None:
+    """ESC, BEL and newlines in a submitted plan's name are printed escaped, not sent raw.
+
+    ``tail`` wrote them as they came, and ``runs`` let an OSC sequence
+    through (it set the terminal's title): anyone who may submit could
+    drive the terminal of whoever reads the runs.
+    """
+    name = "evil\x1b[31mred\x1b]0;pwned\x07\nsecond line"
+    plan = {"name": name, "steps": [{"id": "a", "tool": "sleep", "args": {"seconds": 0}}]}
+    with Client(served.url, token=TOKEN) as client:
+        run = client.submit(plan)
+        assert run.wait(timeout=60).status == "succeeded"
+    outputs = {
+        "runs --url": remote(served, "runs", "--limit", "1"),
+        "runs": tiffany(served, "runs", "--limit", "1", "--data-dir", str(served.data_dir)),
+        "tail --url": remote(served, "tail", "--run", run.run_id),
+        "tail": tiffany(
+            served, "tail", "--run", run.run_id, "--since", "0", "--data-dir", str(served.data_dir)
+        ),
+    }
+    for way, proc in outputs.items():
+        assert proc.returncode == 0, (way, proc.stderr)
+        lines = [line for line in proc.stdout.splitlines() if run.run_id in line]
+        assert lines, (way, proc.stdout)
+        assert not any(c in proc.stdout for c in "\x1b\x07"), (way, proc.stdout)
+        assert "evil\\x1b[31mred\\x1b]0;pwned\\x07\\x0asecond line" in lines[0], (way, lines)

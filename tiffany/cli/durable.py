@@ -26,7 +26,7 @@ import typer
 
 from tiffany.cli import DataDirOption, EngineOption, exits
 from tiffany.cli.interrupt import CtrlC
-from tiffany.cli.remote import TokenOption, UrlOption, remote
+from tiffany.cli.remote import TokenOption, UrlOption, printable, remote
 
 if TYPE_CHECKING:
     from tiffany.wal import Loss
@@ -311,9 +311,8 @@ def runs(
         if info.status == "running" and info.run_id in held:
             status = "held"
         started = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(info.started_at))
-        typer.echo(
-            f"{info.run_id}  {status:<11} {_age(now - info.started_at):>8}  {started}  {info.name}"
-        )
+        age = _age(now - info.started_at)
+        typer.echo(f"{info.run_id}  {status:<11} {age:>8}  {started}  {printable(info.name)}")
     if not as_json and len(shown) < len(infos):
         typer.echo(f"({len(infos) - len(shown)} older runs: --limit 0 lists them all)", err=True)
     if not as_json and any(i.status == "running" and idle for i, idle in shown):
@@ -366,9 +365,8 @@ def _remote_runs(url: str, token: str | None, limit: int | None, as_json: bool) 
                     continue
                 started = run.started_at or run.created_at or now
                 when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started))
-                typer.echo(
-                    f"{run.run_id}  {run.status:<11} {_age(now - started):>8}  {when}  {run.name}"
-                )
+                age, name = _age(now - started), printable(run.name)
+                typer.echo(f"{run.run_id}  {run.status:<11} {age:>8}  {when}  {name}")
             before = page.next_before
             if before is None or (limit and shown >= limit):
                 break

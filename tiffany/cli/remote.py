@@ -16,13 +16,16 @@ import json
 import sys
 import time
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import typer
 
 from tiffany.cli import exits
 
-__all__ = ["TokenOption", "UrlOption", "remote", "show_event"]
+__all__ = ["TokenOption", "UrlOption", "printable", "remote", "show_event"]
+
+#: Control characters (C0, DEL, C1) as ``printable`` writes them: ``\x1b``.
+_CONTROL: Final = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
 
 #: ``--url``: the server to talk to, instead of the engine on the data dir.
 UrlOption = Annotated[
@@ -80,6 +83,16 @@ def control_problems(detail: Any) -> list[tuple[str, str]]:
     return [(str(e.get("loc") or ""), str(e.get("msg"))) for e in items if isinstance(e, dict)]
 
 
+def printable(text: object) -> str:
+    r"""``text`` for a terminal, its control characters written out (``\x1b``, ``\x0a``).
+
+    Plan names, task labels and error messages come from whoever submitted
+    the plan: an ESC in one must not drive the reader's terminal (colours,
+    its title, the cursor), nor a newline split a one-line row.
+    """
+    return str(text).translate(_CONTROL)
+
+
 def print_problem(message: str, fields: list[tuple[str, str]]) -> None:
     """An error answer on standard error: its message, then one line per field it names.
 
@@ -88,11 +101,11 @@ def print_problem(message: str, fields: list[tuple[str, str]]) -> None:
     and ``tiffany plan validate`` print them.
     """
     if fields and all(msg in message for _, msg in fields):
-        typer.echo(f"tiffany: {message.split(': ', 1)[0]}:", err=True)
+        typer.echo(f"tiffany: {printable(message.split(': ', 1)[0])}:", err=True)
     else:
-        typer.echo(f"tiffany: {message}", err=True)
+        typer.echo(f"tiffany: {printable(message)}", err=True)
     for loc, msg in fields:
-        typer.echo(f"  {loc or '(plan)'}: {msg}", err=True)
+        typer.echo(f"  {printable(loc or '(plan)')}: {printable(msg)}", err=True)
 
 
 def show_event(frame: dict[str, Any], as_json: bool) -> None:
@@ -106,10 +119,11 @@ def show_event(frame: dict[str, Any], as_json: bool) -> None:
             if isinstance(ts, int | float) and ts > 0
             else "-"
         )
+        run, task = printable(frame.get("run_id") or "-"), printable(frame.get("task") or "")
         sys.stdout.write(
-            f"{when}  {frame.get('run_id') or '-':<18} {frame.get('task') or '':<24} "
-            f"{frame['kind']:<13} {frame.get('label') or ''}\n"
+            f"{when}  {run:<18} {task:<24} "
+            f"{printable(frame['kind']):<13} {printable(frame.get('label') or '')}\n"
         )
     else:
-        sys.stdout.write(f"-- {frame}\n")
+        sys.stdout.write(f"-- {printable(frame)}\n")
     sys.stdout.flush()
