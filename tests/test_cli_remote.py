@@ -279,3 +279,59 @@ def test_a_plan_name_cannot_drive_the_readers_terminal(served: Served) -> None:
         assert lines, (way, proc.stdout)
         assert not any(c in proc.stdout for c in "\x1b\x07"), (way, proc.stdout)
         assert "evil\\x1b[31mred\\x1b]0;pwned\\x07\\x0asecond line" in lines[0], (way, lines)
+
+
+def test_a_local_tail_of_one_run_shows_what_tail_url_shows(served: Served) -> None:
+    """``tail --run`` on the data dir: the run's recent past, then live, and its end.
+
+    It followed the engine's feed from "now" only: a finished or unknown
+    run printed nothing and never ended, a running one lost its first
+    events. ``--url`` always did this (docs/cli.md: same output, same exit codes).
+    """
+    local = ("--data-dir", str(served.data_dir))
+    with Client(served.url, token=TOKEN) as client:
+        done = client.submit(
+            {
+                "name": "two",
+                "steps": [
+                    {"id": "a", "tool": "sleep", "args": {"seconds": 0}},
+                    {"id": "b", "tool": "sleep", "args": {"seconds": 0}, "after": ["a"]},
+                ],
+            }
+        )
+        assert done.wait(timeout=60).status == "succeeded"
+        over_http = remote(served, "tail", "--run", done.run_id, "--json")
+        here = tiffany(served, "tail", "--run", done.run_id, "--json", *local)
+        for way, proc in (("url", over_http), ("local", here)):
+            assert proc.returncode == 0, (way, proc.stderr)
+        kinds = [(e["kind"], e.get("task_name")) for e in map(json.loads, here.stdout.splitlines())]
+        assert kinds == [
+            (e["kind"], e.get("task_name")) for e in map(json.loads, over_http.stdout.splitlines())
+        ]
+        assert kinds[0][0] == "run.started"
+        assert kinds[-1][0] == "run.finished"
+
+        waiting = client.submit(APPROVE).run_id
+        client.get(waiting)  # with the submission's seq: in the store (tail asks it)
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "tiffany", "tail", "--run", waiting, "--json", *local],
+            cwd=served.cwd,
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            first = json.loads(follower.stdout.readline())  # from before the tail started
+            assert (first["kind"], first["run_id"]) == ("run.started", waiting)
+            client.signal(waiting, "approve", {"by": "ada"})
+            out, err = follower.communicate(timeout=60)
+        finally:
+            if follower.poll() is None:
+                follower.kill()
+        assert follower.returncode == 0, err
+        assert json.loads(out.splitlines()[-1])["kind"] == "run.finished"
+
+    unknown = tiffany(served, "tail", "--run", "run-000000000000", *local)
+    assert unknown.returncode == 3, unknown.stderr
+    assert "no run 'run-000000000000'" in unknown.stderr

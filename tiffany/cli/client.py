@@ -356,8 +356,10 @@ def tail(
     token: TokenOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
-    """Follow the activity feed (Ctrl-C stops); with --run, stop when that run finishes."""
+    """Follow the activity feed (Ctrl-C stops); with --run, that run's events until it finishes."""
     from tiffany.pal.transport import FEED_SOCKET, follow
+    from tiffany.sdk import protocol
+    from tiffany.sdk.models import FINISHED
 
     if url:
         with remote(url, token) as client, contextlib.suppress(KeyboardInterrupt):
@@ -370,17 +372,29 @@ def tail(
     if not paths[0].exists():
         typer.echo(f"tiffany: no feed at {paths[0]} (is `tiffany serve` running?)", err=True)
         raise typer.Exit(EXIT_NO_ENGINE)
+    # One run, from its recent past (as `tail --url` does): the events the
+    # engines still hold of it, then live; a run already finished ends once
+    # those have come.
+    recent = protocol.FEED_TAIL if run_id is not None and since is None else 0
+    quiet: float | None = None
+    if recent:
+        status = _run_status(ctx, run_id or "")
+        if status is None:
+            typer.echo(f"tiffany: no run {run_id!r}", err=True)
+            raise typer.Exit(exits.NOT_FOUND)
+        if status in FINISHED:
+            quiet = protocol.FINISHED_DRAIN_S
 
     async def frames() -> Any:
         """Every engine's feed, as the frames come (``--since`` is engine 0's)."""
         if len(paths) == 1:
-            async for frame in follow(paths[0], since=since, run_id=run_id):
+            async for frame in follow(paths[0], since=since, run_id=run_id, tail=recent):
                 yield frame
             return
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
         async def pump(path: Path, resume: int | None) -> None:
-            async for frame in follow(path, since=resume, run_id=run_id):
+            async for frame in follow(path, since=resume, run_id=run_id, tail=recent):
                 await queue.put(frame)
 
         tasks = [
@@ -394,13 +408,37 @@ def tail(
                 task.cancel()
 
     async def main() -> None:
-        async for frame in frames():
-            show_event(frame, as_json)
-            if run_id is not None and frame.get("kind") == "run.finished":
-                return
+        stream = frames()
+        try:
+            while True:
+                try:
+                    frame = await asyncio.wait_for(anext(stream), quiet)
+                except (TimeoutError, StopAsyncIteration):
+                    return  # a finished run: what the engines held of it has come
+                show_event(frame, as_json)
+                if run_id is not None and frame.get("kind") == "run.finished":
+                    return
+        finally:
+            await stream.aclose()
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
+
+
+def _run_status(ctx: typer.Context, run_id: str) -> str | None:
+    """The run's status in the data dir's store, or None when the store has no such run."""
+    from sqlalchemy import select
+
+    from tiffany.cli import _settings
+    from tiffany.store import make_engine, session_factory
+    from tiffany.store.models import Run
+
+    store = make_engine(_settings(ctx).database_url)
+    try:
+        with session_factory(store)() as session:
+            return session.scalar(select(Run.status).where(Run.run_id == run_id))
+    finally:
+        store.dispose()
 
 
 def register(app: typer.Typer) -> None:
