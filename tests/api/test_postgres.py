@@ -303,4 +303,7 @@ def test_a_store_the_loop_cannot_reach_answers_503(tmp_path: object) -> None:
     with TestClient(app) as client:
         r = client.get("/api/runs/run-000000000000")
     assert r.status_code == 503, r.text
-    assert "the store cannot be read" in r.text
+    assert r.json()["message"] == "the store cannot be read"
+    # the driver's words (the server's host, port, user) stay in the API's log
+    assert "127.0.0.1" not in r.text
+    assert "postgres" not in r.text

@@ -499,6 +499,9 @@ def test_without_an_engine_commands_are_503_and_readyz_says_why(api_dir) -> None
         assert r.status_code == 503
         assert r.headers["retry-after"]
         assert r.json()["code"] == "engine.unavailable"
+        # the socket's path (the server's data dir) is for the API's log, not the client
+        assert str(api_dir) not in r.text
+        assert "control.sock" not in r.text
         ready = c.get("/readyz")
         assert ready.status_code == 503
         assert ready.json() == {"ready": False, "reason": "engine unreachable"}

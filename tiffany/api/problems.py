@@ -27,7 +27,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
 from tiffany.api.body import BodyTooLarge, InvalidBody
-from tiffany.api.deps import StoreUnavailable
+from tiffany.api.deps import StoreBehind, StoreUnavailable
 from tiffany.control import ControlError, ControlUnavailable
 from tiffany.documents import DocumentError
 from tiffany.errors import TiffanyError
@@ -91,7 +91,10 @@ def _loc_msg(item: Any) -> Any:
 
 async def _control_unavailable(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ControlUnavailable)
-    message = f"the engine is not reachable: {exc.message}"
+    # What failed (a socket's path under the data dir, a database's host and
+    # user) is the operator's to read in this log, not every client's.
+    log.warning("engine unavailable", error=exc.message)
+    message = "the engine is not reachable (starting, restarting or stopped): try again"
     return error_response(503, "engine.unavailable", message, headers=_retry_after())
 
 
@@ -121,6 +124,8 @@ async def _store_unavailable(_request: Request, exc: Exception) -> JSONResponse:
     log.warning("store unavailable", error=exc.message)
     body = exc.to_dict()
     code, message = body.pop("code"), body.pop("message")
+    if not isinstance(exc, StoreBehind):  # the driver's words name hosts and users: logged only
+        message = "the store cannot be read"
     return error_response(503, code, message, headers=_retry_after(), **body)
 
 
