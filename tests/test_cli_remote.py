@@ -121,6 +121,7 @@ def test_errors_map_onto_the_exit_code_table(served: Served) -> None:
     no_token = tiffany(served, "runs", "--url", served.url)
     assert no_token.returncode == 2
     assert "bearer token" in no_token.stderr
+    assert "--token, or TIFFANY_API_TOKEN" in no_token.stderr  # how a CLI user gives one
     # TIFFANY_URL and TIFFANY_API_TOKEN instead of the options.
     env = {"TIFFANY_URL": served.url, "TIFFANY_API_TOKEN": TOKEN}
     unknown = tiffany(served, "cancel", "run-nope", env=env)
@@ -139,6 +140,7 @@ def test_errors_map_onto_the_exit_code_table(served: Served) -> None:
         tailed = tiffany(served, "tail", "--url", served.url, *token_args)
         assert tailed.returncode == 2, tailed.stderr
         assert "bearer token" in tailed.stderr
+        assert "--token, or TIFFANY_API_TOKEN" in tailed.stderr
 
 
 def test_run_on_a_served_data_dir_submits_to_the_server(served: Served) -> None:

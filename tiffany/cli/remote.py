@@ -67,7 +67,10 @@ def remote(url: str, token: str | None) -> Iterator[Any]:
         with client:
             yield client
     except ApiError as exc:
-        print_problem(exc.message, [(e.path, e.msg) for e in exc.errors])
+        message = exc.message
+        if exc.status == 401:  # the server's words name the header; a CLI user gives an option
+            message += " (the CLI sends --token, or TIFFANY_API_TOKEN)"
+        print_problem(message, [(e.path, e.msg) for e in exc.errors])
         raise typer.Exit(exits.for_status(exc.status)) from None
     except ConnectionFailed as exc:
         typer.echo(f"tiffany: {exc.message}", err=True)
