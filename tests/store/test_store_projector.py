@@ -122,6 +122,11 @@ def test_plan_runs(store: Engine, journal: Journal):
     assert after["error"]["upstream"] == "bad"
     tools = [t for t in failed["tasks"] if t["kind"] == "tool"]
     assert [t["state"] for t in tools] == ["crashed", "crashed"]  # one per attempt
+    # A tool task ends when its attempt did (its own exit carries no time):
+    # on the run's clock it had ended where it started, 0 ms on the timeline.
+    assert [t["ended_at"] for t in tools] == [a["ended_at"] for a in bad["attempts"]]
+    assert all(t["started_at"] <= t["ended_at"] for t in tools)
+    assert tool["ended_at"] == read["ended_at"]
 
     cancelled = _detail(store, journal.run_ids["plan_cancel"])
     assert cancelled["status"] == "cancelled"

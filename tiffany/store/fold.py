@@ -430,10 +430,35 @@ class RowFold:
         }
         if _HAS_WAITING:
             values["waiting"] = None
-        values.update(attempt_times(outcome.get("attempts"), _part(made, "attempts", outcome)))
+        attempts = outcome.get("attempts")
+        values.update(attempt_times(attempts, _part(made, "attempts", outcome)))
         b.steps.update((ctx.run_id, step_id), **values)
+        self._tool_ends(b, ctx, step_id, attempts)
         if _HAS_USAGE and outcome.get("ok") and _add_usage(ctx, output):
             b.runs.update((ctx.run_id,), usage=dict(ctx.usage or {}))
+
+    def _tool_ends(self, b: Batch, ctx: _RunCtx, step_id: str, attempts: Any) -> None:
+        """Each tool task of a step ends when its attempt did (the worker's record says when).
+
+        A tool task's exit comes with no time of its own (its step reads no
+        ``Now()``), so its row ended on the run's clock, where it started:
+        0 ms on the timeline for a shell step that ran for seconds. One tool
+        task runs each attempt, in order; a step run in its worker (python,
+        sleep) has none, and a count that does not match is left alone.
+        """
+        if not isinstance(attempts, list):
+            return
+        tools = sorted(
+            ltid
+            for ltid, (kind, step) in ctx.tasks.items()
+            if step == step_id and kind == TaskKind.TOOL.value
+        )
+        if not tools or len(tools) != len(attempts):
+            return
+        for ltid, attempt in zip(tools, attempts, strict=True):
+            ended = attempt.get("ended_at") if isinstance(attempt, Mapping) else None
+            if isinstance(ended, int | float) and not isinstance(ended, bool):
+                b.tasks.update((ctx.run_id, ltid), ended_at=float(ended))
 
     def _run_end(self, b: Batch, ctx: _RunCtx, rec: RunEnd, made: Any) -> None:
         """The run's end; ``made`` is ``jsonable(rec.value)`` (its journal row's)."""
