@@ -78,3 +78,32 @@ def test_events_and_rows_carry_the_label_not_a_parsed_name(tmp_path: Path) -> No
     assert finished == {plan_run, other}  # a callable run's root ends its run too
     assert (live.workers_started, live.workers_done) == (2, 2)
     assert {r.step_id for r in live.rows.values() if r.role == "worker"} == {"write", "nap"}
+
+
+def test_a_workers_exit_says_whether_its_step_succeeded(tmp_path: Path) -> None:
+    """A worker whose step failed ends ``done`` (it reports the failure to the planner).
+
+    Its ``exit`` event carries the step's outcome, so the feed's readers (the
+    dashboard's tail) do not show "step finished" in green beside a failed step.
+    """
+    hub = Recorder()
+    settings = Settings(data_dir=tmp_path, enabled_tools=["file.read", "sleep"], _env_file=None)
+    engine = build(settings, instruments=[ActivityLog(hub.hub)])
+    plan = {
+        "name": "half",
+        "steps": [
+            {"id": "nap", "tool": "sleep", "args": {"seconds": 0}},
+            {"id": "bad", "tool": "file.read", "args": {"path": "missing.txt"}},
+        ],
+    }
+    try:
+        engine.submit_plan(plan)
+        engine.runtime.run()
+    finally:
+        engine.runtime.close()
+    exits = {
+        e["step_id"]: (e["label"], e["data"])
+        for kind, e in hub.events
+        if kind == "exit" and e["task_kind"] == "worker"
+    }
+    assert exits == {"nap": ("done", {"ok": True}), "bad": ("done", {"ok": False})}

@@ -116,7 +116,11 @@ class ActivityLog(Instrument):
             return
         del self._fields[task.id]  # its last events
         kind = "cancelled" if task.state.value == "cancelled" else "exit"
-        self.hub.publish_task(kind, ids, task.state.value)
+        data = None
+        if ids.task_kind == "worker":  # a worker ends well whether its step did or not
+            ok = getattr(task.result, "ok", None)
+            data = {"ok": ok} if isinstance(ok, bool) else None
+        self.hub.publish_task(kind, ids, task.state.value, data)
         self._finished(task, ids, ok=kind == "exit")
 
     def task_crashed(self, task: Task, error: BaseException) -> None:

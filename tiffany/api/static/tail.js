@@ -37,8 +37,8 @@ export function runLevel(ev) {
   switch (ev.kind) {
     case "spawned":
       return { text: `step ${step} started`, tone: "live" };
-    case "exit":
-      return { text: `step ${step} finished`, tone: "ok" };
+    case "exit": // d.ok: the step's outcome (its worker ends well either way)
+      return d.ok === false ? { text: `step ${step} failed`, tone: "bad" } : { text: `step ${step} finished`, tone: "ok" };
     case "crash":
       return { text: `step ${step} failed: ${ev.label}`, tone: "bad" };
     case "cancelled":
