@@ -264,6 +264,47 @@ def test_restart_resumes_an_unfinished_run_without_redoing_steps(tmp_path: Path)
         assert again.stop() == 0
 
 
+def test_a_recovered_run_does_not_publish_its_past_again(tmp_path: Path) -> None:
+    """Recovery replays a run's finished steps; their events went out in its first life.
+
+    Published again (new seqs), every finished step started and finished a
+    second time on the feed after each restart.
+    """
+    from tiffany.pal.transport import follow
+
+    data = tmp_path / "data"
+    proc = EngineProc(data)
+    proc.wait_ready()
+    run_id = proc.call("submit", plan=LONG, inputs={})["run_id"]
+    deadline = time.monotonic() + 10
+    while store_run(data, run_id)["steps"][0]["status"] != "succeeded":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert proc.stop(signal.SIGTERM) == 0  # the run stays unfinished, "first" done
+
+    again = EngineProc(data)
+    try:
+        again.wait_ready()  # the run was replayed up to its journal's end, then went live
+
+        async def events() -> list[dict[str, Any]]:
+            got: list[dict[str, Any]] = []
+            feed = data / "feed.sock"
+            async for frame in follow(feed, run_id=run_id, tail=100_000):  # the ring, all of it
+                got.append(frame)
+                if frame.get("kind") == "run.finished":
+                    return got
+            return got
+
+        got = asyncio.run(asyncio.wait_for(events(), 30))
+    finally:
+        assert again.stop() == 0
+    assert got[-1]["label"] == "succeeded"
+    steps = {e.get("step_id") for e in got}
+    assert "first" not in steps, [e for e in got if e.get("step_id") == "first"][:3]
+    assert ("spawned", "last") in {(e["kind"], e.get("step_id")) for e in got}
+    assert "run.started" not in {e["kind"] for e in got}  # its start went out in its first life
+
+
 def test_kill_9_then_restart_recovers(tmp_path: Path) -> None:
     data = tmp_path / "data"
     proc = EngineProc(data)

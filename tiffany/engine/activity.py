@@ -1,4 +1,4 @@
-"""The activity instrument: every dispatch becomes a PAL event.
+"""The activity instrument: every dispatch becomes a PAL event (a replayed one does not).
 
 It runs on the scheduler thread, so it only builds a small tuple and appends
 it to the hub's inbox (never blocks, never encodes); the hub's thread does
@@ -57,7 +57,17 @@ class ActivityLog(Instrument):
         self._fields: dict[int, tuple[Any, TaskFields]] = {}
 
     def _ids(self, task: Task) -> TaskFields | None:
+        """The task's encoded ids, or None when it publishes nothing (now).
+
+        Discussion: a run being replayed (recovery at start, before it goes
+        live) re-runs dispatches whose events went out in its first life;
+        published again, with new seqs, a reader of the feed saw every
+        finished step start and finish twice after each restart. They are
+        not published, as they are not journaled again.
+        """
         meta = task.meta
+        if meta.__class__ is TaskMeta and meta.run.replay is not None:
+            return None
         known = self._fields.get(task.id)
         if known is not None and known[0] is meta:
             return known[1]
