@@ -55,7 +55,10 @@ number stays reserved so that no later record type reuses it.
 
 Values that came from outside (step results, ``Now()``, thread results) are
 stored in full with :func:`pack_value`, which keeps tuples, sets and bytes
-apart from lists and strings (msgpack extensions).
+apart from lists and strings (msgpack extensions). A set is journaled
+sorted, on its own or inside a dataclass or Struct (there as a list, as
+``msgspec`` packs it), so that its bytes do not hang on the process's hash
+seed: a replay in another process compares them byte for byte.
 
 Discussion: the run prefix is fixed-width on purpose. A variable-width
 msgpack int would force a decode to learn the run; with 4 raw bytes,
@@ -101,6 +104,7 @@ __all__ = [
     "decode_dispatch",
     "decode_record",
     "encode",
+    "legacy_canonical",
     "legacy_role",
     "pack_value",
     "root_role",
@@ -377,6 +381,8 @@ def pack_value(value: Any) -> Any:
     rest of a dict, list or dataclass is kept as it is. A stand-in packs as
     itself, so a value rebuilt from the journal packs as the value it was
     rebuilt from (what a replay compares: ``durable/dispatch.py``: ``same``).
+    Any other object (a dataclass, a Struct) packs as ``msgspec.to_builtins``
+    makes it, with the sets inside it sorted (``_order_sets``).
     """
     cls = value.__class__
     if cls in _PLAIN:
@@ -410,12 +416,89 @@ def pack_value(value: Any) -> Any:
     if cls is Unencodable:
         return stand_in(value)
     try:
-        return msgspec.to_builtins(value, builtin_types=_EXT, enc_hook=stand_in)
+        out = msgspec.to_builtins(value, builtin_types=_EXT, enc_hook=stand_in)
     except (TypeError, msgspec.EncodeError):  # e.g. a key that is no str, number or tuple
         return stand_in(value)
+    _order_sets(value, out)
+    return out
 
 
 _EXT: Final = (msgspec.msgpack.Ext,)
+
+
+def _order_sets(src: Any, out: Any) -> None:
+    """Sort, in place, the lists ``msgspec.to_builtins`` made of the sets inside ``src``.
+
+    ``out`` is what ``to_builtins`` made of ``src`` (a dataclass, a Struct,
+    an attrs class...): its tuples stay tuples (msgpack arrays: lists once
+    journaled), its dicts keep their order, and a set becomes a list in the
+    set's iteration order, which hangs on the process's hash seed. Each such
+    list is sorted as :func:`pack_value` sorts a set (``key=repr`` of the
+    items), after the sets inside its items. The walk follows ``src`` and
+    ``out`` side by side: a dict's values in order, a list's or tuple's
+    items, an object's fields by their encoded names; where the two do not
+    match (a dict whose keys merged in ``out``, an enum's value) it stops,
+    and ``out`` stays as ``to_builtins`` made it.
+
+    Discussion: the order of a dict, the tuples and everything else are left
+    as they were: journals of earlier versions hold them that way, and a
+    replay compares its values with theirs byte for byte. Only the sets
+    change, and a set that hung on the hash seed (of strings, bytes, or
+    anything holding them) was journaled in an order no other process
+    reproduces, so no replay could verify it anyway; one of numbers, whose
+    hashes are not seeded, was reproducible, and :func:`legacy_canonical`
+    still gives a replay the bytes it was journaled as.
+
+    Rejected: ``to_builtins(order="deterministic")``, which sorts the sets in
+    C but also every dict (by key): the journaled order of a dataclass's
+    dicts would change. And a Python walk of the value instead of
+    ``to_builtins``, which would have to copy msgspec's rules for every type
+    (renamed and omitted fields, tags, enums).
+
+    Cost: a container whose items are all plain is passed over in C
+    (:data:`_all_plain`); a step's result of 1,000 strings adds about 15 us
+    to the 7 us of packing it, where the WAKE that brought it took more.
+    """
+    cls = src.__class__
+    pairs: Any
+    if isinstance(src, dict):
+        if out.__class__ is not dict or len(out) != len(src) or _all_plain(map(type, src.values())):
+            return
+        pairs = zip(src.values(), out.values(), strict=True)
+    elif isinstance(src, list | tuple):  # namedtuples too
+        if not isinstance(out, list | tuple) or len(out) != len(src) or _all_plain(map(type, src)):
+            return
+        pairs = zip(src, out, strict=True)
+    elif isinstance(src, set | frozenset):
+        if out.__class__ is not list or len(out) != len(src):
+            return
+        if not _all_plain(map(type, src)):
+            for s, o in zip(src, out, strict=True):
+                if s.__class__ not in _PLAIN:
+                    _order_sets(s, o)
+        out.sort(key=repr)
+        return
+    elif out.__class__ is dict and not isinstance(src, enum.Enum):  # fields by name
+        if _all_plain(map(type, out.values())):
+            return
+        if isinstance(src, msgspec.Struct):
+            attr = dict(zip(cls.__struct_encode_fields__, cls.__struct_fields__, strict=True))
+            pairs = ((getattr(src, attr.get(k, ""), None), v) for k, v in out.items())
+        else:
+            pairs = ((getattr(src, k, None), v) for k, v in out.items())
+    elif out.__class__ is list and isinstance(src, msgspec.Struct):  # array_like
+        values = [getattr(src, f) for f in cls.__struct_fields__]
+        tagged = cls.__struct_config__.tag is not None
+        pairs = zip(values, out[1:] if tagged else out, strict=False)
+    else:
+        return
+    for s, o in pairs:
+        if s.__class__ not in _PLAIN:
+            _order_sets(s, o)
+
+
+#: ``_all_plain(map(type, items))``: no item holds anything (in C, for long lists).
+_all_plain: Final = frozenset(_PLAIN).issuperset
 
 
 #: Characters of a value's repr its stand-in keeps.
@@ -455,6 +538,42 @@ def unpack_value(value: Any) -> Any:
 def canonical(value: Any) -> bytes:
     """Return the journaled bytes of ``value`` (for comparing values exactly)."""
     return _encoder.encode(pack_value(value))
+
+
+def legacy_canonical(value: Any) -> bytes:
+    """Return the bytes earlier versions journaled ``value`` as (sets inside objects unsorted).
+
+    Before :func:`pack_value` sorted the sets inside a dataclass or Struct
+    (``_order_sets``), they were journaled in their iteration order. For a
+    set of numbers (their hashes are not seeded) that order was the same in
+    every process, and such journals replayed; a replay that finds its value
+    differs from one of them compares it this way too (``durable/dispatch.py``:
+    ``same``). The same as :func:`canonical` for a value without such a set.
+    """
+    return _encoder.encode(_legacy_pack(value))
+
+
+def _legacy_pack(value: Any) -> Any:
+    """:func:`pack_value` as it was before sets inside objects were sorted (see above)."""
+    cls = value.__class__
+    if cls in _PLAIN:
+        return value
+    if cls is dict:
+        return {k: _legacy_pack(v) for k, v in value.items()}
+    if cls is list:
+        return [_legacy_pack(v) for v in value]
+    if cls is tuple:
+        return msgspec.msgpack.Ext(_EXT_TUPLE, _encoder.encode([_legacy_pack(v) for v in value]))
+    if cls is set or cls is frozenset:
+        code = _EXT_SET if cls is set else _EXT_FROZENSET
+        items = sorted((_legacy_pack(v) for v in value), key=repr)
+        return msgspec.msgpack.Ext(code, _encoder.encode(items))
+    if cls is Unencodable:
+        return stand_in(value)
+    try:
+        return msgspec.to_builtins(value, builtin_types=_EXT, enc_hook=stand_in)
+    except (TypeError, msgspec.EncodeError):
+        return stand_in(value)
 
 
 # -- records ------------------------------------------------------------------

@@ -29,7 +29,13 @@ from tiffany.kernel import (
     SystemCall,
     WaitTask,
 )
-from tiffany.records import MAX_ARG_CHARS, Unencodable, canonical, stand_in_text
+from tiffany.records import (
+    MAX_ARG_CHARS,
+    Unencodable,
+    canonical,
+    legacy_canonical,
+    stand_in_text,
+)
 
 __all__ = ["CARRIED_CALLS", "MAX_ARG_CHARS", "carried", "describe", "is_generator_step", "same"]
 
@@ -100,7 +106,14 @@ def same(recorded: Any, actual: Any) -> bool:
     included, so a value holding one packs as it did when recorded: a stand-in
     packs as itself. A whole value's stand-in (a result too large for its
     record) is compared with the text the value would have been kept as.
+
+    A value that differs is compared once more as earlier versions packed
+    both (:func:`~tiffany.records.legacy_canonical`: the sets inside a
+    dataclass unsorted), so that a journal they wrote replays as it did
+    then. Only a divergence pays for it.
     """
     if recorded.__class__ is Unencodable:
         return recorded.repr == stand_in_text(actual)
-    return bool(canonical(recorded) == canonical(actual))
+    if canonical(recorded) == canonical(actual):
+        return True
+    return bool(legacy_canonical(recorded) == legacy_canonical(actual))
