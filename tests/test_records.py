@@ -286,11 +286,11 @@ def _values_with_sets() -> dict[str, Any]:
     }
 
 
-def _packed_under(seed: int) -> list[str]:
+def _packed_under(seed: int, values: str = "_values_with_sets") -> list[str]:
     code = (
-        "from test_records import _values_with_sets\n"
+        f"from test_records import {values}\n"
         "from tiffany.records import canonical\n"
-        "for v in _values_with_sets().values(): print(canonical(v).hex())\n"
+        f"for v in {values}().values(): print(canonical(v).hex())\n"
     )
     tests = str(Path(__file__).resolve().parent)
     env = {**os.environ, "PYTHONHASHSEED": str(seed), "PYTHONPATH": tests}
@@ -369,3 +369,29 @@ def test_a_set_of_numbers_journaled_unsorted_by_earlier_versions_still_replays()
     assert same(recorded, live)
     assert not same(recorded, _Pair(set(range(13))))
     assert not same(recorded, _Pair(list(range(12))[::-1]))
+
+
+def _sets_of_extensions() -> dict[str, Any]:
+    """Sets whose items pack as extensions (tuples, sets), alone or in a dict."""
+    return {
+        "pairs": {(f"w{i}", i) for i in range(8)},
+        "sets": frozenset({frozenset({"a", "b"}), frozenset({"c"}), frozenset({"d"})}),
+        "mixed": {"outputs": {("a",), frozenset({"b"}), "c", 1, (2, ("x", "y"))}},
+    }
+
+
+def test_a_set_of_tuples_or_sets_packs_the_same_in_every_process():
+    """They were sorted by the repr of their packed forms, which names an address."""
+    packed = {seed: _packed_under(seed, "_sets_of_extensions") for seed in (1, 2, 3)}
+    assert packed[1] == packed[2] == packed[3]
+    for value in _sets_of_extensions().values():
+        rec = decode(RecordType.RUN_END, encode(PREFIX, RunEnd("succeeded", pack_value(value), 1)))
+        assert rec.value == value
+        assert canonical(rec.value) == canonical(value)  # what a replay compares
+
+
+def test_a_set_with_one_extension_among_plain_items_packs_as_before():
+    """An extension still sorts where its repr did: after numbers, before None and bytes."""
+    assert canonical({"a", "b", (1, 2), 3, None, b"x"}).hex() == (
+        "d80296a161a16203c70301920102c0c40178"  # main at 80e0682
+    )

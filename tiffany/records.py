@@ -411,8 +411,7 @@ def pack_value(value: Any) -> Any:
         return msgspec.msgpack.Ext(_EXT_TUPLE, _encoder.encode([pack_value(v) for v in value]))
     if cls is set or cls is frozenset:
         code = _EXT_SET if cls is set else _EXT_FROZENSET
-        items = sorted((pack_value(v) for v in value), key=repr)
-        return msgspec.msgpack.Ext(code, _encoder.encode(items))
+        return _set_ext(code, [pack_value(v) for v in value])
     if cls is Unencodable:
         return stand_in(value)
     try:
@@ -433,12 +432,12 @@ def _order_sets(src: Any, out: Any) -> None:
     an attrs class...): its tuples stay tuples (msgpack arrays: lists once
     journaled), its dicts keep their order, and a set becomes a list in the
     set's iteration order, which hangs on the process's hash seed. Each such
-    list is sorted as :func:`pack_value` sorts a set (``key=repr`` of the
-    items), after the sets inside its items. The walk follows ``src`` and
-    ``out`` side by side: a dict's values in order, a list's or tuple's
-    items, an object's fields by their encoded names; where the two do not
-    match (a dict whose keys merged in ``out``, an enum's value) it stops,
-    and ``out`` stays as ``to_builtins`` made it.
+    list is sorted as :func:`pack_value` sorts a set (by the repr of its
+    items: :func:`_set_key`), after the sets inside its items. The walk
+    follows ``src`` and ``out`` side by side: a dict's values in order, a
+    list's or tuple's items, an object's fields by their encoded names;
+    where the two do not match (a dict whose keys merged in ``out``, an
+    enum's value) it stops, and ``out`` stays as ``to_builtins`` made it.
 
     Discussion: the order of a dict, the tuples and everything else are left
     as they were: journals of earlier versions hold them that way, and a
@@ -476,7 +475,7 @@ def _order_sets(src: Any, out: Any) -> None:
             for s, o in zip(src, out, strict=True):
                 if s.__class__ not in _PLAIN:
                     _order_sets(s, o)
-        out.sort(key=repr)
+        out.sort(key=repr if _all_plain(map(type, out)) else _set_key)
         return
     elif out.__class__ is dict and not isinstance(src, enum.Enum):  # fields by name
         if _all_plain(map(type, out.values())):
@@ -499,6 +498,30 @@ def _order_sets(src: Any, out: Any) -> None:
 
 #: ``_all_plain(map(type, items))``: no item holds anything (in C, for long lists).
 _all_plain: Final = frozenset(_PLAIN).issuperset
+
+#: How the repr of a msgpack extension began; an address followed.
+_EXT_REPR: Final = "<msgspec.msgpack.Ext object at "
+
+
+def _set_ext(code: int, items: list[Any]) -> msgspec.msgpack.Ext:
+    """Return the extension of a set: its packed ``items``, sorted (:func:`_set_key`)."""
+    items.sort(key=repr if _all_plain(map(type, items)) else _set_key)
+    return msgspec.msgpack.Ext(code, _encoder.encode(items))
+
+
+def _set_key(item: Any) -> str:
+    """Return what a set's packed ``item`` sorts by: its repr, an extension's bytes.
+
+    An extension (a tuple, a set, a stand-in) has a repr that names its
+    address: a set of them was packed in the order of their addresses, and
+    a replay, which packs the set it decoded again, seldom found the same.
+    An extension sorts by its code and bytes, placed among the other items
+    where its repr placed it (a set with one among plain items is journaled
+    as before).
+    """
+    if item.__class__ is msgspec.msgpack.Ext:
+        return f"{_EXT_REPR}{item.code:02x}{bytes(item.data).hex()}"
+    return repr(item)
 
 
 #: Characters of a value's repr its stand-in keeps.
@@ -549,6 +572,8 @@ def legacy_canonical(value: Any) -> bytes:
     every process, and such journals replayed; a replay that finds its value
     differs from one of them compares it this way too (``durable/dispatch.py``:
     ``same``). The same as :func:`canonical` for a value without such a set.
+    (A set on its own is compared as it is packed now: the journal's decodes
+    to a set, packed again.)
     """
     return _encoder.encode(_legacy_pack(value))
 
@@ -566,8 +591,7 @@ def _legacy_pack(value: Any) -> Any:
         return msgspec.msgpack.Ext(_EXT_TUPLE, _encoder.encode([_legacy_pack(v) for v in value]))
     if cls is set or cls is frozenset:
         code = _EXT_SET if cls is set else _EXT_FROZENSET
-        items = sorted((_legacy_pack(v) for v in value), key=repr)
-        return msgspec.msgpack.Ext(code, _encoder.encode(items))
+        return _set_ext(code, [_legacy_pack(v) for v in value])
     if cls is Unencodable:
         return stand_in(value)
     try:

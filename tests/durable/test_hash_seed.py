@@ -8,6 +8,10 @@ waiting on a later ``signal.wait`` step failed the run when it recovered
 it. Here the run is recorded by one ``serve`` (seed 1), recovered by the
 next (seed 2) and verified by the CLI (seeds 3 and 4): real processes, the
 tool imported as a user's module.
+
+A set of tuples as a plan's output (in the planner's result, a dict) was
+sorted by the repr of its packed tuples, which names their addresses: no
+replay, in any process, verified it.
 """
 
 from __future__ import annotations
@@ -35,6 +39,11 @@ from tiffany import python_tool
 @python_tool("test.word_set")
 def word_set() -> set[str]:
     return {f"w{i}" for i in range(20)}
+
+
+@python_tool("test.pair_set")
+def pair_set() -> set[tuple[str, int]]:
+    return {(f"w{i}", i) for i in range(8)}
 """
 
 PLAN = {
@@ -137,5 +146,37 @@ def test_a_run_holding_a_set_recovers_and_verifies_under_other_hash_seeds(cwd: P
             timeout=120,
             check=False,
         )
+        assert verify.returncode == 0, verify.stdout[-2000:] + verify.stderr[-2000:]
+        assert json.loads(verify.stdout)["ok"] is True
+
+
+def test_a_plan_whose_output_is_a_set_of_pairs_verifies_in_any_process(tmp_path: Path) -> None:
+    (tmp_path / "seedtools.py").write_text(TOOLS)
+    plan = tmp_path / "pairs.json"
+    step = {"id": "pairs", "tool": "python", "args": {"function": "test.pair_set"}}
+    plan.write_text(
+        json.dumps(
+            {"name": "pairs", "steps": [step], "outputs": {"pairs": "${steps.pairs.output}"}}
+        )
+    )
+    tiffany = [sys.executable, "-m", "tiffany", "--data-dir", str(tmp_path / "d")]
+
+    def cli(seed: int, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*tiffany, *args],
+            cwd=tmp_path,
+            env=_env(tmp_path, seed),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    run = cli(1, "run", str(plan), "--json", "--import", "seedtools")
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["outputs"] == {"pairs": [[f"w{i}", i] for i in range(8)]}
+    for seed in (1, 2):
+        verify = cli(seed, "replay", out["run_id"], "--verify", "--json")
         assert verify.returncode == 0, verify.stdout[-2000:] + verify.stderr[-2000:]
         assert json.loads(verify.stdout)["ok"] is True
