@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ from engine_process import EngineProc
 from typer.testing import CliRunner
 
 from tiffany.cli import app
+from tiffany.pal.transport import FEED_SOCKET
 
 runner = CliRunner()
 
@@ -84,3 +86,39 @@ def test_submit_tail_and_cancel_from_the_command_line(tmp_path: Path) -> None:
     gone = runner.invoke(app, ["status", "--data-dir", str(data)])
     assert gone.exit_code == 5  # UNAVAILABLE (tiffany/cli/exits.py)
     assert "is `tiffany serve` running" in gone.output
+
+
+def test_tail_of_a_run_that_already_finished_shows_its_events_and_ends(tmp_path: Path) -> None:
+    # `tiffany submit` then `tiffany tail --run` followed the feed from now
+    # on: a run that had finished meanwhile (a quick one always did) was
+    # waited for forever, with nothing printed; an unknown run too.
+    data = tmp_path / "data"
+    engine = EngineProc(data)
+    try:
+        engine.wait_ready()
+        plan = tmp_path / "quick.json"
+        step = {"id": "w", "tool": "file.write", "args": {"path": "a.txt", "content": "a"}}
+        plan.write_text(json.dumps({"name": "quick", "steps": [step]}))
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as feed:
+            feed.settimeout(30)
+            feed.connect(str(data / FEED_SOCKET))
+            feed.sendall(json.dumps({"since": None, "run_id": None}).encode() + b"\n")
+            sub = runner.invoke(app, ["submit", str(plan), "--data-dir", str(data)])
+            assert sub.exit_code == 0, sub.output
+            run_id = sub.output.strip().splitlines()[0]
+            for line in feed.makefile("rb"):  # until the run has finished
+                event = json.loads(line)
+                if (event.get("kind"), event.get("run_id")) == ("run.finished", run_id):
+                    break
+        tail = [sys.executable, "-m", "tiffany", "tail", "--data-dir", str(data), "--json"]
+        done = subprocess.run([*tail, "--run", run_id], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        events = [json.loads(line) for line in done.stdout.splitlines()]
+        assert events[0]["kind"] == "run.started"
+        assert events[-1]["kind"] == "run.finished"
+        assert {e["run_id"] for e in events} == {run_id}
+        nope = subprocess.run([*tail, "--run", "nope"], capture_output=True, text=True, timeout=30)
+        assert nope.returncode == 3, nope.stderr  # NOT_FOUND
+        assert "no run 'nope'" in nope.stderr
+    finally:
+        assert engine.stop() == 0

@@ -356,10 +356,12 @@ def tail(
     token: TokenOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
-    """Follow the activity feed (Ctrl-C stops); with --run, that run's events until it finishes."""
+    """Follow the activity feed (Ctrl-C stops); with --run, that run's, until it finishes.
+
+    With --run, from the run's first event the engine still holds: a run that
+    already finished shows them and ends at once; an unknown run exits 3.
+    """
     from tiffany.pal.transport import FEED_SOCKET, follow
-    from tiffany.sdk import protocol
-    from tiffany.sdk.models import FINISHED
 
     if url:
         with remote(url, token) as client, contextlib.suppress(KeyboardInterrupt):
@@ -372,29 +374,23 @@ def tail(
     if not paths[0].exists():
         typer.echo(f"tiffany: no feed at {paths[0]} (is `tiffany serve` running?)", err=True)
         raise typer.Exit(EXIT_NO_ENGINE)
-    # One run, from its recent past (as `tail --url` does): the events the
-    # engines still hold of it, then live; a run already finished ends once
-    # those have come.
-    recent = protocol.FEED_TAIL if run_id is not None and since is None else 0
-    quiet: float | None = None
-    if recent:
-        status = _run_status(ctx, run_id or "")
-        if status is None:
-            typer.echo(f"tiffany: no run {run_id!r}", err=True)
-            raise typer.Exit(exits.NOT_FOUND)
-        if status in FINISHED:
-            quiet = protocol.FINISHED_DRAIN_S
+    start = _run_start(ctx, run_id) if run_id is not None and since is None else None
 
     async def frames() -> Any:
         """Every engine's feed, as the frames come (``--since`` is engine 0's)."""
+        if start is not None:  # the run's engine, from its first event the ring still holds
+            engine, first, _ = start
+            async for frame in follow(paths[engine], since=first, run_id=run_id):
+                yield frame
+            return
         if len(paths) == 1:
-            async for frame in follow(paths[0], since=since, run_id=run_id, tail=recent):
+            async for frame in follow(paths[0], since=since, run_id=run_id):
                 yield frame
             return
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
         async def pump(path: Path, resume: int | None) -> None:
-            async for frame in follow(path, since=resume, run_id=run_id, tail=recent):
+            async for frame in follow(path, since=resume, run_id=run_id):
                 await queue.put(frame)
 
         tasks = [
@@ -408,37 +404,52 @@ def tail(
                 task.cancel()
 
     async def main() -> None:
-        stream = frames()
-        try:
-            while True:
-                try:
-                    frame = await asyncio.wait_for(anext(stream), quiet)
-                except (TimeoutError, StopAsyncIteration):
-                    return  # a finished run: what the engines held of it has come
-                show_event(frame, as_json)
-                if run_id is not None and frame.get("kind") == "run.finished":
-                    return
-        finally:
-            await stream.aclose()
+        async for frame in frames():
+            if start is not None and frame.get("type") == "gone" and start[2] is not None:
+                # Its events have left the ring, its end too: say how it ended.
+                typer.echo(f"run {run_id}: finished ({start[2]}); its events are no longer held")
+                return
+            show_event(frame, as_json)
+            if run_id is not None and frame.get("kind") == "run.finished":
+                return
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
 
 
-def _run_status(ctx: typer.Context, run_id: str) -> str | None:
-    """The run's status in the data dir's store, or None when the store has no such run."""
-    from sqlalchemy import select
+def _run_start(ctx: typer.Context, run_id: str) -> tuple[int, int, str | None]:
+    """Where ``tail --run`` follows a run from: ``(engine, since, status if finished)``.
 
+    From the store, once it holds what every engine had made durable (a run
+    just submitted is there): the run's engine and the feed seq just before
+    its first event, so the events the ring still holds of it come first and
+    a run that already finished ends the tail with its ``run.finished``
+    (following from now on, that never came). Exits 3 for an unknown run.
+    """
     from tiffany.cli import _settings
-    from tiffany.store import make_engine, session_factory
-    from tiffany.store.models import Run
+    from tiffany.control import call
+    from tiffany.pal.events import SEQS_PER_RECORD
+    from tiffany.shards import engine_of, seq_base
+    from tiffany.store import make_engine, queries, session_factory
 
+    with _answered():
+        for home in _homes(ctx):
+            durable = int(call(home, "status")["durable_seq"])
+            call(home, "wait_projected", seq=durable)
     store = make_engine(_settings(ctx).database_url)
     try:
         with session_factory(store)() as session:
-            return session.scalar(select(Run.status).where(Run.run_id == run_id))
+            row = queries.get_run(session, run_id)
+            start_seq = None if row is None else queries.start_seq_of(session, run_id)
+            status = None if row is None else str(row.status)
     finally:
         store.dispose()
+    if start_seq is None:
+        typer.echo(f"tiffany: no run {run_id!r}", err=True)
+        raise typer.Exit(exits.NOT_FOUND)
+    engine = engine_of(start_seq)
+    since = (start_seq - seq_base(engine)) * SEQS_PER_RECORD - 1
+    return engine, since, None if status in ("pending", "running") else status
 
 
 def register(app: typer.Typer) -> None:

@@ -356,24 +356,16 @@ class Hub:
         since: int | None = None,
         flt: Filter | None = None,
         maxlen: int = SUBSCRIBER_QUEUE_FRAMES,
-        tail: int = 0,
     ) -> Subscription:
-        """Subscribe; with ``since``, first replay the ring's events after it.
-
-        Without ``since``, ``tail`` > 0 first replays the ring's last
-        ``tail`` events (those ``flt`` passes): the recent past, then live.
-        """
+        """Subscribe; with ``since``, first replay the ring's events after it."""
         sub = Subscription(self, maxlen, flt)
         with self._lock:
-            if since is not None or tail > 0:
-                if since is not None and since < self.floor:
+            if since is not None:
+                if since < self.floor:
                     oldest = self._seqs[0] if self._seqs else self.last_seq + 1
                     sub._control({"type": "gone", "oldest": oldest})
                 else:
-                    if since is not None:
-                        start = bisect.bisect_right(self._seqs, since)
-                    else:
-                        start = max(0, len(self._seqs) - tail)
+                    start = bisect.bisect_right(self._seqs, since)
                     for i in range(start, len(self._seqs)):
                         frame = self._ring[i]
                         if flt is None or flt(msgspec.json.decode(frame, type=Event)):

@@ -4,8 +4,7 @@ Protocol (newline-delimited JSON, one connection per subscriber):
 
 * the client sends one line: ``{"since": SEQ | null, "run_id": ID | null}``
   (``null``: from now on; a number: every event after it that the ring
-  still holds, then live), and optionally ``"tail": N`` (with no ``since``:
-  the ring's last N events first, those of ``run_id`` if given);
+  still holds, then live);
 * the server answers with frames, one per line: activity events (schema v2,
   see ``events.py``), or control frames ``{"type": "gone", ...}`` (the resume
   point is older than the ring: reload state over HTTP) and
@@ -131,11 +130,7 @@ class FeedServer:
             since = req.get("since")
             run_id = req.get("run_id")
             flt: Callable[[Event], bool] | None = (lambda e: e.run_id == run_id) if run_id else None
-            sub = self.hub.subscribe(
-                since=int(since) if since is not None else None,
-                flt=flt,
-                tail=max(0, int(req.get("tail") or 0)),
-            )
+            sub = self.hub.subscribe(since=int(since) if since is not None else None, flt=flt)
             conn.settimeout(None)
             idle_since = time.monotonic()
             try:
@@ -245,17 +240,14 @@ class Reconnects:
 
 
 async def _session(
-    path: str | os.PathLike[str], since: int | None, run_id: str | None, tail: int = 0
+    path: str | os.PathLike[str], since: int | None, run_id: str | None
 ) -> AsyncGenerator[dict[str, Any], None]:
     """One connection: the hello, then the frames until EOF or a cutoff (pings skipped)."""
     import asyncio
 
     reader, writer = await asyncio.open_unix_connection(str(path))
     try:
-        hello: dict[str, Any] = {"since": since, "run_id": run_id}
-        if tail:
-            hello["tail"] = tail
-        writer.write(json.dumps(hello).encode() + b"\n")
+        writer.write(json.dumps({"since": since, "run_id": run_id}).encode() + b"\n")
         await writer.drain()
         while line := await reader.readline():
             frame = msgspec.json.decode(line)
@@ -353,7 +345,6 @@ def follow(
     run_id: str | None = None,
     *,
     reconnect: bool = True,
-    tail: int = 0,
 ) -> AsyncGenerator[dict[str, Any], None]:
     """Return the feed's frames (API side, asyncio); pings are not yielded.
 
@@ -363,21 +354,20 @@ def follow(
     other errors are raised. Without it, one connection: its errors are
     raised and its end is the end (the connection's own generator, with no
     layer in between: the API's relay reads every event through it).
-    ``tail`` (with no ``since``): the ring's last events first (the protocol's).
     """
     if not reconnect:
-        return _session(path, since, run_id, tail)
-    return _reconnecting(path, since, run_id, tail)
+        return _session(path, since, run_id)
+    return _reconnecting(path, since, run_id)
 
 
 async def _reconnecting(
-    path: str | os.PathLike[str], since: int | None, run_id: str | None, tail: int = 0
+    path: str | os.PathLike[str], since: int | None, run_id: str | None
 ) -> AsyncGenerator[dict[str, Any], None]:
     last = since
     policy = Reconnects()
     async for attempt in policy.attempts():
         with attempt:
-            async with contextlib.aclosing(_session(path, last, run_id, tail)) as frames:
+            async with contextlib.aclosing(_session(path, last, run_id)) as frames:
                 async for frame in frames:
                     policy.progressed(attempt)
                     if "seq" in frame:
