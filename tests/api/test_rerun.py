@@ -8,6 +8,7 @@ re-run starts with a copy of the earlier run's workspace).
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,9 @@ from api_support import (
     submit_plan,
 )
 from process_support import terminate, wait_for
+
+from tiffany import control
+from tiffany.pal.transport import FEED_SOCKET
 
 
 def _append(step_id: str, after: list[str]) -> dict[str, Any]:
@@ -125,6 +129,36 @@ def test_the_cli_reruns_beside_the_running_server(served) -> None:
     second = ok.stdout.strip()
     assert finished_run(url, second)["status"] == "succeeded"
     assert _counts(data_dir, second) == {"a": 1, "b": 1, "c": 1, "d": 1}
+
+
+def _follow_until_finished(data_dir: Path, run_id: str, signal_name: str) -> None:
+    """Follow the engine's feed (as ``tiffany tail`` does), signal the run, return at its end."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as feed:
+        feed.settimeout(60)
+        feed.connect(str(data_dir / FEED_SOCKET))
+        feed.sendall(json.dumps({"since": None, "run_id": run_id}).encode() + b"\n")
+        control.call(data_dir, "signal", run_id=run_id, name=signal_name, payload=None)
+        for line in feed.makefile("rb"):
+            if json.loads(line).get("kind") == "run.finished":
+                return
+    raise AssertionError(f"the feed ended before {run_id} finished")
+
+
+def test_a_run_is_rerun_as_soon_as_the_feed_says_it_finished(served) -> None:
+    # `tiffany tail --run R` sees run.finished, `tiffany rerun R` follows at once:
+    # the engine read the store, which had not projected the run's end yet,
+    # and refused the run as unknown (404) or not finished (409).
+    data_dir, url = served
+    wait = {"id": "wait", "tool": "signal.wait", "args": {"name": "go"}}
+    gated = [{**s, "after": [*s["after"], "wait"]} for s in PLAN["steps"]]
+    plan = {**PLAN, "steps": [wait, *gated]}
+    for _ in range(3):
+        first = submit_plan(url, plan)["run_id"]
+        _follow_until_finished(data_dir, first, "go")
+        again = control.call(data_dir, "submit", rerun_of=first, inputs={"gate": "count.txt"})
+        run = finished_run(url, again["run_id"])
+        assert run["status"] == "succeeded", run["error"]  # the wait reused, not waited again
+        assert run["entry"]["rerun_of"] == {"run_id": first, "restart": ["gate"]}
 
 
 def test_a_rerun_through_the_database_on_the_postgresql_journal(pg_schema_url: str) -> None:

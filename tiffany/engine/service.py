@@ -99,6 +99,9 @@ _BUSY: Final = "the engine is busy or recovering; try again"
 #: How long a signal sent again to a finished run waits for the store to hold
 #: the run's end before its first delivery is looked up there, in seconds.
 SIGNAL_LOOKUP_WAIT_S: Final = 5.0
+#: How long a re-run waits for the store to hold what the journal has
+#: written (the earlier run's end) before it reads the run there, in seconds.
+RERUN_SOURCE_WAIT_S: Final = 5.0
 _NOT_DURABLE: Final = "the submission was not made durable in time"
 _SIGNAL_NAME: Final = re.compile(SIGNAL_NAME_PATTERN)
 #: Exit code of an engine that stopped because a run's replay diverged
@@ -867,6 +870,18 @@ class EngineService:
             raise ControlError(422, "from_step must be a step id", [{"loc": "from_step"}])
         if not isinstance(inputs, dict):
             raise ControlError(422, "inputs must be an object", [{"loc": "inputs"}])
+        # The store is let catch up with what the journal has written first: a
+        # run whose end was just on the feed (`tiffany tail`, the dashboard) is
+        # finished there too, not a 404 or "not finished" for a few ms.
+        written = self.runtime.wal.next_seq - 1
+        caught = self.projector.when_projected(written, RERUN_SOURCE_WAIT_S).result()
+        if not caught["reached"]:
+            raise ControlError(
+                503,
+                f"the store is at seq {caught['last_seq']} and did not reach seq {written} "
+                f"within {RERUN_SOURCE_WAIT_S:g} s; retry",
+                {"min_seq": written, "store_seq": caught["last_seq"]},
+            )
         with session_factory(self._store_engine())() as session:
             source = queries.rerun_source(session, source_id)
         if source is None:
