@@ -13,11 +13,16 @@ import itertools
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from typing import Any
 
 import httpx
 from process_support import wait_for
+
+from tiffany.store import make_engine, session_factory
+from tiffany.store.models import Schedule
 
 
 def _plan(name: str) -> dict[str, Any]:
@@ -115,6 +120,7 @@ def test_bad_schedules_are_refused_naming_the_field(served) -> None:
         ("* 25 * * *", "hour '25': out of range"),
         ("* * * * 9", "weekday '9': out of range"),
         ("* * * *", "4 fields"),
+        ("0 0 30 2 *", "no date ever matches it"),  # February 30: each field alone is fine
     ):
         r = httpx.post(f"{url}/api/schedules", json={**base, "cron": cron})
         assert r.status_code == 422, r.text
@@ -125,3 +131,39 @@ def test_bad_schedules_are_refused_naming_the_field(served) -> None:
     assert httpx.get(f"{url}/api/schedules").json() == []
     assert httpx.post(f"{url}/api/schedules/nope/pause").status_code == 404
     assert httpx.delete(f"{url}/api/schedules/nope").status_code == 404
+
+
+def test_a_stored_schedule_that_never_fires_stops_neither_the_others_nor_the_listing(
+    served,
+) -> None:
+    # "0 0 30 2 *" (February 30) was taken, and then croniter's "failed to find
+    # next date" failed every poll of the engine (the schedules after it never
+    # fired, those before it late), every GET /api/schedules (500) and `tiffany
+    # schedule list` (a traceback). A row stored before it was refused at the door:
+    data_dir, url = served
+    with session_factory(make_engine(f"sqlite:///{data_dir / 'tiffany.db'}"))() as session:
+        session.add(
+            Schedule(
+                id="sched-feb30",
+                name="never",
+                plan=_plan("never"),
+                inputs={},
+                cron="0 0 30 2 *",
+                timezone="UTC",
+                catchup="skip",
+                paused=False,
+                created_at=time.time(),  # noqa: TID251 - ticks are wall-clock seconds
+            )
+        )
+        session.commit()
+    sid = _add(url, "after-the-bad-one", "skip")
+    wait_for(lambda: len(_ticks(url, "after-the-bad-one")) >= 2, 30, "two ticks")
+    listed = httpx.get(f"{url}/api/schedules")
+    assert listed.status_code == 200, listed.text
+    never = {s["schedule_id"]: s for s in listed.json()}["sched-feb30"]
+    assert (never["next_tick"], never["last_run_id"]) == (None, None)
+    cli = [sys.executable, "-m", "tiffany", "schedule", "list", "--data-dir", str(data_dir)]
+    shown = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "sched-feb30" in shown.stdout
+    assert sid in shown.stdout

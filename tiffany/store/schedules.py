@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any, Final
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import CroniterError, croniter
+from croniter import CroniterBadDateError, CroniterError, croniter
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
@@ -74,7 +74,8 @@ def _cron_problem(cron: Any) -> str | None:
         return f"{fields} fields"
     reason = _croniter_refuses(cron)
     if reason is None:
-        return None
+        # Each field may be fine and their dates none ("0 0 30 2 *": February 30).
+        return None if ticks(cron, "UTC", 0.0, float("inf"), 1) else "no date ever matches it"
     # croniter names no field: find the first that is refused with the others "*".
     parts = cron.split()
     for i, part in enumerate(parts):
@@ -101,11 +102,18 @@ def _croniter_refuses(cron: str) -> str | None:
 
 
 def ticks(cron: str, timezone: str, after: float, until: float, limit: int) -> list[float]:
-    """The schedule's ticks in ``(after, until]`` (epoch seconds), the first ``limit``."""
+    """The schedule's ticks in ``(after, until]`` (epoch seconds), the first ``limit``.
+
+    A cron expression whose dates never come ("0 0 30 2 *") has none: croniter
+    gives up looking (``CroniterBadDateError``), and so do we, for that row only.
+    """
     it = croniter(cron, datetime.fromtimestamp(after, ZoneInfo(timezone)))
     out: list[float] = []
     while len(out) < limit:
-        tick = float(it.get_next(float))
+        try:
+            tick = float(it.get_next(float))
+        except CroniterBadDateError:
+            break
         if tick > until:
             break
         out.append(tick)
