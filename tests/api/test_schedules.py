@@ -12,6 +12,7 @@ import calendar
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,10 +20,13 @@ import time
 from typing import Any
 
 import httpx
-from process_support import wait_for
+from api_support import serve, short_dir, submit_plan
+from process_support import terminate, wait_for
+from sqlalchemy import update
 
 from tiffany.store import make_engine, session_factory
 from tiffany.store.models import Schedule
+from tiffany.store.schedules import MAX_CATCHUP_TICKS
 
 
 def _plan(name: str) -> dict[str, Any]:
@@ -167,3 +171,55 @@ def test_a_stored_schedule_that_never_fires_stops_neither_the_others_nor_the_lis
     assert shown.returncode == 0, shown.stderr
     assert "sched-feb30" in shown.stdout
     assert sid in shown.stdout
+
+
+def test_after_weeks_down_one_fires_one_tick_and_all_the_last_thousand(tmp_path) -> None:
+    # Ticks missed were taken from the first MAX_CATCHUP_TICKS after the last
+    # one: 1,500 hourly ticks missed, "one" fired a tick of the first 1,000
+    # hours and, a poll later, the last (two runs); "all" fired all 1,500.
+    data_dir = short_dir("tfs-")
+    now = time.time()  # noqa: TID251 - ticks are wall-clock seconds
+    minute = (int(now // 60) - 30) % 60  # half an hour from now either way: no tick meanwhile
+    last = (now // 3600) * 3600 + minute * 60  # the newest tick
+    last = last - 3600 if last > now else last
+    try:
+        for name, catchup in (("weeks-one", "one"), ("weeks-all", "all")):
+            plan = tmp_path / f"{name}.json"
+            plan.write_text(json.dumps(_plan(name)))
+            cron = ["--cron", f"{minute} * * * *", "--catchup", catchup]
+            cli = [sys.executable, "-m", "tiffany", "schedule", "add", str(plan), *cron]
+            added = subprocess.run(
+                [*cli, "--data-dir", str(data_dir)], capture_output=True, text=True, timeout=60
+            )
+            assert added.returncode == 0, added.stderr
+        store = make_engine(f"sqlite:///{data_dir / 'tiffany.db'}")
+        with session_factory(store)() as session:  # as if added 1,500 hours ago, and not served
+            session.execute(update(Schedule).values(created_at=last - 1_500 * 3600 + 1))
+            session.commit()
+        proc, url = serve(data_dir)
+        try:
+
+            def caught_up() -> bool:
+                listed = httpx.get(f"{url}/api/schedules", timeout=30).json()
+                return all(s["last_tick"] == last for s in listed)
+
+            wait_for(caught_up, 120, "both schedules to fire their last tick")
+            seq = submit_plan(url, _plan("after"))["seq"]  # the store holds what came before
+            counts = {}
+            for name in ("weeks-one", "weeks-all"):
+                counts[name] = sum(page_of(url, name, seq)["counts"].values())
+            assert counts == {"weeks-one": 1, "weeks-all": MAX_CATCHUP_TICKS}, counts
+            (one,) = page_of(url, "weeks-one", seq)["runs"]
+            tick = httpx.get(f"{url}/api/runs/{one['run_id']}", timeout=30).json()["entry"]
+            assert _seconds([tick["schedule"]["tick"]]) == [int(last)]
+        finally:
+            terminate(proc)
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def page_of(url: str, name: str, min_seq: int) -> dict[str, Any]:
+    """The newest runs of plan ``name`` and their counts, as of ``min_seq``."""
+    params: dict[str, Any] = {"name": name, "min_seq": min_seq, "limit": 5}
+    page: dict[str, Any] = httpx.get(f"{url}/api/runs", params=params, timeout=30).json()
+    return page

@@ -7,7 +7,8 @@ A thread of its own (SQL never on the loop) looks at the schedules every
 * ``skip``: a tick fires only if it is at most :data:`SKIP_GRACE_S` old;
   older ones (the engine was down, the schedule paused) are skipped;
 * ``one``: of the ticks missed, the last fires, the others are skipped;
-* ``all``: every tick missed fires, oldest first (:data:`MAX_CATCHUP_TICKS`).
+* ``all``: every tick missed fires, oldest first: the last
+  :data:`MAX_CATCHUP_TICKS` of them (the older ones are skipped).
 
 A tick fires as a submission with the Idempotency-Key
 ``schedule:<id>:<tick>``, and its run's entry names the schedule and the
@@ -35,7 +36,7 @@ from tiffany.control import ControlError
 from tiffany.store import make_engine, session_factory
 from tiffany.store.models import Schedule
 from tiffany.store.projector import is_transient
-from tiffany.store.schedules import MAX_CATCHUP_TICKS, fired, ticks
+from tiffany.store.schedules import MAX_CATCHUP_TICKS, fired, last_ticks
 
 __all__ = ["MAX_BACKOFF_S", "POLL_S", "SKIP_GRACE_S", "ScheduleRunner", "due"]
 
@@ -53,15 +54,23 @@ Submit = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 def due(row: Schedule, now: float) -> tuple[list[float], float | None]:
-    """The ticks of ``row`` to fire now, and the last tick to mark done without firing."""
+    """The ticks of ``row`` to fire now, and the last tick to mark done without firing.
+
+    Of the ticks missed, the last :data:`MAX_CATCHUP_TICKS` are looked at: the
+    newest (``one``), those of them a ``skip`` grace allows, or all of them
+    (``all``: older ones are skipped, as the first fired moves ``last_tick``
+    past them). Rejected: the first ones since ``last_tick``, which after
+    a weekend down fired a tick of Saturday for ``one`` (then, a poll later,
+    one of Sunday...), and ``all`` every tick of it, beyond the cap.
+    """
     after = row.last_tick if row.last_tick is not None else row.created_at
-    missed = ticks(row.cron, row.timezone, after, now, MAX_CATCHUP_TICKS)
+    missed = last_ticks(row.cron, row.timezone, after, now, MAX_CATCHUP_TICKS)
     if not missed:
         return [], None
     if row.catchup == "all":
         return missed, None
     if row.catchup == "one":
-        return missed[-1:], missed[-2] if len(missed) > 1 else None
+        return missed[-1:], None
     fresh = [t for t in missed if now - t <= SKIP_GRACE_S]
     stale = [t for t in missed if now - t > SKIP_GRACE_S]
     return fresh, stale[-1] if stale else None

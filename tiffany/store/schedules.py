@@ -7,12 +7,13 @@ engine 0 fires their ticks (``tiffany/engine/schedules.py``). A schedule's
 its IANA ``timezone`` (daylight-saving changes included: a 02:30 tick on a
 spring-forward day fires at 03:00). ``catchup`` says what happens to ticks
 missed while no engine fired them (it was down, or the schedule paused):
-``skip`` them, run ``one`` (the last) or ``all`` (up to
-:data:`MAX_CATCHUP_TICKS`).
+``skip`` them, run ``one`` (the last) or ``all`` (the last
+:data:`MAX_CATCHUP_TICKS` of them).
 """
 
 from __future__ import annotations
 
+import math
 import uuid
 from datetime import datetime
 from typing import Any, Final
@@ -31,6 +32,7 @@ __all__ = [
     "create",
     "fired",
     "get",
+    "last_ticks",
     "list_schedules",
     "remove",
     "schedule_dict",
@@ -117,6 +119,28 @@ def ticks(cron: str, timezone: str, after: float, until: float, limit: int) -> l
         if tick > until:
             break
         out.append(tick)
+    return out
+
+
+def last_ticks(cron: str, timezone: str, after: float, until: float, limit: int) -> list[float]:
+    """The schedule's ticks in ``(after, until]`` (epoch seconds), the last ``limit``, oldest first.
+
+    Walked back from ``until``: what a schedule missed over a weekend costs
+    its last ``limit`` ticks, not every tick since (croniter's ``get_prev``
+    leaves out where it starts: it starts at the next whole second).
+    """
+    it = croniter(cron, datetime.fromtimestamp(math.floor(until) + 1, ZoneInfo(timezone)))
+    out: list[float] = []
+    while len(out) < limit:
+        try:
+            tick = float(it.get_prev(float))
+        except CroniterBadDateError:
+            break
+        if tick <= after:
+            break
+        if tick <= until:
+            out.append(tick)
+    out.reverse()
     return out
 
 
