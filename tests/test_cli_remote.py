@@ -133,6 +133,11 @@ def test_errors_map_onto_the_exit_code_table(served: Served) -> None:
     nobody = tiffany(served, "runs", "--url", "http://127.0.0.1:9")
     assert nobody.returncode == 5
     assert "cannot reach" in nobody.stderr
+    # The feed too: said at once, as every other command does (it retried for
+    # 30 s, then "cannot follow the feed"); a reachable server restarting is waited for.
+    no_feed = tiffany(served, "tail", "--url", "http://127.0.0.1:9")
+    assert no_feed.returncode == 5
+    assert "cannot reach the Tiffany API at http://127.0.0.1:9" in no_feed.stderr
     assert "Traceback" not in nobody.stderr + unknown.stderr + no_token.stderr
     # tail's websocket refused for the token: exit 2 and the server's reason, at
     # once (it was retried for 30 s, then "cannot follow the feed", exit 5).

@@ -566,3 +566,22 @@ def test_which_failed_requests_are_sent_again_and_after_how_long() -> None:
     assert retry_delay(httpx.ReadError("reset"), "GET", {}, 2, 2) == 2 * RETRY_FIRST_S
     assert retry_delay(httpx.ReadError("reset"), "GET", {}, 3, 2) is None  # retries spent
     assert retry_delay(httpx.ReadTimeout("slow"), "GET", {}, 1, 2) is None  # busy, not gone
+
+
+def test_the_feed_of_a_server_never_reached_fails_at_once() -> None:
+    """events() on a URL where nothing listens: ConnectionFailed naming it, not 30 s of retries.
+
+    Retrying is for a feed that was followed and dropped, or a server that
+    answers HTTP while its feed comes back; a server that cannot be reached
+    at all is said at once, as every other call says it.
+    """
+    url = f"http://127.0.0.1:{free_port()}"
+    with Client(url) as client, pytest.raises(ConnectionFailed, match="cannot reach"):
+        next(iter(client.events()))
+
+    async def main() -> None:
+        async with AsyncClient(url) as aclient:
+            with pytest.raises(ConnectionFailed, match="cannot reach"):
+                await anext(aiter(aclient.events()))
+
+    asyncio.run(main())

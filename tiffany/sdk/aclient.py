@@ -272,19 +272,21 @@ class AsyncClient:
     ) -> AsyncIterator[Event | FeedGap]:
         """Iterate over the activity feed, resuming across drops (see ``Client.events``)."""
         last = since
-        finished_at_start = False
+        finished_at_start = followed = False
         failing_since: float | None = None
         backoff = protocol.Backoff()
         while True:
             feed = await self._open_feed(run_id, since=last, strict=True)
             if feed is None:
+                if failing_since is None and not followed:  # never reached: fail now if down
+                    await self._request("GET", "/healthz")
                 now = time.monotonic()
                 failing_since = failing_since or now
                 if now - failing_since > protocol.RECONNECT_FOR_S:
                     raise ConnectionFailed(f"cannot follow the feed at {self.url}", url=self.url)
                 await asyncio.sleep(backoff.step())
                 continue
-            failing_since, backoff = None, protocol.Backoff()
+            failing_since, backoff, followed = None, protocol.Backoff(), True
             try:
                 if run_id is not None and until_finished and last is None:
                     finished_at_start = (await self.get(run_id)).finished

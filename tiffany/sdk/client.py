@@ -379,18 +379,24 @@ class Client:
 
         Raises:
             ConnectionFailed: The feed could not be reached for
-                :data:`~tiffany.sdk.protocol.RECONNECT_FOR_S` seconds.
+                :data:`~tiffany.sdk.protocol.RECONNECT_FOR_S` seconds (at once
+                when the server cannot be reached before the first connection).
             Unauthorized: The server refused the token (any 4xx answer to
                 the feed's handshake is raised at once, as over HTTP).
         """
         last = since
-        finished_at_start = False
+        finished_at_start = followed = False
         failing_since: float | None = None
         backoff = protocol.Backoff()
         while True:
             with contextlib.ExitStack() as stack:
                 feed = self._open_feed(stack, run_id, since=last, strict=True)
                 if feed is None:
+                    if failing_since is None and not followed:
+                        # Never reached: a server that is down or a wrong URL fails now
+                        # (ConnectionFailed), as every other call does; one that answers
+                        # HTTP but not yet its feed (restarting) is waited for.
+                        self._request("GET", "/healthz")
                     now = time.monotonic()
                     failing_since = failing_since or now
                     if now - failing_since > protocol.RECONNECT_FOR_S:
@@ -398,7 +404,7 @@ class Client:
                         raise ConnectionFailed(msg, url=self.url)
                     time.sleep(backoff.step())
                     continue
-                failing_since, backoff = None, protocol.Backoff()
+                failing_since, backoff, followed = None, protocol.Backoff(), True
                 try:
                     if run_id is not None and until_finished and last is None:
                         finished_at_start = self.get(run_id).finished
