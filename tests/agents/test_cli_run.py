@@ -242,3 +242,63 @@ def test_run_and_wal_dump_print_values_json_cannot_hold_as_the_store_shows_them(
         )
         assert dump.returncode == 0, dump.stderr
         assert '{"(1, 2)": "a", "nan": "nan"}' in dump.stdout
+
+
+def test_replay_takes_the_tool_modules_a_crashed_run_needs(tmp_path):
+    # `tiffany run --import mytools` crashes in a python step; `tiffany replay RUN`
+    # imported no module (neither --import, which it lacked, nor
+    # TIFFANY_TOOL_MODULES): the step was held, the run stayed "running", and
+    # nothing but a log line said why.
+    (tmp_path / "crashtools.py").write_text(
+        "import os, signal\n"
+        "from pathlib import Path\n"
+        "from tiffany import python_tool\n\n"
+        "@python_tool('test.crash_once')\n"
+        "def crash_once(n: int) -> dict:\n"
+        "    mark = Path('crashed.mark')\n"
+        "    if not mark.exists():  # the first call takes the process down\n"
+        "        mark.write_text('x')\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return {'n': n * 2}\n"
+    )
+    plan = tmp_path / "plan.json"
+    plan.write_text(
+        json.dumps(
+            {
+                "name": "crashy",
+                "steps": [
+                    {
+                        "id": "a",
+                        "tool": "python",
+                        "args": {"function": "test.crash_once", "kwargs": {"n": 21}},
+                    },
+                ],
+                "outputs": {"n": "${steps.a.output.n}"},
+            }
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "tiffany", "--data-dir", str(tmp_path / "data"), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=120,
+            check=False,
+        )
+
+    crashed = cli("run", str(plan), "--json", "--no-live", "--import", "crashtools")
+    assert crashed.returncode == -9, crashed.stderr
+    run_id = json.loads(cli("runs", "--json").stdout.splitlines()[0])["run_id"]
+
+    without = cli("replay", run_id, "--no-live")
+    assert without.returncode != 0
+    assert f"run {run_id} cannot go on here: python function test.crash_once" in without.stderr
+    assert "--import" in without.stderr
+
+    resumed = cli("replay", run_id, "--no-live", "--json", "--import", "crashtools")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout.strip().splitlines()[-1])["outputs"] == {"n": 42}

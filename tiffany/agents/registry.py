@@ -169,7 +169,7 @@ class ToolRegistry:
             if function and not is_registered(function):
                 return (
                     f"python function {function} is not registered on this engine "
-                    "(install the package that registers it, or @python_tool it)"
+                    "(--import the module that @python_tool's it, or install its package)"
                 )
         return None
 

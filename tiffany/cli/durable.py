@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Final, NoReturn
 import typer
 
 from tiffany.cli import DataDirOption, EngineOption, exits
+from tiffany.cli.imports import ImportOption, import_tool_modules, tool_modules
 from tiffany.cli.interrupt import CtrlC
 from tiffany.cli.remote import TokenOption, UrlOption, printable, remote
 
@@ -148,15 +149,21 @@ def replay(
         list[Path] | None,
         typer.Option("--path", help="Add a directory to sys.path (where the run's code lives)."),
     ] = None,
+    imports: ImportOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
-    """Resume a crashed run from the WAL, or verify that a finished one replays identically."""
+    """Resume a crashed run from the WAL, or verify that a finished one replays identically.
+
+    A run whose steps call your ``@python_tool`` functions needs their
+    module (``--import MOD``, as ``tiffany run`` had it) to go on.
+    """
     from tiffany.agents.registry import ToolRegistry
     from tiffany.cli import _build_engine, _settings
     from tiffany.durable import UnknownRun, verify
     from tiffany.engine import replay_resolvers
 
     _add_paths(path)
+    import_tool_modules(tool_modules(_settings(ctx).tool_modules, imports))
     engine_no = _engine_of_run(ctx, run_id)  # serve --engines N: the journal holding it
     settings = _settings(ctx).for_engine(engine_no)
     data_dir = Path(settings.data_dir)
@@ -231,6 +238,7 @@ def replay(
                     rt.run()
             state = rt.status(run_id)
             waits = _signals_awaited(rt.journal.runs.get(run_id))
+            held = [h.reason for h in rt.journal.held.values() if h.run_id == run_id]
         if ctrl_c.pressed and state.status == "running":
             typer.echo(
                 f"tiffany: interrupted; run {run_id} stays in this data dir: "
@@ -244,6 +252,9 @@ def replay(
                 f"(`tiffany serve`) and send it with `tiffany signal {run_id} NAME --data JSON`",
                 err=True,
             )
+        if state.status == "running" and held:
+            for reason in dict.fromkeys(held):
+                typer.echo(f"tiffany: run {run_id} cannot go on here: {reason}", err=True)
         code = print_result(settings, run_id, state, view.summary(), use_live, as_json)
         raise typer.Exit(code)
     except UnknownRun as exc:

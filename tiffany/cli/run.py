@@ -215,9 +215,12 @@ def run(
     finally:
         engine.runtime.close()
     if ctrl_c.pressed and state.status == "running":
+        # The modules its python steps need go with the command that resumes it.
+        again = "".join(f" --import {m}" for m in tool_modules((), imports))
         typer.echo(
             f"tiffany: interrupted; run {run_id} stays in this data dir: `tiffany replay "
-            f"{run_id}` resumes it (or `tiffany serve`, which resumes every unfinished run)",
+            f"{run_id}{again}` resumes it (or `tiffany serve{again}`, which resumes every "
+            "unfinished run)",
             err=True,
         )
         raise typer.Exit(exits.INTERRUPTED)
