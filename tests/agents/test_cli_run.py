@@ -23,6 +23,23 @@ def tiffany(*args: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def user_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``tiffany --data-dir CWD/data ARGS`` run in ``cwd`` (a user's tool modules beside it).
+
+    No ``TIFFANY_*`` of the caller's environment: what the command line says is all it gets.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")}
+    return subprocess.run(
+        [sys.executable, "-m", "tiffany", "--data-dir", str(cwd / "data"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=120,
+        check=False,
+    )
+
+
 def test_run_prints_outputs_and_exits_zero(tmp_path):
     proc = tiffany(
         "run", str(ROOT / "examples" / "build" / "plan.yaml"), "--json", data_dir=tmp_path
@@ -195,51 +212,12 @@ def test_run_and_wal_dump_print_values_json_cannot_hold_as_the_store_shows_them(
             }
         )
     )
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    data_dir = tmp_path / "data"
-    common = ["--data-dir", str(data_dir)]
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tiffany",
-            "run",
-            str(plan),
-            "--json",
-            "--import",
-            "oddtools",
-            *common,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=120,
-        check=False,
-    )
+    run = user_cli(tmp_path, "run", str(plan), "--json", "--import", "oddtools")
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout.strip().splitlines()[-1], parse_constant=pytest.fail)
     assert out["outputs"] == {"v": {"(1, 2)": "a", "nan": "nan"}}
     for extra in (["--json"], []):
-        dump = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "tiffany",
-                "wal",
-                "dump",
-                "--run",
-                out["run_id"],
-                *extra,
-                *common,
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-            timeout=120,
-            check=False,
-        )
+        dump = user_cli(tmp_path, "wal", "dump", "--run", out["run_id"], *extra)
         assert dump.returncode == 0, dump.stderr
         assert '{"(1, 2)": "a", "nan": "nan"}' in dump.stdout
 
@@ -277,28 +255,15 @@ def test_replay_takes_the_tool_modules_a_crashed_run_needs(tmp_path):
             }
         )
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")}
-
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "tiffany", "--data-dir", str(tmp_path / "data"), *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-            timeout=120,
-            check=False,
-        )
-
-    crashed = cli("run", str(plan), "--json", "--no-live", "--import", "crashtools")
+    crashed = user_cli(tmp_path, "run", str(plan), "--json", "--no-live", "--import", "crashtools")
     assert crashed.returncode == -9, crashed.stderr
-    run_id = json.loads(cli("runs", "--json").stdout.splitlines()[0])["run_id"]
+    run_id = json.loads(user_cli(tmp_path, "runs", "--json").stdout.splitlines()[0])["run_id"]
 
-    without = cli("replay", run_id, "--no-live")
+    without = user_cli(tmp_path, "replay", run_id, "--no-live")
     assert without.returncode != 0
     assert f"run {run_id} cannot go on here: python function test.crash_once" in without.stderr
     assert "--import" in without.stderr
 
-    resumed = cli("replay", run_id, "--no-live", "--json", "--import", "crashtools")
+    resumed = user_cli(tmp_path, "replay", run_id, "--no-live", "--json", "--import", "crashtools")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout.strip().splitlines()[-1])["outputs"] == {"n": 42}

@@ -84,6 +84,11 @@ COUNT = _plan(
     outputs={"words": "${steps.count.output.words}"},
 )
 NAP = _plan("nap", {"id": "nap", "tool": "sleep", "args": {"seconds": 60}})
+APPROVE = _plan(
+    "approve",
+    {"id": "ok", "tool": "signal.wait", "args": {"name": "approve"}},
+    outputs={"by": "${steps.ok.output.by}"},
+)
 
 
 def test_user_code_to_outputs_through_the_sdk_in_under_20_lines() -> None:
@@ -183,13 +188,8 @@ def test_cancel_and_wait_timeout(server: Served) -> None:
 
 
 def test_signal_reaches_a_waiting_step(server: Served) -> None:
-    plan = _plan(
-        "approve",
-        {"id": "ok", "tool": "signal.wait", "args": {"name": "approve"}},
-        outputs={"by": "${steps.ok.output.by}"},
-    )
     with Client(server.url) as client:
-        run = client.submit(plan)
+        run = client.submit(APPROVE)
         sent = client.signal(run.run_id, "approve", {"by": "ada"}, signal_id="sig-1")
         assert sent.name == "approve"
         assert sent.signal_id == "sig-1"
@@ -204,13 +204,8 @@ def test_signal_reaches_a_waiting_step(server: Served) -> None:
 def test_a_signal_name_or_run_id_is_one_path_segment_whatever_it_holds(server: Served) -> None:
     # "../cancel" once cancelled the run, "approve?x" was sent as "approve"
     # and "run/../../x" read another path: names went into the URL unescaped.
-    plan = _plan(
-        "approve",
-        {"id": "ok", "tool": "signal.wait", "args": {"name": "approve"}},
-        outputs={"by": "${steps.ok.output.by}"},
-    )
     with Client(server.url) as client:
-        run = client.submit(plan)
+        run = client.submit(APPROVE)
         for name in ("../cancel", "approve?x=1", "approve#x", "..", "a/b"):
             with pytest.raises(InvalidRequest) as bad:
                 client.signal(run.run_id, name, {"by": "mallory"})
