@@ -270,6 +270,7 @@ def test_a_recovered_run_does_not_publish_its_past_again(tmp_path: Path) -> None
     Published again (new seqs), every finished step started and finished a
     second time on the feed after each restart.
     """
+    from tiffany.pal import FEED_SEQ_FILE
     from tiffany.pal.transport import follow
 
     data = tmp_path / "data"
@@ -281,6 +282,9 @@ def test_a_recovered_run_does_not_publish_its_past_again(tmp_path: Path) -> None
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert proc.stop(signal.SIGTERM) == 0  # the run stays unfinished, "first" done
+    # The last seq the first life handed out: a client that saw it resumes
+    # with it and gets every event of the next life (pal/hub.py), replayed or not.
+    seen = int((data / FEED_SEQ_FILE).read_text())
 
     again = EngineProc(data)
     try:
@@ -288,8 +292,7 @@ def test_a_recovered_run_does_not_publish_its_past_again(tmp_path: Path) -> None
 
         async def events() -> list[dict[str, Any]]:
             got: list[dict[str, Any]] = []
-            feed = data / "feed.sock"
-            async for frame in follow(feed, run_id=run_id, tail=100_000):  # the ring, all of it
+            async for frame in follow(data / "feed.sock", since=seen, run_id=run_id):
                 got.append(frame)
                 if frame.get("kind") == "run.finished":
                     return got
