@@ -73,9 +73,11 @@ LAYERS: dict[str, Layer] = {
     "wal": Layer(_parts("errors"), CODEC_LIBS | _parts("structlog")),
     # The WAL's records as rows of a PostgreSQL stream, under a fenced lease.
     "pgwal": Layer(_parts("errors", "config", "wal"), _parts("psycopg", "structlog")),
+    # Values from outside a run as the journal packs them and a replay compares them.
+    "values": Layer(STDLIB_ONLY, _parts("msgspec")),
     # The journal's records: one typed definition every reader and writer imports.
-    "records": Layer(_parts("errors"), _parts("msgspec")),
-    "durable": Layer(_parts("errors", "kernel", "wal", "records")),
+    "records": Layer(_parts("errors", "values"), _parts("msgspec")),
+    "durable": Layer(_parts("errors", "kernel", "wal", "records", "values")),
     "pal": Layer(_parts("errors")),
     # The control channel's protocol and clients (engine <- API commands).
     "control": Layer(_parts("errors"), CODEC_LIBS),
@@ -104,6 +106,7 @@ LAYERS: dict[str, Layer] = {
             "documents",
             "records",
             "shards",
+            "values",
         )
     ),
     # The API side-process never imports kernel, wal, durable or agents.

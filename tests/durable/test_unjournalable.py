@@ -29,7 +29,7 @@ from tiffany.agents.tools.python import register_function, unregister_function
 from tiffany.config import Settings
 from tiffany.durable import verify
 from tiffany.engine import build, replay_resolvers
-from tiffany.records import Unencodable
+from tiffany.values import Unencodable
 from tiffany.wal import MAX_RECORD_BYTES, iter_records
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from tiffany.records import Unencodable
 from tiffany.store.records import error_dict, jsonable, text
+from tiffany.values import Unencodable
 
 
 def test_jsonable_turns_journal_values_into_json():

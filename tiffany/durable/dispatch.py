@@ -29,13 +29,8 @@ from tiffany.kernel import (
     SystemCall,
     WaitTask,
 )
-from tiffany.records import (
-    MAX_ARG_CHARS,
-    Unencodable,
-    canonical,
-    legacy_canonical,
-    stand_in_text,
-)
+from tiffany.records import MAX_ARG_CHARS
+from tiffany.values import Unencodable, canonical, legacy_canonical, stand_in_text
 
 __all__ = ["CARRIED_CALLS", "MAX_ARG_CHARS", "carried", "describe", "is_generator_step", "same"]
 
@@ -100,7 +95,7 @@ def is_generator_step(call: Step | RunInThread) -> bool:
 def same(recorded: Any, actual: Any) -> bool:
     """Compare a journaled value (decoded) with a value produced by the replay.
 
-    Both are compared in their journaled form (:func:`~tiffany.records.pack_value`),
+    Both are compared in their journaled form (:func:`~tiffany.values.pack_value`),
     so a dataclass result equals the dict it was recorded as, and a tuple
     still differs from a list. The replay rebuilds from the journal, stand-ins
     included, so a value holding one packs as it did when recorded: a stand-in
@@ -108,7 +103,7 @@ def same(recorded: Any, actual: Any) -> bool:
     record) is compared with the text the value would have been kept as.
 
     A value that differs is compared once more as earlier versions packed
-    both (:func:`~tiffany.records.legacy_canonical`: the sets inside a
+    both (:func:`~tiffany.values.legacy_canonical`: the sets inside a
     dataclass unsorted), so that a journal they wrote replays as it did
     then. Only a divergence pays for it.
     """

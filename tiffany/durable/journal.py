@@ -107,10 +107,9 @@ from tiffany.records import (
     TaskLabel,
     Wake,
     as_list,
-    pack_value,
     root_role,
-    unpack_value,
 )
+from tiffany.values import pack_value, unpack_value
 from tiffany.wal import Log
 
 __all__ = [

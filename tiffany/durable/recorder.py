@@ -58,7 +58,6 @@ from tiffany.errors import UnjournalableValue
 from tiffany.kernel import RETURNED, Scheduler, Task
 from tiffany.records import (
     RUN_PREFIX,
-    STAND_IN_CHARS,
     Dispatch,
     Record,
     RecordType,
@@ -66,9 +65,8 @@ from tiffany.records import (
     TaskExit,
     Wake,
     encode_body,
-    pack_value,
-    stand_in,
 )
+from tiffany.values import STAND_IN_CHARS, pack_value, stand_in
 from tiffany.wal import MAX_RECORD_BYTES, Log
 
 if TYPE_CHECKING:
@@ -139,7 +137,7 @@ class Recorder:
 
         That is ``rec.value`` (``result`` packed), or, when the record would
         be too large or does not encode, ``result``'s stand-in
-        (:func:`~tiffany.records.stand_in`, its repr cut), which a replay
+        (:func:`~tiffany.values.stand_in`, its repr cut), which a replay
         compares as such. Each step's result fit a record (see :meth:`woken`),
         but a task may put several together (a plan's outputs).
         """

@@ -1,7 +1,8 @@
 """Journal records as the durable layer writes and replays them: errors, packed.
 
 The records themselves (types, layouts, codec, the carried-dispatch rule)
-are defined once in :mod:`tiffany.records`, which the store reads too.
+are defined once in :mod:`tiffany.records`, which the store reads too, and
+the values inside them are packed by :mod:`tiffany.values`.
 What is left here is the durable layer's own business: an exception
 raised in a run is journaled as ``[type, args, repr, fields]``
 (:func:`pack_error`), and a replay rebuilds the same exception from it
@@ -17,7 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from tiffany.errors import TiffanyError
-from tiffany.records import pack_value, unpack_value
+from tiffany.values import pack_value, unpack_value
 
 __all__ = ["ReplayedError", "pack_error", "unpack_error"]
 

@@ -53,7 +53,8 @@ from tiffany.kernel import (
     TaskState,
     WaitTask,
 )
-from tiffany.records import Dispatch, Outcome, Record, RunEnd, TaskExit, Wake, as_list, unpack_value
+from tiffany.records import Dispatch, Outcome, Record, RunEnd, TaskExit, Wake, as_list
+from tiffany.values import unpack_value
 
 if TYPE_CHECKING:
     from tiffany.durable.journal import RunState

@@ -175,7 +175,7 @@ def _jsonable_other(value: Any, _depth: int) -> Any:
         return sorted((jsonable(v, depth) for v in value), key=repr)
     if isinstance(value, bytes | bytearray | memoryview):
         return _clean(bytes(value).decode("utf-8", "replace"))
-    text = getattr(value, "repr", None)  # the durable layer's Unencodable
+    text = getattr(value, "repr", None)  # a stand-in: tiffany.values.Unencodable
     return _clean(text) if isinstance(text, str) else excerpt(value)
 
 
