@@ -57,10 +57,7 @@ Values that came from outside (step results, ``Now()``, thread results),
 in the ``value`` fields, are packed by
 ``tiffany/values.py`` (:func:`~tiffany.values.pack_value`: tuples, sets and
 stand-ins as msgpack extensions, sets sorted); the decoders here unpack
-those extensions with its :func:`~tiffany.values.ext_hook`. The value names
-``tests/test_records.py`` has always imported from here (``pack_value``,
-``unpack_value``, ``canonical``, ``legacy_canonical``, ``Unencodable``) are
-still importable from here; the code imports them from ``tiffany.values``.
+those extensions with its :func:`~tiffany.values.ext_hook`.
 
 Discussion: the run prefix is fixed-width on purpose. A variable-width
 msgpack int would force a decode to learn the run; with 4 raw bytes,
@@ -75,14 +72,7 @@ from typing import Any, ClassVar, Final, Literal
 
 import msgspec
 
-from tiffany.values import (
-    Unencodable,
-    canonical,
-    ext_hook,
-    legacy_canonical,
-    pack_value,
-    unpack_value,
-)
+from tiffany.values import ext_hook
 
 __all__ = [
     "JOURNAL_COMPAT",
@@ -103,23 +93,18 @@ __all__ = [
     "TaskExit",
     "TaskLabel",
     "Undecodable",
-    "Unencodable",
     "Unknown",
     "Wake",
     "as_list",
-    "canonical",
     "carried",
     "decode",
     "decode_body",
     "decode_dispatch",
     "decode_record",
     "encode",
-    "legacy_canonical",
     "legacy_role",
-    "pack_value",
     "root_role",
     "run_of",
-    "unpack_value",
 ]
 
 RUN_PREFIX: Final = struct.Struct("<I")
