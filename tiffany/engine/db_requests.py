@@ -105,7 +105,7 @@ class RequestClaimer:
         url: The database (``TIFFANY_DATABASE_URL``).
         engine: This engine's number (``tiffany/shards.py``).
         lease: Returns the engine's stream and lease epoch (the claim's fence).
-        handle: The engine's control handler (``EngineService.handle``).
+        handle: The engine's control handler (``ControlRequests.handle``, ``engine/requests.py``).
         window_s: How long answered rows are kept (the idempotency window).
         load: The engine's active runs (its claims wait a little per run, so
             submissions spread over the engines by load).

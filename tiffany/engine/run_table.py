@@ -9,7 +9,7 @@ start. It holds:
 * the last :data:`FINISHED_RUNS_KEPT` finished runs and their status, in
   an LRU; an older finished run is looked up in the store, which is the
   source of truth for finished runs (off the scheduler thread, see
-  ``EngineService``);
+  ``requests.py``);
 * the idempotency keys of runs started within the key window
   (``TIFFANY_IDEMPOTENCY_WINDOW_S``, 24 h by default), oldest first, pruned
   as newer runs start; the checkpoint (``durable/checkpoint.py``) carries
