@@ -245,11 +245,19 @@ def test_a_key_given_twice_is_refused_naming_it(
 
 def test_yaml_merge_keys_may_still_be_overridden(client) -> None:
     body = (
-        b"name: p\nsteps:\n- &base {id: a, tool: sleep, args: {seconds: 5}}\n"
+        b"name: p\nsteps:\n- &base {id: a, tool: sleep, args: {seconds: 0.01}}\n"
         b"- <<: *base\n  id: b\n  args: {seconds: 0}\n"
     )
     r = client.post("/api/runs", content=body, headers=YAML)
     assert r.status_code == 201, r.text
+    run_id, seq = r.json()["run_id"], r.json()["seq"]
+    steps = client.get(f"/api/runs/{run_id}", params={"min_seq": seq}).json()["entry"]["plan"]
+    assert [(s["id"], s["args"]) for s in steps["steps"]] == [
+        ("a", {"seconds": 0.01}),
+        ("b", {"seconds": 0}),  # the merged key overridden, not a duplicate
+    ]
+    # Finished before the next test, which checks that refusals journal nothing.
+    wait_until(lambda: client.get(f"/api/runs/{run_id}").json()["status"] == "succeeded")
 
 
 @pytest.mark.parametrize("seconds", ["NaN", "Infinity", "1e300", "-1"])
