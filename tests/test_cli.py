@@ -190,3 +190,25 @@ def test_a_bad_signal_option_is_refused_naming_it(tmp_path: Path) -> None:
     assert bad_name.returncode == 2
     assert "--signal wants NAME=JSON" in bad_name.stderr
     assert not (tmp_path / "wal").exists()  # refused before the engine opened the data dir
+
+
+def test_a_ctrl_c_after_the_loop_ended_is_counted_not_raised() -> None:
+    """``run``/``replay`` read the run's state and close the WAL after their loop ends.
+
+    A Ctrl-C there raised ``KeyboardInterrupt`` (the handler covered only the
+    loop) and the command exited 130 without saying what became of the run.
+    """
+    import os
+    import signal
+
+    from tiffany.cli.interrupt import CtrlC
+    from tiffany.kernel import Scheduler
+
+    sched = Scheduler()
+    before = signal.getsignal(signal.SIGINT)
+    with CtrlC(sched) as ctrl_c:
+        with ctrl_c.loop():
+            sched.run()  # nothing to run: the loop ends by itself
+        os.kill(os.getpid(), signal.SIGINT)  # as the state is read, the WAL closed
+        assert ctrl_c.pressed == 1
+    assert signal.getsignal(signal.SIGINT) is before

@@ -215,7 +215,8 @@ def replay(
             instruments=[view],
             emit=view.on_event,
         )
-        with engine.runtime as rt:
+        # Ctrl-C: until the run's state is read and the WAL closed (cli/interrupt.py).
+        with CtrlC(engine.runtime.sched) as ctrl_c, engine.runtime as rt:
             resumed = engine.recover_runs(only=[run_id])
             if not resumed:
                 typer.echo(f"run {run_id} has already finished; nothing to resume", err=True)
@@ -224,7 +225,7 @@ def replay(
                 (rt.index.get(run_id).entry.get("plan") or {}).get("steps") if rt.index else None
             )
             view.total_steps = len(steps) if isinstance(steps, list) else 0
-            with CtrlC(rt.sched) as ctrl_c:
+            with ctrl_c.loop():
                 if use_live:
                     live_view = Live(
                         get_renderable=view.render,

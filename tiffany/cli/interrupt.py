@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import signal
@@ -26,6 +27,12 @@ class CtrlC:
     unfinished in the WAL, everything committed so far kept. A second
     Ctrl-C exits at once without another write: the WAL recovers from that
     like from ``kill -9``.
+
+    The handler stays from the start of the command to its last word (the
+    loop run inside :meth:`loop`): a Ctrl-C just after the loop ended by
+    itself (a run left waiting for a signal) raised Python's
+    ``KeyboardInterrupt`` while the run's state was read or the WAL closed,
+    and the command exited 130 without saying what became of the run.
     """
 
     def __init__(self, sched: Any) -> None:
@@ -40,6 +47,10 @@ class CtrlC:
     def __exit__(self, exc_type: Any, *rest: Any) -> bool:
         signal.signal(signal.SIGINT, self._old)
         return exc_type is _Stopped  # the loop was waiting: it stopped there
+
+    def loop(self) -> contextlib.suppress:
+        """Around the loop's run: the first Ctrl-C, while it waits, ends it here."""
+        return contextlib.suppress(_Stopped)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         self.pressed += 1

@@ -189,31 +189,32 @@ def run(
         instruments=[view, _signal_hint(console, quiet=use_live)],
         emit=view.on_event,
     )
-    try:
+    with CtrlC(engine.runtime.sched) as ctrl_c:  # until the run's state is read and the WAL closed
         try:
-            run_id = engine.submit_plan(doc, given)
-        except PlanError as exc:
-            _print_plan_errors(exc)
-            raise typer.Exit(EXIT_INVALID) from None
-        for i, (name, payload) in enumerate(sent):  # journaled at the first wait stage
-            engine.runtime.journal.request_signal(
-                run_id, name, payload, f"run-option-{i}", lambda seq, ended: None
-            )
-        with CtrlC(engine.runtime.sched) as ctrl_c:
-            if use_live:
-                with Live(
-                    get_renderable=view.render,
-                    console=console,
-                    refresh_per_second=8,
-                    transient=False,
-                ):
+            try:
+                run_id = engine.submit_plan(doc, given)
+            except PlanError as exc:
+                _print_plan_errors(exc)
+                raise typer.Exit(EXIT_INVALID) from None
+            for i, (name, payload) in enumerate(sent):  # journaled at the first wait stage
+                engine.runtime.journal.request_signal(
+                    run_id, name, payload, f"run-option-{i}", lambda seq, ended: None
+                )
+            with ctrl_c.loop():
+                if use_live:
+                    with Live(
+                        get_renderable=view.render,
+                        console=console,
+                        refresh_per_second=8,
+                        transient=False,
+                    ):
+                        engine.runtime.run()
+                else:
                     engine.runtime.run()
-            else:
-                engine.runtime.run()
-        state = engine.runtime.status(run_id)
-        waits = _signals_awaited(engine.runtime.journal.runs.get(run_id))
-    finally:
-        engine.runtime.close()
+            state = engine.runtime.status(run_id)
+            waits = _signals_awaited(engine.runtime.journal.runs.get(run_id))
+        finally:
+            engine.runtime.close()
     if ctrl_c.pressed and state.status == "running":
         # The modules its python steps need go with the command that resumes it.
         again = "".join(f" --import {m}" for m in tool_modules((), imports))
