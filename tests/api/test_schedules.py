@@ -223,3 +223,51 @@ def page_of(url: str, name: str, min_seq: int) -> dict[str, Any]:
     params: dict[str, Any] = {"name": name, "min_seq": min_seq, "limit": 5}
     page: dict[str, Any] = httpx.get(f"{url}/api/runs", params=params, timeout=30).json()
     return page
+
+
+def test_a_row_that_fails_fails_alone_with_its_error_logged_once(served) -> None:
+    # A row whose time zone (or cron expression) no longer loads, say stored by
+    # another version with another tzdata, made every poll of the engine fail:
+    # no schedule fired, ever, the log said "schedules.failed" with a traceback
+    # at every backoff, and GET /api/schedules answered 500.
+    data_dir, url = served
+    bad = {"sched-mars": ("* * * * * *", "Mars/Olympus"), "sched-61": ("61 * * * *", "UTC")}
+    with session_factory(make_engine(f"sqlite:///{data_dir / 'tiffany.db'}"))() as session:
+        for sid, (cron, zone) in bad.items():
+            session.add(
+                Schedule(
+                    id=sid,
+                    name=sid,
+                    plan=_plan(sid),
+                    inputs={},
+                    cron=cron,
+                    timezone=zone,
+                    catchup="skip",
+                    paused=False,
+                    created_at=time.time() - 3600,  # noqa: TID251 - ticks are wall-clock seconds
+                )
+            )
+        session.commit()
+    sid = _add(url, "beside-the-bad-ones", "skip")
+    wait_for(lambda: len(_ticks(url, "beside-the-bad-ones")) >= 3, 30, "three ticks")
+    listed = httpx.get(f"{url}/api/schedules")
+    assert listed.status_code == 200, listed.text
+    by_id = {s["schedule_id"]: s for s in listed.json()}
+    assert by_id[sid]["last_error"] is None
+    assert "timezone: unknown time zone 'Mars/Olympus'" in by_id["sched-mars"]["last_error"]
+    assert "cron: not a cron expression (minute '61'" in by_id["sched-61"]["last_error"]
+    for b in bad:
+        assert (by_id[b]["next_tick"], by_id[b]["last_run_id"]) == (None, None)
+    # Three ticks are a dozen polls: each bad row was logged once, the poll never failed.
+    events = [
+        json.loads(line)
+        for line in (data_dir / "serve.log").read_text().splitlines()
+        if line.startswith("{")
+    ]
+    failed = [e for e in events if e.get("event") == "schedules.row_failed"]
+    assert sorted(e["schedule"] for e in failed) == sorted(bad), failed
+    assert not [e for e in events if e.get("event") == "schedules.failed"]
+    cli = [sys.executable, "-m", "tiffany", "schedule", "list", "--data-dir", str(data_dir)]
+    shown = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "sched-mars" in shown.stdout

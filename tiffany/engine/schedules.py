@@ -17,6 +17,13 @@ the two fires the tick again after its restart, and the key makes that the
 same run (the engine keeps keys across restarts: checkpoints hold them).
 So each tick starts exactly one run, across restarts.
 
+A row that fails (its time zone or cron expression no longer valid, a
+submission that raised) fails alone: its ``last_error`` says why, the log
+says so once per distinct failure (not every poll), and the other
+schedules fire on time. Its ticks are tried again at each poll (not marked
+done). Only the store's failures (and a busy or stopping engine) end a
+poll, and those are retried for every row.
+
 Only engine 0 runs this (``serve --engines N``: the other engines do not).
 """
 
@@ -30,13 +37,15 @@ from typing import Any, Final
 
 import structlog
 import tenacity
-from sqlalchemy import select
+from sqlalchemy import select, update
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
 
 from tiffany.control import ControlError
 from tiffany.store import make_engine, session_factory
 from tiffany.store.models import Schedule
 from tiffany.store.projector import is_transient
-from tiffany.store.schedules import MAX_CATCHUP_TICKS, fired, last_ticks
+from tiffany.store.schedules import MAX_CATCHUP_TICKS, check, fired, last_ticks
 
 __all__ = ["MAX_BACKOFF_S", "POLL_S", "SKIP_GRACE_S", "ScheduleRunner", "due"]
 
@@ -93,6 +102,8 @@ class ScheduleRunner:
         self.fired = 0
         #: Polls that failed in a row (the store down): they back off.
         self.failures = 0
+        #: Schedules failing on their own, and why (logged when it changes).
+        self.failing: dict[str, str] = {}
 
     def start(self) -> None:
         """Start the thread."""
@@ -149,21 +160,76 @@ class ScheduleRunner:
             log.error("schedules.failed", exc_info=exc, **fields)
 
     def step(self, now: float) -> int:
-        """Fire what is due at ``now``; return how many runs started."""
+        """Fire what is due at ``now``; return how many runs started.
+
+        Each row on its own (see the module docstring): what a row raises is
+        that row's failure, but for the store's errors and the engine's
+        ControlError (busy, stopping), which end the poll (it backs off).
+        """
         started = 0
         with self._sessions() as session:
             rows = list(session.scalars(select(Schedule).where(Schedule.paused.is_(False))))
             for row in rows:
-                fire, skip = due(row, now)
-                if skip is not None and not fire:
-                    fired(session, row.id, skip, None, None)
-                for tick in fire:
-                    if self._stop.is_set():
-                        return started
-                    started += self._fire(session, row, tick)
+                if self._stop.is_set():
+                    return started
+                try:
+                    started += self._row(session, row, now)
+                except (ControlError, SQLAlchemyError, OSError):
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the row's own: its last_error, logged once
+                    session.rollback()
+                    self._row_failed(session, row, exc)
+                else:
+                    self._row_fine(session, row)
+            for gone in self.failing.keys() - {row.id for row in rows}:
+                del self.failing[gone]  # deleted or paused: logged again if it fails again
         return started
 
-    def _fire(self, session: Any, row: Schedule, tick: float) -> int:
+    def _row(self, session: Session, row: Schedule, now: float) -> int:
+        """Fire the ticks of ``row`` due at ``now``; return how many runs started."""
+        started = 0
+        fire, skip = due(row, now)
+        if skip is not None and not fire:
+            fired(session, row.id, skip, None, None)
+        for tick in fire:
+            if self._stop.is_set():
+                break
+            started += self._fire(session, row, tick)
+        return started
+
+    def _row_failed(self, session: Session, row: Schedule, exc: Exception) -> None:
+        """Record why ``row`` failed in its ``last_error``; log it if it is news."""
+        problems = check(row.cron, row.timezone, row.catchup)
+        if problems:  # stored before a check, or by another version (tzdata, croniter)
+            error = "invalid schedule: " + "; ".join(f"{p['loc']}: {p['msg']}" for p in problems)
+        else:
+            error = f"{type(exc).__name__}: {exc}"
+        error = error[:1000]
+        if self.failing.get(row.id) == error:
+            return  # logged and recorded already
+        self.failing[row.id] = error
+        fields = {"schedule": row.id, "error": error}
+        if problems:
+            log.warning("schedules.row_failed", **fields)
+        else:  # a bug somewhere: its traceback, once
+            log.error("schedules.row_failed", exc_info=exc, **fields)
+        session.execute(update(Schedule).where(Schedule.id == row.id).values(last_error=error))
+        session.commit()
+
+    def _row_fine(self, session: Session, row: Schedule) -> None:
+        """``row`` worked again after failing: say so, and clear the error it left."""
+        error = self.failing.pop(row.id, None)
+        if error is None:
+            return
+        log.info("schedules.row_recovered", schedule=row.id)
+        session.execute(
+            update(Schedule)
+            .where(Schedule.id == row.id, Schedule.last_error == error)
+            .values(last_error=None)
+        )
+        session.commit()
+
+    def _fire(self, session: Session, row: Schedule, tick: float) -> int:
         at = tick_iso(tick)
         request = {
             "plan": row.plan,

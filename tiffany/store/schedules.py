@@ -145,8 +145,17 @@ def last_ticks(cron: str, timezone: str, after: float, until: float, limit: int)
 
 
 def _next(row: Schedule, now: float) -> float | None:
+    """When ``row`` ticks next; None: never, or its settings are no longer valid.
+
+    A row stored before a check (or by another version: another tzdata, another
+    croniter) may name a zone or an expression refused here; it is listed
+    with its ``last_error`` (the engine's), not a 500 for every schedule.
+    """
     after = max(row.last_tick or row.created_at, now)
-    found = ticks(row.cron, row.timezone, after, float("inf"), 1)
+    try:
+        found = ticks(row.cron, row.timezone, after, float("inf"), 1)
+    except (CroniterError, ValueError, KeyError):  # KeyError: ZoneInfoNotFoundError
+        return None
     return found[0] if found else None
 
 
