@@ -1,12 +1,28 @@
-"""The schedule runner's polls back off while the store is away, one log line a failure."""
+"""The schedule runner: backoff while the store is away, ticks across daylight-saving changes.
+
+The runner is stepped by hand (``step(now)``: a poll at ``now``) on a store
+of its own and fires through a real engine's submission.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
 
+import pytest
 import structlog
+from engine_process import EngineProc
 
 from tiffany.engine.schedules import POLL_S, ScheduleRunner
+from tiffany.store import make_engine, session_factory
+from tiffany.store.migrate import upgrade
+from tiffany.store.models import Schedule
+
+PARIS = ZoneInfo("Europe/Paris")
 
 #: Nothing listens on port 1 of loopback: every connection is refused at once.
 UNREACHABLE = "postgresql+psycopg://postgres@127.0.0.1:1/test"
@@ -32,3 +48,95 @@ def test_a_store_that_refuses_connections_is_polled_less_and_less_often() -> Non
         assert event["retry_in_s"] > 0
     assert [e["retry_in_s"] for e in failed] == sorted(e["retry_in_s"] for e in failed)
     assert submitted == []
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProc]:
+    """A real engine (its own store holds no schedule: the tests' runner has its own)."""
+    proc = EngineProc(tmp_path_factory.mktemp("sched") / "data")
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> str:
+    """A migrated SQLite store of schedules, for a runner stepped by hand."""
+    url = f"sqlite:///{tmp_path / 'schedules.db'}"
+    made = make_engine(url)
+    upgrade(made)
+    made.dispose()
+    return url
+
+
+class Fired:
+    """The engine's submission, recording each tick it is given (``schedule id -> ticks``)."""
+
+    def __init__(self, engine: EngineProc) -> None:
+        self.engine = engine
+        self.ticks: dict[str, list[str]] = {}
+
+    def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+        answer = self.engine.call("submit", **request)
+        self.ticks.setdefault(request["schedule"]["id"], []).append(request["schedule"]["tick"])
+        return answer
+
+
+def _add(url: str, sid: str, cron: str, catchup: str, created_at: float, zone: str) -> None:
+    plan = {
+        "name": sid,
+        "steps": [{"id": "w", "tool": "file.write", "args": {"path": "t", "content": "x"}}],
+    }
+    with session_factory(make_engine(url))() as session:
+        session.add(
+            Schedule(
+                id=sid,
+                name=sid,
+                plan=plan,
+                inputs={},
+                cron=cron,
+                timezone=zone,
+                catchup=catchup,
+                paused=False,
+                created_at=created_at,
+            )
+        )
+        session.commit()
+
+
+def _paris(ticks: list[str]) -> list[str]:
+    """UTC ticks (as the keys name them) as Paris wall-clock times."""
+    out = []
+    for tick in ticks:
+        utc = datetime.strptime(tick, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        out.append(utc.astimezone(PARIS).strftime("%H:%M %Z"))
+    return out
+
+
+def test_a_daily_schedule_fires_once_on_the_fall_back_night_and_a_periodic_one_in_both_hours(
+    engine: EngineProc, store: str
+) -> None:
+    # "30 2 * * *" in Europe/Paris fired at 02:30 CEST and again at 02:30 CET
+    # on 2026-10-25 (croniter gives both): a daily job ran twice that night.
+    midnight = datetime(2026, 10, 25, 0, 0, tzinfo=PARIS).timestamp()
+    _add(store, "sched-daily", "30 2 * * *", "all", midnight, "Europe/Paris")
+    _add(store, "sched-quarter", "*/15 * * * *", "all", midnight, "Europe/Paris")
+    fired = Fired(engine)
+    runner = ScheduleRunner(store, fired)
+    try:
+        for minute in range(0, 5 * 60 + 1):  # 00:00 CEST to 04:00 CET, a poll a minute
+            runner.step(midnight + minute * 60 + 0.5)
+    finally:
+        runner.stop()
+    assert _paris(fired.ticks["sched-daily"]) == ["02:30 CEST"]
+    quarters = _paris(fired.ticks["sched-quarter"])
+    assert quarters[7:17] == [
+        *(f"02:{m} CEST" for m in ("00", "15", "30", "45")),
+        *(f"02:{m} CET" for m in ("00", "15", "30", "45")),
+        "03:00 CET",
+        "03:15 CET",
+    ], quarters
+    assert len(quarters) == 5 * 4  # five real hours from midnight: 01:00 to 04:00 and 02:00 again
+    assert runner.fired == 1 + len(quarters)

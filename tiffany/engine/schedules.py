@@ -2,7 +2,9 @@
 
 A thread of its own (SQL never on the loop) looks at the schedules every
 :data:`POLL_S`: for each active one, the ticks due since its ``last_tick``
-(or its creation), by its ``catchup`` policy:
+(or its creation; daylight-saving changes as the store's module says:
+one tick of a fixed-time schedule in a repeated hour), by its ``catchup``
+policy:
 
 * ``skip``: a tick fires only if it is at most :data:`SKIP_GRACE_S` old;
   older ones (the engine was down, the schedule paused) are skipped;

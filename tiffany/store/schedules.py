@@ -4,8 +4,18 @@ The rows live in the store (``schedules``): the API and the CLI write them,
 engine 0 fires their ticks (``tiffany/engine/schedules.py``). A schedule's
 ``cron`` has five fields (minute hour day-of-month month day-of-week) or six
 (and the second, last: ``* * * * * */10`` every ten seconds), evaluated in
-its IANA ``timezone`` (daylight-saving changes included: a 02:30 tick on a
-spring-forward day fires at 03:00). ``catchup`` says what happens to ticks
+its IANA ``timezone``, daylight-saving changes included, as Vixie cron does:
+
+* spring forward: a tick in the skipped hour fires once, when the clocks
+  have moved on (a 02:30 tick fires at 03:00);
+* fall back: a fixed-time schedule (minute and hour fields without ``*`` or
+  a ``/`` step: ``30 2 * * *``, ``0 1-3 * * *``) fires once in the repeated
+  hour, the first time (02:30 summer time, not again at 02:30 winter time);
+  one with ``*`` or a step in its minute or hour field (``*/15 * * * *``,
+  ``0 * * * *``, ``*/30 2 * * *``) is periodic and fires in both, an hour of
+  real time apart (:func:`repeats`).
+
+``catchup`` says what happens to ticks
 missed while no engine fired them (it was down, or the schedule paused):
 ``skip`` them, run ``one`` (the last) or ``all`` (the last
 :data:`MAX_CATCHUP_TICKS` of them).
@@ -35,6 +45,7 @@ __all__ = [
     "last_ticks",
     "list_schedules",
     "remove",
+    "repeats",
     "schedule_dict",
     "set_paused",
     "ticks",
@@ -103,13 +114,33 @@ def _croniter_refuses(cron: str) -> str | None:
     return None
 
 
+def repeats(cron: str) -> bool:
+    """True if ``cron`` fires in both passes of a repeated (fall-back) hour.
+
+    Vixie cron's rule: a job with a ``*`` (a step ``*/15`` included) in its
+    minute or hour field is periodic; the others are fixed-time jobs, run
+    once. A step over a range (``0-59/15``) is periodic here too.
+    """
+    minute, hour = cron.split()[:2]
+    return any(c in field for field in (minute, hour) for c in "*/")
+
+
+def _again(tick: float, zone: ZoneInfo) -> bool:
+    """True if ``tick``'s wall-clock time in ``zone`` came once already (the fall-back pass)."""
+    return datetime.fromtimestamp(tick, zone).fold == 1
+
+
 def ticks(cron: str, timezone: str, after: float, until: float, limit: int) -> list[float]:
     """The schedule's ticks in ``(after, until]`` (epoch seconds), the first ``limit``.
 
     A cron expression whose dates never come ("0 0 30 2 *") has none: croniter
     gives up looking (``CroniterBadDateError``), and so do we, for that row only.
+    A fixed-time expression has no tick in the second pass of a repeated hour
+    (croniter gives one: the module docstring).
     """
-    it = croniter(cron, datetime.fromtimestamp(after, ZoneInfo(timezone)))
+    zone = ZoneInfo(timezone)
+    once = not repeats(cron)
+    it = croniter(cron, datetime.fromtimestamp(after, zone))
     out: list[float] = []
     while len(out) < limit:
         try:
@@ -118,6 +149,8 @@ def ticks(cron: str, timezone: str, after: float, until: float, limit: int) -> l
             break
         if tick > until:
             break
+        if once and _again(tick, zone):
+            continue
         out.append(tick)
     return out
 
@@ -129,7 +162,9 @@ def last_ticks(cron: str, timezone: str, after: float, until: float, limit: int)
     its last ``limit`` ticks, not every tick since (croniter's ``get_prev``
     leaves out where it starts: it starts at the next whole second).
     """
-    it = croniter(cron, datetime.fromtimestamp(math.floor(until) + 1, ZoneInfo(timezone)))
+    zone = ZoneInfo(timezone)
+    once = not repeats(cron)
+    it = croniter(cron, datetime.fromtimestamp(math.floor(until) + 1, zone))
     out: list[float] = []
     while len(out) < limit:
         try:
@@ -138,7 +173,7 @@ def last_ticks(cron: str, timezone: str, after: float, until: float, limit: int)
             break
         if tick <= after:
             break
-        if tick <= until:
+        if tick <= until and not (once and _again(tick, zone)):
             out.append(tick)
     out.reverse()
     return out
