@@ -140,3 +140,47 @@ def test_a_daily_schedule_fires_once_on_the_fall_back_night_and_a_periodic_one_i
     ], quarters
     assert len(quarters) == 5 * 4  # five real hours from midnight: 01:00 to 04:00 and 02:00 again
     assert runner.fired == 1 + len(quarters)
+
+
+def test_skip_fires_the_ticks_that_came_due_while_a_poll_was_busy(
+    engine: EngineProc, store: str
+) -> None:
+    # A poll that ran long (250 schedules every second on a busy engine: a
+    # few seconds) made the ticks that came due meanwhile more than
+    # SKIP_GRACE_S old at the next poll: "skip" dropped them, without a word,
+    # while the engine was up; a sixth of the ticks started no run.
+    nine = datetime(2027, 3, 1, 9, 0, 0, tzinfo=UTC).timestamp()
+    _add(store, "sched-nine", "0 9 * * *", "skip", nine - 60, "UTC")
+    _add(store, "sched-second", "* * * * * *", "skip", nine - 0.5, "UTC")
+    _add(store, "sched-one", "* * * * * *", "one", nine - 0.5, "UTC")
+    fired = Fired(engine)
+    runner = ScheduleRunner(store, fired)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            assert runner.step(nine - 0.1) == 0  # 08:59:59.9, and it took 3 s
+            assert runner.step(nine + 3.1) == 1 + 4 + 4
+        assert fired.ticks == {
+            "sched-nine": ["2027-03-01T09:00:00Z"],
+            "sched-second": [f"2027-03-01T09:00:0{s}Z" for s in range(4)],
+            "sched-one": [f"2027-03-01T09:00:0{s}Z" for s in range(4)],
+        }
+        assert not [e for e in logs if e["event"] == "schedules.skipped"]
+        # A runner that did not watch them (the engine restarted) skips what it
+        # missed, and says how many: 09:00:04 to 09:00:09 are skipped, 09:00:10 fires.
+        again = ScheduleRunner(store, fired)
+        try:
+            with structlog.testing.capture_logs() as logs:
+                assert again.step(nine + 10.5) == 2
+        finally:
+            again.stop()
+    finally:
+        runner.stop()
+    skipped = {e["schedule"]: e for e in logs if e["event"] == "schedules.skipped"}
+    assert skipped.keys() == {"sched-second", "sched-one"}
+    for sid in skipped:
+        assert fired.ticks[sid][-1] == "2027-03-01T09:00:10Z"
+        assert (skipped[sid]["skipped"], skipped[sid]["log_level"]) == (6, "warning")
+        assert (skipped[sid]["first"], skipped[sid]["last"]) == (
+            "2027-03-01T09:00:04Z",
+            "2027-03-01T09:00:09Z",
+        )
