@@ -15,18 +15,25 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from process_support import terminate, wait_for
+import httpx
+from process_support import projector_pid, terminate, wait_for
 from websockets.sync.client import connect
 
-from tiffany.shards import engine_for_key, engine_of, seq_base
+from tiffany.control import call
+from tiffany.pal.events import SEQS_PER_RECORD
+from tiffany.pal.transport import FEED_SOCKET
+from tiffany.shards import engine_for_key, engine_home, engine_of, seq_base
 
 NAP = {"name": "nap", "steps": [{"id": "nap", "tool": "sleep", "args": {"seconds": 0.2}}]}
 LONG = {"name": "long", "steps": [{"id": "wait", "tool": "sleep", "args": {"seconds": 60}}]}
@@ -308,3 +315,110 @@ def test_two_engines_on_postgresql_each_write_a_stream(tmp_path: Path, pg_schema
         assert terminate(serve) == 0, (tmp_path / "serve.log").read_text()[-3000:]
     replay = _cli(data, env, "replay", on_one["run_id"], "--verify")
     assert replay.returncode == 0, replay.stdout + replay.stderr
+
+
+GATED = {
+    "name": "gated",
+    "steps": [
+        {"id": "wait", "tool": "signal.wait", "args": {"name": "go"}},
+        {
+            "id": "w",
+            "tool": "file.write",
+            "args": {"path": "t.txt", "content": "x"},
+            "after": ["wait"],
+        },
+    ],
+}
+
+
+def _finished_on_engine(home: Path, url: str, *, projected_start: bool) -> str:
+    """Start a gated run on the engine at ``home``, follow its feed, return the id at its end.
+
+    ``projected_start``: the store shows the run before its engine's
+    projector is stopped (else its start is not in the store either).
+    """
+    answer = call(home, "submit", plan=GATED, inputs={})
+    run_id = str(answer["run_id"])
+    if projected_start:
+        assert _http(f"{url}api/runs/{run_id}?min_seq={answer['seq']}")["status"] == "running"
+    os.kill(_projector(home), signal.SIGSTOP)  # the store stops moving; the journal does not
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as feed:
+        feed.settimeout(60)
+        feed.connect(str(home / FEED_SOCKET))
+        # From the run's start (as `tail --run` follows): its end is not missed
+        # if the signal ends the run before the feed takes the subscription.
+        since = (answer["seq"] - seq_base(engine_of(answer["seq"]))) * SEQS_PER_RECORD - 1
+        feed.sendall(json.dumps({"since": since, "run_id": run_id}).encode() + b"\n")
+        call(home, "signal", run_id=run_id, name="go", payload=None)
+        for line in feed.makefile("rb"):
+            if json.loads(line).get("kind") == "run.finished":
+                return run_id
+    raise AssertionError(f"the feed ended before {run_id} finished")
+
+
+def _projector(home: Path) -> int:
+    return projector_pid(int(json.loads((home / "engine.json").read_text())["pid"]))
+
+
+def _while_behind(home: Path, send: Callable[[], Any]) -> Any:
+    """``send()`` while the projector of ``home`` is stopped; it goes on after half a second.
+
+    A re-run may wait for the store (up to 5 s); one sent to an engine that
+    does not wait for it is answered at once, from a store without the run.
+    """
+    answers: list[Any] = []
+    sender = threading.Thread(target=lambda: answers.append(send()))
+    sender.start()
+    sender.join(0.5)
+    os.kill(_projector(home), signal.SIGCONT)
+    sender.join(60)
+    return answers[0]
+
+
+def test_a_rerun_sent_as_its_run_finishes_reaches_the_store_of_the_engine_that_ran_it(
+    tmp_path: Path,
+) -> None:
+    # Following the feed (`tiffany tail`, the dashboard) and re-running at
+    # run.finished: the engine that took the re-run (round robin, or the
+    # key's) waited for its own projection only, read the store before the
+    # other engine's projection held the run's end, and refused the re-run
+    # as unknown (404) or not finished (409). Engine 1's projector is held
+    # back (SIGSTOP) to make its lag certain.
+    data = tmp_path / "data"
+    env = _env()
+    serve = _serve(data, 2, env, "serve.log")
+    try:
+        url = _up(data)["url"]
+        one = engine_home(data, 1)  # every source run on engine 1, the re-runs anywhere
+        keys = iter([k for k in (f"again-{i}" for i in range(40)) if engine_for_key(k, 2) == 0])
+        for i in range(8):  # no key (round robin: engine 0 half the time) and a key of engine 0
+            source = _finished_on_engine(one, url, projected_start=i % 4 >= 2)
+            headers = {"Idempotency-Key": next(keys)} if i % 2 else {}
+
+            def rerun(source: str = source, headers: dict[str, str] = headers) -> httpx.Response:
+                return httpx.post(
+                    f"{url}api/runs/{source}/rerun",
+                    json={"from_step": "w"},
+                    headers=headers,
+                    timeout=30,
+                )
+
+            again = _while_behind(one, rerun)
+            assert again.status_code == 201, (i, again.text)
+            new = again.json()
+            run = _finished(url, new["run_id"], new["seq"])
+            assert run["status"] == "succeeded", run
+            assert run["entry"]["rerun_of"]["run_id"] == source
+            if headers:  # the key's engine took it, and remembers it
+                assert engine_of(new["seq"]) == 0
+                same = rerun()
+                assert (same.status_code, same.json()["run_id"]) == (200, new["run_id"])
+            else:  # the engine of the source run
+                assert engine_of(new["seq"]) == 1
+        # `tiffany rerun` beside the server, likewise.
+        source = _finished_on_engine(one, url, projected_start=False)
+        cli = _while_behind(one, lambda: _cli(data, env, "rerun", source, "--from", "w"))
+        assert cli.returncode == 0, cli.stderr
+        assert _http(f"{url}api/runs/{cli.stdout.strip()}")["entry"]["rerun_of"]["run_id"] == source
+    finally:
+        assert terminate(serve) == 0, (tmp_path / "serve.log").read_text()[-3000:]

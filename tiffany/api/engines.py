@@ -12,6 +12,14 @@ the API talks to each over its control socket in the engine's home
 - **a run's commands** (cancel, verify): to the engine whose seqs hold the
   run's RUN_START (the store's ``start_seq``); a run the store does not
   show yet is asked of every engine, each answering only for runs it holds.
+- **a re-run** (a submission that reads its source run from the store):
+  an engine waits only for its own projection before it reads, so the
+  store must first hold the source run's end, which its own engine wrote
+  (the store's ``start_seq`` names it). Without a key, to that engine;
+  with one, to the key's engine (it remembers the key: a re-run sent again
+  is the same run, a key used for another submission a conflict), once the
+  source's engine's projection holds what it has written. A run the store
+  does not show yet: every engine's projection first, then as above.
 - **min_seq**: the seq names its engine; the read waits for that engine's
   projection.
 
@@ -27,9 +35,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -41,7 +49,12 @@ from tiffany.control import AsyncControlClient, ControlError, ControlUnavailable
 from tiffany.shards import engine_for_key, engine_home, engine_of
 from tiffany.store.models import PROJECTED_CHANNEL
 
-__all__ = ["Engines", "merge_metrics"]
+__all__ = ["RERUN_SOURCE_WAIT_S", "Engines", "merge_metrics"]
+
+#: How long a re-run waits for the store to hold its source run's engine's writes, in seconds.
+RERUN_SOURCE_WAIT_S: Final = 5.0
+#: Above every seq (they stay below 2^53): ``wait_projected`` answers at once with ``written_seq``.
+_BEYOND_EVERY_SEQ: Final = 1 << 62
 
 
 class Engines:
@@ -121,6 +134,64 @@ class Engines:
                 refused = exc
         assert refused is not None
         raise refused
+
+    async def rerun(
+        self, key: str | None, owner: Callable[[], Awaitable[int | None]], **fields: Any
+    ) -> dict[str, Any]:
+        """Submit a re-run (``rerun_of``) where the store holds its source run (module docstring).
+
+        ``owner`` reads the store: the engine whose journal started the
+        source run, or None if the store does not show it.
+
+        Raises:
+            ControlError: 503 when an engine's projection did not catch up in
+                :data:`RERUN_SOURCE_WAIT_S`; the engine's refusals (404, 409, 422).
+        """
+        n = len(self.controls)
+        if self.db is not None or n == 1:
+            return await self.submit(key, plan=None, **fields)
+        engine = await owner()
+        if engine is None:  # started and ended within a projection's gathering, or unknown
+            await self._caught_up(range(n))
+            engine = await owner()
+        if engine is None or engine >= n:
+            return await self.submit(
+                key, plan=None, **fields
+            )  # the engines' 404 (or a retired one's run)
+        if key is None:
+            try:  # it waits for its own projection, which holds the source run's end
+                return await self.controls[engine].request("submit", key=None, plan=None, **fields)
+            except ControlUnavailable:
+                pass  # restarting: another engine reads what the store holds
+            except ControlError as exc:
+                if exc.status != 503:
+                    raise
+            return await self.submit(None, plan=None, **fields)
+        if engine != engine_for_key(key, n):
+            await self._caught_up([engine])
+        return await self.submit(key, plan=None, **fields)
+
+    async def _caught_up(self, engines: Iterable[int]) -> None:
+        """Wait until the store holds what each of ``engines`` has written (an engine away: not)."""
+
+        async def one(engine: int) -> None:
+            try:
+                now = await self.controls[engine].request(
+                    "wait_projected", seq=0, wait_s=0, max_seq=_BEYOND_EVERY_SEQ
+                )
+            except ControlUnavailable:
+                return  # nothing is written meanwhile; what the store holds is the answer
+            written = int(now.get("written_seq", 0))
+            reached = await self.watermarks[engine].wait(written, RERUN_SOURCE_WAIT_S)
+            if reached < written:
+                raise ControlError(
+                    503,
+                    f"the store is at seq {reached} of engine {engine} and did not reach seq "
+                    f"{written} within {RERUN_SOURCE_WAIT_S:g} s; retry",
+                    {"min_seq": written, "store_seq": reached},
+                )
+
+        await asyncio.gather(*(one(engine) for engine in engines))
 
     async def check_plan(self, plan: Any, inputs: Any) -> None:
         """Have an engine of this host check a plan (422 if invalid); no engine here: no check.

@@ -256,8 +256,64 @@ def rerun(
     fields: dict[str, Any] = {"rerun_of": run_id, "inputs": _parse_inputs(inputs)}
     if from_step is not None:
         fields["from_step"] = from_step
-    answer = _submit(ctx, None, **fields)
+    answer = _submit_rerun(ctx, run_id, fields)
     typer.echo(answer["run_id"])
+
+
+#: How long ``rerun`` waits for the store to hold an engine's writes, in seconds.
+RERUN_SOURCE_WAIT_S = 5.0
+
+
+def _submit_rerun(ctx: typer.Context, run_id: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """Submit a re-run to the engine that holds its source run, as the API does.
+
+    The engine that takes a re-run reads the source run from the store once
+    its own projection holds what it has written; another engine's would
+    not wait for the source run's end (a 404 or 409 right after it
+    finished). The store names the run's engine (its ``start_seq``); a run
+    it does not show yet is looked up again once every engine's writes are
+    in (``tiffany/api/engines.py``). An engine away: any other.
+    """
+    from tiffany.cli import _settings
+    from tiffany.control import ControlError, ControlUnavailable, call
+
+    homes = _homes(ctx)
+    if _settings(ctx).journal == "postgres" or len(homes) == 1:
+        return _submit(ctx, None, **fields)
+    engine = _engine_of_run(ctx, run_id)
+    if engine is None:
+        with _answered():
+            for home in homes:
+                with contextlib.suppress(ControlUnavailable):
+                    now = call(home, "wait_projected", seq=0, wait_s=0, max_seq=1 << 62)
+                    written = int(now.get("written_seq", 0))
+                    call(home, "wait_projected", seq=written, wait_s=RERUN_SOURCE_WAIT_S)
+        engine = _engine_of_run(ctx, run_id)
+    if engine is not None and engine < len(homes):
+        with _answered():
+            try:
+                return call(homes[engine], "submit", key=None, **fields)
+            except ControlUnavailable:
+                pass
+            except ControlError as exc:
+                if exc.status != 503:
+                    raise
+    return _submit(ctx, None, **fields)
+
+
+def _engine_of_run(ctx: typer.Context, run_id: str) -> int | None:
+    """The engine whose journal started ``run_id``, as the store says (None: not there)."""
+    from tiffany.cli import _settings
+    from tiffany.shards import engine_of
+    from tiffany.store import make_engine, queries, session_factory
+
+    store = make_engine(_settings(ctx).database_url)
+    try:
+        with session_factory(store)() as session:
+            start = queries.start_seq_of(session, run_id)
+    finally:
+        store.dispose()
+    return None if start is None else engine_of(start)
 
 
 def signal(

@@ -446,7 +446,7 @@ async def rerun_run(
     fields: dict[str, Any] = {"rerun_of": run_id, "inputs": asked.inputs or {}}
     if asked.from_step is not None:
         fields["from_step"] = asked.from_step
-    answer = await state.engines.submit(idempotency_key, plan=None, **fields)
+    answer = await state.engines.rerun(idempotency_key, lambda: _owner(state, run_id), **fields)
     new_id, seq = str(answer["run_id"]), int(answer["seq"])
     created = bool(answer.get("created", True))
     structlog.contextvars.bind_contextvars(run_id=new_id, rerun_of=run_id, seq=seq)
