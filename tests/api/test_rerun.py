@@ -27,6 +27,7 @@ from api_support import (
 from process_support import terminate, wait_for
 
 from tiffany import control
+from tiffany.pal.events import SEQS_PER_RECORD
 from tiffany.pal.transport import FEED_SOCKET
 
 
@@ -131,12 +132,18 @@ def test_the_cli_reruns_beside_the_running_server(served) -> None:
     assert _counts(data_dir, second) == {"a": 1, "b": 1, "c": 1, "d": 1}
 
 
-def _follow_until_finished(data_dir: Path, run_id: str, signal_name: str) -> None:
-    """Follow the engine's feed (as ``tiffany tail`` does), signal the run, return at its end."""
+def _follow_until_finished(data_dir: Path, run_id: str, seq: int, signal_name: str) -> None:
+    """Follow the engine's feed (as ``tiffany tail`` does), signal the run, return at its end.
+
+    From the run's start (``seq``), as ``tail --run`` follows: from now on
+    (``since: null``), a run the signal ended before the feed took the
+    subscription never showed its end, and the test waited for its timeout.
+    """
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as feed:
         feed.settimeout(60)
         feed.connect(str(data_dir / FEED_SOCKET))
-        feed.sendall(json.dumps({"since": None, "run_id": run_id}).encode() + b"\n")
+        since = seq * SEQS_PER_RECORD - 1  # one engine: its seqs start at 1
+        feed.sendall(json.dumps({"since": since, "run_id": run_id}).encode() + b"\n")
         control.call(data_dir, "signal", run_id=run_id, name=signal_name, payload=None)
         for line in feed.makefile("rb"):
             if json.loads(line).get("kind") == "run.finished":
@@ -153,8 +160,9 @@ def test_a_run_is_rerun_as_soon_as_the_feed_says_it_finished(served) -> None:
     gated = [{**s, "after": [*s["after"], "wait"]} for s in PLAN["steps"]]
     plan = {**PLAN, "steps": [wait, *gated]}
     for _ in range(3):
-        first = submit_plan(url, plan)["run_id"]
-        _follow_until_finished(data_dir, first, "go")
+        submitted = submit_plan(url, plan)
+        first = submitted["run_id"]
+        _follow_until_finished(data_dir, first, submitted["seq"], "go")
         again = control.call(data_dir, "submit", rerun_of=first, inputs={"gate": "count.txt"})
         run = finished_run(url, again["run_id"])
         assert run["status"] == "succeeded", run["error"]  # the wait reused, not waited again
