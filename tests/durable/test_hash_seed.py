@@ -68,6 +68,19 @@ def _env(cwd: Path, seed: int) -> dict[str, str]:
     return env | {"PYTHONHASHSEED": str(seed), "PYTHONPATH": str(cwd), "TIFFANY_LOG_FORMAT": "json"}
 
 
+def _cli(cwd: Path, data: Path, seed: int, *args: str) -> subprocess.CompletedProcess[str]:
+    """``tiffany --data-dir DATA ARGS`` in ``cwd`` under hash seed ``seed``."""
+    return subprocess.run(
+        [sys.executable, "-m", "tiffany", "--data-dir", str(data), *args],
+        cwd=cwd,
+        env=_env(cwd, seed),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 def _serve(cwd: Path, data: Path, seed: int) -> tuple[subprocess.Popen[bytes], str]:
     proc = subprocess.Popen(
         serve_argv(data, 0, "--import", "seedtools"),
@@ -135,17 +148,8 @@ def test_a_run_holding_a_set_recovers_and_verifies_under_other_hash_seeds(cwd: P
     assert run["outputs"] == {"words": WORDS}
     assert _step(run, "go")["output"] == {"by": "test"}
     # ... and the whole run verifies in processes with other seeds still.
-    replay = [sys.executable, "-m", "tiffany", "--data-dir", str(data), "replay", run_id]
     for seed in (3, 4):
-        verify = subprocess.run(
-            [*replay, "--verify", "--json"],
-            cwd=cwd,
-            env=_env(cwd, seed),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        verify = _cli(cwd, data, seed, "replay", run_id, "--verify", "--json")
         assert verify.returncode == 0, verify.stdout[-2000:] + verify.stderr[-2000:]
         assert json.loads(verify.stdout)["ok"] is True
 
@@ -159,18 +163,9 @@ def test_a_plan_whose_output_is_a_set_of_pairs_verifies_in_any_process(tmp_path:
             {"name": "pairs", "steps": [step], "outputs": {"pairs": "${steps.pairs.output}"}}
         )
     )
-    tiffany = [sys.executable, "-m", "tiffany", "--data-dir", str(tmp_path / "d")]
 
     def cli(seed: int, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*tiffany, *args],
-            cwd=tmp_path,
-            env=_env(tmp_path, seed),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        return _cli(tmp_path, tmp_path / "d", seed, *args)
 
     run = cli(1, "run", str(plan), "--json", "--import", "seedtools")
     assert run.returncode == 0, run.stderr[-3000:]
