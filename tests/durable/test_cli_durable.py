@@ -179,7 +179,12 @@ def test_runs_lists_newest_first_with_ages_and_tells_an_interrupted_run(tmp_path
     # Ctrl-C right after the wait began (it once landed inside the dispatch and
     # journaled the worker's records twice: the resumed run then diverged).
     waiting.send_signal(signal.SIGINT)
-    _, err = waiting.communicate(timeout=60)
+    waiting.wait(timeout=60)
+    # Read through the pipes' file objects, not communicate(): the probe's
+    # readline() may have read ahead into their buffers (the hint and the
+    # message after the stall came in one read), which communicate() never sees.
+    assert waiting.stderr is not None
+    err = waiting.stderr.read()
     assert waiting.returncode == 130, err
     # The loop stops once the run only waits (one group commit after the wait
     # began, when the hint is printed): the Ctrl-C lands in the loop (the
