@@ -88,6 +88,17 @@ _encode_body: Final = encode_body
 MAX_BODY_BYTES: Final = MAX_RECORD_BYTES - RUN_PREFIX.size
 
 
+def _fitted(rec: Record) -> tuple[bytes, str] | tuple[None, str]:
+    """``(body, "")`` when ``rec`` encodes within a record; else ``(None, why not)``."""
+    try:
+        body = _encode_body(rec)
+    except (OverflowError, TypeError, msgspec.EncodeError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    if len(body) > MAX_BODY_BYTES:
+        return None, f"{len(body):,} bytes encoded"
+    return body, ""
+
+
 class Recorder:
     """Append a run's records to the WAL and commit them by the group-commit policy.
 
@@ -141,14 +152,10 @@ class Recorder:
         compares as such. Each step's result fit a record (see :meth:`woken`),
         but a task may put several together (a plan's outputs).
         """
-        try:
-            body = _encode_body(rec)
-            if len(body) <= MAX_BODY_BYTES:
-                self._append_body(run, rec.rtype, body)
-                return rec.value
-            why = f"{len(body):,} bytes encoded"
-        except (OverflowError, TypeError, msgspec.EncodeError) as exc:
-            why = f"{type(exc).__name__}: {exc}"
+        body, why = _fitted(rec)
+        if body is not None:
+            self._append_body(run, rec.rtype, body)
+            return rec.value
         value = stand_in(result)
         log.warning(
             "journal.result_cut",
@@ -184,13 +191,8 @@ class Recorder:
         if err is not None:
             self.append(meta.run, Wake(meta.run.n, meta.ltid, cause, False, pack_error(err)))
             return
-        rec = Wake(meta.run.n, meta.ltid, cause, True, pack_value(value))
-        try:
-            body = _encode_body(rec)
-            why = None if len(body) <= MAX_BODY_BYTES else f"{len(body):,} bytes encoded"
-        except (OverflowError, TypeError, msgspec.EncodeError) as exc:
-            why = f"{type(exc).__name__}: {exc}"
-        if why is not None:
+        body, why = _fitted(Wake(meta.run.n, meta.ltid, cause, True, pack_value(value)))
+        if body is None:
             body = self._refuse(meta.run, task, call, why)
         self._append_body(meta.run, RecordType.WAKE, body)
 
