@@ -20,9 +20,10 @@ op             request fields                        answer (``ok: true``)
                finished run), ``from_step``          same for a repeated key)
                (optional) and ``inputs``
 ``wait_``      ``seq``, ``wait_s`` (at most          ``last_seq`` (the store's watermark),
-``projected``  :data:`MAX_WAIT_PROJECTED_S`)         ``reached`` (``last_seq >= seq``); answered
-                                                     as soon as the projector reports it, or
-                                                     after ``wait_s`` with ``reached: false``
+``projected``  :data:`MAX_WAIT_PROJECTED_S`); or     ``reached`` (``last_seq >= seq``); answered
+               ``written: true`` for all the engine  as soon as the projector reports it, or
+               has written (answered with its seq,   after ``wait_s`` with ``reached: false``
+               ``written_seq``)
 ``cancel``     ``run_id``                            ``run_id``, ``status: "cancelling"``
 ``signal``     ``run_id``, ``name``, ``payload``     ``run_id``, ``name``, ``signal_id``,
                (any JSON), ``signal_id`` (optional;  ``seq`` (the WAL seq of the signal's

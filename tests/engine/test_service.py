@@ -114,6 +114,20 @@ def test_submit_answers_once_durable_and_the_store_follows(engine: EngineProc) -
     )
 
 
+def test_wait_projected_for_all_the_engine_has_written(engine: EngineProc) -> None:
+    """``written: true``: the store holds every record the engine wrote when asked.
+
+    How a reader of another engine's run waits (a re-run, ``tail --run``),
+    in one request: it knows no seq of that engine.
+    """
+    answer = engine.call("submit", plan=SLEEPY, inputs={})
+    got = engine.call("wait_projected", written=True, wait_s=10)
+    assert got["reached"] is True
+    assert got["written_seq"] >= answer["seq"]
+    assert got["last_seq"] >= got["written_seq"]
+    assert store_run(engine.data_dir, answer["run_id"], timeout=0.1)["run_id"] == answer["run_id"]
+
+
 def test_invalid_plans_name_the_field(engine: EngineProc) -> None:
     bad = {
         "name": "bad",

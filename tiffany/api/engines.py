@@ -53,8 +53,6 @@ __all__ = ["RERUN_SOURCE_WAIT_S", "Engines", "merge_metrics"]
 
 #: How long a re-run waits for the store to hold its source run's engine's writes, in seconds.
 RERUN_SOURCE_WAIT_S: Final = 5.0
-#: Above every seq (they stay below 2^53): ``wait_projected`` answers at once with ``written_seq``.
-_BEYOND_EVERY_SEQ: Final = 1 << 62
 
 
 class Engines:
@@ -177,13 +175,12 @@ class Engines:
         async def one(engine: int) -> None:
             try:
                 now = await self.controls[engine].request(
-                    "wait_projected", seq=0, wait_s=0, max_seq=_BEYOND_EVERY_SEQ
+                    "wait_projected", written=True, wait_s=RERUN_SOURCE_WAIT_S
                 )
             except ControlUnavailable:
                 return  # nothing is written meanwhile; what the store holds is the answer
-            written = int(now.get("written_seq", 0))
-            reached = await self.watermarks[engine].wait(written, RERUN_SOURCE_WAIT_S)
-            if reached < written:
+            if not now.get("reached"):
+                written, reached = now.get("written_seq"), now.get("last_seq")
                 raise ControlError(
                     503,
                     f"the store is at seq {reached} of engine {engine} and did not reach seq "

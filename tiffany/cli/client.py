@@ -285,9 +285,7 @@ def _submit_rerun(ctx: typer.Context, run_id: str, fields: dict[str, Any]) -> di
         with _answered():
             for home in homes:
                 with contextlib.suppress(ControlUnavailable):
-                    now = call(home, "wait_projected", seq=0, wait_s=0, max_seq=1 << 62)
-                    written = int(now.get("written_seq", 0))
-                    call(home, "wait_projected", seq=written, wait_s=RERUN_SOURCE_WAIT_S)
+                    call(home, "wait_projected", written=True, wait_s=RERUN_SOURCE_WAIT_S)
         engine = _engine_of_run(ctx, run_id)
     if engine is not None and engine < len(homes):
         with _answered():
@@ -490,8 +488,7 @@ def _run_start(ctx: typer.Context, run_id: str) -> tuple[int, int, str | None]:
 
     with _answered():
         for home in _homes(ctx):
-            durable = int(call(home, "status")["durable_seq"])
-            call(home, "wait_projected", seq=durable)
+            call(home, "wait_projected", written=True)
     store = make_engine(_settings(ctx).database_url)
     try:
         with session_factory(store)() as session:

@@ -456,8 +456,17 @@ class ControlRequests:
             return signal_record(session, run_id, signal_id)
 
     def _wait_projected(self, request: dict[str, Any]) -> Future[dict[str, Any]]:
-        """Answer once the store holds ``seq`` (or after ``wait_s``); holds no thread."""
+        """Answer once the store holds ``seq`` (or after ``wait_s``); holds no thread.
+
+        ``"written": true`` instead of a ``seq``: everything this engine has
+        written so far (a reader of another engine's run, a re-run, ``tail
+        --run``: what it saw on the feed is in the store then). The answer
+        names that seq (``written_seq``).
+        """
         seq, wait_s = request.get("seq"), request.get("wait_s", MAX_WAIT_PROJECTED_S)
+        if request.get("written") is True:
+            seq = self.runtime.wal.next_seq - 1
+            return _with_seq(self.projector.when_projected(seq, _bounded(wait_s)), seq)
         if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
             msg = "must be an integer >= 0"
             raise ControlError(422, f"seq {msg}", [{"loc": "seq", "msg": msg}])
@@ -472,7 +481,7 @@ class ControlRequests:
             last = self.projector.last_seq
             done.set_result({"last_seq": last, "reached": last >= seq, "written_seq": written})
             return done
-        return self.projector.when_projected(seq, min(float(wait_s), MAX_WAIT_PROJECTED_S))
+        return self.projector.when_projected(seq, _bounded(wait_s))
 
     def _verify(self, run_id: str, *, live: bool = False) -> dict[str, Any]:
         if not run_id:
@@ -623,3 +632,18 @@ class ControlRequests:
         if not self.runtime.journal.request_cancel(run_id, reason):
             raise ControlError(409, f"run {run_id} already finished", {"status": run.status})
         return {"run_id": run_id, "status": "cancelling"}
+
+
+def _bounded(wait_s: Any) -> float:
+    """A ``wait_projected`` wait, within :data:`MAX_WAIT_PROJECTED_S` (a bad one: none)."""
+    if not isinstance(wait_s, int | float) or isinstance(wait_s, bool) or wait_s < 0:
+        return 0.0
+    return min(float(wait_s), MAX_WAIT_PROJECTED_S)
+
+
+def _with_seq(fut: Future[dict[str, Any]], seq: int) -> Future[dict[str, Any]]:
+    """``fut``'s answer with ``written_seq`` (the seq it waited for) added."""
+    out: Future[dict[str, Any]] = Future()
+    fut.add_done_callback(lambda f: out.set_result({**f.result(), "written_seq": seq}))
+    return out
+
