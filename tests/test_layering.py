@@ -78,12 +78,12 @@ LAYERS: dict[str, Layer] = {
     # The journal's records: one typed definition every reader and writer imports.
     "records": Layer(_parts("errors", "values"), _parts("msgspec")),
     "durable": Layer(_parts("errors", "kernel", "wal", "records", "values")),
-    "pal": Layer(_parts("errors")),
+    "pal": Layer(_parts("errors", "values")),
     # The control channel's protocol and clients (engine <- API commands).
     "control": Layer(_parts("errors"), CODEC_LIBS),
     "store": Layer(_parts("errors", "config", "records", "shards")),
     # records: only TaskLabel, the role and plan step a spawned task serves.
-    "agents": Layer(_parts("errors", "kernel", "io", "documents", "records")),
+    "agents": Layer(_parts("errors", "kernel", "io", "documents", "records", "values")),
     # Data only: the plans that ship with Tiffany (the demo plan).
     "plans": Layer(STDLIB_ONLY, STDLIB_ONLY),
     # The kernel demo run by `tiffany demo`.

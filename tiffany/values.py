@@ -35,6 +35,13 @@ Invariants:
     - :func:`pack_value` copies only what it changes: a list or dict with
       nothing to pack inside comes back as itself (the common step result
       costs one pass over its items, no copy).
+    - Data never makes the text of a stand-in, or :func:`text_of`, raise or
+      fail to encode: a ``repr`` or ``str`` that raises is named instead,
+      and lone surrogates are escaped (:func:`journal_text`). Packing and
+      encoding a value may still raise, but only one of
+      :data:`ENCODE_ERRORS`, which every record writer catches
+      (``durable/recorder.py``), and :func:`encodable` makes any value
+      encodable.
 
 Discussion: this was the second half of ``tiffany/records.py``. The two
 change for different reasons: a record's layout is the journal's own and
@@ -56,14 +63,18 @@ from typing import Any, Final
 import msgspec
 
 __all__ = [
+    "ENCODE_ERRORS",
     "STAND_IN_CHARS",
     "Unencodable",
     "canonical",
+    "encodable",
     "ext_hook",
+    "journal_text",
     "legacy_canonical",
     "pack_value",
     "stand_in",
     "stand_in_text",
+    "text_of",
     "unpack_value",
 ]
 
@@ -287,11 +298,17 @@ STAND_IN_CHARS: Final = 2000
 def stand_in_text(value: Any) -> str:
     """Return what the journal keeps of a value it cannot store: its repr, cut.
 
-    (Of a stand-in, the text it kept.)
+    (Of a stand-in, the text it kept.) Never raises: a ``repr`` that raises
+    is named instead, and the text's lone surrogates (a ``__repr__`` may
+    return any string) are escaped (:func:`journal_text`).
     """
     if value.__class__ is Unencodable:
         return value.repr
-    return repr(value)[:STAND_IN_CHARS]
+    try:
+        text = repr(value)
+    except Exception as exc:  # noqa: BLE001 - a hostile __repr__ (or one too deep): named
+        text = f"<{type(value).__qualname__} object: repr() raised {type(exc).__name__}>"
+    return journal_text(text[:STAND_IN_CHARS])
 
 
 def stand_in(value: Any) -> msgspec.msgpack.Ext:
@@ -302,6 +319,97 @@ def stand_in(value: Any) -> msgspec.msgpack.Ext:
     value it computed (``durable/dispatch.py``: ``same``).
     """
     return msgspec.msgpack.Ext(_EXT_UNENCODABLE, stand_in_text(value).encode())
+
+
+#: What packing (:func:`pack_value`) and encoding a value can raise because of
+#: what it holds, never because of a bug: a lone surrogate (``"x\ud800y"``, from
+#: a JSON ``\ud800`` escape: ``UnicodeEncodeError``, a ``ValueError``), an
+#: integer past 64 bits (``OverflowError``), a mapping key msgpack has no form
+#: for (``TypeError``), a structure nested too deep or holding itself
+#: (``RecursionError``).
+ENCODE_ERRORS: Final = (msgspec.EncodeError, TypeError, ValueError, OverflowError, RecursionError)
+
+
+def journal_text(text: str) -> str:
+    r"""Return ``text`` as the journal keeps text: lone surrogates escaped (``\ud800``).
+
+    For text a record must hold whatever it is (a task's or step's name, an
+    error's message, a dispatch's argument): UTF-8 cannot encode a lone
+    surrogate, so it is kept as its backslash escape. Other text comes back
+    as itself.
+    """
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def text_of(value: Any) -> str:
+    """Return ``str(value)`` as the journal (or an observer) keeps text; never raises.
+
+    A ``__str__`` that raises is named instead (:func:`stand_in_text` rules),
+    lone surrogates are escaped (:func:`journal_text`).
+    """
+    if value.__class__ is not str:
+        try:
+            value = str(value)
+        except Exception as exc:  # noqa: BLE001 - a hostile __str__: named
+            return f"<{type(value).__qualname__} object: str() raised {type(exc).__name__}>"
+    return journal_text(value)
+
+
+def encodable(value: Any, leaf: Any = stand_in) -> Any:
+    """Return ``value`` (packed, or plain data) in a form that always encodes.
+
+    Its text with lone surrogates escaped (:func:`journal_text`), lists,
+    tuples and dicts walked (a key that is no text, number, bool or None:
+    its stand-in's text), and any other part that does not encode (an
+    integer past 64 bits, an object) replaced by ``leaf(part)``: its
+    stand-in (msgpack), or for JSON, :func:`stand_in_text`. A value nested
+    deeper than the interpreter recurses is replaced whole. Never raises.
+
+    For what must be recorded or shown whatever it holds (an error's
+    arguments, a record's fallback, a feed event); a step's *result* is not
+    made to fit this way: it fails its step (``journal.value``).
+    """
+    try:
+        return _encodable(value, leaf)
+    except RecursionError:
+        return leaf(value)
+
+
+_SCALARS: Final = (float, bool, bytes, type(None), msgspec.msgpack.Ext)
+_INT_MIN: Final = -(2**63)
+_INT_END: Final = 2**64
+
+
+def _encodable(value: Any, leaf: Any) -> Any:
+    cls = value.__class__
+    if cls is str:
+        return journal_text(value)
+    if cls is int:
+        return value if _INT_MIN <= value < _INT_END else leaf(value)
+    if cls in _SCALARS:
+        return value if cls is not msgspec.msgpack.Ext or leaf is stand_in else leaf(value)
+    if cls is list or cls is tuple:
+        return [_encodable(v, leaf) for v in value]
+    if cls is dict:
+        return {_encodable_key(k): _encodable(v, leaf) for k, v in value.items()}
+    return leaf(value)
+
+
+def _encodable_key(key: Any) -> Any:
+    cls = key.__class__
+    if cls is str:
+        return journal_text(key)
+    if cls is int:
+        return key if _INT_MIN <= key < _INT_END else stand_in_text(key)
+    if cls is float or cls is bool or key is None:
+        return key
+    return stand_in_text(key)
 
 
 def unpack_value(value: Any) -> Any:

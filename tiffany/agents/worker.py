@@ -43,6 +43,7 @@ from tiffany.agents.tools.workspace import ensure_workspace
 from tiffany.errors import TaskCrashed, TaskKilled, TiffanyError, WaitTimeout
 from tiffany.kernel import KillTask, NewTask, Now, Queue, Sleep, Step, WaitTask
 from tiffany.records import JOURNAL_COMPAT, TaskLabel
+from tiffany.values import text_of
 
 if TYPE_CHECKING:
     from tiffany.agents.registry import ToolRegistry
@@ -122,12 +123,23 @@ class StepOutcome:
 
 
 def error_info(exc: BaseException) -> dict[str, Any]:
-    """Return a JSON-able description of an error (code, type, message, fields)."""
-    info: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
+    """Return a JSON-able description of an error (code, type, message, fields).
+
+    Its text is as the journal keeps text (:func:`~tiffany.values.text_of`):
+    a message holding a lone surrogate (a remote server's, a model's) is
+    kept escaped, and a ``__str__`` that raises is named, so that a failed
+    attempt is journaled with its message instead of failing again as a
+    value that cannot be journaled.
+    """
+    info: dict[str, Any] = {"type": type(exc).__name__, "message": text_of(exc)}
     if isinstance(exc, TiffanyError):
         info["code"] = exc.code
         info.update(
-            {k: v for k, v in exc.fields.items() if isinstance(v, str | int | float | bool)}
+            {
+                k: text_of(v) if isinstance(v, str) else v
+                for k, v in exc.fields.items()
+                if isinstance(v, str | int | float | bool)
+            }
         )
     return info
 

@@ -30,7 +30,14 @@ from tiffany.kernel import (
     WaitTask,
 )
 from tiffany.records import MAX_ARG_CHARS
-from tiffany.values import Unencodable, canonical, legacy_canonical, stand_in_text
+from tiffany.values import (
+    ENCODE_ERRORS,
+    Unencodable,
+    canonical,
+    legacy_canonical,
+    stand_in_text,
+    text_of,
+)
 
 __all__ = ["CARRIED_CALLS", "MAX_ARG_CHARS", "carried", "describe", "is_generator_step", "same"]
 
@@ -46,7 +53,18 @@ def describe(ltid_of: Callable[[int], int | None], y: Any) -> tuple[str, Any]:
     """Return the (kind, argument) recorded for a yielded value.
 
     ``ltid_of`` maps a global task id to its run-local id (for joins and kills).
+    An argument that is not a number is recorded as text: ``str()`` of it,
+    cut to ``MAX_ARG_CHARS``, made encodable (:func:`~tiffany.values.text_of`:
+    a name holding a lone surrogate is kept escaped, a ``__str__`` that
+    raises is named), the same for the recorder and the replay.
     """
+    kind, arg = _described(ltid_of, y)
+    if arg is not None and not isinstance(arg, int | float | bool):
+        arg = text_of(arg)[:MAX_ARG_CHARS]
+    return kind, arg
+
+
+def _described(ltid_of: Callable[[int], int | None], y: Any) -> tuple[str, Any]:
     if y is None:
         return "yield", None
     if y is RETURNED:
@@ -109,6 +127,9 @@ def same(recorded: Any, actual: Any) -> bool:
     """
     if recorded.__class__ is Unencodable:
         return recorded.repr == stand_in_text(actual)
-    if canonical(recorded) == canonical(actual):
-        return True
-    return bool(legacy_canonical(recorded) == legacy_canonical(actual))
+    try:
+        if canonical(recorded) == canonical(actual):
+            return True
+        return bool(legacy_canonical(recorded) == legacy_canonical(actual))
+    except ENCODE_ERRORS:  # the replay's value has no journaled form: not the recorded one
+        return False

@@ -75,7 +75,7 @@ from tiffany.durable.gate import HeldStep, StepGate
 from tiffany.durable.recorder import GROUP_COMMIT_MAX_S, Recorder
 from tiffany.durable.records import pack_error
 from tiffany.durable.replayer import RecoveryError, ReplayCursor, Replayer
-from tiffany.errors import SystemCallMisuse, TiffanyError
+from tiffany.errors import SystemCallMisuse, TiffanyError, UnjournalableValue
 from tiffany.kernel import (
     PARKED,
     Instrument,
@@ -109,7 +109,7 @@ from tiffany.records import (
     as_list,
     root_role,
 )
-from tiffany.values import pack_value, unpack_value
+from tiffany.values import ENCODE_ERRORS, pack_value, stand_in, text_of, unpack_value
 from tiffany.wal import Log
 
 __all__ = [
@@ -178,6 +178,8 @@ class SignalRequest:
     payload: Any
     signal_id: str
     done: Callable[[int, str | None], None]
+    #: The WAKE's value: ``[name, payload packed, signal_id]`` (known to encode).
+    value: Any = None
 
 
 @dataclass(eq=False, slots=True)
@@ -261,15 +263,23 @@ class Journal(Instrument):
         With ``replay``, the run's records already exist: nothing is
         appended until the replay reaches their end; ``compat`` is the
         version its RUN_START holds.
+
+        Raises:
+            TiffanyError: ``run_id`` exists.
+            UnjournalableValue: ``entry`` (or ``name``) has no journaled form
+                (a lone surrogate, an integer past 64 bits, too large);
+                nothing was started.
         """
         if run_id in self.runs:
             raise TiffanyError(f"run {run_id} exists", run_id=run_id)
         no = run_no if run_no is not None else self._next_run_no
-        self._next_run_no = max(self._next_run_no, no + 1)
         run = RunState(no, run_id, name, no.to_bytes(4, "little"), replay=replay, on_end=on_end)
-        if replay is None:
-            self._append(run, RunStart(run_id, name, entry, self.sched.clock.time(), run.compat))
-        else:
+        if replay is None:  # raises UnjournalableValue for an entry with no journaled form
+            self.recorder.start(
+                run, RunStart(run_id, name, entry, self.sched.clock.time(), run.compat)
+            )
+        self._next_run_no = max(self._next_run_no, no + 1)
+        if replay is not None:
             run.compat = compat
             self.replayer.runs.append(run)
         self.runs[run_id] = run
@@ -308,11 +318,30 @@ class Journal(Instrument):
         ``done`` is called on the loop once the signal's record is appended
         (see :class:`SignalRequest`); it is durable at that wait stage's
         commit. A run still being replayed gets its signals once it is live.
+
+        Raises:
+            UnjournalableValue: The name, payload or id has no journaled
+                form (checked here, where the sender can be told).
         """
         run = self.runs.get(run_id)
         if run is None or run.status != "running":
             return False
-        self._signals.append(SignalRequest(run, name, payload, signal_id, done))
+        try:
+            value = [name, pack_value(payload), signal_id]
+        except ENCODE_ERRORS as exc:  # a payload holding itself
+            value, (body, why) = None, (None, f"{type(exc).__name__}: {text_of(exc)}")
+        else:
+            body, why = self.recorder.fits(Wake(run.n, 0, "signal", True, value))
+        if body is None:
+            raise UnjournalableValue(
+                f"signal {text_of(name)} for run {run_id} cannot be journaled: {why} (a "
+                "payload must be JSON-like, its text valid Unicode, its integers within "
+                "64 bits)",
+                run_id=run_id,
+                signal=text_of(name),
+                reason=why,
+            )
+        self._signals.append(SignalRequest(run, name, payload, signal_id, done, value))
         return True
 
     def fail_run(self, run_id: str, error: BaseException) -> bool:
@@ -481,7 +510,10 @@ class Journal(Instrument):
         if self.held:
             self.held.pop(task, None)
         if task.state is TaskState.DONE:
-            value: Any = pack_value(task.result)
+            try:
+                value: Any = pack_value(task.result)
+            except ENCODE_ERRORS:  # a result holding itself: kept as its stand-in
+                value = stand_in(task.result)
         else:
             value = pack_error(task.error) if task.error is not None else None
         exit_rec = TaskExit(run.n, meta.ltid, task.state._value_, value)  # _value_: no property
@@ -558,8 +590,7 @@ class Journal(Instrument):
             else:
                 wal = self.wal
                 seq = wal.next_seq if wal is not None else 0
-                value = [req.name, pack_value(req.payload), req.signal_id]
-                self._append(run, Wake(run.n, 0, "signal", True, value))
+                self._append(run, Wake(run.n, 0, "signal", True, req.value))
                 self.recorder.require_commit()
                 run.signal_ids[req.signal_id] = seq
                 self._deliver_signal(run, req.name, req.payload)
@@ -741,7 +772,9 @@ class Journal(Instrument):
                 return self._hold(task, call, ordinal, name, reason, fresh)
             self._append(meta.run, StepStart(meta.run.n, meta.ltid, ordinal, name, attempt))
             if attempt > 1:
-                log.warning("step.rerun", run_id=meta.run.run_id, task=meta.ltid, step=name)
+                log.warning(
+                    "step.rerun", run_id=meta.run.run_id, task=meta.ltid, step=text_of(name)
+                )
         if not is_generator_step(call):
             return self.sched.start_thread(task, call)
         # A generator step runs as a task from the next pass on: the kernel
@@ -766,11 +799,13 @@ class Journal(Instrument):
         meta: TaskMeta = task.meta
         run = meta.run
         if fresh and call.__class__ is Step:  # no STEP_START carries this dispatch
-            self._append(run, Dispatch(run.n, meta.ltid, "step", name[:MAX_ARG_CHARS]))
+            self._append(run, Dispatch(run.n, meta.ltid, "step", text_of(name)[:MAX_ARG_CHARS]))
         self._append(run, Hold(run.n, meta.ltid, ordinal, name, reason))
         held = HeldStep(run.run_id, meta.ltid, task.name, ordinal, name, reason, meta.label.step_id)
         self.held[task] = held
-        log.warning("step.held", run_id=run.run_id, task=meta.ltid, step=name, reason=reason)
+        log.warning(
+            "step.held", run_id=run.run_id, task=meta.ltid, step=text_of(name), reason=reason
+        )
         if self.on_hold is not None:
             self.on_hold(task, held)
         if not fresh:

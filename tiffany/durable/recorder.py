@@ -16,6 +16,17 @@ Invariants:
   durable.
 * Fail-stop: a WAL error propagates; the journal is a critical instrument,
   so it stops the kernel.
+* Data never makes a hook raise: every record is encoded here, and what it
+  holds that does not encode or fit (:data:`~tiffany.values.ENCODE_ERRORS`)
+  is decided by one rule. A value from outside a run (a step's result) is
+  refused: the task gets :class:`~tiffany.errors.UnjournalableValue`
+  (``journal.value``) and the WAKE records that error (:meth:`Recorder.woken`).
+  A run's entry is refused to its submitter (:meth:`Recorder.start`). Text
+  a record must hold anyway (a name, an error's message, a dispatch's
+  argument) and values past the point of refusal (a task's result, an
+  error's arguments) are kept in an encodable form (:func:`_kept`: lone
+  surrogates escaped, stand-ins), and a task woken with an error kept so
+  gets the error as the record keeps it, as its replay will.
 
 Discussion: carried dispatch records cost nothing in exactness: the
 implied record is built from fields the carrying record already has, and a
@@ -52,8 +63,8 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 import structlog
 
-from tiffany.durable.dispatch import MAX_ARG_CHARS, carried, describe
-from tiffany.durable.records import pack_error
+from tiffany.durable.dispatch import carried, describe
+from tiffany.durable.records import pack_error, unpack_error
 from tiffany.errors import UnjournalableValue
 from tiffany.kernel import RETURNED, Scheduler, Task
 from tiffany.records import (
@@ -62,11 +73,20 @@ from tiffany.records import (
     Record,
     RecordType,
     RunEnd,
+    RunStart,
     TaskExit,
     Wake,
+    decode_body,
     encode_body,
 )
-from tiffany.values import STAND_IN_CHARS, pack_value, stand_in
+from tiffany.values import (
+    ENCODE_ERRORS,
+    STAND_IN_CHARS,
+    encodable,
+    pack_value,
+    stand_in,
+    text_of,
+)
 from tiffany.wal import MAX_RECORD_BYTES, Log
 
 if TYPE_CHECKING:
@@ -92,11 +112,54 @@ def _fitted(rec: Record) -> tuple[bytes, str] | tuple[None, str]:
     """``(body, "")`` when ``rec`` encodes within a record; else ``(None, why not)``."""
     try:
         body = _encode_body(rec)
-    except (OverflowError, TypeError, msgspec.EncodeError) as exc:
-        return None, f"{type(exc).__name__}: {exc}"
+    except ENCODE_ERRORS as exc:
+        return None, _reason(exc)
     if len(body) > MAX_BODY_BYTES:
-        return None, f"{len(body):,} bytes encoded"
+        return None, _too_large(body)
     return body, ""
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a value did not encode, as text a record can hold."""
+    return f"{type(exc).__name__}: {text_of(exc)}"
+
+
+def _too_large(body: bytes) -> str:
+    return f"{len(body):,} bytes encoded"
+
+
+def _field_kinds(cls: type[Record]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The names of ``cls``'s text fields, and of its fields that hold any value."""
+    text, values = [], []
+    for f in msgspec.structs.fields(cls):
+        if f.type is str or f.type == (str | None):
+            text.append(f.name)
+        elif f.type is Any:
+            values.append(f.name)
+    return tuple(text), tuple(values)
+
+
+_FIELD_KINDS: Final = {cls: _field_kinds(cls) for cls in Record.__args__}
+
+
+def _kept(rec: Record, *, whole: bool = False) -> Record:
+    """``rec`` in a form that encodes, whatever it holds (the records no one can refuse).
+
+    Its text fields made text (:func:`~tiffany.values.text_of`: lone
+    surrogates escaped) and cut to ``STAND_IN_CHARS``; its value fields made
+    :func:`~tiffany.values.encodable`, or, ``whole``, their stand-ins (a
+    record still too large).
+    """
+    text, values = _FIELD_KINDS[rec.__class__]
+    changes: dict[str, Any] = {}
+    for name in text:
+        v = getattr(rec, name)
+        if v is not None:
+            changes[name] = text_of(v)[:STAND_IN_CHARS]
+    for name in values:
+        v = getattr(rec, name)
+        changes[name] = stand_in(v) if whole else encodable(v)
+    return msgspec.structs.replace(rec, **changes)
 
 
 class Recorder:
@@ -125,14 +188,70 @@ class Recorder:
     # -- records -------------------------------------------------------------------
 
     def append(self, run: RunState, rec: Record) -> None:
-        """Append one record of ``run`` (committed at the next commit point)."""
+        """Append one record of ``run`` (committed at the next commit point).
+
+        A record that does not encode or fit as it is is appended as
+        :func:`_kept` makes it (see :meth:`body`).
+        """
         wal = self.wal
         if wal is not None:
             rtype = rec.rtype
-            wal.append(rtype, run.prefix + _encode_body(rec))  # records.encode, inlined
+            try:
+                body = _encode_body(rec)  # records.encode, inlined
+            except ENCODE_ERRORS:
+                body = self.body(run, rec)[0]
+            else:
+                if len(body) > MAX_BODY_BYTES:
+                    body = self.body(run, rec)[0]
+            wal.append(rtype, run.prefix + body)
             self._dirty = True
             if rtype in _SYNC_BEFORE_EFFECT:
                 self._need_sync = True
+
+    def body(self, run: RunState, rec: Record) -> tuple[bytes, bool]:
+        """Return ``(body, kept)``: ``rec`` encoded, or (``kept``) its :func:`_kept` form.
+
+        Never raises on what the record holds. The kept form is logged
+        (``journal.record_kept``): its text or values are not what the run had.
+        """
+        body, why = _fitted(rec)
+        if body is not None:
+            return body, False
+        kept = _kept(rec)
+        body, _ = _fitted(kept)
+        if body is None:
+            body = _encode_body(_kept(kept, whole=True))
+        log.warning(
+            "journal.record_kept",
+            run_id=run.run_id,
+            record=rec.__class__.__name__,
+            reason=why,
+        )
+        return body, True
+
+    @staticmethod
+    def fits(rec: Record) -> tuple[bytes, str] | tuple[None, str]:
+        """``(body, "")`` when ``rec`` encodes within a record; else ``(None, why not)``."""
+        return _fitted(rec)
+
+    def start(self, run: RunState, rec: RunStart) -> None:
+        """Append a run's RUN_START, or refuse the run: its entry cannot be journaled.
+
+        Raises:
+            UnjournalableValue: The entry (the plan and its inputs, a
+                workflow's arguments) or the run's name does not encode or
+                fit a record; nothing is appended.
+        """
+        body, why = _fitted(rec)
+        if body is None:
+            raise UnjournalableValue(
+                f"run {text_of(rec.run_id)} cannot be journaled: {why} (its entry must be "
+                f"JSON-like, its text valid Unicode, its integers within 64 bits, and "
+                f"encode to at most {MAX_BODY_BYTES:,} bytes)",
+                run_id=text_of(rec.run_id),
+                reason=why,
+            )
+        self._append_body(run, rec.rtype, body)
 
     def _append_body(self, run: RunState, rtype: int, body: bytes) -> None:
         """:meth:`append` of a record already encoded (``encode_body``)."""
@@ -177,24 +296,37 @@ class Recorder:
         elif carried(yielded):
             return
         kind, arg = describe(self.ltid_of, yielded)
-        if arg is not None and not isinstance(arg, int | float | bool):
-            arg = str(arg)[:MAX_ARG_CHARS]
         self.append(run, Dispatch(run.n, meta.ltid, kind, arg))
 
     def woken(self, meta: TaskMeta, task: Task, value: Any) -> None:
-        """Record a wake-up that came from outside the run (at a wait stage)."""
+        """Record a wake-up that came from outside the run (at a wait stage).
+
+        A value that cannot be journaled is refused (:meth:`_refuse`); an
+        error whose record had to be kept (:meth:`body`: its message holds a
+        lone surrogate, say) reaches the task as the record keeps it, rebuilt
+        from the record as a replay rebuilds it.
+        """
         if not self.in_wait:
             return
+        run = meta.run
         call = task.blocked_on
         cause = call.kind if call is not None else "?"
         err = task.pending_error
         if err is not None:
-            self.append(meta.run, Wake(meta.run.n, meta.ltid, cause, False, pack_error(err)))
+            body, kept = self.body(run, Wake(run.n, meta.ltid, cause, False, pack_error(err)))
+            if kept:
+                wake = decode_body(RecordType.WAKE, body)
+                self.sched.refuse_wake(task, unpack_error(wake.value))  # type: ignore[union-attr]
+            self._append_body(run, RecordType.WAKE, body)
             return
-        body, why = _fitted(Wake(meta.run.n, meta.ltid, cause, True, pack_value(value)))
-        if body is None:
-            body = self._refuse(meta.run, task, call, why)
-        self._append_body(meta.run, RecordType.WAKE, body)
+        try:
+            body = _encode_body(Wake(run.n, meta.ltid, cause, True, pack_value(value)))
+        except ENCODE_ERRORS as exc:
+            body = self._refuse(run, task, call, _reason(exc))
+        else:
+            if len(body) > MAX_BODY_BYTES:
+                body = self._refuse(run, task, call, _too_large(body))
+        self._append_body(run, RecordType.WAKE, body)
 
     def _refuse(self, run: RunState, task: Task, call: Any, why: str) -> bytes:
         """The value ``task`` was woken with cannot be recorded: it gets an error instead.
@@ -206,16 +338,17 @@ class Recorder:
         not the engine's health, and the recovered engine met the same value
         again (a restart loop taking every run on the engine with it).
         """
-        name = getattr(call, "name", None) or (call.kind if call is not None else "?")
+        name = text_of(getattr(call, "name", None) or (call.kind if call is not None else "?"))
         err = UnjournalableValue(
             f"the result of {name} cannot be journaled: {why} (a result must be JSON-like, "
-            f"its integers within 64 bits, and encode to at most {MAX_BODY_BYTES:,} bytes)",
-            step=str(name),
+            f"its text valid Unicode, its integers within 64 bits, and encode to at most "
+            f"{MAX_BODY_BYTES:,} bytes)",
+            step=name,
             reason=why,
         )
         self.sched.refuse_wake(task, err)
         cause = call.kind if call is not None else "?"
-        return _encode_body(Wake(run.n, task.meta.ltid, cause, False, pack_error(err)))
+        return self.body(run, Wake(run.n, task.meta.ltid, cause, False, pack_error(err)))[0]
 
     # -- commits -------------------------------------------------------------------
 

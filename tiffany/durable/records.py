@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from tiffany.errors import TiffanyError
-from tiffany.values import pack_value, unpack_value
+from tiffany.values import ENCODE_ERRORS, pack_value, stand_in, stand_in_text, unpack_value
 
 __all__ = ["ReplayedError", "pack_error", "unpack_error"]
 
@@ -35,12 +35,26 @@ def pack_error(exc: BaseException) -> list[Any]:
     ``fields`` holds a :class:`~tiffany.errors.TiffanyError`'s structured
     fields (a tool error's exit code and output), so a replay rebuilds the
     same error, not just its message.
+
+    Never raises: an argument or the fields that do not pack (a structure
+    holding itself) are kept as their stand-in, the repr as
+    :func:`~tiffany.values.stand_in_text` keeps it. The result may still
+    not *encode* (a message holding a lone surrogate): the recorder then
+    keeps it :func:`~tiffany.values.encodable` (``durable/recorder.py``).
     """
     cls = type(exc)
-    args = [pack_value(a) for a in exc.args]
+    args = [_packed(a) for a in exc.args]
     fields = getattr(exc, "fields", None)
-    packed_fields = pack_value(fields) if isinstance(fields, dict) else None
-    return [f"{cls.__module__}:{cls.__qualname__}", args, repr(exc)[:2000], packed_fields]
+    packed_fields = _packed(fields) if isinstance(fields, dict) else None
+    return [f"{cls.__module__}:{cls.__qualname__}", args, stand_in_text(exc), packed_fields]
+
+
+def _packed(value: Any) -> Any:
+    """:func:`~tiffany.values.pack_value`, or the value's stand-in where it raises."""
+    try:
+        return pack_value(value)
+    except ENCODE_ERRORS:
+        return stand_in(value)
 
 
 def unpack_error(packed: Iterable[Any]) -> BaseException:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from tiffany.durable.dispatch import MAX_ARG_CHARS, describe, same
+from tiffany.durable.dispatch import describe, same
 from tiffany.durable.records import unpack_error
 from tiffany.errors import NondeterminismError, TiffanyError
 from tiffany.kernel import (
@@ -54,7 +54,7 @@ from tiffany.kernel import (
     WaitTask,
 )
 from tiffany.records import Dispatch, Outcome, Record, RunEnd, TaskExit, Wake, as_list
-from tiffany.values import unpack_value
+from tiffany.values import stand_in_text, text_of, unpack_value
 
 if TYPE_CHECKING:
     from tiffany.durable.journal import RunState
@@ -151,8 +151,6 @@ class Replayer:
             arg: Any = None
         else:
             kind, arg = describe(self.ltid_of, yielded)
-            if arg is not None and not isinstance(arg, int | float | bool):
-                arg = str(arg)[:MAX_ARG_CHARS]
         i = cur.index
         rec = cur.dispatches[i]
         cur.index = i + 1
@@ -346,7 +344,8 @@ class Replayer:
         frames = [f"{fn} ({path}:{line})" for fn, path, line in task.frames()]
         err = NondeterminismError(
             f"run {run.run_id}: {what} #{run.n} of task {meta.ltid if meta else '?'} "
-            f"({task.name}) diverged from the journal: expected {expected!r}, got {actual!r}",
+            f"({text_of(task.name)}) diverged from the journal: expected "
+            f"{stand_in_text(expected)}, got {stand_in_text(actual)}",
             run_id=run.run_id,
             task=meta.ltid if meta else None,
             task_name=task.name,

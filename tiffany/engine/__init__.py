@@ -21,8 +21,10 @@ from tiffany.engine.concurrency import SLOT_SIGNAL, Slots, spec_of
 from tiffany.engine.otel import attach_from_env
 from tiffany.engine.plan_cache import PlanCache
 from tiffany.engine.rate_limits import RateLimiter
+from tiffany.errors import UnjournalableValue
 from tiffany.kernel import Instrument, SlowDispatchWatchdog
 from tiffany.shards import engine_stream, seq_base, seq_last
+from tiffany.values import text_of
 from tiffany.wal import Log, Source
 
 if TYPE_CHECKING:
@@ -194,17 +196,20 @@ class Engine:
                 "run_id": state.run_id,
                 "status": state.status,
                 "outputs": result.get("outputs") if state.status == "succeeded" else None,
-                "error": None if state.error is None else str(state.error)[:2000],
+                "error": None if state.error is None else text_of(state.error)[:2000],
             }
             from tiffany.agents.tools.subplan import CHILD_SIGNAL_PREFIX
 
-            self.runtime.journal.request_signal(
-                parent_id,
-                CHILD_SIGNAL_PREFIX + state.run_id,
-                end,
-                f"end:{state.run_id}",
-                lambda seq, ended: None,
-            )
+            name, signal_id = CHILD_SIGNAL_PREFIX + state.run_id, f"end:{state.run_id}"
+            try:
+                self.runtime.journal.request_signal(
+                    parent_id, name, end, signal_id, lambda seq, ended: None
+                )
+            except UnjournalableValue as exc:  # its outputs: the parent's step fails
+                end = {**end, "status": "failed", "outputs": None, "error": exc.message}
+                self.runtime.journal.request_signal(
+                    parent_id, name, end, signal_id, lambda seq, ended: None
+                )
             if on_end is not None:
                 on_end(state)
 
