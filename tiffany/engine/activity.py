@@ -17,6 +17,7 @@ from tiffany.durable.journal import TaskMeta
 from tiffany.kernel import RETURNED, Instrument, SystemCall, Task
 from tiffany.pal import Hub
 from tiffany.pal.events import TaskFields
+from tiffany.values import text_of
 
 __all__ = ["ActivityLog"]
 
@@ -36,9 +37,9 @@ def _label(call: Any) -> str:
         if call.kind in ("wait_task", "kill_task"):
             return f"{call.kind} {f['tid']}"
         if call.kind in ("step", "run_in_thread"):
-            return f"{call.kind} {f['fn']}"
+            return f"{call.kind} {text_of(f['fn'])}"
         if call.kind == "receive":
-            return f"waiting for signal {f['channel']}"
+            return f"waiting for signal {text_of(f['channel'])}"
         return call.kind
     return f"call {getattr(call, '__qualname__', type(call).__name__)}"
 
@@ -139,7 +140,7 @@ class ActivityLog(Instrument):
         if ids is None:
             return
         del self._fields[task.id]
-        err = {"type": type(error).__name__, "message": str(error)[:500]}
+        err = {"type": type(error).__name__, "message": text_of(error)[:500]}
         self.hub.publish_task("crash", ids, f"{err['type']}: {err['message'][:80]}", err)
         self._finished(task, ids, ok=False, error=err)
 

@@ -63,6 +63,7 @@ import structlog
 from tiffany import __version__
 from tiffany.durable.journal import TaskMeta
 from tiffany.kernel import Instrument, Task
+from tiffany.values import text_of
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
@@ -550,7 +551,8 @@ def _ns(seconds: float) -> int:
 
 
 def _text(value: Any) -> str:
-    return "" if value is None else str(value)[:MAX_ERROR_CHARS]
+    """An error's text as an attribute takes it (a lone surrogate escaped; never raises)."""
+    return "" if value is None else text_of(value)[:MAX_ERROR_CHARS]
 
 
 def _error_of(error: BaseException) -> dict[str, Any]:

@@ -47,6 +47,11 @@ Changes from v1: ``seq`` was microseconds of the wall clock at engine start
 plus a counter (a clock stepped back across a restart silenced resuming
 clients); ``wal_seq`` is new.
 
+An event always encodes: text holding a lone surrogate (a task named from
+data, an error's message) is sent escaped, and a part of ``data`` with no
+JSON form as its repr (``tiffany.values.encodable``); a hub that could not
+encode an event would stop for every run.
+
 Control frames on the feed (not events): ``{"type": "gone", "oldest": seq}``
 when a resume asks for events older than the ring holds, and
 ``{"type": "cutoff", "last_seq": seq, "reason": ...}`` when a slow subscriber
@@ -58,6 +63,8 @@ from __future__ import annotations
 from typing import Any, Final
 
 import msgspec
+
+from tiffany.values import ENCODE_ERRORS, encodable, stand_in_text
 
 __all__ = [
     "EVENT_KINDS",
@@ -119,8 +126,24 @@ _encoder = msgspec.json.Encoder()
 
 
 def encode_event(event: Event) -> bytes:
-    """Return the event as one line of JSON (no newline)."""
-    return _encoder.encode(event)
+    """Return the event as one line of JSON (no newline); never raises (:func:`_safe`)."""
+    try:
+        return _encoder.encode(event)
+    except ENCODE_ERRORS:
+        return _safe(event)
+
+
+def _safe(value: Any) -> bytes:
+    """JSON of ``value`` whatever it holds: text escaped, the rest as its repr."""
+    try:
+        return _encoder.encode(value)
+    except ENCODE_ERRORS:
+        pass
+    try:
+        plain = msgspec.to_builtins(value, enc_hook=stand_in_text)
+    except ENCODE_ERRORS:
+        plain = stand_in_text(value)
+    return _encoder.encode(encodable(plain, stand_in_text))
 
 
 _encode = _encoder.encode
@@ -155,11 +178,11 @@ class TaskFields:
         self.run_id, self.task_kind = run_id, task_kind
         self.json = b'"task_id":%d,"ltid":%b,"run_id":%b,"task":%b,"task_kind":%b,"step_id":%b' % (
             task_id,
-            _encode(ltid),
-            _encode(run_id),
-            _encode(task),
-            _encode(task_kind),
-            _encode(step_id),
+            _safe(ltid),
+            _safe(run_id),
+            _safe(task),
+            _safe(task_kind),
+            _safe(step_id),
         )
 
 
@@ -173,15 +196,19 @@ def encode_task_event(
     label: str,
     data: dict[str, Any] | None,
 ) -> bytes:
-    """Return the same line :func:`encode_event` would for this task's event."""
+    """Return the same line :func:`encode_event` would for this task's event (never raises)."""
+    try:
+        text, details = _encode(label), _encode(data) if data else _NO_DATA
+    except ENCODE_ERRORS:
+        text, details = _safe(label), _safe(data) if data else _NO_DATA
     return _TASK_EVENT % (
         seq,
         _encode(ts),
         wal_seq,
         engine,
-        _KINDS.get(kind) or _encode(kind),
+        _KINDS.get(kind) or _safe(kind),
         fields.json,
-        _encode(label),
-        _encode(data) if data else _NO_DATA,
+        text,
+        details,
         SCHEMA_VERSION,
     )
