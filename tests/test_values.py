@@ -193,3 +193,106 @@ def test_a_set_with_one_extension_among_plain_items_packs_as_before():
     assert canonical({"a", "b", (1, 2), 3, None, b"x"}).hex() == (
         "d80296a161a16203c70301920102c0c40178"  # main at 80e0682
     )
+
+
+# -- what data can make encoding raise, and the text the journal keeps instead -------------
+
+
+class _BadRepr:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+    __str__ = __repr__
+
+
+class _SurrogateRepr:
+    def __repr__(self) -> str:
+        return "<x\ud800>"
+
+
+def _cyclic() -> list[Any]:
+    loop: list[Any] = [1]
+    loop.append(loop)
+    return loop
+
+
+def _deep(n: int = 100_000) -> list[Any]:
+    deep: list[Any] = []
+    for _ in range(n):
+        deep = [deep]
+    return deep
+
+
+#: Values whose packing or encoding raises because of what they hold.
+POISONS = {
+    "surrogate": "x\ud800y",
+    "surrogate_key": {"x\udfff": 1},
+    "surrogate_nested": {"a": [{"b": ("x\ud800",)}]},
+    "big_int": 2**64,
+    "big_negative": -(2**63) - 1,
+    "big_key": {2**70: "x"},
+    "object_key": {object(): 1},
+    "cyclic": _cyclic(),
+    "deep": _deep(),
+    "bad_repr": {"x": _BadRepr()},
+    "surrogate_repr": [_SurrogateRepr()],
+}
+
+
+def test_what_makes_encoding_raise_is_one_of_encode_errors():
+    from tiffany.values import ENCODE_ERRORS
+
+    refused = set()
+    for name, value in POISONS.items():
+        try:  # anything but ENCODE_ERRORS raised here fails the test: a hook raised it
+            canonical(value)
+        except ENCODE_ERRORS:
+            refused.add(name)  # refused as data (a step's result: journal.value)
+    # The rest packs: an object with a raising or surrogate repr, as a stand-in in place.
+    assert set(POISONS) - refused == {"bad_repr", "surrogate_repr"}
+
+
+def test_encodable_makes_every_value_encode_with_text_escaped():
+    from tiffany.values import encodable, stand_in_text
+
+    for name, value in POISONS.items():
+        for leaf, encoder in (
+            (None, msgspec.msgpack.Encoder()),
+            (stand_in_text, msgspec.json.Encoder()),
+        ):
+            kept = encodable(value) if leaf is None else encodable(value, leaf)
+            data = encoder.encode(kept)  # never raises
+            assert b"\xed\xa0" not in data, name  # no surrogate's bytes
+    assert encodable({"x\ud800": ["y\udfff", 1]}) == {"x\\ud800": ["y\\udfff", 1]}
+
+
+def test_journal_text_escapes_only_lone_surrogates():
+    from tiffany.values import journal_text, text_of
+
+    assert journal_text("plain") == "plain"
+    assert journal_text("héllo ✓ 𝄞") == "héllo ✓ 𝄞"
+    assert journal_text("x\ud800y") == "x\\ud800y"
+    assert text_of(ValueError("a\udcffb")) == "a\\udcffb"
+    assert text_of(_BadRepr()) == "<_BadRepr object: str() raised RuntimeError>"
+    assert text_of(7) == "7"
+
+
+def test_a_stand_in_never_raises_and_always_encodes():
+    from tiffany.values import stand_in, stand_in_text
+
+    assert stand_in_text(_BadRepr()) == "<_BadRepr object: repr() raised RuntimeError>"
+    assert stand_in_text(_SurrogateRepr()) == "<x\\ud800>"
+    assert stand_in_text(_deep(10**6)).endswith("raised RecursionError>")
+    packed = pack_value({"a": _BadRepr(), "b": _SurrogateRepr()})
+    back = msgspec.msgpack.decode(msgspec.msgpack.encode(packed), ext_hook=_ext_hook())
+    assert back == {
+        "a": Unencodable("<_BadRepr object: repr() raised RuntimeError>"),
+        "b": Unencodable("<x\\ud800>"),
+    }
+    assert stand_in(_BadRepr()).data == b"<_BadRepr object: repr() raised RuntimeError>"
+
+
+def _ext_hook() -> Any:
+    from tiffany.values import ext_hook
+
+    return ext_hook

@@ -269,3 +269,34 @@ def test_a_task_event_is_the_event_publish_makes_and_filters_see_it():
     assert (woke["data"], woke["ltid"], woke["step_id"]) == ({}, None, "s1")
     assert (other["ltid"], other["run_id"]) == (2, "a")
     assert [e["seq"] for e in _events(only_b.get(timeout=0))] == [1, 2, 3]
+
+
+def test_events_holding_text_with_no_utf8_form_are_sent_escaped_and_the_hub_goes_on():
+    """A lone surrogate (a task named from data, an error's message) raised in the encoder.
+
+    On the hub's thread that ended the thread (the feed stopped for every
+    run); in ``TaskFields``, on the scheduler's, it disabled the activity
+    log. Events now always encode, their text escaped.
+    """
+    from msgspec import json as msgjson
+
+    from tiffany.pal import Event
+
+    class Hostile:
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr")
+
+    hub = Hub(seq0=1)
+    sub = hub.subscribe(flt=lambda e: True)  # the filter decodes every frame as an Event
+    task = TaskFields(1, 1, "run-1", "child-x\ud800", "task", None)
+    hub.publish_task("crash", task, "boom x\ud800", {"message": "x\udfff", "obj": Hostile()})
+    hub.publish("signal", run_id="run-1", label="x\ud800", data={"k\ud800": [2**70]})
+    hub.publish("step", run_id="run-1", label="after")
+    assert hub.drain() == 3
+    frames = sub.get(timeout=0)
+    events = [msgjson.decode(f, type=Event) for f in frames]  # valid UTF-8 JSON, as Events
+    assert [e.label for e in events] == ["boom x\\ud800", "x\\ud800", "after"]
+    assert events[0].task == "child-x\\ud800"
+    assert events[0].data["message"] == "x\\udfff"
+    assert events[0].data["obj"].endswith("Hostile object: repr() raised RuntimeError>")
+    assert events[1].data == {"k\\ud800": [str(2**70)]}
