@@ -10,7 +10,7 @@ from tiffany.cli.live import LiveView
 from tiffany.config import Settings
 from tiffany.engine import build
 from tiffany.engine.activity import ActivityLog
-from tiffany.kernel import NewTask, Sleep
+from tiffany.kernel import NewTask, Sleep, WaitTask
 from tiffany.pal import Hub
 
 PLAN = {
@@ -107,3 +107,40 @@ def test_a_workers_exit_says_whether_its_step_succeeded(tmp_path: Path) -> None:
         if kind == "exit" and e["task_kind"] == "worker"
     }
     assert exits == {"nap": ("done", {"ok": True}), "bad": ("done", {"ok": False})}
+
+
+class _Hostile(Exception):
+    """An error whose ``str`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+
+def hostile() -> Any:
+    """A run whose task is named with a lone surrogate and that fails with a hostile error."""
+    tid = yield NewTask(_impostor(), name="child-x\ud800y")
+    yield WaitTask(tid)
+    raise _Hostile()
+
+
+def test_text_from_data_does_not_disable_the_activity_log(tmp_path: Path) -> None:
+    """A task named with a lone surrogate raised in ``TaskFields`` (on the loop), a
+    ``str()`` that raised in ``task_crashed``: either disabled the log for every run."""
+    hub = Recorder()
+    settings = Settings(data_dir=tmp_path, enabled_tools=["sleep"], _env_file=None)
+    activity = ActivityLog(hub.hub)
+    engine = build(settings, instruments=[activity])
+    try:
+        bad = engine.runtime.submit(f"{__name__}:hostile")
+        engine.runtime.run()
+        good = engine.submit_plan(
+            {"name": "later", "steps": [{"id": "nap", "tool": "sleep", "args": {"seconds": 0}}]}
+        )
+        engine.runtime.run()
+    finally:
+        engine.runtime.close()
+    events = hub.events
+    assert {f["run_id"] for kind, f in events if kind == "run.finished"} == {bad, good}
+    assert ("spawned", "child-x\\ud800y") in {(kind, f["task"]) for kind, f in events}
+    [crash] = [f for kind, f in events if kind == "crash" and f["run_id"] == bad]
+    assert crash["data"]["message"] == "<_Hostile object: str() raised RuntimeError>"

@@ -390,3 +390,60 @@ def test_the_engine_process_exports_spans_and_ends_open_ones_at_its_stop(
         assert spans[long, name]["status"] == 0
         assert spans[long, name]["tiffany.status"] == "interrupted"
         assert spans[long, name]["trace_id"] == trace_id_of(long)
+
+
+class _Hostile(Exception):
+    """An error whose ``str`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+
+def hostile_workflow() -> Any:
+    """A run that fails with an error that cannot be made text."""
+    yield Sleep(0)
+    raise _Hostile()
+
+
+@python_tool("otel.surrogate")
+def surrogate() -> None:
+    """Fail with an error whose message holds a lone surrogate."""
+    raise ValueError("remote said x\ud800y")
+
+
+def test_error_texts_from_data_neither_disable_the_recorder_nor_reach_a_span_raw(
+    tmp_path: Path,
+) -> None:
+    """A ``str()`` that raised disabled the recorder (every later span lost); a lone
+    surrogate went into an attribute the OTLP exporter cannot serialize."""
+    plan = {
+        "name": "poisoned",
+        "steps": [
+            {"id": "s", "tool": "python", "args": {"function": "otel.surrogate"}, "timeout_s": 30},
+        ],
+    }
+    later = {
+        "name": "later",
+        "steps": [{"id": "w", "tool": "file.write", "args": {"path": "a.txt", "content": "x"}}],
+    }
+    exporter = InMemorySpanExporter()
+    engine = _engine(tmp_path / "data", ["python", "file.write"])
+    recorder = attach(engine.runtime, build_tracer_provider(exporter=exporter))
+    try:
+        engine.runtime.submit(f"{__name__}:hostile_workflow")
+        engine.submit_plan(plan)
+        engine.runtime.run()
+        engine.submit_plan(later)
+        engine.runtime.run()
+    finally:
+        engine.runtime.close()
+        recorder.close()
+    assert not recorder.disabled
+    errors = {s.name: (s.attributes or {}).get("tiffany.error") for s in _spans(exporter)}
+    assert "run later" in errors  # spans still made after the poisoned runs
+    assert errors[f"run {__name__}:hostile_workflow"] == (
+        "<_Hostile object: str() raised RuntimeError>"
+    )
+    assert "remote said x\\ud800y" in str(errors["step s"])
+    for text in errors.values():
+        str(text).encode("utf-8")  # serializable: no lone surrogate left
