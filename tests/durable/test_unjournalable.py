@@ -363,3 +363,32 @@ def test_poisoned_runs_recover_from_a_crash_at_any_record(tmp_path):
 
         for run_id in scan(data / "wal").runs:
             _verify(data, run_id)
+
+
+def test_a_child_runs_outputs_too_large_for_its_end_signal_fail_the_parents_step(tmp_path):
+    """A child plan's outputs fit its RUN_END only as a stand-in; sent whole to its
+    parent as a signal they made a record past the WAL's limit, on the loop."""
+    child = {
+        "name": "halves",
+        "steps": [
+            {"id": "a", "tool": "python", "args": {"function": "test.half"}},
+            {"id": "b", "tool": "python", "args": {"function": "test.half"}},
+        ],
+        "outputs": {"a": "${steps.a.output}", "b": "${steps.b.output}"},
+    }
+    parent = {
+        "name": "parent",
+        "steps": [{"id": "sub", "tool": "plan.run", "args": {"plan": child}}],
+    }
+    engine = build(Settings(data_dir=tmp_path / "data"), enabled_tools=["python", "plan.run"])
+    with engine.runtime as rt:
+        run_id = engine.submit_plan(parent)
+        small = engine.submit_plan(_plan("test.small"))
+        rt.run()
+        state, other = rt.status(run_id), rt.status(small)
+    assert other.status == "succeeded"
+    assert state.status == "failed"
+    error = state.error.fields["steps"]["sub"]["error"]
+    assert error["code"] == "plan.child_failed", error
+    assert "cannot be journaled" in error["message"]
+    _verify(tmp_path / "data", run_id)
