@@ -134,3 +134,22 @@ def test_a_152_mb_streamed_body_is_refused_before_it_is_buffered(
     # The cap is 1 MiB (256 KiB): a few more in the sockets' buffers, never the 152.
     assert sent < 32 * 1024 * 1024, (sent, answer[:200])
     assert answer.startswith(b"HTTP/1.1 413"), answer[:300]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/runs/run-none/cancel",
+        "/api/runs/run-none/verify",
+        "/api/schedules/sched-none/pause",
+        "/api/schedules/sched-none/resume",
+    ],
+)
+def test_a_route_without_a_body_answers_without_reading_one(
+    engine, live_api_factory, path: str
+) -> None:
+    """The POST routes that take no body never read one: 152 MB sent costs them nothing."""
+    live = live_api_factory(make_settings(engine.data_dir))
+    sent, answer = _stream(live.port, path)
+    assert sent < 32 * 1024 * 1024, (sent, answer[:200])
+    assert answer.startswith(b"HTTP/1.1 404"), answer[:300]

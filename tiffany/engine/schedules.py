@@ -50,10 +50,10 @@ Invariants:
   (or at its retry): the thread never spins.
 
 Rejected: a poll of every row every 0.25 s, as this runner did: its cost
-grew with the number of schedules, idle or not, and 20,000 of them took
-most of a core from the engine's loop (``bench/schedules.py``). A PostgreSQL ``LISTEN``
-for changes: it would not cover SQLite, and the check is one indexed
-query either way.
+grew with the number of schedules, idle or not, taken from the engine's
+loop by the GIL (``bench/schedules.py``). A PostgreSQL ``LISTEN`` for
+changes: it would not cover SQLite, and the check is one indexed query
+either way.
 
 Only engine 0 runs this (``serve --engines N``: the other engines do not).
 """
@@ -61,6 +61,7 @@ Only engine 0 runs this (``serve --engines N``: the other engines do not).
 from __future__ import annotations
 
 import heapq
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -84,7 +85,7 @@ from tiffany.store.schedules import (
     check,
     fired,
     last_ticks,
-    next_tick,
+    ticks,
     timing,
 )
 
@@ -194,6 +195,8 @@ class ScheduleRunner:
         self._version: int | None = None
         #: Failures in a row of each failing schedule (its retry backs off).
         self._retries: dict[str, int] = {}
+        #: ``(cron, timezone) -> (after, the first tick after it)``: see :meth:`_upcoming`.
+        self._upcoming_memo: dict[tuple[str, str], tuple[float, float]] = {}
 
     def start(self) -> None:
         """Start the thread."""
@@ -325,7 +328,15 @@ class ScheduleRunner:
             return 0
         self.looks += 1
         try:
-            started = self._row(session, row, now)
+            # The first tick since the last one fired: if it is still to come,
+            # nothing is due and it is when to look again (one croniter step;
+            # due() walks back from now, the cost of a look that fires).
+            after = row.last_tick if row.last_tick is not None else row.created_at
+            upcoming = self._upcoming(row, after)
+            started = 0
+            if upcoming is not None and upcoming <= now:
+                started = self._row(session, row, now)
+                upcoming = self._upcoming(row, now)
         except (ControlError, SQLAlchemyError, OSError):
             raise
         except Exception as exc:  # noqa: BLE001 - the row's own: its last_error, logged once
@@ -338,12 +349,32 @@ class ScheduleRunner:
         self.seen[sid] = now
         self._retries.pop(sid, None)
         self._row_fine(session, row)
-        after = next_tick(row, now)
-        if after is None:  # no date ever comes: looked at again if it changes
+        if upcoming is not None:
+            self._push(sid, upcoming)
+        else:  # no date ever comes: looked at again if it changes
             self.seen.pop(sid, None)
-        else:
-            self._push(sid, after)
         return started
+
+    def _upcoming(self, row: Timing, after: float) -> float | None:
+        """``row``'s first tick after ``after`` (None: none ever).
+
+        Discussion: a runner's first look computes this for every row, and
+        a croniter step is most of its cost (20,000 rows: seconds of the
+        engine's CPU). Rows that share an expression and a time zone share
+        the answer: if the first tick after ``a`` is ``n``, none comes in
+        ``(a, n)``, so it is ``n`` for any ``after`` in ``[a, n)`` (the
+        daylight-saving rule is ``ticks()``'s, the same for both). One
+        entry per expression and zone, so at most one per schedule.
+        """
+        key = (row.cron, row.timezone)
+        known = self._upcoming_memo.get(key)
+        if known is not None and known[0] <= after < known[1]:
+            return known[1]
+        found = ticks(row.cron, row.timezone, after, math.inf, 1)
+        if not found:
+            return None
+        self._upcoming_memo[key] = (after, found[0])
+        return found[0]
 
     def _row(self, session: Session, row: Timing, now: float) -> int:
         """Fire the ticks of ``row`` due at ``now``; return how many runs started."""

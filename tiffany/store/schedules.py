@@ -45,6 +45,8 @@ minute is as short and says what happens.
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 import re
 import uuid
@@ -88,6 +90,8 @@ __all__ = [
 CATCHUP: Final = ("skip", "one", "all")
 #: Most missed ticks ``all`` catches up at once.
 MAX_CATCHUP_TICKS: Final = 1_000
+#: Cron expressions kept parsed (most schedules share a few expressions).
+CRON_CACHE: Final = 4_096
 #: Schedules a page of ``GET /api/schedules`` holds unless ``limit`` says fewer.
 DEFAULT_PAGE: Final = 100
 #: Most schedules a page may hold (``limit`` above it is a 422).
@@ -237,6 +241,19 @@ def _again(tick: float, zone: ZoneInfo) -> bool:
     return datetime.fromtimestamp(tick, zone).fold == 1
 
 
+@functools.lru_cache(maxsize=CRON_CACHE)
+def _parsed(cron: str) -> croniter:
+    """``cron`` parsed once (croniter's expansion is most of the cost of a look)."""
+    return croniter(cron, 0.0)
+
+
+def _iterator(cron: str, start: datetime) -> croniter:
+    """A croniter of ``cron`` at ``start``: a copy of the parsed one (it moves as it is read)."""
+    it = copy.copy(_parsed(cron))
+    it.set_current(start, force=True)
+    return it
+
+
 def ticks(cron: str, timezone: str, after: float, until: float, limit: int) -> list[float]:
     """The schedule's ticks in ``(after, until]`` (epoch seconds), the first ``limit``.
 
@@ -248,7 +265,7 @@ def ticks(cron: str, timezone: str, after: float, until: float, limit: int) -> l
     _fixed(cron)
     zone = ZoneInfo(timezone)
     once = not repeats(cron)
-    it = croniter(cron, datetime.fromtimestamp(after, zone))
+    it = _iterator(cron, datetime.fromtimestamp(after, zone))
     out: list[float] = []
     while len(out) < limit:
         try:
@@ -273,7 +290,7 @@ def last_ticks(cron: str, timezone: str, after: float, until: float, limit: int)
     _fixed(cron)
     zone = ZoneInfo(timezone)
     once = not repeats(cron)
-    it = croniter(cron, datetime.fromtimestamp(math.floor(until) + 1, zone))
+    it = _iterator(cron, datetime.fromtimestamp(math.floor(until) + 1, zone))
     out: list[float] = []
     while len(out) < limit:
         try:
