@@ -78,6 +78,14 @@ def store(tmp_path: Path) -> str:
     return url
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A migrated store of schedules: SQLite, or a private schema of the test PostgreSQL."""
+    if request.param == "sqlite":
+        return str(request.getfixturevalue("store"))
+    return str(request.getfixturevalue("pg_migrated_url"))
+
+
 class Fired:
     """The engine's submission, recording each tick it is given (``schedule id -> ticks``)."""
 
@@ -286,7 +294,10 @@ def test_a_random_cron_stored_by_an_older_version_never_fires(store: str) -> Non
     assert "cron: not a cron expression (minute 'R': 'R' (random)" in error
 
 
-def test_adds_pauses_resumes_and_deletes_by_others_are_seen_at_the_next_check(store: str) -> None:
+def test_adds_pauses_resumes_and_deletes_by_others_are_seen_at_the_next_check(
+    any_store: str,
+) -> None:
+    store = any_store
     start = datetime(2027, 3, 1, 9, 0, 0, tzinfo=UTC).timestamp()
     submitted = Recorded()
     runner = ScheduleRunner(store, submitted)
