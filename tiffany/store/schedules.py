@@ -339,6 +339,20 @@ def schedule_dict(row: Schedule, now: float) -> dict[str, Any]:
     }
 
 
+def _transaction(session: Session) -> None:
+    """Make what ``session`` does next one transaction, on an autocommit engine too.
+
+    The API reads PostgreSQL through an autocommit engine
+    (:func:`~tiffany.store.session.make_reader_engine`): there the clock's
+    ``UPDATE`` committed at once, its lock released before the row was
+    written, and a change with a smaller version could commit after a
+    runner had read a larger one (and never be seen). Called first, before
+    the session has a connection; the level goes back with the connection.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.connection(execution_options={"isolation_level": "READ COMMITTED"})
+
+
 def _next_version(session: Session) -> int:
     """Take the clock's next seq in the caller's transaction (its row locked until commit)."""
     session.execute(
@@ -364,6 +378,7 @@ def create(
         TooManySchedules: ``max_schedules`` exist already (counted after the
             clock's row is locked: two adds cannot both take the last place).
     """
+    _transaction(session)
     version = _next_version(session)
     count = int(session.scalars(select(func.count()).select_from(Schedule)).one())
     if count >= max_schedules:
@@ -448,6 +463,7 @@ def set_paused(
     A change takes a new ``version`` (the runner sees it); pausing a paused
     schedule (or resuming an active one) changes nothing.
     """
+    _transaction(session)
     row = session.get(Schedule, schedule_id)
     if row is None:
         return None
