@@ -26,9 +26,7 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     """Add ``schedules.version``, its index, the paging index and ``schedule_clock``."""
     with op.batch_alter_table("schedules") as batch:
-        batch.add_column(
-            sa.Column("version", sa.BigInteger(), server_default="0", nullable=False)
-        )
+        batch.add_column(sa.Column("version", sa.BigInteger(), server_default="0", nullable=False))
         batch.create_index("ix_schedules_version", ["version"])
         batch.create_index("ix_schedules_created_at_id", ["created_at", "id"])
     clock = op.create_table(
