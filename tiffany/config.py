@@ -154,6 +154,8 @@ class Settings(BaseSettings):
             beyond it, decided before the body is buffered).
         max_signal_bytes: Largest signal payload (``POST
             /api/runs/{id}/signals/{name}`` body) the API accepts (413 beyond).
+        max_schedules: Most schedules the store may hold: one more added
+            (API or CLI) is refused (429 naming ``TIFFANY_MAX_SCHEDULES``).
         feed_ring_events: Activity events the API process keeps for websocket
             resumes (its own ring, in front of the engine's).
         ws_queue_frames: Frames a websocket may have queued before it is cut
@@ -221,6 +223,7 @@ class Settings(BaseSettings):
     shell_sandbox: Literal["auto", "bwrap", "none"] = "auto"
     max_plan_bytes: int = Field(default=1_048_576, gt=0)
     max_signal_bytes: int = Field(default=262_144, gt=0)
+    max_schedules: int = Field(default=10_000, gt=0)
     feed_ring_events: int = Field(default=100_000, gt=0)
     ws_queue_frames: int = Field(default=10_000, gt=0)
     ws_ping_interval_s: float = Field(default=15.0, gt=0)

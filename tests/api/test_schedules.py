@@ -24,7 +24,7 @@ from api_support import serve, short_dir, submit_plan
 from process_support import terminate, wait_for
 from sqlalchemy import update
 
-from tiffany.store import make_engine, session_factory
+from tiffany.store import make_engine, schedules, session_factory
 from tiffany.store.models import Schedule
 from tiffany.store.schedules import MAX_CATCHUP_TICKS
 
@@ -106,7 +106,7 @@ def test_after_a_pause_all_catches_up_every_tick_and_skip_none(served) -> None:
     # "skip": the seconds of the pause (but the last, fresh at resume) started nothing.
     missed = [t for t in range(int(paused_at) + 1, int(paused_at) + 3) if t not in skip_ticks]
     assert missed, (paused_at, skip_ticks)
-    listed = httpx.get(f"{url}/api/schedules").json()
+    listed = httpx.get(f"{url}/api/schedules").json()["schedules"]
     assert {s["schedule_id"] for s in listed} == {every, none}
     assert all(s["last_run_id"] for s in listed)
 
@@ -132,7 +132,7 @@ def test_bad_schedules_are_refused_naming_the_field(served) -> None:
     bad_plan = {**base, "plan": {"name": "x", "steps": [{"id": "a", "tool": "nope"}]}}
     r = httpx.post(f"{url}/api/schedules", json=bad_plan)
     assert (r.status_code, r.json()["detail"][0]["loc"]) == (422, ["steps", 0, "tool"])
-    assert httpx.get(f"{url}/api/schedules").json() == []
+    assert httpx.get(f"{url}/api/schedules").json() == {"schedules": [], "next_after": None}
     assert httpx.post(f"{url}/api/schedules/nope/pause").status_code == 404
     assert httpx.delete(f"{url}/api/schedules/nope").status_code == 404
 
@@ -164,7 +164,7 @@ def test_a_stored_schedule_that_never_fires_stops_neither_the_others_nor_the_lis
     wait_for(lambda: len(_ticks(url, "after-the-bad-one")) >= 2, 30, "two ticks")
     listed = httpx.get(f"{url}/api/schedules")
     assert listed.status_code == 200, listed.text
-    never = {s["schedule_id"]: s for s in listed.json()}["sched-feb30"]
+    never = {s["schedule_id"]: s for s in listed.json()["schedules"]}["sched-feb30"]
     assert (never["next_tick"], never["last_run_id"]) == (None, None)
     cli = [sys.executable, "-m", "tiffany", "schedule", "list", "--data-dir", str(data_dir)]
     shown = subprocess.run(cli, capture_output=True, text=True, timeout=60)
@@ -200,7 +200,7 @@ def test_after_weeks_down_one_fires_one_tick_and_all_the_last_thousand(tmp_path)
         try:
 
             def caught_up() -> bool:
-                listed = httpx.get(f"{url}/api/schedules", timeout=30).json()
+                listed = httpx.get(f"{url}/api/schedules", timeout=30).json()["schedules"]
                 return all(s["last_tick"] == last for s in listed)
 
             wait_for(caught_up, 120, "both schedules to fire their last tick")
@@ -231,43 +231,41 @@ def test_a_row_that_fails_fails_alone_with_its_error_logged_once(served) -> None
     # no schedule fired, ever, the log said "schedules.failed" with a traceback
     # at every backoff, and GET /api/schedules answered 500.
     data_dir, url = served
-    bad = {"sched-mars": ("* * * * * *", "Mars/Olympus"), "sched-61": ("61 * * * *", "UTC")}
+    kinds = {"mars": ("* * * * * *", "Mars/Olympus"), "61": ("61 * * * *", "UTC")}
+    bad = {}
     with session_factory(make_engine(f"sqlite:///{data_dir / 'tiffany.db'}"))() as session:
-        for sid, (cron, zone) in bad.items():
-            session.add(
-                Schedule(
-                    id=sid,
-                    name=sid,
-                    plan=_plan(sid),
-                    inputs={},
-                    cron=cron,
-                    timezone=zone,
-                    catchup="skip",
-                    paused=False,
-                    created_at=time.time() - 3600,  # noqa: TID251 - ticks are wall-clock seconds
-                )
+        for kind, (cron, zone) in kinds.items():  # through the store, its check left out
+            row = schedules.create(
+                session,
+                plan=_plan(kind),
+                inputs={},
+                cron=cron,
+                timezone=zone,
+                catchup="skip",
+                now=time.time() - 3600,  # noqa: TID251 - ticks are wall-clock seconds
+                max_schedules=100,
             )
-        session.commit()
+            bad[kind] = row["schedule_id"]
     sid = _add(url, "beside-the-bad-ones", "skip")
     wait_for(lambda: len(_ticks(url, "beside-the-bad-ones")) >= 3, 30, "three ticks")
     listed = httpx.get(f"{url}/api/schedules")
     assert listed.status_code == 200, listed.text
-    by_id = {s["schedule_id"]: s for s in listed.json()}
+    by_id = {s["schedule_id"]: s for s in listed.json()["schedules"]}
     assert by_id[sid]["last_error"] is None
-    assert "timezone: unknown time zone 'Mars/Olympus'" in by_id["sched-mars"]["last_error"]
-    assert "cron: not a cron expression (minute '61'" in by_id["sched-61"]["last_error"]
-    for b in bad:
+    assert "timezone: unknown time zone 'Mars/Olympus'" in by_id[bad["mars"]]["last_error"]
+    assert "cron: not a cron expression (minute '61'" in by_id[bad["61"]]["last_error"]
+    for b in bad.values():
         assert (by_id[b]["next_tick"], by_id[b]["last_run_id"]) == (None, None)
-    # Three ticks are a dozen polls: each bad row was logged once, the poll never failed.
+    # Three ticks are several retries of each bad row: each was logged once, no look failed.
     events = [
         json.loads(line)
         for line in (data_dir / "serve.log").read_text().splitlines()
         if line.startswith("{")
     ]
     failed = [e for e in events if e.get("event") == "schedules.row_failed"]
-    assert sorted(e["schedule"] for e in failed) == sorted(bad), failed
+    assert sorted(e["schedule"] for e in failed) == sorted(bad.values()), failed
     assert not [e for e in events if e.get("event") == "schedules.failed"]
     cli = [sys.executable, "-m", "tiffany", "schedule", "list", "--data-dir", str(data_dir)]
     shown = subprocess.run(cli, capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0, shown.stderr
-    assert "sched-mars" in shown.stdout
+    assert bad["mars"] in shown.stdout

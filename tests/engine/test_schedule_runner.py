@@ -1,12 +1,14 @@
 """The schedule runner: backoff while the store is away, ticks across daylight-saving changes.
 
-The runner is stepped by hand (``step(now)``: a poll at ``now``) on a store
-of its own and fires through a real engine's submission.
+The runner is stepped by hand (``step(now)``: a changes check, then what is
+due at ``now``) on a store of its own and fires through a real engine's
+submission, or one that records the requests.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,13 +18,18 @@ from zoneinfo import ZoneInfo
 import pytest
 import structlog
 from engine_process import EngineProc
+from process_support import wait_for
 
-from tiffany.engine.schedules import POLL_S, ScheduleRunner
-from tiffany.store import make_engine, session_factory
+from tiffany.engine import schedules as schedules_runner
+from tiffany.engine.schedules import BUSY_RETRY_S, ScheduleRunner
+from tiffany.store import make_engine, schedules, session_factory
 from tiffany.store.migrate import upgrade
 from tiffany.store.models import Schedule
 
 PARIS = ZoneInfo("Europe/Paris")
+
+#: Once a year: an idle schedule.
+YEARLY = "0 0 1 1 *"
 
 #: Nothing listens on port 1 of loopback: every connection is refused at once.
 UNREACHABLE = "postgresql+psycopg://postgres@127.0.0.1:1/test"
@@ -37,9 +44,9 @@ def test_a_store_that_refuses_connections_is_polled_less_and_less_often() -> Non
         time.sleep(seconds)
         runner.stop()
     failed = [e for e in logs if e["event"] == "schedules.failed"]
-    # Polled every POLL_S it failed seconds / POLL_S = 8 times; backing off
+    # Retried every BUSY_RETRY_S it failed seconds / BUSY_RETRY_S = 8 times; backing off
     # (0.25, 0.5, 1, 2 s) it fails at most 4 times in 2.2 s.
-    assert 1 <= len(failed) <= 4 < seconds / POLL_S, failed
+    assert 1 <= len(failed) <= 4 < seconds / BUSY_RETRY_S, failed
     assert runner.failures == len(failed)
     for event in failed:  # one line each: what failed and when it is tried again
         assert event["log_level"] == "warning"
@@ -69,6 +76,14 @@ def store(tmp_path: Path) -> str:
     upgrade(made)
     made.dispose()
     return url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A migrated store of schedules: SQLite, or a private schema of the test PostgreSQL."""
+    if request.param == "sqlite":
+        return str(request.getfixturevalue("store"))
+    return str(request.getfixturevalue("pg_migrated_url"))
 
 
 class Fired:
@@ -184,3 +199,145 @@ def test_skip_fires_the_ticks_that_came_due_while_a_poll_was_busy(
             "2027-03-01T09:00:04Z",
             "2027-03-01T09:00:09Z",
         )
+
+
+class Recorded:
+    """A submission that records each request and answers a run id (no engine)."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+
+    def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.requests.append(request)
+        return {"run_id": f"run-{len(self.requests)}", "seq": len(self.requests)}
+
+    def ticks(self, sid: str) -> list[str]:
+        return [r["schedule"]["tick"] for r in self.requests if r["schedule"]["id"] == sid]
+
+
+def _create(url: str, cron: str, catchup: str, now: float, zone: str = "UTC") -> str:
+    """Add a schedule as the API and the CLI do (``schedules.create``: it takes a version)."""
+    plan = {"name": cron, "steps": [{"id": "w", "tool": "sleep", "args": {"seconds": 0}}]}
+    with session_factory(make_engine(url))() as session:
+        row = schedules.create(
+            session,
+            plan=plan,
+            inputs={},
+            cron=cron,
+            timezone=zone,
+            catchup=catchup,
+            now=now,
+            max_schedules=100_000,
+        )
+    return str(row["schedule_id"])
+
+
+def _paused(url: str, sid: str, paused: bool, now: float) -> None:
+    with session_factory(make_engine(url))() as session:
+        assert schedules.set_paused(session, sid, paused, now) is not None
+
+
+def test_idle_schedules_are_looked_at_once_not_at_every_check(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every schedule was read and its ticks computed every 0.25 s: 20,000
+    # idle ones cost the engine 88% of a core. Now a row is looked at when
+    # it is added (or changed) and when its tick comes, not at each check.
+    start = datetime(2027, 3, 1, 9, 0, 0, tzinfo=UTC).timestamp()
+    idle = [_create(store, YEARLY, "skip", start - 60) for _ in range(200)]
+    busy = _create(store, "* * * * * *", "skip", start - 60)
+    computed: Counter[str] = Counter()  # croniter walks of the runner, by expression
+
+    def counting(real: Any) -> Any:
+        def count(cron: str, *args: Any) -> Any:
+            computed[cron] += 1
+            return real(cron, *args)
+
+        return count
+
+    for name in ("ticks", "last_ticks"):
+        if hasattr(schedules_runner, name):
+            monkeypatch.setattr(schedules_runner, name, counting(getattr(schedules_runner, name)))
+    submitted = Recorded()
+    runner = ScheduleRunner(store, submitted)
+    try:
+        for second in range(40):  # 40 checks (and a second's tick each)
+            runner.step(start + second + 0.5)
+    finally:
+        runner.stop()
+    assert computed[YEARLY] <= len(idle), "an idle row was looked at again"
+    assert len(submitted.ticks(busy)) == 40
+    assert submitted.ticks(idle[0]) == []
+
+
+def test_a_random_cron_stored_by_an_older_version_never_fires(store: str) -> None:
+    # "R * * * *" (croniter draws the minute again at every look) was accepted:
+    # once a minute, it fired 35 times in 125 s. A row that holds one fails
+    # alone: no tick, its last_error names the field.
+    start = datetime(2027, 3, 1, 9, 0, 0, tzinfo=UTC).timestamp()
+    _add(store, "sched-random", "R * * * *", "all", start - 3600, "UTC")
+    _add(store, "sched-minute", "* * * * *", "skip", start - 1, "UTC")
+    submitted = Recorded()
+    runner = ScheduleRunner(store, submitted)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            for quarter in range(125 * 4):
+                runner.step(start + quarter / 4)
+    finally:
+        runner.stop()
+    assert submitted.ticks("sched-random") == []
+    assert submitted.ticks("sched-minute") == [f"2027-03-01T09:0{m}:00Z" for m in range(3)]
+    failed = [e for e in logs if e["event"] == "schedules.row_failed"]
+    assert [e["schedule"] for e in failed] == ["sched-random"]  # once, not at every retry
+    with session_factory(make_engine(store))() as session:
+        error = session.get(Schedule, "sched-random").last_error
+    assert "cron: not a cron expression (minute 'R': 'R' (random)" in error
+
+
+def test_adds_pauses_resumes_and_deletes_by_others_are_seen_at_the_next_check(
+    any_store: str,
+) -> None:
+    store = any_store
+    start = datetime(2027, 3, 1, 9, 0, 0, tzinfo=UTC).timestamp()
+    submitted = Recorded()
+    runner = ScheduleRunner(store, submitted)
+    try:
+        assert runner.step(start) == 0  # nothing yet: the first check read every (no) row
+        every = _create(store, "* * * * * *", "all", start + 0.2)
+        skip = _create(store, "* * * * * *", "skip", start + 0.2)
+        gone = _create(store, "* * * * * *", "skip", start + 0.2)
+        assert runner.step(start + 1.5) == 3  # 09:00:01 for each
+        for sid in (every, skip):
+            _paused(store, sid, True, start + 1.6)
+        with session_factory(make_engine(store))() as session:
+            assert schedules.remove(session, gone)
+        assert runner.step(start + 2.5) == 0
+        assert runner.step(start + 5.5) == 0
+        for sid in (every, skip):
+            _paused(store, sid, False, start + 5.6)
+        with structlog.testing.capture_logs() as logs:
+            started = runner.step(start + 6.2)
+    finally:
+        runner.stop()
+    # "all" catches up 09:00:02 to 09:00:06; "skip" skips what came due while paused.
+    assert started == 5 + 1
+    assert submitted.ticks(every) == [f"2027-03-01T09:00:0{s}Z" for s in range(1, 7)]
+    assert submitted.ticks(skip) == ["2027-03-01T09:00:01Z", "2027-03-01T09:00:06Z"]
+    assert submitted.ticks(gone) == ["2027-03-01T09:00:01Z"]
+    (skipped,) = [e for e in logs if e["event"] == "schedules.skipped"]
+    assert (skipped["schedule"], skipped["skipped"]) == (skip, 4)
+
+
+def test_a_schedule_added_while_the_runner_sleeps_fires_on_time(store: str) -> None:
+    """The thread, on the wall clock: an add from elsewhere wakes it within a check."""
+    submitted = Recorded()
+    runner = ScheduleRunner(store, submitted)
+    runner.start()
+    try:
+        wait_for(lambda: runner.failures == 0 and runner._version is not None, 30, "a first check")
+        sid = _create(store, "* * * * * *", "skip", time.time())  # noqa: TID251 - ticks are wall-clock
+        wait_for(lambda: len(submitted.ticks(sid)) >= 3, 60, "three ticks")
+    finally:
+        runner.stop()
+    seconds = [datetime.strptime(t, "%Y-%m-%dT%H:%M:%SZ") for t in submitted.ticks(sid)]
+    assert len(set(seconds)) == len(seconds)

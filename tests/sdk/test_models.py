@@ -28,6 +28,8 @@ MIRRORED: dict[type[BaseModel], str] = {
     models.RunEvents: "RunEvents",
     models.CancelAnswer: "CancelAnswer",
     models.SignalAnswer: "SignalAnswer",
+    models.ScheduleOut: "ScheduleOut",
+    models.ScheduleList: "ScheduleList",
 }
 
 

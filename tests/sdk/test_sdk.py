@@ -580,3 +580,29 @@ def test_the_feed_of_a_server_never_reached_fails_at_once() -> None:
                 await anext(aiter(aclient.events()))
 
     asyncio.run(main())
+
+
+def test_schedules_are_listed_page_by_page(server: Served) -> None:
+    yearly = {"plan": _plan("yearly", {"id": "s", "tool": "sleep", "args": {"seconds": 0}})}
+    added = []
+    for _ in range(5):
+        r = httpx.post(
+            server.url + "/api/schedules", json={**yearly, "cron": "0 0 1 1 *"}, timeout=30
+        )
+        assert r.status_code == 201, r.text
+        added.append(r.json()["schedule_id"])
+    try:
+        with Client(server.url) as client:
+            listed = [s.schedule_id for s in client.schedules(page_size=2)]
+            assert listed[-5:] == added
+            assert len(listed) == len(set(listed))
+            assert next(iter(client.schedules())).cron == "0 0 1 1 *"
+
+        async def main() -> list[str]:
+            async with AsyncClient(server.url) as client:
+                return [s.schedule_id async for s in client.schedules(page_size=3)]
+
+        assert asyncio.run(main()) == listed
+    finally:
+        for sid in added:
+            httpx.delete(f"{server.url}/api/schedules/{sid}", timeout=30)

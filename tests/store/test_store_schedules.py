@@ -8,11 +8,15 @@ schedule fires once in the repeated hour, a periodic one in both passes.
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
 import pytest
+from sqlalchemy import event, select
 
+from tiffany.store import make_engine, make_reader_engine, schedules, session_factory
+from tiffany.store.models import ScheduleClock
 from tiffany.store.schedules import last_ticks, repeats, ticks
 
 PARIS = ZoneInfo("Europe/Paris")
@@ -79,3 +83,52 @@ def test_spring_forward_fires_a_tick_of_the_missing_hour_once_at_three() -> None
     for cron in ("30 2 * * *", "0,30 2 * * *", "*/30 2 * * *"):
         assert _local(cron, *spring) == ["29 03:00:00 CEST"], cron
     assert _local("0 * * * *", *spring) == ["29 03:00:00 CEST", "29 04:00:00 CEST"]
+
+
+def test_a_version_is_seen_only_with_its_row_through_the_apis_autocommit_engine(
+    pg_migrated_url: str,
+) -> None:
+    # The API reads PostgreSQL through an autocommit engine: there an add's
+    # clock UPDATE committed at once, before its row, so a runner could read
+    # a newer version from another add and never see this one.
+    api = make_reader_engine(pg_migrated_url, 2)
+    other = make_engine(pg_migrated_url)
+    flushed, release = threading.Event(), threading.Event()
+    added: list[str] = []
+
+    def add() -> None:
+        with session_factory(api)() as session:
+
+            @event.listens_for(session, "after_flush")
+            def hold(*_: object) -> None:  # the row written, not committed yet
+                flushed.set()
+                release.wait(30)
+
+            row = schedules.create(
+                session,
+                plan={"name": "p", "steps": []},
+                inputs={},
+                cron="0 0 1 1 *",
+                timezone="UTC",
+                catchup="skip",
+                now=0.0,
+                max_schedules=10,
+            )
+            added.append(row["schedule_id"])
+
+    clock = select(ScheduleClock.seq).where(ScheduleClock.id == 1)
+    with other.connect() as conn:
+        before = conn.execute(clock).scalar_one()
+    thread = threading.Thread(target=add)
+    thread.start()
+    try:
+        assert flushed.wait(30)
+        with other.connect() as conn:
+            assert conn.execute(clock).scalar_one() == before  # not before its row is
+    finally:
+        release.set()
+        thread.join(30)
+    with session_factory(other)() as session:
+        assert [t.id for t in schedules.changed_since(session, before)] == added
+    api.dispose()
+    other.dispose()

@@ -1,9 +1,15 @@
-"""The body of ``POST /api/runs``: read under a size cap, parse JSON or YAML.
+"""Request bodies: read under a size cap, parse JSON or YAML with limits.
+
+Every route that takes a body (``POST /api/runs``, ``/api/schedules``, a
+run's ``rerun`` and ``signals``) reads it here, and no route declares a
+body model FastAPI would read for it (whole, with no cap, and answer a
+non-UTF-8 or deep body with an undocumented 400): the answers are the same
+everywhere, 413 naming the size setting, 422 naming the byte or the path.
 
 The size cap is enforced before anything is buffered: a declared
 ``Content-Length`` over the cap is refused at once (the body is never
 read), and a chunked body is counted while it streams and refused as soon
-as it crosses the cap.
+as it crosses the cap. The refusal names the setting of the cap.
 
 Accepted shapes (after parsing)::
 
@@ -59,6 +65,7 @@ from tiffany.documents import (
     YAML_MEDIA_TYPES,
     DocumentError,
     Limits,
+    Loc,
     load,
     load_reply,
     load_text,
@@ -70,6 +77,7 @@ __all__ = [
     "BodyTooLarge",
     "InvalidBody",
     "Submission",
+    "parse_document_off_loop",
     "parse_json_off_loop",
     "parse_off_loop",
     "parse_submission",
@@ -116,7 +124,10 @@ class Submission:
 
 
 async def read_capped(
-    content_length: str | None, chunks: AsyncIterator[bytes], max_bytes: int
+    content_length: str | None,
+    chunks: AsyncIterator[bytes],
+    max_bytes: int,
+    setting: str = "TIFFANY_MAX_PLAN_BYTES",
 ) -> bytes:
     """Return the body, refusing it before buffering when it exceeds ``max_bytes``.
 
@@ -125,6 +136,7 @@ async def read_capped(
         chunks: The body as it streams (``request.stream()``); not touched
             when the declared length is already too large.
         max_bytes: The cap.
+        setting: The environment variable that sets the cap (named in the 413).
 
     Raises:
         BodyTooLarge: Declared or streamed size over the cap.
@@ -138,17 +150,19 @@ async def read_capped(
             raise InvalidBody(["header", "content-length"], msg) from None
         if declared > max_bytes:
             raise BodyTooLarge(
-                f"the body is {declared} bytes; the limit is {max_bytes}",
+                f"the body is {declared} bytes; the limit is {max_bytes} ({setting})",
                 limit_bytes=max_bytes,
                 size_bytes=declared,
+                setting=setting,
             )
     buf = bytearray()
     async for chunk in chunks:
         buf += chunk
         if len(buf) > max_bytes:
             raise BodyTooLarge(
-                f"the body is over the limit of {max_bytes} bytes",
+                f"the body is over the limit of {max_bytes} bytes ({setting})",
                 limit_bytes=max_bytes,
+                setting=setting,
             )
     return bytes(buf)
 
@@ -192,37 +206,57 @@ async def parse_off_loop(body: bytes, content_type: str | None) -> Submission:
         return await anyio.to_thread.run_sync(parse_submission, body, content_type)
     if not body.strip():
         raise InvalidBody(["body"], "the body is empty; send a plan")
-    pool = _parse_pool()
-    loop = asyncio.get_running_loop()
-    try:
-        where: list[str | int] = ["body"]
-        keys: tuple[str, ...] = ("plan",)
-        reply = await loop.run_in_executor(
-            pool, load_reply, body, content_type, LIMITS, where, keys
-        )
-    except BrokenProcessPool:
-        _reset_pool(pool)
-        raise InvalidBody(["body"], "the body could not be parsed within the limits") from None
-    if reply[0] == "error":
-        _, loc, msg, fields = reply
-        raise InvalidBody(loc, msg, **fields)
-    return _shape(reply[1])
+    return _shape(await _parse_in_worker(body, content_type, ["body"], ("plan",)))
 
 
-async def parse_json_off_loop(body: bytes, loc: list[str | int]) -> Any:
-    """Parse a JSON body of any shape (a signal's payload) under the limits; empty is null.
+async def parse_document_off_loop(body: bytes, content_type: str | None, loc: Loc) -> Any:
+    """Parse a body of any shape (JSON, or YAML by its type) under the limits; empty is None.
 
-    Small bodies on the loop, others in a worker thread (their size is
-    capped by the caller: a signal's at ``max_signal_bytes``).
+    Where :func:`parse_off_loop` would: tiny JSON bodies on the loop, small
+    ones in a worker thread, bigger ones in the worker process.
     """
     if not body.strip():
         return None
+    if len(body) <= INLINE_BODY_BYTES and not _is_yaml(content_type):
+        return _load(body, content_type, loc)
+    if len(body) <= BIG_BODY_BYTES:
+        return await anyio.to_thread.run_sync(_load, body, content_type, loc)
+    return await _parse_in_worker(body, content_type, loc, ())
+
+
+async def parse_json_off_loop(body: bytes, loc: Loc) -> Any:
+    """Parse a JSON body of any shape (a signal's payload) under the limits; empty is null.
+
+    :func:`parse_document_off_loop` whatever the ``Content-Type`` says (its
+    size is capped by the caller: a signal's at ``max_signal_bytes``).
+    """
+    return await parse_document_off_loop(body, "application/json", loc)
+
+
+def _load(body: bytes, content_type: str | None, loc: Loc) -> Any:
     try:
-        if len(body) <= INLINE_BODY_BYTES:
-            return load(body, "application/json", LIMITS, loc)
-        return await anyio.to_thread.run_sync(load, body, "application/json", LIMITS, loc)
+        return load(body, content_type, LIMITS, loc)
     except DocumentError as exc:
         raise InvalidBody(exc.loc, exc.msg, **exc.fields) from None
+
+
+async def _parse_in_worker(
+    body: bytes, content_type: str | None, loc: Loc, keys: tuple[str, ...]
+) -> Any:
+    """:func:`~tiffany.documents.load_reply` in the worker process; its error raised here."""
+    pool = _parse_pool()
+    loop = asyncio.get_running_loop()
+    try:
+        reply = await loop.run_in_executor(
+            pool, load_reply, body, content_type, LIMITS, list(loc), keys
+        )
+    except BrokenProcessPool:
+        _reset_pool(pool)
+        raise InvalidBody(list(loc), "the body could not be parsed within the limits") from None
+    if reply[0] == "error":
+        _, where, msg, fields = reply
+        raise InvalidBody(where, msg, **fields)
+    return reply[1]
 
 
 def _is_yaml(content_type: str | None) -> bool:
@@ -230,7 +264,7 @@ def _is_yaml(content_type: str | None) -> bool:
     return (content_type or "").split(";", 1)[0].strip().lower() in YAML_MEDIA_TYPES
 
 
-def _load_text(text: str, loc: list[str | int]) -> Any:
+def _load_text(text: str, loc: Loc) -> Any:
     """Parse a plan given as text: JSON when it looks like JSON, YAML otherwise."""
     return load_text(text, not text.lstrip().startswith(("{", "[")), LIMITS, loc)
 

@@ -64,16 +64,23 @@ def add(
         typer.echo(f"tiffany: --{e['loc']}: {e['msg']}", err=True)
     if errors:
         raise typer.Exit(EXIT_INVALID)
+    from tiffany.cli import _settings
+
     with _sessions(ctx)() as session:
-        row = schedules.create(
-            session,
-            plan=doc,
-            inputs=given,
-            cron=cron,
-            timezone=timezone,
-            catchup=catchup,
-            now=_now(),
-        )
+        try:
+            row = schedules.create(
+                session,
+                plan=doc,
+                inputs=given,
+                cron=cron,
+                timezone=timezone,
+                catchup=catchup,
+                now=_now(),
+                max_schedules=_settings(ctx).max_schedules,
+            )
+        except schedules.TooManySchedules as exc:
+            typer.echo(f"tiffany: {exc.message}", err=True)
+            raise typer.Exit(exits.FAILED) from None
     typer.echo(row["schedule_id"])
 
 
@@ -83,11 +90,24 @@ def list_(
     as_json: Annotated[bool, typer.Option("--json", help="JSON, one schedule a line.")] = False,
     data_dir: DataDirOption = None,
 ) -> None:
-    """List the schedules: id, cron, time zone, state, next tick, last run."""
+    """List the schedules, oldest first: id, cron, time zone, state, next tick, last run.
+
+    Read a page at a time (``schedules.MAX_PAGE`` rows), printed as it comes.
+    """
     from tiffany.store import schedules
 
-    with _sessions(ctx)() as session:
-        rows = schedules.list_schedules(session, _now())
+    sessions = _sessions(ctx)
+    after: str | None = None
+    while True:
+        with sessions() as session:
+            page = schedules.list_schedules(session, _now(), after=after, limit=schedules.MAX_PAGE)
+        _print(page["schedules"], as_json)
+        after = page["next_after"]
+        if after is None:
+            return
+
+
+def _print(rows: list[dict[str, Any]], as_json: bool) -> None:
     for r in rows:
         if as_json:
             typer.echo(json.dumps(r))

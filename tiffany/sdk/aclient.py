@@ -28,6 +28,8 @@ from tiffany.sdk.models import (
     RunEvents,
     RunList,
     RunStatus,
+    ScheduleList,
+    ScheduleOut,
     SignalAnswer,
     SubmitAnswer,
 )
@@ -173,6 +175,21 @@ class AsyncClient:
             limit, status=status, before=before, name=name, q=q, since=since, until=until
         )
         return protocol.answer(await self._request("GET", "/api/runs", params=params), RunList)
+
+    async def schedules(self, page_size: int = 100) -> AsyncIterator[ScheduleOut]:
+        """Every schedule, oldest first, read a page of ``page_size`` at a time."""
+        after: str | None = None
+        while True:
+            params: dict[str, Any] = {"limit": page_size}
+            if after is not None:
+                params["after"] = after
+            response = await self._request("GET", "/api/schedules", params=params)
+            page = protocol.answer(response, ScheduleList)
+            for schedule in page.schedules:
+                yield schedule
+            after = page.next_after
+            if after is None:
+                return
 
     async def records(self, run_id: str, after: int = 0, limit: int = 200) -> RunEvents:
         """A page of the run's journal records, decoded."""

@@ -32,6 +32,8 @@ from tiffany.sdk.models import (
     RunEvents,
     RunList,
     RunStatus,
+    ScheduleList,
+    ScheduleOut,
     SignalAnswer,
     SubmitAnswer,
 )
@@ -232,6 +234,25 @@ class Client:
             limit, status=status, before=before, name=name, q=q, since=since, until=until
         )
         return protocol.answer(self._request("GET", "/api/runs", params=params), RunList)
+
+    def schedules(self, page_size: int = 100) -> Iterator[ScheduleOut]:
+        """Every schedule, oldest first, read a page of ``page_size`` at a time.
+
+        Follows ``GET /api/schedules``' pages (``after=next_after``) as it is
+        iterated: a page is asked for when the previous one is used up.
+        """
+        after: str | None = None
+        while True:
+            params: dict[str, Any] = {"limit": page_size}
+            if after is not None:
+                params["after"] = after
+            page = protocol.answer(
+                self._request("GET", "/api/schedules", params=params), ScheduleList
+            )
+            yield from page.schedules
+            after = page.next_after
+            if after is None:
+                return
 
     def records(self, run_id: str, after: int = 0, limit: int = 200) -> RunEvents:
         """A page of the run's journal records, decoded (``after``: the previous ``next_after``)."""

@@ -32,6 +32,8 @@ __all__ = [
     "RunList",
     "RunStatus",
     "RunSummary",
+    "ScheduleList",
+    "ScheduleOut",
     "SignalAnswer",
     "StepOut",
     "SubmitAnswer",
@@ -94,6 +96,31 @@ class RunList(_Open):
 
     def __len__(self) -> int:
         return len(self.runs)
+
+
+class ScheduleOut(_Open):
+    """A cron schedule of a plan: each tick starts one run."""
+
+    schedule_id: str
+    name: str
+    plan: dict[str, Any]
+    inputs: dict[str, Any]
+    cron: str
+    timezone: str
+    catchup: str
+    paused: bool
+    created_at: float
+    last_tick: float | None
+    last_run_id: str | None
+    last_error: str | None
+    next_tick: float | None
+
+
+class ScheduleList(_Open):
+    """A page of schedules, oldest first; ``next_after`` pages on (None on the last page)."""
+
+    schedules: list[ScheduleOut]
+    next_after: str | None
 
 
 class StepOut(_Open):

@@ -59,6 +59,7 @@ __all__ = [
     "Run",
     "RunStatus",
     "Schedule",
+    "ScheduleClock",
     "Step",
     "StepStatus",
     "Task",
@@ -460,6 +461,10 @@ class Schedule(Base):
     """
 
     __tablename__ = "schedules"
+    __table_args__ = (
+        Index("ix_schedules_version", "version"),
+        Index("ix_schedules_created_at_id", "created_at", "id"),
+    )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
@@ -477,3 +482,21 @@ class Schedule(Base):
     last_run_id: Mapped[str | None] = mapped_column(String(128))
     #: Why the last tick started no run (an invalid plan, say), or None.
     last_error: Mapped[str | None] = mapped_column(Text)
+    #: The :class:`ScheduleClock` seq of the last add, pause or resume (0: none
+    #: since revision 0011): the runner reads the rows changed since it last looked.
+    version: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
+
+class ScheduleClock(Base):
+    """One row: the seq the last change of a schedule took (``Schedule.version``).
+
+    A change takes the next seq with an ``UPDATE`` of this row in its own
+    transaction, so the row's lock orders the seqs as the commits: a reader
+    that saw seq N never sees a change with a smaller seq appear later
+    (``tiffany/store/schedules.py``: :func:`~tiffany.store.schedules.changed_since`).
+    """
+
+    __tablename__ = "schedule_clock"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    seq: Mapped[int] = mapped_column(BigInteger)

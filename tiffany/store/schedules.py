@@ -19,42 +19,129 @@ its IANA ``timezone``, daylight-saving changes included, as Vixie cron does:
 missed while no engine fired them (it was down, or the schedule paused):
 ``skip`` them, run ``one`` (the last) or ``all`` (the last
 :data:`MAX_CATCHUP_TICKS` of them).
+
+Invariants:
+
+* A tick is a function of the row: croniter's ``R`` (a random value,
+  drawn again each time the expression is read) and ``H`` (a hash of an
+  id croniter is not given) are refused (:func:`check`), and a row that
+  holds one anyway (stored by an older version) has no ticks: it fails
+  alone, its ``last_error`` says why. A schedule read twice fired twice:
+  ``R * * * *`` once a minute fired 35 times in 125 s, each poll drawing
+  its minute anew.
+* Every add, pause and resume takes the next seq of ``schedule_clock``
+  (its row's lock orders the seqs as the commits) as the row's ``version``:
+  the runner reads the rows changed since the last seq it saw
+  (:func:`changed_since`), never every row. A delete takes none: the runner
+  finds the row gone when its next tick comes.
+* At most ``max_schedules`` rows (``TIFFANY_MAX_SCHEDULES``): an add beyond
+  is :class:`TooManySchedules`, counted under the clock's lock.
+
+Rejected: pinning ``H`` with the schedule's id (Jenkins' rule). It spreads
+load, but a schedule's time would then depend on an id the user never chose
+and a copy of the schedule would fire at another minute; writing the
+minute is as short and says what happens.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
+import re
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadDateError, CroniterError, croniter
-from sqlalchemy import delete, select, update
+from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from tiffany.store.models import Schedule
+from tiffany.errors import TiffanyError
+from tiffany.store.models import Schedule, ScheduleClock
 
 __all__ = [
     "CATCHUP",
+    "DEFAULT_PAGE",
     "MAX_CATCHUP_TICKS",
+    "MAX_PAGE",
+    "BadCursor",
+    "Timing",
+    "TooManySchedules",
+    "changed_since",
     "check",
     "create",
     "fired",
     "get",
     "last_ticks",
     "list_schedules",
+    "next_tick",
     "remove",
     "repeats",
     "schedule_dict",
     "set_paused",
     "ticks",
+    "timing",
 ]
 
 #: What happens to ticks missed while no engine fired them.
 CATCHUP: Final = ("skip", "one", "all")
 #: Most missed ticks ``all`` catches up at once.
 MAX_CATCHUP_TICKS: Final = 1_000
+#: Cron expressions kept parsed (most schedules share a few expressions).
+CRON_CACHE: Final = 4_096
+#: Schedules a page of ``GET /api/schedules`` holds unless ``limit`` says fewer.
+DEFAULT_PAGE: Final = 100
+#: Most schedules a page may hold (``limit`` above it is a 422).
+MAX_PAGE: Final = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """What the runner needs to know of a row to say when it ticks (not its plan).
+
+    Its fields are :data:`TIMING`'s columns, in that order.
+    """
+
+    id: str
+    cron: str
+    timezone: str
+    catchup: str
+    paused: bool
+    created_at: float
+    last_tick: float | None
+    version: int
+
+
+#: The columns of a :class:`Timing`, in its fields' order.
+TIMING: Final = (
+    Schedule.id,
+    Schedule.cron,
+    Schedule.timezone,
+    Schedule.catchup,
+    Schedule.paused,
+    Schedule.created_at,
+    Schedule.last_tick,
+    Schedule.version,
+)
+
+#: croniter's ``R`` (random) and ``H`` (hashed) in a field: a letter alone, not in a name (THU).
+_MOVING: Final = re.compile(r"(?<![A-Za-z])[RrHh](?![A-Za-z])")
+
+
+class TooManySchedules(TiffanyError):
+    """There are ``max_schedules`` schedules already (HTTP 429)."""
+
+    code = "schedule.too_many"
+    http_status = 429
+
+
+class BadCursor(TiffanyError):
+    """An ``after`` cursor no page gave."""
+
+    code = "request.invalid"
 
 
 def check(cron: Any, timezone: Any, catchup: Any) -> list[dict[str, str]]:
@@ -85,6 +172,9 @@ def _cron_problem(cron: Any) -> str | None:
     fields = len(cron.split())
     if fields not in (5, 6):
         return f"{fields} fields"
+    moving = _moving(cron)
+    if moving is not None:
+        return moving
     reason = _croniter_refuses(cron)
     if reason is None:
         # Each field may be fine and their dates none ("0 0 30 2 *": February 30).
@@ -101,6 +191,27 @@ def _cron_problem(cron: Any) -> str | None:
 
 #: The fields of a cron expression, in order (croniter's sixth is the second).
 _CRON_FIELDS: Final = ("minute", "hour", "day", "month", "weekday", "second")
+
+
+def _moving(cron: str) -> str | None:
+    """Why ``cron``'s ticks would move from one look to the next (``R``, ``H``), or None."""
+    for name, part in zip(_CRON_FIELDS, cron.split(), strict=False):
+        found = _MOVING.search(part)
+        if found is None:
+            continue
+        if found.group().upper() == "R":
+            why = "'R' (random) is drawn again at every look, so the tick would move"
+        else:
+            why = "'H' (hashed) is not supported"
+        return f"{name} {part!r}: {why}; write the {name} it should fire at"
+    return None
+
+
+def _fixed(cron: str) -> None:
+    """Raise ValueError if ``cron`` has no fixed ticks (:func:`_moving`): the row fails alone."""
+    moving = _moving(cron)
+    if moving is not None:
+        raise ValueError(moving)
 
 
 def _croniter_refuses(cron: str) -> str | None:
@@ -130,6 +241,19 @@ def _again(tick: float, zone: ZoneInfo) -> bool:
     return datetime.fromtimestamp(tick, zone).fold == 1
 
 
+@functools.lru_cache(maxsize=CRON_CACHE)
+def _parsed(cron: str) -> croniter:
+    """``cron`` parsed once (croniter's expansion is most of the cost of a look)."""
+    return croniter(cron, 0.0)
+
+
+def _iterator(cron: str, start: datetime) -> croniter:
+    """A croniter of ``cron`` at ``start``: a copy of the parsed one (it moves as it is read)."""
+    it = copy.copy(_parsed(cron))
+    it.set_current(start, force=True)
+    return it
+
+
 def ticks(cron: str, timezone: str, after: float, until: float, limit: int) -> list[float]:
     """The schedule's ticks in ``(after, until]`` (epoch seconds), the first ``limit``.
 
@@ -138,9 +262,10 @@ def ticks(cron: str, timezone: str, after: float, until: float, limit: int) -> l
     A fixed-time expression has no tick in the second pass of a repeated hour
     (croniter gives one: the module docstring).
     """
+    _fixed(cron)
     zone = ZoneInfo(timezone)
     once = not repeats(cron)
-    it = croniter(cron, datetime.fromtimestamp(after, zone))
+    it = _iterator(cron, datetime.fromtimestamp(after, zone))
     out: list[float] = []
     while len(out) < limit:
         try:
@@ -162,9 +287,10 @@ def last_ticks(cron: str, timezone: str, after: float, until: float, limit: int)
     its last ``limit`` ticks, not every tick since (croniter's ``get_prev``
     leaves out where it starts: it starts at the next whole second).
     """
+    _fixed(cron)
     zone = ZoneInfo(timezone)
     once = not repeats(cron)
-    it = croniter(cron, datetime.fromtimestamp(math.floor(until) + 1, zone))
+    it = _iterator(cron, datetime.fromtimestamp(math.floor(until) + 1, zone))
     out: list[float] = []
     while len(out) < limit:
         try:
@@ -179,7 +305,7 @@ def last_ticks(cron: str, timezone: str, after: float, until: float, limit: int)
     return out
 
 
-def _next(row: Schedule, now: float) -> float | None:
+def next_tick(row: Schedule | Timing, now: float) -> float | None:
     """When ``row`` ticks next; None: never, or its settings are no longer valid.
 
     A row stored before a check (or by another version: another tzdata, another
@@ -209,8 +335,30 @@ def schedule_dict(row: Schedule, now: float) -> dict[str, Any]:
         "last_tick": row.last_tick,
         "last_run_id": row.last_run_id,
         "last_error": row.last_error,
-        "next_tick": None if row.paused else _next(row, now),
+        "next_tick": None if row.paused else next_tick(row, now),
     }
+
+
+def _transaction(session: Session) -> None:
+    """Make what ``session`` does next one transaction, on an autocommit engine too.
+
+    The API reads PostgreSQL through an autocommit engine
+    (:func:`~tiffany.store.session.make_reader_engine`): there the clock's
+    ``UPDATE`` committed at once, its lock released before the row was
+    written, and a change with a smaller version could commit after a
+    runner had read a larger one (and never be seen). Called first, before
+    the session has a connection; the level goes back with the connection.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.connection(execution_options={"isolation_level": "READ COMMITTED"})
+
+
+def _next_version(session: Session) -> int:
+    """Take the clock's next seq in the caller's transaction (its row locked until commit)."""
+    session.execute(
+        update(ScheduleClock).where(ScheduleClock.id == 1).values(seq=ScheduleClock.seq + 1)
+    )
+    return int(session.scalars(select(ScheduleClock.seq).where(ScheduleClock.id == 1)).one())
 
 
 def create(
@@ -222,8 +370,25 @@ def create(
     timezone: str,
     catchup: str,
     now: float,
+    max_schedules: int,
 ) -> dict[str, Any]:
-    """Add a schedule (its settings :func:`check`-ed by the caller); return it."""
+    """Add a schedule (its settings :func:`check`-ed by the caller); return it.
+
+    Raises:
+        TooManySchedules: ``max_schedules`` exist already (counted after the
+            clock's row is locked: two adds cannot both take the last place).
+    """
+    _transaction(session)
+    version = _next_version(session)
+    count = int(session.scalars(select(func.count()).select_from(Schedule)).one())
+    if count >= max_schedules:
+        session.rollback()
+        raise TooManySchedules(
+            f"there are {count} schedules, the most max_schedules "
+            f"(TIFFANY_MAX_SCHEDULES) allows: delete one first",
+            limit=max_schedules,
+            setting="TIFFANY_MAX_SCHEDULES",
+        )
     row = Schedule(
         id=f"sched-{uuid.uuid4().hex[:12]}",
         name=str(plan.get("name") or "plan")[:200],
@@ -234,16 +399,54 @@ def create(
         catchup=catchup,
         paused=False,
         created_at=now,
+        version=version,
     )
     session.add(row)
     session.commit()
     return schedule_dict(row, now)
 
 
-def list_schedules(session: Session, now: float) -> list[dict[str, Any]]:
-    """Every schedule, oldest first."""
-    rows = session.scalars(select(Schedule).order_by(Schedule.created_at, Schedule.id))
-    return [schedule_dict(r, now) for r in rows]
+def list_schedules(
+    session: Session, now: float, *, after: str | None = None, limit: int = DEFAULT_PAGE
+) -> dict[str, Any]:
+    """A page of schedules, oldest first: ``{"schedules", "next_after"}``.
+
+    ``after``: the previous page's ``next_after`` (None: the first page), a
+    cursor of the last row's creation time and id, so a row deleted
+    meanwhile costs the next page nothing. ``next_after`` is None on the
+    last page.
+
+    Raises:
+        BadCursor: ``after`` is no cursor a page gave.
+    """
+    stmt = select(Schedule).order_by(Schedule.created_at, Schedule.id)
+    if after is not None:
+        created, sid = _cursor(after)
+        stmt = stmt.where(
+            or_(
+                Schedule.created_at > created,
+                and_(Schedule.created_at == created, Schedule.id > sid),
+            )
+        )
+    rows = list(session.scalars(stmt.limit(limit + 1)))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {
+        "schedules": [schedule_dict(r, now) for r in rows],
+        "next_after": f"{rows[-1].created_at!r}:{rows[-1].id}" if more else None,
+    }
+
+
+def _cursor(after: str) -> tuple[float, str]:
+    """The creation time and id an ``after`` cursor names."""
+    created, _, sid = after.partition(":")
+    try:
+        at = float(created)
+    except ValueError:
+        at = math.nan
+    if not sid or not math.isfinite(at):
+        raise BadCursor(f"after: {after[:80]!r} is not a cursor a page gave (next_after)")
+    return at, sid
 
 
 def get(session: Session, schedule_id: str, now: float) -> dict[str, Any] | None:
@@ -255,11 +458,18 @@ def get(session: Session, schedule_id: str, now: float) -> dict[str, Any] | None
 def set_paused(
     session: Session, schedule_id: str, paused: bool, now: float
 ) -> dict[str, Any] | None:
-    """Pause or resume a schedule; None if unknown. Ticks due while paused follow ``catchup``."""
+    """Pause or resume a schedule; None if unknown. Ticks due while paused follow ``catchup``.
+
+    A change takes a new ``version`` (the runner sees it); pausing a paused
+    schedule (or resuming an active one) changes nothing.
+    """
+    _transaction(session)
     row = session.get(Schedule, schedule_id)
     if row is None:
         return None
-    row.paused = paused
+    if row.paused != paused:
+        row.version = _next_version(session)
+        row.paused = paused
     session.commit()
     return schedule_dict(row, now)
 
@@ -269,6 +479,24 @@ def remove(session: Session, schedule_id: str) -> bool:
     done = session.execute(delete(Schedule).where(Schedule.id == schedule_id))
     session.commit()
     return bool(done.rowcount)  # type: ignore[attr-defined]
+
+
+def changed_since(session: Session, version: int | None) -> list[Timing]:
+    """The rows added, paused or resumed after ``version``, oldest change first.
+
+    ``version`` None reads every row (a runner's first look). Otherwise an
+    index range scan: nothing changed, nothing read.
+    """
+    stmt = select(*TIMING)
+    if version is not None:
+        stmt = stmt.where(Schedule.version > version).order_by(Schedule.version)
+    return [Timing(*row) for row in session.execute(stmt)]
+
+
+def timing(session: Session, schedule_id: str) -> Timing | None:
+    """One row's :class:`Timing`, or None if it was deleted."""
+    row = session.execute(select(*TIMING).where(Schedule.id == schedule_id)).first()
+    return None if row is None else Timing(*row)
 
 
 def fired(

@@ -415,6 +415,7 @@ async def cancel_run(run_id: str, state: State) -> CancelAnswer:
         200: {"model": SubmitAnswer, "description": "The Idempotency-Key named an earlier re-run."},
         **_NOT_FOUND,
         409: {"model": ErrorBody, "description": "The run has not finished."},
+        413: {"model": ErrorBody, "description": "The body is larger than max_plan_bytes."},
         422: {"model": ErrorBody, "description": "No such step, no failed step, or a bad body."},
         **_ERRORS,
     },
@@ -493,7 +494,10 @@ async def signal_run(
     if _SIGNAL_NAME.match(name) is None:
         raise InvalidBody(["path", "name"], f"a signal name must match {SIGNAL_NAME_PATTERN}")
     body = await read_capped(
-        request.headers.get("content-length"), request.stream(), state.settings.max_signal_bytes
+        request.headers.get("content-length"),
+        request.stream(),
+        state.settings.max_signal_bytes,
+        "TIFFANY_MAX_SIGNAL_BYTES",
     )
     payload = await parse_json_off_loop(body, ["body"])
     answer = await state.engines.for_run(

@@ -2,18 +2,22 @@
 
 The rows are the store's (``tiffany/store/schedules.py``); engine 0 fires
 the ticks (``tiffany/engine/schedules.py``). A schedule's plan is checked by
-an engine when it is added (422 naming the field), like a submission.
+an engine when it is added (422 naming the field), like a submission. Its
+body is read as a submission's is (``tiffany/api/body.py``: 413 over
+``TIFFANY_MAX_PLAN_BYTES`` before it is buffered, 422 naming the byte or
+the path), at most ``TIFFANY_MAX_SCHEDULES`` schedules exist (429 beyond),
+and the list comes in pages (``limit``, ``after``).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Response
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tiffany.api.body import InvalidBody
+from tiffany.api.body import InvalidBody, parse_document_off_loop, read_capped
 from tiffany.api.deps import State
 from tiffany.api.schemas import ErrorBody
 from tiffany.errors import TiffanyError
@@ -70,6 +74,15 @@ class ScheduleOut(BaseModel):
     next_tick: float | None = Field(description="When the next tick is due (epoch s).")
 
 
+class ScheduleList(BaseModel):
+    """A page of schedules, oldest first."""
+
+    schedules: list[ScheduleOut]
+    next_after: str | None = Field(
+        description="Pass as ``after`` for the next page; null on the last page."
+    )
+
+
 _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "Missing or wrong bearer token."},
     503: {"model": ErrorBody, "description": "The store or the engine is not available."},
@@ -83,15 +96,49 @@ _NOT_FOUND: dict[int | str, dict[str, Any]] = {
     "",
     status_code=201,
     response_model=ScheduleOut,
-    responses={422: {"model": ErrorBody, "description": "A bad field or plan."}, **_ERRORS},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": ScheduleRequest.model_json_schema()},
+                "application/yaml": {"schema": {"type": "string"}},
+            },
+        }
+    },
+    responses={
+        413: {"model": ErrorBody, "description": "The body is larger than max_plan_bytes."},
+        422: {
+            "model": ErrorBody,
+            "description": "A bad field or plan, or a body that is not UTF-8 or nested too deep.",
+        },
+        429: {"model": ErrorBody, "description": "There are max_schedules schedules already."},
+        **_ERRORS,
+    },
 )
-async def add_schedule(body: ScheduleRequest, state: State) -> dict[str, Any]:
-    """Add a schedule; its first tick is the first one after now."""
+async def add_schedule(request: Request, state: State) -> dict[str, Any]:
+    """Add a schedule; its first tick is the first one after now.
+
+    The body (JSON, or YAML by its ``Content-Type``) is read as a
+    submission's: capped at ``TIFFANY_MAX_PLAN_BYTES`` and parsed with the
+    document limits.
+    """
+    raw = await read_capped(
+        request.headers.get("content-length"), request.stream(), state.settings.max_plan_bytes
+    )
+    doc = await parse_document_off_loop(raw, request.headers.get("content-type"), ["body"])
+    if doc is None:
+        raise InvalidBody(["body"], "the body is empty; send a schedule")
+    try:
+        body = ScheduleRequest.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        raise InvalidBody(["body", *first["loc"]], first["msg"]) from None
     errors = schedules.check(body.cron, body.timezone, body.catchup)
     if errors:
         raise InvalidBody(["body", errors[0]["loc"]], errors[0]["msg"])
     await state.engines.check_plan(body.plan, body.inputs)
     now = time.time()  # noqa: TID251 - a schedule's ticks are wall-clock times
+    limit = state.settings.max_schedules
     return await state.read(
         lambda s: schedules.create(
             s,
@@ -101,15 +148,31 @@ async def add_schedule(body: ScheduleRequest, state: State) -> dict[str, Any]:
             timezone=body.timezone,
             catchup=body.catchup,
             now=now,
+            max_schedules=limit,
         )
     )
 
 
-@router.get("", response_model=list[ScheduleOut], responses=_ERRORS)
-async def list_schedules(state: State) -> list[dict[str, Any]]:
-    """Every schedule, oldest first."""
+@router.get("", response_model=ScheduleList, responses=_ERRORS)
+async def list_schedules(
+    state: State,
+    limit: Annotated[
+        int,
+        Query(ge=1, le=schedules.MAX_PAGE, description="Schedules a page holds at most."),
+    ] = schedules.DEFAULT_PAGE,
+    after: Annotated[
+        str | None,
+        Query(max_length=200, description="The previous page's ``next_after`` (paging)."),
+    ] = None,
+) -> dict[str, Any]:
+    """A page of schedules, oldest first; the next with ``after=<next_after>``."""
     now = time.time()  # noqa: TID251 - next_tick is a wall-clock time
-    return await state.read(lambda s: schedules.list_schedules(s, now))
+    try:
+        return await state.read(
+            lambda s: schedules.list_schedules(s, now, after=after, limit=limit)
+        )
+    except schedules.BadCursor as exc:
+        raise InvalidBody(["query", "after"], exc.message) from None
 
 
 @router.get("/{schedule_id}", response_model=ScheduleOut, responses={**_NOT_FOUND, **_ERRORS})
