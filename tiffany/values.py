@@ -305,12 +305,21 @@ def stand_in(value: Any) -> msgspec.msgpack.Ext:
 
 
 def unpack_value(value: Any) -> Any:
-    """Invert :func:`pack_value` for values nested in decoded lists and dicts."""
+    """Invert :func:`pack_value`: a copy of ``value``'s lists and dicts, its extensions decoded.
+
+    For a value decoded from the journal (its extensions were decoded
+    already: this copies), and for one :func:`pack_value` made in this
+    process and not encoded (a re-run's reused outputs, a signal's payload,
+    on their way to the run that journals them packed): both come out the
+    same, as the value that was packed.
+    """
     cls = value.__class__
     if cls is list:
         return [unpack_value(v) for v in value]
     if cls is dict:
         return {k: unpack_value(v) for k, v in value.items()}
+    if cls is msgspec.msgpack.Ext:
+        return ext_hook(value.code, memoryview(value.data))
     return value
 
 

@@ -663,6 +663,8 @@ def _reused(reuse: Mapping[Any, Any], clock: float | None) -> dict[str, dict[str
     for sid, given in reuse.items():
         if isinstance(given, Mapping):
             origin = {"run_id": given.get("run_id"), "seq": given.get("seq")}
+            if given.get("projected"):  # the journal no longer held it (rerun.py)
+                origin["projected"] = True
             out[text(sid)] = {
                 "status": _SUCCEEDED,
                 "output": given.get("output"),
