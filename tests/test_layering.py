@@ -83,7 +83,7 @@ LAYERS: dict[str, Layer] = {
     "control": Layer(_parts("errors"), CODEC_LIBS),
     "store": Layer(_parts("errors", "config", "records", "shards")),
     # records: only TaskLabel, the role and plan step a spawned task serves.
-    "agents": Layer(_parts("errors", "kernel", "io", "documents", "records")),
+    "agents": Layer(_parts("errors", "kernel", "io", "documents", "records", "values")),
     # Data only: the plans that ship with Tiffany (the demo plan).
     "plans": Layer(STDLIB_ONLY, STDLIB_ONLY),
     # The kernel demo run by `tiffany demo`.
