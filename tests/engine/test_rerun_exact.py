@@ -56,13 +56,19 @@ PLAN = {
 FINISH_S = 60.0
 
 
-@pytest.fixture
-def engine() -> Iterator[EngineProc]:
+@pytest.fixture(params=["file", "postgres"])
+def engine(request: pytest.FixtureRequest) -> Iterator[EngineProc]:
+    """An engine journaling in its WAL files, or in PostgreSQL (the store there too)."""
     data_dir = Path(tempfile.mkdtemp(prefix="tfx-", dir="/tmp"))  # short: Unix sockets
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")}
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
     env |= {"TIFFANY_TOOL_MODULES": "rerun_values", "TIFFANY_LOG_FORMAT": "json"}
+    store = f"sqlite:///{data_dir / 'data' / 'tiffany.db'}"
+    if request.param == "postgres":
+        store = request.getfixturevalue("pg_schema_url")
+        env |= {"TIFFANY_DATABASE_URL": store, "TIFFANY_JOURNAL": "postgres"}
     proc = EngineProc(data_dir / "data", env=env)
+    proc.store_url = store  # type: ignore[attr-defined]
     try:
         proc.wait_ready()
         yield proc
@@ -73,7 +79,7 @@ def engine() -> Iterator[EngineProc]:
 
 
 def _finished(engine: EngineProc, run_id: str) -> dict[str, Any]:
-    db = make_engine(f"sqlite:///{engine.data_dir / 'tiffany.db'}")
+    db = make_engine(engine.store_url)  # type: ignore[attr-defined]
     deadline = time.monotonic() + FINISH_S
     try:
         while True:
@@ -109,6 +115,12 @@ def test_a_rerun_reuses_the_exact_output_a_fresh_run_computes(engine: EngineProc
     # The step after the reused one got the very value a fresh run's got: type and value.
     assert anew["outputs"]["described"] == expected
     assert again["outputs"]["described"] == expected
-    for run_id in (rerun, fresh):
+    # A re-run of the re-run reuses the output from the run that recorded it.
+    third = engine.call("submit", rerun_of=rerun, from_step="use")["run_id"]
+    last = _finished(engine, third)
+    assert last["status"] == "succeeded", last["error"]
+    assert _step(last, "make")["attempts"][0]["reused"] == {"run_id": first, "seq": reused["seq"]}
+    assert last["outputs"]["described"] == expected
+    for run_id in (rerun, fresh, third):
         report = engine.call("verify", run_id=run_id)
         assert report["identical"] is True, report
