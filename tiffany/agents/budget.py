@@ -172,9 +172,11 @@ class Ledger:
     def exceeded(self, why: str) -> BudgetExceeded:
         """The error of a refused call or an over-budget step (``why`` says which)."""
         b = self.budget
+        limits = [f"{b.tokens} tokens"] if b.tokens is not None else []
+        limits += [f"${b.usd:g}"] if b.usd is not None else []
         return BudgetExceeded(
             f"{why}: the run's model usage ({self.tokens:g} tokens, ${self.usd:g}) has reached "
-            f"its budget ({b.tokens} tokens, ${b.usd}; the plan's budget)",
+            f"the plan's budget ({', '.join(limits)})",
             tokens=self.tokens,
             usd=self.usd,
             budget_tokens=b.tokens,
