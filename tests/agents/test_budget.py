@@ -254,3 +254,19 @@ def test_an_agent_stops_before_the_turn_that_would_start_over_its_budget(
     assert len(calls) == 2
     assert detail["usage"]["tokens"] == 2_000
     _verify(tmp_path, str(result["run_id"]))
+
+
+def test_without_a_budget_the_store_totals_failed_attempts_too(
+    tmp_path, http_server, reply, read_body
+):
+    base, calls = _model(
+        http_server,
+        reply,
+        read_body,
+        lambda _: {"model": "m", "choices": [], "usage": _usage(200_000)},
+    )
+    step = {"id": "a", "tool": "llm", "args": {"prompt": "hi"}, "retries": 1, "backoff": 0}
+    result = _run(tmp_path, {"name": "free", "steps": [step]}, TIFFANY_LLM_BASE_URL=base)
+    assert result["status"] == "failed"
+    assert len(calls) == 2  # no budget: the retry runs
+    assert _detail(tmp_path, str(result["run_id"]))["usage"]["tokens"] == 400_000
