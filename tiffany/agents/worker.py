@@ -344,6 +344,7 @@ def _attempts(
                 record["ended_at"] = ended
                 outcome.attempts.append(record)
                 if ledger is not None and how != "self" and _crossed(ledger, output):
+                    outcome.output = output  # bought past the budget: shown, not used
                     outcome.error = error_info(ledger.exceeded(f"step {spec.id}'s usage"))
                     return outcome
                 outcome.ok, outcome.output = True, output
@@ -385,6 +386,7 @@ def _attempts(
             record["ended_at"] = yield _NOW
             outcome.attempts.append(record)
             if ledger is not None and how != "self" and _crossed(ledger, output):
+                outcome.output = output  # bought past the budget: shown, not used
                 outcome.error = error_info(ledger.exceeded(f"step {spec.id}'s usage"))
                 return outcome
             outcome.ok, outcome.output = True, output
