@@ -154,6 +154,8 @@ def pack_value(value: Any) -> Any:
                     out[k] = p
         return value if out is None else out
     if cls is list:
+        if _all_plain(map(type, value)):  # nothing to pack: checked in C (long lists)
+            return value
         out = None
         for i, v in enumerate(value):
             if v.__class__ not in _PLAIN:
