@@ -270,3 +270,33 @@ def test_without_a_budget_the_store_totals_failed_attempts_too(
     assert result["status"] == "failed"
     assert len(calls) == 2  # no budget: the retry runs
     assert _detail(tmp_path, str(result["run_id"]))["usage"]["tokens"] == 400_000
+
+
+@pytest.mark.parametrize(("compat", "calls", "tokens"), [(3, 1, 100), (2, 3, 0)])
+def test_a_run_keeps_the_budget_rules_of_the_journal_version_it_started_under(
+    tmp_path, compat, calls, tokens
+):
+    """Version 3 refuses the retries and counts the failure; a version-2 run replays as it ran.
+
+    (Version 2: the planner counted the steps that succeeded, when they reported.)
+    """
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from planner_tools import EVENTS, FakeRegistry
+
+    from tiffany.agents import AgentEnv, PlanFailed, run_plan
+    from tiffany.kernel import ManualClock, Scheduler
+
+    step = {"id": "m", "tool": "model", "args": {"tokens": 100, "fail_times": 3}, "retries": 2}
+    doc = {"name": "v", "budget": {"tokens": 50}, "steps": [{**step, "backoff": 0}]}
+    env = AgentEnv(FakeRegistry(), tmp_path / "ws")  # type: ignore[arg-type]
+    EVENTS.clear()
+    with Scheduler(clock=ManualClock()) as sched:
+        tid = sched.spawn(run_plan(env, "run-1", doc, {}, compat), name="planner")
+        sched.run()
+        error = sched.task(tid).error
+    assert isinstance(error, PlanFailed)
+    assert [e for e in EVENTS if e[0] == "model"] == [
+        ("model", "m", i) for i in range(1, calls + 1)
+    ]
+    assert error.fields["usage"]["tokens"] == tokens
+    EVENTS.clear()

@@ -193,9 +193,13 @@ def legacy_spend(usage: dict[str, float], output: Any, budget: BudgetSpec) -> bo
 
     Kept for runs journaled before :data:`BUDGET_COMPAT`, which replay as they ran.
     """
-    used = usage_of(output)
-    if used is not None:
-        usage["tokens"] += used[0]
-        usage["usd"] = round(usage["usd"] + used[1], 8)
+    if isinstance(output, Mapping):  # word for word as version 2 did it: its replays compare
+        used = output.get("usage")
+        tokens = used.get("total_tokens") if isinstance(used, Mapping) else None
+        if isinstance(tokens, int | float) and not isinstance(tokens, bool):
+            usage["tokens"] += tokens
+        cost = output.get("cost_usd")
+        if isinstance(cost, int | float) and not isinstance(cost, bool):
+            usage["usd"] = round(usage["usd"] + cost, 8)
     over_tokens = budget.tokens is not None and usage["tokens"] > budget.tokens
     return over_tokens or (budget.usd is not None and usage["usd"] > budget.usd)
