@@ -112,7 +112,7 @@ RUN_PREFIX: Final = struct.Struct("<I")
 #: The journal-compatibility version this code writes into RUN_START: what
 #: a run's replay may rely on (docs/wal-format.md, "Versions"). A run keeps
 #: the version it started under for its whole life, across upgrades.
-JOURNAL_COMPAT: Final = 2
+JOURNAL_COMPAT: Final = 3
 
 #: The signal (a WAKE of the run, cause ``signal``: docs/wal-format.md) that
 #: gives a run with a ``concurrency`` limit its slot; its planner waits for

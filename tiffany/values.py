@@ -165,6 +165,8 @@ def pack_value(value: Any) -> Any:
                     out[k] = p
         return value if out is None else out
     if cls is list:
+        if _all_plain(map(type, value)):  # nothing to pack: checked in C (long lists)
+            return value
         out = None
         for i, v in enumerate(value):
             if v.__class__ not in _PLAIN:
@@ -413,12 +415,21 @@ def _encodable_key(key: Any) -> Any:
 
 
 def unpack_value(value: Any) -> Any:
-    """Invert :func:`pack_value` for values nested in decoded lists and dicts."""
+    """Invert :func:`pack_value`: a copy of ``value``'s lists and dicts, its extensions decoded.
+
+    For a value decoded from the journal (its extensions were decoded
+    already: this copies), and for one :func:`pack_value` made in this
+    process and not encoded (a re-run's reused outputs, a signal's payload,
+    on their way to the run that journals them packed): both come out the
+    same, as the value that was packed.
+    """
     cls = value.__class__
     if cls is list:
         return [unpack_value(v) for v in value]
     if cls is dict:
         return {k: unpack_value(v) for k, v in value.items()}
+    if cls is msgspec.msgpack.Ext:
+        return ext_hook(value.code, memoryview(value.data))
     return value
 
 

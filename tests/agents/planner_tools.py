@@ -73,11 +73,35 @@ class Planner:
         }
 
 
+class ModelArgs(ToolArgs):
+    tokens: int
+    fail_times: int = 0
+
+
+class Model:
+    """A model call (``metered = "call"``): bills ``tokens``; fails its first ``fail_times``.
+
+    A failure carries the usage, as a model error raised after the reply does.
+    """
+
+    name: ClassVar[str] = "model"
+    Args: ClassVar[type[ToolArgs]] = ModelArgs
+    durable: ClassVar[bool] = True
+    metered: ClassVar[str] = "call"
+
+    def run(self, args: ModelArgs, ctx: ToolContext) -> Any:
+        EVENTS.append(("model", ctx.step_id, ctx.attempt))
+        usage = {"prompt_tokens": args.tokens, "completion_tokens": 0, "total_tokens": args.tokens}
+        if ctx.attempt <= args.fail_times:
+            raise ToolError("the reply is unusable", usage=usage, cost_usd=0.0)
+        return {"usage": usage, "cost_usd": 0.0}
+
+
 class FakeRegistry:
     """The registry interface the planner uses."""
 
     def __init__(self) -> None:
-        self.tools = {t.name: t for t in (Echo(), ThreadEcho(), Planner())}
+        self.tools = {t.name: t for t in (Echo(), ThreadEcho(), Planner(), Model())}
 
     def get(self, name: str) -> Any:
         return self.tools[name]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tiffany.agents.plan import PlanError
-from tiffany.agents.rerun import rerun_reuse
+from tiffany.agents.rerun import journal_reuse, rerun_reuse, reused_origin, reused_output
+from tiffany.records import TaskExit
 
 PLAN = {
     "name": "p",
@@ -50,3 +51,25 @@ def test_a_step_that_is_not_there_or_no_failure_to_restart_is_refused() -> None:
     assert info.value.errors[0]["loc"] == "from_step"
     with pytest.raises(PlanError, match="no failed step"):
         rerun_reuse(PLAN, steps, None, "r1")
+
+
+def test_reused_outputs_are_the_journal_records_and_the_projection_is_marked() -> None:
+    """The worker's TASK_EXIT holds the exact output; a lost record falls back, marked."""
+    exact = {"t": (1, 2), "s": {3}, "b": b"\x00", "inf": float("inf")}
+    reuse = {
+        "a": {"output": {"t": [1, 2]}, "run_id": "r0", "seq": 7},  # the store's projection
+        "z": {"output": "from the store", "run_id": "r0", "seq": 9},
+    }
+    outcome = {"step_id": "a", "ok": True, "output": exact, "error": None, "attempts": []}
+    records = {7: TaskExit(5, 3, "done", outcome)}
+    journaled, projected = journal_reuse(reuse, records)
+    assert projected == ["z"]
+    out = reused_output(journaled["a"])
+    assert out == exact
+    assert isinstance(out["t"], tuple)
+    assert isinstance(out["s"], set)
+    assert reused_origin(journaled["a"]) == {"run_id": "r0", "seq": 7}
+    assert reused_output(journaled["z"]) == "from the store"
+    assert reused_origin(journaled["z"]) == {"run_id": "r0", "seq": 9, "projected": True}
+    failed = {**outcome, "ok": False}  # a record that did not settle the step: not taken
+    assert journal_reuse(reuse, {7: TaskExit(5, 3, "done", failed)})[1] == ["a", "z"]

@@ -15,8 +15,8 @@ process submits two runs and dies by SIGKILL part-way through them:
 ``tests/durable/test_upgrade.py`` copies the data dir, recovers it with the
 current code and checks that both runs finish with the outputs they would
 have had without the crash. Keep every recording (``inflight_v1`` was made
-with main at d869a26, journal compatibility version 1): an upgrade must
-replay each of them forever.
+with main at d869a26, journal compatibility version 1; ``inflight_v2`` with
+main at 235120f, version 2): an upgrade must replay each of them forever.
 """
 
 from __future__ import annotations

@@ -3,8 +3,10 @@
 ``tests/data/golden/inflight_v1`` was written by main at d869a26 (journal
 version 1, before RUN_START carried a version and SPAWN a role) and killed
 by SIGKILL with a plan run sleeping in its second step and a callable run
-whose root waits on a child in a durable sleep (``tests/data/make_inflight_golden.py``). Every
-release's in-flight golden stays here and must keep finishing.
+whose root waits on a child in a durable sleep (``tests/data/make_inflight_golden.py``).
+``inflight_v2``, the same runs, by main at 235120f (version 2, before the
+budget's ledger and the worker's exact outcome record). Every release's
+in-flight golden stays here and must keep finishing.
 """
 
 from __future__ import annotations
@@ -25,18 +27,21 @@ from tiffany.store import make_engine, queries, session_factory
 from tiffany.wal import Wal
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
-RELEASES = ["inflight_v1"]
+#: Each release's in-flight golden and the journal version its runs started under.
+RELEASES = [("inflight_v1", 1), ("inflight_v2", 2)]
 TOOLS = ["file.write", "file.read", "sleep"]
 
 
-@pytest.mark.parametrize("release", RELEASES)
-def test_runs_in_flight_under_the_previous_release_finish_after_the_upgrade(tmp_path, release):
+@pytest.mark.parametrize(("release", "compat"), RELEASES)
+def test_runs_in_flight_under_the_previous_release_finish_after_the_upgrade(
+    tmp_path, release, compat
+):
     data = tmp_path / release
     shutil.copytree(GOLDEN / release, data)
     index = scan(data / "wal")
     assert {i.run_id: (i.status, i.compat) for i in index.runs.values()} == {
-        "inflight-plan": ("running", 1),
-        "inflight-sleeper": ("running", 1),
+        "inflight-plan": ("running", compat),
+        "inflight-sleeper": ("running", compat),
     }
     settings = Settings(data_dir=data, enabled_tools=TOOLS, _env_file=None)
     engine = build(settings)

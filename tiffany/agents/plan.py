@@ -140,8 +140,10 @@ class ConcurrencySpec(BaseModel):
 class BudgetSpec(BaseModel):
     """The most model tokens and US dollars a run's steps may use (``llm``, ``agent``).
 
-    The step whose usage crosses it fails (``budget.exceeded``); its
-    dependents are skipped as for any failure.
+    Every attempt's usage counts, failed or not; a model call that would
+    start with the budget spent is refused, and the step whose call ends
+    past it fails (``budget.exceeded``); its dependents are skipped as for
+    any failure (``tiffany/agents/budget.py``).
     """
 
     model_config = ConfigDict(extra="forbid")

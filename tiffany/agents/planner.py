@@ -22,8 +22,10 @@ from __future__ import annotations
 from collections.abc import Generator, Mapping
 from typing import Any
 
+from tiffany.agents.budget import BUDGET_COMPAT, Ledger, legacy_spend
 from tiffany.agents.plan import PlanError, StepSpec, check_steps, parse_plan
 from tiffany.agents.refs import RefError, resolve
+from tiffany.agents.rerun import reused_origin, reused_output
 from tiffany.agents.worker import AgentEnv, StepOutcome, worker
 from tiffany.errors import TaskCancelled, TiffanyError
 from tiffany.kernel import KillTask, NewTask, Queue, Receive, Step
@@ -96,8 +98,14 @@ def run_plan(
     # A budget (plan.budget) counts the model tokens and dollars of the run's
     # steps (their outputs' "usage" and "cost_usd": llm, agent); only then is
     # "usage" part of the run's result (runs journaled before stay as they were).
+    # From version 3 on, a ledger the workers share (budget.py) checks each
+    # model call before it starts and counts every attempt, failed or not;
+    # runs of earlier versions count succeeded steps here, as they did.
     budget = plan.budget
-    usage: dict[str, float] | None = {"tokens": 0, "usd": 0.0} if budget is not None else None
+    ledger = Ledger(budget) if budget is not None and compat >= BUDGET_COMPAT else None
+    usage: dict[str, float] | None = None
+    if budget is not None and ledger is None:
+        usage = {"tokens": 0, "usd": 0.0}
     try:
         while True:
             ready = dag.take_ready()
@@ -109,9 +117,8 @@ def run_plan(
                             ready.append(sid)
                             continue
                         given = reuse[sid]
-                        outputs[sid] = given.get("output")
-                        origin = {"run_id": given.get("run_id"), "seq": given.get("seq")}
-                        attempts[sid] = [{"attempt": 1, "reused": origin}]
+                        outputs[sid] = reused_output(given)
+                        attempts[sid] = [{"attempt": 1, "reused": reused_origin(given)}]
                         dag.status[sid] = RUNNING
                         if dag.specs[sid].dynamic:
                             _extend(dag, reasons, sid, outputs[sid], values, env)
@@ -123,7 +130,15 @@ def run_plan(
                 # queue), so its record goes as soon as it ends.
                 running[sid] = yield NewTask(
                     worker(
-                        env, run_id, dag.specs[sid], values, outputs, results, compat, workspace
+                        env,
+                        run_id,
+                        dag.specs[sid],
+                        values,
+                        outputs,
+                        results,
+                        compat,
+                        workspace,
+                        ledger,
                     ),
                     name=f"worker:{sid}",
                     daemon=True,
@@ -138,8 +153,13 @@ def run_plan(
                 sid = outcome.step_id
                 running.pop(sid, None)
                 attempts[sid] = outcome.attempts
-                if outcome.ok and usage is not None and _spend(usage, outcome.output, budget):
-                    outcome.ok = False  # this step's model calls crossed the run's budget
+                if (
+                    outcome.ok
+                    and usage is not None
+                    and budget is not None
+                    and legacy_spend(usage, outcome.output, budget)
+                ):  # version 2: this step's model calls crossed the run's budget
+                    outcome.ok = False
                     outcome.error = _over_budget(usage, budget)
                 if outcome.ok:
                     outputs[sid] = outcome.output
@@ -163,6 +183,8 @@ def run_plan(
         sid: {"status": st, "error": reasons.get(sid), "attempts": attempts.get(sid, [])}
         for sid, st in status.items()
     }
+    if ledger is not None:
+        usage = ledger.totals()
     if failed:
         extra = {"usage": usage} if usage is not None else {}
         raise PlanFailed(
@@ -180,21 +202,8 @@ def run_plan(
     return {"outputs": final, "steps": summary}
 
 
-def _spend(usage: dict[str, float], output: Any, budget: Any) -> bool:
-    """Add a step's model usage to the run's; True if that crosses the budget."""
-    if isinstance(output, Mapping):
-        used = output.get("usage")
-        tokens = used.get("total_tokens") if isinstance(used, Mapping) else None
-        if isinstance(tokens, int | float) and not isinstance(tokens, bool):
-            usage["tokens"] += tokens
-        cost = output.get("cost_usd")
-        if isinstance(cost, int | float) and not isinstance(cost, bool):
-            usage["usd"] = round(usage["usd"] + cost, 8)
-    over_tokens = budget.tokens is not None and usage["tokens"] > budget.tokens
-    return over_tokens or (budget.usd is not None and usage["usd"] > budget.usd)
-
-
 def _over_budget(usage: dict[str, float], budget: Any) -> dict[str, Any]:
+    """Version 2's error of the step whose usage crossed the budget (as journaled then)."""
     return {
         "code": "budget.exceeded",
         "message": (

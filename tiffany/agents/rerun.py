@@ -14,6 +14,26 @@ one) and its tools are never called again for them.
 A dynamic step's children are part of the DAG the earlier run built: their
 specs come from the parent's (reused) output, and they are reused or re-run
 by the same rule.
+
+Which steps are reused is read from the store (their status, the DAG);
+*what* each reuses is read from the journal (:func:`journal_reuse`): the
+output the record that settled the step holds (the worker's TASK_EXIT, at
+the seq the store names), exactly as the earlier run's planner had it. The
+store's JSON projection of an output is lossy (NUL characters, bytes,
+non-finite floats, tuples, sets and nesting past ``MAX_JSON_DEPTH`` come
+back as text or lists), and a re-run that reused it would run its steps on
+other values than a fresh run. The outputs go into RUN_START packed as the
+journal packs values (``tiffany/values.py``), and the planner unpacks them
+(:func:`reused_output`): live or replayed, it sees the same values.
+
+Invariants:
+    - A reused output is the journal's value, or, when the journal no
+      longer holds the record (``TIFFANY_WAL_RETAIN=delete`` released it),
+      the store's, marked so: the step's ``reused`` origin says
+      ``projected: true``. Never silently the projection.
+    - A run journaled before version 3 held its worker's outcome with
+      tuples and sets as lists and bytes as base64 text (``to_builtins``):
+      its re-runs reuse what that record holds.
 """
 
 from __future__ import annotations
@@ -22,8 +42,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from tiffany.agents.plan import PlanError
+from tiffany.records import TaskExit
+from tiffany.values import pack_value, unpack_value
 
-__all__ = ["rerun_reuse"]
+__all__ = [
+    "journal_reuse",
+    "rerun_reuse",
+    "reused_origin",
+    "reused_output",
+    "settled_output",
+]
 
 
 def _specs(plan: Mapping[str, Any], steps: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
@@ -103,3 +131,60 @@ def rerun_reuse(
             origin = row.get("run_id") or run_id
             reuse[sid] = {"output": row.get("output"), "run_id": origin, "seq": row.get("seq")}
     return reuse, restart
+
+
+def settled_output(record: Any) -> tuple[bool, Any]:
+    """The output of a step the record settled: ``(True, output)``, else ``(False, None)``.
+
+    ``record``: the worker's TASK_EXIT (its value the step's outcome, a map
+    with ``ok`` and ``output``), decoded from the journal.
+    """
+    if record.__class__ is not TaskExit or record.state != "done":
+        return False, None
+    value = record.value
+    if not isinstance(value, Mapping) or value.get("ok") is not True or "output" not in value:
+        return False, None
+    return True, value["output"]
+
+
+def journal_reuse(
+    reuse: Mapping[str, Mapping[str, Any]], records: Mapping[int, Any]
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Return ``reuse`` as the new run's RUN_START holds it, and the steps only the store had.
+
+    Args:
+        reuse: :func:`rerun_reuse`'s (the store's outputs).
+        records: The journal records at the reused steps' seqs, by seq (a
+            seq the journal no longer holds is missing).
+
+    Each output becomes the one its record holds, packed (:func:`~tiffany.values.pack_value`);
+    a step whose record is missing keeps the store's output and says so
+    (``projected: true``), and is named in the list returned.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    projected: list[str] = []
+    for sid, given in reuse.items():
+        entry = dict(given)
+        seq = entry.get("seq")
+        found, output = settled_output(records.get(seq) if isinstance(seq, int) else None)
+        if found:
+            entry["output"] = output
+        else:
+            entry["projected"] = True
+            projected.append(sid)
+        entry["output"] = pack_value(entry.get("output"))
+        out[sid] = entry
+    return out, projected
+
+
+def reused_output(given: Mapping[str, Any]) -> Any:
+    """A reused step's output, from its RUN_START entry (packed live, decoded on replay)."""
+    return unpack_value(given.get("output"))
+
+
+def reused_origin(given: Mapping[str, Any]) -> dict[str, Any]:
+    """Where a reused step's output was recorded: its one attempt's ``reused``."""
+    origin = {"run_id": given.get("run_id"), "seq": given.get("seq")}
+    if given.get("projected"):
+        origin["projected"] = True
+    return origin

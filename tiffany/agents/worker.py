@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from tiffany.agents.budget import BudgetExceeded, Ledger, metered
 from tiffany.agents.plan import OPAQUE_ARGS, Plan, StepSpec
 from tiffany.agents.refs import RefError, resolve
 from tiffany.agents.tools.base import ToolContext, ToolSettings
@@ -56,6 +57,9 @@ _NOW = Now()  # a Now() has no fields: one instance serves every yield
 
 #: Validated plans kept for their planners (submissions not yet started).
 MAX_VALIDATED_PLANS = 4_096
+#: The first journal version whose workers end with their outcome as a dict
+#: (:meth:`StepOutcome.record`), which the journal packs exactly.
+EXACT_OUTCOME_COMPAT = 3
 
 
 @dataclass(slots=True)
@@ -121,6 +125,22 @@ class StepOutcome:
     error: dict[str, Any] | None = None
     attempts: list[dict[str, Any]] = field(default_factory=list)
 
+    def record(self) -> dict[str, Any]:
+        """The outcome as the worker's journaled result (version 3 on): a plain dict.
+
+        Its keys are the fields', in order, as the dataclass was journaled
+        before; but as a dict its ``output`` is packed exactly
+        (``tiffany/values.py``): a dataclass goes through ``to_builtins``,
+        which made tuples and sets lists and bytes base64 text.
+        """
+        return {
+            "step_id": self.step_id,
+            "ok": self.ok,
+            "output": self.output,
+            "error": self.error,
+            "attempts": self.attempts,
+        }
+
 
 def error_info(exc: BaseException) -> dict[str, Any]:
     """Return a JSON-able description of an error (code, type, message, fields).
@@ -129,7 +149,10 @@ def error_info(exc: BaseException) -> dict[str, Any]:
     a message holding a lone surrogate (a remote server's, a model's) is
     kept escaped, and a ``__str__`` that raises is named, so that a failed
     attempt is journaled with its message instead of failing again as a
-    value that cannot be journaled.
+    value that cannot be journaled. Besides the scalar fields, it keeps a
+    model call's ``usage`` (its token counts: an error raised after the
+    model answered carries them, and the run's budget counts them:
+    ``budget.py``).
     """
     info: dict[str, Any] = {"type": type(exc).__name__, "message": text_of(exc)}
     if isinstance(exc, TiffanyError):
@@ -141,6 +164,13 @@ def error_info(exc: BaseException) -> dict[str, Any]:
                 if isinstance(v, str | int | float | bool)
             }
         )
+        used = exc.fields.get("usage")
+        if isinstance(used, Mapping):
+            info["usage"] = {
+                str(k): v
+                for k, v in used.items()
+                if isinstance(v, int | float) and not isinstance(v, bool)
+            }
     return info
 
 
@@ -250,6 +280,7 @@ def worker(
     results: Queue[StepOutcome],
     compat: int = JOURNAL_COMPAT,
     workspace: Path | None = None,
+    ledger: Ledger | None = None,
 ) -> Co:
     """Run one step to success or to the end of its retries; report to ``results``.
 
@@ -257,8 +288,30 @@ def worker(
     the calls this function yields bumps ``JOURNAL_COMPAT`` and keeps the
     old sequence for runs of older versions (docs/wal-format.md, "Versions").
     ``workspace`` is the run's workspace path (default: made from
-    ``run_id``; the planner makes it once for all its steps).
+    ``run_id``; the planner makes it once for all its steps). ``ledger``:
+    the run's budget (``budget.py``; None without one, or before version 3).
+
+    The task's result (its TASK_EXIT, the record that settles the step) is
+    the outcome: from version 3 on as a dict (:meth:`StepOutcome.record`),
+    which the journal packs exactly (tuples, sets, bytes in the output
+    stay what they were: a re-run reuses the output from it); before, the
+    :class:`StepOutcome` itself, as those runs journaled it.
     """
+    outcome = yield from _attempts(env, run_id, spec, inputs, outputs, workspace, ledger)
+    results.put(outcome)
+    return outcome.record() if compat >= EXACT_OUTCOME_COMPAT else outcome
+
+
+def _attempts(
+    env: AgentEnv,
+    run_id: str,
+    spec: StepSpec,
+    inputs: Mapping[str, Any],
+    outputs: Mapping[str, Any],
+    workspace: Path | None,
+    ledger: Ledger | None,
+) -> Co:
+    """The step's attempts (:func:`worker`); returns the :class:`StepOutcome`."""
     outcome = StepOutcome(spec.id, False)
     try:
         # Enabled or not: the engine holds a disabled tool's step (registry.py).
@@ -278,13 +331,18 @@ def worker(
             for e in exc.errors(include_url=False)
         )
         outcome.error = {"type": "ValidationError", "code": "plan.args", "message": fields}
-        results.put(outcome)
         return outcome
     except (RefError, TiffanyError) as exc:
         outcome.error = error_info(exc)
-        results.put(outcome)
         return outcome
+    how = metered(tool) if ledger is not None else None
     for attempt in range(1, spec.retries + 2):
+        if how == "call" and ledger is not None and ledger.spent():
+            # Refused before the model is called: the budget is spent (budget.py).
+            refused = error_info(ledger.exceeded(f"step {spec.id} attempt {attempt}"))
+            outcome.attempts.append({"attempt": attempt, "ok": False, "error": refused})
+            outcome.error = refused
+            return outcome
         step = _ready_step(tool, args, spec)
         if step is not None:
             try:
@@ -295,13 +353,22 @@ def worker(
             if ok:
                 record["ended_at"] = ended
                 outcome.attempts.append(record)
+                if ledger is not None and how != "self" and _crossed(ledger, output):
+                    outcome.output = output  # bought past the budget: shown, not used
+                    outcome.error = error_info(ledger.exceeded(f"step {spec.id}'s usage"))
+                    return outcome
                 outcome.ok, outcome.output = True, output
-                results.put(outcome)
                 return outcome
             record["error"] = output
             record["ended_at"] = ended
             outcome.attempts.append(record)
             outcome.error = output
+            if ledger is not None:
+                stops = _budget_stops(ledger, how, output)
+                if stops:
+                    return outcome
+                if stops is None:
+                    continue
             yield from _back_off(env, run_id, spec, attempt)
             continue
         started = yield _NOW
@@ -316,6 +383,7 @@ def worker(
                 _emitter(env, run_id, spec.id),
                 env.runs,
                 env.registry,
+                ledger,
             )
             output = yield from _run_tool(tool, args, ctx, spec)
         except TaskCrashed as exc:
@@ -327,15 +395,45 @@ def worker(
             record["ok"] = True
             record["ended_at"] = yield _NOW
             outcome.attempts.append(record)
+            if ledger is not None and how != "self" and _crossed(ledger, output):
+                outcome.output = output  # bought past the budget: shown, not used
+                outcome.error = error_info(ledger.exceeded(f"step {spec.id}'s usage"))
+                return outcome
             outcome.ok, outcome.output = True, output
-            results.put(outcome)
             return outcome
         record["ended_at"] = yield _NOW
         outcome.attempts.append(record)
         outcome.error = record["error"]
+        if ledger is not None:
+            stops = _budget_stops(ledger, how, record["error"])
+            if stops:
+                return outcome
+            if stops is None:
+                continue
         yield from _back_off(env, run_id, spec, attempt)
-    results.put(outcome)
     return outcome
+
+
+def _crossed(ledger: Ledger, output: Any) -> bool:
+    """Charge a succeeded attempt's usage; True if it leaves the run past its budget."""
+    return ledger.charge(output) and ledger.over()
+
+
+def _budget_stops(ledger: Ledger, how: str | None, error: Any) -> bool | None:
+    """Charge a failed attempt's usage; whether the budget ends the step's retries.
+
+    True: the failure was the budget's (an agent's turn it refused): no
+    retry. None: a model call while the budget is spent: the next attempt
+    is refused at once (recorded), with no back-off before it. False: retry
+    as the step says.
+    """
+    if how != "self":
+        ledger.charge(error)
+    if isinstance(error, Mapping) and error.get("code") == BudgetExceeded.code:
+        return True
+    if how == "call" and ledger.spent():
+        return None
+    return False
 
 
 def _back_off(env: AgentEnv, run_id: str, spec: StepSpec, attempt: int) -> Co:

@@ -70,6 +70,7 @@ __all__ = [
     "load_many",
     "load_run",
     "read_runs",
+    "records_at",
     "scan",
 ]
 
@@ -180,6 +181,27 @@ def checkpoint_of(index: RunIndex, window_s: float = IDEMPOTENCY_WINDOW_S) -> Ch
 def scan(wal_dir: Source, base: Checkpoint | None = None, until: int | None = None) -> RunIndex:
     """Build the run index with one pass over the WAL (after ``base``, up to ``until``)."""
     return load_many(wal_dir, set(), base=base, until=until)[0]
+
+
+def records_at(source: Source, seqs: Iterable[int]) -> dict[int, Record | Unknown]:
+    """Return the records with these seqs that the log still holds, decoded, by seq.
+
+    One walk from the lowest seq to the highest (a file WAL's archived
+    segments included, ``wal/archive/``); a seq the log no longer holds
+    (retention released it) or never held is left out. Blocking: for a
+    control thread, never the scheduler's (a re-run's reused outputs).
+    """
+    wanted = set(seqs)
+    out: dict[int, Record | Unknown] = {}
+    if not wanted:
+        return out
+    last = max(wanted)
+    for seq, rtype, data, start, end, _ in spans_of(source, from_seq=min(wanted)):
+        if seq > last:
+            break
+        if seq in wanted:
+            out[seq] = decode(rtype, data[start:end])
+    return out
 
 
 def decoded_records(wal_dir: Source, info: RunInfo) -> Iterator[tuple[int, int, Record | Unknown]]:

@@ -129,7 +129,8 @@ class ActivityLog(Instrument):
         kind = "cancelled" if task.state.value == "cancelled" else "exit"
         data = None
         if ids.task_kind == "worker":  # a worker ends well whether its step did or not
-            ok = getattr(task.result, "ok", None)
+            result = task.result  # its outcome: a dict (journal version 3 on), or a StepOutcome
+            ok = result.get("ok") if isinstance(result, Mapping) else getattr(result, "ok", None)
             data = {"ok": ok} if isinstance(ok, bool) else None
         self.hub.publish_task(kind, ids, task.state.value, data)
         self._finished(task, ids, ok=kind == "exit")

@@ -19,7 +19,7 @@ Where the facts come from:
     * a run starts when its root task is spawned and ends when the root
       exits; its status is the journal's (``RunState.status``, set in the
       journal's own hook, which runs before this one);
-    * a step's attempts come from the worker's report (``StepOutcome``) when
+    * a step's attempts come from the worker's report (its ``StepOutcome``, a dict) when
       the worker exits: each attempt's ``started_at``/``ended_at`` are the
       clock readings the journal recorded, its error the attempt's own. So a
       retried step shows one span per attempt, with the attempt's real times,
@@ -323,8 +323,11 @@ class SpanRecorder(Instrument):
             state = task.state.value
             outcome = task.result
             report = None
-            if error is None and state == "done" and outcome is not None:
-                report = (outcome.ok, outcome.error, outcome.attempts)
+            if error is None and state == "done" and isinstance(outcome, Mapping):
+                # The worker's result: its outcome as a dict (journal version 3 on).
+                report = (outcome.get("ok"), outcome.get("error"), outcome.get("attempts"))
+            elif error is None and state == "done" and outcome is not None:
+                report = (outcome.ok, outcome.error, outcome.attempts)  # a StepOutcome
             self._queue.append(
                 ("step_end", task.id, self._clock(), state, report, error, run.replay is not None)
             )

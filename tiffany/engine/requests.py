@@ -56,6 +56,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+import structlog
+
 from tiffany.agents import PlanError
 from tiffany.config import Settings
 from tiffany.control import MAX_WAIT_PROJECTED_S, ControlError, submission_digest
@@ -63,7 +65,7 @@ from tiffany.documents import SIGNAL_NAME_PATTERN, DocumentError
 from tiffany.documents import check as check_document
 from tiffany.durable.checkpoint import KeyEntry
 from tiffany.engine.inbox import DurableWaits, Inbox, settle
-from tiffany.shards import engine_stream
+from tiffany.shards import engine_of, engine_stream
 
 if TYPE_CHECKING:
     from tiffany.engine import Engine
@@ -82,6 +84,8 @@ __all__ = [
     "Lifecycle",
     "quick",
 ]
+
+log = structlog.get_logger(__name__)
 
 #: Running runs a status lists by id (the count is always exact).
 MAX_RUNNING_LISTED: Final = 100
@@ -307,7 +311,7 @@ class ControlRequests:
         Control threads only (SQL). The earlier run must be finished and in
         the store; ``inputs`` given here override its inputs.
         """
-        from tiffany.agents.rerun import rerun_reuse
+        from tiffany.agents.rerun import journal_reuse, rerun_reuse
         from tiffany.store import queries, session_factory
 
         source_id, from_step = request.get("rerun_of"), request.get("from_step")
@@ -348,6 +352,15 @@ class ControlRequests:
             )
         except PlanError as exc:
             raise ControlError(422, exc.message, exc.errors) from None
+        # The outputs themselves come from the journal, not the store's projection.
+        reuse, projected = journal_reuse(reuse, self._settling_records(reuse))
+        if projected:
+            log.warning(
+                "rerun.projected_outputs",
+                run_id=source_id,
+                steps=projected,
+                reason="the journal no longer holds their records (TIFFANY_WAL_RETAIN)",
+            )
         merged = {**(entry.get("inputs") or {}), **inputs}
         return (
             entry.get("plan"),
@@ -357,6 +370,31 @@ class ControlRequests:
                 "reuse": reuse,
             },
         )
+
+    def _settling_records(self, reuse: dict[str, dict[str, Any]]) -> dict[int, Any]:
+        """The journal records that settled the reused steps, by seq (control threads only).
+
+        A seq names the engine whose journal wrote it (``tiffany/shards.py``):
+        each engine's journal is read once, from its lowest wanted seq to its
+        highest, archived segments included. A journal that is not there
+        (an engine directory removed) reads as holding none of them.
+        """
+        from tiffany.durable.history import records_at
+        from tiffany.engine import journal_source
+
+        by_engine: dict[int, list[int]] = {}
+        for given in reuse.values():
+            seq = given.get("seq")
+            if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0:
+                by_engine.setdefault(engine_of(seq), []).append(seq)
+        found: dict[int, Any] = {}
+        for engine, seqs in sorted(by_engine.items()):
+            source = journal_source(self.settings.for_engine(engine))
+            try:
+                found.update(records_at(source, seqs))
+            except FileNotFoundError:
+                continue
+        return found
 
     def _for_run(self, run_id: str, fn: Callable[[], Any], *, live: bool) -> Any:
         """Run a run's command on the loop; a run the engine no longer holds: 409 from the store.

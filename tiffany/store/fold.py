@@ -116,9 +116,11 @@ _HAS_USAGE: Final = "usage" in Run.__table__.c
 
 
 def _add_usage(ctx: _RunCtx, output: Any) -> bool:
-    """Add a step's model usage (an ``llm`` or ``agent`` output) to its run's; True if any.
+    """Add a step's model usage to its run's; True if any.
 
-    The same sums as the planner's budget (``tiffany/agents/planner.py``:
+    ``output``: an ``llm`` or ``agent`` output, or a failed attempt's error.
+
+    The same sums as the run's budget (``tiffany/agents/budget.py``:
     ``usage.total_tokens`` and ``cost_usd``), for every run: a run with a
     budget also reports its total in its RUN_END, which then stands.
     """
@@ -434,7 +436,15 @@ class RowFold:
         values.update(attempt_times(attempts, _part(made, "attempts", outcome)))
         b.steps.update((ctx.run_id, step_id), **values)
         self._tool_ends(b, ctx, step_id, attempts)
-        if _HAS_USAGE and outcome.get("ok") and _add_usage(ctx, output):
+        if not _HAS_USAGE:
+            return
+        counted = bool(outcome.get("ok")) and _add_usage(ctx, output)
+        for attempt in attempts if isinstance(attempts, list) else ():
+            # A failed attempt's model usage (its error's, budget.py) was paid for too.
+            error = attempt.get("error") if isinstance(attempt, Mapping) else None
+            if error is not None and _add_usage(ctx, error):
+                counted = True
+        if counted:
             b.runs.update((ctx.run_id,), usage=dict(ctx.usage or {}))
 
     def _tool_ends(self, b: Batch, ctx: _RunCtx, step_id: str, attempts: Any) -> None:
@@ -663,6 +673,8 @@ def _reused(reuse: Mapping[Any, Any], clock: float | None) -> dict[str, dict[str
     for sid, given in reuse.items():
         if isinstance(given, Mapping):
             origin = {"run_id": given.get("run_id"), "seq": given.get("seq")}
+            if given.get("projected"):  # the journal no longer held it (rerun.py)
+                origin["projected"] = True
             out[text(sid)] = {
                 "status": _SUCCEEDED,
                 "output": given.get("output"),

@@ -31,6 +31,7 @@ from typing import Any, ClassVar, Final
 
 from pydantic import Field, ValidationError
 
+from tiffany.agents.budget import metered
 from tiffany.agents.tools.base import ToolArgs, ToolContext, ToolError, ToolOutput
 from tiffany.agents.tools.llm import (
     SCRIPTED_MODEL,
@@ -40,7 +41,9 @@ from tiffany.agents.tools.llm import (
     count_tokens,
     load_script,
     post_chat,
+    with_usage,
 )
+from tiffany.errors import TaskCrashed
 from tiffany.kernel import Coroutine, NewTask, Step, WaitTask
 from tiffany.records import TaskLabel
 
@@ -187,6 +190,7 @@ def _openai(
     if functions:
         payload["tools"] = functions
     url, body = post_chat(settings, payload, timeout_s)
+    doc: Any = None
     try:
         doc = json.loads(body)
         message = doc["choices"][0]["message"]
@@ -201,7 +205,8 @@ def _openai(
                 }
             )
     except (ValueError, KeyError, IndexError, TypeError) as exc:
-        raise LlmError(f"llm endpoint {url}: unexpected reply: {exc!r}", body=body[:2000]) from exc
+        error = LlmError(f"llm endpoint {url}: unexpected reply: {exc!r}", body=body[:2000])
+        raise with_usage(error, doc, model) from exc  # paid for: the budget counts it
     raw_usage = doc.get("usage") or {}
     content = message.get("content") or ""
     prompt_tokens = int(raw_usage.get("prompt_tokens", 0))
@@ -224,8 +229,16 @@ def _call_task(step: Step) -> Coroutine:
     return (yield step)
 
 
-def _tool_call(ctx: ToolContext, allowed: list[str], call: Mapping[str, Any]) -> Coroutine:
-    """Run one tool call the model asked for; ``(ok, result)`` (a refusal is a result)."""
+def _tool_call(
+    ctx: ToolContext, allowed: list[str], call: Mapping[str, Any], turn: int
+) -> Coroutine:
+    """Run one tool call the model asked for; ``(ok, result)`` (a refusal is a result).
+
+    A tool that is a model call itself (``llm``: ``metered == "call"``)
+    counts against the run's budget as the agent's own turns do: checked
+    before (a spent budget stops the agent, it is not told to the model),
+    its usage charged after, failed or not.
+    """
     name = str(call.get("name"))
     if name not in allowed:
         return False, {"error": f"tool {name!r} is not one of this step's tools: {allowed}"}
@@ -234,6 +247,9 @@ def _tool_call(ctx: ToolContext, allowed: list[str], call: Mapping[str, Any]) ->
         args = tool.Args.model_validate(call.get("arguments") or {})
     except ValidationError as exc:
         return False, {"error": f"bad arguments: {exc.errors(include_url=False)}"}
+    budget = ctx.budget if metered(tool) == "call" else None
+    if budget is not None:
+        budget.check(f"step {ctx.step_id} turn {turn}: tool {name}")
     try:
         if not tool.durable:
             return True, (yield tool.run(args, ctx))
@@ -246,10 +262,15 @@ def _tool_call(ctx: ToolContext, allowed: list[str], call: Mapping[str, Any]) ->
             name=f"tool:{name}:{ctx.step_id}",
             meta=TaskLabel("tool", ctx.step_id, name),
         )
-        return True, (yield WaitTask(tid))
+        result = yield WaitTask(tid)
     except Exception as exc:  # noqa: BLE001 - told to the model, as the tool's result
         cause = exc.__cause__ or exc
+        if budget is not None:
+            budget.charge(getattr(cause, "fields", None))
         return False, {"error": f"{type(cause).__name__}: {cause}"}
+    if budget is not None and budget.charge(result) and budget.over():
+        raise budget.exceeded(f"step {ctx.step_id} turn {turn}: tool {name}'s usage")
+    return True, result
 
 
 class AgentTool:
@@ -259,6 +280,8 @@ class AgentTool:
     Args: ClassVar[type[ToolArgs]] = AgentArgs
     Output: ClassVar[type[ToolOutput]] = AgentOutput
     durable: ClassVar[bool] = False
+    #: Each turn is a model call: the loop checks and counts the run's budget itself.
+    metered: ClassVar[str] = "self"
 
     def run(self, args: AgentArgs, ctx: ToolContext) -> Coroutine:
         """The loop (in the worker task; each call a child task and a durable step)."""
@@ -272,7 +295,10 @@ class AgentTool:
         totals = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
         cost = 0.0
         calls: list[dict[str, Any]] = []
+        budget = ctx.budget  # the run's (budget.py), or None: checked before each turn
         for turn in range(1, args.max_turns + 1):
+            if budget is not None:
+                budget.check(f"step {ctx.step_id} turn {turn}")
             step = Step(
                 _chat, ctx, list(messages), functions, turn, args.model, args.timeout_s, name="llm"
             )
@@ -281,7 +307,14 @@ class AgentTool:
                 name=f"llm:{ctx.step_id}:{turn}",
                 meta=TaskLabel("tool", ctx.step_id, "llm"),
             )
-            reply = yield WaitTask(tid)
+            try:
+                reply = yield WaitTask(tid)
+            except TaskCrashed as exc:  # a reply it could not use was paid for all the same
+                if budget is not None:
+                    budget.charge(getattr(exc.__cause__, "fields", None))
+                raise
+            if budget is not None and budget.charge(reply) and budget.over():
+                raise budget.exceeded(f"step {ctx.step_id} turn {turn}'s usage")
             for k in totals:
                 totals[k] += int(reply["usage"].get(k, 0))
             cost += float(reply.get("cost_usd") or 0.0)
@@ -312,7 +345,7 @@ class AgentTool:
                 }
             )
             for c in wanted:
-                ok, result = yield from _tool_call(ctx, args.tools, c)
+                ok, result = yield from _tool_call(ctx, args.tools, c, turn)
                 calls.append({"turn": turn, "tool": c["name"], "ok": ok})
                 text = json.dumps(result, default=str)[:MAX_RESULT_CHARS]
                 messages.append({"role": "tool", "tool_call_id": c["id"], "content": text})

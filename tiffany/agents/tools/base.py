@@ -22,6 +22,13 @@ is whatever its user code returns (``python``, ``signal.wait``, ``plan.run``)
 declares a :class:`FreeFormOutput` that says so.
 Tools raise :class:`ToolError` (with a stable ``code`` and fields) for
 failures the plan should see; the worker retries according to the step.
+
+A tool that calls a model says so with a ``metered`` class attribute, for
+the run's budget (``tiffany/agents/budget.py``): ``"call"`` when its step
+is one model call (the worker checks the budget before each attempt and
+counts each attempt's ``usage`` and ``cost_usd``, from its output or, for a
+failed one, its error's fields), ``"self"`` when it makes several and
+checks and counts each itself (``ToolContext.budget``).
 """
 
 from __future__ import annotations
@@ -107,6 +114,9 @@ class ToolContext:
             e.g. ``tool.output`` lines, ``llm.usage``). Never blocks.
         runs: The engine's child runs (``plan.run``: ``tools/subplan.py``), or None.
         tools: The tool registry (``agent`` calls tools by name), or None.
+        budget: The run's budget ledger (``tiffany/agents/budget.py``), or None
+            (no budget): a tool that makes several model calls checks it
+            before each and charges each (``metered = "self"``).
     """
 
     run_id: str
@@ -117,6 +127,7 @@ class ToolContext:
     emit: Callable[[str, Mapping[str, Any]], None] = lambda kind, data: None
     runs: Any = None
     tools: Any = None
+    budget: Any = None
 
 
 class Tool(Protocol):

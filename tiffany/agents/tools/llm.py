@@ -54,6 +54,7 @@ __all__ = [
     "cost_usd",
     "count_tokens",
     "scripted_reply",
+    "with_usage",
 ]
 
 #: The model name of the offline scripted provider.
@@ -296,6 +297,36 @@ def _parse_steps(content: str) -> list[dict[str, Any]]:
     return steps
 
 
+def with_usage(exc: LlmError, doc: Any, model: str) -> LlmError:
+    """Give ``exc``, raised after the model answered, the usage and cost its reply reports.
+
+    The run's budget counts a failed attempt's ``usage`` and ``cost_usd``
+    from its error's fields (``tiffany/agents/budget.py``): an unusable
+    reply was paid for all the same. Only integer counts are taken; a reply
+    that reports none (or did not parse) leaves ``exc`` as it is.
+    """
+    raw = doc.get("usage") if isinstance(doc, dict) else None
+    if not isinstance(raw, dict):
+        return exc
+    counts = {
+        k: v
+        for k in ("prompt_tokens", "completion_tokens", "total_tokens")
+        if isinstance(v := raw.get(k), int) and not isinstance(v, bool)
+    }
+    if not counts:
+        return exc
+    prompt, completion = counts.get("prompt_tokens", 0), counts.get("completion_tokens", 0)
+    usage = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": counts.get("total_tokens", prompt + completion),
+    }
+    answered = doc.get("model") if isinstance(doc, dict) else None
+    cost = cost_usd(str(answered or model), prompt, completion)
+    exc.fields.update(usage=usage, cost_usd=cost)
+    return exc
+
+
 def chat_url(base_url: str) -> str:
     """Return the chat-completions URL under an OpenAI-compatible base URL."""
     base = base_url.rstrip("/")
@@ -347,6 +378,8 @@ class LlmTool:
     Args: ClassVar[type[ToolArgs]] = LlmArgs
     Output: ClassVar[type[ToolOutput]] = LlmOutput
     durable: ClassVar[bool] = True
+    #: One model call per step: the worker checks and counts the run's budget.
+    metered: ClassVar[str] = "call"
 
     def run(self, args: LlmArgs, ctx: ToolContext) -> dict[str, Any]:
         """Call the provider (in the thread pool)."""
@@ -399,22 +432,25 @@ class LlmTool:
         if args.max_tokens is not None:
             payload["max_tokens"] = args.max_tokens
         url, body = post_chat(settings, payload, args.timeout_s)
+        doc: Any = None
         try:
             doc = json.loads(body)
             content = doc["choices"][0]["message"]["content"] or ""
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise LlmError(
-                f"llm endpoint {url}: unexpected reply: {exc!r}", body=body[:2000]
-            ) from exc
-        raw = doc.get("usage") or {}
-        prompt_tokens = int(
-            raw.get("prompt_tokens", sum(count_tokens(m["content"]) for m in messages))
-        )
-        completion_tokens = int(raw.get("completion_tokens", count_tokens(content)))
-        usage = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": int(raw.get("total_tokens", prompt_tokens + completion_tokens)),
-        }
-        steps = _parse_steps(content) if args.plan else None
+            raw = doc.get("usage") or {}
+            prompt_tokens = int(
+                raw.get("prompt_tokens", sum(count_tokens(m["content"]) for m in messages))
+            )
+            completion_tokens = int(raw.get("completion_tokens", count_tokens(content)))
+            usage = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": int(raw.get("total_tokens", prompt_tokens + completion_tokens)),
+            }
+            steps = _parse_steps(content) if args.plan else None
+        except LlmError as exc:  # the plan reply: the model answered, and was paid for
+            with_usage(exc, doc, model)
+            raise
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            error = LlmError(f"llm endpoint {url}: unexpected reply: {exc!r}", body=body[:2000])
+            raise with_usage(error, doc, model) from exc
         return content, steps, usage, str(doc.get("model") or model)
