@@ -112,3 +112,34 @@ def test_a_run_started_by_a_newer_engine_is_left_alone(tmp_path):
     assert scan(tmp_path / "wal").get("from-the-future").status == "running"  # nothing lost
     report = verify(tmp_path, "from-the-future")
     assert not report.ok
+
+
+def test_runs_waiting_for_the_engines_old_signals_finish_after_the_upgrade(tmp_path):
+    """``inflight_signals_v2`` (tests/data/make_signals_golden.py, main at 235120f).
+
+    Killed while a parent waited for its child's end (then a journaled
+    ``child:<id>`` signal) and a limited run for its slot (``concurrency.slot``):
+    the current code delivers both its own way, and every run replays.
+    """
+    data = tmp_path / "inflight"
+    shutil.copytree(GOLDEN / "inflight_signals_v2", data)
+    runs = ["inflight-holder", "inflight-queued", "inflight-parent", "inflight-parent.sub.1"]
+    assert {i.run_id: i.status for i in scan(data / "wal").runs.values()} == dict.fromkeys(
+        runs, "running"
+    )
+    settings = Settings(data_dir=data, enabled_tools=[*TOOLS, "plan.run"], _env_file=None)
+    engine = build(settings)
+    try:
+        assert sorted(engine.recover_runs()) == sorted(runs)
+        engine.runtime.run()
+        ends = {r: engine.runtime.status(r) for r in runs}
+    finally:
+        engine.runtime.close()
+    assert {r: s.status for r, s in ends.items()} == dict.fromkeys(runs, "succeeded"), {
+        r: s.error for r, s in ends.items()
+    }
+    assert ends["inflight-parent"].result["outputs"] == {"who": "kid"}
+    for run_id in runs:
+        report = verify(data, run_id, resolvers=replay_resolvers(settings))
+        assert report.ok, report.to_dict()
+
