@@ -209,12 +209,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def serve(data_dir: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
-    """Start ``tiffany serve`` on ``data_dir`` as users do; return it and its base URL, ready."""
+def serve(
+    data_dir: Path, *extra: str, env_extra: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``tiffany serve`` on ``data_dir`` as users do; return it and its base URL, ready.
+
+    ``env_extra``: settings of its own (``TIFFANY_*``), over a clean environment.
+    """
     from process_support import serve_argv, wait_for
 
     data_dir.mkdir(parents=True, exist_ok=True)
-    env = clean_env() | {"TIFFANY_LOG_FORMAT": "json"}
+    env = clean_env() | {"TIFFANY_LOG_FORMAT": "json"} | (env_extra or {})
     proc = subprocess.Popen(
         serve_argv(data_dir, 0, *extra),
         stdout=(data_dir / "serve.log").open("ab"),

@@ -44,7 +44,11 @@ def parent(nap_s: float) -> dict[str, Any]:
         "name": "kid",
         "inputs": {"who": "nobody"},
         "steps": [
-            {"id": "w", "tool": "file.write", "args": {"path": "k.txt", "content": "${inputs.who}"}},
+            {
+                "id": "w",
+                "tool": "file.write",
+                "args": {"path": "k.txt", "content": "${inputs.who}"},
+            },
             {"id": "nap", "tool": "sleep", "args": {"seconds": nap_s}, "after": ["w"]},
             {"id": "r", "tool": "file.read", "args": {"path": "k.txt"}, "after": ["nap"]},
         ],

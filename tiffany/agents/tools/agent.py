@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, ClassVar, Final
 
 from pydantic import Field, ValidationError
@@ -224,8 +225,14 @@ def _call_task(step: Step) -> Coroutine:
     return (yield step)
 
 
-def _tool_call(ctx: ToolContext, allowed: list[str], call: Mapping[str, Any]) -> Coroutine:
-    """Run one tool call the model asked for; ``(ok, result)`` (a refusal is a result)."""
+def _tool_call(
+    ctx: ToolContext, allowed: list[str], call: Mapping[str, Any], ordinal: int
+) -> Coroutine:
+    """Run the step's ``ordinal``-th tool call; ``(ok, result)`` (a refusal is a result).
+
+    The tool sees the call's ordinal (``ToolContext.call``): what it names
+    after its step and attempt (``plan.run``'s child run) is the call's own.
+    """
     name = str(call.get("name"))
     if name not in allowed:
         return False, {"error": f"tool {name!r} is not one of this step's tools: {allowed}"}
@@ -234,6 +241,7 @@ def _tool_call(ctx: ToolContext, allowed: list[str], call: Mapping[str, Any]) ->
         args = tool.Args.model_validate(call.get("arguments") or {})
     except ValidationError as exc:
         return False, {"error": f"bad arguments: {exc.errors(include_url=False)}"}
+    ctx = replace(ctx, call=ordinal)
     try:
         if not tool.durable:
             return True, (yield tool.run(args, ctx))
@@ -312,7 +320,7 @@ class AgentTool:
                 }
             )
             for c in wanted:
-                ok, result = yield from _tool_call(ctx, args.tools, c)
+                ok, result = yield from _tool_call(ctx, args.tools, c, len(calls) + 1)
                 calls.append({"turn": turn, "tool": c["name"], "ok": ok})
                 text = json.dumps(result, default=str)[:MAX_RESULT_CHARS]
                 messages.append({"role": "tool", "tool_call_id": c["id"], "content": text})

@@ -107,6 +107,9 @@ class ToolContext:
             e.g. ``tool.output`` lines, ``llm.usage``). Never blocks.
         runs: The engine's child runs (``plan.run``: ``tools/subplan.py``), or None.
         tools: The tool registry (``agent`` calls tools by name), or None.
+        call: For a tool an ``agent`` step calls, which of the step's tool
+            calls this is (1, 2...): two calls of one attempt are two
+            things (``plan.run`` starts a child each); None for the step's own tool.
     """
 
     run_id: str
@@ -117,6 +120,7 @@ class ToolContext:
     emit: Callable[[str, Mapping[str, Any]], None] = lambda kind, data: None
     runs: Any = None
     tools: Any = None
+    call: int | None = None
 
 
 class Tool(Protocol):
