@@ -110,8 +110,11 @@ LAYERS: dict[str, Layer] = {
         )
     ),
     # The API side-process never imports kernel, wal, durable or agents.
+    # records: the engine's reserved signal names, refused at the edge.
     "api": Layer(
-        _parts("errors", "config", "log", "store", "pal", "control", "documents", "shards")
+        _parts(
+            "errors", "config", "log", "store", "pal", "control", "documents", "records", "shards"
+        )
     ),
     # The Python SDK: a client of the HTTP API, never of the server's modules.
     "sdk": Layer(_parts("errors"), _parts("httpx", "websockets", "pydantic")),

@@ -156,6 +156,22 @@ class Settings(BaseSettings):
             /api/runs/{id}/signals/{name}`` body) the API accepts (413 beyond).
         max_schedules: Most schedules the store may hold: one more added
             (API or CLI) is refused (429 naming ``TIFFANY_MAX_SCHEDULES``).
+        max_pending_signals: Signals a run may hold that no step has received
+            yet (sent before their wait, or never waited for); one more is
+            refused with 429 until a step takes one or the run ends.
+        max_pending_signal_bytes: Bytes of such signals a run may hold (their
+            journaled payloads); one more that would pass it is refused with 413.
+        max_steps: Steps a run may have, its dynamic steps included: a plan
+            with more is refused (422), a dynamic step that would add more
+            fails (``limit.max_steps``). Written into each run's first record,
+            so its replay applies the bound it ran under.
+        max_child_depth: How deep ``plan.run`` children may nest under their
+            root run (its children are at depth 1); a ``plan.run`` step past
+            it fails (``limit.max_child_depth``).
+        max_children: Child runs one run may start (retries included);
+            ``limit.max_children`` past it.
+        max_descendants: Runs the whole tree of one root run may start;
+            ``limit.max_descendants`` past it.
         feed_ring_events: Activity events the API process keeps for websocket
             resumes (its own ring, in front of the engine's).
         ws_queue_frames: Frames a websocket may have queued before it is cut
@@ -224,6 +240,12 @@ class Settings(BaseSettings):
     max_plan_bytes: int = Field(default=1_048_576, gt=0)
     max_signal_bytes: int = Field(default=262_144, gt=0)
     max_schedules: int = Field(default=10_000, gt=0)
+    max_pending_signals: int = Field(default=100, gt=0)
+    max_pending_signal_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    max_steps: int = Field(default=10_000, gt=0)
+    max_child_depth: int = Field(default=8, gt=0)
+    max_children: int = Field(default=500, gt=0)
+    max_descendants: int = Field(default=1000, gt=0)
     feed_ring_events: int = Field(default=100_000, gt=0)
     ws_queue_frames: int = Field(default=10_000, gt=0)
     ws_ping_interval_s: float = Field(default=15.0, gt=0)

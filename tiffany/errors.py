@@ -168,3 +168,29 @@ class UnjournalableValue(TiffanyError):
 
     code = "journal.value"
     outcome = True
+
+
+class ReservedSignal(TiffanyError):
+    """A client's signal named in the engine's reserved namespace (``records.reserved_signal``).
+
+    The control channel, the API and the CLI refuse such a name first (422);
+    the journal raising it means a client path reached it all the same.
+    """
+
+    code = "signal.reserved"
+
+
+class LimitExceeded(TiffanyError):
+    """A bound on what a plan or a client can make grow was reached.
+
+    Its ``code`` is ``limit.<setting>`` (``limit.max_child_depth``...), and
+    its fields name the ``setting`` (``TIFFANY_MAX_CHILD_DEPTH``) and the
+    ``limit``, so that a refusal always says which bound to raise.
+    """
+
+    code = "limit.exceeded"
+    outcome = True
+
+    def __init__(self, setting: str, limit: int, message: str, **fields: object) -> None:
+        super().__init__(message, setting=f"TIFFANY_{setting.upper()}", limit=limit, **fields)
+        self.code = f"limit.{setting}"

@@ -75,8 +75,10 @@ import msgspec
 from tiffany.values import ext_hook
 
 __all__ = [
+    "CHILD_SIGNAL_PREFIX",
     "JOURNAL_COMPAT",
     "MAX_ARG_CHARS",
+    "RESERVED_SIGNAL_PREFIXES",
     "ROLES",
     "RUN_PREFIX",
     "SLOT_SIGNAL",
@@ -103,6 +105,8 @@ __all__ = [
     "decode_record",
     "encode",
     "legacy_role",
+    "reserved_signal",
+    "reserved_signal_message",
     "root_role",
     "run_of",
 ]
@@ -119,6 +123,15 @@ JOURNAL_COMPAT: Final = 3
 #: it first (``tiffany/engine/concurrency.py``), and the store shows the run
 #: ``pending`` until it is journaled.
 SLOT_SIGNAL: Final = "concurrency.slot"
+#: A child run's end reaches its parent as the signal ``child:<child run id>``
+#: (``plan.run``: ``tiffany/agents/tools/subplan.py``).
+CHILD_SIGNAL_PREFIX: Final = "child:"
+#: The engine's own signal names: a name that starts with one of these is
+#: never a client's. The API, the control channel and the CLI refuse it (422
+#: naming ``name``), the journal takes it only from the engine
+#: (``Journal.request_internal_signal``), and ``signal.wait`` cannot wait for
+#: it. ``tiffany.`` is kept for the engine's signals to come.
+RESERVED_SIGNAL_PREFIXES: Final = (CHILD_SIGNAL_PREFIX, "concurrency.", "tiffany.")
 #: Longest argument text kept in a DISPATCH record (names in carried ones too).
 MAX_ARG_CHARS: Final = 120
 
@@ -392,6 +405,28 @@ def carried(record: Record, last_n: int) -> Dispatch | None:
     if isinstance(record, (Outcome, TaskExit, StepStart, Spawn)) and record.n > last_n:
         return record.implied()
     return None
+
+
+def reserved_signal(name: str) -> str | None:
+    """Return the reserved prefix signal ``name`` starts with (the engine's own), or None.
+
+    >>> reserved_signal("child:run-1.sub.1"), reserved_signal("approve")
+    ('child:', None)
+    """
+    for prefix in RESERVED_SIGNAL_PREFIXES:
+        if name.startswith(prefix):
+            return prefix
+    return None
+
+
+def reserved_signal_message(name: str) -> str:
+    """The words every client-facing refusal of a reserved signal name uses."""
+    prefixes = ", ".join(repr(p) for p in RESERVED_SIGNAL_PREFIXES)
+    return (
+        f"signal name {name!r} is in the engine's reserved namespace (names starting with "
+        f"{prefixes}): the engine sends those signals itself (a sub-plan's end, a "
+        "concurrency slot), a client never does"
+    )
 
 
 def root_role(entry: Any) -> Role:

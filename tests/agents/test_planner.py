@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from planner_tools import EVENTS, FakeRegistry
 
 from tiffany.agents import AgentEnv, PlanFailed, run_plan
+from tiffany.agents.plan import MAX_STEPS
 from tiffany.kernel import ManualClock, Scheduler
 
 
@@ -22,11 +23,11 @@ def _clear():
     EVENTS.clear()
 
 
-def _run(tmp_path, doc, inputs=None, clock=None):
+def _run(tmp_path, doc, inputs=None, clock=None, **options):
     env = AgentEnv(FakeRegistry(), tmp_path / "ws")  # type: ignore[arg-type]
     clock = clock or ManualClock()
     with Scheduler(clock=clock) as sched:
-        tid = sched.spawn(run_plan(env, "run-1", doc, inputs or {}), name="planner")
+        tid = sched.spawn(run_plan(env, "run-1", doc, inputs or {}, **options), name="planner")
         sched.run()
         task = sched.task(tid)
         return task, clock
@@ -156,6 +157,35 @@ def test_dynamic_steps_extend_the_dag(tmp_path):
     assert sorted(e for e in EVENTS if e[0] == "thread") == [
         ("thread", f"gen{i}", 1) for i in range(3)
     ]
+
+
+@pytest.mark.parametrize(("count", "bound"), [(3, 3), (MAX_STEPS, None)])
+def test_dynamic_steps_past_the_runs_step_bound_fail_their_step_naming_it(tmp_path, count, bound):
+    """Static and dynamic steps count together (``max_steps``; by default the static bound)."""
+    doc = {
+        "name": "d",
+        "steps": [
+            {"id": "first", "tool": "echo", "args": {"value": 1}},
+            {"id": "plan", "tool": "planner", "args": {"count": count}, "dynamic": True},
+        ],
+    }
+    options = {} if bound is None else {"max_steps": bound}
+    task, _ = _run(tmp_path, doc, **options)
+    assert isinstance(task.error, PlanFailed)
+    steps = task.error.fields["steps"]
+    assert set(steps) == {"first", "plan"}  # none of the returned steps was added
+    error = steps["plan"]["error"]
+    limit = bound or MAX_STEPS
+    assert (error["code"], error["setting"], error["limit"]) == (
+        "limit.max_steps",
+        "TIFFANY_MAX_STEPS",
+        limit,
+    )
+    assert (
+        f"the run would have {count + 2}, more than TIFFANY_MAX_STEPS ({limit})"
+        in (error["message"])
+    )
+    assert [e for e in EVENTS if e[0] == "thread"] == []
 
 
 def test_bad_arguments_fail_the_step_naming_the_field(tmp_path):

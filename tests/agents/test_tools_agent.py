@@ -118,3 +118,48 @@ def test_an_openai_compatible_model_drives_the_tools(tmp_path, http_server, repl
     assert "not one of this step's tools" in tool_messages[1]["content"]
     store = _tiffany(tmp_path / "data", "runs")
     assert run_id in store.stdout
+
+
+def test_an_agent_that_runs_two_sub_plans_gets_two_children(tmp_path):
+    """Each ``plan.run`` call of an agent step starts a child of its own.
+
+    Both calls used to name the child after the step and its attempt: the
+    second found the first's run, and waited for an end already taken.
+    """
+    kid = {
+        "name": "kid",
+        "inputs": {"n": 0},
+        "steps": [{"id": "nap", "tool": "sleep", "args": {"seconds": 0}}],
+        "outputs": {"n": "${inputs.n}"},
+    }
+    script = tmp_path / "script.json"
+    rules = [
+        {"turn": t, "reply": f"child {t}", "tool_calls": [call]}
+        for t, call in (
+            (1, {"name": "plan.run", "arguments": {"plan": kid, "inputs": {"n": 1}}}),
+            (2, {"name": "plan.run", "arguments": {"plan": kid, "inputs": {"n": 2}}}),
+        )
+    ]
+    script.write_text(json.dumps({"rules": [*rules, {"turn": 3, "reply": "two children ran"}]}))
+    plan = tmp_path / "plan.json"
+    goal = {"goal": "run two children", "tools": ["plan.run"], "max_turns": 4}
+    steps = [{"id": "work", "tool": "agent", "args": goal}]
+    outputs = {"calls": "${steps.work.output.calls}"}
+    plan.write_text(json.dumps({"name": "twice", "steps": steps, "outputs": outputs}))
+    data = tmp_path / "data"
+    done = _tiffany(data, "run", "--json", str(plan), TIFFANY_LLM_SCRIPT=str(script))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    run_id = result["run_id"]
+    assert result["outputs"]["calls"] == [
+        {"turn": 1, "tool": "plan.run", "ok": True},
+        {"turn": 2, "tool": "plan.run", "ok": True},
+    ]
+    listed = _tiffany(data, "runs", "--json")
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    runs = {r["run_id"]: r["status"] for r in map(json.loads, listed.stdout.splitlines())}
+    children = [f"{run_id}.work.1.1", f"{run_id}.work.1.2"]  # the step's calls 1 and 2
+    assert runs == dict.fromkeys([run_id, *children], "succeeded")
+    for rid in runs:
+        verify = _tiffany(data, "replay", "--verify", rid, TIFFANY_LLM_SCRIPT="/nonexistent.json")
+        assert verify.returncode == 0, verify.stderr[-3000:]

@@ -209,12 +209,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def serve(data_dir: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
-    """Start ``tiffany serve`` on ``data_dir`` as users do; return it and its base URL, ready."""
+def serve(
+    data_dir: Path, *extra: str, env_extra: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``tiffany serve`` on ``data_dir`` as users do; return it and its base URL, ready.
+
+    ``env_extra``: settings of its own (``TIFFANY_*``), over a clean environment.
+    """
     from process_support import serve_argv, wait_for
 
     data_dir.mkdir(parents=True, exist_ok=True)
-    env = clean_env() | {"TIFFANY_LOG_FORMAT": "json"}
+    env = clean_env() | {"TIFFANY_LOG_FORMAT": "json"} | (env_extra or {})
     proc = subprocess.Popen(
         serve_argv(data_dir, 0, *extra),
         stdout=(data_dir / "serve.log").open("ab"),
@@ -236,10 +241,21 @@ def submit_plan(url: str, plan: dict[str, Any]) -> dict[str, Any]:
     return dict(r.json())
 
 
+#: How long a read waits out 503 ``store.behind`` (the store catching up after a
+#: restart, on a loaded machine): the documented answer is "retry", so a test
+#: retries, as a client does, within a generous bound.
+STORE_BEHIND_WAIT_S = 120.0
+
+
 def read_run(url: str, run_id: str, min_seq: int | None = None) -> dict[str, Any]:
-    """``GET /api/runs/{run_id}`` (as of ``min_seq``)."""
+    """``GET /api/runs/{run_id}`` (as of ``min_seq``), retrying while the store is behind."""
     params = {} if min_seq is None else {"min_seq": min_seq}
-    r = httpx.get(f"{url}/api/runs/{run_id}", params=params, timeout=30)
+    deadline = time.monotonic() + STORE_BEHIND_WAIT_S
+    while True:
+        r = httpx.get(f"{url}/api/runs/{run_id}", params=params, timeout=30)
+        if r.status_code != 503 or time.monotonic() > deadline:
+            break
+        assert r.json().get("code") == "store.behind", r.text
     assert r.status_code == 200, r.text
     return dict(r.json())
 

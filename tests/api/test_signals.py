@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from api_support import (
     finished_run,
     read_run,
     run_step,
+    serve,
     short_dir,
     start_engine,
     submit_plan,
@@ -129,7 +131,9 @@ def test_a_signal_before_its_wait_is_kept_a_key_journals_it_once_and_a_timeout_f
     plan = {
         "name": "early",
         "steps": [
-            {"id": "first", "tool": "sleep", "args": {"seconds": 1.0}},
+            # Held until the test says so (not a sleep: under load any
+            # duration can pass before the read below).
+            {"id": "first", "tool": "signal.wait", "args": {"name": "start"}},
             {"id": "approve", "tool": "signal.wait", "args": {"name": "go"}, "after": ["first"]},
             {
                 "id": "late",
@@ -157,6 +161,8 @@ def test_a_signal_before_its_wait_is_kept_a_key_journals_it_once_and_a_timeout_f
     assert (
         run_step(read_run(url, run_id, answers[0].json()["seq"]), "approve")["status"] == "pending"
     )
+    start = httpx.post(f"{url}/api/runs/{run_id}/signals/start", json=None, timeout=30)
+    assert start.status_code == 202, start.text
     run = finished_run(url, run_id)
     assert run["status"] == "failed"
     assert run_step(run, "approve")["output"] == [1, "two"]
@@ -166,7 +172,7 @@ def test_a_signal_before_its_wait_is_kept_a_key_journals_it_once_and_a_timeout_f
     assert len(late["attempts"]) == 2
     records = httpx.get(f"{url}/api/runs/{run_id}/events", params={"limit": 1000}).json()
     signals = [r for r in records["records"] if r["type"] == "WAKE" and r["ltid"] == 0]
-    assert [s["data"]["value"][0] for s in signals] == ["go"]  # once, for two requests
+    assert [s["data"]["value"][0] for s in signals] == ["go", "start"]  # go once, for two requests
     verdict = httpx.post(f"{url}/api/runs/{run_id}/verify", timeout=120).json()
     assert verdict["identical"], verdict
 
@@ -233,6 +239,16 @@ def test_a_signal_through_the_database_on_the_postgresql_journal(pg_schema_url: 
         submitted = submit_plan(url, APPROVAL)
         run_id, seq = submitted["run_id"], submitted["seq"]
         wait_for(lambda: run_step(read_run(url, run_id, seq), "approve")["waiting"], 30, "the wait")
+        # Through the database to the engine, the engine's own names are refused too.
+        forged = subprocess.run(
+            [sys.executable, "-m", "tiffany", "signal", run_id, "concurrency.slot"],
+            capture_output=True,
+            text=True,
+            env=clean_env() | env | {"TIFFANY_DATA_DIR": str(api_dir)},
+            check=False,
+        )
+        assert forged.returncode == 2, (forged.stdout, forged.stderr)
+        assert "reserved namespace" in forged.stderr
         r = httpx.post(f"{url}/api/runs/{run_id}/signals/approve", json={"by": "dana"}, timeout=30)
         assert r.status_code == 202, r.text
         run = finished_run(url, run_id)
@@ -242,3 +258,172 @@ def test_a_signal_through_the_database_on_the_postgresql_journal(pg_schema_url: 
     finally:
         terminate(api)
         engine.stop()
+
+
+# -- the engine's own signals, and how many a run holds ---------------------------------
+
+#: A parent whose sub-plan waits for a person's approval.
+APPROVED_CHILD = {
+    "name": "parent",
+    "steps": [
+        {
+            "id": "sub",
+            "tool": "plan.run",
+            "args": {
+                "plan": {
+                    "name": "kid",
+                    "steps": [{"id": "ok", "tool": "signal.wait", "args": {"name": "approve"}}],
+                    "outputs": {"approved_by": "${steps.ok.output.by}"},
+                }
+            },
+        }
+    ],
+    "outputs": {"approved_by": "${steps.sub.output.approved_by}"},
+}
+FORGED_END = {"status": "succeeded", "outputs": {"approved_by": "MALLORY"}}
+
+
+def _waits(url: str, run_id: str) -> bool:
+    """Whether the run's step ``ok`` waits for its signal (404: not in the store yet)."""
+    r = httpx.get(f"{url}/api/runs/{run_id}", timeout=30)
+    return r.status_code == 200 and bool(run_step(r.json(), "ok")["waiting"])
+
+
+def _refused_as_reserved(r: httpx.Response) -> None:
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert body["detail"][0]["loc"] == ["path", "name"]
+    assert "reserved namespace" in body["message"]
+    assert "'child:'" in body["message"]
+
+
+def test_a_client_cannot_forge_a_sub_plans_end_over_http_or_the_cli(served) -> None:
+    """``child:<id>`` is the engine's: refused (422 naming ``name``); the real end still comes."""
+    data_dir, url = served
+    parent = submit_plan(url, APPROVED_CHILD)["run_id"]
+    child = f"{parent}.sub.1"
+    wait_for(lambda: _waits(url, child), 60, "the child to wait for its approval")
+    base = f"{url}/api/runs/{parent}/signals"
+    _refused_as_reserved(httpx.post(f"{base}/child:{child}", json=FORGED_END, timeout=30))
+    _refused_as_reserved(httpx.post(f"{base}/tiffany.end", json=FORGED_END, timeout=30))
+    tiffany = [sys.executable, "-m", "tiffany"]
+    data = ["--data", json.dumps(FORGED_END)]
+    for where in (["--data-dir", str(data_dir)], ["--url", url]):  # the engine's socket, the API
+        cli = [*tiffany, "signal", *where, parent, f"child:{child}", *data]
+        forged = subprocess.run(cli, capture_output=True, text=True, env=clean_env(), check=False)
+        assert forged.returncode == 2, (where, forged.stdout, forged.stderr)
+        assert "reserved namespace" in forged.stderr, (where, forged.stderr)
+    # A plan cannot wait for one either (it would take the end from its step).
+    wait = {"id": "s", "tool": "signal.wait", "args": {"name": "child:a"}}
+    sneaky = {"name": "x", "steps": [wait]}
+    r = httpx.post(f"{url}/api/runs", json={"plan": sneaky}, timeout=30)
+    assert r.status_code == 422, r.text
+    assert "reserved namespace" in r.text
+    # The parent still waits for its child, which still waits for its approver.
+    assert read_run(url, parent)["status"] == "running"
+    r = httpx.post(f"{url}/api/runs/{child}/signals/approve", json={"by": "alice"}, timeout=30)
+    assert r.status_code == 202, r.text
+    run = finished_run(url, parent)
+    assert run["status"] == "succeeded", run["error"]
+    assert run["outputs"] == {"approved_by": "alice"}
+    verdict = httpx.post(f"{url}/api/runs/{parent}/verify", timeout=120).json()
+    assert verdict["identical"], verdict
+
+
+def test_a_client_cannot_give_a_pending_run_its_concurrency_slot(served) -> None:
+    data_dir, url = served
+    limited = {
+        "name": "limited",
+        "concurrency": {"key": "one", "limit": 1},
+        "steps": [{"id": "ok", "tool": "signal.wait", "args": {"name": "approve"}}],
+    }
+    first = submit_plan(url, limited)["run_id"]
+    wait_for(lambda: _waits(url, first), 60, "the first to wait")
+    submitted = submit_plan(url, limited)
+    second = submitted["run_id"]
+    assert read_run(url, second, submitted["seq"])["status"] == "pending"
+    base = f"{url}/api/runs/{second}/signals"
+    _refused_as_reserved(httpx.post(f"{base}/concurrency.slot", json={}, timeout=30))
+    cli = [sys.executable, "-m", "tiffany", "signal", "--data-dir", str(data_dir)]
+    forged = subprocess.run(
+        [*cli, second, "concurrency.slot"], capture_output=True, text=True, env=clean_env()
+    )
+    assert forged.returncode == 2, forged.stderr
+    assert "reserved namespace" in forged.stderr
+    status = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "tiffany", "status", "--data-dir", str(data_dir)],
+            capture_output=True,
+            text=True,
+            env=clean_env(),
+            check=True,
+        ).stdout
+    )
+    assert status["concurrency"]["one"] == {"running": 1, "queued": 1}, status
+    assert read_run(url, second)["status"] == "pending"
+    for run_id in (first, second):  # the first's end gives the second its slot
+        wait_for(lambda r=run_id: _waits(url, r), 60, "the wait")
+        r = httpx.post(f"{url}/api/runs/{run_id}/signals/approve", json=1, timeout=30)
+        assert r.status_code == 202, r.text
+        assert finished_run(url, run_id)["status"] == "succeeded"
+
+
+def _engine_status(data_dir: Any) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "tiffany", "status", "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        check=True,
+    )
+    return dict(json.loads(done.stdout))
+
+
+def test_signals_nobody_receives_are_bounded_per_run_and_let_go_when_it_ends() -> None:
+    """At most ``max_pending_signals`` (429), of ``max_pending_signal_bytes`` (413), per run."""
+    from process_support import terminate
+
+    data_dir = short_dir("tfs-")
+    bounds = {"TIFFANY_MAX_PENDING_SIGNALS": "3", "TIFFANY_MAX_PENDING_SIGNAL_BYTES": "300000"}
+    proc, url = serve(data_dir, env_extra=bounds)
+    try:
+        few, big = (submit_plan(url, APPROVAL)["run_id"] for _ in range(2))
+        notes = [
+            httpx.post(
+                f"{url}/api/runs/{few}/signals/note",
+                json={"n": i},
+                headers={"Idempotency-Key": f"note-{i}"},
+                timeout=30,
+            )
+            for i in range(4)
+        ]
+        assert [r.status_code for r in notes] == [202, 202, 202, 429], notes[-1].text
+        refusal = notes[3].json()
+        assert refusal["code"] == "limit.max_pending_signals", refusal
+        assert "TIFFANY_MAX_PENDING_SIGNALS (3)" in refusal["message"]
+        assert refusal["detail"]["setting"] == "TIFFANY_MAX_PENDING_SIGNALS"
+        # A repeat holds nothing more: it is answered as the first was.
+        again = httpx.post(
+            f"{url}/api/runs/{few}/signals/note",
+            json={"n": 0},
+            headers={"Idempotency-Key": "note-0"},
+            timeout=30,
+        )
+        assert (again.status_code, again.json()) == (202, notes[0].json())
+        pad = {"pad": "x" * 200_000}
+        sent = [httpx.post(f"{url}/api/runs/{big}/signals/blob", json=pad, timeout=30)]
+        sent.append(httpx.post(f"{url}/api/runs/{big}/signals/blob", json=pad, timeout=30))
+        assert [r.status_code for r in sent] == [202, 413], sent[-1].text
+        assert sent[1].json()["code"] == "limit.max_pending_signal_bytes"
+        assert "TIFFANY_MAX_PENDING_SIGNAL_BYTES (300000)" in sent[1].json()["message"]
+        status = _engine_status(data_dir)
+        assert status["signals_held"] == 4, status
+        assert status["signal_bytes_held"] > 200_000, status
+        for run_id in (few, big):
+            assert httpx.post(f"{url}/api/runs/{run_id}/cancel", timeout=30).status_code == 202
+            assert finished_run(url, run_id)["status"] == "cancelled"
+        status = _engine_status(data_dir)
+        assert (status["signals_held"], status["signal_bytes_held"]) == (0, 0), status
+    finally:
+        terminate(proc)
+        shutil.rmtree(data_dir, ignore_errors=True)

@@ -248,3 +248,8 @@ def approvals() -> object:
 def wait_for_go() -> object:
     """One signal ``go``, waited for with no timeout: the run's only wait."""
     return (yield Receive("go"))
+
+
+def wait_for_child() -> object:
+    """One of the engine's own signals (a sub-plan's end), waited for as plan.run does."""
+    return (yield Receive("child:kid"))

@@ -60,3 +60,21 @@ def test_the_nondeterministic_golden_journal_raises(tmp_path, schema):
     assert div["expected"][2] == "yield"
     assert div["actual"][2] == "sleep"
     assert div["seq"] > 0
+
+
+#: Recorded by tests/data/make_signals_golden.py (main at 235120f): the engine's
+#: own signals (a sub-plan's end, ``child:<id>``; a limited run's slot,
+#: ``concurrency.slot``) as journaled signals.
+SIGNAL_RUNS = ["golden-parent", "golden-parent.sub.1", "golden-holder", "golden-queued"]
+
+
+@pytest.mark.parametrize("run_id", SIGNAL_RUNS)
+def test_journals_with_the_engines_old_signals_replay_identically(tmp_path, run_id):
+    from tiffany.config import Settings
+    from tiffany.engine import replay_resolvers
+
+    data = _copy("signals_v2", tmp_path)
+    assert scan(data / "wal").get(run_id).status == "succeeded"
+    settings = Settings(data_dir=data, _env_file=None)
+    report = verify(data, run_id, resolvers=replay_resolvers(settings))
+    assert report.ok, report.to_dict()

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from walcut import cut_wal
 
-from tiffany.durable import RecordType, Runtime, verify
-from tiffany.errors import SystemCallMisuse
+from tiffany.durable import RecordType, Runtime, signal_bytes, verify
+from tiffany.errors import ReservedSignal, SystemCallMisuse
 from tiffany.kernel import Instrument, Receive, Scheduler, Sleep
 from tiffany.records import Wake, decode_body
 from tiffany.wal import iter_records
@@ -157,3 +157,54 @@ def test_a_signal_sent_while_a_recovered_run_replays_is_journaled_when_it_goes_l
     assert answers[0][1] is None
     assert _signals(tmp_path / "wal") == [["go", "g1"]]
     assert verify(tmp_path, run_id).ok
+
+
+def test_a_client_cannot_send_the_engines_own_signals_nor_borrow_their_ids(tmp_path):
+    """``child:``, ``concurrency.`` and ``tiffany.`` names come only from the engine.
+
+    The clients' path refuses them; the engine's path delivers them even
+    when a client's signal took the same id first (it used to be taken for
+    a repeat and dropped: the parent waited for ever).
+    """
+    answers: list[tuple[int, str | None]] = []
+    with Runtime(tmp_path) as rt:
+        run_id = rt.submit("durable_workloads:wait_for_child")
+        for name in ("child:kid", "concurrency.slot", "tiffany.anything"):
+            with pytest.raises(ReservedSignal):
+                rt.journal.request_signal(run_id, name, {"status": "succeeded"}, "x", _no_answer)
+        assert rt.journal.request_signal(
+            run_id, "note", 1, "end:kid", lambda seq, ended: answers.append((seq, ended))
+        )
+        assert rt.journal.request_internal_signal(run_id, "child:kid", {"ok": 1}, "end:kid")
+        rt.sched.spawn(_ticker(rt, run_id), name="ticker")
+        rt.run()
+        state = rt.status(run_id)
+    assert (state.status, state.result) == ("succeeded", {"ok": 1}), state.error
+    assert answers[0][0] > 0
+    assert _signals(tmp_path / "wal") == [["note", "end:kid"], ["child:kid", "end:kid"]]
+    assert verify(tmp_path, run_id).ok
+
+
+def test_signals_nobody_receives_are_counted_and_let_go_when_the_run_ends(tmp_path):
+    size = signal_bytes({"pad": "x" * 1000})
+    with Runtime(tmp_path) as rt:
+        run_id = rt.submit("durable_workloads:wait_for_go")
+        for i in range(3):
+            rt.journal.request_signal(run_id, "note", {"pad": "x" * 1000}, f"n{i}", _no_answer)
+        assert rt.journal.held_signals(run_id) == (3, 3 * size)  # queued for the wait stage
+        rt.run()  # journaled, kept: nobody waits for "note"
+        assert rt.journal.held_signals(run_id) == (3, 3 * size)
+        assert (rt.journal.signals_held, rt.journal.signal_bytes_held) == (3, 3 * size)
+    with Runtime(tmp_path) as rt:  # a recovered run holds them again
+        assert rt.recover() == [run_id]
+        rt.run()  # the replay: the kept signals are kept again, and counted
+        assert rt.journal.held_signals(run_id) == (3, 3 * size)
+        rt.journal.request_signal(run_id, "go", 1, "go", _no_answer)
+        rt.run()
+        assert rt.status(run_id).status == "succeeded"
+        assert rt.journal.held_signals(run_id) == (0, 0)
+        assert (rt.journal.signals_held, rt.journal.signal_bytes_held) == (0, 0)
+
+
+def _no_answer(seq: int, ended: str | None) -> None:
+    pass

@@ -117,3 +117,73 @@ def test_a_run_started_by_a_newer_engine_is_left_alone(tmp_path):
     assert scan(tmp_path / "wal").get("from-the-future").status == "running"  # nothing lost
     report = verify(tmp_path, "from-the-future")
     assert not report.ok
+
+
+def test_runs_waiting_for_the_engines_old_signals_finish_after_the_upgrade(tmp_path):
+    """``inflight_signals_v2`` (tests/data/make_signals_golden.py, main at 235120f).
+
+    Killed while a parent waited for its child's end (then a journaled
+    ``child:<id>`` signal) and a limited run for its slot (``concurrency.slot``):
+    the current code delivers both its own way, and every run replays.
+    """
+    data = tmp_path / "inflight"
+    shutil.copytree(GOLDEN / "inflight_signals_v2", data)
+    runs = ["inflight-holder", "inflight-queued", "inflight-parent", "inflight-parent.sub.1"]
+    assert {i.run_id: i.status for i in scan(data / "wal").runs.values()} == dict.fromkeys(
+        runs, "running"
+    )
+    settings = Settings(data_dir=data, enabled_tools=[*TOOLS, "plan.run"], _env_file=None)
+    engine = build(settings)
+    try:
+        assert sorted(engine.recover_runs()) == sorted(runs)
+        engine.runtime.run()
+        ends = {r: engine.runtime.status(r) for r in runs}
+    finally:
+        engine.runtime.close()
+    assert {r: s.status for r, s in ends.items()} == dict.fromkeys(runs, "succeeded"), {
+        r: s.error for r, s in ends.items()
+    }
+    assert ends["inflight-parent"].result["outputs"] == {"who": "kid"}
+    for run_id in runs:
+        report = verify(data, run_id, resolvers=replay_resolvers(settings))
+        assert report.ok, report.to_dict()
+
+
+def test_a_parent_gets_the_end_its_child_journaled_when_the_engine_stopped_before_telling_it(
+    tmp_path,
+):
+    """The child's RUN_END is durable, the parent's ``child:<id>`` WAKE is not (the next record).
+
+    The recovered parent takes the end from the child's own journal (its
+    RUN_END in the start-up index) instead of waiting for ever.
+    """
+    from walcut import cut_wal
+
+    from tiffany.records import RecordType, run_of
+    from tiffany.wal import iter_records
+
+    src = GOLDEN / "signals_v2"
+    child, parent = "golden-parent.sub.1", "golden-parent"
+    records = list(iter_records(src / "wal"))
+    child_no = scan(src / "wal").get(child).run_no
+    (end,) = [
+        i
+        for i, rec in enumerate(records)
+        if rec.rtype == RecordType.RUN_END and run_of(bytes(rec.payload)) == child_no
+    ]
+    data = tmp_path / "cut"
+    shutil.copytree(src / "workspaces", data / "workspaces")
+    cut_wal(src / "wal", data / "wal", end + 1)  # up to the child's end, without the parent's WAKE
+    index = scan(data / "wal")
+    assert (index.get(child).status, index.get(parent).status) == ("succeeded", "running")
+    settings = Settings(data_dir=data, enabled_tools=[*TOOLS, "plan.run"], _env_file=None)
+    engine = build(settings)
+    try:
+        assert parent in engine.recover_runs()
+        engine.runtime.run()
+        state = engine.runtime.status(parent)
+    finally:
+        engine.runtime.close()
+    assert state.status == "succeeded", state.error
+    assert state.result["outputs"] == {"who": "kid"}
+    assert verify(data, parent, resolvers=replay_resolvers(settings)).ok

@@ -113,3 +113,37 @@ def test_before_wait_hears_the_real_timeout_when_an_injector_is_present() -> Non
     sched.run()
     sched.close()
     assert any(t is None or t > 0.0 for t in seen), seen
+
+
+def test_instruments_see_every_dispatch_of_a_second_run() -> None:
+    """``run`` again (after a stop, or a stall) calls the instruments as the first did.
+
+    The loop keeps its hooks in locals, refreshed only when an instrument
+    came or went; a second ``run`` started with none, so the journal saw
+    no dispatch of it (a run started between two ``run`` calls recorded
+    nothing past its spawns).
+    """
+    from tiffany.kernel import Instrument
+
+    class Count(Instrument):
+        def __init__(self) -> None:
+            self.dispatched = 0
+
+        def after_dispatch(self, task, yielded) -> None:
+            self.dispatched += 1
+
+    count = Count()
+    sched = Scheduler(instruments=[count])
+
+    def two() -> object:
+        yield
+        yield
+
+    sched.spawn(two())
+    sched.run()
+    first = count.dispatched
+    assert first == 3  # two yields and the return
+    sched.spawn(two())
+    sched.run()
+    assert count.dispatched == 2 * first
+    sched.close()

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
-from tiffany.agents.plan import Plan, PlanError, StepSpec, load_plan, parse_plan
+from tiffany.agents.plan import MAX_STEPS, Plan, PlanError, StepSpec, load_plan, parse_plan
 from tiffany.agents.planner import PlanFailed, run_plan
 from tiffany.agents.registry import ToolRegistry
 from tiffany.agents.worker import AgentEnv
@@ -49,6 +49,11 @@ def plan_resolver(
         source_id = source.get("run_id") if isinstance(source, Mapping) else None
         inputs = entry.get("inputs") or {}
         limited = entry.get("concurrency") is not None
-        return run_plan(env, run_id, entry["plan"], inputs, compat, reuse, source_id, limited)
+        limits = entry.get("limits")
+        bound = limits.get("max_steps") if isinstance(limits, Mapping) else None
+        max_steps = bound if isinstance(bound, int) and bound > 0 else MAX_STEPS
+        return run_plan(
+            env, run_id, entry["plan"], inputs, compat, reuse, source_id, limited, max_steps
+        )
 
     return resolve

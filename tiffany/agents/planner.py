@@ -7,6 +7,10 @@ fails its dependents (skipped, with the reason) and the run, unless it says
 ``continue_on_error``. A step marked ``dynamic`` whose tool returns
 ``{"steps": [...]}`` extends the DAG while the run goes on; since the tool's
 result is journaled, a replay adds the same steps without calling the tool.
+The run's steps, static and dynamic, are bounded (``max_steps``, from the
+run's entry: the bound it started under, so its replay decides alike): a
+dynamic step whose steps would pass it fails (``limit.max_steps``), before
+any of them is looked at.
 
 Cancelling the run kills the planner: it then kills its workers (which kill
 their tool tasks, which kill their subprocesses) before it ends.
@@ -23,11 +27,11 @@ from collections.abc import Generator, Mapping
 from typing import Any
 
 from tiffany.agents.budget import BUDGET_COMPAT, Ledger, legacy_spend
-from tiffany.agents.plan import PlanError, StepSpec, check_steps, parse_plan
+from tiffany.agents.plan import MAX_STEPS, PlanError, StepSpec, check_steps, parse_plan
 from tiffany.agents.refs import RefError, resolve
 from tiffany.agents.rerun import reused_origin, reused_output
-from tiffany.agents.worker import AgentEnv, StepOutcome, worker
-from tiffany.errors import TaskCancelled, TiffanyError
+from tiffany.agents.worker import AgentEnv, StepOutcome, error_info, worker
+from tiffany.errors import LimitExceeded, TaskCancelled, TiffanyError
 from tiffany.kernel import KillTask, NewTask, Queue, Receive, Step
 from tiffany.records import JOURNAL_COMPAT, SLOT_SIGNAL, TaskLabel
 
@@ -60,6 +64,7 @@ def run_plan(
     reuse: Mapping[str, Mapping[str, Any]] | None = None,
     rerun_of: str | None = None,
     limited: bool = False,
+    max_steps: int = MAX_STEPS,
 ) -> Co:
     """The root task of a plan run; returns ``{"outputs": ..., "steps": ...}``.
 
@@ -71,6 +76,9 @@ def run_plan(
     this run's first (a durable step: the files the reused steps wrote).
     ``limited``: the plan has a ``concurrency`` limit: the run waits for its
     slot (the signal :data:`SLOT_SIGNAL`) before anything else.
+    ``max_steps``: the most steps the run may have, dynamic ones included
+    (its entry's ``limits``; runs journaled before it was written there
+    had the static bound, :data:`MAX_STEPS`).
     """
     # Validated once at submission; a replay or recovery parses it again,
     # against every tool (the engine holds a disabled tool's steps: registry.py).
@@ -85,7 +93,7 @@ def run_plan(
         yield Receive(SLOT_SIGNAL)  # queued until the engine gives the run its slot
     if rerun_of is not None:
         yield Step(env.copy_workspace, rerun_of, run_id, name="workspace.copy")
-    dag = _Dag()
+    dag = _Dag(max_steps)
     for spec in plan.steps:
         dag.add(spec)
     reasons: dict[str, Any] = {}
@@ -224,7 +232,8 @@ class _Dag:
     otherwise (or was skipped) skips its dependents, transitively.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_steps: int = MAX_STEPS) -> None:
+        self.max_steps = max_steps
         self.specs: dict[str, StepSpec] = {}
         self.status: dict[str, str] = {}
         self.waiting: dict[str, int] = {}
@@ -285,6 +294,19 @@ def _extend(
     """Add the steps a dynamic step returned (each runs after it)."""
     raw = output.get("steps") if isinstance(output, Mapping) else None
     if not raw:
+        return
+    total = len(dag.specs) + (len(raw) if isinstance(raw, list) else 0)
+    if total > dag.max_steps:  # counted before any returned step is read
+        dag.status[parent] = FAILED
+        reasons[parent] = error_info(
+            LimitExceeded(
+                "max_steps",
+                dag.max_steps,
+                f"returned {len(raw)} steps: the run would have {total}, more than "
+                f"TIFFANY_MAX_STEPS ({dag.max_steps})",
+                steps=len(raw),
+            )
+        )
         return
     try:
         new = [

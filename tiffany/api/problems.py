@@ -75,6 +75,8 @@ async def _control_error(_request: Request, exc: Exception) -> JSONResponse:
         detail = [_loc_msg(d) for d in detail]
     headers = _retry_after() if status == 503 else None
     code = _CONTROL_CODES.get(status, "engine.refused")
+    if isinstance(detail, dict) and isinstance(detail.get("code"), str):
+        code = detail["code"]  # a refusal that names itself (a bound: limit.<setting>)
     return error_response(status, code, exc.message, detail, headers=headers)
 
 

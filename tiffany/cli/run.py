@@ -46,6 +46,7 @@ def _parse_signals(pairs: list[str] | None) -> list[tuple[str, Any]]:
     import re
 
     from tiffany.documents import SIGNAL_NAME_PATTERN, DocumentError, load
+    from tiffany.records import reserved_signal, reserved_signal_message
 
     out: list[tuple[str, Any]] = []
     for pair in pairs or ():
@@ -53,6 +54,9 @@ def _parse_signals(pairs: list[str] | None) -> list[tuple[str, Any]]:
         if not sep or re.match(SIGNAL_NAME_PATTERN, name) is None:
             msg = f"tiffany: --signal wants NAME=JSON with a valid name, got {pair!r}"
             typer.echo(msg, err=True)
+            raise typer.Exit(EXIT_INVALID)
+        if reserved_signal(name) is not None:
+            typer.echo(f"tiffany: --signal: {reserved_signal_message(name)}", err=True)
             raise typer.Exit(EXIT_INVALID)
         try:
             payload = None

@@ -13,7 +13,7 @@ See ``journal.py`` for what is recorded and why replay is exact.
 """
 
 from tiffany.durable.history import RunIndex, RunInfo, UnknownRun, load, scan
-from tiffany.durable.journal import Journal, RecoveryError, RunState
+from tiffany.durable.journal import Journal, RecoveryError, RunState, signal_bytes
 from tiffany.durable.runtime import EntryError, Runtime, VerifyReport, resolve_callable, verify
 from tiffany.durable.step import Step
 from tiffany.records import RecordType
@@ -33,5 +33,6 @@ __all__ = [
     "load",
     "resolve_callable",
     "scan",
+    "signal_bytes",
     "verify",
 ]

@@ -326,7 +326,10 @@ def read_runs(
                 keep.pop(prefix, None)
             if ended is not None and prefix not in keep:
                 # Not wanted: a full scan of 100,000 runs need not hold their plans.
-                ended.entry, ended.start = {}, b""
+                # A child run keeps the link to its parent (its end, and the
+                # tree's counts, are read from it at start-up: engine/children.py).
+                parent = ended.entry.get("parent") if isinstance(ended.entry, dict) else None
+                ended.entry, ended.start = {"parent": parent} if parent else {}, b""
             if unfinished_only:
                 continue
         if (buf := keep.get(prefix)) is not None:

@@ -16,7 +16,8 @@ What is recorded (see ``tiffany/records.py`` for the layout):
 * spawns, step starts (with the attempt number), task exits, the run's end;
 * every signal sent to the run (a WAKE of task 0, cause ``signal``), at the
   wait stage that delivered it: to the task parked on ``Receive`` of its
-  name, or into the run's mailbox until one asks (:meth:`Journal.request_signal`).
+  name, or into the run's mailbox until one asks (:meth:`Journal.request_signal`,
+  a client's; :meth:`Journal.request_internal_signal`, the engine's own).
 
 One record per dispatch at most: a dispatch whose own record would follow
 at once (a ``NewTask`` and its SPAWN, a ``Now()`` or ``Random()`` and its
@@ -59,6 +60,16 @@ Invariants:
 * A step the engine's ``step_gate`` holds back is not started: a HOLD record
   says why, the task stays parked until a later engine starts it
   (``gate.py``).
+* The engine's own signals (a name in ``records.RESERVED_SIGNAL_PREFIXES``:
+  a sub-plan's end, a concurrency slot) enter only through
+  :meth:`Journal.request_internal_signal`; the clients' path refuses those
+  names, and their ids live apart from the clients' (a client's signal id
+  cannot make the engine's signal a "repeat" that is never delivered).
+* A client's signal costs memory from its request until a task receives
+  it: the journal counts, per run and in all, the signals held (queued for
+  the next wait stage, or kept in the mailbox) and their bytes
+  (:func:`signal_bytes`), for the engine to bound; a run's kept signals are
+  let go when it ends.
 """
 
 from __future__ import annotations
@@ -75,7 +86,7 @@ from tiffany.durable.gate import HeldStep, StepGate
 from tiffany.durable.recorder import GROUP_COMMIT_MAX_S, Recorder
 from tiffany.durable.records import pack_error
 from tiffany.durable.replayer import RecoveryError, ReplayCursor, Replayer
-from tiffany.errors import SystemCallMisuse, TiffanyError, UnjournalableValue
+from tiffany.errors import ReservedSignal, SystemCallMisuse, TiffanyError, UnjournalableValue
 from tiffany.kernel import (
     PARKED,
     Instrument,
@@ -107,9 +118,10 @@ from tiffany.records import (
     TaskLabel,
     Wake,
     as_list,
+    reserved_signal,
     root_role,
 )
-from tiffany.values import ENCODE_ERRORS, pack_value, stand_in, text_of, unpack_value
+from tiffany.values import ENCODE_ERRORS, canonical, pack_value, stand_in, text_of, unpack_value
 from tiffany.wal import Log
 
 __all__ = [
@@ -119,6 +131,7 @@ __all__ = [
     "ReplayCursor",
     "RunState",
     "TaskMeta",
+    "signal_bytes",
 ]
 
 log = structlog.get_logger("tiffany.durable")
@@ -154,14 +167,18 @@ class RunState:
     on_end: Callable[[RunState], None] | None = None
     #: The journal-compatibility version the run started under (its RUN_START).
     compat: int = JOURNAL_COMPAT
-    #: Signals journaled and not yet received, by name, oldest first.
-    mailbox: dict[str, deque[Any]] = field(default_factory=dict)
+    #: Signals journaled and not yet received, by name, oldest first:
+    #: ``(payload, bytes)``, bytes None for the engine's own (not counted).
+    mailbox: dict[str, deque[tuple[Any, int | None]]] = field(default_factory=dict)
     #: Tasks parked on ``Receive``, by channel: ``(task, call)``, oldest first
     #: (an entry whose task no longer waits on that call is stale and skipped).
     receivers: dict[str, list[tuple[Task, Receive]]] = field(default_factory=dict)
-    #: The id of each signal journaled for the run -> its WAL seq (a signal
-    #: sent again with the same id is not journaled twice).
+    #: The id of each client's signal journaled for the run -> its WAL seq (a
+    #: signal sent again with the same id is not journaled twice).
     signal_ids: dict[str, int] = field(default_factory=dict)
+    #: Clients' signals the run holds (queued or kept, not yet received), and their bytes.
+    signals_held: int = 0
+    signal_bytes_held: int = 0
 
 
 @dataclass(eq=False, slots=True)
@@ -180,6 +197,8 @@ class SignalRequest:
     done: Callable[[int, str | None], None]
     #: The WAKE's value: ``[name, payload packed, signal_id]`` (known to encode).
     value: Any = None
+    #: Its :func:`signal_bytes`; None for the engine's own signal (not a client's).
+    size: int | None = None
 
 
 @dataclass(eq=False, slots=True)
@@ -221,6 +240,9 @@ class Journal(Instrument):
         self._opaque_parent: RunState | None = None
         self._cancels: list[tuple[RunState, str]] = []
         self._signals: list[SignalRequest] = []
+        #: Clients' signals held, in all runs (read by any thread: the engine's status).
+        self.signals_held = 0
+        self.signal_bytes_held = 0
         #: Asked before a live step starts: None lets it start, a reason holds it.
         self.step_gate: StepGate | None = None
         #: Called with each step the gate holds back (the engine's activity feed).
@@ -312,20 +334,38 @@ class Journal(Instrument):
         payload: Any,
         signal_id: str,
         done: Callable[[int, str | None], None],
+        size: int | None = None,
     ) -> bool:
-        """Journal signal ``name`` for run ``run_id`` at the next wait stage; False if it ended.
+        """Journal a client's signal ``name`` for run ``run_id`` at the next wait stage.
 
         ``done`` is called on the loop once the signal's record is appended
         (see :class:`SignalRequest`); it is durable at that wait stage's
         commit. A run still being replayed gets its signals once it is live.
+        ``size``: the payload's :func:`signal_bytes`, if the caller measured
+        it already (off the loop). Returns False if the run has ended.
 
         Raises:
+            ReservedSignal: ``name`` is one of the engine's own (``records.reserved_signal``).
             UnjournalableValue: The name, payload or id has no journaled
                 form (checked here, where the sender can be told).
         """
+        if reserved_signal(name) is not None:
+            raise ReservedSignal(f"signal {name!r} is the engine's own", name=name)
         run = self.runs.get(run_id)
         if run is None or run.status != "running":
             return False
+        value = self._signal_value(run, name, payload, signal_id)
+        size = signal_bytes(payload) if size is None else size
+        self._signals.append(SignalRequest(run, name, payload, signal_id, done, value, size))
+        self._count(run, 1, size)
+        return True
+
+    def _signal_value(self, run: RunState, name: str, payload: Any, signal_id: str) -> Any:
+        """The WAKE value ``[name, payload packed, signal_id]`` of a signal, checked to encode.
+
+        Raises:
+            UnjournalableValue: The name, payload or id has no journaled form.
+        """
         try:
             value = [name, pack_value(payload), signal_id]
         except ENCODE_ERRORS as exc:  # a payload holding itself
@@ -334,15 +374,43 @@ class Journal(Instrument):
             body, why = self.recorder.fits(Wake(run.n, 0, "signal", True, value))
         if body is None:
             raise UnjournalableValue(
-                f"signal {text_of(name)} for run {run_id} cannot be journaled: {why} (a "
+                f"signal {text_of(name)} for run {run.run_id} cannot be journaled: {why} (a "
                 "payload must be JSON-like, its text valid Unicode, its integers within "
                 "64 bits)",
-                run_id=run_id,
+                run_id=run.run_id,
                 signal=text_of(name),
                 reason=why,
             )
-        self._signals.append(SignalRequest(run, name, payload, signal_id, done, value))
+        return value
+
+    def request_internal_signal(self, run_id: str, name: str, payload: Any, signal_id: str) -> bool:
+        """Journal one of the engine's own signals for a run (a reserved name); False if it ended.
+
+        As :meth:`request_signal`, but for the engine alone: no client
+        request reaches this path, the signal is never taken for a repeat
+        of a client's id, and it is not counted against the run's bounds.
+
+        Raises:
+            UnjournalableValue: The payload has no journaled form.
+        """
+        if reserved_signal(name) is None:
+            raise TiffanyError(f"signal {name!r} is not in the reserved namespace", name=name)
+        run = self.runs.get(run_id)
+        if run is None or run.status != "running":
+            return False
+        value = self._signal_value(run, name, payload, signal_id)
+        self._signals.append(SignalRequest(run, name, payload, signal_id, _ignore, value))
         return True
+
+    def signal_seq(self, run_id: str, signal_id: str) -> int | None:
+        """The WAL seq of the client's signal ``signal_id`` a running run holds, or None."""
+        run = self.runs.get(run_id)
+        return None if run is None else run.signal_ids.get(signal_id)
+
+    def held_signals(self, run_id: str) -> tuple[int, int]:
+        """How many clients' signals run ``run_id`` holds (queued or kept), and their bytes."""
+        run = self.runs.get(run_id)
+        return (0, 0) if run is None else (run.signals_held, run.signal_bytes_held)
 
     def fail_run(self, run_id: str, error: BaseException) -> bool:
         """Journal that run ``run_id`` failed with ``error`` and commit; False if it had ended.
@@ -374,6 +442,7 @@ class Journal(Instrument):
         run.root, run.on_end, run.replay, run.result = None, None, None, None
         run.tasks.clear()
         run.receivers.clear()
+        self._let_go(run)
         return True
 
     def ltid_of(self, tid: int) -> int | None:
@@ -533,6 +602,7 @@ class Journal(Instrument):
         """
         run.status = _END_STATUS[root.state]
         run.result, run.error = root.result, root.error
+        self._let_go(run)
         cur = run.replay
         if cur is None or not self.replayer.check_end(run, cur, root, value):
             end = RunEnd(run.status, value, self.sched.clock.time())
@@ -577,32 +647,44 @@ class Journal(Instrument):
         requests, self._signals = self._signals, []
         for req in requests:
             run = req.run
-            if run.status != "running":
-                req.done(-1, run.status)
-            elif run.replay is not None or run.n == 0:
+            if run.status == "running" and (run.replay is not None or run.n == 0):
                 # Its record goes after the journal's last, and after the run's
                 # first dispatch: a run started in this pass has not run yet,
                 # while its replay (started before the loop) runs before the
                 # first wait stage, so a record at dispatch 0 would be behind it.
                 self._signals.append(req)
-            elif req.signal_id in run.signal_ids:
+                continue
+            if req.size is not None:  # a client's: no longer queued (kept, below, or gone)
+                self._count(run, -1, -req.size)
+            if run.status != "running":
+                req.done(-1, run.status)
+            elif req.size is not None and req.signal_id in run.signal_ids:
                 req.done(run.signal_ids[req.signal_id], None)
             else:
                 wal = self.wal
                 seq = wal.next_seq if wal is not None else 0
                 self._append(run, Wake(run.n, 0, "signal", True, req.value))
                 self.recorder.require_commit()
-                run.signal_ids[req.signal_id] = seq
-                self._deliver_signal(run, req.name, req.payload)
+                if req.size is not None:
+                    run.signal_ids[req.signal_id] = seq
+                self._deliver_signal(run, req.name, req.payload, req.size)
                 req.done(seq, None)
 
     def _replay_signal(self, run: RunState, seq: int, rec: Wake) -> None:
         name, packed, signal_id = rec.value
-        run.signal_ids[signal_id] = seq
-        self._deliver_signal(run, name, unpack_value(packed))
+        payload = unpack_value(packed)
+        size = None
+        if reserved_signal(name) is None:  # a client's (the engine's ids live apart)
+            run.signal_ids[signal_id] = seq
+            size = signal_bytes(payload)
+        self._deliver_signal(run, name, payload, size)
 
-    def _deliver_signal(self, run: RunState, name: str, payload: Any) -> None:
-        """Wake the oldest task parked on ``Receive(name)``, or keep the signal for one."""
+    def _deliver_signal(self, run: RunState, name: str, payload: Any, size: int | None) -> None:
+        """Wake the oldest task parked on ``Receive(name)``, or keep the signal for one.
+
+        ``size``: a client's signal's bytes, counted while it is kept; None
+        for the engine's own.
+        """
         waiting = run.receivers.get(name)
         while waiting:
             task, call = waiting.pop(0)
@@ -615,11 +697,27 @@ class Journal(Instrument):
                 self.sched.wake(task, payload)
                 return
         run.receivers.pop(name, None)
+        if size is not None:
+            self._count(run, 1, size)
         box = run.mailbox.get(name)
         if box is None:
-            run.mailbox[name] = deque([payload])
+            run.mailbox[name] = deque([(payload, size)])
         else:
-            box.append(payload)
+            box.append((payload, size))
+
+    def _count(self, run: RunState, n: int, size: int) -> None:
+        """Add ``n`` signals of ``size`` bytes in all to what ``run`` (and the journal) holds."""
+        run.signals_held += n
+        run.signal_bytes_held += size
+        self.signals_held += n
+        self.signal_bytes_held += size
+
+    def _let_go(self, run: RunState) -> None:
+        """A run ended: its kept signals are nobody's any more (its queued ones go at the wait)."""
+        kept = [size for box in run.mailbox.values() for _, size in box if size is not None]
+        run.mailbox.clear()
+        if kept:
+            self._count(run, -len(kept), -sum(kept))
 
     def _cancel_tasks(self, run: RunState) -> None:
         for ltid in sorted(run.tasks):
@@ -703,9 +801,11 @@ class Journal(Instrument):
         run = meta.run
         box = run.mailbox.get(call.channel)
         if box:
-            value = box.popleft()
+            value, size = box.popleft()
             if not box:
                 del run.mailbox[call.channel]
+            if size is not None:
+                self._count(run, -1, -size)
             return value
         deadline = None
         if call.timeout is not None:
@@ -829,3 +929,12 @@ def _label_of(call: Any, task: Task) -> TaskLabel:
     if call.__class__ is NewTask and call.coro is task.coro and call.meta.__class__ is TaskLabel:
         return call.meta
     return _PLAIN_TASK
+
+
+def signal_bytes(payload: Any) -> int:
+    """The bytes a signal's payload counts for (its journaled form), however it is held."""
+    return len(canonical(payload))
+
+
+def _ignore(seq: int, ended: str | None) -> None:
+    """The ``done`` of the engine's own signals: nobody waits for their answer."""

@@ -17,14 +17,17 @@ from typing import TYPE_CHECKING, Any
 
 from tiffany.config import Settings, parse_rate_limits
 from tiffany.durable import Runtime
+from tiffany.durable.records import unpack_error
+from tiffany.engine.children import ChildLimits, RunTree, TreeClosed
 from tiffany.engine.concurrency import SLOT_SIGNAL, Slots, spec_of
 from tiffany.engine.otel import attach_from_env
 from tiffany.engine.plan_cache import PlanCache
 from tiffany.engine.rate_limits import RateLimiter
-from tiffany.errors import UnjournalableValue
+from tiffany.errors import LimitExceeded, UnjournalableValue
 from tiffany.kernel import Instrument, SlowDispatchWatchdog
+from tiffany.records import CHILD_SIGNAL_PREFIX
 from tiffany.shards import engine_stream, seq_base, seq_last
-from tiffany.values import text_of
+from tiffany.values import text_of, unpack_value
 from tiffany.wal import Log, Source
 
 if TYPE_CHECKING:
@@ -66,8 +69,15 @@ class Engine:
     runtime: Runtime
     env: AgentEnv
     watchdog: SlowDispatchWatchdog
+    #: The bounds on child runs (``children.py``).
+    child_limits: ChildLimits
+    #: The most steps a run may have, its dynamic ones included (``max_steps``):
+    #: written into each run's entry, so its replay applies the same bound.
+    max_steps: int | None = None
     #: Concurrency limits' slots (``concurrency.py``), on the loop only.
     slots: Slots = field(init=False)
+    #: The tree of child runs: bounds, closing on cancel (``children.py``), on the loop.
+    tree: RunTree = field(init=False)
     #: Whether a run id is taken, beyond the runs the journal holds (the
     #: service adds the finished runs its run table remembers).
     known_run: Callable[[str], bool] = lambda run_id: False
@@ -75,13 +85,24 @@ class Engine:
     child_started: Callable[[str], None] = lambda run_id: None
     child_ended: Callable[[Any], None] | None = None
 
-    #: A run's children still running (``plan.run``), on the loop: cancelled with it.
-    _children: dict[str, set[str]] = field(init=False, default_factory=dict)
     #: Plans validated already, by content (``plan_cache.py``).
     plans: PlanCache = field(init=False, default_factory=PlanCache)
 
     def __post_init__(self) -> None:
         self.slots = Slots(self._request_slot)
+        self.tree = RunTree(self.child_limits, self.runtime.journal.request_cancel)
+
+    def cancel(self, run_id: str, reason: str = "cancelled") -> bool:
+        """Cancel a running run (on the loop); False if it already ended.
+
+        Its tree starts no child from now on (``children.py``); then the
+        journal cancels it at the next wait stage, and its children after it.
+        """
+        run = self.runtime.journal.runs.get(run_id)
+        if run is None or run.status != "running":
+            return False
+        self.tree.close(run_id, reason)
+        return self.runtime.journal.request_cancel(run_id, reason)
 
     def submit_plan(
         self,
@@ -123,25 +144,76 @@ class Engine:
         resumed = self.runtime.recover(only)
         index = self.runtime.index
         assert index is not None  # recover() sets it
+        journal = self.runtime.journal
         limited = []
         for run_id in resumed:
-            run = self.runtime.journal.runs[run_id]
+            run = journal.runs[run_id]
             entry = index.get(run_id).entry
             spec = spec_of(entry)
             ending = self._ending(entry, on_end)
-            parent = entry.get("parent")
-            if isinstance(parent, Mapping) and isinstance(parent.get("run_id"), str):
-                self._children.setdefault(parent["run_id"], set()).add(run_id)
             if spec is None:
                 run.on_end = ending
                 continue
             run.on_end = self._releasing(ending)
-            sid = f"{SLOT_SIGNAL}:{run_id}"
-            wakes = run.replay.wakes if run.replay is not None else ()
-            holds = any(w.ltid == 0 and w.cause == "signal" and w.value[2] == sid for _, w in wakes)
+            # Its slot is the engine's own signal, by name (a client cannot send it).
+            holds = any(_signal_name(w) == SLOT_SIGNAL for _, w in _wakes(run))
             limited.append((run.run_no, run_id, *spec, holds))
         self.slots.recover((r, k, n, h) for _, r, k, n, h in sorted(limited))
+        live = set(resumed)
+        runs = sorted(index.runs.values(), key=lambda i: i.first_seq)
+        orphans = self.tree.recover(
+            (
+                i.run_id,
+                i.entry.get("parent") if isinstance(i.entry, Mapping) else None,
+                not i.finished,
+            )
+            for i in runs
+        )
+        for orphan in orphans:  # its parent ended: the cancel it asked for was lost
+            if orphan in live:
+                journal.request_cancel(orphan, "its parent run ended")
+        self._missed_ends(runs, live)
         return resumed
+
+    def _missed_ends(self, runs: Iterable[Any], live: set[str]) -> None:
+        """Give a recovered parent the end of each child that ended without telling it.
+
+        A child's end reaches its parent as the engine's own signal at the
+        wait stage after the child's RUN_END; an engine that stopped in
+        between left the parent waiting. The child's own journal (its
+        RUN_END, in the start-up index) says how it ended.
+        """
+        journal = self.runtime.journal
+        for info in runs:
+            parent = info.entry.get("parent") if isinstance(info.entry, Mapping) else None
+            if not info.finished or not isinstance(parent, Mapping):
+                continue
+            parent_id = parent.get("run_id")
+            if parent_id not in live:
+                continue
+            name = CHILD_SIGNAL_PREFIX + info.run_id
+            if any(_signal_name(w) == name for _, w in _wakes(journal.runs[parent_id])):
+                continue
+            result = unpack_value(info.result)
+            outputs = result.get("outputs") if isinstance(result, Mapping) else None
+            error = None
+            if info.status != "succeeded" and isinstance(info.result, list | tuple):
+                error = text_of(unpack_error(info.result))[:2000]
+            end = child_end(info.run_id, info.status, outputs, error)
+            self._tell_parent(parent_id, name, end, f"end:{info.run_id}")
+
+    def _tell_parent(self, parent_id: str, name: str, end: dict[str, Any], signal_id: str) -> None:
+        """Journal a child's end for its parent's ``plan.run`` step (the engine's own signal).
+
+        A child whose outputs cannot be journaled in the signal fails the
+        parent's step instead (``plan.child_failed``), with why.
+        """
+        journal = self.runtime.journal
+        try:
+            journal.request_internal_signal(parent_id, name, end, signal_id)
+        except UnjournalableValue as exc:
+            end = {**end, "status": "failed", "outputs": None, "error": exc.message}
+            journal.request_internal_signal(parent_id, name, end, signal_id)
 
     # -- child runs (plan.run: tiffany/agents/tools/subplan.py) ---------------------
 
@@ -162,24 +234,30 @@ class Engine:
             entry, name = self.prepare_plan(plan, inputs)
         except PlanError as exc:
             return {"error": exc.message}
-        entry["parent"] = {"run_id": parent, "step": step}
+        try:  # the bounds on child runs, and a tree being cancelled (children.py)
+            fields = self.tree.admit(parent)
+        except (LimitExceeded, TreeClosed) as exc:
+            return {"refused": exc.to_dict()}
+        entry["parent"] = {"run_id": parent, "step": step, **fields}
         self.start_entry(entry, run_id=child, name=name, on_end=self.child_ended)
-        self._children.setdefault(parent, set()).add(child)
+        self.tree.started(parent, child, fields)
         self.child_started(child)
         return {"run_id": child}
 
     def _ending(
         self, entry: Mapping[str, Any], on_end: Callable[[Any], None] | None
     ) -> Callable[[Any], None] | None:
-        """``on_end``, after the run's own children still running are cancelled.
+        """``on_end``, after the run's children still running are asked to cancel.
 
-        For a child run (``plan.run``), also its end sent to its parent (a signal).
+        For a child run (``plan.run``), also its end sent to its parent: the
+        engine's own signal ``child:<id>``, taken from the child's end
+        (its RUN_END), through the path no client request reaches.
         """
         parent = entry.get("parent")
         if not isinstance(parent, Mapping) or not isinstance(parent.get("run_id"), str):
 
             def parent_ended(state: Any) -> None:
-                self._end_children(state.run_id)
+                self.tree.ended(state.run_id)
                 if on_end is not None:
                     on_end(state)
 
@@ -187,38 +265,20 @@ class Engine:
         parent_id = parent["run_id"]
 
         def ended(state: Any) -> None:
-            self._end_children(state.run_id)
-            kids = self._children.get(parent_id)
-            if kids is not None:
-                kids.discard(state.run_id)
+            self.tree.ended(state.run_id)
             result = state.result if isinstance(state.result, Mapping) else {}
-            end = {
-                "run_id": state.run_id,
-                "status": state.status,
-                "outputs": result.get("outputs") if state.status == "succeeded" else None,
-                "error": None if state.error is None else text_of(state.error)[:2000],
-            }
-            from tiffany.agents.tools.subplan import CHILD_SIGNAL_PREFIX
-
-            name, signal_id = CHILD_SIGNAL_PREFIX + state.run_id, f"end:{state.run_id}"
-            try:
-                self.runtime.journal.request_signal(
-                    parent_id, name, end, signal_id, lambda seq, ended: None
-                )
-            except UnjournalableValue as exc:  # its outputs: the parent's step fails
-                end = {**end, "status": "failed", "outputs": None, "error": exc.message}
-                self.runtime.journal.request_signal(
-                    parent_id, name, end, signal_id, lambda seq, ended: None
-                )
+            end = child_end(
+                state.run_id,
+                state.status,
+                result.get("outputs"),
+                None if state.error is None else text_of(state.error)[:2000],
+            )
+            name = CHILD_SIGNAL_PREFIX + state.run_id
+            self._tell_parent(parent_id, name, end, f"end:{state.run_id}")
             if on_end is not None:
                 on_end(state)
 
         return ended
-
-    def _end_children(self, run_id: str) -> None:
-        """A run ended: cancel its children still running (they journal it)."""
-        for child in sorted(self._children.pop(run_id, ())):
-            self.runtime.journal.request_cancel(child, f"its parent run {run_id} ended")
 
     def _releasing(self, on_end: Callable[[Any], None] | None) -> Callable[[Any], None]:
         def ended(state: Any) -> None:
@@ -229,9 +289,7 @@ class Engine:
         return ended
 
     def _request_slot(self, run_id: str, payload: dict[str, Any], signal_id: str) -> bool:
-        return self.runtime.journal.request_signal(
-            run_id, SLOT_SIGNAL, payload, signal_id, lambda seq, ended: None
-        )
+        return self.runtime.journal.request_internal_signal(run_id, SLOT_SIGNAL, payload, signal_id)
 
     def prepare_plan(
         self,
@@ -270,7 +328,12 @@ class Engine:
             raise PlanError(
                 [{"loc": f"inputs.{k}", "msg": "not an input of this plan"} for k in unknown]
             )
+        if self.max_steps is not None and len(plan.steps) > self.max_steps:
+            msg = f"{len(plan.steps)} steps: more than TIFFANY_MAX_STEPS ({self.max_steps})"
+            raise PlanError([{"loc": "steps", "msg": msg}])
         entry = plan_entry(doc, inputs)
+        if self.max_steps is not None:  # its dynamic steps too: the replay reads the bound here
+            entry["limits"] = {"max_steps": self.max_steps}
         if plan.concurrency is not None:
             key = resolve(plan.concurrency.key, {**plan.inputs, **(inputs or {})}, {})
             entry["concurrency"] = {"key": str(key), "limit": plan.concurrency.limit}
@@ -317,6 +380,28 @@ def _missing_functions(plan: Any) -> list[dict[str, str]]:
                 }
             )
     return problems
+
+
+def child_end(run_id: str, status: str, outputs: Any, error: str | None) -> dict[str, Any]:
+    """What a child run's end tells its parent's ``plan.run`` step (the signal's payload)."""
+    return {
+        "run_id": run_id,
+        "status": status,
+        "outputs": outputs if status == "succeeded" else None,
+        "error": error,
+    }
+
+
+def _wakes(run: Any) -> Iterable[tuple[int, Any]]:
+    """A recovered run's WAKE records still to replay."""
+    return run.replay.wakes if run.replay is not None else ()
+
+
+def _signal_name(wake: Any) -> str | None:
+    """The name of the signal a WAKE record delivers, or None for another wake-up."""
+    if wake.ltid != 0 or wake.cause != "signal" or not isinstance(wake.value, list | tuple):
+        return None
+    return str(wake.value[0]) if wake.value else None
 
 
 def replay_resolvers(settings: Settings) -> dict[str, Any]:
@@ -457,7 +542,10 @@ def build(
     # collection during a run traverses the run's objects only (measured: a
     # gen-2 collection over the start-up heap cost a 1,000-step fan-out a
     # third of its throughput).
-    engine = Engine(runtime, env, watchdog)
+    children = ChildLimits(
+        settings.max_child_depth, settings.max_children, settings.max_descendants
+    )
+    engine = Engine(runtime, env, watchdog, children, max_steps=settings.max_steps)
     env.runs = engine  # plan.run's child runs (tiffany/agents/tools/subplan.py)
     gc.collect()
     gc.freeze()

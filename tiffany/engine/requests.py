@@ -27,7 +27,13 @@ Invariants:
   ``timeouts.py``: 503 after :data:`SUBMIT_TIMEOUT_S`, "busy" if the loop
   never took it, "not durable" if it did.
 - The engine trusts no caller (``tiffany submit`` and ``tiffany signal``
-  bypass the API's checks): plans, inputs and payloads are checked here.
+  bypass the API's checks): plans, inputs and payloads are checked here,
+  and a signal named in the engine's reserved namespace
+  (``records.RESERVED_SIGNAL_PREFIXES``: a sub-plan's end, a concurrency
+  slot) is refused here, whichever way it came (socket, database row).
+- A run holds at most ``max_pending_signals`` clients' signals no step has
+  received, of ``max_pending_signal_bytes`` in all: one more is refused
+  (429, 413), naming the setting; a run's are let go when it ends.
 - A run the engine no longer holds (``run_table.py`` keeps the newest
   finished ones) is answered from the store: 409 with its status, not 404.
 
@@ -63,8 +69,11 @@ from tiffany.config import Settings
 from tiffany.control import MAX_WAIT_PROJECTED_S, ControlError, submission_digest
 from tiffany.documents import SIGNAL_NAME_PATTERN, DocumentError
 from tiffany.documents import check as check_document
+from tiffany.durable import signal_bytes
 from tiffany.durable.checkpoint import KeyEntry
 from tiffany.engine.inbox import DurableWaits, Inbox, settle
+from tiffany.errors import LimitExceeded
+from tiffany.records import reserved_signal, reserved_signal_message
 from tiffany.shards import engine_of, engine_stream
 
 if TYPE_CHECKING:
@@ -428,6 +437,9 @@ class ControlRequests:
         if not isinstance(name, str) or not _SIGNAL_NAME.match(name):
             msg = f"must match {SIGNAL_NAME_PATTERN}"
             raise ControlError(422, f"signal name {msg}", [{"loc": "name", "msg": msg}])
+        if reserved_signal(name) is not None:
+            msg = reserved_signal_message(name)
+            raise ControlError(422, msg, [{"loc": "name", "msg": msg}])
         if not isinstance(signal_id, str) or not 0 < len(signal_id) <= 255:
             msg = "must be 1 to 255 characters"
             raise ControlError(422, f"signal_id {msg}", [{"loc": "signal_id", "msg": msg}])
@@ -435,6 +447,7 @@ class ControlRequests:
             check_document(payload, loc=["payload"])
         except DocumentError as exc:
             raise ControlError(422, exc.message, exc.detail) from None
+        size = signal_bytes(payload)  # measured here, off the loop
         deadline = time.monotonic() + SUBMIT_TIMEOUT_S
         journaled: Future[int] = Future()
 
@@ -454,11 +467,14 @@ class ControlRequests:
             )
 
         def queue() -> None:
-            run = self.runtime.journal.runs.get(run_id)
+            journal = self.runtime.journal
+            run = journal.runs.get(run_id)
             status = run.status if run is not None else self.runs.status(run_id)
             if status is None:
                 raise ControlError(404, f"no run {run_id!r}")
-            if not self.runtime.journal.request_signal(run_id, name, payload, signal_id, done):
+            if status == "running" and journal.signal_seq(run_id, signal_id) is None:
+                self._check_held(run_id, size)  # a repeat holds nothing more
+            if not journal.request_signal(run_id, name, payload, signal_id, done, size):
                 raise ControlError(
                     409, f"run {run_id} already finished ({status})", {"status": status}
                 )
@@ -478,6 +494,32 @@ class ControlRequests:
             seq = sent[0]
         self._wait_durable(seq, deadline)
         return {"run_id": run_id, "name": name, "seq": seq, "signal_id": signal_id}
+
+    def _check_held(self, run_id: str, size: int) -> None:
+        """Refuse a signal the run cannot hold: 429 past the count, 413 past the bytes."""
+        count, held = self.runtime.journal.held_signals(run_id)
+        settings = self.settings
+        if count + 1 > settings.max_pending_signals:
+            refusal = LimitExceeded(
+                "max_pending_signals",
+                settings.max_pending_signals,
+                f"run {run_id} holds {count} signals no step has received: one more would pass "
+                f"TIFFANY_MAX_PENDING_SIGNALS ({settings.max_pending_signals}); try again once "
+                "a step takes one",
+                held=count,
+            )
+            raise ControlError(429, refusal.message, refusal.to_dict())
+        if held + size > settings.max_pending_signal_bytes:
+            refusal = LimitExceeded(
+                "max_pending_signal_bytes",
+                settings.max_pending_signal_bytes,
+                f"run {run_id} holds {held} bytes of signals no step has received: this one "
+                f"({size} bytes) would pass TIFFANY_MAX_PENDING_SIGNAL_BYTES "
+                f"({settings.max_pending_signal_bytes})",
+                held_bytes=held,
+                bytes=size,
+            )
+            raise ControlError(413, refusal.message, refusal.to_dict())
 
     def _signal_sent(self, run_id: str, signal_id: str) -> tuple[int, str] | None:
         """A finished run's signal ``signal_id``: ``(seq, name)`` from the store, or None.
@@ -552,6 +594,11 @@ class ControlRequests:
             # Runs whose state the journal holds in memory (running ones, and
             # finished ones until they are forgotten, right after their end).
             "runs_held": len(self.runtime.journal.runs),
+            # Clients' signals no step has received yet, in all runs, and their bytes.
+            "signals_held": self.runtime.journal.signals_held,
+            "signal_bytes_held": self.runtime.journal.signal_bytes_held,
+            # Runs in a tree of child runs (plan.run), live: engine/children.py.
+            "tree_runs": len(self.engine.tree),
             "tasks_held": self.runtime.sched.records,
             "projector": self.projector.health(),
             "shell_sandbox": _sandbox_status(self.settings.shell_sandbox),
@@ -667,7 +714,7 @@ class ControlRequests:
             raise ControlError(404, f"no run {run_id!r}")
         if run is None or status != "running":
             raise ControlError(409, f"run {run_id} already finished ({status})", {"status": status})
-        if not self.runtime.journal.request_cancel(run_id, reason):
+        if not self.engine.cancel(run_id, reason):  # its tree stops growing first
             raise ControlError(409, f"run {run_id} already finished", {"status": run.status})
         return {"run_id": run_id, "status": "cancelling"}
 

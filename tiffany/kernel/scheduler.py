@@ -170,6 +170,7 @@ class Scheduler:
         if self._closed:
             raise KernelError("the scheduler is closed")
         self._running = True
+        self._hooks_dirty = True  # the loop's cached hooks are its own: a new loop reads them
         hooks = self._instruments.hooks
         try:
             if hooks["before_run"] is not None:

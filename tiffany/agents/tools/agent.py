@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, ClassVar, Final
 
 from pydantic import Field, ValidationError
@@ -230,10 +231,12 @@ def _call_task(step: Step) -> Coroutine:
 
 
 def _tool_call(
-    ctx: ToolContext, allowed: list[str], call: Mapping[str, Any], turn: int
+    ctx: ToolContext, allowed: list[str], call: Mapping[str, Any], turn: int, ordinal: int
 ) -> Coroutine:
-    """Run one tool call the model asked for; ``(ok, result)`` (a refusal is a result).
+    """Run the ``ordinal``-th tool call of the step (in ``turn``); ``(ok, result)``.
 
+    The tool sees the call's ordinal (``ToolContext.call``): what it names
+    after its step and attempt (``plan.run``'s child run) is the call's own.
     A tool that is a model call itself (``llm``: ``metered == "call"``)
     counts against the run's budget as the agent's own turns do: checked
     before (a spent budget stops the agent, it is not told to the model),
@@ -250,6 +253,7 @@ def _tool_call(
     budget = ctx.budget if metered(tool) == "call" else None
     if budget is not None:
         budget.check(f"step {ctx.step_id} turn {turn}: tool {name}")
+    ctx = replace(ctx, call=ordinal)
     try:
         if not tool.durable:
             return True, (yield tool.run(args, ctx))
@@ -345,7 +349,7 @@ class AgentTool:
                 }
             )
             for c in wanted:
-                ok, result = yield from _tool_call(ctx, args.tools, c, turn)
+                ok, result = yield from _tool_call(ctx, args.tools, c, turn, len(calls) + 1)
                 calls.append({"turn": turn, "tool": c["name"], "ok": ok})
                 text = json.dumps(result, default=str)[:MAX_RESULT_CHARS]
                 messages.append({"role": "tool", "tool_call_id": c["id"], "content": text})

@@ -117,6 +117,9 @@ class ToolContext:
         budget: The run's budget ledger (``tiffany/agents/budget.py``), or None
             (no budget): a tool that makes several model calls checks it
             before each and charges each (``metered = "self"``).
+        call: For a tool an ``agent`` step calls, which of the step's tool
+            calls this is (1, 2...): two calls of one attempt are two
+            things (``plan.run`` starts a child each); None for the step's own tool.
     """
 
     run_id: str
@@ -128,6 +131,7 @@ class ToolContext:
     runs: Any = None
     tools: Any = None
     budget: Any = None
+    call: int | None = None
 
 
 class Tool(Protocol):

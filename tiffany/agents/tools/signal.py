@@ -19,12 +19,13 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Final
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from tiffany.agents.tools.base import FreeFormOutput, ToolArgs, ToolContext, ToolError
 from tiffany.documents import SIGNAL_NAME_PATTERN
 from tiffany.errors import WaitTimeout
 from tiffany.kernel import Coroutine, Receive
+from tiffany.records import reserved_signal, reserved_signal_message
 
 __all__ = [
     "MAX_SIGNAL_WAIT_S",
@@ -47,10 +48,25 @@ class SignalTimeout(ToolError):
 class SignalWaitArgs(ToolArgs):
     """Arguments of ``signal.wait``: the signal's ``name``; ``timeout_s`` (none: wait for ever)."""
 
-    name: str = Field(pattern=SIGNAL_NAME_PATTERN, description="The signal to wait for.")
+    name: str = Field(
+        pattern=SIGNAL_NAME_PATTERN,
+        description=(
+            "The signal to wait for (names starting with child:, concurrency. or tiffany. "
+            "are the engine's)."
+        ),
+    )
     timeout_s: float | None = Field(
         default=None, gt=0, le=MAX_SIGNAL_WAIT_S, description="Fail the step after this long."
     )
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        # A wait on the engine's own signal would take a sub-plan's end, or a
+        # run's slot, from the step or planner it is meant for.
+        if reserved_signal(name) is not None:
+            raise ValueError(reserved_signal_message(name))
+        return name
 
 
 class SignalWaitOutput(FreeFormOutput):

@@ -3,17 +3,27 @@
 ``{"tool": "plan.run", "args": {"plan": {...}, "inputs": {...}}}`` starts a
 child run (its own run, journal and store rows, linked both ways: the
 child's entry names its ``parent`` run and step, and its id is
-``<parent run>.<step>.<attempt>``), waits for it to end, and outputs the
-child's ``outputs``; a child that fails or is cancelled fails the step (its
+``<parent run>.<step>.<attempt>``, or ``<parent run>.<step>.<attempt>.<call>``
+for the ``call``-th tool call of an ``agent`` step, so that each call has a
+child of its own), waits for it to end, and outputs the child's
+``outputs``; a child that fails or is cancelled fails the step (its
 ``retries`` start a new child). ``plan`` may also be a path to a JSON or
 YAML file in the run's workspace (written by an earlier step).
 
 How it stays durable: the child is started by an inline durable step (its
 record says the child started, so neither a replay nor a recovery starts
 it twice), and its end reaches the parent as a journaled signal
-(``child:<child run id>``) that the parent's step receives. A parent that
+(``child:<child run id>``) that the parent's step receives. That name is in
+the engine's reserved namespace (``tiffany.records.RESERVED_SIGNAL_PREFIXES``):
+the engine sends it from the child's own end, through a path no client
+request reaches; a client's ``child:...`` signal is refused. A parent that
 ends (cancelled, or failed by another step) has the engine cancel its
-children still running (``tiffany/engine/__init__.py``).
+children still running (``tiffany/engine/children.py``).
+
+Bounds: the engine refuses a child past ``max_child_depth``,
+``max_children`` or ``max_descendants``, or under a run being cancelled;
+the step then fails with the refusal's code (``limit.max_child_depth``...,
+``plan.tree_closed``), which names the setting.
 """
 
 from __future__ import annotations
@@ -28,9 +38,11 @@ from tiffany.agents.tools.base import FreeFormOutput, ToolArgs, ToolContext, Too
 from tiffany.agents.tools.workspace import open_in_workspace
 from tiffany.documents import DocumentError, load
 from tiffany.kernel import Coroutine, Receive, Step
+from tiffany.records import CHILD_SIGNAL_PREFIX
 
 __all__ = [
     "CHILD_SIGNAL_PREFIX",
+    "ChildRefused",
     "ChildRuns",
     "PlanRunArgs",
     "PlanRunOutput",
@@ -39,8 +51,6 @@ __all__ = [
     "child_run_id",
 ]
 
-#: A child run's end reaches its parent as the signal ``child:<child run id>``.
-CHILD_SIGNAL_PREFIX: Final = "child:"
 #: Largest plan file ``plan.run`` reads from the workspace.
 MAX_PLAN_FILE_BYTES: Final = 1 << 20
 
@@ -51,13 +61,32 @@ class SubPlanFailed(ToolError):
     code = "plan.child_failed"
 
 
+class ChildRefused(ToolError):
+    """The engine refused to start the child: a bound on child runs, or a tree being cancelled.
+
+    Its ``code`` is the refusal's (``limit.max_child_depth``, ``limit.max_children``,
+    ``limit.max_descendants``, ``plan.tree_closed``); its fields name the setting.
+    """
+
+    code = "plan.child_refused"
+
+    def __init__(self, refusal: Mapping[str, Any], **fields: Any) -> None:
+        extra = {k: v for k, v in refusal.items() if k not in ("code", "message")}
+        super().__init__(str(refusal.get("message")), **extra, **fields)
+        self.code = str(refusal.get("code") or self.code)
+
+
 class ChildRuns(Protocol):
     """What the engine offers ``plan.run`` (``tiffany.engine``): both run on the loop."""
 
     def start_child(
         self, parent: str, step: str, child: str, plan: Any, inputs: Any
     ) -> dict[str, Any]:
-        """Start run ``child`` of ``plan`` (no-op if it exists); ``{"run_id"}`` or ``{"error"}``."""
+        """Start run ``child`` of ``plan`` (no-op if it exists).
+
+        Returns ``{"run_id"}``, ``{"error"}`` (an invalid plan) or
+        ``{"refused": {"code", "message", ...}}`` (a bound, a closed tree).
+        """
         ...
 
 
@@ -72,9 +101,14 @@ class PlanRunOutput(FreeFormOutput):
     """Free-form: the child run's outputs, shaped by the child plan's ``outputs``."""
 
 
-def child_run_id(parent: str, step: str, attempt: int) -> str:
-    """The id of the child run a ``plan.run`` step's attempt starts."""
-    return f"{parent}.{step}.{attempt}"
+def child_run_id(parent: str, step: str, attempt: int, call: int | None = None) -> str:
+    """The id of the child run a ``plan.run`` step's attempt (or its agent's ``call``) starts.
+
+    Unambiguous: a step id starts with a letter or ``_``, an attempt and a
+    call are numbers, so ``p.s.1.2`` (call 2) is never ``p.s.1``'s grandchild.
+    """
+    base = f"{parent}.{step}.{attempt}"
+    return base if call is None else f"{base}.{call}"
 
 
 def _read_plan(ctx: ToolContext, path: str) -> Any:
@@ -116,11 +150,13 @@ class PlanRunTool:
         plan = args.plan
         if isinstance(plan, str):
             plan = yield Step(_read_plan, ctx, plan, name="plan.read")
-        child = child_run_id(ctx.run_id, ctx.step_id, ctx.attempt)
+        child = child_run_id(ctx.run_id, ctx.step_id, ctx.attempt, ctx.call)
         # The engine is reached inside the steps only: a replay calls neither.
         started = yield Step(_start, ctx, child, plan, args.inputs, name="plan.run", inline=True)
         if isinstance(started, Mapping) and started.get("error") is not None:
             raise SubPlanFailed(f"the child plan is invalid: {started['error']}", child=child)
+        if isinstance(started, Mapping) and isinstance(started.get("refused"), Mapping):
+            raise ChildRefused(started["refused"], child=child)
         ctx.emit("tool.output", {"child_run": child})
         end = yield Receive(CHILD_SIGNAL_PREFIX + child)
         end = end if isinstance(end, Mapping) else {}

@@ -45,6 +45,7 @@ from tiffany.api.schemas import (
 from tiffany.api.timing import timed
 from tiffany.documents import SIGNAL_NAME_PATTERN
 from tiffany.errors import TiffanyError
+from tiffany.records import reserved_signal, reserved_signal_message
 from tiffany.store import Run, RunStatus, queries
 
 __all__ = ["DEFAULT_EVENTS_PAGE", "MAX_EVENTS_PAGE", "router"]
@@ -471,8 +472,20 @@ async def rerun_run(
     responses={
         **_NOT_FOUND,
         409: {"model": ErrorBody, "description": "The run has already finished."},
-        413: {"model": ErrorBody, "description": "The body is larger than max_signal_bytes."},
-        422: {"model": ErrorBody, "description": "A bad signal name or a malformed body."},
+        413: {
+            "model": ErrorBody,
+            "description": "The body is larger than max_signal_bytes, or the run holds "
+            "max_pending_signal_bytes of signals no step has received.",
+        },
+        422: {
+            "model": ErrorBody,
+            "description": "A bad signal name (one in the engine's reserved namespace: "
+            "child:, concurrency., tiffany.) or a malformed body.",
+        },
+        429: {
+            "model": ErrorBody,
+            "description": "The run holds max_pending_signals signals no step has received.",
+        },
         **_ERRORS,
     },
 )
@@ -489,10 +502,15 @@ async def signal_run(
     payload; a signal sent before the step waits is kept for it, and each
     wait takes one signal, oldest first. With an ``Idempotency-Key``, sending
     the same signal again journals it once (the answer names the first).
+    Names starting with ``child:``, ``concurrency.`` or ``tiffany.`` are the
+    engine's own (422); a run holds a bounded number and size of signals no
+    step has received (429, 413, naming the setting).
     """
     _check_run_id(run_id)
     if _SIGNAL_NAME.match(name) is None:
         raise InvalidBody(["path", "name"], f"a signal name must match {SIGNAL_NAME_PATTERN}")
+    if reserved_signal(name) is not None:  # the engine's own (a sub-plan's end, a slot)
+        raise InvalidBody(["path", "name"], reserved_signal_message(name))
     body = await read_capped(
         request.headers.get("content-length"),
         request.stream(),
