@@ -152,6 +152,14 @@ class Settings(BaseSettings):
             server says so in its log and status). See docs/security.md.
         max_plan_bytes: Largest ``POST /api/runs`` body the API accepts (413
             beyond it, decided before the body is buffered).
+        http_header_timeout_s: Seconds a request's headers may take, from the
+            connection's opening or the request's first byte (408 and close
+            beyond: slow clients, ``tiffany/api/connections.py``).
+        http_body_timeout_s: Seconds a request's body may take after its
+            headers (408 and close beyond).
+        http_max_connections: Connections at once (HTTP and websockets) per
+            API process; one more is answered 503 and closed. Lowered to the
+            open-file limit less a reserve when that is lower.
         max_signal_bytes: Largest signal payload (``POST
             /api/runs/{id}/signals/{name}`` body) the API accepts (413 beyond).
         feed_ring_events: Activity events the API process keeps for websocket
@@ -221,6 +229,9 @@ class Settings(BaseSettings):
     shell_sandbox: Literal["auto", "bwrap", "none"] = "auto"
     max_plan_bytes: int = Field(default=1_048_576, gt=0)
     max_signal_bytes: int = Field(default=262_144, gt=0)
+    http_header_timeout_s: float = Field(default=10.0, gt=0)
+    http_body_timeout_s: float = Field(default=60.0, gt=0)
+    http_max_connections: int = Field(default=10_000, gt=0)
     feed_ring_events: int = Field(default=100_000, gt=0)
     ws_queue_frames: int = Field(default=10_000, gt=0)
     ws_ping_interval_s: float = Field(default=15.0, gt=0)
