@@ -180,6 +180,9 @@ class Settings(BaseSettings):
             is cut off as a slow consumer (beside ``ws_queue_frames``).
         ws_send_timeout_s: How long one send to a websocket may wait for its
             socket to drain before it is cut off.
+        ws_cutoff_linger_s: How long a cut-off websocket's socket may take to
+            accept its ``cutoff`` and close frames (queued behind its
+            backlog) before the connection is reset.
         projector_nice: How much lower the projector process runs than its
             engine: its niceness is raised by this much, and above 0 it runs
             as a batch process (``SCHED_BATCH``) while no read waits on the
@@ -240,6 +243,7 @@ class Settings(BaseSettings):
     rate_limits: str = ""
     ws_queue_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     ws_send_timeout_s: float = Field(default=10.0, gt=0)
+    ws_cutoff_linger_s: float = Field(default=10.0, gt=0)
     tool_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
     projector_nice: int = Field(default=10, ge=0, le=19)
 

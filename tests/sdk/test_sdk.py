@@ -268,6 +268,18 @@ def test_events_end_at_run_finished_and_resume_after_a_seq(server: Served) -> No
         assert [e.seq for e in resumed] == [s for s in seqs if s > middle.seq]
 
 
+def test_events_since_beyond_the_feed_raise_the_422_http_would(server: Served) -> None:
+    """Not a silent feed, nor reconnects for ever: the refusal, raised at once."""
+    with Client(server.url) as client:
+        run = client.submit(COUNT)
+        last = list(run.events())[-1].seq
+        with pytest.raises(InvalidRequest) as beyond:
+            next(iter(client.events(run.run_id, since=last + 10**9)))
+    assert beyond.value.status == 422
+    assert beyond.value.code == "feed.since_beyond"
+    assert beyond.value.errors[0].loc == ("query", "since")
+
+
 def test_events_resume_across_a_restart_of_the_api_process(server: Served) -> None:
     """The API process dies mid-iteration (kill -9); serve restarts it; the iterator resumes."""
     steps = [

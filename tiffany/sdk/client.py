@@ -383,6 +383,8 @@ class Client:
                 when the server cannot be reached before the first connection).
             Unauthorized: The server refused the token (any 4xx answer to
                 the feed's handshake is raised at once, as over HTTP).
+            InvalidRequest: ``since`` is beyond the feed's last seq (code
+                ``feed.since_beyond``): a seq this server never sent.
         """
         last = since
         finished_at_start = followed = False

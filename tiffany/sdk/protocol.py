@@ -342,6 +342,9 @@ def read_frame(text: str | bytes) -> Event | FeedGap | None:
 
     Raises:
         Cutoff: The frame is ``cutoff``: reconnect with the last seq.
+        ApiError: The frame is ``error``: the server refused the feed as it
+            would refuse the same request over HTTP (a ``since`` beyond the
+            feed: :class:`~tiffany.sdk.errors.InvalidRequest`, 422).
     """
     doc = json.loads(text)
     if not isinstance(doc, dict):
@@ -353,6 +356,10 @@ def read_frame(text: str | bytes) -> Event | FeedGap | None:
         return FeedGap.model_validate({k: v for k, v in doc.items() if k != "type"})
     if kind == "cutoff":
         raise Cutoff(str(doc.get("reason") or "cut off"))
+    if kind == "error":
+        status = doc.get("status")
+        body = {k: v for k, v in doc.items() if k != "type"}
+        raise error_from_answer(status if isinstance(status, int) else 400, body)
     return None
 
 
