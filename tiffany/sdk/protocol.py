@@ -314,6 +314,14 @@ def unreachable(base: str, exc: Exception) -> ConnectionFailed:
     return ConnectionFailed(f"cannot reach the Tiffany API at {base}: {reason}", url=base)
 
 
+def get_params(min_seq: int | None, outputs: bool) -> dict[str, Any]:
+    """The query of ``GET /api/runs/{id}``: ``min_seq`` when given, ``outputs=false`` when asked."""
+    params: dict[str, Any] = {} if min_seq is None else {"min_seq": min_seq}
+    if not outputs:
+        params["outputs"] = "false"
+    return params
+
+
 def feed_url(base: str, run_id: str | None, since: int | None, tail: int = 0) -> str:
     """The websocket URL of the activity feed (``ws://`` for ``http://``).
 
