@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from tiffany.redaction import redact_url_credentials
 from tiffany.shards import MAX_ENGINES, engine_home
 
 ENV_PREFIX = "TIFFANY_"
@@ -338,20 +339,8 @@ class Settings(BaseSettings):
         data = self.model_dump(mode="json")
         data["api_token"] = "**********" if self.api_token is not None else None
         data["llm_api_key"] = "**********" if self.llm_api_key is not None else None
-        data["database_url"] = _mask_url_password(self.database_url)
+        data["database_url"] = redact_url_credentials(self.database_url)
         return data
-
-
-def _mask_url_password(url: str) -> str:
-    """Hide the password of a URL such as ``postgresql://user:pw@host/db``."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    credentials, _, location = rest.rpartition("@")
-    if ":" not in credentials:
-        return url
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{location}"
 
 
 _SECRET_NAME = ("TOKEN", "KEY", "PASSWORD", "PASSWD", "SECRET", "CREDENTIAL")

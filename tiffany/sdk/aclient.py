@@ -17,6 +17,7 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
+from tiffany.redaction import redact_url_credentials
 from tiffany.sdk import protocol
 from tiffany.sdk.client import FEED_OPEN_TIMEOUT_S, REMEMBERED_RUNS
 from tiffany.sdk.errors import ConnectionFailed, Unavailable, WaitTimeout
@@ -99,7 +100,7 @@ class AsyncClient:
         self._seqs: OrderedDict[str, int] = OrderedDict()
 
     def __repr__(self) -> str:
-        return f"AsyncClient({self.url!r})"
+        return f"AsyncClient({redact_url_credentials(self.url)!r})"
 
     async def __aenter__(self) -> AsyncClient:
         return self

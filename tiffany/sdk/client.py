@@ -22,6 +22,7 @@ import httpx
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
+from tiffany.redaction import redact_url_credentials
 from tiffany.sdk import protocol
 from tiffany.sdk.errors import ConnectionFailed, Unavailable, WaitTimeout
 from tiffany.sdk.models import (
@@ -124,7 +125,7 @@ class Client:
         self._seqs: OrderedDict[str, int] = OrderedDict()
 
     def __repr__(self) -> str:
-        return f"Client({self.url!r})"
+        return f"Client({redact_url_credentials(self.url)!r})"
 
     def __enter__(self) -> Client:
         return self
