@@ -79,7 +79,7 @@ def test_config_prints_settings_with_secrets_masked(tmp_path: Path) -> None:
     assert "hunter2" not in result.output
     shown = json.loads(result.output)
     assert shown["data_dir"] == str(tmp_path)
-    assert shown["database_url"] == "postgresql+psycopg://tiffany:***@db:5432/tiffany"
+    assert shown["database_url"] == "postgresql+psycopg://tiffany:[REDACTED]@db:5432/tiffany"
     assert shown["enabled_tools"] == ["shell", "http"]
     assert shown["wal_fsync"] == "always"
     assert shown["api_token"] is not None

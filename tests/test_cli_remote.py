@@ -342,3 +342,41 @@ def test_a_local_tail_of_one_run_shows_what_tail_url_shows(served: Served) -> No
     unknown = tiffany(served, "tail", "--run", "run-000000000000", *local)
     assert unknown.returncode == 3, unknown.stderr
     assert "no run 'run-000000000000'" in unknown.stderr
+
+
+def test_no_cli_message_shows_a_credential_of_the_url(served: Served, not_tiffany: str) -> None:
+    """A password or a ``?token=`` in --url is masked in every message, whoever words it."""
+    secret, token = "pw-s3cret-77", "tok-s3cret-88"
+
+    def with_credentials(base: str) -> str:
+        return base.replace("http://", f"http://ann:{secret}@") + f"/?token={token}"
+
+    cases = [
+        ("runs", "--url", with_credentials("http://127.0.0.1:9")),  # unreachable: httpx's words
+        ("tail", "--url", with_credentials("http://127.0.0.1:9")),  # the feed's
+        ("status", "--url", with_credentials(not_tiffany)),  # not the API: the request named
+        ("cancel", "run-x", "--url", with_credentials(not_tiffany)),
+        ("runs", "--url", f"ftp://ann:{secret}@host/?token={token}"),  # refused URL: --url echoed
+        ("runs", "--url", with_credentials(served.url)),  # the server's 401
+        ("--log-level", "debug", "status", "--url", with_credentials(served.url)),  # logs
+    ]
+    for args in cases:
+        proc = tiffany(served, *args)
+        assert proc.returncode != 0, (args, proc.stderr)
+        shown = proc.stdout + proc.stderr
+        assert secret not in shown, (args, shown)
+        assert token not in shown, (args, shown)
+        assert "[REDACTED]" in proc.stderr, (args, proc.stderr)
+
+
+def test_the_sdk_never_words_a_credential_of_its_url() -> None:
+    from tiffany.sdk import ConnectionFailed
+
+    url = "http://ann:pw-s3cret@127.0.0.1:9/?token=tok-s3cret"
+    client = Client(url, retries=0)
+    assert "s3cret" not in repr(client)
+    with pytest.raises(ConnectionFailed) as failed:
+        client.list()
+    assert "s3cret" not in str(failed.value)
+    assert "s3cret" not in json.dumps(failed.value.to_dict())
+    assert "http://ann:[REDACTED]@127.0.0.1:9" in failed.value.message

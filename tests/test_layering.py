@@ -62,8 +62,10 @@ LAYERS: dict[str, Layer] = {
     "errors": Layer(STDLIB_ONLY, STDLIB_ONLY),
     # Engines' shares of a data dir or database: seq ranges, homes, streams.
     "shards": Layer(STDLIB_ONLY, STDLIB_ONLY),
-    "config": Layer(_parts("errors", "shards"), BOTTOM_LIBS),
-    "log": Layer(_parts("errors", "config"), BOTTOM_LIBS),
+    # Credentials in URLs masked wherever text is shown (logs, settings, SDK, CLI).
+    "redaction": Layer(STDLIB_ONLY, STDLIB_ONLY),
+    "config": Layer(_parts("errors", "shards", "redaction"), BOTTOM_LIBS),
+    "log": Layer(_parts("errors", "config", "redaction"), BOTTOM_LIBS),
     # Bounded JSON/YAML documents: limits on depth, size, numbers, strings.
     "documents": Layer(_parts("errors"), _parts("yaml")),
     # The kernel knows nothing of WAL, PAL, database or HTTP.
@@ -117,7 +119,7 @@ LAYERS: dict[str, Layer] = {
         )
     ),
     # The Python SDK: a client of the HTTP API, never of the server's modules.
-    "sdk": Layer(_parts("errors"), _parts("httpx", "websockets", "pydantic")),
+    "sdk": Layer(_parts("errors", "redaction"), _parts("httpx", "websockets", "pydantic")),
     "cli": Layer(ANYTHING),
     "__main__": Layer(_parts("cli")),
 }

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from tiffany.redaction import redact_url_credentials
 from tiffany.shards import MAX_ENGINES, engine_home
 
 ENV_PREFIX = "TIFFANY_"
@@ -152,6 +153,14 @@ class Settings(BaseSettings):
             server says so in its log and status). See docs/security.md.
         max_plan_bytes: Largest ``POST /api/runs`` body the API accepts (413
             beyond it, decided before the body is buffered).
+        http_header_timeout_s: Seconds a request's headers may take, from the
+            connection's opening or the request's first byte (408 and close
+            beyond: slow clients, ``tiffany/api/connections.py``).
+        http_body_timeout_s: Seconds a request's body may take after its
+            headers (408 and close beyond).
+        http_max_connections: Connections at once (HTTP and websockets) per
+            API process; one more is answered 503 and closed. Lowered to the
+            open-file limit less a reserve when that is lower.
         max_signal_bytes: Largest signal payload (``POST
             /api/runs/{id}/signals/{name}`` body) the API accepts (413 beyond).
         max_schedules: Most schedules the store may hold: one more added
@@ -190,6 +199,9 @@ class Settings(BaseSettings):
             is cut off as a slow consumer (beside ``ws_queue_frames``).
         ws_send_timeout_s: How long one send to a websocket may wait for its
             socket to drain before it is cut off.
+        ws_cutoff_linger_s: How long a cut-off websocket's socket may take to
+            accept its ``cutoff`` and close frames (queued behind its
+            backlog) before the connection is reset.
         projector_nice: How much lower the projector process runs than its
             engine: its niceness is raised by this much, and above 0 it runs
             as a batch process (``SCHED_BATCH``) while no read waits on the
@@ -246,6 +258,9 @@ class Settings(BaseSettings):
     max_child_depth: int = Field(default=8, gt=0)
     max_children: int = Field(default=500, gt=0)
     max_descendants: int = Field(default=1000, gt=0)
+    http_header_timeout_s: float = Field(default=10.0, gt=0)
+    http_body_timeout_s: float = Field(default=60.0, gt=0)
+    http_max_connections: int = Field(default=10_000, gt=0)
     feed_ring_events: int = Field(default=100_000, gt=0)
     ws_queue_frames: int = Field(default=10_000, gt=0)
     ws_ping_interval_s: float = Field(default=15.0, gt=0)
@@ -254,6 +269,7 @@ class Settings(BaseSettings):
     rate_limits: str = ""
     ws_queue_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     ws_send_timeout_s: float = Field(default=10.0, gt=0)
+    ws_cutoff_linger_s: float = Field(default=10.0, gt=0)
     tool_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
     projector_nice: int = Field(default=10, ge=0, le=19)
 
@@ -348,20 +364,8 @@ class Settings(BaseSettings):
         data = self.model_dump(mode="json")
         data["api_token"] = "**********" if self.api_token is not None else None
         data["llm_api_key"] = "**********" if self.llm_api_key is not None else None
-        data["database_url"] = _mask_url_password(self.database_url)
+        data["database_url"] = redact_url_credentials(self.database_url)
         return data
-
-
-def _mask_url_password(url: str) -> str:
-    """Hide the password of a URL such as ``postgresql://user:pw@host/db``."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    credentials, _, location = rest.rpartition("@")
-    if ":" not in credentials:
-        return url
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{location}"
 
 
 _SECRET_NAME = ("TOKEN", "KEY", "PASSWORD", "PASSWD", "SECRET", "CREDENTIAL")

@@ -10,7 +10,11 @@ the parser gives one, the byte offset.
 
 Invariants (each a :class:`Limits` field):
 
-* nesting depth at most ``max_depth`` (containers; the root is depth 1);
+* nesting depth at most ``max_depth`` (containers; the root is depth 1),
+  of the value as built: a YAML merge key's mappings are merged into the
+  mapping that holds it and add no level, so a chain of merges (``b``
+  merges ``a``, ``c`` merges ``b``...) is judged by its expanded size, not
+  refused as nesting; an error under a merge key names it ``<<``;
 * at most ``max_nodes`` values (every scalar, key and container), counted
   with YAML aliases and merge keys EXPANDED, as the value will be encoded;
 * at most ``max_string_chars`` characters in one string and
@@ -415,14 +419,29 @@ class _Frame:
         "is_map",
         "key",
         "key_mark",
+        "level",
         "merges",
         "nodes_at_start",
         "path",
+        "transparent",
         "value",
     )
 
-    def __init__(self, is_map: bool, anchor: str | None, path: _Path | None, nodes: int) -> None:
+    def __init__(
+        self,
+        is_map: bool,
+        anchor: str | None,
+        path: _Path | None,
+        nodes: int,
+        level: int = 1,
+        transparent: bool = False,
+    ) -> None:
         self.is_map = is_map
+        #: The nesting level of its entries in the value built (the root's: 1).
+        self.level = level
+        #: A list that is a merge key's value: its mappings' entries are merged
+        #: into the mapping above, so it adds no level.
+        self.transparent = transparent
         self.value: Any = {} if is_map else []
         self.anchor = anchor
         self.path = path
@@ -461,9 +480,25 @@ class _YamlBuilder:
         if top.is_map:
             if not top.has_key:  # a key being built: errors name the mapping
                 return top.path
-            key = top.key if isinstance(top.key, str) else _show(top.key)
-            return _Path(top.path, key)
+            key = top.key
+            if key is _MERGE_KEY:
+                return _Path(top.path, "<<")
+            return _Path(top.path, key if isinstance(key, str) else _show(key))
         return _Path(top.path, len(top.value))
+
+    def _slot(self) -> tuple[int, bool]:
+        """The level a container that starts now gets, and whether it is merged away.
+
+        A mapping that is a merge key's value (or an item of a list that is)
+        is merged into the mapping above: its entries are that mapping's, on
+        its level, and so is a list that is a merge key's value. Any other
+        container is a level below the one it is in.
+        """
+        if not self.stack:
+            return 1, False
+        top = self.stack[-1]
+        merged = top.transparent or (top.is_map and top.has_key and top.key is _MERGE_KEY)
+        return (top.level, True) if merged else (top.level + 1, False)
 
     def charge(self, size: int, path: _Path | None, mark: Any) -> None:
         self.nodes += size
@@ -494,7 +529,7 @@ class _YamlBuilder:
                     raise self.fail(path, f"unknown alias *{ev.anchor}", ev.start_mark)
                 value, size, height = self.anchors[ev.anchor]
                 self.charge(size, path, ev.start_mark)
-                if len(self.stack) + height > self.limits.max_depth:
+                if self._slot()[0] + height - 1 > self.limits.max_depth:
                     raise self.fail(
                         path, f"nested deeper than {self.limits.max_depth}", ev.start_mark
                     )
@@ -505,12 +540,15 @@ class _YamlBuilder:
                 tag = ev.tag
                 if tag is not None and tag not in (f"{_TAG}map", f"{_TAG}seq", "!"):
                     raise self.fail(path, f"unsupported tag {tag}", ev.start_mark)
-                if len(self.stack) + 1 > self.limits.max_depth:
+                level, merged_away = self._slot()
+                if level > self.limits.max_depth:
                     raise self.fail(
                         path, f"nested deeper than {self.limits.max_depth}", ev.start_mark
                     )
                 self.charge(1, path, ev.start_mark)
-                self.stack.append(_Frame(is_map, ev.anchor, path, self.nodes - 1))
+                transparent = merged_away and not is_map and not self.stack[-1].transparent
+                frame = _Frame(is_map, ev.anchor, path, self.nodes - 1, level, transparent)
+                self.stack.append(frame)
             elif kind is yaml.MappingEndEvent or kind is yaml.SequenceEndEvent:
                 frame = self.stack.pop()
                 value = frame.value
@@ -533,11 +571,12 @@ class _YamlBuilder:
                 raise self.fail(None, "more than one document in the stream", ev.start_mark)
             return value, True
         top = self.stack[-1]
-        top.height = max(top.height, height + 1)
         if not top.is_map:
+            top.height = max(top.height, height + 1)
             top.value.append(value)
             return root, done
         if not top.has_key:
+            top.height = max(top.height, height + 1)
             top.key, top.key_mark, top.has_key = value, ev.start_mark, True
             return root, done
         key, top.has_key = top.key, False
@@ -548,8 +587,14 @@ class _YamlBuilder:
                     raise self.fail(
                         _Path(top.path, "<<"), "a merge key needs a mapping", ev.start_mark
                     )
+            # Merged, a mapping's entries are this mapping's: no level of its
+            # own (a list of them, one level less). A chain of merges (b
+            # merges a, c merges b...) is as deep as its deepest entry, and
+            # as large as its entries expanded (charged at each alias).
+            top.height = max(top.height, height - 1 if isinstance(value, list) else height)
             top.merges.extend(items)
             return root, done
+        top.height = max(top.height, height + 1)
         if not isinstance(key, str):
             raise self.fail(
                 top.path,

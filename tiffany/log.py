@@ -13,8 +13,10 @@ processor chain and one renderer, so every line looks the same:
   standard output stays free for command output (``tiffany version``, dumps).
 
 Secrets never reach a line (docs/security.md): the last processor before
-the renderer, :func:`redact_secrets`, masks ``?token=``-style query
-parameters (uvicorn logs websocket URLs with their query), ``Authorization``
+the renderer, :func:`redact_secrets`, masks credentials in URLs (the
+userinfo of ``scheme://user:password@host`` and ``?token=``-style query
+parameters: :mod:`tiffany.redaction`; uvicorn logs websocket URLs with their
+query), ``Authorization``
 header values, ``Bearer`` credentials, values of secret-named keys, and the
 literal values of the configured secrets (the API token, the LLM key)
 wherever they appear, tracebacks included. uvicorn's "returned without
@@ -40,6 +42,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import structlog
 
+from tiffany.redaction import REDACTED, redact_url_credentials
+
 if TYPE_CHECKING:
     from tiffany.config import LogFormat, Settings
 
@@ -56,12 +60,7 @@ FOREIGN_LOGGERS: tuple[str, ...] = (
 
 _HANDLER_NAME = "tiffany"
 
-#: What replaces a secret in a log line.
-REDACTED = "[REDACTED]"
-_SECRET_WORDS = r"(?:token|access_token|api[_-]?key|key|password|passwd|secret|auth)"
 _REDACTIONS: tuple[tuple[re.Pattern[str], str], ...] = (
-    # ?token=... &api_key=... in URLs and query strings
-    (re.compile(rf"([?&;]{_SECRET_WORDS}=)[^&;\s\"'#]+", re.IGNORECASE), rf"\1{REDACTED}"),
     # Authorization: Bearer xyz / "authorization": "Basic xyz"
     (
         re.compile(
@@ -72,11 +71,11 @@ _REDACTIONS: tuple[tuple[re.Pattern[str], str], ...] = (
     ),
     (re.compile(r"(\bbearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE), rf"\1{REDACTED}"),
 )
-#: Text none of ``_REDACTIONS`` can match: no ``=``, no "authoriz", no "bearer"
-#: (each pattern needs one). Most values of a line (paths, ids, times) are
-#: such text, and one search instead of three substitutions each halved the
-#: cost of the API's line per request.
-_MAYBE_SECRET = re.compile(r"=|authoriz|bearer", re.IGNORECASE)
+#: Text none of the redactions can match: no ``=``, no ``@``, no "authoriz",
+#: no "bearer" (each needs one). Most values of a line (paths, ids, times)
+#: are such text, and one search instead of three substitutions each halved
+#: the cost of the API's line per request.
+_MAYBE_SECRET = re.compile(r"=|@|authoriz|bearer", re.IGNORECASE)
 _SECRET_KEY = re.compile(r"(token|authorization|api_key|password|passwd|secret)$", re.IGNORECASE)
 #: Literal secret values of this process (set by :func:`configure_logging`).
 _SECRETS: set[str] = set()
@@ -103,6 +102,7 @@ def redact_text(text: str) -> str:
             text = text.replace(secret, REDACTED)
     if _MAYBE_SECRET.search(text) is None:
         return text
+    text = redact_url_credentials(text)
     for pattern, repl in _REDACTIONS:
         text = pattern.sub(repl, text)
     return text

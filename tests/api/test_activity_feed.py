@@ -441,3 +441,144 @@ def test_a_stalled_client_is_cut_off_by_its_byte_budget_or_send_deadline(
     cut = list(live.state.relay.recent_cutoffs)
     assert len(cut) == 1
     assert reason in cut[0]
+
+
+# -- a since beyond the feed, and what a cut-off reader gets ------------------------------
+
+
+def _refusal(ws: Any) -> tuple[dict[str, Any], Any]:
+    """The ``error`` frame a refused websocket gets, and the close that follows it."""
+    from websockets.exceptions import ConnectionClosed
+
+    frame = ws_recv_json(ws, 10)
+    with pytest.raises(ConnectionClosed) as closed:
+        ws.recv(timeout=10)
+    return frame, closed.value.rcvd
+
+
+def test_a_since_beyond_the_feed_is_refused_as_http_refuses_min_seq(
+    hand_feed, live_api_factory, ws_impl
+) -> None:
+    """An error frame (the API's 422 shape) then close 4422; a since at the last seq is fine."""
+    live = live_api_factory(_settings(hand_feed.data_dir), ws=ws_impl)
+    wait_until(lambda: hand_feed.hub.subscribers == 1)
+    seqs = hand_feed.publish(5)
+    wait_until(lambda: _relay_has(live, seqs[-1]))
+    with ws_connect(f"{live.ws_base}/ws/activity?since={seqs[-1] + 1}") as ws:
+        frame, close = _refusal(ws)
+    assert frame["type"] == "error"
+    assert frame["code"] == "feed.since_beyond"
+    assert frame["status"] == 422
+    assert frame["detail"] == [{"loc": ["query", "since"], "msg": "beyond the feed"}]
+    assert (frame["since"], frame["last_seq"]) == (seqs[-1] + 1, seqs[-1])
+    assert close.code == 4422
+    assert str(seqs[-1]) in close.reason
+    assert not live.state.relay.subscribers
+    with ws_connect(f"{live.ws_base}/ws/activity?since={seqs[-1]}") as ws:
+        wait_until(lambda: len(live.state.relay.subscribers) == 1)
+        more = hand_feed.publish(2)
+        assert [e["seq"] for e in _events(ws, 2)] == more
+
+
+def test_a_since_ahead_of_the_relay_is_judged_by_the_engine(hand_feed, live_api_factory) -> None:
+    """The relay has seen nothing (the API restarted): the engine's feed says where it is."""
+    seqs = hand_feed.publish(5)
+    live = live_api_factory(_settings(hand_feed.data_dir))
+    wait_until(lambda: hand_feed.hub.subscribers == 1)
+    assert live.state.relay.last_seq is None
+    with ws_connect(f"{live.ws_base}/ws/activity?since={seqs[-1] + 7}&batch=true") as ws:
+        message = json.loads(ws.recv(timeout=10))
+        assert isinstance(message, list)
+        assert (message[0]["code"], message[0]["last_seq"]) == ("feed.since_beyond", seqs[-1])
+    # The engine's last seq itself: taken, and live events follow.
+    with ws_connect(f"{live.ws_base}/ws/activity?since={seqs[-1]}") as ws:
+        wait_until(lambda: len(live.state.relay.subscribers) == 1)
+        more = hand_feed.publish(3)
+        assert [e["seq"] for e in _events(ws, 3)] == more
+
+
+def test_a_stalled_reader_gets_its_backlog_then_cutoff_then_1013(
+    hand_feed, live_api_factory
+) -> None:
+    """Cut off by the send deadline while its socket is full, it reads on: all, cutoff, close.
+
+    The reader reads only once the API is done with it (its websocket
+    handler has ended): the frames were queued behind the backlog.
+    """
+    from websockets.exceptions import ConnectionClosed
+
+    settings = _settings(
+        hand_feed.data_dir,
+        ws_queue_frames=100_000,
+        ws_queue_bytes=10**9,
+        feed_ring_events=100_000,
+        ws_send_timeout_s=0.5,
+        ws_cutoff_linger_s=120.0,
+        ping=30,
+    )
+    live = live_api_factory(settings)
+    wait_until(lambda: hand_feed.hub.subscribers == 1)
+    sock = socket.create_connection(("127.0.0.1", live.port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sent: list[int] = []
+    with ws_connect(
+        f"{live.ws_base}/ws/activity", sock=sock, max_queue=(4, 0), max_size=None,
+        ping_interval=None,
+    ) as ws:
+        wait_until(lambda: len(live.state.relay.subscribers) == 1)
+        for _ in range(40):  # up to 4,000 events of ~4 KiB: beyond every buffer on the way
+            sent += hand_feed.publish(100, pad=4000)
+            wait_until(lambda: _relay_has(live, sent[-1]))  # noqa: B023
+            if live.state.relay.dropped_subscribers:
+                break
+        wait_until(lambda: live.state.relay.dropped_subscribers == 1, timeout=30)
+        assert "did not drain" in live.state.relay.recent_cutoffs[-1]
+        wait_until(lambda: not live.server.server_state.tasks, timeout=30)  # handler ended
+        got: list[dict[str, Any]] = []
+        closed = None
+        while closed is None:
+            try:
+                got.append(json.loads(ws.recv(timeout=30)))
+            except ConnectionClosed as exc:
+                closed = exc
+    events = [f["seq"] for f in got if "seq" in f]
+    assert events == sent[: len(events)]  # a prefix, in order, no gap
+    assert got[-1]["type"] == "cutoff"
+    assert got[-1]["last_seq"] == events[-1]
+    assert closed.rcvd is not None
+    assert closed.rcvd.code == 1013
+
+
+def test_a_cut_off_socket_that_never_reads_is_reset_and_freed(hand_feed, live_api_factory):
+    """What the docs say it gets: no cutoff, no close frame (1006); the API lets it go."""
+    settings = _settings(
+        hand_feed.data_dir,
+        ws_queue_frames=100_000,
+        ws_queue_bytes=10**9,
+        feed_ring_events=100_000,
+        ws_send_timeout_s=0.5,
+        ws_cutoff_linger_s=0.5,
+        ping=30,
+    )
+    live = live_api_factory(settings)
+    wait_until(lambda: hand_feed.hub.subscribers == 1)
+    stalled = StalledClient(live.port, "/ws/activity")
+    try:
+        wait_until(lambda: len(live.state.relay.subscribers) == 1)
+        for _ in range(40):
+            seqs = hand_feed.publish(100, pad=4000)
+            wait_until(lambda: _relay_has(live, seqs[-1]))  # noqa: B023
+            if live.state.relay.dropped_subscribers:
+                break
+        wait_until(lambda: live.state.relay.dropped_subscribers == 1, timeout=30)
+        # The connection is let go ws_cutoff_linger_s after the cutoff, not held until read.
+        wait_until(lambda: not live.server.server_state.connections, timeout=30)
+        try:
+            frames = stalled.frames()
+        except ConnectionResetError:
+            frames = []
+    finally:
+        stalled.close()
+    texts = [json.loads(p) for op, p in frames if op == 0x1]
+    assert all(t.get("type") != "cutoff" for t in texts)
+    assert all(op != 0x8 for op, _ in frames)

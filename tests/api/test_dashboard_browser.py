@@ -1438,3 +1438,54 @@ def test_the_live_log_shows_a_shell_steps_first_line_while_it_runs(
         expect(talk.get_by_test_id("log-stdout")).to_be_visible()
         assert _text(talk.get_by_test_id("log-stdout")) == "first line\nwaiting done\n"
     assert not errors, "\n".join(errors)
+
+
+def test_a_step_re_run_after_a_crash_is_marked_on_its_attempt(
+    chromium_path: str, service: dict[str, Any]
+) -> None:
+    """The step card's attempts, as the run detail gives them after a crash (test_restarts.py).
+
+    A finished attempt marked ``rerun_after_crash`` says so (and the list
+    opens, though the step ran one attempt); one still running after the
+    restart (the store's provisional record, without ``ok``) is the running
+    attempt, marked, not a failed one.
+    """
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    with _dashboard(chromium_path) as (page, errors):
+        page.goto(service["url"])
+        page.evaluate(
+            """async () => {
+              const { attemptsBlock } = await import("./static/steplog.js");
+              const done = attemptsBlock(
+                { attempts: [{ attempt: 1, ok: true, started_at: 1, ended_at: 2,
+                               rerun_after_crash: true }], output: { n: 1 } },
+                { running: false, liveLines: [] });
+              const running = attemptsBlock(
+                { attempts: [{ attempt: 2, rerun_after_crash: true, started_at: 3 }] },
+                { running: true, liveLines: [] });
+              const plain = attemptsBlock(
+                { attempts: [{ attempt: 1, ok: true, started_at: 1, ended_at: 2 }], output: 1 },
+                { running: false, liveLines: [] });
+              for (const [id, el] of [["done", done], ["running", running]]) {
+                const box = document.createElement("div");
+                box.dataset.testid = `case-${id}`;
+                box.append(el);
+                document.body.append(box);
+              }
+              window.plainIsNull = plain === null;
+            }"""
+        )
+        done = page.get_by_test_id("case-done")
+        expect(done.get_by_test_id("attempt")).to_have_count(1)
+        expect(done.get_by_test_id("attempt-status")).to_have_text("succeeded")
+        expect(done.get_by_test_id("attempt-rerun")).to_have_text("re-run after a crash")
+        expect(done.get_by_test_id("step-attempts")).to_have_attribute("open", "")
+        running = page.get_by_test_id("case-running")
+        expect(running.get_by_test_id("attempt")).to_have_count(1)
+        expect(running.get_by_test_id("attempt")).to_have_attribute("data-status", "running")
+        expect(running.get_by_test_id("attempt")).to_have_attribute("data-attempt", "2")
+        expect(running.get_by_test_id("attempt-rerun")).to_be_visible()
+        assert page.evaluate("window.plainIsNull")  # one clean attempt adds nothing, as before
+    assert not errors, errors

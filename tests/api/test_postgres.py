@@ -267,24 +267,37 @@ def test_the_loops_read_of_a_run_is_the_threads_read(pg_schema_url: str) -> None
             missing = client.get("/api/runs/run-000000000000")
             assert missing.status_code == 404, missing.text
 
+            served_lean = client.get(detail, params={"outputs": "false"}).json()
+
         with Session(store) as session:
             threaded = queries.run_detail_of(session, run_id)
+            threaded_lean = queries.run_detail_of(session, run_id, outputs=False)
 
-        async def on_the_loop() -> tuple[object, object]:
+        async def on_the_loop() -> tuple[object, object, object]:
             pool = AsyncPool(conninfo(pg_schema_url), 1, configure=_msgspec_json)
             try:
                 async with pool.connection() as conn:
                     found = await queries.run_detail_async(conn, store.dialect, run_id)
+                    lean = await queries.run_detail_async(
+                        conn, store.dialect, run_id, outputs=False
+                    )
                     none = await queries.run_detail_async(conn, store.dialect, "run-nope")
             finally:
                 await pool.close()
-            return found, none
+            return found, lean, none
 
-        looped, nothing = asyncio.run(on_the_loop())
+        looped, looped_lean, nothing = asyncio.run(on_the_loop())
         assert threaded is not None
         assert looped == threaded
         assert nothing is None
         assert served == threaded
+        # Without outputs, on every path: the values left out, their sizes there.
+        assert looped_lean == threaded_lean == served_lean
+        assert threaded_lean is not None
+        lean_steps = {s["step_id"]: s for s in threaded_lean["steps"]}
+        assert lean_steps["note"]["output"] is None
+        assert lean_steps["note"]["output_size"] > 0
+        assert all(t["result"] is None for t in threaded_lean["tasks"])
         steps = {s["step_id"]: s for s in threaded["steps"]}
         assert steps["note"]["status"] == "succeeded"
         assert isinstance(steps["note"]["attempts"], list)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -166,3 +168,75 @@ def _status_via_store(data_dir: Path, run_id: str) -> str:
             return run.status if run is not None else ""
     finally:
         store.dispose()
+
+
+#: A user's tool module for the crash test: a step that records its start, then
+#: holds until the test lets it go (a file), so a kill -9 lands while it runs.
+STALL_TOOLS = """\
+import os
+import time
+
+from tiffany import python_tool
+
+
+@python_tool("stall")
+def stall(marks: str, go: str, name: str) -> dict:
+    with open(marks, "a") as f:
+        f.write(name + "\\n")
+    while not os.path.exists(go):
+        time.sleep(0.02)
+    return {"name": name}
+"""
+
+
+def test_steps_re_run_after_a_crash_are_marked_in_the_run_detail(data_dir, monkeypatch) -> None:
+    """kill -9 with two steps in flight (one run in its worker, one in a tool task)."""
+    from api_support import finished_run, serve, submit_plan
+    from process_support import terminate, wait_for
+
+    (data_dir / "mods").mkdir()
+    (data_dir / "mods" / "stalltools.py").write_text(STALL_TOOLS)
+    monkeypatch.setenv("PYTHONPATH", str(data_dir / "mods"))
+    marks, go = data_dir / "marks.txt", data_dir / "go"
+
+    def stall(name: str, **extra: Any) -> dict[str, Any]:
+        kwargs = {"marks": str(marks), "go": str(go), "name": name}
+        args = {"function": "stall", "kwargs": kwargs}
+        return {"id": name, "tool": "python", "args": args, **extra}
+
+    plan = {
+        "name": "crash",
+        "steps": [
+            {"id": "first", "tool": "sleep", "args": {"seconds": 0}},
+            stall("inworker", after=["first"]),
+            stall("intask", after=["first"], timeout_s=600),
+        ],
+    }
+    proc, url = serve(data_dir / "d", "--import", "stalltools")
+    try:
+        run_id = submit_plan(url, plan)["run_id"]
+        wait_for(
+            lambda: marks.exists() and sorted(marks.read_text().split()) == ["intask", "inworker"],
+            60,
+            "both steps to start",
+        )
+        serve_json = data_dir / "d" / "serve.json"
+        before = json.loads(serve_json.read_text())["engine_pid"]
+        os.kill(before, signal.SIGKILL)
+        wait_for(
+            lambda: json.loads(serve_json.read_text())["engine_pid"] != before,
+            60,
+            "serve to restart the engine",
+        )
+        go.touch()
+        done = finished_run(url, run_id, timeout=120)
+    finally:
+        terminate(proc)
+    assert done["status"] == "succeeded", done
+    steps = {s["step_id"]: s for s in done["steps"]}
+    assert sorted(marks.read_text().split()) == ["intask", "intask", "inworker", "inworker"]
+    for name in ("inworker", "intask"):
+        [attempt] = steps[name]["attempts"]
+        assert attempt["ok"] is True
+        assert attempt["rerun_after_crash"] is True, steps[name]
+    assert "rerun_after_crash" not in steps["first"]["attempts"][0]

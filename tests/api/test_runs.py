@@ -94,6 +94,50 @@ def _timing(response: httpx.Response) -> dict[str, float]:
     return parts
 
 
+#: A run whose result is ~40 KB (a file written from its input, read back, declared its output).
+BIG_PLAN = {
+    "name": "big",
+    "inputs": {"text": "x"},
+    "outputs": {"text": "${steps.read.output.content}"},
+    "steps": [
+        {
+            "id": "write",
+            "tool": "file.write",
+            "args": {"path": "a.txt", "content": "${inputs.text}"},
+        },
+        {"id": "read", "tool": "file.read", "args": {"path": "a.txt"}, "after": ["write"]},
+    ],
+}
+
+
+def test_a_run_read_without_outputs_leaves_them_out_and_says_their_sizes(client) -> None:
+    text = "y" * 40_000
+    r = _submit(client, BIG_PLAN, inputs={"text": text})
+    run_id = r.json()["run_id"]
+    full = _finished(client, run_id)
+    assert full["status"] == "succeeded", full
+    assert full["outputs"] == {"text": text}
+    whole = client.get(f"/api/runs/{run_id}")
+    lean = client.get(f"/api/runs/{run_id}", params={"outputs": "false"})
+    assert lean.status_code == 200
+    # The result is four times in a full read (run outputs, planner result, step
+    # output, worker result); the lean one still has the input (entry and inputs).
+    assert len(whole.content) - len(lean.content) > 4 * len(text)
+    got = lean.json()
+    assert got["outputs"] is None
+    assert got["outputs_size"] == len(json.dumps({"text": text}, separators=(",", ":")))
+    read = next(s for s in got["steps"] if s["step_id"] == "read")
+    assert read["output"] is None
+    assert read["output_size"] >= len(text)
+    assert all(t["result"] is None for t in got["tasks"])
+    assert any((t["result_size"] or 0) >= len(text) for t in got["tasks"])
+    # Everything else is the full read's.
+    same = {k: v for k, v in full.items() if k not in ("outputs", "steps", "tasks")}
+    assert {k: got[k] for k in same} == same
+    assert [s["status"] for s in got["steps"]] == [s["status"] for s in full["steps"]]
+    assert "outputs_size" not in whole.json()
+
+
 def test_server_timing_says_where_a_submission_and_its_read_spent_their_time(client) -> None:
     r = client.post("/api/runs", json={"plan": SLEEP_PLAN})
     assert r.status_code == 201, r.text

@@ -115,6 +115,62 @@ def test_user_code_to_outputs_through_the_sdk_in_under_20_lines() -> None:
         assert served.stop() == 0, served.log()
 
 
+def test_wait_polls_without_outputs_and_reads_them_once_at_the_end(server: Served) -> None:
+    """A large result crosses the network once, not at every poll of a waiting client."""
+    reads: list[httpx.URL] = []
+
+    def seen(response: httpx.Response) -> None:
+        if response.request.url.path.startswith("/api/runs/run-"):
+            reads.append(response.request.url)
+
+    plan = _plan(
+        "slow",
+        {"id": "nap", "tool": "sleep", "args": {"seconds": 1.0}},
+        outputs={"slept": "${steps.nap.output.slept}"},
+    )
+    with (
+        httpx.Client(event_hooks={"response": [seen]}) as http,
+        Client(server.url, http=http) as client,
+    ):
+        run = client.submit(plan)
+        done = client.wait(run.run_id, timeout=60)
+        assert done.outputs == {"slept": 1.0}
+        lean = client.get(run.run_id, outputs=False)
+    assert lean.outputs is None
+    assert lean.outputs_size == len('{"slept":1.0}')
+    assert lean.step("nap").output is None
+    assert lean.step("nap").output_size is not None
+    *polls, final, _lean = reads
+    assert polls
+    assert all(url.params.get("outputs") == "false" for url in polls), polls
+    assert "outputs" not in final.params
+
+
+def test_the_async_wait_polls_without_outputs_too(server: Served) -> None:
+    reads: list[httpx.URL] = []
+
+    async def seen(response: httpx.Response) -> None:
+        if response.request.url.path.startswith("/api/runs/run-"):
+            reads.append(response.request.url)
+
+    plan = _plan("slow", {"id": "nap", "tool": "sleep", "args": {"seconds": 1.0}})
+
+    async def main() -> None:
+        async with (
+            httpx.AsyncClient(event_hooks={"response": [seen]}) as http,
+            AsyncClient(server.url, http=http) as client,
+        ):
+            run = await client.submit(plan)
+            done = await client.wait(run.run_id, timeout=60)
+            assert done.step("nap").output == {"slept": 1.0}
+
+    asyncio.run(main())
+    *polls, final = reads
+    assert polls
+    assert all(url.params.get("outputs") == "false" for url in polls), polls
+    assert "outputs" not in final.params
+
+
 def test_submit_then_get_reads_its_own_write_and_lists_it(server: Served) -> None:
     with Client(server.url) as client:
         run = client.submit(COUNT, inputs={"text": "a b c d"})
@@ -266,6 +322,18 @@ def test_events_end_at_run_finished_and_resume_after_a_seq(server: Served) -> No
         middle = events[len(events) // 2]
         resumed = list(client.events(run.run_id, since=middle.seq))
         assert [e.seq for e in resumed] == [s for s in seqs if s > middle.seq]
+
+
+def test_events_since_beyond_the_feed_raise_the_422_http_would(server: Served) -> None:
+    """Not a silent feed, nor reconnects for ever: the refusal, raised at once."""
+    with Client(server.url) as client:
+        run = client.submit(COUNT)
+        last = list(run.events())[-1].seq
+        with pytest.raises(InvalidRequest) as beyond:
+            next(iter(client.events(run.run_id, since=last + 10**9)))
+    assert beyond.value.status == 422
+    assert beyond.value.code == "feed.since_beyond"
+    assert beyond.value.errors[0].loc == ("query", "since")
 
 
 def test_events_resume_across_a_restart_of_the_api_process(server: Served) -> None:

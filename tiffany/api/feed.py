@@ -92,6 +92,7 @@ from tiffany.api.wsdirect import DirectWriter, text_frame
 from tiffany.pal.transport import (
     FEED_SOCKET,
     FrameHead,
+    feed_head,
     follow,
     follow_lines,
 )
@@ -337,6 +338,8 @@ class FeedRelay:
         follow_fn: The feed client of catch-ups (:func:`tiffany.pal.transport.follow`).
         lines_fn: The feed client of the live subscription
             (:func:`tiffany.pal.transport.follow_lines`).
+        head_fn: Asks an engine's feed for its last seq
+            (:func:`tiffany.pal.transport.feed_head`).
     """
 
     def __init__(
@@ -350,6 +353,7 @@ class FeedRelay:
         max_subscribers: int = 1000,
         follow_fn: Follow = follow,
         lines_fn: FollowLines = follow_lines,
+        head_fn: Callable[[Path], Awaitable[int]] = feed_head,
         notify_dsn: str | None = None,
     ) -> None:
         paths = [Path(p) for p in path] if isinstance(path, list) else [Path(path)]
@@ -374,6 +378,7 @@ class FeedRelay:
         self.last_seq: int | None = None
         self.subscribers: set[FeedSubscriber] = set()
         self._follow = follow_fn
+        self._head = head_fn
         self._task: asyncio.Task[None] | None = None
         self._wake_pending = False
         self._wake_timer: asyncio.TimerHandle | None = None
@@ -647,6 +652,33 @@ class FeedRelay:
             return False
         floor = ring.dropped if ring.dropped is not None else ring.at(ring.start)[0]
         return since >= floor
+
+    async def beyond(self, since: int) -> int | None:
+        """The feed's last seq when ``since`` is beyond it (a seq it never sent), else None.
+
+        A ``since`` up to the last event this relay took is the common case
+        and costs nothing. Above it, with one engine, the engine's feed
+        decides (a ``head`` question: another API process, or the engine
+        itself, may be ahead of this relay by a few events); with merged
+        feeds the keys are this relay's own, and it decides. An engine that
+        cannot be asked lets the resume go on (its catch-up says ``gone``).
+
+        Discussion: HTTP's ``min_seq`` beyond the journal is a 422 at once;
+        before this check a websocket's ``since`` beyond the feed was taken,
+        and the client then heard nothing until the feed passed its seq
+        (events in between never came).
+        """
+        last = self.last_seq
+        if last is not None and since <= last:
+            return None
+        if self.merged:
+            return last
+        try:
+            last = await self._head(self.path)
+        except (OSError, EOFError) as exc:
+            log.info("feed head unknown", since=since, error=str(exc))
+            return None
+        return last if since > last else None
 
     def full(self) -> bool:
         """True when a new subscriber must be refused (:attr:`max_subscribers` attached)."""

@@ -114,6 +114,8 @@ class StepOut(_Open):
     waiting: str | None = None
     #: The WAL seq of the last record that changed the step.
     last_seq: int | None = None
+    #: Read with ``outputs=false``: the size of the output left out (characters of JSON).
+    output_size: int | None = None
 
 
 class TaskOut(_Open):
@@ -132,6 +134,8 @@ class TaskOut(_Open):
     error: Any = None
     #: The WAL seq of the last record that changed the task.
     last_seq: int | None = None
+    #: Read with ``outputs=false``: the size of the result left out (characters of JSON).
+    result_size: int | None = None
 
 
 class RunDetail(RunSummary):
@@ -146,6 +150,8 @@ class RunDetail(RunSummary):
     )
     steps: list[StepOut] = Field(default_factory=list)
     tasks: list[TaskOut] = Field(default_factory=list)
+    #: Read with ``outputs=false``: the size of the outputs left out (characters of JSON).
+    outputs_size: int | None = None
 
 
 class JournalRecordOut(_Open):

@@ -22,6 +22,11 @@ import structlog
 import uvicorn
 
 from tiffany.api.app import create_app
+from tiffany.api.connections import (
+    ConnectionLimits,
+    effective_max_connections,
+    guarded_protocol,
+)
 from tiffany.api.wsdirect import DirectWebSocketProtocol
 from tiffany.config import Settings
 from tiffany.log import configure_logging
@@ -97,9 +102,17 @@ def uvicorn_config(settings: Settings, app: Any) -> uvicorn.Config:
         access_log=False,  # RequestLog writes one line per request instead
         lifespan="on",
         # uvloop and httptools (dependencies): uvicorn's fastest loop and parser;
-        # "auto" falls back to asyncio and h11 where they cannot be installed.
+        # "auto" falls back to asyncio where uvloop cannot be installed. The
+        # HTTP protocol is httptools' with header and body deadlines and a
+        # connection cap (tiffany.api.connections: slow clients).
         loop="auto",
-        http="auto",
+        http=guarded_protocol(
+            ConnectionLimits(
+                header_timeout_s=settings.http_header_timeout_s,
+                body_timeout_s=settings.http_body_timeout_s,
+                max_connections=effective_max_connections(settings.http_max_connections),
+            )
+        ),
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         timeout_keep_alive=KEEP_ALIVE_S,
         # Protocol pings besides the feed's own JSON pings: a peer that stops

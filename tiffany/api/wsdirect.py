@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.exceptions import InvalidState
 from websockets.frames import Frame, Opcode
 
 __all__ = [
@@ -116,6 +117,44 @@ class DirectWriter:
     def write(self, frames: bytes) -> None:
         """Write complete frames (:func:`text_frame`); the caller checked :meth:`open`."""
         self._protocol.transport.write(frames)
+
+    def close_after(self, frames: bytes, code: int, reason: str, linger_s: float) -> bool:
+        """Write ``frames`` and a close frame behind what is queued, whatever the flow control.
+
+        What a cut-off subscriber gets (``cutoff`` then close 1013): the
+        frames go after every byte already queued for the client, so a
+        client that reads again gets all it was sent, then them. A client
+        that echoes the close ends the connection cleanly (uvicorn's own
+        closing handshake); one whose socket has not taken them within
+        ``linger_s`` is reset (``abort``): it sees the connection drop with
+        no close frame (1006) and resumes with ``since`` as after any drop.
+        False when the websocket is no longer open (nothing written).
+
+        Discussion: an ASGI send waits until the transport drains below its
+        high-water mark, which a stalled client's never does: the cutoff
+        frame and the close timed out unsent, the handler returned, the
+        server closed the transport, and a client that read again got its
+        backlog and a drop (1006) with no ``cutoff``. The two frames are a
+        hundred bytes; the buffer they join is bounded by the relay's
+        budgets.
+        """
+        p = self._protocol
+        if not self.open():
+            return False
+        try:
+            p.conn.send_close(code, reason)
+        except InvalidState:
+            return False
+        p.transport.write(frames + b"".join(p.conn.data_to_send()))
+        p.close_sent = True
+        if p.read_paused:  # read the client's close echo
+            p.read_paused = False
+            p.transport.resume_reading()
+        if p.close_timer is None:
+            # uvicorn cancels this timer when the client echoes the close (and
+            # closes the transport itself), and when the connection is lost.
+            p.close_timer = p.loop.call_later(linger_s, p.transport.abort)
+        return True
 
 
 class DirectWebSocketProtocol(WebSocketsSansIOProtocol):

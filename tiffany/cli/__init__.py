@@ -12,6 +12,13 @@ Commands that exist:
 * ``tiffany config``: print the effective settings, secrets masked.
 * ``tiffany version``: print the version.
 
+Credentials in URLs never reach the terminal: whatever the CLI writes to
+standard error (its errors and hints, log lines, tracebacks) passes through
+:func:`tiffany.redaction.redact_url_credentials` (:class:`RedactingStream`),
+so ``--url http://user:password@host`` or a ``?token=`` in a message shows as
+``[REDACTED]``. Standard output (run ids, tables, JSON) is the commands'
+data and is written as it is.
+
 Commands to come, each added together with its implementation (see
 docs/architecture.md; nothing is stubbed here): ``serve`` (engine + API processes),
 ``run PLAN`` (in-process engine with a live view), ``replay RUN_ID
@@ -22,15 +29,19 @@ with ``app.add_typer(wal_app, name="wal")``.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
 import typer
 
 import tiffany
+from tiffany.redaction import redact_url_credentials
 
 if TYPE_CHECKING:
     from tiffany.config import Settings
@@ -206,9 +217,68 @@ def demo(ctx: typer.Context) -> None:
     raise typer.Exit(demo_main())
 
 
+class RedactingStream(io.TextIOBase):
+    """A text stream that writes to ``target`` with credentials in URLs masked.
+
+    Discussion: one place instead of a call at each of the CLI's hundred and
+    more messages: the ones that name a URL are the SDK's and httpx's words
+    about the server (``cannot reach http://user:pw@host``), a database's
+    driver's, a traceback's, and new ones come with every command. Each
+    ``write`` is masked whole: ``typer.echo`` writes a message and its
+    newline at once, and log handlers a line at once.
+    """
+
+    def __init__(self, target: TextIO) -> None:
+        super().__init__()
+        self.target = target
+
+    def write(self, text: str) -> int:
+        """Write ``text``, masked; the length of ``text`` (as a stream answers)."""
+        self.target.write(redact_url_credentials(text) if isinstance(text, str) else text)
+        return len(text)
+
+    def flush(self) -> None:
+        """Flush the target."""
+        self.target.flush()
+
+    def isatty(self) -> bool:
+        """Whether the target is a terminal (colours, the live view)."""
+        return self.target.isatty()
+
+    def fileno(self) -> int:
+        """The target's descriptor (children started by ``serve`` inherit it, unmasked)."""
+        return self.target.fileno()
+
+    def writable(self) -> bool:
+        """True: a stream to write to."""
+        return True
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        """The target's encoding."""
+        return str(getattr(self.target, "encoding", None) or "utf-8")
+
+    @property
+    def errors(self) -> str | None:  # type: ignore[override]
+        """The target's error handler."""
+        return getattr(self.target, "errors", None)
+
+
+@contextlib.contextmanager
+def redacted_stderr() -> Iterator[None]:
+    """Standard error through :class:`RedactingStream` while the CLI runs."""
+    real = sys.stderr
+    sys.stderr = RedactingStream(real)
+    try:
+        yield
+    finally:
+        sys.stderr = real
+
+
 def main() -> None:
     """Run the ``tiffany`` command line (the console-script entry point)."""
-    app(prog_name="tiffany")
+    with redacted_stderr():
+        app(prog_name="tiffany")
 
 
 def _register_subcommands() -> None:

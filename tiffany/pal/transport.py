@@ -13,6 +13,13 @@ Protocol (newline-delimited JSON, one connection per subscriber):
 * ``{"type": "ping"}`` every ``PING_INTERVAL_S`` when idle, so each side sees
   a dead peer.
 
+A hello ``{"head": true}`` is a question, not a subscription: the server
+answers one line ``{"type": "head", "last_seq": N}`` (the last seq its hub
+gave an event, or the seq it starts after) and closes. The API asks it of a
+websocket's ``since`` beyond the last event it relayed: a ``since`` above
+``last_seq`` names an event this feed never sent, and is refused
+(:func:`feed_head`).
+
 The engine side (:class:`FeedServer`) runs in its own threads and reads only
 from the hub's subscriptions: the scheduler thread never writes to a socket.
 The API side (:func:`follow`) reconnects with the last seq it saw
@@ -49,6 +56,7 @@ __all__ = [
     "FrameHead",
     "Lines",
     "Reconnects",
+    "feed_head",
     "follow",
     "follow_lines",
     "frame_head",
@@ -127,6 +135,9 @@ class FeedServer:
             conn.settimeout(5)
             hello = _read_line(conn)
             req = json.loads(hello) if hello else {}
+            if req.get("head"):
+                conn.sendall(json.dumps({"type": "head", "last_seq": self.hub.last_seq}).encode())
+                return
             since = req.get("since")
             run_id = req.get("run_id")
             flt: Callable[[Event], bool] | None = (lambda e: e.run_id == run_id) if run_id else None
@@ -261,6 +272,31 @@ async def _session(
         writer.close()
         with contextlib.suppress(OSError, ConnectionError):
             await writer.wait_closed()
+
+
+async def feed_head(path: str | os.PathLike[str]) -> int:
+    """Ask the feed at ``path`` for its last seq (a ``head`` hello; module docstring).
+
+    Raises:
+        OSError: The feed cannot be reached.
+        EOFError: It closed without an answer (an engine without ``head``).
+    """
+    import asyncio
+
+    reader, writer = await asyncio.open_unix_connection(str(path))
+    try:
+        writer.write(b'{"head": true}\n')
+        await writer.drain()
+        line = await reader.readline()
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError, ConnectionError):
+            await writer.wait_closed()
+    frame = msgspec.json.decode(line) if line.strip() else {}
+    last = frame.get("last_seq") if isinstance(frame, dict) else None
+    if frame.get("type") != "head" or not isinstance(last, int):
+        raise EOFError(f"the feed at {path} did not answer its head")
+    return last
 
 
 class FrameHead(msgspec.Struct):

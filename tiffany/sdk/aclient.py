@@ -17,6 +17,7 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
+from tiffany.redaction import redact_url_credentials
 from tiffany.sdk import protocol
 from tiffany.sdk.client import FEED_OPEN_TIMEOUT_S, REMEMBERED_RUNS
 from tiffany.sdk.errors import ConnectionFailed, Unavailable, WaitTimeout
@@ -101,7 +102,7 @@ class AsyncClient:
         self._seqs: OrderedDict[str, int] = OrderedDict()
 
     def __repr__(self) -> str:
-        return f"AsyncClient({self.url!r})"
+        return f"AsyncClient({redact_url_credentials(self.url)!r})"
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -151,11 +152,13 @@ class AsyncClient:
         self._remember(got)
         return AsyncRunHandle(self, got)
 
-    async def get(self, run_id: str, min_seq: int | None = None) -> RunDetail:
-        """The run (as of ``min_seq``; default: this client's submission of it)."""
+    async def get(
+        self, run_id: str, min_seq: int | None = None, *, outputs: bool = True
+    ) -> RunDetail:
+        """The run (as of ``min_seq``, default this client's submission; see ``Client.get``)."""
         if min_seq is None:
             min_seq = self._seqs.get(run_id)
-        params = {} if min_seq is None else {"min_seq": min_seq}
+        params = protocol.get_params(min_seq, outputs)
         response = await self._request("GET", protocol.run_path(run_id), params=params)
         return protocol.answer(response, RunDetail)
 
@@ -245,10 +248,11 @@ class AsyncClient:
         try:
             while True:
                 try:
-                    last = await self.get(run_id, min_seq=min_seq)
+                    # Polled without outputs; read whole once, when finished.
+                    last = await self.get(run_id, min_seq=min_seq, outputs=False)
                     outage.ended()
                     if last.finished:
-                        return last
+                        return await self.get(run_id, min_seq=last.last_seq)
                 except Unavailable:
                     outage.ended()
                 except ConnectionFailed as exc:  # restarting: read again, for a while

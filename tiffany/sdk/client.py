@@ -22,6 +22,7 @@ import httpx
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
+from tiffany.redaction import redact_url_credentials
 from tiffany.sdk import protocol
 from tiffany.sdk.errors import ConnectionFailed, Unavailable, WaitTimeout
 from tiffany.sdk.models import (
@@ -126,7 +127,7 @@ class Client:
         self._seqs: OrderedDict[str, int] = OrderedDict()
 
     def __repr__(self) -> str:
-        return f"Client({self.url!r})"
+        return f"Client({redact_url_credentials(self.url)!r})"
 
     def __enter__(self) -> Client:
         return self
@@ -200,20 +201,24 @@ class Client:
         self._remember(got)
         return RunHandle(self, got)
 
-    def get(self, run_id: str, min_seq: int | None = None) -> RunDetail:
+    def get(self, run_id: str, min_seq: int | None = None, *, outputs: bool = True) -> RunDetail:
         """The run with its steps, tasks, outputs and error.
 
         Args:
             run_id: The run.
             min_seq: Answer once the store holds this WAL seq; default: the
                 seq of this client's submission of the run, if any.
+            outputs: False: without what the run produced (its ``outputs``,
+                the steps' ``output``, the tasks' ``result`` are None, their
+                sizes in ``outputs_size``, ``output_size``, ``result_size``):
+                a status read that stays small however large the results.
 
         Raises:
             NotFound: No such run.
         """
         if min_seq is None:
             min_seq = self._seqs.get(run_id)
-        params = {} if min_seq is None else {"min_seq": min_seq}
+        params = protocol.get_params(min_seq, outputs)
         return protocol.answer(
             self._request("GET", protocol.run_path(run_id), params=params), RunDetail
         )
@@ -326,13 +331,17 @@ class Client:
         """Wait until the run has finished; return it (``status``, ``outputs``, ``error``).
 
         A run that failed or was cancelled is returned too: look at ``status``.
+        The run is read without its outputs while it runs (``get(...,
+        outputs=False)``) and whole once it has finished: a large result
+        crosses the network once.
 
         The server going away for a while (a restart) is waited out: the
         run is read again until it answers, for up to
         :data:`~tiffany.sdk.protocol.RECONNECT_FOR_S` seconds at a time.
 
         Raises:
-            WaitTimeout: ``timeout`` seconds passed first (``.run``: the run as last read).
+            WaitTimeout: ``timeout`` seconds passed first (``.run``: the run as
+                last read, without its outputs).
             NotFound: No such run.
             ConnectionFailed: The server could not be reached for
                 :data:`~tiffany.sdk.protocol.RECONNECT_FOR_S` seconds.
@@ -347,10 +356,11 @@ class Client:
             outage = protocol.Outage()
             while True:
                 try:
-                    last = self.get(run_id, min_seq=min_seq)
+                    # Polled without outputs; read whole once, when finished.
+                    last = self.get(run_id, min_seq=min_seq, outputs=False)
                     outage.ended()
                     if last.finished:
-                        return last
+                        return self.get(run_id, min_seq=last.last_seq)
                 except Unavailable:  # the store is behind the seq: read again
                     outage.ended()
                 except ConnectionFailed as exc:  # restarting: read again, for a while
@@ -404,6 +414,8 @@ class Client:
                 when the server cannot be reached before the first connection).
             Unauthorized: The server refused the token (any 4xx answer to
                 the feed's handshake is raised at once, as over HTTP).
+            InvalidRequest: ``since`` is beyond the feed's last seq (code
+                ``feed.since_beyond``): a seq this server never sent.
         """
         last = since
         finished_at_start = followed = False

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiffany.errors import TiffanyError
+from tiffany.redaction import redact_url_credentials
 
 __all__ = [
     "ApiError",
@@ -39,9 +40,19 @@ __all__ = [
 
 
 class ClientError(TiffanyError):
-    """Root of what the SDK raises."""
+    """Root of what the SDK raises.
+
+    Its message and its string fields never show a credential of a URL (a
+    password in ``Client("http://user:pw@host")``, a ``?token=``): they are
+    masked (:func:`tiffany.redaction.redact_url_credentials`), since an
+    error's words end up in logs and on terminals.
+    """
 
     code = "client.error"
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        masked = {k: redact_url_credentials(v) for k, v in fields.items() if isinstance(v, str)}
+        super().__init__(redact_url_credentials(message), **{**fields, **masked})
 
 
 class ConnectionFailed(ClientError):

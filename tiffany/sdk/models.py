@@ -137,6 +137,8 @@ class StepOut(_Open):
     ended_at: float | None = None
     waiting: str | None = None
     last_seq: int | None = None
+    #: Read with ``outputs=False``: the size of the output left out (characters of JSON).
+    output_size: int | None = None
 
 
 class TaskOut(_Open):
@@ -154,6 +156,8 @@ class TaskOut(_Open):
     result: Any = None
     error: Any = None
     last_seq: int | None = None
+    #: Read with ``outputs=False``: the size of the result left out (characters of JSON).
+    result_size: int | None = None
 
 
 class RunDetail(RunSummary):
@@ -166,6 +170,8 @@ class RunDetail(RunSummary):
     usage: dict[str, float] | None = None
     steps: list[StepOut] = Field(default_factory=list)
     tasks: list[TaskOut] = Field(default_factory=list)
+    #: Read with ``outputs=False``: the size of the outputs left out (characters of JSON).
+    outputs_size: int | None = None
 
     def step(self, step_id: str) -> StepOut:
         """Return the step ``step_id`` (a KeyError naming the steps there are if none)."""

@@ -314,6 +314,14 @@ def unreachable(base: str, exc: Exception) -> ConnectionFailed:
     return ConnectionFailed(f"cannot reach the Tiffany API at {base}: {reason}", url=base)
 
 
+def get_params(min_seq: int | None, outputs: bool) -> dict[str, Any]:
+    """The query of ``GET /api/runs/{id}``: ``min_seq`` when given, ``outputs=false`` when asked."""
+    params: dict[str, Any] = {} if min_seq is None else {"min_seq": min_seq}
+    if not outputs:
+        params["outputs"] = "false"
+    return params
+
+
 def feed_url(base: str, run_id: str | None, since: int | None, tail: int = 0) -> str:
     """The websocket URL of the activity feed (``ws://`` for ``http://``).
 
@@ -342,6 +350,9 @@ def read_frame(text: str | bytes) -> Event | FeedGap | None:
 
     Raises:
         Cutoff: The frame is ``cutoff``: reconnect with the last seq.
+        ApiError: The frame is ``error``: the server refused the feed as it
+            would refuse the same request over HTTP (a ``since`` beyond the
+            feed: :class:`~tiffany.sdk.errors.InvalidRequest`, 422).
     """
     doc = json.loads(text)
     if not isinstance(doc, dict):
@@ -353,6 +364,10 @@ def read_frame(text: str | bytes) -> Event | FeedGap | None:
         return FeedGap.model_validate({k: v for k, v in doc.items() if k != "type"})
     if kind == "cutoff":
         raise Cutoff(str(doc.get("reason") or "cut off"))
+    if kind == "error":
+        status = doc.get("status")
+        body = {k: v for k, v in doc.items() if k != "type"}
+        raise error_from_answer(status if isinstance(status, int) else 400, body)
     return None
 
 

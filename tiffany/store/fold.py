@@ -31,6 +31,9 @@ What the journal says, and what the projection makes of it:
 * ``TASK_EXIT``: ``done``, ``crashed`` or ``cancelled`` with the result or
   error. A worker's result (its ``StepOutcome``, a dict in the journal)
   settles its step; a tool task's result is the step's latest output.
+* ``STEP_START`` with an attempt above 1 (a step started again after a
+  crash): the plan step's attempt it belongs to is marked
+  ``rerun_after_crash`` (``RowFold._rerun``).
 * ``HOLD``: the engine held the task's step back (its tool is disabled
   there): the task is blocked on ``waiting: REASON`` and its step's
   ``waiting`` column holds the reason, until the task's STEP_START (a later
@@ -148,6 +151,9 @@ def _add_usage(ctx: _RunCtx, output: Any) -> bool:
 class _StepInfo:
     status: str
     tool: str | None
+    #: The step's attempts (numbers) that started again after a crash
+    #: (``rerun_after_crash`` on them: :meth:`RowFold._rerun`).
+    reruns: set[int] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -167,6 +173,26 @@ class _RunCtx:
     #: The model usage of its steps so far (``{"tokens", "usd"}``), or None
     #: before a step reported any: the run's row shows it (``runs.usage``).
     usage: dict[str, float] | None = None
+
+
+def _marked(attempts: Any, reruns: set[int]) -> Any:
+    """``attempts`` (JSON-able records) with ``rerun_after_crash`` on those in ``reruns``."""
+    if not reruns or not isinstance(attempts, list):
+        return attempts
+    return [
+        {**a, "rerun_after_crash": True}
+        if isinstance(a, dict) and a.get("attempt") in reruns
+        else a
+        for a in attempts
+    ]
+
+
+def _reruns_in(attempts: Any) -> set[int]:
+    """The attempts a step's row marks ``rerun_after_crash`` (a reloaded context's)."""
+    if not isinstance(attempts, list):
+        return set()
+    marked = (a for a in attempts if isinstance(a, Mapping) and a.get("rerun_after_crash"))
+    return {a["attempt"] for a in marked if isinstance(a.get("attempt"), int)}
 
 
 class RowFold:
@@ -242,6 +268,8 @@ class RowFold:
         elif cls is StepStart:
             if ctx.held:
                 self._step_held(b, ctx, rec.ltid, None, rec.name)  # type: ignore[union-attr]
+            if rec.attempt > 1:  # type: ignore[union-attr]
+                self._rerun(b, ctx, rec)  # type: ignore[arg-type]
         elif cls is Hold:
             self._step_held(b, ctx, rec.ltid, text(rec.reason), rec.name)  # type: ignore[union-attr]
         return True
@@ -385,6 +413,41 @@ class RowFold:
         if _HAS_WAITING and step_id is not None and step_id in ctx.steps:
             b.steps.update((ctx.run_id, step_id), waiting=reason)
 
+    def _rerun(self, b: Batch, ctx: _RunCtx, rec: StepStart) -> None:
+        """A durable step started again after a crash (its STEP_START's attempt above 1).
+
+        Which attempt of the plan step it belongs to: a worker runs a step
+        itself (python) one durable step an attempt, so its ordinal is the
+        attempt; a tool task runs one attempt each, in order. The mark goes on
+        the step's row at once, as the attempt it is (so a projector restarted
+        before the step ends reads it back: :meth:`_context`), and on that
+        attempt's record when the step settles (:func:`_marked`).
+
+        Discussion: the worker's own record of its attempts cannot say so: it
+        is rebuilt by replay, which knows nothing of the crash. Only the
+        journal's STEP_START does (``tiffany/durable/journal.py``).
+        """
+        kind, step_id = ctx.tasks.get(rec.ltid, ("", None))
+        if step_id is None or step_id not in ctx.steps:
+            return
+        if kind == TaskKind.WORKER.value:
+            attempt = rec.ordinal
+        elif kind == TaskKind.TOOL.value:
+            tools = sorted(
+                ltid
+                for ltid, (k, step) in ctx.tasks.items()
+                if step == step_id and k == TaskKind.TOOL.value
+            )
+            attempt = tools.index(rec.ltid) + 1
+        else:
+            return
+        step = ctx.steps[step_id]
+        step.reruns.add(attempt)
+        if step.status not in _UNSETTLED_STEPS:
+            return
+        running = {"attempt": attempt, "rerun_after_crash": True, "started_at": ctx.clock}
+        b.steps.update((ctx.run_id, step_id), attempts=[running])
+
     def _task_exit(self, b: Batch, ctx: _RunCtx, rec: TaskExit, made: Any) -> None:
         """A task's exit; ``made`` is ``jsonable(rec.value)`` (its journal row's)."""
         ltid, state, value = rec.ltid, rec.state, rec.value
@@ -433,7 +496,9 @@ class RowFold:
         if _HAS_WAITING:
             values["waiting"] = None
         attempts = outcome.get("attempts")
-        values.update(attempt_times(attempts, _part(made, "attempts", outcome)))
+        values.update(
+            attempt_times(attempts, _marked(_part(made, "attempts", outcome), step.reruns))
+        )
         b.steps.update((ctx.run_id, step_id), **values)
         self._tool_ends(b, ctx, step_id, attempts)
         if not _HAS_USAGE:
@@ -517,14 +582,15 @@ class RowFold:
                 continue
             step = step or self._new_step(b, ctx, step_id, None)
             step.status = str(info["status"])
+            attempts = _marked(jsonable(info.get("attempts") or []), step.reruns)
             values: dict[str, Any] = {
                 "status": step.status,
                 "error": jsonable(info.get("error")),
-                "attempts": jsonable(info.get("attempts") or []),
+                "attempts": attempts,
             }
             if _HAS_WAITING:
                 values["waiting"] = None
-            values.update(attempt_times(info.get("attempts")))
+            values.update(attempt_times(info.get("attempts"), attempts))
             b.steps.update((ctx.run_id, step_id), **values)
         for step_id, step in ctx.steps.items():
             if step.status in _UNSETTLED_STEPS:
@@ -595,12 +661,12 @@ class RowFold:
                     ctx.receiving.add(ltid)
                 elif on.startswith("waiting: "):
                     ctx.held.add(ltid)
-        for step_id, status, tool in conn.execute(
-            select(Step.step_id, Step.status, Step.tool)
+        for step_id, status, tool, attempts in conn.execute(
+            select(Step.step_id, Step.status, Step.tool, Step.attempts)
             .where(Step.run_id == run.run_id)
             .order_by(Step.position)
         ):
-            ctx.steps[step_id] = _StepInfo(status, tool)
+            ctx.steps[step_id] = _StepInfo(status, tool, _reruns_in(attempts))
         self._ctx[run_no] = ctx
         self._finished += finished
         return ctx

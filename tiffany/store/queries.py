@@ -15,7 +15,20 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import msgspec
-from sqlalchemy import ColumnElement, Connection, Select, String, bindparam, cast, func, select
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Select,
+    String,
+    Table,
+    Text,
+    bindparam,
+    case,
+    cast,
+    func,
+    literal_column,
+    select,
+)
 from sqlalchemy.orm import Session, selectinload
 
 from tiffany.shards import engine_of, seq_base
@@ -234,7 +247,12 @@ def run_summary(run: Any) -> dict[str, Any]:
 
 
 def task_dict(task: Any) -> dict[str, Any]:
-    """Return a task row as JSON-able data."""
+    """Return a task row as JSON-able data.
+
+    A row read without its result (:data:`LEAN_COLUMNS`) answers ``result``
+    null and ``result_size``.
+    """
+    lean = _lean(task, "result")
     return {
         "ltid": task.ltid,
         "parent_ltid": task.parent_ltid,
@@ -246,21 +264,23 @@ def task_dict(task: Any) -> dict[str, Any]:
         "blocked_on": task.blocked_on,
         "started_at": task.started_at,
         "ended_at": task.ended_at,
-        "result": task.result,
+        "result": None if lean else task.result,
         "error": task.error,
         "last_seq": task.last_seq,
+        **lean,
     }
 
 
 def step_dict(step: Any) -> dict[str, Any]:
-    """Return a step row as JSON-able data."""
+    """Return a step row as JSON-able data (read without its output: ``output_size``)."""
+    lean = _lean(step, "output")
     return {
         "step_id": step.step_id,
         "position": step.position,
         "tool": step.tool,
         "status": step.status,
         "attempts": step.attempts or [],
-        "output": step.output,
+        "output": None if lean else step.output,
         "error": step.error,
         "started_at": step.started_at,
         "ended_at": step.ended_at,
@@ -268,6 +288,7 @@ def step_dict(step: Any) -> dict[str, Any]:
         # comes with revision 0003.
         "waiting": getattr(step, "waiting", None),
         "last_seq": step.last_seq,
+        **lean,
     }
 
 
@@ -284,13 +305,24 @@ class TooLarge(Exception):
 
 
 def run_detail_of(
-    session: Session, run_id: str, max_dispatches: int | None = None
+    session: Session, run_id: str, max_dispatches: int | None = None, *, outputs: bool = True
 ) -> dict[str, Any] | None:
     """Return :func:`run_detail` of a run read with three plain SELECTs, or None.
 
     Discussion: what ``GET /api/runs/{id}`` serves. The rows are read as
     rows, not ORM objects (no identity map, no ``selectinload``): a fifth
     of the API's time went to loading a run's objects at 200 reads/s.
+
+    ``outputs=False`` (``?outputs=false``) reads the run without what its
+    steps and tasks produced: the run's ``outputs``, each step's ``output``
+    and each task's ``result`` are null, each with its size beside it
+    (``outputs_size``, ``output_size``, ``result_size``: characters of its
+    stored JSON; null when there is none). The values are not read from
+    the database at all (:data:`LEAN_COLUMNS`). A run's result is there
+    four times in a full read: the run's outputs and its planner's result,
+    the step's output and its worker's result (each row carries its own),
+    so a 60 MB result was a 240 MB answer, at every poll of a waiting
+    client.
 
     Raises:
         TooLarge: ``max_dispatches`` is given and the run has more (its
@@ -301,18 +333,19 @@ def run_detail_of(
     # each of these statements (its compile state and result setup).
     conn = session.connection()
     if conn.dialect.name == "postgresql":
-        return _detail_pipelined(conn, run_id)
-    run = conn.execute(_RUN_ROW, {"run_id": run_id}).one_or_none()
+        return _detail_pipelined(conn, run_id, outputs)
+    run_row, step_rows, task_rows = _ROWS[outputs]
+    run = conn.execute(run_row, {"run_id": run_id}).one_or_none()
     if run is None:
         return None
     if max_dispatches is not None and (run.dispatches or 0) > max_dispatches:
         raise TooLarge(run_id)
-    steps = conn.execute(_STEP_ROWS, {"run_id": run_id}).all()
-    tasks = conn.execute(_TASK_ROWS, {"run_id": run_id}).all()
+    steps = conn.execute(step_rows, {"run_id": run_id}).all()
+    tasks = conn.execute(task_rows, {"run_id": run_id}).all()
     return _detail(run, steps, tasks)
 
 
-def _detail_pipelined(conn: Connection, run_id: str) -> dict[str, Any] | None:
+def _detail_pipelined(conn: Connection, run_id: str, outputs: bool = True) -> dict[str, Any] | None:
     """:func:`run_detail_of` on PostgreSQL: the three SELECTs in one round trip.
 
     psycopg's pipeline sends them together and reads their results after
@@ -324,7 +357,7 @@ def _detail_pipelined(conn: Connection, run_id: str) -> dict[str, Any] | None:
     """
     from psycopg.rows import namedtuple_row
 
-    sqls = _pipelined_sql(conn.dialect)
+    sqls = _pipelined_sql(conn.dialect, outputs)
     params = {"run_id": run_id}
     with driver_errors(conn, sqls[0], params) as raw:
         driver = raw.driver_connection
@@ -342,7 +375,9 @@ def _detail_pipelined(conn: Connection, run_id: str) -> dict[str, Any] | None:
                 cursor.close()
 
 
-async def run_detail_async(conn: Any, dialect: Any, run_id: str) -> dict[str, Any] | None:
+async def run_detail_async(
+    conn: Any, dialect: Any, run_id: str, *, outputs: bool = True
+) -> dict[str, Any] | None:
     """:func:`run_detail_of` on an asyncio psycopg connection (the API's loop), or None.
 
     The same three SELECTs as :func:`_detail_pipelined`, in one pipeline:
@@ -353,7 +388,7 @@ async def run_detail_async(conn: Any, dialect: Any, run_id: str) -> dict[str, An
     """
     from psycopg.rows import namedtuple_row
 
-    sqls = _pipelined_sql(dialect)
+    sqls = _pipelined_sql(dialect, outputs)
     params = {"run_id": run_id}
     cursors = [conn.cursor(row_factory=namedtuple_row) for _ in sqls]
     try:
@@ -370,19 +405,53 @@ async def run_detail_async(conn: Any, dialect: Any, run_id: str) -> dict[str, An
 
 
 @functools.cache
-def _pipelined_sql(dialect: Any) -> tuple[str, str, str]:
+def _pipelined_sql(dialect: Any, outputs: bool = True) -> tuple[str, str, str]:
     """The run's, its steps' and its tasks' SELECTs as the driver's SQL (``%(run_id)s``)."""
-    run, steps, tasks = (_RUN_ROW, _STEP_ROWS, _TASK_ROWS)
-    return tuple(str(q.compile(dialect=dialect)) for q in (run, steps, tasks))  # type: ignore[return-value]
+    return tuple(str(q.compile(dialect=dialect)) for q in _ROWS[outputs])  # type: ignore[return-value]
 
 
-_RUN_ROW: Final = select(Run.__table__).where(Run.run_id == bindparam("run_id"))
-_STEP_ROWS: Final = (
-    select(Step.__table__).where(Step.run_id == bindparam("run_id")).order_by(Step.position)
-)
-_TASK_ROWS: Final = (
-    select(Task.__table__).where(Task.run_id == bindparam("run_id")).order_by(Task.ltid)
-)
+#: What a read without outputs leaves out, by table: the column, and the
+#: field of its size (``run_detail_of(outputs=False)``).
+LEAN_COLUMNS: Final = {"runs": "outputs", "steps": "output", "tasks": "result"}
+
+
+def _columns(table: Any, outputs: bool) -> list[Any]:
+    """The table's columns; without ``outputs``, its output column's size instead of it."""
+    assert isinstance(table, Table)
+    if outputs:
+        return list(table.c)
+    name = LEAN_COLUMNS[table.name]
+    col = table.c[name]
+    text = cast(col, Text)
+    # A JSON null (how the ORM stores None) is no value: no size. A literal, not
+    # a bound parameter: the pipelined reads compile these SELECTs to SQL once.
+    null = literal_column("'null'", Text)
+    size = case((text == null, None), else_=func.length(text)).label(f"{name}_size")
+    return [c for c in table.c if c.name != name] + [size]
+
+
+def _rows(outputs: bool) -> tuple[Select[Any], Select[Any], Select[Any]]:
+    """The SELECTs of a run's detail: its row, its steps', its tasks'."""
+    run_id: Any = bindparam("run_id")
+    return (
+        select(*_columns(Run.__table__, outputs)).where(Run.run_id == run_id),
+        select(*_columns(Step.__table__, outputs))
+        .where(Step.run_id == run_id)
+        .order_by(Step.position),
+        select(*_columns(Task.__table__, outputs))
+        .where(Task.run_id == run_id)
+        .order_by(Task.ltid),
+    )
+
+
+#: The detail's SELECTs, with outputs (True) and without (False).
+_ROWS: Final = {True: _rows(True), False: _rows(False)}
+
+
+def _lean(row: Any, name: str) -> dict[str, Any]:
+    """``{"<name>_size": N}`` for a row read without ``name`` (:data:`LEAN_COLUMNS`), else {}."""
+    field = f"{name}_size"
+    return {field: getattr(row, field)} if hasattr(row, field) else {}
 
 
 def rerun_source(session: Session, run_id: str) -> dict[str, Any] | None:
@@ -420,13 +489,15 @@ def rerun_source(session: Session, run_id: str) -> dict[str, Any] | None:
 
 
 def _detail(run: Any, steps: Iterable[Any], tasks: Iterable[Any]) -> dict[str, Any]:
+    lean = _lean(run, "outputs")
     return {
         **run_summary(run),
         "entry": run.entry,
         "inputs": run.inputs,
-        "outputs": run.outputs,
+        "outputs": None if lean else run.outputs,
         "error": run.error,
         "usage": getattr(run, "usage", None),
         "steps": [step_dict(s) for s in steps],
         "tasks": [task_dict(t) for t in tasks],
+        **lean,
     }

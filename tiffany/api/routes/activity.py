@@ -10,7 +10,14 @@ and the ``wal_seq`` of the journal record it comes from (what
   state over HTTP; the live stream continues after it;
 * ``{"type": "cutoff", "last_seq", "reason"}``: you fell too far behind and
   are disconnected; reconnect with ``since=<the last seq you received>``;
-* ``{"type": "ping"}``: sent when idle, so both sides notice a dead peer.
+* ``{"type": "ping"}``: sent when idle, so both sides notice a dead peer;
+* ``{"type": "error", "code", "message", "detail", ...}``: the request is
+  refused (the API's error shape), then the websocket is closed with
+  ``4000 + the HTTP status`` the same request gets over HTTP. One today:
+  ``feed.since_beyond`` (close 4422, as ``min_seq`` beyond the journal is
+  a 422): ``since`` is above the feed's last seq (``last_seq`` in the
+  frame), a seq this feed never sent. Resume without ``since`` and reload
+  state over HTTP.
 
 With ``batch=true`` every message is instead a JSON array of such frames
 (up to 512 a message): what a client that follows a busy engine should ask
@@ -21,8 +28,15 @@ At most ``ws_max_subscribers`` websockets at once: one more is accepted
 and closed at once with code 1013 (try again later) and the reason ``too
 many subscribers: try again later``. A client that falls more than
 ``ws_queue_frames`` frames or ``ws_queue_bytes`` bytes behind, or whose
-socket does not drain within ``ws_send_timeout_s``, is cut off (``cutoff``
-when it can still be sent, then close code 1013).
+socket does not drain within ``ws_send_timeout_s``, is cut off: ``cutoff``
+then close code 1013, queued behind every frame it was already sent, so a
+client that reads again gets them all and then the ``cutoff``. A socket that
+has not taken them ``ws_cutoff_linger_s`` after the cutoff is reset: the
+client sees the connection drop with no close frame (1006) and no
+``cutoff``, and resumes with ``since=<the last seq it received>`` as after
+any drop (``tiffany.api.wsdirect.DirectWriter.close_after``; under a server
+without the direct writer the two frames are sent through ASGI, within
+:data:`CUTOFF_SEND_TIMEOUT_S` or not at all).
 
 Resume after any disconnect with ``since=<last seq received>``; events come
 from this process's relay (:mod:`tiffany.api.feed`), never from a
@@ -38,12 +52,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Final
 
+import msgspec
 import structlog
 from fastapi import APIRouter, Query, WebSocket, WebSocketDisconnect
 
 from tiffany.api.deps import get_state
 from tiffany.api.feed import READ_BATCH_ENTRIES, FeedSubscriber
-from tiffany.api.wsdirect import DirectWriter, direct_writer_of
+from tiffany.api.wsdirect import DirectWriter, direct_writer_of, text_frame
 
 __all__ = ["router"]
 
@@ -53,8 +68,12 @@ log = structlog.get_logger("tiffany.api")
 CUTOFF_SEND_TIMEOUT_S: Final = 2.0
 #: Close code for a cut-off subscriber ("try again later").
 CLOSE_TRY_AGAIN: Final = 1013
+#: The close reason of a cut-off websocket (code 1013).
+CUTOFF_REASON: Final = "cut off: resume with since"
 #: The close reason of a websocket refused at the subscriber cap (code 1013).
 REFUSED_REASON: Final = "too many subscribers: try again later"
+#: Close code of a refused request: 4000 + the HTTP status (4422: ``since`` beyond the feed).
+CLOSE_SINCE_BEYOND: Final = 4422
 #: Close code when the sender fails unexpectedly.
 CLOSE_INTERNAL_ERROR: Final = 1011
 #: Frames a sender sends one by one before it lets the loop run others.
@@ -131,21 +150,38 @@ async def _send_frames(
 
 
 async def _cut_off(
-    ws: WebSocket, sub: FeedSubscriber, sender: asyncio.Task[None], batch: bool, done: asyncio.Event
+    ws: WebSocket,
+    sub: FeedSubscriber,
+    sender: asyncio.Task[None],
+    batch: bool,
+    done: asyncio.Event,
+    linger_s: float,
 ) -> None:
     """Stop the sender, then send ``cutoff`` and close (bounded in time), then end the handler.
 
-    A socket that does not drain gets neither frame: the handler returns
-    anyway, and the server closes the connection.
+    With the direct writer both frames are queued at once behind what the
+    client was sent (module docstring); through ASGI a socket that does not
+    drain within :data:`CUTOFF_SEND_TIMEOUT_S` gets neither frame, and the
+    server closes the connection when the handler returns.
     """
     try:
         sender.cancel()
         await asyncio.gather(sender, return_exceptions=True)
         log.info("websocket cut off", last_seq=sub.last_seq, reason=sub.cut_reason)
+        direct = direct_writer_of(ws.scope)
+        if direct is not None:
+            text = sub.cutoff_frame()
+            direct.close_after(
+                text_frame(f"[{text}]" if batch else text),
+                CLOSE_TRY_AGAIN,
+                CUTOFF_REASON,
+                linger_s=linger_s,
+            )
+            return
         with contextlib.suppress(TimeoutError, *_GONE_CLIENT):
             await asyncio.wait_for(_one(ws, batch)(sub.cutoff_frame()), CUTOFF_SEND_TIMEOUT_S)
             await asyncio.wait_for(
-                ws.close(code=CLOSE_TRY_AGAIN, reason="cut off: resume with since"),
+                ws.close(code=CLOSE_TRY_AGAIN, reason=CUTOFF_REASON),
                 CUTOFF_SEND_TIMEOUT_S,
             )
     finally:
@@ -167,6 +203,32 @@ async def _receive_until(ws: WebSocket, done: asyncio.Event) -> None:
                 return
     finally:
         ended.cancel()
+
+
+async def _refuse_since(ws: WebSocket, since: int, last: int, batch: bool) -> None:
+    """Refuse a ``since`` beyond the feed: an ``error`` frame, then close 4422 (module doc)."""
+    message = (
+        f"since {since} is beyond the feed's last seq {last}: no event after it was sent; "
+        "resume without since and reload state over HTTP"
+    )
+    log.info("websocket refused: since beyond the feed", since=since, last_seq=last)
+    frame = msgspec.json.encode(
+        {
+            "type": "error",
+            "code": "feed.since_beyond",
+            "message": message,
+            "detail": [{"loc": ["query", "since"], "msg": "beyond the feed"}],
+            "status": 422,
+            "since": since,
+            "last_seq": last,
+        }
+    ).decode()
+    with contextlib.suppress(TimeoutError, *_GONE_CLIENT):
+        await asyncio.wait_for(_one(ws, batch)(frame), CUTOFF_SEND_TIMEOUT_S)
+        await asyncio.wait_for(
+            ws.close(code=CLOSE_SINCE_BEYOND, reason=f"since beyond the feed's last seq {last}"),
+            CUTOFF_SEND_TIMEOUT_S,
+        )
 
 
 @router.websocket("/ws/activity")
@@ -203,13 +265,19 @@ async def activity(
                 ws.close(code=CLOSE_TRY_AGAIN, reason=REFUSED_REASON), CUTOFF_SEND_TIMEOUT_S
             )
         return
+    if since is not None:
+        last = await relay.beyond(since)
+        if last is not None:
+            await _refuse_since(ws, since, last, batch)
+            return
     sub = relay.subscribe(run_id=run_id or None, since=since, tail=tail)
     log.info("websocket subscribed", run_id=run_id, since=since, catch_up=sub.catching_up)
     ping_s = state.settings.ws_ping_interval_s
     direct = direct_writer_of(ws.scope)
     sender = asyncio.create_task(_send_frames(ws, sub, ping_s, batch, direct))
     done = asyncio.Event()
-    sub.on_cut = lambda: asyncio.create_task(_cut_off(ws, sub, sender, batch, done))
+    linger_s = state.settings.ws_cutoff_linger_s
+    sub.on_cut = lambda: asyncio.create_task(_cut_off(ws, sub, sender, batch, done, linger_s))
     try:
         await _receive_until(ws, done)
     finally:

@@ -350,7 +350,22 @@ async def _owner(state: State, run_id: str) -> int | None:
 
 
 @router.get("/{run_id}", response_model=RunDetail, responses={**_NOT_FOUND, **_ERRORS})
-async def get_run(run_id: str, state: State, min_seq: MinSeq = None) -> Response:
+async def get_run(
+    run_id: str,
+    state: State,
+    min_seq: MinSeq = None,
+    outputs: Annotated[
+        bool,
+        Query(
+            description=(
+                "false: without what the run produced (the run's ``outputs``, each step's "
+                "``output``, each task's ``result`` are null, their sizes in "
+                "``outputs_size``, ``output_size``, ``result_size``): what a client that "
+                "polls a run's status should ask for."
+            )
+        ),
+    ] = True,
+) -> Response:
     """A run with its steps and tasks (as of at least ``min_seq``, when given)."""
     dialect = state.engine.dialect
     return _json(
@@ -358,9 +373,11 @@ async def get_run(run_id: str, state: State, min_seq: MinSeq = None) -> Response
             state,
             run_id,
             min_seq,
-            lambda s: queries.run_detail_of(s, run_id),
-            pg=lambda c: queries.run_detail_async(c, dialect, run_id),
-            loop=lambda s: queries.run_detail_of(s, run_id, LOOP_READ_DISPATCHES),
+            lambda s: queries.run_detail_of(s, run_id, outputs=outputs),
+            pg=lambda c: queries.run_detail_async(c, dialect, run_id, outputs=outputs),
+            loop=lambda s: queries.run_detail_of(
+                s, run_id, LOOP_READ_DISPATCHES, outputs=outputs
+            ),
         )
     )
 

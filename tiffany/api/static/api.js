@@ -123,6 +123,8 @@ const SILENCE_TIMEOUT_MS = 60000;
  * Keeps the last seq seen and resumes with `since=` after a drop, so the page
  * keeps its place. `gone` (resume too old) calls `onGone` (reload over HTTP)
  * and reconnects without `since`; `cutoff` reconnects from its `last_seq`.
+ * An `error` frame `feed.since_beyond` (then close 4422: the server never
+ * sent that seq, e.g. its data dir was replaced) is met as `gone` is.
  */
 export class Feed {
   constructor({ onEvent, onStatus, onGone }) {
@@ -202,6 +204,7 @@ export class Feed {
       this.ws = null;
       clearTimeout(this.watchdog);
       if (ev.code === 4401 || ev.code === 1008) unauthorizedListeners.forEach((fn) => fn());
+      if (ev.code === 4422) this.lastSeq = null; // since beyond the feed: start afresh
       if (!this.stopped) this.schedule();
     };
     ws.onerror = () => {};
@@ -209,7 +212,7 @@ export class Feed {
 
   handle(frame) {
     if (frame.type === "ping") return;
-    if (frame.type === "gone") {
+    if (frame.type === "gone" || (frame.type === "error" && frame.code === "feed.since_beyond")) {
       this.lastSeq = null;
       this.onGone && this.onGone(frame);
       this.reconnectNow();

@@ -57,9 +57,26 @@ export function argsBlock(args, { inputs, outputs, showTemplate, onToggle }) {
   );
 }
 
+/** The mark of an attempt that started again after the engine crashed (at-least-once). */
+function rerunMark(a) {
+  if (!a || !a.rerun_after_crash) return null;
+  return h(
+    "span",
+    {
+      class: "status-text tone-warn small",
+      testid: "attempt-rerun",
+      title: "The engine crashed while this attempt ran: its tool was called again (at-least-once)",
+    },
+    "re-run after a crash",
+  );
+}
+
 /** Every attempt of a step (and, while it runs, its live output), newest last. */
 export function attemptsBlock(step, { running, liveLines }) {
-  const attempts = (step.attempts || []).filter((a) => a && !a.reused);
+  const all = (step.attempts || []).filter((a) => a && !a.reused);
+  // An attempt without `ok` is the one running (the store marks a re-run as it starts).
+  const attempts = all.filter((a) => a.ok !== undefined);
+  const current = all.find((a) => a.ok === undefined) || null;
   const last = attempts.length ? attempts[attempts.length - 1] : null;
   const items = attempts.map((a) => {
     const ok = a.ok === true;
@@ -74,6 +91,7 @@ export function attemptsBlock(step, { running, liveLines }) {
         { class: "attempt-head" },
         h("strong", null, `attempt ${a.attempt}`),
         h("span", { class: `status-text tone-${tone(word)}`, testid: "attempt-status" }, word),
+        rerunMark(a),
         a.started_at != null ? timeEl(a.started_at) : null,
         a.started_at != null && a.ended_at != null ? h("span", { class: "muted small" }, duration(a.ended_at - a.started_at)) : null,
       ),
@@ -84,15 +102,17 @@ export function attemptsBlock(step, { running, liveLines }) {
     );
   });
   if (running) {
+    const n = current && current.attempt ? current.attempt : attempts.length + 1;
     items.push(
       h(
         "li",
-        { class: "attempt tone-border-live", testid: "attempt", dataset: { attempt: String(attempts.length + 1), status: "running" } },
+        { class: "attempt tone-border-live", testid: "attempt", dataset: { attempt: String(n), status: "running" } },
         h(
           "div",
           { class: "attempt-head" },
-          h("strong", null, `attempt ${attempts.length + 1}`),
+          h("strong", null, `attempt ${n}`),
           h("span", { class: "status-text tone-live", testid: "attempt-status" }, statusWord("running")),
+          rerunMark(current),
         ),
         h(
           "pre",
@@ -103,15 +123,16 @@ export function attemptsBlock(step, { running, liveLines }) {
     );
   }
   if (!items.length) return null;
-  // One attempt that succeeded with no log adds nothing to the step's row.
-  if (items.length === 1 && !running && last.ok === true && !logView(step.output)) return null;
+  const rerun = all.some((a) => a.rerun_after_crash);
+  // One attempt that succeeded with no log (and ran once) adds nothing to the step's row.
+  if (items.length === 1 && !running && !rerun && last.ok === true && !logView(step.output)) return null;
   return h(
     "details",
     {
       class: "attempts",
       testid: "step-attempts",
-      // Open when there is something to read: a failure, a log, live output.
-      open: running || attempts.some((a) => a.ok !== true) || !!logView(step.output) || undefined,
+      // Open when there is something to read: a failure, a re-run, a log, live output.
+      open: running || rerun || attempts.some((a) => a.ok !== true) || !!logView(step.output) || undefined,
     },
     h("summary", null, `${items.length} attempt${items.length > 1 ? "s" : ""}`, running ? " · running" : ""),
     h("ol", { class: "attempt-list" }, items),
