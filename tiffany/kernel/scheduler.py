@@ -26,7 +26,8 @@ One loop iteration (see :meth:`Scheduler.run`):
    same task (up to ``MAX_IMMEDIATE_RESUMES``); a bare ``yield`` requeues it.
 2. *commit*: the injectors (replay's recorded wake-ups), then the
    ``before_wait`` hook once (the journal's group commit), then the effects
-   the pass requested (thread jobs) are released unless the hook held them.
+   the pass requested (thread jobs) are released unless the hook held them
+   or the scheduler was stopped (``stop``: from then on nothing starts).
 3. *wait*: poll the reactor's selector (blocking only if nothing is ready)
    and fire due timers; woken tasks join the ready queue for the next pass.
 
