@@ -311,6 +311,8 @@ class EngineService:
                 )
                 announcer.start()
             self.runtime.run()
+            # Since the stop (the signal, the lost lease), nothing has started.
+            log.info("engine.stopping", fenced=self._fenced, halted=self.runtime.sched.halted)
             return 1 if self._fenced else 0  # stepped down: not a clean stop
         except NondeterminismError as exc:
             # A run's code no longer matches its journal. Fail that run (its
@@ -436,9 +438,11 @@ class EngineService:
             return
         self._stopping = True
         self._phase = "stopping"
-        log.info("engine.stopping")
         if self.claimer is not None:
             self.claimer.pause()  # claims nothing more; what it holds is finished
+        # Wakes the loop, which returns before its next pass. Nothing is
+        # logged here: a signal handler that writes to stderr while the main
+        # thread is in a write of its own raises there.
         self.inbox.call(self.runtime.sched.stop)
 
     def _announce(self, ready: Callable[[], None]) -> None:

@@ -116,14 +116,21 @@ class ThreadPool:
         return self._halted
 
     def resume(self) -> None:
-        """Start jobs again, the ones set aside first (scheduler only)."""
+        """Start jobs again: the ones set aside go back to the queue (scheduler only)."""
         if self._closed or not self._halted:
             return
         self._halted = False
-        unstarted = self._unstarted
-        while unstarted:
-            token, fn, args = unstarted.popleft()
-            self.submit(token, fn, args)
+        self._requeue()
+
+    def _requeue(self) -> None:
+        """Put the jobs set aside back on the queue (the workers that took them serve it)."""
+        unstarted, jobs = self._unstarted, self._jobs
+        while True:
+            try:
+                job = unstarted.popleft()
+            except IndexError:
+                return
+            jobs.put(job)
 
     def close(self) -> int:
         """Stop the workers and close the descriptor; return how many jobs were discarded.
@@ -162,6 +169,8 @@ class ThreadPool:
             if self._halted:  # not started: kept for resume, or discarded by close
                 self._unstarted.append(job)
                 del job
+                if not self._halted and not self._closed:  # resumed meanwhile: not stranded
+                    self._requeue()
                 self._idle.release()
                 continue
             token, fn, args = job
