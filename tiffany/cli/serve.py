@@ -157,12 +157,21 @@ class _Child:
         self.started_at = 0.0
         #: When to start it again (monotonic), once it died; None while it runs.
         self.due: float | None = None
+        #: Its latest process wrote its ready file (it is up, or was).
+        self.came_up = False
         self._delay = RESTART_DELAY_S
 
     def start(self) -> None:
         self.due = None
+        self.came_up = False
         self.started_at = time.monotonic()
         self.proc = subprocess.Popen(self.argv, env=self.env)
+
+    def check_up(self) -> bool:
+        """Whether its latest process came up (its ready file is read until it has)."""
+        if not self.came_up:
+            self.came_up = self.up() is not None
+        return self.came_up
 
     def up(self) -> dict[str, Any] | None:
         """Its ready file, if this process (not an earlier one) wrote it."""
@@ -252,7 +261,7 @@ class _Supervisor:
             self._tend()
             self._watch_api()
             if not self._serving and self.url is not None:
-                if all(engine.up() is not None for engine in self.engines):
+                if all(engine.check_up() for engine in self.engines):
                     self._serving = True
                     serving(self.url)
                 else:
@@ -269,19 +278,23 @@ class _Supervisor:
                 if now >= child.due and not self.stop.is_set():
                     child.restarts += 1
                     child.start()
-                    self._serve_file_due = self.url is not None  # the old pid is dead
+                    if self.url is not None:  # the old pid is dead: never leave it there
+                        self._serve_file_due = True
                 continue
-            if proc is None or proc.poll() is None:
+            if proc is None:
+                continue
+            if proc.poll() is None:
+                child.check_up()
                 continue
             code = proc.returncode
             if code in NO_RESTART:
                 raise _GiveUp(self._no_restart(child, code), code)
             delay = child.restart_delay()
             child.due = now + delay
-            when = "while starting" if child.up() is None and not self._serving else ""
+            when = " while starting" if not child.check_up() else ""
             _say(
-                f"tiffany: the {child.name} process exited with code {code}"
-                f"{' ' + when if when else ''}; restarting it in {delay:g}s",
+                f"tiffany: the {child.name} process exited with code {code}{when}; "
+                f"restarting it in {delay:g}s",
                 err=True,
             )
 
@@ -317,7 +330,7 @@ class _Supervisor:
         waiting = [self.api] if self.standby else [*self.engines, self.api]
         for child in waiting:
             late = now - child.started_at > START_TIMEOUT_S
-            if child.due is None and late and child.up() is None:
+            if child.due is None and late and not child.check_up():
                 raise _GiveUp(
                     f"{child.name} did not start within {START_TIMEOUT_S:g}s", exits.FAILED
                 )
