@@ -519,6 +519,7 @@ class PgLog(PgStream, LogState):
                 cur = conn.execute(_RENEW, (self.lease_s, self.stream, self.epoch))
                 if cur.rowcount != 1:
                     self._lost.set()
+                    self._failing()  # the runtime starts no effect from here on
                     log.error("pgwal.lease_lost", stream=self.stream, epoch=self.epoch)
                     if self.on_lost is not None:
                         self.on_lost()
@@ -546,5 +547,6 @@ class PgLog(PgStream, LogState):
         self._failed.__cause__ = cause
         self._types, self._payloads = [], []
         self._stop.set()
+        self._failing()
         log.error("pgwal.failed", stream=self.stream, reason=reason, durable_seq=self._durable_seq)
         return self._failed

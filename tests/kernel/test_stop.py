@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from process_support import wait_for
+
 from tiffany.kernel import Scheduler, Sleep
 from tiffany.kernel.calls import GetTid
 
@@ -146,4 +148,138 @@ def test_instruments_see_every_dispatch_of_a_second_run() -> None:
     sched.spawn(two())
     sched.run()
     assert count.dispatched == 2 * first
+
+
+# -- a stop starts nothing new (issue 38) ---------------------------------------------------
+
+
+def test_pool_close_discards_queued_jobs_and_the_one_in_flight_finishes() -> None:
+    """``close`` used to queue its stop markers behind the jobs: every queued job ran."""
+    import threading
+
+    from tiffany.kernel.threads import ThreadPool
+
+    pool = ThreadPool(1)
+    ran: list[str] = []
+    started, gate = threading.Event(), threading.Event()
+
+    def in_flight() -> None:
+        started.set()
+        gate.wait(60)
+        ran.append("in flight")
+
+    pool.submit("a", in_flight, ())
+    for i in range(50):
+        pool.submit(i, ran.append, (i,))
+    assert started.wait(30)
+    discarded: list[int] = []
+    closer = threading.Thread(target=lambda: discarded.append(pool.close()))
+    closer.start()
+    wait_for(lambda: pool._closed, 30, "close to begin")
+    gate.set()  # the job in flight finishes while close waits for its worker
+    closer.join(30)
+    worker = pool._threads[0]
+    worker.join(30)
+    assert not worker.is_alive()
+    assert ran == ["in flight"]  # it finished; none of the 50 queued behind it started
+    assert discarded == [50]
+
+
+def test_stop_from_another_thread_leaves_queued_jobs_unstarted_until_run_again() -> None:
+    """A stop (SIGTERM's handler, a fence's heartbeat thread) halts the pool at once."""
+    import threading
+
+    from tiffany.kernel import RunInThread
+
+    sched = Scheduler(max_threads=1)
+    ran: list[int] = []
+    started, gate = threading.Event(), threading.Event()
+
+    def first() -> None:
+        started.set()
+        gate.wait(60)
+        ran.append(0)
+
+    def job(i: int):
+        yield RunInThread(first if i == 0 else ran.append, *(() if i == 0 else (i,)))
+
+    for i in range(20):
+        sched.spawn(job(i))
+    runner = threading.Thread(target=sched.run, daemon=True)
+    runner.start()
+    assert started.wait(30)
+    sched.stop()  # not on the loop's thread: the loop waits for the pool
+    gate.set()  # the job in flight finishes, and its completion wakes the loop
+    runner.join(30)
+    assert not runner.is_alive(), "run() did not return after stop()"
+    assert ran == [0]
+    assert sched.alive == 20
+    sched.run()  # effects start again: each job once
+    assert sorted(ran) == list(range(20))
+    assert sched.alive == 0
+    sched.close()
+
+
+def test_a_generator_step_whose_task_had_not_begun_does_not_begin_after_a_stop() -> None:
+    """A generator step's body starts in the pass after its Step: a stop in between holds it."""
+    from tiffany.kernel import Step
+
+    sched = Scheduler()
+    began: list[str] = []
+
+    def body():
+        began.append("body")
+        yield
+        return "done"
+
+    def caller():
+        return (yield Step(body))
+
+    def stopper():
+        yield  # pass 1: queued before the step's body
+        sched.stop()  # pass 2, before the body's first turn
+
+    sched.spawn(stopper())
+    tid = sched.spawn(caller())
+    sched.run()
+    assert began == []
+    sched.run()
+    assert began == ["body"]
+    assert sched.result(tid) == "done"
+    sched.close()
+
+
+def test_a_critical_instruments_failure_halts_the_scheduler_at_once() -> None:
+    """A fail-stop (the journal failed: disk full, fenced) halts effects in the failing hook.
+
+    The engine does more before it closes the scheduler (it answers waiters,
+    stops its servers): the pool must start nothing meanwhile.
+    """
+    import pytest
+
+    from tiffany.errors import InstrumentFailure
+    from tiffany.kernel import Instrument, RunInThread
+
+    halted_in_failure: list[bool] = []
+
+    class Journal(Instrument):
+        critical = True
+
+        def before_wait(self, timeout: float | None) -> None:
+            raise OSError(28, "No space left on device")
+
+    class Witness(Instrument):
+        def after_run(self) -> None:
+            halted_in_failure.append(sched.halted)
+
+    sched = Scheduler(max_threads=1, instruments=[Journal(), Witness()])
+
+    def job():
+        yield RunInThread(int)
+
+    sched.spawn(job())
+    with pytest.raises(InstrumentFailure):
+        sched.run()
+    assert sched.halted
+    assert halted_in_failure == [True]
     sched.close()

@@ -5,10 +5,23 @@
 api`` (FastAPI under uvicorn), waits until both answer, optionally submits
 the demo plan, prints the dashboard's address and writes it to
 ``<data dir>/serve.json``. A child that dies is restarted (with backoff) on
-its own: the API resumes the feed where it was, the engine recovers its runs
-from the WAL, and ``serve.json`` is rewritten with the new pids.
-SIGINT/SIGTERM stop the API first (no new requests), then the engine (the
-WAL is flushed), and ``serve`` exits 0.
+its own, whenever it dies, while starting too: the API resumes the feed
+where it was, the engine recovers its runs from the WAL, and ``serve.json``
+is rewritten with the new pids. SIGINT/SIGTERM stop the API first (no new
+requests), then the engine (the WAL is flushed), and ``serve`` exits 0.
+
+The supervisor survives what its children survive (issue 38):
+
+* Only a child's exit code that says a restart cannot help stops ``serve``
+  (:data:`NO_RESTART`: a bad usage or setting, a damaged WAL), and so does
+  a child alive but not up within ``START_TIMEOUT_S`` of its start, before
+  the service was first up. Any other death, at any moment, is restarted.
+* A file of its own it cannot write (``serve.json`` on a full disk, its
+  output) is told and retried, never fatal: once space is freed, the next
+  restart of a child comes up and ``serve.json`` is written again.
+* Its children die with it: every way out of ``serve`` stops them, and each
+  holds a lifeline (``tiffany/cli/lifeline.py``: the parent-death signal)
+  for the ways out that run no code of ours (``kill -9``).
 
 Each child gets only the secrets it uses (docs/security.md): the API the
 API token (``TIFFANY_API_TOKEN``), the engine the LLM key
@@ -38,7 +51,7 @@ from typing import Annotated, Any, Final, NoReturn
 
 import typer
 
-from tiffany.cli import DataDirOption, exits
+from tiffany.cli import DataDirOption, exits, lifeline
 from tiffany.cli.imports import ImportOption, import_tool_modules, tool_modules
 from tiffany.config import scrub_secrets
 from tiffany.shards import engine_for_key, engine_home, homes
@@ -54,6 +67,15 @@ STOP_TIMEOUT_S: Final = 20.0
 RESTART_DELAY_S: Final = 0.5
 MAX_RESTART_DELAY_S: Final = 30.0
 STABLE_S: Final = 60.0
+#: How often serve looks at its children while they start, then once up, in seconds.
+STARTING_POLL_S: Final = 0.05
+POLL_S: Final = 0.2
+#: Exit codes of a child that restarting cannot help (cli/exits.py): a bad
+#: option or setting (USAGE), a damaged WAL (WAL_DAMAGED, ``tiffany wal
+#: repair``). serve stops, with the child's code. Any other exit, whenever
+#: it comes (a crash, a fail-stop on a full disk, a fence, while starting
+#: too), is a restart with backoff.
+NO_RESTART: Final = frozenset({exits.USAGE, exits.WAL_DAMAGED})
 
 
 def demo_key(plan: Mapping[str, Any]) -> str:
@@ -108,22 +130,58 @@ def demo_plan() -> dict[str, Any]:
     return doc
 
 
+def _say(message: str, *, err: bool = False) -> None:
+    """Tell the operator, best effort: a full disk under serve's output is no reason to die."""
+    with contextlib.suppress(OSError):
+        typer.echo(message, err=err)
+
+
+class _GiveUp(Exception):
+    """serve stops: a child's death that restarting cannot help."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class _Child:
     """One supervised child process."""
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str], ready_file: Path) -> None:
         self.name = name
-        self.argv = [*argv, "--ready-file", str(ready_file)]
+        self.argv = [*argv, "--ready-file", str(ready_file), "--supervisor", str(os.getpid())]
         self.ready_file = ready_file  # written by the child once it is up
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts = 0
         self.started_at = 0.0
+        #: When to start it again (monotonic), once it died; None while it runs.
+        self.due: float | None = None
+        #: Its latest process wrote its ready file (it is up, or was).
+        self.came_up = False
         self._delay = RESTART_DELAY_S
 
     def start(self) -> None:
+        self.due = None
+        self.came_up = False
         self.started_at = time.monotonic()
         self.proc = subprocess.Popen(self.argv, env=self.env)
+
+    def check_up(self) -> bool:
+        """Whether its latest process came up (its ready file is read until it has)."""
+        if not self.came_up:
+            self.came_up = self.up() is not None
+        return self.came_up
+
+    def up(self) -> dict[str, Any] | None:
+        """Its ready file, if this process (not an earlier one) wrote it."""
+        if self.proc is None:
+            return None
+        with contextlib.suppress(ValueError, OSError):
+            data: dict[str, Any] = json.loads(self.ready_file.read_text())
+            if data.get("pid") == self.proc.pid:
+                return data
+        return None
 
     def restart_delay(self) -> float:
         """The wait before restarting this child (a crash loop backs off, a stable child not)."""
@@ -142,28 +200,18 @@ class _Child:
         try:
             return proc.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            typer.echo(
-                f"tiffany: {self.name} did not stop in {STOP_TIMEOUT_S:g}s; killing it", err=True
-            )
+            _say(f"tiffany: {self.name} did not stop in {STOP_TIMEOUT_S:g}s; killing it", err=True)
             proc.kill()
             return proc.wait()
 
 
-def _start(
-    engines: list[_Child],
-    api: _Child,
-    *,
-    standby: bool,
-    stop: threading.Event,
-    up: Callable[[str], None],
-) -> str:
-    """Start the engines and the API; call ``up(url)`` once the API answers; return its URL.
+class _Supervisor:
+    """serve's loop: start the children, restart any that dies, say when the service is up.
 
     On the PostgreSQL journal (``standby``) an engine may wait for its
     stream's lease as long as another engine holds it: the API comes up
     first, so that a standby is alive (``/healthz``) but not ready
-    (``/readyz``: no engine), and the wait for the engines ends only when
-    they are ready or ``stop`` is set.
+    (``/readyz``: no engine), and the engines have no start deadline.
 
     Otherwise the API starts with the engines but listens only once they
     are up (``tiffany api --after``, their ready files): it imports its
@@ -171,23 +219,150 @@ def _start(
     engines', and no client sees an API (its log line, its ``/healthz``)
     whose engine cannot take a submission yet (a 503: the test of the
     dashboard in a browser got one when both simply started at once).
+
+    Discussion: one loop for the start and the life after it. The start
+    used to wait for each child's ready file and stop everything when one
+    died meanwhile (a PostgreSQL engine killed in its first seconds took
+    the healthy engine and the API with it); a death is now a death, the
+    same restart with backoff whenever it comes, and each child's backoff
+    runs on its own deadline, never blocking the care of the others.
     """
-    for engine in engines:
-        engine.start()
-    api.start()
-    if not standby:
-        for engine in engines:
-            _wait_file(engine.ready_file, engine, START_TIMEOUT_S)
-    url = str(_wait_file(api.ready_file, api, START_TIMEOUT_S)["url"])
-    up(url)
-    if standby:
-        typer.echo(
-            f"tiffany: API at {url}; each engine takes its journal stream's lease, "
-            "or waits while another engine holds it"
+
+    def __init__(
+        self,
+        engines: list[_Child],
+        api: _Child,
+        *,
+        standby: bool,
+        serve_file: Path,
+        stop: threading.Event,
+    ) -> None:
+        self.engines = engines
+        self.api = api
+        self.standby = standby
+        self.serve_file = serve_file
+        self.stop = stop
+        #: The API's address, once it listened (again, after a restart on port 0).
+        self.url: str | None = None
+        self._serving = False
+        self._serve_file_due = False  # serve.json is to be (re)written
+        self._serve_file_told = False  # its failure was told (once per streak)
+
+    def run(self, serving: Callable[[str], None]) -> None:
+        """Supervise until ``stop`` is set; call ``serving(url)`` once everything is up.
+
+        Raises:
+            _GiveUp: A child exited with a code in :data:`NO_RESTART`, or
+                did not come up within ``START_TIMEOUT_S`` of its start.
+        """
+        for child in (*self.engines, self.api):
+            child.start()
+        while not self.stop.wait(POLL_S if self._serving else STARTING_POLL_S):
+            self._tend()
+            self._watch_api()
+            if not self._serving and self.url is not None:
+                if all(engine.check_up() for engine in self.engines):
+                    self._serving = True
+                    serving(self.url)
+                else:
+                    self._check_start_deadlines()
+            if self._serve_file_due:
+                self._write_serve_file()
+
+    def _tend(self) -> None:
+        """Restart the children that died, each when its backoff is over."""
+        now = time.monotonic()
+        for child in (*self.engines, self.api):
+            proc = child.proc
+            if child.due is not None:
+                if now >= child.due and not self.stop.is_set():
+                    child.restarts += 1
+                    child.start()
+                    if self.url is not None:  # the old pid is dead: never leave it there
+                        self._serve_file_due = True
+                continue
+            if proc is None:
+                continue
+            if proc.poll() is None:
+                child.check_up()
+                continue
+            code = proc.returncode
+            if code in NO_RESTART:
+                raise _GiveUp(self._no_restart(child, code), code)
+            delay = child.restart_delay()
+            child.due = now + delay
+            when = " while starting" if not child.check_up() else ""
+            _say(
+                f"tiffany: the {child.name} process exited with code {code}{when}; "
+                f"restarting it in {delay:g}s",
+                err=True,
+            )
+
+    def _no_restart(self, child: _Child, code: int) -> str:
+        if code == exits.WAL_DAMAGED:
+            return (
+                f"the {child.name} exited with code {code}: it refused a damaged WAL (see its "
+                "message above), which no restart mends: run `tiffany wal verify`, then "
+                "`tiffany wal repair --salvage`"
+            )
+        return (
+            f"the {child.name} exited with code {code}: a bad option or setting (see its "
+            "message above), which no restart mends"
         )
-        for engine in engines:
-            _wait_file(engine.ready_file, engine, float("inf"), stop=stop)
-    return url
+
+    def _watch_api(self) -> None:
+        """Note the API's address once it listens (a restart on port 0 moves it)."""
+        ready = self.api.up()
+        if ready is None or ready.get("url") == self.url:
+            return
+        first = self.url is None
+        self.url = str(ready["url"])
+        self._serve_file_due = True
+        if first and self.standby:
+            _say(
+                f"tiffany: API at {self.url}; each engine takes its journal stream's lease, "
+                "or waits while another engine holds it"
+            )
+
+    def _check_start_deadlines(self) -> None:
+        """A child alive but not up ``START_TIMEOUT_S`` after its start, before the first up."""
+        now = time.monotonic()
+        waiting = [self.api] if self.standby else [*self.engines, self.api]
+        for child in waiting:
+            late = now - child.started_at > START_TIMEOUT_S
+            if child.due is None and late and not child.check_up():
+                raise _GiveUp(
+                    f"{child.name} did not start within {START_TIMEOUT_S:g}s", exits.FAILED
+                )
+
+    def _write_serve_file(self) -> None:
+        """Write ``serve.json`` atomically; on a full disk, say so and try again later."""
+        pids = [c.proc.pid if c.proc else None for c in self.engines]
+        doc = {
+            "url": self.url,
+            "engine_pid": pids[0],
+            "engine_pids": pids,
+            "api_pid": self.api.proc.pid if self.api.proc else None,
+        }
+        tmp = self.serve_file.with_suffix(".tmp")
+        try:  # atomically: readers (tests, scripts) never see half a file
+            tmp.write_text(json.dumps(doc))
+            tmp.replace(self.serve_file)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            if not self._serve_file_told:
+                self._serve_file_told = True
+                _say(
+                    f"tiffany: cannot write {self.serve_file} ({exc.strerror}); "
+                    "serving on, it is written again once it can be",
+                    err=True,
+                )
+            return
+        self._serve_file_due = False
+        if self._serve_file_told:
+            self._serve_file_told = False
+            _say(f"tiffany: {self.serve_file} written again")
 
 
 def _stop_all(children: list[_Child]) -> list[int | None]:
@@ -199,26 +374,6 @@ def _stop_all(children: list[_Child]) -> list[int | None]:
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
     return [child.stop(signalled=True) for child in children]
-
-
-def _wait_file(
-    path: Path, child: _Child, timeout: float, stop: threading.Event | None = None
-) -> dict[str, Any]:
-    """Wait for ``child``'s ready file; ``{}`` if ``stop`` is set first (SIGINT, SIGTERM)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if stop is not None and stop.is_set():
-            return {}
-        if path.exists():
-            with contextlib.suppress(ValueError, OSError):
-                data: dict[str, Any] = json.loads(path.read_text())
-                return data
-        if child.proc is not None and child.proc.poll() is not None:
-            raise RuntimeError(
-                f"{child.name} exited with code {child.proc.returncode} while starting"
-            )
-        time.sleep(0.05)
-    raise RuntimeError(f"{child.name} did not start within {timeout:g}s")
 
 
 def check_address(host: str, port: int) -> None:
@@ -332,98 +487,71 @@ def serve(
         }
         name = "engine" if len(engine_homes) == 1 else f"engine {i}"
         children.append(_Child(name, [*exe, "engine"], env_i, home / "engine.json"))
-    # An API started with the engines listens once they are up (see _start).
+    # An API started with the engines listens once they are up (see _Supervisor).
     standby = settings.journal == "postgres"
     after = [] if standby else [c.ready_file for c in children]
     api = _Child(
         "api", [*exe, "api", *(a for f in after for a in ("--after", str(f)))], api_env, api_ready
     )
     serve_file = data_dir / "serve.json"
-
-    def write_serve_file(url: str) -> None:
-        # Atomically: readers (tests, scripts) never see half a file.
-        pids = [c.proc.pid if c.proc else None for c in children]
-        tmp = serve_file.with_suffix(".tmp")
-        tmp.write_text(
-            json.dumps(
-                {
-                    "url": url,
-                    "engine_pid": pids[0],
-                    "engine_pids": pids,
-                    "api_pid": api.proc.pid if api.proc else None,
-                }
-            )
-        )
-        tmp.replace(serve_file)
-
     stop = threading.Event()
+    supervisor = _Supervisor(children, api, standby=standby, serve_file=serve_file, stop=stop)
+
+    def serving(url: str) -> None:
+        _say(f"Tiffany is serving the dashboard at {url}  (data dir {data_dir}; Ctrl-C stops)")
+        if demo and not stop.is_set():
+            try:
+                run_id, created = submit_demo(data_dir, call, len(engine_homes))
+                if created:
+                    _say(f"submitted the demo plan: run {run_id}  ({url}#/run/{run_id})")
+                else:  # `make run` again on the same data dir: the same run
+                    _say(f"the demo plan ran here already: run {run_id}  ({url}#/run/{run_id})")
+            except (ControlError, ControlUnavailable, OSError) as exc:
+                _say(f"tiffany: could not submit the demo plan: {exc}", err=True)
+        with contextlib.suppress(OSError):
+            sys.stdout.flush()
 
     def on_signal(signum: int, frame: object) -> None:
         stop.set()
 
     old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    failure: _GiveUp | None = None
+    ended = False
+    codes: list[tuple[str, int | None]] = []
     try:
-        url = _start(children, api, standby=standby, stop=stop, up=write_serve_file)
-        if not stop.is_set():
-            typer.echo(
-                f"Tiffany is serving the dashboard at {url}  (data dir {data_dir}; Ctrl-C stops)"
-            )
-        if demo and not stop.is_set():
-            try:
-                run_id, created = submit_demo(data_dir, call, len(engine_homes))
-                if created:
-                    typer.echo(f"submitted the demo plan: run {run_id}  ({url}#/run/{run_id})")
-                else:  # `make run` again on the same data dir: the same run
-                    typer.echo(
-                        f"the demo plan ran here already: run {run_id}  ({url}#/run/{run_id})"
-                    )
-            except (ControlError, ControlUnavailable) as exc:
-                typer.echo(f"tiffany: could not submit the demo plan: {exc}", err=True)
-        sys.stdout.flush()
-        while not stop.wait(0.2):
-            for child in (*children, api):
-                proc = child.proc
-                if proc is not None and proc.poll() is not None and not stop.is_set():
-                    if child is not api and proc.returncode == exits.WAL_DAMAGED:
-                        raise RuntimeError(
-                            f"the {child.name} refused a damaged WAL (see its message above); "
-                            "not restarting it: run `tiffany wal verify`, then `tiffany wal "
-                            "repair --salvage`"
-                        )
-                    delay = child.restart_delay()
-                    typer.echo(
-                        f"tiffany: the {child.name} process exited with code {proc.returncode}; "
-                        f"restarting it in {delay:g}s",
-                        err=True,
-                    )
-                    if stop.wait(delay):
-                        break
-                    child.restarts += 1
-                    child.start()
-                    write_serve_file(url)  # the old pid is dead: never leave it there
-    except RuntimeError as exc:
-        typer.echo(f"tiffany: {exc}", err=True)
-        api.stop()
-        _stop_all(children)
-        serve_file.unlink(missing_ok=True)
-        # An engine that refused a damaged WAL: its code, the table's (cli/exits.py).
-        damaged = any(
-            c is not api and c.proc is not None and c.proc.returncode == exits.WAL_DAMAGED
-            for c in children
-        )
-        raise typer.Exit(exits.WAL_DAMAGED if damaged else exits.FAILED) from None
+        supervisor.run(serving)
+        ended = True
+    except _GiveUp as exc:
+        failure = exc
     finally:
+        # Every way out stops the children, a bug of serve's own included
+        # (its traceback follows); a kill -9 is their lifeline's.
         for sig, handler in old.items():
             signal.signal(sig, handler)
-    typer.echo("tiffany: stopping (API first, then the engine flushes the WAL)")
-    codes = [("api", api.stop())]
-    codes += zip([c.name for c in children], _stop_all(children), strict=True)
-    (data_dir / "serve.json").unlink(missing_ok=True)
+        if failure is not None:
+            _say(f"tiffany: {failure}", err=True)
+        elif ended:
+            _say("tiffany: stopping (API first, then the engine flushes the WAL)")
+        else:
+            _say("tiffany: serve failed; stopping its children", err=True)
+        codes = [("api", api.stop())]
+        codes += zip([c.name for c in children], _stop_all(children), strict=True)
+        with contextlib.suppress(OSError):
+            serve_file.unlink(missing_ok=True)
+    if failure is not None:
+        raise typer.Exit(failure.code)
     bad = [(n, c) for n, c in codes if c not in (0, None)]
     if bad:
-        typer.echo(f"tiffany: {', '.join(f'{n} exited {c}' for n, c in bad)}", err=True)
+        _say(f"tiffany: {', '.join(f'{n} exited {c}' for n, c in bad)}", err=True)
         raise typer.Exit(1)
-    typer.echo("tiffany: stopped cleanly")
+    _say("tiffany: stopped cleanly")
+
+
+#: ``--supervisor PID``: the ``serve`` process whose death this child follows (lifeline.py).
+SupervisorOption = Annotated[
+    int | None,
+    typer.Option(help="Stop when this process (tiffany serve, the parent) dies.", hidden=True),
+]
 
 
 def engine_cmd(
@@ -438,12 +566,15 @@ def engine_cmd(
         list[str] | None, typer.Option("--enable-tool", help="Also run this tool.")
     ] = None,
     imports: ImportOption = None,
+    supervisor: SupervisorOption = None,
 ) -> None:
     """Run the engine process alone (what ``serve`` starts): loop, WAL, PAL, projector."""
     from tiffany.cli import _settings
     from tiffany.engine.service import EXIT_WAL_DAMAGED, EngineService
     from tiffany.errors import WalCorruptionError, WalError
 
+    if supervisor is not None:
+        lifeline.hold(supervisor)  # SIGTERM (a clean stop) when serve dies
     settings = _settings(ctx)
     import_tool_modules(tool_modules(settings.tool_modules, imports))
     tools = list(dict.fromkeys([*settings.enabled_tools, *(enable_tool or [])]))
@@ -502,11 +633,14 @@ def api_cmd(
         list[Path] | None,
         typer.Option(help="Listen once this file exists (repeatable: engines' ready files)."),
     ] = None,
+    supervisor: SupervisorOption = None,
 ) -> None:
     """Run the API side-process alone (what ``serve`` starts)."""
     from tiffany.api import run_api
     from tiffany.cli import _settings
 
+    if supervisor is not None:
+        lifeline.hold(supervisor)  # SIGTERM (its port closed first) when serve dies
     raise typer.Exit(run_api(_settings(ctx), ready_file=ready_file, after=after or ()))
 
 

@@ -190,6 +190,9 @@ class Runtime:
         #: Where readers find this runtime's log: the WAL directory, or the log itself.
         self.source: Source = self.wal_dir if isinstance(log, Wal) else log
         self.sched = Scheduler(clock=clock, seed=seed, instruments=instruments)
+        # Fail-stop starts nothing: the moment the log cannot write (disk
+        # full, fenced), the scheduler starts no effect and stops.
+        self.wal.on_failed = self.sched.stop
         self.journal = Journal(self.wal, self.sched)
         #: The newest usable checkpoint (docs/wal-format.md): a start reads the WAL after it.
         self.checkpoint: Checkpoint | None = read_checkpoint(
@@ -298,13 +301,21 @@ class Runtime:
         return resumed
 
     def run(self) -> None:
-        """Run the scheduler until no task is left; commit the WAL."""
+        """Run the scheduler until no task is left or it is stopped.
+
+        Raises:
+            WalFailedError: The log failed (fail-stop) and stopped the loop.
+            NondeterminismError: A run's replay diverged.
+            InstrumentFailure: Another critical instrument failed.
+        """
         try:
             self.sched.run()
         except InstrumentFailure as exc:
             if isinstance(exc.__cause__, NondeterminismError):
                 raise exc.__cause__ from None
             raise
+        if self.wal.failed:  # it stopped the loop (on_failed) before a commit point saw it
+            self.wal.commit()  # a failed log refuses: raises its WalFailedError
 
     def status(self, run_id: str) -> RunState:
         """Return the journal's state of a run started or recovered here."""

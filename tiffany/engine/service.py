@@ -35,11 +35,16 @@ projected segments per ``TIFFANY_WAL_RETAIN``; the loop only pokes it. What
 the engine remembers of runs is bounded (``run_table.py``). ``ready`` turns true when no run
 is replaying any more. Submissions that arrive meanwhile wait in the inbox.
 
-Shutdown (SIGINT/SIGTERM, or :meth:`EngineService.request_stop`): the
+Shutdown (SIGINT/SIGTERM, or :meth:`EngineService.request_stop`): no
+effect starts from the signal on (``Scheduler.stop``: steps queued for the
+thread pool and not begun stay unstarted; the ones in flight finish), the
 control server stops taking requests, the loop stops at the next pass
-(``Scheduler.stop``: nothing is killed, so unfinished runs stay unfinished
-in the WAL and are resumed by the next start), the journal commits, the
-projector applies what is left, and the process exits 0.
+(nothing is killed, so unfinished runs stay unfinished in the WAL and are
+resumed by the next start, where each step that had not finished runs once
+more, marked as a re-run), the journal commits, the projector applies what
+is left, and the process exits 0. A fail-stop (the WAL cannot write) and a
+fence (the stream's lease was taken over) stop the scheduler the same way,
+from the log itself (``on_failed``), before anything else.
 """
 
 from __future__ import annotations
@@ -306,6 +311,8 @@ class EngineService:
                 )
                 announcer.start()
             self.runtime.run()
+            # Since the stop (the signal, the lost lease), nothing has started.
+            log.info("engine.stopping", fenced=self._fenced, halted=self.runtime.sched.halted)
             return 1 if self._fenced else 0  # stepped down: not a clean stop
         except NondeterminismError as exc:
             # A run's code no longer matches its journal. Fail that run (its
@@ -414,18 +421,28 @@ class EngineService:
         The log is fenced already (its next commit fails); stopping makes an
         idle engine step down too, instead of holding runs it no longer owns.
         """
-        log.error("engine.lease_lost", note="another engine took the journal stream over")
+        self.runtime.sched.stop()  # before anything else: no effect starts from here on
         self._fenced = True
+        log.error("engine.lease_lost", note="another engine took the journal stream over")
         self.request_stop()
 
     def request_stop(self) -> None:
-        """Stop the loop at its next pass (any thread, signal handlers included)."""
+        """Start no effect from now on; stop the loop at its next pass (any thread, signals too).
+
+        The scheduler is stopped here, not from the loop: thread jobs not yet
+        started stay so from this call on (``Scheduler.stop``); the inbox
+        only wakes the loop, which returns before its next pass.
+        """
+        self.runtime.sched.stop()
         if self._stopping:
             return
         self._stopping = True
         self._phase = "stopping"
         if self.claimer is not None:
             self.claimer.pause()  # claims nothing more; what it holds is finished
+        # Wakes the loop, which returns before its next pass. Nothing is
+        # logged here: a signal handler that writes to stderr while the main
+        # thread is in a write of its own raises there.
         self.inbox.call(self.runtime.sched.stop)
 
     def _announce(self, ready: Callable[[], None]) -> None:

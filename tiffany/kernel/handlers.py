@@ -189,7 +189,15 @@ def step_body(sched: Scheduler, caller: Task, call: Step) -> Coroutine:
     wake, so the caller re-enters the ready queue at a loop boundary, like a
     thread completion: that is what lets a replay put it back at the same
     place without running the step.
+
+    Discussion: the body begins in the pass after its STEP_START was
+    committed; the scheduler may have been stopped in between (``stop``,
+    from the same pass or a signal handler). A stopped scheduler starts no
+    effect: the body then waits, not begun, for the loop to run again (the
+    loop returns before the next pass; ``close`` closes it unstarted).
     """
+    while sched.halted:
+        yield
     try:
         result = yield call.fn(*call.args)
     except Exception as exc:  # noqa: BLE001 - delivered to the caller as the step's outcome

@@ -15,7 +15,9 @@ Invariants: a timer entry is live only while it is its task's ``_timer``;
 ``io_waiting`` counts tasks parked in the selector; ``threads_pending``
 counts thread jobs queued or running whose completion is still to come;
 ``outbox`` holds the jobs requested by the current pass, released after its
-commit point.
+commit point. While ``halted`` (from :meth:`Reactor.halt` until
+:meth:`Reactor.resume`) no job starts: the outbox is not released, delayed
+jobs stay delayed, and the pool sets aside what it had not started.
 
 Rejected: the reactor as a mixin of the scheduler (what it was). The two
 shared a dozen private attributes both ways and the wait stage reached into
@@ -95,18 +97,46 @@ class Reactor:
         self.admit: Callable[[Any], float] | None = None
         #: Jobs ``admit`` delayed: ``(start at (monotonic), seq, task, call)``, a heap.
         self.delayed: list[tuple[float, int, Task, Any]] = []
+        #: Set by :meth:`halt` (any thread): no job starts until :meth:`resume`.
+        self.halted = False
 
     @property
     def busy(self) -> bool:
         """True while something here can still wake a task (or is about to start)."""
         return bool(self.timers or self.io_waiting or self.threads_pending or self.outbox)
 
-    def close(self) -> None:
-        """Stop the thread pool and release the selector."""
+    def close(self) -> int:
+        """Stop the thread pool and release the selector; return the jobs never started.
+
+        Jobs in flight in the pool finish; the ones it had not started, the
+        outbox and the delayed jobs are discarded (their tasks stay parked).
+        """
+        self.halt()
+        discarded = len(self.outbox) + len(self.delayed)
+        self.outbox, self.delayed = [], []
         if self._pool is not None:
-            self._pool.close()
+            discarded += self._pool.close()
         if self._selector is not None:
             self._selector.close()
+        return discarded
+
+    def halt(self) -> None:
+        """Start no job from now on (any thread, a signal handler included).
+
+        Discussion: the flag first, then the pool, and :meth:`release` reads
+        the flag after it made the pool: whichever of the two threads comes
+        second sees the other's write, so no job starts once this returned.
+        """
+        self.halted = True
+        pool = self._pool
+        if pool is not None:
+            pool.halt()
+
+    def resume(self) -> None:
+        """Let jobs start again (the scheduler, as its loop starts)."""
+        self.halted = False
+        if self._pool is not None:
+            self._pool.resume()
 
     # -- waiting ---------------------------------------------------------------
 
@@ -144,7 +174,7 @@ class Reactor:
     def _start_delayed(self, now: float) -> None:
         """Start the delayed jobs whose time has come (see ``admit``)."""
         delayed, pool = self.delayed, self._pool
-        while delayed and delayed[0][0] <= now:
+        while delayed and delayed[0][0] <= now and not self.halted:
             _, _, task, job = heapq.heappop(delayed)
             call: Any = job
             if pool is None or task.blocked_on is not job:  # killed while it waited
@@ -337,12 +367,16 @@ class Reactor:
         self.threads_pending += 1
 
     def release(self) -> None:
-        """Start the queued jobs: in the pool, or here for inline steps."""
+        """Start the queued jobs: in the pool, or here for inline steps (unless halted)."""
+        if self.halted:
+            return
         pool = self._pool
         if pool is None:
             pool = self._pool = ThreadPool(self._max_threads)
             sel = self._selector or self._make_selector()
             sel.register(pool.fileno(), selectors.EVENT_READ, None)
+            if self.halted:  # halted while the pool was made (see ``halt``)
+                pool.halt()
         outbox, self.outbox = self.outbox, []
         admit = self.admit
         for task, call in outbox:
@@ -359,6 +393,9 @@ class Reactor:
             if task.blocked_on is not call:  # killed before it started
                 self.threads_pending -= 1
             elif getattr(call, "inline", False):
+                if self.halted:  # halted meanwhile (a signal handler): it stays unstarted
+                    self.outbox.append((task, call))
+                    continue
                 self.threads_pending -= 1
                 self._run_inline(task, fn, args)
             else:

@@ -26,7 +26,8 @@ One loop iteration (see :meth:`Scheduler.run`):
    same task (up to ``MAX_IMMEDIATE_RESUMES``); a bare ``yield`` requeues it.
 2. *commit*: the injectors (replay's recorded wake-ups), then the
    ``before_wait`` hook once (the journal's group commit), then the effects
-   the pass requested (thread jobs) are released unless the hook held them.
+   the pass requested (thread jobs) are released unless the hook held them
+   or the scheduler was stopped (``stop``: from then on nothing starts).
 3. *wait*: poll the reactor's selector (blocking only if nothing is ready)
    and fire due timers; woken tasks join the ready queue for the next pass.
 
@@ -172,11 +173,16 @@ class Scheduler:
         self._running = True
         self._hooks_dirty = True  # the loop's cached hooks are its own: a new loop reads them
         hooks = self._instruments.hooks
+        if not self._stop_requested:  # stopped before it ran: it returns at once
+            self._reactor.resume()
         try:
             if hooks["before_run"] is not None:
                 self._call_hook(hooks["before_run"])
             self._loop()
         finally:
+            # Whatever ended the loop (stop, a critical instrument's failure,
+            # a kernel bug, no task left), nothing starts until it runs again.
+            self._reactor.halt()
             self._running = False
             if hooks["after_run"] is not None:
                 self._call_hook(hooks["after_run"])
@@ -211,13 +217,27 @@ class Scheduler:
         return True
 
     def stop(self) -> None:
-        """Make :meth:`run` return before the next pass, leaving every task as it is.
+        """Start no effect from now on, and make :meth:`run` return before the next pass.
 
         Nothing is killed or closed: a journaled run stays unfinished in the
-        WAL and is resumed by recovery, and ``run`` may be called again. Call
-        it from the scheduler's thread (a task, an injector, a hook).
+        WAL and is resumed by recovery, and ``run`` may be called again
+        (effects start again then). Any thread may call it, a signal handler
+        included; from another thread, wake the loop afterwards if it may be
+        waiting for events (the engine's inbox does).
+
+        Once it returned no effect starts: thread jobs not yet started stay
+        unstarted (a job a worker runs already finishes), effects held or
+        requested by this pass are not released, and a generator step whose
+        task has not begun does not begin. A step so left is journaled as
+        started and not finished, and recovery runs it once, as a re-run.
         """
         self._stop_requested = True
+        self._reactor.halt()
+
+    @property
+    def halted(self) -> bool:
+        """True from :meth:`stop` (or the end of :meth:`run`) until ``run`` starts again."""
+        return self._reactor.halted
 
     def defer_wake(self, task: Task, value: Any = None, error: BaseException | None = None) -> None:
         """Wake ``task`` at the next wait stage, as if by an external event.
@@ -320,7 +340,11 @@ class Scheduler:
         return list(self._instruments.instruments)
 
     def close(self) -> None:
-        """Release the selector and the thread pool. Alive tasks are closed."""
+        """Release the selector and the thread pool. Alive tasks are closed.
+
+        Thread jobs in flight finish; the ones not started are discarded
+        (never run: see :meth:`stop`).
+        """
         if self._closed:
             return
         self._closed = True
@@ -332,7 +356,9 @@ class Scheduler:
                             gen.close()
                         except Exception as exc:  # noqa: BLE001 - logged
                             log.warning("kernel.close_failed", tid=task.id, error=repr(exc))
-        self._reactor.close()
+        discarded = self._reactor.close()
+        if discarded:
+            log.info("kernel.effects_discarded", jobs=discarded, note="never started")
 
     def __enter__(self) -> Scheduler:
         return self
@@ -922,6 +948,7 @@ class Scheduler:
 
     def _instrument_failed(self, inst: Instrument, hook: str, exc: BaseException) -> None:
         if inst.critical:
+            self._reactor.halt()  # first: the loop stops, and nothing starts meanwhile
             log.error(
                 "kernel.instrument_failed",
                 instrument=repr(inst),

@@ -8,7 +8,20 @@ in its selector: a completion wakes the loop without polling.
 Invariants: the scheduler is the only consumer of completions (``drain``);
 outcomes come back in completion order, which is external nondeterminism
 the journal records. Workers are daemon threads started on demand up to
-``max_workers``; ``close`` stops them.
+``max_workers``; ``close`` stops them. Once :meth:`ThreadPool.halt` has
+returned, no job starts (until :meth:`ThreadPool.resume`): a job a worker
+took from the queue already (it is in flight) finishes, every other one
+stays unstarted, set aside, and ``close`` discards them.
+
+Discussion: a stop, a fail-stop or a fence must start nothing new. The jobs
+queued here are steps whose STEP_START is durable and whose completion is
+not: left unstarted, recovery (or the engine that takes the stream over)
+runs each once, marked as a re-run; run here after the stop, each ran
+twice. ``close`` used to queue its stop markers behind the pending jobs,
+so a stopping engine ran every queued job first (issue 38: 24 of 30 runs'
+steps ran twice after a SIGTERM). The gate is a flag each worker reads
+after taking a job and before running it: no lock per job, and ``halt``
+is safe in a signal handler (it only sets the flag).
 
 Rejected: ``concurrent.futures.ThreadPoolExecutor`` costs a Future, a lock
 and a callback per job and its shutdown joins at interpreter exit; the
@@ -17,6 +30,7 @@ dozen lines here do what the loop needs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -48,6 +62,9 @@ class ThreadPool:
         # a thread (the scheme of ``concurrent.futures.thread``).
         self._idle = threading.Semaphore(0)
         self._closed = False
+        # Set by ``halt``: workers set the jobs they take aside, unstarted.
+        self._halted = False
+        self._unstarted: deque[tuple[Any, Any, tuple[Any, ...]]] = deque()
         if hasattr(os, "eventfd"):
             self._rfd = self._wfd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         else:  # pragma: no cover - non-Linux fallback
@@ -85,18 +102,62 @@ class ThreadPool:
             out.append(done.popleft())
         return out
 
-    def close(self) -> None:
-        """Stop the workers (running jobs finish first) and close the descriptor."""
-        if self._closed:
+    def halt(self) -> None:
+        """Start no job from now on; jobs in flight finish, the others stay unstarted.
+
+        Any thread, a signal handler included (it only sets a flag). The
+        jobs stay queued until :meth:`resume` or :meth:`close`.
+        """
+        self._halted = True
+
+    @property
+    def halted(self) -> bool:
+        """True from :meth:`halt` until :meth:`resume`."""
+        return self._halted
+
+    def resume(self) -> None:
+        """Start jobs again: the ones set aside go back to the queue (scheduler only)."""
+        if self._closed or not self._halted:
             return
+        self._halted = False
+        self._requeue()
+
+    def _requeue(self) -> None:
+        """Put the jobs set aside back on the queue (the workers that took them serve it)."""
+        unstarted, jobs = self._unstarted, self._jobs
+        while True:
+            try:
+                job = unstarted.popleft()
+            except IndexError:
+                return
+            jobs.put(job)
+
+    def close(self) -> int:
+        """Stop the workers and close the descriptor; return how many jobs were discarded.
+
+        The jobs that had not started never start (see :meth:`halt`); those
+        in flight finish (each worker is given a second to).
+        """
+        if self._closed:
+            return 0
+        self._halted = True  # first: a job taken from now on is set aside
         self._closed = True
+        jobs, unstarted = self._jobs, self._unstarted
+        with contextlib.suppress(queue.Empty):
+            while True:
+                job = jobs.get_nowait()
+                if job is not None:
+                    unstarted.append(job)
         for _ in self._threads:
-            self._jobs.put(None)
+            jobs.put(None)
         for t in self._threads:
             t.join(timeout=1.0)
+        discarded = len(unstarted)
+        unstarted.clear()
         os.close(self._rfd)
         if self._wfd != self._rfd:  # pragma: no cover
             os.close(self._wfd)
+        return discarded
 
     def _work(self) -> None:
         jobs, done, wfd = self._jobs, self._done, self._wfd
@@ -105,6 +166,13 @@ class ThreadPool:
             job = jobs.get()
             if job is None:
                 return
+            if self._halted:  # not started: kept for resume, or discarded by close
+                self._unstarted.append(job)
+                del job
+                if not self._halted and not self._closed:  # resumed meanwhile: not stranded
+                    self._requeue()
+                self._idle.release()
+                continue
             token, fn, args = job
             try:
                 outcome: Completion = (token, fn(*args), None)

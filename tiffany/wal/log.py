@@ -46,6 +46,7 @@ class Log(LogReader, Protocol):
     on_commit: CommitListener | None
     on_rotate: RotateListener | None
     on_lost: Callable[[], None] | None
+    on_failed: Callable[[], None] | None
 
     @property
     def checked(self) -> Mapping[str, int]:

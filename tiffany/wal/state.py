@@ -26,6 +26,13 @@ class LogState:
     #: write: a PostgreSQL stream's lease taken over. The file WAL's lock is
     #: held until the process dies, so it never calls it.
     on_lost: Callable[[], None] | None = None
+    #: Called first thing when the log learns it can write no more (a write,
+    #: a sync or a commit failed; the commit was fenced, or the heartbeat
+    #: found the lease taken over), before the failure is logged or raised:
+    #: the runtime stops starting effects there (``Scheduler.stop``), not
+    #: once the error has unwound its loop. Any thread; maybe more than once
+    #: (the heartbeat, then the fenced commit); must not raise.
+    on_failed: Callable[[], None] | None = None
 
     def close(self) -> None:
         """Commit what is buffered (unless failed) and let the log go."""
@@ -57,6 +64,11 @@ class LogState:
     def failed(self) -> bool:
         """True once a write, a sync or a commit failed, or the log was fenced (fail-stop)."""
         return self._failed is not None
+
+    def _failing(self) -> None:
+        """Tell ``on_failed`` (the writers' ``_fail`` calls it once ``_failed`` is set)."""
+        if self.on_failed is not None:
+            self.on_failed()
 
     def _refuse(self) -> NoReturn:
         failed = self._failed

@@ -438,6 +438,7 @@ class Wal(LogState):
             durable_seq=self._durable_seq,
             errno=exc.errno,
         )
+        self._failing()
         log.error("wal.failed", path=str(self.path), error=repr(exc), durable_seq=self._durable_seq)
         return self._failed
 
