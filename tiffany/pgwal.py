@@ -26,6 +26,13 @@ holder of its lease:
   connection of its own (never the scheduler's thread); a commit renews it
   too. An engine paused past its lease (SIGSTOP, a partition) may find it
   taken: its next commit is fenced.
+* Before a thread job starts, the runtime asks :attr:`PgLog.lease_deadline`
+  (the lease's end by this host's clock, counted from before the statement
+  that last set it): a job of an engine paused past its lease waits until
+  the heartbeat renews the lease (``on_renewed``) or finds it gone (the
+  fence), so the engine that woke up does not start a step its stream's
+  new owner runs already. The clock is ``CLOCK_BOOTTIME``, which goes on
+  counting while the process is stopped and while the host is suspended.
 
 Discussion: the lease is on the stream, not on each run (Temporal's shards,
 not DBOS's per-workflow ownership): one heartbeat per engine and one row
@@ -53,7 +60,7 @@ from tiffany.errors import WalCorruptionError, WalFailedError, WalFormatError, W
 from tiffany.wal import CommitListener, Span
 from tiffany.wal.format import MAX_RECORD_BYTES, MAX_TYPE
 from tiffany.wal.frame import check_record
-from tiffany.wal.state import LogState
+from tiffany.wal.state import LogState, lease_clock
 from tiffany.wal.writer import RotateListener
 
 __all__ = [
@@ -295,6 +302,7 @@ class PgLog(PgStream, LogState):
         self._base = 0  # the seq before this stream's first (an engine's range)
         self._failed: WalFailedError | None = None
         self._lost = threading.Event()  # the heartbeat found the lease gone
+        self._held_until = 0.0  # lease_clock() before which the lease is surely ours
         # on_lost (LogState): called on the heartbeat's thread when the lease
         # turns out to be taken over; the engine stops driving the stream's runs.
         self._stop = threading.Event()
@@ -380,6 +388,7 @@ class PgLog(PgStream, LogState):
             "lease": self.lease_s,
             "base": self._base,
         }
+        sent = lease_clock()
         try:
             with conn.cursor() as cur:
                 row = cur.execute(_ACQUIRE, args).fetchone()
@@ -394,6 +403,7 @@ class PgLog(PgStream, LogState):
                         lease_left_s=round(max(left, 0), 3),
                     )
                 self.epoch, head = row
+                self._held_until = sent + self.lease_s
                 last = cur.execute(_LAST, (self.stream,)).fetchone()[0]  # type: ignore[index]
         except psycopg.errors.UndefinedTable as exc:
             raise WalFailedError(_MISSING_TABLES, reason="schema") from exc
@@ -449,6 +459,7 @@ class PgLog(PgStream, LogState):
         assert conn is not None
         first, last = self._durable_seq + 1, self._next_seq - 1
         t0 = time.perf_counter()
+        sent = lease_clock()
         args = {
             "last": last,
             "lease": self.lease_s,
@@ -469,6 +480,7 @@ class PgLog(PgStream, LogState):
                 "fenced",
             )
         took = time.perf_counter() - t0
+        self._held_until = max(self._held_until, sent + self.lease_s)  # the commit renewed it
         self._types, self._payloads = [], []
         self._durable_seq = last
         if self.on_commit is not None:
@@ -493,6 +505,11 @@ class PgLog(PgStream, LogState):
             super().close()
             log.info("pgwal.closed", stream=self.stream, epoch=self.epoch, head=self._durable_seq)
 
+    @property
+    def lease_deadline(self) -> float | None:
+        """Until when (:func:`lease_clock`) the lease is surely this engine's."""
+        return self._held_until
+
     def __repr__(self) -> str:
         """Show the stream, the epoch and the seqs."""
         return self._repr(f"<PgLog {self.stream!r} epoch={self.epoch}")
@@ -516,8 +533,13 @@ class PgLog(PgStream, LogState):
             try:
                 if conn is None or conn.closed:
                     conn = psycopg.connect(conninfo(self.url), autocommit=True)
+                sent = lease_clock()
                 cur = conn.execute(_RENEW, (self.lease_s, self.stream, self.epoch))
-                if cur.rowcount != 1:
+                if cur.rowcount == 1:
+                    self._held_until = max(self._held_until, sent + self.lease_s)
+                    if self.on_renewed is not None:
+                        self.on_renewed()
+                else:
                     self._lost.set()
                     self._failing()  # the runtime starts no effect from here on
                     log.error("pgwal.lease_lost", stream=self.stream, epoch=self.epoch)

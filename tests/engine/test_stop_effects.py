@@ -221,6 +221,67 @@ def test_a_fenced_postgres_engine_starts_nothing_after_the_fence(
     _check(effects, fenced_at, info.status)
 
 
+def test_an_engine_paused_past_its_lease_starts_nothing_when_it_wakes(
+    tmp_path: Path, pg_migrated_url: str
+) -> None:
+    """SIGSTOP past the lease, the stream taken over, SIGCONT: the sleeper starts nothing.
+
+    When it wakes, its pool's workers and its heartbeat resume together: the
+    heartbeat has not told it yet that the stream is another's, so before
+    the lease gate a worker took the next queued job at once (a step the
+    new owner runs too). Each job now asks whether the lease is surely
+    still held (by a clock that counted through the pause) before it starts.
+    """
+    from sqlalchemy import create_engine, text
+
+    from tiffany.pgwal import PgStream, streams
+
+    effects = tmp_path / "effects"
+    effects.mkdir()
+    env = _env(
+        tmp_path,
+        TIFFANY_JOURNAL="postgres",
+        TIFFANY_DATABASE_URL=pg_migrated_url,
+        TIFFANY_JOURNAL_LEASE_S="2",
+    )
+    eng = EngineProc(tmp_path / "a", "--import", "stop_effects", env=env)
+    try:
+        eng.wait_ready()
+        run_id = eng.call("submit", plan=_plan(effects))["run_id"]
+        wait_for(lambda: len(_starts(effects)) >= BEFORE_STOP, 120, "the first effects")
+        os.kill(eng.proc.pid, signal.SIGSTOP)
+        try:
+            # Past the lease (the database's clock says so), another engine
+            # takes the stream: the epoch moves on, as PgLog.open's take-over does.
+            wait_for(
+                lambda: streams(pg_migrated_url)[0]["lease_left_s"] == 0, 60, "the lease to end"
+            )
+            db = create_engine(pg_migrated_url)
+            try:
+                with db.begin() as conn:
+                    conn.execute(text("UPDATE wal_streams SET epoch = epoch + 1"))
+            finally:
+                db.dispose()
+            taken_at = time.time()  # noqa: TID251 - compared with the effects' times
+        finally:
+            os.kill(eng.proc.pid, signal.SIGCONT)
+        assert eng.proc.wait(60) == 1, eng.log()[-3000:]  # fenced: stepped down
+    finally:
+        eng.stop()
+    starts = _starts(effects)
+    after = [step for step, at in starts if at > taken_at]
+    print(f"\npaused: {len(starts)} effects started before it stopped, {len(after)} after it woke")
+    assert after == [], f"{len(after)} effects started by the engine that woke: {after[:10]}"
+
+    owner = EngineProc(tmp_path / "b", "--import", "stop_effects", env=env)
+    try:
+        _wait_finished(owner)
+    finally:
+        assert owner.stop() == 0, owner.log()[-3000:]
+    info = scan(PgStream(pg_migrated_url, "main")).get(run_id)
+    _check(effects, taken_at, info.status)
+
+
 def test_a_wal_that_fails_with_enospc_starts_nothing_after_its_failure(
     tmp_path: Path, settings: Any
 ) -> None:

@@ -283,3 +283,33 @@ def test_a_critical_instruments_failure_halts_the_scheduler_at_once() -> None:
     assert sched.halted
     assert halted_in_failure == [True]
     sched.close()
+
+
+def test_a_shut_gate_sets_jobs_aside_until_reopened_and_a_halt_still_wins() -> None:
+    """The pool asks its gate before each job (an engine's lease): shut, nothing starts."""
+    import threading
+
+    from tiffany.kernel.threads import ThreadPool
+
+    pool = ThreadPool(2)
+    is_open = threading.Event()
+    pool.gate = is_open.is_set
+    ran: list[int] = []
+    try:
+        for i in range(5):
+            pool.submit(i, ran.append, (i,))
+        wait_for(lambda: len(pool._unstarted) == 5, 30, "the jobs set aside")
+        assert ran == []
+        is_open.set()
+        pool.reopen()
+        wait_for(lambda: sorted(ran) == [0, 1, 2, 3, 4], 30, "the jobs to run once reopened")
+        # A halt is not undone by the gate opening: halted jobs wait for resume.
+        pool.halt()
+        pool.submit(9, ran.append, (9,))
+        wait_for(lambda: len(pool._unstarted) == 1, 30, "the halted job set aside")
+        pool.reopen()
+        assert 9 not in ran
+        pool.resume()
+        wait_for(lambda: 9 in ran, 30, "the job to run once resumed")
+    finally:
+        pool.close()

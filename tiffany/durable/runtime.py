@@ -40,6 +40,7 @@ from tiffany.kernel import Clock, Instrument, Scheduler
 from tiffany.records import JOURNAL_COMPAT
 from tiffany.wal import FsyncPolicy, Log, Source, Wal
 from tiffany.wal.segments import history_start
+from tiffany.wal.state import lease_clock
 
 __all__ = [
     "EntryError",
@@ -193,6 +194,9 @@ class Runtime:
         # Fail-stop starts nothing: the moment the log cannot write (disk
         # full, fenced), the scheduler starts no effect and stops.
         self.wal.on_failed = self.sched.stop
+        if self.wal.lease_deadline is not None:  # a leased stream (PostgreSQL)
+            self.sched.gate_effects(self._lease_held)
+            self.wal.on_renewed = self.sched.reopen_effects
         self.journal = Journal(self.wal, self.sched)
         #: The newest usable checkpoint (docs/wal-format.md): a start reads the WAL after it.
         self.checkpoint: Checkpoint | None = read_checkpoint(
@@ -220,6 +224,11 @@ class Runtime:
         self.too_new: list[JournalTooNew] = []
 
     # -- runs ----------------------------------------------------------------
+
+    def _lease_held(self) -> bool:
+        """True while the log's lease is surely held (a thread job may start)."""
+        deadline = self.wal.lease_deadline
+        return deadline is None or lease_clock() < deadline
 
     def submit(
         self,

@@ -99,6 +99,8 @@ class Reactor:
         self.delayed: list[tuple[float, int, Task, Any]] = []
         #: Set by :meth:`halt` (any thread): no job starts until :meth:`resume`.
         self.halted = False
+        #: The pool's start gate (``ThreadPool.gate``), kept for a pool made later.
+        self._gate: Callable[[], bool] | None = None
 
     @property
     def busy(self) -> bool:
@@ -131,6 +133,17 @@ class Reactor:
         pool = self._pool
         if pool is not None:
             pool.halt()
+
+    def set_gate(self, gate: Callable[[], bool] | None) -> None:
+        """Ask ``gate()`` before each thread job starts (``ThreadPool.gate``)."""
+        self._gate = gate
+        if self._pool is not None:
+            self._pool.gate = gate
+
+    def reopen(self) -> None:
+        """The gate opened again (any thread): jobs it set aside may start."""
+        if self._pool is not None:
+            self._pool.reopen()
 
     def resume(self) -> None:
         """Let jobs start again (the scheduler, as its loop starts)."""
@@ -373,6 +386,7 @@ class Reactor:
         pool = self._pool
         if pool is None:
             pool = self._pool = ThreadPool(self._max_threads)
+            pool.gate = self._gate
             sel = self._selector or self._make_selector()
             sel.register(pool.fileno(), selectors.EVENT_READ, None)
             if self.halted:  # halted while the pool was made (see ``halt``)

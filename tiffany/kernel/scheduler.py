@@ -239,6 +239,19 @@ class Scheduler:
         """True from :meth:`stop` (or the end of :meth:`run`) until ``run`` starts again."""
         return self._reactor.halted
 
+    def gate_effects(self, gate: Callable[[], bool] | None) -> None:
+        """Ask ``gate()`` (any thread) right before each thread job starts.
+
+        A job the gate refuses stays unstarted until :meth:`reopen_effects`.
+        The journal's lease uses it: a worker of an engine paused past its
+        lease starts nothing before the lease is known to be held again.
+        """
+        self._reactor.set_gate(gate)
+
+    def reopen_effects(self) -> None:
+        """The gate opened again (any thread): the jobs it held back may start."""
+        self._reactor.reopen()
+
     def defer_wake(self, task: Task, value: Any = None, error: BaseException | None = None) -> None:
         """Wake ``task`` at the next wait stage, as if by an external event.
 

@@ -23,6 +23,16 @@ steps ran twice after a SIGTERM). The gate is a flag each worker reads
 after taking a job and before running it: no lock per job, and ``halt``
 is safe in a signal handler (it only sets the flag).
 
+Discussion: a halt comes from someone who knows (SIGTERM, a failed log, a
+heartbeat that found the lease taken). An engine paused past its lease
+(SIGSTOP, a long GC pause, a VM frozen) does not know yet when it wakes:
+its workers and its heartbeat resume together, and a worker could start a
+job the new owner of the stream is already running. So a worker also asks
+the ``gate`` (the lease's deadline, by the local monotonic clock, which
+keeps counting through a pause) right before it starts a job: when the
+gate is shut the job is set aside as if halted, until :meth:`reopen` (the
+lease renewed) or :meth:`close` (it was lost).
+
 Rejected: ``concurrent.futures.ThreadPoolExecutor`` costs a Future, a lock
 and a callback per job and its shutdown joins at interpreter exit; the
 dozen lines here do what the loop needs.
@@ -35,6 +45,7 @@ import os
 import queue
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["Completion", "ThreadPool"]
@@ -65,6 +76,9 @@ class ThreadPool:
         # Set by ``halt``: workers set the jobs they take aside, unstarted.
         self._halted = False
         self._unstarted: deque[tuple[Any, Any, tuple[Any, ...]]] = deque()
+        #: ``gate()``: False while a job may not start (a lease not known to
+        #: be held); called by a worker before each job. None: always open.
+        self.gate: Callable[[], bool] | None = None
         if hasattr(os, "eventfd"):
             self._rfd = self._wfd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         else:  # pragma: no cover - non-Linux fallback
@@ -122,6 +136,14 @@ class ThreadPool:
         self._halted = False
         self._requeue()
 
+    def reopen(self) -> None:
+        """The gate opened again (any thread): the jobs it set aside go back to the queue.
+
+        A halt is not undone here: halted jobs wait for :meth:`resume`.
+        """
+        if not self._halted and not self._closed:
+            self._requeue()
+
     def _requeue(self) -> None:
         """Put the jobs set aside back on the queue (the workers that took them serve it)."""
         unstarted, jobs = self._unstarted, self._jobs
@@ -166,11 +188,13 @@ class ThreadPool:
             job = jobs.get()
             if job is None:
                 return
-            if self._halted:  # not started: kept for resume, or discarded by close
+            gate = self.gate
+            if self._halted or (gate is not None and not gate()):
+                # Not started: kept for resume or reopen, or discarded by close.
                 self._unstarted.append(job)
                 del job
-                if not self._halted and not self._closed:  # resumed meanwhile: not stranded
-                    self._requeue()
+                if not self._halted and not self._closed and (gate is None or gate()):
+                    self._requeue()  # resumed or reopened meanwhile: not stranded
                 self._idle.release()
                 continue
             token, fn, args = job

@@ -47,6 +47,12 @@ class Log(LogReader, Protocol):
     on_rotate: RotateListener | None
     on_lost: Callable[[], None] | None
     on_failed: Callable[[], None] | None
+    on_renewed: Callable[[], None] | None
+
+    @property
+    def lease_deadline(self) -> float | None:
+        """Until when (``lease_clock()``) the writer surely holds its stream; None: no lease."""
+        ...
 
     @property
     def checked(self) -> Mapping[str, int]:

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import NoReturn, Self
 
 from tiffany.errors import WalFailedError
 
 __all__ = ["LogState"]
+
+
+_LEASE_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
+
+def lease_clock() -> float:
+    """Seconds on a clock that counts on while the process is stopped or the host suspended.
+
+    Leases are judged by it (``LogState.lease_deadline``): ``time.monotonic``
+    stops while a Linux host is suspended, ``CLOCK_BOOTTIME`` does not.
+    """
+    return time.clock_gettime(_LEASE_CLOCK)
 
 
 class LogState:
@@ -33,6 +46,17 @@ class LogState:
     #: once the error has unwound its loop. Any thread; maybe more than once
     #: (the heartbeat, then the fenced commit); must not raise.
     on_failed: Callable[[], None] | None = None
+    #: Called (on another thread) each time the lease is renewed: the file
+    #: WAL has no lease and never calls it.
+    on_renewed: Callable[[], None] | None = None
+
+    @property
+    def lease_deadline(self) -> float | None:
+        """Until when (:func:`lease_clock`) this writer surely holds its stream; None: no lease.
+
+        The file WAL's lock is held until the process dies: None.
+        """
+        return None
 
     def close(self) -> None:
         """Commit what is buffered (unless failed) and let the log go."""
