@@ -114,6 +114,14 @@ class StepOut(_Open):
     waiting: str | None = None
     #: The WAL seq of the last record that changed the step.
     last_seq: int | None = None
+    after: list[str] = Field(
+        default_factory=list,
+        description="The steps it runs after (a dynamic step's children: their parent too).",
+    )
+    added_by: str | None = Field(
+        default=None, description="The dynamic step whose output added it (null: the plan's)."
+    )
+    dynamic: bool = Field(default=False, description="Its output's ``steps`` extend the plan.")
 
 
 class TaskOut(_Open):

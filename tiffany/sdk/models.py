@@ -137,6 +137,11 @@ class StepOut(_Open):
     ended_at: float | None = None
     waiting: str | None = None
     last_seq: int | None = None
+    #: The steps it runs after; the dynamic step that added it (None: the plan's).
+    after: list[str] = Field(default_factory=list)
+    added_by: str | None = None
+    #: Whether its output's ``steps`` extend the plan.
+    dynamic: bool = False
 
 
 class TaskOut(_Open):
