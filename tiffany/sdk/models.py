@@ -114,6 +114,8 @@ class ScheduleOut(_Open):
     last_run_id: str | None
     last_error: str | None
     next_tick: float | None
+    #: The next few ticks (epoch seconds), ``next_tick`` first; none while paused.
+    next_ticks: list[float] = Field(default_factory=list)
 
 
 class ScheduleList(_Open):
