@@ -122,7 +122,10 @@ function onRoute() {
   const r = readRoute();
   const t = tailOf(r);
   tail.setFilter(t.runId, { following: t.following });
+  // The nav keeps the hash's query (filters, a pinned tail), as the runs' links do.
+  const query = location.hash.split("?")[1];
   for (const a of document.querySelectorAll(".nav a")) {
+    a.setAttribute("href", `${a.getAttribute("href").split("?")[0]}${query ? `?${query}` : ""}`);
     if (a.dataset.testid === NAV[r.view]) a.setAttribute("aria-current", "page");
     else a.removeAttribute("aria-current");
   }
