@@ -21,6 +21,7 @@ export class Conversations {
     this.onError = onError;
     this.onLoaded = onLoaded; // a conversation arrived: redraw
     this.byStep = new Map(); // step id -> {key, data, loading}
+    this.version = 0; // moves with each conversation read (the page redraws on a change)
   }
 
   /** The agent steps of the run detail `d`. */
@@ -42,6 +43,7 @@ export class Conversations {
         .then((data) => {
           have.data = data;
           have.key = key;
+          this.version++;
         })
         .catch((err) => {
           have.key = key; // not asked again until the step changes

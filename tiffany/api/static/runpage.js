@@ -371,16 +371,14 @@ export class RunPage {
     this.renderErrorAndIo(d);
   }
 
-  /** The status a step shows: pending in the store but its worker is live: running. */
-  stepStatus(s, tasks) {
-    if (s.status !== "pending") return s.status;
-    const w = tasks.find((t) => t.step_id === s.step_id && t.kind === "worker");
-    return w && !TERMINAL_TASK.has(w.state) ? "running" : s.status;
-  }
-
   renderGraph(d, tasks) {
     const steps = d.steps || [];
-    const statusOf = (s) => this.stepStatus(s, tasks);
+    // A step pending in the store whose worker the feed shows live is running (as in the steps card).
+    const workers = new Map(tasks.filter((t) => t.kind === "worker" && t.step_id).map((t) => [t.step_id, t]));
+    const statusOf = (s) => {
+      const w = s.status === "pending" ? workers.get(s.step_id) : null;
+      return w && !TERMINAL_TASK.has(w.state) ? "running" : s.status;
+    };
     const sig = steps.map((s) => `${s.step_id}:${statusOf(s)}:${s.waiting || ""}:${(s.after || []).join("+")}`).join(",");
     if (sig === this.graphSig) return;
     this.graphSig = sig;
@@ -402,7 +400,7 @@ export class RunPage {
     this.talks.sync(d);
     const agents = Conversations.steps(d);
     const outputs = Object.fromEntries((d.steps || []).filter((s) => s.status === "succeeded").map((s) => [s.step_id, s.output]));
-    const key = JSON.stringify(agents.map((s) => [s.step_id, this.talks.get(s.step_id)]));
+    const key = `${this.talks.version}|${agents.map((s) => s.step_id).join(",")}`;
     if (key === this.talksKey) return; // keep open <details> while nothing changed
     this.talksKey = key;
     fill(
