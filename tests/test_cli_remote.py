@@ -380,3 +380,39 @@ def test_the_sdk_never_words_a_credential_of_its_url() -> None:
     assert "s3cret" not in str(failed.value)
     assert "s3cret" not in json.dumps(failed.value.to_dict())
     assert "http://ann:[REDACTED]@127.0.0.1:9" in failed.value.message
+
+
+def test_schedule_add_list_pause_resume_rm_over_http_print_as_local(served: Served) -> None:
+    """``tiffany schedule ... --url``: through the SDK, with the local commands' output.
+
+    The same server's data dir read locally lists the schedule the remote
+    ``add`` made with the same line, paused or not; an unknown id is exit 3
+    either way.
+    """
+    local = ("--data-dir", str(served.data_dir))
+    added = remote(served, "schedule", "add", "count.yaml", "--cron", "0 9 * * 1-5")
+    assert added.returncode == 0, added.stderr
+    sid = added.stdout.strip()
+    with Client(served.url, token=TOKEN) as client:
+        row = client.schedule(sid)
+        assert (row.cron, row.timezone, row.paused) == ("0 9 * * 1-5", "UTC", False)
+        assert len(row.next_ticks) == 5
+        assert row.next_ticks[0] == row.next_tick
+    lines = remote(served, "schedule", "list").stdout.splitlines()
+    here = tiffany(served, *local, "schedule", "list").stdout.splitlines()
+    mine = [line for line in lines if line.startswith(sid)]
+    assert mine == [line for line in here if line.startswith(sid)]
+    assert "active" in mine[0]
+    paused = remote(served, "schedule", "pause", sid)
+    assert (paused.returncode, paused.stdout.strip()) == (0, f"{sid}: paused"), paused.stderr
+    listed = remote(served, "schedule", "list", "--json").stdout.splitlines()
+    rows = [json.loads(line) for line in listed]
+    assert next(r for r in rows if r["schedule_id"] == sid)["paused"] is True
+    assert remote(served, "schedule", "resume", sid).stdout.strip() == f"{sid}: active"
+    removed = remote(served, "schedule", "rm", sid)
+    assert (removed.returncode, removed.stdout.strip()) == (0, f"{sid}: deleted")
+    for args in (("pause", sid), ("rm", sid)):
+        gone = remote(served, "schedule", *args)
+        assert gone.returncode == 3, gone.stderr
+        assert sid in gone.stderr
+        assert gone.returncode == tiffany(served, *local, "schedule", *args).returncode

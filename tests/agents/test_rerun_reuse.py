@@ -1,12 +1,20 @@
-"""Which steps a re-run reuses (``tiffany/agents/rerun.py``): the DAG, dynamic children, errors."""
+"""Which steps a re-run reuses (``tiffany/agents/rerun.py``): the DAG, dynamic children, errors.
+
+The DAG is the store's reading of the run (``tiffany/store/graph.py``), as
+the engine passes it (``tiffany/engine/requests.py``).
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
 from tiffany.agents.plan import PlanError
-from tiffany.agents.rerun import journal_reuse, rerun_reuse, reused_origin, reused_output
+from tiffany.agents.rerun import journal_reuse, reused_origin, reused_output
+from tiffany.agents.rerun import rerun_reuse as _rerun_reuse
 from tiffany.records import TaskExit
+from tiffany.store.graph import plan_graph
 
 PLAN = {
     "name": "p",
@@ -21,7 +29,14 @@ CHILDREN = {
 }
 
 
-def _steps(**status: str) -> dict[str, dict[str, object]]:
+def rerun_reuse(
+    plan: dict[str, Any], steps: dict[str, dict[str, Any]], from_step: str | None, run_id: str
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    graph = plan_graph(plan, {sid: s["output"] for sid, s in steps.items()})
+    return _rerun_reuse({sid: n.after for sid, n in graph.items()}, steps, from_step, run_id)
+
+
+def _steps(**status: str) -> dict[str, dict[str, Any]]:
     return {
         sid: {"status": st, "output": CHILDREN if sid == "plan" else sid, "run_id": "r0", "seq": i}
         for i, (sid, st) in enumerate(status.items(), 1)

@@ -32,6 +32,70 @@ ENGINE_START_TIMEOUT_S = 60.0
 SLEEP_PLAN = {"name": "nap", "steps": [{"id": "nap", "tool": "sleep", "args": {"seconds": 0.05}}]}
 LONG_PLAN = {"name": "long", "steps": [{"id": "nap", "tool": "sleep", "args": {"seconds": 60}}]}
 
+#: A scripted model (``TIFFANY_LLM_SCRIPT``): an ``llm`` step asked to "Plan the
+#: follow-up" proposes two steps; an ``agent`` step asked for a note writes it
+#: (turn 1), reads it back (turn 2, and once with a tool it was not given),
+#: then answers (turn 3).
+AGENT_SCRIPT = """\
+rules:
+  - match: "Plan the follow-up"
+    reply: "Two steps: draft, then review."
+    steps:
+      - {id: draft, tool: file.write, args: {path: draft.txt, content: "v1"}}
+      - {id: review, tool: file.read, args: {path: draft.txt}, after: [draft]}
+  - turn: 1
+    match: "note"
+    reply: "I will write the note first."
+    tool_calls:
+      - name: file.write
+        arguments: {path: notes.md, content: "Tiffany journals every model and tool call."}
+  - turn: 2
+    reply: "Now I check what I wrote."
+    tool_calls:
+      - name: file.read
+        arguments: {path: notes.md}
+      - name: shell
+        arguments: {argv: [rm, notes.md]}
+  - turn: 3
+    reply: "The note is written and reads back as intended."
+"""
+#: An agent step run by :data:`AGENT_SCRIPT`.
+AGENT_PLAN = {
+    "name": "agent-notes",
+    "inputs": {"topic": "durable agent loops"},
+    "steps": [
+        {
+            "id": "work",
+            "tool": "agent",
+            "args": {
+                "goal": "Write a note about ${inputs.topic} to notes.md, read it back, answer.",
+                "tools": ["file.write", "file.read"],
+                "max_turns": 5,
+            },
+        }
+    ],
+}
+#: A dynamic step (its two children come from :data:`AGENT_SCRIPT`), a step
+#: waiting for signal ``go``, and one after both that has not started while it waits.
+GRAPH_PLAN = {
+    "name": "graph",
+    "steps": [
+        {
+            "id": "think",
+            "tool": "llm",
+            "args": {"prompt": "Plan the follow-up", "plan": True},
+            "dynamic": True,
+        },
+        {"id": "gate", "tool": "signal.wait", "args": {"name": "go"}},
+        {
+            "id": "publish",
+            "tool": "file.write",
+            "args": {"path": "out.txt", "content": "done"},
+            "after": ["gate", "think"],
+        },
+    ],
+}
+
 
 def short_dir(prefix: str = "tfa-") -> Path:
     """Return a fresh directory with a short path (for Unix sockets)."""

@@ -674,3 +674,43 @@ def test_schedules_are_listed_page_by_page(server: Served) -> None:
     finally:
         for sid in added:
             httpx.delete(f"{server.url}/api/schedules/{sid}", timeout=30)
+
+
+def test_schedules_are_added_paused_resumed_and_deleted(server: Served) -> None:
+    """``add_schedule``, ``schedule``, ``pause_schedule``, ``resume_schedule``, ``delete_schedule``.
+
+    The same round trip with ``Client`` and ``AsyncClient``; a bad cron is
+    an ``InvalidRequest`` naming the field, a schedule gone a ``NotFound``.
+    """
+    plan = _plan("weekday", {"id": "s", "tool": "sleep", "args": {"seconds": 0}})
+    with Client(server.url) as client:
+        added = client.add_schedule(plan, "0 9 * * 1-5", timezone="Europe/Paris")
+        sid = added.schedule_id
+        assert (added.cron, added.timezone, added.catchup) == (
+            "0 9 * * 1-5",
+            "Europe/Paris",
+            "skip",
+        )
+        assert len(added.next_ticks) == 5
+        assert added.next_ticks[0] == added.next_tick
+        assert client.pause_schedule(sid).paused is True
+        assert client.schedule(sid).next_ticks == []
+        assert client.resume_schedule(sid).paused is False
+        assert client.delete_schedule(sid) is None
+        with pytest.raises(NotFound):
+            client.schedule(sid)
+        with pytest.raises(InvalidRequest) as bad:
+            client.add_schedule(plan, "not cron")
+        assert bad.value.errors[0].loc[-1] == "cron"
+
+    async def main() -> None:
+        async with AsyncClient(server.url) as aclient:
+            made = await aclient.add_schedule(plan, "*/5 * * * *", inputs={})
+            assert (await aclient.pause_schedule(made.schedule_id)).paused is True
+            assert (await aclient.resume_schedule(made.schedule_id)).paused is False
+            assert (await aclient.schedule(made.schedule_id)).schedule_id == made.schedule_id
+            await aclient.delete_schedule(made.schedule_id)
+            with pytest.raises(NotFound):
+                await aclient.delete_schedule(made.schedule_id)
+
+    asyncio.run(main())

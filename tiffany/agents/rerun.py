@@ -13,7 +13,9 @@ one) and its tools are never called again for them.
 
 A dynamic step's children are part of the DAG the earlier run built: their
 specs come from the parent's (reused) output, and they are reused or re-run
-by the same rule.
+by the same rule. That DAG is the store's one reading of it
+(``tiffany/store/graph.py``, ``plan_graph``), which the caller passes in:
+the dashboard's graph and this choice draw the same edges.
 
 Which steps are reused is read from the store (their status, the DAG);
 *what* each reuses is read from the journal (:func:`journal_reuse`): the
@@ -38,7 +40,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tiffany.agents.plan import PlanError
@@ -54,32 +56,8 @@ __all__ = [
 ]
 
 
-def _specs(plan: Mapping[str, Any], steps: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
-    """Each step's ``after`` list: the plan's, and the dynamic children the run added."""
-    after: dict[str, list[str]] = {}
-    for spec in plan.get("steps") or ():
-        if isinstance(spec, Mapping) and isinstance(spec.get("id"), str):
-            after[spec["id"]] = [str(a) for a in spec.get("after") or ()]
-    dynamic = {
-        str(s["id"]) for s in plan.get("steps") or () if isinstance(s, Mapping) and s.get("dynamic")
-    }
-    todo = list(dynamic)
-    while todo:  # children of dynamic steps (which may be dynamic themselves)
-        parent = todo.pop()
-        row = steps.get(parent) or {}
-        output = row.get("output")
-        children = output.get("steps") if isinstance(output, Mapping) else None
-        for child in children if isinstance(children, list) else ():
-            if isinstance(child, Mapping) and isinstance(child.get("id"), str):
-                sid = child["id"]
-                after[sid] = sorted({*(str(a) for a in child.get("after") or ()), parent})
-                if child.get("dynamic"):
-                    todo.append(sid)
-    return after
-
-
 def rerun_reuse(
-    plan: Mapping[str, Any],
+    after: Mapping[str, Sequence[str]],
     steps: Mapping[str, Mapping[str, Any]],
     from_step: str | None,
     run_id: str,
@@ -87,7 +65,8 @@ def rerun_reuse(
     """Return ``(reuse, restart)`` for re-running run ``run_id``.
 
     Args:
-        plan: The earlier run's plan document.
+        after: The earlier run's DAG: each step's ``after`` list, its plan's
+            steps and those its dynamic steps added (``plan_graph``).
         steps: Its steps by id: ``{"status", "output", "run_id", "seq"}``
             (where the output was recorded: the run, itself or the one it
             reused the step from, and the WAL seq of the record that settled it).
@@ -102,7 +81,6 @@ def rerun_reuse(
         PlanError: ``from_step`` names no step of the run, or the run has no
             failed step to restart from (``loc`` names ``from_step``).
     """
-    after = _specs(plan, steps)
     if from_step is not None:
         if from_step not in after:
             msg = f"run {run_id} has no step {from_step!r}"

@@ -12,6 +12,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "AgentConversation",
+    "AgentToolCall",
+    "AgentTurn",
     "CancelAnswer",
     "ErrorBody",
     "JournalRecordOut",
@@ -116,6 +119,14 @@ class StepOut(_Open):
     last_seq: int | None = None
     #: Read with ``outputs=false``: the size of the output left out (characters of JSON).
     output_size: int | None = None
+    after: list[str] = Field(
+        default_factory=list,
+        description="The steps it runs after (a dynamic step's children: their parent too).",
+    )
+    added_by: str | None = Field(
+        default=None, description="The dynamic step whose output added it (null: the plan's)."
+    )
+    dynamic: bool = Field(default=False, description="Its output's ``steps`` extend the plan.")
 
 
 class TaskOut(_Open):
@@ -152,6 +163,49 @@ class RunDetail(RunSummary):
     tasks: list[TaskOut] = Field(default_factory=list)
     #: Read with ``outputs=false``: the size of the outputs left out (characters of JSON).
     outputs_size: int | None = None
+
+
+class AgentToolCall(_Open):
+    """A tool call the model asked for in a turn, and what it returned."""
+
+    id: str | None = None
+    tool: str | None = Field(default=None, description="The tool the model named.")
+    arguments: Any = Field(default=None, description="The arguments the model gave.")
+    ltid: int | None = Field(
+        default=None, description="The task that ran it; null: none ran (refused, or inline)."
+    )
+    status: str | None = Field(default=None, description="Its task's status, in the run's words.")
+    ok: bool | None = Field(default=None, description="False: refused or failed (null: unknown).")
+    result: Any = Field(default=None, description="What the tool returned (its journaled output).")
+    error: Any = None
+
+
+class AgentTurn(_Open):
+    """One model call of an agent step: its text, tool calls, tokens and cost."""
+
+    attempt: int = Field(description="The step's attempt (a retry starts again at turn 1).")
+    turn: int
+    ltid: int = Field(description="The model call's task.")
+    status: str
+    model: str | None = None
+    text: str | None = Field(default=None, description="The model's reply (null until it came).")
+    usage: dict[str, Any] | None = Field(default=None, description="The call's tokens.")
+    cost_usd: float | None = None
+    error: Any = None
+    tool_calls: list[AgentToolCall] = Field(default_factory=list)
+
+
+class AgentConversation(_Open):
+    """An ``agent`` step's conversation, from its journaled model and tool calls."""
+
+    run_id: str
+    step_id: str
+    status: str = Field(description="The step's status.")
+    args: Any = Field(default=None, description="The step's declared args (its goal, a template).")
+    answer: str | None = Field(default=None, description="The final answer, once it came.")
+    usage: dict[str, Any] | None = Field(default=None, description="Tokens of every call, summed.")
+    cost_usd: float | None = None
+    turns: list[AgentTurn]
 
 
 class JournalRecordOut(_Open):

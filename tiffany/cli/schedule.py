@@ -1,8 +1,12 @@
-"""``tiffany schedule add|list|pause|resume|rm``: cron schedules of plans on this data dir.
+"""``tiffany schedule add|list|pause|resume|rm``: cron schedules of plans.
 
-They write the store's ``schedules`` (``tiffany/store/schedules.py``)
-directly, so they work with or without a running server; engine 0 of
-``tiffany serve`` fires the ticks (``tiffany/engine/schedules.py``).
+On this data dir they write the store's ``schedules``
+(``tiffany/store/schedules.py``) directly, so they work with or without a
+running server; engine 0 of ``tiffany serve`` fires the ticks
+(``tiffany/engine/schedules.py``). With ``--url`` (``TIFFANY_URL``) they go
+through the Python SDK to that server's ``/api/schedules`` instead, as the
+other remote commands do (``tiffany/cli/remote.py``): the same output, the
+same exit codes, and the server checks the plan against its own tools.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from tiffany.cli import DataDirOption, exits
+from tiffany.cli.remote import TokenOption, UrlOption, remote
 from tiffany.cli.run import EXIT_INVALID, InputsOption
 
 __all__ = ["register"]
@@ -44,6 +49,8 @@ def add(
     timezone: Annotated[str, typer.Option("--timezone", "--tz")] = "UTC",
     catchup: Annotated[str, typer.Option("--catchup", help="skip, one or all")] = "skip",
     inputs: InputsOption = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
     """Add a schedule of a plan; print its id."""
@@ -54,6 +61,11 @@ def add(
 
     doc = _load(plan_path)
     given = _parse_inputs(inputs)
+    if url:
+        with remote(url, token) as client:
+            added = client.add_schedule(doc, cron, timezone=timezone, catchup=catchup, inputs=given)
+        typer.echo(added.schedule_id)
+        return
     try:
         parse_plan(doc, ToolRegistry.default().all_names())
     except PlanError as exc:
@@ -88,6 +100,8 @@ def add(
 def list_(
     ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="JSON, one schedule a line.")] = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
     """List the schedules, oldest first: id, cron, time zone, state, next tick, last run.
@@ -96,6 +110,11 @@ def list_(
     """
     from tiffany.store import schedules
 
+    if url:
+        with remote(url, token) as client:
+            for row in client.schedules(page_size=schedules.MAX_PAGE):
+                _print([row.model_dump()], as_json)
+        return
     sessions = _sessions(ctx)
     after: str | None = None
     while True:
@@ -124,9 +143,19 @@ def _print(rows: list[dict[str, Any]], as_json: bool) -> None:
         )
 
 
-def _set(ctx: typer.Context, schedule_id: str, paused: bool) -> None:
+def _set(
+    ctx: typer.Context, schedule_id: str, paused: bool, url: str | None, token: str | None
+) -> None:
     from tiffany.store import schedules
 
+    if url:
+        with remote(url, token) as client:
+            if paused:
+                client.pause_schedule(schedule_id)
+            else:
+                client.resume_schedule(schedule_id)
+        typer.echo(f"{schedule_id}: {'paused' if paused else 'active'}")
+        return
     with _sessions(ctx)() as session:
         if schedules.set_paused(session, schedule_id, paused, _now()) is None:
             typer.echo(f"tiffany: no schedule {schedule_id!r}", err=True)
@@ -135,22 +164,45 @@ def _set(ctx: typer.Context, schedule_id: str, paused: bool) -> None:
 
 
 @schedule_app.command("pause")
-def pause(ctx: typer.Context, schedule_id: str, data_dir: DataDirOption = None) -> None:
+def pause(
+    ctx: typer.Context,
+    schedule_id: str,
+    url: UrlOption = None,
+    token: TokenOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
     """Stop firing a schedule's ticks (those due meanwhile follow its catch-up policy)."""
-    _set(ctx, schedule_id, True)
+    _set(ctx, schedule_id, True, url, token)
 
 
 @schedule_app.command("resume")
-def resume(ctx: typer.Context, schedule_id: str, data_dir: DataDirOption = None) -> None:
+def resume(
+    ctx: typer.Context,
+    schedule_id: str,
+    url: UrlOption = None,
+    token: TokenOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
     """Fire a paused schedule's ticks again."""
-    _set(ctx, schedule_id, False)
+    _set(ctx, schedule_id, False, url, token)
 
 
 @schedule_app.command("rm")
-def rm(ctx: typer.Context, schedule_id: str, data_dir: DataDirOption = None) -> None:
+def rm(
+    ctx: typer.Context,
+    schedule_id: str,
+    url: UrlOption = None,
+    token: TokenOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
     """Delete a schedule (the runs it started stay)."""
     from tiffany.store import schedules
 
+    if url:
+        with remote(url, token) as client:
+            client.delete_schedule(schedule_id)
+        typer.echo(f"{schedule_id}: deleted")
+        return
     with _sessions(ctx)() as session:
         if not schedules.remove(session, schedule_id):
             typer.echo(f"tiffany: no schedule {schedule_id!r}", err=True)

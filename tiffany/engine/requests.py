@@ -356,9 +356,7 @@ class ControlRequests:
         if not isinstance(entry, dict) or entry.get("kind") != "plan":
             raise ControlError(422, f"run {source_id} is not a plan run", [{"loc": "rerun_of"}])
         try:
-            reuse, restart = rerun_reuse(
-                entry.get("plan") or {}, source["steps"], from_step, source_id
-            )
+            reuse, restart = rerun_reuse(source["after"], source["steps"], from_step, source_id)
         except PlanError as exc:
             raise ControlError(422, exc.message, exc.errors) from None
         # The outputs themselves come from the journal, not the store's projection.
@@ -731,4 +729,3 @@ def _with_seq(fut: Future[dict[str, Any]], seq: int) -> Future[dict[str, Any]]:
     out: Future[dict[str, Any]] = Future()
     fut.add_done_callback(lambda f: out.set_result({**f.result(), "written_seq": seq}))
     return out
-

@@ -194,6 +194,57 @@ class AsyncClient:
             if after is None:
                 return
 
+    async def schedule(self, schedule_id: str) -> ScheduleOut:
+        """One schedule.
+
+        Raises:
+            NotFound: No such schedule.
+        """
+        return protocol.answer(
+            await self._request("GET", protocol.schedule_path(schedule_id)), ScheduleOut
+        )
+
+    async def add_schedule(
+        self,
+        plan: Mapping[str, Any],
+        cron: str,
+        *,
+        timezone: str = "UTC",
+        catchup: str = "skip",
+        inputs: Mapping[str, Any] | None = None,
+    ) -> ScheduleOut:
+        """Add a cron schedule of ``plan`` (a mapping); its first tick is the first after now.
+
+        Raises:
+            InvalidRequest: A bad cron expression, time zone, catch-up or plan
+                (``errors`` name the field).
+            ApiError: 429, the server holds its most schedules already.
+        """
+        body = protocol.schedule_body(plan, cron, timezone, catchup, inputs)
+        return protocol.answer(
+            await self._request("POST", "/api/schedules", json=body), ScheduleOut
+        )
+
+    async def pause_schedule(self, schedule_id: str) -> ScheduleOut:
+        """Stop firing a schedule's ticks (those due meanwhile follow its catch-up policy)."""
+        path = protocol.schedule_path(schedule_id, "pause")
+        return protocol.answer(await self._request("POST", path), ScheduleOut)
+
+    async def resume_schedule(self, schedule_id: str) -> ScheduleOut:
+        """Fire a paused schedule's ticks again."""
+        path = protocol.schedule_path(schedule_id, "resume")
+        return protocol.answer(await self._request("POST", path), ScheduleOut)
+
+    async def delete_schedule(self, schedule_id: str) -> None:
+        """Delete a schedule (the runs it started stay).
+
+        Raises:
+            NotFound: No such schedule.
+        """
+        response = await self._request("DELETE", protocol.schedule_path(schedule_id))
+        if response.status_code >= 400:
+            protocol.raise_for(response)
+
     async def records(self, run_id: str, after: int = 0, limit: int = 200) -> RunEvents:
         """A page of the run's journal records, decoded."""
         params = {"after": after, "limit": limit}

@@ -114,6 +114,8 @@ class ScheduleOut(_Open):
     last_run_id: str | None
     last_error: str | None
     next_tick: float | None
+    #: The next few ticks (epoch seconds), ``next_tick`` first; none while paused.
+    next_ticks: list[float] = Field(default_factory=list)
 
 
 class ScheduleList(_Open):
@@ -139,6 +141,11 @@ class StepOut(_Open):
     last_seq: int | None = None
     #: Read with ``outputs=False``: the size of the output left out (characters of JSON).
     output_size: int | None = None
+    #: The steps it runs after; the dynamic step that added it (None: the plan's).
+    after: list[str] = Field(default_factory=list)
+    added_by: str | None = None
+    #: Whether its output's ``steps`` extend the plan.
+    dynamic: bool = False
 
 
 class TaskOut(_Open):

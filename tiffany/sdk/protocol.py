@@ -127,6 +127,37 @@ def run_path(run_id: str, *rest: str) -> str:
     return "/".join(["/api/runs", *(_segment(part) for part in (run_id, *rest))])
 
 
+def schedule_path(schedule_id: str, *rest: str) -> str:
+    """The path ``/api/schedules/{schedule_id}/...``, each part encoded as :func:`run_path` does."""
+    return "/".join(["/api/schedules", *(_segment(part) for part in (schedule_id, *rest))])
+
+
+def schedule_body(
+    plan: Mapping[str, Any],
+    cron: str,
+    timezone: str,
+    catchup: str,
+    inputs: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The body of ``POST /api/schedules``.
+
+    Raises:
+        TypeError: ``plan`` or ``inputs`` is not a mapping (a schedule's plan
+            is a document, read by the caller).
+    """
+    if not isinstance(plan, Mapping):
+        raise TypeError(f"plan: a mapping, not {type(plan).__name__}")
+    if inputs is not None and not isinstance(inputs, Mapping):
+        raise TypeError(f"inputs: a mapping, not {type(inputs).__name__}")
+    return {
+        "plan": dict(plan),
+        "inputs": dict(inputs or {}),
+        "cron": cron,
+        "timezone": timezone,
+        "catchup": catchup,
+    }
+
+
 def _segment(text: str) -> str:
     quoted = quote(text, safe="")
     return quoted.replace(".", "%2E") if quoted in (".", "..") else quoted

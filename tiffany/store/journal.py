@@ -20,7 +20,7 @@ from tiffany.shards import engine_of, seq_last
 from tiffany.store.models import JournalRecord, Run
 from tiffany.store.records import jsonable
 
-__all__ = ["record_row", "run_records", "signal_record"]
+__all__ = ["record_row", "records_span", "run_records", "signal_record"]
 
 #: Largest page :func:`run_records` returns.
 MAX_PAGE: Final = 1_000
@@ -37,7 +37,7 @@ def record_row(seq: int, run_no: int, record: Record | Unknown) -> dict[str, Any
     return {"seq": seq, "run_no": run_no, "rtype": type_name, "ltid": ltid, "data": data}
 
 
-def _records_of(session: Session, run_id: str) -> tuple[int, int, int] | None:
+def records_span(session: Session, run_id: str) -> tuple[int, int, int] | None:
     """Where a run's records are: ``(run_no, first seq, seq past the last)``; None: no run."""
     run = session.execute(
         select(Run.run_no, Run.start_seq).where(Run.run_id == run_id)
@@ -63,7 +63,7 @@ def signal_record(session: Session, run_id: str, signal_id: str) -> tuple[int, s
     A signal is journaled as a WAKE of task 0, cause ``signal``, whose value
     is ``[name, payload, signal_id]`` (``tiffany/durable/journal.py``).
     """
-    span = _records_of(session, run_id)
+    span = records_span(session, run_id)
     if span is None:
         return None
     run_no, start, end = span
@@ -98,7 +98,7 @@ def run_records(
     [{"seq", "type", "ltid", "data"}], "next_after"}`` where ``next_after``
     is the ``after`` of the next page, or None on the last page.
     """
-    span = _records_of(session, run_id)
+    span = records_span(session, run_id)
     if span is None:
         return None
     run_no, start, end = span

@@ -32,6 +32,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session, selectinload
 
 from tiffany.shards import engine_of, seq_base
+from tiffany.store.graph import plan_graph
 from tiffany.store.journal import run_records
 from tiffany.store.models import (
     PROJECTOR_STATE_ID,
@@ -458,10 +459,11 @@ def rerun_source(session: Session, run_id: str) -> dict[str, Any] | None:
     """What a re-run of ``run_id`` starts from, or None for an unknown run.
 
     ``{"status", "entry", "steps": {step_id: {"status", "output", "run_id",
-    "seq"}}}``: the run's entry (plan and inputs) and each step's state, with
-    where its output was recorded: this run and the WAL seq of its worker's
-    exit (the record that settled it), or, for a step this run itself reused,
-    the run and seq it was reused from.
+    "seq"}}, "after": {step_id: [...]}}``: the run's entry (plan and inputs)
+    and each step's state, with where its output was recorded: this run and
+    the WAL seq of its worker's exit (the record that settled it), or, for a
+    step this run itself reused, the run and seq it was reused from; and the
+    DAG the run built (:func:`~tiffany.store.graph.plan_graph`).
     """
     # Core, on the session's connection: rows of columns need no ORM loading,
     # which cost a 1,000-step run's re-run a quarter of this read.
@@ -485,7 +487,11 @@ def rerun_source(session: Session, run_id: str) -> dict[str, Any] | None:
         if not isinstance(origin, dict):
             origin = {"run_id": run_id, "seq": exits.get(step_id)}
         steps[step_id] = {"status": status, "output": output, **origin}
-    return {"status": run.status, "entry": run.entry, "steps": steps}
+    entry = run.entry if isinstance(run.entry, dict) else {}
+    outputs = {sid: s["output"] for sid, s in steps.items()}
+    graph = plan_graph(entry.get("plan"), outputs)
+    after = {sid: node.after for sid, node in graph.items()}
+    return {"status": run.status, "entry": run.entry, "steps": steps, "after": after}
 
 
 def _detail(run: Any, steps: Iterable[Any], tasks: Iterable[Any]) -> dict[str, Any]:
@@ -497,7 +503,24 @@ def _detail(run: Any, steps: Iterable[Any], tasks: Iterable[Any]) -> dict[str, A
         "outputs": None if lean else run.outputs,
         "error": run.error,
         "usage": getattr(run, "usage", None),
-        "steps": [step_dict(s) for s in steps],
+        "steps": _with_graph(run.entry, [step_dict(s) for s in steps]),
         "tasks": [task_dict(t) for t in tasks],
         **lean,
     }
+
+
+def _with_graph(entry: Any, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``steps`` with each one's place in the run's graph: ``after``, ``added_by``, ``dynamic``.
+
+    A plan run's graph (:func:`~tiffany.store.graph.plan_graph`): the steps
+    it runs after, the dynamic step that added it (None: the plan's), and
+    whether its output adds steps. A step of no plan (a workflow's) has none.
+    """
+    plan = entry.get("plan") if isinstance(entry, dict) and entry.get("kind") == "plan" else None
+    graph = plan_graph(plan, {s["step_id"]: s["output"] for s in steps})
+    for s in steps:
+        node = graph.get(s["step_id"])
+        s["after"] = node.after if node is not None else []
+        s["added_by"] = node.added_by if node is not None else None
+        s["dynamic"] = node.dynamic if node is not None else False
+    return steps

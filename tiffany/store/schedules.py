@@ -78,6 +78,7 @@ __all__ = [
     "last_ticks",
     "list_schedules",
     "next_tick",
+    "next_ticks",
     "remove",
     "repeats",
     "schedule_dict",
@@ -96,6 +97,8 @@ CRON_CACHE: Final = 4_096
 DEFAULT_PAGE: Final = 100
 #: Most schedules a page may hold (``limit`` above it is a 422).
 MAX_PAGE: Final = 1_000
+#: Upcoming ticks a schedule's answer lists (``next_ticks``): what the dashboard shows.
+NEXT_TICKS: Final = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,16 +315,28 @@ def next_tick(row: Schedule | Timing, now: float) -> float | None:
     croniter) may name a zone or an expression refused here; it is listed
     with its ``last_error`` (the engine's), not a 500 for every schedule.
     """
-    after = max(row.last_tick or row.created_at, now)
-    try:
-        found = ticks(row.cron, row.timezone, after, float("inf"), 1)
-    except (CroniterError, ValueError, KeyError):  # KeyError: ZoneInfoNotFoundError
-        return None
+    found = next_ticks(row, now, 1)
     return found[0] if found else None
 
 
+def next_ticks(row: Schedule | Timing, now: float, limit: int = NEXT_TICKS) -> list[float]:
+    """The next ``limit`` ticks of ``row`` (epoch seconds), as :func:`next_tick` finds the first.
+
+    Empty when it never ticks again, or its settings are no longer valid.
+    """
+    after = max(row.last_tick or row.created_at, now)
+    try:
+        return ticks(row.cron, row.timezone, after, float("inf"), limit)
+    except (CroniterError, ValueError, KeyError):  # KeyError: ZoneInfoNotFoundError
+        return []
+
+
 def schedule_dict(row: Schedule, now: float) -> dict[str, Any]:
-    """A schedule as the API shows it (``next_tick``: when the next tick is due)."""
+    """A schedule as the API shows it (``next_tick``: when the next tick is due).
+
+    ``next_ticks``: the next :data:`NEXT_TICKS` ticks (none while paused).
+    """
+    upcoming = [] if row.paused else next_ticks(row, now)
     return {
         "schedule_id": row.id,
         "name": row.name,
@@ -335,7 +350,8 @@ def schedule_dict(row: Schedule, now: float) -> dict[str, Any]:
         "last_tick": row.last_tick,
         "last_run_id": row.last_run_id,
         "last_error": row.last_error,
-        "next_tick": None if row.paused else next_tick(row, now),
+        "next_tick": upcoming[0] if upcoming else None,
+        "next_ticks": upcoming,
     }
 
 

@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 from tiffany.api.body import InvalidBody, parse_json_off_loop, parse_off_loop, read_capped
 from tiffany.api.deps import LOOP_READ_DISPATCHES, State
 from tiffany.api.schemas import (
+    AgentConversation,
     CancelAnswer,
     ErrorBody,
     RerunRequest,
@@ -47,6 +48,7 @@ from tiffany.documents import SIGNAL_NAME_PATTERN
 from tiffany.errors import TiffanyError
 from tiffany.records import reserved_signal, reserved_signal_message
 from tiffany.store import Run, RunStatus, queries
+from tiffany.store.conversation import NotAgentStep, agent_conversation
 
 __all__ = ["DEFAULT_EVENTS_PAGE", "MAX_EVENTS_PAGE", "router"]
 
@@ -71,6 +73,20 @@ class RunNotFound(TiffanyError):
 
     code = "run.not_found"
     http_status = 404
+
+
+class StepNotFound(TiffanyError):
+    """The run has no step of this id (HTTP 404)."""
+
+    code = "step.not_found"
+    http_status = 404
+
+
+class NoConversation(TiffanyError):
+    """The step is not an ``agent`` step: it holds no conversation (HTTP 422)."""
+
+    code = "step.no_conversation"
+    http_status = 422
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -398,6 +414,52 @@ async def run_events(
         state, run_id, min_seq, lambda s: queries.run_records(s, run_id, after, limit)
     )
     return result
+
+
+@router.get(
+    "/{run_id}/steps/{step_id}/conversation",
+    response_model=AgentConversation,
+    responses={
+        404: {"model": ErrorBody, "description": "No such run, or no such step in it."},
+        422: {"model": ErrorBody, "description": "The step is not an agent step."},
+        **_ERRORS,
+    },
+)
+async def step_conversation(
+    run_id: str, step_id: str, state: State, min_seq: MinSeq = None
+) -> Response:
+    """An ``agent`` step's conversation: each turn's text, tool calls with results, tokens, cost.
+
+    Read from the step's journaled model and tool calls (as of at least
+    ``min_seq``, when given); a running step's turns so far.
+    """
+    _check_run_id(run_id)
+    if min_seq is not None:
+        await state.wait_projected(min_seq)
+
+    def read(session: Session) -> Any:
+        try:
+            return agent_conversation(session, run_id, step_id)
+        except NotAgentStep as exc:
+            return exc
+
+    found = await state.read(read)
+    if isinstance(found, NotAgentStep):
+        raise NoConversation(
+            f"step {step_id!r} of run {run_id} is a {found.tool} step: only agent steps "
+            "hold a conversation",
+            run_id=run_id,
+            step_id=step_id,
+            tool=found.tool,
+        )
+    if found is None:
+        exists = await state.read(lambda s: queries.start_seq_of(s, run_id) is not None)
+        if not exists:
+            raise RunNotFound(f"no run {run_id!r}", run_id=run_id)
+        raise StepNotFound(
+            f"run {run_id} has no step {step_id[:80]!r}", run_id=run_id, step_id=step_id[:80]
+        )
+    return _json(found)
 
 
 @router.post(

@@ -72,6 +72,10 @@ class ScheduleOut(BaseModel):
     last_run_id: str | None = Field(description="The run the last fired tick started.")
     last_error: str | None = Field(description="Why the last tick started no run.")
     next_tick: float | None = Field(description="When the next tick is due (epoch s).")
+    next_ticks: list[float] = Field(
+        default_factory=list,
+        description="The next few ticks (epoch s), the first being ``next_tick``; none if paused.",
+    )
 
 
 class ScheduleList(BaseModel):

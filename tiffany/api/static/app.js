@@ -1,17 +1,23 @@
 // Tiffany live dashboard: entry point. Wires the runs list, the submit
-// form, the run page and the activity tail to the HTTP API and the live
-// feed, and keeps the view (selected run, filters) in the URL hash:
+// form, the run page, the schedules and tools pages and the activity tail to
+// the HTTP API and the live feed, and keeps the view (selected run, filters)
+// in the URL hash:
 //   #/                      overview (submit form)
+//   #/schedules, #/tools    the schedules; the engine's tools
 //   #/run/<run_id>?status=failed&tail=<run_id>&name=nightly&q=ticket&since=2024-05-01T09:00
 // (`since`/`until` are local date-times, as the date inputs show them).
+// The activity tail follows the run page open (no `tail` in the hash);
+// `tail=<run_id>` pins it to a run, `tail=all` shows every run's.
 
 import { adoptTokenFromUrl, api, ApiError, Feed, getToken, onUnauthorized, setToken } from "./api.js";
 import { $, fill, h, runNo, toast } from "./dom.js";
 import { Live } from "./live.js";
 import { RunPage } from "./runpage.js";
 import { RunsPane } from "./runs.js";
+import { SchedulesPage } from "./schedules.js";
 import { renderSubmit } from "./submit.js";
 import { Tail } from "./tail.js";
+import { renderTools } from "./tools.js";
 
 const READY_POLL_MS = 2000;
 const READY_POLL_OK_MS = 15000;
@@ -29,8 +35,9 @@ function readRoute() {
   const [path, query = ""] = raw.split("?");
   const q = new URLSearchParams(query);
   const m = path.match(/^\/run\/(.+)$/);
+  const pages = { "/new": "new", "/schedules": "schedules", "/tools": "tools" };
   return {
-    view: m ? "run" : path === "/new" ? "new" : "home",
+    view: m ? "run" : pages[path] || "home",
     runId: m ? decodeURIComponent(m[1]) : null,
     status: q.get("status") || null,
     tail: q.get("tail") || null,
@@ -39,7 +46,8 @@ function readRoute() {
 }
 
 function routeHash(r) {
-  const path = r.runId ? `/run/${encodeURIComponent(r.runId)}` : r.view === "new" ? "/new" : "/";
+  const page = { new: "/new", schedules: "/schedules", tools: "/tools" }[r.view];
+  const path = r.runId ? `/run/${encodeURIComponent(r.runId)}` : page || "/";
   const q = new URLSearchParams();
   if (r.status) q.set("status", r.status);
   if (r.tail) q.set("tail", r.tail);
@@ -85,17 +93,62 @@ const tail = new Tail($("#tail-pane"), {
     return { short: runNo(r) ?? r.name, long: `${r.name} · ${id}` };
   },
   openRun: (id) => navigate({ view: "run", runId: id }),
-  onFilter: (id) => navigate({ tail: id }, { replace: true }),
+  // A run picked pins the tail to it (`tail=<run_id>`, kept across pages);
+  // "All runs" on a run page is `tail=all` (no `tail`: it follows the page).
+  onFilter: (id) => {
+    const r = readRoute();
+    navigate({ tail: id || (r.view === "run" ? "all" : null) }, { replace: true });
+  },
 });
+
+/** The run the tail shows (null: every run's) and whether it follows the open run page. */
+function tailOf(r) {
+  if (r.tail === "all") return { runId: null, following: false };
+  if (r.tail) return { runId: r.tail, following: false };
+  const open = r.view === "run" ? r.runId : null;
+  return { runId: open, following: open != null };
+}
 
 const main = $("#main");
 // run id -> the WAL seq its submission answered (its page asks the store for it).
 const created = new Map();
 
+let other = null; // the open schedules page
+let shownView = null; // the view the main area shows
+
+const NAV = { home: "nav-runs", new: "nav-runs", run: "nav-runs", schedules: "nav-schedules", tools: "nav-tools" };
+
 function onRoute() {
   const r = readRoute();
-  tail.setFilter(r.tail);
-  if (r.view === "run") {
+  const t = tailOf(r);
+  tail.setFilter(t.runId, { following: t.following });
+  // The nav keeps the hash's query (filters, a pinned tail), as the runs' links do.
+  const query = location.hash.split("?")[1];
+  for (const a of document.querySelectorAll(".nav a")) {
+    a.setAttribute("href", `${a.getAttribute("href").split("?")[0]}${query ? `?${query}` : ""}`);
+    if (a.dataset.testid === NAV[r.view]) a.setAttribute("aria-current", "page");
+    else a.removeAttribute("aria-current");
+  }
+  if (other && r.view !== "schedules") {
+    other.destroy();
+    other = null;
+  }
+  if (r.view === "schedules" || r.view === "tools") {
+    if (page) page.destroy();
+    page = null;
+    pageRunId = null;
+    if (r.view === "schedules" && !other) {
+      const root = h("div", { class: "page" });
+      fill(main, root);
+      other = new SchedulesPage(root, { onError: reportError });
+      document.title = "Tiffany · schedules";
+    } else if (r.view === "tools" && shownView !== "tools") {
+      const root = h("div", { class: "page" });
+      fill(main, root);
+      renderTools(root, { onError: reportError });
+      document.title = "Tiffany · tools";
+    }
+  } else if (r.view === "run") {
     if (pageRunId !== r.runId) {
       if (page) page.destroy();
       const root = h("div");
@@ -133,6 +186,7 @@ function onRoute() {
     });
     document.title = "Tiffany";
   }
+  shownView = r.view;
   runs.render();
 }
 

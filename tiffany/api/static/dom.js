@@ -315,3 +315,33 @@ export function runNo(run) {
   if (typeof run.run_no !== "number") return null;
   return run.engine ? `#${run.run_no} · e${run.engine}` : `#${run.run_no}`;
 }
+
+/**
+ * Ask before doing something that cannot be undone: a modal dialog with
+ * `title`, `message` (text or nodes) and two buttons. Resolves to true when
+ * `confirm` was pressed, false on "Keep" or Escape.
+ */
+export function confirmDialog({ title, message, confirm, danger = true }) {
+  return new Promise((done) => {
+    const keep = h("button", { type: "button", class: "btn", testid: "confirm-cancel", onclick: () => dialog.close("keep") }, "Keep");
+    const ok = h(
+      "button",
+      { type: "button", class: `btn ${danger ? "btn-danger armed" : "btn-primary"}`, testid: "confirm-ok", onclick: () => dialog.close("ok") },
+      confirm,
+    );
+    const dialog = h(
+      "dialog",
+      { class: "dialog confirm-dialog", testid: "confirm-dialog", "aria-label": title },
+      h("h2", null, title),
+      h("div", { class: "confirm-message", testid: "confirm-message" }, message),
+      h("div", { class: "form-actions" }, keep, ok),
+    );
+    dialog.addEventListener("close", () => {
+      dialog.remove();
+      done(dialog.returnValue === "ok");
+    });
+    document.body.append(dialog);
+    dialog.showModal();
+    keep.focus();
+  });
+}

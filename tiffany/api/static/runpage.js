@@ -7,6 +7,9 @@
 // has projected it, so nothing here waits on a timer for the store.
 // A step waiting for a signal offers a form to send it; once the signal is
 // journaled (202) the run is read again as of the signal's seq.
+// The plan's graph: every step, those not started too, a dynamic step's
+// children marked with the step that added them (graph.js). An agent step's
+// conversation: each turn's text, tool calls and tokens (conversation.js).
 // A finished run can be re-run: from its failed steps ("Re-run from failure")
 // or from any step ("Re-run from here"); once the new run is journaled (201)
 // the page opens it as of the answer's seq. Steps a re-run took over from an
@@ -40,6 +43,8 @@ import {
   tone,
   whenReleased,
 } from "./dom.js";
+import { Conversations, renderConversation } from "./conversation.js";
+import { renderGraph } from "./graph.js";
 import { Journal } from "./journal.js";
 import { mergeTasks, treeOrder } from "./live.js";
 import { moreButton, renderTimeline } from "./timeline.js";
@@ -84,6 +89,7 @@ export class RunPage {
     // submitted the run, else the newest event the feed showed of it.
     this.wantSeq = minSeq ?? live.runs.get(runId)?.walSeq ?? null;
     this.refreshSoon = throttle(() => this.refresh(), 500);
+    this.talks = new Conversations(runId, { onError, onLoaded: () => this.render() });
     this.renderReleased = () => this.render(); // the redraw a pressed pointer put off
     this.build();
     this.refresh();
@@ -124,6 +130,8 @@ export class RunPage {
     this.verifyEl = h("div", { class: "verify-slot", testid: "verify-slot" });
     this.errorEl = h("div");
     this.timelineEl = h("div", { class: "timeline", testid: "timeline" });
+    this.graphEl = h("div", { class: "graph", testid: "graph" });
+    this.talkEl = h("div", { class: "talks" });
     this.treeEl = h("ul", { class: "tree", testid: "task-tree", role: "tree" });
     this.taskEl = h("div", { class: "task-detail", testid: "task-detail" });
     this.stepsEl = h("div", { class: "steps", testid: "steps" });
@@ -137,6 +145,8 @@ export class RunPage {
         this.headEl,
         this.verifyEl,
         this.errorEl,
+        card("Plan", this.graphEl, "graph-card", "steps and what they run after; click a step"),
+        this.talkEl,
         card("Timeline", this.timelineEl, "timeline-card"),
         h(
           "div",
@@ -343,9 +353,12 @@ export class RunPage {
     const rows = treeOrder(tasks);
     const now = Date.now() / 1000;
     const failedSteps = new Set((d.steps || []).filter((s) => s.status === "failed").map((s) => s.step_id));
+    this.renderGraph(d, tasks);
+    this.renderTalks(d);
     renderTimeline(this.timelineEl, rows, {
       now,
       tools: new Map((d.steps || []).map((s) => [s.step_id, s.tool])),
+      labels: this.talks.labels(),
       failedSteps,
       selected: this.selected,
       onSelect: (lt) => this.select(lt),
@@ -356,6 +369,48 @@ export class RunPage {
     this.renderTask(tasks);
     this.renderSteps(d, tasks);
     this.renderErrorAndIo(d);
+  }
+
+  renderGraph(d, tasks) {
+    const steps = d.steps || [];
+    // A step pending in the store whose worker the feed shows live is running (as in the steps card).
+    const workers = new Map(tasks.filter((t) => t.kind === "worker" && t.step_id).map((t) => [t.step_id, t]));
+    const statusOf = (s) => {
+      const w = s.status === "pending" ? workers.get(s.step_id) : null;
+      return w && !TERMINAL_TASK.has(w.state) ? "running" : s.status;
+    };
+    const sig = steps.map((s) => `${s.step_id}:${statusOf(s)}:${s.waiting || ""}:${(s.after || []).join("+")}`).join(",");
+    if (sig === this.graphSig) return;
+    this.graphSig = sig;
+    renderGraph(this.graphEl, steps, { statusOf, onSelect: (id) => this.showStep(id) });
+  }
+
+  /** Scroll to step `id`'s row and mark it a moment. */
+  showStep(id) {
+    const row = [...this.stepsEl.querySelectorAll("[data-testid=step-row]")].find((r) => r.dataset.stepId === id);
+    if (!row) return;
+    row.scrollIntoView({ block: "center", behavior: "smooth" });
+    row.classList.remove("flash");
+    void row.offsetWidth; // restart the animation
+    row.classList.add("flash");
+  }
+
+  /** A card per agent step: its conversation. */
+  renderTalks(d) {
+    this.talks.sync(d);
+    const agents = Conversations.steps(d);
+    const outputs = Object.fromEntries((d.steps || []).filter((s) => s.status === "succeeded").map((s) => [s.step_id, s.output]));
+    const key = `${this.talks.version}|${agents.map((s) => s.step_id).join(",")}`;
+    if (key === this.talksKey) return; // keep open <details> while nothing changed
+    this.talksKey = key;
+    fill(
+      this.talkEl,
+      agents.map((s) => {
+        const body = h("div");
+        renderConversation(body, this.talks.get(s.step_id), { inputs: d.inputs, outputs });
+        return card(`Conversation · ${s.step_id}`, body, "conversation-card", "the agent's turns: its text, the tools it called and what they returned");
+      }),
+    );
   }
 
   more(what) {
@@ -519,7 +574,11 @@ export class RunPage {
             h("span", { class: `status-dot tone-${tone(st)}` }),
             h("strong", { class: "mono" }, s.step_id),
             h("span", { class: "tool-tag" }, s.tool),
-            spec.after && spec.after.length ? h("span", { class: "muted small" }, `after ${spec.after.join(", ")}`) : null,
+            (s.after || spec.after || []).length ? h("span", { class: "muted small" }, `after ${(s.after || spec.after).join(", ")}`) : null,
+            s.added_by
+              ? h("span", { class: "pill pill-sm tone-wait added-badge", testid: "step-added-by", dataset: { addedBy: s.added_by } }, `added by ${s.added_by}`)
+              : null,
+            s.dynamic ? h("span", { class: "pill pill-sm tone-idle", testid: "step-dynamic", title: "Its output adds steps to the plan" }, "dynamic") : null,
             awaited
               ? h("span", { class: "pill pill-sm tone-wait waiting-badge", testid: "step-waiting", dataset: { waiting: awaited } }, `waiting for ${awaited}`)
               : null,

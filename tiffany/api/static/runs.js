@@ -4,11 +4,55 @@
 // over HTTP and patched live from the activity feed.
 // A refresh prompted by events asks for the store at least at their WAL seq
 // (`?min_seq=`), so a run that just started or finished is in the answer.
+// With a filter on, bulk actions act on every run it selects (not only the
+// page shown): "Cancel N runs" (those pending or running) and "Re-run N
+// failed runs" (each from its failed steps), after a confirmation naming N;
+// the runs are listed page by page, the requests sent BULK_CONCURRENCY at a
+// time, and what was done and refused is reported.
 
-import { api } from "./api.js";
-import { ago, duration, fill, h, pressed, RUN_STATUSES, runNo, slotState, TERMINAL_RUN, throttle, timeEl, tone, whenReleased } from "./dom.js";
+import { api, rerunRun } from "./api.js";
+import {
+  ago,
+  confirmDialog,
+  duration,
+  fill,
+  h,
+  pressed,
+  RUN_STATUSES,
+  runNo,
+  slotState,
+  TERMINAL_RUN,
+  throttle,
+  timeEl,
+  toast,
+  tone,
+  whenReleased,
+} from "./dom.js";
 
 const PAGE = 50;
+/** Requests a bulk action has in flight at once. */
+const BULK_CONCURRENCY = 4;
+/** Most runs one bulk action acts on (the confirmation says when the filter selects more). */
+const BULK_MAX = 1000;
+/** Runs a page of the bulk action's listing holds (the API's most). */
+const BULK_PAGE = 500;
+/** The bulk actions: the statuses they act on and what they do to a run. */
+const BULK = {
+  cancel: {
+    statuses: ["pending", "running"],
+    label: (n) => `Cancel ${n} run${n === 1 ? "" : "s"}`,
+    doing: "Cancelling",
+    done: "cancelled",
+    run: (id) => api(`api/runs/${encodeURIComponent(id)}/cancel`, { method: "POST" }),
+  },
+  rerun: {
+    statuses: ["failed"],
+    label: (n) => `Re-run ${n} failed run${n === 1 ? "" : "s"}`,
+    doing: "Re-running",
+    done: "re-run",
+    run: (id) => rerunRun(id),
+  },
+};
 /** How long typing pauses before the list is asked again, in milliseconds. */
 const SEARCH_DEBOUNCE_MS = 300;
 const TEXT_FILTERS = ["name", "q"];
@@ -64,6 +108,8 @@ export class RunsPane {
       "Older runs",
     );
     this.empty = h("div", { class: "empty", testid: "runs-empty", hidden: true });
+    this.bulkBar = h("div", { class: "bulk-bar", testid: "bulk-bar", hidden: true });
+    this.bulk = null; // the bulk action under way, or its report: {verb, done, refused, total, busy}
     fill(
       this.root,
       h(
@@ -86,6 +132,7 @@ export class RunsPane {
       ),
       this.buildFilters(),
       this.chips,
+      this.bulkBar,
       h("div", { class: "runs-scroll" }, this.list, this.empty, this.more),
     );
   }
@@ -315,12 +362,128 @@ export class RunsPane {
       );
     }
     fill(this.list, rows);
+    this.renderBulk(filtered);
     this.empty.hidden = rows.length > 0;
     fill(
       this.empty,
       filtered ? "No runs match these filters." : status ? `No ${status} runs.` : "No runs yet. Start one with “New run”.",
     );
     this.more.hidden = this.nextBefore == null;
+  }
+
+  /** How many runs the filter selects that bulk action `verb` acts on (the counts are the filter's). */
+  bulkCount(verb) {
+    const { status } = this.route();
+    return BULK[verb].statuses.filter((s) => !status || s === status).reduce((n, s) => n + (this.counts[s] || 0), 0);
+  }
+
+  /** The bulk actions' bar: shown while a filter is on. */
+  renderBulk(filtered) {
+    const { status } = this.route();
+    const on = filtered || !!status;
+    if (this.bulk && !this.bulk.busy && this.bulk.key !== filterKey(this.route())) this.bulk = null; // another filter
+    const b = this.bulk;
+    const buttons = on
+      ? Object.keys(BULK).map((verb) => {
+          const n = this.bulkCount(verb);
+          return n
+            ? h(
+                "button",
+                {
+                  class: `btn btn-sm ${verb === "cancel" ? "btn-danger" : ""}`,
+                  testid: `bulk-${verb}`,
+                  dataset: { count: String(n) },
+                  disabled: !!(b && b.busy),
+                  onclick: () => this.runBulk(verb),
+                },
+                BULK[verb].label(n),
+              )
+            : null;
+        })
+      : [];
+    const report = b
+      ? h(
+          "span",
+          { class: `small ${b.busy ? "muted" : b.refused.length ? "error-text" : "muted"}`, testid: "bulk-report", role: "status", dataset: { busy: String(b.busy), done: String(b.done), refused: String(b.refused.length) } },
+          b.busy
+            ? `${BULK[b.verb].doing}… ${b.done + b.refused.length}/${b.total}`
+            : `${b.done} of ${b.total} ${BULK[b.verb].done}${b.refused.length ? `; ${b.refused.length} not: ${b.refused[0].message}` : ""}`,
+        )
+      : null;
+    if (!on && !b) {
+      this.bulkBar.hidden = true;
+      return;
+    }
+    this.bulkBar.hidden = false;
+    if (!buttons.some(Boolean) && !report) {
+      this.bulkBar.hidden = true;
+      return;
+    }
+    fill(this.bulkBar, h("span", { class: "muted small" }, "filtered:"), buttons, report);
+  }
+
+  /** Every run the filter selects in `statuses`, newest first, at most `max` (and whether there were more). */
+  async bulkRuns(statuses, max) {
+    const route = this.route();
+    const ids = [];
+    for (const status of statuses) {
+      if (route.status && route.status !== status) continue;
+      let before = null;
+      do {
+        const q = filterQuery(route, new URLSearchParams({ limit: String(BULK_PAGE), status }));
+        if (before != null) q.set("before", String(before));
+        const page = await api(`api/runs?${q}`);
+        ids.push(...(page.runs || []).map((r) => r.run_id));
+        before = page.next_before ?? null;
+      } while (before != null && ids.length <= max);
+    }
+    return { ids: ids.slice(0, max), more: ids.length > max };
+  }
+
+  /** Ask, then do bulk action `verb` to every run the filter selects. */
+  async runBulk(verb) {
+    const action = BULK[verb];
+    const n = this.bulkCount(verb);
+    const route = this.route();
+    const words = [...TEXT_FILTERS, ...TIME_FILTERS].filter((k) => route[k]).map((k) => `${k} “${route[k]}”`);
+    const sure = await confirmDialog({
+      title: `${action.label(n)}?`,
+      message: [
+        h("p", { testid: "bulk-confirm-count", dataset: { count: String(n) } }, `${action.label(n)} selected by the filter${words.length ? ` (${words.join(", ")}${route.status ? `, ${route.status}` : ""})` : route.status ? ` (${route.status})` : ""}.`),
+        n > BULK_MAX ? h("p", { class: "error-text small" }, `Only the newest ${BULK_MAX} are acted on; run it again for the rest.`) : null,
+        verb === "rerun" ? h("p", { class: "muted small" }, "Each starts a new run that reuses the steps that succeeded.") : null,
+      ],
+      confirm: action.label(n),
+      danger: verb === "cancel",
+    });
+    if (!sure) return;
+    this.bulk = { verb, busy: true, done: 0, refused: [], total: n, key: filterKey(route) };
+    this.render();
+    try {
+      const { ids } = await this.bulkRuns(action.statuses, BULK_MAX);
+      this.bulk.total = ids.length;
+      let next = 0;
+      const worker = async () => {
+        while (next < ids.length) {
+          const id = ids[next++];
+          try {
+            await action.run(id);
+            this.bulk.done++;
+          } catch (err) {
+            this.bulk.refused.push({ run_id: id, message: err.message || String(err) });
+          }
+          this.renderSoon();
+        }
+      };
+      await Promise.all(Array.from({ length: Math.min(BULK_CONCURRENCY, ids.length) }, worker));
+    } catch (err) {
+      this.onError(err);
+    }
+    const b = this.bulk;
+    b.busy = false;
+    toast(`${b.done} of ${b.total} runs ${action.done}${b.refused.length ? `; ${b.refused.length} not` : ""}`, b.refused.length ? "warn" : "ok");
+    this.render();
+    this.refresh();
   }
 
   /** Insert a run we just created (`seq`: its submission's WAL seq, the refresh waits for it). */

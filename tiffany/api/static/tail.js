@@ -1,10 +1,11 @@
 // The live activity tail: the newest events first, pausable, filtered by
-// run. By default it shows run-level events, told as sentences (run
-// started / ended, step started / finished / failed / retried, waiting for a
-// signal, tool output); the kernel's detail (dispatches, blocked, woke, the
-// tasks that are not steps) is behind the "kernel detail" toggle, where the
-// per-dispatch `step` events can be hidden again. The DOM holds at most
-// TAIL_ROWS rows; new events are added once per animation frame.
+// run: the run page open (it follows it), a run picked, or all. By default it
+// shows run-level events, told as sentences (run started / ended, step
+// started / finished / failed / retried, waiting for a signal and receiving
+// it, a model call's tokens, tool output); the kernel's detail (dispatches,
+// blocked, woke, the tasks that are not steps) is behind the "kernel detail"
+// toggle, where the per-dispatch `step` events can be hidden again. The DOM
+// holds at most TAIL_ROWS rows; new events are added once per animation frame.
 
 import { clock, compact, fill, h, runNo, stamp, statusWord, tone } from "./dom.js";
 
@@ -13,8 +14,10 @@ export const TAIL_ROWS = 250;
 /**
  * A run-level event told as a sentence: `{text, tone}`, or null for the
  * kernel's detail. Steps are the plan's (a worker task and its step id).
+ * `waits`: what each task (`run:ltid`) waits for, kept across the events
+ * told in order, so a worker woken from a signal wait says it received it.
  */
-export function runLevel(ev) {
+export function runLevel(ev, waits = null) {
   const d = ev.data || {};
   const step = ev.step_id || d.step || (ev.task_kind === "worker" && ev.task ? ev.task.replace(/^worker:/, "") : null);
   switch (ev.kind) {
@@ -30,10 +33,15 @@ export function runLevel(ev) {
       return { text: `step ${step}: ${d.message ?? d.text ?? d.line ?? compact(d, 120)}`, tone: d.level === "warning" ? "warn" : "idle" };
     case "tool.finished":
       return d.ok ? null : { text: `step ${step} attempt failed: ${(d.error && d.error.message) || ev.label}`, tone: "bad" };
+    case "llm.usage": {
+      const usd = d.cost_usd ? ` · $${Number(d.cost_usd).toFixed(4)}` : "";
+      return step ? { text: `step ${step}: model call, ${d.total_tokens ?? "?"} tokens${usd}`, tone: "idle" } : null;
+    }
     default:
       break;
   }
   if (ev.task_kind !== "worker" || !step) return null;
+  if (waits && (ev.kind === "exit" || ev.kind === "crash" || ev.kind === "cancelled")) waits.delete(`${ev.run}:${ev.ltid}`);
   switch (ev.kind) {
     case "spawned":
       return { text: `step ${step} started`, tone: "live" };
@@ -43,8 +51,18 @@ export function runLevel(ev) {
       return { text: `step ${step} failed: ${ev.label}`, tone: "bad" };
     case "cancelled":
       return { text: `step ${step} cancelled`, tone: "idle" };
-    case "blocked":
-      return /signal/.test(ev.label || "") ? { text: `step ${step} ${ev.label}`, tone: "wait" } : null;
+    case "blocked": {
+      const signal = /signal/.test(ev.label || "");
+      if (waits && signal) waits.set(`${ev.run}:${ev.ltid}`, ev.label);
+      else if (waits) waits.delete(`${ev.run}:${ev.ltid}`);
+      return signal ? { text: `step ${step} ${ev.label}`, tone: "wait" } : null;
+    }
+    case "woke": {
+      const was = waits && waits.get(`${ev.run}:${ev.ltid}`);
+      if (waits) waits.delete(`${ev.run}:${ev.ltid}`);
+      const m = was && was.match(/signal\s+(\S+)/);
+      return m ? { text: `step ${step} received signal ${m[1]}`, tone: "live" } : null;
+    }
     default:
       return null;
   }
@@ -78,6 +96,9 @@ export class Tail {
     this.hideSteps = false;
     this.kernel = false; // kernel detail shown
     this.runFilter = null;
+    this.following = false; // the filter is the open run page's run
+    this.told = new WeakMap(); // event -> its sentence (null: kernel detail)
+    this.waits = new Map(); // what each task waits for (runLevel)
     this.missed = 0;
     this.pending = [];
     this.build();
@@ -144,14 +165,16 @@ export class Tail {
 
   /** Refill the run filter's options from the known runs. */
   updateFilterOptions(runs) {
+    if (runs) this.known = runs;
     const cur = this.runFilter;
+    const label = (r) => `${this.following && r.run_id === cur ? "This run: " : ""}${r.name || r.run_id} ${runNo(r) ?? ""}`;
     const opts = [h("option", { value: "" }, "All runs")];
     let seen = false;
-    for (const r of runs.slice(0, 100)) {
+    for (const r of (this.known || []).slice(0, 100)) {
       if (r.run_id === cur) seen = true;
-      opts.push(h("option", { value: r.run_id }, `${r.name || r.run_id} ${runNo(r) ?? ""}`));
+      opts.push(h("option", { value: r.run_id }, label(r)));
     }
-    if (cur && !seen) opts.push(h("option", { value: cur }, cur));
+    if (cur && !seen) opts.push(h("option", { value: cur }, label({ run_id: cur })));
     fill(this.filterSel, opts);
     this.filterSel.value = cur || "";
   }
@@ -165,14 +188,26 @@ export class Tail {
     }
   }
 
-  setFilter(runId) {
-    if (runId === this.runFilter) return;
+  /** Show run `runId`'s events (null: every run's); `following`: it is the open run page's. */
+  setFilter(runId, { following = false } = {}) {
+    if (runId === this.runFilter && following === this.following) return;
+    const changed = runId !== this.runFilter;
     this.runFilter = runId;
-    if ([...this.filterSel.options].every((o) => o.value !== (runId || ""))) {
-      this.filterSel.append(h("option", { value: runId }, runId));
+    this.following = following;
+    this.root.dataset.following = String(following);
+    this.root.dataset.runFilter = runId || "";
+    this.updateFilterOptions();
+    if (changed) this.rebuild();
+  }
+
+  /** The sentence of `ev` (null: kernel detail), told once, in the order events came. */
+  tell(ev) {
+    let told = this.told.get(ev);
+    if (told === undefined) {
+      told = runLevel(ev, this.waits);
+      this.told.set(ev, told);
     }
-    this.filterSel.value = runId || "";
-    this.rebuild();
+    return told;
   }
 
   setPaused(p) {
@@ -186,13 +221,14 @@ export class Tail {
 
   accepts(ev) {
     if (this.runFilter && ev.run !== this.runFilter) return false;
-    if (!this.kernel) return runLevel(ev) !== null;
+    if (!this.kernel) return this.tell(ev) !== null;
     if (this.hideSteps && ev.kind === "step") return false;
     return true;
   }
 
   /** New events (already applied to the live model); called per frame. */
   push(events) {
+    for (const e of events) this.tell(e); // in order: a wake-up is told after its wait
     const mine = events.filter((e) => this.accepts(e));
     if (!mine.length) return;
     if (this.paused) {
@@ -231,7 +267,7 @@ export class Tail {
 
   row(ev) {
     const runLabel = ev.run ? this.runName(ev.run) : null;
-    const told = runLevel(ev);
+    const told = this.tell(ev);
     return h(
       "li",
       {
@@ -246,7 +282,7 @@ export class Tail {
       h("time", { class: "t", title: stamp(ev.ts) }, clock(ev.ts)),
       h("span", { class: `kind tone-${told ? told.tone : KIND_TONE[ev.kind] || tone(ev.kind)}` }, ev.kind),
       told
-        ? h("span", { class: "what", testid: "tail-what" }, told.text)
+        ? h("span", { class: "what", testid: "tail-what", title: told.text }, told.text)
         : h(
             "span",
             { class: "what", testid: "tail-what" },

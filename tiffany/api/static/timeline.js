@@ -34,11 +34,13 @@ export function moreButton(hidden, onMore, testid) {
 
 /**
  * A row's label from the task's fields, never from its name: a worker shows
- * its step, a tool task its step's tool (`tools`: step id -> tool), any other
- * task its name.
+ * its step, a tool task what it is known to run (`labels`: ltid -> label,
+ * an agent's model and tool calls) or else its step's tool (`tools`: step
+ * id -> tool), any other task its name.
  */
-function rowLabel(task, tools) {
+function rowLabel(task, tools, labels) {
   if (task.kind === "worker" && task.step_id) return task.step_id;
+  if (labels && labels.has(task.ltid)) return labels.get(task.ltid);
   if (task.kind === "tool" && task.step_id && tools && tools.get(task.step_id)) {
     return tools.get(task.step_id);
   }
@@ -49,7 +51,7 @@ function rowLabel(task, tools) {
  * Render `rows` ({task, depth} in tree order) into `root`.
  * `now` (epoch s) closes the bars of tasks still running.
  */
-export function renderTimeline(root, rows, { now, tools, failedSteps, selected, onSelect, limit, onMore }) {
+export function renderTimeline(root, rows, { now, tools, labels, failedSteps, selected, onSelect, limit, onMore }) {
   const timed = rows.filter((r) => r.task.started_at != null);
   if (!timed.length) {
     fill(root, h("div", { class: "empty" }, "No task has started yet."));
@@ -92,7 +94,7 @@ export function renderTimeline(root, rows, { now, tools, failedSteps, selected, 
           },
         });
       });
-    const label = rowLabel(task, tools);
+    const label = rowLabel(task, tools, labels);
     return h(
       "div",
       {
