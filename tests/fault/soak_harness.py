@@ -485,6 +485,9 @@ class Soak:
 
     def _sigterm(self, rng: random.Random) -> None:
         node = self._pick(rng)
+        deadline = time.monotonic() + 30
+        while "api" not in node.roles() and time.monotonic() < deadline:
+            time.sleep(0.1)  # its exit times the engine's stop (Node.sigterm): let it be up
         engine = node.roles().get("engine")
         t_sent = time.monotonic()
         t_cut, code = node.sigterm()
