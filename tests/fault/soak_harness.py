@@ -4,7 +4,7 @@
 ``tests/fault/test_soak_short.py`` runs it for about a minute and asserts
 that every count that must be 0 is.
 
-The load (``soak_load.py``): ``in_flight`` runs of seven kinds kept
+The load (``soak_load.py``): ``in_flight`` runs of eight kinds kept
 unfinished (plans, signals, sub-plans, agent steps calling a mock model on
 127.0.0.1), each submitted with an Idempotency-Key (its tag) and retried
 until acknowledged; signals sent with Idempotency-Keys, retried until 202;
@@ -55,7 +55,7 @@ from soak_account import (
     read_executions,
     read_journal,
 )
-from soak_load import KINDS, SCHEDULES, TICK_PLAN, MockModel, Work, make_work
+from soak_load import BURST, KINDS, SCHEDULES, TICK_PLAN, MockModel, Work, make_work
 from soak_nodes import (
     ORPHAN_WAIT_S,
     TARGETS,
@@ -483,8 +483,40 @@ class Soak:
         else:
             os.kill(roles[target], signal.SIGKILL)
 
+    def _burst(self, rng: random.Random) -> int | None:
+        """Submit a :data:`~soak_load.BURST` run; once it runs, the pid of the engine running it.
+
+        Its first effect line says that the engine's thread pool is full and
+        has jobs queued (32 of 1 s for 8 threads): a stop then finds some.
+        """
+        tag = f"t{len(self.works)}-burst"
+        work = make_work(BURST, tag, rng, self.eff)
+        self.works[tag] = work
+        body = {"plan": work.plan, "inputs": {"tag": tag}}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and tag not in self.acked:
+            url = self._url()
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                if url is not None:
+                    r = httpx.post(url + "/api/runs", json=body, headers={"Idempotency-Key": tag})
+                    if r.status_code in (200, 201):
+                        self.acked_at[tag] = time.monotonic()
+                        self.acked[tag] = str(r.json()["run_id"])
+                        break
+            time.sleep(0.2)
+        while time.monotonic() < deadline:
+            started = [e.pid for e in read_executions(self.eff) if e.tag == tag]
+            if started:
+                self.faults["bursts"] += 1
+                return started[0]
+            time.sleep(0.05)
+        self.faults["bursts that did not start"] += 1
+        return None
+
     def _sigterm(self, rng: random.Random) -> None:
-        node = self._pick(rng)
+        pid = self._burst(rng)
+        running = [n for n in self.nodes if pid is not None and n.roles().get("engine") == pid]
+        node = running[0] if running else self._pick(rng)
         deadline = time.monotonic() + 30
         while "api" not in node.roles() and time.monotonic() < deadline:
             time.sleep(0.1)  # its exit times the engine's stop (Node.sigterm): let it be up
@@ -499,7 +531,7 @@ class Soak:
     def _sigstop(self, rng: random.Random) -> None:
         """SIGSTOP the driving engine until its stream is taken over, then SIGCONT it."""
         assert self.pg_url is not None
-        pid = driving_pid(self.pg_url)
+        pid = self._burst(rng) or driving_pid(self.pg_url)
         if pid is None:
             self.faults["SIGSTOP: no engine drove the stream"] += 1
             return
@@ -788,6 +820,11 @@ def table(s: dict[str, Any]) -> str:
         ),
         ("engine stops by kind", s["engine_stops"], ""),
         ("model calls (mock)", s["model_calls"], ""),
+        (
+            "seconds: load and the runs' end / stop and journal read / verify",
+            " / ".join(f"{v:.0f}" for v in s["phases_s"].values()),
+            "",
+        ),
         (
             "websockets opened / stalled / frames / errors",
             slash(s["websockets"], ("opened", "stalled", "frames", "errors")),

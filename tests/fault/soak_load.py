@@ -7,6 +7,8 @@ Eight kinds of run, drawn uniformly by a seeded ``random.Random``:
 * ``wide``: 8 to 12 effects at once that hold a thread 0.3-1 s each, then
   one more: the engine's thread pool (8 threads) has jobs queued most of the
   time, so a stop finds some queued (a stopping engine must not start them);
+  the harness submits a wider one (``burst``, 32 effects of 1 s) right
+  before each SIGTERM and SIGSTOP, and stops the engine once it runs;
 * ``signal``: an effect, two ``signal.wait`` steps on the same name ``go``,
   an effect. The harness sends two signals with Idempotency-Keys, the first
   right after the 201 (before the wait: it is kept), the same first one a
@@ -39,6 +41,12 @@ from typing import Any
 from fault_support import PLAN_KINDS, effect_args, effect_steps, mixed_plan
 
 KINDS = (*PLAN_KINDS, "wide", "signal", "subplan", "agent")
+#: The run the harness submits right before a SIGTERM or a SIGSTOP: :data:`BURST_WIDTH`
+#: effects that hold a thread :data:`BURST_JOB_S` each, so the engine's 8 pool threads
+#: have jobs queued for 3 s (serve stops its API first: most often in under a second).
+BURST = "burst"
+BURST_WIDTH = 32
+BURST_JOB_S = 1.0
 
 #: ``(cron, catchup)`` of the soak's schedules: every 1, 3 and 5 seconds.
 SCHEDULES = (("* * * * * *", "all"), ("* * * * * */3", "skip"), ("* * * * * */5", "one"))
@@ -97,13 +105,18 @@ def make_work(kind: str, tag: str, rng: random.Random, eff: Path) -> Work:
     if kind in PLAN_KINDS:
         plan = mixed_plan(kind, rng, eff)
         return Work(tag, kind, plan, {tag: effect_steps(plan)})
-    if kind == "wide":
-        width = rng.randint(8, 12)
+    if kind in ("wide", BURST):
+        width = rng.randint(8, 12) if kind == "wide" else BURST_WIDTH
         steps: list[dict[str, Any]] = [
             {
                 "id": f"w{i}",
                 "tool": "python",
-                "args": effect_args(eff, f"w{i}", i, round(rng.uniform(0.3, 1.0), 3)),
+                "args": effect_args(
+                    eff,
+                    f"w{i}",
+                    i,
+                    round(rng.uniform(0.3, 1.0), 3) if kind == "wide" else BURST_JOB_S,
+                ),
             }
             for i in range(width)
         ]

@@ -20,7 +20,9 @@ seq it wrote (on the file WAL read here; on PostgreSQL from the
   stop an engine.
 * A SIGTERM restart: SIGTERM to serve, which stops its API and then its
   engine. ``t_cut`` is when the API exited (a pidfd: serve signals the
-  engine right after) plus :data:`SIGTERM_GRACE_S`.
+  engine right after) plus :data:`SIGTERM_GRACE_S`. This leans on that
+  order: a serve that signalled its engine before its API was gone would
+  have the effects started in between counted as in flight.
 * A SIGSTOP (PostgreSQL): the driving engine is stopped until another takes
   its stream over (a new epoch whose old owner is its pid), then continued;
   it must start nothing more and exit.

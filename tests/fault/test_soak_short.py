@@ -4,9 +4,9 @@
 plans, signals (sent early, sent twice with one key), sub-plans (with
 forged ``child:`` signals), schedules ticking every 1-5 s, agent steps
 calling a mock model on 127.0.0.1; kill -9 of a random process of the serve
-group every ~10 s, one SIGTERM restart, and on PostgreSQL (two servers on
-one stream, a 3 s lease) one SIGSTOP of the driving engine until the other
-takes the stream over. Then every acknowledged run must have finished and
+group every 6-18 s, a SIGTERM restart every 15 s, and on PostgreSQL (two
+servers on one stream, a 3 s lease) one SIGSTOP of the driving engine until
+the other takes the stream over. Then every acknowledged run must have finished and
 succeeded with its outputs, every acknowledged signal been consumed once,
 no tick run twice, no effect run beyond the re-runs of steps in flight at
 a stop, and every finished run replay-verify. On failure the message is the
@@ -22,7 +22,7 @@ from pathlib import Path
 from soak_harness import Soak, SoakConfig, nonzero, table
 from soak_nodes import pg_schema
 
-LOAD_MINUTES = 0.75
+LOAD_MINUTES = 0.6
 SHORT = SoakConfig(
     minutes=LOAD_MINUTES,
     in_flight=16,
@@ -42,7 +42,7 @@ def _check(summary: dict[str, object]) -> None:
     assert isinstance(faults, dict)
     assert summary["runs_acknowledged"], text
     assert summary["runs_verified"], text
-    assert sum(v for k, v in faults.items() if k.startswith("kill -9")) >= 2, text
+    assert sum(v for k, v in faults.items() if k.startswith("kill -9")) >= 1, text
     assert faults.get("SIGTERM restarts", 0) >= 1, text
     assert not nonzero(summary), text
 
