@@ -123,12 +123,12 @@ class Soak:
         self.rss: list[tuple[float, str, dict[str, int]]] = []
         self.ws = Counter[str]()
         self.submitted = 0
+        self.unanswered = 0  # submissions retried until the end without an answer
         self.errors: list[str] = []
         self.nodes: list[Node] = []
         self.model: MockModel | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._halt = threading.Event()
-        self._fault_lock = threading.Lock()
         self._seq_hint = 1
         self._t0 = time.monotonic()
         self._deadline = 0.0
@@ -228,21 +228,25 @@ class Soak:
         """Send until an answer that is not an outage (``ok``, or a 4xx other than 429).
 
         Connection errors, 429 and 5xx are retried until the soak's end;
-        then ``(0, None)``.
+        then ``(0, what the last try got)``.
         """
         headers = {"Idempotency-Key": key} if key else {}
         delay = 0.1
+        last: Any = None
         while time.monotonic() < self._deadline:
             url = self._url()
             if url is not None:
-                with contextlib.suppress(httpx.HTTPError, ValueError):
+                try:
                     assert self.client is not None
                     r = await self.client.request(method, url + path, json=body, headers=headers)
                     if r.status_code in ok or (400 <= r.status_code < 500 and r.status_code != 429):
                         return r.status_code, (r.json() if r.content else None)
+                    last = f"{r.status_code} {r.text[:300]}"
+                except (httpx.HTTPError, ValueError) as exc:
+                    last = f"{type(exc).__name__}: {exc}"[:300]
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX_S)
-        return 0, None
+        return 0, last
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -275,6 +279,7 @@ class Soak:
         status, answer = await self._request("POST", "/api/runs", body, key=work.tag)
         if status not in (200, 201):
             self.submitted -= 1  # refused (or the soak ended): not in flight
+            self.unanswered += status == 0
             self.errors.append(f"submit {work.tag}: {status} {answer}")
             return
         run_id = str(answer["run_id"])
@@ -670,6 +675,7 @@ class Soak:
             "seed": self.cfg.seed,
             "runs_submitted": len(self.works),
             "runs_acknowledged": len(acked),
+            "submissions_never_answered": self.unanswered,
             "runs_by_status": dict(by_status),
             "journal_runs_by_status": dict(all_status),
             "acknowledged_runs_lost": len(lost),
@@ -718,6 +724,7 @@ class Soak:
 
 #: The summary's counts that must be 0 (the short test asserts them).
 MUST_BE_ZERO = (
+    "submissions_never_answered",
     "acknowledged_runs_lost",
     "acknowledged_runs_unfinished",
     "acknowledged_runs_not_succeeded",
@@ -751,6 +758,7 @@ def table(s: dict[str, Any]) -> str:
     kills = " / ".join(str(faults.get(f"kill -9 {t}", 0)) for t in TARGETS)
     rows: list[tuple[str, Any, str]] = [
         ("runs submitted / acknowledged", f"{s['runs_submitted']} / {s['runs_acknowledged']}", ""),
+        ("submissions retried to the end, never answered", s["submissions_never_answered"], "*"),
         (
             "acknowledged: succeeded / failed / cancelled / running",
             slash(s["runs_by_status"], st),
