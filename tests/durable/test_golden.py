@@ -15,6 +15,8 @@ import durable_workloads as wl
 import pytest
 
 from tiffany.durable import RecordType, scan, verify
+from tiffany.durable.history import load_many
+from tiffany.durable.runtime import verify_loaded
 from tiffany.wal import iter_records
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
@@ -78,3 +80,15 @@ def test_journals_with_the_engines_old_signals_replay_identically(tmp_path, run_
     settings = Settings(data_dir=data, _env_file=None)
     report = verify(data, run_id, resolvers=replay_resolvers(settings))
     assert report.ok, report.to_dict()
+
+
+@pytest.mark.parametrize(
+    ("name", "run_id"),
+    [("fan_in", "golden-fan_in"), ("nondeterministic", "golden-nondeterministic")],
+)
+def test_runs_read_in_one_pass_verify_as_runs_read_one_by_one(tmp_path, name, run_id):
+    # verify_loaded (bench/soak.py verifies thousands of runs: one pass per batch).
+    data = _copy(name, tmp_path)
+    index, cursors = load_many(data / "wal", {run_id})
+    batch = verify_loaded(index.get(run_id), cursors[run_id])
+    assert batch.to_dict() == verify(data, run_id).to_dict()

@@ -116,9 +116,13 @@ class Served:
         data_dir: Its data dir.
         env: Its whole environment (see :func:`tools_env`).
         log_path: Where its output goes (appended).
+        port: The API's port (0: any free one; a restarted API may then get
+            another, which ``serve.json`` does not follow: the soak passes one).
     """
 
-    def __init__(self, data_dir: Path, env: dict[str, str], log_path: Path | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, env: dict[str, str], log_path: Path | None = None, port: int = 0
+    ) -> None:
         self.data_dir = data_dir
         self.env = env
         self.log_path = log_path or data_dir.parent / f"{data_dir.name}-serve.log"
@@ -127,7 +131,7 @@ class Served:
         ready.unlink(missing_ok=True)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [*TIFFANY, "serve", "--data-dir", str(data_dir), "--port", "0"],
+                [*TIFFANY, "serve", "--data-dir", str(data_dir), "--port", str(port)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -239,7 +243,8 @@ def cli(data_dir: Path, env: dict[str, str], *args: str, timeout: float = 120) -
 # --- plans -----------------------------------------------------------------------------
 
 
-def _effect(eff: Path, step: str, value: Any = 1, sleep: float = 0.0) -> dict[str, Any]:
+def effect_args(eff: Path, step: str, value: Any = 1, sleep: float = 0.0) -> dict[str, Any]:
+    """The ``python`` args of a ``fault.effect`` step of the run's ``tag`` (sleeps after it)."""
     kwargs: dict[str, Any] = {"dir": str(eff), "tag": "${inputs.tag}", "step": step}
     kwargs.update({"value": value, "sleep": sleep})
     return {"function": "fault.effect", "kwargs": kwargs}
@@ -256,7 +261,7 @@ def mixed_plan(kind: str, rng: random.Random, eff: Path) -> dict[str, Any]:
     if kind == "fanout":
         width = rng.randint(3, 6)
         for i in range(width):
-            args = _effect(eff, f"f{i}", i, round(rng.uniform(0.05, 0.4), 3))
+            args = effect_args(eff, f"f{i}", i, round(rng.uniform(0.05, 0.4), 3))
             steps.append({"id": f"f{i}", "tool": "python", "args": args})
         steps.append(
             {"id": "nap", "tool": "sleep", "args": {"seconds": round(rng.uniform(0.1, 0.6), 3)}}
@@ -266,7 +271,7 @@ def mixed_plan(kind: str, rng: random.Random, eff: Path) -> dict[str, Any]:
                 "id": "join",
                 "tool": "python",
                 "after": [f"f{i}" for i in range(width)] + ["nap"],
-                "args": _effect(eff, "join", f"${{steps.f{width - 1}.output.value}}"),
+                "args": effect_args(eff, "join", f"${{steps.f{width - 1}.output.value}}"),
             }
         )
         outputs = {"last": "${steps.join.output.value}", "first": "${steps.f0.output.value}"}
@@ -278,7 +283,7 @@ def mixed_plan(kind: str, rng: random.Random, eff: Path) -> dict[str, Any]:
             step: dict[str, Any] = {
                 "id": f"c{i}",
                 "tool": "python",
-                "args": _effect(eff, f"c{i}", value, round(rng.uniform(0.02, 0.25), 3)),
+                "args": effect_args(eff, f"c{i}", value, round(rng.uniform(0.02, 0.25), 3)),
             }
             if prev is not None:
                 step["after"] = [prev]
@@ -303,7 +308,7 @@ def mixed_plan(kind: str, rng: random.Random, eff: Path) -> dict[str, Any]:
                 "id": "after",
                 "tool": "python",
                 "after": ["flaky"],
-                "args": _effect(eff, "after", 5, round(rng.uniform(0.02, 0.2), 3)),
+                "args": effect_args(eff, "after", 5, round(rng.uniform(0.02, 0.2), 3)),
             }
         )
         outputs = {"after": "${steps.after.output.value}"}
@@ -316,7 +321,7 @@ def mixed_plan(kind: str, rng: random.Random, eff: Path) -> dict[str, Any]:
                 "id": "mark",
                 "tool": "python",
                 "after": [s["id"] for s in steps],
-                "args": _effect(eff, "mark", 7),
+                "args": effect_args(eff, "mark", 7),
             }
         )
         outputs = {"mark": "${steps.mark.output.value}"}
@@ -339,13 +344,13 @@ def effect_steps(plan: dict[str, Any]) -> set[str]:
 
 
 def read_effects(eff: Path) -> list[tuple[str, str, int]]:
-    """The ``(tag, step, pid)`` lines of ``effects.log``, in order."""
+    """The ``(tag, step, pid)`` lines of ``effects.log``, in order (their times left out)."""
     path = eff / "effects.log"
     if not path.exists():
         return []
     out = []
     for line in path.read_text().splitlines():
-        tag, step, pid = line.split()
+        tag, step, pid = line.split()[:3]
         out.append((tag, step, int(pid)))
     return out
 

@@ -2,7 +2,11 @@
 
 ``fault.effect`` appends one line per execution to ``<dir>/effects.log`` (one
 ``write`` of a short line on an ``O_APPEND`` descriptor: lines never
-interleave), so the test counts how many times each step really ran.
+interleave), so the test counts how many times each step really ran. The
+line is ``<tag> <step> <pid> <monotonic s>``: the process that ran it, and
+when (``CLOCK_MONOTONIC``, one clock for every process of the machine), so
+the soak (``soak_account.py``) can tell an effect that started before an
+engine was stopped from one that started after.
 ``fault.flaky`` fails its first ``fail_times`` calls per ``key`` (counted in
 ``<dir>/flaky-<key>``) and then succeeds, for retry policies.
 """
@@ -16,7 +20,7 @@ from pathlib import Path
 
 def effect(dir: str, tag: str, step: str, value: int = 0, sleep: float = 0.0) -> dict[str, int]:
     """Record one execution of ``step`` of the run tagged ``tag``; return ``value`` doubled."""
-    line = f"{tag} {step} {os.getpid()}\n".encode()
+    line = f"{tag} {step} {os.getpid()} {time.monotonic():.6f}\n".encode()
     fd = os.open(Path(dir) / "effects.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)

@@ -33,8 +33,16 @@ from tiffany.durable.checkpoint import (
     CheckpointStore,
     read_checkpoint,
 )
-from tiffany.durable.history import Loaded, RunIndex, checkpoint_of, load_run, read_runs
+from tiffany.durable.history import (
+    Loaded,
+    RunIndex,
+    RunInfo,
+    checkpoint_of,
+    load_run,
+    read_runs,
+)
 from tiffany.durable.journal import Journal, RunState
+from tiffany.durable.replayer import ReplayCursor
 from tiffany.errors import InstrumentFailure, NondeterminismError, TiffanyError
 from tiffany.kernel import Clock, Instrument, Scheduler
 from tiffany.records import JOURNAL_COMPAT
@@ -50,6 +58,7 @@ __all__ = [
     "VerifyReport",
     "resolve_callable",
     "verify",
+    "verify_loaded",
 ]
 
 log = structlog.get_logger("tiffany.durable")
@@ -411,6 +420,19 @@ def verify(
     """
     wal_dir = log if log is not None else Path(data_dir) / "wal"
     info, cursor = load_run(wal_dir, run_id)
+    return verify_loaded(info, cursor, resolvers)
+
+
+def verify_loaded(
+    info: RunInfo, cursor: ReplayCursor, resolvers: dict[str, Resolver] | None = None
+) -> VerifyReport:
+    """:func:`verify` of a run read already: many runs read in one pass (``load_many``).
+
+    Reading one run is a pass over the log from its start, so verifying
+    every run of a log one by one reads the log once per run; ``load_many``
+    reads the cursors of a batch of runs in one pass.
+    """
+    run_id = info.run_id
     report = VerifyReport(run_id, False, info.status, len(cursor.dispatches), info.records)
     if not info.finished:
         report.problems.append("the run has not finished; resume it with `tiffany replay RUN_ID`")
