@@ -74,8 +74,19 @@ def test_submit_tail_runs_status_over_http(served: Served) -> None:
     tailed = remote(served, "tail", "--run", run_id)
     assert tailed.returncode == 0, tailed.stderr
     lines = tailed.stdout.splitlines()
-    assert "run.finished" in lines[-1]
+    assert "run finished    succeeded" in lines[-1]
     assert run_id in lines[-1]
+    # Step-level by default over the websocket too; every dispatch with --kernel.
+    assert [" ".join(line.split()[2:4]) for line in lines] == [
+        "run started",
+        "step started",
+        "step finished",
+        "run finished",
+    ], tailed.stdout
+    dispatches = remote(served, "tail", "--run", run_id, "--kernel")
+    assert dispatches.returncode == 0, dispatches.stderr
+    assert "queue_get" in dispatches.stdout
+    assert "run.finished" in dispatches.stdout.splitlines()[-1]
     with Client(served.url, token=TOKEN) as client:
         done = client.wait(run_id, timeout=60)
     assert done.status == "succeeded"

@@ -25,7 +25,6 @@ from tiffany.cli.remote import (
     control_problems,
     print_problem,
     remote,
-    show_event,
 )
 from tiffany.cli.run import InputsOption
 
@@ -405,23 +404,36 @@ def tail(
     ctx: typer.Context,
     run_id: Annotated[str | None, typer.Option("--run", help="Only this run's events.")] = None,
     since: Annotated[int | None, typer.Option(help="Resume after this seq.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON event per line.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON event per line (feed schema v2).")
+    ] = False,
+    kernel: Annotated[
+        bool,
+        typer.Option(
+            "--kernel",
+            help="Every event of the feed, each kernel dispatch (queue_get, woke...) included.",
+        ),
+    ] = False,
     url: UrlOption = None,
     token: TokenOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
-    """Follow the activity feed (Ctrl-C stops); with --run, that run's, until it finishes.
+    """Follow the runs step by step (Ctrl-C stops); with --run, that run, until it finishes.
 
+    One line per run started or finished, step started, retrying, finished
+    or failed (with its duration), and signal; --kernel shows every event of
+    the activity feed instead, and --json prints the events shown as JSON.
     With --run, from the run's first event the engine still holds: a run that
     already finished shows them and ends at once; an unknown run exits 3.
     """
+    from tiffany.cli.tailview import TailView
     from tiffany.pal.transport import FEED_SOCKET, follow
 
+    view = TailView(kernel=kernel, as_json=as_json)
     if url:
         with remote(url, token) as client, contextlib.suppress(KeyboardInterrupt):
             for item in client.events(run_id, since=since, until_finished=run_id is not None):
-                frame = item.model_dump(exclude_none=True)
-                show_event(frame, as_json)
+                view.show(item.model_dump(exclude_none=True))
         return
 
     paths = [home / FEED_SOCKET for home in _homes(ctx)]
@@ -463,7 +475,7 @@ def tail(
                 # Its events have left the ring, its end too: say how it ended.
                 typer.echo(f"run {run_id}: finished ({start[2]}); its events are no longer held")
                 return
-            show_event(frame, as_json)
+            view.show(frame)
             if run_id is not None and frame.get("kind") == "run.finished":
                 return
 
