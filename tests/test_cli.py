@@ -212,3 +212,25 @@ def test_a_ctrl_c_after_the_loop_ended_is_counted_not_raised() -> None:
         os.kill(os.getpid(), signal.SIGINT)  # as the state is read, the WAL closed
         assert ctrl_c.pressed == 1
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_an_option_error_names_the_option_as_it_was_given(tmp_path: Path) -> None:
+    """A bad ``TIFFANY_URL`` was told as ``--url: url: ...``, and ``-i k`` as ``--input``."""
+    plan = tmp_path / "p.json"
+    step = {"id": "a", "tool": "sleep", "args": {"seconds": 0}}
+    plan.write_text(json.dumps({"name": "p", "steps": [step]}))
+    from_env = runner.invoke(app, ["submit", str(plan)], env={"TIFFANY_URL": "htp:/x"})
+    assert from_env.exit_code == 2
+    assert from_env.output.splitlines() == ["tiffany: TIFFANY_URL: not an http(s) URL: 'htp:/x'"]
+    typed = runner.invoke(app, ["submit", str(plan), "--url", "htp:/x"])
+    assert typed.output.splitlines() == ["tiffany: --url: not an http(s) URL: 'htp:/x'"]
+    for flag in ("-i", "--input"):
+        bad = runner.invoke(app, ["run", str(plan), flag, "k", "--data-dir", str(tmp_path)])
+        assert bad.exit_code == 2
+        assert bad.output.splitlines() == [f"tiffany: {flag} wants key=value, got 'k'"]
+    undeclared = runner.invoke(app, ["run", str(plan), "-i", "k=1", "--data-dir", str(tmp_path)])
+    assert undeclared.exit_code == 2
+    assert undeclared.output.splitlines() == [
+        "tiffany: -i k: not an input of this plan (inputs: none)"
+    ]
+    assert not (tmp_path / "wal").exists()

@@ -12,6 +12,11 @@ Commands that exist:
 * ``tiffany config``: print the effective settings, secrets masked.
 * ``tiffany version``: print the version.
 
+Help texts: a command's docstring is written for the code's readers
+(reST); :func:`plain_help` turns it into the plain text ``--help`` prints.
+An error names an option as the user gave it (``-i`` or ``--input``,
+``--url`` or ``TIFFANY_URL``): ``tiffany/cli/flags.py``.
+
 Credentials in URLs never reach the terminal: whatever the CLI writes to
 standard error (its errors and hints, log lines, tracebacks) passes through
 :func:`tiffany.redaction.redact_url_credentials` (:class:`RedactingStream`),
@@ -41,6 +46,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TextIO
 import typer
 
 import tiffany
+from tiffany.cli.flags import ArgvGroup
 from tiffany.redaction import redact_url_credentials
 
 if TYPE_CHECKING:
@@ -53,6 +59,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=ArgvGroup,  # keeps the command line: an error names an option as typed (flags.py)
     # Plain click help: rich markup read "[default: 127.0.0.1]" in a help text
     # as a tag and dropped it ("binds to ."), and showed flags as "--help <bool>".
     rich_markup_mode=None,
