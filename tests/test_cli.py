@@ -11,13 +11,15 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
+from typer.main import get_command
 from typer.testing import CliRunner
 
 import tiffany
-from tiffany.cli import app
+from tiffany.cli import app, plain_help
 
 runner = CliRunner()
 
@@ -164,6 +166,42 @@ def test_help_shows_defaults_in_brackets_and_flags_without_a_type() -> None:
     assert "Address the API binds to [default: 127.0.0.1]." in out
     assert "<bool>" not in out
     assert re.search(r"^\s+--demo\s+Submit the demo plan", out, re.MULTILINE), out
+
+
+def _helps(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, str]]:
+    """Every command's ``--help`` output, the root's and each group's included."""
+    shown = runner.invoke(app, [*path, "--help"], terminal_width=100)
+    assert shown.exit_code == 0, (path, shown.output)
+    yield " ".join(("tiffany", *path)), shown.output
+    for name, sub in sorted((getattr(command, "commands", None) or {}).items()):
+        yield from _helps(sub, (*path, name))
+
+
+#: What reST (the docstrings' markup) and Python's types look like in a help text.
+MARKUP = re.compile(r"``|:(func|class|mod|meth|attr|data|exc|obj|ref):`|^\s*\\b\s*$|<list\[")
+
+
+def test_no_help_shows_rest_markup_or_python_types() -> None:
+    """``--help`` printed the docstrings' reST as it is: ````serve````, ``:func:``...
+
+    Every command's help, found by walking the app (a command added later is
+    checked too), is plain text: literals in single backquotes, a repeatable
+    option named by its value (``--input KEY=VALUE``), not ``<list[str]>``.
+    """
+    helps = dict(_helps(get_command(app)))
+    assert {"tiffany", "tiffany run", "tiffany plan validate", "tiffany wal repair"} <= set(helps)
+    marked = {
+        name: [line for line in text.splitlines() if MARKUP.search(line)]
+        for name, text in helps.items()
+    }
+    assert {name: lines for name, lines in marked.items() if lines} == {}
+    assert "Run the engine process alone (what `serve` starts)" in helps["tiffany engine"]
+    assert "-i, --input KEY=VALUE" in helps["tiffany submit"]
+
+
+def test_plain_help_rewrites_roles_and_literals() -> None:
+    text = "See :func:`~tiffany.x.redact`, :class:`Settings <tiffany.config.Settings>`, ``serve``."
+    assert plain_help(text) == "See `redact`, `Settings`, `serve`."
 
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

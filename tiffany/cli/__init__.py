@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -301,4 +302,43 @@ def _register_subcommands() -> None:
     tools.register(app)
 
 
+#: A Sphinx role (``:func:`~tiffany.x.y```, ``:class:`Settings```) in a docstring.
+_ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`(~?)([^`<]+?)(?:\s*<[^>]*>)?`")
+
+
+def plain_help(text: str) -> str:
+    r"""A command's docstring as its help: reST markup turned into plain text.
+
+    The docstrings are written for the code's readers (reST, as every
+    docstring of the package); ``--help`` printed them as they are:
+    ````tiffany serve````, ``:func:`...```. Here a literal is put in single
+    backquotes (as the options' help texts write commands), and a role
+    keeps its text (the last part of a dotted name, as Sphinx shows ``~``).
+    Click's own ``\b`` (keep the next paragraph's lines) is click's to read.
+    """
+
+    def role(match: re.Match[str]) -> str:
+        short, name = match.group(1), match.group(2).strip()
+        return f"`{name.rsplit('.', 1)[-1] if short else name}`"
+
+    return _ROLE.sub(role, text).replace("``", "`")
+
+
+def _plain_helps(typer_app: typer.Typer) -> None:
+    """Give every command of ``typer_app`` (and of its groups) its help as plain text."""
+    import inspect
+
+    for command in typer_app.registered_commands:
+        doc = command.help if command.help is not None else inspect.getdoc(command.callback)
+        if doc:
+            command.help = plain_help(doc)
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            help_text = group.typer_instance.info.help
+            if isinstance(help_text, str):
+                group.typer_instance.info.help = plain_help(help_text)
+            _plain_helps(group.typer_instance)
+
+
 _register_subcommands()
+_plain_helps(app)
