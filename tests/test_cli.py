@@ -11,13 +11,15 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
+from typer.main import get_command
 from typer.testing import CliRunner
 
 import tiffany
-from tiffany.cli import app
+from tiffany.cli import app, plain_help
 
 runner = CliRunner()
 
@@ -166,6 +168,42 @@ def test_help_shows_defaults_in_brackets_and_flags_without_a_type() -> None:
     assert re.search(r"^\s+--demo\s+Submit the demo plan", out, re.MULTILINE), out
 
 
+def _helps(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, str]]:
+    """Every command's ``--help`` output, the root's and each group's included."""
+    shown = runner.invoke(app, [*path, "--help"], terminal_width=100)
+    assert shown.exit_code == 0, (path, shown.output)
+    yield " ".join(("tiffany", *path)), shown.output
+    for name, sub in sorted((getattr(command, "commands", None) or {}).items()):
+        yield from _helps(sub, (*path, name))
+
+
+#: What reST (the docstrings' markup) and Python's types look like in a help text.
+MARKUP = re.compile(r"``|:(func|class|mod|meth|attr|data|exc|obj|ref):`|^\s*\\b\s*$|<list\[")
+
+
+def test_no_help_shows_rest_markup_or_python_types() -> None:
+    """``--help`` printed the docstrings' reST as it is: ````serve````, ``:func:``...
+
+    Every command's help, found by walking the app (a command added later is
+    checked too), is plain text: literals in single backquotes, a repeatable
+    option named by its value (``--input KEY=VALUE``), not ``<list[str]>``.
+    """
+    helps = dict(_helps(get_command(app)))
+    assert {"tiffany", "tiffany run", "tiffany plan validate", "tiffany wal repair"} <= set(helps)
+    marked = {
+        name: [line for line in text.splitlines() if MARKUP.search(line)]
+        for name, text in helps.items()
+    }
+    assert {name: lines for name, lines in marked.items() if lines} == {}
+    assert "Run the engine process alone (what `serve` starts)" in helps["tiffany engine"]
+    assert "-i, --input KEY=VALUE" in helps["tiffany submit"]
+
+
+def test_plain_help_rewrites_roles_and_literals() -> None:
+    text = "See :func:`~tiffany.x.redact`, :class:`Settings <tiffany.config.Settings>`, ``serve``."
+    assert plain_help(text) == "See `redact`, `Settings`, `serve`."
+
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
@@ -212,3 +250,25 @@ def test_a_ctrl_c_after_the_loop_ended_is_counted_not_raised() -> None:
         os.kill(os.getpid(), signal.SIGINT)  # as the state is read, the WAL closed
         assert ctrl_c.pressed == 1
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_an_option_error_names_the_option_as_it_was_given(tmp_path: Path) -> None:
+    """A bad ``TIFFANY_URL`` was told as ``--url: url: ...``, and ``-i k`` as ``--input``."""
+    plan = tmp_path / "p.json"
+    step = {"id": "a", "tool": "sleep", "args": {"seconds": 0}}
+    plan.write_text(json.dumps({"name": "p", "steps": [step]}))
+    from_env = runner.invoke(app, ["submit", str(plan)], env={"TIFFANY_URL": "htp:/x"})
+    assert from_env.exit_code == 2
+    assert from_env.output.splitlines() == ["tiffany: TIFFANY_URL: not an http(s) URL: 'htp:/x'"]
+    typed = runner.invoke(app, ["submit", str(plan), "--url", "htp:/x"])
+    assert typed.output.splitlines() == ["tiffany: --url: not an http(s) URL: 'htp:/x'"]
+    for flag in ("-i", "--input"):
+        bad = runner.invoke(app, ["run", str(plan), flag, "k", "--data-dir", str(tmp_path)])
+        assert bad.exit_code == 2
+        assert bad.output.splitlines() == [f"tiffany: {flag} wants key=value, got 'k'"]
+    undeclared = runner.invoke(app, ["run", str(plan), "-i", "k=1", "--data-dir", str(tmp_path)])
+    assert undeclared.exit_code == 2
+    assert undeclared.output.splitlines() == [
+        "tiffany: -i k: not an input of this plan (inputs: none)"
+    ]
+    assert not (tmp_path / "wal").exists()

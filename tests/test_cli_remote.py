@@ -24,6 +24,7 @@ if str(SDK_TESTS) not in sys.path:
 from sdk_support import USER_TOOLS, Served, clean_env, serve, short_dir  # noqa: E402
 
 from tiffany import Client  # noqa: E402
+from tiffany.sdk.errors import ApiError  # noqa: E402
 
 TOKEN = "cli-remote-token"
 COUNT = (
@@ -74,8 +75,19 @@ def test_submit_tail_runs_status_over_http(served: Served) -> None:
     tailed = remote(served, "tail", "--run", run_id)
     assert tailed.returncode == 0, tailed.stderr
     lines = tailed.stdout.splitlines()
-    assert "run.finished" in lines[-1]
+    assert "run finished    succeeded" in lines[-1]
     assert run_id in lines[-1]
+    # Step-level by default over the websocket too; every dispatch with --kernel.
+    assert [" ".join(line.split()[2:4]) for line in lines] == [
+        "run started",
+        "step started",
+        "step finished",
+        "run finished",
+    ], tailed.stdout
+    dispatches = remote(served, "tail", "--run", run_id, "--kernel")
+    assert dispatches.returncode == 0, dispatches.stderr
+    assert "queue_get" in dispatches.stdout
+    assert "run.finished" in dispatches.stdout.splitlines()[-1]
     with Client(served.url, token=TOKEN) as client:
         done = client.wait(run_id, timeout=60)
     assert done.status == "succeeded"
@@ -191,6 +203,56 @@ def test_every_way_in_prints_an_invalid_plan_alike(served: Served) -> None:
         assert proc.returncode == 2, (way, proc.stderr)
         assert proc.stderr.splitlines() == expected, (way, proc.stderr)
     assert not (served.cwd / "alone" / "wal").exists()  # refused before the engine opened
+
+
+def test_python_kwargs_are_checked_against_the_function_at_submission(served: Served) -> None:
+    """A python step's kwargs that its function does not take failed only when the step ran.
+
+    They are refused where the plan enters, naming ``steps[i].args.kwargs.NAME``
+    with a did-you-mean, by every way in: the HTTP API (SDK and ``--url``),
+    the engine's socket, ``run`` alone and beside the server, and ``plan
+    validate`` with the module imported. A value holding a reference is
+    checked by name only.
+    """
+    (served.cwd / "kwargs.yaml").write_text(
+        "name: kwargs\ninputs: {text: a b}\nsteps:\n"
+        "  - {id: count, tool: python, args: {function: word_count, "
+        "kwargs: {txt: '${inputs.text}'}}}\n"
+        "  - {id: half, tool: python, args: {function: must_be_even, kwargs: {n: 4}}}\n"
+    )
+    expected = [
+        "tiffany: invalid plan:",
+        "  steps[0].args.kwargs.txt: unexpected keyword argument 'txt' of python function "
+        "'word_count'; did you mean 'text'? (parameters: text)",
+        "  steps[0].args.kwargs.text: missing required argument 'text' of python function "
+        "'word_count'",
+    ]
+    served_dir = ("--data-dir", str(served.data_dir))
+    imported = ("--import", "usertools")
+    ways = {
+        "submit --url": remote(served, "submit", "kwargs.yaml"),
+        "submit": tiffany(served, "submit", "kwargs.yaml", *served_dir),
+        "run beside serve": tiffany(served, "run", "kwargs.yaml", *served_dir),
+        "run alone": tiffany(
+            served, "run", "kwargs.yaml", *imported, "--data-dir", str(served.cwd / "alone")
+        ),
+        "plan validate": tiffany(served, "plan", "validate", "kwargs.yaml", *imported),
+    }
+    for way, proc in ways.items():
+        assert proc.returncode == 2, (way, proc.stderr)
+        assert proc.stderr.splitlines() == expected, (way, proc.stderr)
+    assert not (served.cwd / "alone" / "wal").exists()  # refused before the engine opened
+    with Client(served.url, token=TOKEN) as client, pytest.raises(ApiError) as refused:
+        client.submit((served.cwd / "kwargs.yaml").read_text())
+    assert refused.value.status == 422
+    assert [e.loc for e in refused.value.errors] == [
+        ("steps", 0, "args", "kwargs", "txt"),
+        ("steps", 0, "args", "kwargs", "text"),
+    ]
+    # Without the module, plan validate says the function is not there (as the server would).
+    missing = tiffany(served, "plan", "validate", "kwargs.yaml")
+    assert missing.returncode == 2
+    assert "no python tool function 'word_count'" in missing.stderr
 
 
 def test_run_beside_serve_prints_the_servers_refusal_once_a_problem(served: Served) -> None:

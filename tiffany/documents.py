@@ -70,12 +70,13 @@ Discussion:
 
 from __future__ import annotations
 
+import difflib
 import functools
 import itertools
 import json
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -90,6 +91,7 @@ __all__ = [
     "DocumentError",
     "Limits",
     "check",
+    "did_you_mean",
     "load",
     "load_reply",
     "load_text",
@@ -97,6 +99,9 @@ __all__ = [
 
 #: What a signal's name may be (``signal.wait``'s ``name``; it travels in a URL path).
 SIGNAL_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+
+#: How close a misspelt name must be to a known one to be suggested (difflib ratio).
+SUGGEST_CUTOFF: Final = 0.6
 
 #: Content types read as YAML (anything else is read as JSON).
 YAML_MEDIA_TYPES: Final = frozenset(
@@ -762,3 +767,13 @@ def load_reply(
     except DocumentError as exc:
         return ("error", exc.loc, exc.msg, exc.fields)
     return ("ok", value)
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """Return ``"; did you mean 'x'?"`` for the closest of ``choices``, or ``""``.
+
+    The one rule for a name a document (or a command line) misspells: a
+    plan's field, a tool, an argument, an input, a step.
+    """
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=SUGGEST_CUTOFF)
+    return f"; did you mean {close[0]!r}?" if close else ""

@@ -103,7 +103,24 @@ def test_duplicate_ids_and_extra_fields():
     errors = _errors(_plan({"id": "a", "tool": "sleep"}, {"id": "a", "tool": "sleep"}))
     assert errors == {"steps[1].id": "duplicate step id 'a'"}
     errors = _errors(_plan({"id": "a", "tool": "sleep", "colour": "red"}))
-    assert errors == {"steps[0].colour": "Extra inputs are not permitted"}
+    assert errors["steps[0].colour"].startswith("unknown field 'colour' (allowed: id, tool, args,")
+
+
+def test_a_misspelt_field_is_named_with_a_did_you_mean_wherever_it_is():
+    """A misspelt key was "Extra inputs are not permitted": which field was meant, and where."""
+    step = {"id": "a", "tool": "sleep", "args": {"seconds": 0}, "aftr": []}
+    errors = _errors(
+        _plan(step, ouputs={}, budget={"token": 10}, concurrency={"key": "k", "limt": 1})
+    )
+    assert errors == {
+        "steps[0].aftr": "unknown field 'aftr'; did you mean 'after'? (allowed: id, tool, "
+        "args, after, retries, backoff, timeout_s, continue_on_error, dynamic)",
+        "ouputs": "unknown field 'ouputs'; did you mean 'outputs'? (allowed: name, "
+        "description, inputs, steps, outputs, concurrency, budget)",
+        "budget.token": "unknown field 'token'; did you mean 'tokens'? (allowed: tokens, usd)",
+        "concurrency.limt": "unknown field 'limt'; did you mean 'limit'? (allowed: key, limit)",
+        "concurrency.limit": "Field required",
+    }
 
 
 def test_resolve_keeps_types_for_whole_references_and_interpolates_text():

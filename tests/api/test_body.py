@@ -125,3 +125,11 @@ def test_wrong_shapes_name_the_field(body: bytes, loc: list[str]) -> None:
         parse_submission(body, None)
     assert info.value.detail[0]["loc"] == loc
     assert info.value.detail[0]["msg"]
+
+
+def test_a_misspelt_field_beside_the_plan_gets_a_did_you_mean() -> None:
+    with pytest.raises(InvalidBody) as info:
+        parse_submission(json.dumps({"plan": PLAN, "input": {"a": 1}}).encode(), None)
+    (item,) = info.value.detail
+    assert item["loc"] == ["body", "input"]
+    assert item["msg"] == "unknown field 'input' beside the plan; did you mean 'inputs'?"

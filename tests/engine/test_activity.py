@@ -106,7 +106,12 @@ def test_a_workers_exit_says_whether_its_step_succeeded(tmp_path: Path) -> None:
         for kind, e in hub.events
         if kind == "exit" and e["task_kind"] == "worker"
     }
-    assert exits == {"nap": ("done", {"ok": True}), "bad": ("done", {"ok": False})}
+    assert exits["nap"] == ("done", {"ok": True, "attempts": 1})
+    label, bad = exits["bad"]
+    assert (label, bad["ok"], bad["attempts"]) == ("done", False, 1)
+    # And why (``tail`` prints it): a step with no tool task of its own has no other event.
+    assert bad["error"]["code"] == "tool.file.not_found", bad
+    assert "missing.txt" in bad["error"]["message"]
 
 
 class _Hostile(Exception):

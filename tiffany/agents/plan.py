@@ -28,6 +28,9 @@ built-in tool that hold no ``${...}`` reference are validated against the
 tool's argument model at submit (``sleep`` of NaN, inf or 1e300 is refused
 then, naming ``steps[0].args.seconds``, not when the step runs).
 
+A field the plan's shape does not have (``aftr``) is named with a
+did-you-mean and the fields allowed there.
+
 Strict validation (``strict=True``: a submission, ``tiffany plan validate``)
 checks more, with hints: a misspelt tool gets a did-you-mean, a tool that
 exists but is disabled on this server says how to enable it, and every
@@ -48,7 +51,6 @@ Discussion:
 
 from __future__ import annotations
 
-import difflib
 import functools
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -57,7 +59,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tiffany.agents.refs import find_refs
-from tiffany.documents import DocumentError, check, load_text
+from tiffany.documents import DocumentError, check, did_you_mean, load_text
 from tiffany.errors import TiffanyError
 
 __all__ = [
@@ -65,6 +67,7 @@ __all__ = [
     "PlanError",
     "StepSpec",
     "check_args",
+    "check_inputs",
     "check_tools",
     "did_you_mean",
     "disabled_message",
@@ -80,9 +83,6 @@ MAX_RETRIES = 20
 #: Arguments a tool takes as they are: references inside them are not this
 #: plan's (``plan.run``'s child plan has its own ``${inputs...}``).
 OPAQUE_ARGS: dict[str, frozenset[str]] = {"plan.run": frozenset({"plan"})}
-
-#: How close a misspelt name must be to a known one to be suggested (difflib ratio).
-SUGGEST_CUTOFF = 0.6
 
 #: Largest ``concurrency.limit`` a plan may set.
 MAX_CONCURRENCY_LIMIT = 10_000
@@ -216,7 +216,7 @@ def parse_plan(
         plan = Plan.model_validate(data)
     except ValidationError as exc:
         errors = [
-            {"loc": loc_prefix + _loc(e["loc"]), "msg": e["msg"]}
+            {"loc": loc_prefix + _loc(e["loc"]), "msg": _shape_message(e)}
             for e in exc.errors(include_url=False)
         ]
         rest = _without_bad_fields(data, exc)
@@ -228,6 +228,29 @@ def parse_plan(
     if errors:
         raise PlanError(errors)
     return plan
+
+
+#: The model of each object of a plan, by its path (list indexes left out).
+_MODEL_AT: dict[tuple[str, ...], type[BaseModel]] = {
+    (): Plan,
+    ("steps",): StepSpec,
+    ("concurrency",): ConcurrencySpec,
+    ("budget",): BudgetSpec,
+}
+
+
+def _shape_message(error: Any) -> str:
+    """Pydantic's message for a shape error; an unknown field's names the known ones.
+
+    A misspelt field (``aftr``, ``ouputs``) was "Extra inputs are not
+    permitted": it gets a did-you-mean and the fields allowed there.
+    """
+    where = error["loc"]
+    model = _MODEL_AT.get(tuple(p for p in where[:-1] if isinstance(p, str)))
+    if error["type"] != "extra_forbidden" or model is None or not where:
+        return str(error["msg"])
+    key, allowed = str(where[-1]), list(model.model_fields)
+    return f"unknown field {key!r}{did_you_mean(key, allowed)} (allowed: {', '.join(allowed)})"
 
 
 #: A step's fields that have defaults and that no other check of the plan reads:
@@ -355,10 +378,17 @@ def _check_args(steps: list[StepSpec], loc_prefix: str) -> list[dict[str, str]]:
     return errors
 
 
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """Return ``"; did you mean 'x'?"`` for the closest of ``choices``, or ``""``."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=SUGGEST_CUTOFF)
-    return f"; did you mean {close[0]!r}?" if close else ""
+def check_inputs(plan: Plan, inputs: Mapping[str, Any]) -> list[dict[str, str]]:
+    """Return a problem per given input the plan does not declare (with a did-you-mean)."""
+    declared = list(plan.inputs)
+    listed = ", ".join(declared) or "none"
+    return [
+        {
+            "loc": f"inputs.{key}",
+            "msg": f"not an input of this plan{did_you_mean(key, declared)} (inputs: {listed})",
+        }
+        for key in sorted(set(inputs) - set(declared))
+    ]
 
 
 def disabled_message(tool: str) -> str:

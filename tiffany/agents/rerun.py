@@ -44,6 +44,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tiffany.agents.plan import PlanError
+from tiffany.documents import did_you_mean
 from tiffany.records import TaskExit
 from tiffany.values import pack_value, unpack_value
 
@@ -83,7 +84,7 @@ def rerun_reuse(
     """
     if from_step is not None:
         if from_step not in after:
-            msg = f"run {run_id} has no step {from_step!r}"
+            msg = f"run {run_id} has no step {from_step!r}{did_you_mean(from_step, after)}"
             raise PlanError([{"loc": "from_step", "msg": msg}])
         restart = [from_step]
     else:

@@ -66,6 +66,7 @@ from tiffany.documents import (
     DocumentError,
     Limits,
     Loc,
+    did_you_mean,
     load,
     load_reply,
     load_text,
@@ -304,7 +305,10 @@ def _shape(doc: Any) -> Submission:
         inputs = doc.get("inputs")
         extra = sorted(set(doc) - {"plan", "inputs"})
         if extra:
-            raise InvalidBody(["body", extra[0]], f"unknown field {extra[0]!r} beside the plan")
+            hint = did_you_mean(extra[0], ("plan", "inputs"))
+            raise InvalidBody(
+                ["body", extra[0]], f"unknown field {extra[0]!r} beside the plan{hint}"
+            )
     elif "steps" in doc:
         plan, inputs = doc, None
     else:

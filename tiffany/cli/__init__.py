@@ -12,6 +12,11 @@ Commands that exist:
 * ``tiffany config``: print the effective settings, secrets masked.
 * ``tiffany version``: print the version.
 
+Help texts: a command's docstring is written for the code's readers
+(reST); :func:`plain_help` turns it into the plain text ``--help`` prints.
+An error names an option as the user gave it (``-i`` or ``--input``,
+``--url`` or ``TIFFANY_URL``): ``tiffany/cli/flags.py``.
+
 Credentials in URLs never reach the terminal: whatever the CLI writes to
 standard error (its errors and hints, log lines, tracebacks) passes through
 :func:`tiffany.redaction.redact_url_credentials` (:class:`RedactingStream`),
@@ -32,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,6 +47,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TextIO
 import typer
 
 import tiffany
+from tiffany.cli.flags import ArgvGroup
 from tiffany.redaction import redact_url_credentials
 
 if TYPE_CHECKING:
@@ -53,6 +60,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=ArgvGroup,  # keeps the command line: an error names an option as typed (flags.py)
     # Plain click help: rich markup read "[default: 127.0.0.1]" in a help text
     # as a tag and dropped it ("binds to ."), and showed flags as "--help <bool>".
     rich_markup_mode=None,
@@ -294,4 +302,43 @@ def _register_subcommands() -> None:
     tools.register(app)
 
 
+#: A Sphinx role (``:func:`~tiffany.x.y```, ``:class:`Settings```) in a docstring.
+_ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`(~?)([^`<]+?)(?:\s*<[^>]*>)?`")
+
+
+def plain_help(text: str) -> str:
+    r"""A command's docstring as its help: reST markup turned into plain text.
+
+    The docstrings are written for the code's readers (reST, as every
+    docstring of the package); ``--help`` printed them as they are:
+    ````tiffany serve````, ``:func:`...```. Here a literal is put in single
+    backquotes (as the options' help texts write commands), and a role
+    keeps its text (the last part of a dotted name, as Sphinx shows ``~``).
+    Click's own ``\b`` (keep the next paragraph's lines) is click's to read.
+    """
+
+    def role(match: re.Match[str]) -> str:
+        short, name = match.group(1), match.group(2).strip()
+        return f"`{name.rsplit('.', 1)[-1] if short else name}`"
+
+    return _ROLE.sub(role, text).replace("``", "`")
+
+
+def _plain_helps(typer_app: typer.Typer) -> None:
+    """Give every command of ``typer_app`` (and of its groups) its help as plain text."""
+    import inspect
+
+    for command in typer_app.registered_commands:
+        doc = command.help if command.help is not None else inspect.getdoc(command.callback)
+        if doc:
+            command.help = plain_help(doc)
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            help_text = group.typer_instance.info.help
+            if isinstance(help_text, str):
+                group.typer_instance.info.help = plain_help(help_text)
+            _plain_helps(group.typer_instance)
+
+
 _register_subcommands()
+_plain_helps(app)

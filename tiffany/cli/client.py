@@ -25,7 +25,6 @@ from tiffany.cli.remote import (
     control_problems,
     print_problem,
     remote,
-    show_event,
 )
 from tiffany.cli.run import InputsOption
 
@@ -47,8 +46,12 @@ def _homes(ctx: typer.Context) -> list[Path]:
 
 
 @contextlib.contextmanager
-def _answered() -> Iterator[None]:
-    """Print a control call's failure as the CLI does, and exit with its code."""
+def _answered(ctx: typer.Context | None = None) -> Iterator[None]:
+    """Print a control call's failure as the CLI does, and exit with its code.
+
+    ``ctx``: the command's, so that a refused field names the option that
+    gave it (``tiffany/cli/flags.py``).
+    """
     from tiffany.control import ControlError, ControlUnavailable
 
     try:
@@ -57,7 +60,7 @@ def _answered() -> Iterator[None]:
         typer.echo(f"tiffany: {exc} (is `tiffany serve` running on this data dir?)", err=True)
         raise typer.Exit(EXIT_NO_ENGINE) from None
     except ControlError as exc:
-        print_problem(exc.message, control_problems(exc.detail))
+        print_problem(exc.message, control_problems(exc.detail), ctx)
         raise typer.Exit(exits.for_status(exc.status)) from None
 
 
@@ -67,7 +70,7 @@ def _call(
     from tiffany.cli import _settings
     from tiffany.control import call
 
-    with _answered():
+    with _answered(ctx):
         return call(home or _settings(ctx).data_dir, op, **fields)
 
 
@@ -87,7 +90,7 @@ def _submit(ctx: typer.Context, key: str | None, **fields: Any) -> dict[str, Any
 
     settings = _settings(ctx)
     if settings.journal == "postgres":
-        with _answered():
+        with _answered(ctx):
             return asyncio.run(_submit_through_database(settings.database_url, key, fields))
     homes = _homes(ctx)
     if key is not None:
@@ -95,7 +98,7 @@ def _submit(ctx: typer.Context, key: str | None, **fields: Any) -> dict[str, Any
     first = secrets.randbelow(len(homes))
     order = [homes[(first + i) % len(homes)] for i in range(len(homes))]
     for home in order[:-1]:
-        with _answered():
+        with _answered(ctx):
             try:
                 return call(home, "submit", key=None, **fields)
             except ControlUnavailable:
@@ -119,7 +122,7 @@ def _for_run(ctx: typer.Context, op: str, run_id: str, **fields: Any) -> dict[st
 
     settings = _settings(ctx)
     if settings.journal == "postgres":
-        with _answered():
+        with _answered(ctx):
             return asyncio.run(_ask_through_database(settings.database_url, op, run_id, fields))
     homes = _homes(ctx)
     for home in homes[1:] if len(homes) > 1 else []:
@@ -198,9 +201,9 @@ def submit(
     from tiffany.cli.run import _load, _parse_inputs
 
     doc = _load(plan_path)
-    given = _parse_inputs(inputs)
+    given = _parse_inputs(inputs, ctx)
     if url:
-        with remote(url, token) as client:
+        with remote(url, token, ctx) as client:
             run = client.submit(doc, inputs=given, idempotency_key=key)
         answer = {"run_id": run.run_id, "created": run.created}
     else:
@@ -219,7 +222,7 @@ def cancel(
 ) -> None:
     """Cancel a running run (its tasks are killed cooperatively, subprocesses included)."""
     if url:
-        with remote(url, token) as client:
+        with remote(url, token, ctx) as client:
             done = client.cancel(run_id)
         typer.echo(f"run {done.run_id}: {done.status}")
         return
@@ -249,11 +252,13 @@ def rerun(
     from tiffany.cli.run import _parse_inputs
 
     if url:
-        with remote(url, token) as client:
-            again = client.rerun(run_id, from_step=from_step, inputs=_parse_inputs(inputs) or None)
+        with remote(url, token, ctx) as client:
+            again = client.rerun(
+                run_id, from_step=from_step, inputs=_parse_inputs(inputs, ctx) or None
+            )
         typer.echo(again.run_id)
         return
-    fields: dict[str, Any] = {"rerun_of": run_id, "inputs": _parse_inputs(inputs)}
+    fields: dict[str, Any] = {"rerun_of": run_id, "inputs": _parse_inputs(inputs, ctx)}
     if from_step is not None:
         fields["from_step"] = from_step
     answer = _submit_rerun(ctx, run_id, fields)
@@ -282,13 +287,13 @@ def _submit_rerun(ctx: typer.Context, run_id: str, fields: dict[str, Any]) -> di
         return _submit(ctx, None, **fields)
     engine = _engine_of_run(ctx, run_id)
     if engine is None:
-        with _answered():
+        with _answered(ctx):
             for home in homes:
                 with contextlib.suppress(ControlUnavailable):
                     call(home, "wait_projected", written=True, wait_s=RERUN_SOURCE_WAIT_S)
         engine = _engine_of_run(ctx, run_id)
     if engine is not None and engine < len(homes):
-        with _answered():
+        with _answered(ctx):
             try:
                 return call(homes[engine], "submit", key=None, **fields)
             except ControlUnavailable:
@@ -341,7 +346,7 @@ def signal(
         typer.echo(f"tiffany: --data: {exc.msg}", err=True)
         raise typer.Exit(exits.USAGE) from None
     if url:
-        with remote(url, token) as client:
+        with remote(url, token, ctx) as client:
             sent = client.signal(run_id, name, payload, signal_id=signal_id)
         typer.echo(f"run {sent.run_id}: signal {sent.name} journaled (seq {sent.seq})")
         return
@@ -366,7 +371,7 @@ def status(
     from tiffany.control import ControlError, ControlUnavailable, call
 
     if url:  # the server's readiness, and how many runs it is running
-        with remote(url, token) as client:
+        with remote(url, token, ctx) as client:
             ready = client.readiness()
             ready["runs_running"] = client.list(status="running", limit=1).counts.get("running", 0)
         typer.echo(json.dumps(ready, indent=2))
@@ -405,23 +410,36 @@ def tail(
     ctx: typer.Context,
     run_id: Annotated[str | None, typer.Option("--run", help="Only this run's events.")] = None,
     since: Annotated[int | None, typer.Option(help="Resume after this seq.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON event per line.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON event per line (feed schema v2).")
+    ] = False,
+    kernel: Annotated[
+        bool,
+        typer.Option(
+            "--kernel",
+            help="Every event of the feed, each kernel dispatch (queue_get, woke...) included.",
+        ),
+    ] = False,
     url: UrlOption = None,
     token: TokenOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
-    """Follow the activity feed (Ctrl-C stops); with --run, that run's, until it finishes.
+    """Follow the runs step by step (Ctrl-C stops); with --run, that run, until it finishes.
 
+    One line per run started or finished, step started, retrying, finished
+    or failed (with its duration), and signal; --kernel shows every event of
+    the activity feed instead, and --json prints the events shown as JSON.
     With --run, from the run's first event the engine still holds: a run that
     already finished shows them and ends at once; an unknown run exits 3.
     """
+    from tiffany.cli.tailview import TailView
     from tiffany.pal.transport import FEED_SOCKET, follow
 
+    view = TailView(kernel=kernel, as_json=as_json)
     if url:
-        with remote(url, token) as client, contextlib.suppress(KeyboardInterrupt):
+        with remote(url, token, ctx) as client, contextlib.suppress(KeyboardInterrupt):
             for item in client.events(run_id, since=since, until_finished=run_id is not None):
-                frame = item.model_dump(exclude_none=True)
-                show_event(frame, as_json)
+                view.show(item.model_dump(exclude_none=True))
         return
 
     paths = [home / FEED_SOCKET for home in _homes(ctx)]
@@ -463,7 +481,7 @@ def tail(
                 # Its events have left the ring, its end too: say how it ended.
                 typer.echo(f"run {run_id}: finished ({start[2]}); its events are no longer held")
                 return
-            show_event(frame, as_json)
+            view.show(frame)
             if run_id is not None and frame.get("kind") == "run.finished":
                 return
 
@@ -486,7 +504,7 @@ def _run_start(ctx: typer.Context, run_id: str) -> tuple[int, int, str | None]:
     from tiffany.shards import engine_of, seq_base
     from tiffany.store import make_engine, queries, session_factory
 
-    with _answered():
+    with _answered(ctx):
         for home in _homes(ctx):
             call(home, "wait_projected", written=True)
     store = make_engine(_settings(ctx).database_url)

@@ -147,7 +147,11 @@ def replay(
     ] = True,
     path: Annotated[
         list[Path] | None,
-        typer.Option("--path", help="Add a directory to sys.path (where the run's code lives)."),
+        typer.Option(
+            "--path",
+            metavar="DIR",
+            help="Add a directory to sys.path (where the run's code lives; repeatable).",
+        ),
     ] = None,
     imports: ImportOption = None,
     data_dir: DataDirOption = None,

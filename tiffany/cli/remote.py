@@ -53,15 +53,21 @@ TokenOption = Annotated[
 
 
 @contextlib.contextmanager
-def remote(url: str, token: str | None) -> Iterator[Any]:
-    """A :class:`tiffany.Client` for ``url``; its errors: one line and the table's exit code."""
+def remote(url: str, token: str | None, ctx: typer.Context | None = None) -> Iterator[Any]:
+    """A :class:`tiffany.Client` for ``url``; its errors: one line and the table's exit code.
+
+    ``ctx``: the command's, so that an error names its options as given
+    (``--url`` or ``TIFFANY_URL``, ``-i`` or ``--input``).
+    """
+    from tiffany.cli.flags import typed_flag
     from tiffany.sdk import Client
     from tiffany.sdk.errors import ApiError, ClientError, ConnectionFailed
 
     try:
         client = Client(url, token)
     except ValueError as exc:
-        typer.echo(f"tiffany: --url: {exc}", err=True)
+        why = str(exc).removeprefix("url: ")
+        typer.echo(f"tiffany: {typed_flag(ctx, 'url')}: {why}", err=True)
         raise typer.Exit(exits.USAGE) from None
     try:
         with client:
@@ -70,7 +76,7 @@ def remote(url: str, token: str | None) -> Iterator[Any]:
         message = exc.message
         if exc.status == 401:  # the server's words name the header; a CLI user gives an option
             message += " (the CLI sends --token, or TIFFANY_API_TOKEN)"
-        print_problem(message, [(e.path, e.msg) for e in exc.errors])
+        print_problem(message, [(e.path, e.msg) for e in exc.errors], ctx)
         raise typer.Exit(exits.for_status(exc.status)) from None
     except ConnectionFailed as exc:
         typer.echo(f"tiffany: {exc.message}", err=True)
@@ -96,19 +102,32 @@ def printable(text: object) -> str:
     return str(text).translate(_CONTROL)
 
 
-def print_problem(message: str, fields: list[tuple[str, str]]) -> None:
+def print_problem(
+    message: str, fields: list[tuple[str, str]], ctx: typer.Context | None = None
+) -> None:
     """An error answer on standard error: its message, then one line per field it names.
 
     A message that already lists those fields (``invalid plan: a: x; b: y``)
     keeps only its head, so each problem is printed once, as ``tiffany run``
-    and ``tiffany plan validate`` print them.
+    and ``tiffany plan validate`` print them. A field an option of the
+    command filled is named as the option was typed (``inputs.nope`` is
+    ``-i nope``; ``tiffany/cli/flags.py``), and when every field is one,
+    each is a ``tiffany: --input nope: ...`` line of its own: the plan was
+    not at fault.
     """
+    from tiffany.cli.flags import flag_loc
+
+    flags = [flag_loc(ctx, loc) if loc else None for loc, _ in fields]
+    if fields and all(flags):
+        for flag, (_, msg) in zip(flags, fields, strict=True):
+            typer.echo(f"tiffany: {printable(flag)}: {printable(msg)}", err=True)
+        return
     if fields and all(msg in message for _, msg in fields):
         typer.echo(f"tiffany: {printable(message.split(': ', 1)[0])}:", err=True)
     else:
         typer.echo(f"tiffany: {printable(message)}", err=True)
-    for loc, msg in fields:
-        typer.echo(f"  {printable(loc or '(plan)')}: {printable(msg)}", err=True)
+    for flag, (loc, msg) in zip(flags, fields, strict=True):
+        typer.echo(f"  {printable(flag or loc or '(plan)')}: {printable(msg)}", err=True)
 
 
 def show_event(frame: dict[str, Any], as_json: bool) -> None:

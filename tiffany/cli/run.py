@@ -23,16 +23,29 @@ EXIT_INVALID = exits.USAGE
 #: ``--input key=value`` (repeatable), for the commands that take a plan.
 InputsOption = Annotated[
     list[str] | None,
-    typer.Option("--input", "-i", help="An input, key=value (JSON values allowed)."),
+    typer.Option(
+        "--input",
+        "-i",
+        metavar="KEY=VALUE",
+        help="An input, key=value (JSON values allowed; repeatable).",
+    ),
 ]
 
 
-def _parse_inputs(pairs: list[str] | None) -> dict[str, Any]:
+def _parse_inputs(pairs: list[str] | None, ctx: typer.Context | None = None) -> dict[str, Any]:
+    """``--input key=value`` options as a dict (a value that parses as JSON is that value).
+
+    A pair without ``=`` exits 2 naming the option as it was typed (``-i``
+    or ``--input``).
+    """
+    from tiffany.cli.flags import typed_flag
+
     out: dict[str, Any] = {}
     for pair in pairs or ():
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            typer.echo(f"tiffany: --input wants key=value, got {pair!r}", err=True)
+            flag = typed_flag(ctx, "inputs", pair.__eq__)
+            typer.echo(f"tiffany: {flag} wants key=value, got {pair!r}", err=True)
             raise typer.Exit(EXIT_INVALID)
         try:
             out[key] = json.loads(value)
@@ -121,10 +134,11 @@ def _load(path: Path) -> dict[str, Any]:
         raise typer.Exit(EXIT_INVALID) from None
 
 
-def _print_plan_errors(exc: Any) -> None:
-    typer.echo("tiffany: invalid plan:", err=True)
-    for e in exc.errors:
-        typer.echo(f"  {e['loc'] or '(plan)'}: {e['msg']}", err=True)
+def _print_plan_errors(exc: Any, ctx: typer.Context | None = None) -> None:
+    """A refused plan as every command prints one (an input's problem names its --input)."""
+    from tiffany.cli.remote import print_problem
+
+    print_problem(exc.message, [(e["loc"], e["msg"]) for e in exc.errors], ctx)
 
 
 def run(
@@ -162,21 +176,21 @@ def run(
 
     settings = _settings(ctx)
     doc = _load(plan_path)
-    given = _parse_inputs(inputs)
+    given = _parse_inputs(inputs, ctx)
     sent = _parse_signals(signals)
     import_tool_modules(tool_modules(settings.tool_modules, imports))
     from tiffany.agents import parse_plan
+    from tiffany.agents.plan import check_inputs
     from tiffany.agents.registry import ToolRegistry
+    from tiffany.agents.tools.python import check_python_steps
 
     try:  # validate before the engine opens the data directory, as a server checks a submission
         plan = parse_plan(doc, ToolRegistry.default().all_names(), strict=True)
-        unknown = sorted(set(given) - set(plan.inputs))
+        unknown = check_inputs(plan, given)
         if unknown:
-            raise PlanError(
-                [{"loc": f"inputs.{k}", "msg": "not an input of this plan"} for k in unknown]
-            )
+            raise PlanError(unknown)
     except PlanError as exc:
-        _print_plan_errors(exc)
+        _print_plan_errors(exc, ctx)
         raise typer.Exit(EXIT_INVALID) from None
     from tiffany.wal.lock import holder
 
@@ -185,8 +199,14 @@ def run(
     use_live = live and console.is_terminal and not as_json
     server = holder(Path(settings.data_dir) / "wal")
     if server is not None:  # `tiffany serve` holds the data dir: run the plan there
-        code = _run_on_server(settings, server, doc, given, sent, as_json, view, console, use_live)
+        code = _run_on_server(
+            settings, server, doc, given, sent, as_json, view, console, use_live, ctx
+        )
         raise typer.Exit(code)
+    uncallable = check_python_steps(plan.steps)  # here: the functions this process imported
+    if uncallable:
+        _print_plan_errors(PlanError(uncallable), ctx)
+        raise typer.Exit(EXIT_INVALID)
     engine = _build_engine(
         settings,
         enabled_tools=ToolRegistry.default().all_names(),
@@ -198,7 +218,7 @@ def run(
             try:
                 run_id = engine.submit_plan(doc, given)
             except PlanError as exc:
-                _print_plan_errors(exc)
+                _print_plan_errors(exc, ctx)
                 raise typer.Exit(EXIT_INVALID) from None
             for i, (name, payload) in enumerate(sent):  # journaled at the first wait stage
                 engine.runtime.journal.request_signal(
@@ -250,6 +270,7 @@ def _run_on_server(
     view: Any,
     console: Any,
     use_live: bool,
+    ctx: typer.Context | None = None,
 ) -> int:
     """``tiffany run`` while a server holds the data dir: submit there, follow, print the result.
 
@@ -289,7 +310,7 @@ def _run_on_server(
     except ControlError as exc:
         from tiffany.cli.remote import control_problems, print_problem
 
-        print_problem(exc.message, control_problems(exc.detail))
+        print_problem(exc.message, control_problems(exc.detail), ctx)
         return exits.for_status(exc.status)
     typer.echo(
         f"tiffany: this data dir is served (pid {pid}): run {run_id} submitted to the server; "
@@ -426,31 +447,43 @@ def validate(
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN")],
     enable_tool: Annotated[
         list[str] | None,
-        typer.Option("--enable-tool", help="Count this tool as enabled too (repeatable)."),
+        typer.Option(
+            "--enable-tool", metavar="TOOL", help="Count this tool as enabled too (repeatable)."
+        ),
     ] = None,
     all_tools: Annotated[
         bool, typer.Option("--all-tools", help="Every tool enabled, as `tiffany run` has them.")
     ] = False,
+    imports: ImportOption = None,
 ) -> None:
     """Check a plan as a server would at submission; print every problem with its path.
 
     The tools are those a server with these settings runs (TIFFANY_ENABLED_TOOLS,
     default: all but shell) plus --enable-tool; a disabled one is named with its fix.
+    A python step's function must be registered by the modules the server
+    imports (TIFFANY_TOOL_MODULES, --import MOD), and its kwargs must fit the
+    function's parameters.
     """
     from tiffany.agents import PlanError, parse_plan
     from tiffany.agents.registry import ToolRegistry
+    from tiffany.agents.tools.python import check_python_steps
     from tiffany.cli import _settings
 
     doc = _load(plan_path)
+    settings = _settings(ctx)
+    import_tool_modules(tool_modules(settings.tool_modules, imports))
     every = ToolRegistry.default().all_names()
     if all_tools:
         enabled = set(every)
     else:
-        enabled = {*_settings(ctx).enabled_tools, *(enable_tool or [])} & set(every)
+        enabled = {*settings.enabled_tools, *(enable_tool or [])} & set(every)
     try:
         plan = parse_plan(doc, sorted(enabled), strict=True, disabled=sorted(set(every) - enabled))
+        uncallable = check_python_steps(plan.steps)
+        if uncallable:
+            raise PlanError(uncallable)
     except PlanError as exc:
-        _print_plan_errors(exc)
+        _print_plan_errors(exc, ctx)
         raise typer.Exit(EXIT_INVALID) from None
     typer.echo(f"plan {plan.name!r} is valid: {len(plan.steps)} steps")
 

@@ -106,7 +106,7 @@ def list_(
 ) -> None:
     """List the schedules, oldest first: id, cron, time zone, state, next tick, last run.
 
-    Read a page at a time (``schedules.MAX_PAGE`` rows), printed as it comes.
+    Read a page at a time (1,000 rows), printed as it comes.
     """
     from tiffany.store import schedules
 

@@ -431,7 +431,9 @@ def serve(
     enable_tool: Annotated[
         list[str] | None,
         typer.Option(
-            "--enable-tool", help="Let the engine run this tool (repeatable; adds to the defaults)."
+            "--enable-tool",
+            metavar="TOOL",
+            help="Let the engine run this tool (repeatable; adds to the defaults).",
         ),
     ] = None,
     imports: ImportOption = None,
@@ -563,7 +565,7 @@ def engine_cmd(
         ),
     ] = None,
     enable_tool: Annotated[
-        list[str] | None, typer.Option("--enable-tool", help="Also run this tool.")
+        list[str] | None, typer.Option("--enable-tool", metavar="TOOL", help="Also run this tool.")
     ] = None,
     imports: ImportOption = None,
     supervisor: SupervisorOption = None,
@@ -631,7 +633,10 @@ def api_cmd(
     ] = None,
     after: Annotated[
         list[Path] | None,
-        typer.Option(help="Listen once this file exists (repeatable: engines' ready files)."),
+        typer.Option(
+            metavar="FILE",
+            help="Listen once this file exists (repeatable: engines' ready files).",
+        ),
     ] = None,
     supervisor: SupervisorOption = None,
 ) -> None:

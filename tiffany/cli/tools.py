@@ -86,7 +86,11 @@ def tools(
     as_json: Annotated[bool, typer.Option("--json", help="The JSON Schemas, as JSON.")] = False,
     enable_tool: Annotated[
         list[str] | None,
-        typer.Option("--enable-tool", help="Offline listing: count this tool as enabled too."),
+        typer.Option(
+            "--enable-tool",
+            metavar="TOOL",
+            help="Offline listing: count this tool as enabled too.",
+        ),
     ] = None,
     data_dir: DataDirOption = None,
 ) -> None:

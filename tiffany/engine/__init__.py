@@ -307,7 +307,9 @@ class Engine:
             PlanError: The plan or an input is invalid (``errors`` name the fields).
         """
         from tiffany.agents import PlanError, parse_plan, plan_entry
+        from tiffany.agents.plan import check_inputs
         from tiffany.agents.refs import resolve
+        from tiffany.agents.tools.python import check_python_steps
 
         if not isinstance(doc, Mapping):
             raise PlanError([{"loc": "plan", "msg": "a plan must be a JSON object"}])
@@ -320,14 +322,12 @@ class Engine:
             (tuple(names), tuple(disabled)),
             lambda: parse_plan(doc, names, strict=True, disabled=disabled, checked=checked),
         )
-        missing = _missing_functions(plan)
-        if missing:
-            raise PlanError(missing)
-        unknown = sorted(set(inputs or {}) - set(plan.inputs))
+        uncallable = check_python_steps(plan.steps)  # its function, its kwargs' names
+        if uncallable:
+            raise PlanError(uncallable)
+        unknown = check_inputs(plan, inputs or {})
         if unknown:
-            raise PlanError(
-                [{"loc": f"inputs.{k}", "msg": "not an input of this plan"} for k in unknown]
-            )
+            raise PlanError(unknown)
         if self.max_steps is not None and len(plan.steps) > self.max_steps:
             msg = f"{len(plan.steps)} steps: more than TIFFANY_MAX_STEPS ({self.max_steps})"
             raise PlanError([{"loc": "steps", "msg": msg}])
@@ -351,35 +351,6 @@ class Engine:
             tool = self.env.registry.tool_of_step(h.step)
             listed.append({**h.to_dict(), "tool": tool, "step_id": h.step_id})
         return {"steps_waiting": len(steps), "waiting": listed}
-
-
-def _missing_functions(plan: Any) -> list[dict[str, str]]:
-    """Return a 422 item per ``python`` step naming a function this engine lacks.
-
-    Only literal names are checked here; a name built from a reference, or a
-    function that disappears before a recovered run reaches it, is held by the
-    journal's step gate (``ToolRegistry.step_gate``) instead of failing.
-    """
-    from tiffany.agents.tools.python import functions, is_registered
-
-    problems = []
-    for i, spec in enumerate(plan.steps):
-        if spec.tool != "python" or not isinstance(spec.args, Mapping):
-            continue
-        name = spec.args.get("function")
-        if isinstance(name, str) and "${" not in name and not is_registered(name):
-            known = ", ".join(functions()) or "none"
-            problems.append(
-                {
-                    "loc": f"steps[{i}].args.function",
-                    "msg": (
-                        f"no python tool function {name!r} on this engine (registered: {known});"
-                        " a function of your own module registers with --import MODULE"
-                        " (or TIFFANY_TOOL_MODULES) on the engine's command"
-                    ),
-                }
-            )
-    return problems
 
 
 def child_end(run_id: str, status: str, outputs: Any, error: str | None) -> dict[str, Any]:

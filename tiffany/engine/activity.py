@@ -44,6 +44,39 @@ def _label(call: Any) -> str:
     return f"call {getattr(call, '__qualname__', type(call).__name__)}"
 
 
+#: The most characters of a failed step's error message an ``exit`` event carries.
+ERROR_MESSAGE_CHARS: Final = 500
+
+
+def _step_outcome(result: Any) -> dict[str, Any] | None:
+    """A worker's ``exit`` data: its step's ``ok``, attempts, and error (short), or None.
+
+    ``result`` is the worker's outcome: a dict (journal version 3 on), or a
+    ``StepOutcome``. A failed step's error, so that ``tail`` says why a
+    ``python`` step (which has no tool task of its own) failed.
+    """
+    fields: Mapping[str, Any] = (
+        result
+        if isinstance(result, Mapping)
+        else {k: getattr(result, k, None) for k in ("ok", "attempts", "error")}
+    )
+    ok = fields.get("ok")
+    if not isinstance(ok, bool):
+        return None
+    data: dict[str, Any] = {"ok": ok}
+    attempts = fields.get("attempts")
+    if isinstance(attempts, list):
+        data["attempts"] = len(attempts)
+    error = fields.get("error")
+    if not ok and isinstance(error, Mapping):
+        data["error"] = {
+            k: text_of(error[k])[:ERROR_MESSAGE_CHARS]
+            for k in ("code", "type", "message")
+            if error.get(k)
+        }
+    return data
+
+
 class ActivityLog(Instrument):
     """Publish task activity to a :class:`~tiffany.pal.Hub`."""
 
@@ -129,9 +162,7 @@ class ActivityLog(Instrument):
         kind = "cancelled" if task.state.value == "cancelled" else "exit"
         data = None
         if ids.task_kind == "worker":  # a worker ends well whether its step did or not
-            result = task.result  # its outcome: a dict (journal version 3 on), or a StepOutcome
-            ok = result.get("ok") if isinstance(result, Mapping) else getattr(result, "ok", None)
-            data = {"ok": ok} if isinstance(ok, bool) else None
+            data = _step_outcome(task.result)
         self.hub.publish_task(kind, ids, task.state.value, data)
         self._finished(task, ids, ok=kind == "exit")
 

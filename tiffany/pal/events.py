@@ -26,7 +26,10 @@ Schema v2 (JSON object, one per event)::
                tool.started | tool.output | tool.finished | retry | llm.usage |
                run.started | run.finished
     label      str, a short human text ("sleep 2s", "waiting on task 7")
-    data       object, small details (never large payloads)
+    data       object, small details (never large payloads); a plan step's
+               worker's ``exit``: ``ok`` (the step's outcome), ``attempts``,
+               and a failed step's ``error`` (``code``, ``type``, ``message``
+               cut to 500 characters)
 
 How ``seq`` is made: ``seq = max(previous seq + 1, (wal_seq - base) *
 SEQS_PER_RECORD)`` (``base``: the seq before the engine's first record, 0

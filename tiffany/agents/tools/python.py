@@ -34,20 +34,31 @@ from ``run`` itself, once).
 An exception other than :class:`ToolError` raised by the function becomes a
 ``tool.python.error`` ToolError naming its type, so the plan sees a stable
 code and the journal a rebuildable error.
+
+A plan's ``python`` steps are checked where the plan enters (a submission,
+``tiffany run``, ``tiffany plan validate``: :func:`check_python_steps`):
+the function must be registered, and the names of its ``kwargs`` must fit
+its signature (an unknown keyword, with a did-you-mean, or a missing
+required one is refused naming ``steps[i].args.kwargs.NAME``), instead of
+the step failing with a ``TypeError`` when it runs. Only names are
+checked: a value may hold a ``${...}`` reference, known when the step runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import threading
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, TypeVar, overload
 
 from pydantic import Field
 
 from tiffany.agents.tools.base import FreeFormOutput, ToolArgs, ToolContext, ToolError
+from tiffany.documents import did_you_mean
 from tiffany.kernel import Coroutine, RunInThread, Step
 
 __all__ = [
@@ -57,6 +68,7 @@ __all__ = [
     "PythonOutput",
     "PythonTool",
     "UnknownFunction",
+    "check_python_steps",
     "functions",
     "load_entry_points",
     "lookup",
@@ -257,6 +269,100 @@ class PythonTool:
                 function=args.function,
                 type=type(exc).__name__,
             ) from exc
+
+
+def check_python_steps(steps: Iterable[Any], loc_prefix: str = "") -> list[dict[str, str]]:
+    """Return a problem per ``python`` step this process could not call as the plan says.
+
+    Args:
+        steps: The plan's steps (``StepSpec``: ``tool`` and ``args``).
+        loc_prefix: Prefix of the problems' locations.
+
+    A literal function name must be registered (one built from a reference,
+    or a function gone before a recovered run reaches it, is held by the
+    journal's step gate instead: ``ToolRegistry.step_gate``), and the names
+    of literal ``kwargs`` must bind to its signature (:func:`_kwargs_problems`).
+    """
+    problems: list[dict[str, str]] = []
+    for i, spec in enumerate(steps):
+        if spec.tool != "python" or not isinstance(spec.args, Mapping):
+            continue
+        loc = f"{loc_prefix}steps[{i}].args"
+        name = spec.args.get("function")
+        if not isinstance(name, str) or "${" in name:
+            continue
+        try:
+            fn = lookup(name)
+        except UnknownFunction:
+            known = ", ".join(functions()) or "none"
+            problems.append(
+                {
+                    "loc": f"{loc}.function",
+                    "msg": (
+                        f"no python tool function {name!r} on this engine (registered: {known});"
+                        " a function of your own module registers with --import MODULE"
+                        " (or TIFFANY_TOOL_MODULES) on the engine's command"
+                    ),
+                }
+            )
+            continue
+        kwargs = spec.args.get("kwargs")
+        if isinstance(kwargs, Mapping):  # else a reference (the run's), or the shape's error
+            problems.extend(_kwargs_problems(name, fn, kwargs, f"{loc}.kwargs"))
+    return problems
+
+
+#: Each registered function's signature, once (None: it has none to check against).
+_SIGNATURES: weakref.WeakKeyDictionary[Any, inspect.Signature | None] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return _SIGNATURES[fn]
+    except (KeyError, TypeError):  # not seen yet; TypeError: no weak reference to it
+        pass
+    try:
+        sig: inspect.Signature | None = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without one: called as given
+        sig = None
+    with contextlib.suppress(TypeError):
+        _SIGNATURES[fn] = sig
+    return sig
+
+
+def _kwargs_problems(
+    name: str, fn: Callable[..., Any], kwargs: Mapping[str, Any], loc: str
+) -> list[dict[str, str]]:
+    """The names of ``kwargs`` that ``fn(**kwargs)`` would refuse, and the ones it lacks."""
+    sig = _signature(fn)
+    if sig is None:
+        return []
+    params = sig.parameters.values()
+    named = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    problems = []
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
+        for key in kwargs:
+            if key not in named:
+                msg = (
+                    f"unexpected keyword argument {key!r} of python function {name!r}"
+                    f"{did_you_mean(str(key), named)} (parameters: {', '.join(named) or 'none'})"
+                )
+                problems.append({"loc": f"{loc}.{key}", "msg": msg})
+    for p in params:
+        if p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if p.kind is p.POSITIONAL_ONLY:
+            msg = (
+                f"python function {name!r} takes {p.name!r} by position only: "
+                "a python step passes keyword arguments"
+            )
+            problems.append({"loc": loc, "msg": msg})
+        elif p.name not in kwargs:
+            msg = f"missing required argument {p.name!r} of python function {name!r}"
+            problems.append({"loc": f"{loc}.{p.name}", "msg": msg})
+    return problems
 
 
 def _is_generator_function(fn: Callable[..., Any]) -> bool:
