@@ -1,10 +1,10 @@
 # Tiffany developer entry points. On a fresh machine with Python >= 3.11:
 #
-#   make run     create .venv if needed, install, run the main job
-#   make test    the same setup, then the test suite
+#   make run     create .venv if needed, install what running needs, run the main job
+#   make test    the same setup plus the dev extras, then the test suite
 #
-# The install is recorded in a stamp file inside .venv that depends on
-# pyproject.toml, so a second `make test` does not touch pip at all.
+# Each install is recorded in a stamp file inside .venv that depends on
+# pyproject.toml, so a second `make run` or `make test` does not touch pip.
 
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
@@ -17,6 +17,7 @@ PYTHON ?= $(shell for p in python3 python3.13 python3.12 python3.11; do \
 
 VENV := .venv
 BIN := $(VENV)/bin
+RUN_STAMP := $(VENV)/.tiffany-run.stamp
 DEV_STAMP := $(VENV)/.tiffany-dev.stamp
 BENCH_STAMP := $(VENV)/.tiffany-bench.stamp
 PIP_INSTALL := $(BIN)/python -m pip install --disable-pip-version-check -q
@@ -47,9 +48,16 @@ $(BIN)/python:
 		{ echo "error: $(PYTHON) is older than Python 3.11" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 
+# What running needs: the package and its dependencies, not the dev extras.
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	$(PIP_INSTALL) -e .
+	@touch $@
+
+# The dev extras (pytest, ruff, mypy, playwright, ...) for test and lint;
+# they hold the package too, so run's stamp is met as well.
 $(DEV_STAMP): pyproject.toml | $(BIN)/python
 	$(PIP_INSTALL) -e '.[dev]'
-	@touch $@
+	@touch $@ $(RUN_STAMP)
 
 $(BENCH_STAMP): pyproject.toml | $(BIN)/python
 	$(PIP_INSTALL) -e '.[dev,bench]'
@@ -57,7 +65,7 @@ $(BENCH_STAMP): pyproject.toml | $(BIN)/python
 
 install: $(DEV_STAMP) ## create .venv and install the project with the dev extras
 
-run: $(DEV_STAMP) ## the main job: serve the dashboard and run the demo plan (Ctrl-C stops; PORT=8000 TOOLS="shell http")
+run: $(RUN_STAMP) ## the main job: serve the dashboard and run the demo plan (Ctrl-C stops; PORT=8000 TOOLS="shell http")
 	@$(COMPILE)
 	$(BIN)/tiffany serve --demo --port $(PORT)$(foreach t,$(TOOLS), --enable-tool $(t))
 
