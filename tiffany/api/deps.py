@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Final, TypeVar
 import anyio
 import anyio.to_thread
 import msgspec
-import psycopg
 from fastapi import Depends, Request
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
@@ -31,7 +30,6 @@ from tiffany import shards
 from tiffany.api import timing
 from tiffany.api.feed import FeedRelay
 from tiffany.api.metrics import ApiMetrics
-from tiffany.api.pg_async import AsyncPool
 from tiffany.config import Settings, conninfo
 from tiffany.control import AsyncControlClient, ControlUnavailable
 from tiffany.errors import TiffanyError
@@ -264,6 +262,8 @@ class ApiState:
         url = self.settings.database_url
         pg = url.startswith("postgresql")
         marks = conninfo(url) if db is None and pg else None
+        if pg:  # the postgres extra: not imported for the embedded store
+            from tiffany.api.pg_async import AsyncPool
         #: A PostgreSQL store's connections for reads on the event loop (:meth:`read_async`).
         self.pg_reads = (
             AsyncPool(
@@ -332,6 +332,8 @@ class ApiState:
             async with pool.connection() as conn:
                 began = time.perf_counter()
                 return await fn(conn)
+
+        import psycopg  # the postgres extra: only a PostgreSQL store reads here
 
         try:
             try:

@@ -37,17 +37,19 @@ import asyncio
 import itertools
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from tiffany.api.db_requests import DbRequests
 from tiffany.api.deps import Watermark
-from tiffany.api.pg_async import Listener, projected_mark
 from tiffany.control import AsyncControlClient, ControlError, ControlUnavailable
 from tiffany.shards import engine_for_key, engine_home, engine_of
 from tiffany.store.models import PROJECTED_CHANNEL
+
+if TYPE_CHECKING:  # the postgres extra: imported where a PostgreSQL store is used
+    from tiffany.api.db_requests import DbRequests
+    from tiffany.api.pg_async import Listener
 
 __all__ = ["RERUN_SOURCE_WAIT_S", "Engines", "merge_metrics"]
 
@@ -88,6 +90,8 @@ class Engines:
             db.on_projected = lambda engine, seq: self.watermark(engine).push(seq)
         self._marks: Listener | None = None
         if db is None and marks_dsn is not None:
+            from tiffany.api.pg_async import Listener
+
             channels = {PROJECTED_CHANNEL: self._projected}
             self._marks = Listener(marks_dsn, channels, "tiffany-api-store-marks")
 
@@ -100,6 +104,8 @@ class Engines:
 
     def _projected(self, payload: str) -> None:
         """A projector notified its new mark: wake the reads it covers."""
+        from tiffany.api.pg_async import projected_mark
+
         mark = projected_mark(payload)
         if mark is not None and mark[0] < len(self.watermarks):
             self.watermarks[mark[0]].push(mark[1])
