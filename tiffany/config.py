@@ -214,6 +214,11 @@ class Settings(BaseSettings):
             (``mytools,pkg.more``: comma-separated or a JSON list; the
             working directory is importable, as with ``python -m``). The
             CLI's ``--import MOD`` adds to them.
+        traceback_frames: Frames of a failed ``python`` function's traceback
+            its step's error keeps (outside the tiffany package; the
+            innermost ones): ``tiffany/agents/tracebacks.py``.
+        traceback_chars: Characters each frame's file, function and source
+            line keep there.
     """
 
     model_config = SettingsConfigDict(
@@ -272,6 +277,9 @@ class Settings(BaseSettings):
     ws_cutoff_linger_s: float = Field(default=10.0, gt=0)
     tool_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
     projector_nice: int = Field(default=10, ge=0, le=19)
+    # tiffany/agents/tracebacks.py's DEFAULT_TRACEBACK_FRAMES and _CHARS (a test holds them equal)
+    traceback_frames: int = Field(default=30, gt=0)
+    traceback_chars: int = Field(default=240, ge=16)
 
     @field_validator("rate_limits", mode="after")
     @classmethod

@@ -258,7 +258,7 @@ def _tool_call(
         if not tool.durable:
             return True, (yield tool.run(args, ctx))
         step_for = getattr(tool, "step_for", None)
-        step = step_for(args) if step_for is not None else None
+        step = step_for(args, ctx.settings) if step_for is not None else None
         if step is None:
             step = Step(tool.run, args, ctx, name=name)
         tid = yield NewTask(
