@@ -78,9 +78,7 @@ def test_errors_become_tool_errors_with_the_type(run_tool, make_ctx):
         run_tool(PY, {"function": "test.add", "kwargs": {"nope": 1}}, make_ctx())
 
 
-def test_a_tool_error_of_the_users_own_keeps_its_fields_and_gains_its_frames(
-    run_tool, make_ctx
-):
+def test_a_tool_error_of_the_users_own_keeps_its_fields_and_gains_its_frames(run_tool, make_ctx):
     """A ToolError raised on purpose is the step's error as it is, and says where it came from."""
 
     @python_tool("test.refuse")

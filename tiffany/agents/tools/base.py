@@ -86,7 +86,8 @@ class ToolSettings:
     """Operator settings the tools read (built once from Settings)."""
 
     llm_base_url: str | None = None
-    llm_model: str = "scripted"
+    # None: no model; "scripted": the offline scripted provider (llm.py: provider_for)
+    llm_model: str | None = None
     llm_api_key: str | None = None
     llm_script: str | None = None
     shell_sandbox: str = "auto"  # "auto": bubblewrap when installed, "bwrap": required, "none"
