@@ -142,11 +142,15 @@ class Settings(BaseSettings):
             reported by the watchdog.
         enabled_tools: Names of the tools this server may run. From the
             environment: a comma-separated list (``shell,http``) or a JSON list.
-        llm_base_url: An OpenAI-compatible endpoint for the ``llm`` tool; unset
-            means the offline scripted provider.
-        llm_model: The model name sent to that endpoint.
+        llm_base_url: An OpenAI-compatible endpoint for the ``llm`` and
+            ``agent`` tools. Unset, and the scripted provider not asked for,
+            their steps fail (``tool.llm.not_configured``).
+        llm_model: The model name sent to that endpoint (a step's ``model``
+            overrides it); ``scripted`` asks for the offline scripted
+            provider. Unset by default.
         llm_api_key: Its bearer key.
-        llm_script: A JSON/YAML file of scripted replies (offline provider).
+        llm_script: A JSON/YAML file of scripted replies; without an endpoint,
+            setting it asks for the offline scripted provider.
         shell_sandbox: ``auto`` (bubblewrap; a server refuses shell steps
             without it, ``tiffany run`` falls back with a warning), ``bwrap``
             (required everywhere) or ``none`` (unsandboxed, on purpose: a
@@ -214,6 +218,11 @@ class Settings(BaseSettings):
             (``mytools,pkg.more``: comma-separated or a JSON list; the
             working directory is importable, as with ``python -m``). The
             CLI's ``--import MOD`` adds to them.
+        traceback_frames: Frames of a failed ``python`` function's traceback
+            its step's error keeps (outside the tiffany package; the
+            innermost ones): ``tiffany/agents/tracebacks.py``.
+        traceback_chars: Characters each frame's file, function and source
+            line keep there.
     """
 
     model_config = SettingsConfigDict(
@@ -245,7 +254,7 @@ class Settings(BaseSettings):
         default_factory=lambda: list(DEFAULT_ENABLED_TOOLS)
     )
     llm_base_url: str | None = None
-    llm_model: str = "scripted"
+    llm_model: str | None = None
     llm_api_key: SecretStr | None = None
     llm_script: Path | None = None
     shell_sandbox: Literal["auto", "bwrap", "none"] = "auto"
@@ -272,6 +281,9 @@ class Settings(BaseSettings):
     ws_cutoff_linger_s: float = Field(default=10.0, gt=0)
     tool_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
     projector_nice: int = Field(default=10, ge=0, le=19)
+    # tiffany/agents/tracebacks.py's DEFAULT_TRACEBACK_FRAMES and _CHARS (a test holds them equal)
+    traceback_frames: int = Field(default=30, gt=0)
+    traceback_chars: int = Field(default=240, ge=16)
 
     @field_validator("rate_limits", mode="after")
     @classmethod
@@ -288,6 +300,14 @@ class Settings(BaseSettings):
     @classmethod
     def _none_is_empty(cls, value: Any) -> Any:
         return "" if value is None else value
+
+    @field_validator("llm_model", "llm_base_url", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        # ``TIFFANY_LLM_MODEL=`` (docker-compose's ``${VAR:-}``) means "not set".
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
 
     @field_validator("api_token", mode="before")
     @classmethod

@@ -43,7 +43,16 @@ def main() -> int:
         ]
         # the http tool refuses loopback unless the operator allows it (docs/security.md)
         allow = ",".join(filter(None, [os.environ.get("TIFFANY_HTTP_ALLOW"), "127.0.0.1"]))
-        return subprocess.call(cmd, env={**os.environ, "TIFFANY_HTTP_ALLOW": allow})
+        env = {**os.environ, "TIFFANY_HTTP_ALLOW": allow}
+        if not any(env.get(f"TIFFANY_LLM_{k}") for k in ("BASE_URL", "MODEL", "SCRIPT")):
+            # no model configured: the summary step asks for the offline scripted one
+            env["TIFFANY_LLM_MODEL"] = "scripted"
+            print(
+                "no model configured: the llm step uses the offline scripted provider "
+                "(TIFFANY_LLM_MODEL=scripted)",
+                file=sys.stderr,
+            )
+        return subprocess.call(cmd, env=env)
     finally:
         server.shutdown()
 

@@ -24,3 +24,20 @@ def flaky(path: str, fail_times: int) -> int:
     if calls <= fail_times:
         raise ValueError(f"call {calls} fails")
     return calls
+
+
+def _parse_count(text: str) -> int:
+    return int(text)  # the line a failed step's traceback ends on
+
+
+@python_tool("test.parse")
+def parse(text: str) -> int:
+    """Parse ``text`` as an integer (a ValueError, two frames deep, when it is not one)."""
+    return _parse_count(text)
+
+
+@python_tool("test.parse_later")
+def parse_later(text: str):
+    """The same from a generator function (run as a kernel task, its frames among the kernel's)."""
+    yield
+    return _parse_count(text)

@@ -40,6 +40,10 @@ def _tiffany(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProc
 
 
 def _run(tmp_path: Path, plan: dict[str, object], **env: str) -> dict[str, Any]:
+    # A model, as an operator names one: the scripted provider offline, a
+    # model missing from the price table on a loopback endpoint.
+    model = "test-model" if "TIFFANY_LLM_BASE_URL" in env else "scripted"
+    env = {"TIFFANY_LLM_MODEL": model, **env}
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan))
     done = _tiffany(tmp_path, "run", "--json", str(path), **env)

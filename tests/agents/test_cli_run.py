@@ -267,3 +267,40 @@ def test_replay_takes_the_tool_modules_a_crashed_run_needs(tmp_path):
     resumed = user_cli(tmp_path, "replay", run_id, "--no-live", "--json", "--import", "crashtools")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout.strip().splitlines()[-1])["outputs"] == {"n": 42}
+
+
+def test_a_failed_python_step_prints_its_traceback_as_python_does(tmp_path):
+    """`tiffany run` and `tiffany status RUN` showed a failed step's type and message only."""
+    (tmp_path / "parsetools.py").write_text(
+        "from tiffany import python_tool\n\n"
+        "def count(text):\n"
+        "    return int(text)\n\n"
+        "@python_tool('test.count')\n"
+        "def counted(text: str) -> int:\n"
+        "    return count(text)\n"
+    )
+    plan = tmp_path / "plan.json"
+    args = {"function": "test.count", "kwargs": {"text": "x"}}
+    step = {"id": "c", "tool": "python", "args": args}
+    plan.write_text(json.dumps({"name": "counting", "steps": [step]}))
+    failed = user_cli(tmp_path, "run", str(plan), "--no-live", "--import", "parsetools")
+    assert failed.returncode == 1, failed.stderr
+    where = str(tmp_path / "parsetools.py")
+    expected = (
+        "step c failed: Traceback (most recent call last):\n"
+        f'  File "{where}", line 8, in counted\n'
+        "    return count(text)\n"
+        f'  File "{where}", line 4, in count\n'
+        "    return int(text)\n"
+        "tool.python.error: python tool 'test.count' raised ValueError: "
+        "invalid literal for int() with base 10: 'x'\n"
+    )
+    assert expected in failed.stderr
+    error = json.loads(failed.stdout)["steps"]["c"]["error"]
+    assert [f["line"] for f in error["traceback"]] == [8, 4]
+    run_id = json.loads(failed.stdout)["run_id"]
+    shown = user_cli(tmp_path, "status", run_id)
+    assert shown.returncode == 0, shown.stderr
+    assert expected in shown.stderr
+    assert json.loads(shown.stdout)["steps"]["c"]["error"]["traceback"] == error["traceback"]
+    assert user_cli(tmp_path, "status", "run-nope").returncode == 3

@@ -30,8 +30,9 @@ HERE = Path(__file__).resolve().parent
 
 
 def _engine(data_dir: Path, **kw):
-    # the docs server is on 127.0.0.1, which the http tool's egress policy refuses unless allowed
-    settings = Settings(data_dir=data_dir, http_allow=["127.0.0.1"])
+    # the docs server is on 127.0.0.1, which the http tool's egress policy refuses unless
+    # allowed; the llm steps ask for the offline scripted model, as README's commands do
+    settings = Settings(data_dir=data_dir, http_allow=["127.0.0.1"], llm_model="scripted")
     return build(settings, enabled_tools=ToolRegistry.default().all_names(), **kw)
 
 

@@ -171,3 +171,39 @@ def test_a_failing_python_step_is_retried_and_its_attempts_replay(tmp_path):
     assert "now" not in kinds  # the attempts' times came with the steps' results
     _verify(tmp_path / "data", run_id)
     assert counter.read_text() == "3"  # the replay called nothing
+
+
+@pytest.mark.parametrize(
+    ("function", "timeout_s"),
+    [
+        ("test.parse", None),  # the worker's own step (in the pool)
+        ("test.parse", 30.0),  # a tool task (a timeout to enforce)
+        ("test.parse_later", None),  # a generator function: a kernel task
+    ],
+)
+def test_a_failed_python_step_carries_its_users_traceback_and_replays_it(
+    tmp_path, function, timeout_s
+):
+    """The error named the exception's type and message; where it failed was lost."""
+    step = {"id": "p", "tool": "python", "args": {"function": function, "kwargs": {"text": "x"}}}
+    if timeout_s is not None:
+        step["timeout_s"] = timeout_s
+    engine = build(Settings(data_dir=tmp_path / "data"), enabled_tools=["python"])
+    with engine.runtime as rt:
+        run_id = engine.submit_plan({"name": "tb", "steps": [step]})
+        rt.run()
+        state = rt.status(run_id)
+    assert state.status == "failed"
+    error = state.error.fields["steps"]["p"]["error"]
+    assert error["code"] == "tool.python.error"
+    frames = error["traceback"]
+    here = str(HERE / "python_steps.py")
+    # the user's frames, outermost first, then int()'s (none: it is C); none of tiffany's
+    assert [(f["file"], f["function"]) for f in frames] == [
+        (here, function.removeprefix("test.")),
+        (here, "_parse_count"),
+    ]
+    assert frames[-1]["code"] == "return int(text)  # the line a failed step's traceback ends on"
+    assert frames[-1]["line"] > 0
+    assert all("/tiffany/" not in f["file"] for f in frames)
+    _verify(tmp_path / "data", run_id)  # the frames are journaled: a replay gives the same

@@ -163,3 +163,73 @@ def test_an_agent_that_runs_two_sub_plans_gets_two_children(tmp_path):
     for rid in runs:
         verify = _tiffany(data, "replay", "--verify", rid, TIFFANY_LLM_SCRIPT="/nonexistent.json")
         assert verify.returncode == 0, verify.stderr[-3000:]
+
+
+def test_without_a_model_the_agent_example_fails_naming_the_setting(tmp_path):
+    """It "succeeded" with a canned scripted reply and no tool call on a server with no model."""
+    done = _tiffany(tmp_path, "run", "--json", str(EXAMPLE / "plan.yaml"))
+    assert done.returncode == 1, done.stderr[-3000:]
+    error = json.loads(done.stdout)["steps"]["work"]["error"]
+    assert error["code"] == "tool.llm.not_configured"
+    assert "TIFFANY_LLM_BASE_URL" in error["message"]
+    assert "TIFFANY_LLM_MODEL=scripted" in error["message"]
+
+
+def test_malformed_tool_call_arguments_go_back_to_the_model_to_correct(
+    tmp_path, http_server, reply, read_body
+):
+    """Arguments that were not JSON failed the whole model reply, and so the step."""
+    seen: list[dict[str, Any]] = []
+    broken = '{"path": "a.txt", "content": '  # cut off mid-object, as a model may send
+
+    def call(arguments: str) -> dict[str, Any]:
+        function = {"name": "file__write", "arguments": arguments}
+        return {"id": f"c{len(seen)}", "type": "function", "function": function}
+
+    def chat(h: Any) -> None:
+        payload = json.loads(read_body(h))
+        seen.append(payload)
+        if len(seen) == 1:
+            message = {"role": "assistant", "content": None, "tool_calls": [call(broken)]}
+        elif len(seen) == 2:
+            fixed = json.dumps({"path": "a.txt", "content": "fixed"})
+            message = {"role": "assistant", "content": None, "tool_calls": [call(fixed)]}
+        else:
+            message = {"role": "assistant", "content": "wrote a.txt"}
+        doc = {
+            "model": "gpt-4o-mini-2024-07-18",
+            "choices": [{"index": 0, "message": message}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+        }
+        reply(h, 200, json.dumps(doc).encode(), "application/json")
+
+    base = http_server({"/v1/chat/completions": chat})
+    plan = tmp_path / "plan.json"
+    goal = {"goal": "write a.txt", "tools": ["file.write"], "max_turns": 4}
+    steps = [{"id": "a", "tool": "agent", "args": goal}]
+    plan.write_text(
+        json.dumps({"name": "gpt", "steps": steps, "outputs": {"calls": "${steps.a.output.calls}"}})
+    )
+    data = tmp_path / "data"
+    env = {"TIFFANY_LLM_BASE_URL": base, "TIFFANY_LLM_MODEL": "gpt-4o-mini"}
+    done = _tiffany(data, "run", "--json", str(plan), **env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["outputs"]["calls"] == [
+        {"turn": 1, "tool": "file.write", "ok": False},
+        {"turn": 2, "tool": "file.write", "ok": True},
+    ]
+    assert (data / "workspaces" / result["run_id"] / "a.txt").read_text() == "fixed"
+    second = seen[1]
+    assistant, told = second["messages"][-2:]
+    assert assistant["tool_calls"][0]["function"]["arguments"] == broken  # what it said
+    assert told == {
+        "role": "tool",
+        "tool_call_id": "c1",
+        "content": json.dumps(
+            {"error": "arguments are not valid JSON: Expecting value at char 29"}
+        ),
+    }
+    assert all("temperature" not in payload for payload in seen)  # the model's default
+    verify = _tiffany(data, "replay", "--verify", result["run_id"])
+    assert verify.returncode == 0, verify.stderr[-3000:]

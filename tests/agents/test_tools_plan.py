@@ -10,7 +10,8 @@ from tiffany.kernel import ManualClock, Scheduler
 
 def test_a_plan_of_real_tools(tmp_path):
     registry = ToolRegistry.default(enabled=ToolRegistry.default().all_names())
-    env = AgentEnv(registry, tmp_path / "ws", ToolSettings(shell_sandbox="none"))
+    settings = ToolSettings(shell_sandbox="none", llm_model="scripted")  # the offline model
+    env = AgentEnv(registry, tmp_path / "ws", settings)
     doc = {
         "name": "real",
         "inputs": {"text": "one two three"},

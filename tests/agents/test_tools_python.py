@@ -8,6 +8,7 @@ from importlib.metadata import EntryPoint
 import pytest
 
 from tiffany.agents.tools import python as pytool
+from tiffany.agents.tools.base import ToolError
 from tiffany.agents.tools.python import (
     PythonError,
     PythonTool,
@@ -75,6 +76,24 @@ def test_errors_become_tool_errors_with_the_type(run_tool, make_ctx):
     assert "bad input" in info.value.message
     with pytest.raises(PythonError, match="TypeError"):
         run_tool(PY, {"function": "test.add", "kwargs": {"nope": 1}}, make_ctx())
+
+
+def test_a_tool_error_of_the_users_own_keeps_its_fields_and_gains_its_frames(run_tool, make_ctx):
+    """A ToolError raised on purpose is the step's error as it is, and says where it came from."""
+
+    @python_tool("test.refuse")
+    def refuse() -> None:
+        raise ToolError("refused on purpose", reason="policy")
+
+    try:
+        with pytest.raises(ToolError) as info:
+            run_tool(PY, {"function": "test.refuse"}, make_ctx())
+    finally:
+        unregister_function("test.refuse")
+    assert info.value.fields["reason"] == "policy"
+    (frame,) = info.value.fields["traceback"]
+    assert frame["function"].endswith("refuse")
+    assert frame["code"] == 'raise ToolError("refused on purpose", reason="policy")'
 
 
 def test_a_bare_decorator_registers_the_function_under_its_own_name(run_tool, make_ctx):

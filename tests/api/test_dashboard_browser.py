@@ -121,14 +121,29 @@ def chromium_path(unavailable: Callable[[str], None]) -> str:
 @pytest.fixture
 def service(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """A running ``tiffany serve`` on a fresh data dir; yields {"url", "data_dir", "log"}."""
+    with _serving(tmp_path) as served:
+        yield served
+
+
+@contextlib.contextmanager
+def _serving(
+    tmp_path: Path, *extra: str, env_extra: dict[str, str] | None = None
+) -> Iterator[dict[str, Any]]:
+    """``tiffany serve --port 0 EXTRA`` run in ``tmp_path`` (no TIFFANY_* but ``env_extra``)."""
     data_dir = tmp_path / "data"
     log_path = tmp_path / "serve.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")}
     env["PYTHONUNBUFFERED"] = "1"
+    env.update(env_extra or {})
     cmd = [sys.executable, "-m", "tiffany", "--data-dir", str(data_dir), "serve", "--port", "0"]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            [*cmd, *extra],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=tmp_path,
+            start_new_session=True,
         )
     try:
         url = _wait_for_url(proc, data_dir / "serve.json", log_path)
@@ -1365,12 +1380,22 @@ def test_the_activity_pane_tells_run_events_and_the_run_page_says_when_it_catche
 
 
 def test_the_run_page_shows_the_runs_model_usage(
-    chromium_path: str, service: dict[str, Any], tmp_path: Path, artifacts_dir: Path
+    chromium_path: str, tmp_path: Path, artifacts_dir: Path
 ) -> None:
     """Two scripted ``llm`` steps: the header's "model usage" is their tokens and cost, summed."""
     from playwright.sync_api import expect
 
     expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    # The offline scripted provider, asked for (without a model, an llm step fails).
+    with _serving(tmp_path, env_extra={"TIFFANY_LLM_MODEL": "scripted"}) as service:
+        _shows_the_runs_model_usage(chromium_path, service, tmp_path, artifacts_dir)
+
+
+def _shows_the_runs_model_usage(
+    chromium_path: str, service: dict[str, Any], tmp_path: Path, artifacts_dir: Path
+) -> None:
+    from playwright.sync_api import expect
+
     url = service["url"]
     llm = {"tool": "llm", "args": {"prompt": "one two three four five"}}
     run_id = _submit(
@@ -1489,3 +1514,73 @@ def test_a_step_re_run_after_a_crash_is_marked_on_its_attempt(
         expect(running.get_by_test_id("attempt-rerun")).to_be_visible()
         assert page.evaluate("window.plainIsNull")  # one clean attempt adds nothing, as before
     assert not errors, errors
+
+
+#: A user's module for ``serve --import``: a function that fails two frames deep.
+PARSE_TOOLS = """\
+from tiffany import python_tool
+
+
+def count(text):
+    return int(text)
+
+
+@python_tool("test.count")
+def counted(text: str) -> int:
+    return count(text)
+"""
+
+
+def test_a_failed_python_steps_card_shows_its_users_traceback(
+    chromium_path: str, tmp_path: Path, artifacts_dir: Path
+) -> None:
+    """The step card showed the error's type and message; now the frames of the user's code.
+
+    Each frame as ``file:line in function`` over its source line, most recent
+    call last, in a collapsible block beside the error (which no longer
+    repeats them).
+    """
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    (tmp_path / "parsetools.py").write_text(PARSE_TOOLS)
+    where = str(tmp_path / "parsetools.py")
+    args = {"function": "test.count", "kwargs": {"text": "x"}}
+    step = {"id": "c", "tool": "python", "args": args}
+    with (
+        _serving(tmp_path, "--import", "parsetools") as service,
+        _dashboard(chromium_path) as (page, errors),
+    ):
+        url = service["url"]
+        run_id = _submit(url, {"name": "counting", "steps": [step]})
+        page.goto(f"{url}#/run/{run_id}")
+        expect(page.get_by_test_id("run-status")).to_have_attribute(
+            "data-status", "failed", timeout=30_000
+        )
+        card = page.locator('[data-testid=step-row][data-step-id="c"]')
+        block = card.get_by_test_id("step-traceback")
+        expect(block).to_be_visible()
+        frames = block.get_by_test_id("traceback-frame")
+        expect(frames).to_have_count(2)
+        expect(frames.nth(0)).to_have_attribute("data-file", where)
+        expect(frames.nth(0)).to_have_attribute("data-line", "10")
+        expect(frames.nth(0)).to_contain_text(f"{where}:10 in counted")
+        expect(frames.nth(0).get_by_test_id("traceback-code")).to_have_text("return count(text)")
+        expect(frames.nth(1)).to_contain_text(f"{where}:5 in count")
+        expect(frames.nth(1).get_by_test_id("traceback-code")).to_have_text("return int(text)")
+        family = (
+            frames.nth(1)
+            .get_by_test_id("traceback-code")
+            .evaluate("el => getComputedStyle(el).fontFamily")
+        )
+        assert "mono" in family.lower(), family
+        error = card.get_by_test_id("step-error")
+        expect(error).to_contain_text("invalid literal for int()")
+        expect(error).not_to_contain_text("parsetools.py")  # the frames are shown once
+        block.locator("summary").click()  # collapsible
+        expect(frames.nth(0)).to_be_hidden()
+        png = tmp_path / "dashboard-traceback.png"
+        block.locator("summary").click()
+        card.screenshot(path=str(png))
+        _save_screenshot(png, "dashboard-traceback.png", artifacts_dir)
+    assert not errors, "\n".join(errors)

@@ -505,3 +505,23 @@ def test_submissions_waiting_for_the_loop_hold_no_control_thread(tmp_path: Path)
     assert took < 1.5, f"status took {took:.2f} s behind the waiting submissions"
     assert waiting > 16, f"only {waiting} submissions were still waiting for the loop"
     assert len({a["run_id"] for a in answers}) == 40
+
+
+def test_an_engine_without_a_model_says_so_at_start_and_in_its_status(tmp_path: Path) -> None:
+    """Its llm and agent steps fail (tool.llm.not_configured): the operator hears it first."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_LLM_")}
+    env["TIFFANY_LOG_FORMAT"] = "json"
+    bare = EngineProc(tmp_path / "bare", env=env)
+    try:
+        llm = bare.wait_ready()["llm"]
+    finally:
+        assert bare.stop() == 0, bare.log()
+    assert llm["provider"] is None
+    assert "TIFFANY_LLM_BASE_URL" in llm["note"]
+    assert "engine.llm_not_configured" in bare.log()
+    scripted = EngineProc(tmp_path / "scripted", env={**env, "TIFFANY_LLM_MODEL": "scripted"})
+    try:
+        assert scripted.wait_ready()["llm"] == {"provider": "scripted", "model": "scripted"}
+    finally:
+        assert scripted.stop() == 0, scripted.log()
+    assert "engine.llm_not_configured" not in scripted.log()

@@ -309,6 +309,42 @@ def test_rerun_with_other_inputs_after_a_failure(server: Served) -> None:
         assert bad.value.status == 422
 
 
+def test_a_failed_python_step_shows_its_users_traceback_over_http_and_the_cli(
+    server: Served,
+) -> None:
+    """The API, and `tiffany status RUN --url`, gave the exception's type and message only."""
+    plan = _plan("odd", {"id": "half", **_python("must_be_even", n=3)})
+    with Client(server.url) as client:
+        failed = client.submit(plan).wait(timeout=60)
+    assert failed.status == "failed"
+    error = failed.step("half").error
+    where = str(server.cwd / "usertools.py")
+    assert error["traceback"] == [
+        {
+            "file": where,
+            "line": 12,
+            "function": "must_be_even",
+            "code": 'raise ValueError(f"{n} is odd")',
+        }
+    ]
+    env = clean_env()
+    proc = subprocess.run(
+        [sys.executable, "-m", "tiffany", "status", failed.run_id, "--url", server.url],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "step half failed: Traceback (most recent call last):\n"
+        f'  File "{where}", line 12, in must_be_even\n'
+        '    raise ValueError(f"{n} is odd")\n'
+    ) in proc.stderr
+    assert json.loads(proc.stdout)["steps"]["half"]["error"]["traceback"] == error["traceback"]
+
+
 def test_events_end_at_run_finished_and_resume_after_a_seq(server: Served) -> None:
     with Client(server.url) as client:
         run = client.submit(COUNT)

@@ -20,7 +20,8 @@ def _get(url: str, timeout: float = 5.0) -> Any:
 
 
 def _serve(data_dir: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
-    env = {**os.environ, "TIFFANY_LOG_FORMAT": "json"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_LLM_")}
+    env["TIFFANY_LOG_FORMAT"] = "json"
     proc = subprocess.Popen(
         serve_argv(data_dir, 0, *extra),
         stdout=subprocess.PIPE,
@@ -80,6 +81,8 @@ def test_serve_runs_the_demo_survives_a_dead_engine_and_stops_cleanly(tmp_path: 
     assert code == 0, out
     assert "stopped cleanly" in out
     assert "submitted the demo plan" in out
+    # No model configured: the demo asked for the offline scripted one, and said so.
+    assert "the demo's llm steps use the offline scripted provider" in out
     assert not (data / "serve.json").exists()
     assert not (data / "control.sock").exists()
 

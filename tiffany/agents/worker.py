@@ -152,7 +152,9 @@ def error_info(exc: BaseException) -> dict[str, Any]:
     value that cannot be journaled. Besides the scalar fields, it keeps a
     model call's ``usage`` (its token counts: an error raised after the
     model answered carries them, and the run's budget counts them:
-    ``budget.py``).
+    ``budget.py``) and a ``python`` function's ``traceback``: the frames of
+    the user's code, taken where it was caught (``tracebacks.py``; the
+    fields are journaled with the error, so a replay gives the same).
     """
     info: dict[str, Any] = {"type": type(exc).__name__, "message": text_of(exc)}
     if isinstance(exc, TiffanyError):
@@ -164,6 +166,9 @@ def error_info(exc: BaseException) -> dict[str, Any]:
                 if isinstance(v, str | int | float | bool)
             }
         )
+        frames = exc.fields.get("traceback")
+        if isinstance(frames, list) and frames:
+            info["traceback"] = [dict(f) for f in frames if isinstance(f, Mapping)]
         used = exc.fields.get("usage")
         if isinstance(used, Mapping):
             info["usage"] = {
@@ -183,7 +188,7 @@ def _tool_task(tool: Any, args: Any, ctx: ToolContext, name: str) -> Co:
     engine's step gate reads a step's tool from its name: ``registry.py``).
     """
     step_for = getattr(tool, "step_for", None)
-    step = step_for(args) if step_for is not None else None
+    step = step_for(args, ctx.settings) if step_for is not None else None
     if step is None:
         step = Step(tool.run, args, ctx, name=name)
     return (yield step)
@@ -214,7 +219,7 @@ def _has_refs(value: Any) -> bool:
     return False
 
 
-def _ready_step(tool: Any, args: Any, spec: StepSpec) -> Step | None:
+def _ready_step(tool: Any, args: Any, spec: StepSpec, settings: ToolSettings) -> Step | None:
     """Return the step the worker runs itself (no tool task), or None.
 
     Only a durable tool's ready-made step (``step_for``), and only without a
@@ -228,7 +233,7 @@ def _ready_step(tool: Any, args: Any, spec: StepSpec) -> Step | None:
     if step_for is None or spec.timeout_s is not None or not tool.durable:
         return None
     try:
-        step: Step | None = step_for(args)
+        step: Step | None = step_for(args, settings)
     except TiffanyError:
         return None
     if step is not None:
@@ -343,7 +348,7 @@ def _attempts(
             outcome.attempts.append({"attempt": attempt, "ok": False, "error": refused})
             outcome.error = refused
             return outcome
-        step = _ready_step(tool, args, spec)
+        step = _ready_step(tool, args, spec, env.settings)
         if step is not None:
             try:
                 (ok, output), started, ended = yield step

@@ -359,6 +359,12 @@ def signal(
 
 def status(
     ctx: typer.Context,
+    run_id: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="RUN", help="A run: its status, steps and a failed step's traceback."
+        ),
+    ] = None,
     url: UrlOption = None,
     token: TokenOption = None,
     data_dir: DataDirOption = None,
@@ -367,9 +373,14 @@ def status(
 
     With several engines (``serve --engines N``): ``{"engines": [...]}``, one
     status an engine (``{"engine": i, "error": ...}`` for one that does not answer).
+    With RUN: that run as ``tiffany run`` prints it when it ends (from the
+    store, or --url's server), a failed python step's traceback on stderr.
     """
     from tiffany.control import ControlError, ControlUnavailable, call
 
+    if run_id is not None:
+        _run_status(ctx, run_id, url, token)
+        return
     if url:  # the server's readiness, and how many runs it is running
         with remote(url, token, ctx) as client:
             ready = client.readiness()
@@ -391,6 +402,43 @@ def status(
     typer.echo(json.dumps({"engines": listed}, indent=2))
     if all("error" in e for e in listed):
         raise typer.Exit(EXIT_NO_ENGINE)
+
+
+def _run_status(ctx: typer.Context, run_id: str, url: str | None, token: str | None) -> None:
+    """``tiffany status RUN``: the run's result, in the shape ``tiffany run`` prints it."""
+    from tiffany.cli.failures import print_failures
+
+    if url:
+        with remote(url, token) as client:
+            detail: dict[str, Any] | None = client.get(run_id).model_dump(mode="json")
+    else:
+        from tiffany.cli import _settings
+        from tiffany.store import make_engine, queries, session_factory
+
+        engine = make_engine(_settings(ctx).database_url)
+        try:
+            with session_factory(engine)() as session:
+                detail = queries.run_detail_of(session, run_id)
+        finally:
+            engine.dispose()
+        if detail is None:
+            typer.echo(f"tiffany: no run {run_id} in the store", err=True)
+            raise typer.Exit(exits.NOT_FOUND)
+    assert detail is not None
+    result: dict[str, Any] = {"run_id": run_id, "name": detail.get("name")}
+    result["status"] = detail.get("status")
+    steps = {s["step_id"]: s for s in detail.get("steps") or ()}
+    if result["status"] == "succeeded":
+        result["outputs"] = detail.get("outputs")
+        result["steps"] = {k: s.get("status") for k, s in steps.items()}
+    else:
+        error = detail.get("error") or None
+        result["error"] = error
+        result["steps"] = {
+            k: {"status": s.get("status"), "error": s.get("error")} for k, s in steps.items()
+        }
+        print_failures(result["steps"])
+    typer.echo(json.dumps(result, indent=2, default=repr))
 
 
 def _with_local_times(status: dict[str, Any]) -> dict[str, Any]:

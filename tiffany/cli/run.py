@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from tiffany.cli import DataDirOption, exits
+from tiffany.cli.failures import print_failures
 from tiffany.cli.imports import ImportOption, import_tool_modules, tool_modules
 from tiffany.cli.interrupt import CtrlC
 
@@ -359,6 +360,8 @@ def _run_on_server(
     with contextlib.suppress(BrokenPipeError):
         if not as_json and not use_live:
             console.print(view.summary())
+        if not as_json:
+            print_failures(result.get("steps"))
         typer.echo(json.dumps(result, default=repr) if as_json else json.dumps(result, indent=2))
     return exits.OK if detail["status"] == "succeeded" else exits.FAILED
 
@@ -418,6 +421,7 @@ def report(
     else:
         if not use_live:
             Console(stderr=True).print(summary)
+        print_failures(result.get("steps"))  # a python step's traceback, as Python prints it
         typer.echo(json.dumps(result, indent=2, default=repr))
     return exits.OK if state.status == "succeeded" and stale is None else exits.FAILED
 

@@ -407,6 +407,18 @@ def check_address(host: str, port: int) -> None:
             _refuse(f"the API's address {shown} {why}")
 
 
+def _no_model(settings: Any) -> bool:
+    """True if the engines would have no model for llm steps (``tools/llm.py``)."""
+    from tiffany.agents.tools.llm import LlmNotConfigured, provider_for
+    from tiffany.engine import tool_settings
+
+    try:
+        provider_for(tool_settings(settings, server=True), None)
+    except LlmNotConfigured:
+        return not settings.llm_base_url  # an endpoint without a model: the operator's to fix
+    return False
+
+
 def _refuse(message: str) -> NoReturn:
     typer.echo(f"tiffany: {message}", err=True)
     raise typer.Exit(exits.USAGE)
@@ -461,6 +473,13 @@ def serve(
     if enable_tool:
         tools = list(dict.fromkeys([*settings.enabled_tools, *enable_tool]))
         env["TIFFANY_ENABLED_TOOLS"] = ",".join(tools)
+    if demo and _no_model(settings):
+        # The demo plan has llm steps: offline, it asks for the scripted provider.
+        env["TIFFANY_LLM_MODEL"] = "scripted"
+        typer.echo(
+            "the demo's llm steps use the offline scripted provider (TIFFANY_LLM_MODEL=scripted); "
+            "set TIFFANY_LLM_BASE_URL and TIFFANY_LLM_MODEL for a real model"
+        )
     count = engines if engines is not None else settings.engines
     engine_homes = homes(data_dir, count)
     if len(engine_homes) > count:

@@ -50,6 +50,7 @@ def tool_settings(settings: Settings, *, server: bool = False) -> ToolSettings:
     is bubblewrap or a refusal, never an unsandboxed fallback (docs/security.md).
     """
     from tiffany.agents.tools.base import ToolSettings
+    from tiffany.agents.tracebacks import TracebackLimits
 
     return ToolSettings(
         llm_base_url=settings.llm_base_url,
@@ -59,6 +60,7 @@ def tool_settings(settings: Settings, *, server: bool = False) -> ToolSettings:
         shell_sandbox=settings.shell_sandbox,
         shell_fallback=not server,
         http_allow=tuple(settings.http_allow),
+        traceback=TracebackLimits(settings.traceback_frames, settings.traceback_chars),
     )
 
 

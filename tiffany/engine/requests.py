@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any, Final
 import structlog
 
 from tiffany.agents import PlanError
+from tiffany.agents.tools.llm import provider_status
 from tiffany.config import Settings
 from tiffany.control import MAX_WAIT_PROJECTED_S, ControlError, submission_digest
 from tiffany.documents import SIGNAL_NAME_PATTERN, DocumentError
@@ -600,6 +601,8 @@ class ControlRequests:
             "tasks_held": self.runtime.sched.records,
             "projector": self.projector.health(),
             "shell_sandbox": _sandbox_status(self.settings.shell_sandbox),
+            # The model llm and agent steps call, or why they fail (tools/llm.py).
+            "llm": provider_status(self.engine.env.settings),
             "journal": self._journal_status(),
         }
 

@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 import structlog
 
+from tiffany.agents.tools.llm import provider_status
 from tiffany.config import Settings, scrub_secrets
 from tiffany.control import CONTROL_SOCKET, ControlError
 from tiffany.durable.history import checkpoint_of
@@ -297,6 +298,10 @@ class EngineService:
                     "engine.shell_unsandboxed",
                     message="TIFFANY_SHELL_SANDBOX=none: shell steps run UNSANDBOXED",
                 )
+            llm = provider_status(self.engine.env.settings)
+            enabled = self.engine.env.registry.enabled
+            if llm["provider"] is None and {"llm", "agent"} & enabled:
+                log.warning("engine.llm_not_configured", message=llm["note"])
             self.runtime.sched.spawn(self.inbox.task(), name="engine-inbox")
             if wakeup is not None:
                 self.runtime.sched.spawn(_drain(wakeup[0]), name="engine-signals", daemon=True)

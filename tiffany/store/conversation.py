@@ -211,7 +211,8 @@ def _turn(task: Any, attempt: int, number: int) -> dict[str, Any]:
                 "status": None,
                 "ok": None,
                 "result": None,
-                "error": None,
+                # arguments that were not JSON: what the model was told (agent.py)
+                "error": {"message": c["invalid"]} if c.get("invalid") else None,
             }
             for c in calls
             if isinstance(c, Mapping)

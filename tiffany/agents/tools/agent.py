@@ -11,16 +11,20 @@ the tool's output) is journaled: a replay reproduces the whole conversation
 without calling the model or the tools again, and a crash mid-loop resumes
 after the last call that finished.
 
-Providers: the OpenAI-compatible endpoint of the ``llm`` tool (``tools`` /
-``tool_calls``; a tool's name has its dots replaced by ``__``, as function
-names allow no dots), or the offline scripted provider: rules of
-``TIFFANY_LLM_SCRIPT`` with ``turn`` (1-based) and ``tool_calls`` (``[{"name",
-"arguments"}]``) drive it, so tests and demos run without a network.
+Providers, chosen as the ``llm`` tool chooses (``llm.provider_for``: no
+model configured fails the step, ``tool.llm.not_configured``): the
+OpenAI-compatible endpoint (``tools`` / ``tool_calls``; a tool's name has
+its dots replaced by ``__``, as function names allow no dots), or, when
+asked for, the offline scripted provider: rules of ``TIFFANY_LLM_SCRIPT``
+with ``turn`` (1-based) and ``tool_calls`` (``[{"name", "arguments"}]``)
+drive it, so tests and demos run without a network.
 
 Output: ``{"answer", "turns", "calls": [{"turn", "tool", "ok"}], "usage",
-"cost_usd"}``. A tool the step does not list, unknown arguments, or a tool
-that fails are told to the model (as the ``tool`` message), not raised; no
-answer within ``max_turns`` fails the step (``agent.max_turns``).
+"cost_usd"}``. A tool the step does not list, arguments that are not valid
+JSON (``{"error": "arguments are not valid JSON: ... at char N"}``) or do
+not fit the tool, or a tool that fails are told to the model (as the
+``tool`` message, the call counted, not ok) so that it can correct itself,
+not raised; no answer within ``max_turns`` fails the step (``agent.max_turns``).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from tiffany.agents.tools.llm import (
     count_tokens,
     load_script,
     post_chat,
+    provider_for,
     with_usage,
 )
 from tiffany.errors import TaskCrashed
@@ -134,17 +139,15 @@ def _chat(
     timeout_s: float,
 ) -> dict[str, Any]:
     """One model call (a durable step, in the thread pool): the reply, tokens and cost."""
-    settings = ctx.settings
-    if settings.llm_base_url:
-        reply = _openai(ctx, messages, functions, model or settings.llm_model, timeout_s)
-        provider = "openai"
+    provider, named = provider_for(ctx.settings, model)
+    if provider == "openai":
+        reply = _openai(ctx, messages, functions, named, timeout_s)
     else:
-        reply = _scripted(ctx, messages, turn, model or SCRIPTED_MODEL)
-        provider = "scripted"
+        reply = _scripted(ctx, messages, turn, named)
     usage = reply["usage"]
     cost = (
         0.0
-        if provider == "scripted"
+        if provider == SCRIPTED_MODEL
         else cost_usd(reply["model"], usage["prompt_tokens"], usage["completion_tokens"])
     )
     reply["cost_usd"] = cost
@@ -164,7 +167,7 @@ def _scripted(
         if (rule.turn is None or rule.turn == turn) and rule.matches(last):
             content = rule.reply.replace("{prompt}", last)
             calls = [
-                {"id": f"call_{turn}_{i}", "name": c["name"], "arguments": c.get("arguments") or {}}
+                {"id": f"call_{turn}_{i}", "name": c["name"], **_arguments(c.get("arguments"))}
                 for i, c in enumerate(rule.tool_calls or [])
             ]
             break
@@ -187,22 +190,21 @@ def _openai(
 ) -> dict[str, Any]:
     settings = ctx.settings
     assert settings.llm_base_url is not None
-    payload: dict[str, Any] = {"model": model, "messages": messages, "temperature": 0}
+    payload: dict[str, Any] = {"model": model, "messages": messages}
     if functions:
         payload["tools"] = functions
-    url, body = post_chat(settings, payload, timeout_s)
+    url, body = post_chat(settings, payload, timeout_s, ctx.emit)
     doc: Any = None
     try:
         doc = json.loads(body)
         message = doc["choices"][0]["message"]
         calls = []
         for c in message.get("tool_calls") or []:
-            raw = c["function"].get("arguments") or "{}"
             calls.append(
                 {
                     "id": str(c.get("id") or ""),
                     "name": tool_name(str(c["function"]["name"])),
-                    "arguments": json.loads(raw) if isinstance(raw, str) else raw,
+                    **_arguments(c["function"].get("arguments")),
                 }
             )
     except (ValueError, KeyError, IndexError, TypeError) as exc:
@@ -225,6 +227,26 @@ def _openai(
     }
 
 
+def _arguments(raw: Any) -> dict[str, Any]:
+    """A tool call's ``arguments`` as the model sent them: ``{"arguments": value}``.
+
+    Text is parsed as JSON (an object); text that is not valid JSON is kept
+    as it came, with ``invalid`` saying why, for the model to be told
+    (:func:`_tool_call`): one malformed call must not fail the whole reply.
+    """
+    if raw is None or raw == "":
+        return {"arguments": {}}
+    if not isinstance(raw, str):
+        return {"arguments": raw}
+    try:
+        return {"arguments": json.loads(raw)}
+    except json.JSONDecodeError as exc:
+        return {
+            "arguments": raw,
+            "invalid": f"arguments are not valid JSON: {exc.msg} at char {exc.pos}",
+        }
+
+
 def _call_task(step: Step) -> Coroutine:
     """A child task of the agent step running one durable call (model or tool)."""
     return (yield step)
@@ -245,6 +267,8 @@ def _tool_call(
     name = str(call.get("name"))
     if name not in allowed:
         return False, {"error": f"tool {name!r} is not one of this step's tools: {allowed}"}
+    if call.get("invalid"):
+        return False, {"error": str(call["invalid"])}
     tool = ctx.tools.lookup(name)
     try:
         args = tool.Args.model_validate(call.get("arguments") or {})
@@ -258,7 +282,7 @@ def _tool_call(
         if not tool.durable:
             return True, (yield tool.run(args, ctx))
         step_for = getattr(tool, "step_for", None)
-        step = step_for(args) if step_for is not None else None
+        step = step_for(args, ctx.settings) if step_for is not None else None
         if step is None:
             step = Step(tool.run, args, ctx, name=name)
         tid = yield NewTask(
@@ -341,7 +365,10 @@ class AgentTool:
                             "type": "function",
                             "function": {
                                 "name": function_name(c["name"]),
-                                "arguments": json.dumps(c["arguments"]),
+                                # as it came when it is no JSON: what the model said
+                                "arguments": c["arguments"]
+                                if isinstance(c["arguments"], str)
+                                else json.dumps(c["arguments"]),
                             },
                         }
                         for c in wanted

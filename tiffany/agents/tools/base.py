@@ -40,6 +40,7 @@ from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, RootModel
 
+from tiffany.agents.tracebacks import TracebackLimits
 from tiffany.errors import TiffanyError
 
 __all__ = [
@@ -85,7 +86,8 @@ class ToolSettings:
     """Operator settings the tools read (built once from Settings)."""
 
     llm_base_url: str | None = None
-    llm_model: str = "scripted"
+    # None: no model; "scripted": the offline scripted provider (llm.py: provider_for)
+    llm_model: str | None = None
     llm_api_key: str | None = None
     llm_script: str | None = None
     shell_sandbox: str = "auto"  # "auto": bubblewrap when installed, "bwrap": required, "none"
@@ -96,6 +98,9 @@ class ToolSettings:
     http_max_body_bytes: int = 10 << 20
     # hosts and CIDRs the http tool may reach although private/loopback (TIFFANY_HTTP_ALLOW)
     http_allow: tuple[str, ...] = ()
+    # how much of a failed python function's traceback its step's error keeps
+    # (TIFFANY_TRACEBACK_FRAMES, TIFFANY_TRACEBACK_CHARS: tiffany/agents/tracebacks.py)
+    traceback: TracebackLimits = field(default_factory=TracebackLimits)
 
 
 @dataclass(slots=True)

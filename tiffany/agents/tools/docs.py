@@ -39,6 +39,29 @@ validate`): an unknown or missing argument is a 422 naming
 `steps[N].args.FIELD` and the allowed fields. A value holding a reference
 (`${inputs.n}`) is checked once resolved, when the step runs: a string that is
 wholly one reference may become any type.
+
+A failed `python` step's error carries `traceback`: the frames of the user's
+code the exception went through, most recent call last, each `{"file",
+"line", "function", "code"}` (tiffany's own frames left out). At most
+`TIFFANY_TRACEBACK_FRAMES` (30) of them, the innermost, with
+`traceback_omitted` counting the rest; each text cut at
+`TIFFANY_TRACEBACK_CHARS` (240). It is journaled with the error, so a replay
+shows the same; `GET /api/runs/{id}`, the run page's step card, `tiffany run`
+and `tiffany status RUN` show it.
+
+The model of `llm` and `agent`: an OpenAI-compatible endpoint
+(`TIFFANY_LLM_BASE_URL`, `TIFFANY_LLM_MODEL` or the step's `model`,
+`TIFFANY_LLM_API_KEY`), or, only when asked for, the offline scripted
+provider (`TIFFANY_LLM_MODEL=scripted`, a step's `"model": "scripted"`, or a
+file of scripted replies in `TIFFANY_LLM_SCRIPT` without an endpoint). With
+neither, the step fails with `tool.llm.not_configured`, naming the settings.
+A request carries `max_completion_tokens` (the step's `max_tokens`), and
+`temperature` only when the step sets one; a parameter the model refuses (a
+400 naming `temperature` or `max_completion_tokens`) is dropped, the call
+sent once more, and the refusal remembered for that model. An `agent`'s
+tool call whose arguments are not valid JSON goes back to the model as the
+call's result (`{"error": "arguments are not valid JSON: ... at char N"}`),
+counted as a call that failed, and the loop goes on.
 """
 
 

@@ -33,7 +33,10 @@ from ``run`` itself, once).
 
 An exception other than :class:`ToolError` raised by the function becomes a
 ``tool.python.error`` ToolError naming its type, so the plan sees a stable
-code and the journal a rebuildable error.
+code and the journal a rebuildable error. Either carries the frames of the
+user's code it went through (``traceback``: ``tiffany/agents/tracebacks.py``),
+taken where it was caught, in the thread that ran the function, and bounded
+by the operator's ``TIFFANY_TRACEBACK_*`` settings (``ToolSettings.traceback``).
 
 A plan's ``python`` steps are checked where the plan enters (a submission,
 ``tiffany run``, ``tiffany plan validate``: :func:`check_python_steps`):
@@ -57,7 +60,14 @@ from typing import Any, ClassVar, TypeVar, overload
 
 from pydantic import Field
 
-from tiffany.agents.tools.base import FreeFormOutput, ToolArgs, ToolContext, ToolError
+from tiffany.agents.tools.base import (
+    FreeFormOutput,
+    ToolArgs,
+    ToolContext,
+    ToolError,
+    ToolSettings,
+)
+from tiffany.agents.tracebacks import DEFAULT_LIMITS, TracebackLimits, traceback_fields
 from tiffany.documents import did_you_mean
 from tiffany.kernel import Coroutine, RunInThread, Step
 
@@ -228,11 +238,12 @@ class PythonTool:
     Output: ClassVar[type[FreeFormOutput]] = PythonOutput
     durable: ClassVar[bool] = True
 
-    def step_for(self, args: PythonArgs) -> Step | None:
+    def step_for(self, args: PythonArgs, settings: ToolSettings | None = None) -> Step | None:
         """Return a step that calls a plain function directly, or None.
 
         A thread step, or an inline one for a function registered with
-        ``inline=True``.
+        ``inline=True``. ``settings``: the operator's (the bounds on a
+        failure's traceback); the defaults without them.
 
         The worker yields this step instead of running :meth:`run` as a
         generator step: one task and one thread hand-off fewer per call.
@@ -247,28 +258,28 @@ class PythonTool:
             # registered: a run recovered on an engine that lacks the function
             # replays its journal unchanged, and the journal's step gate holds
             # the step (see ``is_registered``) until an engine that has it runs.
-            return Step(_call_missing, name, args.kwargs, name=f"python:{name}")
+            missing = functools.partial(_call_missing, limits=_limits(settings))
+            return Step(missing, name, args.kwargs, name=f"python:{name}")
         if _is_generator_function(fn):
             return None
-        return Step(
-            _call_plain, name, fn, args.kwargs, name=f"python:{name}", inline=name in _INLINE
-        )
+        # The bounds ride on the function, not in the step's arguments: the
+        # journal records their count (Step.fields), which a replay compares.
+        call = functools.partial(_call_plain, limits=_limits(settings))
+        return Step(call, name, fn, args.kwargs, name=f"python:{name}", inline=name in _INLINE)
 
     def run(self, args: PythonArgs, ctx: ToolContext) -> Coroutine:
         """Run the function: plain ones in the thread pool, generator ones here."""
-        fn = lookup(args.function)
+        name, limits = args.function, ctx.settings.traceback
+        fn = lookup(name)
+        if not inspect.isgeneratorfunction(fn):  # its errors are wrapped in the thread
+            return (yield RunInThread(_call_plain, name, fn, args.kwargs, limits))
         try:
-            if inspect.isgeneratorfunction(fn):
-                return (yield fn(**args.kwargs))
-            return (yield RunInThread(functools.partial(fn, **args.kwargs)))
-        except ToolError:
+            return (yield fn(**args.kwargs))
+        except ToolError as exc:
+            _add_frames(exc, limits)
             raise
         except Exception as exc:
-            raise PythonError(
-                f"python tool {args.function!r} raised {type(exc).__name__}: {exc}",
-                function=args.function,
-                type=type(exc).__name__,
-            ) from exc
+            raise _wrapped(name, exc, limits) from exc
 
 
 def check_python_steps(steps: Iterable[Any], loc_prefix: str = "") -> list[dict[str, str]]:
@@ -381,7 +392,13 @@ def is_registered(name: str) -> bool:
     return True
 
 
-def _call_missing(name: str, kwargs: dict[str, Any]) -> Any:
+def _limits(settings: ToolSettings | None) -> TracebackLimits:
+    return settings.traceback if settings is not None else DEFAULT_LIMITS
+
+
+def _call_missing(
+    name: str, kwargs: dict[str, Any], limits: TracebackLimits = DEFAULT_LIMITS
+) -> Any:
     """Call a function that was not registered when its step was made (it may be now)."""
     fn = lookup(name)  # raises UnknownFunction, the attempt's failure, if still missing
     if _is_generator_function(fn):
@@ -389,18 +406,40 @@ def _call_missing(name: str, kwargs: dict[str, Any]) -> Any:
             f"python tool {name!r} became a generator function; run it with a timeout_s",
             function=name,
         )
-    return _call_plain(name, fn, kwargs)
+    return _call_plain(name, fn, kwargs, limits)
 
 
-def _call_plain(name: str, fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
-    """Call a plain registered function (in the thread pool), wrapping its errors."""
+def _call_plain(
+    name: str,
+    fn: Callable[..., Any],
+    kwargs: dict[str, Any],
+    limits: TracebackLimits = DEFAULT_LIMITS,
+) -> Any:
+    """Call a plain registered function (in the thread pool), wrapping its errors.
+
+    Where it failed is taken here, where its traceback still is (see the
+    module docstring).
+    """
     try:
         return fn(**kwargs)
-    except ToolError:
+    except ToolError as exc:
+        _add_frames(exc, limits)
         raise
     except Exception as exc:
-        raise PythonError(
-            f"python tool {name!r} raised {type(exc).__name__}: {exc}",
-            function=name,
-            type=type(exc).__name__,
-        ) from exc
+        raise _wrapped(name, exc, limits) from exc
+
+
+def _wrapped(name: str, exc: Exception, limits: TracebackLimits) -> PythonError:
+    """The ``tool.python.error`` for ``exc``, raised by function ``name``, with its frames."""
+    return PythonError(
+        f"python tool {name!r} raised {type(exc).__name__}: {exc}",
+        function=name,
+        type=type(exc).__name__,
+        **traceback_fields(exc, limits),
+    )
+
+
+def _add_frames(exc: ToolError, limits: TracebackLimits) -> None:
+    """Give ``exc``, a ToolError the function raised itself, its frames (unless it has some)."""
+    if "traceback" not in exc.fields:
+        exc.fields.update(traceback_fields(exc, limits))

@@ -628,7 +628,8 @@ export class RunPage {
             }),
             s.output != null ? kv("output", s.output, "step-output") : null,
             // A succeeded step's error is an earlier attempt's: listed with its attempt.
-            s.error != null && st !== "succeeded" ? kv(st === "failed" ? "error" : "why", s.error, "step-error", st === "failed" ? "error-text" : "") : null,
+            s.error != null && st !== "succeeded" ? kv(st === "failed" ? "error" : "why", withoutTraceback(s.error), "step-error", st === "failed" ? "error-text" : "") : null,
+            st === "failed" ? tracebackBlock(s.error) : null,
           ),
           reused ? null : attemptsBlock(s, { running: st === "running", liveLines: live.get(s.step_id) || [] }),
           awaited ? this.signalForm(s.step_id, awaited) : null,
@@ -978,6 +979,47 @@ function card(title, body, testid, hint) {
     { class: "card", testid },
     h("div", { class: "card-head" }, h("h2", null, title), hint ? h("span", { class: "muted small" }, hint) : null),
     body,
+  );
+}
+
+/** `err` without its `traceback` (shown beside it, by `tracebackBlock`). */
+function withoutTraceback(err) {
+  if (!err || typeof err !== "object" || !Array.isArray(err.traceback)) return err;
+  const { traceback, traceback_omitted, ...rest } = err;
+  return rest;
+}
+
+/**
+ * A failed python step's traceback: the frames of the user's code it went
+ * through, most recent call last, each `file:line in function` over its
+ * source line (monospace); collapsible, open at first. Null without frames.
+ */
+function tracebackBlock(err) {
+  const frames = err && Array.isArray(err.traceback) ? err.traceback : [];
+  if (!frames.length) return null;
+  const omitted = Number(err.traceback_omitted) || 0;
+  return h(
+    "div",
+    { class: "kv traceback", testid: "step-traceback" },
+    h("div", { class: "kv-label", title: "traceback" }, "trace"),
+    h(
+      "details",
+      { open: true },
+      h("summary", null, `most recent call last · ${frames.length} ${frames.length === 1 ? "frame" : "frames"}`),
+      h(
+        "div",
+        { class: "payload traceback-frames mono" },
+        omitted ? h("div", { class: "muted small" }, `… ${omitted} earlier frames left out`) : null,
+        frames.map((f) =>
+          h(
+            "div",
+            { class: "traceback-frame", testid: "traceback-frame", dataset: { file: String(f.file ?? ""), line: String(f.line ?? "") } },
+            h("div", { class: "traceback-where error-text" }, `${f.file}:${f.line}`, h("span", { class: "muted" }, ` in ${f.function}`)),
+            f.code ? h("div", { class: "traceback-code", testid: "traceback-code" }, f.code) : null,
+          ),
+        ),
+      ),
+    ),
   );
 }
 
