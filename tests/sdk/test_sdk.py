@@ -37,6 +37,7 @@ from tiffany.sdk import (
     NotFound,
     RunDetail,
     Unauthorized,
+    WaitingFor,
     WaitTimeout,
     protocol,
 )
@@ -255,6 +256,29 @@ def test_signal_reaches_a_waiting_step(server: Served) -> None:
         assert done.outputs == {"by": "ada"}
         with pytest.raises(Conflict):
             client.signal(run.run_id, "approve", {"by": "late"})
+
+
+def test_a_run_waiting_for_a_signal_is_listed_as_waiting_with_what_for(server: Served) -> None:
+    with Client(server.url) as client:
+        run = client.submit(APPROVE)
+        waiting = wait_for(
+            lambda: (r := client.get(run.run_id, min_seq=run.seq)).status == "waiting" and r,
+            60,
+            "the run to wait",
+        )
+        (entry,) = waiting.waiting_for
+        assert isinstance(entry, WaitingFor)
+        assert (entry.kind, entry.name, entry.step) == ("signal", "approve", "ok")
+        assert not waiting.finished
+        page = client.list(status="waiting")
+        assert page.counts["waiting"] >= 1
+        assert all(r.status == "waiting" for r in page)
+        (listed,) = [r for r in page if r.run_id == run.run_id]
+        assert listed.waiting_for == [entry]
+        client.signal(run.run_id, "approve", {"by": "ada"})
+        done = run.wait(timeout=60)
+        assert (done.status, done.waiting_for) == ("succeeded", [])
+        assert run.run_id not in {r.run_id for r in client.list(status="waiting")}
 
 
 def test_a_signal_name_or_run_id_is_one_path_segment_whatever_it_holds(server: Served) -> None:

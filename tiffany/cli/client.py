@@ -502,7 +502,7 @@ def _run_start(ctx: typer.Context, run_id: str) -> tuple[int, int, str | None]:
         raise typer.Exit(exits.NOT_FOUND)
     engine = engine_of(start_seq)
     since = (start_seq - seq_base(engine)) * SEQS_PER_RECORD - 1
-    return engine, since, None if status in ("pending", "running") else status
+    return engine, since, None if status in ("pending", "running", "waiting") else status
 
 
 def register(app: typer.Typer) -> None:

@@ -347,7 +347,7 @@ class ControlRequests:
         if source is None:
             raise ControlError(404, f"no run {source_id!r}")
         status, entry = source["status"], source["entry"]
-        if status in ("pending", "running"):
+        if status in ("pending", "running", "waiting"):
             raise ControlError(
                 409,
                 f"run {source_id} has not finished ({status}); re-run a finished run",
@@ -731,4 +731,3 @@ def _with_seq(fut: Future[dict[str, Any]], seq: int) -> Future[dict[str, Any]]:
     out: Future[dict[str, Any]] = Future()
     fut.add_done_callback(lambda f: out.set_result({**f.result(), "written_seq": seq}))
     return out
-

@@ -241,7 +241,15 @@ def _page(
 @router.get("", response_model=RunList, responses=_ERRORS)
 async def list_runs(
     state: State,
-    status: Annotated[RunStatus | None, Query(description="Only runs with this status.")] = None,
+    status: Annotated[
+        RunStatus | None,
+        Query(
+            description=(
+                "Only runs with this status (``waiting``: the runs that need someone, "
+                "a signal or an operator)."
+            )
+        ),
+    ] = None,
     name: Annotated[
         str | None,
         Query(max_length=200, description="Only runs whose name contains this (any case)."),
@@ -375,9 +383,7 @@ async def get_run(
             min_seq,
             lambda s: queries.run_detail_of(s, run_id, outputs=outputs),
             pg=lambda c: queries.run_detail_async(c, dialect, run_id, outputs=outputs),
-            loop=lambda s: queries.run_detail_of(
-                s, run_id, LOOP_READ_DISPATCHES, outputs=outputs
-            ),
+            loop=lambda s: queries.run_detail_of(s, run_id, LOOP_READ_DISPATCHES, outputs=outputs),
         )
     )
 
