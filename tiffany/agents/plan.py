@@ -78,8 +78,12 @@ MAX_STEPS = 10_000
 #: Most retries of one step.
 MAX_RETRIES = 20
 #: Arguments a tool takes as they are: references inside them are not this
-#: plan's (``plan.run``'s child plan has its own ``${inputs...}``).
-OPAQUE_ARGS: dict[str, frozenset[str]] = {"plan.run": frozenset({"plan"})}
+#: plan's (``plan.run``'s child plan has its own ``${inputs...}``; a
+#: ``signal.wait``'s payload schema is a literal, checked at submission).
+OPAQUE_ARGS: dict[str, frozenset[str]] = {
+    "plan.run": frozenset({"plan"}),
+    "signal.wait": frozenset({"schema"}),
+}
 
 #: How close a misspelt name must be to a known one to be suggested (difflib ratio).
 SUGGEST_CUTOFF = 0.6

@@ -243,6 +243,14 @@ class SignalAnswer(BaseModel):
             "with the same key is journaled once), otherwise a new one."
         )
     )
+    warning: str | None = Field(
+        default=None,
+        description=(
+            "Set when no step of the run waits for this name (a typo, or a wait a later "
+            "step adds): the signal is kept all the same; the warning names what the run "
+            "waits for."
+        ),
+    )
 
 
 class Readiness(BaseModel):

@@ -225,6 +225,8 @@ class SignalAnswer(_Open):
     name: str
     seq: int
     signal_id: str
+    #: Set when no step of the run waits for this name: what the run waits for.
+    warning: str | None = None
 
 
 class Event(_Open):
