@@ -2,11 +2,13 @@
 // form, the run page and the activity tail to the HTTP API and the live
 // feed, and keeps the view (selected run, filters) in the URL hash:
 //   #/                      overview (submit form)
+//   #/inbox                 the runs that need someone (inbox.js)
 //   #/run/<run_id>?status=failed&tail=<run_id>&name=nightly&q=ticket&since=2024-05-01T09:00
 // (`since`/`until` are local date-times, as the date inputs show them).
 
 import { adoptTokenFromUrl, api, ApiError, Feed, getToken, onUnauthorized, setToken } from "./api.js";
 import { $, fill, h, runNo, toast } from "./dom.js";
+import { Inbox, touchesWaits } from "./inbox.js";
 import { Live } from "./live.js";
 import { RunPage } from "./runpage.js";
 import { RunsPane } from "./runs.js";
@@ -30,7 +32,7 @@ function readRoute() {
   const q = new URLSearchParams(query);
   const m = path.match(/^\/run\/(.+)$/);
   return {
-    view: m ? "run" : path === "/new" ? "new" : "home",
+    view: m ? "run" : path === "/new" ? "new" : path === "/inbox" ? "inbox" : "home",
     runId: m ? decodeURIComponent(m[1]) : null,
     status: q.get("status") || null,
     tail: q.get("tail") || null,
@@ -39,7 +41,7 @@ function readRoute() {
 }
 
 function routeHash(r) {
-  const path = r.runId ? `/run/${encodeURIComponent(r.runId)}` : r.view === "new" ? "/new" : "/";
+  const path = r.runId ? `/run/${encodeURIComponent(r.runId)}` : r.view === "new" ? "/new" : r.view === "inbox" ? "/inbox" : "/";
   const q = new URLSearchParams();
   if (r.status) q.set("status", r.status);
   if (r.tail) q.set("tail", r.tail);
@@ -88,6 +90,9 @@ const tail = new Tail($("#tail-pane"), {
   onFilter: (id) => navigate({ tail: id }, { replace: true }),
 });
 
+const waitingInbox = new Inbox({ onError: reportError });
+$("#store-badge").before(waitingInbox.badge);
+
 const main = $("#main");
 // run id -> the WAL seq its submission answered (its page asks the store for it).
 const created = new Map();
@@ -95,7 +100,16 @@ const created = new Map();
 function onRoute() {
   const r = readRoute();
   tail.setFilter(r.tail);
-  if (r.view === "run") {
+  if (r.view !== "inbox") waitingInbox.unmount();
+  if (r.view === "inbox") {
+    if (page) page.destroy();
+    page = null;
+    pageRunId = null;
+    const root = h("div");
+    fill(main, root);
+    waitingInbox.mount(root);
+    document.title = "Tiffany · inbox";
+  } else if (r.view === "run") {
     if (pageRunId !== r.runId) {
       if (page) page.destroy();
       const root = h("div");
@@ -168,7 +182,9 @@ function flush() {
     if (page && ev.run === pageRunId) mine.push(ev);
   }
   tail.push(batch);
-  if (touched.size) runs.touched(touched, finished, walSeqs.filter((x) => x != null));
+  const waits = batch.some(touchesWaits);
+  if (touched.size) runs.touched(touched, finished, walSeqs.filter((x) => x != null), waits);
+  if (waits) waitingInbox.onEvents(batch);
   if (page && mine.length) page.onEvents(mine);
 }
 
@@ -186,6 +202,7 @@ const feed = new Feed({
     // We were away too long to resume: reload the state over HTTP.
     toast("Missed too many events while disconnected; reloading.", "warn");
     runs.refresh();
+    waitingInbox.refresh();
     if (page) page.refresh();
   },
 });
@@ -218,6 +235,7 @@ $("#token-form").addEventListener("submit", (e) => {
   tokenInput.value = "";
   dialog.close();
   runs.refresh();
+  waitingInbox.refresh();
   if (page) page.refresh();
   feed.restart();
 });
@@ -286,8 +304,10 @@ $("#theme-toggle").addEventListener("click", () => {
 
 onRoute();
 runs.refresh();
+waitingInbox.refresh();
 feed.start();
 pollReady();
 setInterval(() => runs.refresh(), RUNS_POLL_MS);
+setInterval(() => waitingInbox.refresh(), RUNS_POLL_MS);
 setInterval(() => runs.tick(), 1000);
-window.__tiffany = { live, feed, runs, tail }; // for debugging from the console
+window.__tiffany = { live, feed, runs, tail, inbox: waitingInbox }; // for debugging from the console
