@@ -293,7 +293,7 @@ def test_a_signal_name_or_run_id_is_one_path_segment_whatever_it_holds(server: S
         for run_id in (f"{run.run_id}/cancel", f"{run.run_id}?min_seq=1", ".."):
             with pytest.raises(NotFound):
                 client.cancel(run_id)
-        assert client.get(run.run_id).status == "running"
+        assert not client.get(run.run_id).finished  # not cancelled: it waits for approve
         client.signal(run.run_id, "approve", {"by": "ada"})
         assert run.wait(timeout=60).outputs == {"by": "ada"}
 
@@ -432,7 +432,7 @@ def test_wait_waits_out_a_restart_of_the_whole_server() -> None:
         ]
         for waiter in waiters:
             waiter.start()
-        wait_for(lambda: len(sync.list(status="running").runs) == 2, 30, "both runs waiting")
+        wait_for(lambda: len(sync.list(status="waiting").runs) == 2, 30, "both runs waiting")
         assert terminate(served.proc) == 0, served.log()
         served = serve(cwd, port=port)  # the same data dir, port and URL
         for run in runs:
