@@ -210,12 +210,29 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 def test_the_approval_example_runs_offline_with_its_signal_up_front(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "tiffany", "--data-dir", str(tmp_path), "run", "--json"]
     plan = str(EXAMPLES / "approval" / "plan.yaml")
-    done = _run([*cmd, plan, "--signal", 'approve={"by": "alice", "note": "ship it"}'])
+    approval = 'approve={"approved": true, "by": "alice", "note": "ship it"}'
+    done = _run([*cmd, plan, "--signal", approval])
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["outputs"] == {"approved_by": "alice", "published": "published.md"}
     published = tmp_path / "workspaces" / result["run_id"] / "published.md"
-    assert published.read_text() == "Release 1.4.0, approved by alice: ship it"
+    assert published.read_text() == "Release 1.4.0, approved by alice."
+
+
+def test_a_signal_option_its_waits_schema_refuses_is_refused_before_the_run(
+    tmp_path: Path,
+) -> None:
+    """The approval example's schema holds ``--signal`` as a server holds a sent signal."""
+    cmd = [sys.executable, "-m", "tiffany", "--data-dir", str(tmp_path), "run", "--json"]
+    plan = str(EXAMPLES / "approval" / "plan.yaml")
+    for payload, field in (('{"by": "alice"}', "approved"), ('{"approved": true}', "by")):
+        refused = _run([*cmd, plan, "--signal", f"approve={payload}"])
+        assert refused.returncode == 2, refused.stderr
+        assert "--signal signal approve's payload does not satisfy step approve's schema" in (
+            refused.stderr
+        )
+        assert f"  body.{field}: '{field}' is a required property" in refused.stderr
+    assert not (tmp_path / "wal").exists()  # refused before the engine opened the data dir
 
 
 def test_a_bad_signal_option_is_refused_naming_it(tmp_path: Path) -> None:

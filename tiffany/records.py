@@ -104,11 +104,14 @@ __all__ = [
     "decode_dispatch",
     "decode_record",
     "encode",
+    "function_missing_reason",
+    "held_for",
     "legacy_role",
     "reserved_signal",
     "reserved_signal_message",
     "root_role",
     "run_of",
+    "tool_disabled_reason",
 ]
 
 RUN_PREFIX: Final = struct.Struct("<I")
@@ -427,6 +430,39 @@ def reserved_signal_message(name: str) -> str:
         f"{prefixes}): the engine sends those signals itself (a sub-plan's end, a "
         "concurrency slot), a client never does"
     )
+
+
+def tool_disabled_reason(tool: str) -> str:
+    """Why an engine holds a step whose tool it does not enable (a HOLD's ``reason``)."""
+    return f"tool {tool} is disabled on this engine (--enable-tool {tool})"
+
+
+def function_missing_reason(function: str) -> str:
+    """Why an engine holds a ``python`` step whose function it lacks (a HOLD's ``reason``)."""
+    return (
+        f"python function {function} is not registered on this engine "
+        "(--import the module that @python_tool's it, or install its package)"
+    )
+
+
+def held_for(name: str, reason: str) -> tuple[Literal["tool", "function"], str]:
+    """What a held step waits for an operator to provide: its tool, or its python function.
+
+    ``name`` and ``reason`` are the HOLD record's: the step's name
+    (``TOOL`` or ``TOOL:DETAIL``, a ``python`` step's detail its function)
+    and why (:func:`tool_disabled_reason`, :func:`function_missing_reason`,
+    the only reasons the engine gives). A reason this code does not make
+    stands for the step's tool.
+
+    >>> held_for("python:mod.fn", function_missing_reason("mod.fn"))
+    ('function', 'mod.fn')
+    >>> held_for("shell", tool_disabled_reason("shell"))
+    ('tool', 'shell')
+    """
+    tool, _, detail = name.partition(":")
+    if tool == "python" and detail and reason == function_missing_reason(detail):
+        return "function", detail
+    return "tool", tool
 
 
 def root_role(entry: Any) -> Role:

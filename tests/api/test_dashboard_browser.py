@@ -779,7 +779,7 @@ def test_run_pages_link_sub_plans_and_show_a_queued_run(
     whose child it is, with a link back. Of two runs on a concurrency key with
     limit 1, the second is pending with a "queued" badge until the first ends
     (its signal sent over HTTP): its page, following the live feed, then shows
-    it running and drops the badge.
+    it started (waiting for its own signal) and drops the badge.
     """
     from playwright.sync_api import expect
 
@@ -836,8 +836,9 @@ def test_run_pages_link_sub_plans_and_show_a_queued_run(
         expect(page.locator(f'[data-testid=run-row][data-run-id="{second}"]')).to_have_attribute(
             "data-status", "pending"
         )
+        # The first waits for its signal, and nothing else: it needs someone.
         expect(page.locator(f'[data-testid=run-row][data-run-id="{first}"]')).to_have_attribute(
-            "data-status", "running"
+            "data-status", "waiting"
         )
         png = tmp_path / "dashboard-queued.png"
         page.screenshot(path=str(png))
@@ -845,7 +846,8 @@ def test_run_pages_link_sub_plans_and_show_a_queued_run(
 
         # The first ends: the second gets its slot and its page follows live.
         _http_json(f"{url}api/runs/{first}/signals/go", {})
-        expect(page.get_by_test_id("run-status")).to_have_attribute("data-status", "running")
+        # It runs, and soon waits for its own signal (its one step does).
+        expect(page.get_by_test_id("run-status")).to_have_attribute("data-status", "waiting")
         expect(badge).to_have_count(0)
         w = page.locator('[data-testid=step-row][data-step-id="w"]')
         expect(w.get_by_test_id("step-waiting")).to_have_text("waiting for go")
@@ -988,7 +990,7 @@ def test_a_click_held_across_the_live_pages_redraws_lands(
     with _dashboard(chromium_path) as (page, errors):
         page.goto(url)
         row = page.locator(f'[data-testid=run-row][data-run-id="{run_id}"]')
-        expect(row).to_have_attribute("data-status", "running")
+        expect(row).to_have_attribute("data-status", "waiting")
         _slow_click(page, row.locator("a"), held_ms=1_300)
         expect(page.get_by_test_id("run-page")).to_have_attribute("data-run-id", run_id)
 

@@ -155,7 +155,7 @@ def test_runs_lists_newest_first_with_ages_and_tells_an_interrupted_run(tmp_path
 
     The waiting run is newest, so it comes first; with no engine on the data
     dir it is "interrupted" with the command that resumes it; once ``serve``
-    holds the data dir it is "running" again.
+    holds the data dir it is "waiting" (for its signal: it needs someone).
     """
     import signal
     import time
@@ -204,13 +204,13 @@ def test_runs_lists_newest_first_with_ages_and_tells_an_interrupted_run(tmp_path
     assert "`tiffany replay RUN` resumes one" in listed.stderr
     as_json = [json.loads(x) for x in tiffany("runs", "--json", data_dir=data).stdout.splitlines()]
     assert [(r["name"], r["status"], r["interrupted"]) for r in as_json] == [
-        ("waits", "running", True),
+        ("waits", "waiting", True),  # for its signal go, and no engine holds it
         ("quick", "succeeded", False),
     ]
     newest = tiffany("runs", "--limit", "1", data_dir=data).stdout.splitlines()
     assert [line.split()[0] for line in newest] == [lines[0].split()[0]]
 
-    # A server on the data dir resumes the run: it is running, not interrupted.
+    # A server on the data dir resumes the run: it waits for go, not interrupted.
     served = subprocess.Popen(
         [*cmd[:-1], "serve", "--port", "0"],
         stdout=subprocess.DEVNULL,
@@ -222,7 +222,7 @@ def test_runs_lists_newest_first_with_ages_and_tells_an_interrupted_run(tmp_path
             assert served.poll() is None
             assert time.monotonic() < deadline + 60
             time.sleep(0.1)
-        assert tiffany("runs", data_dir=data, check=True).stdout.split()[1] == "running"
+        assert tiffany("runs", data_dir=data, check=True).stdout.split()[1] == "waiting"
     finally:
         served.send_signal(signal.SIGTERM)
         assert served.wait(timeout=60) == 0

@@ -29,6 +29,7 @@ from tiffany.store.models import Step as StepRow
 from tiffany.wal import iter_records
 
 REASON = "tool shell is disabled on this engine (--enable-tool shell)"
+FINISHED = ("succeeded", "failed", "cancelled")
 
 
 def _plan(name: str, nap: float) -> dict[str, Any]:
@@ -155,7 +156,11 @@ def test_a_disabled_tool_makes_its_steps_wait_and_an_enabled_one_resumes_them(
         assert status["runs_active"] == 2
         for run_id in (run_a, run_b):
             detail = _wait(lambda r=run_id: _held_in_store(data, r), f"{run_id} held in the store")
-            assert detail["status"] == "running"
+            # It needs an operator: waiting, for the tool, with the reason.
+            assert detail["status"] == "waiting"
+            assert [
+                (w["kind"], w["name"], w["step"], w["reason"]) for w in detail["waiting_for"]
+            ] == [("tool", "shell", "sh", REASON)]
             steps = {s["step_id"]: s for s in detail["steps"]}
             assert steps["nap"]["status"] == "succeeded"
             assert steps["sh"]["status"] == "running"
@@ -164,7 +169,7 @@ def test_a_disabled_tool_makes_its_steps_wait_and_an_enabled_one_resumes_them(
             event = _waiting_events(data, run_id)[0]
             assert event["kind"] == "blocked"
             assert event["label"] == f"waiting: {REASON}"
-        # `tiffany runs` beside the engine: the journal says running, the engine says why.
+        # `tiffany runs` beside the engine: the journal's HOLD says waiting, and why.
         listed = subprocess.run(
             [sys.executable, "-m", "tiffany", "runs", "--data-dir", str(data)],
             capture_output=True,
@@ -175,7 +180,7 @@ def test_a_disabled_tool_makes_its_steps_wait_and_an_enabled_one_resumes_them(
         )
         for run_id in (run_a, run_b):
             (line,) = [x for x in listed.stdout.splitlines() if x.startswith(run_id)]
-            assert line.split()[1] == "held", listed.stdout
+            assert line.split()[1] == "waiting", listed.stdout
             assert f"held: {run_id} waits: {REASON}" in listed.stderr.splitlines()
         assert second.logged("step.held")
         assert not second.logged("replay.nondeterminism")
@@ -192,7 +197,7 @@ def test_a_disabled_tool_makes_its_steps_wait_and_an_enabled_one_resumes_them(
         done = {}
         for run_id in (run_a, run_b, twin):
             done[run_id] = _wait(
-                lambda r=run_id: (d := _store_run(data, r)) and d["status"] != "running" and d,
+                lambda r=run_id: (d := _store_run(data, r)) and d["status"] in FINISHED and d,
                 f"{run_id} to finish",
             )
             assert done[run_id]["status"] == "succeeded", done[run_id]

@@ -28,6 +28,7 @@ MIRRORED: dict[type[BaseModel], str] = {
     models.RunEvents: "RunEvents",
     models.CancelAnswer: "CancelAnswer",
     models.SignalAnswer: "SignalAnswer",
+    models.WaitingFor: "WaitingFor",
     models.ScheduleOut: "ScheduleOut",
     models.ScheduleList: "ScheduleList",
 }

@@ -37,6 +37,7 @@ from tiffany.sdk import (
     NotFound,
     RunDetail,
     Unauthorized,
+    WaitingFor,
     WaitTimeout,
     protocol,
 )
@@ -257,6 +258,29 @@ def test_signal_reaches_a_waiting_step(server: Served) -> None:
             client.signal(run.run_id, "approve", {"by": "late"})
 
 
+def test_a_run_waiting_for_a_signal_is_listed_as_waiting_with_what_for(server: Served) -> None:
+    with Client(server.url) as client:
+        run = client.submit(APPROVE)
+        waiting = wait_for(
+            lambda: (r := client.get(run.run_id, min_seq=run.seq)).status == "waiting" and r,
+            60,
+            "the run to wait",
+        )
+        (entry,) = waiting.waiting_for
+        assert isinstance(entry, WaitingFor)
+        assert (entry.kind, entry.name, entry.step) == ("signal", "approve", "ok")
+        assert not waiting.finished
+        page = client.list(status="waiting")
+        assert page.counts["waiting"] >= 1
+        assert all(r.status == "waiting" for r in page)
+        (listed,) = [r for r in page if r.run_id == run.run_id]
+        assert listed.waiting_for == [entry]
+        client.signal(run.run_id, "approve", {"by": "ada"})
+        done = run.wait(timeout=60)
+        assert (done.status, done.waiting_for) == ("succeeded", [])
+        assert run.run_id not in {r.run_id for r in client.list(status="waiting")}
+
+
 def test_a_signal_name_or_run_id_is_one_path_segment_whatever_it_holds(server: Served) -> None:
     # "../cancel" once cancelled the run, "approve?x" was sent as "approve"
     # and "run/../../x" read another path: names went into the URL unescaped.
@@ -269,7 +293,7 @@ def test_a_signal_name_or_run_id_is_one_path_segment_whatever_it_holds(server: S
         for run_id in (f"{run.run_id}/cancel", f"{run.run_id}?min_seq=1", ".."):
             with pytest.raises(NotFound):
                 client.cancel(run_id)
-        assert client.get(run.run_id).status == "running"
+        assert not client.get(run.run_id).finished  # not cancelled: it waits for approve
         client.signal(run.run_id, "approve", {"by": "ada"})
         assert run.wait(timeout=60).outputs == {"by": "ada"}
 
@@ -444,7 +468,7 @@ def test_wait_waits_out_a_restart_of_the_whole_server() -> None:
         ]
         for waiter in waiters:
             waiter.start()
-        wait_for(lambda: len(sync.list(status="running").runs) == 2, 30, "both runs waiting")
+        wait_for(lambda: len(sync.list(status="waiting").runs) == 2, 30, "both runs waiting")
         assert terminate(served.proc) == 0, served.log()
         served = serve(cwd, port=port)  # the same data dir, port and URL
         for run in runs:

@@ -265,6 +265,7 @@ def test_list_runs_newest_first_with_filter_and_paging(store: Engine, journal: J
         assert queries.counts_by_status(session) == {
             "pending": 0,
             "running": 0,
+            "waiting": 0,
             "succeeded": 2,
             "failed": 2,
             "cancelled": 2,

@@ -67,4 +67,11 @@ def test_filters_by_name_inputs_text_and_time(store: Engine) -> None:
     assert _ids(store, RunFilter(name="nightly", since=T0 + 1, until=T0 + 120)) == ["r2"]
     with session_factory(store)() as s:
         counts = counts_by_status(s, RunFilter(name="nightly"))
-    assert counts == {"pending": 0, "running": 0, "succeeded": 1, "failed": 1, "cancelled": 0}
+    assert counts == {
+        "pending": 0,
+        "running": 0,
+        "waiting": 0,
+        "succeeded": 1,
+        "failed": 1,
+        "cancelled": 0,
+    }

@@ -81,8 +81,12 @@ MAX_STEPS = 10_000
 #: Most retries of one step.
 MAX_RETRIES = 20
 #: Arguments a tool takes as they are: references inside them are not this
-#: plan's (``plan.run``'s child plan has its own ``${inputs...}``).
-OPAQUE_ARGS: dict[str, frozenset[str]] = {"plan.run": frozenset({"plan"})}
+#: plan's (``plan.run``'s child plan has its own ``${inputs...}``; a
+#: ``signal.wait``'s payload schema is a literal, checked at submission).
+OPAQUE_ARGS: dict[str, frozenset[str]] = {
+    "plan.run": frozenset({"plan"}),
+    "signal.wait": frozenset({"schema"}),
+}
 
 #: Largest ``concurrency.limit`` a plan may set.
 MAX_CONCURRENCY_LIMIT = 10_000

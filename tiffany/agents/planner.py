@@ -129,7 +129,7 @@ def run_plan(
                         attempts[sid] = [{"attempt": 1, "reused": reused_origin(given)}]
                         dag.status[sid] = RUNNING
                         if dag.specs[sid].dynamic:
-                            _extend(dag, reasons, sid, outputs[sid], values, env)
+                            _extend(dag, reasons, sid, outputs[sid], values, env, run_id)
                         dag.finish(sid, dag.status[sid] != FAILED, reasons)
                     todo = dag.take_ready()
             for sid in ready:
@@ -172,7 +172,7 @@ def run_plan(
                 if outcome.ok:
                     outputs[sid] = outcome.output
                     if dag.specs[sid].dynamic:
-                        _extend(dag, reasons, sid, outcome.output, values, env)
+                        _extend(dag, reasons, sid, outcome.output, values, env, run_id)
                 else:
                     reasons[sid] = outcome.error
                 dag.finish(sid, outcome.ok and dag.status[sid] != FAILED, reasons)
@@ -290,8 +290,9 @@ def _extend(
     output: Any,
     values: Mapping[str, Any],
     env: AgentEnv,
+    run_id: str,
 ) -> None:
-    """Add the steps a dynamic step returned (each runs after it)."""
+    """Add the steps a dynamic step returned (each runs after it); the engine is told."""
     raw = output.get("steps") if isinstance(output, Mapping) else None
     if not raw:
         return
@@ -330,3 +331,4 @@ def _extend(
         return
     for s in new:
         dag.add(s)
+    env.steps_added(run_id, new)

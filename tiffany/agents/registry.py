@@ -34,6 +34,7 @@ from tiffany.agents.tools import BUILTIN_TOOLS
 from tiffany.agents.tools.base import Tool, ToolError
 from tiffany.agents.tools.python import functions, is_registered, load_entry_points
 from tiffany.agents.tools.schema import describe
+from tiffany.records import function_missing_reason, tool_disabled_reason
 
 __all__ = ["DEFAULT_ENABLED", "ToolDisabled", "ToolRegistry", "UnknownTool"]
 
@@ -163,14 +164,11 @@ class ToolRegistry:
         if tool is None:
             return None
         if tool not in self.enabled:
-            return f"tool {tool} is disabled on this engine (--enable-tool {tool})"
+            return tool_disabled_reason(tool)
         if tool == "python" and isinstance(step_name, str):
             function = step_name.partition(":")[2]
             if function and not is_registered(function):
-                return (
-                    f"python function {function} is not registered on this engine "
-                    "(--import the module that @python_tool's it, or install its package)"
-                )
+                return function_missing_reason(function)
         return None
 
     def is_enabled(self, name: str) -> bool:

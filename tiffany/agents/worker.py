@@ -72,6 +72,10 @@ class AgentEnv:
     emit: Callable[[str, str, Mapping[str, Any]], None] = lambda run_id, kind, data: None
     #: Child runs for ``plan.run`` (the engine's; ``tools/subplan.py``), or None.
     runs: Any = None
+    #: Told of the steps a dynamic step added to run ``run_id`` (on the loop,
+    #: and again when a replay adds them): the engine holds signals to their
+    #: waits' schemas (``tools/signal.py``).
+    steps_added: Callable[[str, list[Any]], None] = lambda run_id, steps: None
 
     # Plans validated at submission, keyed by the document's identity (the
     # document itself is held, so its id cannot be reused meanwhile).

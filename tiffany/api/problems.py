@@ -77,6 +77,9 @@ async def _control_error(_request: Request, exc: Exception) -> JSONResponse:
     code = _CONTROL_CODES.get(status, "engine.refused")
     if isinstance(detail, dict) and isinstance(detail.get("code"), str):
         code = detail["code"]  # a refusal that names itself (a bound: limit.<setting>)
+    elif isinstance(detail, list) and detail and isinstance(detail[0], dict):
+        named = detail[0].get("code")  # its fields name it (a payload: signal.payload_invalid)
+        code = named if isinstance(named, str) else code
     return error_response(status, code, exc.message, detail, headers=headers)
 
 

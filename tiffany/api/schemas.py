@@ -29,6 +29,7 @@ __all__ = [
     "SubmitAnswer",
     "SubmitRequest",
     "TaskOut",
+    "WaitingFor",
 ]
 
 
@@ -72,6 +73,22 @@ class SubmitAnswer(BaseModel):
     )
 
 
+class WaitingFor(_Open):
+    """One task of a run that waits for a person: a client's signal, or an operator."""
+
+    kind: Literal["signal", "tool", "function"] = Field(
+        description=(
+            "``signal``: a ``signal.wait`` (or a workflow's ``signal()``) waits for a client "
+            "to send it; ``tool`` / ``function``: the engine holds the step until an operator "
+            "enables the tool (``--enable-tool``) or registers the python function."
+        )
+    )
+    name: str = Field(description="The signal's, tool's or function's name.")
+    step: str | None = Field(default=None, description="The plan step that waits (a plan run).")
+    task: int = Field(description="The waiting task's ``ltid``.")
+    reason: str | None = Field(default=None, description="Why the engine holds the step.")
+
+
 class RunSummary(_Open):
     """A run as the runs list shows it."""
 
@@ -80,7 +97,12 @@ class RunSummary(_Open):
     #: The engine that runs it (``serve --engines N``); run numbers are per engine.
     engine: int = 0
     name: str
-    status: Literal["pending", "running", "succeeded", "failed", "cancelled"]
+    status: Literal["pending", "running", "waiting", "succeeded", "failed", "cancelled"] = Field(
+        description=(
+            "``waiting``: every live step waits for a client's signal or an operator "
+            "(``waiting_for`` says what for): the run needs someone."
+        )
+    )
     kind: str | None = None
     created_at: float | None = None
     started_at: float | None = None
@@ -89,6 +111,13 @@ class RunSummary(_Open):
     dispatches: int = 0
     #: The WAL seq of the run's last projected record.
     last_seq: int | None = None
+    waiting_for: list[WaitingFor] = Field(
+        default_factory=list,
+        description=(
+            "What its waiting tasks wait for, oldest first (also while other steps run: "
+            "the run is ``waiting`` once all its live steps wait)."
+        ),
+    )
 
 
 class RunList(BaseModel):
@@ -267,6 +296,14 @@ class SignalAnswer(BaseModel):
             "The signal's id: the Idempotency-Key when one was sent (a signal sent again "
             "with the same key is journaled once), otherwise a new one."
         )
+    )
+    warning: str | None = Field(
+        default=None,
+        description=(
+            "Set when no step of the run waits for this name (a typo, or a wait a later "
+            "step adds): the signal is kept all the same; the warning names what the run "
+            "waits for."
+        ),
     )
 
 

@@ -24,6 +24,7 @@ from tiffany.cli.remote import (
     UrlOption,
     control_problems,
     print_problem,
+    printable,
     remote,
 )
 from tiffany.cli.run import InputsOption
@@ -349,12 +350,16 @@ def signal(
         with remote(url, token, ctx) as client:
             sent = client.signal(run_id, name, payload, signal_id=signal_id)
         typer.echo(f"run {sent.run_id}: signal {sent.name} journaled (seq {sent.seq})")
+        if sent.warning:
+            typer.echo(f"tiffany: warning: {printable(sent.warning)}", err=True)
         return
     fields: dict[str, Any] = {"name": name, "payload": payload}
     if signal_id is not None:
         fields["signal_id"] = signal_id
     answer = _for_run(ctx, "signal", run_id, **fields)
     typer.echo(f"run {answer['run_id']}: signal {answer['name']} journaled (seq {answer['seq']})")
+    if answer.get("warning"):  # no step waits for that name (it may be early)
+        typer.echo(f"tiffany: warning: {printable(answer['warning'])}", err=True)
 
 
 def status(
@@ -568,7 +573,7 @@ def _run_start(ctx: typer.Context, run_id: str) -> tuple[int, int, str | None]:
         raise typer.Exit(exits.NOT_FOUND)
     engine = engine_of(start_seq)
     since = (start_seq - seq_base(engine)) * SEQS_PER_RECORD - 1
-    return engine, since, None if status in ("pending", "running") else status
+    return engine, since, None if status in ("pending", "running", "waiting") else status
 
 
 def register(app: typer.Typer) -> None:

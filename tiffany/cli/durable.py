@@ -19,8 +19,9 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Final, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
@@ -30,6 +31,7 @@ from tiffany.cli.interrupt import CtrlC
 from tiffany.cli.remote import TokenOption, UrlOption, printable, remote
 
 if TYPE_CHECKING:
+    from tiffany.durable.history import RunInfo
     from tiffany.wal import Loss
 
 __all__ = ["register"]
@@ -38,8 +40,6 @@ wal_app = typer.Typer(help="Inspect, verify and repair the write-ahead log.", no
 
 EXIT_DIVERGED = exits.FAILED
 EXIT_NOT_FOUND = exits.NOT_FOUND
-#: How long ``runs`` waits for the serving engine's status (held steps), in seconds.
-STATUS_TIMEOUT_S: Final = 2.0
 
 
 def _wal_dir(ctx: typer.Context, engine: int = 0) -> Path:
@@ -277,103 +277,157 @@ def runs(
             show_default=False,
         ),
     ] = None,
+    status: Annotated[
+        str | None,
+        typer.Option(
+            "--status",
+            help="Only runs with this status (waiting: the runs that need someone).",
+            show_default=False,
+        ),
+    ] = None,
     url: UrlOption = None,
     token: TokenOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
     """List the runs in the WAL (or --url's server), newest first, with their age.
 
-    A run the WAL shows unfinished while no engine holds the data dir was
-    interrupted (a crash, Ctrl-C): `tiffany replay RUN` or `tiffany serve`
-    resumes it.
+    A run is ``waiting`` when every live step waits for a signal or an
+    operator (a step held for its tool or function): what it waits for is
+    listed after the runs. A run the WAL shows unfinished while no engine
+    holds the data dir was interrupted (a crash, Ctrl-C): `tiffany replay
+    RUN` or `tiffany serve` resumes it.
     """
-    from tiffany.durable import scan
-    from tiffany.wal.lock import holder
+    from tiffany.store.models import RunStatus
 
+    if status is not None and status not in set(RunStatus):
+        known = ", ".join(s.value for s in RunStatus)
+        typer.echo(f"tiffany: --status: {status!r} is not a run status ({known})", err=True)
+        raise typer.Exit(exits.USAGE)
     if url:
-        _remote_runs(url, token, limit, as_json)
+        _remote_runs(url, token, limit, as_json, status)
         return
-    on_pg = _on_postgres(ctx)
-    infos = []
-    held: dict[str, str] = {}
-    for e in range(_engines(ctx)):
-        # Nobody holds this engine's WAL: nothing is running its runs.
-        idle = not on_pg and holder(_wal_dir(ctx, e)) is None
-        runs = scan(_source(ctx, e)).runs.values()
-        infos += [(info, idle) for info in runs]
-        if not idle and not on_pg and any(info.status == "running" for info in runs):
-            held.update(_held_steps(ctx, e))
-    infos.sort(key=lambda pair: (pair[0].started_at, pair[0].first_seq), reverse=True)
+    listed = _local_runs(ctx)
+    if status is not None:
+        listed = [r for r in listed if r.status == status]
     if limit is None:
         limit = 0 if as_json else 50
-    shown = infos[:limit] if limit else infos
+    shown = listed[:limit] if limit else listed
     now = time.time()  # noqa: TID251 - ages, for people
-    for info, idle in shown:
-        interrupted = info.status == "running" and idle
+    for run in shown:
+        info = run.info
         if as_json:
+            held = next((w["reason"] for w in run.waiting_for if "reason" in w), None)
             row = {
                 "run_id": info.run_id,
                 "name": info.name,
-                "status": info.status,
-                "interrupted": interrupted,
-                "held": held.get(info.run_id) if info.status == "running" else None,
+                "status": run.status,
+                "interrupted": run.interrupted,
+                "held": held,
+                "waiting_for": run.waiting_for,
                 "started_at": info.started_at,
                 "ended_at": info.ended_at,
                 "first_seq": info.first_seq,
             }
             _emit(row, True)
             continue
-        status = "interrupted" if interrupted else info.status
-        if info.status == "running" and info.run_id in held:
-            status = "held"
+        shown_as = "interrupted" if run.interrupted else run.status
         started = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(info.started_at))
         age = _age(now - info.started_at)
-        typer.echo(f"{info.run_id}  {status:<11} {age:>8}  {started}  {printable(info.name)}")
-    if not as_json and len(shown) < len(infos):
-        typer.echo(f"({len(infos) - len(shown)} older runs: --limit 0 lists them all)", err=True)
-    if not as_json and any(i.status == "running" and idle for i, idle in shown):
+        typer.echo(f"{info.run_id}  {shown_as:<11} {age:>8}  {started}  {printable(info.name)}")
+    if as_json:
+        return
+    if len(shown) < len(listed):
+        typer.echo(f"({len(listed) - len(shown)} older runs: --limit 0 lists them all)", err=True)
+    if any(r.interrupted for r in shown):
         typer.echo(
             "interrupted: `tiffany replay RUN` resumes one, `tiffany serve` resumes them all",
             err=True,
         )
-    if not as_json:
-        for info, _idle in shown:
-            if info.status == "running" and info.run_id in held:
-                typer.echo(f"held: {info.run_id} waits: {held[info.run_id]}", err=True)
+    for run in shown:
+        if not run.interrupted:
+            _say_waits(run.info.run_id, run.waiting_for)
 
 
-def _held_steps(ctx: typer.Context, engine: int) -> dict[str, str]:
-    """Run id -> why a step of it waits, as the engine holding the data dir says (best effort).
+@dataclass(frozen=True, slots=True)
+class _Listed:
+    """A run as ``tiffany runs`` lists it from the WAL."""
 
-    A run journaled by ``tiffany run`` with a tool this server does not
-    enable (``shell``) waits in ``serve`` until the tool is enabled; the
-    journal alone shows it running.
+    info: RunInfo
+    #: ``waiting`` (every live step waits for a person), else the WAL's status.
+    status: str
+    #: Unfinished while no engine holds its data dir.
+    interrupted: bool
+    #: What its waiting tasks wait for (``tiffany/store/waits.py``).
+    waiting_for: list[dict[str, Any]]
+
+
+def _local_runs(ctx: typer.Context) -> list[_Listed]:
+    """The data dir's runs, newest first, each unfinished one folded for its waits.
+
+    One pass over each engine's journal: the runs' starts and ends, and the
+    records of the unfinished ones, which go through the store's own rule
+    (:func:`~tiffany.store.waits.waits_of`), so the list says ``waiting``
+    exactly when the store does.
     """
-    from tiffany.cli import _settings
-    from tiffany.control import ControlError, ControlUnavailable, call
+    from tiffany.durable.history import read_runs
+    from tiffany.records import decode, root_role
+    from tiffany.store.waits import waits_of
+    from tiffany.wal.lock import holder
 
-    home = _settings(ctx).for_engine(engine).data_dir
-    try:
-        status = call(home, "status", timeout=STATUS_TIMEOUT_S)
-    except (ControlError, ControlUnavailable, OSError):
-        return {}
-    out: dict[str, str] = {}
-    for step in status.get("waiting") or ():
-        if isinstance(step, dict) and isinstance(step.get("run_id"), str):
-            out.setdefault(step["run_id"], str(step.get("reason")))
+    on_pg = _on_postgres(ctx)
+    out: list[_Listed] = []
+    for e in range(_engines(ctx)):
+        # Nobody holds this engine's WAL: nothing is running its runs.
+        idle = not on_pg and holder(_wal_dir(ctx, e)) is None
+        loaded = read_runs(_source(ctx, e), unfinished_only=True)
+        index = loaded.index
+        for info in index.runs.values():
+            spans = loaded.spans.get(info.run_no.to_bytes(4, "little"))
+            if info.finished or spans is None:
+                out.append(_Listed(info, info.status, False, []))
+                continue
+            plan = isinstance(info.entry, dict) and info.entry.get("kind") == "plan"
+            records = (decode(rtype, data[start:end]) for _, rtype, data, start, end, _ in spans)
+            waits = waits_of(plan, root_role(info.entry), records)
+            status = "waiting" if waits.waiting() else "running"
+            out.append(_Listed(info, status, idle, waits.waiting_for()))
+    out.sort(key=lambda r: (r.info.started_at, r.info.first_seq), reverse=True)
     return out
 
 
-def _remote_runs(url: str, token: str | None, limit: int | None, as_json: bool) -> None:
+def _say_waits(run_id: str, waiting_for: list[dict[str, Any]] | list[Any]) -> None:
+    """What a run's tasks wait for, one line each on stderr (``runs``, local and ``--url``)."""
+    for w in waiting_for:
+        entry = w if isinstance(w, dict) else w.model_dump()
+        step = f" (step {printable(entry['step'])})" if entry.get("step") else ""
+        if entry.get("kind") == "signal":
+            typer.echo(
+                f"waiting: {run_id} waits for signal {printable(entry['name'])}{step}: "
+                f"`tiffany signal {run_id} {printable(entry['name'])} --data JSON` sends it",
+                err=True,
+            )
+        else:
+            typer.echo(f"held: {run_id} waits: {printable(entry.get('reason'))}", err=True)
+
+
+def _remote_runs(
+    url: str, token: str | None, limit: int | None, as_json: bool, status: str | None = None
+) -> None:
     """``runs --url``: the server's runs list, newest first, in the same lines."""
     if limit is None:
         limit = 0 if as_json else 50
     now = time.time()  # noqa: TID251 - ages, for people
     shown, before, total = 0, None, None
+    waits: list[tuple[str, list[Any]]] = []
     with remote(url, token) as client:
         while True:
-            page = client.list(limit=min(limit - shown, 200) if limit else 200, before=before)
-            total = total if total is not None else sum(page.counts.values())
+            page = client.list(
+                status=status,  # checked against RunStatus
+                limit=min(limit - shown, 200) if limit else 200,
+                before=before,
+            )
+            if total is None:
+                total = page.counts.get(status, 0) if status else sum(page.counts.values())
             for run in page:
                 shown += 1
                 if as_json:
@@ -383,11 +437,15 @@ def _remote_runs(url: str, token: str | None, limit: int | None, as_json: bool) 
                 when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started))
                 age, name = _age(now - started), printable(run.name)
                 typer.echo(f"{run.run_id}  {run.status:<11} {age:>8}  {when}  {name}")
+                if run.waiting_for and not run.finished:
+                    waits.append((run.run_id, run.waiting_for))
             before = page.next_before
             if before is None or (limit and shown >= limit):
                 break
     if not as_json and total is not None and shown < total:
         typer.echo(f"({total - shown} older runs: --limit 0 lists them all)", err=True)
+    for run_id, waiting_for in waits:
+        _say_waits(run_id, waiting_for)
 
 
 #: Where a record holds its wall-clock time (a ``now`` OUTCOME: its value).

@@ -87,9 +87,23 @@ def remote(url: str, token: str | None, ctx: typer.Context | None = None) -> Ite
 
 
 def control_problems(detail: Any) -> list[tuple[str, str]]:
-    """The ``(loc, msg)`` pairs of a control error's ``detail`` (none unless a list)."""
+    """The ``(loc, msg)`` pairs of a control error's ``detail`` (none unless a list).
+
+    A ``loc`` given as a list (``["body", "by"]``) is written as the SDK's
+    ``path`` (``body.by``): ``--url`` or not, a field reads the same.
+    """
+    from tiffany.sdk.errors import FieldError
+
     items = detail if isinstance(detail, list) else []
-    return [(str(e.get("loc") or ""), str(e.get("msg"))) for e in items if isinstance(e, dict)]
+    out = []
+    for e in items:
+        if not isinstance(e, dict):
+            continue
+        loc = e.get("loc") or ""
+        if isinstance(loc, list | tuple):
+            loc = FieldError(tuple(loc), "").path
+        out.append((str(loc), str(e.get("msg"))))
+    return out
 
 
 def printable(text: object) -> str:

@@ -112,6 +112,22 @@ def _signal_hint(console: Any, *, quiet: bool) -> Any:
     return SignalHint()
 
 
+def _check_signals(doc: dict[str, Any], inputs: dict[str, Any], sent: list[Any]) -> None:
+    """Hold ``--signal`` payloads to the plan's waits' schemas, as a server does (exit 2)."""
+    from tiffany.agents.tools.signal import RunSignals
+    from tiffany.cli.remote import control_problems, print_problem
+
+    waits = RunSignals.of_steps(doc.get("steps"), inputs)
+    for name, payload in sent:
+        refused = waits.refusal(name, payload)
+        if refused is not None:
+            print_problem(f"--signal {refused[0]}", control_problems(refused[1]))
+            raise typer.Exit(EXIT_INVALID)
+        warning = waits.warning(name, "the plan")
+        if warning is not None:
+            typer.echo(f"tiffany: warning: --signal {warning}", err=True)
+
+
 def _signals_awaited(run: Any) -> list[str]:
     """The signal names the run's tasks wait for (a run the loop left stalled)."""
     if run is None:
@@ -193,6 +209,7 @@ def run(
     except PlanError as exc:
         _print_plan_errors(exc, ctx)
         raise typer.Exit(EXIT_INVALID) from None
+    _check_signals(doc, {**plan.inputs, **given}, sent)
     from tiffany.wal.lock import holder
 
     console = Console(stderr=True)

@@ -407,6 +407,17 @@ class Journal(Instrument):
         run = self.runs.get(run_id)
         return None if run is None else run.signal_ids.get(signal_id)
 
+    def awaited_signals(self, run_id: str) -> list[str]:
+        """The signal names run ``run_id``'s tasks are parked on now, sorted (on the loop)."""
+        run = self.runs.get(run_id)
+        if run is None:
+            return []
+        return sorted(
+            name
+            for name, waiting in run.receivers.items()
+            if any(task.blocked_on is call and not task.finished for task, call in waiting)
+        )
+
     def held_signals(self, run_id: str) -> tuple[int, int]:
         """How many clients' signals run ``run_id`` holds (queued or kept), and their bytes."""
         run = self.runs.get(run_id)

@@ -33,6 +33,7 @@ from tiffany.wal import Log, Source
 if TYPE_CHECKING:
     from tiffany.agents import AgentEnv
     from tiffany.agents.tools.base import ToolSettings
+    from tiffany.agents.tools.signal import RunSignals
 
 # The agents (plans, tools: a third of a second of imports) are imported where
 # they are used: the projector's process imports this package, and needs none.
@@ -89,10 +90,36 @@ class Engine:
 
     #: Plans validated already, by content (``plan_cache.py``).
     plans: PlanCache = field(init=False, default_factory=PlanCache)
+    #: The signals each running plan run's steps wait for, with their payload
+    #: schemas (``tools/signal.py``): set on the loop (a run's start, a dynamic
+    #: step's new steps, its end), read by the control threads that take
+    #: signals (each value is replaced, never changed).
+    signals: dict[str, RunSignals] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.slots = Slots(self._request_slot)
         self.tree = RunTree(self.child_limits, self.runtime.journal.request_cancel)
+        self.env.steps_added = self._steps_added
+
+    def _watch_signals(self, run_id: str, entry: Mapping[str, Any]) -> None:
+        """Hold run ``run_id``'s signals to its plan's waits (a code run has none known)."""
+        from tiffany.agents.tools.signal import RunSignals
+
+        plan = entry.get("plan")
+        if entry.get("kind") != "plan" or not isinstance(plan, Mapping):
+            return
+        defaults, given = plan.get("inputs"), entry.get("inputs")
+        inputs = {
+            **(defaults if isinstance(defaults, Mapping) else {}),
+            **(given if isinstance(given, Mapping) else {}),
+        }
+        self.signals[run_id] = RunSignals.of_steps(plan.get("steps"), inputs)
+
+    def _steps_added(self, run_id: str, steps: list[Any]) -> None:
+        """A dynamic step added ``steps`` to a running run: their waits count too."""
+        known = self.signals.get(run_id)
+        if known is not None:
+            self.signals[run_id] = known.plus(steps, {})
 
     def cancel(self, run_id: str, reason: str = "cancelled") -> bool:
         """Cancel a running run (on the loop); False if it already ended.
@@ -132,10 +159,13 @@ class Engine:
         spec = spec_of(entry)
         on_end = self._ending(entry, on_end)
         if spec is None:
-            return self.runtime.submit_entry(entry, run_id=run_id, name=name, on_end=on_end)
+            run_id = self.runtime.submit_entry(entry, run_id=run_id, name=name, on_end=on_end)
+            self._watch_signals(run_id, entry)
+            return run_id
         run_id = self.runtime.submit_entry(
             entry, run_id=run_id, name=name, on_end=self._releasing(on_end)
         )
+        self._watch_signals(run_id, entry)
         self.slots.admit(run_id, *spec)
         return run_id
 
@@ -151,6 +181,7 @@ class Engine:
         for run_id in resumed:
             run = journal.runs[run_id]
             entry = index.get(run_id).entry
+            self._watch_signals(run_id, entry)
             spec = spec_of(entry)
             ending = self._ending(entry, on_end)
             if spec is None:
@@ -259,6 +290,7 @@ class Engine:
         if not isinstance(parent, Mapping) or not isinstance(parent.get("run_id"), str):
 
             def parent_ended(state: Any) -> None:
+                self.signals.pop(state.run_id, None)
                 self.tree.ended(state.run_id)
                 if on_end is not None:
                     on_end(state)
@@ -267,6 +299,7 @@ class Engine:
         parent_id = parent["run_id"]
 
         def ended(state: Any) -> None:
+            self.signals.pop(state.run_id, None)
             self.tree.ended(state.run_id)
             result = state.result if isinstance(state.result, Mapping) else {}
             end = child_end(

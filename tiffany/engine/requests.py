@@ -31,6 +31,12 @@ Invariants:
   and a signal named in the engine's reserved namespace
   (``records.RESERVED_SIGNAL_PREFIXES``: a sub-plan's end, a concurrency
   slot) is refused here, whichever way it came (socket, database row).
+- A signal's payload is held to the payload schema of every ``signal.wait``
+  step of its run that waits for its name (``Engine.signals``): one that
+  does not satisfy it is refused (422 naming the field by its JSON
+  pointer) before anything is journaled, whichever way it came. A signal
+  no step waits for is taken (it may be early) and its answer carries a
+  ``warning`` naming what the run waits for.
 - A run holds at most ``max_pending_signals`` clients' signals no step has
   received, of ``max_pending_signal_bytes`` in all: one more is refused
   (429, 413), naming the setting; a run's are let go when it ends.
@@ -348,7 +354,7 @@ class ControlRequests:
         if source is None:
             raise ControlError(404, f"no run {source_id!r}")
         status, entry = source["status"], source["entry"]
-        if status in ("pending", "running"):
+        if status in ("pending", "running", "waiting"):
             raise ControlError(
                 409,
                 f"run {source_id} has not finished ({status}); re-run a finished run",
@@ -427,7 +433,13 @@ class ControlRequests:
         (optional: a signal sent again with the same id is journaled once;
         the API sends one per request, so a request retried after an engine
         died is not delivered twice). Answer: ``{"run_id", "name", "seq",
-        "signal_id"}``, ``seq`` the WAL seq of the signal's record.
+        "signal_id"}``, ``seq`` the WAL seq of the signal's record, and
+        ``warning`` when no step of the run waits for that name.
+
+        Raises:
+            ControlError: 422 for a bad name or id, or a payload its waits'
+                schema refuses (``detail``: the fields, ``signal.payload_invalid``);
+                404, 409, 413, 429, 503 as the module docstring says.
         """
         run_id = str(request.get("run_id") or "")
         name, payload = request.get("name"), request.get("payload")
@@ -446,9 +458,15 @@ class ControlRequests:
             check_document(payload, loc=["payload"])
         except DocumentError as exc:
             raise ControlError(422, exc.message, exc.detail) from None
+        waits = self.engine.signals.get(run_id)  # a plan run the engine holds
+        if waits is not None:  # checked here, off the loop, before anything is journaled
+            refused = waits.refusal(name, payload)
+            if refused is not None:
+                raise ControlError(422, *refused)
         size = signal_bytes(payload)  # measured here, off the loop
         deadline = time.monotonic() + SUBMIT_TIMEOUT_S
         journaled: Future[int] = Future()
+        warning: list[str] = []
 
         def done(seq: int, ended: str | None) -> None:  # on the loop
             if ended is not None:
@@ -477,6 +495,9 @@ class ControlRequests:
                 raise ControlError(
                     409, f"run {run_id} already finished ({status})", {"status": status}
                 )
+            said = _unawaited(run_id, name, waits, journal.awaited_signals(run_id))
+            if said is not None:
+                warning.append(said)
 
         try:
             self._for_run(run_id, queue, live=bool(request.get("live")))
@@ -492,7 +513,10 @@ class ControlRequests:
                 raise
             seq = sent[0]
         self._wait_durable(seq, deadline)
-        return {"run_id": run_id, "name": name, "seq": seq, "signal_id": signal_id}
+        answer = {"run_id": run_id, "name": name, "seq": seq, "signal_id": signal_id}
+        if warning:
+            answer["warning"] = warning[0]
+        return answer
 
     def _check_held(self, run_id: str, size: int) -> None:
         """Refuse a signal the run cannot hold: 429 past the count, 413 past the bytes."""
@@ -732,3 +756,22 @@ def _with_seq(fut: Future[dict[str, Any]], seq: int) -> Future[dict[str, Any]]:
     out: Future[dict[str, Any]] = Future()
     fut.add_done_callback(lambda f: out.set_result({**f.result(), "written_seq": seq}))
     return out
+
+
+def _unawaited(run_id: str, name: str, waits: Any, awaited: list[str]) -> str | None:
+    """The warning for signal ``name`` that no step (or task) of the run waits for, or None.
+
+    ``waits``: a plan run's :class:`~tiffany.agents.tools.signal.RunSignals`
+    (every wait of its plan, reached or not); None for a code run, whose
+    waits are known only as its tasks reach them: ``awaited``, the names
+    its tasks are parked on now.
+    """
+    if waits is not None:
+        said: str | None = waits.warning(name, f"run {run_id}")
+        return said
+    if name in awaited:
+        return None
+    return (
+        f"no task of run {run_id} waits for signal {name!r} now: it is kept until one "
+        f"does; its tasks wait for: {', '.join(awaited) or 'no signal'}"
+    )

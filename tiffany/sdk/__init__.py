@@ -48,6 +48,7 @@ from tiffany.sdk.models import (
     StepOut,
     SubmitAnswer,
     TaskOut,
+    WaitingFor,
 )
 
 __all__ = [
@@ -79,4 +80,5 @@ __all__ = [
     "Unauthorized",
     "Unavailable",
     "WaitTimeout",
+    "WaitingFor",
 ]

@@ -38,10 +38,11 @@ __all__ = [
     "StepOut",
     "SubmitAnswer",
     "TaskOut",
+    "WaitingFor",
 ]
 
 #: A run's status, one vocabulary for the API, the store and the SDK.
-RunStatus = Literal["pending", "running", "succeeded", "failed", "cancelled"]
+RunStatus = Literal["pending", "running", "waiting", "succeeded", "failed", "cancelled"]
 
 #: The statuses of a run that has ended.
 FINISHED: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
@@ -59,8 +60,18 @@ class SubmitAnswer(_Open):
     created: bool = True
 
 
+class WaitingFor(_Open):
+    """One task that waits for a person: a client's signal, or an operator's tool or function."""
+
+    kind: Literal["signal", "tool", "function"]
+    name: str
+    step: str | None = None
+    task: int
+    reason: str | None = None
+
+
 class RunSummary(_Open):
-    """A run as the runs list shows it."""
+    """A run as the runs list shows it (``waiting``: it needs someone, ``waiting_for`` says why)."""
 
     run_id: str
     run_no: int
@@ -74,6 +85,7 @@ class RunSummary(_Open):
     updated_at: float | None = None
     dispatches: int = 0
     last_seq: int | None = None
+    waiting_for: list[WaitingFor] = Field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -220,6 +232,8 @@ class SignalAnswer(_Open):
     name: str
     seq: int
     signal_id: str
+    #: Set when no step of the run waits for this name: what the run waits for.
+    warning: str | None = None
 
 
 class Event(_Open):

@@ -38,6 +38,10 @@ What the journal says, and what the projection makes of it:
   there): the task is blocked on ``waiting: REASON`` and its step's
   ``waiting`` column holds the reason, until the task's STEP_START (a later
   engine started the step), the step's end or the run's.
+* Who waits for a person (:class:`~tiffany.store.waits.RunWaits`, fed
+  every record): a run whose live steps all wait for a client's signal or
+  an operator (a HOLD) is ``waiting``, ``running`` again once one goes
+  on; ``runs.waiting_for`` lists what its tasks wait for.
 * ``RUN_END``: the run's status, outputs or error; for a plan run, the
   root's step summary (in its result, or in the ``PlanFailed`` error's
   fields) is final: status, error and attempts of every step. Steps a
@@ -96,6 +100,7 @@ from tiffany.store.models import (
 )
 from tiffany.store.records import BLOCKING_KINDS, attempt_times, error_dict, jsonable, text
 from tiffany.store.rows import Batch
+from tiffany.store.waits import RunWaits
 
 __all__ = ["MAX_CACHED_FINISHED_RUNS", "RowFold"]
 
@@ -107,6 +112,8 @@ _RUN_END_STATUSES: Final = {
     s.value: s for s in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
 }
 _UNSETTLED_STEPS: Final = (StepStatus.PENDING.value, StepStatus.RUNNING.value)
+#: The statuses the waits decide between (a pending run waits for its slot first).
+_LIVE_RUN: Final = (RunStatus.RUNNING.value, RunStatus.WAITING.value)
 _PENDING: Final = StepStatus.PENDING.value
 _SUCCEEDED: Final = StepStatus.SUCCEEDED.value
 _RUNNING: Final = StepStatus.RUNNING.value
@@ -173,6 +180,10 @@ class _RunCtx:
     #: The model usage of its steps so far (``{"tokens", "usd"}``), or None
     #: before a step reported any: the run's row shows it (``runs.usage``).
     usage: dict[str, float] | None = None
+    #: The run's status as its row has it (``runs.status``).
+    status: str = RunStatus.RUNNING.value
+    #: Who in the run waits for a person (``runs.waiting_for``; ``waits.py``).
+    waits: RunWaits = field(default_factory=lambda: RunWaits(False))
 
 
 def _marked(attempts: Any, reruns: set[int]) -> Any:
@@ -258,7 +269,8 @@ class RowFold:
                 key = (ctx.run_id, rec.ltid)  # type: ignore[union-attr]
                 b.tasks.update(key, state=TaskState.READY.value, blocked_on=None)
             elif _is_slot(rec) and not ctx.finished:  # a queued run got its slot
-                b.runs.update((ctx.run_id,), status=RunStatus.RUNNING.value)
+                ctx.status = RunStatus.RUNNING.value
+                b.runs.update((ctx.run_id,), status=ctx.status)
         elif cls is Outcome:
             self._outcome(b, ctx, rec)  # type: ignore[arg-type]
         elif cls is TaskExit:
@@ -272,7 +284,22 @@ class RowFold:
                 self._rerun(b, ctx, rec)  # type: ignore[arg-type]
         elif cls is Hold:
             self._step_held(b, ctx, rec.ltid, text(rec.reason), rec.name)  # type: ignore[union-attr]
+        waits = ctx.waits
+        waits.apply(rec, implied)
+        if waits.changed:
+            self._waits(b, ctx)
         return True
+
+    def _waits(self, b: Batch, ctx: _RunCtx) -> None:
+        """Who waits changed: the run's ``waiting_for``, and ``waiting`` or ``running``."""
+        waits = ctx.waits
+        waits.changed = False
+        values: dict[str, Any] = {"waiting_for": waits.waiting_for() or None}
+        if not ctx.finished and ctx.status in _LIVE_RUN:
+            status = (RunStatus.WAITING if waits.waiting() else RunStatus.RUNNING).value
+            if status != ctx.status:
+                ctx.status = values["status"] = status
+        b.runs.update((ctx.run_id,), **values)
 
     def _outcome(self, b: Batch, ctx: _RunCtx, rec: Outcome) -> None:
         value = rec.value
@@ -302,6 +329,11 @@ class RowFold:
         else:
             inputs = {"args": entry.get("args", []), "kwargs": entry.get("kwargs", {})}
         ctx = _RunCtx(text(run_id), plan, root_role(entry), clock, 0, False)
+        ctx.waits = RunWaits(plan, ctx.root)
+        # Queued behind a concurrency limit until its slot's signal.
+        ctx.status = (
+            RunStatus.PENDING.value if entry.get("concurrency") else RunStatus.RUNNING.value
+        )
         self.run_ids[run_no] = ctx.run_id
         self._ctx[run_no] = ctx
         b.runs.insert(
@@ -309,10 +341,7 @@ class RowFold:
             {
                 "run_no": run_no,
                 "name": text(name),
-                # Queued behind a concurrency limit until its slot's signal.
-                "status": (
-                    RunStatus.PENDING.value if entry.get("concurrency") else RunStatus.RUNNING.value
-                ),
+                "status": ctx.status,
                 "entry": entry_json,
                 "inputs": jsonable(inputs),
                 "created_at": clock if clock is not None else 0.0,
@@ -544,6 +573,7 @@ class RowFold:
         if isinstance(ts, int | float):
             self._tick(b, ctx, float(ts))
         ctx.finished = True
+        ctx.status = final.value
         self._finished += 1
         if 1 in ctx.tasks:  # the root's exit came just before, on the previous clock
             b.tasks.update((ctx.run_id, 1), ended_at=ctx.clock)
@@ -637,7 +667,14 @@ class RowFold:
         run_id = self.run_ids.get(run_no)
         if run_id is None:
             return None  # its RUN_START was never projected
-        columns = [Run.run_id, Run.entry, Run.updated_at, Run.dispatches, Run.status]
+        columns = [
+            Run.run_id,
+            Run.entry,
+            Run.updated_at,
+            Run.dispatches,
+            Run.status,
+            Run.waiting_for,
+        ]
         if _HAS_USAGE:
             columns.append(Run.usage)
         run = conn.execute(select(*columns).where(Run.run_id == run_id)).one_or_none()
@@ -647,15 +684,19 @@ class RowFold:
         plan = entry.get("kind") == "plan" and isinstance(entry.get("plan"), Mapping)
         finished = run.status in _RUN_END_STATUSES
         ctx = _RunCtx(run.run_id, plan, root_role(entry), run.updated_at, run.dispatches, finished)
+        ctx.status = run.status
+        unfinished = []
         used = run.usage if _HAS_USAGE else None
         if isinstance(used, Mapping):
             ctx.usage = {"tokens": used.get("tokens", 0), "usd": used.get("usd", 0.0)}
-        for ltid, kind, step_id, on in conn.execute(
-            select(Task.ltid, Task.kind, Task.step_id, Task.blocked_on).where(
+        for ltid, kind, step_id, on, state in conn.execute(
+            select(Task.ltid, Task.kind, Task.step_id, Task.blocked_on, Task.state).where(
                 Task.run_id == run.run_id
             )
         ):
             ctx.tasks[ltid] = (kind, step_id)
+            if not finished and state not in _EXIT_STATES:
+                unfinished.append((ltid, kind, step_id, state, on))
             if on is not None:  # what _dispatch and _step_held wrote
                 if on.startswith("receive "):
                     ctx.receiving.add(ltid)
@@ -667,6 +708,7 @@ class RowFold:
             .order_by(Step.position)
         ):
             ctx.steps[step_id] = _StepInfo(status, tool, _reruns_in(attempts))
+        ctx.waits = RunWaits.reloaded(plan, ctx.root, unfinished, run.waiting_for)
         self._ctx[run_no] = ctx
         self._finished += finished
         return ctx

@@ -139,10 +139,16 @@ PROJECTOR_STATE_ID = 1
 
 
 class RunStatus(enum.StrEnum):
-    """Where a run is (the API's ``status``)."""
+    """Where a run is (the API's ``status``).
+
+    ``waiting``: every live step waits for a client's signal or an operator
+    (a step held for its tool or function): the run needs someone, and its
+    ``waiting_for`` says what for (``tiffany/store/waits.py``).
+    """
 
     PENDING = "pending"
     RUNNING = "running"
+    WAITING = "waiting"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -224,6 +230,10 @@ class Run(Base):
     error: Mapped[Any | None] = mapped_column(JSON)
     #: A plan with a ``budget``: its model usage, ``{"tokens", "usd"}`` (at its end).
     usage: Mapped[Any | None] = mapped_column(JSON)
+    #: What its waiting tasks wait for (a signal, a tool, a function), oldest
+    #: first: ``[{"kind", "name", "step", "task", "reason"?}]``; null when none
+    #: waits (``tiffany/store/waits.py``). Revision 0012 on.
+    waiting_for: Mapped[Any | None] = mapped_column(JSON)
     created_at: Mapped[float] = mapped_column(Double)
     started_at: Mapped[float | None] = mapped_column(Double)
     ended_at: Mapped[float | None] = mapped_column(Double)

@@ -218,6 +218,7 @@ def summary_select() -> Select[Any]:
         Run.updated_at,
         Run.dispatches,
         Run.last_seq,
+        Run.waiting_for,
     )
 
 
@@ -244,6 +245,8 @@ def run_summary(run: Any) -> dict[str, Any]:
         "updated_at": run.updated_at,
         "dispatches": run.dispatches,
         "last_seq": run.last_seq,
+        # What its waiting tasks wait for: a signal, a tool, a function (waits.py).
+        "waiting_for": getattr(run, "waiting_for", None) or [],
     }
 
 
@@ -439,9 +442,7 @@ def _rows(outputs: bool) -> tuple[Select[Any], Select[Any], Select[Any]]:
         select(*_columns(Step.__table__, outputs))
         .where(Step.run_id == run_id)
         .order_by(Step.position),
-        select(*_columns(Task.__table__, outputs))
-        .where(Task.run_id == run_id)
-        .order_by(Task.ltid),
+        select(*_columns(Task.__table__, outputs)).where(Task.run_id == run_id).order_by(Task.ltid),
     )
 
 

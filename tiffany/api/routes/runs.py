@@ -257,7 +257,15 @@ def _page(
 @router.get("", response_model=RunList, responses=_ERRORS)
 async def list_runs(
     state: State,
-    status: Annotated[RunStatus | None, Query(description="Only runs with this status.")] = None,
+    status: Annotated[
+        RunStatus | None,
+        Query(
+            description=(
+                "Only runs with this status (``waiting``: the runs that need someone, "
+                "a signal or an operator)."
+            )
+        ),
+    ] = None,
     name: Annotated[
         str | None,
         Query(max_length=200, description="Only runs whose name contains this (any case)."),
@@ -391,9 +399,7 @@ async def get_run(
             min_seq,
             lambda s: queries.run_detail_of(s, run_id, outputs=outputs),
             pg=lambda c: queries.run_detail_async(c, dialect, run_id, outputs=outputs),
-            loop=lambda s: queries.run_detail_of(
-                s, run_id, LOOP_READ_DISPATCHES, outputs=outputs
-            ),
+            loop=lambda s: queries.run_detail_of(s, run_id, LOOP_READ_DISPATCHES, outputs=outputs),
         )
     )
 
@@ -559,7 +565,9 @@ async def rerun_run(
         422: {
             "model": ErrorBody,
             "description": "A bad signal name (one in the engine's reserved namespace: "
-            "child:, concurrency., tiffany.) or a malformed body.",
+            "child:, concurrency., tiffany.), a malformed body, or a payload the waiting "
+            "step's schema refuses (code signal.payload_invalid; each detail item names the "
+            "field: loc, its JSON pointer, the step). Nothing is journaled.",
         },
         429: {
             "model": ErrorBody,
@@ -583,7 +591,10 @@ async def signal_run(
     the same signal again journals it once (the answer names the first).
     Names starting with ``child:``, ``concurrency.`` or ``tiffany.`` are the
     engine's own (422); a run holds a bounded number and size of signals no
-    step has received (429, 413, naming the setting).
+    step has received (429, 413, naming the setting). A payload that does not
+    satisfy the ``schema`` of the steps waiting for ``name`` is refused (422
+    naming the field, nothing journaled); a name no step waits for is taken
+    with a ``warning`` naming what the run waits for.
     """
     _check_run_id(run_id)
     if _SIGNAL_NAME.match(name) is None:
@@ -607,10 +618,16 @@ async def signal_run(
     )
     seq = int(answer["seq"])
     structlog.contextvars.bind_contextvars(run_id=run_id, signal=name, seq=seq)
-    return _json(
-        {"run_id": run_id, "name": name, "seq": seq, "signal_id": str(answer["signal_id"])},
-        status=202,
-    )
+    sent: dict[str, Any] = {
+        "run_id": run_id,
+        "name": name,
+        "seq": seq,
+        "signal_id": str(answer["signal_id"]),
+    }
+    if answer.get("warning"):  # no step waits for that name (it may be early)
+        sent["warning"] = str(answer["warning"])
+        log.warning("signal not awaited", warning=sent["warning"])
+    return _json(sent, status=202)
 
 
 @router.post(

@@ -4,6 +4,7 @@
 // in the URL hash:
 //   #/                      overview (submit form)
 //   #/schedules, #/tools    the schedules; the engine's tools
+//   #/inbox                 the runs that need someone (inbox.js)
 //   #/run/<run_id>?status=failed&tail=<run_id>&name=nightly&q=ticket&since=2024-05-01T09:00
 // (`since`/`until` are local date-times, as the date inputs show them).
 // The activity tail follows the run page open (no `tail` in the hash);
@@ -11,6 +12,7 @@
 
 import { adoptTokenFromUrl, api, ApiError, Feed, getToken, onUnauthorized, setToken } from "./api.js";
 import { $, fill, h, runNo, toast } from "./dom.js";
+import { Inbox, touchesWaits } from "./inbox.js";
 import { Live } from "./live.js";
 import { RunPage } from "./runpage.js";
 import { RunsPane } from "./runs.js";
@@ -35,7 +37,7 @@ function readRoute() {
   const [path, query = ""] = raw.split("?");
   const q = new URLSearchParams(query);
   const m = path.match(/^\/run\/(.+)$/);
-  const pages = { "/new": "new", "/schedules": "schedules", "/tools": "tools" };
+  const pages = { "/new": "new", "/schedules": "schedules", "/tools": "tools", "/inbox": "inbox" };
   return {
     view: m ? "run" : pages[path] || "home",
     runId: m ? decodeURIComponent(m[1]) : null,
@@ -46,7 +48,7 @@ function readRoute() {
 }
 
 function routeHash(r) {
-  const page = { new: "/new", schedules: "/schedules", tools: "/tools" }[r.view];
+  const page = { new: "/new", schedules: "/schedules", tools: "/tools", inbox: "/inbox" }[r.view];
   const path = r.runId ? `/run/${encodeURIComponent(r.runId)}` : page || "/";
   const q = new URLSearchParams();
   if (r.status) q.set("status", r.status);
@@ -109,6 +111,9 @@ function tailOf(r) {
   return { runId: open, following: open != null };
 }
 
+const waitingInbox = new Inbox({ onError: reportError });
+$("#store-badge").before(waitingInbox.badge);
+
 const main = $("#main");
 // run id -> the WAL seq its submission answered (its page asks the store for it).
 const created = new Map();
@@ -133,7 +138,16 @@ function onRoute() {
     other.destroy();
     other = null;
   }
-  if (r.view === "schedules" || r.view === "tools") {
+  if (r.view !== "inbox") waitingInbox.unmount();
+  if (r.view === "inbox") {
+    if (page) page.destroy();
+    page = null;
+    pageRunId = null;
+    const root = h("div", { class: "page" });
+    fill(main, root);
+    waitingInbox.mount(root);
+    document.title = "Tiffany · inbox";
+  } else if (r.view === "schedules" || r.view === "tools") {
     if (page) page.destroy();
     page = null;
     pageRunId = null;
@@ -222,7 +236,9 @@ function flush() {
     if (page && ev.run === pageRunId) mine.push(ev);
   }
   tail.push(batch);
-  if (touched.size) runs.touched(touched, finished, walSeqs.filter((x) => x != null));
+  const waits = batch.some(touchesWaits);
+  if (touched.size) runs.touched(touched, finished, walSeqs.filter((x) => x != null), waits);
+  if (waits) waitingInbox.onEvents(batch);
   if (page && mine.length) page.onEvents(mine);
 }
 
@@ -240,6 +256,7 @@ const feed = new Feed({
     // We were away too long to resume: reload the state over HTTP.
     toast("Missed too many events while disconnected; reloading.", "warn");
     runs.refresh();
+    waitingInbox.refresh();
     if (page) page.refresh();
   },
 });
@@ -272,6 +289,7 @@ $("#token-form").addEventListener("submit", (e) => {
   tokenInput.value = "";
   dialog.close();
   runs.refresh();
+  waitingInbox.refresh();
   if (page) page.refresh();
   feed.restart();
 });
@@ -340,8 +358,10 @@ $("#theme-toggle").addEventListener("click", () => {
 
 onRoute();
 runs.refresh();
+waitingInbox.refresh();
 feed.start();
 pollReady();
 setInterval(() => runs.refresh(), RUNS_POLL_MS);
+setInterval(() => waitingInbox.refresh(), RUNS_POLL_MS);
 setInterval(() => runs.tick(), 1000);
-window.__tiffany = { live, feed, runs, tail }; // for debugging from the console
+window.__tiffany = { live, feed, runs, tail, inbox: waitingInbox }; // for debugging from the console

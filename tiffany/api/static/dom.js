@@ -209,13 +209,14 @@ export function toast(text, kind = "info") {
   setTimeout(() => el.remove(), 4600);
 }
 
-export const RUN_STATUSES = ["pending", "running", "succeeded", "failed", "cancelled"];
+// `waiting`: every live step waits for a person (a signal, an operator): the inbox's runs.
+export const RUN_STATUSES = ["pending", "running", "waiting", "succeeded", "failed", "cancelled"];
 export const TERMINAL_RUN = new Set(["succeeded", "failed", "cancelled"]);
 export const TERMINAL_TASK = new Set(["done", "crashed", "cancelled"]);
 
 /**
- * The one state vocabulary the dashboard shows: pending, running, succeeded,
- * failed, cancelled (and `skipped`, a step that never ran). Runs and steps
+ * The one state vocabulary the dashboard shows: pending, running, waiting (a
+ * run only), succeeded, failed, cancelled (and `skipped`, a step that never ran). Runs and steps
  * already speak it; the kernel's task states and the feed's `run.finished`
  * labels (`done`, `crashed`, `ready`, `blocked_*`) are mapped here, and only
  * here (the store's task rows carry the same word as `status`:
@@ -281,6 +282,8 @@ export function tone(state) {
     case "running":
     case "ready":
       return "live";
+    case "waiting":
+      return "wait";
     default:
       return state && state.startsWith("blocked") ? "wait" : "idle";
   }

@@ -5,8 +5,11 @@
 // refresh asks for the store at least as far as the WAL record of the
 // newest event seen (`?min_seq=<wal_seq>`): the API answers once the store
 // has projected it, so nothing here waits on a timer for the store.
-// A step waiting for a signal offers a form to send it; once the signal is
-// journaled (202) the run is read again as of the signal's seq.
+// A step waiting for a signal offers a form to send it (fields made from the
+// wait's payload schema: signalform.js); once the signal is journaled (202)
+// the run is read again as of the signal's seq. A run whose live steps all
+// wait for a person is `waiting`: its header says for what, and a step the
+// engine holds for a tool or function says why.
 // The plan's graph: every step, those not started too, a dynamic step's
 // children marked with the step that added them (graph.js). An agent step's
 // conversation: each turn's text, tool calls and tokens (conversation.js).
@@ -26,7 +29,6 @@ import {
   duration,
   fill,
   h,
-  parseJsonField,
   pressed,
   pretty,
   runNo,
@@ -45,10 +47,12 @@ import {
 } from "./dom.js";
 import { Conversations, renderConversation } from "./conversation.js";
 import { renderGraph } from "./graph.js";
+import { waitLabel } from "./inbox.js";
 import { Journal } from "./journal.js";
 import { mergeTasks, treeOrder } from "./live.js";
 import { moreButton, renderTimeline } from "./timeline.js";
 import { argsBlock, attemptsBlock, liveLinesOf } from "./steplog.js";
+import { buildSignalForm } from "./signalform.js";
 import { renderVerify } from "./verify.js";
 
 /** Rows drawn at first in the tree, timeline and steps; "show more" adds MORE_ROWS. */
@@ -58,8 +62,6 @@ const TASK_EVENTS = 60;
 /** How many journal records before a cancelled run's last one are read for its cancel reason. */
 const CANCEL_LOOKBACK = 1000;
 const MAX_RENDER_GAP_MS = 1000;
-/** The quick "Approve" button's payload. */
-const APPROVE_PAYLOAD = { approved: true };
 
 export class RunPage {
   constructor(root, runId, { live, onError, onRunChanged, openRun = null, minSeq = null }) {
@@ -112,6 +114,8 @@ export class RunPage {
     const lr = this.live.runs.get(this.runId);
     if (!d) return lr?.status || "pending";
     if (TERMINAL_RUN.has(d.status)) return d.status;
+    // The feed says running for any live run: only the store knows it waits for a person.
+    if (d.status === "waiting" && !(lr && TERMINAL_RUN.has(lr.status))) return d.status;
     if (d.status === "pending" && !(lr && TERMINAL_RUN.has(lr.status))) {
       // Queued behind a concurrency limit: the feed's `run.started` came at
       // submission; the run starts when its planner wakes with its slot.
@@ -318,6 +322,14 @@ export class RunPage {
         ),
       ),
       runOrigin(d.entry),
+      !finished && (d.waiting_for || []).length
+        ? h(
+            "div",
+            { class: "run-waiting", testid: "run-waiting-for", dataset: { count: String(d.waiting_for.length) } },
+            st === "waiting" ? "Needs someone: waits for " : "Meanwhile waiting for ",
+            d.waiting_for.map(waitLabel).join(", "),
+          )
+        : null,
       h(
         "dl",
         { class: "run-meta-grid" },
@@ -564,6 +576,7 @@ export class RunPage {
         const end = s.ended_at;
         const attempts = (s.attempts || []).length;
         const awaited = waitingFor(s);
+        const held = runLive && st === "running" && s.waiting && !awaited ? s.waiting : null;
         const reused = reusedFrom(s);
         return h(
           "div",
@@ -582,6 +595,7 @@ export class RunPage {
             awaited
               ? h("span", { class: "pill pill-sm tone-wait waiting-badge", testid: "step-waiting", dataset: { waiting: awaited } }, `waiting for ${awaited}`)
               : null,
+            held ? h("span", { class: "pill pill-sm tone-wait held-badge", testid: "step-held", title: held }, `held: ${held}`) : null,
             h("div", { class: "spacer" }),
             attempts > 1 ? h("span", { class: "muted small", title: "attempts" }, `${attempts} attempts`) : null,
             h("span", { class: "muted small" }, !reused && s.started_at != null && end != null ? duration(end - s.started_at) : ""),
@@ -632,7 +646,7 @@ export class RunPage {
             st === "failed" ? tracebackBlock(s.error) : null,
           ),
           reused ? null : attemptsBlock(s, { running: st === "running", liveLines: live.get(s.step_id) || [] }),
-          awaited ? this.signalForm(s.step_id, awaited) : null,
+          awaited ? this.signalForm(s.step_id, awaited, spec.args && spec.args.schema) : null,
         );
       }),
       steps.length > shown.length ? moreButton(steps.length - shown.length, () => this.more("steps"), "steps-more") : null,
@@ -643,12 +657,13 @@ export class RunPage {
     }
   }
 
-  /** The (kept) form sending signal `name` to the run, for step `stepId` waiting on it. */
-  signalForm(stepId, name) {
+  /** The (kept) form sending signal `name` to the run, for step `stepId` waiting on it (`schema`: its payload's). */
+  signalForm(stepId, name, schema = null) {
     const key = `${stepId}\n${name}`;
     let form = this.signalForms.get(key);
     if (!form) {
       form = buildSignalForm(name, {
+        schema: schema && typeof schema === "object" ? schema : null,
         send: (payload) => sendSignal(this.runId, name, payload),
         onSent: (answer) => {
           // Read our own write: the store as of at least the signal's record.
@@ -887,90 +902,6 @@ function runOrigin(entry) {
 function signalWaited(step) {
   const w = step.waiting;
   return typeof w === "string" && w.startsWith("signal ") ? w.slice("signal ".length) : null;
-}
-
-let signalFormNo = 0;
-
-/**
- * A form to send signal `name`: a JSON payload (blank is null), "Send", and
- * "Approve" (`{"approved": true}`). Invalid JSON is refused here; the
- * server's refusal is shown beside the form.
- */
-function buildSignalForm(name, { send, onSent }) {
-  const n = ++signalFormNo;
-  const payload = h("textarea", {
-    id: `signal-payload-${n}`,
-    class: "code-input signal-payload",
-    rows: 2,
-    spellcheck: false,
-    placeholder: "null",
-    testid: "signal-payload",
-    "aria-describedby": `signal-error-${n}`,
-  });
-  payload.value = "{}";
-  const error = h("div", { id: `signal-error-${n}`, class: "signal-error error-text small", testid: "signal-error", role: "alert", hidden: true });
-  const note = h("span", { class: "signal-note muted small", testid: "signal-note", role: "status" });
-  const sendButton = h("button", { type: "submit", class: "btn btn-primary btn-sm", testid: "signal-send" }, "Send");
-  const approveButton = h(
-    "button",
-    {
-      type: "button",
-      class: "btn btn-sm",
-      testid: "signal-approve",
-      title: `Send ${name} with ${JSON.stringify(APPROVE_PAYLOAD)}`,
-      onclick: () => submit(APPROVE_PAYLOAD),
-    },
-    "Approve",
-  );
-
-  function showError(text) {
-    error.hidden = !text;
-    error.textContent = text || "";
-    payload.classList.toggle("invalid", !!text);
-    payload.setAttribute("aria-invalid", text ? "true" : "false");
-  }
-
-  async function submit(value) {
-    showError(null);
-    note.textContent = "Sending…";
-    sendButton.disabled = approveButton.disabled = true;
-    try {
-      const answer = await send(value);
-      note.textContent = `Sent (seq ${answer.seq}).`;
-      onSent(answer);
-    } catch (err) {
-      note.textContent = "";
-      showError(`Not sent: ${err.message || err}`);
-    } finally {
-      sendButton.disabled = approveButton.disabled = false;
-    }
-  }
-
-  return h(
-    "form",
-    {
-      class: "signal-form",
-      testid: "signal-form",
-      dataset: { signal: name },
-      "aria-label": `Send signal ${name}`,
-      novalidate: true,
-      onsubmit: (ev) => {
-        ev.preventDefault();
-        const parsed = parseJsonField(payload.value);
-        if (parsed.error !== undefined) {
-          note.textContent = "";
-          showError(`Invalid JSON: ${parsed.error}`);
-          payload.focus();
-          return;
-        }
-        submit(parsed.value);
-      },
-    },
-    h("label", { for: payload.id, class: "small" }, "Payload for ", h("code", null, name), h("span", { class: "muted" }, " (JSON; blank sends null)")),
-    payload,
-    h("div", { class: "signal-actions" }, sendButton, approveButton, note),
-    error,
-  );
 }
 
 function card(title, body, testid, hint) {

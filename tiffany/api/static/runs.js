@@ -11,6 +11,7 @@
 // time, and what was done and refused is reported.
 
 import { api, rerunRun } from "./api.js";
+import { waitLabel } from "./inbox.js";
 import {
   ago,
   confirmDialog,
@@ -253,11 +254,12 @@ export class RunsPane {
    * Live events arrived for `runIds` (called once per animation frame batch);
    * `walSeqs` are the newest WAL seqs among them, one an engine.
    */
-  touched(runIds, finished, walSeqs) {
+  touched(runIds, finished, walSeqs, waits = false) {
     // A run we have not listed (new, or hidden by the filter): ask once.
     const unknown = [...runIds].some((id) => !this.asked.has(id) && !this.runs.some((r) => r.run_id === id));
     runIds.forEach((id) => this.asked.add(id));
-    if (unknown || finished) {
+    // `waits`: a wait for a person began or ended (the store says `waiting` or not).
+    if (unknown || finished || waits) {
       for (const seq of walSeqs) this.want(seq);
       this.refreshSoon();
     }
@@ -268,6 +270,8 @@ export class RunsPane {
     const lr = this.live.runs.get(run.run_id);
     if (!lr || !lr.status) return run.status;
     if (TERMINAL_RUN.has(run.status)) return run.status;
+    // The feed says running for any live run: only the store knows it waits for a person.
+    if (run.status === "waiting" && !TERMINAL_RUN.has(lr.status)) return run.status;
     if (run.status === "pending" && !TERMINAL_RUN.has(lr.status)) {
       // A run queued behind a concurrency limit had its `run.started` but waits for its slot.
       const slot = slotState(lr);
@@ -343,6 +347,9 @@ export class RunsPane {
               "span",
               { class: "run-main" },
               h("span", { class: "run-name" }, run.name || run.run_id),
+              st === "waiting" && (run.waiting_for || []).length
+                ? h("span", { class: "run-row-waiting", testid: "run-row-waiting" }, `waits for ${run.waiting_for.map(waitLabel).join(", ")}`)
+                : null,
               h(
                 "span",
                 { class: "run-meta" },
