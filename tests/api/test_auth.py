@@ -19,6 +19,7 @@ PROTECTED = [
     ("POST", "/api/runs"),
     ("GET", "/api/runs/run-x"),
     ("GET", "/api/runs/run-x/events"),
+    ("GET", "/api/runs/run-x/steps/step-x/conversation"),
     ("POST", "/api/runs/run-x/cancel"),
     ("POST", "/api/runs/run-x/verify"),
     ("POST", "/api/runs/run-x/rerun"),
@@ -51,6 +52,7 @@ def test_the_table_covers_every_route(client) -> None:
         path.replace("{run_id}", "run-x")
         .replace("{name}", "approve")
         .replace("{schedule_id}", "sched-x")
+        .replace("{step_id}", "step-x")
         for path in client.app.openapi()["paths"]
     }
     listed = {path for _, path in PROTECTED} | {"/healthz"}
