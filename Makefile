@@ -23,8 +23,9 @@ BENCH_STAMP := $(VENV)/.tiffany-bench.stamp
 PIP_INSTALL := $(BIN)/python -m pip install --disable-pip-version-check -q
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist; 1 runs the suite in this process). A file's
-# tests stay in one process (--dist loadfile: they share its fixtures).
-TEST_WORKERS ?= 2
+# tests stay in one process (--dist loadfile: they share its fixtures). Three
+# on 2 cores: much of the suite waits on subprocesses, sockets and a browser.
+TEST_WORKERS ?= 3
 # make run: the API's port, and tools to enable besides the defaults (e.g. TOOLS="shell").
 PORT ?= 8000
 TOOLS ?=

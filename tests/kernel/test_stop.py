@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from process_support import wait_for
 
 from tiffany.kernel import Scheduler, Sleep
@@ -212,7 +214,16 @@ def test_stop_from_another_thread_leaves_queued_jobs_unstarted_until_run_again()
     gate.set()  # the job in flight finishes, and its completion wakes the loop
     runner.join(30)
     assert not runner.is_alive(), "run() did not return after stop()"
-    assert ran == [0]
+    # run() returns at its next pass, which may come before the job in flight
+    # ends: wait for that job, then watch that the worker, free again, starts
+    # none of the queued ones (unhalted, it would take the next at once).
+    deadline = time.monotonic() + 30
+    while not ran and time.monotonic() < deadline:
+        time.sleep(0.01)
+    watch_until = time.monotonic() + 0.5
+    while time.monotonic() < watch_until:
+        assert ran == [0]
+        time.sleep(0.01)
     assert sched.alive == 20
     sched.run()  # effects start again: each job once
     assert sorted(ran) == list(range(20))

