@@ -107,6 +107,23 @@ def test_submit_tail_runs_status_over_http(served: Served) -> None:
 
 def test_signal_cancel_and_rerun_over_http(served: Served) -> None:
     run_id = remote(served, "submit", "approve.yaml").stdout.strip()
+    # What it waits for, with the command that sends it: to this server (the
+    # --url typed), a token typed named but never printed.
+    waiting = remote(served, "runs", "--status", "waiting")
+    assert waiting.returncode == 0, waiting.stderr
+    assert (
+        f"`tiffany signal {run_id} approve --data JSON --url {served.url} --token T` sends it"
+        in waiting.stderr
+    ), waiting.stderr
+    assert TOKEN not in waiting.stderr
+    from_env = tiffany(
+        served,
+        "runs",
+        "--status",
+        "waiting",
+        env={"TIFFANY_URL": served.url, "TIFFANY_API_TOKEN": TOKEN},
+    )
+    assert f"`tiffany signal {run_id} approve --data JSON` sends it" in from_env.stderr
     sent = remote(served, "signal", run_id, "approve", "--data", '{"by": "ada"}')
     assert sent.returncode == 0, sent.stderr
     assert f"run {run_id}: signal approve journaled" in sent.stdout
@@ -206,7 +223,13 @@ def test_run_beside_serve_runs_here_with_every_tool_in_a_data_dir_of_its_own(
     # too: a second journal would be projected into it. Refused, naming what to set.
     database = f"sqlite:///{served.cwd / 'shared.db'}"
     shared = tiffany(
-        served, "run", "mixed.yaml", "--import", "usertools", "--data-dir", str(data_dir),
+        served,
+        "run",
+        "mixed.yaml",
+        "--import",
+        "usertools",
+        "--data-dir",
+        str(data_dir),
         env={"TIFFANY_DATABASE_URL": database},
     )
     assert shared.returncode == 2, shared.stderr

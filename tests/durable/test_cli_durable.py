@@ -195,7 +195,8 @@ def test_runs_lists_newest_first_with_ages_and_tells_an_interrupted_run(tmp_path
     in_loop = re.search(rf"`tiffany replay run-\w+ --data-dir {data}` resumes it", err)
     after_stall = (
         "waits for signal go: pass --signal NAME=JSON, or serve its data dir "
-        f"(`tiffany serve --data-dir {data}`" in err
+        f"(`tiffany serve --data-dir {data}`"
+        in err
         and f"NAME --data JSON --data-dir {data}`" in err
     )
     assert in_loop or after_stall, err

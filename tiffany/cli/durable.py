@@ -309,13 +309,11 @@ def runs(
         known = ", ".join(s.value for s in RunStatus)
         typer.echo(f"tiffany: --status: {status!r} is not a run status ({known})", err=True)
         raise typer.Exit(exits.USAGE)
-    from click.core import ParameterSource
-
     from tiffany.cli import _settings
 
     if url:  # a URL or token from the environment is there for the next command too
-        typed = ctx.get_parameter_source("url") == ParameterSource.COMMANDLINE
-        token_typed = ctx.get_parameter_source("token") == ParameterSource.COMMANDLINE
+        typed = _typed(ctx, "url")
+        token_typed = _typed(ctx, "token")
         again = hints.again(url=url if typed else None, token_given=bool(token) and token_typed)
         _remote_runs(url, token, limit, as_json, status, again)
         return
@@ -408,6 +406,12 @@ def _local_runs(ctx: typer.Context) -> list[_Listed]:
             out.append(_Listed(info, status, idle, waits.waiting_for()))
     out.sort(key=lambda r: (r.info.started_at, r.info.first_seq), reverse=True)
     return out
+
+
+def _typed(ctx: typer.Context, name: str) -> bool:
+    """Whether option ``name`` was given on the command line (not by the environment)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
 
 
 def _say_waits(run_id: str, waiting_for: list[dict[str, Any]] | list[Any], again: str) -> None:
