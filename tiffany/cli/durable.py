@@ -247,7 +247,7 @@ def replay(
             held = [h.reason for h in rt.journal.held.values() if h.run_id == run_id]
         # The data dir, modules and paths this replay was given go with the commands it prints.
         root = _settings(ctx)
-        again = hints.again(root, imports=tool_modules((), imports))
+        again = hints.again(root.data_dir, imports=tool_modules((), imports))
         if ctrl_c.pressed and state.status == "running":
             dirs = "".join(f" --path {shlex.quote(str(p))}" for p in path or ())
             typer.echo(
@@ -260,7 +260,7 @@ def replay(
             typer.echo(
                 f"tiffany: run {run_id} waits for signal {', '.join(waits)}: serve its data dir "
                 f"(`tiffany serve{again}`) and send it with "
-                f"`tiffany signal {run_id} NAME --data JSON{hints.again(root)}`",
+                f"`tiffany signal {run_id} NAME --data JSON{hints.again(root.data_dir)}`",
                 err=True,
             )
         if state.status == "running" and held:
@@ -317,7 +317,7 @@ def runs(
         again = hints.again(url=url if typed else None, token_given=bool(token) and token_typed)
         _remote_runs(url, token, limit, as_json, status, again)
         return
-    again = hints.again(_settings(ctx))
+    again = hints.again(_settings(ctx).data_dir)
     listed = _local_runs(ctx)
     if status is not None:
         listed = [r for r in listed if r.status == status]
@@ -593,15 +593,18 @@ def wal_verify(
     if as_json:
         _emit(_as_dict(report), True)
     elif report.corruption is not None:
+        from tiffany.cli import _settings
+
         c = report.corruption
+        again = hints.again(_settings(ctx).data_dir) + (f" --engine {engine}" if engine else "")
         typer.echo(
             f"WAL DAMAGED at segment {c.get('segment')} offset {c.get('offset')} "
-            f"(seq {c.get('seq')}): {c.get('reason')}; run `tiffany wal repair --salvage`",
+            f"(seq {c.get('seq')}): {c.get('reason')}; run `tiffany wal repair --salvage{again}`",
             err=True,
         )
         typer.echo(
             f"  corrupt: {report.records} records check out before it; "
-            "`tiffany wal repair --salvage` keeps every intact record after it too",
+            f"`tiffany wal repair --salvage{again}` keeps every intact record after it too",
             err=True,
         )
     else:
@@ -856,6 +859,7 @@ def _discard_checkpoints(wal_dir: Path) -> None:
 
 def _rebuild_store(ctx: typer.Context, engine_no: int = 0) -> None:
     """Rebuild the SQL store from the repaired WAL (its sequence numbers changed)."""
+    from tiffany.cli import _settings
     from tiffany.cli.db import _engine, rebuild_store
     from tiffany.store.migrate import upgrade as alembic_upgrade
 
@@ -868,8 +872,8 @@ def _rebuild_store(ctx: typer.Context, engine_no: int = 0) -> None:
             engine.dispose()
     except Exception as exc:  # noqa: BLE001 - said, with what to do
         typer.echo(
-            f"the store could not be rebuilt ({exc}); run `tiffany db rebuild` before "
-            "starting the engine",
+            f"the store could not be rebuilt ({exc}); run `tiffany"
+            f"{hints.again(_settings(ctx).data_dir)} db rebuild` before starting the engine",
             err=True,
         )
         raise typer.Exit(1) from None

@@ -18,10 +18,6 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from tiffany.config import Settings
 
 __all__ = ["again", "shown_path"]
 
@@ -39,7 +35,7 @@ def shown_path(path: Path) -> str:
 
 
 def again(
-    settings: Settings | None = None,
+    data_dir: Path | None = None,
     *,
     imports: Iterable[str] = (),
     url: str | None = None,
@@ -48,8 +44,8 @@ def again(
     """The options a hinted command needs, each after a space (empty when it needs none).
 
     Args:
-        settings: This command's settings: their data dir is named unless it
-            is the default one.
+        data_dir: This command's data dir (``settings.data_dir``): named
+            unless it is the default one.
         imports: Tool modules the run's python steps need (``--import MOD``).
         url: The server this command reached (``--url URL``), unless the
             URL came from ``TIFFANY_URL``.
@@ -57,10 +53,8 @@ def again(
             ``--token T``, never its value).
     """
     parts: list[str] = []
-    if settings is not None:
-        data_dir = Path(settings.data_dir)
-        if data_dir != DEFAULT_DATA_DIR.absolute():
-            parts += ["--data-dir", shlex.quote(shown_path(data_dir))]
+    if data_dir is not None and Path(data_dir).absolute() != DEFAULT_DATA_DIR.absolute():
+        parts += ["--data-dir", shlex.quote(shown_path(Path(data_dir)))]
     for module in imports:
         parts += ["--import", shlex.quote(module)]
     if url:

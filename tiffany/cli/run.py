@@ -230,8 +230,8 @@ def run(
     view = LiveView(total_steps=len(doc.get("steps") or ()))
     use_live = live and console.is_terminal and not as_json
     # The modules its python steps need and the data dir go with every command we print.
-    again = hints.again(settings, imports=tool_modules((), imports))
-    data_dir_flag = hints.again(settings)
+    again = hints.again(settings.data_dir, imports=tool_modules((), imports))
+    data_dir_flag = hints.again(settings.data_dir)
     engine = _build_engine(
         settings,
         enabled_tools=ToolRegistry.default().all_names(),
