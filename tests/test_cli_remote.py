@@ -1,4 +1,4 @@
-"""The CLI against a real server: ``--url``/``--token``, and ``run`` on a served data dir.
+"""The CLI against a real server: ``--url``/``--token``, and ``run`` beside it on its data dir.
 
 Real processes only: ``tiffany serve`` (with a token, and ``--import`` of a
 user's tool module) on loopback, and each command as its own ``python -m
@@ -107,6 +107,23 @@ def test_submit_tail_runs_status_over_http(served: Served) -> None:
 
 def test_signal_cancel_and_rerun_over_http(served: Served) -> None:
     run_id = remote(served, "submit", "approve.yaml").stdout.strip()
+    # What it waits for, with the command that sends it: to this server (the
+    # --url typed), a token typed named but never printed.
+    waiting = remote(served, "runs", "--status", "waiting")
+    assert waiting.returncode == 0, waiting.stderr
+    assert (
+        f"`tiffany signal {run_id} approve --data JSON --url {served.url} --token T` sends it"
+        in waiting.stderr
+    ), waiting.stderr
+    assert TOKEN not in waiting.stderr
+    from_env = tiffany(
+        served,
+        "runs",
+        "--status",
+        "waiting",
+        env={"TIFFANY_URL": served.url, "TIFFANY_API_TOKEN": TOKEN},
+    )
+    assert f"`tiffany signal {run_id} approve --data JSON` sends it" in from_env.stderr
     sent = remote(served, "signal", run_id, "approve", "--data", '{"by": "ada"}')
     assert sent.returncode == 0, sent.stderr
     assert f"run {run_id}: signal approve journaled" in sent.stdout
@@ -160,23 +177,64 @@ def test_errors_map_onto_the_exit_code_table(served: Served) -> None:
         assert "--token, or TIFFANY_API_TOKEN" in tailed.stderr
 
 
-def test_run_on_a_served_data_dir_submits_to_the_server(served: Served) -> None:
-    data_dir = str(served.data_dir)
-    ran = tiffany(served, "run", "count.yaml", "--data-dir", data_dir, "--json")
+def test_run_beside_serve_runs_here_with_every_tool_in_a_data_dir_of_its_own(
+    served: Served,
+) -> None:
+    """``tiffany run`` on a served data dir: this process, every tool, ``<data dir>/local``.
+
+    It was submitted to the server silently, where ``shell`` is off (exit 2)
+    and this shell's ``TIFFANY_HTTP_ALLOW`` does not reach (exit 1). Now
+    the run keeps the tools ``run`` promises, says where it is kept, and
+    every command it prints names that data dir.
+    """
+    (served.cwd / "mixed.yaml").write_text(
+        "name: mixed\ninputs: {text: a b c}\nsteps:\n"
+        "  - {id: count, tool: python, args: {function: word_count, "
+        "kwargs: {text: '${inputs.text}'}}}\n"
+        "  - {id: echo, tool: shell, args: {argv: [echo, hi]}}\n"
+        "outputs: {words: '${steps.count.output.words}', echo: '${steps.echo.output.stdout}'}\n"
+    )
+    data_dir = served.data_dir
+    local = data_dir / "local"
+    ran = tiffany(
+        served, "run", "mixed.yaml", "--import", "usertools", "--data-dir", str(data_dir), "--json"
+    )
     assert ran.returncode == 0, ran.stderr
-    assert "WalLocked" not in ran.stderr
-    assert "Traceback" not in ran.stderr
     result = json.loads(ran.stdout)
-    assert result["status"] == "succeeded"
-    assert result["outputs"] == {"words": 3}  # the server's --import usertools
-    assert result["steps"] == {"count": "succeeded"}
-    with Client(served.url, token=TOKEN) as client:
-        assert client.get(result["run_id"]).status == "succeeded"
-    shown = tiffany(served, "run", "count.yaml", "--data-dir", data_dir, "--no-live")
-    assert shown.returncode == 0, shown.stderr
-    assert "submitted to the server" in shown.stderr
-    assert "worker:count" in shown.stderr  # the live view's task table, as a local run's
-    assert json.loads(shown.stdout)["outputs"] == {"words": 3}
+    assert result["outputs"] == {"words": 3, "echo": "hi\n"}  # shell, off on the server
+    said = ran.stderr.splitlines()  # paths as typed: relative to the working directory
+    assert said[0].startswith("tiffany: d is in use by pid"), ran.stderr
+    assert "kept in the data dir d/local " in said[0]
+    assert "`tiffany submit PLAN` runs a plan on the server instead" in said[0]
+    # Kept there, not in the server's WAL or store.
+    with Client(served.url, token=TOKEN) as client, pytest.raises(ApiError) as unknown:
+        client.get(result["run_id"])
+    assert unknown.value.status == 404
+    listed = tiffany(served, "runs", "--data-dir", str(local))
+    assert listed.stdout.split()[:2] == [result["run_id"], "succeeded"], listed.stderr
+    verified = tiffany(served, "replay", result["run_id"], "--verify", "--data-dir", str(local))
+    assert verified.returncode == 0, verified.stderr
+    # A run left waiting: the commands it prints name the data dir it is kept in.
+    waited = tiffany(served, "run", "approve.yaml", "--data-dir", str(data_dir), "--no-live")
+    assert waited.returncode == 1, waited.stderr
+    assert "`tiffany serve --data-dir d/local`" in waited.stderr
+    assert "approve --data JSON --data-dir d/local`" in waited.stderr
+    # A store named in the environment (a server's on PostgreSQL, say) is the server's
+    # too: a second journal would be projected into it. Refused, naming what to set.
+    database = f"sqlite:///{served.cwd / 'shared.db'}"
+    shared = tiffany(
+        served,
+        "run",
+        "mixed.yaml",
+        "--import",
+        "usertools",
+        "--data-dir",
+        str(data_dir),
+        env={"TIFFANY_DATABASE_URL": database},
+    )
+    assert shared.returncode == 2, shared.stderr
+    assert "TIFFANY_DATABASE_URL" in shared.stderr
+    assert "`tiffany submit PLAN`" in shared.stderr
 
 
 def test_every_way_in_prints_an_invalid_plan_alike(served: Served) -> None:
@@ -232,7 +290,7 @@ def test_python_kwargs_are_checked_against_the_function_at_submission(served: Se
     ways = {
         "submit --url": remote(served, "submit", "kwargs.yaml"),
         "submit": tiffany(served, "submit", "kwargs.yaml", *served_dir),
-        "run beside serve": tiffany(served, "run", "kwargs.yaml", *served_dir),
+        "run beside serve": tiffany(served, "run", "kwargs.yaml", *imported, *served_dir),
         "run alone": tiffany(
             served, "run", "kwargs.yaml", *imported, "--data-dir", str(served.cwd / "alone")
         ),
@@ -255,19 +313,27 @@ def test_python_kwargs_are_checked_against_the_function_at_submission(served: Se
     assert "no python tool function 'word_count'" in missing.stderr
 
 
-def test_run_beside_serve_prints_the_servers_refusal_once_a_problem(served: Served) -> None:
-    """A plan valid here but refused by the server (a tool it disabled): one line a step."""
+def test_submit_prints_the_servers_refusal_once_a_problem(served: Served) -> None:
+    """A plan valid here but refused by the server (a tool it disabled): one line a step.
+
+    ``tiffany run`` beside the same server runs it (every tool, its own data dir).
+    """
     (served.cwd / "shelly.yaml").write_text(
         "name: shelly\nsteps:\n"
         "  - {id: a, tool: shell, args: {argv: ['true']}}\n"
         "  - {id: b, tool: shell, args: {argv: ['true']}}\n"
     )
-    ran = tiffany(served, "run", "shelly.yaml", "--data-dir", str(served.data_dir))
-    assert ran.returncode == 2, ran.stderr
-    lines = ran.stderr.splitlines()
-    assert lines[0] == "tiffany: invalid plan:", ran.stderr
+    served_dir = ("--data-dir", str(served.data_dir))
+    refused = tiffany(served, "submit", "shelly.yaml", *served_dir)
+    assert refused.returncode == 2, refused.stderr
+    lines = refused.stderr.splitlines()
+    assert lines[0] == "tiffany: invalid plan:", refused.stderr
     assert [line.split(":", 1)[0] for line in lines[1:]] == ["  steps[0].tool", "  steps[1].tool"]
     assert all("'shell' is disabled on this server" in line for line in lines[1:])
+    assert all("--enable-tool shell" in line for line in lines[1:])
+    ran = tiffany(served, "run", "shelly.yaml", *served_dir, "--json")
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["status"] == "succeeded"
 
 
 class _NotTiffany(http.server.BaseHTTPRequestHandler):

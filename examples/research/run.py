@@ -1,6 +1,11 @@
 """Run the research example: serve docs/ on 127.0.0.1, then ``tiffany run`` the plan.
 
 python examples/research/run.py [--data-dir DIR] [extra tiffany run options]
+
+The plan's http steps fetch from that local server, an address the http
+tool refuses unless ``TIFFANY_HTTP_ALLOW`` opens it (docs/security.md): the
+``tiffany run`` this script starts, and only it, is given
+``TIFFANY_HTTP_ALLOW=127.0.0.1``, and the script says so on stderr.
 """
 
 from __future__ import annotations
@@ -41,9 +46,17 @@ def main() -> int:
             f"base_url={url}",
             *rest,
         ]
-        # the http tool refuses loopback unless the operator allows it (docs/security.md)
+        # The http tool refuses loopback unless the operator allows it
+        # (docs/security.md). This script is that operator for the run it
+        # starts, and says so: the documents are on 127.0.0.1, and only the
+        # `tiffany run` below (its own process, its own engine) gets the allowance.
         allow = ",".join(filter(None, [os.environ.get("TIFFANY_HTTP_ALLOW"), "127.0.0.1"]))
         env = {**os.environ, "TIFFANY_HTTP_ALLOW": allow}
+        print(
+            f"allowing this run's http steps to reach 127.0.0.1 (TIFFANY_HTTP_ALLOW={allow}): "
+            "loopback is refused by default, docs/security.md",
+            file=sys.stderr,
+        )
         if not any(env.get(f"TIFFANY_LLM_{k}") for k in ("BASE_URL", "MODEL", "SCRIPT")):
             # no model configured: the summary step asks for the offline scripted one
             env["TIFFANY_LLM_MODEL"] = "scripted"

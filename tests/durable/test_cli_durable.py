@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -190,8 +191,14 @@ def test_runs_lists_newest_first_with_ages_and_tells_an_interrupted_run(tmp_path
     # began, when the hint is printed): the Ctrl-C lands in the loop (the
     # replay command), or just after it stalled (how to send the signal). A
     # loaded machine (CI, once) takes the second way; both leave the run here.
-    in_loop = "tiffany replay run-" in err
-    after_stall = "waits for signal go: pass --signal NAME=JSON, or serve this data dir" in err
+    # Either way the command it prints names the data dir: a bare one finds nothing.
+    in_loop = re.search(rf"`tiffany replay run-\w+ --data-dir {data}` resumes it", err)
+    after_stall = (
+        "waits for signal go: pass --signal NAME=JSON, or serve its data dir "
+        f"(`tiffany serve --data-dir {data}`"
+        in err
+        and f"NAME --data JSON --data-dir {data}`" in err
+    )
     assert in_loop or after_stall, err
     assert "Traceback" not in err
 
@@ -201,7 +208,7 @@ def test_runs_lists_newest_first_with_ages_and_tells_an_interrupted_run(tmp_path
     assert lines[0].endswith("waits")
     assert lines[1].endswith("quick")
     assert " ago " in lines[0]
-    assert "`tiffany replay RUN` resumes one" in listed.stderr
+    assert f"`tiffany replay RUN --data-dir {data}` resumes one" in listed.stderr
     as_json = [json.loads(x) for x in tiffany("runs", "--json", data_dir=data).stdout.splitlines()]
     assert [(r["name"], r["status"], r["interrupted"]) for r in as_json] == [
         ("waits", "waiting", True),  # for its signal go, and no engine holds it

@@ -184,7 +184,7 @@ def test_a_flipped_bit_mid_log_fails_only_its_run_and_the_others_finish(crashed)
         f"WAL DAMAGED at segment {rec.segment} offset {rec.offset} (seq {rec.seq}): bad checksum"
         in out.stderr
     )
-    assert "tiffany wal repair --salvage" in out.stderr
+    assert f"`tiffany wal repair --salvage --data-dir {data}`" in out.stderr  # this data dir
 
     with pytest.raises(RuntimeError) as refused:
         EngineProc(data)
@@ -263,4 +263,5 @@ def test_an_engine_refuses_a_damaged_log_once_and_serve_does_not_loop(crashed) -
     )
     assert served.returncode == 4, served.stderr  # the engine's WAL_DAMAGED, passed on
     assert "engine exited with code 4" in served.stderr
+    assert f"`tiffany wal repair --salvage --data-dir {data}`" in served.stderr  # this data dir
     assert "restarting it" not in served.stderr

@@ -17,6 +17,7 @@ Both discard the checkpoints (their sequence numbers no longer hold).
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from tiffany.cli import DataDirOption, EngineOption, exits
+from tiffany.cli import DataDirOption, EngineOption, exits, hints
 from tiffany.cli.imports import ImportOption, import_tool_modules, tool_modules
 from tiffany.cli.interrupt import CtrlC
 from tiffany.cli.remote import TokenOption, UrlOption, printable, remote
@@ -244,17 +245,22 @@ def replay(
             state = rt.status(run_id)
             waits = _signals_awaited(rt.journal.runs.get(run_id))
             held = [h.reason for h in rt.journal.held.values() if h.run_id == run_id]
+        # The data dir, modules and paths this replay was given go with the commands it prints.
+        root = _settings(ctx)
+        again = hints.again(root.data_dir, imports=tool_modules((), imports))
         if ctrl_c.pressed and state.status == "running":
+            dirs = "".join(f" --path {shlex.quote(str(p))}" for p in path or ())
             typer.echo(
-                f"tiffany: interrupted; run {run_id} stays in this data dir: "
-                f"`tiffany replay {run_id}` resumes it again",
+                f"tiffany: interrupted; run {run_id} stays in its data dir: "
+                f"`tiffany replay {run_id}{again}{dirs}` resumes it again",
                 err=True,
             )
             raise typer.Exit(exits.INTERRUPTED)
         if state.status == "running" and waits:
             typer.echo(
-                f"tiffany: run {run_id} waits for signal {', '.join(waits)}: serve this data dir "
-                f"(`tiffany serve`) and send it with `tiffany signal {run_id} NAME --data JSON`",
+                f"tiffany: run {run_id} waits for signal {', '.join(waits)}: serve its data dir "
+                f"(`tiffany serve{again}`) and send it with "
+                f"`tiffany signal {run_id} NAME --data JSON{hints.again(root.data_dir)}`",
                 err=True,
             )
         if state.status == "running" and held:
@@ -303,9 +309,15 @@ def runs(
         known = ", ".join(s.value for s in RunStatus)
         typer.echo(f"tiffany: --status: {status!r} is not a run status ({known})", err=True)
         raise typer.Exit(exits.USAGE)
-    if url:
-        _remote_runs(url, token, limit, as_json, status)
+    from tiffany.cli import _settings
+
+    if url:  # a URL or token from the environment is there for the next command too
+        typed = _typed(ctx, "url")
+        token_typed = _typed(ctx, "token")
+        again = hints.again(url=url if typed else None, token_given=bool(token) and token_typed)
+        _remote_runs(url, token, limit, as_json, status, again)
         return
+    again = hints.again(_settings(ctx).data_dir)
     listed = _local_runs(ctx)
     if status is not None:
         listed = [r for r in listed if r.status == status]
@@ -340,12 +352,13 @@ def runs(
         typer.echo(f"({len(listed) - len(shown)} older runs: --limit 0 lists them all)", err=True)
     if any(r.interrupted for r in shown):
         typer.echo(
-            "interrupted: `tiffany replay RUN` resumes one, `tiffany serve` resumes them all",
+            f"interrupted: `tiffany replay RUN{again}` resumes one, `tiffany serve{again}` "
+            "resumes them all",
             err=True,
         )
     for run in shown:
         if not run.interrupted:
-            _say_waits(run.info.run_id, run.waiting_for)
+            _say_waits(run.info.run_id, run.waiting_for, again)
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,15 +408,25 @@ def _local_runs(ctx: typer.Context) -> list[_Listed]:
     return out
 
 
-def _say_waits(run_id: str, waiting_for: list[dict[str, Any]] | list[Any]) -> None:
-    """What a run's tasks wait for, one line each on stderr (``runs``, local and ``--url``)."""
+def _typed(ctx: typer.Context, name: str) -> bool:
+    """Whether option ``name`` was given on the command line (not by the environment)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
+
+
+def _say_waits(run_id: str, waiting_for: list[dict[str, Any]] | list[Any], again: str) -> None:
+    """What a run's tasks wait for, one line each on stderr (``runs``, local and ``--url``).
+
+    ``again``: the options the printed ``tiffany signal`` needs (:func:`hints.again`).
+    """
     for w in waiting_for:
         entry = w if isinstance(w, dict) else w.model_dump()
         step = f" (step {printable(entry['step'])})" if entry.get("step") else ""
         if entry.get("kind") == "signal":
             typer.echo(
                 f"waiting: {run_id} waits for signal {printable(entry['name'])}{step}: "
-                f"`tiffany signal {run_id} {printable(entry['name'])} --data JSON` sends it",
+                f"`tiffany signal {run_id} {printable(entry['name'])} --data JSON{again}` "
+                "sends it",
                 err=True,
             )
         else:
@@ -411,7 +434,12 @@ def _say_waits(run_id: str, waiting_for: list[dict[str, Any]] | list[Any]) -> No
 
 
 def _remote_runs(
-    url: str, token: str | None, limit: int | None, as_json: bool, status: str | None = None
+    url: str,
+    token: str | None,
+    limit: int | None,
+    as_json: bool,
+    status: str | None = None,
+    again: str = "",
 ) -> None:
     """``runs --url``: the server's runs list, newest first, in the same lines."""
     if limit is None:
@@ -445,7 +473,7 @@ def _remote_runs(
     if not as_json and total is not None and shown < total:
         typer.echo(f"({total - shown} older runs: --limit 0 lists them all)", err=True)
     for run_id, waiting_for in waits:
-        _say_waits(run_id, waiting_for)
+        _say_waits(run_id, waiting_for, again)
 
 
 #: Where a record holds its wall-clock time (a ``now`` OUTCOME: its value).
@@ -565,15 +593,18 @@ def wal_verify(
     if as_json:
         _emit(_as_dict(report), True)
     elif report.corruption is not None:
+        from tiffany.cli import _settings
+
         c = report.corruption
+        again = hints.again(_settings(ctx).data_dir) + (f" --engine {engine}" if engine else "")
         typer.echo(
             f"WAL DAMAGED at segment {c.get('segment')} offset {c.get('offset')} "
-            f"(seq {c.get('seq')}): {c.get('reason')}; run `tiffany wal repair --salvage`",
+            f"(seq {c.get('seq')}): {c.get('reason')}; run `tiffany wal repair --salvage{again}`",
             err=True,
         )
         typer.echo(
             f"  corrupt: {report.records} records check out before it; "
-            "`tiffany wal repair --salvage` keeps every intact record after it too",
+            f"`tiffany wal repair --salvage{again}` keeps every intact record after it too",
             err=True,
         )
     else:
@@ -828,6 +859,7 @@ def _discard_checkpoints(wal_dir: Path) -> None:
 
 def _rebuild_store(ctx: typer.Context, engine_no: int = 0) -> None:
     """Rebuild the SQL store from the repaired WAL (its sequence numbers changed)."""
+    from tiffany.cli import _settings
     from tiffany.cli.db import _engine, rebuild_store
     from tiffany.store.migrate import upgrade as alembic_upgrade
 
@@ -840,8 +872,8 @@ def _rebuild_store(ctx: typer.Context, engine_no: int = 0) -> None:
             engine.dispose()
     except Exception as exc:  # noqa: BLE001 - said, with what to do
         typer.echo(
-            f"the store could not be rebuilt ({exc}); run `tiffany db rebuild` before "
-            "starting the engine",
+            f"the store could not be rebuilt ({exc}); run `tiffany"
+            f"{hints.again(_settings(ctx).data_dir)} db rebuild` before starting the engine",
             err=True,
         )
         raise typer.Exit(1) from None

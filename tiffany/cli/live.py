@@ -102,44 +102,6 @@ class LiveView(Instrument):
             if row.role == "worker" and row.step_id == step:
                 row.note = note
 
-    def on_feed(self, frame: Mapping[str, Any]) -> None:
-        """Apply one activity feed event (``tiffany run`` following a run on a server).
-
-        The feed carries what this instrument sees in-process (spawned,
-        blocked, woke, exit, crash, cancelled; retries and model usage), so a
-        run followed on a server shows the same tree.
-        """
-        tid, kind = frame.get("task_id"), frame.get("kind")
-        if not isinstance(tid, int):
-            return
-        data = frame.get("data") or {}
-        if kind == "spawned":
-            parent = data.get("parent")
-            new = _Row(str(frame.get("task") or tid), parent if isinstance(parent, int) else None)
-            new.role = str(frame.get("task_kind") or "task")
-            new.step_id = frame.get("step_id")
-            self._add(tid, new)
-            return
-        if kind in ("retry", "llm.usage"):
-            event = "step.retry" if kind == "retry" else kind
-            self.on_event(str(frame.get("run_id")), event, {"step": frame.get("step_id"), **data})
-            return
-        row = self.rows.get(tid)
-        if row is None:
-            return
-        label = str(frame.get("label") or "")
-        if kind == "blocked":
-            row.state, row.detail = _word(data.get("state") or "blocked"), label
-        elif kind == "woke":
-            row.state, row.detail = "running", ""
-        elif kind in ("exit", "cancelled", "crash"):
-            state = "crashed" if kind == "crash" else label or kind
-            row.state, row.detail = _word(state), label[:120] if kind == "crash" else ""
-            if row.ended is None:
-                row.ended = time.monotonic()
-                if row.role == "worker":
-                    self.workers_done += 1
-
     def task_spawned(self, task: Task) -> None:
         """Add a row."""
         meta = task.meta

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from tiffany.cli import DataDirOption, exits
+from tiffany.cli import DataDirOption, exits, hints
 from tiffany.cli.failures import print_failures
 from tiffany.cli.imports import ImportOption, import_tool_modules, tool_modules
 from tiffany.cli.interrupt import CtrlC
@@ -83,11 +83,13 @@ def _parse_signals(pairs: list[str] | None) -> list[tuple[str, Any]]:
     return out
 
 
-def _signal_hint(console: Any, *, quiet: bool) -> Any:
+def _signal_hint(console: Any, again: str, data_dir: str, *, quiet: bool) -> Any:
     """An instrument that says once per signal name, on stderr, how to send it.
 
     (The live view shows the wait in its task tree; without it, a run
-    waiting a day for an approval would look hung.)
+    waiting a day for an approval would look hung.) ``again`` is what
+    ``serve`` must be given to resume the run, ``data_dir`` what ``signal``
+    must be given to find it (:func:`tiffany.cli.hints.again`).
     """
     from tiffany.kernel import Instrument, Receive
 
@@ -101,9 +103,9 @@ def _signal_hint(console: Any, *, quiet: bool) -> Any:
             run_id = getattr(getattr(task.meta, "run", None), "run_id", "RUN_ID")
             console.print(
                 f"run {run_id} waits for signal {call.channel}: Ctrl-C leaves it waiting in "
-                f"this data dir; `tiffany serve` resumes it and `tiffany signal {run_id} "
-                f"{call.channel} --data JSON` (or the dashboard) sends it; or run again with "
-                "--signal",
+                f"its data dir; `tiffany serve{again}` resumes it and `tiffany signal {run_id} "
+                f"{call.channel} --data JSON{data_dir}` (or the dashboard) sends it; or run "
+                "again with --signal",
                 highlight=False,
                 markup=False,
                 soft_wrap=True,
@@ -177,12 +179,17 @@ def run(
     imports: ImportOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
-    """Run a plan on the embedded engine with a live view; print its outputs.
+    """Run a plan in this process, every tool enabled, with a live view; print its outputs.
 
     A ``signal.wait`` step takes the ``--signal`` of its name (sent at the
     run's start and kept until it waits). A run left waiting for a signal
     nobody sent stays unfinished in the data dir: ``tiffany serve`` resumes
     it and ``tiffany signal RUN NAME --data JSON`` (or the dashboard) sends it.
+
+    On a data dir that ``tiffany serve`` serves, the run goes into a data
+    dir of its own inside it, ``<data dir>/local``, and says so: it still
+    runs here, with every tool. ``tiffany submit PLAN`` runs a plan on the
+    server instead, with the server's tools.
     """
     from rich.console import Console
     from rich.live import Live
@@ -210,25 +217,25 @@ def run(
         _print_plan_errors(exc, ctx)
         raise typer.Exit(EXIT_INVALID) from None
     _check_signals(doc, {**plan.inputs, **given}, sent)
-    from tiffany.wal.lock import holder
-
-    console = Console(stderr=True)
-    view = LiveView(total_steps=len(doc.get("steps") or ()))
-    use_live = live and console.is_terminal and not as_json
-    server = holder(Path(settings.data_dir) / "wal")
-    if server is not None:  # `tiffany serve` holds the data dir: run the plan there
-        code = _run_on_server(
-            settings, server, doc, given, sent, as_json, view, console, use_live, ctx
-        )
-        raise typer.Exit(code)
     uncallable = check_python_steps(plan.steps)  # here: the functions this process imported
     if uncallable:
         _print_plan_errors(PlanError(uncallable), ctx)
         raise typer.Exit(EXIT_INVALID)
+    from tiffany.wal.lock import holder
+
+    user = holder(Path(settings.data_dir) / "wal")
+    if user is not None:  # `tiffany serve` (or another run) holds it: a data dir of our own
+        settings = _beside(settings, user)
+    console = Console(stderr=True)
+    view = LiveView(total_steps=len(doc.get("steps") or ()))
+    use_live = live and console.is_terminal and not as_json
+    # The modules its python steps need and the data dir go with every command we print.
+    again = hints.again(settings.data_dir, imports=tool_modules((), imports))
+    data_dir_flag = hints.again(settings.data_dir)
     engine = _build_engine(
         settings,
         enabled_tools=ToolRegistry.default().all_names(),
-        instruments=[view, _signal_hint(console, quiet=use_live)],
+        instruments=[view, _signal_hint(console, again, data_dir_flag, quiet=use_live)],
         emit=view.on_event,
     )
     with CtrlC(engine.runtime.sched) as ctrl_c:  # until the run's state is read and the WAL closed
@@ -258,10 +265,8 @@ def run(
         finally:
             engine.runtime.close()
     if ctrl_c.pressed and state.status == "running":
-        # The modules its python steps need go with the command that resumes it.
-        again = "".join(f" --import {m}" for m in tool_modules((), imports))
         typer.echo(
-            f"tiffany: interrupted; run {run_id} stays in this data dir: `tiffany replay "
+            f"tiffany: interrupted; run {run_id} stays in its data dir: `tiffany replay "
             f"{run_id}{again}` resumes it (or `tiffany serve{again}`, which resumes every "
             "unfinished run)",
             err=True,
@@ -271,140 +276,63 @@ def run(
         names = ", ".join(waits)
         typer.echo(
             f"tiffany: run {run_id} waits for signal {names}: pass --signal NAME=JSON, or serve "
-            f"this data dir (`tiffany serve`: it resumes the run) and send it with "
-            f"`tiffany signal {run_id} NAME --data JSON` or the dashboard",
+            f"its data dir (`tiffany serve{again}`: it resumes the run) and send it with "
+            f"`tiffany signal {run_id} NAME --data JSON{data_dir_flag}` or the dashboard",
             err=True,
         )
     raise typer.Exit(report(settings, run_id, state, view.summary(), use_live, as_json))
 
 
-def _run_on_server(
-    settings: Any,
-    pid: int,
-    doc: dict[str, Any],
-    given: dict[str, Any],
-    sent: list[tuple[str, Any]],
-    as_json: bool,
-    view: Any,
-    console: Any,
-    use_live: bool,
-    ctx: typer.Context | None = None,
-) -> int:
-    """``tiffany run`` while a server holds the data dir: submit there, follow, print the result.
+#: Where ``tiffany run`` keeps its runs while another process holds the data dir.
+LOCAL_DATA_DIR = "local"
 
-    The plan goes through the engine's control socket (as ``submit``), the
-    ``--signal`` payloads after it; its activity is followed on the engine's
-    feed from the run's first record on, into the same live view a local run
-    shows (:meth:`LiveView.on_feed`); the result is read from the store once
-    the run has finished, and printed in the shape a local run prints.
-    Ctrl-C stops following; the run goes on in the server.
+
+def _beside(settings: Any, pid: int) -> Any:
+    """The settings of a run whose data dir another process holds: ``<data dir>/local``.
+
+    ``tiffany run`` runs a plan in its own engine with every tool enabled,
+    wherever it is typed; the data dir only says where the run is kept.
+    When a server (or another ``run``) holds the data dir's WAL, the run is
+    kept in a data dir of its own inside it, with its own WAL and SQLite
+    store, and one line on stderr says so and names it, as every hint
+    printed later does (``--data-dir``).
+
+    A store the settings name (``TIFFANY_DATABASE_URL``) is the server's
+    too: a second journal projected into it would collide with the
+    server's. That is refused (exit 2), naming what to set.
+
+    Discussion: rejected, submitting the plan to the server (what ``run``
+    did, silently): the run then had the server's tools, not every tool as
+    ``run`` promises (``shell`` is off on a server by default, exit 2), nor
+    this shell's environment (``TIFFANY_HTTP_ALLOW`` for a plan that fetches
+    from loopback, exit 1); ``tiffany submit`` does that, on purpose.
+    Rejected too, refusing: the documented ``tiffany run PLAN`` would fail
+    beside ``make run``.
     """
-    import asyncio
-    import contextlib
-
-    from rich.live import Live
-
-    from tiffany.control import ControlError, ControlUnavailable, call
-    from tiffany.pal.events import SEQS_PER_RECORD
-    from tiffany.pal.transport import FEED_SOCKET, follow
+    from tiffany.config import SQLITE_FILE_NAME
 
     data_dir = Path(settings.data_dir)
-    try:
-        answer = call(data_dir, "submit", plan=doc, inputs=given, key=None)
-        run_id = str(answer["run_id"])
-        # The feed's keys start at the record's seq times SEQS_PER_RECORD
-        # (tiffany/pal/events.py; engine 0, whose control socket this is).
-        since = max(0, int(answer["seq"]) * SEQS_PER_RECORD - 1)
-        for i, (name, payload) in enumerate(sent):
-            sid = f"run-option-{run_id}-{i}"
-            call(data_dir, "signal", run_id=run_id, name=name, payload=payload, signal_id=sid)
-    except ControlUnavailable as exc:
+    served = hints.shown_path(data_dir)
+    if settings.database_url != f"sqlite:///{data_dir / SQLITE_FILE_NAME}":
         typer.echo(
-            f"tiffany: the data dir is in use by pid {pid}, whose engine does not answer ({exc}); "
-            "stop it, or use another --data-dir",
+            f"tiffany: {served} is in use by pid {pid} (`tiffany serve`, or another `tiffany "
+            "run`), and its store (TIFFANY_DATABASE_URL) with it: `tiffany run` runs a plan in "
+            "an engine of its own, which needs a data dir and a store of its own (--data-dir "
+            "DIR, and TIFFANY_DATABASE_URL unset or another); or run the plan on the server, "
+            "with its tools: `tiffany submit PLAN`",
             err=True,
         )
-        return exits.UNAVAILABLE
-    except ControlError as exc:
-        from tiffany.cli.remote import control_problems, print_problem
-
-        print_problem(exc.message, control_problems(exc.detail), ctx)
-        return exits.for_status(exc.status)
+        raise typer.Exit(EXIT_INVALID)
+    local = data_dir / LOCAL_DATA_DIR
     typer.echo(
-        f"tiffany: this data dir is served (pid {pid}): run {run_id} submitted to the server; "
-        "following it (Ctrl-C stops following, the run goes on)",
+        f"tiffany: {served} is in use by pid {pid} (`tiffany serve`, or another `tiffany run`): "
+        f"this run runs here, every tool enabled, kept in the data dir {hints.shown_path(local)} "
+        "(--data-dir DIR keeps it elsewhere; `tiffany submit PLAN` runs a plan on the server "
+        "instead, with the server's tools)",
         err=True,
     )
-
-    async def watch() -> None:
-        async for frame in follow(data_dir / FEED_SOCKET, since=since, run_id=run_id):
-            view.on_feed(frame)
-            if frame.get("kind") == "run.finished":
-                return
-
-    try:
-        if use_live:
-            with Live(
-                get_renderable=view.render, console=console, refresh_per_second=8, transient=False
-            ):
-                asyncio.run(watch())
-        else:
-            asyncio.run(watch())
-    except KeyboardInterrupt:
-        typer.echo(
-            f"tiffany: stopped following; run {run_id} goes on in the server "
-            f"(`tiffany tail --run {run_id}` follows it again)",
-            err=True,
-        )
-        return exits.INTERRUPTED
-    detail = _finished_in_store(settings, run_id)
-    if detail is None:
-        typer.echo(f"tiffany: run {run_id} finished; the store has not shown it yet", err=True)
-        return exits.FAILED
-    result: dict[str, Any] = {"run_id": run_id, "status": detail["status"]}
-    steps = {s["step_id"]: s for s in detail.get("steps") or ()}
-    if detail["status"] == "succeeded":
-        result["outputs"] = detail.get("outputs")
-        result["steps"] = {k: s["status"] for k, s in steps.items()}
-    else:
-        error = detail.get("error") or {}
-        result["error"] = (
-            f"{error.get('type') or 'Error'}: {error.get('message')}" if error else None
-        )
-        result["steps"] = {
-            k: {"status": s["status"], "error": s.get("error")} for k, s in steps.items()
-        }
-    with contextlib.suppress(BrokenPipeError):
-        if not as_json and not use_live:
-            console.print(view.summary())
-        if not as_json:
-            print_failures(result.get("steps"))
-        typer.echo(json.dumps(result, default=repr) if as_json else json.dumps(result, indent=2))
-    return exits.OK if detail["status"] == "succeeded" else exits.FAILED
-
-
-def _finished_in_store(settings: Any, run_id: str, timeout: float = 30.0) -> Any:
-    """The run's detail once the store shows it finished (it follows the journal), or None."""
-    import time
-
-    from tiffany.store import make_engine, queries, session_factory
-
-    engine = make_engine(settings.database_url)
-    try:
-        sessions = session_factory(engine)
-        deadline = time.monotonic() + timeout
-        delay = 0.01
-        while True:
-            with sessions() as session:
-                detail = queries.run_detail_of(session, run_id)
-            if detail is not None and detail["status"] in ("succeeded", "failed", "cancelled"):
-                return detail
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(delay)
-            delay = min(delay * 2, 0.2)
-    finally:
-        engine.dispose()
+    url = f"sqlite:///{local / SQLITE_FILE_NAME}"
+    return settings.model_copy(update={"data_dir": local, "database_url": url})
 
 
 def report(

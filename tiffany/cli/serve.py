@@ -51,7 +51,7 @@ from typing import Annotated, Any, Final, NoReturn
 
 import typer
 
-from tiffany.cli import DataDirOption, exits, lifeline
+from tiffany.cli import DataDirOption, exits, hints, lifeline
 from tiffany.cli.imports import ImportOption, import_tool_modules, tool_modules
 from tiffany.config import scrub_secrets
 from tiffany.shards import engine_for_key, engine_home, homes
@@ -300,10 +300,11 @@ class _Supervisor:
 
     def _no_restart(self, child: _Child, code: int) -> str:
         if code == exits.WAL_DAMAGED:
+            again = hints.again(Path(child.env.get("TIFFANY_DATA_DIR") or ".tiffany"))
             return (
                 f"the {child.name} exited with code {code}: it refused a damaged WAL (see its "
-                "message above), which no restart mends: run `tiffany wal verify`, then "
-                "`tiffany wal repair --salvage`"
+                f"message above), which no restart mends: run `tiffany wal verify{again}`, then "
+                f"`tiffany wal repair --salvage{again}`"
             )
         return (
             f"the {child.name} exited with code {code}: a bad option or setting (see its "
