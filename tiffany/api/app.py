@@ -99,11 +99,12 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.tiffany = state
     problems.install(app)
-    app.include_router(runs.router)
-    app.include_router(schedules.router)
-    app.include_router(tools.router)
-    app.include_router(activity.router)
-    app.include_router(system.router)
+    routers = (runs.router, schedules.router, tools.router, activity.router, system.router)
+    for router in routers:
+        app.include_router(router)
+    app.state.allowed_methods = problems.AllowedMethods(
+        [*app.routes, *(route for router in routers for route in router.routes)]
+    )
     app.mount("/static", StaticFiles(directory=system.STATIC_DIR, check_dir=False), name="static")
     token = settings.api_token.get_secret_value() if settings.api_token is not None else None
     # Outermost last: the request log sees 401s too.
