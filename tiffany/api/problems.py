@@ -26,7 +26,7 @@ from fastapi.exceptions import RequestValidationError, WebSocketRequestValidatio
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Route, get_route_path
+from starlette.routing import BaseRoute, Match, Route
 from starlette.types import Scope
 
 from tiffany.api.body import BodyTooLarge, InvalidBody
@@ -209,19 +209,15 @@ class AllowedMethods:
     """
 
     def __init__(self, routes: Iterable[BaseRoute]) -> None:
-        self._routes = [
-            (route.path_regex, frozenset(route.methods))
-            for route in routes
-            if isinstance(route, Route) and route.methods
-        ]
+        self._routes = [r for r in routes if isinstance(r, Route) and r.methods]
 
     def at(self, scope: Scope) -> list[str]:
         """The methods some route takes at ``scope``'s path, sorted (empty: none matches)."""
-        path = get_route_path(scope)
         methods: set[str] = set()
-        for regex, taken in self._routes:
-            if regex.match(path):
-                methods |= taken
+        for route in self._routes:
+            match, _ = route.matches(scope)  # PARTIAL: the path, not the method
+            if match is not Match.NONE and route.methods:
+                methods |= route.methods
         return sorted(methods)
 
 
