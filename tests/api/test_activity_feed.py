@@ -262,8 +262,9 @@ def test_a_stalled_client_is_cut_off_while_another_keeps_receiving(
                 # The fast client keeps up (here, by the publisher waiting for it: on a
                 # loaded machine its reader thread may lag, and a client 200 frames
                 # behind is, rightly, a stalled one); the stalled one never reads.
-                last = seqs[-1]
-                wait_until(lambda last=last: bool(received) and received[-1] >= last, timeout=60)
+                wait_until(
+                    lambda last=seqs[-1]: bool(received) and received[-1] >= last, timeout=60
+                )
             reader.join(60)
             assert received == seqs  # the fast client got everything, in order
             wait_until(lambda: live.state.relay.dropped_subscribers == 1)

@@ -447,3 +447,87 @@ def test_error_texts_from_data_neither_disable_the_recorder_nor_reach_a_span_raw
     assert "remote said x\\ud800y" in str(errors["step s"])
     for text in errors.values():
         str(text).encode("utf-8")  # serializable: no lone surrogate left
+
+
+class _EndWhenAsleep(Instrument):
+    """Ends the run once both its sleeping steps sleep: ``engine.cancel``, or a kill of its root.
+
+    From a hook, on the loop's thread, as the engine's own requests run.
+    """
+
+    def __init__(self, engine: Engine, how: str) -> None:
+        self.engine = engine
+        self.how = how
+        self.run_id: str | None = None
+        self.asleep: set[str] = set()
+
+    def task_blocked(self, task: Task, call: Any) -> None:
+        label = getattr(task.meta, "label", None)
+        if label is None or label.role != "worker" or not isinstance(call, Sleep):
+            return
+        self.asleep.add(label.step_id)
+        if self.asleep != {"nap", "doze"} or self.run_id is None:
+            return
+        run_id, self.run_id = self.run_id, None
+        if self.how == "cancel":
+            assert self.engine.cancel(run_id)
+        else:
+            root = self.engine.runtime.journal.runs[run_id].root
+            assert root is not None
+            assert self.engine.runtime.sched.kill(root.id)
+
+
+ENDED_PLAN = {
+    "name": "ended",
+    "steps": [
+        {"id": "write", "tool": "file.write", "args": {"path": "a.txt", "content": "x"}},
+        {"id": "nap", "tool": "sleep", "args": {"seconds": 600}, "after": ["write"]},
+        {"id": "doze", "tool": "sleep", "args": {"seconds": 600}, "after": ["write"]},
+    ],
+}
+
+
+@pytest.mark.parametrize("how", ["cancel", "kill"])
+def test_the_steps_of_a_run_ended_mid_step_are_children_of_its_span(
+    tmp_path: Path, how: str
+) -> None:
+    """A run ends before the steps it cancels do: their spans had no parent (a
+    second root in the run's trace), since the run's span was forgotten first."""
+    exporter = InMemorySpanExporter()
+    engine = _engine(tmp_path / "data", ["sleep", "file.write"])
+    ender = _EndWhenAsleep(engine, how)
+    engine.runtime.sched.add_instrument(ender)
+    recorder = attach(engine.runtime, build_tracer_provider(exporter=exporter))
+    try:
+        ender.run_id = run_id = engine.submit_plan(ENDED_PLAN)
+        engine.runtime.run()
+        assert ender.asleep == {"nap", "doze"}
+        assert engine.runtime.status(run_id).status == "cancelled"
+    finally:
+        engine.runtime.close()
+        recorder.close()
+    spans = _spans(exporter)
+    assert sorted(s.name for s in spans) == ["run ended", "step doze", "step nap", "step write"]
+    assert {s.context.trace_id for s in spans} == {trace_id_of(run_id)}
+    roots = [s for s in spans if s.parent is None]
+    assert [s.name for s in roots] == ["run ended"]
+    run = roots[0]
+    by_id = {s.context.span_id: s for s in spans}
+    for s in spans:
+        ancestor = s
+        while ancestor.parent is not None:  # every span's chain ends at the run's span
+            ancestor = by_id[ancestor.parent.span_id]
+        assert ancestor is run, s.name
+        assert s.attributes is not None
+        assert s.end_time is not None
+        assert run.end_time is not None
+        assert s.end_time <= run.end_time  # the trace nests in time too
+    status = {s.name: (s.attributes or {}).get("tiffany.status") for s in spans}
+    assert status == {
+        "run ended": "cancelled",
+        "step write": "succeeded",
+        "step nap": "cancelled",
+        "step doze": "cancelled",
+    }
+    assert not recorder.disabled
+    assert recorder.open_runs == 0  # the ended run is forgotten once its last step ended

@@ -32,7 +32,9 @@ A field the plan's shape does not have (``aftr``) is named with a
 did-you-mean and the fields allowed there.
 
 Strict validation (``strict=True``: a submission, ``tiffany plan validate``)
-checks more, with hints: a misspelt tool gets a did-you-mean, a tool that
+checks more, with hints: the plan's own fields take their JSON type only
+(``retries: true``, ``backoff: "1.5"``, ``continue_on_error: 1`` are
+refused, as the API's OpenAPI schema says), a misspelt tool gets a did-you-mean, a tool that
 exists but is disabled on this server says how to enable it, and every
 step's arguments are checked against its tool's model even when some hold
 references: an unknown argument (listing the allowed ones, with a
@@ -217,7 +219,11 @@ def parse_plan(
         except DocumentError as exc:
             raise PlanError([{"loc": loc_prefix + _loc(exc.loc), "msg": exc.msg}]) from None
     try:
-        plan = Plan.model_validate(data)
+        # Strict at entry: a number, a flag or a name of the JSON type its field
+        # has (``retries: true``, ``backoff: "1.5"``, ``continue_on_error: 1``
+        # were taken, though the API's schema says they are refused); a
+        # journaled plan is parsed as it was accepted.
+        plan = Plan.model_validate(data, strict=strict)
     except ValidationError as exc:
         errors = [
             {"loc": loc_prefix + _loc(e["loc"]), "msg": _shape_message(e)}

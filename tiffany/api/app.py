@@ -23,12 +23,13 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 import tiffany
-from tiffany.api import problems
+from tiffany.api import openapi, problems
 from tiffany.api.deps import STORE_READERS, ApiState
 from tiffany.api.feed import FeedRelay, feed_path
 from tiffany.api.metrics import ApiMetrics
 from tiffany.api.middleware import RequestLog, TokenAuth
 from tiffany.api.routes import activity, runs, schedules, system, tools
+from tiffany.api.schemas import RerunRequest, SubmitRequest
 from tiffany.api.timing import Timings
 from tiffany.config import Settings, conninfo
 from tiffany.shards import homes
@@ -99,11 +100,17 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.tiffany = state
     problems.install(app)
-    app.include_router(runs.router)
-    app.include_router(schedules.router)
-    app.include_router(tools.router)
-    app.include_router(activity.router)
-    app.include_router(system.router)
+    routers = (runs.router, schedules.router, tools.router, activity.router, system.router)
+    for router in routers:
+        app.include_router(router)
+    app.state.allowed_methods = problems.AllowedMethods(
+        [*app.routes, *(route for router in routers for route in router.routes)]
+    )
+    openapi.install(
+        app,
+        [SubmitRequest, RerunRequest, schedules.ScheduleRequest],
+        token=settings.api_token is not None,
+    )
     app.mount("/static", StaticFiles(directory=system.STATIC_DIR, check_dir=False), name="static")
     token = settings.api_token.get_secret_value() if settings.api_token is not None else None
     # Outermost last: the request log sees 401s too.

@@ -10,13 +10,14 @@
 * any other :class:`~tiffany.errors.TiffanyError`: its ``to_dict()``;
 * FastAPI's validation errors (422, a websocket's as its handshake's answer)
   and HTTP errors (404 route, 405...) in
-  the same shape, and anything unexpected as a logged 500.
+  the same shape, and anything unexpected as a logged 500. A 405's
+  ``Allow`` lists every method the path takes (all its routes').
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import structlog
@@ -25,6 +26,8 @@ from fastapi.exceptions import RequestValidationError, WebSocketRequestValidatio
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Match, Route
+from starlette.types import Scope
 
 from tiffany.api.body import BodyTooLarge, InvalidBody
 from tiffany.api.deps import StoreBehind, StoreUnavailable
@@ -32,7 +35,7 @@ from tiffany.control import ControlError, ControlUnavailable
 from tiffany.documents import DocumentError
 from tiffany.errors import TiffanyError
 
-__all__ = ["RETRY_AFTER_S", "error_response", "install"]
+__all__ = ["RETRY_AFTER_S", "AllowedMethods", "error_response", "install"]
 
 log = structlog.get_logger("tiffany.api")
 
@@ -176,13 +179,46 @@ async def _websocket_validation_error(websocket: WebSocket, exc: Exception) -> N
         await websocket.close(code=1008, reason=message.encode()[:120].decode("utf-8", "ignore"))
 
 
-async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     message = exc.detail if isinstance(exc.detail, str) else "error"
     detail = None if isinstance(exc.detail, str) else exc.detail
+    headers = exc.headers
+    methods: AllowedMethods | None = getattr(request.app.state, "allowed_methods", None)
+    if exc.status_code == 405 and methods is not None:
+        allowed = methods.at(request.scope)
+        if allowed:
+            headers = {**(headers or {}), "Allow": ", ".join(allowed)}
     return error_response(
-        exc.status_code, f"http.{exc.status_code}", message, detail, headers=exc.headers
+        exc.status_code, f"http.{exc.status_code}", message, detail, headers=headers
     )
+
+
+class AllowedMethods:
+    """Which methods the app's routes take at a path: a 405's ``Allow`` (RFC 9110, 15.5.6).
+
+    Starlette's router answers 405 from the first route whose path matched,
+    and its ``Allow`` lists that route's methods alone: ``/api/runs`` (one
+    route for GET, one for POST) said ``Allow: POST``. The table holds every
+    route with a method list; a mount (the static files) answers for itself.
+
+    Args:
+        routes: The app's routes, those of included routers as well (a
+            router included in the app may be one opaque entry of its
+            ``routes``: FastAPI's ``_IncludedRouter``).
+    """
+
+    def __init__(self, routes: Iterable[BaseRoute]) -> None:
+        self._routes = [r for r in routes if isinstance(r, Route) and r.methods]
+
+    def at(self, scope: Scope) -> list[str]:
+        """The methods some route takes at ``scope``'s path, sorted (empty: none matches)."""
+        methods: set[str] = set()
+        for route in self._routes:
+            match, _ = route.matches(scope)  # PARTIAL: the path, not the method
+            if match is not Match.NONE and route.methods:
+                methods |= route.methods
+        return sorted(methods)
 
 
 #: The status a request's log line shows when its client went away before

@@ -240,13 +240,24 @@ def attach(runtime: Runtime, provider: TracerProvider) -> SpanRecorder:
 
 
 class _OpenRun:
-    """A run's span while it is open, and its steps' tools."""
+    """A run's span while it or one of its steps is open, and its steps' tools.
 
-    __slots__ = ("span", "tools")
+    A run ends before its cancelled steps do: the root exits first and the
+    journal then cancels the run's other tasks (a cancel, a failed step's
+    siblings, a kill). So a run whose span has ended stays here, with
+    ``ended_ns`` set, until ``open_steps`` falls to 0: its steps' spans are
+    still its children.
+    """
+
+    __slots__ = ("ended_ns", "open_steps", "span", "tools")
 
     def __init__(self, span: Span | None, tools: dict[str, str]) -> None:
         self.span = span
         self.tools = tools
+        #: Steps of this life started and not yet ended.
+        self.open_steps = 0
+        #: When the run's span ended (ns), or None while it is open.
+        self.ended_ns: int | None = None
 
 
 class SpanRecorder(Instrument):
@@ -274,6 +285,11 @@ class SpanRecorder(Instrument):
         self.disabled = False
         #: Spans made (ended) so far.
         self.spans = 0
+
+    @property
+    def open_runs(self) -> int:
+        """Runs whose span, or a step of which, is still open (the recorder's thread)."""
+        return len(self._runs)
 
     # -- scheduler thread: O(1) appends only ------------------------------------------
 
@@ -378,7 +394,7 @@ class SpanRecorder(Instrument):
             for tid in list(self._steps):
                 self._step_interrupted(tid, now)
             for open_run in self._runs.values():
-                if open_run.span is not None:
+                if open_run.span is not None and open_run.ended_ns is None:
                     open_run.span.set_attribute("tiffany.status", "interrupted")
                     open_run.span.end(end_time=now)
                     self.spans += 1
@@ -432,6 +448,18 @@ class SpanRecorder(Instrument):
 
     def _on_step(self, tid: int, run_id: str, step_id: str, ts: float) -> None:
         self._steps[tid] = (run_id, step_id, ts)
+        open_run = self._runs.get(run_id)
+        if open_run is not None:
+            open_run.open_steps += 1
+
+    def _step_closed(self, run_id: str) -> None:
+        """One of run ``run_id``'s steps ended: forget an ended run with none left open."""
+        open_run = self._runs.get(run_id)
+        if open_run is None:
+            return
+        open_run.open_steps -= 1
+        if open_run.ended_ns is not None and open_run.open_steps <= 0:
+            del self._runs[run_id]
 
     def _on_step_end(
         self,
@@ -443,9 +471,25 @@ class SpanRecorder(Instrument):
         replayed: bool,
     ) -> None:
         opened = self._steps.pop(tid, None)
-        if opened is None or replayed:
-            return  # a step this life did not see start, or one an earlier life exported
+        if opened is None:
+            return  # a step this life did not see start
         run_id, step_id, started = opened
+        try:
+            if not replayed:  # a step an earlier life exported is not exported again
+                self._step_ended(run_id, step_id, started, ts, state, report, error)
+        finally:
+            self._step_closed(run_id)
+
+    def _step_ended(
+        self,
+        run_id: str,
+        step_id: str,
+        started: float,
+        ts: float,
+        state: str,
+        report: tuple[bool, Mapping[str, Any] | None, list[dict[str, Any]]] | None,
+        error: BaseException | None,
+    ) -> None:
         if report is None:  # cancelled, killed or crashed: one span for the whole step
             status = "cancelled" if state == "cancelled" else "failed"
             info = None if error is None else _error_of(error)
@@ -471,10 +515,16 @@ class SpanRecorder(Instrument):
     def _on_run_end(self, run_id: str, ts: float, status: str, error: Any) -> None:
         from opentelemetry.trace import Status, StatusCode
 
-        open_run = self._runs.pop(run_id, None)
-        if open_run is None or open_run.span is None:
+        open_run = self._runs.get(run_id)
+        if open_run is None:
             return
+        if open_run.open_steps <= 0:
+            del self._runs[run_id]
+        else:  # its steps end after it (cancelled at its end): still its children
+            open_run.ended_ns = _ns(ts)
         span = open_run.span
+        if span is None:
+            return
         span.set_attribute("tiffany.status", status)
         if status == "succeeded":
             span.set_status(Status(StatusCode.OK))
@@ -489,10 +539,25 @@ class SpanRecorder(Instrument):
 
     def _step_interrupted(self, tid: int, now_ns: int) -> None:
         run_id, step_id, started = self._steps.pop(tid)
-        span = self._start_step(run_id, step_id, None, started)
-        span.set_attribute("tiffany.status", "interrupted")
-        span.end(end_time=max(now_ns, _ns(started)))
-        self.spans += 1
+        try:
+            span = self._start_step(run_id, step_id, None, started)
+            span.set_attribute("tiffany.status", "interrupted")
+            span.end(end_time=self._step_end_ns(run_id, now_ns, _ns(started)))
+            self.spans += 1
+        finally:
+            self._step_closed(run_id)
+
+    def _step_end_ns(self, run_id: str, end_ns: int, begin_ns: int) -> int:
+        """A step span's end: not before its start, nor after its run's span's end.
+
+        A step cancelled by its run's end is cancelled a moment after the
+        root exits (the same pass of the loop); its span ends with the run's
+        so the trace nests.
+        """
+        open_run = self._runs.get(run_id)
+        if open_run is not None and open_run.ended_ns is not None:
+            end_ns = min(end_ns, open_run.ended_ns)
+        return max(end_ns, begin_ns)
 
     def _start_step(self, run_id: str, step_id: str, attempt: Any, begin: float) -> Span:
         from opentelemetry import trace
@@ -545,7 +610,7 @@ class SpanRecorder(Instrument):
             if error and isinstance(error.get("type"), str):
                 span.set_attribute("error.type", error["type"])
             span.set_status(Status(StatusCode.ERROR, message))
-        span.end(end_time=max(_ns(end), _ns(begin)))
+        span.end(end_time=self._step_end_ns(run_id, _ns(end), _ns(begin)))
         self.spans += 1
 
 

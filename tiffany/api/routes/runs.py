@@ -24,17 +24,19 @@ from typing import Annotated, Any, Final
 
 import msgspec
 import structlog
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Header, Path, Query, Request, Response
 from pydantic import Field, ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tiffany.api.body import InvalidBody, parse_json_off_loop, parse_off_loop, read_capped
 from tiffany.api.deps import LOOP_READ_DISPATCHES, State
+from tiffany.api.openapi import request_body
 from tiffany.api.schemas import (
     AgentConversation,
     CancelAnswer,
     ErrorBody,
+    Plan,
     RerunRequest,
     RunDetail,
     RunEvents,
@@ -46,7 +48,7 @@ from tiffany.api.schemas import (
 from tiffany.api.timing import timed
 from tiffany.documents import SIGNAL_NAME_PATTERN
 from tiffany.errors import TiffanyError
-from tiffany.records import reserved_signal, reserved_signal_message
+from tiffany.records import RESERVED_SIGNAL_PREFIXES, reserved_signal, reserved_signal_message
 from tiffany.store import Run, RunStatus, queries
 from tiffany.store.conversation import NotAgentStep, agent_conversation
 
@@ -62,6 +64,21 @@ MAX_INT64: Final = 2**63 - 1
 #: What a run id can look like; anything else (NUL, surrogates, 10 kB) is a 404 at once.
 _RUN_ID: Final = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
 _SIGNAL_NAME: Final = re.compile(SIGNAL_NAME_PATTERN)
+#: What the schema says of a signal name: the pattern, less the engine's own names.
+SIGNAL_NAME_SCHEMA_PATTERN: Final = (
+    "^(?!"
+    + "|".join(re.escape(p) for p in RESERVED_SIGNAL_PREFIXES)
+    + ")"
+    + SIGNAL_NAME_PATTERN[1:]
+)
+#: What ``since`` and ``until`` take (the schema's pattern; the calendar is checked after):
+#: nothing, epoch seconds, or an ISO-8601 date or date-time, with or without a zone.
+INSTANT_PATTERN: Final = (
+    r"^(|-?[0-9]{1,11}(\.[0-9]{1,20})?"
+    r"|[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,9})?)?"
+    r"(Z|[+-][0-9]{2}:[0-9]{2})?)?)$"
+)
+_INSTANT: Final = re.compile(INSTANT_PATTERN)
 #: How long a ``verify`` replay may take, in seconds (a little over the engine's own limit).
 VERIFY_TIMEOUT_S: Final = 630.0
 
@@ -110,13 +127,12 @@ MinSeq = Annotated[
     ),
 ]
 
-_SUBMIT_BODY = {
-    "required": True,
-    "content": {
-        "application/json": {"schema": SubmitRequest.model_json_schema()},
-        "application/yaml": {"schema": {"type": "string", "description": "The same, as YAML."}},
-    },
-}
+_SUBMIT_BODY = request_body(
+    SubmitRequest,
+    Plan,
+    yaml=True,
+    description="The envelope, or the bare plan (with its own inputs), as JSON or YAML.",
+)
 
 
 def _json(doc: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -187,9 +203,14 @@ def instant(value: str | None, param: str) -> float | None:
     ``...Z``). A time without a zone is UTC, a date alone its midnight UTC:
     the dashboard sends its local times with their offset.
     """
-    if value is None or not value.strip():
+    if not value:
         return None
-    text = value.strip()
+    text = value
+    if _INSTANT.fullmatch(text) is None:  # the schema's pattern: float() took "1_0", " 1"
+        raise InvalidBody(
+            ["query", param],
+            f"{param}: {text[:80]!r} is neither epoch seconds nor an ISO-8601 date-time",
+        )
     try:
         number = float(text)
     except ValueError:
@@ -284,6 +305,7 @@ async def list_runs(
             description=(
                 "Only runs created at or after this time: epoch seconds or ISO-8601 (no zone: UTC)."
             ),
+            json_schema_extra={"pattern": INSTANT_PATTERN},  # checked by instant(), its words
         ),
     ] = None,
     until: Annotated[
@@ -291,6 +313,7 @@ async def list_runs(
         Query(
             max_length=64,
             description="Only runs created at or before this time (as ``since``).",
+            json_schema_extra={"pattern": INSTANT_PATTERN},
         ),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE_SIZE)] = queries.DEFAULT_PAGE_SIZE,
@@ -492,11 +515,7 @@ async def cancel_run(run_id: str, state: State) -> CancelAnswer:
     "/{run_id}/rerun",
     status_code=201,
     response_model=SubmitAnswer,
-    openapi_extra={
-        "requestBody": {
-            "content": {"application/json": {"schema": RerunRequest.model_json_schema()}}
-        }
-    },
+    openapi_extra={"requestBody": request_body(RerunRequest, required=False)},
     responses={
         200: {"model": SubmitAnswer, "description": "The Idempotency-Key named an earlier re-run."},
         **_NOT_FOUND,
@@ -526,7 +545,7 @@ async def rerun_run(
     )
     doc = await parse_json_off_loop(body, ["body"])
     try:
-        asked = RerunRequest.model_validate(doc or {})
+        asked = RerunRequest.model_validate({} if doc is None else doc)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         raise InvalidBody(["body", *errors[0]["loc"]], errors[0]["msg"]) from None
@@ -578,7 +597,18 @@ async def rerun_run(
 )
 async def signal_run(
     run_id: str,
-    name: str,
+    name: Annotated[
+        str,
+        Path(
+            description=(
+                "The signal's name; names starting with "
+                + ", ".join(RESERVED_SIGNAL_PREFIXES)
+                + " are the engine's own."
+            ),
+            # In the schema only: the route checks it, answering 422 in its own words.
+            json_schema_extra={"pattern": SIGNAL_NAME_SCHEMA_PATTERN},
+        ),
+    ],
     request: Request,
     state: State,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,

@@ -12,20 +12,25 @@ and the list comes in pages (``limit``, ``after``).
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from fastapi import APIRouter, Query, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from tiffany.api.body import InvalidBody, parse_document_off_loop, read_capped
 from tiffany.api.deps import State
-from tiffany.api.schemas import ErrorBody
+from tiffany.api.openapi import request_body
+from tiffany.api.schemas import ErrorBody, Plan
 from tiffany.errors import TiffanyError
 from tiffany.store import schedules
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/api/schedules", tags=["schedules"])
+
+#: What a page's ``next_after`` looks like: the last row's creation time (a finite
+#: float's repr) and id. Anything else was no page's (422 naming ``after``).
+CURSOR_PATTERN: Final = r"^[0-9]{1,20}(\.[0-9]{1,20})?(e[-+][0-9]{1,2})?:[A-Za-z0-9_.-]{1,100}$"
 
 
 class ScheduleNotFound(TiffanyError):
@@ -35,12 +40,20 @@ class ScheduleNotFound(TiffanyError):
     http_status = 404
 
 
+def _same(value: Any) -> Any:
+    return value
+
+
 class ScheduleRequest(BaseModel):
     """A schedule: a plan, its inputs, when (cron, time zone) and what to do with missed ticks."""
 
     model_config = ConfigDict(extra="forbid")
 
-    plan: dict[str, Any] = Field(description="The plan each tick runs.")
+    # Any object here (the engine checks the plan, 422 plan.invalid naming the
+    # field); the schema describes it as a plan.
+    plan: Annotated[dict[str, Any], BeforeValidator(_same, json_schema_input_type=Plan)] = Field(
+        description="The plan each tick runs."
+    )
     inputs: dict[str, Any] = Field(default_factory=dict)
     cron: str = Field(
         description=(
@@ -100,15 +113,7 @@ _NOT_FOUND: dict[int | str, dict[str, Any]] = {
     "",
     status_code=201,
     response_model=ScheduleOut,
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {"schema": ScheduleRequest.model_json_schema()},
-                "application/yaml": {"schema": {"type": "string"}},
-            },
-        }
-    },
+    openapi_extra={"requestBody": request_body(ScheduleRequest, yaml=True)},
     responses={
         413: {"model": ErrorBody, "description": "The body is larger than max_plan_bytes."},
         422: {
@@ -166,7 +171,11 @@ async def list_schedules(
     ] = schedules.DEFAULT_PAGE,
     after: Annotated[
         str | None,
-        Query(max_length=200, description="The previous page's ``next_after`` (paging)."),
+        Query(
+            max_length=200,
+            pattern=CURSOR_PATTERN,
+            description="The previous page's ``next_after`` (paging).",
+        ),
     ] = None,
 ) -> dict[str, Any]:
     """A page of schedules, oldest first; the next with ``after=<next_after>``."""
