@@ -7,6 +7,10 @@ Real processes: ``serve`` with its engine and API on loopback.
 * An engine killed while starting (before its ready file), on the file WAL
   and on the PostgreSQL journal: ``serve`` restarts it; the API is the
   same process throughout, and the service comes up.
+* The API killed (``kill -9``) on ``--port 0``: its restart listens on
+  the same port (serve holds the listening socket and hands it over), a
+  request sent while no API runs is answered by the next one, and
+  ``serve.json`` keeps naming the address.
 * A disk filled (through a file in the data dir, as a workspace would)
   under ``serve``: its ``serve.json`` cannot be written when an engine is
   restarted (ENOSPC); ``serve`` says so and goes on, and once space is
@@ -167,6 +171,32 @@ def test_an_engine_killed_while_starting_is_restarted_and_the_api_stays(
         _run_succeeds(url)
     finally:
         assert terminate(proc) == 0, log.read_text()[-3000:]
+
+
+def test_a_killed_api_comes_back_on_the_same_port_with_port_0(tmp_path: Path) -> None:
+    data, log = tmp_path / "data", tmp_path / "serve.log"
+    proc = _start(data, log, _env())
+    try:
+        url = _up(data, proc, log)
+        api = _children(proc.pid)["api"]
+        os.kill(api, signal.SIGKILL)
+        wait_for(lambda: not alive(api), 30, "the API to die")
+        # Sent while no API runs: the listening socket is serve's, so the
+        # connection waits in its backlog for the next API instead of being refused.
+        with urllib.request.urlopen(url + "healthz", timeout=120) as resp:
+            assert resp.status == 200
+        doc = serve_json(data)
+        assert doc is not None
+        assert doc["url"] == url
+        new_api = wait_for(lambda: _children(proc.pid).get("api"), 30, "the new API")
+        assert new_api != api
+        wait_for(lambda: (serve_json(data) or {}).get("api_pid") == new_api, 60, "serve.json")
+        assert _ready(url)
+        _run_succeeds(url)
+    finally:
+        code = terminate(proc)
+    assert code == 0, log.read_text()[-3000:]
+    assert "the api process exited with code -9; restarting it" in log.read_text()
 
 
 @pytest.fixture

@@ -16,7 +16,16 @@ body differs, else the first answer with ``created: false``).
 A submission no engine took within :data:`SUBMIT_WAIT_S` is withdrawn (only
 while still pending, in one ``UPDATE``): the client gets 503 and nothing
 starts later behind its back. One an engine took is waited for longer, up
-to the timeout the caller gives.
+to the timeout the caller gives. Retried with its ``Idempotency-Key``, a
+withdrawn submission is submitted again: its row goes back to ``pending``
+(only while still withdrawn, in one ``UPDATE``), with the same run id.
+
+Discussion: the retry used to find the withdrawn row and answer 503 again,
+for the rest of the idempotency window: an engine paused (SIGSTOP) or away
+for 10 s turned every keyed submission made meanwhile into a key no retry
+could ever get a run for (the PostgreSQL soak's "no answer in 300 s of
+retries"). Withdrawn means no engine claimed it, so nothing of it started:
+taking it again runs it once.
 """
 
 from __future__ import annotations
@@ -71,6 +80,15 @@ SELECT id, pg_notify(%(channel)s, id::text) FROM ins
 EARLY_ANSWERS: Final = 10_000
 _BY_KEY: Final = "SELECT id, digest, run_id FROM engine_requests WHERE idem_key = %s"
 _ROW: Final = "SELECT state, answer FROM engine_requests WHERE id = %s"
+#: A withdrawn submission retried with its key: pending again, notified (one statement).
+_REOPEN: Final = f"""
+WITH up AS (
+  UPDATE engine_requests SET state = 'pending', created_at = {_NOW}
+   WHERE id = %(id)s AND state = 'withdrawn'
+  RETURNING id
+)
+SELECT id, pg_notify(%(channel)s, id::text) FROM up
+"""
 _WITHDRAW: Final = (
     "UPDATE engine_requests SET state = 'withdrawn' WHERE id = %s AND state = 'pending' "
     "RETURNING id"
@@ -161,6 +179,9 @@ class DbRequests:
                     f"(run {first_run})",
                     {"run_id": first_run},
                 )
+            if await self._fetch(_REOPEN, {"id": first, "channel": self._requests}):
+                # Withdrawn, so nothing started: this retry submits it (created, if it runs now).
+                return await self._answer(first, timeout, withdraw=True, fresh=True)
             answer = await self._answer(first, timeout, withdraw=False)
             return {**answer, "created": False}
         return await self._answer(rid, timeout, withdraw=True, fresh=True)

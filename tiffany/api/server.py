@@ -129,12 +129,19 @@ def uvicorn_config(settings: Settings, app: Any) -> uvicorn.Config:
 
 
 def run_api(
-    settings: Settings, *, ready_file: Path | None = None, after: Sequence[Path] = ()
+    settings: Settings,
+    *,
+    ready_file: Path | None = None,
+    after: Sequence[Path] = (),
+    fds: Sequence[int] = (),
 ) -> int:
     """Serve the API on ``settings.host:settings.port`` until SIGINT/SIGTERM; the exit code.
 
     Args:
         settings: The process settings.
+        fds: Bound sockets to listen on instead of ``host:port`` (``serve``
+            binds them once and hands them to every API process it starts,
+            so a restarted API keeps the address, ``--port 0`` too).
         ready_file: Once listening, ``{"url": "http://HOST:PORT/", "pid": ...}``
             is written here (atomically; port 0 becomes the bound port).
         after: Files to wait for before the app is made and the port bound
@@ -164,7 +171,8 @@ def run_api(
         server = _Server(uvicorn_config(settings, create_app(settings)), ready_file)
         server.should_exit = asked
         stopping.append(server)
-        server.run()
+        # uvicorn listens on them itself (create_server, its backlog) and closes them at its stop.
+        server.run(sockets=[socket.socket(fileno=fd) for fd in fds] or None)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -38,6 +38,7 @@ from typing import Any, Final
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.exceptions import InvalidState
 from websockets.frames import Frame, Opcode
+from websockets.protocol import State
 
 __all__ = [
     "DIRECT_EXTENSION",
@@ -53,6 +54,11 @@ DIRECT_EXTENSION: Final = "tiffany.direct"
 
 #: The kernel send buffer of the API's websockets, in bytes (the kernel doubles it).
 SOCKET_SEND_BUFFER_BYTES: Final = 64 * 1024
+
+#: At the API's shutdown, how long a websocket's socket may take to accept what is
+#: queued for it (its close frame last) before it is reset, in seconds. Below the
+#: server's graceful-shutdown deadline (``server.GRACEFUL_SHUTDOWN_S``).
+SHUTDOWN_LINGER_S: Final = 2.0
 
 
 def bound_send_buffer(transport: BaseTransport) -> None:
@@ -175,6 +181,38 @@ class DirectWebSocketProtocol(WebSocketsSansIOProtocol):
         scope = getattr(self, "scope", None)
         if scope is not None:
             scope["extensions"][DIRECT_EXTENSION] = self.direct
+
+    def shutdown(self) -> None:
+        """Close this websocket at the server's shutdown, whatever its closing handshake's state.
+
+        As uvicorn does, a websocket open both ways is sent close 1012
+        (service restart); then whatever is queued for it, that close frame
+        last, gets ``SHUTDOWN_LINGER_S`` to reach the client before the
+        connection is reset.
+
+        Discussion: uvicorn sends its 1012 unless it sent a close itself,
+        and a websocket whose client sent the close first is past ``OPEN``
+        (its protocol echoed the close): a second close raised
+        ``InvalidState`` out of the server's shutdown, which stopped there
+        and exited 1 with a traceback, the API's clean SIGTERM included.
+        Such a websocket stays in the server's connections as long as its
+        transport holds bytes, which a client that stopped reading (a tab
+        being closed, a stalled feed subscriber) never takes; it is closed
+        like one that sent its close, no frame added. The linger, not the
+        server's graceful-shutdown deadline, bounds the wait for such a
+        client: uvicorn's own close path cancels the timer that would
+        reset it (``DirectWriter.close_after``'s) and waits for the flush.
+        """
+        if self.transport.is_closing():  # going already: nothing more to write
+            self.stop_keepalive()
+        elif self.close_sent or not self.handshake_complete or self.conn.state is State.OPEN:
+            super().shutdown()  # a close 1012, or the 500 a handshake under way gets
+        else:  # the client's close came first: the protocol echoed it
+            self.stop_keepalive()
+            self.transport.close()
+        if self.close_timer is None and not self.disconnected:
+            # connection_lost cancels it when the client takes all in time.
+            self.close_timer = self.loop.call_later(SHUTDOWN_LINGER_S, self.transport.abort)
 
     def resume_writing(self) -> None:
         """The transport drained: wake ASGI senders, and the relay if it waits on this one."""

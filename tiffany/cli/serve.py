@@ -10,6 +10,15 @@ where it was, the engine recovers its runs from the WAL, and ``serve.json``
 is rewritten with the new pids. SIGINT/SIGTERM stop the API first (no new
 requests), then the engine (the WAL is flushed), and ``serve`` exits 0.
 
+The API's address is serve's: serve binds the listening socket once, before
+any child starts, and hands it to every API process it starts (``tiffany
+api --fd``). A restarted API listens on the same port, ``--port 0`` too, so
+the URL in ``serve.json`` and in the clients that read it stays good, and a
+client that connects while no API runs waits in the socket's backlog for
+the next one instead of being refused. (Until the first API listens the
+socket is bound only, and refuses: no client meets an API whose engines
+are not up.)
+
 The supervisor survives what its children survive (issue 38):
 
 * Only a child's exit code that says a restart cannot help stops ``serve``
@@ -147,11 +156,20 @@ class _GiveUp(Exception):
 class _Child:
     """One supervised child process."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], ready_file: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str],
+        ready_file: Path,
+        pass_fds: tuple[int, ...] = (),
+    ) -> None:
         self.name = name
         self.argv = [*argv, "--ready-file", str(ready_file), "--supervisor", str(os.getpid())]
         self.ready_file = ready_file  # written by the child once it is up
         self.env = env
+        #: File descriptors each of its processes inherits (the API's listening sockets).
+        self.pass_fds = pass_fds
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts = 0
         self.started_at = 0.0
@@ -165,7 +183,7 @@ class _Child:
         self.due = None
         self.came_up = False
         self.started_at = time.monotonic()
-        self.proc = subprocess.Popen(self.argv, env=self.env)
+        self.proc = subprocess.Popen(self.argv, env=self.env, pass_fds=self.pass_fds)
 
     def check_up(self) -> bool:
         """Whether its latest process came up (its ready file is read until it has)."""
@@ -242,7 +260,7 @@ class _Supervisor:
         self.standby = standby
         self.serve_file = serve_file
         self.stop = stop
-        #: The API's address, once it listened (again, after a restart on port 0).
+        #: The API's address, once it listened.
         self.url: str | None = None
         self._serving = False
         self._serve_file_due = False  # serve.json is to be (re)written
@@ -312,7 +330,7 @@ class _Supervisor:
         )
 
     def _watch_api(self) -> None:
-        """Note the API's address once it listens (a restart on port 0 moves it)."""
+        """Note the API's address once it listens (a restart listens on the same socket)."""
         ready = self.api.up()
         if ready is None or ready.get("url") == self.url:
             return
@@ -377,27 +395,39 @@ def _stop_all(children: list[_Child]) -> list[int | None]:
     return [child.stop(signalled=True) for child in children]
 
 
-def check_address(host: str, port: int) -> None:
-    """Exit 2 at once, saying what to do, if the API could not listen on ``host:port``.
+def bind_api_sockets(host: str, port: int) -> list[socket.socket]:
+    """Bind the API's listening sockets on ``host:port`` (serve keeps them); exit 2 if it cannot.
 
-    Checked before any engine starts: otherwise an engine recovers its WAL,
-    the API starts and fails on the address, and everything stops again
-    after seconds of start-up lines. The check binds as uvicorn does
-    (``SO_REUSEADDR``: a port in ``TIME_WAIT`` counts as free) and lets go
-    at once; port 0 (any free port) is never taken.
+    Bound before any engine starts: an address the API could not listen on
+    is told at once, saying what to do, not after an engine recovered its
+    WAL and the API failed on it. Bound as asyncio's ``create_server``
+    binds for uvicorn: one socket per address ``host`` names (``localhost``
+    may name ``127.0.0.1`` and ``::1``), ``SO_REUSEADDR`` (a port in
+    ``TIME_WAIT`` counts as free), IPv6 sockets IPv6 only; port 0 becomes
+    one free port, the same on every address. Not listening yet: the API
+    child listens on them once its engines are up (``tiffany api --fd``),
+    and they stay listening in serve across its restarts.
     """
-    if port == 0:
-        return
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        infos = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
     except socket.gaierror as exc:
         _refuse(f"cannot listen on {host!r}: {exc.strerror}; pass an address with --host")
-    family, kind, proto, _name, address = infos[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    bound: list[socket.socket] = []
+    for family, kind, proto, _name, address in dict.fromkeys(infos):
+        sock = socket.socket(family, kind, proto)
+        bound.append(sock)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        if port == 0 and len(bound) > 1:  # the port the first address got
+            address = (address[0], bound[0].getsockname()[1], *address[2:])
         try:
-            probe.bind(address)
+            sock.bind(address)
         except OSError as exc:
+            for done in bound:
+                done.close()
             shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             if exc.errno == errno.EADDRINUSE:
                 why = "is in use (another server is listening there); pick another with --port"
@@ -406,6 +436,7 @@ def check_address(host: str, port: int) -> None:
             else:
                 why = f"cannot be listened on ({exc.strerror}); check --host and --port"
             _refuse(f"the API's address {shown} {why}")
+    return bound
 
 
 def _no_model(settings: Any) -> bool:
@@ -470,7 +501,7 @@ def serve(
     env["TIFFANY_LOG_LEVEL"] = settings.log_level
     env["TIFFANY_HOST"] = host if host is not None else settings.host
     env["TIFFANY_PORT"] = str(port if port is not None else settings.port)
-    check_address(env["TIFFANY_HOST"], int(env["TIFFANY_PORT"]))
+    listeners = bind_api_sockets(env["TIFFANY_HOST"], int(env["TIFFANY_PORT"]))
     if enable_tool:
         tools = list(dict.fromkeys([*settings.enabled_tools, *enable_tool]))
         env["TIFFANY_ENABLED_TOOLS"] = ",".join(tools)
@@ -512,9 +543,11 @@ def serve(
     # An API started with the engines listens once they are up (see _Supervisor).
     standby = settings.journal == "postgres"
     after = [] if standby else [c.ready_file for c in children]
-    api = _Child(
-        "api", [*exe, "api", *(a for f in after for a in ("--after", str(f)))], api_env, api_ready
-    )
+    # Every API process listens on serve's sockets: the same port across its restarts.
+    fds = [sock.fileno() for sock in listeners]
+    api_argv = [*exe, "api", *(a for fd in fds for a in ("--fd", str(fd)))]
+    api_argv += [a for f in after for a in ("--after", str(f))]
+    api = _Child("api", api_argv, api_env, api_ready, pass_fds=tuple(fds))
     serve_file = data_dir / "serve.json"
     stop = threading.Event()
     supervisor = _Supervisor(children, api, standby=standby, serve_file=serve_file, stop=stop)
@@ -556,6 +589,8 @@ def serve(
             _say("tiffany: stopping (API first, then the engine flushes the WAL)")
         else:
             _say("tiffany: serve failed; stopping its children", err=True)
+        for sock in listeners:  # the API's stop closes the port: no connection waits on
+            sock.close()
         codes = [("api", api.stop())]
         codes += zip([c.name for c in children], _stop_all(children), strict=True)
         with contextlib.suppress(OSError):
@@ -658,6 +693,13 @@ def api_cmd(
             help="Listen once this file exists (repeatable: engines' ready files).",
         ),
     ] = None,
+    fd: Annotated[
+        list[int] | None,
+        typer.Option(
+            metavar="FD",
+            help="Listen on this inherited bound socket, not on --host/--port (repeatable).",
+        ),
+    ] = None,
     supervisor: SupervisorOption = None,
 ) -> None:
     """Run the API side-process alone (what ``serve`` starts)."""
@@ -666,7 +708,9 @@ def api_cmd(
 
     if supervisor is not None:
         lifeline.hold(supervisor)  # SIGTERM (its port closed first) when serve dies
-    raise typer.Exit(run_api(_settings(ctx), ready_file=ready_file, after=after or ()))
+    raise typer.Exit(
+        run_api(_settings(ctx), ready_file=ready_file, after=after or (), fds=fd or ())
+    )
 
 
 def register(app: typer.Typer) -> None:
