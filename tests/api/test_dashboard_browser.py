@@ -1122,6 +1122,23 @@ FLAKY_SH = (
     'echo "try $n"; echo "boom $n" >&2; [ "$n" -ge 3 ]'
 )
 
+def _gated(gate: Path) -> str:
+    """Shell that waits until the test creates ``gate`` (at most 120 s): a step held running.
+
+    A fixed ``sleep`` raced the browser on a loaded machine (the step could end
+    before the page first showed it running); the test opens the gate once it has
+    seen what it looks for.
+    """
+    return f"i=0; while [ ! -e '{gate}' ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done"
+
+
+def _logs_plan(gate: Path) -> dict[str, Any]:
+    """LOGS_PLAN with ``slow`` held running until ``gate`` exists."""
+    plan = json.loads(json.dumps(LOGS_PLAN))
+    plan["steps"][2]["args"]["argv"] = ["sh", "-c", f"echo start; {_gated(gate)}; echo end"]
+    return plan
+
+
 LOGS_PLAN = {
     "name": "logs",
     "inputs": {"who": "nobody"},
@@ -1216,7 +1233,8 @@ def test_step_args_resolved_every_attempt_with_its_logs_and_live_output(
 
     expect.set_options(timeout=EXPECT_TIMEOUT_MS)
     url = shell_service["url"]
-    run_id = _submit_with(url, LOGS_PLAN, {"who": "world"})["run_id"]
+    gate = tmp_path / "slow.go"
+    run_id = _submit_with(url, _logs_plan(gate), {"who": "world"})["run_id"]
     with _dashboard(chromium_path, viewport={"width": 1600, "height": 1400}) as (page, errors):
         page.goto(f"{url}#/run/{run_id}")
         step = lambda sid: page.locator(f'[data-testid=step-row][data-step-id="{sid}"]')  # noqa: E731
@@ -1230,6 +1248,7 @@ def test_step_args_resolved_every_attempt_with_its_logs_and_live_output(
         png = tmp_path / "dashboard-log-live.png"
         page.screenshot(path=str(png))  # the steps re-render live: the whole page
         _save_screenshot(png, "dashboard-log-live.png", artifacts_dir)
+        gate.touch()  # slow ends
 
         expect(page.get_by_test_id("run-status")).to_have_attribute(
             "data-status", "succeeded", timeout=30_000
@@ -1422,8 +1441,8 @@ def _shows_the_runs_model_usage(
     assert not errors, "\n".join(errors)
 
 
-#: Prints a line, then half a line, sleeps, and ends the line.
-TALKER_SH = "echo first line; printf waiting; sleep 4; echo ' done'"
+#: Prints a line, then half a line, waits for its gate, and ends the line.
+TALKER_SH = "echo first line; printf waiting; {gate}; echo ' done'"
 
 
 def test_the_live_log_shows_a_shell_steps_first_line_while_it_runs(
@@ -1439,9 +1458,16 @@ def test_the_live_log_shows_a_shell_steps_first_line_while_it_runs(
 
     expect.set_options(timeout=EXPECT_TIMEOUT_MS)
     url = shell_service["url"]
+    gate = tmp_path / "talk.go"
     plan = {
         "name": "talker",
-        "steps": [{"id": "talk", "tool": "shell", "args": {"argv": ["sh", "-c", TALKER_SH]}}],
+        "steps": [
+            {
+                "id": "talk",
+                "tool": "shell",
+                "args": {"argv": ["sh", "-c", TALKER_SH.format(gate=_gated(gate))]},
+            }
+        ],
     }
     run_id = _submit(url, plan)
     with _dashboard(chromium_path) as (page, errors):
@@ -1458,6 +1484,7 @@ def test_the_live_log_shows_a_shell_steps_first_line_while_it_runs(
         png = tmp_path / "dashboard-live-shell.png"
         page.screenshot(path=str(png))
         _save_screenshot(png, "dashboard-live-shell.png", artifacts_dir)
+        gate.touch()  # the command ends its line
 
         expect(page.get_by_test_id("run-status")).to_have_attribute(
             "data-status", "succeeded", timeout=30_000

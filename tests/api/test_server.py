@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -124,9 +125,21 @@ def test_an_api_started_with_its_engines_listens_only_once_they_are_up(api_dir) 
 def test_a_sigterm_while_the_api_waits_for_its_engines_stops_it(api_dir) -> None:
     ready = api_dir / "api.json"
     proc = _start(api_dir, ready, api_dir / "never.json")
-    time.sleep(2)
-    err = _signal(proc, signal.SIGTERM, timeout=10)
-    assert proc.returncode == 0, err
+    # Its handlers are in place once it says it waits (a fixed sleep raced a
+    # loaded machine's interpreter start: the default action killed it, -15).
+    killer = threading.Timer(120, proc.kill)
+    killer.start()
+    try:
+        first = b""
+        for line in proc.stderr or ():
+            first += line
+            if b"api.waiting_for_engines" in line:
+                break
+    finally:
+        killer.cancel()
+    assert b"api.waiting_for_engines" in first, first.decode()
+    err = _signal(proc, signal.SIGTERM, timeout=30)
+    assert proc.returncode == 0, first.decode() + err
     assert not ready.exists()
 
 

@@ -147,8 +147,13 @@ def test_recovery_from_every_record_prefix(tmp_path, target, args):
 
 
 def test_timers_resume_with_their_remaining_time(tmp_path):
+    # The first run sleeps its 3 s through; the recovered one finds the timer's
+    # deadline passed and wakes at once. Redoing the sleep cannot take less than
+    # 3 s however fast the machine, and the recovery itself, even on a loaded
+    # one, takes well under that.
+    nap = 3.0
     with Runtime(tmp_path / "a") as rt:
-        rt.submit("durable_workloads:cancellable", 0.2)
+        rt.submit("durable_workloads:cancellable", nap)
         rt.run()
     records = list(iter_records(tmp_path / "a" / "wal"))
     # keep everything up to (not including) the sleeper's wake-up
@@ -161,7 +166,7 @@ def test_timers_resume_with_their_remaining_time(tmp_path):
         (run_id,) = rt.recover()
         rt.run()
         assert rt.status(run_id).result == "slept"
-    assert time.monotonic() - start < 0.2  # the remaining time, not the full sleep again
+    assert time.monotonic() - start < nap  # the remaining time, not the full sleep again
 
 
 def test_cancel_a_run_kills_its_tasks_and_replays(tmp_path):

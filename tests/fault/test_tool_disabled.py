@@ -155,9 +155,12 @@ def test_a_disabled_tool_makes_its_steps_wait_and_an_enabled_one_resumes_them(
         assert held == {(run_a, "sh", "shell", REASON), (run_b, "sh", "shell", REASON)}
         assert status["runs_active"] == 2
         for run_id in (run_a, run_b):
-            detail = _wait(lambda r=run_id: _held_in_store(data, r), f"{run_id} held in the store")
-            # It needs an operator: waiting, for the tool, with the reason.
-            assert detail["status"] == "waiting"
+            # It needs an operator: waiting, for the tool, with the reason (the
+            # task's hold and the run's status may land in two projector batches).
+            detail = _wait(
+                lambda r=run_id: (d := _held_in_store(data, r)) and d["status"] == "waiting" and d,
+                f"{run_id} held in the store, and waiting",
+            )
             assert [
                 (w["kind"], w["name"], w["step"], w["reason"]) for w in detail["waiting_for"]
             ] == [("tool", "shell", "sh", REASON)]

@@ -166,6 +166,8 @@ def run_api(
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        if after:  # said once its handlers are in place: a SIGTERM from here on stops it
+            log.info("api.waiting_for_engines", files=[str(path) for path in after])
         if after and not _wait_for(after, lambda: asked):
             return 0 if asked else 1
         server = _Server(uvicorn_config(settings, create_app(settings)), ready_file)
