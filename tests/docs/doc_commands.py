@@ -302,12 +302,14 @@ def _subcommand(argv: list[str]) -> tuple[str | None, list[str]]:
 
 
 def kind_of(text: str) -> str:
-    """How a command is checked: run, parse, dry-run, help, pip, export."""
+    """How a command is checked: run, parse, dry-run, help, pip, export, fuzz."""
     if re.search(r"\|\s*(?:\S*/)?tiffany\b", _outside_quotes(text)):
         return "pipe-into-tiffany"
     argv = words(text)
     if argv and argv[0] == "export":
         return "export"
+    if re.search(r"\bschemathesis\s.*\brun\b", text):
+        return "fuzz"  # minutes against a server: tests/api/test_schemathesis.py runs it
     _, argv = _strip_assignments(argv)
     if not argv:
         return "run"
@@ -342,6 +344,8 @@ def check(session: Session, command: Command) -> Outcome:
     text = substitute(session, command)
     kind = kind_of(text)
     where = f"{command.where}: `{command.text}`"
+    if kind == "fuzz":
+        return _check_fuzz(session, where, text)
     if kind == "pipe-into-tiffany":
         raise AssertionError(f"{where}: a pipe into tiffany: no tiffany command reads stdin")
     if kind == "unsupported":
@@ -375,6 +379,23 @@ def check(session: Session, command: Command) -> Outcome:
     if kind == "run":
         _learn(session, command, outcome.stdout)
     return outcome
+
+
+def _check_fuzz(session: Session, where: str, text: str) -> Outcome:
+    """A schemathesis run: its program starts (hooks importable) and knows every flag given.
+
+    The run itself is tests/api/test_schemathesis.py's (minutes of fuzzing).
+    """
+    exe = re.search(r"^(.*?\S*schemathesis)\s", text, re.S)
+    assert exe, f"{where}: no schemathesis program in it"
+    helped = ""
+    for sub_help in ("--help", "run --help"):
+        outcome = _bash(session, f"{exe.group(1)} {sub_help}")
+        assert outcome.code == 0, f"{where}: `{sub_help}` exited {outcome.code}: {outcome.stderr}"
+        helped += outcome.stdout
+    for flag in re.findall(r"(?<!\S)(--[\w-]+)", _outside_quotes(text)):
+        assert flag in helped, f"{where}: {flag} is not an option of schemathesis"
+    return Outcome(0, helped, "")
 
 
 def _bash(session: Session, script: str) -> Outcome:
