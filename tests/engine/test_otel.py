@@ -255,7 +255,7 @@ def test_variables_without_the_extra_warn_once_and_go_on(
     warnings = [e for e in logs if e["event"] == "otel.unavailable"]
     assert len(warnings) == 1
     assert warnings[0]["log_level"] == "warning"
-    assert "pip install 'tiffany[otel]'" in warnings[0]["message"]
+    assert "pip install -e '.[otel]'" in warnings[0]["message"]
 
 
 class _Receiver(BaseHTTPRequestHandler):

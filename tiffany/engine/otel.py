@@ -88,7 +88,7 @@ log = structlog.get_logger(__name__)
 #: ``service.name`` of the spans unless ``OTEL_SERVICE_NAME`` says otherwise.
 DEFAULT_SERVICE_NAME: Final = "tiffany-engine"
 #: How to install what tracing needs (said once when it is missing).
-OTEL_EXTRA_HINT: Final = "pip install 'tiffany[otel]'"
+OTEL_EXTRA_HINT: Final = "pip install -e '.[otel]' (in Tiffany's checkout)"
 #: How often the recorder's thread makes spans of what the loop queued, in seconds.
 DRAIN_INTERVAL_S: Final = 0.05
 #: How long :meth:`SpanRecorder.close` waits for its thread, in seconds.
