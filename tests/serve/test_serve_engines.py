@@ -37,10 +37,12 @@ from tiffany.shards import engine_for_key, engine_home, engine_of, seq_base
 
 NAP = {"name": "nap", "steps": [{"id": "nap", "tool": "sleep", "args": {"seconds": 0.2}}]}
 LONG = {"name": "long", "steps": [{"id": "wait", "tool": "sleep", "args": {"seconds": 60}}]}
+#: Held running on its first step until the test sends ``go`` (a 1 s sleep could
+#: end before a loaded machine's CLI had started to list it).
 TWO = {
     "name": "two",
     "steps": [
-        {"id": "first", "tool": "sleep", "args": {"seconds": 1.0}},
+        {"id": "first", "tool": "signal.wait", "args": {"name": "go"}},
         {"id": "second", "tool": "sleep", "args": {"seconds": 0.1}, "after": ["first"]},
     ],
 }
@@ -236,6 +238,18 @@ def test_two_engines_share_the_runs_of_a_data_dir_used_before(tmp_path: Path) ->
         running = json.loads(_cli(data, env, "status").stdout)["engines"][1]["running"]
         assert victim["run_id"] in running
         os.kill(info["engine_pids"][1], signal.SIGKILL)
+        for a in two:  # the restarted engine's run waits again, and takes its signal
+
+            def sent(a: dict[str, Any] = a) -> bool:
+                try:
+                    _http(f"{url}api/runs/{a['run_id']}/signals/go", {"payload": 1}, method="POST")
+                except urllib.error.HTTPError as exc:
+                    if exc.code == 503:  # its engine is restarting
+                        return False
+                    raise
+                return True
+
+            wait_for(sent, 60, "the signal to be taken")
         for a in two:
             run = _finished(url, a["run_id"], a["seq"])
             assert run["status"] == "succeeded", run
