@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from tiffany.wire.plan import BudgetSpec, ConcurrencySpec, Plan, StepSpec
+from tiffany.wire.status import RunStatusName
 
 __all__ = [
     "AgentConversation",
@@ -128,7 +129,7 @@ class RunSummary(_Open):
     #: The engine that runs it (``serve --engines N``); run numbers are per engine.
     engine: int = 0
     name: str
-    status: Literal["pending", "running", "waiting", "succeeded", "failed", "cancelled"] = Field(
+    status: RunStatusName = Field(
         description=(
             "``waiting``: every live step waits for a client's signal or an operator "
             "(``waiting_for`` says what for): the run needs someone."

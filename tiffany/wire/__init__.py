@@ -4,7 +4,8 @@ Every message one process sends another (engine, projector, API, SDK, CLI)
 belongs here, defined once and imported by each side, never copied:
 
 * :mod:`tiffany.wire.plan`: a plan's shape (the pydantic models the engine
-  validates with and the API's OpenAPI schema describes).
+  validates with and the API's OpenAPI schema describes);
+* :mod:`tiffany.wire.status`: the run and step status vocabulary.
 
 Invariants:
     A leaf: it imports the standard library, pydantic and msgspec only, and
