@@ -66,6 +66,9 @@ LAYERS: dict[str, Layer] = {
     "redaction": Layer(STDLIB_ONLY, STDLIB_ONLY),
     "config": Layer(_parts("errors", "shards", "redaction"), BOTTOM_LIBS),
     "log": Layer(_parts("errors", "config", "redaction"), BOTTOM_LIBS),
+    # What crosses a process or the network, typed once (plans' shape, statuses):
+    # a leaf every layer may import (WIRE below), the API and the SDK included.
+    "wire": Layer(STDLIB_ONLY, _parts("pydantic", "msgspec")),
     # Bounded JSON/YAML documents: limits on depth, size, numbers, strings.
     "documents": Layer(_parts("errors"), _parts("yaml")),
     # The kernel knows nothing of WAL, PAL, database or HTTP.
@@ -123,6 +126,13 @@ LAYERS: dict[str, Layer] = {
     "cli": Layer(ANYTHING),
     "__main__": Layer(_parts("cli")),
 }
+
+
+#: ``wire`` is below every layer but the stdlib-only bottom and the root.
+_NOT_ON_WIRE: frozenset[str] = _parts("", "wire", "errors", "shards", "redaction", "plans")
+for _name, _layer in list(LAYERS.items()):
+    if _name not in _NOT_ON_WIRE and _layer.may_import != ANYTHING:
+        LAYERS[_name] = Layer(_layer.may_import | {"wire"}, _layer.third_party)
 
 
 def module_name(path: Path, package_dir: Path = PACKAGE_DIR) -> str:
@@ -288,6 +298,10 @@ BAD = {
     "root-imports-kernel": ("tiffany.__init__", "from tiffany.kernel import Scheduler"),
     "errors-third-party": ("tiffany.errors", "import pydantic"),
     "unknown-package": ("tiffany.widgets", "import os"),
+    "wire-imports-store": ("tiffany.wire.status", "from tiffany.store import RunStatus"),
+    "wire-imports-errors": ("tiffany.wire.plan", "from tiffany.errors import TiffanyError"),
+    "wire-third-party": ("tiffany.wire.plan", "import sqlalchemy"),
+    "errors-imports-wire": ("tiffany.errors", "from tiffany.wire.status import TERMINAL"),
     "relative-beyond-package": ("tiffany.kernel.task", "from .... import x"),
 }
 
@@ -317,6 +331,10 @@ GOOD = {
         "tiffany.cli",
         "def serve():\n    from tiffany.api import create_app\n    from tiffany.engine import run",
     ),
+    "wire-leaf": ("tiffany.wire.plan", "import msgspec\nfrom pydantic import BaseModel"),
+    "sdk-wire": ("tiffany.sdk.models", "from tiffany.wire.status import RunStatusName"),
+    "api-wire": ("tiffany.api.schemas", "from tiffany.wire.plan import Plan"),
+    "kernel-wire": ("tiffany.kernel.task", "from tiffany.wire import status"),
     "root-version": (
         "tiffany.log",
         "from tiffany import __version__\nfrom tiffany.config import Settings",

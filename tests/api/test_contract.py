@@ -77,19 +77,6 @@ def _deref(doc: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def _shape(schema: Any) -> Any:
-    """A JSON Schema without its words (titles, descriptions, examples), refs by name."""
-    if isinstance(schema, dict):
-        return {
-            k: (v.rsplit("/", 1)[1] if k == "$ref" else _shape(v))
-            for k, v in schema.items()
-            if k not in ("title", "description", "examples")
-        }
-    if isinstance(schema, list):
-        return [_shape(v) for v in schema]
-    return schema
-
-
 @pytest.fixture
 def authed(api_dir: Path, live_api_factory: Callable[..., LiveApi]) -> LiveApi:
     return live_api_factory(make_settings(api_dir, api_token=TOKEN))
@@ -98,7 +85,8 @@ def authed(api_dir: Path, live_api_factory: Callable[..., LiveApi]) -> LiveApi:
 def test_the_submission_schema_describes_the_plan_the_engine_validates(authed: LiveApi) -> None:
     """``plan`` was ``object`` (any keys), and ``inputs: null``, which the server
     takes, was refused by the schema (``object``)."""
-    from tiffany.agents.plan import Plan as EnginePlan
+    from tiffany.agents import plan as engine
+    from tiffany.api import schemas
 
     doc = _schema(authed)
     body = doc["paths"]["/api/runs"]["post"]["requestBody"]
@@ -114,13 +102,16 @@ def test_the_submission_schema_describes_the_plan_the_engine_validates(authed: L
     assert plan_forms[1]["type"] == "string"  # its JSON or YAML text
     assert {"type": "null"} in envelope["properties"]["inputs"]["anyOf"]
 
-    # The plan's shape is the engine's own, constraint for constraint (the API
-    # describes after's "each step once" too, which the engine checks in code).
-    served = {name: _shape(doc["components"]["schemas"][name]) for name in _PLAN_MODELS}
-    served["StepSpec"]["properties"]["after"].pop("uniqueItems")
-    engine = _shape(EnginePlan.model_json_schema(ref_template="#/components/schemas/{model}"))
-    engine_defs = engine.pop("$defs")
-    assert served == {"Plan": engine, **engine_defs}
+    # The plan's models are the engine's own (one definition, tiffany/wire/plan.py,
+    # not a copy), and the schema served is theirs, word for word.
+    for name in _PLAN_MODELS:
+        assert getattr(schemas, name) is getattr(engine, name), name
+    served = {name: doc["components"]["schemas"][name] for name in _PLAN_MODELS}
+    own = engine.Plan.model_json_schema(ref_template="#/components/schemas/{model}")
+    defs = own.pop("$defs")
+    assert served == {"Plan": own, **defs}
+    # after's "each step once", which the engine checks in code, is in the schema too.
+    assert served["StepSpec"]["properties"]["after"]["uniqueItems"] is True
 
     # A schedule's plan is the same plan.
     schedule = _deref(

@@ -13,6 +13,11 @@ and outputs may reference inputs and earlier results::
         "after": ["fetch"], "retries": 2, "timeout_s": 10}],
      "outputs": {"size": "${steps.count.output.stdout}"}}
 
+The plan's shape (:class:`Plan`, :class:`StepSpec`, :class:`ConcurrencySpec`,
+:class:`BudgetSpec`) is defined in :mod:`tiffany.wire.plan`, which the API
+process imports too for its OpenAPI schema; this module re-exports those
+models and adds the checks a shape cannot make.
+
 Validation happens before anything runs and reports every problem with the
 path of the field at fault (``steps[2].after[0]: unknown step 'b'``): shape
 errors from pydantic, then unknown tools, duplicate ids, unknown ``after``
@@ -58,13 +63,28 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ValidationError
 
 from tiffany.agents.refs import find_refs
 from tiffany.documents import DocumentError, check, did_you_mean, load_text
 from tiffany.errors import TiffanyError
+from tiffany.wire.plan import (
+    MAX_CONCURRENCY_LIMIT,
+    MAX_RETRIES,
+    MAX_STEPS,
+    BudgetSpec,
+    ConcurrencySpec,
+    Plan,
+    StepSpec,
+)
 
 __all__ = [
+    "MAX_CONCURRENCY_LIMIT",
+    "MAX_RETRIES",
+    "MAX_STEPS",
+    "OPAQUE_ARGS",
+    "BudgetSpec",
+    "ConcurrencySpec",
     "Plan",
     "PlanError",
     "StepSpec",
@@ -78,10 +98,6 @@ __all__ = [
     "unknown_tool_message",
 ]
 
-#: Most steps a plan may hold (static plus added at run time).
-MAX_STEPS = 10_000
-#: Most retries of one step.
-MAX_RETRIES = 20
 #: Arguments a tool takes as they are: references inside them are not this
 #: plan's (``plan.run``'s child plan has its own ``${inputs...}``; a
 #: ``signal.wait``'s payload schema is a literal, checked at submission).
@@ -89,9 +105,6 @@ OPAQUE_ARGS: dict[str, frozenset[str]] = {
     "plan.run": frozenset({"plan"}),
     "signal.wait": frozenset({"schema"}),
 }
-
-#: Largest ``concurrency.limit`` a plan may set.
-MAX_CONCURRENCY_LIMIT = 10_000
 
 
 class PlanError(TiffanyError):
@@ -103,80 +116,6 @@ class PlanError(TiffanyError):
         lines = "; ".join(f"{e['loc']}: {e['msg']}" if e["loc"] else e["msg"] for e in errors)
         super().__init__(f"invalid plan: {lines}", errors=errors)
         self.errors = errors
-
-
-class StepSpec(BaseModel):
-    """One step: a tool call with arguments, dependencies and a retry policy."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z_][A-Za-z0-9_\-]*$")
-    tool: str = Field(min_length=1)
-    args: dict[str, Any] = Field(default_factory=dict)
-    after: list[str] = Field(default_factory=list)
-    retries: int = Field(default=0, ge=0, le=MAX_RETRIES)
-    backoff: float = Field(
-        default=1.0, ge=0, le=3600, description="first retry delay, doubled each time"
-    )
-    timeout_s: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)
-    continue_on_error: bool = False
-    dynamic: bool = Field(default=False, description="the tool's result['steps'] extend the plan")
-
-    @field_validator("after")
-    @classmethod
-    def _no_duplicates(cls, v: list[str]) -> list[str]:
-        if len(set(v)) != len(v):
-            raise ValueError("lists a step twice")
-        return v
-
-
-class ConcurrencySpec(BaseModel):
-    """At most ``limit`` runs with the same ``key`` run at once; the others queue (FIFO).
-
-    ``key`` may reference the inputs (``"${inputs.user}"``): it is resolved at
-    submission, into the run's entry (``tiffany/engine/concurrency.py``).
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    key: str = Field(min_length=1, max_length=200)
-    limit: int = Field(ge=1, le=MAX_CONCURRENCY_LIMIT)
-
-
-class BudgetSpec(BaseModel):
-    """The most model tokens and US dollars a run's steps may use (``llm``, ``agent``).
-
-    Every attempt's usage counts, failed or not; a model call that would
-    start with the budget spent is refused, and the step whose call ends
-    past it fails (``budget.exceeded``); its dependents are skipped as for
-    any failure (``tiffany/agents/budget.py``).
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    tokens: int | None = Field(default=None, ge=0)
-    usd: float | None = Field(default=None, ge=0)
-
-
-class Plan(BaseModel):
-    """A validated plan."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(min_length=1, max_length=200)
-    description: str = ""
-    inputs: dict[str, Any] = Field(default_factory=dict)
-    steps: list[StepSpec] = Field(min_length=1, max_length=MAX_STEPS)
-    outputs: dict[str, Any] = Field(default_factory=dict)
-    concurrency: ConcurrencySpec | None = None
-    budget: BudgetSpec | None = None
-
-    def step(self, step_id: str) -> StepSpec:
-        """Return the step with ``step_id``."""
-        for s in self.steps:
-            if s.id == step_id:
-                return s
-        raise KeyError(step_id)
 
 
 def _loc(parts: Iterable[Any]) -> str:

@@ -34,17 +34,19 @@ from tiffany.agents.worker import AgentEnv, StepOutcome, error_info, worker
 from tiffany.errors import LimitExceeded, TaskCancelled, TiffanyError
 from tiffany.kernel import KillTask, NewTask, Queue, Receive, Step
 from tiffany.records import JOURNAL_COMPAT, SLOT_SIGNAL, TaskLabel
+from tiffany.wire.status import StepStatus
 
 __all__ = ["PlanFailed", "run_plan"]
 
 Co = Generator[Any, Any, Any]
 
+# Plain strings (``.value``): a step's status goes into the journal as it is.
 PENDING, RUNNING, SUCCEEDED, FAILED, SKIPPED = (
-    "pending",
-    "running",
-    "succeeded",
-    "failed",
-    "skipped",
+    StepStatus.PENDING.value,
+    StepStatus.RUNNING.value,
+    StepStatus.SUCCEEDED.value,
+    StepStatus.FAILED.value,
+    StepStatus.SKIPPED.value,
 )
 
 

@@ -11,6 +11,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
+from tiffany.wire.plan import BudgetSpec, ConcurrencySpec, Plan, StepSpec
+from tiffany.wire.status import RunStatusName
+
 __all__ = [
     "AgentConversation",
     "AgentToolCall",
@@ -41,82 +44,14 @@ class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-# -- a plan, as the schema describes it -------------------------------------------------
+# -- a plan ---------------------------------------------------------------------------
 #
-# The engine validates a plan with its own models (``tiffany/agents/plan.py``,
-# which the API process does not import); these describe the same shape to
-# clients, with the same constraints, and validate nothing.
-# tests/api/test_contract.py holds their JSON Schema to the engine's. What a
-# schema cannot say is checked by the engine too, and refused as 422
-# ``plan.invalid`` naming the field: unknown or disabled tools, a tool's
-# arguments, duplicate step ids, ``after`` naming an unknown step, cycles,
-# references to steps not upstream.
-
-
-class StepSpec(BaseModel):
-    """One step: a tool call with arguments, dependencies and a retry policy."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: str = Field(
-        min_length=1,
-        max_length=100,
-        pattern=r"^[A-Za-z_][A-Za-z0-9_\-]*$",
-        description="Unique within the plan.",
-    )
-    tool: str = Field(min_length=1, description="An enabled tool (``GET /api/tools``).")
-    args: dict[str, Any] = Field(
-        default_factory=dict,
-        description="The tool's arguments; ``${inputs.x}``, ``${steps.ID.output...}`` references.",
-    )
-    after: list[str] = Field(
-        default_factory=list,
-        description="Steps that must succeed first (each named once).",
-        json_schema_extra={"uniqueItems": True},
-    )
-    retries: int = Field(default=0, ge=0, le=20)
-    backoff: float = Field(
-        default=1.0, ge=0, le=3600, description="first retry delay, doubled each time"
-    )
-    timeout_s: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)
-    continue_on_error: bool = False
-    dynamic: bool = Field(default=False, description="the tool's result['steps'] extend the plan")
-
-
-class ConcurrencySpec(BaseModel):
-    """At most ``limit`` runs with the same ``key`` run at once; the others queue (FIFO)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    key: str = Field(min_length=1, max_length=200, description="May reference the inputs.")
-    limit: int = Field(ge=1, le=10_000)
-
-
-class BudgetSpec(BaseModel):
-    """The most model tokens and US dollars a run's steps may use (``llm``, ``agent``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    tokens: int | None = Field(default=None, ge=0)
-    usd: float | None = Field(default=None, ge=0)
-
-
-class Plan(BaseModel):
-    """A plan: its inputs (defaults), its steps and its outputs."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(min_length=1, max_length=200)
-    description: str = ""
-    inputs: dict[str, Any] = Field(
-        default_factory=dict, description="The inputs' defaults; a submission's are merged over."
-    )
-    steps: list[StepSpec] = Field(min_length=1, max_length=10_000)
-    outputs: dict[str, Any] = Field(
-        default_factory=dict, description="The run's outputs, from references to steps' outputs."
-    )
-    concurrency: ConcurrencySpec | None = None
-    budget: BudgetSpec | None = None
+# The plan's models are the engine's own (``tiffany/wire/plan.py``, which the
+# engine validates with): re-exported here for the schema, and validating
+# nothing in this process. What a schema cannot say is checked by the engine,
+# and refused as 422 ``plan.invalid`` naming the field: unknown or disabled
+# tools, a tool's arguments, duplicate step ids, ``after`` naming an unknown
+# step, cycles, references to steps not upstream.
 
 
 #: A plan sent as text, parsed by the server (then checked as a plan).
@@ -194,7 +129,7 @@ class RunSummary(_Open):
     #: The engine that runs it (``serve --engines N``); run numbers are per engine.
     engine: int = 0
     name: str
-    status: Literal["pending", "running", "waiting", "succeeded", "failed", "cancelled"] = Field(
+    status: RunStatusName = Field(
         description=(
             "``waiting``: every live step waits for a client's signal or an operator "
             "(``waiting_for`` says what for): the run needs someone."

@@ -28,6 +28,7 @@ from tiffany.cli.remote import (
     remote,
 )
 from tiffany.cli.run import InputsOption
+from tiffany.wire.status import TERMINAL
 
 if TYPE_CHECKING:
     from tiffany.api.db_requests import DbRequests
@@ -573,7 +574,7 @@ def _run_start(ctx: typer.Context, run_id: str) -> tuple[int, int, str | None]:
         raise typer.Exit(exits.NOT_FOUND)
     engine = engine_of(start_seq)
     since = (start_seq - seq_base(engine)) * SEQS_PER_RECORD - 1
-    return engine, since, None if status in ("pending", "running", "waiting") else status
+    return engine, since, status if status in TERMINAL else None
 
 
 def register(app: typer.Typer) -> None:

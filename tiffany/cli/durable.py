@@ -303,7 +303,7 @@ def runs(
     holds the data dir was interrupted (a crash, Ctrl-C): `tiffany replay
     RUN` or `tiffany serve` resumes it.
     """
-    from tiffany.store.models import RunStatus
+    from tiffany.wire.status import RunStatus
 
     if status is not None and status not in set(RunStatus):
         known = ", ".join(s.value for s in RunStatus)

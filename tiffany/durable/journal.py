@@ -123,6 +123,7 @@ from tiffany.records import (
 )
 from tiffany.values import ENCODE_ERRORS, canonical, pack_value, stand_in, text_of, unpack_value
 from tiffany.wal import Log
+from tiffany.wire.status import RunStatus
 
 __all__ = [
     "GROUP_COMMIT_MAX_S",
@@ -142,9 +143,9 @@ _PLAIN_TASK: Final = TaskLabel()
 _STEP_BODY: Final = TaskLabel("step")
 
 _END_STATUS = {
-    TaskState.DONE: "succeeded",
-    TaskState.CRASHED: "failed",
-    TaskState.CANCELLED: "cancelled",
+    TaskState.DONE: RunStatus.SUCCEEDED.value,
+    TaskState.CRASHED: RunStatus.FAILED.value,
+    TaskState.CANCELLED: RunStatus.CANCELLED.value,
 }
 
 

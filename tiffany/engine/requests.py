@@ -82,6 +82,7 @@ from tiffany.engine.inbox import DurableWaits, Inbox, settle
 from tiffany.errors import LimitExceeded
 from tiffany.records import reserved_signal, reserved_signal_message
 from tiffany.shards import engine_of, engine_stream
+from tiffany.wire.status import TERMINAL
 
 if TYPE_CHECKING:
     from tiffany.engine import Engine
@@ -354,7 +355,7 @@ class ControlRequests:
         if source is None:
             raise ControlError(404, f"no run {source_id!r}")
         status, entry = source["status"], source["entry"]
-        if status in ("pending", "running", "waiting"):
+        if status not in TERMINAL:
             raise ControlError(
                 409,
                 f"run {source_id} has not finished ({status}); re-run a finished run",

@@ -21,6 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tiffany.wire.status import TERMINAL, RunStatusName
+
 __all__ = [
     "FINISHED",
     "CancelAnswer",
@@ -41,11 +43,12 @@ __all__ = [
     "WaitingFor",
 ]
 
-#: A run's status, one vocabulary for the API, the store and the SDK.
-RunStatus = Literal["pending", "running", "waiting", "succeeded", "failed", "cancelled"]
+#: A run's status, one vocabulary for the API, the store and the SDK
+#: (:mod:`tiffany.wire.status`).
+RunStatus = RunStatusName
 
 #: The statuses of a run that has ended.
-FINISHED: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+FINISHED: frozenset[str] = TERMINAL
 
 
 class _Open(BaseModel):

@@ -101,6 +101,7 @@ from tiffany.store.models import (
 from tiffany.store.records import BLOCKING_KINDS, attempt_times, error_dict, jsonable, text
 from tiffany.store.rows import Batch
 from tiffany.store.waits import RunWaits
+from tiffany.wire.status import TERMINAL
 
 __all__ = ["MAX_CACHED_FINISHED_RUNS", "RowFold"]
 
@@ -108,9 +109,7 @@ __all__ = ["MAX_CACHED_FINISHED_RUNS", "RowFold"]
 MAX_CACHED_FINISHED_RUNS: Final = 256
 
 _EXIT_STATES: Final = {s.value: s for s in (TaskState.DONE, TaskState.CRASHED, TaskState.CANCELLED)}
-_RUN_END_STATUSES: Final = {
-    s.value: s for s in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
-}
+_RUN_END_STATUSES: Final = {s.value: s for s in TERMINAL}
 _UNSETTLED_STEPS: Final = (StepStatus.PENDING.value, StepStatus.RUNNING.value)
 #: The statuses the waits decide between (a pending run waits for its slot first).
 _LIVE_RUN: Final = (RunStatus.RUNNING.value, RunStatus.WAITING.value)

@@ -43,6 +43,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from tiffany.wire.status import RunStatus, StepStatus
+
 __all__ = [
     "ANSWERS_CHANNEL",
     "DB_NOW_SQL",
@@ -138,22 +140,6 @@ DB_NOW_SQL = "extract(epoch from clock_timestamp())"
 PROJECTOR_STATE_ID = 1
 
 
-class RunStatus(enum.StrEnum):
-    """Where a run is (the API's ``status``).
-
-    ``waiting``: every live step waits for a client's signal or an operator
-    (a step held for its tool or function): the run needs someone, and its
-    ``waiting_for`` says what for (``tiffany/store/waits.py``).
-    """
-
-    PENDING = "pending"
-    RUNNING = "running"
-    WAITING = "waiting"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
 class TaskState(enum.StrEnum):
     """A task's state as the journal shows it (the kernel's names)."""
 
@@ -177,16 +163,6 @@ class TaskKind(enum.StrEnum):
     TOOL = "tool"
     STEP = "step"
     TASK = "task"
-
-
-class StepStatus(enum.StrEnum):
-    """A plan step's status (the planner's names)."""
-
-    PENDING = "pending"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    SKIPPED = "skipped"
 
 
 def _one_of(column: str, values: type[enum.StrEnum]) -> str:
