@@ -1122,6 +1122,7 @@ FLAKY_SH = (
     'echo "try $n"; echo "boom $n" >&2; [ "$n" -ge 3 ]'
 )
 
+
 def _gated(gate: Path) -> str:
     """Shell that waits until the test creates ``gate`` (at most 120 s): a step held running.
 
