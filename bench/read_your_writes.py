@@ -37,10 +37,11 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from _pg import drop_pg_schema, pg_schema  # bench/_pg.py: python bench/X.py puts bench/ first
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -155,33 +156,6 @@ def run_cell(
 
 
 # -- the parent: cells side by side ---------------------------------------------------------------
-
-
-def _pg_schema(url: str) -> tuple[str, Any] | None:
-    """A fresh schema and the URL that uses it, or None if PostgreSQL is not reachable."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    schema = f"bench_ryw_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(url)
-    try:
-        with admin.begin() as conn:
-            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    except Exception as exc:  # reported, and the PostgreSQL cells skipped
-        print(f"PostgreSQL not usable at {url}: {exc}")
-        admin.dispose()
-        return None
-    scoped = make_url(url).update_query_dict({"options": f"-csearch_path={schema}"})
-    return scoped.render_as_string(hide_password=False), (admin, schema)
-
-
-def _drop(handle: Any) -> None:
-    from sqlalchemy import text
-
-    admin, schema = handle
-    with admin.begin() as conn:
-        conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-    admin.dispose()
 
 
 def _cell(
@@ -301,7 +275,7 @@ def _round(
             if store != "sqlite":
                 if not args.postgres:
                     continue
-                made = _pg_schema(args.postgres)
+                made = pg_schema(args.postgres, "bench_ryw")
                 if made is None:
                     continue
                 url, handle = made
@@ -310,7 +284,7 @@ def _round(
                 cells[(store, name)] = _cell(tree, url, args, journal)
             finally:
                 if handle is not None:
-                    _drop(handle)
+                    drop_pg_schema(handle)
     return cells
 
 

@@ -40,12 +40,13 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
+
+from _pg import drop_pg_schema, pg_schema  # bench/_pg.py: python bench/X.py puts bench/ first
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -248,33 +249,6 @@ def run_cell(
 # -- the driver --------------------------------------------------------------------------------
 
 
-def _pg_schema(url: str) -> tuple[str, Any] | None:
-    """A fresh schema and the URL that uses it, or None if PostgreSQL is not reachable."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    schema = f"bench_stops_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(url)
-    try:
-        with admin.begin() as conn:
-            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    except Exception as exc:  # reported, and the fence cells skipped
-        print(f"PostgreSQL not usable at {url}: {exc}")
-        admin.dispose()
-        return None
-    scoped = make_url(url).update_query_dict({"options": f"-csearch_path={schema}"})
-    return scoped.render_as_string(hide_password=False), (admin, schema)
-
-
-def _drop(handle: Any) -> None:
-    from sqlalchemy import text
-
-    admin, schema = handle
-    with admin.begin() as conn:
-        conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-    admin.dispose()
-
-
 def _cell(tree: Path, kind: str, args: argparse.Namespace, url: str) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
     argv = [sys.executable, __file__, "--cell", kind, "--steps", str(args.steps)]
@@ -312,7 +286,7 @@ def main() -> None:
             handle = None
             url = ""
             if kind == "fence":
-                made = _pg_schema(args.postgres) if args.postgres else None
+                made = pg_schema(args.postgres, "bench_stops") if args.postgres else None
                 if made is None:
                     continue
                 url, handle = made
@@ -320,7 +294,7 @@ def main() -> None:
                 rows.append((kind, name, _cell(tree, kind, args, url)))
             finally:
                 if handle is not None:
-                    _drop(handle)
+                    drop_pg_schema(handle)
     print(
         f"\n{args.steps} independent steps of {args.effect_s * 1000:g} ms, 8 pool threads; "
         f"stopped once {args.first} had started\n"
