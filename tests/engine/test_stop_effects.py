@@ -187,34 +187,48 @@ def test_sigterm_with_hundreds_of_queued_steps_starts_none_of_them(tmp_path: Pat
     _check(effects, stop_at, info.status)
 
 
-def test_a_fenced_postgres_engine_starts_nothing_after_the_fence(
-    tmp_path: Path, pg_migrated_url: str
-) -> None:
-    from sqlalchemy import create_engine, text
-
-    from tiffany.pgwal import PgStream
-
+def _pg_env(tmp_path: Path, url: str) -> tuple[Path, dict[str, str]]:
+    """The effects' directory and an engine's environment on the PostgreSQL journal (lease 2 s)."""
     effects = tmp_path / "effects"
     effects.mkdir()
     env = _env(
-        tmp_path,
-        TIFFANY_JOURNAL="postgres",
-        TIFFANY_DATABASE_URL=pg_migrated_url,
-        TIFFANY_JOURNAL_LEASE_S="2",
+        tmp_path, TIFFANY_JOURNAL="postgres", TIFFANY_DATABASE_URL=url, TIFFANY_JOURNAL_LEASE_S="2"
     )
+    return effects, env
+
+
+def _running(eng: EngineProc, effects: Path) -> str:
+    """Submit the plan once ``eng`` is ready; its run id, once BEFORE_STOP effects started."""
+    eng.wait_ready()
+    run_id: str = eng.call("submit", plan=_plan(effects))["run_id"]
+    wait_for(lambda: len(_starts(effects)) >= BEFORE_STOP, 120, "the first effects")
+    return run_id
+
+
+def _take_over(url: str) -> None:
+    """Another engine takes the stream: its epoch moves on, as PgLog.open's take-over does."""
+    from sqlalchemy import create_engine, text
+
+    db = create_engine(url)
+    try:
+        with db.begin() as conn:
+            conn.execute(text("UPDATE wal_streams SET epoch = epoch + 1"))
+    finally:
+        db.dispose()
+
+
+def test_a_fenced_postgres_engine_starts_nothing_after_the_fence(
+    tmp_path: Path, pg_migrated_url: str
+) -> None:
+    from tiffany.pgwal import PgStream
+
+    effects, env = _pg_env(tmp_path, pg_migrated_url)
     eng = EngineProc(tmp_path / "a", "--import", "stop_effects", env=env)
     try:
-        eng.wait_ready()
-        run_id = eng.call("submit", plan=_plan(effects))["run_id"]
-        wait_for(lambda: len(_starts(effects)) >= BEFORE_STOP, 120, "the first effects")
+        run_id = _running(eng, effects)
         # Another engine takes the stream over: the epoch moves on under the writer.
         taken_over_at = time.time()  # noqa: TID251 - compared with the effects' times
-        db = create_engine(pg_migrated_url)
-        try:
-            with db.begin() as conn:
-                conn.execute(text("UPDATE wal_streams SET epoch = epoch + 1"))
-        finally:
-            db.dispose()
+        _take_over(pg_migrated_url)
         assert eng.proc.wait(60) == 1, eng.log()[-3000:]  # fenced: stepped down
     finally:
         eng.stop()
@@ -247,23 +261,12 @@ def test_an_engine_paused_past_its_lease_starts_nothing_when_it_wakes(
     new owner runs too). Each job now asks whether the lease is surely
     still held (by a clock that counted through the pause) before it starts.
     """
-    from sqlalchemy import create_engine, text
-
     from tiffany.pgwal import PgStream, streams
 
-    effects = tmp_path / "effects"
-    effects.mkdir()
-    env = _env(
-        tmp_path,
-        TIFFANY_JOURNAL="postgres",
-        TIFFANY_DATABASE_URL=pg_migrated_url,
-        TIFFANY_JOURNAL_LEASE_S="2",
-    )
+    effects, env = _pg_env(tmp_path, pg_migrated_url)
     eng = EngineProc(tmp_path / "a", "--import", "stop_effects", env=env)
     try:
-        eng.wait_ready()
-        run_id = eng.call("submit", plan=_plan(effects))["run_id"]
-        wait_for(lambda: len(_starts(effects)) >= BEFORE_STOP, 120, "the first effects")
+        run_id = _running(eng, effects)
         os.kill(eng.proc.pid, signal.SIGSTOP)
         try:
             # Past the lease (the database's clock says so), another engine
@@ -271,12 +274,7 @@ def test_an_engine_paused_past_its_lease_starts_nothing_when_it_wakes(
             wait_for(
                 lambda: streams(pg_migrated_url)[0]["lease_left_s"] == 0, 60, "the lease to end"
             )
-            db = create_engine(pg_migrated_url)
-            try:
-                with db.begin() as conn:
-                    conn.execute(text("UPDATE wal_streams SET epoch = epoch + 1"))
-            finally:
-                db.dispose()
+            _take_over(pg_migrated_url)
             taken_at = time.time()  # noqa: TID251 - compared with the effects' times
         finally:
             os.kill(eng.proc.pid, signal.SIGCONT)
