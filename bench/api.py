@@ -84,7 +84,7 @@ from fastapi import FastAPI, Request  # noqa: E402 (the floor's app; resolved at
 from fastapi.responses import JSONResponse  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from tiffany.control import call  # noqa: E402
+from tiffany.wire.control import call  # noqa: E402
 
 RATES = (100, 200, 500)
 SECONDS = 10.0

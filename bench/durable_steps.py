@@ -15,7 +15,7 @@ subprocess, so neither library's imports disturb the other. Printed: steps/s
 for each and the ratio.
 
 ``--journal postgres``: Tiffany journals into a PostgreSQL stream
-(``tiffany.pgwal``: one transaction per group commit), in a schema of its own
+(``tiffany.wal.pg``: one transaction per group commit), in a schema of its own
 created, migrated and dropped by the bench, and DBOS uses the same local
 PostgreSQL server for its system database (issue 11's comparison).
 """
@@ -59,7 +59,7 @@ def _log(pg_url: str | None) -> object:
     """A fresh PostgreSQL stream to journal into, or None for the file WAL."""
     if pg_url is None:
         return None
-    from tiffany.pgwal import PgLog
+    from tiffany.wal.pg import PgLog
 
     return PgLog.open(pg_url, f"bench-{uuid.uuid4().hex[:8]}")
 

@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from durable_steps import _pg_schema  # noqa: E402
 
-from tiffany.shards import homes  # noqa: E402
+from tiffany.wire.shards import homes  # noqa: E402
 
 PG_URL = os.environ.get("TIFFANY_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 CLIENTS = 8
@@ -154,7 +154,7 @@ def _serve(engines: int, env: dict[str, str]) -> Iterator[Served]:
 
 def _engines_idle(homes: list[Path]) -> bool:
     """True when no engine has a run active (every run finished in its journal)."""
-    from tiffany.control import call
+    from tiffany.wire.control import call
 
     return all(call(home, "status")["runs_active"] == 0 for home in homes)
 

@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import psycopg  # noqa: E402
 from durable_steps import _pg_schema  # noqa: E402
 
-from tiffany.control import call  # noqa: E402
-from tiffany.pgwal import conninfo  # noqa: E402
+from tiffany.wal.pg import conninfo  # noqa: E402
+from tiffany.wire.control import call  # noqa: E402
 
 STEPS = 300
 PLAN = {

@@ -65,7 +65,7 @@ from typing import Any
 import msgspec
 import websockets
 
-from tiffany.pal.events import SEQS_PER_RECORD
+from tiffany.feed.events import SEQS_PER_RECORD
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -113,7 +113,7 @@ def missing_before(last_seq: int, seq: int, wal_seq: int) -> int:
     """Events of the unfiltered feed lost between ``last_seq`` and ``seq`` (-1: out of order).
 
     The hub gives an event ``max(previous seq + 1, wal_seq * SEQS_PER_RECORD)``
-    (``tiffany/pal/events.py``), so the events of one WAL record are
+    (``tiffany/feed/events.py``), so the events of one WAL record are
     consecutive and a hole among them is counted exactly; an event lost
     alone in its record leaves no trace (a lower bound, then).
     """

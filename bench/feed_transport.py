@@ -3,7 +3,7 @@
     python bench/feed_transport.py [--rate 20000] [--seconds 10]
 
 An engine's hub drains its events every 5 ms and hands each subscriber a
-batch of encoded events (``tiffany/pal/hub.py``); across hosts, a batch
+batch of encoded events (``tiffany/feed/hub.py``); across hosts, a batch
 must travel through something both sides reach. This script publishes
 real PAL frames (a 2-step run's events, ~330 bytes each) at ``--rate``
 events/s in 5 ms batches for ``--seconds``, from a publisher process, to
@@ -52,7 +52,7 @@ SUBJECT = "tiffany.bench.feed"
 
 def _frames(n: int) -> list[bytes]:
     """``n`` PAL frames as an engine encodes them (msgspec, schema v2)."""
-    from tiffany.pal.events import Event, encode_event
+    from tiffany.feed.events import Event, encode_event
 
     kinds = ["spawned", "step", "blocked", "woke", "tool.started", "tool.finished", "exit"]
     return [
@@ -107,7 +107,7 @@ def publish(transport: str, rate: int, seconds: float) -> None:
     if transport == "notify":
         import psycopg
 
-        from tiffany.pgwal import conninfo
+        from tiffany.wal.pg import conninfo
 
         with psycopg.connect(conninfo(PG_URL), autocommit=True) as conn:
             _paced(
@@ -177,7 +177,7 @@ def _take(text: bytes, lags: list[float]) -> int:
 async def _subscribe_notify(started: asyncio.Event, lags: list[float]) -> int:
     import psycopg
 
-    from tiffany.pgwal import conninfo
+    from tiffany.wal.pg import conninfo
 
     got = 0
     conn = await psycopg.AsyncConnection.connect(conninfo(PG_URL), autocommit=True)

@@ -71,10 +71,10 @@ def run_cell(wal: Path, url: str | None, batch: int) -> dict[str, Any]:
     """Apply ``wal`` to a fresh store at ``url`` (None: SQLite) in batches of ``batch``."""
     # The tree under test first (PYTHONPATH): bench/api.py puts this script's
     # tree at the front of sys.path when it is imported.
-    from tiffany.engine.projection import WalTail
     from tiffany.errors import WalCorruptionError
+    from tiffany.projector.apply import Projector
+    from tiffany.projector.tail import WalTail
     from tiffany.store.migrate import upgrade
-    from tiffany.store.projector import Projector
     from tiffany.store.session import make_engine
 
     sys.path.insert(0, str(HERE))

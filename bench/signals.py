@@ -23,7 +23,7 @@ times
   says the task was made runnable, and ``signal`` is published when the
   record is queued; the step's ``step`` event is the first one that proves
   the step's code ran again. The API's feed relay gathers a trickle of events
-  for up to 25 ms before it writes them (``tiffany.api.feed.FLUSH_S``), so
+  for up to 25 ms before it writes them (``tiffany.feed.relay.FLUSH_S``), so
   this figure includes up to 25 ms of batching;
 * ``resumed (engine)``: from sending the POST (``time.time()`` here) to that
   same event's ``ts``, the engine's ``time.time()`` when the worker's

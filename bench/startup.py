@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from tiffany.durable.runtime import Runtime
-from tiffany.engine.projection import project_wal
 from tiffany.kernel import NewTask, Now, Random, WaitTask
+from tiffany.projector.tail import project_wal
 
 #: Longest a start may take before the bench gives up, in seconds.
 START_TIMEOUT_S = 300.0
@@ -78,7 +78,7 @@ def build(
     t0 = time.perf_counter()
     log = None
     if pg_url is not None:
-        from tiffany.pgwal import PgLog
+        from tiffany.wal.pg import PgLog
 
         log = PgLog.open(pg_url)
     with Runtime(data_dir, fsync="off", log=log) as rt:
@@ -97,7 +97,7 @@ def build(
             done = min(runs, done + BUILD_BATCH)
     t1 = time.perf_counter()
     if pg_url is not None:
-        from tiffany.pgwal import PgStream
+        from tiffany.wal.pg import PgStream
 
         project_wal(pg_url, PgStream(pg_url))
         return t1 - t0, time.perf_counter() - t1, 0

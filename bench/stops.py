@@ -107,13 +107,13 @@ class _Engine:
             time.sleep(0.05)
 
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
-        from tiffany.control import call
+        from tiffany.wire.control import call
 
         answer: dict[str, Any] = call(self.data, op, **fields)
         return answer
 
     def wait_finished(self) -> None:
-        from tiffany.control import ControlError, ControlUnavailable
+        from tiffany.wire.control import ControlError, ControlUnavailable
 
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:

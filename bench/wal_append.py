@@ -53,8 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import msgspec
 import structlog
 
-from tiffany.records import Dispatch
 from tiffany.wal import FsyncPolicy, Wal, iter_records
+from tiffany.wire.records import Dispatch
 
 PAYLOAD_SIZES = (64, 256)
 COMMIT_EVERY = (1, 100, 1000)

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tiffany.control import ControlUnavailable, call
+from tiffany.wire.control import ControlUnavailable, call
 
 START_TIMEOUT_S = 60.0
 

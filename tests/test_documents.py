@@ -1,4 +1,4 @@
-"""``tiffany/documents.py``: YAML merge keys, chained, judged by their size and real depth."""
+"""``tiffany/wire/documents.py``: YAML merge keys, chained, judged by their size and real depth."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tiffany.documents import DEFAULT_LIMITS, DocumentError, Limits, load_text
+from tiffany.wire.documents import DEFAULT_LIMITS, DocumentError, Limits, load_text
 
 
 def _depth(value: Any) -> int:

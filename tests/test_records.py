@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from tiffany.durable.records import ReplayedError, pack_error, unpack_error
-from tiffany.records import (
+from tiffany.wire.records import (
     TYPES,
     Dispatch,
     Hold,
@@ -32,7 +32,7 @@ from tiffany.records import (
     root_role,
     run_of,
 )
-from tiffany.values import Unencodable, pack_value
+from tiffany.wire.values import Unencodable, pack_value
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden"
 PREFIX = (7).to_bytes(4, "little")

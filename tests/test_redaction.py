@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tiffany.log import redact_text
-from tiffany.redaction import REDACTED, redact_url_credentials
+from tiffany.wire.redaction import REDACTED, redact_url_credentials
 
 
 @pytest.mark.parametrize(
@@ -29,8 +29,13 @@ def test_credentials_of_urls_are_masked_and_the_rest_kept(text: str, shown: str)
 def test_a_line_already_rendered_as_json_stays_json() -> None:
     line = json.dumps({"event": 'WebSocket "/ws?token=abc" at http://u:p@h/', "n": 1})
     masked = redact_url_credentials(line)
-    assert json.loads(masked)["event"] == f'WebSocket "/ws?token={REDACTED}" at http://u:{REDACTED}@h/'
+    assert (
+        json.loads(masked)["event"] == f'WebSocket "/ws?token={REDACTED}" at http://u:{REDACTED}@h/'
+    )
 
 
 def test_log_lines_take_the_same_rule() -> None:
-    assert redact_text("connect postgresql://app:pw@db/x") == f"connect postgresql://app:{REDACTED}@db/x"
+    assert (
+        redact_text("connect postgresql://app:pw@db/x")
+        == f"connect postgresql://app:{REDACTED}@db/x"
+    )

@@ -1,4 +1,4 @@
-"""Values from outside a run as the journal packs them (``tiffany/values.py``).
+"""Values from outside a run as the journal packs them (``tiffany/wire/values.py``).
 
 What a replay compares (``durable/dispatch.py``: ``same``) is the journaled
 form of a value, so the packing must give the same bytes in every process
@@ -20,8 +20,8 @@ from typing import Any
 
 import msgspec
 
-from tiffany.records import Outcome, RecordType, RunEnd, TaskExit, decode, encode
-from tiffany.values import Unencodable, canonical, legacy_canonical, pack_value, unpack_value
+from tiffany.wire.records import Outcome, RecordType, RunEnd, TaskExit, decode, encode
+from tiffany.wire.values import Unencodable, canonical, legacy_canonical, pack_value, unpack_value
 
 PREFIX = (7).to_bytes(4, "little")
 
@@ -87,7 +87,7 @@ def _values_with_sets() -> dict[str, Any]:
 def _packed_under(seed: int, values: str = "_values_with_sets") -> list[str]:
     code = (
         f"from test_values import {values}\n"
-        "from tiffany.values import canonical\n"
+        "from tiffany.wire.values import canonical\n"
         f"for v in {values}().values(): print(canonical(v).hex())\n"
     )
     tests = str(Path(__file__).resolve().parent)
@@ -240,7 +240,7 @@ POISONS = {
 
 
 def test_what_makes_encoding_raise_is_one_of_encode_errors():
-    from tiffany.values import ENCODE_ERRORS
+    from tiffany.wire.values import ENCODE_ERRORS
 
     refused = set()
     for name, value in POISONS.items():
@@ -253,7 +253,7 @@ def test_what_makes_encoding_raise_is_one_of_encode_errors():
 
 
 def test_encodable_makes_every_value_encode_with_text_escaped():
-    from tiffany.values import encodable, stand_in_text
+    from tiffany.wire.values import encodable, stand_in_text
 
     for name, value in POISONS.items():
         for leaf, encoder in (
@@ -267,7 +267,7 @@ def test_encodable_makes_every_value_encode_with_text_escaped():
 
 
 def test_journal_text_escapes_only_lone_surrogates():
-    from tiffany.values import journal_text, text_of
+    from tiffany.wire.values import journal_text, text_of
 
     assert journal_text("plain") == "plain"
     assert journal_text("héllo ✓ 𝄞") == "héllo ✓ 𝄞"
@@ -278,7 +278,7 @@ def test_journal_text_escapes_only_lone_surrogates():
 
 
 def test_a_stand_in_never_raises_and_always_encodes():
-    from tiffany.values import stand_in, stand_in_text
+    from tiffany.wire.values import stand_in, stand_in_text
 
     assert stand_in_text(_BadRepr()) == "<_BadRepr object: repr() raised RuntimeError>"
     assert stand_in_text(_SurrogateRepr()) == "<x\\ud800>"
@@ -293,6 +293,6 @@ def test_a_stand_in_never_raises_and_always_encodes():
 
 
 def _ext_hook() -> Any:
-    from tiffany.values import ext_hook
+    from tiffany.wire.values import ext_hook
 
     return ext_hook

@@ -22,8 +22,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from tiffany.redaction import redact_url_credentials
-from tiffany.shards import MAX_ENGINES, engine_home
+from tiffany.wire.redaction import redact_url_credentials
+from tiffany.wire.shards import MAX_ENGINES, engine_home
 
 ENV_PREFIX = "TIFFANY_"
 
@@ -126,7 +126,7 @@ class Settings(BaseSettings):
             ``i`` > 0 writes ``<journal_stream>-<i>``).
         engine: This engine's number among several (``serve --engines N``
             starts engines 0..N-1): its journal's seqs start at ``i << 40``
-            (``tiffany/shards.py``). ``serve`` sets it for each engine.
+            (``tiffany/wire/shards.py``). ``serve`` sets it for each engine.
         engines: How many engines ``serve`` starts, and the API reaches
             (their homes under ``data_dir``: docs/engines.md).
         engine_slots: On the PostgreSQL journal, the engine takes the first
@@ -195,7 +195,7 @@ class Settings(BaseSettings):
             ``127.0.0.1,10.0.0.0/8,api.internal``; docs/security.md).
         rate_limits: Per-tool rate limits of an engine, ``TOOL=N/UNIT`` comma
             separated (``llm=60/min,http=20/s``): a step of the tool starts
-            no sooner than the limit allows (tiffany/engine/rate_limits.py).
+            no sooner than the limit allows (tiffany/agents/rate_limits.py).
         ws_max_subscribers: Websockets on ``/ws/activity`` at once per API
             process; one more is accepted and closed at once with code 1013
             (try again later).
@@ -362,7 +362,7 @@ class Settings(BaseSettings):
         """Return the settings of engine ``engine`` of this data dir (``serve --engines N``).
 
         Its data dir is the engine's home (its WAL, sockets, workspaces:
-        ``tiffany/shards.py``); the store stays this data dir's.
+        ``tiffany/wire/shards.py``); the store stays this data dir's.
         """
         if engine == self.engine:
             return self

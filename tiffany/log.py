@@ -15,7 +15,7 @@ processor chain and one renderer, so every line looks the same:
 Secrets never reach a line (docs/security.md): the last processor before
 the renderer, :func:`redact_secrets`, masks credentials in URLs (the
 userinfo of ``scheme://user:password@host`` and ``?token=``-style query
-parameters: :mod:`tiffany.redaction`; uvicorn logs websocket URLs with their
+parameters: :mod:`tiffany.wire.redaction`; uvicorn logs websocket URLs with their
 query), ``Authorization``
 header values, ``Bearer`` credentials, values of secret-named keys, and the
 literal values of the configured secrets (the API token, the LLM key)
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import structlog
 
-from tiffany.redaction import REDACTED, redact_url_credentials
+from tiffany.wire.redaction import REDACTED, redact_url_credentials
 
 if TYPE_CHECKING:
     from tiffany.config import LogFormat, Settings

@@ -6,7 +6,7 @@
   RUN_START, is unique by construction and orders the runs list; it is
   filled for existing rows from ``journal_records``.
 * ``dead_letters``: journal records the projection could not apply,
-  quarantined so that projection goes on (``tiffany/store/projector.py``).
+  quarantined so that projection goes on (``tiffany/projector/apply.py``).
 * ``steps.waiting``: why a step waits (its tool is disabled on this engine).
 
 Revision ID: 0003

@@ -3,7 +3,7 @@
 ``wal_streams`` holds each stream's head (last committed seq) and its
 writer's lease (owner, epoch, expiry); ``wal_records`` the records, keyed by
 (stream, seq). They are the journal itself when ``TIFFANY_JOURNAL=postgres``
-(``tiffany.pgwal``); on SQLite they stay empty.
+(``tiffany.wal.pg``); on SQLite they stay empty.
 
 Revision ID: 0005
 Revises: 0004

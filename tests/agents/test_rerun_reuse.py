@@ -13,8 +13,8 @@ import pytest
 from tiffany.agents.plan import PlanError
 from tiffany.agents.rerun import journal_reuse, reused_origin, reused_output
 from tiffany.agents.rerun import rerun_reuse as _rerun_reuse
-from tiffany.records import TaskExit
 from tiffany.store.graph import plan_graph
+from tiffany.wire.records import TaskExit
 
 PLAN = {
     "name": "p",

@@ -22,7 +22,7 @@ from tiffany.agents.tracebacks import (
 )
 from tiffany.config import Settings
 from tiffany.engine import tool_settings
-from tiffany.values import canonical
+from tiffany.wire.values import canonical
 
 
 def _caught(fn, *args):

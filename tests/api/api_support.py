@@ -25,8 +25,8 @@ import uvicorn
 from engine_process import EngineProc
 
 from tiffany.config import ENV_PREFIX, Settings
-from tiffany.pal import Hub
-from tiffany.pal.transport import FeedServer
+from tiffany.feed import Hub
+from tiffany.feed.transport import FeedServer
 
 ENGINE_START_TIMEOUT_S = 60.0
 SLEEP_PLAN = {"name": "nap", "steps": [{"id": "nap", "tool": "sleep", "args": {"seconds": 0.05}}]}

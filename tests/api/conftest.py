@@ -4,7 +4,7 @@
   to 107 bytes, and pytest's tmp paths can be longer);
 * ``engine``: a real engine process (``tiffany engine``) on its own data
   dir, shared by the tests of a module;
-* ``hand_feed``: a real PAL hub and feed server (``tiffany.pal``) in this
+* ``hand_feed``: a real PAL hub and feed server (``tiffany.feed``) in this
   process, published to by hand: the engine's side of the feed, without the
   engine;
 * ``live_api_factory``: the app under a real uvicorn server in a thread
@@ -37,8 +37,8 @@ from api_support import (  # noqa: E402
 )
 
 from tiffany.config import Settings  # noqa: E402
-from tiffany.pal import Hub  # noqa: E402
-from tiffany.pal.transport import FeedServer  # noqa: E402
+from tiffany.feed import Hub  # noqa: E402
+from tiffany.feed.transport import FeedServer  # noqa: E402
 
 
 @pytest.fixture

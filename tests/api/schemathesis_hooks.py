@@ -34,7 +34,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 #: Error codes of refusals that depend on the server's state (see the module docstring).
 STATEFUL_CODES = frozenset({"plan.invalid", "step.no_conversation"})
-#: The refusal of an integer the documents' limits leave out (tiffany/documents.py).
+#: The refusal of an integer the documents' limits leave out (tiffany/wire/documents.py).
 INT64_LIMIT = "out of the signed 64-bit range"
 #: Fields whose grammar or registry a pattern cannot hold (see the module docstring).
 GRAMMARS = (["body", "cron"], ["body", "timezone"], ["query", "since"], ["query", "until"])

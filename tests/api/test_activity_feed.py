@@ -1,6 +1,6 @@
 """``WS /ws/activity`` against a real hub and feed server fed by hand, over real uvicorn.
 
-The engine's side of the feed here is the real ``tiffany.pal`` hub and
+The engine's side of the feed here is the real ``tiffany.feed`` hub and
 ``FeedServer`` on ``<data dir>/feed.sock``; the API is the real app under
 uvicorn, with real websockets (and real TCP backpressure for the stalled
 client).
@@ -129,8 +129,8 @@ def test_a_catch_up_before_the_relay_saw_anything(hand_feed, live_api_factory) -
 
 
 def test_a_resume_older_than_every_ring_gets_gone_then_live_events(api_dir, live_api_factory):
-    from tiffany.pal import Hub
-    from tiffany.pal.transport import FeedServer
+    from tiffany.feed import Hub
+    from tiffany.feed.transport import FeedServer
 
     hub = Hub(ring_size=5, seq0=100)
     server = FeedServer(hub, api_dir / "feed.sock")
@@ -340,8 +340,8 @@ def test_a_relay_stuck_behind_the_engine_takes_the_live_feed_and_marks_the_gap(a
     """The relay's resume policy, with a scripted feed client in place of ``follow``."""
     import asyncio
 
-    from tiffany.api.feed import FeedRelay
-    from tiffany.pal.transport import line_of
+    from tiffany.feed.relay import FeedRelay
+    from tiffany.feed.transport import line_of
 
     calls: list[int | None] = []
 
@@ -527,7 +527,10 @@ def test_a_stalled_reader_gets_its_backlog_then_cutoff_then_1013(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sent: list[int] = []
     with ws_connect(
-        f"{live.ws_base}/ws/activity", sock=sock, max_queue=(4, 0), max_size=None,
+        f"{live.ws_base}/ws/activity",
+        sock=sock,
+        max_queue=(4, 0),
+        max_size=None,
         ping_interval=None,
     ) as ws:
         wait_until(lambda: len(live.state.relay.subscribers) == 1)

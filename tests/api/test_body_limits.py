@@ -23,9 +23,9 @@ import pytest
 from api_support import SLEEP_PLAN, make_settings, wait_until
 from fastapi.testclient import TestClient
 
-from tiffany import control
 from tiffany.api import create_app
-from tiffany.control import MAX_FRAME_BYTES, AsyncControlClient, ControlError
+from tiffany.wire import control
+from tiffany.wire.control import MAX_FRAME_BYTES, AsyncControlClient, ControlError
 
 YAML = {"content-type": "application/yaml"}
 

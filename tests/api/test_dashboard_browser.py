@@ -194,9 +194,9 @@ def _engine_feed(data_dir: Path, first: int, last: int) -> list[dict[str, Any]]:
     """The engine's events from seq ``first`` to ``last``, read from its feed socket.
 
     Plain blocking reads (Playwright's sync API holds this thread's event
-    loop); the protocol is ``tiffany/pal/transport.py``'s.
+    loop); the protocol is ``tiffany/feed/transport.py``'s.
     """
-    from tiffany.pal.transport import FEED_SOCKET
+    from tiffany.feed.transport import FEED_SOCKET
 
     got: list[dict[str, Any]] = []
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:

@@ -35,8 +35,8 @@ from api_support import LONG_PLAN, clean_env, short_dir, start_engine
 from process_support import terminate, wait_for
 from websockets.sync.client import connect
 
-from tiffany.control import ControlUnavailable
-from tiffany.pgwal import conninfo
+from tiffany.wal.pg import conninfo
+from tiffany.wire.control import ControlUnavailable
 
 PLAN = {"name": "keyed", "steps": [{"id": "nap", "tool": "sleep", "args": {"seconds": 0.05}}]}
 
@@ -250,8 +250,8 @@ def test_an_engine_of_the_apis_own_data_dir_is_not_an_engine_elsewhere(
     a ``serve`` start): counted as an engine elsewhere, the API said ready
     and its first submissions waited for an engine still starting.
     """
-    from tiffany.pgwal import PgLog, new_owner
-    from tiffany.shards import note_owner, owners_here
+    from tiffany.wal.pg import PgLog, new_owner
+    from tiffany.wire.shards import note_owner, owners_here
 
     here, there = short_dir("tfq-h-"), short_dir("tfq-t-")
     owner = new_owner()

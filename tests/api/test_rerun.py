@@ -26,9 +26,9 @@ from api_support import (
 )
 from process_support import terminate, wait_for
 
-from tiffany import control
-from tiffany.pal.events import SEQS_PER_RECORD
-from tiffany.pal.transport import FEED_SOCKET
+from tiffany.feed.events import SEQS_PER_RECORD
+from tiffany.feed.transport import FEED_SOCKET
+from tiffany.wire import control
 
 
 def _append(step_id: str, after: list[str]) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from api_support import (
     ws_connect,
 )
 
-from tiffany.pal.transport import FEED_SOCKET, follow
+from tiffany.feed.transport import FEED_SOCKET, follow
 
 pytestmark = pytest.mark.usefixtures("_needs_engine")
 

@@ -22,7 +22,8 @@ from fastapi.testclient import TestClient
 
 from tiffany.api import create_app
 from tiffany.config import Settings
-from tiffany.store import make_engine, schedules, session_factory
+from tiffany.schedules import store as schedules
+from tiffany.store import make_engine, session_factory
 from tiffany.store.migrate import upgrade_url
 
 #: Once a year: an idle schedule (the engine serving these tests fires none of them).

@@ -24,9 +24,10 @@ from api_support import serve, short_dir, submit_plan
 from process_support import terminate, wait_for
 from sqlalchemy import update
 
-from tiffany.store import make_engine, schedules, session_factory
+from tiffany.schedules import store as schedules
+from tiffany.schedules.store import MAX_CATCHUP_TICKS
+from tiffany.store import make_engine, session_factory
 from tiffany.store.models import Schedule
-from tiffany.store.schedules import MAX_CATCHUP_TICKS
 
 
 def _plan(name: str) -> dict[str, Any]:

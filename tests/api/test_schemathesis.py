@@ -31,7 +31,7 @@ import httpx
 import pytest
 from api_support import clean_env, make_settings, serve_in_thread, short_dir, start_engine
 
-from tiffany import control
+from tiffany.wire import control
 
 HERE = Path(__file__).resolve().parent
 TOKEN = "schemathesis-token-0123456789"

@@ -235,7 +235,7 @@ def test_only_websockets_have_a_bounded_send_buffer(api_dir) -> None:
     # inherited it: a 20 MB run page downloaded at 2 MB/s on loopback.
     from websockets.sync.client import connect
 
-    from tiffany.api.wsdirect import SOCKET_SEND_BUFFER_BYTES
+    from tiffany.feed.wsdirect import SOCKET_SEND_BUFFER_BYTES
 
     ready = api_dir / "api.json"
     proc = _start(api_dir, ready)

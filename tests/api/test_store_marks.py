@@ -18,8 +18,8 @@ from api_support import short_dir
 
 from tiffany.api.engines import Engines
 from tiffany.config import conninfo
-from tiffany.control import socket_path
 from tiffany.store.models import PROJECTED_CHANNEL, channel
+from tiffany.wire.control import socket_path
 
 
 async def _no_mark() -> int:

@@ -6,7 +6,7 @@ import pytest
 from websockets.frames import Frame, Opcode
 from websockets.streams import StreamReader
 
-from tiffany.api.wsdirect import text_frame
+from tiffany.feed.wsdirect import text_frame
 
 
 @pytest.mark.parametrize("size", [0, 125, 126, 65_535, 65_536, 300_000])

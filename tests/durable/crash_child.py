@@ -42,7 +42,7 @@ def main() -> int:
     url = os.environ.get("CRASH_PG_URL")
     log = None
     if url:
-        from tiffany.pgwal import PgLog
+        from tiffany.wal.pg import PgLog
 
         lease_s = float(os.environ.get("CRASH_PG_LEASE_S", "1"))
         log = PgLog.open(url, os.environ["CRASH_PG_STREAM"], lease_s=lease_s)

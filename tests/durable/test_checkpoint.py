@@ -26,7 +26,7 @@ from tiffany.durable.history import checkpoint_of, scan
 from tiffany.durable.retention import fold
 from tiffany.durable.runtime import Runtime
 from tiffany.kernel import Sleep
-from tiffany.shards import seq_base, seq_last
+from tiffany.wire.shards import seq_base, seq_last
 
 SEGMENT_BYTES = 4096
 

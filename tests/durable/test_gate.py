@@ -11,8 +11,8 @@ from walcut import cut_wal
 from tiffany.durable import RecordType, Runtime, scan, verify
 from tiffany.durable.history import decoded_records
 from tiffany.kernel import Instrument, Sleep
-from tiffany.records import as_list
 from tiffany.wal import iter_records
+from tiffany.wire.records import as_list
 
 REASON = "tool gated is disabled on this engine (--enable-tool gated)"
 

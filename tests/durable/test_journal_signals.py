@@ -11,8 +11,8 @@ from walcut import cut_wal
 from tiffany.durable import RecordType, Runtime, signal_bytes, verify
 from tiffany.errors import ReservedSignal, SystemCallMisuse
 from tiffany.kernel import Instrument, Receive, Scheduler, Sleep
-from tiffany.records import Wake, decode_body
 from tiffany.wal import iter_records
+from tiffany.wire.records import Wake, decode_body
 
 EXPECTED = [{"n": 1}, "B", "timeout", 1, 2]
 #: What the sender sends when the run waits on a channel: (name, payload, signal id).

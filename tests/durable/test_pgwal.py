@@ -1,4 +1,4 @@
-"""The journal in PostgreSQL (tiffany.pgwal): commits, leases, the fence, replay and recovery.
+"""The journal in PostgreSQL (tiffany.wal.pg): commits, leases, the fence, replay and recovery.
 
 Against the real local PostgreSQL (``postgres_url``), each test in a schema of
 its own migrated by Alembic, as ``tiffany db upgrade`` does.
@@ -21,8 +21,8 @@ from sqlalchemy import text
 from tiffany.durable import Runtime, scan, verify
 from tiffany.durable.history import decoded_records
 from tiffany.errors import WalFailedError, WalLockedError
-from tiffany.records import RecordType
 from tiffany.wal import spans_of
+from tiffany.wire.records import RecordType
 
 HERE = Path(__file__).resolve().parent
 CHILD = HERE / "crash_child.py"
@@ -35,13 +35,13 @@ def pg_url(pg_migrated_url: str) -> str:
 
 
 def _records(url: str, stream: str = "main") -> list[tuple[int, int, bytes]]:
-    from tiffany.pgwal import PgStream
+    from tiffany.wal.pg import PgStream
 
     return [(s, t, bytes(d[a:b])) for s, t, d, a, b, _ in spans_of(PgStream(url, stream))]
 
 
 def test_appends_are_invisible_until_the_commit_then_read_back_in_order(pg_url: str) -> None:
-    from tiffany.pgwal import PgLog
+    from tiffany.wal.pg import PgLog
 
     with PgLog.open(pg_url) as log:
         assert (log.next_seq, log.durable_seq, log.epoch) == (1, 0, 1)
@@ -61,7 +61,7 @@ def test_appends_are_invisible_until_the_commit_then_read_back_in_order(pg_url: 
 
 
 def test_a_second_writer_is_refused_while_the_lease_is_current(pg_url: str) -> None:
-    from tiffany.pgwal import PgLog
+    from tiffany.wal.pg import PgLog
 
     first = PgLog.open(pg_url, lease_s=30)
     try:
@@ -79,7 +79,7 @@ def test_a_second_writer_is_refused_while_the_lease_is_current(pg_url: str) -> N
 
 
 def test_the_heartbeat_keeps_the_lease_past_its_length(pg_url: str) -> None:
-    from tiffany.pgwal import PgLog
+    from tiffany.wal.pg import PgLog
 
     with PgLog.open(pg_url, lease_s=0.6) as holder:
         time.sleep(1.5)  # two and a half lease lengths, renewed every 0.2 s
@@ -90,7 +90,7 @@ def test_the_heartbeat_keeps_the_lease_past_its_length(pg_url: str) -> None:
 
 
 def test_a_writer_whose_lease_was_taken_over_is_fenced_and_writes_nothing(pg_url: str) -> None:
-    from tiffany.pgwal import PgLog
+    from tiffany.wal.pg import PgLog
 
     # A paused engine: no heartbeat, so its lease runs out while it is stopped.
     paused = PgLog.open(pg_url, lease_s=0.5, heartbeat=False)
@@ -119,7 +119,7 @@ def test_a_writer_whose_lease_was_taken_over_is_fenced_and_writes_nothing(pg_url
 def test_a_run_records_replays_and_verifies_on_postgres_as_on_files(
     pg_url: str, tmp_path: Path
 ) -> None:
-    from tiffany.pgwal import PgLog, PgStream
+    from tiffany.wal.pg import PgLog, PgStream
 
     results = {}
     for where in ("file", "postgres"):
@@ -180,7 +180,7 @@ def _child(data_dir: Path, out: Path, kill_at: int, url: str) -> subprocess.Comp
 def test_kill_9_mid_run_then_another_engine_takes_the_stream_and_finishes(
     pg_url: str, tmp_path: Path
 ) -> None:
-    from tiffany.pgwal import PgLog, PgStream
+    from tiffany.wal.pg import PgLog, PgStream
 
     ref = _child(tmp_path / "ref", tmp_path / "ref.txt", 0, pg_url)
     assert ref.returncode == 0, ref.stderr
@@ -237,7 +237,7 @@ def _cli(*args: str, url: str, data_dir: Path) -> subprocess.CompletedProcess[st
 def test_the_cli_reads_verifies_and_rebuilds_from_the_postgres_journal(
     pg_url: str, tmp_path: Path
 ) -> None:
-    from tiffany.pgwal import PgLog
+    from tiffany.wal.pg import PgLog
 
     with Runtime(tmp_path / "engine", log=PgLog.open(pg_url)) as rt:
         rt.submit("durable_workloads:fan_in", 4, run_id="fan")
@@ -293,7 +293,7 @@ def test_a_start_reads_only_the_stream_after_its_checkpoint(
 ) -> None:
     from tiffany.durable import history
     from tiffany.durable.retention import Checkpointer
-    from tiffany.pgwal import PgLog, PgStream
+    from tiffany.wal.pg import PgLog, PgStream
 
     with Runtime(tmp_path / "a", log=PgLog.open(pg_url)) as rt:
         for i in range(20):
@@ -335,7 +335,7 @@ def test_retain_delete_releases_the_finished_prefix_of_a_stream(
     from test_checkpoint import stop_when_done
 
     from tiffany.durable.retention import Checkpointer, Retain
-    from tiffany.pgwal import PgLog, PgStream
+    from tiffany.wal.pg import PgLog, PgStream
 
     log = PgLog.open(pg_url)
     with Runtime(tmp_path / "a", log=log) as rt:
@@ -382,9 +382,9 @@ def test_retain_delete_releases_the_finished_prefix_of_a_stream(
 def test_an_engines_stream_starts_at_its_first_seq_and_refuses_another_engines(
     pg_url: str,
 ) -> None:
-    """``serve --engines N``: stream ``main-1`` holds engine 1's seqs (tiffany/shards.py)."""
+    """``serve --engines N``: stream ``main-1`` holds engine 1's seqs (tiffany/wire/shards.py)."""
     from tiffany.errors import WalFormatError
-    from tiffany.pgwal import PgLog
+    from tiffany.wal.pg import PgLog
 
     first = (1 << 40) + 1
     with PgLog.open(pg_url, "main-1", first_seq=first) as log:

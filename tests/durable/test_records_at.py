@@ -8,10 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from tiffany.durable.history import records_at
-from tiffany.records import RUN_PREFIX, Outcome, encode
-from tiffany.values import pack_value
 from tiffany.wal import Wal
 from tiffany.wal.segments import ARCHIVE_DIR_NAME, list_segments, release_segment
+from tiffany.wire.records import RUN_PREFIX, Outcome, encode
+from tiffany.wire.values import pack_value
 
 PREFIX = RUN_PREFIX.pack(1)
 #: Small segments, so that a few hundred records span several of them.
@@ -53,7 +53,7 @@ def test_records_are_read_from_the_archive_and_the_live_segments(tmp_path: Path)
 
 
 def test_records_are_read_from_a_postgresql_stream(pg_migrated_url: str) -> None:
-    from tiffany.pgwal import PgLog, PgStream
+    from tiffany.wal.pg import PgLog, PgStream
 
     with PgLog.open(pg_migrated_url) as log:
         seqs = [log.append(rtype, payload) for rtype, payload in _payloads(20)]

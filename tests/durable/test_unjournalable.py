@@ -30,8 +30,8 @@ from tiffany.config import Settings
 from tiffany.durable import Runtime, verify
 from tiffany.engine import build, replay_resolvers
 from tiffany.errors import UnjournalableValue
-from tiffany.values import Unencodable
 from tiffany.wal import MAX_RECORD_BYTES, iter_records
+from tiffany.wire.values import Unencodable
 
 
 @dataclass

@@ -21,10 +21,10 @@ from tiffany.config import Settings
 from tiffany.durable import Runtime, scan, verify
 from tiffany.durable.runtime import JournalTooNew
 from tiffany.engine import build, replay_resolvers
-from tiffany.engine.projection import project_wal
-from tiffany.records import JOURNAL_COMPAT, RUN_PREFIX, RunStart, Spawn, encode
+from tiffany.projector.tail import project_wal
 from tiffany.store import make_engine, queries, session_factory
 from tiffany.wal import Wal
+from tiffany.wire.records import JOURNAL_COMPAT, RUN_PREFIX, RunStart, Spawn, encode
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
 #: Each release's in-flight golden and the journal version its runs started under.
@@ -159,8 +159,8 @@ def test_a_parent_gets_the_end_its_child_journaled_when_the_engine_stopped_befor
     """
     from walcut import cut_wal
 
-    from tiffany.records import RecordType, run_of
     from tiffany.wal import iter_records
+    from tiffany.wire.records import RecordType, run_of
 
     src = GOLDEN / "signals_v2"
     child, parent = "golden-parent.sub.1", "golden-parent"

@@ -11,8 +11,8 @@ from tiffany.durable import verify
 from tiffany.durable.history import load_many, load_run
 from tiffany.durable.runtime import Runtime
 from tiffany.errors import WalCorruptionError
-from tiffany.records import Dispatch, RecordType, decode, encode
 from tiffany.wal import FsyncPolicy, Wal, iter_records
+from tiffany.wire.records import Dispatch, RecordType, decode, encode
 
 TARGET = "durable_workloads:generator_step_among_busy_tasks"
 

@@ -9,9 +9,9 @@ from typing import Any
 from tiffany.cli.live import LiveView
 from tiffany.config import Settings
 from tiffany.engine import build
-from tiffany.engine.activity import ActivityLog
+from tiffany.feed import Hub
+from tiffany.feed.activity import ActivityLog
 from tiffany.kernel import NewTask, Sleep, WaitTask
-from tiffany.pal import Hub
 
 PLAN = {
     "name": "labelled",

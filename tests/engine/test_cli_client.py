@@ -13,7 +13,7 @@ from engine_process import EngineProc
 from typer.testing import CliRunner
 
 from tiffany.cli import app
-from tiffany.pal.transport import FEED_SOCKET
+from tiffany.feed.transport import FEED_SOCKET
 
 runner = CliRunner()
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from tiffany.control import decode_frame, encode_frame
 from tiffany.engine.control_server import WORKERS, ControlServer
+from tiffany.wire.control import decode_frame, encode_frame
 
 
 class Handler:

@@ -11,9 +11,9 @@ import pytest
 from engine_process import EngineProc
 from test_service import SLEEPY, store_run
 
-from tiffany.control import ControlError
 from tiffany.durable.checkpoint import read_checkpoint
 from tiffany.wal import Wal
+from tiffany.wire.control import ControlError
 
 
 def test_a_restart_on_a_checkpoint_answers_for_runs_it_no_longer_holds(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Run and step spans (tiffany/engine/otel.py): real plans, the SDK's in-memory exporter.
+"""Run and step spans (tiffany/observe/otel.py): real plans, the SDK's in-memory exporter.
 
 The last test runs ``tiffany run`` as a user would, with
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` pointing at a small OTLP/HTTP receiver on
@@ -28,9 +28,10 @@ from process_support import wait_for
 
 from tiffany.agents.tools.python import python_tool
 from tiffany.config import Settings
-from tiffany.engine import Engine, build, otel
-from tiffany.engine.otel import attach, attach_from_env, build_tracer_provider, trace_id_of
+from tiffany.engine import Engine, build
 from tiffany.kernel import Instrument, Sleep, Task
+from tiffany.observe import otel
+from tiffany.observe.otel import attach, attach_from_env, build_tracer_provider, trace_id_of
 
 COUNTER = "otel-flaky-calls"
 

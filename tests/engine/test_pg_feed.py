@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from tiffany.engine.pg_feed import MAX_PAYLOAD_BYTES, split_payloads
-from tiffany.pal.events import Event, encode_event
+from tiffany.feed.events import Event, encode_event
+from tiffany.feed.pg import MAX_PAYLOAD_BYTES, split_payloads
 
 
 def _frame(seq: int, label: str = "") -> bytes:

@@ -1,9 +1,9 @@
 """The projector's journal source: a live WAL tailed up to its durable seq.
 
 A real :class:`~tiffany.wal.Wal` (small segments, so the tail crosses
-rotations) writes while :class:`~tiffany.engine.projection.WalTail` reads;
+rotations) writes while :class:`~tiffany.projector.tail.WalTail` reads;
 what the tail returns is checked against the WAL's own reader
-(:func:`~tiffany.engine.projection.decoded_batches`).
+(:func:`~tiffany.projector.tail.decoded_batches`).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from typing import Any, cast
 import pytest
 import structlog
 
-from tiffany.engine.projection import WalTail, decoded_batches, journal_reaches
-from tiffany.engine.projector_link import ProjectorLink
-from tiffany.engine.projector_proc import DURABLE, READ_WANTS, READER_WAITS, Notices
 from tiffany.errors import WalCorruptionError
-from tiffany.records import Dispatch, encode
-from tiffany.shards import seq_base
+from tiffany.projector.link import ProjectorLink
+from tiffany.projector.process import DURABLE, READ_WANTS, READER_WAITS, Notices
+from tiffany.projector.tail import WalTail, decoded_batches, journal_reaches
 from tiffany.wal import Wal
 from tiffany.wal.segments import ARCHIVE_DIR_NAME, list_segments
+from tiffany.wire.records import Dispatch, encode
+from tiffany.wire.shards import seq_base
 
 PREFIX = (7).to_bytes(4, "little")
 

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(
 
 _CHILD = """
 import json, os
-from tiffany.engine.projector_proc import Priority
+from tiffany.projector.process import Priority
 
 def state():
     batch = os.sched_getscheduler(0) == os.SCHED_BATCH

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from tiffany.agents.rate_limits import RateLimiter
 from tiffany.config import parse_rate_limits
-from tiffany.engine.rate_limits import RateLimiter
 
 
 def test_a_burst_of_n_then_one_an_interval_in_the_order_asked() -> None:

@@ -20,9 +20,10 @@ import structlog
 from engine_process import EngineProc
 from process_support import wait_for
 
-from tiffany.engine import schedules as schedules_runner
-from tiffany.engine.schedules import BUSY_RETRY_S, ScheduleRunner
-from tiffany.store import make_engine, schedules, session_factory
+from tiffany.schedules import runner as schedules_runner
+from tiffany.schedules import store as schedules
+from tiffany.schedules.runner import BUSY_RETRY_S, ScheduleRunner
+from tiffany.store import make_engine, session_factory
 from tiffany.store.migrate import upgrade
 from tiffany.store.models import Schedule
 

@@ -17,10 +17,10 @@ from engine_process import EngineProc
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session
 
-from tiffany.control import AsyncControlClient, ControlError
-from tiffany.records import decode
 from tiffany.store import make_engine, queries
 from tiffany.wal import iter_records
+from tiffany.wire.control import AsyncControlClient, ControlError
+from tiffany.wire.records import decode
 
 SLEEPY = {
     "name": "sleepy",
@@ -203,7 +203,7 @@ def test_pipelined_async_submissions_share_group_commits(engine: EngineProc) -> 
 
 
 def test_feed_streams_the_runs_activity(engine: EngineProc) -> None:
-    from tiffany.pal.transport import follow
+    from tiffany.feed.transport import follow
 
     async def main() -> list[dict[str, Any]]:
         frames: list[dict[str, Any]] = []
@@ -284,8 +284,8 @@ def test_a_recovered_run_does_not_publish_its_past_again(tmp_path: Path) -> None
     Published again (new seqs), every finished step started and finished a
     second time on the feed after each restart.
     """
-    from tiffany.pal import FEED_SEQ_FILE
-    from tiffany.pal.transport import follow
+    from tiffany.feed import FEED_SEQ_FILE
+    from tiffany.feed.transport import follow
 
     data = tmp_path / "data"
     proc = EngineProc(data)

@@ -31,8 +31,8 @@ from typing import Any
 from engine_process import EngineProc
 from process_support import wait_for
 
-from tiffany.control import ControlError, ControlUnavailable, call
 from tiffany.durable import scan
+from tiffany.wire.control import ControlError, ControlUnavailable, call
 
 HERE = Path(__file__).resolve().parent
 #: Steps in the plan: hundreds queued behind the pool's workers.
@@ -220,7 +220,7 @@ def _take_over(url: str) -> None:
 def test_a_fenced_postgres_engine_starts_nothing_after_the_fence(
     tmp_path: Path, pg_migrated_url: str
 ) -> None:
-    from tiffany.pgwal import PgStream
+    from tiffany.wal.pg import PgStream
 
     effects, env = _pg_env(tmp_path, pg_migrated_url)
     eng = EngineProc(tmp_path / "a", "--import", "stop_effects", env=env)
@@ -261,7 +261,7 @@ def test_an_engine_paused_past_its_lease_starts_nothing_when_it_wakes(
     new owner runs too). Each job now asks whether the lease is surely
     still held (by a clock that counted through the pause) before it starts.
     """
-    from tiffany.pgwal import PgStream, streams
+    from tiffany.wal.pg import PgStream, streams
 
     effects, env = _pg_env(tmp_path, pg_migrated_url)
     eng = EngineProc(tmp_path / "a", "--import", "stop_effects", env=env)

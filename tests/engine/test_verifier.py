@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tiffany.config import Settings
-from tiffany.control import ControlError
 from tiffany.engine.verifier import Verifier
+from tiffany.wire.control import ControlError
 
 TESTS = Path(__file__).resolve().parent.parent
 GOLDEN = TESTS / "data" / "golden"

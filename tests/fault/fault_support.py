@@ -368,7 +368,7 @@ def durable_steps(wal_dir: Path) -> dict[str, set[str]]:
     run maps to ``{ALL_STEPS}`` (its records are not decoded).
     """
     from tiffany.durable.history import decoded_records, scan
-    from tiffany.records import RecordType
+    from tiffany.wire.records import RecordType
 
     index = scan(wal_dir)
     out: dict[str, set[str]] = {}

@@ -216,8 +216,8 @@ def read_journal(source: Any) -> JournalView:
     ``[[ok, output], started, ended]``. An agent's tool call is a task of
     role ``tool`` and tool ``python``, whose WAKE's ``ok`` is its outcome.
     """
-    from tiffany.records import RecordType, RunEnd, RunStart, Spawn, Wake, decode
     from tiffany.wal import spans_of
+    from tiffany.wire.records import RecordType, RunEnd, RunStart, Spawn, Wake, decode
 
     view = JournalView()
     by_no: dict[bytes, RunRecord] = {}

@@ -181,7 +181,7 @@ class Soak:
 
     def _source(self) -> Any:
         if self.cfg.journal == "postgres":
-            from tiffany.pgwal import PgStream
+            from tiffany.wal.pg import PgStream
 
             assert self.pg_url is not None
             return PgStream(self.pg_url, "main")

@@ -250,7 +250,7 @@ def epochs(url: str) -> list[dict[str, Any]]:
     """The rows of :data:`EPOCHS`, oldest first."""
     import psycopg
 
-    from tiffany.pgwal import conninfo
+    from tiffany.wal.pg import conninfo
 
     with psycopg.connect(conninfo(url), autocommit=True) as conn:
         rows = conn.execute(
@@ -264,7 +264,7 @@ def driving_pid(url: str, stream: str = "main") -> int | None:
     """The pid of the engine that holds ``stream``'s lease now (None: nobody's is current)."""
     import psycopg
 
-    from tiffany.pgwal import conninfo
+    from tiffany.wal.pg import conninfo
 
     with psycopg.connect(conninfo(url), autocommit=True) as conn:
         row = conn.execute(

@@ -45,7 +45,7 @@ from schemathesis import GenerationMode  # noqa: E402
 from schemathesis.checks import not_a_server_error  # noqa: E402
 from schemathesis.specs.openapi.checks import response_schema_conformance  # noqa: E402
 
-from tiffany import control  # noqa: E402
+from tiffany.wire import control  # noqa: E402
 
 TOKEN = "fuzz-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -34,11 +34,11 @@ from engine_process import EngineProc
 from process_support import alive, projector_pid, wait_for
 
 from tiffany.config import Settings
-from tiffany.control import ControlError, ControlUnavailable, call
 from tiffany.durable import scan
 from tiffany.engine.service import EngineService
 from tiffany.wal import Wal, iter_records
 from tiffany.wal.format import segment_name
+from tiffany.wire.control import ControlError, ControlUnavailable, call
 
 #: Sleeps only: a step that writes a file would fail on the full disk by itself
 #: (a legitimate failure of that run, not what these tests look at).

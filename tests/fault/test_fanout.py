@@ -42,7 +42,7 @@ import pytest
 from process_support import terminate
 from process_support import wait_for as _wait
 
-from tiffany.pal import SEQS_PER_RECORD
+from tiffany.feed import SEQS_PER_RECORD
 
 STALLED = 100
 READERS = 20
@@ -301,7 +301,7 @@ def test_stalled_subscribers_are_cut_off_and_readers_get_every_event() -> None:
             r.join(10)
             assert r.error is None, r.error
             assert r.seqs == sorted(set(r.seqs)), "a repeat or out of order"
-            # seq = max(previous + 1, wal_seq * SEQS_PER_RECORD) (tiffany/pal/events.py)
+            # seq = max(previous + 1, wal_seq * SEQS_PER_RECORD) (tiffany/feed/events.py)
             steps = zip(r.seqs, r.seqs[1:], r.wal_seqs[1:], strict=False)
             assert all(s == max(a + 1, w * SEQS_PER_RECORD) for a, s, w in steps), "a gap"
         # all attached before the load: every reader got the very same events

@@ -23,10 +23,10 @@ from typing import Any
 from engine_process import EngineProc
 from sqlalchemy.orm import Session
 
-from tiffany.records import RecordType, StepStart, decode, run_of
 from tiffany.store import make_engine, queries
 from tiffany.store.models import Step as StepRow
 from tiffany.wal import iter_records
+from tiffany.wire.records import RecordType, StepStart, decode, run_of
 
 REASON = "tool shell is disabled on this engine (--enable-tool shell)"
 FINISHED = ("succeeded", "failed", "cancelled")
@@ -102,7 +102,7 @@ def _store_run(data: Path, run_id: str) -> dict[str, Any] | None:
 
 def _waiting_events(data: Path, run_id: str) -> list[dict[str, Any]]:
     """The run's activity events that say a step waits (the feed keeps them from the start)."""
-    from tiffany.pal.transport import follow
+    from tiffany.feed.transport import follow
 
     async def main() -> list[dict[str, Any]]:
         since = 0

@@ -24,9 +24,9 @@ from engine_process import EngineProc
 
 from tiffany.durable import scan
 from tiffany.durable.records import unpack_error
-from tiffany.records import RecordType, decode, run_of
 from tiffany.wal import Wal, iter_records
 from tiffany.wal.format import RECORD_HEADER_SIZE_BYTES
+from tiffany.wire.records import RecordType, decode, run_of
 
 RUNS = 3
 NAP_S = 2.0

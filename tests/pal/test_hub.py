@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import time
 
-from tiffany.pal import FEED_SEQ_FILE, SEQS_PER_RECORD, Hub
-from tiffany.pal.events import TaskFields
+from tiffany.feed import FEED_SEQ_FILE, SEQS_PER_RECORD, Hub
+from tiffany.feed.events import TaskFields
 
 
 def _events(frames):
@@ -280,7 +280,7 @@ def test_events_holding_text_with_no_utf8_form_are_sent_escaped_and_the_hub_goes
     """
     from msgspec import json as msgjson
 
-    from tiffany.pal import Event
+    from tiffany.feed import Event
 
     class Hostile:
         def __repr__(self) -> str:

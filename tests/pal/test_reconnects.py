@@ -12,8 +12,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from tiffany.api.feed import FeedRelay
-from tiffany.pal.transport import (
+from tiffany.feed.relay import FeedRelay
+from tiffany.feed.transport import (
     MAX_RECONNECT_DELAY_S,
     RECONNECT_DELAY_S,
     FeedClosed,
@@ -109,8 +109,8 @@ def test_at_once_skips_one_wait() -> None:
 
 
 def test_follow_reconnects_until_the_engine_comes_up(tmp_path: Path) -> None:
-    from tiffany.pal import Hub
-    from tiffany.pal.transport import FeedServer
+    from tiffany.feed import Hub
+    from tiffany.feed.transport import FeedServer
 
     path = tmp_path / "pal.sock"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from tiffany.pal import Hub
-from tiffany.pal.transport import FeedServer, follow
+from tiffany.feed import Hub
+from tiffany.feed.transport import FeedServer, follow
 
 
 def _publish(hub: Hub, n: int, run_id: str = "r1") -> None:
@@ -125,7 +125,7 @@ def test_follow_lines_reassembles_frames_split_across_reads(tmp_path):
     pings are dropped and a cutoff ends the stream."""
     import json
 
-    from tiffany.pal.transport import follow_lines
+    from tiffany.feed.transport import follow_lines
 
     path = tmp_path / "split.sock"
     big = "x" * 200_000  # more than one 64 KiB read

@@ -32,7 +32,7 @@ from typing import Any
 
 from process_support import terminate, wait_for
 
-from tiffany.shards import engine_of
+from tiffany.wire.shards import engine_of
 
 LEASE_S = 2
 #: How long the counting server takes to answer a step's request, in seconds.

@@ -30,10 +30,10 @@ import httpx
 from process_support import projector_pid, terminate, wait_for
 from websockets.sync.client import connect
 
-from tiffany.control import call
-from tiffany.pal.events import SEQS_PER_RECORD
-from tiffany.pal.transport import FEED_SOCKET
-from tiffany.shards import engine_for_key, engine_home, engine_of, seq_base
+from tiffany.feed.events import SEQS_PER_RECORD
+from tiffany.feed.transport import FEED_SOCKET
+from tiffany.wire.control import call
+from tiffany.wire.shards import engine_for_key, engine_home, engine_of, seq_base
 
 NAP = {"name": "nap", "steps": [{"id": "nap", "tool": "sleep", "args": {"seconds": 0.2}}]}
 LONG = {"name": "long", "steps": [{"id": "wait", "tool": "sleep", "args": {"seconds": 60}}]}

@@ -65,8 +65,8 @@ PLAN_CANCEL = {
 
 
 def _read_records(wal_dir: Path) -> list[Record]:
-    from tiffany.records import decode, run_of
     from tiffany.wal import iter_records
+    from tiffany.wire.records import decode, run_of
 
     out = []
     for rec in iter_records(wal_dir):

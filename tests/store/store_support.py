@@ -17,7 +17,7 @@ from sqlalchemy import Engine, select
 
 from tiffany.store import Base
 
-Record = tuple[int, int, int, Any]  # (seq, rtype, run_no, tiffany.records struct)
+Record = tuple[int, int, int, Any]  # (seq, rtype, run_no, tiffany.wire.records struct)
 
 
 @dataclass

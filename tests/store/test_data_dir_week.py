@@ -121,8 +121,9 @@ def test_a_legacy_wal_with_one_run_number_twice_projects_fully(
     tmp_path: Path, store: Engine
 ) -> None:
     from tiffany.cli.db import rebuild_store
-    from tiffany.engine.projection import decoded_batches, journal_id
-    from tiffany.store import Projector, queries, session_factory
+    from tiffany.projector import Projector
+    from tiffany.projector.tail import decoded_batches, journal_id
+    from tiffany.store import queries, session_factory
 
     data = tmp_path / "legacy"
     first, second = _legacy_runs(data)

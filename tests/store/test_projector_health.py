@@ -1,6 +1,6 @@
 """The engine's view of the projector: lag while progressing is fine, a stall is not.
 
-Drives :class:`tiffany.engine.projector_link.ProjectorLink` with commit notices
+Drives :class:`tiffany.projector.link.ProjectorLink` with commit notices
 and progress reports as the projector process writes them, on a manual
 clock (no process started).
 """
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from tiffany.engine import projector_link
-from tiffany.engine.projector_link import STALL_AFTER_S, ProjectorLink
+from tiffany.projector import link as projector_link
+from tiffany.projector.link import STALL_AFTER_S, ProjectorLink
 
 
 class Clock:

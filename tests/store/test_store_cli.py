@@ -11,8 +11,9 @@ from store_support import Journal, dump
 from typer.testing import CliRunner
 
 from tiffany.cli.db import register
-from tiffany.engine.projection import journal_id
-from tiffany.store import Projector, make_engine
+from tiffany.projector import Projector
+from tiffany.projector.tail import journal_id
+from tiffany.store import make_engine
 from tiffany.store.migrate import current_revision, head_revision, upgrade
 from tiffany.wal import Wal
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from tiffany.records import Dispatch, Unknown
-from tiffany.store import JournalRecord, Projector
+from tiffany.projector import Projector
+from tiffany.store import JournalRecord
 from tiffany.store.journal import record_row
 from tiffany.store.queries import run_records
+from tiffany.wire.records import Dispatch, Unknown
 
 
 def test_each_record_is_kept_once_and_pages_per_run(store: Engine, journal) -> None:

@@ -11,9 +11,10 @@ from sqlalchemy import Engine
 from store_support import Journal, dump
 
 from tiffany.cli.db import rebuild_store
-from tiffany.engine.projection import journal_id
-from tiffany.records import decode_record
-from tiffany.store import Projector, RecordType, Step, queries, session_factory
+from tiffany.projector import Projector
+from tiffany.projector.tail import journal_id
+from tiffany.store import RecordType, Step, queries, session_factory
+from tiffany.wire.records import decode_record
 
 
 def _project(engine: Engine, journal: Journal) -> Projector:
@@ -276,7 +277,7 @@ def test_list_runs_newest_first_with_filter_and_paging(store: Engine, journal: J
 
 
 def test_a_store_projects_one_journal_and_refuses_another(store: Engine, journal: Journal):
-    from tiffany.store.projector import StoreJournalMismatch
+    from tiffany.projector.apply import StoreJournalMismatch
 
     _project(store, journal)  # the file WAL's (journal None)
     with pytest.raises(StoreJournalMismatch) as refused:
@@ -300,8 +301,8 @@ def _as_engine(journal: Journal, engine: int) -> list[Any]:
 
     The run numbers stay the same: each engine numbers its runs itself.
     """
-    from tiffany.records import RunStart
-    from tiffany.shards import seq_base
+    from tiffany.wire.records import RunStart
+    from tiffany.wire.shards import seq_base
 
     base = seq_base(engine)
     out = []
@@ -315,8 +316,8 @@ def _as_engine(journal: Journal, engine: int) -> list[Any]:
 def test_engines_project_into_one_store_each_with_its_seqs_and_mark(
     store: Engine, journal: Journal
 ):
-    """``serve --engines N``: the engines' projectors share a store (tiffany/shards.py)."""
-    from tiffany.shards import seq_base
+    """``serve --engines N``: the engines' projectors share a store (tiffany/wire/shards.py)."""
+    from tiffany.wire.shards import seq_base
 
     one = _as_engine(journal, 1)
     _project(store, journal)
@@ -379,7 +380,7 @@ def test_driver_parameters_store_what_sqlalchemy_binds_would(
     projected with the fast path off (a driver whose paramstyle it does not
     know), in the same small batches, so updates take both paths too.
     """
-    from tiffany.store import rows as rows_module
+    from tiffany.projector import rows as rows_module
 
     def project(engine: Engine) -> None:
         projector = Projector(engine)
@@ -409,7 +410,7 @@ def test_an_idle_projector_checkpoints_a_sqlite_store(
     """
     import io
 
-    from tiffany.engine import projector_proc
+    from tiffany.projector import process as projector_proc
     from tiffany.store.session import checkpoint
 
     copied: list[int] = []

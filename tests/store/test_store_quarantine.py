@@ -20,13 +20,14 @@ from sqlalchemy.exc import OperationalError
 from store_support import Journal, dump, get_json, serve, wait_for
 
 from tiffany.cli.db import rebuild_store
-from tiffany.engine.projection import journal_id
-from tiffany.records import RunEnd, RunStart, Spawn, TaskExit
-from tiffany.store import Projector, RecordType, queries, session_factory
-from tiffany.store.fold import RowFold
-from tiffany.store.pgflush import MarkMoved
-from tiffany.store.projector import is_transient
-from tiffany.store.rows import Batch
+from tiffany.projector import Projector
+from tiffany.projector.apply import is_transient
+from tiffany.projector.fold import RowFold
+from tiffany.projector.pgflush import MarkMoved
+from tiffany.projector.rows import Batch
+from tiffany.projector.tail import journal_id
+from tiffany.store import RecordType, queries, session_factory
+from tiffany.wire.records import RunEnd, RunStart, Spawn, TaskExit
 
 
 def _fail_at(monkeypatch: pytest.MonkeyPatch, seq: int, exc: Exception) -> None:
@@ -69,7 +70,7 @@ def test_a_record_that_fails_is_quarantined_and_the_rest_projected(
 def test_transient_errors_are_retried_and_lose_nothing(
     store: Engine, journal: Journal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tiffany.engine import projector_proc
+    from tiffany.projector import process as projector_proc
 
     clean = Projector(store)
     clean.apply(journal.records)
@@ -102,8 +103,8 @@ def test_transient_errors_are_retried_and_lose_nothing(
 
     # A record that does not decode: quarantined, listed in the progress report,
     # and the engine's link hands it on (the engine publishes store.quarantined).
-    from tiffany.engine.projection import decode_record
-    from tiffany.engine.projector_link import ProjectorLink
+    from tiffany.projector.link import ProjectorLink
+    from tiffany.projector.tail import decode_record
 
     seq = journal.records[-1][0] + 1
     run_no, fields = decode_record(
@@ -219,7 +220,7 @@ def test_an_undecodable_record_is_dead_lettered_and_serve_says_so(tmp_path: Path
 def test_what_is_retried_and_what_is_quarantined() -> None:
     from sqlalchemy.exc import DataError, IntegrityError, InternalError, ProgrammingError
 
-    from tiffany.store.projector import is_transient
+    from tiffany.projector.apply import is_transient
 
     cause = Exception("x")
     for exc in (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from tiffany.store.records import error_dict, jsonable, text
-from tiffany.values import Unencodable
+from tiffany.wire.values import Unencodable
 
 
 def test_jsonable_turns_journal_values_into_json():

@@ -1,4 +1,4 @@
-"""Schedules' ticks across daylight-saving changes (``tiffany/store/schedules.py``).
+"""Schedules' ticks across daylight-saving changes (``tiffany/schedules/store.py``).
 
 Europe/Paris falls back on 2026-10-25 (03:00 CEST is 02:00 CET: the hour
 from 02:00 to 03:00 comes twice) and springs forward on 2026-03-29 (02:00
@@ -15,9 +15,10 @@ from zoneinfo import ZoneInfo
 import pytest
 from sqlalchemy import event, select
 
-from tiffany.store import make_engine, make_reader_engine, schedules, session_factory
+from tiffany.schedules import store as schedules
+from tiffany.schedules.store import last_ticks, repeats, ticks
+from tiffany.store import make_engine, make_reader_engine, session_factory
 from tiffany.store.models import ScheduleClock
-from tiffany.store.schedules import last_ticks, repeats, ticks
 
 PARIS = ZoneInfo("Europe/Paris")
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tiffany.records import (
+from tiffany.store.waits import RunWaits, waits_of
+from tiffany.wire.records import (
     Dispatch,
     Hold,
     RunEnd,
@@ -21,7 +22,6 @@ from tiffany.records import (
     function_missing_reason,
     tool_disabled_reason,
 )
-from tiffany.store.waits import RunWaits, waits_of
 
 PLANNER = Spawn(0, 1, 0, "planner", "planner")
 

@@ -260,7 +260,10 @@ def test_open_syncs_what_a_previous_writer_left_unsynced(tmp_path, syscalls, fil
 
 
 def test_an_engines_wal_starts_at_its_first_seq_and_refuses_another_engines(tmp_path):
-    """``serve --engines N``: engine i's WAL holds seqs of its range only (tiffany/shards.py)."""
+    """``serve --engines N``: engine i's WAL holds seqs of its range only.
+
+    The ranges: tiffany/wire/shards.py.
+    """
     first, limit = (1 << 40) + 1, (2 << 40) + 1
     with Wal.open(tmp_path / "e1", first_seq=first, limit_seq=limit) as wal:
         assert wal.append(1, b"a") == first

@@ -27,7 +27,7 @@ checks do not build on (a step's id, ``retries``, an unknown field) is
 listed with them; one they build on (``after``, ``args``) is listed alone.
 
 A plan that validates can be journaled and projected: the document first
-passes :func:`tiffany.documents.check` (depth, size, int64 integers, finite
+passes :func:`tiffany.wire.documents.check` (depth, size, int64 integers, finite
 floats, string keys, valid Unicode without NUL), and the arguments of a
 built-in tool that hold no ``${...}`` reference are validated against the
 tool's argument model at submit (``sleep`` of NaN, inf or 1e300 is refused
@@ -66,8 +66,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from tiffany.agents.refs import find_refs
-from tiffany.documents import DocumentError, check, did_you_mean, load_text
 from tiffany.errors import TiffanyError
+from tiffany.wire.documents import DocumentError, check, did_you_mean, load_text
 from tiffany.wire.plan import (
     MAX_CONCURRENCY_LIMIT,
     MAX_RETRIES,
@@ -149,7 +149,7 @@ def parse_plan(
             arguments of steps that hold references. Never for a journaled plan.
         disabled: Tools that exist but are not enabled here (strict only: the
             error says how to enable them instead of "unknown").
-        checked: ``data`` passed :func:`tiffany.documents.check` already (the
+        checked: ``data`` passed :func:`tiffany.wire.documents.check` already (the
             engine checks a submission's whole body first): not checked twice.
     """
     if not checked:

@@ -33,7 +33,7 @@ from tiffany.agents.rerun import reused_origin, reused_output
 from tiffany.agents.worker import AgentEnv, StepOutcome, error_info, worker
 from tiffany.errors import LimitExceeded, TaskCancelled, TiffanyError
 from tiffany.kernel import KillTask, NewTask, Queue, Receive, Step
-from tiffany.records import JOURNAL_COMPAT, SLOT_SIGNAL, TaskLabel
+from tiffany.wire.records import JOURNAL_COMPAT, SLOT_SIGNAL, TaskLabel
 from tiffany.wire.status import StepStatus
 
 __all__ = ["PlanFailed", "run_plan"]

@@ -34,7 +34,7 @@ from tiffany.agents.tools import BUILTIN_TOOLS
 from tiffany.agents.tools.base import Tool, ToolError
 from tiffany.agents.tools.python import functions, is_registered, load_entry_points
 from tiffany.agents.tools.schema import describe
-from tiffany.records import function_missing_reason, tool_disabled_reason
+from tiffany.wire.records import function_missing_reason, tool_disabled_reason
 
 __all__ = ["DEFAULT_ENABLED", "ToolDisabled", "ToolRegistry", "UnknownTool"]
 

@@ -25,7 +25,7 @@ store's JSON projection of an output is lossy (NUL characters, bytes,
 non-finite floats, tuples, sets and nesting past ``MAX_JSON_DEPTH`` come
 back as text or lists), and a re-run that reused it would run its steps on
 other values than a fresh run. The outputs go into RUN_START packed as the
-journal packs values (``tiffany/values.py``), and the planner unpacks them
+journal packs values (``tiffany/wire/values.py``), and the planner unpacks them
 (:func:`reused_output`): live or replayed, it sees the same values.
 
 Invariants:
@@ -44,9 +44,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tiffany.agents.plan import PlanError
-from tiffany.documents import did_you_mean
-from tiffany.records import TaskExit
-from tiffany.values import pack_value, unpack_value
+from tiffany.wire.documents import did_you_mean
+from tiffany.wire.records import TaskExit
+from tiffany.wire.values import pack_value, unpack_value
 
 __all__ = [
     "journal_reuse",
@@ -136,7 +136,7 @@ def journal_reuse(
         records: The journal records at the reused steps' seqs, by seq (a
             seq the journal no longer holds is missing).
 
-    Each output becomes the one its record holds, packed (:func:`~tiffany.values.pack_value`);
+    Each output becomes the one its record holds, packed (:func:`~tiffany.wire.values.pack_value`);
     a step whose record is missing keeps the store's output and says so
     (``projected: true``), and is named in the list returned.
     """

@@ -20,7 +20,7 @@ Invariants:
   ``TIFFANY_TRACEBACK_CHARS`` characters per text (a path keeps its end,
   the rest their start), so a deep recursion or a minified line cannot
   swell the journal.
-* Every text is as the journal keeps text (:func:`~tiffany.values.journal_text`):
+* Every text is as the journal keeps text (:func:`~tiffany.wire.values.journal_text`):
   a source line or a name holding a lone surrogate is escaped, not refused.
 
 Discussion: the source line is read through :mod:`linecache`, which reads
@@ -45,7 +45,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Final
 
-from tiffany.values import journal_text
+from tiffany.wire.values import journal_text
 
 __all__ = [
     "DEFAULT_LIMITS",

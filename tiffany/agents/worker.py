@@ -43,8 +43,8 @@ from tiffany.agents.tools.base import ToolContext, ToolSettings
 from tiffany.agents.tools.workspace import ensure_workspace
 from tiffany.errors import TaskCrashed, TaskKilled, TiffanyError, WaitTimeout
 from tiffany.kernel import KillTask, NewTask, Now, Queue, Sleep, Step, WaitTask
-from tiffany.records import JOURNAL_COMPAT, TaskLabel
-from tiffany.values import text_of
+from tiffany.wire.records import JOURNAL_COMPAT, TaskLabel
+from tiffany.wire.values import text_of
 
 if TYPE_CHECKING:
     from tiffany.agents.registry import ToolRegistry
@@ -134,7 +134,7 @@ class StepOutcome:
 
         Its keys are the fields', in order, as the dataclass was journaled
         before; but as a dict its ``output`` is packed exactly
-        (``tiffany/values.py``): a dataclass goes through ``to_builtins``,
+        (``tiffany/wire/values.py``): a dataclass goes through ``to_builtins``,
         which made tuples and sets lists and bytes base64 text.
         """
         return {
@@ -149,7 +149,7 @@ class StepOutcome:
 def error_info(exc: BaseException) -> dict[str, Any]:
     """Return a JSON-able description of an error (code, type, message, fields).
 
-    Its text is as the journal keeps text (:func:`~tiffany.values.text_of`):
+    Its text is as the journal keeps text (:func:`~tiffany.wire.values.text_of`):
     a message holding a lone surrogate (a remote server's, a model's) is
     kept escaped, and a ``__str__`` that raises is named, so that a failed
     attempt is journaled with its message instead of failing again as a

@@ -25,15 +25,15 @@ from fastapi.staticfiles import StaticFiles
 import tiffany
 from tiffany.api import openapi, problems
 from tiffany.api.deps import STORE_READERS, ApiState
-from tiffany.api.feed import FeedRelay, feed_path
-from tiffany.api.metrics import ApiMetrics
 from tiffany.api.middleware import RequestLog, TokenAuth
 from tiffany.api.routes import activity, runs, schedules, system, tools
 from tiffany.api.schemas import RerunRequest, SubmitRequest
 from tiffany.api.timing import Timings
 from tiffany.config import Settings, conninfo
-from tiffany.shards import homes
+from tiffany.feed.relay import FeedRelay, feed_path
+from tiffany.observe.api_metrics import ApiMetrics
 from tiffany.store import make_reader_engine, session_factory
+from tiffany.wire.shards import homes
 
 __all__ = ["create_app"]
 

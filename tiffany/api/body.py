@@ -19,7 +19,7 @@ Accepted shapes (after parsing)::
 A bare plan carries its own default ``inputs`` (a plan field); the envelope's
 ``inputs`` are the caller's and the engine merges them over the plan's.
 
-Parsing is bounded (:mod:`tiffany.documents`: depth, values with YAML
+Parsing is bounded (:mod:`tiffany.wire.documents`: depth, values with YAML
 aliases expanded, integer and float range, string length, valid Unicode,
 no NUL): a refused body answers 422 naming the path of the value at fault.
 
@@ -61,7 +61,8 @@ from typing import Any, Final
 import anyio
 import anyio.to_thread
 
-from tiffany.documents import (
+from tiffany.errors import TiffanyError
+from tiffany.wire.documents import (
     YAML_MEDIA_TYPES,
     DocumentError,
     Limits,
@@ -71,7 +72,6 @@ from tiffany.documents import (
     load_reply,
     load_text,
 )
-from tiffany.errors import TiffanyError
 
 __all__ = [
     "YAML_MEDIA_TYPES",
@@ -244,7 +244,7 @@ def _load(body: bytes, content_type: str | None, loc: Loc) -> Any:
 async def _parse_in_worker(
     body: bytes, content_type: str | None, loc: Loc, keys: tuple[str, ...]
 ) -> Any:
-    """:func:`~tiffany.documents.load_reply` in the worker process; its error raised here."""
+    """:func:`~tiffany.wire.documents.load_reply` in the worker process; its error raised here."""
     pool = _parse_pool()
     loop = asyncio.get_running_loop()
     try:
@@ -261,7 +261,7 @@ async def _parse_in_worker(
 
 
 def _is_yaml(content_type: str | None) -> bool:
-    """True if ``content_type`` names YAML (the same test as :func:`tiffany.documents.load`)."""
+    """True if ``content_type`` names YAML (as :func:`tiffany.wire.documents.load` tests it)."""
     return (content_type or "").split(";", 1)[0].strip().lower() in YAML_MEDIA_TYPES
 
 

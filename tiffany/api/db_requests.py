@@ -43,7 +43,6 @@ import structlog
 
 from tiffany.api.pg_async import AsyncPool, Listener, projected_mark
 from tiffany.config import conninfo
-from tiffany.control import ControlError, ControlUnavailable, submission_digest
 from tiffany.store.models import (
     ANSWERS_CHANNEL,
     DB_NOW_SQL,
@@ -51,6 +50,7 @@ from tiffany.store.models import (
     REQUESTS_CHANNEL,
     channel,
 )
+from tiffany.wire.control import ControlError, ControlUnavailable, submission_digest
 
 __all__ = ["RECHECK_S", "SUBMIT_WAIT_S", "DbRequests"]
 
@@ -203,7 +203,7 @@ class DbRequests:
         """How many journal streams are held under a current lease, by owners not in ``besides``.
 
         ``besides``: the lease owners of this data dir's own engines
-        (:func:`tiffany.shards.owners_here`), which are not engines elsewhere.
+        (:func:`tiffany.wire.shards.owners_here`), which are not engines elsewhere.
         """
         row = await self._fetch(_LEASES, (list(besides),))
         return 0 if row is None else int(row[0])

@@ -26,14 +26,14 @@ from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.requests import HTTPConnection
 
-from tiffany import shards
 from tiffany.api import timing
-from tiffany.api.feed import FeedRelay
-from tiffany.api.metrics import ApiMetrics
 from tiffany.config import Settings, conninfo
-from tiffany.control import AsyncControlClient, ControlUnavailable
 from tiffany.errors import TiffanyError
+from tiffany.feed.relay import FeedRelay
+from tiffany.observe.api_metrics import ApiMetrics
 from tiffany.store import make_reader_engine, queries, session_factory
+from tiffany.wire import shards
+from tiffany.wire.control import AsyncControlClient, ControlUnavailable
 
 if TYPE_CHECKING:
     from tiffany.api.engines import Engines

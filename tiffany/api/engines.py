@@ -2,7 +2,7 @@
 
 ``tiffany serve --engines N`` runs N engine processes (docs/engines.md);
 the API talks to each over its control socket in the engine's home
-(``tiffany/shards.py``). What goes where:
+(``tiffany/wire/shards.py``). What goes where:
 
 - **submit**: with an ``Idempotency-Key``, to the engine the key hashes to
   (``shards.engine_for_key``: CRC-32 modulo N, as the CLI does), so that
@@ -43,9 +43,9 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from tiffany.api.deps import Watermark
-from tiffany.control import AsyncControlClient, ControlError, ControlUnavailable
-from tiffany.shards import engine_for_key, engine_home, engine_of
 from tiffany.store.models import PROJECTED_CHANNEL
+from tiffany.wire.control import AsyncControlClient, ControlError, ControlUnavailable
+from tiffany.wire.shards import engine_for_key, engine_home, engine_of
 
 if TYPE_CHECKING:  # the postgres extra: imported where a PostgreSQL store is used
     from tiffany.api.db_requests import DbRequests

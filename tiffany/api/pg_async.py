@@ -5,7 +5,7 @@ reconnecting until closed. The API learns two things from the database's
 notifications: the answers to requests that went through it
 (``db_requests.py``, the PostgreSQL journal) and the moves of the store's
 mark (``tiffany_projected``: a projector's batch notifies its new mark in
-the statement that writes it, ``tiffany/store/pgflush.py``), which wake
+the statement that writes it, ``tiffany/projector/pgflush.py``), which wake
 the reads that wait with ``min_seq``.
 
 Notifications sent while the connection is down are lost: ``on_connect``

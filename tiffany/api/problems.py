@@ -1,12 +1,12 @@
 """Error answers: every error is JSON ``{"code", "message", "detail", ...}``.
 
-* :class:`~tiffany.control.ControlError`: the engine's status (404 unknown
+* :class:`~tiffany.wire.control.ControlError`: the engine's status (404 unknown
   run, 409 finished, 422 invalid plan with ``detail`` ``[{"loc", "msg"}]``,
   503 not ready);
-* :class:`~tiffany.control.ControlUnavailable`: 503 with ``Retry-After``;
+* :class:`~tiffany.wire.control.ControlUnavailable`: 503 with ``Retry-After``;
 * the body's :class:`~tiffany.api.body.BodyTooLarge` (413) and
   :class:`~tiffany.api.body.InvalidBody` (422), and any other
-  :class:`~tiffany.documents.DocumentError` (422, naming the path);
+  :class:`~tiffany.wire.documents.DocumentError` (422, naming the path);
 * any other :class:`~tiffany.errors.TiffanyError`: its ``to_dict()``;
 * FastAPI's validation errors (422, a websocket's as its handshake's answer)
   and HTTP errors (404 route, 405...) in
@@ -31,9 +31,9 @@ from starlette.types import Scope
 
 from tiffany.api.body import BodyTooLarge, InvalidBody
 from tiffany.api.deps import StoreBehind, StoreUnavailable
-from tiffany.control import ControlError, ControlUnavailable
-from tiffany.documents import DocumentError
 from tiffany.errors import TiffanyError
+from tiffany.wire.control import ControlError, ControlUnavailable
+from tiffany.wire.documents import DocumentError
 
 __all__ = ["RETRY_AFTER_S", "AllowedMethods", "error_response", "install"]
 

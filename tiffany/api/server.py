@@ -27,8 +27,8 @@ from tiffany.api.connections import (
     effective_max_connections,
     guarded_protocol,
 )
-from tiffany.api.wsdirect import DirectWebSocketProtocol
 from tiffany.config import Settings
+from tiffany.feed.wsdirect import DirectWebSocketProtocol
 from tiffany.log import configure_logging
 
 __all__ = ["run_api"]
@@ -121,7 +121,7 @@ def uvicorn_config(settings: Settings, app: Any) -> uvicorn.Config:
         ws_ping_timeout=WS_PING_INTERVAL_S,
         proxy_headers=False,
         # The activity feed frames each message once for all its subscribers
-        # (tiffany.api.wsdirect); compressing it once per subscriber was the
+        # (tiffany.feed.wsdirect); compressing it once per subscriber was the
         # fan-out's cost.
         ws=DirectWebSocketProtocol,
         ws_per_message_deflate=False,

@@ -8,7 +8,7 @@ command that needs them, so ``tiffany version`` stays fast.
 
 Commands that exist:
 
-* ``tiffany demo``: run the kernel demo (:mod:`tiffany.demo`).
+* ``tiffany demo``: run the kernel demo (:mod:`tiffany.cli.demo`).
 * ``tiffany config``: print the effective settings, secrets masked.
 * ``tiffany version``: print the version.
 
@@ -19,7 +19,7 @@ An error names an option as the user gave it (``-i`` or ``--input``,
 
 Credentials in URLs never reach the terminal: whatever the CLI writes to
 standard error (its errors and hints, log lines, tracebacks) passes through
-:func:`tiffany.redaction.redact_url_credentials` (:class:`RedactingStream`),
+:func:`tiffany.wire.redaction.redact_url_credentials` (:class:`RedactingStream`),
 so ``--url http://user:password@host`` or a ``?token=`` in a message shows as
 ``[REDACTED]``. Standard output (run ids, tables, JSON) is the commands'
 data and is written as it is.
@@ -48,7 +48,7 @@ import typer
 
 import tiffany
 from tiffany.cli.flags import ArgvGroup
-from tiffany.redaction import redact_url_credentials
+from tiffany.wire.redaction import redact_url_credentials
 
 if TYPE_CHECKING:
     from tiffany.config import Settings
@@ -220,7 +220,7 @@ def show_config(ctx: typer.Context) -> None:
 def demo(ctx: typer.Context) -> None:
     """Run the kernel demo: a few tasks sleeping, spawning and joining."""
     _settings(ctx)
-    from tiffany.demo import main as demo_main
+    from tiffany.cli.demo import main as demo_main
 
     raise typer.Exit(demo_main())
 

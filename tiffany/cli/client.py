@@ -40,9 +40,9 @@ EXIT_NO_ENGINE = exits.UNAVAILABLE
 
 
 def _homes(ctx: typer.Context) -> list[Path]:
-    """The engines' homes under the data dir (``serve --engines N``: tiffany/shards.py)."""
+    """The engines' homes under the data dir (``serve --engines N``: tiffany/wire/shards.py)."""
     from tiffany.cli import _settings
-    from tiffany.shards import homes
+    from tiffany.wire.shards import homes
 
     return homes(_settings(ctx).data_dir)
 
@@ -54,7 +54,7 @@ def _answered(ctx: typer.Context | None = None) -> Iterator[None]:
     ``ctx``: the command's, so that a refused field names the option that
     gave it (``tiffany/cli/flags.py``).
     """
-    from tiffany.control import ControlError, ControlUnavailable
+    from tiffany.wire.control import ControlError, ControlUnavailable
 
     try:
         yield
@@ -70,7 +70,7 @@ def _call(
     ctx: typer.Context, op: str, *, home: Path | None = None, **fields: Any
 ) -> dict[str, Any]:
     from tiffany.cli import _settings
-    from tiffany.control import call
+    from tiffany.wire.control import call
 
     with _answered(ctx):
         return call(home or _settings(ctx).data_dir, op, **fields)
@@ -80,15 +80,15 @@ def _submit(ctx: typer.Context, key: str | None, **fields: Any) -> dict[str, Any
     """Submit to an engine of the data dir, as the API does (``tiffany/api/engines.py``).
 
     With an idempotency key: to the engine the key goes to
-    (:func:`~tiffany.shards.engine_for_key`), which remembers it. Without
+    (:func:`~tiffany.wire.shards.engine_for_key`), which remembers it. Without
     one: to any engine, starting at a random one and passing over one that
     does not answer or is not ready (503). On the PostgreSQL journal, through
     the database as the API submits there (the key is unique in SQL, and any
     engine on any host takes the submission).
     """
     from tiffany.cli import _settings
-    from tiffany.control import ControlError, ControlUnavailable, call
-    from tiffany.shards import engine_for_key
+    from tiffany.wire.control import ControlError, ControlUnavailable, call
+    from tiffany.wire.shards import engine_for_key
 
     settings = _settings(ctx)
     if settings.journal == "postgres":
@@ -120,7 +120,7 @@ def _for_run(ctx: typer.Context, op: str, run_id: str, **fields: Any) -> dict[st
     engine the store names, wherever it runs (as the API does).
     """
     from tiffany.cli import _settings
-    from tiffany.control import ControlError, ControlUnavailable, call
+    from tiffany.wire.control import ControlError, ControlUnavailable, call
 
     settings = _settings(ctx)
     if settings.journal == "postgres":
@@ -137,9 +137,9 @@ async def _ask_through_database(
     url: str, op: str, run_id: str, fields: dict[str, Any]
 ) -> dict[str, Any]:
     """A run's command as a row of ``engine_requests``, for the engine the store names."""
-    from tiffany.control import ControlError
-    from tiffany.shards import engine_of
     from tiffany.store import make_engine, queries, session_factory
+    from tiffany.wire.control import ControlError
+    from tiffany.wire.shards import engine_of
 
     store = make_engine(url)
     try:
@@ -282,7 +282,7 @@ def _submit_rerun(ctx: typer.Context, run_id: str, fields: dict[str, Any]) -> di
     in (``tiffany/api/engines.py``). An engine away: any other.
     """
     from tiffany.cli import _settings
-    from tiffany.control import ControlError, ControlUnavailable, call
+    from tiffany.wire.control import ControlError, ControlUnavailable, call
 
     homes = _homes(ctx)
     if _settings(ctx).journal == "postgres" or len(homes) == 1:
@@ -309,8 +309,8 @@ def _submit_rerun(ctx: typer.Context, run_id: str, fields: dict[str, Any]) -> di
 def _engine_of_run(ctx: typer.Context, run_id: str) -> int | None:
     """The engine whose journal started ``run_id``, as the store says (None: not there)."""
     from tiffany.cli import _settings
-    from tiffany.shards import engine_of
     from tiffany.store import make_engine, queries, session_factory
+    from tiffany.wire.shards import engine_of
 
     store = make_engine(_settings(ctx).database_url)
     try:
@@ -340,7 +340,7 @@ def signal(
 
     Prints the seq of the signal's journal record once it is durable.
     """
-    from tiffany.documents import DocumentError, load
+    from tiffany.wire.documents import DocumentError, load
 
     try:
         payload = None if data is None else load(data.encode(), "application/json", loc=["data"])
@@ -382,7 +382,7 @@ def status(
     With RUN: that run as ``tiffany run`` prints it when it ends (from the
     store, or --url's server), a failed python step's traceback on stderr.
     """
-    from tiffany.control import ControlError, ControlUnavailable, call
+    from tiffany.wire.control import ControlError, ControlUnavailable, call
 
     if run_id is not None:
         _run_status(ctx, run_id, url, token)
@@ -487,7 +487,7 @@ def tail(
     already finished shows them and ends at once; an unknown run exits 3.
     """
     from tiffany.cli.tailview import TailView
-    from tiffany.pal.transport import FEED_SOCKET, follow
+    from tiffany.feed.transport import FEED_SOCKET, follow
 
     view = TailView(kernel=kernel, as_json=as_json)
     if url:
@@ -553,10 +553,10 @@ def _run_start(ctx: typer.Context, run_id: str) -> tuple[int, int, str | None]:
     (following from now on, that never came). Exits 3 for an unknown run.
     """
     from tiffany.cli import _settings
-    from tiffany.control import call
-    from tiffany.pal.events import SEQS_PER_RECORD
-    from tiffany.shards import engine_of, seq_base
+    from tiffany.feed.events import SEQS_PER_RECORD
     from tiffany.store import make_engine, queries, session_factory
+    from tiffany.wire.control import call
+    from tiffany.wire.shards import engine_of, seq_base
 
     with _answered(ctx):
         for home in _homes(ctx):

@@ -79,17 +79,18 @@ def rebuild_store(
 
     ``wal_dir`` may be another log (a PostgreSQL stream: ``journal=postgres``).
     ``shard``: the engine whose journal it is; only its rows are replaced
-    (``serve --engines N``: tiffany/shards.py).
+    (``serve --engines N``: tiffany/wire/shards.py).
 
     Raises:
         HistoryReleased: Segments were deleted: the WAL starts after seq 1.
     """
     from sqlalchemy import func, select
 
-    from tiffany.engine.projection import decoded_batches, journal_id
-    from tiffany.shards import seq_base
-    from tiffany.store import Projector, Run, Step, Task, queries, session_factory
+    from tiffany.projector import Projector
+    from tiffany.projector.tail import decoded_batches, journal_id
+    from tiffany.store import Run, Step, Task, queries, session_factory
     from tiffany.wal.segments import history_start
+    from tiffany.wire.shards import seq_base
 
     first = seq_base(shard) + 1
     start = history_start(wal_dir) if isinstance(wal_dir, Path) else first
@@ -158,8 +159,8 @@ def engines_stopped(sources: list[Source]) -> Iterator[None]:
         WalLockedError: An engine runs on one of the journals.
     """
     from tiffany.errors import WalLockedError
-    from tiffany.pgwal import PgStream, streams
     from tiffany.wal.lock import lock_dir, unlock
+    from tiffany.wal.pg import PgStream, streams
 
     fds: list[int] = []
     try:

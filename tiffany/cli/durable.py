@@ -60,7 +60,7 @@ def _source(ctx: typer.Context, engine: int = 0) -> Any:
 def _unknown_run(ctx: typer.Context, engine: int, exc: Exception) -> NoReturn:
     """Say that a run is not in the journal (and why it may not be), and exit 3."""
     from tiffany.durable.retention import released_note
-    from tiffany.shards import seq_base
+    from tiffany.wire.shards import seq_base
 
     note = released_note(_source(ctx, engine), seq_base(engine) + 1)
     typer.echo(f"tiffany: {exc}{note}", err=True)
@@ -70,11 +70,11 @@ def _unknown_run(ctx: typer.Context, engine: int, exc: Exception) -> NoReturn:
 def _engines(ctx: typer.Context) -> int:
     """How many engines' journals the data dir holds (``serve --engines N``)."""
     from tiffany.cli import _settings
-    from tiffany.shards import homes
+    from tiffany.wire.shards import homes
 
     settings = _settings(ctx)
     if settings.journal == "postgres":
-        from tiffany.pgwal import streams
+        from tiffany.wal.pg import streams
 
         names = {s["stream"] for s in streams(settings.database_url)}
         n = 1
@@ -383,9 +383,9 @@ def _local_runs(ctx: typer.Context) -> list[_Listed]:
     exactly when the store does.
     """
     from tiffany.durable.history import read_runs
-    from tiffany.records import decode, root_role
     from tiffany.store.waits import waits_of
     from tiffany.wal.lock import holder
+    from tiffany.wire.records import decode, root_role
 
     on_pg = _on_postgres(ctx)
     out: list[_Listed] = []
@@ -518,9 +518,9 @@ def wal_dump(
 ) -> None:
     """Print WAL records, decoded."""
     from tiffany.durable import UnknownRun, scan
-    from tiffany.records import RecordType, Unknown, as_list, decode
     from tiffany.wal import spans_of
     from tiffany.wal.format import RECORD_HEADER_SIZE_BYTES
+    from tiffany.wire.records import RecordType, Unknown, as_list, decode
 
     prefix = None
     names: dict[int, str] = {}
@@ -624,8 +624,8 @@ def wal_verify(
 def _verify_stream(ctx: typer.Context, as_json: bool, engine: int = 0) -> None:
     """``wal verify`` of a PostgreSQL stream: every record read, seqs gapless up to the head."""
     from tiffany.errors import WalError
-    from tiffany.records import decode
     from tiffany.wal import spans_of
+    from tiffany.wire.records import decode
 
     stream = _source(ctx, engine)
     records, first, last, bad = 0, 0, 0, []
@@ -664,7 +664,7 @@ def wal_streams(
     """List the PostgreSQL journal's streams: head, epoch, which engine holds each, for how long."""
     from tiffany.cli import _settings
     from tiffany.errors import WalError
-    from tiffany.pgwal import streams
+    from tiffany.wal.pg import streams
 
     settings = _settings(ctx)
     if settings.journal != "postgres":
@@ -799,7 +799,7 @@ def _fail_losers(
 
     from tiffany.durable.records import pack_error
     from tiffany.errors import WalCorruptionError
-    from tiffany.records import RUN_PREFIX, RecordType, RunEnd, decode, encode, run_of
+    from tiffany.wire.records import RUN_PREFIX, RecordType, RunEnd, decode, encode, run_of
 
     live: dict[int, str] = {}
     reasons: dict[int, list[Loss]] = {}

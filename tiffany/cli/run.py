@@ -59,8 +59,8 @@ def _parse_signals(pairs: list[str] | None) -> list[tuple[str, Any]]:
     """``--signal NAME=JSON`` options: (name, payload), the JSON checked like a request body."""
     import re
 
-    from tiffany.documents import SIGNAL_NAME_PATTERN, DocumentError, load
-    from tiffany.records import reserved_signal, reserved_signal_message
+    from tiffany.wire.documents import SIGNAL_NAME_PATTERN, DocumentError, load
+    from tiffany.wire.records import reserved_signal, reserved_signal_message
 
     out: list[tuple[str, Any]] = []
     for pair in pairs or ():
@@ -347,8 +347,8 @@ def report(
     from rich.console import Console
 
     from tiffany.engine import journal_source
-    from tiffany.engine.projection import project_wal
-    from tiffany.store.projector import StoreJournalMismatch
+    from tiffany.projector.apply import StoreJournalMismatch
+    from tiffany.projector.tail import project_wal
 
     stale = None
     try:

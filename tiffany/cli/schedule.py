@@ -1,9 +1,9 @@
 """``tiffany schedule add|list|pause|resume|rm``: cron schedules of plans.
 
 On this data dir they write the store's ``schedules``
-(``tiffany/store/schedules.py``) directly, so they work with or without a
+(``tiffany/schedules/store.py``) directly, so they work with or without a
 running server; engine 0 of ``tiffany serve`` fires the ticks
-(``tiffany/engine/schedules.py``). With ``--url`` (``TIFFANY_URL``) they go
+(``tiffany/schedules/runner.py``). With ``--url`` (``TIFFANY_URL``) they go
 through the Python SDK to that server's ``/api/schedules`` instead, as the
 other remote commands do (``tiffany/cli/remote.py``): the same output, the
 same exit codes, and the server checks the plan against its own tools.
@@ -57,7 +57,7 @@ def add(
     from tiffany.agents import PlanError, parse_plan
     from tiffany.agents.registry import ToolRegistry
     from tiffany.cli.run import _load, _parse_inputs, _print_plan_errors
-    from tiffany.store import schedules
+    from tiffany.schedules import store as schedules
 
     doc = _load(plan_path)
     given = _parse_inputs(inputs)
@@ -108,7 +108,7 @@ def list_(
 
     Read a page at a time (1,000 rows), printed as it comes.
     """
-    from tiffany.store import schedules
+    from tiffany.schedules import store as schedules
 
     if url:
         with remote(url, token) as client:
@@ -146,7 +146,7 @@ def _print(rows: list[dict[str, Any]], as_json: bool) -> None:
 def _set(
     ctx: typer.Context, schedule_id: str, paused: bool, url: str | None, token: str | None
 ) -> None:
-    from tiffany.store import schedules
+    from tiffany.schedules import store as schedules
 
     if url:
         with remote(url, token) as client:
@@ -196,7 +196,7 @@ def rm(
     data_dir: DataDirOption = None,
 ) -> None:
     """Delete a schedule (the runs it started stay)."""
-    from tiffany.store import schedules
+    from tiffany.schedules import store as schedules
 
     if url:
         with remote(url, token) as client:

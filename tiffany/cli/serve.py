@@ -63,7 +63,7 @@ import typer
 from tiffany.cli import DataDirOption, exits, hints, lifeline
 from tiffany.cli.imports import ImportOption, import_tool_modules, tool_modules
 from tiffany.config import scrub_secrets
-from tiffany.shards import engine_for_key, engine_home, homes
+from tiffany.wire.shards import engine_for_key, engine_home, homes
 
 __all__ = ["register"]
 
@@ -108,7 +108,7 @@ def submit_demo(
     The idempotency key covers a second ``serve --demo`` within the engine's
     key window (a day); the note in the data dir covers the days after.
     With several ``engines`` the key goes where the API sends it
-    (:func:`~tiffany.shards.engine_for_key`).
+    (:func:`~tiffany.wire.shards.engine_for_key`).
     """
     plan = demo_plan()
     key = demo_key(plan)
@@ -485,7 +485,7 @@ def serve(
 ) -> None:
     """Serve the dashboard and API, and run submitted plans (engine + API processes)."""
     from tiffany.cli import _settings
-    from tiffany.control import ControlError, ControlUnavailable, call
+    from tiffany.wire.control import ControlError, ControlUnavailable, call
 
     settings = _settings(ctx)
     # Imported here first, so a broken module is told before anything starts;
@@ -530,7 +530,7 @@ def serve(
     children = []
     for i, home in enumerate(engine_homes):
         # Engine i lives in its home (its WAL, sockets, workspaces), writes
-        # seqs of its own (tiffany/shards.py) and projects into the one store.
+        # seqs of its own (tiffany/wire/shards.py) and projects into the one store.
         home.mkdir(parents=True, exist_ok=True)
         env_i = {
             **engine_env,
@@ -668,7 +668,7 @@ def projector_cmd(ctx: typer.Context) -> None:
     """Run the projector process (what the engine starts): tails the WAL into the SQL store."""
     from tiffany.cli import _settings
     from tiffany.engine import journal_source
-    from tiffany.engine.projector_proc import run_projector
+    from tiffany.projector.process import run_projector
 
     settings = _settings(ctx)
     raise typer.Exit(

@@ -1,6 +1,6 @@
 """What ``tiffany tail`` prints: a run's steps by default, every dispatch with ``--kernel``.
 
-The activity feed (``tiffany/pal/events.py``, schema v2) has an event per
+The activity feed (``tiffany/feed/events.py``, schema v2) has an event per
 kernel dispatch: a three-step plan makes some fifty (``queue_get``,
 ``blocked``, ``woke``, ``now``, ``return``...), which is the kernel's
 story, not the run's. By default ``tail`` keeps the events a person follows

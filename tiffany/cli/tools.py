@@ -26,7 +26,7 @@ __all__ = ["register"]
 def _listing(ctx: typer.Context, enable_tool: list[str]) -> tuple[dict[str, Any], str | None]:
     """The engine's answer, or the local one and a note saying where it comes from."""
     from tiffany.cli import _settings
-    from tiffany.control import ControlError, ControlUnavailable, call
+    from tiffany.wire.control import ControlError, ControlUnavailable, call
 
     settings = _settings(ctx)
     if not enable_tool:

@@ -16,7 +16,7 @@ from tiffany.durable.history import RunIndex, RunInfo, UnknownRun, load, scan
 from tiffany.durable.journal import Journal, RecoveryError, RunState, signal_bytes
 from tiffany.durable.runtime import EntryError, Runtime, VerifyReport, resolve_callable, verify
 from tiffany.durable.step import Step
-from tiffany.records import RecordType
+from tiffany.wire.records import RecordType
 
 __all__ = [
     "EntryError",

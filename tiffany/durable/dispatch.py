@@ -4,9 +4,9 @@ A dispatch is journaled as ``(kind, argument)``: the call's stable ``kind``
 and one small deterministic argument (a name, a duration, a run-local task
 id), so that a replay compares like with like without serialising the call.
 Some dispatches need no DISPATCH record of their own: the record they cause
-at once stands for them (see ``tiffany/records.py``, "Carried dispatches"):
+at once stands for them (see ``tiffany/wire/records.py``, "Carried dispatches"):
 :func:`carried` is the writer's half of that rule (which calls need no
-DISPATCH record), ``tiffany.records.carried`` the readers' half.
+DISPATCH record), ``tiffany.wire.records.carried`` the readers' half.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from tiffany.kernel import (
     SystemCall,
     WaitTask,
 )
-from tiffany.records import MAX_ARG_CHARS
-from tiffany.values import (
+from tiffany.wire.records import MAX_ARG_CHARS
+from tiffany.wire.values import (
     ENCODE_ERRORS,
     Unencodable,
     canonical,
@@ -54,7 +54,7 @@ def describe(ltid_of: Callable[[int], int | None], y: Any) -> tuple[str, Any]:
 
     ``ltid_of`` maps a global task id to its run-local id (for joins and kills).
     An argument that is not a number is recorded as text: ``str()`` of it,
-    cut to ``MAX_ARG_CHARS``, made encodable (:func:`~tiffany.values.text_of`:
+    cut to ``MAX_ARG_CHARS``, made encodable (:func:`~tiffany.wire.values.text_of`:
     a name holding a lone surrogate is kept escaped, a ``__str__`` that
     raises is named), the same for the recorder and the replay.
     """
@@ -113,7 +113,7 @@ def is_generator_step(call: Step | RunInThread) -> bool:
 def same(recorded: Any, actual: Any) -> bool:
     """Compare a journaled value (decoded) with a value produced by the replay.
 
-    Both are compared in their journaled form (:func:`~tiffany.values.pack_value`),
+    Both are compared in their journaled form (:func:`~tiffany.wire.values.pack_value`),
     so a dataclass result equals the dict it was recorded as, and a tuple
     still differs from a list. The replay rebuilds from the journal, stand-ins
     included, so a value holding one packs as it did when recorded: a stand-in
@@ -121,7 +121,7 @@ def same(recorded: Any, actual: Any) -> bool:
     record) is compared with the text the value would have been kept as.
 
     A value that differs is compared once more as earlier versions packed
-    both (:func:`~tiffany.values.legacy_canonical`: the sets inside a
+    both (:func:`~tiffany.wire.values.legacy_canonical`: the sets inside a
     dataclass unsorted), so that a journal they wrote replays as it did
     then. Only a divergence pays for it.
     """

@@ -37,7 +37,9 @@ from tiffany.durable.checkpoint import (
 )
 from tiffany.durable.replayer import ReplayCursor
 from tiffany.errors import TiffanyError
-from tiffany.records import (
+from tiffany.wal import Position, Source, Span, spans_of
+from tiffany.wal.format import RECORD_HEADER_SIZE_BYTES
+from tiffany.wire.records import (
     RUN_PREFIX,
     Dispatch,
     Outcome,
@@ -55,8 +57,6 @@ from tiffany.records import (
     decode_dispatch,
     run_of,
 )
-from tiffany.wal import Position, Source, Span, spans_of
-from tiffany.wal.format import RECORD_HEADER_SIZE_BYTES
 
 __all__ = [
     "Loaded",

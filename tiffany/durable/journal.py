@@ -5,7 +5,7 @@ dispatch of every run's tasks and appends it to the WAL; for a run being
 replayed it does the opposite: it checks each dispatch against the WAL and
 feeds the recorded outcomes back.
 
-What is recorded (see ``tiffany/records.py`` for the layout):
+What is recorded (see ``tiffany/wire/records.py`` for the layout):
 
 * every dispatch: which task (by its run-local id), what it yielded (the
   call's kind and a small deterministic argument);
@@ -27,7 +27,7 @@ dispatch. The rule a reader applies (``history.py``, the store's projector)
 is that dispatch counts only grow: a SPAWN, OUTCOME, STEP_START or
 TASK_EXIT whose ``n`` is above the last dispatch seen is the dispatch ``n``
 itself, with the call's kind and argument implied by the record
-(``tiffany.records.carried``). Journals written before this rule (a DISPATCH record,
+(``tiffany.wire.records.carried``). Journals written before this rule (a DISPATCH record,
 then the SPAWN at the same ``n``) read the same way. The run's root keeps
 the DISPATCH record of its final ``return``: the run's last dispatch stays
 an explicit record (its count is what readers show for the run).
@@ -105,7 +105,8 @@ from tiffany.kernel import (
     WaitTask,
     WriteWait,
 )
-from tiffany.records import (
+from tiffany.wal import Log
+from tiffany.wire.records import (
     JOURNAL_COMPAT,
     Dispatch,
     Hold,
@@ -121,9 +122,15 @@ from tiffany.records import (
     reserved_signal,
     root_role,
 )
-from tiffany.values import ENCODE_ERRORS, canonical, pack_value, stand_in, text_of, unpack_value
-from tiffany.wal import Log
 from tiffany.wire.status import RunStatus
+from tiffany.wire.values import (
+    ENCODE_ERRORS,
+    canonical,
+    pack_value,
+    stand_in,
+    text_of,
+    unpack_value,
+)
 
 __all__ = [
     "GROUP_COMMIT_MAX_S",

@@ -17,7 +17,7 @@ Invariants:
 * Fail-stop: a WAL error propagates; the journal is a critical instrument,
   so it stops the kernel.
 * Data never makes a hook raise: every record is encoded here, and what it
-  holds that does not encode or fit (:data:`~tiffany.values.ENCODE_ERRORS`)
+  holds that does not encode or fit (:data:`~tiffany.wire.values.ENCODE_ERRORS`)
   is decided by one rule. A value from outside a run (a step's result) is
   refused: the task gets :class:`~tiffany.errors.UnjournalableValue`
   (``journal.value``) and the WAKE records that error (:meth:`Recorder.woken`).
@@ -67,7 +67,8 @@ from tiffany.durable.dispatch import carried, describe
 from tiffany.durable.records import pack_error, unpack_error
 from tiffany.errors import UnjournalableValue
 from tiffany.kernel import RETURNED, Scheduler, Task
-from tiffany.records import (
+from tiffany.wal import MAX_RECORD_BYTES, Log
+from tiffany.wire.records import (
     RUN_PREFIX,
     Dispatch,
     Record,
@@ -79,7 +80,7 @@ from tiffany.records import (
     decode_body,
     encode_body,
 )
-from tiffany.values import (
+from tiffany.wire.values import (
     ENCODE_ERRORS,
     STAND_IN_CHARS,
     encodable,
@@ -87,7 +88,6 @@ from tiffany.values import (
     stand_in,
     text_of,
 )
-from tiffany.wal import MAX_RECORD_BYTES, Log
 
 if TYPE_CHECKING:
     from tiffany.durable.journal import RunState, TaskMeta
@@ -145,9 +145,9 @@ _FIELD_KINDS: Final = {cls: _field_kinds(cls) for cls in Record.__args__}
 def _kept(rec: Record, *, whole: bool = False) -> Record:
     """``rec`` in a form that encodes, whatever it holds (the records no one can refuse).
 
-    Its text fields made text (:func:`~tiffany.values.text_of`: lone
+    Its text fields made text (:func:`~tiffany.wire.values.text_of`: lone
     surrogates escaped) and cut to ``STAND_IN_CHARS``; its value fields made
-    :func:`~tiffany.values.encodable`, or, ``whole``, their stand-ins (a
+    :func:`~tiffany.wire.values.encodable`, or, ``whole``, their stand-ins (a
     record still too large).
     """
     text, values = _FIELD_KINDS[rec.__class__]
@@ -267,7 +267,7 @@ class Recorder:
 
         That is ``rec.value`` (``result`` packed), or, when the record would
         be too large or does not encode, ``result``'s stand-in
-        (:func:`~tiffany.values.stand_in`, its repr cut), which a replay
+        (:func:`~tiffany.wire.values.stand_in`, its repr cut), which a replay
         compares as such. Each step's result fit a record (see :meth:`woken`),
         but a task may put several together (a plan's outputs).
         """

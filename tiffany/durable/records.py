@@ -1,8 +1,8 @@
 """Journal records as the durable layer writes and replays them: errors, packed.
 
 The records themselves (types, layouts, codec, the carried-dispatch rule)
-are defined once in :mod:`tiffany.records`, which the store reads too, and
-the values inside them are packed by :mod:`tiffany.values`.
+are defined once in :mod:`tiffany.wire.records`, which the store reads too, and
+the values inside them are packed by :mod:`tiffany.wire.values`.
 What is left here is the durable layer's own business: an exception
 raised in a run is journaled as ``[type, args, repr, fields]``
 (:func:`pack_error`), and a replay rebuilds the same exception from it
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from tiffany.errors import TiffanyError
-from tiffany.values import ENCODE_ERRORS, pack_value, stand_in, stand_in_text, unpack_value
+from tiffany.wire.values import ENCODE_ERRORS, pack_value, stand_in, stand_in_text, unpack_value
 
 __all__ = ["ReplayedError", "pack_error", "unpack_error"]
 
@@ -38,9 +38,9 @@ def pack_error(exc: BaseException) -> list[Any]:
 
     Never raises: an argument or the fields that do not pack (a structure
     holding itself) are kept as their stand-in, the repr as
-    :func:`~tiffany.values.stand_in_text` keeps it. The result may still
+    :func:`~tiffany.wire.values.stand_in_text` keeps it. The result may still
     not *encode* (a message holding a lone surrogate): the recorder then
-    keeps it :func:`~tiffany.values.encodable` (``durable/recorder.py``).
+    keeps it :func:`~tiffany.wire.values.encodable` (``durable/recorder.py``).
     """
     cls = type(exc)
     args = [_packed(a) for a in exc.args]
@@ -50,7 +50,7 @@ def pack_error(exc: BaseException) -> list[Any]:
 
 
 def _packed(value: Any) -> Any:
-    """:func:`~tiffany.values.pack_value`, or the value's stand-in where it raises."""
+    """:func:`~tiffany.wire.values.pack_value`, or the value's stand-in where it raises."""
     try:
         return pack_value(value)
     except ENCODE_ERRORS:

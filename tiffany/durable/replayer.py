@@ -53,8 +53,8 @@ from tiffany.kernel import (
     TaskState,
     WaitTask,
 )
-from tiffany.records import Dispatch, Outcome, Record, RunEnd, TaskExit, Wake, as_list
-from tiffany.values import stand_in_text, text_of, unpack_value
+from tiffany.wire.records import Dispatch, Outcome, Record, RunEnd, TaskExit, Wake, as_list
+from tiffany.wire.values import stand_in_text, text_of, unpack_value
 
 if TYPE_CHECKING:
     from tiffany.durable.journal import RunState

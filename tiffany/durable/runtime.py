@@ -45,10 +45,10 @@ from tiffany.durable.journal import Journal, RunState
 from tiffany.durable.replayer import ReplayCursor
 from tiffany.errors import InstrumentFailure, NondeterminismError, TiffanyError
 from tiffany.kernel import Clock, Instrument, Scheduler
-from tiffany.records import JOURNAL_COMPAT
 from tiffany.wal import FsyncPolicy, Log, Source, Wal
 from tiffany.wal.segments import history_start
 from tiffany.wal.state import lease_clock
+from tiffany.wire.records import JOURNAL_COMPAT
 
 __all__ = [
     "EntryError",
@@ -158,10 +158,10 @@ class Runtime:
         segment_size_bytes: The WAL's rotation size (tests shrink it).
         key_window_s: How long idempotency keys are remembered (checkpoint.py).
         log: An open log to journal into instead of the WAL under ``data_dir``
-            (a PostgreSQL stream, ``tiffany.pgwal``, which keeps its
+            (a PostgreSQL stream, ``tiffany.wal.pg``, which keeps its
             checkpoints itself: a :class:`CheckpointStore`); the runtime closes it.
         seqs: The WAL's first seq and the bound its seqs stay below (None:
-            none): an engine's range (``tiffany/shards.py``).
+            none): an engine's range (``tiffany/wire/shards.py``).
         preallocate: Zero-fill the WAL's next segment ahead
             (``Wal.open``'s, docs/wal-format.md "Preallocation").
     """
@@ -372,7 +372,7 @@ def _read_opened(
     """Read the log as opened: ``base`` advanced over the records after it, unfinished runs kept.
 
     ``first_seq``: the seq the log numbers its first record with (1; engine
-    ``i``'s: ``seq_base(i) + 1``, tiffany/shards.py). Without a checkpoint
+    ``i``'s: ``seq_base(i) + 1``, tiffany/wire/shards.py). Without a checkpoint
     the read starts from an empty one just before the first record on disk,
     so the log as opened is a checkpoint at a seq of this log even when it
     holds no record (engine 1's empty journal is at ``seq_base(1)``, not 0).

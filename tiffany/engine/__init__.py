@@ -15,20 +15,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tiffany.agents.concurrency import SLOT_SIGNAL, Slots, spec_of
+from tiffany.agents.rate_limits import RateLimiter
 from tiffany.config import Settings, parse_rate_limits
 from tiffany.durable import Runtime
 from tiffany.durable.records import unpack_error
 from tiffany.engine.children import ChildLimits, RunTree, TreeClosed
-from tiffany.engine.concurrency import SLOT_SIGNAL, Slots, spec_of
-from tiffany.engine.otel import attach_from_env
 from tiffany.engine.plan_cache import PlanCache
-from tiffany.engine.rate_limits import RateLimiter
 from tiffany.errors import LimitExceeded, UnjournalableValue
 from tiffany.kernel import Instrument, SlowDispatchWatchdog
-from tiffany.records import CHILD_SIGNAL_PREFIX
-from tiffany.shards import engine_stream, seq_base, seq_last
-from tiffany.values import text_of, unpack_value
+from tiffany.observe.otel import attach_from_env
 from tiffany.wal import Log, Source
+from tiffany.wire.records import CHILD_SIGNAL_PREFIX
+from tiffany.wire.shards import engine_stream, seq_base, seq_last
+from tiffany.wire.values import text_of, unpack_value
 
 if TYPE_CHECKING:
     from tiffany.agents import AgentEnv
@@ -336,7 +336,7 @@ class Engine:
         """Validate a plan and its inputs; return its run entry and name.
 
         Pure (any thread): the service validates off the scheduler thread.
-        ``checked``: the document passed ``tiffany.documents.check`` already.
+        ``checked``: the document passed ``tiffany.wire.documents.check`` already.
 
         Raises:
             PlanError: The plan or an input is invalid (``errors`` name the fields).
@@ -425,15 +425,15 @@ def journal_log(settings: Settings, *, wait_s: float = 0.0, owner: str | None = 
 
     ``journal=postgres``: migrate the database (``tiffany db upgrade``),
     then take the lease of this engine's stream (``journal_stream``, or
-    ``<journal_stream>-<engine>``: :class:`~tiffany.pgwal.PgLog`),
+    ``<journal_stream>-<engine>``: :class:`~tiffany.wal.pg.PgLog`),
     waiting up to ``wait_s`` for a held one; raises
     :class:`~tiffany.errors.WalLockedError` while another engine holds it.
-    ``owner``: the lease holder's name (:func:`tiffany.pgwal.new_owner`).
+    ``owner``: the lease holder's name (:func:`tiffany.wal.pg.new_owner`).
     """
     if settings.journal != "postgres":
         return None
-    from tiffany.pgwal import PgLog
     from tiffany.store.migrate import upgrade_url
+    from tiffany.wal.pg import PgLog
 
     upgrade_url(settings.database_url)  # the journal's tables are Alembic's too
     return PgLog.open(
@@ -456,8 +456,8 @@ def take_slot(settings: Settings, owner: str | None = None) -> tuple[Settings, L
     import structlog
 
     from tiffany.errors import WalLockedError
-    from tiffany.pgwal import PgLog
     from tiffany.store.migrate import upgrade_url
+    from tiffany.wal.pg import PgLog
 
     log = structlog.get_logger(__name__)
     upgrade_url(settings.database_url)  # the journal's tables are Alembic's too
@@ -488,7 +488,7 @@ def journal_source(settings: Settings) -> Source:
     """Where readers find the journal ``settings`` name (no lease taken)."""
     if settings.journal != "postgres":
         return Path(settings.data_dir) / "wal"
-    from tiffany.pgwal import PgStream
+    from tiffany.wal.pg import PgStream
 
     return PgStream(settings.database_url, engine_stream(settings.journal_stream, settings.engine))
 
@@ -528,7 +528,7 @@ def build(
         # A server waits for the lease as long as another engine holds it (a
         # standby; a restart after a crash waits out the dead one's lease).
         log=log or journal_log(settings, wait_s=float("inf") if server else 0.0),
-        # This engine's seqs (tiffany/shards.py): never another engine's.
+        # This engine's seqs (tiffany/wire/shards.py): never another engine's.
         seqs=(seq_base(settings.engine) + 1, seq_last(settings.engine) + 1),
     )
     # A step of a tool disabled here waits instead of starting (before recovery).

@@ -1,4 +1,4 @@
-"""The engine's end of the control channel (protocol: :mod:`tiffany.control`).
+"""The engine's end of the control channel (protocol: :mod:`tiffany.wire.control`).
 
 One thread accepts connections on the Unix socket; one thread per
 connection reads request lines and hands each to a small worker pool, so a
@@ -28,7 +28,7 @@ cost the answer a wait for the GIL (measured at 500 submissions a second:
 0.8 + 1.2 ms of a 8 ms mean, 12 + 7 ms of the slowest 1%'s 62;
 bench/README.md).
 
-A bad request line (over :data:`~tiffany.control.MAX_FRAME_BYTES`, not
+A bad request line (over :data:`~tiffany.wire.control.MAX_FRAME_BYTES`, not
 JSON, nested too deep to decode) is refused on its own, with its ``id``
 when the line's head names one, and the connection goes on: other requests
 pipelined on it (the API's submissions) never see a reset. An over-cap line
@@ -49,8 +49,8 @@ from typing import Any, Final
 import msgspec
 import structlog
 
-from tiffany.control import MAX_FRAME_BYTES, ControlError, decode_frame, encode_frame, frame_id
 from tiffany.errors import TiffanyError
+from tiffany.wire.control import MAX_FRAME_BYTES, ControlError, decode_frame, encode_frame, frame_id
 
 __all__ = ["ControlServer"]
 
@@ -68,7 +68,7 @@ Quick = Callable[[dict[str, Any]], bool]
 class ControlServer:
     """Serve control requests on ``path`` with ``handle(request) -> answer fields``.
 
-    ``handle`` raises :class:`~tiffany.control.ControlError` to refuse; any
+    ``handle`` raises :class:`~tiffany.wire.control.ControlError` to refuse; any
     other exception answers 500 with its message (and is logged).
     """
 

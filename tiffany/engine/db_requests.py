@@ -42,10 +42,10 @@ from typing import Any, Final
 import psycopg
 import structlog
 
-from tiffany.control import ControlError
-from tiffany.pgwal import conninfo
 from tiffany.store.models import ANSWERS_CHANNEL, DB_NOW_SQL, REQUESTS_CHANNEL, channel
 from tiffany.store.models import MAX_NOTIFY_BYTES as MAX_PAYLOAD_BYTES
+from tiffany.wal.pg import conninfo
+from tiffany.wire.control import ControlError
 
 __all__ = ["POLL_S", "RequestClaimer"]
 
@@ -103,7 +103,7 @@ class RequestClaimer:
 
     Args:
         url: The database (``TIFFANY_DATABASE_URL``).
-        engine: This engine's number (``tiffany/shards.py``).
+        engine: This engine's number (``tiffany/wire/shards.py``).
         lease: Returns the engine's stream and lease epoch (the claim's fence).
         handle: The engine's control handler (``ControlRequests.handle``, ``engine/requests.py``).
         window_s: How long answered rows are kept (the idempotency window).

@@ -27,8 +27,8 @@ from typing import Any, Final
 
 import structlog
 
-from tiffany.control import ControlError
 from tiffany.kernel import ReadWait
+from tiffany.wire.control import ControlError
 
 __all__ = ["INBOX_BATCH", "DurableWaits", "Inbox", "settle"]
 

@@ -1,7 +1,7 @@
 """The engine's answers to requests: the control channel's ops, on behalf of the loop.
 
 :class:`ControlRequests` answers one request of the control channel
-(:mod:`tiffany.control`): ``status``, ``submit`` (a re-run too), ``cancel``,
+(:mod:`tiffany.wire.control`): ``status``, ``submit`` (a re-run too), ``cancel``,
 ``signal``, ``verify``, ``wait_projected``, ``metrics``, ``tools`` and
 ``check_plan``. The control server (``control_server.py``) calls
 :meth:`ControlRequests.handle` for each line it reads; on the PostgreSQL
@@ -73,25 +73,25 @@ import structlog
 from tiffany.agents import PlanError
 from tiffany.agents.tools.llm import provider_status
 from tiffany.config import Settings
-from tiffany.control import MAX_WAIT_PROJECTED_S, ControlError, submission_digest
-from tiffany.documents import SIGNAL_NAME_PATTERN, DocumentError
-from tiffany.documents import check as check_document
 from tiffany.durable import signal_bytes
 from tiffany.durable.checkpoint import KeyEntry
 from tiffany.engine.inbox import DurableWaits, Inbox, settle
 from tiffany.errors import LimitExceeded
-from tiffany.records import reserved_signal, reserved_signal_message
-from tiffany.shards import engine_of, engine_stream
+from tiffany.wire.control import MAX_WAIT_PROJECTED_S, ControlError, submission_digest
+from tiffany.wire.documents import SIGNAL_NAME_PATTERN, DocumentError
+from tiffany.wire.documents import check as check_document
+from tiffany.wire.records import reserved_signal, reserved_signal_message
+from tiffany.wire.shards import engine_of, engine_stream
 from tiffany.wire.status import TERMINAL
 
 if TYPE_CHECKING:
     from tiffany.engine import Engine
-    from tiffany.engine.metrics import EngineMetrics
-    from tiffany.engine.projector_link import ProjectorLink
     from tiffany.engine.run_table import RunTable
     from tiffany.engine.timeouts import Timeouts
     from tiffany.engine.verifier import Verifier
-    from tiffany.pal import Hub
+    from tiffany.feed import Hub
+    from tiffany.observe.metrics import EngineMetrics
+    from tiffany.projector.link import ProjectorLink
 
 __all__ = [
     "MAX_RUNNING_LISTED",
@@ -161,7 +161,7 @@ def _sandbox_status(mode: str) -> str:
 
 
 class ControlRequests:
-    """The answers to the engine's requests (see :mod:`tiffany.control`).
+    """The answers to the engine's requests (see :mod:`tiffany.wire.control`).
 
     Args:
         settings: The engine's settings (its number, database URL, journal).
@@ -218,7 +218,7 @@ class ControlRequests:
     # -- control threads -----------------------------------------------------------------
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any] | Future[dict[str, Any]]:
-        """Answer one control request (see :mod:`tiffany.control`)."""
+        """Answer one control request (see :mod:`tiffany.wire.control`)."""
         op = request.get("op")
         if op == "status":
             return self._status()
@@ -389,7 +389,7 @@ class ControlRequests:
     def _settling_records(self, reuse: dict[str, dict[str, Any]]) -> dict[int, Any]:
         """The journal records that settled the reused steps, by seq (control threads only).
 
-        A seq names the engine whose journal wrote it (``tiffany/shards.py``):
+        A seq names the engine whose journal wrote it (``tiffany/wire/shards.py``):
         each engine's journal is read once, from its lowest wanted seq to its
         highest, archived segments included. A journal that is not there
         (an engine directory removed) reads as holding none of them.

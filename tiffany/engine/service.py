@@ -3,8 +3,8 @@
 ``tiffany serve`` runs this in a process of its own (``tiffany engine``);
 the API side-process talks to it over two Unix sockets in the data dir::
 
-    control.sock   commands (tiffany.control: status, submit, cancel, signal, verify, metrics)
-    feed.sock      the PAL feed (tiffany.pal.transport)
+    control.sock   commands (tiffany.wire.control: status, submit, cancel, signal, verify, metrics)
+    feed.sock      the PAL feed (tiffany.feed.transport)
 
 This module builds the engine's parts, wires them together and runs them
 from start to stop. The answers to the commands are ``requests.py``'s
@@ -62,30 +62,30 @@ import structlog
 
 from tiffany.agents.tools.llm import provider_status
 from tiffany.config import Settings, scrub_secrets
-from tiffany.control import CONTROL_SOCKET, ControlError
 from tiffany.durable.history import checkpoint_of
 from tiffany.durable.retention import CHECKPOINT_EVERY_RUNS, Checkpointer, Retain, StreamLog
 from tiffany.engine import Engine, build, journal_log, take_slot
-from tiffany.engine.activity import ActivityLog
 from tiffany.engine.control_server import ControlServer
 from tiffany.engine.inbox import DurableWaits, Inbox
-from tiffany.engine.metrics import EngineMetrics, project_health
-from tiffany.engine.projector_link import ProjectorLink
 from tiffany.engine.requests import NOT_DURABLE, SUBMIT_TIMEOUT_S, ControlRequests, Lifecycle, quick
 from tiffany.engine.run_table import RunTable
-from tiffany.engine.schedules import ScheduleRunner
 from tiffany.engine.timeouts import Timeouts
 from tiffany.engine.verifier import Verifier
 from tiffany.errors import KernelError, NondeterminismError
+from tiffany.feed import EVENT_KINDS, FEED_SEQ_FILE, Hub
+from tiffany.feed.activity import ActivityLog
+from tiffany.feed.transport import FEED_SOCKET, FeedServer
 from tiffany.kernel import ReadWait
-from tiffany.pal import EVENT_KINDS, FEED_SEQ_FILE, Hub
-from tiffany.pal.transport import FEED_SOCKET, FeedServer
-from tiffany.shards import note_owner, seq_base
+from tiffany.observe.metrics import EngineMetrics, project_health
+from tiffany.projector.link import ProjectorLink
+from tiffany.schedules.runner import ScheduleRunner
 from tiffany.wal import Wal
+from tiffany.wire.control import CONTROL_SOCKET, ControlError
+from tiffany.wire.shards import note_owner, seq_base
 
 if TYPE_CHECKING:
     from tiffany.engine.db_requests import RequestClaimer
-    from tiffany.engine.pg_feed import NotifyFeed
+    from tiffany.feed.pg import NotifyFeed
 
 __all__ = ["FEED_SOCKET", "EngineService", "Inbox"]
 
@@ -140,7 +140,7 @@ class EngineService:
         #: The note naming this engine's lease holder to its API (shards.note_owner).
         self._owner_note: Path | None = None
         if settings.journal == "postgres":
-            from tiffany.pgwal import new_owner
+            from tiffany.wal.pg import new_owner
 
             owner = new_owner()
             # Before the lease: an API here never counts it as an engine elsewhere.
@@ -172,7 +172,7 @@ class EngineService:
             server=True,  # shell steps: bubblewrap or refuse, unless sandbox "none"
         )
         self.runtime = self.engine.runtime
-        self.hub.follow_wal(self.runtime.wal)  # feed seqs follow the WAL (tiffany/pal/hub.py)
+        self.hub.follow_wal(self.runtime.wal)  # feed seqs follow the WAL (tiffany/feed/hub.py)
         self.runtime.journal.on_hold = self.activity.step_held
         self.inbox = Inbox()
         #: Submissions' timeouts (a submission holds no control thread while it waits).
@@ -180,7 +180,7 @@ class EngineService:
         #: The feed through the database (journal=postgres): API replicas on any host.
         self.pg_feed: NotifyFeed | None = None
         if settings.journal == "postgres":
-            from tiffany.engine.pg_feed import NotifyFeed
+            from tiffany.feed.pg import NotifyFeed
 
             self.pg_feed = NotifyFeed(self.hub, settings.database_url, settings.engine)
         child_env = {  # the projector needs the store, not the LLM key nor the API token
@@ -382,7 +382,7 @@ class EngineService:
         if self.settings.journal != "postgres":
             return
         from tiffany.engine.db_requests import RequestClaimer
-        from tiffany.pgwal import PgLog
+        from tiffany.wal.pg import PgLog
 
         wal = cast(PgLog, self.runtime.wal)
         self.claimer = RequestClaimer(

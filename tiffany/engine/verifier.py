@@ -45,7 +45,7 @@ from typing import Any, Final
 import structlog
 
 from tiffany.config import Settings
-from tiffany.control import ControlError
+from tiffany.wire.control import ControlError
 
 __all__ = ["VERIFY_TIMEOUT_S", "VERIFY_WORKERS", "Verifier"]
 
@@ -111,7 +111,7 @@ def _verify(settings: Settings, run_id: str) -> tuple[int, Any]:
     from tiffany.durable.retention import released_note
     from tiffany.engine import journal_source, replay_resolvers
     from tiffany.errors import TiffanyError
-    from tiffany.shards import seq_base
+    from tiffany.wire.shards import seq_base
 
     try:
         report = verify(

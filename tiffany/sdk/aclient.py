@@ -17,7 +17,6 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from tiffany.redaction import redact_url_credentials
 from tiffany.sdk import protocol
 from tiffany.sdk.client import FEED_OPEN_TIMEOUT_S, REMEMBERED_RUNS
 from tiffany.sdk.errors import ConnectionFailed, Unavailable, WaitTimeout
@@ -34,6 +33,7 @@ from tiffany.sdk.models import (
     SignalAnswer,
     SubmitAnswer,
 )
+from tiffany.wire.redaction import redact_url_credentials
 
 __all__ = ["AsyncClient", "AsyncRunHandle"]
 

@@ -22,7 +22,6 @@ import httpx
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
-from tiffany.redaction import redact_url_credentials
 from tiffany.sdk import protocol
 from tiffany.sdk.errors import ConnectionFailed, Unavailable, WaitTimeout
 from tiffany.sdk.models import (
@@ -38,6 +37,7 @@ from tiffany.sdk.models import (
     SignalAnswer,
     SubmitAnswer,
 )
+from tiffany.wire.redaction import redact_url_credentials
 
 __all__ = ["Client", "RunHandle"]
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiffany.errors import TiffanyError
-from tiffany.redaction import redact_url_credentials
+from tiffany.wire.redaction import redact_url_credentials
 
 __all__ = [
     "ApiError",
@@ -44,7 +44,7 @@ class ClientError(TiffanyError):
 
     Its message and its string fields never show a credential of a URL (a
     password in ``Client("http://user:pw@host")``, a ``?token=``): they are
-    masked (:func:`tiffany.redaction.redact_url_credentials`), since an
+    masked (:func:`tiffany.wire.redaction.redact_url_credentials`), since an
     error's words end up in logs and on terminals.
     """
 

@@ -2,7 +2,8 @@
 
 Public API::
 
-    from tiffany.store import Projector, make_engine, queries, session_factory
+    from tiffany.projector import Projector
+    from tiffany.store import make_engine, queries, session_factory
 
     engine = make_engine(settings.database_url)
     projector = Projector(engine)              # the projector process
@@ -10,11 +11,10 @@ Public API::
     with session_factory(engine)() as session:
         runs = queries.list_runs(session, status="running", limit=20)
 
-The store imports nothing above ``errors`` and ``config``: records arrive
-decoded from the engine, and ``tiffany db rebuild`` reads the WAL for it.
+The projector (``tiffany.projector``) writes it. The store imports nothing
+above ``errors`` and ``config``: records arrive decoded from the engine.
 """
 
-from tiffany.records import RecordType
 from tiffany.store import queries
 from tiffany.store.models import (
     Base,
@@ -27,15 +27,13 @@ from tiffany.store.models import (
     StepStatus,
     Task,
 )
-from tiffany.store.projector import ApplyReport, Projector
 from tiffany.store.session import make_engine, make_reader_engine, session_factory
+from tiffany.wire.records import RecordType
 
 __all__ = [
-    "ApplyReport",
     "Base",
     "DeadLetter",
     "JournalRecord",
-    "Projector",
     "ProjectorState",
     "RecordType",
     "Run",

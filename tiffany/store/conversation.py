@@ -40,11 +40,11 @@ from typing import Any, Final
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from tiffany.records import RecordType
 from tiffany.store.graph import plan_graph
 from tiffany.store.journal import records_span
 from tiffany.store.models import JournalRecord, Run, Step, Task, TaskKind
 from tiffany.store.queries import TASK_STATUS
+from tiffany.wire.records import RecordType
 
 __all__ = ["AGENT_TOOL", "MODEL_TOOL", "NotAgentStep", "agent_conversation"]
 

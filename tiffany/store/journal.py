@@ -3,7 +3,7 @@
 The projector (``projector.py``) turns records into runs, tasks and steps,
 and also keeps the records themselves (``journal_records``, in the same
 transaction and under the same mark), with their fields named as the
-record's struct names them (:mod:`tiffany.records`) by :func:`record_row`,
+record's struct names them (:mod:`tiffany.wire.records`) by :func:`record_row`,
 so the dashboard's journal table and ``GET /api/runs/{id}/events`` page
 through a run's history without the WAL.
 """
@@ -15,10 +15,10 @@ from typing import Any, Final
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from tiffany.records import Record, RecordType, Unknown
-from tiffany.shards import engine_of, seq_last
 from tiffany.store.models import JournalRecord, Run
 from tiffany.store.records import jsonable
+from tiffany.wire.records import Record, RecordType, Unknown
+from tiffany.wire.shards import engine_of, seq_last
 
 __all__ = ["record_row", "records_span", "run_records", "signal_record"]
 
@@ -46,7 +46,7 @@ def records_span(session: Session, run_id: str) -> tuple[int, int, int] | None:
         return None
     run_no, start = run.run_no, run.start_seq or 0
     # A legacy WAL may reuse the number, and other engines have their own
-    # numbers (tiffany/shards.py): the run's records lie between its RUN_START
+    # numbers (tiffany/wire/shards.py): the run's records lie between its RUN_START
     # and the next RUN_START with the same number, within its engine's seqs.
     last = seq_last(engine_of(start))
     end = session.scalar(

@@ -4,7 +4,7 @@ The store is a projection of the journal (docs/architecture.md, "Storage"): ever
 row here can be rebuilt from the WAL (``tiffany db rebuild``), so nothing in
 it is a source of truth, except the ``wal_*`` tables: they are the
 journal itself when it lives in PostgreSQL (``TIFFANY_JOURNAL=postgres``,
-``tiffany.pgwal``); a rebuild never touches them. Alembic owns the schema
+``tiffany.wal.pg``); a rebuild never touches them. Alembic owns the schema
 (``migrations/versions/``); a change here needs a new revision, and
 ``alembic check`` (run by the tests) fails when they disagree.
 
@@ -156,7 +156,7 @@ class TaskState(enum.StrEnum):
 
 
 class TaskKind(enum.StrEnum):
-    """What a task is in its run: the role its SPAWN record holds (``tiffany.records``)."""
+    """What a task is in its run: the role its SPAWN record holds (``tiffany.wire.records``)."""
 
     PLANNER = "planner"
     WORKER = "worker"
@@ -317,8 +317,8 @@ class JournalRecord(Base):
     """One journal record, decoded (the dashboard's journal table, ``GET /api/runs/{id}/events``).
 
     ``data`` names the record's fields (``{"n", "ltid", "kind", "arg"}`` for a
-    DISPATCH: the fields of its struct in ``tiffany/records.py``). Keyed by WAL sequence number,
-    so applying a batch twice changes nothing.
+    DISPATCH: the fields of its struct in ``tiffany/wire/records.py``). Keyed by
+    WAL sequence number, so applying a batch twice changes nothing.
     """
 
     __tablename__ = "journal_records"
@@ -439,7 +439,7 @@ class WalCheckpoint(Base):
 
 
 class Schedule(Base):
-    """A cron schedule of a plan: each tick starts one run (``tiffany/engine/schedules.py``).
+    """A cron schedule of a plan: each tick starts one run (``tiffany/schedules/runner.py``).
 
     Written by the API and the CLI; engine 0 fires the ticks and moves
     ``last_tick`` once a tick's run is durable (its Idempotency-Key,
@@ -479,7 +479,7 @@ class ScheduleClock(Base):
     A change takes the next seq with an ``UPDATE`` of this row in its own
     transaction, so the row's lock orders the seqs as the commits: a reader
     that saw seq N never sees a change with a smaller seq appear later
-    (``tiffany/store/schedules.py``: :func:`~tiffany.store.schedules.changed_since`).
+    (``tiffany/schedules/store.py``: :func:`~tiffany.schedules.store.changed_since`).
     """
 
     __tablename__ = "schedule_clock"

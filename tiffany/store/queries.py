@@ -31,7 +31,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session, selectinload
 
-from tiffany.shards import engine_of, seq_base
 from tiffany.store.graph import plan_graph
 from tiffany.store.journal import run_records
 from tiffany.store.models import (
@@ -44,6 +43,7 @@ from tiffany.store.models import (
     TaskState,
 )
 from tiffany.store.session import driver_errors
+from tiffany.wire.shards import engine_of, seq_base
 
 __all__ = [
     "DEFAULT_PAGE_SIZE",
@@ -160,7 +160,7 @@ def watermark(session: Session, engine: int = 0) -> int:
     """Return the store's watermark of an engine's journal: the last seq projected.
 
     An engine nothing was projected of yet is at the seq before its first
-    (``tiffany/shards.py``; 0 for engine 0).
+    (``tiffany/wire/shards.py``; 0 for engine 0).
     """
     value = session.scalar(
         select(ProjectorState.last_seq).where(ProjectorState.id == PROJECTOR_STATE_ID + engine)

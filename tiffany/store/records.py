@@ -1,6 +1,6 @@
 """Journal values as the store shows them: made JSON, bounded, and errors read.
 
-The records themselves are :mod:`tiffany.records` (the store decodes them
+The records themselves are :mod:`tiffany.wire.records` (the store decodes them
 with the same typed structs the durable layer writes). What is left here
 is the store's reading of the values they hold: tuples, sets, bytes,
 stand-ins for unencodable values (which keep a ``repr``), and errors
@@ -175,7 +175,7 @@ def _jsonable_other(value: Any, _depth: int) -> Any:
         return sorted((jsonable(v, depth) for v in value), key=repr)
     if isinstance(value, bytes | bytearray | memoryview):
         return _clean(bytes(value).decode("utf-8", "replace"))
-    text = getattr(value, "repr", None)  # a stand-in: tiffany.values.Unencodable
+    text = getattr(value, "repr", None)  # a stand-in: tiffany.wire.values.Unencodable
     return _clean(text) if isinstance(text, str) else excerpt(value)
 
 

@@ -54,7 +54,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from tiffany.records import (
+from tiffany.wire.records import (
     MAX_ARG_CHARS,
     Dispatch,
     Hold,

@@ -7,7 +7,7 @@ one PostgreSQL store), would take the new WAL's records for ones it holds
 already and skip them. The first writer to open a WAL directory writes a
 random name into its ``JOURNAL`` file (``file:`` and 32 hex digits); the
 store records the name of the journal it projects and refuses another
-(:class:`tiffany.store.projector.StoreJournalMismatch`).
+(:class:`tiffany.projector.apply.StoreJournalMismatch`).
 
 The file is written once, atomically (a temporary file, fsynced, renamed,
 the directory fsynced), under the directory's lock, and never changed: a

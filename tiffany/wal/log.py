@@ -1,7 +1,7 @@
 """What the journal needs from a log, whichever backend holds it.
 
 Two backends implement it: :class:`~tiffany.wal.writer.Wal` (segment files
-under a data dir, the embedded default) and ``tiffany.pgwal.PgLog`` (a
+under a data dir, the embedded default) and ``tiffany.wal.pg.PgLog`` (a
 stream of rows in PostgreSQL, for engines that share a database). The
 journal, replay, verify and recovery see only this surface: a gapless
 sequence of ``(seq, type byte, opaque payload)`` records, appended in a

@@ -107,7 +107,7 @@ def recover(
         write: ``os.write`` or a stand-in, for a new segment's header.
         fsync: ``os.fsync`` or a stand-in; None (policy ``off``) syncs nothing.
         first_seq: The seq of an empty log's first record (an engine's range
-            starts there: ``tiffany/shards.py``).
+            starts there: ``tiffany/wire/shards.py``).
         limit_seq: The seqs this log may hold stop below it (None: no bound).
 
     Raises:

@@ -181,7 +181,7 @@ class Wal(LogState):
             fsync: The fsync policy.
             segment_size_bytes: The rotation size (tests shrink it).
             first_seq: The seq of an empty WAL's first record (an engine's
-                range starts there, ``tiffany/shards.py``).
+                range starts there, ``tiffany/wire/shards.py``).
             limit_seq: The seqs this WAL may hold stop below it; a WAL
                 outside ``first_seq``..``limit_seq`` is refused (another
                 engine's). None: no bound.

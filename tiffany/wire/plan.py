@@ -82,7 +82,7 @@ class ConcurrencySpec(BaseModel):
     """At most ``limit`` runs with the same ``key`` run at once; the others queue (FIFO)."""
 
     # ``key`` may reference the inputs (``"${inputs.user}"``): it is resolved
-    # at submission, into the run's entry (``tiffany/engine/concurrency.py``).
+    # at submission, into the run's entry (``tiffany/agents/concurrency.py``).
 
     model_config = ConfigDict(extra="forbid")
 

@@ -51,7 +51,7 @@ from tiffany.agents.tools.llm import (
 )
 from tiffany.errors import TaskCrashed
 from tiffany.kernel import Coroutine, NewTask, Step, WaitTask
-from tiffany.records import TaskLabel
+from tiffany.wire.records import TaskLabel
 
 __all__ = [
     "AgentArgs",

@@ -68,8 +68,8 @@ from tiffany.agents.tools.base import (
     ToolSettings,
 )
 from tiffany.agents.tracebacks import DEFAULT_LIMITS, TracebackLimits, traceback_fields
-from tiffany.documents import did_you_mean
 from tiffany.kernel import Coroutine, RunInThread, Step
+from tiffany.wire.documents import did_you_mean
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -324,9 +324,7 @@ def check_python_steps(steps: Iterable[Any], loc_prefix: str = "") -> list[dict[
 
 
 #: Each registered function's signature, once (None: it has none to check against).
-_SIGNATURES: weakref.WeakKeyDictionary[Any, inspect.Signature | None] = (
-    weakref.WeakKeyDictionary()
-)
+_SIGNATURES: weakref.WeakKeyDictionary[Any, inspect.Signature | None] = weakref.WeakKeyDictionary()
 
 
 def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:

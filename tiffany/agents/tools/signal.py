@@ -57,10 +57,10 @@ from referencing.jsonschema import DRAFT202012, specification_with
 
 from tiffany.agents.refs import RefError, find_refs, resolve
 from tiffany.agents.tools.base import FreeFormOutput, ToolArgs, ToolContext, ToolError
-from tiffany.documents import SIGNAL_NAME_PATTERN
 from tiffany.errors import WaitTimeout
 from tiffany.kernel import Coroutine, Receive
-from tiffany.records import reserved_signal, reserved_signal_message
+from tiffany.wire.documents import SIGNAL_NAME_PATTERN
+from tiffany.wire.records import reserved_signal, reserved_signal_message
 
 __all__ = [
     "MAX_PAYLOAD_ERRORS",

@@ -14,7 +14,7 @@ How it stays durable: the child is started by an inline durable step (its
 record says the child started, so neither a replay nor a recovery starts
 it twice), and its end reaches the parent as a journaled signal
 (``child:<child run id>``) that the parent's step receives. That name is in
-the engine's reserved namespace (``tiffany.records.RESERVED_SIGNAL_PREFIXES``):
+the engine's reserved namespace (``tiffany.wire.records.RESERVED_SIGNAL_PREFIXES``):
 the engine sends it from the child's own end, through a path no client
 request reaches; a client's ``child:...`` signal is refused. A parent that
 ends (cancelled, or failed by another step) has the engine cancel its
@@ -36,9 +36,9 @@ from pydantic import Field
 
 from tiffany.agents.tools.base import FreeFormOutput, ToolArgs, ToolContext, ToolError
 from tiffany.agents.tools.workspace import open_in_workspace
-from tiffany.documents import DocumentError, load
 from tiffany.kernel import Coroutine, Receive, Step
-from tiffany.records import CHILD_SIGNAL_PREFIX
+from tiffany.wire.documents import DocumentError, load
+from tiffany.wire.records import CHILD_SIGNAL_PREFIX
 
 __all__ = [
     "CHILD_SIGNAL_PREFIX",

@@ -1,6 +1,6 @@
 """``WS /ws/activity?run_id=&since=SEQ``: the activity feed as JSON text frames.
 
-Each frame is one PAL event (schema v2, ``tiffany/pal/events.py``) with a
+Each frame is one PAL event (schema v2, ``tiffany/feed/events.py``) with a
 strictly increasing ``seq`` (across engine restarts too; not consecutive)
 and the ``wal_seq`` of the journal record it comes from (what
 ``GET /api/runs/{id}?min_seq=`` takes), or a control frame:
@@ -34,12 +34,12 @@ client that reads again gets them all and then the ``cutoff``. A socket that
 has not taken them ``ws_cutoff_linger_s`` after the cutoff is reset: the
 client sees the connection drop with no close frame (1006) and no
 ``cutoff``, and resumes with ``since=<the last seq it received>`` as after
-any drop (``tiffany.api.wsdirect.DirectWriter.close_after``; under a server
+any drop (``tiffany.feed.wsdirect.DirectWriter.close_after``; under a server
 without the direct writer the two frames are sent through ASGI, within
 :data:`CUTOFF_SEND_TIMEOUT_S` or not at all).
 
 Resume after any disconnect with ``since=<last seq received>``; events come
-from this process's relay (:mod:`tiffany.api.feed`), never from a
+from this process's relay (:mod:`tiffany.feed.relay`), never from a
 subscription of the engine per websocket. Messages the client sends are
 read and ignored.
 """
@@ -57,8 +57,8 @@ import structlog
 from fastapi import APIRouter, Query, WebSocket, WebSocketDisconnect
 
 from tiffany.api.deps import get_state
-from tiffany.api.feed import READ_BATCH_ENTRIES, FeedSubscriber
-from tiffany.api.wsdirect import DirectWriter, direct_writer_of, text_frame
+from tiffany.feed.relay import READ_BATCH_ENTRIES, FeedSubscriber
+from tiffany.feed.wsdirect import DirectWriter, direct_writer_of, text_frame
 
 __all__ = ["router"]
 
@@ -103,7 +103,7 @@ async def _send_frames(
 
     A resume older than the relay's ring is caught up through ASGI; then the
     subscriber goes to the relay's direct writes (``direct``, see
-    :mod:`tiffany.api.wsdirect`), or, under a server without them, this task
+    :mod:`tiffany.feed.wsdirect`), or, under a server without them, this task
     sends its frames.
     """
     relay = sub.relay

@@ -46,11 +46,11 @@ from tiffany.api.schemas import (
     SubmitRequest,
 )
 from tiffany.api.timing import timed
-from tiffany.documents import SIGNAL_NAME_PATTERN
 from tiffany.errors import TiffanyError
-from tiffany.records import RESERVED_SIGNAL_PREFIXES, reserved_signal, reserved_signal_message
 from tiffany.store import Run, RunStatus, queries
 from tiffany.store.conversation import NotAgentStep, agent_conversation
+from tiffany.wire.documents import SIGNAL_NAME_PATTERN
+from tiffany.wire.records import RESERVED_SIGNAL_PREFIXES, reserved_signal, reserved_signal_message
 
 __all__ = ["DEFAULT_EVENTS_PAGE", "MAX_EVENTS_PAGE", "router"]
 
@@ -243,7 +243,7 @@ def _page(
     """A page of runs, newest first: by RUN_START seq, or (``by_time``) by start time.
 
     Several engines (``by_time``) write seqs of their own ranges
-    (tiffany/shards.py), which order runs by engine before time: their runs
+    (tiffany/wire/shards.py), which order runs by engine before time: their runs
     are ordered by the RUN_START's journal time, then seq. ``before`` is
     always a run's ``start_seq`` (the previous page's ``next_before``).
     """

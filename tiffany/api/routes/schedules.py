@@ -1,7 +1,7 @@
 """``/api/schedules``: cron schedules of plans; each tick starts one run.
 
-The rows are the store's (``tiffany/store/schedules.py``); engine 0 fires
-the ticks (``tiffany/engine/schedules.py``). A schedule's plan is checked by
+The rows are the store's (``tiffany/schedules/store.py``); engine 0 fires
+the ticks (``tiffany/schedules/runner.py``). A schedule's plan is checked by
 an engine when it is added (422 naming the field), like a submission. Its
 body is read as a submission's is (``tiffany/api/body.py``: 413 over
 ``TIFFANY_MAX_PLAN_BYTES`` before it is buffered, 422 naming the byte or
@@ -22,7 +22,7 @@ from tiffany.api.deps import State
 from tiffany.api.openapi import request_body
 from tiffany.api.schemas import ErrorBody, Plan
 from tiffany.errors import TiffanyError
-from tiffany.store import schedules
+from tiffany.schedules import store as schedules
 
 __all__ = ["router"]
 

@@ -18,9 +18,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from tiffany.api.deps import State, StoreUnavailable
 from tiffany.api.engines import merge_metrics
 from tiffany.api.schemas import Readiness
-from tiffany.control import ControlError, ControlUnavailable
-from tiffany.shards import owners_here
 from tiffany.store import queries
+from tiffany.wire.control import ControlError, ControlUnavailable
+from tiffany.wire.shards import owners_here
 
 __all__ = ["STATIC_DIR", "router"]
 

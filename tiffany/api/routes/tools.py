@@ -23,8 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tiffany.api.deps import State
 from tiffany.api.schemas import ErrorBody
-from tiffany.control import ControlUnavailable
 from tiffany.errors import TiffanyError
+from tiffany.wire.control import ControlUnavailable
 
 __all__ = ["ToolInfo", "ToolList", "router"]
 

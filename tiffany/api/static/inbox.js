@@ -13,7 +13,7 @@ import { ago, fill, h, runNo, throttle, timeEl } from "./dom.js";
 
 /** The most waiting runs the inbox lists (the count is always exact). */
 const INBOX_PAGE = 100;
-/** Seqs an engine owns: engine i writes seqs i * 2^40 + 1 .. (i + 1) * 2^40 (tiffany/shards.py). */
+/** Seqs an engine owns: engine i writes seqs i * 2^40 + 1 .. (i + 1) * 2^40 (tiffany/wire/shards.py). */
 const ENGINE_SEQS = 2 ** 40;
 
 /** One `waiting_for` entry in words: "signal approve (step approve)", "tool shell (step sh)". */

@@ -73,7 +73,7 @@ function filterQuery(route, q) {
 function filterKey(route) {
   return JSON.stringify([route.status || null, ...[...TEXT_FILTERS, ...TIME_FILTERS].map((k) => route[k] || null)]);
 }
-/** Seqs an engine owns: engine i writes seqs i * 2^40 + 1 .. (i + 1) * 2^40 (tiffany/shards.py). */
+/** Seqs an engine owns: engine i writes seqs i * 2^40 + 1 .. (i + 1) * 2^40 (tiffany/wire/shards.py). */
 const ENGINE_SEQS = 2 ** 40;
 
 export class RunsPane {

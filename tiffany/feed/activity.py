@@ -14,10 +14,10 @@ from typing import Any, Final
 
 from tiffany.durable.gate import HeldStep
 from tiffany.durable.journal import TaskMeta
+from tiffany.feed import Hub
+from tiffany.feed.events import TaskFields
 from tiffany.kernel import RETURNED, Instrument, SystemCall, Task
-from tiffany.pal import Hub
-from tiffany.pal.events import TaskFields
-from tiffany.values import text_of
+from tiffany.wire.values import text_of
 
 __all__ = ["ActivityLog"]
 
@@ -78,7 +78,7 @@ def _step_outcome(result: Any) -> dict[str, Any] | None:
 
 
 class ActivityLog(Instrument):
-    """Publish task activity to a :class:`~tiffany.pal.Hub`."""
+    """Publish task activity to a :class:`~tiffany.feed.Hub`."""
 
     def __init__(self, hub: Hub, *, dispatches: bool = True, runs_only: bool = False) -> None:
         self.hub = hub

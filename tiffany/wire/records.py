@@ -3,7 +3,7 @@
 The WAL stores opaque ``(type, payload)`` records; this module gives them a
 meaning, for every layer that reads or writes them (the durable layer
 records and replays, the store projects, the CLI dumps). It is a leaf: it
-imports only the standard library, msgspec and ``tiffany.values``.
+imports only the standard library, msgspec and ``tiffany.wire.values``.
 
 Every record of a run starts with the run's number as a 4-byte
 little-endian prefix, so a reader can skip other runs' records without
@@ -55,9 +55,9 @@ number stays reserved so that no later record type reuses it.
 
 Values that came from outside (step results, ``Now()``, thread results),
 in the ``value`` fields, are packed by
-``tiffany/values.py`` (:func:`~tiffany.values.pack_value`: tuples, sets and
+``tiffany/wire/values.py`` (:func:`~tiffany.wire.values.pack_value`: tuples, sets and
 stand-ins as msgpack extensions, sets sorted); the decoders here unpack
-those extensions with its :func:`~tiffany.values.ext_hook`.
+those extensions with its :func:`~tiffany.wire.values.ext_hook`.
 
 Discussion: the run prefix is fixed-width on purpose. A variable-width
 msgpack int would force a decode to learn the run; with 4 raw bytes,
@@ -72,7 +72,7 @@ from typing import Any, ClassVar, Final, Literal
 
 import msgspec
 
-from tiffany.values import ext_hook
+from tiffany.wire.values import ext_hook
 
 __all__ = [
     "CHILD_SIGNAL_PREFIX",
@@ -123,7 +123,7 @@ JOURNAL_COMPAT: Final = 3
 
 #: The signal (a WAKE of the run, cause ``signal``: docs/wal-format.md) that
 #: gives a run with a ``concurrency`` limit its slot; its planner waits for
-#: it first (``tiffany/engine/concurrency.py``), and the store shows the run
+#: it first (``tiffany/agents/concurrency.py``), and the store shows the run
 #: ``pending`` until it is journaled.
 SLOT_SIGNAL: Final = "concurrency.slot"
 #: A child run's end reaches its parent as the signal ``child:<child run id>``

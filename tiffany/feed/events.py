@@ -16,7 +16,7 @@ Schema v2 (JSON object, one per event)::
                by it)
     engine     int, the engine that published it (``serve --engines N``:
                0..N-1); its ``wal_seq`` lies in that engine's range
-               (``tiffany/shards.py``)
+               (``tiffany/wire/shards.py``)
     run_id     str | null (null for tasks outside any run)
     task_id    int, the engine's task id;  ltid: int | null, the run-local id
     task       str, the task's name;  task_kind: planner | worker | tool | step | task
@@ -52,7 +52,7 @@ clients); ``wal_seq`` is new.
 
 An event always encodes: text holding a lone surrogate (a task named from
 data, an error's message) is sent escaped, and a part of ``data`` with no
-JSON form as its repr (``tiffany.values.encodable``); a hub that could not
+JSON form as its repr (``tiffany.wire.values.encodable``); a hub that could not
 encode an event would stop for every run.
 
 Control frames on the feed (not events): ``{"type": "gone", "oldest": seq}``
@@ -67,7 +67,7 @@ from typing import Any, Final
 
 import msgspec
 
-from tiffany.values import ENCODE_ERRORS, encodable, stand_in_text
+from tiffany.wire.values import ENCODE_ERRORS, encodable, stand_in_text
 
 __all__ = [
     "EVENT_KINDS",

@@ -63,7 +63,7 @@ import structlog
 from tiffany import __version__
 from tiffany.durable.journal import TaskMeta
 from tiffany.kernel import Instrument, Task
-from tiffany.values import text_of
+from tiffany.wire.values import text_of
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import SpanProcessor, TracerProvider

@@ -2,7 +2,7 @@
 
 The projector (``projector.py``) owns the transactions: batches, the mark,
 quarantine. For each record of a batch it asks :meth:`RowFold.apply` to
-add the record's changes to the batch's :class:`~tiffany.store.rows.Batch`
+add the record's changes to the batch's :class:`~tiffany.projector.rows.Batch`
 (new rows and updates, merged per row); the fold keeps what it needs of
 each run between records (:class:`_RunCtx`), and reloads it from the rows
 when memory does not hold it (after a restart, an eviction, or another
@@ -22,7 +22,7 @@ What the journal says, and what the projection makes of it:
   ``STEP_START`` or ``TASK_EXIT`` whose ``n`` is above the run's dispatch
   count stands for the DISPATCH the journal did not write (``NewTask``,
   ``Now()``/``Random()``, ``Step``, a task's final ``return``;
-  ``tiffany.records.carried``) and is applied as that dispatch too, so
+  ``tiffany.wire.records.carried``) and is applied as that dispatch too, so
   the rows are the same either way.
 * ``WAKE``: the task is ``ready`` again. ``OUTCOME`` of ``Now()``: the run's
   clock moves (task and step start and end times are read from it); so does
@@ -69,7 +69,20 @@ from typing import Any, Final
 
 from sqlalchemy import Connection, select
 
-from tiffany.records import (
+from tiffany.projector.rows import Batch
+from tiffany.store.models import (
+    DeadLetter,
+    Run,
+    RunStatus,
+    Step,
+    StepStatus,
+    Task,
+    TaskKind,
+    TaskState,
+)
+from tiffany.store.records import BLOCKING_KINDS, attempt_times, error_dict, jsonable, text
+from tiffany.store.waits import RunWaits
+from tiffany.wire.records import (
     MAX_ARG_CHARS,
     SLOT_SIGNAL,
     Dispatch,
@@ -87,20 +100,7 @@ from tiffany.records import (
     carried,
     root_role,
 )
-from tiffany.shards import seq_base, seq_last
-from tiffany.store.models import (
-    DeadLetter,
-    Run,
-    RunStatus,
-    Step,
-    StepStatus,
-    Task,
-    TaskKind,
-    TaskState,
-)
-from tiffany.store.records import BLOCKING_KINDS, attempt_times, error_dict, jsonable, text
-from tiffany.store.rows import Batch
-from tiffany.store.waits import RunWaits
+from tiffany.wire.shards import seq_base, seq_last
 from tiffany.wire.status import TERMINAL
 
 __all__ = ["MAX_CACHED_FINISHED_RUNS", "RowFold"]
@@ -209,7 +209,7 @@ class RowFold:
     """Fold one engine's journal records into row changes (the module docstring).
 
     Args:
-        shard: The engine whose records these are (``tiffany/shards.py``):
+        shard: The engine whose records these are (``tiffany/wire/shards.py``):
             its runs are those whose RUN_START is in its seqs.
 
     Memory: the contexts of unfinished runs, and of the last

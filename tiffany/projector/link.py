@@ -1,6 +1,6 @@
 """The engine's side of the projector: "durable up to N" out, "projected up to M" in.
 
-The projector process (:mod:`tiffany.engine.projector_proc`) tails the WAL
+The projector process (:mod:`tiffany.projector.process`) tails the WAL
 on disk itself. The engine tells it only how far the WAL is durable: after
 each group commit the WAL calls :meth:`ProjectorLink.committed` on the
 scheduler thread, which writes the durable seq to the process's stdin as 8
@@ -59,7 +59,7 @@ from typing import IO, Any, Final
 
 import structlog
 
-from tiffany.engine.projector_proc import DURABLE, READ_WANTS, READER_WAITS
+from tiffany.projector.process import DURABLE, READ_WANTS, READER_WAITS
 
 __all__ = ["ProjectorLink"]
 
@@ -170,7 +170,7 @@ class ProjectorLink:
         """What the process is told: the durable seq, and whether a read waits on the store.
 
         While a read waits (:meth:`when_projected`), the process applies what
-        is durable after :data:`~tiffany.engine.projector_proc.GATHER_S`;
+        is durable after :data:`~tiffany.projector.process.GATHER_S`;
         while none does, it gathers longer (``GATHER_IDLE_S``): fewer, larger
         transactions, less CPU a record.
         """

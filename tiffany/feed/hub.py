@@ -50,7 +50,7 @@ from typing import Any, Final, Protocol
 
 import msgspec
 
-from tiffany.pal.events import (
+from tiffany.feed.events import (
     SEQS_PER_RECORD,
     Event,
     TaskFields,
@@ -209,7 +209,7 @@ class Hub:
         seq_file: The high-water mark's file (:data:`FEED_SEQ_FILE` in the
             data dir); None keeps none (tests).
         seq0: The lowest seq this hub may hand out.
-        engine: The engine publishing (``tiffany/shards.py``): each event
+        engine: The engine publishing (``tiffany/wire/shards.py``): each event
             carries it, and feed keys count from the engine's first WAL
             seq (``base``), so they stay far below 2^53 whatever the engine.
         base: The seq before the engine's first WAL record.

@@ -1,7 +1,7 @@
 """Values from outside a run, as the journal packs them and a replay compares them.
 
 Step results, ``Now()``, thread results, signal payloads, a task's result
-or an error's arguments: the records of ``tiffany/records.py`` carry them
+or an error's arguments: the records of ``tiffany/wire/records.py`` carry them
 in their ``value`` fields (OUTCOME, WAKE, TASK_EXIT, RUN_END), packed
 here. This module is how such a value becomes msgpack
 (:func:`pack_value`), how it comes back (:func:`ext_hook`,
@@ -43,7 +43,7 @@ Invariants:
       (``durable/recorder.py``), and :func:`encodable` makes any value
       encodable.
 
-Discussion: this was the second half of ``tiffany/records.py``. The two
+Discussion: this was the second half of ``tiffany/wire/records.py``. The two
 change for different reasons: a record's layout is the journal's own and
 changes with a new trailing field; a value's packing follows what user code
 returns (dataclasses, Structs, sets, objects that do not encode) and has
@@ -90,7 +90,7 @@ def ext_hook(code: int, data: memoryview) -> Any:
     """Return the value a msgpack extension of :func:`pack_value` stands for.
 
     The ``ext_hook`` of every decoder of journaled values (the record
-    decoders of ``tiffany/records.py``): a tuple, a set or a frozenset with
+    decoders of ``tiffany/wire/records.py``): a tuple, a set or a frozenset with
     its items unpacked (:func:`unpack_value`), or the :class:`Unencodable` a
     stand-in was.
 

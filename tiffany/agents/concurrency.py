@@ -30,7 +30,7 @@ from typing import Any
 
 import structlog
 
-from tiffany.records import SLOT_SIGNAL
+from tiffany.wire.records import SLOT_SIGNAL
 
 __all__ = ["SLOT_SIGNAL", "Slots", "spec_of"]
 

@@ -5,7 +5,7 @@ ASGI sends one message per ``await send(...)``: through every middleware's
 one write, in the sender's own task. For the activity feed that is the
 cost of fan-out: 100 websockets following the engine cost the API some
 70 us each per run, ~7 ms of CPU per submission (bench/fanout.py). The
-relay (:mod:`tiffany.api.feed`) instead frames each message once and writes
+relay (:mod:`tiffany.feed.relay`) instead frames each message once and writes
 the same bytes to every subscriber that is due it, in one pass, from the
 relay's callback: no task switch, no framing per subscriber.
 

@@ -2,7 +2,7 @@
 
 The engine hands :meth:`Projector.apply` batches of journal records it has
 already decoded, ``(seq, rtype, run_no, record)`` (the typed structs of
-:mod:`tiffany.records`); the store never reads the WAL itself (it sits
+:mod:`tiffany.wire.records`); the store never reads the WAL itself (it sits
 below the durable layer). ``tiffany db rebuild`` feeds the same method
 from the start of the WAL, so a rebuilt store and one projected
 incrementally are row for row the same.
@@ -52,17 +52,9 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import update as sql_update
 
 from tiffany.errors import TiffanyError
-from tiffany.records import (
-    Record,
-    RecordType,
-    RunStart,
-    Undecodable,
-    Unknown,
-    as_list,
-)
-from tiffany.shards import seq_base, seq_last
-from tiffany.store import pgflush
-from tiffany.store.fold import RowFold
+from tiffany.projector import pgflush
+from tiffany.projector.fold import RowFold
+from tiffany.projector.rows import Batch, driver, mark_sql
 from tiffany.store.journal import record_row
 from tiffany.store.models import (
     PROJECTED_CHANNEL,
@@ -79,7 +71,15 @@ from tiffany.store.records import (
     excerpt,
     text,
 )
-from tiffany.store.rows import Batch, driver, mark_sql
+from tiffany.wire.records import (
+    Record,
+    RecordType,
+    RunStart,
+    Undecodable,
+    Unknown,
+    as_list,
+)
+from tiffany.wire.shards import seq_base, seq_last
 
 __all__ = [
     "PROJECTED_CHANNEL",
@@ -174,7 +174,7 @@ class Projector:
             store holding another journal's rows is refused
             (:class:`StoreJournalMismatch`), unless ``claim`` is false (a
             rebuild, which empties the store first).
-        shard: The engine whose journal this is (``tiffany/shards.py``): its
+        shard: The engine whose journal this is (``tiffany/wire/shards.py``): its
             seqs, and its row of ``projector_state`` (the mark), are its own,
             so the projectors of several engines share one store.
         reaches: ``reaches(seq)``: whether the journal holds a record at or
@@ -435,7 +435,7 @@ class Projector:
             .where(ProjectorState.id == self._state_id)
         )
         if not exists:
-            # An engine's mark starts below its first seq (tiffany/shards.py).
+            # An engine's mark starts below its first seq (tiffany/wire/shards.py).
             conn.execute(insert(ProjectorState).values(id=self._state_id, last_seq=self._base))
 
     def _lock_mark(self, conn: Connection) -> int:

@@ -5,7 +5,7 @@ burst that wakes hundreds of senders at once would hold one pass of the
 loop for tens of milliseconds while every HTTP request of the process
 waits. :class:`FairShare` gives the senders :data:`FANOUT_SLICE_S` of each
 pass and queues the rest for the next passes (see :meth:`FairShare.turn`).
-The relay's direct writes (:mod:`tiffany.api.wsdirect`) do not take turns:
+The relay's direct writes (:mod:`tiffany.feed.wsdirect`) do not take turns:
 they bound their own pass (``feed.DIRECT_SLICE_S``).
 """
 
@@ -44,7 +44,7 @@ class FairShare:
         tens of milliseconds, and every HTTP request in the process waits for
         that pass (with 200 subscribers that never read, whose sockets took
         every event until their buffers filled, submissions were 5 to 10 times
-        slower; see :func:`tiffany.api.wsdirect.bound_send_buffer`). Instead the senders share
+        slower; see :func:`tiffany.feed.wsdirect.bound_send_buffer`). Instead the senders share
         :data:`FANOUT_SLICE_S` of each pass; once it is spent, the others queue
         (FIFO) and the next passes wake as many of them as fitted in the last
         slice. A pass thus carries at most a slice of fan-out (plus one sender's

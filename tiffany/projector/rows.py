@@ -8,7 +8,7 @@ and its changed rows' new column values by key) and writes them:
   rows as one ``executemany`` UPDATE per set of changed columns, on the
   driver's cursor (:func:`driver`), inside the projector's transaction.
 * PostgreSQL: the whole batch, the mark's move and its notification as one
-  statement (:mod:`tiffany.store.pgflush`).
+  statement (:mod:`tiffany.projector.pgflush`).
 
 Statements are the driver's SQL, made once per table and column set;
 parameters are the driver's values (JSON columns as their text,
@@ -25,7 +25,7 @@ from sqlalchemy import Connection, Table, and_, bindparam, insert
 from sqlalchemy import update as sql_update
 from sqlalchemy.sql.dml import Insert, Update
 
-from tiffany.store import pgflush
+from tiffany.projector import pgflush
 from tiffany.store.models import JournalRecord, ProjectorState, Run, Step, Task
 from tiffany.store.session import driver_errors, json_text
 

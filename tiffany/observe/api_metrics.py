@@ -1,7 +1,7 @@
 """``GET /metrics``: this process's registry, followed by the engine's.
 
 Two processes, two prometheus-client registries with disjoint metric names:
-the engine renders its own (``tiffany.engine.metrics``, control op
+the engine renders its own (``tiffany.observe.metrics``, control op
 ``metrics``) and this module renders the API's and appends the engine's
 text, so one scrape target serves both behind one token. No metric is
 re-mapped by hand: the engine's text is passed through as it came.
@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tiffany.api.feed import FeedRelay
+from tiffany.feed.relay import FeedRelay
 
 __all__ = ["ApiMetrics"]
 

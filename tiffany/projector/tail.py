@@ -28,11 +28,10 @@ from typing import TYPE_CHECKING, Final, Protocol, cast
 import structlog
 
 from tiffany.errors import WalCorruptionError
-from tiffany.records import decode_record
-from tiffany.shards import engine_of, seq_base
-from tiffany.store import Projector, make_engine
+from tiffany.projector import Projector
+from tiffany.projector.apply import Decoded
+from tiffany.store import make_engine
 from tiffany.store.migrate import upgrade
-from tiffany.store.projector import Decoded
 from tiffany.wal import Source, spans_of
 from tiffany.wal.format import HEADER_SIZE_BYTES
 from tiffany.wal.frame import SHORT_HEADER, SHORT_PAYLOAD, Frame, is_benign
@@ -46,9 +45,11 @@ from tiffany.wal.segments import (
     history_segments,
     list_segments,
 )
+from tiffany.wire.records import decode_record
+from tiffany.wire.shards import engine_of, seq_base
 
 if TYPE_CHECKING:
-    from tiffany.pgwal import PgStream
+    from tiffany.wal.pg import PgStream
 
 log = structlog.get_logger(__name__)
 
@@ -278,7 +279,7 @@ class StreamTail:
 
     The :class:`JournalSource` of the projector when the journal lives in
     the database: one query per read on a kept connection
-    (:meth:`~tiffany.pgwal.PgStream.rows`), bounded by the seq the engine
+    (:meth:`~tiffany.wal.pg.PgStream.rows`), bounded by the seq the engine
     says is committed.
     """
 
@@ -334,7 +335,7 @@ def journal_tail(source: Source) -> JournalSource:
 def project_wal(database_url: str, wal_dir: Source, shard: int = 0) -> int:
     """Apply the journal's records the store has not seen yet; return the store's last seq.
 
-    ``shard``: the engine whose journal it is (``tiffany/shards.py``).
+    ``shard``: the engine whose journal it is (``tiffany/wire/shards.py``).
     """
     engine = make_engine(database_url)
     try:

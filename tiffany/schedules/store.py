@@ -1,7 +1,7 @@
 """Schedules of plans: cron, time zone, catch-up policy; each tick starts one run.
 
 The rows live in the store (``schedules``): the API and the CLI write them,
-engine 0 fires their ticks (``tiffany/engine/schedules.py``). A schedule's
+engine 0 fires their ticks (``tiffany/schedules/runner.py``). A schedule's
 ``cron`` has five fields (minute hour day-of-month month day-of-week) or six
 (and the second, last: ``* * * * * */10`` every ten seconds), evaluated in
 its IANA ``timezone``, daylight-saving changes included, as Vixie cron does:

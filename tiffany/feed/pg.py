@@ -10,7 +10,7 @@ line, kept under PostgreSQL's 8,000-byte payload limit. An event too large
 for one notification is replaced by a small ``tool.output`` event saying so
 (its run's journal and the store have the whole of it).
 
-The API side is :class:`tiffany.api.feed.FeedRelay` (``notify_dsn``).
+The API side is :class:`tiffany.feed.relay.FeedRelay` (``notify_dsn``).
 ``bench/feed_transport.py`` measured LISTEN/NOTIFY against NATS core and
 JetStream, and docs/engines.md says why we chose it.
 
@@ -30,10 +30,10 @@ import msgspec
 import psycopg
 import structlog
 
-from tiffany.pal import Hub
-from tiffany.pgwal import conninfo
+from tiffany.feed import Hub
 from tiffany.store.models import FEED_CHANNEL, channel
 from tiffany.store.models import MAX_NOTIFY_BYTES as MAX_PAYLOAD_BYTES
+from tiffany.wal.pg import conninfo
 
 __all__ = ["FEED_CHANNEL", "MAX_PAYLOAD_BYTES", "NotifyFeed", "split_payloads"]
 

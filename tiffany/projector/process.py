@@ -7,8 +7,8 @@ engine's GIL 62% of the time at 200 submissions/s and made the loop wait
 for it).
 
 The engine tells it how far the WAL is durable; it reads the records from
-the WAL on disk itself (:class:`~tiffany.engine.projection.WalTail`, a
-:class:`~tiffany.engine.projection.JournalSource`). Messages on stdin::
+the WAL on disk itself (:class:`~tiffany.projector.tail.WalTail`, a
+:class:`~tiffany.projector.tail.JournalSource`). Messages on stdin::
 
     durable_seq:u64 (little-endian)   the WAL is durable up to this seq; its top
                                       bit (``READER_WAITS``) set: a read waits
@@ -37,7 +37,7 @@ quarantined records. ``last_seq`` is the store's watermark
 with (docs/clock.md).
 
 Errors: a transient database error (connection lost or refused, database
-locked, server restarting; :func:`tiffany.store.projector.is_transient`)
+locked, server restarting; :func:`tiffany.projector.apply.is_transient`)
 is retried (tenacity) with exponential backoff up to ``MAX_BACKOFF_S``,
 nothing lost (the mark makes the retry skip what was kept). A record that
 fails deterministically never reaches this loop: the projector quarantines
@@ -65,14 +65,15 @@ from typing import Any, Final
 import structlog
 import tenacity
 
-from tiffany.engine.projection import (
+from tiffany.projector import Projector
+from tiffany.projector.tail import (
     DecodedRecord,
     JournalSource,
     journal_id,
     journal_reaches,
     journal_tail,
 )
-from tiffany.store import Projector, make_engine
+from tiffany.store import make_engine
 from tiffany.store.migrate import upgrade
 from tiffany.store.session import checkpoint
 from tiffany.wal import Source
@@ -92,7 +93,7 @@ log = structlog.get_logger(__name__)
 #: One message on stdin: the WAL's durable seq, with :data:`READER_WAITS`.
 DURABLE: Final = struct.Struct("<Q")
 #: The message's top bit: a read waits for the store to reach some seq (a
-#: seq is below 2^53: tiffany/shards.py).
+#: seq is below 2^53: tiffany/wire/shards.py).
 READER_WAITS: Final = 1 << 63
 #: The next bit: the message is not a durable seq but the seq a read waits
 #: for (the engine sends one as each ``min_seq`` read starts to wait).
@@ -212,7 +213,7 @@ class _Applier:
         self.database_url = database_url
         self.journal = journal  # the store must project this journal (projector_state.journal)
         self.reaches = reaches  # and the journal must reach the store's mark
-        self.shard = shard  # the engine whose journal it is (tiffany/shards.py)
+        self.shard = shard  # the engine whose journal it is (tiffany/wire/shards.py)
         self.out = out
         self.engine: Any = None
         self.projector: Projector | None = None
@@ -372,7 +373,7 @@ def run_projector(
     """Follow the journal up to the durable seqs read from ``fd`` (stdin) until EOF; return 0.
 
     ``journal`` is the WAL directory, or the PostgreSQL stream (``journal=postgres``),
-    of engine ``shard`` (``tiffany/shards.py``); ``nice``: see :class:`Priority`
+    of engine ``shard`` (``tiffany/wire/shards.py``); ``nice``: see :class:`Priority`
     (``Settings.projector_nice``).
     """
     notices = Notices(sys.stdin.fileno() if fd is None else fd)

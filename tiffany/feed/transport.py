@@ -44,8 +44,8 @@ from typing import Any, Final
 import msgspec
 import tenacity
 
-from tiffany.pal.events import Event
-from tiffany.pal.hub import Hub
+from tiffany.feed.events import Event
+from tiffany.feed.hub import Hub
 
 __all__ = [
     "FEED_SOCKET",

@@ -73,7 +73,7 @@ __all__ = [
     "streams",
 ]
 
-log = structlog.get_logger("tiffany.pgwal")
+log = structlog.get_logger("tiffany.wal.pg")
 
 #: The stream an engine writes unless told otherwise.
 DEFAULT_STREAM: Final = "main"
@@ -334,11 +334,11 @@ class PgLog(PgStream, LogState):
                 engine restarted after a crash waiting out its dead
                 predecessor's lease); 0 refuses at once.
             first_seq: The seq of a new stream's first record (an engine's
-                range starts there, ``tiffany/shards.py``); an existing
+                range starts there, ``tiffany/wire/shards.py``); an existing
                 stream whose head lies below it is refused (another engine's).
             owner: The name the lease row gives its holder (default: a new
                 :func:`new_owner`); an engine passes its own, written down
-                first where its API looks (``tiffany/shards.py``, owner notes).
+                first where its API looks (``tiffany/wire/shards.py``, owner notes).
 
         Raises:
             WalLockedError: Another engine holds a current lease on the

@@ -2,7 +2,7 @@
 
 The relay (``feed.py``) fans events out to websockets from its ring; this
 module fills it. Each engine serves its feed on a Unix socket
-(:func:`tiffany.pal.transport.follow_lines`); on the PostgreSQL journal the
+(:func:`tiffany.feed.transport.follow_lines`); on the PostgreSQL journal the
 engines, on any host, publish it through ``NOTIFY tiffany_feed`` instead,
 and one ``LISTEN`` follows them all. Each frame goes to the relay
 (:class:`Sink`): ``accept`` for a frame, ``mark_gap`` where events were
@@ -27,7 +27,7 @@ from typing import Any, Final, Protocol
 import structlog
 import tenacity
 
-from tiffany.pal.transport import (
+from tiffany.feed.transport import (
     MAX_RECONNECT_DELAY_S,
     RECONNECT_DELAY_S,
     FeedClosed,
@@ -45,7 +45,7 @@ log = structlog.get_logger(__name__)
 #: Resumes cut off without one new event before the relay takes the live feed.
 STUCK_RESUMES: Final = 2
 
-#: The feed client's shape (:func:`~tiffany.pal.transport.follow_lines`).
+#: The feed client's shape (:func:`~tiffany.feed.transport.follow_lines`).
 FollowLines = Callable[..., AsyncIterator[Lines]]
 
 
@@ -65,7 +65,7 @@ class Sink(Protocol):
 class Upstream:
     """One engine's feed as the relay follows it.
 
-    Discussion: each engine numbers its events itself (``tiffany/pal/hub.py``):
+    Discussion: each engine numbers its events itself (``tiffany/feed/hub.py``):
     with several engines the relay merges the feeds in the order events
     arrive and gives each the key ``max(last key + 1, its engine's seq)``, so
     ``seq`` strictly increases on every websocket, per run and overall, and
@@ -96,7 +96,7 @@ class Upstreams:
     Args:
         paths: Each engine's feed socket, engine 0 first.
         sink: Where the frames go.
-        lines_fn: The feed client (:func:`tiffany.pal.transport.follow_lines`).
+        lines_fn: The feed client (:func:`tiffany.feed.transport.follow_lines`).
         notify_dsn: Follow ``NOTIFY tiffany_feed`` of this database instead
             of the sockets (the PostgreSQL journal: engines on any host).
     """
@@ -160,7 +160,7 @@ class Upstreams:
         instead and marks the gap (``gone``) for its websockets.
 
         The reconnects themselves are tenacity's
-        (:class:`~tiffany.pal.transport.Reconnects`): the end of the stream,
+        (:class:`~tiffany.feed.transport.Reconnects`): the end of the stream,
         a refused or reset connection and a missing socket are retried with
         backoff (at once after a cutoff). Anything else (a frame that is not
         JSON, a permission error) would fail the same way on every resume:
@@ -184,7 +184,7 @@ class Upstreams:
         """Follow every engine's feed through ``LISTEN tiffany_feed``, reconnecting forever.
 
         A notification is one engine's batch: its number on the first line,
-        then its frames, one a line (``tiffany/engine/pg_feed.py``). What is
+        then its frames, one a line (``tiffany/feed/pg.py``). What is
         published while this process is not listening is lost: after a
         reconnect the relay marks the gap (``gone``: reload over HTTP).
         """

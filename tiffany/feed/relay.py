@@ -1,8 +1,8 @@
 """The activity relay: one upstream feed connection, fanned out to websockets.
 
 The engine serves its PAL feed on ``<data dir>/feed.sock``
-(:class:`tiffany.pal.transport.FeedServer`). Each API process keeps exactly
-one live subscription to it (:func:`tiffany.pal.transport.follow`; the
+(:class:`tiffany.feed.transport.FeedServer`). Each API process keeps exactly
+one live subscription to it (:func:`tiffany.feed.transport.follow`; the
 following, reconnects and resumes are ``upstream.py``'s) and fans the
 events out to its websockets itself: the engine's hub thread shares the
 GIL with the scheduler loop, so it must serve one subscriber per API process,
@@ -19,7 +19,7 @@ partition, rather than a queue per subscriber):
   at once after :data:`FLUSH_ENTRIES`), one pass writes each subscriber what
   it is due (:meth:`FeedRelay._push_all`): the message for a ring position
   and filter is framed once and the same bytes go to every subscriber at
-  that position, straight to its transport (:mod:`tiffany.api.wsdirect`),
+  that position, straight to its transport (:mod:`tiffany.feed.wsdirect`),
   with no task switch or trip through ASGI per subscriber. A subscriber whose
   transport pushes back (its buffer above the high-water mark) is skipped,
   its cursor kept, until the transport drains; under a server without the
@@ -36,7 +36,7 @@ partition, rather than a queue per subscriber):
   high-water mark, a sender's blocked send) is cut off the same way (checked by a timer, every
   :data:`DEADLINE_CHECK_S`), and its websocket handler ends even though the
   client neither reads nor closes. Each websocket's kernel send buffer is
-  fixed (:func:`tiffany.api.wsdirect.bound_send_buffer`), so a client that
+  fixed (:func:`tiffany.feed.wsdirect.bound_send_buffer`), so a client that
   never reads blocks after some 200 KB instead of 3 MB;
 * a cap (``max_subscribers``): the route refuses one more with close code
   1013 (try again later), logged as a warning;
@@ -86,16 +86,16 @@ from typing import Any, Final, NamedTuple
 import msgspec
 import structlog
 
-from tiffany.api.fairshare import FairShare
-from tiffany.api.upstream import FollowLines, Upstream, Upstreams
-from tiffany.api.wsdirect import DirectWriter, text_frame
-from tiffany.pal.transport import (
+from tiffany.feed.fairshare import FairShare
+from tiffany.feed.transport import (
     FEED_SOCKET,
     FrameHead,
     feed_head,
     follow,
     follow_lines,
 )
+from tiffany.feed.upstream import FollowLines, Upstream, Upstreams
+from tiffany.feed.wsdirect import DirectWriter, text_frame
 
 __all__ = ["FEED_SOCKET", "FeedRelay", "FeedSubscriber", "feed_path"]
 
@@ -335,11 +335,11 @@ class FeedRelay:
             before the subscriber is cut off.
         max_subscribers: Subscribers at once; :meth:`full` says when a new
             one must be refused.
-        follow_fn: The feed client of catch-ups (:func:`tiffany.pal.transport.follow`).
+        follow_fn: The feed client of catch-ups (:func:`tiffany.feed.transport.follow`).
         lines_fn: The feed client of the live subscription
-            (:func:`tiffany.pal.transport.follow_lines`).
+            (:func:`tiffany.feed.transport.follow_lines`).
         head_fn: Asks an engine's feed for its last seq
-            (:func:`tiffany.pal.transport.feed_head`).
+            (:func:`tiffany.feed.transport.feed_head`).
     """
 
     def __init__(
@@ -358,7 +358,7 @@ class FeedRelay:
     ) -> None:
         paths = [Path(p) for p in path] if isinstance(path, list) else [Path(path)]
         #: The engines' feeds (or, on the PostgreSQL journal, ``NOTIFY
-        #: tiffany_feed``: tiffany/engine/pg_feed.py) that fill the ring.
+        #: tiffany_feed``: tiffany/feed/pg.py) that fill the ring.
         self.upstreams = Upstreams(paths, self, lines_fn=lines_fn, notify_dsn=notify_dsn)
         self.path = paths[0]
         #: Several feeds merged, each event re-keyed (see :class:`Upstream`).
@@ -540,7 +540,7 @@ class FeedRelay:
     def go_direct(
         self, sub: FeedSubscriber, writer: DirectWriter, *, batch: bool, ping_s: float
     ) -> None:
-        """From now on write ``sub``'s frames from the relay itself (:mod:`tiffany.api.wsdirect`).
+        """From now on write ``sub``'s frames from the relay itself (:mod:`tiffany.feed.wsdirect`).
 
         Called once its catch-up (if any) is done; what the ring holds for it
         is written at once.
@@ -638,7 +638,7 @@ class FeedRelay:
     # -- fair share ---------------------------------------------------------------
 
     async def turn(self) -> None:
-        """Wait for this sender's turn at the loop (:class:`~tiffany.api.fairshare.FairShare`)."""
+        """Wait for this sender's turn at the loop (:class:`~tiffany.feed.fairshare.FairShare`)."""
         await self.fair.turn()
 
     # -- subscribers ------------------------------------------------------------------

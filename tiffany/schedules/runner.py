@@ -1,9 +1,9 @@
-"""Engine 0 fires the schedules' ticks (the rows: ``tiffany/store/schedules.py``).
+"""Engine 0 fires the schedules' ticks (the rows: ``tiffany/schedules/store.py``).
 
 A thread of its own (SQL never on the loop) keeps a heap of when each
 active schedule is next due, and sleeps until the earliest, or at most
 :data:`CHANGE_CHECK_S`, when it asks the store for the rows added, paused
-or resumed since it last asked (:func:`~tiffany.store.schedules.changed_since`:
+or resumed since it last asked (:func:`~tiffany.schedules.store.changed_since`:
 an index range scan, empty when nothing changed). So an idle schedule
 costs nothing between its ticks, however many there are: the runner's
 idle cost is one small query every :data:`CHANGE_CHECK_S`. When a row
@@ -74,11 +74,8 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from tiffany.control import ControlError
-from tiffany.store import make_engine, session_factory
-from tiffany.store.models import Schedule
-from tiffany.store.projector import is_transient
-from tiffany.store.schedules import (
+from tiffany.projector.apply import is_transient
+from tiffany.schedules.store import (
     MAX_CATCHUP_TICKS,
     Timing,
     changed_since,
@@ -88,6 +85,9 @@ from tiffany.store.schedules import (
     ticks,
     timing,
 )
+from tiffany.store import make_engine, session_factory
+from tiffany.store.models import Schedule
+from tiffany.wire.control import ControlError
 
 __all__ = [
     "BUSY_RETRY_S",

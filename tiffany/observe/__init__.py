@@ -1,0 +1,1 @@
+"""What the system says about itself: Prometheus metrics and OpenTelemetry spans."""

@@ -1,0 +1,1 @@
+"""Schedules: cron and interval specs, their rows in the store, and the runner that fires them."""
