@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
 from tiffany.cli import DataDirOption, EngineOption, exits
+from tiffany.cli.remote import TokenOption, UrlOption, remote
+
+if TYPE_CHECKING:
+    from tiffany.durable.export import ExportMeta
 
 __all__ = ["EXPORT_SUFFIX", "register", "replay_file"]
 
@@ -38,6 +42,8 @@ def export(
         ),
     ] = None,
     engine: EngineOption = 0,
+    url: UrlOption = None,
+    token: TokenOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
     """Write one run's journal to one file, to replay it against new code (docs/replay.md).
@@ -47,8 +53,10 @@ def export(
     version, when): ``tiffany replay FILE --verify --import MOD`` or
     ``tiffany.testing.replay_file`` replays it. A run not finished yet is
     exported as far as its journal goes; its replay checks that prefix. Reads
-    the data dir's WAL, or the PostgreSQL journal (``TIFFANY_JOURNAL=postgres``).
-    Exit codes: 0 written, 3 no such run, 1 the file could not be written.
+    the data dir's WAL, or the PostgreSQL journal (``TIFFANY_JOURNAL=postgres``),
+    or with ``--url`` asks the server (``GET /api/runs/{run_id}/export``).
+    Exit codes: 0 written, 3 no such run, 1 the file could not be written, 5
+    the server at ``--url`` is unreachable.
     """
     import tiffany
     from tiffany.cli.durable import _engine_of_run, _source, _unknown_run
@@ -56,11 +64,15 @@ def export(
     from tiffany.durable.export import export_run
     from tiffany.errors import WalError
 
-    if engine == 0:
-        engine = _engine_of_run(ctx, run_id)  # serve --engines N: the journal holding it
     target: Path | None = output if output != Path("-") else None
     if output is None:
         target = Path(f"{run_id}{EXPORT_SUFFIX}")
+    if url:
+        meta = _export_remote(ctx, url, token, run_id, target)
+        _said(meta, target)
+        return
+    if engine == 0:
+        engine = _engine_of_run(ctx, run_id)  # serve --engines N: the journal holding it
     try:
         meta = export_run(
             _source(ctx, engine),
@@ -76,6 +88,37 @@ def export(
     except OSError as exc:
         typer.echo(f"tiffany: cannot write {target}: {exc.strerror or exc}", err=True)
         raise typer.Exit(exits.FAILED) from None
+    _said(meta, target)
+
+
+def _export_remote(
+    ctx: typer.Context, url: str, token: str | None, run_id: str, target: Path | None
+) -> ExportMeta:
+    """``export --url``: the server's export of the run, checked, then written."""
+    from tiffany.durable.export import parse_export, write_file
+    from tiffany.errors import ExportError
+
+    with remote(url, token, ctx) as client:
+        data = client.export(run_id)
+    try:
+        meta = parse_export(data, f"{url} (run {run_id})").meta
+    except ExportError as exc:  # the server answered something else than an export
+        typer.echo(f"tiffany: {exc}", err=True)
+        raise typer.Exit(exits.FAILED) from None
+    try:
+        if target is None:
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        else:
+            write_file(target, [data])
+    except OSError as exc:
+        typer.echo(f"tiffany: cannot write {target}: {exc.strerror or exc}", err=True)
+        raise typer.Exit(exits.FAILED) from None
+    return meta
+
+
+def _said(meta: ExportMeta, target: Path | None) -> None:
+    """One line: what was exported, where (on stderr when the file went to stdout)."""
     state = "finished " + meta.status if meta.finished else "NOT finished (running)"
     where = str(target) if target is not None else "standard output"
     typer.echo(

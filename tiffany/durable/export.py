@@ -48,7 +48,7 @@ import json
 import os
 import struct
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final
@@ -76,8 +76,10 @@ __all__ = [
     "ExportMeta",
     "export_run",
     "is_export",
+    "parse_export",
     "read_export",
     "verify_export",
+    "write_file",
 ]
 
 #: First 8 bytes of every export (docs/replay.md, "Export format").
@@ -217,21 +219,25 @@ def export_run(
         for _, frame in frames:
             out.write(frame)
         return meta
-    target = Path(out)
+    write_file(out, [blob, *(frame for _, frame in frames)])
+    return meta
+
+
+def write_file(path: str | os.PathLike[str], chunks: Iterable[bytes]) -> None:
+    """Write an export to ``path`` whole or not at all (a temporary file, fsynced, renamed)."""
+    target = Path(path)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)  # the umask applies
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-            for _, frame in frames:
-                f.write(frame)
+            for chunk in chunks:
+                f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return meta
 
 
 def read_export(path: str | os.PathLike[str]) -> Export:
@@ -247,6 +253,12 @@ def read_export(path: str | os.PathLike[str]) -> Export:
         data = p.read_bytes()
     except OSError as exc:
         raise ExportError(f"{p}: cannot read: {exc.strerror or exc}", path=str(p)) from None
+    return parse_export(data, p)
+
+
+def parse_export(data: bytes, path: str | os.PathLike[str] = "<export>") -> Export:
+    """Check an export held in memory (``path``: what errors call it); see :func:`read_export`."""
+    p = Path(path)
     meta, offset = _read_head(p, data)
     frames: list[tuple[int, Frame]] = []
     prefix = b""
