@@ -55,7 +55,8 @@ def export(
     exported as far as its journal goes; its replay checks that prefix. Reads
     the data dir's WAL, or the PostgreSQL journal (``TIFFANY_JOURNAL=postgres``),
     or with ``--url`` asks the server (``GET /api/runs/{run_id}/export``).
-    Exit codes: 0 written, 3 no such run, 1 the file could not be written, 5
+    Exit codes: 0 written, 3 no such run, 1 the file could not be written, 4
+    the journal is damaged, 5
     the server at ``--url`` is unreachable.
     """
     import tiffany
