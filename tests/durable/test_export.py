@@ -215,6 +215,21 @@ def read_export_bytes(tmp_path: Path, raw: bytes) -> fmt.Export:
     return read_export(tmp_path / "read.tfx")
 
 
+def test_the_golden_exports_of_format_1_replay_as_recorded():
+    """Written once by tests/data/make_export_golden.py: every later version reads them."""
+    import durable_workloads
+
+    exports = GOLDEN / "exports"
+    report = replay_file(exports / "fan_in.tfx", imports=["durable_workloads"])
+    assert report.ok
+    assert read_export(exports / "fan_in.tfx").meta.version == 1
+    durable_workloads.MODE["value"] = "a"  # recorded in mode b: this code takes another path
+    with pytest.raises(NondeterminismError) as diverged:
+        replay_file(exports / "nondeterministic.tfx")
+    assert diverged.value.fields["run_id"] == "golden-nondeterministic"
+    assert any("moody" in frame for frame in diverged.value.fields["stack"])
+
+
 # -- bad files --------------------------------------------------------------------------
 
 
