@@ -97,6 +97,8 @@ FORMAT_NAME: Final = "tiffany.run-export"
 MAX_META_BYTES: Final = 1 << 20
 
 _VERSION_AT: Final = 8  # the version's offset, the same in every version
+_LENGTH_AT: Final = 12  # the meta length's offset
+_CRC_AT: Final = HEADER_SIZE_BYTES - 4  # the header's CRC covers the bytes before it, then the meta
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,11 +379,11 @@ def _read_head(p: Path, data: bytes) -> tuple[ExportMeta, int]:
     if version == 0:
         raise _bad(p, _VERSION_AT, "format version 0 is not a version")
     if length > MAX_META_BYTES:
-        raise _bad(p, 12, f"impossible meta length {length}")
+        raise _bad(p, _LENGTH_AT, f"impossible meta length {length}")
     end = HEADER_SIZE_BYTES + length
     if end > len(data):
         raise _bad(p, len(data), "truncated: the file ends inside its meta")
-    if crc32c(data[HEADER_SIZE_BYTES:end], crc32c(data[:16])) != crc:
+    if crc32c(data[HEADER_SIZE_BYTES:end], crc32c(data[:_CRC_AT])) != crc:
         raise _bad(p, 0, "damaged: the header's checksum does not match")
     try:
         raw = json.loads(data[HEADER_SIZE_BYTES:end])
