@@ -544,3 +544,41 @@ def test_schedule_add_list_pause_resume_rm_over_http_print_as_local(served: Serv
         assert gone.returncode == 3, gone.stderr
         assert sid in gone.stderr
         assert gone.returncode == tiffany(served, *local, "schedule", *args).returncode
+
+
+def test_export_over_http_replays_here_and_an_unfinished_run_replays_its_prefix(
+    served: Served,
+) -> None:
+    run_id = remote(served, "submit", "count.yaml", "--input", "text=x y z").stdout.strip()
+    with Client(served.url, token=TOKEN) as client:
+        assert client.wait(run_id, timeout=60).status == "succeeded"
+        raw = client.export(run_id)
+    assert raw.startswith(b"TIFEXP")
+    exported = remote(served, "export", run_id, "-o", "count.tfx")
+    assert exported.returncode == 0, exported.stderr
+    assert f"exported run {run_id} (" in exported.stdout
+    assert "finished succeeded) to count.tfx" in exported.stdout
+    from tiffany.durable.export import parse_export, read_export
+
+    from_sdk, from_cli = parse_export(raw), read_export(served.cwd / "count.tfx")
+    assert from_cli.meta.run_id == from_sdk.meta.run_id == run_id
+    assert [s[:2] for s in from_cli.spans()] == [s[:2] for s in from_sdk.spans()]
+    # Replayed here, with no server and no data dir: the file is the run.
+    replayed = tiffany(
+        served, "replay", "count.tfx", "--verify", "--import", "usertools", "--data-dir", "nowhere"
+    )
+    assert replayed.returncode == 0, replayed.stderr
+    assert f"run {run_id} (from count.tfx) replays identically" in replayed.stdout
+    waiting = remote(served, "submit", "approve.yaml").stdout.strip()
+    try:
+        part = remote(served, "export", waiting, "-o", "approve.tfx")
+        assert part.returncode == 0, part.stderr
+        assert "NOT finished (running)" in part.stdout
+        prefix = tiffany(served, "replay", "approve.tfx", "--verify", "--data-dir", "nowhere")
+        assert prefix.returncode == 0, prefix.stderr
+        assert "replays identically up to the end of its journal" in prefix.stdout
+    finally:
+        remote(served, "cancel", waiting)
+    missing = remote(served, "export", "run-nope")
+    assert missing.returncode == 3, missing.stderr
+    assert "no run 'run-nope'" in missing.stderr

@@ -130,6 +130,8 @@ LAYERS: dict[str, Layer] = {
     ),
     # The Python SDK: a client of the HTTP API, never of the server's modules.
     "sdk": Layer(_parts("errors"), _parts("httpx", "websockets", "pydantic")),
+    # Users' tests: replay an exported run with the engine's resolvers.
+    "testing": Layer(_parts("errors", "config", "durable", "engine")),
     "cli": Layer(ANYTHING),
     "__main__": Layer(_parts("cli")),
 }

@@ -157,6 +157,22 @@ class NondeterminismError(TiffanyError):
     code = "replay.nondeterminism"
 
 
+class ExportError(TiffanyError):
+    """A run export file that does not check out (docs/replay.md, "Export format").
+
+    Its fields name the file (``path``), the byte ``offset`` where reading
+    stopped and the ``reason``.
+    """
+
+    code = "export.invalid"
+
+
+class ExportTooNew(ExportError):
+    """A run export written in a format version newer than this code reads."""
+
+    code = "export.too_new"
+
+
 class UnjournalableValue(TiffanyError):
     """A value from outside a run (a step's result) that the journal cannot record.
 

@@ -22,6 +22,7 @@ PROTECTED = [
     ("GET", "/api/runs/run-x/steps/step-x/conversation"),
     ("POST", "/api/runs/run-x/cancel"),
     ("POST", "/api/runs/run-x/verify"),
+    ("GET", "/api/runs/run-x/export"),
     ("POST", "/api/runs/run-x/rerun"),
     ("POST", "/api/runs/run-x/signals/approve"),
     ("GET", "/api/schedules"),

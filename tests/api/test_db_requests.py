@@ -167,6 +167,15 @@ def test_two_api_replicas_without_an_engine_socket_lose_and_duplicate_nothing(
         )
         unknown = _post(f"{urls['b']}api/runs/run-nope/cancel", {})
         assert unknown[0] == 404
+        # Its export too: the engine reads its journal, the answer rides the request row.
+        from tiffany.durable.export import parse_export
+
+        export_url = f"{urls['b']}api/runs/{long['run_id']}/export"
+        with urllib.request.urlopen(export_url, timeout=30) as resp:
+            exported = parse_export(resp.read())
+        assert exported.meta.run_id == long["run_id"]
+        assert exported.meta.status == "cancelled"
+        assert exported.meta.journal == "postgres:main"
         # A replica with no engine beside it: ready, its feed shows the engine's
         # events, and its min_seq reads wait for the store's notified mark.
         assert _get(urls["b"] + "readyz")["reason"] == "1 engine(s) elsewhere"

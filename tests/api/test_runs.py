@@ -476,6 +476,24 @@ def test_verify_reports_an_identical_replay(client) -> None:
     assert client.post("/api/runs/run-nope/verify").status_code == 404
 
 
+def test_export_answers_the_runs_export_file(client, engine) -> None:
+    from tiffany.durable.export import parse_export, verify_export
+    from tiffany.engine import replay_resolvers
+
+    run_id = _submit(client, SLEEP_PLAN).json()["run_id"]
+    _finished(client, run_id)
+    r = client.get(f"/api/runs/{run_id}/export")
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == "application/vnd.tiffany.run-export"
+    assert r.headers["content-disposition"] == f'attachment; filename="{run_id}.tfx"'
+    exported = parse_export(r.content)
+    assert exported.meta.run_id == run_id
+    assert exported.meta.status == "succeeded"
+    report = verify_export(exported, replay_resolvers(make_settings(engine.data_dir)))
+    assert report.ok, report.to_dict()
+    assert client.get("/api/runs/run-nope/export").status_code == 404
+
+
 def test_readyz_and_healthz(client) -> None:
     assert client.get("/healthz").json() == {"ok": True}
     ready = client.get("/readyz").json()

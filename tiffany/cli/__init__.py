@@ -291,9 +291,10 @@ def main() -> None:
 
 def _register_subcommands() -> None:
     # Imported here so each command module can use ``app`` and ``_settings``.
-    from tiffany.cli import client, db, durable, run, schedule, serve, tools
+    from tiffany.cli import client, db, durable, export, run, schedule, serve, tools
 
     durable.register(app)
+    export.register(app)
     run.register(app)
     db.register(app)
     serve.register(app)

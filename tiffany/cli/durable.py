@@ -32,10 +32,11 @@ from tiffany.cli.interrupt import CtrlC
 from tiffany.cli.remote import TokenOption, UrlOption, printable, remote
 
 if TYPE_CHECKING:
+    from tiffany.durable import VerifyReport
     from tiffany.durable.history import RunInfo
     from tiffany.wal import Loss
 
-__all__ = ["register"]
+__all__ = ["print_report", "register"]
 
 wal_app = typer.Typer(help="Inspect, verify and repair the write-ahead log.", no_args_is_help=True)
 
@@ -136,9 +137,49 @@ def _add_paths(paths: list[Path] | None) -> None:
         sys.path.insert(0, str(p.resolve()))
 
 
+def print_report(report: VerifyReport, as_json: bool, source: str = "") -> None:
+    """Print a verify report: one line when identical, else where it first diverged.
+
+    ``source``: what the run was read from, when not the data dir (an export file).
+    """
+    run_id = report.run_id
+    if as_json:
+        _emit(report.to_dict(), True)
+    elif report.ok:
+        upto = " up to the end of its journal (the run had not finished)" if report.partial else ""
+        typer.echo(
+            f"run {run_id}{source} replays identically{upto}: {report.dispatches} dispatches, "
+            f"{report.records} records, status {report.status}"
+        )
+    else:
+        typer.echo(f"run {run_id}{source} does NOT replay identically", err=True)
+        if report.divergence:
+            d = report.divergence
+            seq = d.get("seq")
+            where = f"WAL seq {seq}" if seq is not None else "no WAL record there"
+            typer.echo(
+                f"  at dispatch #{d.get('dispatch')} ({where}), "
+                f"task {d.get('task')} ({d.get('task_name')})",
+                err=True,
+            )
+            typer.echo(f"  expected (journal): {d.get('expected')}", err=True)
+            typer.echo(f"  actual   (code):    {d.get('actual')}", err=True)
+            for frame in d.get("stack") or ():
+                typer.echo(f"    {frame}", err=True)
+        for problem in report.problems:
+            typer.echo(f"  {problem}", err=True)
+
+
 def replay(
     ctx: typer.Context,
-    run_id: Annotated[str, typer.Argument(help="The run to replay.")],
+    run_id: Annotated[
+        str,
+        typer.Argument(
+            metavar="RUN_OR_FILE",
+            help="The run to replay, or a file `tiffany export` wrote (an existing file "
+            "is read as an export; anything else is a run id).",
+        ),
+    ],
     verify_only: Annotated[
         bool, typer.Option("--verify", help="Check that a finished run replays identically.")
     ] = False,
@@ -161,6 +202,15 @@ def replay(
 
     A run whose steps call your ``@python_tool`` functions needs their
     module (``--import MOD``, as ``tiffany run`` had it) to go on.
+
+    ``tiffany replay FILE --verify --import MOD`` replays a run exported with
+    ``tiffany export`` against the code as it is now (docs/replay.md): a
+    run exported before its end is checked up to where its journal ends.
+    Exit codes of ``--verify``: 0 it replays identically, 1 it diverges (the
+    first divergence is printed), 2 bad input (no ``--verify`` with a FILE,
+    a module that does not import, a FILE in a newer format or not an
+    export), 3 no such run, 4 the FILE is damaged or truncated (the byte
+    offset is printed).
     """
     from tiffany.agents.registry import ToolRegistry
     from tiffany.cli import _build_engine, _settings
@@ -169,6 +219,10 @@ def replay(
 
     _add_paths(path)
     import_tool_modules(tool_modules(_settings(ctx).tool_modules, imports))
+    if Path(run_id).is_file():
+        from tiffany.cli.export import replay_file
+
+        replay_file(ctx, Path(run_id), verify_only=verify_only, as_json=as_json)
     engine_no = _engine_of_run(ctx, run_id)  # serve --engines N: the journal holding it
     settings = _settings(ctx).for_engine(engine_no)
     data_dir = Path(settings.data_dir)
@@ -180,30 +234,7 @@ def replay(
                 resolvers=replay_resolvers(settings),
                 log=_source(ctx, engine_no),
             )
-            if as_json:
-                _emit(report.to_dict(), True)
-            elif report.ok:
-                typer.echo(
-                    f"run {run_id} replays identically: {report.dispatches} dispatches, "
-                    f"{report.records} records, status {report.status}"
-                )
-            else:
-                typer.echo(f"run {run_id} does NOT replay identically", err=True)
-                if report.divergence:
-                    d = report.divergence
-                    seq = d.get("seq")
-                    where = f"WAL seq {seq}" if seq is not None else "no WAL record there"
-                    typer.echo(
-                        f"  at dispatch #{d.get('dispatch')} ({where}), "
-                        f"task {d.get('task')} ({d.get('task_name')})",
-                        err=True,
-                    )
-                    typer.echo(f"  expected (journal): {d.get('expected')}", err=True)
-                    typer.echo(f"  actual   (code):    {d.get('actual')}", err=True)
-                    for frame in d.get("stack") or ():
-                        typer.echo(f"    {frame}", err=True)
-                for problem in report.problems:
-                    typer.echo(f"  {problem}", err=True)
+            print_report(report, as_json)
             raise typer.Exit(0 if report.ok else EXIT_DIVERGED)
         from rich.console import Console
         from rich.live import Live

@@ -59,7 +59,7 @@ from tiffany.wire.values import stand_in_text, text_of, unpack_value
 if TYPE_CHECKING:
     from tiffany.durable.journal import RunState
 
-__all__ = ["RecoveryError", "ReplayCursor", "Replayer"]
+__all__ = ["JournalEnded", "RecoveryError", "ReplayCursor", "Replayer"]
 
 log = structlog.get_logger("tiffany.durable")
 
@@ -71,6 +71,15 @@ class RecoveryError(TiffanyError):
     """A task was parked on something that cannot survive a crash (raw I/O)."""
 
     code = "recovery.io_lost"
+
+
+class JournalEnded(NondeterminismError):
+    """A replay that may not go live (``--verify``) replayed the whole journal, tasks still running.
+
+    For a finished run that is a divergence (the code does more than the
+    run did); for an unfinished one (an export of a run in flight) it is
+    where the check ends: the code reproduced every recorded dispatch.
+    """
 
 
 @dataclass(eq=False, slots=True)
@@ -297,6 +306,7 @@ class Replayer:
                 ["end of journal"],
                 [f"{len(alive)} task(s) still running"],
                 what="replay end",
+                ended=cur.exhausted,
             )
 
     def _resume(self, task: Task, call: SystemCall, extra: Any, cur: ReplayCursor) -> None:
@@ -332,17 +342,21 @@ class Replayer:
         expected: Record | list[Any],
         actual: list[Any],
         what: str = "dispatch",
+        *,
+        ended: bool = False,
     ) -> NondeterminismError:
         """Return (and log) the error for a replay that does not match its journal.
 
         ``seq`` is the WAL seq of the record it does not match (None: the
         journal holds none there, e.g. it ended while tasks still ran).
+        ``ended``: every recorded dispatch and wake-up was replayed, and the
+        code goes on (:class:`JournalEnded`).
         """
         if not isinstance(expected, list):
             expected = as_list(expected)
         meta = task.meta
         frames = [f"{fn} ({path}:{line})" for fn, path, line in task.frames()]
-        err = NondeterminismError(
+        err = (JournalEnded if ended else NondeterminismError)(
             f"run {run.run_id}: {what} #{run.n} of task {meta.ltid if meta else '?'} "
             f"({text_of(task.name)}) diverged from the journal: expected "
             f"{stand_in_text(expected)}, got {stand_in_text(actual)}",
@@ -356,8 +370,10 @@ class Replayer:
             actual=actual,
             stack=frames,
         )
-        log.error(
-            "replay.nondeterminism",
+        # The end of an unfinished run's journal is where a check of it stops
+        # (a verifier decides whether that is a divergence): not an error here.
+        (log.info if ended else log.error)(
+            "replay.journal_ended" if ended else "replay.nondeterminism",
             **{k: v for k, v in err.fields.items() if k != "stack"},
             frames=frames,
         )

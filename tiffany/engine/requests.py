@@ -2,8 +2,8 @@
 
 :class:`ControlRequests` answers one request of the control channel
 (:mod:`tiffany.wire.control`): ``status``, ``submit`` (a re-run too), ``cancel``,
-``signal``, ``verify``, ``wait_projected``, ``metrics``, ``tools`` and
-``check_plan``. The control server (``control_server.py``) calls
+``signal``, ``verify``, ``export``, ``wait_projected``, ``metrics``,
+``tools`` and ``check_plan``. The control server (``control_server.py``) calls
 :meth:`ControlRequests.handle` for each line it reads; on the PostgreSQL
 journal the request claimer (``db_requests.py``) calls it for each request
 row it claims; engine 0's schedules (``schedules.py``) submit their ticks
@@ -106,6 +106,9 @@ log = structlog.get_logger(__name__)
 
 #: Running runs a status lists by id (the count is always exact).
 MAX_RUNNING_LISTED: Final = 100
+#: Largest run export (``export``) sent over the control channel: base64 makes
+#: it 4/3 as large, and a frame holds ``MAX_FRAME_BYTES`` (64 MiB).
+MAX_EXPORT_BYTES: Final = 32 * 1024 * 1024
 #: How long a submission waits for the loop and its group commit, in seconds.
 SUBMIT_TIMEOUT_S: Final = 30.0
 _BUSY: Final = "the engine is busy or recovering; try again"
@@ -248,6 +251,8 @@ class ControlRequests:
             return self._wait_projected(request)
         if op == "verify":
             return self._verify(str(request.get("run_id") or ""), live=bool(request.get("live")))
+        if op == "export":
+            return self._export(str(request.get("run_id") or ""), live=bool(request.get("live")))
         if op == "metrics":
             return {"text": self.metrics.render()}
         if op == "tools":  # GET /api/tools: the API imports no tools, the engine knows its own
@@ -599,6 +604,49 @@ class ControlRequests:
         # "ok" is the envelope's: the report's verdict travels as "identical".
         report["identical"] = bool(report.pop("ok", False))
         return report
+
+    def _export(self, run_id: str, *, live: bool = False) -> dict[str, Any]:
+        """The run's export file (docs/replay.md), base64: read from the journal, on this thread.
+
+        A control thread reads the journal as ``tiffany export`` does (the
+        scheduler writes on); a run still running is exported as far as its
+        journal goes. A file too large for one control frame is refused (413)
+        rather than sent in a frame the API cannot read.
+        """
+        import base64
+        import io
+
+        import tiffany
+        from tiffany.durable import UnknownRun
+        from tiffany.durable.export import export_run
+        from tiffany.engine import journal_source
+
+        if not run_id:
+            raise ControlError(422, "run_id is required", [{"loc": "run_id", "msg": "required"}])
+        if live and self.runs.status(run_id) is None:
+            raise ControlError(404, f"no run {run_id!r}")  # another engine's, if any
+        out = io.BytesIO()
+        source = journal_source(self.settings)
+        try:
+            meta = export_run(source, run_id, out, tiffany_version=tiffany.__version__)
+        except UnknownRun:
+            raise ControlError(404, f"no run {run_id!r}") from None
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
+        data = out.getvalue()
+        if len(data) > MAX_EXPORT_BYTES:
+            raise ControlError(
+                413,
+                f"the export of run {run_id} is {len(data)} bytes; the API sends up to "
+                f"{MAX_EXPORT_BYTES}: run `tiffany export {run_id}` where the journal is",
+            )
+        return {
+            "run_id": run_id,
+            "records": meta.records,
+            "export": base64.b64encode(data).decode("ascii"),
+        }
 
     def _status(self) -> dict[str, Any]:
         return {

@@ -251,6 +251,13 @@ class AsyncClient:
         response = await self._request("GET", protocol.run_path(run_id, "events"), params=params)
         return protocol.answer(response, RunEvents)
 
+    async def export(self, run_id: str) -> bytes:
+        """The run's export file (``tiffany export``'s, docs/replay.md), as bytes."""
+        response = await self._request("GET", protocol.run_path(run_id, "export"))
+        if response.status_code >= 400:
+            protocol.raise_for(response)
+        return response.content
+
     async def cancel(self, run_id: str) -> CancelAnswer:
         """Cancel a running run."""
         response = await self._request("POST", protocol.run_path(run_id, "cancel"))

@@ -315,6 +315,22 @@ class Client:
             self._request("GET", protocol.run_path(run_id, "events"), params=params), RunEvents
         )
 
+    def export(self, run_id: str) -> bytes:
+        """The run's export file (``tiffany export``'s, docs/replay.md), as bytes.
+
+        Write it to a file and replay it against new code with ``tiffany
+        replay FILE --verify`` or ``tiffany.testing.replay_file``. A run not
+        finished yet is exported as far as its journal goes.
+
+        Raises:
+            NotFound: No such run.
+            PayloadTooLarge: Too large for the server to send (export it on its host).
+        """
+        response = self._request("GET", protocol.run_path(run_id, "export"))
+        if response.status_code >= 400:
+            protocol.raise_for(response)
+        return response.content
+
     def cancel(self, run_id: str) -> CancelAnswer:
         """Cancel a running run (it ends ``cancelled`` shortly).
 

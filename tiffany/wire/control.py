@@ -31,6 +31,9 @@ op             request fields                        answer (``ok: true``)
 ``verify``     ``run_id``                            the replay report (``tiffany replay --verify
                                                      --json``, computed in a process pool), its
                                                      verdict as ``identical``
+``export``     ``run_id``                            ``run_id``, ``records``, ``export``: the
+                                                     run's export file (docs/replay.md), base64
+                                                     (413 past ``MAX_EXPORT_BYTES``)
 ``metrics``    --                                    ``text``: the engine's registry in the
                                                      Prometheus text format
 ``tools``      --                                    ``tools`` (the enabled ones: ``name``,

@@ -16,6 +16,7 @@ is a 404 at once.
 from __future__ import annotations
 
 import asyncio
+import base64
 import math
 import re
 import uuid
@@ -81,6 +82,8 @@ INSTANT_PATTERN: Final = (
 _INSTANT: Final = re.compile(INSTANT_PATTERN)
 #: How long a ``verify`` replay may take, in seconds (a little over the engine's own limit).
 VERIFY_TIMEOUT_S: Final = 630.0
+#: How long an export may take (the engine reads the run's journal once).
+EXPORT_TIMEOUT_S: Final = 120.0
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 
@@ -658,6 +661,44 @@ async def signal_run(
         sent["warning"] = str(answer["warning"])
         log.warning("signal not awaited", warning=sent["warning"])
     return _json(sent, status=202)
+
+
+#: The media type of a run export (docs/replay.md, "Export format").
+EXPORT_MEDIA_TYPE: Final = "application/vnd.tiffany.run-export"
+
+
+@router.get(
+    "/{run_id}/export",
+    response_class=Response,
+    responses={
+        200: {
+            "description": "The run's journal in one file (`tiffany export`'s; docs/replay.md): "
+            "replay it with `tiffany replay FILE --verify` or `tiffany.testing.replay_file`. "
+            "A run not finished yet is exported as far as its journal goes.",
+            "content": {EXPORT_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+        },
+        **_NOT_FOUND,
+        413: {"model": ErrorBody, "description": "Too large to send: export it on the host."},
+        **_ERRORS,
+    },
+)
+async def export_run(run_id: str, state: State) -> Response:
+    """The run's export file: its journal records as journaled, with a header.
+
+    Read from the journal by the engine that holds the run (the store's
+    decoded records, ``/events``, are not the bytes a replay compares).
+    """
+    _check_run_id(run_id)
+    answer = await state.engines.for_run(
+        await _owner(state, run_id), "export", run_id, timeout=EXPORT_TIMEOUT_S
+    )
+    data = base64.b64decode(str(answer.get("export", "")))
+    log.info("run exported", bytes=len(data), records=answer.get("records"))
+    return Response(
+        data,
+        media_type=EXPORT_MEDIA_TYPE,
+        headers={"Content-Disposition": f'attachment; filename="{run_id}.tfx"'},
+    )
 
 
 @router.post(
