@@ -21,6 +21,7 @@ from tiffany.config import conninfo
 from tiffany.ports.watermark import PgWatermark, SocketWatermark
 from tiffany.store.models import PROJECTED_CHANNEL, channel
 from tiffany.wire.control import socket_path
+from tiffany.wire.shards import seq_base
 
 
 async def _no_mark() -> int:
@@ -82,6 +83,58 @@ def test_a_notified_mark_wakes_a_read_the_engine_has_not_answered(pg_migrated_ur
     assert seen == 8
     assert mark == 8
     assert waited < 5.0  # the notification, not the read's 10 s timeout
+
+
+def test_on_the_postgresql_journal_a_read_waits_for_an_engine_of_another_host(
+    pg_migrated_url: str,
+) -> None:
+    """No engine here, engine 3 elsewhere: its mark is made when named, its notification wakes."""
+    home = short_dir("tfm-")  # no engine socket at all
+    dsn = conninfo(pg_migrated_url)
+    mine = channel(PROJECTED_CHANNEL, dsn)
+    want = seq_base(3) + 7
+
+    async def main() -> tuple[int, int, int]:
+        marks = PgWatermark([home], lambda _engine: _no_mark(), dsn, engines_anywhere=True)
+        marks.start()
+        try:
+            await _until(lambda: marks.listener.listening)
+            read = asyncio.create_task(marks.wait(want, timeout=30.0))
+            # Engine 3 learnt, asked (nobody answers here), its store mark read once:
+            await _until(lambda: len(marks.marks) == 4 and marks.marks[3]._task is not None)
+            await _until(lambda: marks.marks[3]._task.done())  # type: ignore[union-attr]
+            assert not read.done()  # pushed: the read waits for the database's word
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                await conn.execute("SELECT pg_notify(%s, %s)", (mine, f"3 {want + 1}"))
+                seen = await read
+            return seen, len(marks.marks), marks.marks[0].seq
+        finally:
+            await marks.close()
+
+    seen, made, engine0 = asyncio.run(main())
+    assert seen == want + 1
+    assert made == 4  # engines 1 and 2 too: marks are made up to the engine named
+    assert engine0 == 0  # engine 3's notification moved no other engine's mark
+
+
+def test_with_the_engines_here_a_read_for_an_unknown_engine_ends_at_once(
+    pg_migrated_url: str,
+) -> None:
+    """The file journal's engines are this host's: with none answering, the read ends behind."""
+    home = short_dir("tfm-")
+    marks = PgWatermark(
+        [home], lambda _engine: _no_mark(), conninfo(pg_migrated_url), engines_anywhere=False
+    )
+
+    async def main() -> tuple[int, float]:
+        t0 = time.monotonic()
+        seen = await marks.wait(seq_base(3) + 7, timeout=30.0)
+        return seen, time.monotonic() - t0
+
+    seen, waited = asyncio.run(main())
+    assert seen == 0  # behind: the API answers 503 store.behind
+    assert waited < 10.0  # settled when no engine answered, not at the 30 s deadline
+    assert len(marks.marks) == 1  # no mark made for an engine this host does not run
 
 
 def test_without_a_postgresql_store_nothing_listens(tmp_path: object) -> None:
