@@ -20,14 +20,7 @@ from tiffany.config import Settings
 from tiffany.feed.relay import FeedRelay
 from tiffany.observe.api_metrics import ApiMetrics
 from tiffany.ports import watermark as marks
-from tiffany.ports.reads import (
-    ASYNC_READERS,
-    LOOP_BUSY_TIMEOUT_MS,
-    LOOP_READ_DISPATCHES,
-    STORE_READERS,
-    RunReads,
-    StoreUnavailable,
-)
+from tiffany.ports.reads import RunReads, StoreUnavailable
 from tiffany.ports.watermark import MIN_SEQ_WAIT_S, BeyondJournal, EngineMark, StoreBehind
 from tiffany.store import queries
 from tiffany.wire import shards
@@ -37,14 +30,9 @@ if TYPE_CHECKING:
     from tiffany.api.engines import Engines
 
 __all__ = [
-    "ASYNC_READERS",
-    "LOOP_BUSY_TIMEOUT_MS",
-    "LOOP_READ_DISPATCHES",
     "MIN_SEQ_WAIT_S",
-    "STORE_READERS",
     "ApiState",
     "BeyondJournal",
-    "EngineMark",
     "State",
     "StoreBehind",
     "StoreUnavailable",
