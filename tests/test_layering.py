@@ -92,8 +92,8 @@ LAYERS: dict[str, Layer] = {
     "feed.activity": Layer(_parts("errors", "kernel", "durable", "feed")),
     # The feed over PostgreSQL (LISTEN/NOTIFY and the journal's rows).
     "feed.pg": Layer(_parts("errors", "feed", "wal.pg", "store")),
-    # The API's relay learns an engine's store lag from the store.
-    "feed.upstream": Layer(_parts("errors", "feed", "store")),
+    # The relay's sources: what it asks of one, and the engines' feed sockets.
+    "feed.upstream": Layer(_parts("errors", "feed")),
     "feed.relay": Layer(_parts("errors", "feed", "feed.upstream")),
     "store": Layer(_parts("errors", "config")),
     # The journal folded into the store, and the process that tails it.
@@ -106,6 +106,9 @@ LAYERS: dict[str, Layer] = {
     "observe": Layer(_parts("errors", "kernel", "durable", "feed")),
     # Schedules: specs, their rows, the runner (it submits through the control channel).
     "schedules": Layer(_parts("errors", "config", "store", "projector")),
+    # One interface per cross-process concept (feed source, watermark, reads,
+    # commands), a socket and a PostgreSQL implementation each, chosen once at start.
+    "ports": Layer(_parts("errors", "config", "wire", "store", "feed", "projector")),
     # Composition root of the engine process: everything below the API.
     "engine": Layer(
         _parts(
@@ -126,7 +129,9 @@ LAYERS: dict[str, Layer] = {
     ),
     # The API side-process never imports kernel, wal, durable or agents.
     "api": Layer(
-        _parts("errors", "config", "log", "store", "feed", "projector", "observe", "schedules")
+        _parts(
+            "errors", "config", "log", "store", "feed", "projector", "observe", "schedules", "ports"
+        )
     ),
     # The Python SDK: a client of the HTTP API, never of the server's modules.
     "sdk": Layer(_parts("errors"), _parts("httpx", "websockets", "pydantic")),
@@ -331,6 +336,9 @@ BAD = {
     "wal-imports-its-pg-row": ("tiffany.wal.writer", "from tiffany.wal.pg import PgWal"),
     "wal-pg-imports-store": ("tiffany.wal.pg", "from tiffany.store import models"),
     "feed-hub-imports-store": ("tiffany.feed.hub", "from tiffany.store import models"),
+    "feed-imports-ports": ("tiffany.feed.relay", "from tiffany.ports.feed import FeedSource"),
+    "ports-import-api": ("tiffany.ports.reads", "from tiffany.api.deps import ApiState"),
+    "ports-import-kernel": ("tiffany.ports.commands", "from tiffany.kernel import Scheduler"),
 }
 
 GOOD = {
@@ -365,6 +373,11 @@ GOOD = {
     "kernel-wire": ("tiffany.kernel.task", "from tiffany.wire import status"),
     "wal-pg-uses-wal": ("tiffany.wal.pg", "import psycopg\nfrom tiffany.wal.format import F"),
     "sub-row-covered": ("tiffany.engine.x", "from tiffany.wal.pg import PgWal"),
+    "api-ports": ("tiffany.api.app", "from tiffany.ports.feed import feed_source"),
+    "ports-feed-store": (
+        "tiffany.ports.watermark",
+        "from tiffany.feed.pg import PgFeed\nfrom tiffany.store.models import PROJECTED_CHANNEL",
+    ),
     "root-version": (
         "tiffany.log",
         "from tiffany import __version__\nfrom tiffany.config import Settings",

@@ -342,6 +342,7 @@ def test_a_relay_stuck_behind_the_engine_takes_the_live_feed_and_marks_the_gap(a
 
     from tiffany.feed.relay import FeedRelay
     from tiffany.feed.transport import line_of
+    from tiffany.feed.upstream import SocketFeed
 
     calls: list[int | None] = []
 
@@ -357,7 +358,7 @@ def test_a_relay_stuck_behind_the_engine_takes_the_live_feed_and_marks_the_gap(a
             await asyncio.sleep(3600)
 
     async def scenario() -> list[tuple[float, str | None, str]]:
-        relay = FeedRelay(api_dir / "feed.sock", lines_fn=scripted_follow)
+        relay = FeedRelay(SocketFeed([api_dir / "feed.sock"], lines_fn=scripted_follow))
         relay.start()
         for _ in range(200):
             if relay.last_seq == 100:

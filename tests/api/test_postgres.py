@@ -243,15 +243,13 @@ def test_the_loops_read_of_a_run_is_the_threads_read(pg_schema_url: str) -> None
 
     from sqlalchemy.orm import Session
 
-    from tiffany.api.deps import _msgspec_json
-    from tiffany.api.pg_async import AsyncPool
-    from tiffany.config import conninfo
+    from tiffany.ports.reads import PgReads
     from tiffany.store import queries
 
     store = make_engine(pg_schema_url)
     try:
         with _served(pg_schema_url) as (client, _):
-            assert client.app.state.tiffany.pg_reads is not None  # the route's path: the loop's
+            assert isinstance(client.app.state.tiffany.reads, PgReads)  # the route's: the loop's
             r = client.post("/api/runs", json={"plan": JSON_PLAN, "inputs": {"n": 4}})
             assert r.status_code == 201, r.text
             run_id, seq = r.json()["run_id"], r.json()["seq"]
@@ -274,16 +272,13 @@ def test_the_loops_read_of_a_run_is_the_threads_read(pg_schema_url: str) -> None
             threaded_lean = queries.run_detail_of(session, run_id, outputs=False)
 
         async def on_the_loop() -> tuple[object, object, object]:
-            pool = AsyncPool(conninfo(pg_schema_url), 1, configure=_msgspec_json)
+            reads = PgReads(pg_schema_url)  # the port's read, outside the app
             try:
-                async with pool.connection() as conn:
-                    found = await queries.run_detail_async(conn, store.dialect, run_id)
-                    lean = await queries.run_detail_async(
-                        conn, store.dialect, run_id, outputs=False
-                    )
-                    none = await queries.run_detail_async(conn, store.dialect, "run-nope")
+                found = await reads.run_detail(run_id)
+                lean = await reads.run_detail(run_id, outputs=False)
+                none = await reads.run_detail("run-nope")
             finally:
-                await pool.close()
+                await reads.close()
             return found, lean, none
 
         looped, looped_lean, nothing = asyncio.run(on_the_loop())

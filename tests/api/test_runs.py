@@ -27,7 +27,7 @@ from process_support import projector_pid
 from prometheus_client.parser import text_string_to_metric_families
 
 from tiffany.api import create_app
-from tiffany.api.routes import runs as runs_routes
+from tiffany.ports import reads as store_reads
 from tiffany.store.migrate import upgrade_url
 
 
@@ -163,7 +163,7 @@ def test_a_run_too_large_for_the_loop_is_read_in_the_threadpool_alike(client, mo
     done = _finished(client, run_id)
     on_loop = client.get(f"/api/runs/{run_id}")
     assert "queue" not in _timing(on_loop)
-    monkeypatch.setattr(runs_routes, "LOOP_READ_DISPATCHES", done["dispatches"] - 1)
+    monkeypatch.setattr(store_reads, "LOOP_READ_DISPATCHES", done["dispatches"] - 1)
     threaded = client.get(f"/api/runs/{run_id}")
     assert "queue" in _timing(threaded)
     assert threaded.json() == on_loop.json() == done

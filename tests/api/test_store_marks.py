@@ -1,9 +1,10 @@
 """A PostgreSQL store's notifications wake the reads waiting for its mark; the API's async pool.
 
 The projector notifies ``tiffany_projected`` with its new mark in the
-statement that writes it; the API listens (``tiffany.api.pg_async.py``)
-besides asking its engine. Against the real local PostgreSQL and a real
-Unix socket that plays an engine too busy to answer.
+statement that writes it; the API's watermark port listens
+(:class:`tiffany.ports.watermark.PgWatermark`) besides asking its engine.
+Against the real local PostgreSQL and a real Unix socket that plays an
+engine too busy to answer.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import psycopg
 import pytest
 from api_support import short_dir
 
-from tiffany.api.engines import Engines
 from tiffany.config import conninfo
+from tiffany.ports.watermark import PgWatermark, SocketWatermark
 from tiffany.store.models import PROJECTED_CHANNEL, channel
 from tiffany.wire.control import socket_path
+from tiffany.wire.shards import seq_base
 
 
 async def _no_mark() -> int:
@@ -49,11 +51,11 @@ def test_a_notified_mark_wakes_a_read_the_engine_has_not_answered(pg_migrated_ur
     assert mine != PROJECTED_CHANNEL
 
     async def main() -> tuple[int, float, int]:
-        engines = Engines([home], lambda _engine: _no_mark(), None, dsn)
-        engines.start()
+        marks = PgWatermark([home], lambda _engine: _no_mark(), dsn, engines_anywhere=False)
+        marks.start()
         try:
-            await _until(lambda: engines._marks is not None and engines._marks.listening)
-            read = asyncio.create_task(engines.wait(7, timeout=10.0))
+            await _until(lambda: marks.listener.listening)
+            read = asyncio.create_task(marks.wait(7, timeout=10.0))
             await asyncio.sleep(0.2)
             assert not read.done()  # the engine says nothing: the read waits
             async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
@@ -70,9 +72,9 @@ def test_a_notified_mark_wakes_a_read_the_engine_has_not_answered(pg_migrated_ur
                 t0 = time.monotonic()
                 await conn.execute("SELECT pg_notify(%s, %s)", (mine, "0 8"))
                 seen = await read
-            return seen, time.monotonic() - t0, engines.watermarks[0].seq
+            return seen, time.monotonic() - t0, marks.marks[0].seq
         finally:
-            await engines.close()
+            await marks.close()
 
     try:
         seen, waited, mark = asyncio.run(main())
@@ -83,14 +85,66 @@ def test_a_notified_mark_wakes_a_read_the_engine_has_not_answered(pg_migrated_ur
     assert waited < 5.0  # the notification, not the read's 10 s timeout
 
 
+def test_on_the_postgresql_journal_a_read_waits_for_an_engine_of_another_host(
+    pg_migrated_url: str,
+) -> None:
+    """No engine here, engine 3 elsewhere: its mark is made when named, its notification wakes."""
+    home = short_dir("tfm-")  # no engine socket at all
+    dsn = conninfo(pg_migrated_url)
+    mine = channel(PROJECTED_CHANNEL, dsn)
+    want = seq_base(3) + 7
+
+    async def main() -> tuple[int, int, int]:
+        marks = PgWatermark([home], lambda _engine: _no_mark(), dsn, engines_anywhere=True)
+        marks.start()
+        try:
+            await _until(lambda: marks.listener.listening)
+            read = asyncio.create_task(marks.wait(want, timeout=30.0))
+            # Engine 3 learnt, asked (nobody answers here), its store mark read once:
+            await _until(lambda: len(marks.marks) == 4 and marks.marks[3]._task is not None)
+            await _until(lambda: marks.marks[3]._task.done())  # type: ignore[union-attr]
+            assert not read.done()  # pushed: the read waits for the database's word
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                await conn.execute("SELECT pg_notify(%s, %s)", (mine, f"3 {want + 1}"))
+                seen = await read
+            return seen, len(marks.marks), marks.marks[0].seq
+        finally:
+            await marks.close()
+
+    seen, made, engine0 = asyncio.run(main())
+    assert seen == want + 1
+    assert made == 4  # engines 1 and 2 too: marks are made up to the engine named
+    assert engine0 == 0  # engine 3's notification moved no other engine's mark
+
+
+def test_with_the_engines_here_a_read_for_an_unknown_engine_ends_at_once(
+    pg_migrated_url: str,
+) -> None:
+    """The file journal's engines are this host's: with none answering, the read ends behind."""
+    home = short_dir("tfm-")
+    marks = PgWatermark(
+        [home], lambda _engine: _no_mark(), conninfo(pg_migrated_url), engines_anywhere=False
+    )
+
+    async def main() -> tuple[int, float]:
+        t0 = time.monotonic()
+        seen = await marks.wait(seq_base(3) + 7, timeout=30.0)
+        return seen, time.monotonic() - t0
+
+    seen, waited = asyncio.run(main())
+    assert seen == 0  # behind: the API answers 503 store.behind
+    assert waited < 10.0  # settled when no engine answered, not at the 30 s deadline
+    assert len(marks.marks) == 1  # no mark made for an engine this host does not run
+
+
 def test_without_a_postgresql_store_nothing_listens(tmp_path: object) -> None:
-    engines = Engines([short_dir("tfm-")], lambda _engine: _no_mark())
-    assert engines._marks is None
+    marks = SocketWatermark([short_dir("tfm-")], lambda _engine: _no_mark())
+    assert not hasattr(marks, "listener")
 
 
 @pytest.mark.parametrize("payload", ["0 5", "12 345"])
 def test_projected_mark_reads_engine_and_seq(payload: str) -> None:
-    from tiffany.api.pg_async import projected_mark
+    from tiffany.ports.pg import projected_mark
 
     engine, seq = payload.split()
     assert projected_mark(payload) == (int(engine), int(seq))
@@ -107,7 +161,7 @@ def test_a_statement_cancelled_mid_way_is_stopped_before_its_connection_serves_a
     the pool takes the connection back only if it is idle again (else it
     closes it), so the next read never meets the old one's results.
     """
-    from tiffany.api.pg_async import AsyncPool
+    from tiffany.ports.pg import AsyncPool
 
     async def main() -> tuple[object, object]:
         pool = AsyncPool(conninfo(pg_migrated_url), 2, application_name="tiffany-test")

@@ -21,6 +21,7 @@ from tiffany.feed.transport import (
     follow,
     is_transient,
 )
+from tiffany.feed.upstream import SocketFeed
 
 
 class GarbageServer:
@@ -156,7 +157,7 @@ def test_the_relay_stops_and_reports_instead_of_resuming_into_the_same_failure(
     server = GarbageServer(tmp_path / "pal.sock")
 
     async def scenario() -> FeedRelay:
-        relay = FeedRelay(server.path)
+        relay = FeedRelay(SocketFeed([server.path]))
         relay.start()
         for _ in range(500):
             if relay.failed is not None:

@@ -6,10 +6,15 @@ activity feed (``<data dir>/feed.sock``) to websockets. It never imports the
 kernel, the WAL or the agents: it runs in a process of its own, which the
 engine process does not wait for.
 
+The ports (``tiffany/ports``) are chosen here, once, from the settings: the
+store's reads, the watermark that read-your-writes waits on, and the source
+of the activity relay (the engines' sockets or PostgreSQL); nothing below
+asks again which transport it runs on.
+
 Lifespan: start-up starts the feed relay (which connects, and reconnects,
-to the engine on its own: the API may start before the engine); shutdown
-cuts the websockets off, closes the control connection and disposes of the
-store's engine.
+to the engine on its own: the API may start before the engine) and the
+watermark; shutdown cuts the websockets off, closes the control and
+watermark connections and the store's.
 """
 
 from __future__ import annotations
@@ -23,17 +28,19 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 import tiffany
-from tiffany.api import openapi, problems
-from tiffany.api.deps import STORE_READERS, ApiState
+from tiffany.api import openapi, problems, timing
+from tiffany.api.deps import ApiState
 from tiffany.api.middleware import RequestLog, TokenAuth
 from tiffany.api.routes import activity, runs, schedules, system, tools
 from tiffany.api.schemas import RerunRequest, SubmitRequest
 from tiffany.api.timing import Timings
-from tiffany.config import Settings, conninfo
-from tiffany.feed.relay import FeedRelay, feed_path
+from tiffany.config import Settings
+from tiffany.feed.relay import FeedRelay
 from tiffany.observe.api_metrics import ApiMetrics
-from tiffany.store import make_reader_engine, session_factory
-from tiffany.wire.shards import homes
+from tiffany.ports.feed import feed_source
+from tiffany.ports.reads import reads_for
+from tiffany.ports.watermark import watermark_for
+from tiffany.store import queries
 
 __all__ = ["create_app"]
 
@@ -47,22 +54,23 @@ def create_app(settings: Settings) -> FastAPI:
         settings: The process settings: data dir (the engine's sockets),
             database URL, API token, body and websocket limits.
     """
-    # As many connections as reads in flight (deps.STORE_READERS), kept open.
-    store = make_reader_engine(settings.database_url, STORE_READERS)
+    reads = reads_for(settings.database_url, timing.add)
+
+    async def read_mark(engine: int) -> int:
+        return await reads.read(lambda s: queries.watermark(s, engine))
+
     relay = FeedRelay(
-        [feed_path(home) for home in homes(settings.data_dir, settings.engines)],
+        feed_source(settings),
         ring_events=settings.feed_ring_events,
         queue_frames=settings.ws_queue_frames,
         queue_bytes=settings.ws_queue_bytes,
         send_timeout_s=settings.ws_send_timeout_s,
         max_subscribers=settings.ws_max_subscribers,
-        # The PostgreSQL journal: engines on any host publish through the database.
-        notify_dsn=conninfo(settings.database_url) if settings.journal == "postgres" else None,
     )
     state = ApiState(
         settings=settings,
-        engine=store,
-        sessions=session_factory(store),
+        reads=reads,
+        watermark=watermark_for(settings, read_mark),
         relay=relay,
         metrics=ApiMetrics(relay),
     )
@@ -70,6 +78,7 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         state.relay.start()
+        state.watermark.start()
         state.engines.start()
         # The start-up heap (FastAPI, pydantic, SQLAlchemy, the routes) lives as
         # long as the process: out of the collector's reach, a full collection
@@ -87,9 +96,9 @@ def create_app(settings: Settings) -> FastAPI:
             yield
         finally:
             await state.relay.stop()
+            await state.watermark.close()
             await state.engines.close()
             await state.close()
-            store.dispose()
             log.info("api.stopped")
 
     app = FastAPI(

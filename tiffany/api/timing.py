@@ -9,8 +9,8 @@ the request went through, in milliseconds::
     Server-Timing: projected;dur=3.1, queue;dur=0.2, store;dur=0.9, app;dur=4.6
 
 - ``projected``: waiting for the store to pass ``min_seq``;
-- ``store``: store reads (in a thread, or on the loop: ``ApiState.read_on_loop``);
-- ``queue``: the store reads' wait for a turn (``deps.STORE_READERS``) and a thread;
+- ``store``: store reads (in a thread, or on the loop: ``tiffany.ports.reads``);
+- ``queue``: the store reads' wait for a turn (``reads.STORE_READERS``) and a thread;
 - ``app``: from the request's arrival in the app to its answer's head.
 
 The parts are gathered in a context variable that :class:`Timings` (the

@@ -10,7 +10,9 @@ line, kept under PostgreSQL's 8,000-byte payload limit. An event too large
 for one notification is replaced by a small ``tool.output`` event saying so
 (its run's journal and the store have the whole of it).
 
-The API side is :class:`tiffany.feed.relay.FeedRelay` (``notify_dsn``).
+The API side is :class:`PgFeed`, the relay's source on this journal
+(:class:`tiffany.ports.feed.FeedSource` picks it at start): one ``LISTEN``
+follows every engine, on any host.
 ``bench/feed_transport.py`` measured LISTEN/NOTIFY against NATS core and
 JetStream, and docs/engines.md says why we chose it.
 
@@ -23,7 +25,9 @@ the relays mark the gap.
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from collections.abc import AsyncIterator
 from typing import Any, Final
 
 import msgspec
@@ -31,11 +35,13 @@ import psycopg
 import structlog
 
 from tiffany.feed import Hub
+from tiffany.feed.transport import MAX_RECONNECT_DELAY_S, RECONNECT_DELAY_S, frame_head
+from tiffany.feed.upstream import Sink, Upstream
 from tiffany.store.models import FEED_CHANNEL, channel
 from tiffany.store.models import MAX_NOTIFY_BYTES as MAX_PAYLOAD_BYTES
 from tiffany.wal.pg import conninfo
 
-__all__ = ["FEED_CHANNEL", "MAX_PAYLOAD_BYTES", "NotifyFeed", "split_payloads"]
+__all__ = ["FEED_CHANNEL", "MAX_PAYLOAD_BYTES", "NotifyFeed", "PgFeed", "split_payloads"]
 
 log = structlog.get_logger(__name__)
 
@@ -131,3 +137,79 @@ class NotifyFeed:
                 self.sent += len(frames)
             if sub.closed or (stopping and not frames):
                 return
+
+
+class PgFeed:
+    """The relay's source on the PostgreSQL journal: ``LISTEN tiffany_feed`` (module docstring).
+
+    Every engine's batches arrive on one connection, each engine learnt as
+    it speaks, so the relay merges them (``merged``) and a resume older than
+    its ring is ``gone``: no engine is asked to replay (:meth:`replay` and
+    :meth:`head` are never called). What is published while this process is
+    not listening is lost: after a reconnect the relay marks the gap.
+
+    Args:
+        dsn: A libpq connection string of the database.
+    """
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        #: The engines heard from, by number (grows as new ones speak).
+        self.upstreams: list[Upstream] = [Upstream(0)]
+        self.upstream_cutoffs = 0  # the database never cuts a listener off
+        self.failed: str | None = None  # reconnects forever
+        self._up = False
+
+    @property
+    def merged(self) -> bool:
+        """Always: engines on any host, learnt as they speak."""
+        return True
+
+    @property
+    def connected(self) -> bool | None:
+        """Whether the LISTEN connection is up."""
+        return self._up
+
+    def replay(self, since: int) -> AsyncIterator[dict[str, Any]]:
+        """Never called (``merged``): the relay answers an old resume ``gone``."""
+        raise NotImplementedError("the database's feed keeps no history to replay")
+
+    async def head(self) -> int:
+        """Never called (``merged``): the relay's own keys decide."""
+        raise NotImplementedError("the database's feed has no head to ask")
+
+    async def run(self, sink: Sink) -> None:
+        """Follow every engine's feed through ``LISTEN tiffany_feed``, reconnecting forever.
+
+        A notification is one engine's batch: its number on the first line,
+        then its frames, one a line (:func:`split_payloads`).
+        """
+        delay, listened = RECONNECT_DELAY_S, False
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+                async with conn:
+                    await conn.execute(f'LISTEN "{channel(FEED_CHANNEL, self.dsn)}"')
+                    if listened:
+                        reason = "the API's feed from the database dropped: reload state over HTTP"
+                        sink.mark_gap(None, reason)
+                    listened, self._up, delay = True, True, RECONNECT_DELAY_S
+                    async for note in conn.notifies():
+                        self._take(note.payload, sink)
+            except (psycopg.Error, OSError) as exc:
+                if self._up:
+                    log.warning("feed relay lost the database's feed", error=str(exc))
+                self._up = False
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, MAX_RECONNECT_DELAY_S)
+
+    def _take(self, payload: str, sink: Sink) -> None:
+        number, _, body = payload.partition("\n")
+        if not number.isdigit() or not body:
+            return
+        engine = int(number)
+        while len(self.upstreams) <= engine:  # engines are learnt as they speak
+            self.upstreams.append(Upstream(len(self.upstreams)))
+        up = self.upstreams[engine]
+        for line in body.split("\n"):
+            sink.accept(frame_head(line), line, up)

@@ -2,11 +2,11 @@
 
 The engine serves its PAL feed on ``<data dir>/feed.sock``
 (:class:`tiffany.feed.transport.FeedServer`). Each API process keeps exactly
-one live subscription to it (:func:`tiffany.feed.transport.follow`; the
-following, reconnects and resumes are ``upstream.py``'s) and fans the
-events out to its websockets itself: the engine's hub thread shares the
-GIL with the scheduler loop, so it must serve one subscriber per API process,
-not one per browser.
+one live subscription to it through its source (``upstream.py``: the
+sockets, or PostgreSQL's ``NOTIFY``, ``pg.py``; the following, reconnects
+and resumes are the source's) and fans the events out to its websockets
+itself: the engine's hub thread shares the GIL with the scheduler loop, so it
+must serve one subscriber per API process, not one per browser.
 
 Design (a ring with cursors, in the manner of a disruptor or a Kafka
 partition, rather than a queue per subscriber):
@@ -49,7 +49,7 @@ partition, rather than a queue per subscriber):
 
 Resumes (``since``): a seq the ring still covers is served from the ring.
 An older one (the API restarted, or the client was away long) is served by a
-catch-up connection to the engine (``follow(since=...)``) until that stream
+catch-up connection to the engine (the source's ``replay(since)``) until that stream
 meets the ring, then from the ring; if the engine no longer holds it either,
 the client gets ``{"type": "gone"}`` and should reload state over HTTP.
 
@@ -79,7 +79,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
@@ -87,14 +87,8 @@ import msgspec
 import structlog
 
 from tiffany.feed.fairshare import FairShare
-from tiffany.feed.transport import (
-    FEED_SOCKET,
-    FrameHead,
-    feed_head,
-    follow,
-    follow_lines,
-)
-from tiffany.feed.upstream import FollowLines, Upstream, Upstreams
+from tiffany.feed.transport import FEED_SOCKET, FrameHead
+from tiffany.feed.upstream import Source, Upstream
 from tiffany.feed.wsdirect import DirectWriter, text_frame
 
 __all__ = ["FEED_SOCKET", "FeedRelay", "FeedSubscriber", "feed_path"]
@@ -133,7 +127,6 @@ class _Message(NamedTuple):
 
 #: The messages framed in one pass, by (ring position, run filter, batch).
 _Made = dict[tuple[int, str | None, bool], _Message]
-Follow = Callable[..., AsyncIterator[dict[str, Any]]]
 
 
 def feed_path(data_dir: str | Path) -> Path:
@@ -326,7 +319,9 @@ class FeedRelay:
     """The API process's one upstream subscription and its ring (module docstring).
 
     Args:
-        path: The engine's feed socket.
+        source: Where the events come from (:class:`~tiffany.feed.upstream.Source`:
+            the engines' sockets or the database; the API's port
+            :class:`tiffany.ports.feed.FeedSource` chooses).
         ring_events: Entries kept for resumes.
         queue_frames: How far (in entries) a subscriber may lag before it is cut off.
         queue_bytes: How far (in bytes of frames) a subscriber may lag before
@@ -335,34 +330,22 @@ class FeedRelay:
             before the subscriber is cut off.
         max_subscribers: Subscribers at once; :meth:`full` says when a new
             one must be refused.
-        follow_fn: The feed client of catch-ups (:func:`tiffany.feed.transport.follow`).
-        lines_fn: The feed client of the live subscription
-            (:func:`tiffany.feed.transport.follow_lines`).
-        head_fn: Asks an engine's feed for its last seq
-            (:func:`tiffany.feed.transport.feed_head`).
     """
 
     def __init__(
         self,
-        path: str | Path | list[Path],
+        source: Source,
         *,
         ring_events: int = 100_000,
         queue_frames: int = 10_000,
         queue_bytes: int = 16 * 1024 * 1024,
         send_timeout_s: float = 10.0,
         max_subscribers: int = 1000,
-        follow_fn: Follow = follow,
-        lines_fn: FollowLines = follow_lines,
-        head_fn: Callable[[Path], Awaitable[int]] = feed_head,
-        notify_dsn: str | None = None,
     ) -> None:
-        paths = [Path(p) for p in path] if isinstance(path, list) else [Path(path)]
-        #: The engines' feeds (or, on the PostgreSQL journal, ``NOTIFY
-        #: tiffany_feed``: tiffany/feed/pg.py) that fill the ring.
-        self.upstreams = Upstreams(paths, self, lines_fn=lines_fn, notify_dsn=notify_dsn)
-        self.path = paths[0]
+        #: The engines' feeds (their sockets, or ``NOTIFY tiffany_feed``) that fill the ring.
+        self.source = source
         #: Several feeds merged, each event re-keyed (see :class:`Upstream`).
-        self.merged = self.upstreams.merged
+        self.merged = source.merged
         self.queue_frames = queue_frames
         self.queue_bytes = queue_bytes
         self.send_timeout_s = send_timeout_s
@@ -377,8 +360,6 @@ class FeedRelay:
         self.ring = _Ring(max(ring_events, queue_frames + READ_BATCH_ENTRIES))
         self.last_seq: int | None = None
         self.subscribers: set[FeedSubscriber] = set()
-        self._follow = follow_fn
-        self._head = head_fn
         self._task: asyncio.Task[None] | None = None
         self._wake_pending = False
         self._wake_timer: asyncio.TimerHandle | None = None
@@ -392,24 +373,24 @@ class FeedRelay:
     @property
     def connected(self) -> bool | None:
         """Whether every engine's feed answered lately (None: one not tried yet)."""
-        return self.upstreams.connected
+        return self.source.connected
 
     @property
     def failed(self) -> str | None:
         """Why the relay stopped following (a failure reconnecting cannot mend), or None."""
-        return self.upstreams.failed
+        return self.source.failed
 
     @property
     def upstream_cutoffs(self) -> int:
         """Times an engine cut this relay's feed off for falling behind."""
-        return self.upstreams.upstream_cutoffs
+        return self.source.upstream_cutoffs
 
     # -- upstream ------------------------------------------------------------------
 
     def start(self) -> None:
         """Start following the engines' feeds (reconnects forever)."""
         if self._task is None:
-            self._task = asyncio.create_task(self.upstreams.run(), name="tiffany-api-feed-relay")
+            self._task = asyncio.create_task(self.source.run(self), name="tiffany-api-feed-relay")
             self._deadline_timer = asyncio.get_running_loop().call_later(
                 DEADLINE_CHECK_S, self._check_deadlines
             )
@@ -434,7 +415,7 @@ class FeedRelay:
         :class:`Upstream`), written into its ``seq``.
         """
         if up is None:
-            up = self.upstreams.upstreams[0]
+            up = self.source.upstreams[0]
         up.connected = True
         kind = head.type
         if kind == "gone":
@@ -674,7 +655,7 @@ class FeedRelay:
         if self.merged:
             return last
         try:
-            last = await self._head(self.path)
+            last = await self.source.head()
         except (OSError, EOFError) as exc:
             log.info("feed head unknown", since=since, error=str(exc))
             return None
@@ -770,8 +751,9 @@ class FeedRelay:
         idle_timeout: float,
     ) -> str | None:
         """Relay the engine's events after ``sub.since``; return why it fell short, or None."""
+        assert sub.since is not None  # catch_up's
         try:
-            stream = self._follow(self.path, since=sub.since, reconnect=False)
+            stream = self.source.replay(sub.since)
         except OSError as exc:  # pragma: no cover - follow connects lazily
             return f"the engine's feed is unreachable ({exc}): reload state over HTTP"
         try:

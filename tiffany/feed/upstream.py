@@ -1,10 +1,13 @@
-"""The activity relay's upstreams: the engines' feeds, followed until the API stops.
+"""The activity relay's sources: what fills its ring, followed until the API stops.
 
-The relay (``feed.py``) fans events out to websockets from its ring; this
-module fills it. Each engine serves its feed on a Unix socket
-(:func:`tiffany.feed.transport.follow_lines`); on the PostgreSQL journal the
-engines, on any host, publish it through ``NOTIFY tiffany_feed`` instead,
-and one ``LISTEN`` follows them all. Each frame goes to the relay
+The relay (``relay.py``) fans events out to websockets from its ring; a
+source fills it. This module says what the relay asks of a source
+(:class:`Source`; the API knows it as the port
+:class:`tiffany.ports.feed.FeedSource`) and holds the engines' sockets,
+:class:`SocketFeed`: each engine serves its feed on a Unix socket
+(:func:`tiffany.feed.transport.follow_lines`). The other source is
+PostgreSQL's ``NOTIFY tiffany_feed`` (:class:`tiffany.feed.pg.PgFeed`),
+which engines on any host publish to. Each frame goes to the relay
 (:class:`Sink`): ``accept`` for a frame, ``mark_gap`` where events were
 lost (an engine restarted, a resume that could not be served, the
 database's connection dropped), ``lost`` when a feed fails in a way no
@@ -20,7 +23,7 @@ takes the live feed, marking the gap.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final, Protocol
 
@@ -28,17 +31,24 @@ import structlog
 import tenacity
 
 from tiffany.feed.transport import (
-    MAX_RECONNECT_DELAY_S,
-    RECONNECT_DELAY_S,
     FeedClosed,
     FrameHead,
     Lines,
     Reconnects,
+    feed_head,
+    follow,
     follow_lines,
-    frame_head,
 )
 
-__all__ = ["STUCK_RESUMES", "FollowLines", "Sink", "Upstream", "Upstreams"]
+__all__ = [
+    "STUCK_RESUMES",
+    "Follow",
+    "FollowLines",
+    "Sink",
+    "SocketFeed",
+    "Source",
+    "Upstream",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -47,10 +57,12 @@ STUCK_RESUMES: Final = 2
 
 #: The feed client's shape (:func:`~tiffany.feed.transport.follow_lines`).
 FollowLines = Callable[..., AsyncIterator[Lines]]
+#: The catch-up client's shape (:func:`~tiffany.feed.transport.follow`).
+Follow = Callable[..., AsyncIterator[dict[str, Any]]]
 
 
 class Sink(Protocol):
-    """Where the upstreams' frames go (the relay)."""
+    """Where a source's frames go (the relay)."""
 
     def accept(self, head: FrameHead, text: str, up: Upstream | None = None) -> None:
         """Take one frame of engine ``up``'s feed."""
@@ -60,6 +72,48 @@ class Sink(Protocol):
 
     def lost(self, reason: str) -> None:
         """A feed failed for good: the subscribers are told ``reason``."""
+
+
+class Source(Protocol):
+    """What the relay asks of the engines' feeds, wherever they come from.
+
+    The API knows this as the port :class:`tiffany.ports.feed.FeedSource`,
+    which picks the implementation once, at start: :class:`SocketFeed` or
+    :class:`tiffany.feed.pg.PgFeed`.
+
+    Attributes:
+        upstreams: One :class:`Upstream` an engine followed (engine 0 first).
+        merged: Several engines' feeds merged: the relay re-keys each event
+            (see :class:`Upstream`) and a resume older than its ring is
+            ``gone`` (no one engine can replay the relay's keys).
+    """
+
+    upstreams: list[Upstream]
+
+    @property
+    def merged(self) -> bool:
+        """Whether the relay re-keys events (several feeds, or engines learnt as they speak)."""
+
+    @property
+    def connected(self) -> bool | None:
+        """Whether every engine's feed answered lately (None: one not tried yet)."""
+
+    @property
+    def failed(self) -> str | None:
+        """Why following stopped for good (a failure reconnecting cannot mend), or None."""
+
+    @property
+    def upstream_cutoffs(self) -> int:
+        """Times an engine cut the relay's feed off for falling behind."""
+
+    async def run(self, sink: Sink) -> None:
+        """Follow the feeds into ``sink`` until cancelled (reconnecting on its own)."""
+
+    def replay(self, since: int) -> AsyncIterator[dict[str, Any]]:
+        """The one engine's events after ``since``, as it still holds them (not merged only)."""
+
+    async def head(self) -> int:
+        """The one engine's last seq (not merged only; OSError or EOFError if unreachable)."""
 
 
 class Upstream:
@@ -78,8 +132,9 @@ class Upstream:
 
     __slots__ = ("connected", "engine", "last_seq", "path", "received", "stuck")
 
-    def __init__(self, engine: int, path: Path) -> None:
+    def __init__(self, engine: int, path: Path | None = None) -> None:
         self.engine = engine
+        #: The engine's feed socket (None: its feed comes through the database).
         self.path = path
         #: The engine's own seq of its last event taken (the resume point).
         self.last_seq: int | None = None
@@ -90,57 +145,61 @@ class Upstream:
         self.connected: bool | None = None
 
 
-class Upstreams:
-    """The engines' feeds a relay follows (module docstring).
+class SocketFeed:
+    """The engines' feed sockets, one connection an engine (module docstring).
 
     Args:
         paths: Each engine's feed socket, engine 0 first.
-        sink: Where the frames go.
-        lines_fn: The feed client (:func:`tiffany.feed.transport.follow_lines`).
-        notify_dsn: Follow ``NOTIFY tiffany_feed`` of this database instead
-            of the sockets (the PostgreSQL journal: engines on any host).
+        lines_fn: The live feed client (:func:`tiffany.feed.transport.follow_lines`).
+        follow_fn: The catch-up client (:func:`tiffany.feed.transport.follow`).
+        head_fn: Asks a feed for its last seq (:func:`tiffany.feed.transport.feed_head`).
     """
 
     def __init__(
         self,
         paths: list[Path],
-        sink: Sink,
         *,
         lines_fn: FollowLines = follow_lines,
-        notify_dsn: str | None = None,
+        follow_fn: Follow = follow,
+        head_fn: Callable[[Path], Awaitable[int]] = feed_head,
     ) -> None:
         #: One upstream a feed: an engine's (``serve --engines N``: one an engine).
         self.upstreams = [Upstream(i, p) for i, p in enumerate(paths)]
-        self.path = paths[0]
-        self.notify_dsn = notify_dsn
-        #: Several feeds merged, each event re-keyed (see :class:`Upstream`).
-        self.merged = len(paths) > 1 or notify_dsn is not None
-        self._sink = sink
+        self.paths = list(paths)
         self._lines = lines_fn
-        self._notify_up = False
+        self._follow = follow_fn
+        self._head = head_fn
         self.upstream_cutoffs = 0
         #: Why the relay stopped following (a failure reconnecting cannot mend), or None.
         self.failed: str | None = None
 
     @property
+    def merged(self) -> bool:
+        """Several engines' feeds (``serve --engines N``): each event re-keyed."""
+        return len(self.upstreams) > 1
+
+    @property
     def connected(self) -> bool | None:
         """Whether every engine's feed answered lately (None: one not tried yet)."""
-        if self.notify_dsn is not None:
-            return self._notify_up
         states = [up.connected for up in self.upstreams]
         if False in states:
             return False
         return None if None in states else True
 
-    async def run(self) -> None:
+    def replay(self, since: int) -> AsyncIterator[dict[str, Any]]:
+        """Engine 0's events after ``since``, one connection, no reconnect (a catch-up)."""
+        return self._follow(self.paths[0], since=since, reconnect=False)
+
+    async def head(self) -> int:
+        """Engine 0's last seq (a ``head`` question to its feed)."""
+        return await self._head(self.paths[0])
+
+    async def run(self, sink: Sink) -> None:
         """Follow every engine's feed (one task each); stop them all together."""
-        if self.notify_dsn is not None:
-            await self._run_notify(self.notify_dsn)
-            return
         if len(self.upstreams) == 1:
-            await self._run(self.upstreams[0])
+            await self._run(self.upstreams[0], sink)
             return
-        tasks = [asyncio.create_task(self._run(up)) for up in self.upstreams]
+        tasks = [asyncio.create_task(self._run(up, sink)) for up in self.upstreams]
         try:
             await asyncio.gather(*tasks)
         finally:
@@ -148,7 +207,7 @@ class Upstreams:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _run(self, up: Upstream) -> None:
+    async def _run(self, up: Upstream, sink: Sink) -> None:
         """Follow one engine's feed forever, resuming after every disconnect.
 
         Discussion: the reconnects are done here rather than by ``follow``
@@ -171,70 +230,28 @@ class Upstreams:
         try:
             async for attempt in policy.attempts():
                 with attempt:
-                    await self._follow_once(up, policy, attempt)
+                    await self._follow_once(up, sink, policy, attempt)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - reported, then the relay stops
             up.connected = False
             self.failed = f"{type(exc).__name__}: {exc}"[:500]
             log.error("feed relay stopped: the engine's feed failed", error=self.failed)
-            self._sink.lost("the API lost the engine's feed: reload state over HTTP")
-
-    async def _run_notify(self, dsn: str) -> None:
-        """Follow every engine's feed through ``LISTEN tiffany_feed``, reconnecting forever.
-
-        A notification is one engine's batch: its number on the first line,
-        then its frames, one a line (``tiffany/feed/pg.py``). What is
-        published while this process is not listening is lost: after a
-        reconnect the relay marks the gap (``gone``: reload over HTTP).
-        """
-        import psycopg
-
-        from tiffany.store.models import FEED_CHANNEL, channel
-
-        delay, listened = RECONNECT_DELAY_S, False
-        while True:
-            try:
-                conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-                async with conn:
-                    await conn.execute(f'LISTEN "{channel(FEED_CHANNEL, dsn)}"')
-                    if listened:
-                        reason = "the API's feed from the database dropped: reload state over HTTP"
-                        self._sink.mark_gap(None, reason)
-                    listened, self._notify_up, delay = True, True, RECONNECT_DELAY_S
-                    async for note in conn.notifies():
-                        self._take_notification(note.payload)
-            except (psycopg.Error, OSError) as exc:
-                if self._notify_up:
-                    log.warning("feed relay lost the database's feed", error=str(exc))
-                self._notify_up = False
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, MAX_RECONNECT_DELAY_S)
-
-    def _take_notification(self, payload: str) -> None:
-        number, _, body = payload.partition("\n")
-        if not number.isdigit() or not body:
-            return
-        engine = int(number)
-        while len(self.upstreams) <= engine:  # engines are learnt as they speak
-            self.upstreams.append(Upstream(len(self.upstreams), self.path))
-        up = self.upstreams[engine]
-        for line in body.split("\n"):
-            self._sink.accept(frame_head(line), line, up)
+            sink.lost("the API lost the engine's feed: reload state over HTTP")
 
     async def _follow_once(
-        self, up: Upstream, policy: Reconnects, attempt: tenacity.AttemptManager
+        self, up: Upstream, sink: Sink, policy: Reconnects, attempt: tenacity.AttemptManager
     ) -> None:
         """One connection to an engine's feed, until it ends (always raises FeedClosed)."""
         since = up.last_seq
         if up.stuck >= STUCK_RESUMES and since is not None:
             log.warning("feed relay gives up resuming; taking the live feed", last_seq=since)
             reason = "the API fell behind the engine's feed: reload state over HTTP"
-            self._sink.mark_gap(None, reason)
+            sink.mark_gap(None, reason)
             since, up.stuck = None, 0
         before = up.received
         cut = False
-        async for batch in self._lines(up.path, since=since):
+        async for batch in self._lines(self.paths[up.engine], since=since):
             policy.progressed(attempt)
             for head, text in batch:
                 if head.type == "cutoff":
@@ -242,7 +259,7 @@ class Upstreams:
                     log.warning("the engine cut the API's feed off", last_seq=up.last_seq)
                     cut = True
                     break
-                self._sink.accept(head, text, up)
+                sink.accept(head, text, up)
             if cut:
                 break
         up.stuck = up.stuck + 1 if cut and up.received == before else 0

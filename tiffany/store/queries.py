@@ -386,7 +386,7 @@ async def run_detail_async(
 
     The same three SELECTs as :func:`_detail_pipelined`, in one pipeline:
     one round trip, awaited on the event loop instead of a thread
-    (``tiffany/api/pg_async.py``). ``dialect``: the store engine's, which
+    (``tiffany.ports.reads.PgReads``). ``dialect``: the store engine's, which
     compiles them; the connection decodes JSON as the store's engine does
     (``msgspec``: ``ApiState``'s pool sets it).
     """

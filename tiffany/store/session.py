@@ -130,7 +130,7 @@ def make_reader_engine(
     statement its own snapshot inside a transaction too. A connection that
     died (the server restarted) fails its read with a disconnect error, and
     the pool drops it and its siblings; the caller retries the read once
-    (``tiffany.api.deps.ApiState.read``).
+    (``tiffany.ports.reads``).
     """
     kwargs: dict[str, Any] = {"pool_size": connections, "max_overflow": 0}
     parsed = normalize_url(url)

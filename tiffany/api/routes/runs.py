@@ -20,6 +20,7 @@ import base64
 import math
 import re
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final
 
@@ -31,7 +32,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tiffany.api.body import InvalidBody, parse_json_off_loop, parse_off_loop, read_capped
-from tiffany.api.deps import LOOP_READ_DISPATCHES, State
+from tiffany.api.deps import State
 from tiffany.api.openapi import request_body
 from tiffany.api.schemas import (
     AgentConversation,
@@ -368,24 +369,17 @@ async def _read_run(
     min_seq: int | None,
     fn: Any,
     *,
-    pg: Any = None,
-    loop: Any = None,
+    read: Callable[[], Awaitable[Any]] | None = None,
 ) -> Any:
     """Return ``fn(session)`` once the store holds ``min_seq``; 404 if it is None.
 
-    ``pg``: the same read as ``await pg(connection)``, on a PostgreSQL store's
-    event-loop pool (no thread hop: ``api/pg_async.py``); ``loop``: the same
-    read on a SQLite store, on the event loop, bounded (``ApiState.read_on_loop``).
+    ``read``: the same read through another of the store's ports
+    (``state.reads.run_detail``: off the thread hop, on the store it has).
     """
     _check_run_id(run_id)
     if min_seq is not None:
         await state.wait_projected(min_seq)
-    if pg is not None and state.pg_reads is not None:
-        result = await state.read_async(pg)
-    elif loop is not None:
-        result = await state.read_on_loop(loop, fn)
-    else:
-        result = await state.read(fn)
+    result = await (read() if read is not None else state.read(fn))
     if result is None:
         raise RunNotFound(f"no run {run_id!r}", run_id=run_id)
     return result
@@ -417,15 +411,13 @@ async def get_run(
     ] = True,
 ) -> Response:
     """A run with its steps and tasks (as of at least ``min_seq``, when given)."""
-    dialect = state.engine.dialect
     return _json(
         await _read_run(
             state,
             run_id,
             min_seq,
             lambda s: queries.run_detail_of(s, run_id, outputs=outputs),
-            pg=lambda c: queries.run_detail_async(c, dialect, run_id, outputs=outputs),
-            loop=lambda s: queries.run_detail_of(s, run_id, LOOP_READ_DISPATCHES, outputs=outputs),
+            read=lambda: state.reads.run_detail(run_id, outputs=outputs),
         )
     )
 
