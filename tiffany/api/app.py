@@ -26,7 +26,7 @@ import tiffany
 from tiffany.api import openapi, problems
 from tiffany.api.deps import STORE_READERS, ApiState
 from tiffany.api.middleware import RequestLog, TokenAuth
-from tiffany.api.routes import activity, runs, schedules, system, tools
+from tiffany.api.routes import activity, meta, runs, schedules, system, tools
 from tiffany.api.schemas import RerunRequest, SubmitRequest
 from tiffany.api.timing import Timings
 from tiffany.config import Settings, conninfo
@@ -100,7 +100,14 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.tiffany = state
     problems.install(app)
-    routers = (runs.router, schedules.router, tools.router, activity.router, system.router)
+    routers = (
+        runs.router,
+        schedules.router,
+        tools.router,
+        activity.router,
+        meta.router,
+        system.router,
+    )
     for router in routers:
         app.include_router(router)
     app.state.allowed_methods = problems.AllowedMethods(

@@ -32,6 +32,7 @@ from tiffany.wire.http import (
     SubmitAnswer,
     SubmitRequest,
     TaskOut,
+    Vocabulary,
     WaitingFor,
 )
 
@@ -60,5 +61,6 @@ __all__ = [
     "SubmitAnswer",
     "SubmitRequest",
     "TaskOut",
+    "Vocabulary",
     "WaitingFor",
 ]

@@ -58,6 +58,7 @@ __all__ = [
     "SubmitAnswer",
     "SubmitRequest",
     "TaskOut",
+    "Vocabulary",
     "WaitingFor",
 ]
 
@@ -458,6 +459,24 @@ class ScheduleList(BaseModel):
     schedules: list[ScheduleOut]
     next_after: str | None = Field(
         description="Pass as ``after`` for the next page; null on the last page."
+    )
+
+
+class Vocabulary(BaseModel):
+    """The status vocabulary (``tiffany/wire/status.py``): what the dashboard reads."""
+
+    run_statuses: list[RunStatusName] = Field(description="A run's statuses, in order.")
+    terminal_run_statuses: list[RunStatusName] = Field(
+        description="The statuses of a run that has ended."
+    )
+    step_statuses: list[str] = Field(description="A plan step's statuses.")
+    task_states: list[str] = Field(description="A task's states (the kernel's names).")
+    terminal_task_states: list[str] = Field(description="The states of a task that has ended.")
+    status_of: dict[str, str] = Field(
+        description="Each task state (and a cancel's ``cancelling``) in the run's words."
+    )
+    state_labels: dict[str, str] = Field(
+        description="What a running task waits on, said to a person (``blocked_sleep``: sleeping)."
     )
 
 
