@@ -103,7 +103,7 @@ def test_task_ends_and_unsettled_steps() -> None:
     assert task_end_status("done") is RunStatus.SUCCEEDED
     assert task_end_status("crashed") is RunStatus.FAILED
     assert task_end_status("blocked_io") is None
-    assert UNSETTLED_STEPS == {"pending", "running"}
+    assert {"pending", "running"} == UNSETTLED_STEPS
     assert skipped_error("cancelled") == {"message": "skipped: the run cancelled"}
 
 

@@ -27,7 +27,7 @@ from tiffany.api import openapi, problems
 from tiffany.api.deps import STORE_READERS, ApiState
 from tiffany.api.middleware import RequestLog, TokenAuth
 from tiffany.api.routes import activity, meta, runs, schedules, system, tools
-from tiffany.api.schemas import RerunRequest, SubmitRequest
+from tiffany.api.schemas import RerunRequest, ScheduleRequest, SubmitRequest
 from tiffany.api.timing import Timings
 from tiffany.config import Settings, conninfo
 from tiffany.feed.relay import FeedRelay, feed_path
@@ -115,7 +115,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     openapi.install(
         app,
-        [SubmitRequest, RerunRequest, schedules.ScheduleRequest],
+        [SubmitRequest, RerunRequest, ScheduleRequest],
         token=settings.api_token is not None,
     )
     app.mount("/static", StaticFiles(directory=system.STATIC_DIR, check_dir=False), name="static")

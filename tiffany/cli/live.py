@@ -31,7 +31,7 @@ from tiffany.wire.status import RunStatus, status_of
 __all__ = ["LiveView"]
 
 _FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
-_STYLE = {
+_STYLE: dict[str, str] = {
     RunStatus.PENDING: "cyan",
     RunStatus.RUNNING: "cyan",
     RunStatus.SUCCEEDED: "green",
