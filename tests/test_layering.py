@@ -74,6 +74,8 @@ LAYERS: dict[str, Layer] = {
     "wire.values": Layer(STDLIB_ONLY, _parts("msgspec")),
     # The journal's records: one typed definition every reader and writer imports.
     "wire.records": Layer(_parts("errors", "wire.values"), _parts("msgspec")),
+    # What the records say of a run and its steps: the one reading every fold uses.
+    "wire.runstate": Layer(_parts("wire"), STDLIB_ONLY),
     # The control channel's protocol and clients (engine <- API commands).
     "wire.control": Layer(_parts("errors"), CODEC_LIBS),
     # Bounded JSON/YAML documents: limits on depth, size, numbers, strings.

@@ -1,4 +1,4 @@
-"""The API token: every route but /healthz and the dashboard's files needs it."""
+"""The API token: every route but /healthz, /api/meta and the dashboard's files needs it."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_the_table_covers_every_route(client) -> None:
         .replace("{step_id}", "step-x")
         for path in client.app.openapi()["paths"]
     }
-    listed = {path for _, path in PROTECTED} | {"/healthz"}
+    listed = {path for _, path in PROTECTED} | {"/healthz", "/api/meta"}
     assert paths <= listed
 
 
@@ -77,7 +77,7 @@ def test_data_routes_need_the_token(client, method: str, path: str) -> None:
     assert ok.status_code != 401
 
 
-@pytest.mark.parametrize("path", ["/healthz", "/", "/static/dom.js"])
+@pytest.mark.parametrize("path", ["/healthz", "/", "/static/dom.js", "/api/meta"])
 def test_liveness_and_the_dashboard_files_need_no_token(client, path: str) -> None:
     r = client.get(path)
     assert r.status_code in (200, 404)  # 404: a dashboard file not written yet

@@ -37,3 +37,25 @@ def test_importing_the_statuses_loads_no_pydantic() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "['tiffany.wire', 'tiffany.wire.status']"
+
+
+def test_the_kernel_s_task_states_are_the_wire_s() -> None:
+    """The kernel names its own states; the journal's are the same words.
+
+    All but ``created``: a task not yet scheduled, which no record shows.
+    """
+    from tiffany.kernel.task import TaskState as KernelTaskState
+    from tiffany.wire.status import TaskState
+
+    kernel = [s.value for s in KernelTaskState]
+    assert [s for s in kernel if s != "created"] == [s.value for s in TaskState]
+
+
+def test_every_task_state_says_a_run_status() -> None:
+    from tiffany.wire.status import TASK_STATUS, TERMINAL_TASK, TaskState, status_of
+
+    assert set(TASK_STATUS) == set(TaskState)
+    assert {TASK_STATUS[s] for s in TERMINAL_TASK} == set(TERMINAL)
+    assert status_of("crashed") == "failed"
+    assert status_of("cancelling") == "cancelled"
+    assert status_of("skipped") == "skipped"  # a step's own word says itself

@@ -31,8 +31,8 @@ import tiffany
 from tiffany.api import openapi, problems, timing
 from tiffany.api.deps import ApiState
 from tiffany.api.middleware import RequestLog, TokenAuth
-from tiffany.api.routes import activity, runs, schedules, system, tools
-from tiffany.api.schemas import RerunRequest, SubmitRequest
+from tiffany.api.routes import activity, meta, runs, schedules, system, tools
+from tiffany.api.schemas import RerunRequest, ScheduleRequest, SubmitRequest
 from tiffany.api.timing import Timings
 from tiffany.config import Settings
 from tiffany.feed.relay import FeedRelay
@@ -109,7 +109,14 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.tiffany = state
     problems.install(app)
-    routers = (runs.router, schedules.router, tools.router, activity.router, system.router)
+    routers = (
+        runs.router,
+        schedules.router,
+        tools.router,
+        activity.router,
+        meta.router,
+        system.router,
+    )
     for router in routers:
         app.include_router(router)
     app.state.allowed_methods = problems.AllowedMethods(
@@ -117,7 +124,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     openapi.install(
         app,
-        [SubmitRequest, RerunRequest, schedules.ScheduleRequest],
+        [SubmitRequest, RerunRequest, ScheduleRequest],
         token=settings.api_token is not None,
     )
     app.mount("/static", StaticFiles(directory=system.STATIC_DIR, check_dir=False), name="static")

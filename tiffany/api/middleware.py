@@ -22,9 +22,10 @@ __all__ = ["PUBLIC_PATHS", "RequestLog", "TokenAuth", "is_public"]
 
 log = structlog.get_logger("tiffany.api")
 
-#: Paths served without the token: liveness, and the dashboard's files (the
-#: page has to load before it can ask the user for the token; it holds no data).
-PUBLIC_PATHS: Final = frozenset({"/healthz", "/", "/favicon.ico"})
+#: Paths served without the token: liveness, and the dashboard's files and the
+#: status vocabulary it reads at start (the page has to load before it can ask
+#: the user for the token; they hold no data).
+PUBLIC_PATHS: Final = frozenset({"/healthz", "/", "/favicon.ico", "/api/meta"})
 _PUBLIC_PREFIX: Final = "/static/"
 
 _RUN_PATH = re.compile(r"^/api/runs/([^/]+)")

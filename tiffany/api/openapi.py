@@ -11,7 +11,7 @@ added here, once, when the schema is first asked for:
 * **auth.** The bearer token is checked by a middleware (``middleware.py``),
   which FastAPI does not see: the scheme ``bearerAuth`` is declared always
   (HTTP bearer), and required of every operation but the public ones
-  (``/healthz``) when ``TIFFANY_API_TOKEN`` is set. Without a token the
+  (``/healthz``, ``/api/meta``) when ``TIFFANY_API_TOKEN`` is set. Without a token the
   server asks for none and the schema says so.
 * nothing else: path and query constraints live on the routes' parameters,
   where FastAPI puts them in the schema and checks them.
@@ -86,7 +86,7 @@ def install(app: FastAPI, models: Iterable[type[BaseModel]], *, token: bool) -> 
                 "description": (
                     "The server's TIFFANY_API_TOKEN, as Authorization: Bearer <token> "
                     "(a websocket may pass ?token= instead). Required when the server "
-                    "has a token; /healthz never needs it."
+                    "has a token; /healthz and /api/meta never need it."
                 ),
             }
         }

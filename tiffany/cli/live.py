@@ -26,24 +26,23 @@ from rich.tree import Tree
 
 from tiffany.durable.journal import TaskMeta
 from tiffany.kernel import Instrument, SystemCall, Task
-from tiffany.store.queries import TASK_STATUS
+from tiffany.wire.status import RunStatus, status_of
 
 __all__ = ["LiveView"]
 
 _FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
-_STYLE = {
-    "pending": "cyan",
-    "running": "cyan",
-    "succeeded": "green",
-    "failed": "red",
-    "cancelled": "dim",
+_STYLE: dict[str, str] = {
+    RunStatus.PENDING: "cyan",
+    RunStatus.RUNNING: "cyan",
+    RunStatus.SUCCEEDED: "green",
+    RunStatus.FAILED: "red",
+    RunStatus.CANCELLED: "dim",
 }
 
 
 def _word(state: Any) -> str:
     """A task's state in the words the dashboard, the store and the feed use."""
-    value = getattr(state, "value", state)
-    return str(getattr(TASK_STATUS.get(value), "value", value))
+    return status_of(str(getattr(state, "value", state)))
 
 
 @dataclass(slots=True)
@@ -52,7 +51,7 @@ class _Row:
     parent: int | None
     role: str = "task"
     step_id: str | None = None
-    state: str = "pending"
+    state: str = RunStatus.PENDING.value
     detail: str = ""
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None
@@ -129,7 +128,7 @@ class LiveView(Instrument):
         """Back to ready."""
         row = self.rows.get(task.id)
         if row is not None:
-            row.state, row.detail = "running", ""
+            row.state, row.detail = RunStatus.RUNNING.value, ""
 
     def task_exited(self, task: Task) -> None:
         """Done or cancelled."""

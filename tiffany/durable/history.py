@@ -57,6 +57,8 @@ from tiffany.wire.records import (
     decode_dispatch,
     run_of,
 )
+from tiffany.wire.runstate import run_end_status
+from tiffany.wire.status import RunStatus
 
 __all__ = [
     "Loaded",
@@ -91,7 +93,8 @@ class RunInfo:
     entry: dict[str, Any]
     started_at: float
     first_seq: int
-    status: str = "running"
+    #: ``running`` until its RUN_END, then how it ended (:func:`_ended`).
+    status: str = RunStatus.RUNNING.value
     ended_at: float | None = None
     result: Any = None
     records: int = 0
@@ -103,7 +106,7 @@ class RunInfo:
     @property
     def finished(self) -> bool:
         """True once the run's end is in the WAL."""
-        return self.status != "running"
+        return self.status != RunStatus.RUNNING
 
 
 @dataclass(slots=True)
@@ -157,7 +160,7 @@ class RunIndex:
         rec: RunEnd = decode(RecordType.RUN_END, payload)  # type: ignore[assignment]
         ended = self.by_no.get(run_of(payload))
         if ended is not None:
-            ended.status, ended.result, ended.ended_at = rec.status, rec.value, rec.ts
+            _ended(ended, rec)
         return ended
 
 
@@ -384,8 +387,19 @@ def load_run(wal_dir: Source, run_id: str) -> tuple[RunInfo, ReplayCursor]:
     cursor.reread = lambda: _cursor(spans_of(wal_dir, first), prefix)[0].seqs
     ended = cursor.run_end
     if ended is not None:
-        info.status, info.result, info.ended_at = ended.status, ended.value, ended.ts
+        _ended(info, ended)
     return info, cursor
+
+
+def _ended(info: RunInfo, rec: RunEnd) -> None:
+    """Mark ``info`` ended as its RUN_END says (``tiffany/wire/runstate.py`` reads the status).
+
+    A status no run ends with is kept as journaled: the run is finished all
+    the same (its end is in the WAL).
+    """
+    final = run_end_status(rec.status)
+    info.status = final.value if final is not None else rec.status
+    info.result, info.ended_at = rec.value, rec.ts
 
 
 @contextmanager

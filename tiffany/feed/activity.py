@@ -17,12 +17,11 @@ from tiffany.durable.journal import TaskMeta
 from tiffany.feed import Hub
 from tiffany.feed.events import TaskFields
 from tiffany.kernel import RETURNED, Instrument, SystemCall, Task
+from tiffany.wire.runstate import step_report
+from tiffany.wire.status import TaskState, status_of
 from tiffany.wire.values import text_of
 
 __all__ = ["ActivityLog"]
-
-#: A run's end in the one state vocabulary, from its root task's state.
-_RUN_WORD: Final = {"done": "succeeded", "crashed": "failed", "cancelled": "cancelled"}
 
 
 def _label(call: Any) -> str:
@@ -55,19 +54,15 @@ def _step_outcome(result: Any) -> dict[str, Any] | None:
     ``StepOutcome``. A failed step's error, so that ``tail`` says why a
     ``python`` step (which has no tool task of its own) failed.
     """
-    fields: Mapping[str, Any] = (
-        result
-        if isinstance(result, Mapping)
-        else {k: getattr(result, k, None) for k in ("ok", "attempts", "error")}
-    )
-    ok = fields.get("ok")
-    if not isinstance(ok, bool):
+    report = step_report(result)
+    ok = None if report is None else report.ok
+    if report is None or not isinstance(ok, bool):
         return None
     data: dict[str, Any] = {"ok": ok}
-    attempts = fields.get("attempts")
+    attempts = report.attempts
     if isinstance(attempts, list):
         data["attempts"] = len(attempts)
-    error = fields.get("error")
+    error = report.error
     if not ok and isinstance(error, Mapping):
         data["error"] = {
             k: text_of(error[k])[:ERROR_MESSAGE_CHARS]
@@ -159,7 +154,7 @@ class ActivityLog(Instrument):
         if ids is None:
             return
         del self._fields[task.id]  # its last events
-        kind = "cancelled" if task.state.value == "cancelled" else "exit"
+        kind = "cancelled" if task.state.value == TaskState.CANCELLED else "exit"
         data = None
         if ids.task_kind == "worker":  # a worker ends well whether its step did or not
             data = _step_outcome(task.result)
@@ -186,5 +181,5 @@ class ActivityLog(Instrument):
         if isinstance(meta, TaskMeta) and meta.run.root is task:
             # The run's own word (succeeded, failed, cancelled), as the store and
             # the dashboard say it; the task events keep the kernel's.
-            label = _RUN_WORD.get(task.state.value, task.state.value)
+            label = status_of(task.state.value)
             self.hub.publish_task("run.finished", ids, label, data)

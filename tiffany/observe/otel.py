@@ -63,6 +63,8 @@ import structlog
 from tiffany import __version__
 from tiffany.durable.journal import TaskMeta
 from tiffany.kernel import Instrument, Task
+from tiffany.wire.runstate import run_opening, step_report
+from tiffany.wire.status import RunStatus, StepStatus, TaskState
 from tiffany.wire.values import text_of
 
 if TYPE_CHECKING:
@@ -337,13 +339,12 @@ class SpanRecorder(Instrument):
             self._queue.append(("run_end", run.run_id, self._clock(), run.status, run.error))
         elif meta.label.role == "worker":
             state = task.state.value
-            outcome = task.result
             report = None
-            if error is None and state == "done" and isinstance(outcome, Mapping):
-                # The worker's result: its outcome as a dict (journal version 3 on).
-                report = (outcome.get("ok"), outcome.get("error"), outcome.get("attempts"))
-            elif error is None and state == "done" and outcome is not None:
-                report = (outcome.ok, outcome.error, outcome.attempts)  # a StepOutcome
+            if error is None and state == TaskState.DONE:
+                # The worker's result: its outcome as a dict (journal version 3 on),
+                # or the StepOutcome itself.
+                got = step_report(task.result)
+                report = None if got is None else (got.ok, got.error, got.attempts)
             self._queue.append(
                 ("step_end", task.id, self._clock(), state, report, error, run.replay is not None)
             )
@@ -409,15 +410,8 @@ class SpanRecorder(Instrument):
             log.warning("otel.flush_timeout", waited_s=CLOSE_FLUSH_S, note="spans not sent")
 
     def _on_plan(self, run_id: str, entry: Mapping[str, Any]) -> None:
-        tools: dict[str, str] = {}
-        plan = entry.get("plan")
-        steps = plan.get("steps") if isinstance(plan, Mapping) else None
-        for step in steps if isinstance(steps, list) else ():
-            if isinstance(step, Mapping):
-                sid, tool = step.get("id"), step.get("tool")
-                if isinstance(sid, str) and isinstance(tool, str):
-                    tools[sid] = tool
-        self._plans[run_id] = tools
+        opening = run_opening(entry)
+        self._plans[run_id] = {sid: tool for sid, tool in opening.steps if tool is not None}
 
     def _on_run(self, run_id: str, name: str, ts: float, resumed: bool) -> None:
         from opentelemetry.trace import SpanKind
@@ -491,7 +485,9 @@ class SpanRecorder(Instrument):
         error: BaseException | None,
     ) -> None:
         if report is None:  # cancelled, killed or crashed: one span for the whole step
-            status = "cancelled" if state == "cancelled" else "failed"
+            status = StepStatus.FAILED.value
+            if state == TaskState.CANCELLED:
+                status = RunStatus.CANCELLED.value  # a step's span says the run's word
             info = None if error is None else _error_of(error)
             self._step_span(run_id, step_id, None, started, ts, status, info)
             return
@@ -504,12 +500,12 @@ class SpanRecorder(Instrument):
             begin = float(attempt["started_at"])
             end = float(attempt.get("ended_at") or begin)
             info = None if good else attempt.get("error")
-            status = "succeeded" if good else "failed"
+            status = (StepStatus.SUCCEEDED if good else StepStatus.FAILED).value
             number = attempt.get("attempt")
             self._step_span(run_id, step_id, number, begin, end, status, info)
             made += 1
         if not made:  # no attempt ran (its arguments were refused): the step itself
-            status = "succeeded" if ok else "failed"
+            status = (StepStatus.SUCCEEDED if ok else StepStatus.FAILED).value
             self._step_span(run_id, step_id, None, started, ts, status, step_error)
 
     def _on_run_end(self, run_id: str, ts: float, status: str, error: Any) -> None:
@@ -526,9 +522,9 @@ class SpanRecorder(Instrument):
         if span is None:
             return
         span.set_attribute("tiffany.status", status)
-        if status == "succeeded":
+        if status == RunStatus.SUCCEEDED:
             span.set_status(Status(StatusCode.OK))
-        elif status == "failed":
+        elif status == RunStatus.FAILED:
             message = _text(error) if error is not None else "failed"
             span.set_attribute("tiffany.error", message)
             if error is not None:
@@ -602,9 +598,9 @@ class SpanRecorder(Instrument):
 
         span = self._start_step(run_id, step_id, attempt, begin)
         span.set_attribute("tiffany.status", status)
-        if status == "succeeded":
+        if status == StepStatus.SUCCEEDED:
             span.set_status(Status(StatusCode.OK))
-        elif status == "failed":
+        elif status == StepStatus.FAILED:
             message = _text(error.get("message") if error else None) or "failed"
             span.set_attribute("tiffany.error", message)
             if error and isinstance(error.get("type"), str):

@@ -9,6 +9,10 @@ when memory does not hold it (after a restart, an eviction, or another
 projector's write). It reads the store, never writes it: the batch's flush
 does.
 
+What a run's start, a worker's outcome, a run's end and a task's end mean
+is read by :mod:`tiffany.wire.runstate`, the reading the run index, the
+spans, the feed and the CLI's live view share; this module makes rows of it.
+
 What the journal says, and what the projection makes of it:
 
 * ``RUN_START``: a ``running`` run; for a plan run, a ``pending`` step per
@@ -70,16 +74,7 @@ from typing import Any, Final
 from sqlalchemy import Connection, select
 
 from tiffany.projector.rows import Batch
-from tiffany.store.models import (
-    DeadLetter,
-    Run,
-    RunStatus,
-    Step,
-    StepStatus,
-    Task,
-    TaskKind,
-    TaskState,
-)
+from tiffany.store.models import DeadLetter, Run, Step, Task, TaskKind
 from tiffany.store.records import BLOCKING_KINDS, attempt_times, error_dict, jsonable, text
 from tiffany.store.waits import RunWaits
 from tiffany.wire.records import (
@@ -100,17 +95,24 @@ from tiffany.wire.records import (
     carried,
     root_role,
 )
+from tiffany.wire.runstate import (
+    UNSETTLED_STEPS,
+    StepReport,
+    run_end_status,
+    run_ending,
+    run_opening,
+    skipped_error,
+    step_report,
+    task_end_status,
+)
 from tiffany.wire.shards import seq_base, seq_last
-from tiffany.wire.status import TERMINAL
+from tiffany.wire.status import RunStatus, StepStatus, TaskState
 
 __all__ = ["MAX_CACHED_FINISHED_RUNS", "RowFold"]
 
 #: Finished runs whose context is kept in memory (more are reloaded on demand).
 MAX_CACHED_FINISHED_RUNS: Final = 256
 
-_EXIT_STATES: Final = {s.value: s for s in (TaskState.DONE, TaskState.CRASHED, TaskState.CANCELLED)}
-_RUN_END_STATUSES: Final = {s.value: s for s in TERMINAL}
-_UNSETTLED_STEPS: Final = (StepStatus.PENDING.value, StepStatus.RUNNING.value)
 #: The statuses the waits decide between (a pending run waits for its slot first).
 _LIVE_RUN: Final = (RunStatus.RUNNING.value, RunStatus.WAITING.value)
 _PENDING: Final = StepStatus.PENDING.value
@@ -309,30 +311,17 @@ class RowFold:
         self, b: Batch, seq: int, run_no: int, rec: RunStart, row: dict[str, Any] | None
     ) -> None:
         run_id, name, entry, ts = rec.run_id, rec.name, rec.entry, rec.ts
+        opening = run_opening(entry)
         entry = entry if isinstance(entry, Mapping) else {}
         data = row["data"] if row is not None else None
         entry_json = (
             data["entry"] if isinstance(data, dict) and "entry" in data else jsonable(entry)
         )
-        plan_doc = entry.get("plan") if entry.get("kind") == "plan" else None
-        plan = isinstance(plan_doc, Mapping)
+        plan = opening.plan
         clock = float(ts) if isinstance(ts, int | float) else None
-        if plan:
-            assert isinstance(plan_doc, Mapping)
-            defaults = plan_doc.get("inputs")
-            given = entry.get("inputs")
-            inputs: Any = {
-                **(defaults if isinstance(defaults, Mapping) else {}),
-                **(given if isinstance(given, Mapping) else {}),
-            }
-        else:
-            inputs = {"args": entry.get("args", []), "kwargs": entry.get("kwargs", {})}
-        ctx = _RunCtx(text(run_id), plan, root_role(entry), clock, 0, False)
+        ctx = _RunCtx(text(run_id), plan, opening.root, clock, 0, False)
         ctx.waits = RunWaits(plan, ctx.root)
-        # Queued behind a concurrency limit until its slot's signal.
-        ctx.status = (
-            RunStatus.PENDING.value if entry.get("concurrency") else RunStatus.RUNNING.value
-        )
+        ctx.status = opening.status.value  # pending: queued for a concurrency slot
         self.run_ids[run_no] = ctx.run_id
         self._ctx[run_no] = ctx
         b.runs.insert(
@@ -342,7 +331,7 @@ class RowFold:
                 "name": text(name),
                 "status": ctx.status,
                 "entry": entry_json,
-                "inputs": jsonable(inputs),
+                "inputs": jsonable(opening.inputs),
                 "created_at": clock if clock is not None else 0.0,
                 "started_at": clock,
                 "updated_at": clock,
@@ -352,18 +341,15 @@ class RowFold:
             },
         )
         if plan:
-            assert isinstance(plan_doc, Mapping)
             # A re-run's steps settled from an earlier run (tiffany/agents/rerun.py),
             # made JSON-able already: each row is made settled, not made and changed.
             reuse = entry_json.get("reuse") if isinstance(entry_json, Mapping) else None
             reused = _reused(reuse, ctx.clock) if isinstance(reuse, Mapping) else {}
-            steps = plan_doc.get("steps")
-            for spec in steps if isinstance(steps, list) else ():
-                if isinstance(spec, Mapping) and isinstance(spec.get("id"), str):
-                    tool = spec.get("tool")
-                    tool = text(tool) if isinstance(tool, str) else None
-                    step_id = text(spec["id"])
-                    self._new_step(b, ctx, step_id, tool, reused.get(step_id))
+            for declared, tool in opening.steps:
+                step_id = text(declared)
+                self._new_step(
+                    b, ctx, step_id, None if tool is None else text(tool), reused.get(step_id)
+                )
             for step_id, settled in reused.items():  # a dynamic step's children
                 if step_id not in ctx.steps:
                     self._new_step(b, ctx, step_id, None, settled)
@@ -471,7 +457,7 @@ class RowFold:
             return
         step = ctx.steps[step_id]
         step.reruns.add(attempt)
-        if step.status not in _UNSETTLED_STEPS:
+        if step.status not in UNSETTLED_STEPS:
             return
         running = {"attempt": attempt, "rerun_after_crash": True, "started_at": ctx.clock}
         b.steps.update((ctx.run_id, step_id), attempts=[running])
@@ -480,17 +466,16 @@ class RowFold:
         """A task's exit; ``made`` is ``jsonable(rec.value)`` (its journal row's)."""
         ltid, state, value = rec.ltid, rec.state, rec.value
         known = ctx.tasks.get(ltid)
-        final = _EXIT_STATES.get(state)
-        if known is None or final is None:
+        if known is None or task_end_status(state) is None:
             return
-        if known[0] == TaskKind.WORKER.value and isinstance(value, Mapping):
+        final = TaskState(state)
+        report = step_report(value, objects=False) if known[0] == TaskKind.WORKER.value else None
+        if report is not None:
             # A python step's attempt reads no Now(): its end time, journaled in
             # the worker's outcome, moves the run's clock instead.
-            attempts = value.get("attempts")
-            last = attempts[-1] if isinstance(attempts, list) and attempts else None
-            ended = last.get("ended_at") if isinstance(last, Mapping) else None
-            if isinstance(ended, int | float) and not isinstance(ended, bool):
-                self._tick(b, ctx, float(ended))
+            ended = report.ended_at
+            if ended is not None:
+                self._tick(b, ctx, ended)
         key = (ctx.run_id, ltid)
         if final is TaskState.DONE:
             b.tasks.update(key, state=final.value, blocked_on=None, ended_at=ctx.clock, result=made)
@@ -501,37 +486,37 @@ class RowFold:
         kind, step_id = known
         if step_id is None or step_id not in ctx.steps or final is not TaskState.DONE:
             return
-        if kind == TaskKind.WORKER.value and isinstance(value, Mapping):
-            self._settle_step(b, ctx, step_id, value, made)
+        if report is not None:
+            self._settle_step(b, ctx, step_id, report, made)
         elif kind == TaskKind.TOOL.value:
             b.steps.update((ctx.run_id, step_id), output=made)
 
     def _settle_step(
-        self, b: Batch, ctx: _RunCtx, step_id: str, outcome: Mapping[str, Any], made: Any
+        self, b: Batch, ctx: _RunCtx, step_id: str, outcome: StepReport, made: Any
     ) -> None:
-        """A worker's StepOutcome: ``{"step_id", "ok", "output", "error", "attempts"}``.
+        """A worker's StepOutcome (its journaled dict, read by :func:`step_report`).
 
-        ``made``: the outcome made JSON-able (its parts are taken from it).
+        ``made``: the outcome's dict made JSON-able (its parts are taken from it).
         """
         step = ctx.steps[step_id]
-        step.status = (StepStatus.SUCCEEDED if outcome.get("ok") else StepStatus.FAILED).value
-        output = outcome.get("output")
+        step.status = outcome.status.value
+        output = outcome.output
         values: dict[str, Any] = {
             "status": step.status,
-            "output": _part(made, "output", outcome),
-            "error": _part(made, "error", outcome),
+            "output": _part(made, "output", output),
+            "error": _part(made, "error", outcome.error),
         }
         if _HAS_WAITING:
             values["waiting"] = None
-        attempts = outcome.get("attempts")
+        attempts = outcome.attempts
         values.update(
-            attempt_times(attempts, _marked(_part(made, "attempts", outcome), step.reruns))
+            attempt_times(attempts, _marked(_part(made, "attempts", attempts), step.reruns))
         )
         b.steps.update((ctx.run_id, step_id), **values)
         self._tool_ends(b, ctx, step_id, attempts)
         if not _HAS_USAGE:
             return
-        counted = bool(outcome.get("ok")) and _add_usage(ctx, output)
+        counted = bool(outcome.ok) and _add_usage(ctx, output)
         for attempt in attempts if isinstance(attempts, list) else ():
             # A failed attempt's model usage (its error's, budget.py) was paid for too.
             error = attempt.get("error") if isinstance(attempt, Mapping) else None
@@ -565,10 +550,11 @@ class RowFold:
 
     def _run_end(self, b: Batch, ctx: _RunCtx, rec: RunEnd, made: Any) -> None:
         """The run's end; ``made`` is ``jsonable(rec.value)`` (its journal row's)."""
-        status, value, ts = rec.status, rec.value, rec.ts
-        final = _RUN_END_STATUSES.get(status)
-        if final is None:
+        value, ts = rec.value, rec.ts
+        ending = run_ending(rec.status, value, plan=ctx.plan)
+        if ending is None:
             return
+        final = ending.status
         if isinstance(ts, int | float):
             self._tick(b, ctx, float(ts))
         ctx.finished = True
@@ -576,27 +562,21 @@ class RowFold:
         self._finished += 1
         if 1 in ctx.tasks:  # the root's exit came just before, on the previous clock
             b.tasks.update((ctx.run_id, 1), ended_at=ctx.clock)
-        summary: Any = None
-        usage: Any = None  # a plan with a budget reports its model usage
+        summary, usage = ending.steps, ending.usage  # a plan with a budget reports its usage
         if final is RunStatus.SUCCEEDED:
             outputs = made
             if ctx.plan and isinstance(value, Mapping):
-                outputs, summary = _part(made, "outputs", value), value.get("steps")
-                usage = value.get("usage")
+                outputs = _part(made, "outputs", ending.outputs)
             b.runs.update((ctx.run_id,), status=final.value, ended_at=ctx.clock, outputs=outputs)
         else:
-            if ctx.plan and isinstance(value, list | tuple) and len(value) > 3:
-                fields = value[3]
-                summary = fields.get("steps") if isinstance(fields, Mapping) else None
-                usage = fields.get("usage") if isinstance(fields, Mapping) else None
             b.runs.update(
                 (ctx.run_id,), status=final.value, ended_at=ctx.clock, error=error_dict(value)
             )
-        if _HAS_USAGE and isinstance(usage, Mapping):
+        if _HAS_USAGE and usage is not None:
             b.runs.update((ctx.run_id,), usage=jsonable(usage))
         if not ctx.plan:
             return
-        for step_id, info in summary.items() if isinstance(summary, Mapping) else ():
+        for step_id, info in summary.items() if summary is not None else ():
             # ``dict`` first: a thousand ABC checks were a third of this loop.
             if not (info.__class__ is dict or isinstance(info, Mapping)):
                 continue
@@ -622,12 +602,12 @@ class RowFold:
             values.update(attempt_times(info.get("attempts"), attempts))
             b.steps.update((ctx.run_id, step_id), **values)
         for step_id, step in ctx.steps.items():
-            if step.status in _UNSETTLED_STEPS:
+            if step.status in UNSETTLED_STEPS:
                 step.status = StepStatus.SKIPPED.value
                 b.steps.update(
                     (ctx.run_id, step_id),
                     status=step.status,
-                    error={"message": f"skipped: the run {final.value}"},
+                    error=skipped_error(final.value),
                     ended_at=ctx.clock,
                     **({"waiting": None} if _HAS_WAITING else {}),
                 )
@@ -681,7 +661,7 @@ class RowFold:
             return None
         entry = run.entry if isinstance(run.entry, Mapping) else {}
         plan = entry.get("kind") == "plan" and isinstance(entry.get("plan"), Mapping)
-        finished = run.status in _RUN_END_STATUSES
+        finished = run_end_status(run.status) is not None
         ctx = _RunCtx(run.run_id, plan, root_role(entry), run.updated_at, run.dispatches, finished)
         ctx.status = run.status
         unfinished = []
@@ -694,7 +674,7 @@ class RowFold:
             )
         ):
             ctx.tasks[ltid] = (kind, step_id)
-            if not finished and state not in _EXIT_STATES:
+            if not finished and task_end_status(state) is None:
                 unfinished.append((ltid, kind, step_id, state, on))
             if on is not None:  # what _dispatch and _step_held wrote
                 if on.startswith("receive "):
@@ -800,8 +780,8 @@ def _made(row: dict[str, Any] | None, name: str, rec: Any) -> Any:
     return jsonable(getattr(rec, name))
 
 
-def _part(made: Any, key: str, raw: Mapping[str, Any]) -> Any:
-    """``jsonable(raw[key])``, taken from ``made`` (``jsonable(raw)``) when it holds it.
+def _part(made: Any, key: str, raw: Any) -> Any:
+    """``jsonable(raw)``, taken from ``made`` (its parent made JSON-able) when it holds ``key``.
 
     The part was made one level down its parent, so a value nested exactly
     ``MAX_JSON_DEPTH`` deep is cut one level sooner than on its own: the
@@ -809,7 +789,7 @@ def _part(made: Any, key: str, raw: Mapping[str, Any]) -> Any:
     """
     if made.__class__ is dict and key in made:
         return made[key]
-    return jsonable(raw.get(key))
+    return jsonable(raw)
 
 
 def _is_slot(rec: Any) -> bool:

@@ -43,7 +43,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from tiffany.wire.status import RunStatus, StepStatus
+from tiffany.wire.status import RunStatus, StepStatus, TaskState
 
 __all__ = [
     "ANSWERS_CHANNEL",
@@ -138,21 +138,6 @@ DB_NOW_SQL = "extract(epoch from clock_timestamp())"
 
 #: The primary key of the single ``projector_state`` row.
 PROJECTOR_STATE_ID = 1
-
-
-class TaskState(enum.StrEnum):
-    """A task's state as the journal shows it (the kernel's names)."""
-
-    READY = "ready"
-    RUNNING = "running"
-    BLOCKED_IO = "blocked_io"
-    BLOCKED_SLEEP = "blocked_sleep"
-    BLOCKED_JOIN = "blocked_join"
-    BLOCKED_SYNC = "blocked_sync"
-    BLOCKED_THREAD = "blocked_thread"
-    DONE = "done"
-    CRASHED = "crashed"
-    CANCELLED = "cancelled"
 
 
 class TaskKind(enum.StrEnum):

@@ -40,10 +40,10 @@ from tiffany.store.models import (
     RunStatus,
     Step,
     Task,
-    TaskState,
 )
 from tiffany.store.session import driver_errors
 from tiffany.wire.shards import engine_of, seq_base
+from tiffany.wire.status import TASK_STATUS
 
 __all__ = [
     "DEFAULT_PAGE_SIZE",
@@ -69,23 +69,6 @@ __all__ = [
 DEFAULT_PAGE_SIZE: Final = 50
 #: The most runs one page returns.
 MAX_PAGE_SIZE: Final = 500
-
-#: A task's kernel state in the one vocabulary runs and steps speak (pending,
-#: running, succeeded, failed, cancelled): what ``task_dict`` answers as a
-#: task's ``status`` beside its ``state``. The dashboard's twin is
-#: ``statusWord`` in ``tiffany/api/static/dom.js``.
-TASK_STATUS: Final[dict[str, str]] = {
-    TaskState.READY: RunStatus.PENDING,
-    TaskState.RUNNING: RunStatus.RUNNING,
-    TaskState.BLOCKED_IO: RunStatus.RUNNING,
-    TaskState.BLOCKED_SLEEP: RunStatus.RUNNING,
-    TaskState.BLOCKED_JOIN: RunStatus.RUNNING,
-    TaskState.BLOCKED_SYNC: RunStatus.RUNNING,
-    TaskState.BLOCKED_THREAD: RunStatus.RUNNING,
-    TaskState.DONE: RunStatus.SUCCEEDED,
-    TaskState.CRASHED: RunStatus.FAILED,
-    TaskState.CANCELLED: RunStatus.CANCELLED,
-}
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,15 +12,15 @@ and the list comes in pages (``limit``, ``after``).
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Query, Request, Response
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from tiffany.api.body import InvalidBody, parse_document_off_loop, read_capped
 from tiffany.api.deps import State
 from tiffany.api.openapi import request_body
-from tiffany.api.schemas import ErrorBody, Plan
+from tiffany.api.schemas import ErrorBody, ScheduleList, ScheduleOut, ScheduleRequest
 from tiffany.errors import TiffanyError
 from tiffany.schedules import store as schedules
 
@@ -38,66 +38,6 @@ class ScheduleNotFound(TiffanyError):
 
     code = "schedule.not_found"
     http_status = 404
-
-
-def _same(value: Any) -> Any:
-    return value
-
-
-class ScheduleRequest(BaseModel):
-    """A schedule: a plan, its inputs, when (cron, time zone) and what to do with missed ticks."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    # Any object here (the engine checks the plan, 422 plan.invalid naming the
-    # field); the schema describes it as a plan.
-    plan: Annotated[dict[str, Any], BeforeValidator(_same, json_schema_input_type=Plan)] = Field(
-        description="The plan each tick runs."
-    )
-    inputs: dict[str, Any] = Field(default_factory=dict)
-    cron: str = Field(
-        description=(
-            "Five fields (minute hour day month weekday) or six (and seconds, last): "
-            '"0 9 * * 1-5", "*/10 * * * * *".'
-        ),
-        examples=["0 9 * * 1-5"],
-    )
-    timezone: str = Field(default="UTC", description="An IANA time zone, e.g. Europe/Paris.")
-    catchup: Literal["skip", "one", "all"] = Field(
-        default="skip",
-        description="Ticks missed while no engine fired them: skip them, run the last, or all.",
-    )
-
-
-class ScheduleOut(BaseModel):
-    """A schedule as the API shows it."""
-
-    schedule_id: str
-    name: str
-    plan: dict[str, Any]
-    inputs: dict[str, Any]
-    cron: str
-    timezone: str
-    catchup: str
-    paused: bool
-    created_at: float
-    last_tick: float | None = Field(description="The last tick fired or skipped (epoch s).")
-    last_run_id: str | None = Field(description="The run the last fired tick started.")
-    last_error: str | None = Field(description="Why the last tick started no run.")
-    next_tick: float | None = Field(description="When the next tick is due (epoch s).")
-    next_ticks: list[float] = Field(
-        default_factory=list,
-        description="The next few ticks (epoch s), the first being ``next_tick``; none if paused.",
-    )
-
-
-class ScheduleList(BaseModel):
-    """A page of schedules, oldest first."""
-
-    schedules: list[ScheduleOut]
-    next_after: str | None = Field(
-        description="Pass as ``after`` for the next page; null on the last page."
-    )
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {

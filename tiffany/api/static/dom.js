@@ -1,5 +1,7 @@
 // Small DOM and formatting helpers shared by the dashboard's views.
 
+import { STATE_LABELS, STATUS_OF } from "./vocab.js";
+
 /**
  * Build an element: h("div", {class: "x", dataset: {testid: "y"}, onclick}, ...children).
  * Children may be strings, numbers, nodes, arrays or null (skipped).
@@ -209,46 +211,25 @@ export function toast(text, kind = "info") {
   setTimeout(() => el.remove(), 4600);
 }
 
-// `waiting`: every live step waits for a person (a signal, an operator): the inbox's runs.
-export const RUN_STATUSES = ["pending", "running", "waiting", "succeeded", "failed", "cancelled"];
-export const TERMINAL_RUN = new Set(["succeeded", "failed", "cancelled"]);
-export const TERMINAL_TASK = new Set(["done", "crashed", "cancelled"]);
+// The vocabulary is the server's (vocab.js reads GET api/meta); re-exported for the pages.
+export { RUN_STATUSES, STEP_STATUSES, TERMINAL_RUN, TERMINAL_TASK } from "./vocab.js";
 
 /**
  * The one state vocabulary the dashboard shows: pending, running, waiting (a
  * run only), succeeded, failed, cancelled (and `skipped`, a step that never ran). Runs and steps
  * already speak it; the kernel's task states and the feed's `run.finished`
- * labels (`done`, `crashed`, `ready`, `blocked_*`) are mapped here, and only
- * here (the store's task rows carry the same word as `status`:
- * tiffany/store/queries.py, TASK_STATUS).
+ * labels (`done`, `crashed`, `ready`, `blocked_*`) are mapped by the
+ * server's `status_of` (the store's task rows carry the same word as
+ * `status`: tiffany/wire/status.py, TASK_STATUS).
  */
-const STATUS_OF = {
-  ready: "pending",
-  running: "running",
-  done: "succeeded",
-  crashed: "failed",
-  cancelled: "cancelled",
-  cancelling: "cancelled",
-};
-
-/** A run, step or task state (or a feed label) in the dashboard's vocabulary. */
 export function statusWord(state) {
-  if (!state) return "pending";
-  if (state.startsWith("blocked")) return "running";
+  if (!state) return STATUS_OF.ready;
   return STATUS_OF[state] || state;
 }
 
 /** Short label of a task state: the vocabulary's word, or what a running task waits on ("sleeping"). */
 export function stateLabel(state) {
-  return (
-    {
-      blocked_io: "waiting on I/O",
-      blocked_sleep: "sleeping",
-      blocked_join: "waiting on task",
-      blocked_sync: "waiting",
-      blocked_thread: "in thread",
-    }[state] || statusWord(state)
-  );
+  return STATE_LABELS[state] || statusWord(state);
 }
 
 /**
