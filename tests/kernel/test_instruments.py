@@ -202,7 +202,7 @@ def test_failing_instrument_is_removed_and_logged(
 
 
 def test_failing_single_instrument_is_removed(sched: Scheduler, recorder: Recorder) -> None:
-    # With one instrument the hook is called directly, not through a fan-out.
+    # With one instrument the hook is called through its own guard, not a fan-out.
     sched.remove_instrument(recorder)
     bad = Exploding("after_dispatch")
     sched.add_instrument(bad)
