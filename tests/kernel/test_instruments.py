@@ -239,6 +239,39 @@ def test_critical_instrument_failure_stops_the_kernel(sched: Scheduler, hook: st
     assert failed[0]["fatal"] is True
 
 
+def test_critical_failure_as_a_task_returns_runs_no_other_task(
+    sched: Scheduler, recorder: Recorder
+) -> None:
+    # The journal failing to record a return stops the kernel right there,
+    # as after any other dispatch: the rest of the pass does not run.
+    class FailsOnReturn(Instrument):
+        critical = True
+
+        def after_dispatch(self, task, yielded):
+            if yielded is RETURNED:
+                raise RuntimeError("return exploded")
+
+    sched.remove_instrument(recorder)
+    sched.add_instrument(FailsOnReturn())
+    ran = []
+
+    def returns_at_once():
+        return 1
+        yield
+
+    def worker():
+        ran.append("worker")
+        yield
+
+    sched.spawn(returns_at_once())
+    sched.spawn(worker())
+    with structlog.testing.capture_logs(), pytest.raises(InstrumentFailure) as info:
+        sched.run()
+    assert info.value.fields["hook"] == "after_dispatch"
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert ran == []
+
+
 @pytest.mark.parametrize("hook", ["before_run", "task_spawned"])
 def test_critical_failure_before_any_dispatch_runs_no_task(
     sched: Scheduler, recorder: Recorder, hook: str
