@@ -202,7 +202,7 @@ def test_failing_instrument_is_removed_and_logged(
 
 
 def test_failing_single_instrument_is_removed(sched: Scheduler, recorder: Recorder) -> None:
-    # With one instrument the hook is called directly, not through a fan-out.
+    # With one instrument the hook is called through its own guard, not a fan-out.
     sched.remove_instrument(recorder)
     bad = Exploding("after_dispatch")
     sched.add_instrument(bad)
@@ -237,6 +237,39 @@ def test_critical_instrument_failure_stops_the_kernel(sched: Scheduler, hook: st
     failed = [e for e in logs if e["event"] == "kernel.instrument_failed"]
     assert failed
     assert failed[0]["fatal"] is True
+
+
+def test_critical_failure_as_a_task_returns_runs_no_other_task(
+    sched: Scheduler, recorder: Recorder
+) -> None:
+    # The journal failing to record a return stops the kernel right there,
+    # as after any other dispatch: the rest of the pass does not run.
+    class FailsOnReturn(Instrument):
+        critical = True
+
+        def after_dispatch(self, task, yielded):
+            if yielded is RETURNED:
+                raise RuntimeError("return exploded")
+
+    sched.remove_instrument(recorder)
+    sched.add_instrument(FailsOnReturn())
+    ran = []
+
+    def returns_at_once():
+        return 1
+        yield
+
+    def worker():
+        ran.append("worker")
+        yield
+
+    sched.spawn(returns_at_once())
+    sched.spawn(worker())
+    with structlog.testing.capture_logs(), pytest.raises(InstrumentFailure) as info:
+        sched.run()
+    assert info.value.fields["hook"] == "after_dispatch"
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert ran == []
 
 
 @pytest.mark.parametrize("hook", ["before_run", "task_spawned"])

@@ -27,7 +27,7 @@ from collections.abc import Generator, Mapping
 from typing import Any
 
 from tiffany.agents.budget import BUDGET_COMPAT, Ledger, legacy_spend
-from tiffany.agents.plan import MAX_STEPS, PlanError, StepSpec, check_steps, parse_plan
+from tiffany.agents.plan import MAX_STEPS, Plan, PlanError, StepSpec, check_steps, parse_plan
 from tiffany.agents.refs import RefError, resolve
 from tiffany.agents.rerun import reused_origin, reused_output
 from tiffany.agents.worker import AgentEnv, StepOutcome, error_info, worker
@@ -82,6 +82,35 @@ def run_plan(
     (its entry's ``limits``; runs journaled before it was written there
     had the static bound, :data:`MAX_STEPS`).
     """
+    plan, values = _plan_and_values(env, doc, inputs)
+    if limited:
+        yield Receive(SLOT_SIGNAL)  # queued until the engine gives the run its slot
+    if rerun_of is not None:
+        yield Step(env.copy_workspace, rerun_of, run_id, name="workspace.copy")
+    run = _PlanRun(env, run_id, plan, values, compat, reuse or {}, max_steps)
+    try:
+        while True:
+            for sid in run.take_ready():
+                run.running[sid] = yield run.start(sid)
+            if not run.running:
+                break
+            # One wait, then every report already queued: workers that ended
+            # in the same pass cost the planner one dispatch, not one each.
+            outcome: StepOutcome = yield run.results.get()
+            run.report(outcome)
+            while not run.results.empty():
+                run.report(run.results.get_nowait())
+    except TaskCancelled:
+        for tid in run.running.values():
+            yield KillTask(tid)
+        raise
+    return run.result()
+
+
+def _plan_and_values(
+    env: AgentEnv, doc: Mapping[str, Any], inputs: Mapping[str, Any]
+) -> tuple[Plan, dict[str, Any]]:
+    """The run's plan, and its inputs' values (the plan's defaults, then ``inputs``)."""
     # Validated once at submission; a replay or recovery parses it again,
     # against every tool (the engine holds a disabled tool's steps: registry.py).
     plan = env.validated_plan(doc) or parse_plan(doc, env.registry.all_names())
@@ -90,126 +119,154 @@ def run_plan(
         raise PlanError(
             [{"loc": f"inputs.{k}", "msg": "not an input of this plan"} for k in unknown]
         )
-    values = {**plan.inputs, **inputs}
-    if limited:
-        yield Receive(SLOT_SIGNAL)  # queued until the engine gives the run its slot
-    if rerun_of is not None:
-        yield Step(env.copy_workspace, rerun_of, run_id, name="workspace.copy")
-    dag = _Dag(max_steps)
-    for spec in plan.steps:
-        dag.add(spec)
-    reasons: dict[str, Any] = {}
-    outputs: dict[str, Any] = {}
-    attempts: dict[str, list[dict[str, Any]]] = {}
-    running: dict[str, int] = {}
-    results: Queue[StepOutcome] = Queue(name=f"{run_id}.results")
-    workspace = env.workspace_root / run_id  # the steps' (made by the first tool needing it)
-    reuse = reuse or {}
-    # A budget (plan.budget) counts the model tokens and dollars of the run's
-    # steps (their outputs' "usage" and "cost_usd": llm, agent); only then is
-    # "usage" part of the run's result (runs journaled before stay as they were).
-    # From version 3 on, a ledger the workers share (budget.py) checks each
-    # model call before it starts and counts every attempt, failed or not;
-    # runs of earlier versions count succeeded steps here, as they did.
-    budget = plan.budget
-    ledger = Ledger(budget) if budget is not None and compat >= BUDGET_COMPAT else None
-    usage: dict[str, float] | None = None
-    if budget is not None and ledger is None:
-        usage = {"tokens": 0, "usd": 0.0}
-    try:
-        while True:
-            ready = dag.take_ready()
-            if reuse:  # reused steps settle at once (no worker), readying others
-                todo, ready = ready, []
-                while todo:
-                    for sid in todo:
-                        if sid not in reuse:
-                            ready.append(sid)
-                            continue
-                        given = reuse[sid]
-                        outputs[sid] = reused_output(given)
-                        attempts[sid] = [{"attempt": 1, "reused": reused_origin(given)}]
-                        dag.status[sid] = RUNNING
-                        if dag.specs[sid].dynamic:
-                            _extend(dag, reasons, sid, outputs[sid], values, env, run_id)
-                        dag.finish(sid, dag.status[sid] != FAILED, reasons)
-                    todo = dag.take_ready()
-            for sid in ready:
-                dag.status[sid] = RUNNING
-                # A daemon: nobody joins a worker (it reports through the
-                # queue), so its record goes as soon as it ends.
-                running[sid] = yield NewTask(
-                    worker(
-                        env,
-                        run_id,
-                        dag.specs[sid],
-                        values,
-                        outputs,
-                        results,
-                        compat,
-                        workspace,
-                        ledger,
-                    ),
-                    name=f"worker:{sid}",
-                    daemon=True,
-                    meta=TaskLabel("worker", sid),
-                )
-            if not running:
-                break
-            # One wait, then every report already queued: workers that ended
-            # in the same pass cost the planner one dispatch, not one each.
-            outcome: StepOutcome = yield results.get()
-            while True:
-                sid = outcome.step_id
-                running.pop(sid, None)
-                attempts[sid] = outcome.attempts
-                if (
-                    outcome.ok
-                    and usage is not None
-                    and budget is not None
-                    and legacy_spend(usage, outcome.output, budget)
-                ):  # version 2: this step's model calls crossed the run's budget
-                    outcome.ok = False
-                    outcome.error = _over_budget(usage, budget)
-                if outcome.ok:
-                    outputs[sid] = outcome.output
-                    if dag.specs[sid].dynamic:
-                        _extend(dag, reasons, sid, outcome.output, values, env, run_id)
+    return plan, {**plan.inputs, **inputs}
+
+
+class _PlanRun:
+    """What the planner knows of its run: the DAG, the steps' outcomes, the workers.
+
+    The planner task (:func:`run_plan`) yields; this holds the state between
+    its yields and decides, without yielding, what each report changes.
+    """
+
+    def __init__(
+        self,
+        env: AgentEnv,
+        run_id: str,
+        plan: Plan,
+        values: dict[str, Any],
+        compat: int,
+        reuse: Mapping[str, Mapping[str, Any]],
+        max_steps: int,
+    ) -> None:
+        self.env = env
+        self.run_id = run_id
+        self.plan = plan
+        self.values = values
+        self.compat = compat
+        self.reuse = reuse
+        self.dag = _Dag(max_steps)
+        for spec in plan.steps:
+            self.dag.add(spec)
+        self.reasons: dict[str, Any] = {}
+        self.outputs: dict[str, Any] = {}
+        self.attempts: dict[str, list[dict[str, Any]]] = {}
+        #: Step id -> the task id of its worker, while it runs.
+        self.running: dict[str, int] = {}
+        self.results: Queue[StepOutcome] = Queue(name=f"{run_id}.results")
+        self.workspace = env.workspace_root / run_id  # made by the first tool needing it
+        # A budget (plan.budget) counts the model tokens and dollars of the run's
+        # steps (their outputs' "usage" and "cost_usd": llm, agent); only then is
+        # "usage" part of the run's result (runs journaled before stay as they were).
+        # From version 3 on, a ledger the workers share (budget.py) checks each
+        # model call before it starts and counts every attempt, failed or not;
+        # runs of earlier versions count succeeded steps here (``usage``), as they did.
+        budget = plan.budget
+        self.ledger = Ledger(budget) if budget is not None and compat >= BUDGET_COMPAT else None
+        self.usage: dict[str, float] | None = None
+        if budget is not None and self.ledger is None:
+            self.usage = {"tokens": 0, "usd": 0.0}
+
+    def take_ready(self) -> list[str]:
+        """The steps to start now; reused steps settle at once (no worker), readying others."""
+        ready = self.dag.take_ready()
+        if not self.reuse:
+            return ready
+        todo, ready = ready, []
+        while todo:
+            for sid in todo:
+                if sid in self.reuse:
+                    self._settle_reused(sid)
                 else:
-                    reasons[sid] = outcome.error
-                dag.finish(sid, outcome.ok and dag.status[sid] != FAILED, reasons)
-                if results.empty():
-                    break
-                outcome = results.get_nowait()
-    except TaskCancelled:
-        for tid in running.values():
-            yield KillTask(tid)
-        raise
-    status, specs = dag.status, dag.specs
-    failed = [
-        sid for sid, st in status.items() if st == FAILED and not specs[sid].continue_on_error
-    ]
-    summary = {
-        sid: {"status": st, "error": reasons.get(sid), "attempts": attempts.get(sid, [])}
-        for sid, st in status.items()
-    }
-    if ledger is not None:
-        usage = ledger.totals()
-    if failed:
-        extra = {"usage": usage} if usage is not None else {}
-        raise PlanFailed(
-            f"plan {plan.name}: step(s) {', '.join(failed)} failed",
-            failed=failed,
-            steps=summary,
-            **extra,
+                    ready.append(sid)
+            todo = self.dag.take_ready()
+        return ready
+
+    def _settle_reused(self, sid: str) -> None:
+        given = self.reuse[sid]
+        self.outputs[sid] = reused_output(given)
+        self.attempts[sid] = [{"attempt": 1, "reused": reused_origin(given)}]
+        self.dag.status[sid] = RUNNING
+        if self.dag.specs[sid].dynamic:
+            self._extend(sid, self.outputs[sid])
+        self.dag.finish(sid, self.dag.status[sid] != FAILED, self.reasons)
+
+    def start(self, sid: str) -> NewTask:
+        """Mark ``sid`` running; return the call that starts its worker."""
+        self.dag.status[sid] = RUNNING
+        # A daemon: nobody joins a worker (it reports through the queue), so
+        # its record goes as soon as it ends.
+        return NewTask(
+            worker(
+                self.env,
+                self.run_id,
+                self.dag.specs[sid],
+                self.values,
+                self.outputs,
+                self.results,
+                self.compat,
+                self.workspace,
+                self.ledger,
+            ),
+            name=f"worker:{sid}",
+            daemon=True,
+            meta=TaskLabel("worker", sid),
         )
-    try:
-        final = resolve(plan.outputs, values, outputs)
-    except RefError as exc:
-        raise PlanFailed(f"plan {plan.name}: outputs: {exc}", steps=summary) from exc
-    if usage is not None:
-        return {"outputs": final, "steps": summary, "usage": usage}
-    return {"outputs": final, "steps": summary}
+
+    def report(self, outcome: StepOutcome) -> None:
+        """A worker reported its step's outcome: settle the step, ready or skip the next."""
+        sid = outcome.step_id
+        self.running.pop(sid, None)
+        self.attempts[sid] = outcome.attempts
+        error = self._legacy_budget_error(outcome) if outcome.ok else None
+        if error is not None:
+            outcome.ok = False
+            outcome.error = error
+        if outcome.ok:
+            self.outputs[sid] = outcome.output
+            if self.dag.specs[sid].dynamic:
+                self._extend(sid, outcome.output)
+        else:
+            self.reasons[sid] = outcome.error
+        self.dag.finish(sid, outcome.ok and self.dag.status[sid] != FAILED, self.reasons)
+
+    def _legacy_budget_error(self, outcome: StepOutcome) -> dict[str, Any] | None:
+        """Version 2: count a succeeded step's model use; its error if it crossed the budget."""
+        usage, budget = self.usage, self.plan.budget
+        if usage is None or budget is None or not legacy_spend(usage, outcome.output, budget):
+            return None
+        return _over_budget(usage, budget)
+
+    def _extend(self, parent: str, output: Any) -> None:
+        _extend(self.dag, self.reasons, parent, output, self.values, self.env, self.run_id)
+
+    def result(self) -> dict[str, Any]:
+        """The run's result once no worker is left, or :class:`PlanFailed`."""
+        status, specs, reasons = self.dag.status, self.dag.specs, self.reasons
+        failed = [
+            sid for sid, st in status.items() if st == FAILED and not specs[sid].continue_on_error
+        ]
+        summary = {
+            sid: {"status": st, "error": reasons.get(sid), "attempts": self.attempts.get(sid, [])}
+            for sid, st in status.items()
+        }
+        usage = self.ledger.totals() if self.ledger is not None else self.usage
+        name = self.plan.name
+        if failed:
+            extra = {"usage": usage} if usage is not None else {}
+            raise PlanFailed(
+                f"plan {name}: step(s) {', '.join(failed)} failed",
+                failed=failed,
+                steps=summary,
+                **extra,
+            )
+        try:
+            final = resolve(self.plan.outputs, self.values, self.outputs)
+        except RefError as exc:
+            raise PlanFailed(f"plan {name}: outputs: {exc}", steps=summary) from exc
+        if usage is not None:
+            return {"outputs": final, "steps": summary, "usage": usage}
+        return {"outputs": final, "steps": summary}
 
 
 def _over_budget(usage: dict[str, float], budget: Any) -> dict[str, Any]:

@@ -325,21 +325,9 @@ def _attempts(
     try:
         # Enabled or not: the engine holds a disabled tool's step (registry.py).
         tool = env.registry.lookup(spec.tool)
-        raw = spec.args
-        opaque = OPAQUE_ARGS.get(spec.tool)
-        if opaque:  # resolved without them, then put back as they are
-            kept = {k: raw[k] for k in opaque if k in raw}
-            rest = {k: v for k, v in raw.items() if k not in opaque}
-            raw = {**(resolve(rest, inputs, outputs) if _has_refs(rest) else rest), **kept}
-        args = tool.Args.model_validate(
-            resolve(raw, inputs, outputs) if not opaque and _has_refs(raw) else raw
-        )
+        args = _tool_args(tool, spec, inputs, outputs)
     except ValidationError as exc:
-        fields = "; ".join(
-            f"args.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
-            for e in exc.errors(include_url=False)
-        )
-        outcome.error = {"type": "ValidationError", "code": "plan.args", "message": fields}
+        outcome.error = _args_error(exc)
         return outcome
     except (RefError, TiffanyError) as exc:
         outcome.error = error_info(exc)
@@ -354,73 +342,109 @@ def _attempts(
             return outcome
         step = _ready_step(tool, args, spec, env.settings)
         if step is not None:
-            try:
-                (ok, output), started, ended = yield step
-            except TiffanyError as exc:  # a result the journal refused (the step reports the rest)
-                (ok, output), started, ended = (False, error_info(exc)), None, None
-            record: dict[str, Any] = {"attempt": attempt, "started_at": started, "ok": ok}
-            if ok:
-                record["ended_at"] = ended
-                outcome.attempts.append(record)
-                if ledger is not None and how != "self" and _crossed(ledger, output):
-                    outcome.output = output  # bought past the budget: shown, not used
-                    outcome.error = error_info(ledger.exceeded(f"step {spec.id}'s usage"))
-                    return outcome
-                outcome.ok, outcome.output = True, output
-                return outcome
-            record["error"] = output
-            record["ended_at"] = ended
-            outcome.attempts.append(record)
-            outcome.error = output
-            if ledger is not None:
-                stops = _budget_stops(ledger, how, output)
-                if stops:
-                    return outcome
-                if stops is None:
-                    continue
-            yield from _back_off(env, run_id, spec, attempt)
-            continue
-        started = yield _NOW
-        record = {"attempt": attempt, "started_at": started}
-        try:
-            ctx = ToolContext(
-                run_id,
-                spec.id,
-                attempt,
-                workspace or env.workspace_root / run_id,  # made by the first tool needing it
-                env.settings,
-                _emitter(env, run_id, spec.id),
-                env.runs,
-                env.registry,
-                ledger,
-            )
-            output = yield from _run_tool(tool, args, ctx, spec)
-        except TaskCrashed as exc:
-            cause = exc.__cause__ or exc
-            record.update(ok=False, error=error_info(cause))
-        except (TiffanyError, TaskKilled) as exc:
-            record.update(ok=False, error=error_info(exc))
+            ok, output, record = yield from _step_attempt(step, attempt)
         else:
-            record["ok"] = True
-            record["ended_at"] = yield _NOW
-            outcome.attempts.append(record)
+            ctx = _tool_context(env, run_id, spec, attempt, workspace, ledger)
+            ok, output, record = yield from _tool_attempt(tool, args, ctx, spec)
+        outcome.attempts.append(record)
+        if ok:
             if ledger is not None and how != "self" and _crossed(ledger, output):
                 outcome.output = output  # bought past the budget: shown, not used
                 outcome.error = error_info(ledger.exceeded(f"step {spec.id}'s usage"))
-                return outcome
-            outcome.ok, outcome.output = True, output
+            else:
+                outcome.ok, outcome.output = True, output
             return outcome
-        record["ended_at"] = yield _NOW
-        outcome.attempts.append(record)
-        outcome.error = record["error"]
+        outcome.error = output
         if ledger is not None:
-            stops = _budget_stops(ledger, how, record["error"])
+            stops = _budget_stops(ledger, how, output)
             if stops:
                 return outcome
             if stops is None:
                 continue
         yield from _back_off(env, run_id, spec, attempt)
     return outcome
+
+
+def _tool_args(
+    tool: Any, spec: StepSpec, inputs: Mapping[str, Any], outputs: Mapping[str, Any]
+) -> Any:
+    """The step's arguments, references resolved, validated by the tool's ``Args``.
+
+    Raises:
+        ValidationError: The arguments do not fit the tool.
+        RefError: A reference names no input or earlier output.
+    """
+    raw = spec.args
+    opaque = OPAQUE_ARGS.get(spec.tool)
+    if opaque:  # resolved without them, then put back as they are
+        kept = {k: raw[k] for k in opaque if k in raw}
+        rest = {k: v for k, v in raw.items() if k not in opaque}
+        raw = {**(resolve(rest, inputs, outputs) if _has_refs(rest) else rest), **kept}
+    return tool.Args.model_validate(
+        resolve(raw, inputs, outputs) if not opaque and _has_refs(raw) else raw
+    )
+
+
+def _args_error(exc: ValidationError) -> dict[str, Any]:
+    """The step's error when its arguments do not fit its tool: every field named."""
+    fields = "; ".join(
+        f"args.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+        for e in exc.errors(include_url=False)
+    )
+    return {"type": "ValidationError", "code": "plan.args", "message": fields}
+
+
+def _step_attempt(step: Step, attempt: int) -> Co:
+    """One attempt as the worker's own journaled step; returns ``(ok, output or error, record)``."""
+    try:
+        (ok, output), started, ended = yield step
+    except TiffanyError as exc:  # a result the journal refused (the step reports the rest)
+        (ok, output), started, ended = (False, error_info(exc)), None, None
+    record: dict[str, Any] = {"attempt": attempt, "started_at": started, "ok": ok}
+    if not ok:
+        record["error"] = output
+    record["ended_at"] = ended
+    return ok, output, record
+
+
+def _tool_context(
+    env: AgentEnv,
+    run_id: str,
+    spec: StepSpec,
+    attempt: int,
+    workspace: Path | None,
+    ledger: Ledger | None,
+) -> ToolContext:
+    return ToolContext(
+        run_id,
+        spec.id,
+        attempt,
+        workspace or env.workspace_root / run_id,  # made by the first tool needing it
+        env.settings,
+        _emitter(env, run_id, spec.id),
+        env.runs,
+        env.registry,
+        ledger,
+    )
+
+
+def _tool_attempt(tool: Any, args: Any, ctx: ToolContext, spec: StepSpec) -> Co:
+    """One attempt as a tool task (:func:`_run_tool`); returns ``(ok, output or error, record)``."""
+    started = yield _NOW
+    record: dict[str, Any] = {"attempt": ctx.attempt, "started_at": started}
+    try:
+        output = yield from _run_tool(tool, args, ctx, spec)
+    except TaskCrashed as exc:
+        cause = exc.__cause__ or exc
+        record.update(ok=False, error=error_info(cause))
+    except (TiffanyError, TaskKilled) as exc:
+        record.update(ok=False, error=error_info(exc))
+    else:
+        record["ok"] = True
+        record["ended_at"] = yield _NOW
+        return True, output, record
+    record["ended_at"] = yield _NOW
+    return False, record["error"], record
 
 
 def _crossed(ledger: Ledger, output: Any) -> bool:

@@ -6,8 +6,12 @@ task is parked (or requeued); to raise in the task at once it sets
 ``task._throw`` and returns None. A handler never raises for a task-level
 problem: an exception escaping a handler is a kernel bug.
 
-The table at the bottom is built once; a scheduler copies it and layers
-above add their own calls with ``Scheduler.register``.
+An unparker is ``unpark(sched, task, call)``: it takes a killed ``task``
+off whatever holds it while it is parked on ``call``.
+
+The tables at the bottom are built once; a scheduler copies them and layers
+above add their own calls with ``Scheduler.register``. The queue's and the
+event's handlers and unparkers live with them, in ``sync.py``.
 """
 
 from __future__ import annotations
@@ -33,17 +37,23 @@ from tiffany.kernel.calls import (
     WriteWait,
 )
 from tiffany.kernel.markers import PARKED, join_error
-from tiffany.kernel.sync import EventWait, QueueGet, _bind
+from tiffany.kernel.sync import (
+    EventWait,
+    QueueGet,
+    event_wait,
+    queue_get,
+    unpark_event_wait,
+    unpark_queue_get,
+)
 from tiffany.kernel.task import Task, TaskState
 
 if TYPE_CHECKING:
     from tiffany.kernel.scheduler import Scheduler
 
-__all__ = ["HANDLERS", "Handler"]
+__all__ = ["HANDLERS", "UNPARKERS", "Handler", "Unparker"]
 
 Handler = Callable[["Scheduler", Task, Any], Any]
-
-_READY = TaskState.READY
+Unparker = Callable[["Scheduler", Task, Any], None]
 
 
 def _h_get_tid(sched: Scheduler, task: Task, call: GetTid) -> Any:
@@ -92,9 +102,7 @@ def _h_kill_task(sched: Scheduler, task: Task, call: KillTask) -> Any:
 
 def _h_sleep(sched: Scheduler, task: Task, call: Sleep) -> Any:
     if call.seconds <= 0:
-        task._send = None
-        task.state = _READY
-        sched._ready.append(task)
+        sched._reschedule(task, None)
         return PARKED
     sched.wake_at(task, sched.clock.monotonic() + call.seconds)
     return sched.park(task, call, TaskState.BLOCKED_SLEEP)
@@ -128,45 +136,6 @@ def _h_run_in_thread(sched: Scheduler, task: Task, call: RunInThread) -> Any:
     return sched.start_thread(task, call)
 
 
-def _h_queue_get(sched: Scheduler, task: Task, call: QueueGet) -> Any:
-    q = call.queue
-    items = q._items
-    if items:
-        return items.popleft()
-    if q._sched is not sched:
-        try:
-            _bind(q, sched)
-        except KernelError as exc:
-            task._throw = exc
-            return None
-    if q._getters is None:
-        q._getters = [task]
-    else:
-        q._getters.append(task)
-    task.state = TaskState.BLOCKED_SYNC
-    task.blocked_on = call
-    if sched._on_block is not None:
-        sched._call_hook(sched._on_block, task, call)
-    return PARKED
-
-
-def _h_event_wait(sched: Scheduler, task: Task, call: EventWait) -> Any:
-    ev = call.event
-    if ev._set:
-        return True
-    if ev._sched is not sched:
-        try:
-            _bind(ev, sched)
-        except KernelError as exc:
-            task._throw = exc
-            return None
-    if ev._waiters is None:
-        ev._waiters = [task]
-    else:
-        ev._waiters.append(task)
-    return sched.park(task, call, TaskState.BLOCKED_SYNC)
-
-
 def _h_step(sched: Scheduler, task: Task, call: Step) -> Any:
     if not inspect.isgeneratorfunction(call.fn):
         return sched.start_thread(task, call)
@@ -174,6 +143,14 @@ def _h_step(sched: Scheduler, task: Task, call: Step) -> Any:
     child = sched._spawn(step_body(sched, task, call), f"step:{name}", task, True)
     call.child = child.id
     return sched.park(task, call, TaskState.BLOCKED_JOIN)
+
+
+def _unpark_join(sched: Scheduler, task: Task, call: WaitTask) -> None:
+    sched.remove_joiner(task, call.tid)
+
+
+def _unpark_io(sched: Scheduler, task: Task, call: ReadWait | WriteWait) -> None:
+    sched._reactor.io_forget(task, call)
 
 
 def unpark_step(sched: Scheduler, task: Task, call: Step) -> None:
@@ -226,6 +203,17 @@ HANDLERS: dict[type, Handler] = {
     Now: _h_now,
     Random: _h_random,
     RunInThread: _h_run_in_thread,
-    QueueGet: _h_queue_get,
-    EventWait: _h_event_wait,
+    QueueGet: queue_get,
+    EventWait: event_wait,
+}
+
+#: A task parked on a ``RunInThread`` needs none: the thread runs on, and its
+#: completion finds the task gone.
+UNPARKERS: dict[type, Unparker] = {
+    Step: unpark_step,
+    WaitTask: _unpark_join,
+    ReadWait: _unpark_io,
+    WriteWait: _unpark_io,
+    QueueGet: unpark_queue_get,
+    EventWait: unpark_event_wait,
 }

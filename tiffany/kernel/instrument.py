@@ -8,10 +8,13 @@ attached instrument overrides that hook. The loop tests a local for ``None``
 before calling, so with no instrument attached the hooks cost nothing, and
 an instrument pays only for the hooks it defines.
 
-Failure policy: an instrument whose hook raises is removed and the failure
-is logged (trio). A *critical* instrument (``critical = True``: the journal)
-stops the kernel instead: its failure is re-raised from ``Scheduler.run`` as
-:class:`~tiffany.errors.InstrumentFailure` once the current dispatch ends.
+Failure policy (trio's ``Instruments.call``, kept in one place: here): every
+compiled hook is guarded, so a hook never raises into the scheduler. An
+instrument whose hook raises is removed and the failure is logged. A
+*critical* instrument (``critical = True``: the journal) stops the kernel
+instead: the set hands the scheduler an
+:class:`~tiffany.errors.InstrumentFailure`, which ``Scheduler.run`` raises once
+the current dispatch ends.
 """
 
 from __future__ import annotations
@@ -19,11 +22,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import structlog
+
+from tiffany.errors import InstrumentFailure
+
 if TYPE_CHECKING:
     from tiffany.kernel.calls import SystemCall
     from tiffany.kernel.task import Task
 
 __all__ = ["HOOKS", "Instrument", "InstrumentSet"]
+
+log = structlog.get_logger("tiffany.kernel")
 
 #: Every hook an instrument may define, in the order they occur for a task.
 HOOKS = (
@@ -39,6 +48,21 @@ HOOKS = (
     "after_wait",
     "after_run",
 )
+
+#: How many arguments each hook takes (a guard is compiled per arity).
+_ARITY = {
+    "before_run": 0,
+    "task_spawned": 1,
+    "before_dispatch": 1,
+    "after_dispatch": 2,
+    "task_blocked": 2,
+    "task_woken": 2,
+    "task_exited": 1,
+    "task_crashed": 2,
+    "before_wait": 1,
+    "after_wait": 1,
+    "after_run": 0,
+}
 
 
 class Instrument:
@@ -103,18 +127,33 @@ class Instrument:
 
 
 Hook = Callable[..., None]
+#: Called as ``failed(instrument, hook, error)`` by a guard whose hook raised.
+_Failed = Callable[["Instrument", str, Exception], None]
 
 
 class InstrumentSet:
-    """The attached instruments, compiled into one callable per hook.
+    """The attached instruments, compiled into one guarded callable per hook.
+
+    ``hooks[name]`` is None when no instrument defines ``name``; otherwise a
+    callable that calls every instrument defining it, each guarded: a hook
+    that raises is reported to :meth:`failed` and the others are still
+    called. The scheduler calls ``hooks[name]`` bare.
 
     Args:
-        on_failure: Called as ``on_failure(instrument, hook, error)`` when a
-            hook raises inside a fan-out; the scheduler decides what to do.
+        on_change: Called after ``hooks`` changed (an instrument attached,
+            detached or removed for failing); the scheduler re-reads them.
+        on_fatal: Called with the :class:`~tiffany.errors.InstrumentFailure`
+            when a critical instrument fails, before it is logged and
+            removed: the scheduler halts its effects there and stops.
     """
 
-    def __init__(self, on_failure: Callable[[Instrument, str, BaseException], None]) -> None:
-        self._on_failure = on_failure
+    def __init__(
+        self,
+        on_change: Callable[[], None],
+        on_fatal: Callable[[InstrumentFailure], None],
+    ) -> None:
+        self._on_change = on_change
+        self._on_fatal = on_fatal
         self.instruments: list[Instrument] = []
         self.hooks: dict[str, Hook | None] = dict.fromkeys(HOOKS)
 
@@ -131,10 +170,35 @@ class InstrumentSet:
             self.instruments.remove(instrument)
             self._compile()
 
-    def owner(self, hook: Hook) -> Instrument | None:
-        """Return the instrument a compiled single-instrument hook belongs to."""
-        owner = getattr(hook, "__self__", None)
-        return owner if isinstance(owner, Instrument) else None
+    def failed(self, inst: Instrument, hook: str, exc: Exception) -> None:
+        """Apply the failure policy to ``inst``, whose ``hook`` raised ``exc``.
+
+        A critical instrument's failure goes to ``on_fatal`` first, then is
+        logged; any other is logged with its traceback. Either way the
+        instrument is removed: it is never called again.
+        """
+        if inst.critical:
+            fatal = InstrumentFailure(
+                f"critical instrument {inst!r} failed in {hook}: {exc!r}", hook=hook
+            )
+            fatal.__cause__ = exc
+            self._on_fatal(fatal)  # first: the scheduler stops starting effects
+            log.error(
+                "kernel.instrument_failed",
+                instrument=repr(inst),
+                hook=hook,
+                error=repr(exc),
+                fatal=True,
+            )
+        else:
+            log.error(
+                "kernel.instrument_disabled",
+                instrument=repr(inst),
+                hook=hook,
+                error=repr(exc),
+                exc_info=(type(exc), exc, exc.__traceback__),
+            )
+        self.remove(inst)
 
     def _compile(self) -> None:
         for name in HOOKS:
@@ -147,33 +211,73 @@ class InstrumentSet:
             if not fns:
                 self.hooks[name] = None
             elif len(fns) == 1:
-                self.hooks[name] = fns[0][1]
+                inst, fn = fns[0]
+                self.hooks[name] = _GUARDS[_ARITY[name]](inst, name, fn, self.failed)
             else:
-                self.hooks[name] = self._fan_out(name, fns)
+                self.hooks[name] = _fan_out(name, fns, self.failed)
+        self._on_change()
 
-    def _fan_out(self, name: str, fns: list[tuple[Instrument, Hook]]) -> Hook:
-        on_failure = self._on_failure
-        if len(fns) == 2:
-            # The usual engine (watchdog + journal): no loop, no tuple unpacking.
-            (inst1, fn1), (inst2, fn2) = fns
 
-            def call_two(*args: Any) -> None:
-                try:
-                    fn1(*args)
-                except Exception as exc:  # noqa: BLE001 - reported, not swallowed
-                    on_failure(inst1, name, exc)
-                try:
-                    fn2(*args)
-                except Exception as exc:  # noqa: BLE001 - reported, not swallowed
-                    on_failure(inst2, name, exc)
+# The guards: one per arity, so that the hot hooks (one or two arguments)
+# pay one extra frame and no argument tuple.
 
-            return call_two
 
-        def call_all(*args: Any) -> None:
-            for inst, fn in fns:
-                try:
-                    fn(*args)
-                except Exception as exc:  # noqa: BLE001 - reported, not swallowed
-                    on_failure(inst, name, exc)
+def _guard0(inst: Instrument, name: str, fn: Hook, failed: _Failed) -> Hook:
+    def guarded() -> None:
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - the failure policy decides
+            failed(inst, name, exc)
 
-        return call_all
+    return guarded
+
+
+def _guard1(inst: Instrument, name: str, fn: Hook, failed: _Failed) -> Hook:
+    def guarded(a: Any) -> None:
+        try:
+            fn(a)
+        except Exception as exc:  # noqa: BLE001 - the failure policy decides
+            failed(inst, name, exc)
+
+    return guarded
+
+
+def _guard2(inst: Instrument, name: str, fn: Hook, failed: _Failed) -> Hook:
+    def guarded(a: Any, b: Any) -> None:
+        try:
+            fn(a, b)
+        except Exception as exc:  # noqa: BLE001 - the failure policy decides
+            failed(inst, name, exc)
+
+    return guarded
+
+
+_GUARDS = (_guard0, _guard1, _guard2)
+
+
+def _fan_out(name: str, fns: list[tuple[Instrument, Hook]], failed: _Failed) -> Hook:
+    """One callable calling every hook in ``fns``, each guarded."""
+    if len(fns) == 2:
+        # The usual engine (watchdog + journal): no loop, no tuple unpacking.
+        (inst1, fn1), (inst2, fn2) = fns
+
+        def call_two(*args: Any) -> None:
+            try:
+                fn1(*args)
+            except Exception as exc:  # noqa: BLE001 - the failure policy decides
+                failed(inst1, name, exc)
+            try:
+                fn2(*args)
+            except Exception as exc:  # noqa: BLE001 - the failure policy decides
+                failed(inst2, name, exc)
+
+        return call_two
+
+    def call_all(*args: Any) -> None:
+        for inst, fn in fns:
+            try:
+                fn(*args)
+            except Exception as exc:  # noqa: BLE001 - the failure policy decides
+                failed(inst, name, exc)
+
+    return call_all

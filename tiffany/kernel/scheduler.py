@@ -63,22 +63,14 @@ from tiffany.errors import (
     TiffanyError,
     UnknownTask,
 )
-from tiffany.kernel.calls import (
-    Coroutine,
-    ReadWait,
-    RunInThread,
-    Step,
-    SystemCall,
-    WaitTask,
-    WriteWait,
-)
+from tiffany.kernel.calls import Coroutine, SystemCall
 from tiffany.kernel.clock import Clock, MonotonicClock
 from tiffany.kernel.entropy import Entropy
-from tiffany.kernel.handlers import HANDLERS, Handler, _h_queue_get, unpark_step
+from tiffany.kernel.handlers import HANDLERS, UNPARKERS, Handler, Unparker
 from tiffany.kernel.instrument import Instrument, InstrumentSet
 from tiffany.kernel.markers import PARKED, RETURNED, CloseTask, join_error
 from tiffany.kernel.reactor import Reactor
-from tiffany.kernel.sync import EventWait, QueueGet
+from tiffany.kernel.sync import QueueGet, queue_get
 from tiffany.kernel.task import Task, TaskState
 
 __all__ = ["MAX_IMMEDIATE_RESUMES", "PARKED", "RETURNED", "Handler", "Scheduler"]
@@ -134,12 +126,12 @@ class Scheduler:
         self._handlers: dict[type, Handler] = dict(HANDLERS)
         if handlers:
             self._handlers.update(handlers)
-        self._unparkers: dict[type, Callable[[Scheduler, Task, Any], None]] = {}
+        self._unparkers: dict[type, Unparker] = dict(UNPARKERS)
         # Wake-ups handed to the next wait stage (see ``defer_wake``), and
         # callables run at every wait stage (see ``add_injector``).
         self._deferred: list[tuple[Task, Any, BaseException | None]] = []
         self._injectors: list[Callable[[], None]] = []
-        self._instruments = InstrumentSet(self._instrument_failed)
+        self._instruments = InstrumentSet(self._hooks_changed, self._instrument_fatal)
         self._hooks_dirty = True
         self._fatal: BaseException | None = None
         self._running = False
@@ -176,16 +168,18 @@ class Scheduler:
         if not self._stop_requested:  # stopped before it ran: it returns at once
             self._reactor.resume()
         try:
-            if hooks["before_run"] is not None:
-                self._call_hook(hooks["before_run"])
+            before_run = hooks["before_run"]
+            if before_run is not None:
+                before_run()
             self._loop()
         finally:
             # Whatever ended the loop (stop, a critical instrument's failure,
             # a kernel bug, no task left), nothing starts until it runs again.
             self._reactor.halt()
             self._running = False
-            if hooks["after_run"] is not None:
-                self._call_hook(hooks["after_run"])
+            after_run = hooks["after_run"]
+            if after_run is not None:
+                after_run()
 
     def wake(self, task: Task, value: Any = None) -> None:
         """Make the parked ``task`` ready; ``value`` is what its yield returns.
@@ -193,15 +187,10 @@ class Scheduler:
         For kernel primitives (``Queue.put``, ``Event.set``); callable from
         task code running on this scheduler, never from another thread.
         """
-        task._send = value
-        task.state = _READY
-        self._ready.append(task)
+        self._reschedule(task, value)
         on_wake = self._on_wake
         if on_wake is not None:
-            try:  # _call_hook, inlined: a wake-up is on every step's path
-                on_wake(task, value)
-            except Exception as exc:  # noqa: BLE001 - an instrument's failure
-                self._hook_failed(on_wake, exc)
+            on_wake(task, value)
         task.blocked_on = None
 
     def kill(self, tid: int) -> bool:
@@ -340,12 +329,10 @@ class Scheduler:
     def add_instrument(self, instrument: Instrument) -> None:
         """Attach an observer (takes effect at the next dispatch)."""
         self._instruments.add(instrument)
-        self._hooks_changed()
 
     def remove_instrument(self, instrument: Instrument) -> None:
         """Detach an observer."""
         self._instruments.remove(instrument)
-        self._hooks_changed()
 
     @property
     def instruments(self) -> list[Instrument]:
@@ -382,21 +369,38 @@ class Scheduler:
     # -- the loop ------------------------------------------------------------
 
     def _loop(self) -> None:
+        """Run passes until no task is left, :meth:`stop`, or a fatal failure.
+
+        The shape is trio's ``unrolled_run``: a pass dispatches the tasks
+        that were ready when it began (stage 1), then waits (stages 2 and 3,
+        :meth:`_wait`). A task's *turn* resumes it until it parks or ends;
+        a system call that completes at once resumes it again, up to
+        ``MAX_IMMEDIATE_RESUMES`` times, and a bare ``yield`` or the spent
+        budget ends the turn at the back of the ready queue (the turn's one
+        requeue, :meth:`_reschedule` inlined).
+
+        Hooks are guarded by the instrument set, so calling one never
+        raises; a failure dirties the hooks, and the re-read after the call
+        (:meth:`_refresh_hooks`) raises a critical instrument's failure.
+
+        Discussion: everything the loop reads per dispatch is a local, and
+        the two commonest yields are completed inline: a bare ``yield``, and
+        ``yield q.get()`` (``queue_get`` inlined while it is the installed
+        handler and no instrument watches blocks; see ``sync.py``'s header).
+        Other yields go to their handler; a yield with none is a nested
+        coroutine, a nested return value or a misuse (:meth:`_no_handler`).
+        """
         ready = self._ready
         popleft = ready.popleft
         append = ready.append
         handlers = self._handlers
         reactor = self._reactor
+        returned = RETURNED
         before = after = None
         wait_hooks = fast_queue = False
         while True:
             if self._hooks_dirty:
-                # A failed instrument always dirties the hooks: a critical
-                # failure outside a dispatch (before_run, a spawn, a wake-up)
-                # stops the loop here, before another task runs.
-                if self._fatal is not None:
-                    raise self._fatal
-                before, after, wait_hooks, fast_queue = self._dispatch_hooks()
+                before, after, wait_hooks, fast_queue = self._refresh_hooks()
             if self._stop_requested:  # Scheduler.stop(): one read per pass
                 self._stop_requested = False
                 log.info("kernel.stopped", alive=self._alive)
@@ -411,152 +415,85 @@ class Scheduler:
                 task.blocked_on = None  # a queue hand-off leaves it set until now
                 value = task._send
                 budget = MAX_IMMEDIATE_RESUMES
-                while True:
+                while True:  # the task's turn
                     if before is not None:
-                        try:
-                            before(task)
-                        except Exception as hook_exc:  # noqa: BLE001 - an instrument's failure
-                            self._hook_failed(before, hook_exc)
-                        if self._fatal is not None:
-                            raise self._fatal
+                        before(task)
                         if self._hooks_dirty:  # an instrument went or came
-                            before, after, wait_hooks, fast_queue = self._dispatch_hooks()
+                            before, after, wait_hooks, fast_queue = self._refresh_hooks()
                     coro = task.coro
                     exc = task._throw
-                    if exc is not None and exc.__class__ is CloseTask:
+                    if exc is not None:
                         task._throw = None
-                        self._close_for_good(task)
-                        break
+                        if exc.__class__ is CloseTask:
+                            self._close_for_good(task)
+                            break
                     try:
-                        if exc is None:
-                            y = coro.send(value)  # type: ignore[union-attr]
-                        else:
-                            task._throw = None
-                            y = coro.throw(exc)  # type: ignore[union-attr]
+                        y = coro.send(value) if exc is None else coro.throw(exc)  # type: ignore[union-attr]
                     except StopIteration as stop:
-                        if after is not None:
-                            try:
-                                after(task, RETURNED)
-                            except Exception as hook_exc:  # noqa: BLE001 - an instrument's failure
-                                self._hook_failed(after, hook_exc)
-                            if self._hooks_dirty:
-                                before, after, wait_hooks, fast_queue = self._dispatch_hooks()
-                        if task.stack:
-                            task.coro = task.stack.pop()
-                            value = stop.value
-                            continue
-                        self._finish(task, stop.value)
-                        break
-                    except BaseException as err:
-                        if after is not None:
-                            try:
-                                after(task, RETURNED)
-                            except Exception as hook_exc:  # noqa: BLE001 - an instrument's failure
-                                self._hook_failed(after, hook_exc)
-                            if self._hooks_dirty:
-                                before, after, wait_hooks, fast_queue = self._dispatch_hooks()
-                        if task.stack:
-                            task.coro = task.stack.pop()
-                            task._throw = err
-                            value = None
-                            continue
-                        self._crash(task, err)
-                        if isinstance(err, KeyboardInterrupt | SystemExit):
-                            raise
-                        break
+                        y, value, error = returned, stop.value, None
+                    except BaseException as err:  # noqa: BLE001 - the task's outcome
+                        y, value, error = returned, None, err
                     if after is not None:
-                        try:
-                            after(task, y)
-                        except Exception as hook_exc:  # noqa: BLE001 - an instrument's failure
-                            self._hook_failed(after, hook_exc)
-                        if self._fatal is not None:
-                            raise self._fatal
+                        after(task, y)
                         if self._hooks_dirty:
-                            before, after, wait_hooks, fast_queue = self._dispatch_hooks()
-                    if y is None:
-                        task._send = None
-                        task.state = _READY
-                        append(task)
-                        break
-                    cls = y.__class__
-                    if cls is _QUEUE_GET and fast_queue:
-                        # Inlined ``_h_queue_get`` (the messaging hot path; see
-                        # _dispatch_hooks for when it applies).
-                        q = y.queue
-                        if q._items:
-                            value = q._items.popleft()
-                        elif q._sched is self:
-                            if q._getters is None:
-                                q._getters = [task]
-                            else:
-                                q._getters.append(task)
-                            task.state = _BLOCKED_SYNC
-                            task.blocked_on = y
-                            break
-                        else:
-                            value = _h_queue_get(self, task, y)
-                            if value is PARKED:
-                                break
-                        budget -= 1
-                        if not budget:
-                            task._send = value
-                            task.state = _READY
-                            append(task)
-                            break
-                        continue
-                    handler = handlers.get(cls)
-                    if handler is not None:
-                        try:
-                            value = handler(self, task, y)
-                        except Exception as exc:
-                            raise KernelInternalError(
-                                f"handler for {type(y).__name__} failed", tid=task.id
-                            ) from exc
-                        if value is PARKED:
-                            break
-                    elif y.__class__ is _GENERATOR:
-                        # Trampolining: call the nested coroutine.
-                        if task.stack is None:
-                            task.stack = [coro]  # type: ignore[list-item]
-                        else:
-                            task.stack.append(coro)  # type: ignore[arg-type]
-                        task.coro = y
+                            before, after, wait_hooks, fast_queue = self._refresh_hooks()
+                    if y is None:  # a bare yield
                         value = None
-                    elif task.stack and not isinstance(y, SystemCall):
-                        # PyOS-style result: a nested coroutine yielding a
-                        # plain value returns it to its caller (the seed's
-                        # ``yield client, addr`` in Accept). A system call
-                        # with no handler is not a plain value: it is a
-                        # misuse at any depth.
-                        coro.close()  # type: ignore[union-attr]
-                        task.coro = task.stack.pop()
-                        value = y
                     else:
-                        what = (
-                            "no handler is registered for it"
-                            if isinstance(y, SystemCall)
-                            else "expected a system call, a generator or None"
-                        )
-                        task._throw = SystemCallMisuse(
-                            f"task {task.id} ({task.name}) yielded {y!r}: {what}",
-                            tid=task.id,
-                            yielded=repr(y)[:200],
-                        )
-                        value = None
-                    budget -= 1
-                    if not budget:
-                        task._send = value
-                        task.state = _READY
-                        append(task)
-                        break
-            if self._fatal is not None:
-                raise self._fatal
+                        if y is returned:
+                            if task.stack:  # a nested coroutine returned to its caller
+                                task.coro = task.stack.pop()
+                                task._throw = error
+                                continue
+                            self._task_returned(task, value, error)
+                            break
+                        cls = y.__class__
+                        if cls is _QUEUE_GET and fast_queue:
+                            q = y.queue
+                            if q._items:
+                                value = q._items.popleft()
+                            elif q._sched is self:
+                                if q._getters is None:
+                                    q._getters = [task]
+                                else:
+                                    q._getters.append(task)
+                                task.state = _BLOCKED_SYNC
+                                task.blocked_on = y
+                                break
+                            else:
+                                value = queue_get(self, task, y)
+                                if value is PARKED:
+                                    break
+                        else:
+                            handler = handlers.get(cls)
+                            if handler is None:
+                                value = self._no_handler(task, y)
+                            else:
+                                try:
+                                    value = handler(self, task, y)
+                                except Exception as handler_exc:
+                                    raise KernelInternalError(
+                                        f"handler for {cls.__name__} failed", tid=task.id
+                                    ) from handler_exc
+                                if value is PARKED:
+                                    break
+                        budget -= 1
+                        if budget:  # completed at once: resume it again
+                            continue
+                    # The turn is over (a bare yield, or the budget spent): to
+                    # the back of the queue (_reschedule, inlined).
+                    task._send = value
+                    task.state = _READY
+                    append(task)
+                    break
+            if self._hooks_dirty:  # a critical failure stops the loop before the commit
+                before, after, wait_hooks, fast_queue = self._refresh_hooks()
             # -- stages 2 and 3: commit, then wait for events ------------------
             if (
                 wait_hooks
                 or self._deferred
-                # reactor.busy, inlined: a property call per pass costs 10%
-                # of a message ring where one task is ready per pass.
+                # reactor.busy, inlined: it is read once per pass, and a
+                # message ring may have one task ready per pass.
                 or reactor.timers
                 or reactor.io_waiting
                 or reactor.threads_pending
@@ -568,6 +505,51 @@ class Scheduler:
                 break
         if self._alive:
             log.info("kernel.stalled", blocked=self._alive)
+
+    def _no_handler(self, task: Task, y: Any) -> Any:
+        """Handle a yield no handler is registered for; return what to send back.
+
+        A generator is a nested coroutine call (trampolining). A plain value
+        yielded by a nested coroutine is its result, PyOS-style (the seed's
+        ``yield client, addr`` in Accept). Anything else, a system call with
+        no handler included, is a misuse at any depth: it is thrown back
+        into the task.
+        """
+        coro = task.coro
+        if y.__class__ is _GENERATOR:
+            if task.stack is None:
+                task.stack = [coro]  # type: ignore[list-item]
+            else:
+                task.stack.append(coro)  # type: ignore[arg-type]
+            task.coro = y
+            return None
+        if task.stack and not isinstance(y, SystemCall):
+            coro.close()  # type: ignore[union-attr]
+            task.coro = task.stack.pop()
+            return y
+        what = (
+            "no handler is registered for it"
+            if isinstance(y, SystemCall)
+            else "expected a system call, a generator or None"
+        )
+        task._throw = SystemCallMisuse(
+            f"task {task.id} ({task.name}) yielded {y!r}: {what}",
+            tid=task.id,
+            yielded=repr(y)[:200],
+        )
+        return None
+
+    def _task_returned(self, task: Task, result: Any, error: BaseException | None) -> None:
+        """The task's own coroutine returned ``result`` or raised ``error``: it ended.
+
+        ``KeyboardInterrupt`` and ``SystemExit`` end the task and then the loop.
+        """
+        if error is None:
+            self._finish(task, result)
+            return
+        self._crash(task, error)
+        if isinstance(error, KeyboardInterrupt | SystemExit):
+            raise error
 
     # -- the wait stage (stages 2 and 3) ---------------------------------------
 
@@ -604,7 +586,7 @@ class Scheduler:
         """Call the wait stage's hook ``name``; a critical failure stops the loop here."""
         hook = self._instruments.hooks[name]
         if hook is not None:
-            self._call_hook(hook, arg)
+            hook(arg)
             if self._fatal is not None:
                 raise self._fatal
 
@@ -636,19 +618,21 @@ class Scheduler:
             self.wake(task, value)
         return len(deferred)
 
-    def _dispatch_hooks(self) -> tuple[_Hook | None, _Hook | None, bool, bool]:
-        """Return the dispatch hooks, whether the wait stage has hooks, and the queue fast path.
+    def _refresh_hooks(self) -> tuple[_Hook | None, _Hook | None, bool, bool]:
+        """Raise a critical instrument's failure; else re-read what the loop keeps in locals.
 
-        The loop handles ``yield q.get()`` inline (no handler call) while the
-        standard handler is installed and no instrument watches blocks.
+        Returns the dispatch hooks, whether the wait stage has hooks, and
+        whether ``yield q.get()`` may be completed inline (the standard
+        handler is installed and no instrument watches blocks).
 
-        Discussion: the loop keeps the dispatch hooks in locals. It re-reads
-        them at the start of a pass and, when some dispatch hook is attached,
-        right after calling one: an instrument removed mid-pass (failed, or
-        detached by a task) is then never called again, and one attached
-        mid-pass sees the next dispatch. With no instrument attached the
-        re-check costs nothing.
+        Discussion: the loop re-reads them at the start of a pass and, when
+        they are dirty, right after calling a hook and at the end of a pass:
+        an instrument removed mid-pass (failed, or detached by a task) is
+        then never called again, and one attached mid-pass sees the next
+        dispatch. With no instrument attached the re-check costs nothing.
         """
+        if self._fatal is not None:
+            raise self._fatal
         self._hooks_dirty = False
         hooks = self._instruments.hooks
         wait_hooks = (
@@ -656,7 +640,7 @@ class Scheduler:
             or hooks["after_wait"] is not None
             or bool(self._injectors)
         )
-        fast_queue = self._handlers.get(QueueGet) is _h_queue_get and self._on_block is None
+        fast_queue = self._handlers.get(QueueGet) is queue_get and self._on_block is None
         return hooks["before_dispatch"], hooks["after_dispatch"], wait_hooks, fast_queue
 
     def _spawn(self, coro: Coroutine, name: str | None, parent: Task | None, daemon: bool) -> Task:
@@ -673,15 +657,22 @@ class Scheduler:
                 parent.children = {}
             parent.children[tid] = task
         self._alive += 1
-        task.state = _READY
-        self._ready.append(task)
+        self._reschedule(task, None)
         on_spawn = self._on_spawn
         if on_spawn is not None:
-            try:  # _call_hook, inlined
-                on_spawn(task)
-            except Exception as exc:  # noqa: BLE001 - an instrument's failure
-                self._hook_failed(on_spawn, exc)
+            on_spawn(task)
         return task
+
+    def _reschedule(self, task: Task, value: Any) -> None:
+        """Put ``task`` at the back of the ready queue; ``value`` is what its yield returns.
+
+        The one way onto the ready queue (trio's ``reschedule``): a spawn,
+        a wake-up, ``Sleep(0)``. Two paths run once per message and inline
+        it: the end of a turn in :meth:`_loop`, and ``Queue.put``'s hand-off.
+        """
+        task._send = value
+        task.state = _READY
+        self._ready.append(task)
 
     def _finish(self, task: Task, result: Any) -> None:
         task.result = result
@@ -729,16 +720,13 @@ class Scheduler:
                 self.wake(waiter, task.result if err is None else None)
         hooks = self._instruments.hooks
         if task.state is TaskState.CRASHED:
-            hook = hooks["task_crashed"]
-            if hook is not None:
-                self._call_hook(hook, task, task.error)
+            crashed = hooks["task_crashed"]
+            if crashed is not None:
+                crashed(task, task.error)
         else:
-            hook = hooks["task_exited"]
-            if hook is not None:
-                try:  # _call_hook, inlined: every task ends here
-                    hook(task)
-                except Exception as exc:  # noqa: BLE001 - an instrument's failure
-                    self._hook_failed(hook, exc)
+            exited = hooks["task_exited"]
+            if exited is not None:
+                exited(task)
         self._reap(task)
 
     def _reap(self, task: Task) -> None:
@@ -771,40 +759,27 @@ class Scheduler:
         by = f"task {caller.id}" if caller is not None else "the host"
         exc = TaskCancelled(f"task {target.id} killed by {by}")
         if target is caller or target.state is _READY:
-            if target.state is _READY and target.blocked_on.__class__ is QueueGet:
-                self._return_item(target)
+            if self._handed_off(target):
+                self._unpark(target)
             target._throw = exc
             return
         self._unpark(target)
         target._throw = exc
         self.wake(target, None)
 
-    def _return_item(self, target: Task) -> None:
-        """Give back the item a killed task was handed but never received.
+    @staticmethod
+    def _handed_off(task: Task) -> bool:
+        """True when ``task`` is ready with an item ``Queue.put`` handed it, not yet received.
 
-        Discussion: ``Queue.put`` hands an item straight to a parked getter
-        and leaves ``blocked_on`` set until that getter runs; a kill in
-        between would otherwise lose the item. It goes to the next getter,
-        or back to the front of the queue.
+        Such a task still holds its ``QueueGet`` in ``blocked_on`` until it
+        runs; a kill must give the item back (:func:`~.sync.unpark_queue_get`).
         """
-        call = target.blocked_on
-        assert isinstance(call, QueueGet)
-        item, target._send = target._send, None
-        target.blocked_on = None
-        q = call.queue
-        if q._getters:
-            q.put(item)
-        else:
-            if q._items is None:
-                q._items = deque()
-            q._items.appendleft(item)
+        return task.state is _READY and task.blocked_on.__class__ is QueueGet
 
     def _close_for_good(self, target: Task) -> None:
         """The second kill: close the generators; ``finally`` blocks run now."""
-        if target.state.blocked:
+        if target.state.blocked or self._handed_off(target):
             self._unpark(target)
-        elif target.state is _READY and target.blocked_on.__class__ is QueueGet:
-            self._return_item(target)
         err: BaseException = TaskCancelled(f"task {target.id} killed twice: closed")
         for gen in [target.coro, *reversed(target.stack or ())]:
             if gen is None:
@@ -816,36 +791,21 @@ class Scheduler:
         self._crash(target, err)
 
     def _unpark(self, task: Task) -> None:
-        """Remove a blocked task from whatever it waits on."""
+        """Remove a killed task from whatever holds it (its call's unparker)."""
         call = task.blocked_on
         self._reactor.cancel_timer(task)
         unpark = self._unparkers.get(type(call))
         if unpark is not None:
             unpark(self, task, call)
-        elif isinstance(call, WaitTask):
-            self.remove_joiner(task, call.tid)
-        elif isinstance(call, ReadWait | WriteWait):
-            self._reactor.io_forget(task, call)
-        elif isinstance(call, QueueGet):
-            getters = call.queue._getters
-            if getters and task in getters:
-                getters.remove(task)
-        elif isinstance(call, EventWait):
-            waiters = call.event._waiters
-            if waiters and task in waiters:
-                waiters.remove(task)
-        elif isinstance(call, Step):
-            unpark_step(self, task, call)
-        elif isinstance(call, RunInThread):
-            pass  # the thread runs on; its completion finds the task gone
         task.blocked_on = None
 
     def park(self, task: Task, call: SystemCall, state: TaskState) -> Any:
         """Mark ``task`` blocked on ``call``; return :data:`PARKED` (for handlers)."""
         task.state = state
         task.blocked_on = call
-        if self._on_block is not None:
-            self._call_hook(self._on_block, task, call)
+        on_block = self._on_block
+        if on_block is not None:
+            on_block(task, call)
         return PARKED
 
     # -- ports: what a journal (or another layer above) may hold or decide ----
@@ -940,48 +900,16 @@ class Scheduler:
     # -- instruments ---------------------------------------------------------
 
     def _hooks_changed(self) -> None:
+        """The instrument set recompiled its hooks: the handlers' copies and the loop's go stale."""
         hooks = self._instruments.hooks
         self._on_block = hooks["task_blocked"]
         self._on_wake = hooks["task_woken"]
         self._on_spawn = hooks["task_spawned"]
         self._hooks_dirty = True
 
-    def _call_hook(self, hook: Callable[..., None], *args: Any) -> None:
-        try:
-            hook(*args)
-        except Exception as exc:  # noqa: BLE001 - an instrument's failure
-            self._hook_failed(hook, exc)
-
-    def _hook_failed(self, hook: Callable[..., None], exc: Exception) -> None:
-        owner = self._instruments.owner(hook)
-        if owner is not None:
-            self._instrument_failed(owner, getattr(hook, "__name__", "?"), exc)
-        else:  # a fan-out reports per instrument; anything else is ours
-            raise KernelInternalError("instrument fan-out failed") from exc
-
-    def _instrument_failed(self, inst: Instrument, hook: str, exc: BaseException) -> None:
-        if inst.critical:
-            self._reactor.halt()  # first: the loop stops, and nothing starts meanwhile
-            log.error(
-                "kernel.instrument_failed",
-                instrument=repr(inst),
-                hook=hook,
-                error=repr(exc),
-                fatal=True,
-            )
-            if self._fatal is None:
-                fatal = InstrumentFailure(
-                    f"critical instrument {inst!r} failed in {hook}: {exc!r}", hook=hook
-                )
-                fatal.__cause__ = exc
-                self._fatal = fatal
-        else:
-            log.error(
-                "kernel.instrument_disabled",
-                instrument=repr(inst),
-                hook=hook,
-                error=repr(exc),
-                exc_info=(type(exc), exc, exc.__traceback__),
-            )
-        self._instruments.remove(inst)
-        self._hooks_changed()
+    def _instrument_fatal(self, failure: InstrumentFailure) -> None:
+        """A critical instrument failed: start nothing more, and stop the loop (``run`` raises)."""
+        self._reactor.halt()  # first: nothing starts meanwhile
+        if self._fatal is None:
+            self._fatal = failure
+        self._hooks_dirty = True  # the loop's next re-read raises it

@@ -6,10 +6,23 @@ park/wake machinery. Only the operations that may block are system calls
 plain method calls that wake a parked task directly, which halves the trips
 through the loop per message.
 
+This module owns the primitives' state: their system calls' handlers
+(:func:`queue_get`, :func:`event_wait`) and unparkers (what a kill does to a
+task parked on them) live here, and the scheduler reaches them through its
+handler and unparker tables.
+
 Discussion: each primitive binds to the scheduler of the first task that
 parks on it, and the call objects it hands out are created once and reused:
 a ``yield q.get()`` allocates nothing. Waiter lists and the item buffer are
 created lazily so an idle queue costs about 100 bytes.
+
+Discussion: two paths stay inlined across this module's edge, because each
+runs once per message: :meth:`Queue.put` hands an item to a parked getter
+the way ``Scheduler.wake`` would (its ready queue and ``task_woken`` hook),
+and the scheduler's loop completes ``yield q.get()`` itself, reading
+``_items``, ``_getters`` and ``_sched`` (``Scheduler._loop``): a Python
+call on either path is a large share of what a message costs (``bench/ring.py``
+measures it). Anything else goes through the functions here.
 """
 
 from __future__ import annotations
@@ -25,7 +38,16 @@ if TYPE_CHECKING:
     from tiffany.kernel.scheduler import Scheduler
     from tiffany.kernel.task import Task
 
-__all__ = ["Event", "EventWait", "Queue", "QueueGet"]
+__all__ = [
+    "Event",
+    "EventWait",
+    "Queue",
+    "QueueGet",
+    "event_wait",
+    "queue_get",
+    "unpark_event_wait",
+    "unpark_queue_get",
+]
 
 T = TypeVar("T")
 
@@ -102,8 +124,9 @@ class Queue(Generic[T]):
             task._send = item
             task.state = _READY
             sched._ready.append(task)
-            if sched._on_wake is not None:
-                sched._call_hook(sched._on_wake, task, item)
+            on_wake = sched._on_wake
+            if on_wake is not None:
+                on_wake(task, item)
             # ``blocked_on`` stays set until the task runs: if it is killed
             # first, the scheduler gives the item back (nothing is lost).
             return
@@ -179,3 +202,71 @@ class Event:
 
     def __repr__(self) -> str:
         return f"<Event {self.name} set={self._set}>"
+
+
+# -- the kernel's side: handlers and unparkers ----------------------------------
+
+
+def queue_get(sched: Scheduler, task: Task, call: QueueGet) -> Any:
+    """Handle ``yield q.get()``: the next item, or park ``task`` until a put."""
+    q = call.queue
+    items = q._items
+    if items:
+        return items.popleft()
+    if q._sched is not sched:
+        try:
+            _bind(q, sched)
+        except KernelError as exc:
+            task._throw = exc
+            return None
+    if q._getters is None:
+        q._getters = [task]
+    else:
+        q._getters.append(task)
+    return sched.park(task, call, TaskState.BLOCKED_SYNC)
+
+
+def unpark_queue_get(sched: Scheduler, task: Task, call: QueueGet) -> None:
+    """Take a killed ``task`` off the queue, giving back an item it never received.
+
+    Discussion: :meth:`Queue.put` hands an item straight to a parked getter
+    and leaves ``blocked_on`` set until that getter runs; a kill in between
+    (the task is READY) would otherwise lose the item. It goes to the next
+    getter, or back to the front of the queue.
+    """
+    q = call.queue
+    if task.state is _READY:
+        item, task._send = task._send, None
+        if q._getters:
+            q.put(item)
+        else:
+            if q._items is None:
+                q._items = deque()
+            q._items.appendleft(item)
+    elif q._getters and task in q._getters:
+        q._getters.remove(task)
+
+
+def event_wait(sched: Scheduler, task: Task, call: EventWait) -> Any:
+    """Handle ``yield ev.wait()``: True at once if set, else park ``task``."""
+    ev = call.event
+    if ev._set:
+        return True
+    if ev._sched is not sched:
+        try:
+            _bind(ev, sched)
+        except KernelError as exc:
+            task._throw = exc
+            return None
+    if ev._waiters is None:
+        ev._waiters = [task]
+    else:
+        ev._waiters.append(task)
+    return sched.park(task, call, TaskState.BLOCKED_SYNC)
+
+
+def unpark_event_wait(sched: Scheduler, task: Task, call: EventWait) -> None:
+    """Take a killed ``task`` off the event's waiters."""
+    waiters = call.event._waiters
+    if waiters and task in waiters:
+        waiters.remove(task)
