@@ -27,8 +27,8 @@ from typing import Any, Final
 
 import structlog
 
+from tiffany.errors import EngineNotReady
 from tiffany.kernel import ReadWait
-from tiffany.wire.control import ControlError
 
 __all__ = ["INBOX_BATCH", "DurableWaits", "Inbox", "settle"]
 
@@ -106,7 +106,7 @@ class Inbox:
         while self._queue:
             _, fut, _ = self._queue.popleft()
             if fut.set_running_or_notify_cancel():
-                fut.set_exception(ControlError(503, "the engine is stopping"))
+                fut.set_exception(EngineNotReady("the engine is stopping"))
         os.close(self._fd)
 
 
