@@ -124,9 +124,14 @@ LAYERS: dict[str, Layer] = {
             "schedules",
         )
     ),
+    # One interface per cross-process concept, its implementation chosen once at
+    # start (the commands to the engines: over their sockets or the database).
+    "ports": Layer(_parts("errors", "config", "wire", "store", "feed")),
     # The API side-process never imports kernel, wal, durable or agents.
     "api": Layer(
-        _parts("errors", "config", "log", "store", "feed", "projector", "observe", "schedules")
+        _parts(
+            "errors", "config", "log", "store", "feed", "projector", "observe", "schedules", "ports"
+        )
     ),
     # The Python SDK: a client of the HTTP API, never of the server's modules.
     "sdk": Layer(_parts("errors"), _parts("httpx", "websockets", "pydantic")),
@@ -329,6 +334,8 @@ BAD = {
     "wal-imports-its-pg-row": ("tiffany.wal.writer", "from tiffany.wal.pg import PgWal"),
     "wal-pg-imports-store": ("tiffany.wal.pg", "from tiffany.store import models"),
     "feed-hub-imports-store": ("tiffany.feed.hub", "from tiffany.store import models"),
+    "ports-import-api": ("tiffany.ports.commands", "from tiffany.api.pg_async import Listener"),
+    "ports-import-engine": ("tiffany.ports.commands", "from tiffany.engine import Engine"),
 }
 
 GOOD = {

@@ -24,8 +24,9 @@ from api_support import SLEEP_PLAN, make_settings, wait_until
 from fastapi.testclient import TestClient
 
 from tiffany.api import create_app
+from tiffany.errors import InvalidCommand, Refusal
 from tiffany.wire import control
-from tiffany.wire.control import MAX_FRAME_BYTES, AsyncControlClient, ControlError
+from tiffany.wire.control import MAX_FRAME_BYTES, AsyncControlClient
 
 YAML = {"content-type": "application/yaml"}
 
@@ -303,13 +304,13 @@ def test_a_nine_hundred_deep_plan_from_a_raw_client_is_refused_by_the_engine(eng
         cur["a"] = {}
         cur = cur["a"]
     before = durable_seq(engine)
-    with pytest.raises(ControlError) as info:
+    with pytest.raises(Refusal) as info:
         control.call(engine.data_dir, "submit", plan=plan_with_args({"x": deep}), inputs={})
-    assert info.value.status == 422
+    assert isinstance(info.value, InvalidCommand)
     assert info.value.detail[0]["loc"][:5] == ["plan", "steps", 0, "args", "x"]
-    with pytest.raises(ControlError) as nan:
+    with pytest.raises(Refusal) as nan:
         control.call(engine.data_dir, "submit", plan=plan_with_args({}), inputs={"x": 2**70})
-    assert nan.value.status == 422
+    assert isinstance(nan.value, InvalidCommand)
     assert durable_seq(engine) == before
 
 

@@ -249,19 +249,15 @@ class ApiState:
     engines: Engines = field(init=False)
 
     def __post_init__(self) -> None:
-        from tiffany.api.engines import Engines
+        from tiffany.api.engines import Engines, pg_links
+        from tiffany.ports.commands import commands_for
 
         self._readers: anyio.CapacityLimiter | None = None  # made in the event loop
 
-        db = None
-        if self.settings.journal == "postgres":  # requests through the database
-            from tiffany.api.db_requests import DbRequests
-
-            db = DbRequests(self.settings.database_url)
-        homes = shards.homes(self.settings.data_dir, self.settings.engines)
+        commands = commands_for(self.settings, self._owner, pg_links)
         url = self.settings.database_url
         pg = url.startswith("postgresql")
-        marks = conninfo(url) if db is None and pg else None
+        marks = conninfo(url) if not commands.remote and pg else None
         if pg:  # the postgres extra: not imported for the embedded store
             from tiffany.api.pg_async import AsyncPool
         #: A PostgreSQL store's connections for reads on the event loop (:meth:`read_async`).
@@ -281,8 +277,13 @@ class ApiState:
         )
         self._loop_sessions = session_factory(self.loop_reads) if self.loop_reads else None
         self.engines = Engines(
-            homes, lambda engine: self.read(lambda s: queries.watermark(s, engine)), db, marks
+            commands, lambda engine: self.read(lambda s: queries.watermark(s, engine)), marks
         )
+
+    async def _owner(self, run_id: str) -> int | None:
+        """The engine that started ``run_id``, as the store says (the commands port asks)."""
+        start = await self.read(lambda s: queries.start_seq_of(s, run_id))
+        return None if start is None else shards.engine_of(start)
 
     @property
     def control(self) -> AsyncControlClient:
