@@ -117,13 +117,7 @@ def pg_links() -> PgLinks:
     from tiffany.api.pg_async import AsyncPool, Listener, projected_mark
     from tiffany.ports.commands_pg import PgLinks
 
-    return PgLinks(
-        pool=lambda dsn, size: AsyncPool(dsn, size),
-        listener=lambda dsn, channels, name, on_connect: Listener(
-            dsn, channels, name, on_connect=on_connect
-        ),
-        projected_mark=projected_mark,
-    )
+    return PgLinks(AsyncPool, Listener, projected_mark)
 
 
 def _bind(read_mark: Callable[[int], Awaitable[int]], engine: int) -> Callable[[], Awaitable[int]]:

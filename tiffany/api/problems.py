@@ -84,7 +84,7 @@ REFUSAL_STATUS: Final[dict[type[Refusal], int]] = {
 def status_of(exc: Refusal) -> int:
     """The HTTP status of a refusal (:data:`REFUSAL_STATUS`, by its nearest class)."""
     for cls in type(exc).__mro__:
-        status = REFUSAL_STATUS.get(cls)  # type: ignore[call-overload]
+        status = REFUSAL_STATUS.get(cls)
         if status is not None:
             return status
     return 500

@@ -35,6 +35,7 @@ from tiffany.wire.status import TERMINAL
 if TYPE_CHECKING:
     from tiffany.config import Settings
     from tiffany.ports.commands import Commands
+    from tiffany.ports.commands_pg import PgLinks
 
 __all__ = ["register"]
 
@@ -99,10 +100,12 @@ def _command(ctx: typer.Context, send: Callable[[Commands], Awaitable[T]]) -> T:
         return asyncio.run(run())
 
 
-def _pg_links() -> Any:
-    from tiffany.api.engines import pg_links
+def _pg_links() -> PgLinks:
+    """The asyncio connections to PostgreSQL the commands port uses (not FastAPI's import)."""
+    from tiffany.api.pg_async import AsyncPool, Listener, projected_mark
+    from tiffany.ports.commands_pg import PgLinks
 
-    return pg_links()
+    return PgLinks(AsyncPool, Listener, projected_mark)
 
 
 def _store_owner(settings: Settings) -> Callable[[str], Awaitable[int | None]]:

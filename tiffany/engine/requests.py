@@ -621,8 +621,8 @@ class ControlRequests:
         """
         wait_s = min(command.wait_s, MAX_WAIT_PROJECTED_S)
         if command.written:
-            seq = self.runtime.wal.next_seq - 1
-            return _with_seq(self.projector.when_projected(seq, wait_s), seq)
+            written = self.runtime.wal.next_seq - 1
+            return _with_seq(self.projector.when_projected(written, wait_s), written)
         seq = command.seq
         if seq is None:
             raise InvalidCommand("seq is required (or written)", field="seq")
@@ -793,7 +793,7 @@ class ControlRequests:
             )
         if not self.engine.cancel(run_id, reason):  # its tree stops growing first
             raise RunFinished(f"run {run_id} already finished", detail={"status": run.status})
-        return Cancelling(run_id=run_id)
+        return Cancelling(run_id=run_id, status="cancelling")
 
 
 def _located(detail: Any) -> bool:

@@ -448,7 +448,8 @@ class PgCommands(LocalEngines):
 
     async def submit(self, plan: Any, inputs: Any, key: str | None) -> Submitted:
         """A submission as a row; any engine claims it."""
-        return _typed(Submit(), await self.db.submit(plan, inputs, key))
+        answer: Submitted = _typed(Submit(), await self.db.submit(plan, inputs, key))
+        return answer
 
     async def rerun(
         self, run_id: str, *, inputs: dict[str, Any], from_step: str | None, key: str | None
@@ -457,7 +458,8 @@ class PgCommands(LocalEngines):
         extra: dict[str, Any] = {"op": "rerun", "rerun_of": run_id}
         if from_step is not None:
             extra["from_step"] = from_step
-        return _typed(Submit(), await self.db.submit(None, inputs, key, extra=extra))
+        answer: Submitted = _typed(Submit(), await self.db.submit(None, inputs, key, extra=extra))
+        return answer
 
     async def cancel(self, run_id: str, reason: str) -> Cancelling:
         """Cancel a run, through its engine's row."""

@@ -164,14 +164,18 @@ NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
 
 
 class Answer(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """An answer's fields (the envelope's ``id`` and ``ok`` are the channel's)."""
+    """An answer's fields (the envelope's ``id`` and ``ok`` are the channel's).
+
+    A field with a default is left out of the line when it has it (a
+    signal's ``warning``): what every answer carries has no default.
+    """
 
 
 class Submitted(Answer, kw_only=True):
     """A run started (or the run an idempotency key names): durable once answered."""
 
     run_id: str
-    created: bool = True
+    created: bool
     seq: int
 
 
@@ -179,7 +183,7 @@ class Cancelling(Answer, kw_only=True):
     """A cancel was requested: the run ends ``cancelled`` shortly."""
 
     run_id: str
-    status: str = "cancelling"
+    status: str
 
 
 class Signalled(Answer, kw_only=True):
@@ -370,7 +374,8 @@ def command_of(fields: dict[str, Any]) -> Command:
         InvalidCommand, MalformedCommand: As :func:`decode_command`.
     """
     try:
-        return msgspec.convert(fields, Command)  # type: ignore[arg-type]
+        command: Command = msgspec.convert(fields, Command)
+        return command
     except msgspec.ValidationError as exc:
         raise _refused_field(exc) from None
 
