@@ -18,6 +18,7 @@ from api_support import short_dir
 
 from tiffany.api.engines import Engines
 from tiffany.config import conninfo
+from tiffany.ports.commands import SocketCommands
 from tiffany.store.models import PROJECTED_CHANNEL, channel
 from tiffany.wire.control import socket_path
 
@@ -32,6 +33,10 @@ def _silent_engine(home: object) -> socket.socket:
     listener.bind(str(socket_path(home)))  # type: ignore[arg-type]
     listener.listen(8)
     return listener
+
+
+async def _nobody(_run_id: str) -> int | None:
+    return None
 
 
 async def _until(check: object, timeout: float = 5.0) -> None:
@@ -49,7 +54,7 @@ def test_a_notified_mark_wakes_a_read_the_engine_has_not_answered(pg_migrated_ur
     assert mine != PROJECTED_CHANNEL
 
     async def main() -> tuple[int, float, int]:
-        engines = Engines([home], lambda _engine: _no_mark(), None, dsn)
+        engines = Engines(SocketCommands([home], _nobody), lambda _engine: _no_mark(), dsn)
         engines.start()
         try:
             await _until(lambda: engines._marks is not None and engines._marks.listening)
@@ -84,7 +89,7 @@ def test_a_notified_mark_wakes_a_read_the_engine_has_not_answered(pg_migrated_ur
 
 
 def test_without_a_postgresql_store_nothing_listens(tmp_path: object) -> None:
-    engines = Engines([short_dir("tfm-")], lambda _engine: _no_mark())
+    engines = Engines(SocketCommands([short_dir("tfm-")], _nobody), lambda _engine: _no_mark())
     assert engines._marks is None
 
 

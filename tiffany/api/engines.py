@@ -59,7 +59,8 @@ class Engines:
         if commands.remote:  # the database notifies every move of the marks
             for mark in self.watermarks:
                 mark.pushed = True
-            commands.on_projected = lambda engine, seq: self.watermark(engine).push(seq)  # type: ignore[attr-defined]
+            # The database's answers and the marks' notifications share one listener.
+            commands.on_projected = self._pushed  # type: ignore[attr-defined]
         self._marks: Listener | None = None
         if not commands.remote and marks_dsn is not None:
             from tiffany.api.pg_async import Listener
@@ -72,6 +73,10 @@ class Engines:
         self.commands.start()
         if self._marks is not None:
             self._marks.start()
+
+    def _pushed(self, engine: int, seq: int) -> None:
+        """The database notified engine ``engine``'s new mark: wake the reads it covers."""
+        self.watermark(engine).push(seq)
 
     def _projected(self, payload: str) -> None:
         """A projector notified its new mark: wake the reads it covers."""
