@@ -269,7 +269,7 @@ class ControlServer:
 
     @staticmethod
     def _frame(answer: dict[str, Any]) -> bytes:
-        """The answer's line, or a 500 naming why it cannot be sent."""
+        """The answer's line, or a fault naming why it cannot be sent."""
         try:
             data = encode_frame(answer)
             if len(data) > MAX_FRAME_BYTES:

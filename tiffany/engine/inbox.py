@@ -70,8 +70,9 @@ class Inbox:
     def call_later(self, fn: Callable[[], Any], fut: Future[Any]) -> None:
         """Queue ``fn``, which resolves ``fut`` itself, now or later.
 
-        The inbox fails ``fut`` with what ``fn`` raises, or with 503 when it
-        closes before ``fn`` ran; ``fn`` is skipped if ``fut`` was cancelled.
+        The inbox fails ``fut`` with what ``fn`` raises, or with
+        :class:`~tiffany.errors.EngineNotReady` when it closes before ``fn``
+        ran; ``fn`` is skipped if ``fut`` was cancelled.
         """
         self._queue.append((fn, fut, False))
         os.eventfd_write(self._fd, 1)

@@ -1,13 +1,15 @@
 """The engine's answers to requests: the control channel's ops, on behalf of the loop.
 
 :class:`ControlRequests` answers one request of the control channel
-(:mod:`tiffany.wire.control`): ``status``, ``submit`` (a re-run too), ``cancel``,
+(:mod:`tiffany.wire.control`): ``status``, ``submit``, ``rerun``, ``cancel``,
 ``signal``, ``verify``, ``wait_projected``, ``metrics``, ``tools`` and
-``check_plan``. The control server (``control_server.py``) calls
-:meth:`ControlRequests.handle` for each line it reads; on the PostgreSQL
-journal the request claimer (``db_requests.py``) calls it for each request
-row it claims; engine 0's schedules (``schedules.py``) submit their ticks
-through :meth:`ControlRequests.submit`. The engine process's lifecycle
+``check_plan``, each a typed command dispatched by its type (one handler a
+command type, in a table built once). The control server
+(``control_server.py``) decodes each line it reads into its command and
+calls :meth:`ControlRequests.handle`; on the PostgreSQL journal the request
+claimer (``db_requests.py``) does the same for each request row it claims;
+engine 0's schedules (``schedules.py``) submit their ticks through
+:meth:`ControlRequests.submit`. The engine process's lifecycle
 (build, sockets, recovery, the loop, shutdown) is ``service.py``'s.
 
 Invariants:
@@ -24,8 +26,9 @@ Invariants:
 - A submission holds no thread while it waits to be durable: its answer is
   a future the commit that covers its seq resolves
   (:class:`~tiffany.engine.inbox.DurableWaits`), its deadline an entry in
-  ``timeouts.py``: 503 after :data:`SUBMIT_TIMEOUT_S`, "busy" if the loop
-  never took it, "not durable" if it did.
+  ``timeouts.py``: :class:`~tiffany.errors.EngineNotReady` after
+  :data:`SUBMIT_TIMEOUT_S`, "busy" if the loop never took it, "not
+  durable" if it did.
 - The engine trusts no caller (``tiffany submit`` and ``tiffany signal``
   bypass the API's checks): plans, inputs and payloads are checked here,
   and a signal named in the engine's reserved namespace
@@ -33,15 +36,20 @@ Invariants:
   slot) is refused here, whichever way it came (socket, database row).
 - A signal's payload is held to the payload schema of every ``signal.wait``
   step of its run that waits for its name (``Engine.signals``): one that
-  does not satisfy it is refused (422 naming the field by its JSON
-  pointer) before anything is journaled, whichever way it came. A signal
-  no step waits for is taken (it may be early) and its answer carries a
-  ``warning`` naming what the run waits for.
+  does not satisfy it is refused (:class:`~tiffany.errors.InvalidCommand`
+  naming the field by its JSON pointer) before anything is journaled,
+  whichever way it came. A signal no step waits for is taken (it may be
+  early) and its answer carries a ``warning`` naming what the run waits for.
 - A run holds at most ``max_pending_signals`` clients' signals no step has
   received, of ``max_pending_signal_bytes`` in all: one more is refused
-  (429, 413), naming the setting; a run's are let go when it ends.
+  (:class:`~tiffany.errors.SignalsHeldFull`,
+  :class:`~tiffany.errors.SignalBytesHeldFull`), naming the setting; a
+  run's are let go when it ends.
 - A run the engine no longer holds (``run_table.py`` keeps the newest
-  finished ones) is answered from the store: 409 with its status, not 404.
+  finished ones) is answered from the store: :class:`~tiffany.errors.RunFinished`
+  with its status, not :class:`~tiffany.errors.RunNotFound`.
+- The engine refuses with domain errors (``tiffany/errors.py``), never with
+  HTTP statuses: the API maps them once (``tiffany/api/problems.py``).
 
 Discussion: the parts are given, not the service. :class:`ControlRequests`
 is built with what it uses (the engine, hub, inbox, durable waits,
@@ -148,7 +156,7 @@ SIGNAL_LOOKUP_WAIT_S: Final = 5.0
 #: How long a re-run waits for the store to hold what the journal has
 #: written (the earlier run's end) before it reads the run there, in seconds.
 RERUN_SOURCE_WAIT_S: Final = 5.0
-#: The 503 of a submission or signal whose record was not durable in time
+#: The refusal (not ready) of a submission or signal whose record was not durable in time
 #: (the service fails the durable waits with it when the loop fails).
 NOT_DURABLE: Final = "the submission was not made durable in time"
 _SIGNAL_NAME: Final = re.compile(SIGNAL_NAME_PATTERN)
@@ -322,6 +330,7 @@ class ControlRequests:
         schedule: dict[str, Any] | None,
         rerun: dict[str, Any] | None = None,
     ) -> Future[Submitted]:
+        """Check a run's plan and inputs and queue its start (``given``: the caller's run id)."""
         if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 255):
             raise InvalidCommand(
                 "invalid Idempotency-Key",
@@ -347,7 +356,6 @@ class ControlRequests:
         if key is not None:
             digest = submission_digest(plan if rerun is None else rerun["rerun_of"], inputs)
             entry["idempotency"] = {"key": key, "digest": digest}
-        # given: through the database, the API named the run
         answer: Future[Submitted] = Future()  # the inbox runs it, the commit resolves it
         reply: Future[Submitted] = Future()  # the caller's: the answer, or the timeout
 
@@ -387,7 +395,7 @@ class ControlRequests:
             raise InvalidCommand("rerun_of must be a run id", field="rerun_of")
         # The store is let catch up with what the journal has written first: a
         # run whose end was just on the feed (`tiffany tail`, the dashboard) is
-        # finished there too, not a 404 or "not finished" for a few ms.
+        # finished there too, not "not found" or "not finished" for a few ms.
         written = self.runtime.wal.next_seq - 1
         caught = self.projector.when_projected(written, RERUN_SOURCE_WAIT_S).result()
         if not caught["reached"]:
@@ -457,10 +465,10 @@ class ControlRequests:
         return found
 
     def _for_run(self, run_id: str, fn: Callable[[], Any], *, live: bool) -> Any:
-        """Run a run's command on the loop; a run the engine no longer holds: 409 from the store.
+        """Run a run's command on the loop; a run the engine no longer holds: finished (the store).
 
         ``live``: the API asks every engine; only the one holding the run
-        answers, the others 404 (the store is not asked).
+        answers, the others "not found" (the store is not asked).
         """
         try:
             return self._on_loop(fn)
@@ -706,7 +714,7 @@ class ControlRequests:
             raise EngineNotReady(_BUSY) from None
 
     def _wait_durable(self, seq: int, deadline: float) -> None:
-        """Until the WAL is durable past ``seq`` (control threads; 503 at ``deadline``)."""
+        """Until the WAL is durable past ``seq`` (control threads; not ready at ``deadline``)."""
         if self.durable.seq >= seq:
             return
         durable: Future[None] = Future()

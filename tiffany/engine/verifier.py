@@ -21,8 +21,9 @@ Invariants:
   (``journal=postgres``, which it reads), the database URL; its environment
   comes without the secret variables (``scrub_secrets``). A replay runs no
   tool and writes nothing.
-* A replay past :data:`VERIFY_TIMEOUT_S` answers 504 and its worker is
-  killed (a pool whose worker died is replaced on the next verify).
+* A replay past :data:`VERIFY_TIMEOUT_S` is refused
+  (:class:`~tiffany.errors.VerifyTimedOut`) and its worker is killed (a
+  pool whose worker died is replaced on the next verify).
 
 Rejected: ``subprocess.run(tiffany replay --verify --json)`` and scraping its
 stdout (the previous design): a Python start-up per verify, and a contract
