@@ -341,6 +341,8 @@ BAD = {
     "feed-imports-ports": ("tiffany.feed.relay", "from tiffany.ports.feed import FeedSource"),
     "ports-import-api": ("tiffany.ports.reads", "from tiffany.api.deps import ApiState"),
     "ports-import-kernel": ("tiffany.ports.commands", "from tiffany.kernel import Scheduler"),
+    "ports-import-api-pg": ("tiffany.ports.commands", "from tiffany.api.deps import ApiState"),
+    "ports-import-engine": ("tiffany.ports.commands", "from tiffany.engine import Engine"),
 }
 
 GOOD = {

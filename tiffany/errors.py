@@ -210,3 +210,168 @@ class LimitExceeded(TiffanyError):
     def __init__(self, setting: str, limit: int, message: str, **fields: object) -> None:
         super().__init__(message, setting=f"TIFFANY_{setting.upper()}", limit=limit, **fields)
         self.code = f"limit.{setting}"
+
+
+# -- Commands refused ----------------------------------------------------------
+#
+# What the engine answers "no" to a command (submit, cancel, signal, rerun,
+# verify...) with: a domain refusal, never an HTTP status. Each crosses the
+# control channel (socket or database) as its ``kind`` with its message, the
+# field it names and its structured ``detail`` (tiffany/wire/control.py); the
+# API maps the kinds to HTTP statuses in one place (tiffany/api/problems.py),
+# the CLI to its exit codes (tiffany/cli/exits.py).
+
+
+class Refusal(TiffanyError):
+    """The engine refused a command: an answer about the run or the command, not a bug.
+
+    Attributes:
+        kind: The refusal's stable name on the control channel.
+        field: The command's field the refusal is about (``"name"``, ``"seq"``), if any.
+        detail: Structured detail: for an invalid command a list of
+            ``{"loc", "msg"}``; for a finished run ``{"status"}``; for a bound
+            the :class:`LimitExceeded`'s fields.
+    """
+
+    code = "engine.refused"
+    kind: str = "refused"
+
+    def __init__(self, message: str, *, field: str | None = None, detail: Any = None) -> None:
+        super().__init__(message)
+        self.field = field
+        self.detail = detail
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the refusal as a JSON-able mapping."""
+        return {"code": self.code, "message": self.message, "detail": self.detail}
+
+
+class RunNotFound(Refusal):
+    """No run of that id: not held by the engine, not in the store."""
+
+    code = "run.not_found"
+    kind = "run_not_found"
+
+
+class RunConflict(Refusal):
+    """The command does not fit the run's state (finished, not finished, already there)."""
+
+    code = "run.conflict"
+    kind = "run_conflict"
+
+
+class RunFinished(RunConflict):
+    """The run has finished: it takes no cancel and no signal (``detail``: its ``status``)."""
+
+    kind = "run_finished"
+
+
+class RunNotFinished(RunConflict):
+    """The run is still running: only a finished run verifies or re-runs."""
+
+    kind = "run_not_finished"
+
+
+class RunExists(RunConflict):
+    """A submission named a run id that exists already (``detail``: its ``run_id``)."""
+
+    kind = "run_exists"
+
+
+class KeyReused(RunConflict):
+    """An idempotency key named an earlier submission of another body (``detail``: its run)."""
+
+    kind = "key_reused"
+
+
+class InvalidCommand(Refusal):
+    """A command's field is invalid (a plan, its inputs, a signal's name or payload).
+
+    ``field`` names the field; ``detail`` lists ``{"loc", "msg"}`` for each
+    problem (a plan's fields, a payload's JSON pointers).
+    """
+
+    code = "plan.invalid"
+    kind = "invalid"
+
+    def __init__(self, message: str, *, field: str | None = None, detail: Any = None) -> None:
+        if detail is None and field is not None:
+            detail = [{"loc": field, "msg": message}]
+        super().__init__(message, field=field, detail=detail)
+
+
+class MalformedCommand(Refusal):
+    """Not a command at all: an unknown ``op``, or a line that is no JSON object."""
+
+    code = "request.invalid"
+    kind = "malformed"
+
+
+class CommandTooLarge(Refusal):
+    """A command's frame is over the control channel's limit."""
+
+    kind = "too_large"
+
+
+class SignalsHeldFull(Refusal):
+    """The run holds as many clients' signals no step has received as it may (a count).
+
+    ``detail``: the :class:`LimitExceeded` that names the setting.
+    """
+
+    code = "limit.max_pending_signals"
+    kind = "signals_held_full"
+
+
+class SignalBytesHeldFull(Refusal):
+    """The run's clients' signals no step has received would pass their byte bound."""
+
+    code = "limit.max_pending_signal_bytes"
+    kind = "signal_bytes_held_full"
+
+
+class EngineNotReady(Refusal):
+    """The engine cannot take the command now (stopping, busy, its store behind): retry."""
+
+    code = "engine.not_ready"
+    kind = "not_ready"
+
+
+class VerifyTimedOut(Refusal):
+    """A verify's replay took longer than its bound (its worker is killed)."""
+
+    kind = "verify_timeout"
+
+
+class EngineFault(Refusal):
+    """The engine failed to carry the command out (a bug, a dead worker): not the caller's."""
+
+    kind = "fault"
+
+
+class EngineUnavailable(TiffanyError):
+    """No engine is reachable for the command (not started, restarting, gone, or no answer)."""
+
+    code = "control.unavailable"
+
+
+def _refusals() -> dict[str, type[Refusal]]:
+    found: dict[str, type[Refusal]] = {}
+    todo: list[type[Refusal]] = [Refusal]
+    while todo:
+        cls = todo.pop()
+        found[cls.kind] = cls
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+#: Every refusal by its ``kind`` (how a refusal crosses the control channel).
+REFUSALS: dict[str, type[Refusal]] = _refusals()
+
+
+def refusal(kind: str, message: str, field: str | None = None, detail: Any = None) -> Refusal:
+    """The refusal of ``kind`` (an unknown kind: a plain :class:`Refusal`)."""
+    cls = REFUSALS.get(kind, Refusal)
+    out = Refusal.__new__(cls)
+    Refusal.__init__(out, message, field=field, detail=detail)
+    return out

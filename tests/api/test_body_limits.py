@@ -24,8 +24,9 @@ from api_support import SLEEP_PLAN, make_settings, wait_until
 from fastapi.testclient import TestClient
 
 from tiffany.api import create_app
+from tiffany.errors import CommandTooLarge, InvalidCommand, Refusal
 from tiffany.wire import control
-from tiffany.wire.control import MAX_FRAME_BYTES, AsyncControlClient, ControlError
+from tiffany.wire.control import MAX_FRAME_BYTES, AsyncControlClient
 
 YAML = {"content-type": "application/yaml"}
 
@@ -303,13 +304,13 @@ def test_a_nine_hundred_deep_plan_from_a_raw_client_is_refused_by_the_engine(eng
         cur["a"] = {}
         cur = cur["a"]
     before = durable_seq(engine)
-    with pytest.raises(ControlError) as info:
+    with pytest.raises(Refusal) as info:
         control.call(engine.data_dir, "submit", plan=plan_with_args({"x": deep}), inputs={})
-    assert info.value.status == 422
+    assert isinstance(info.value, InvalidCommand)
     assert info.value.detail[0]["loc"][:5] == ["plan", "steps", 0, "args", "x"]
-    with pytest.raises(ControlError) as nan:
+    with pytest.raises(Refusal) as nan:
         control.call(engine.data_dir, "submit", plan=plan_with_args({}), inputs={"x": 2**70})
-    assert nan.value.status == 422
+    assert isinstance(nan.value, InvalidCommand)
     assert durable_seq(engine) == before
 
 
@@ -334,13 +335,13 @@ def test_a_hostile_request_never_costs_a_neighbour_on_the_same_client(engine) ->
             await client.close()
 
     bad, good = asyncio.run(scenario())
-    assert [getattr(e, "status", e) for e in bad] == [413, 422, 422]
+    assert [type(e) for e in bad] == [CommandTooLarge, InvalidCommand, InvalidCommand], bad
     assert isinstance(good, dict), good
     assert good["run_id"]
 
 
 def test_the_engine_refuses_an_over_cap_line_and_keeps_the_connection(engine) -> None:
-    """A raw over-cap line gets a 413 with its id; the next request on the socket is answered."""
+    """A raw over-cap line is refused (too large) with its id; the next request is answered."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(30)
         sock.connect(str(control.socket_path(engine.data_dir)))
@@ -356,7 +357,7 @@ def test_the_engine_refuses_an_over_cap_line_and_keeps_the_connection(engine) ->
             buf += sock.recv(1 << 16)
     first, second = (control.decode_frame(line) for line in buf.splitlines()[:2])
     assert first["id"] == 7
-    assert first["status"] == 413
+    assert first["kind"] == CommandTooLarge.kind
     assert second["id"] == 8
     assert second["ok"] is True
 

@@ -35,8 +35,8 @@ from api_support import LONG_PLAN, clean_env, short_dir, start_engine
 from process_support import terminate, wait_for
 from websockets.sync.client import connect
 
+from tiffany.errors import EngineUnavailable
 from tiffany.wal.pg import conninfo
-from tiffany.wire.control import ControlUnavailable
 
 PLAN = {"name": "keyed", "steps": [{"id": "nap", "tool": "sleep", "args": {"seconds": 0.05}}]}
 
@@ -205,17 +205,17 @@ def test_two_api_replicas_without_an_engine_socket_lose_and_duplicate_nothing(
 def test_a_submission_no_engine_takes_is_withdrawn(
     pg_migrated_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tiffany.api import db_requests
-    from tiffany.api.db_requests import DbRequests
+    from tiffany.ports import commands_pg
+    from tiffany.ports.commands_pg import DbRequests
 
-    monkeypatch.setattr(db_requests, "SUBMIT_WAIT_S", 0.3)
+    monkeypatch.setattr(commands_pg, "SUBMIT_WAIT_S", 0.3)
 
     async def main() -> float:
         db = DbRequests(pg_migrated_url)
         db.start()
         t0 = time.monotonic()
         try:
-            with pytest.raises(ControlUnavailable, match="withdrawn: nothing started"):
+            with pytest.raises(EngineUnavailable, match="withdrawn: nothing started"):
                 await db.submit(PLAN, {}, "lonely")
         finally:
             await db.close()

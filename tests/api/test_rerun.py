@@ -163,7 +163,7 @@ def test_a_run_is_rerun_as_soon_as_the_feed_says_it_finished(served) -> None:
         submitted = submit_plan(url, plan)
         first = submitted["run_id"]
         _follow_until_finished(data_dir, first, submitted["seq"], "go")
-        again = control.call(data_dir, "submit", rerun_of=first, inputs={"gate": "count.txt"})
+        again = control.call(data_dir, "rerun", rerun_of=first, inputs={"gate": "count.txt"})
         run = finished_run(url, again["run_id"])
         assert run["status"] == "succeeded", run["error"]  # the wait reused, not waited again
         assert run["entry"]["rerun_of"] == {"run_id": first, "restart": ["gate"]}

@@ -36,6 +36,10 @@ def _silent_engine(home: object) -> socket.socket:
     return listener
 
 
+async def _nobody(_run_id: str) -> int | None:
+    return None
+
+
 async def _until(check: object, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():  # type: ignore[operator]

@@ -18,31 +18,43 @@ from typing import Any
 import pytest
 
 from tiffany.engine.control_server import WORKERS, ControlServer
-from tiffany.wire.control import decode_frame, encode_frame
+from tiffany.errors import RunFinished
+from tiffany.wire.control import (
+    Cancel,
+    Command,
+    Verify,
+    WaitProjected,
+    call,
+    decode_frame,
+    encode_frame,
+)
 
 
 class Handler:
-    """Answers ``echo`` at once, parks ``wait`` until released, defers ``later``."""
+    """Answers a ``cancel`` at once (echoing its run id), parks ``verify`` until released,
+    defers ``wait_projected``: real commands, decoded by the server, dispatched by type."""
 
     def __init__(self) -> None:
         self.threads: dict[int, str] = {}
         self.later: dict[int, Future[dict[str, Any]]] = {}
         self.release = threading.Event()
 
-    def __call__(self, request: dict[str, Any]) -> dict[str, Any] | Future[dict[str, Any]]:
-        self.threads[request["id"]] = threading.current_thread().name
-        if request["op"] == "wait":
+    def __call__(self, command: Command) -> dict[str, Any] | Future[dict[str, Any]]:
+        assert command.id is not None
+        self.threads[command.id] = threading.current_thread().name
+        if isinstance(command, Verify):
             assert self.release.wait(30)
             return {"waited": True}
-        if request["op"] == "later":
+        if isinstance(command, WaitProjected):
             fut: Future[dict[str, Any]] = Future()
-            self.later[request["id"]] = fut
+            self.later[command.id] = fut
             return fut
-        return {"echo": request.get("text")}
+        assert isinstance(command, Cancel)
+        return {"echo": command.run_id}
 
 
-def _quick(request: dict[str, Any]) -> bool:
-    return request.get("op") in ("echo", "later")
+def _quick(command: Command) -> bool:
+    return isinstance(command, Cancel | WaitProjected)
 
 
 @pytest.fixture
@@ -88,8 +100,8 @@ def _lines(sock: socket.socket, n: int) -> list[dict[str, Any]]:
 def test_quick_requests_are_answered_on_the_connection_thread(served):
     _, handler, path = served
     with _connect(path) as sock:
-        sock.sendall(encode_frame({"id": 1, "op": "echo", "text": "hi"}))
-        sock.sendall(encode_frame({"id": 2, "op": "wait"}))
+        sock.sendall(encode_frame({"id": 1, "op": "cancel", "run_id": "hi"}))
+        sock.sendall(encode_frame({"id": 2, "op": "verify"}))
         assert _lines(sock, 1) == [{"id": 1, "ok": True, "echo": "hi"}]
         handler.release.set()
         assert _lines(sock, 1) == [{"id": 2, "ok": True, "waited": True}]
@@ -103,8 +115,8 @@ def test_a_deferred_answer_goes_out_while_every_pool_worker_is_busy(served):
     _, handler, path = served
     with _connect(path) as sock:
         for i in range(WORKERS):
-            sock.sendall(encode_frame({"id": 100 + i, "op": "wait"}))
-        sock.sendall(encode_frame({"id": 1, "op": "later"}))
+            sock.sendall(encode_frame({"id": 100 + i, "op": "verify"}))
+        sock.sendall(encode_frame({"id": 1, "op": "wait_projected", "seq": 1}))
         _deferred(handler, 1, handled=WORKERS + 1)
         resolver = threading.Thread(
             target=handler.later[1].set_result, args=({"run_id": "r1", "seq": 7},)
@@ -124,7 +136,8 @@ def test_a_line_the_socket_cannot_take_at_once_is_finished_by_the_pool_whole(ser
     _, handler, path = served
     with _connect(path) as sock:
         sock.sendall(
-            encode_frame({"id": 1, "op": "later"}) + encode_frame({"id": 2, "op": "later"})
+            encode_frame({"id": 1, "op": "wait_projected", "seq": 1})
+            + encode_frame({"id": 2, "op": "wait_projected", "seq": 1})
         )
         _deferred(handler, 1, 2)
         big = "x" * (4 << 20)
@@ -138,22 +151,58 @@ def test_a_line_the_socket_cannot_take_at_once_is_finished_by_the_pool_whole(ser
 def test_a_refused_deferred_answer_names_its_error(served):
     _, handler, path = served
     with _connect(path) as sock:
-        sock.sendall(encode_frame({"id": 1, "op": "later"}))
+        sock.sendall(encode_frame({"id": 1, "op": "wait_projected", "seq": 1}))
         _deferred(handler, 1)
         handler.later[1].set_exception(RuntimeError("boom"))
         (answer,) = _lines(sock, 1)
     assert answer["id"] == 1
     assert answer["ok"] is False
-    assert answer["status"] == 500
+    assert answer["kind"] == "fault"  # a bug: no refusal of the caller's
     assert "boom" in answer["error"]
 
 
 def test_the_answer_of_a_client_gone_is_dropped_and_the_server_goes_on(served):
     _, handler, path = served
     with _connect(path) as sock:
-        sock.sendall(encode_frame({"id": 1, "op": "later"}))
+        sock.sendall(encode_frame({"id": 1, "op": "wait_projected", "seq": 1}))
         _deferred(handler, 1)
     handler.later[1].set_result({"late": True})  # the resolving thread sees EPIPE/ECONNRESET
     with _connect(path) as sock:
-        sock.sendall(encode_frame({"id": 2, "op": "echo", "text": "still here"}))
+        sock.sendall(encode_frame({"id": 2, "op": "cancel", "run_id": "still here"}))
         assert _lines(sock, 1) == [{"id": 2, "ok": True, "echo": "still here"}]
+
+
+def test_a_command_decoded_at_the_intake_is_refused_naming_its_field(served):
+    """A field of the wrong type never reaches the handler: the answer names the field."""
+    _, handler, path = served
+    with _connect(path) as sock:
+        sock.sendall(encode_frame({"id": 1, "op": "wait_projected", "seq": -3}))
+        sock.sendall(encode_frame({"id": 2, "op": "signal", "run_id": "r", "name": 7}))
+        sock.sendall(encode_frame({"id": 3, "op": "reboot"}))
+        sock.sendall(b'{"id": 4, "op": "cancel", \n')  # not JSON
+        sock.sendall(encode_frame({"id": 5, "op": "cancel", "run_id": "ok"}))
+        answers = {a["id"]: a for a in _lines(sock, 5)}
+    assert answers[1]["kind"] == "invalid"
+    assert answers[1]["field"] == "seq"
+    assert answers[1]["detail"] == [{"loc": "seq", "msg": "Expected `int` >= 0"}]
+    assert (answers[2]["kind"], answers[2]["field"]) == ("invalid", "name")
+    assert answers[3]["kind"] == "malformed"
+    assert "reboot" in answers[3]["error"]
+    assert answers[4]["kind"] == "invalid"
+    assert answers[5] == {"id": 5, "ok": True, "echo": "ok"}  # the connection goes on
+    assert set(handler.threads) == {5}  # only the good one reached the handler
+
+
+def test_a_refusal_crosses_as_its_kind_and_comes_back_as_its_type(served):
+    """What the handler raises (a domain refusal) is what the client raises: no HTTP code."""
+    server, _, path = served
+
+    def refuse(command: Command) -> Any:
+        raise RunFinished("run r already finished (succeeded)", detail={"status": "succeeded"})
+
+    server.handle = refuse
+    with pytest.raises(RunFinished) as info:
+        call(path.parent, Cancel(run_id="r"))
+    assert info.value.detail == {"status": "succeeded"}
+    assert info.value.message == "run r already finished (succeeded)"
+    assert not hasattr(info.value, "status")

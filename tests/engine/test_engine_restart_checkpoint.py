@@ -12,8 +12,8 @@ from engine_process import EngineProc
 from test_service import SLEEPY, store_run
 
 from tiffany.durable.checkpoint import read_checkpoint
+from tiffany.errors import KeyReused, Refusal, RunFinished, RunNotFound
 from tiffany.wal import Wal
-from tiffany.wire.control import ControlError
 
 
 def test_a_restart_on_a_checkpoint_answers_for_runs_it_no_longer_holds(tmp_path: Path) -> None:
@@ -40,22 +40,22 @@ def test_a_restart_on_a_checkpoint_answers_for_runs_it_no_longer_holds(tmp_path:
         assert status["runs_active"] == 0
         assert again.logged("engine.started")[-1]["resumed"] == 0
         # Not in the engine's memory (it read nothing before the checkpoint), yet:
-        with pytest.raises(ControlError) as cancel:
+        with pytest.raises(Refusal) as cancel:
             again.call("cancel", run_id=run_id)
-        assert cancel.value.status == 409  # the store says it finished
+        assert isinstance(cancel.value, RunFinished)  # the store says it finished
         assert "succeeded" in cancel.value.message
-        with pytest.raises(ControlError) as unknown:
+        with pytest.raises(Refusal) as unknown:
             again.call("cancel", run_id="run-nosuchrun")
-        assert unknown.value.status == 404
+        assert isinstance(unknown.value, RunNotFound)
         # The idempotency key came back with the checkpoint.
         assert again.call("submit", plan=SLEEPY, inputs={}, key="key-1") == {
             "run_id": run_id,
             "created": False,
             "seq": seq,  # the same answer as the first time
         }
-        with pytest.raises(ControlError) as other:
+        with pytest.raises(Refusal) as other:
             again.call("submit", plan={**SLEEPY, "name": "other"}, inputs={}, key="key-1")
-        assert other.value.status == 409
+        assert isinstance(other.value, KeyReused)
         report = again.call("verify", run_id=run_id)
         assert report["identical"] is True
     finally:

@@ -105,7 +105,7 @@ def test_a_rerun_reuses_the_exact_output_a_fresh_run_computes(engine: EngineProc
     assert run["status"] == "failed"
     assert _step(run, "gate")["status"] == "failed"
 
-    rerun = engine.call("submit", rerun_of=first, inputs={"open": True})["run_id"]
+    rerun = engine.call("rerun", rerun_of=first, inputs={"open": True})["run_id"]
     fresh = engine.call("submit", plan=PLAN, inputs={"open": True})["run_id"]
     again, anew = _finished(engine, rerun), _finished(engine, fresh)
     assert (again["status"], anew["status"]) == ("succeeded", "succeeded"), again["error"]
@@ -116,7 +116,7 @@ def test_a_rerun_reuses_the_exact_output_a_fresh_run_computes(engine: EngineProc
     assert anew["outputs"]["described"] == expected
     assert again["outputs"]["described"] == expected
     # A re-run of the re-run reuses the output from the run that recorded it.
-    third = engine.call("submit", rerun_of=rerun, from_step="use")["run_id"]
+    third = engine.call("rerun", rerun_of=rerun, from_step="use")["run_id"]
     last = _finished(engine, third)
     assert last["status"] == "succeeded", last["error"]
     assert _step(last, "make")["attempts"][0]["reused"] == {"run_id": first, "seq": reused["seq"]}

@@ -17,9 +17,10 @@ from engine_process import EngineProc
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session
 
+from tiffany.errors import InvalidCommand, KeyReused, Refusal, RunFinished, RunNotFound
 from tiffany.store import make_engine, queries
 from tiffany.wal import iter_records
-from tiffany.wire.control import AsyncControlClient, ControlError
+from tiffany.wire.control import AsyncControlClient
 from tiffany.wire.records import decode
 
 SLEEPY = {
@@ -133,17 +134,17 @@ def test_invalid_plans_name_the_field(engine: EngineProc) -> None:
         "name": "bad",
         "steps": [{"id": "a", "tool": "sleep", "args": {"seconds": 1}, "after": ["b"]}],
     }
-    with pytest.raises(ControlError) as err:
+    with pytest.raises(Refusal) as err:
         engine.call("submit", plan=bad, inputs={})
-    assert err.value.status == 422
+    assert isinstance(err.value, InvalidCommand)
     assert err.value.detail[0]["loc"] == "steps[0].after[0]"
-    with pytest.raises(ControlError) as err:
+    with pytest.raises(Refusal) as err:
         engine.call("submit", plan=SLEEPY, inputs={"nope": 1})
-    assert err.value.status == 422
+    assert isinstance(err.value, InvalidCommand)
     assert err.value.detail[0]["loc"] == "inputs.nope"
-    with pytest.raises(ControlError) as err:
+    with pytest.raises(Refusal) as err:
         engine.call("submit", plan=[1, 2], inputs={})
-    assert err.value.status == 422
+    assert isinstance(err.value, InvalidCommand)
     # Nothing was journaled for refused plans.
     assert run_start_seqs(engine.data_dir) == {}
 
@@ -152,9 +153,9 @@ def test_idempotency_key_returns_the_same_run(engine: EngineProc) -> None:
     first = engine.call("submit", plan=SLEEPY, inputs={}, key="abc")
     again = engine.call("submit", plan=SLEEPY, inputs={}, key="abc")
     assert again == {**first, "created": False}
-    with pytest.raises(ControlError) as err:
+    with pytest.raises(Refusal) as err:
         engine.call("submit", plan=LONG, inputs={}, key="abc")
-    assert err.value.status == 409
+    assert isinstance(err.value, KeyReused)
     assert len(run_start_seqs(engine.data_dir)) == 1
 
 
@@ -164,12 +165,12 @@ def test_cancel_running_finished_and_unknown(engine: EngineProc) -> None:
     assert engine.call("cancel", run_id=run_id)["status"] == "cancelling"
     detail = store_run(engine.data_dir, run_id, until="cancelled")
     assert {s["step_id"]: s["status"] for s in detail["steps"]}["last"] in ("skipped", "cancelled")
-    with pytest.raises(ControlError) as err:
+    with pytest.raises(Refusal) as err:
         engine.call("cancel", run_id=run_id)
-    assert err.value.status == 409
-    with pytest.raises(ControlError) as err:
+    assert isinstance(err.value, RunFinished)
+    with pytest.raises(Refusal) as err:
         engine.call("cancel", run_id="run-nope")
-    assert err.value.status == 404
+    assert isinstance(err.value, RunNotFound)
 
 
 def test_verify_replays_a_finished_run(engine: EngineProc) -> None:
@@ -178,9 +179,9 @@ def test_verify_replays_a_finished_run(engine: EngineProc) -> None:
     report = engine.call("verify", run_id=run_id)
     assert report["identical"] is True, report
     assert report["divergence"] is None
-    with pytest.raises(ControlError) as err:
+    with pytest.raises(Refusal) as err:
         engine.call("verify", run_id="run-nope")
-    assert err.value.status == 404
+    assert isinstance(err.value, RunNotFound)
 
 
 def test_pipelined_async_submissions_share_group_commits(engine: EngineProc) -> None:
@@ -433,9 +434,9 @@ def test_a_long_lived_engine_keeps_nothing_of_finished_runs(engine: EngineProc) 
     for run_id in ids:
         store_run(engine.data_dir, run_id, until="succeeded")
     # Statuses stay answerable: a finished run still gets 409 on cancel.
-    with pytest.raises(ControlError) as err:
+    with pytest.raises(Refusal) as err:
         engine.call("cancel", run_id=ids[0])
-    assert err.value.status == 409
+    assert isinstance(err.value, RunFinished)
     deadline = time.monotonic() + 10
     while engine.call("status")["runs_held"] != 0:
         assert time.monotonic() < deadline

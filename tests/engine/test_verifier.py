@@ -11,7 +11,7 @@ import pytest
 
 from tiffany.config import Settings
 from tiffany.engine.verifier import Verifier
-from tiffany.wire.control import ControlError
+from tiffany.errors import EngineNotReady, Refusal, RunNotFound, VerifyTimedOut
 
 TESTS = Path(__file__).resolve().parent.parent
 GOLDEN = TESTS / "data" / "golden"
@@ -54,9 +54,9 @@ def test_an_identical_replay_reports_ok_and_a_divergence_names_it(
 
 
 def test_an_unknown_run_is_404(verifier_for: dict[str, Verifier]) -> None:
-    with pytest.raises(ControlError) as err:
+    with pytest.raises(Refusal) as err:
         verifier_for["fan_in"].verify("run-nope")
-    assert err.value.status == 404
+    assert isinstance(err.value, RunNotFound)
 
 
 def test_a_replay_past_the_timeout_is_504_and_the_next_verify_works(
@@ -64,9 +64,9 @@ def test_a_replay_past_the_timeout_is_504_and_the_next_verify_works(
 ) -> None:
     verifier = verifier_for["fan_in"]
     verifier.timeout_s = 0.001  # a worker cannot even start in a millisecond
-    with pytest.raises(ControlError) as err:
+    with pytest.raises(Refusal) as err:
         verifier.verify("golden-fan_in")
-    assert err.value.status == 504
+    assert isinstance(err.value, VerifyTimedOut)
     verifier.timeout_s = 120.0
     assert verifier.verify("golden-fan_in")["ok"] is True
 
@@ -74,9 +74,9 @@ def test_a_replay_past_the_timeout_is_504_and_the_next_verify_works(
 def test_a_closed_verifier_refuses_with_503(verifier_for: dict[str, Verifier]) -> None:
     verifier = verifier_for["fan_in"]
     verifier.close()
-    with pytest.raises(ControlError) as err:
+    with pytest.raises(Refusal) as err:
         verifier.verify("golden-fan_in")
-    assert err.value.status == 503
+    assert isinstance(err.value, EngineNotReady)
 
 
 def test_a_worker_keeps_no_secret_of_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:

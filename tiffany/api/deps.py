@@ -64,19 +64,16 @@ class ApiState:
 
     def __post_init__(self) -> None:
         from tiffany.api.engines import Engines
+        from tiffany.ports.commands import commands_for
 
-        db = None
-        if self.settings.journal == "postgres":  # requests through the database
-            from tiffany.api.db_requests import DbRequests
+        commands = commands_for(self.settings, self._owner)
+        # Its marks are the watermark port's (``self.watermark``): not asked here.
+        self.engines = Engines(commands)
 
-            db = DbRequests(self.settings.database_url)
-        homes = shards.homes(self.settings.data_dir, self.settings.engines)
-        # Its marks are the watermark port's now (``self.watermark``): not asked here.
-        self.engines = Engines(homes, self.read_mark, db)
-
-    async def read_mark(self, engine: int) -> int:
-        """Engine ``engine``'s mark as the store itself holds it."""
-        return await self.read(lambda s: queries.watermark(s, engine))
+    async def _owner(self, run_id: str) -> int | None:
+        """The engine that started ``run_id``, as the store says (the commands port asks)."""
+        start = await self.read(lambda s: queries.start_seq_of(s, run_id))
+        return None if start is None else shards.engine_of(start)
 
     @property
     def control(self) -> AsyncControlClient:

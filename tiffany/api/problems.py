@@ -1,9 +1,10 @@
 """Error answers: every error is JSON ``{"code", "message", "detail", ...}``.
 
-* :class:`~tiffany.wire.control.ControlError`: the engine's status (404 unknown
-  run, 409 finished, 422 invalid plan with ``detail`` ``[{"loc", "msg"}]``,
-  503 not ready);
-* :class:`~tiffany.wire.control.ControlUnavailable`: 503 with ``Retry-After``;
+* the engine's refusals (:class:`~tiffany.errors.Refusal`): the one table of
+  their HTTP statuses, :data:`REFUSAL_STATUS` (404 unknown run, 409 finished,
+  422 invalid command with ``detail`` ``[{"loc", "msg"}]``, 503 not ready
+  with ``Retry-After``...); the engine itself knows nothing of HTTP;
+* :class:`~tiffany.errors.EngineUnavailable`: 503 with ``Retry-After``;
 * the body's :class:`~tiffany.api.body.BodyTooLarge` (413) and
   :class:`~tiffany.api.body.InvalidBody` (422), and any other
   :class:`~tiffany.wire.documents.DocumentError` (422, naming the path);
@@ -31,25 +32,62 @@ from starlette.types import Scope
 
 from tiffany.api.body import BodyTooLarge, InvalidBody
 from tiffany.api.deps import StoreBehind, StoreUnavailable
-from tiffany.errors import TiffanyError
-from tiffany.wire.control import ControlError, ControlUnavailable
+from tiffany.errors import (
+    CommandTooLarge,
+    EngineFault,
+    EngineNotReady,
+    EngineUnavailable,
+    InvalidCommand,
+    MalformedCommand,
+    Refusal,
+    RunConflict,
+    RunNotFound,
+    SignalBytesHeldFull,
+    SignalsHeldFull,
+    TiffanyError,
+    VerifyTimedOut,
+)
 from tiffany.wire.documents import DocumentError
 
-__all__ = ["RETRY_AFTER_S", "AllowedMethods", "error_response", "install"]
+__all__ = [
+    "REFUSAL_STATUS",
+    "RETRY_AFTER_S",
+    "AllowedMethods",
+    "error_response",
+    "install",
+    "status_of",
+]
 
 log = structlog.get_logger("tiffany.api")
 
 #: What a 503 tells the client to wait before retrying, in seconds.
 RETRY_AFTER_S: Final = 2
 
-#: Codes of the engine's refusals, by HTTP status.
-_CONTROL_CODES: Final = {
-    400: "request.invalid",
-    404: "run.not_found",
-    409: "run.conflict",
-    422: "plan.invalid",
-    503: "engine.not_ready",
+#: The HTTP status of each of the engine's refusals: the one place a domain
+#: refusal becomes an HTTP code (a refusal's subclasses take its row, the
+#: most derived row wins). The body's ``code`` is the refusal's own.
+REFUSAL_STATUS: Final[dict[type[Refusal], int]] = {
+    Refusal: 500,
+    MalformedCommand: 400,
+    RunNotFound: 404,
+    RunConflict: 409,  # finished, not finished, exists, key reused
+    CommandTooLarge: 413,
+    SignalBytesHeldFull: 413,
+    InvalidCommand: 422,
+    SignalsHeldFull: 429,
+    EngineFault: 500,
+    EngineNotReady: 503,
+    VerifyTimedOut: 504,
 }
+
+
+def status_of(exc: Refusal) -> int:
+    """The HTTP status of a refusal (:data:`REFUSAL_STATUS`, by its nearest class)."""
+    for cls in type(exc).__mro__:
+        status = REFUSAL_STATUS.get(cls)
+        if status is not None:
+            return status
+    return 500
 
 
 def error_response(
@@ -70,14 +108,14 @@ def _retry_after() -> dict[str, str]:
     return {"Retry-After": str(RETRY_AFTER_S)}
 
 
-async def _control_error(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, ControlError)
-    status = exc.status if 400 <= exc.status <= 599 else 502
+async def _refusal(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, Refusal)
+    status = status_of(exc)
     detail = exc.detail
-    if status == 422 and isinstance(detail, list):
+    if isinstance(exc, InvalidCommand) and isinstance(detail, list):
         detail = [_loc_msg(d) for d in detail]
-    headers = _retry_after() if status == 503 else None
-    code = _CONTROL_CODES.get(status, "engine.refused")
+    headers = _retry_after() if isinstance(exc, EngineNotReady) else None
+    code = exc.code
     if isinstance(detail, dict) and isinstance(detail.get("code"), str):
         code = detail["code"]  # a refusal that names itself (a bound: limit.<setting>)
     elif isinstance(detail, list) and detail and isinstance(detail[0], dict):
@@ -97,8 +135,8 @@ def _loc_msg(item: Any) -> Any:
     return {**item, "loc": loc, "msg": str(item.get("msg", ""))}
 
 
-async def _control_unavailable(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, ControlUnavailable)
+async def _engine_unavailable(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, EngineUnavailable)
     # What failed (a socket's path under the data dir, a database's host and
     # user) is the operator's to read in this log, not every client's.
     log.warning("engine unavailable", error=exc.message)
@@ -243,8 +281,8 @@ async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
 
 def install(app: FastAPI) -> None:
     """Register the handlers on ``app`` (most specific first)."""
-    app.add_exception_handler(ControlError, _control_error)
-    app.add_exception_handler(ControlUnavailable, _control_unavailable)
+    app.add_exception_handler(Refusal, _refusal)
+    app.add_exception_handler(EngineUnavailable, _engine_unavailable)
     app.add_exception_handler(BodyTooLarge, _too_large)
     app.add_exception_handler(InvalidBody, _invalid_body)
     app.add_exception_handler(DocumentError, _invalid_body)

@@ -1,7 +1,9 @@
 """Commands for a running engine (``tiffany serve`` on the same data dir).
 
-``submit``, ``cancel``, ``signal``, ``rerun`` and ``status`` speak the control channel
-(``<data dir>/control.sock``); ``tail`` follows the activity feed
+``submit``, ``cancel``, ``signal``, ``rerun`` and ``status`` go through the
+commands port the API uses (``tiffany/ports/commands.py``: the engines'
+control sockets, ``<data dir>/control.sock``, or the database's requests on
+the PostgreSQL journal); ``tail`` follows the activity feed
 (``<data dir>/feed.sock``). They need no API token: the sockets are the
 data dir owner's only (mode 0600).
 """
@@ -11,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import secrets
-from collections.abc import AsyncIterator, Iterator
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
@@ -31,12 +33,18 @@ from tiffany.cli.run import InputsOption
 from tiffany.wire.status import TERMINAL
 
 if TYPE_CHECKING:
-    from tiffany.api.db_requests import DbRequests
+    from tiffany.config import Settings
+    from tiffany.ports.commands import Commands
 
 __all__ = ["register"]
 
 #: Exit code when no engine answers on the data dir (the table's UNAVAILABLE).
 EXIT_NO_ENGINE = exits.UNAVAILABLE
+
+#: How long a command waits for an engine's answer, in seconds.
+ANSWER_WAIT_S = 30.0
+
+T = TypeVar("T")
 
 
 def _homes(ctx: typer.Context) -> list[Path]:
@@ -49,142 +57,73 @@ def _homes(ctx: typer.Context) -> list[Path]:
 
 @contextlib.contextmanager
 def _answered(ctx: typer.Context | None = None) -> Iterator[None]:
-    """Print a control call's failure as the CLI does, and exit with its code.
+    """Print a command's refusal as the CLI does, and exit with its code (``exits.py``).
 
     ``ctx``: the command's, so that a refused field names the option that
     gave it (``tiffany/cli/flags.py``).
     """
-    from tiffany.wire.control import ControlError, ControlUnavailable
+    from tiffany.errors import EngineUnavailable, Refusal
 
     try:
         yield
-    except ControlUnavailable as exc:
+    except EngineUnavailable as exc:
         typer.echo(f"tiffany: {exc} (is `tiffany serve` running on this data dir?)", err=True)
         raise typer.Exit(EXIT_NO_ENGINE) from None
-    except ControlError as exc:
+    except Refusal as exc:
         print_problem(exc.message, control_problems(exc.detail), ctx)
-        raise typer.Exit(exits.for_status(exc.status)) from None
+        raise typer.Exit(exits.for_refusal(exc)) from None
 
 
-def _call(
-    ctx: typer.Context, op: str, *, home: Path | None = None, **fields: Any
-) -> dict[str, Any]:
+def _command(ctx: typer.Context, send: Callable[[Commands], Awaitable[T]]) -> T:
+    """``send(commands)`` through the :class:`~tiffany.ports.commands.Commands` port.
+
+    The port is the API's, chosen from the settings the same way: the
+    engines' sockets, or the database's requests on the PostgreSQL journal;
+    it decides which engine gets the command.
+    """
     from tiffany.cli import _settings
-    from tiffany.wire.control import call
+    from tiffany.ports.commands import commands_for
+
+    settings = _settings(ctx)
+
+    async def run() -> T:
+        commands = commands_for(settings, _store_owner(settings))
+        commands.start()
+        try:
+            await commands.connected(LISTEN_WAIT_S)
+            return await send(commands)
+        finally:
+            await commands.close()
 
     with _answered(ctx):
-        return call(home or _settings(ctx).data_dir, op, **fields)
+        return asyncio.run(run())
 
 
-def _submit(ctx: typer.Context, key: str | None, **fields: Any) -> dict[str, Any]:
-    """Submit to an engine of the data dir, as the API does (``tiffany/api/engines.py``).
+def _store_owner(settings: Settings) -> Callable[[str], Awaitable[int | None]]:
+    """The engine that started a run, as the store says (read in a thread: blocking SQL)."""
 
-    With an idempotency key: to the engine the key goes to
-    (:func:`~tiffany.wire.shards.engine_for_key`), which remembers it. Without
-    one: to any engine, starting at a random one and passing over one that
-    does not answer or is not ready (503). On the PostgreSQL journal, through
-    the database as the API submits there (the key is unique in SQL, and any
-    engine on any host takes the submission).
-    """
-    from tiffany.cli import _settings
-    from tiffany.wire.control import ControlError, ControlUnavailable, call
-    from tiffany.wire.shards import engine_for_key
+    def read(run_id: str) -> int | None:
+        from tiffany.store import make_engine, queries, session_factory
+        from tiffany.wire.shards import engine_of
 
-    settings = _settings(ctx)
-    if settings.journal == "postgres":
-        with _answered(ctx):
-            return asyncio.run(_submit_through_database(settings.database_url, key, fields))
-    homes = _homes(ctx)
-    if key is not None:
-        return _call(ctx, "submit", home=homes[engine_for_key(key, len(homes))], key=key, **fields)
-    first = secrets.randbelow(len(homes))
-    order = [homes[(first + i) % len(homes)] for i in range(len(homes))]
-    for home in order[:-1]:
-        with _answered(ctx):
-            try:
-                return call(home, "submit", key=None, **fields)
-            except ControlUnavailable:
-                continue
-            except ControlError as exc:
-                if exc.status != 503:  # a bad plan is bad on every engine
-                    raise
-    return _call(ctx, "submit", home=order[-1], key=None, **fields)
+        store = make_engine(settings.database_url)
+        try:
+            with session_factory(store)() as session:
+                start = queries.start_seq_of(session, run_id)
+        finally:
+            store.dispose()
+        return None if start is None else engine_of(start)
 
+    async def owner(run_id: str) -> int | None:
+        return await asyncio.to_thread(read, run_id)
 
-def _for_run(ctx: typer.Context, op: str, run_id: str, **fields: Any) -> dict[str, Any]:
-    """Send a run's command (cancel, signal) to the engine that holds the run.
-
-    Several engines on the data dir: the one holding the run answers (asked
-    live); then engine 0 says what the store knows of it (finished, or
-    unknown). On the PostgreSQL journal, through the database to the
-    engine the store names, wherever it runs (as the API does).
-    """
-    from tiffany.cli import _settings
-    from tiffany.wire.control import ControlError, ControlUnavailable, call
-
-    settings = _settings(ctx)
-    if settings.journal == "postgres":
-        with _answered(ctx):
-            return asyncio.run(_ask_through_database(settings.database_url, op, run_id, fields))
-    homes = _homes(ctx)
-    for home in homes[1:] if len(homes) > 1 else []:
-        with contextlib.suppress(ControlUnavailable, ControlError):
-            return call(home, op, run_id=run_id, live=True, **fields)
-    return _call(ctx, op, run_id=run_id, **fields)
-
-
-async def _ask_through_database(
-    url: str, op: str, run_id: str, fields: dict[str, Any]
-) -> dict[str, Any]:
-    """A run's command as a row of ``engine_requests``, for the engine the store names."""
-    from tiffany.store import make_engine, queries, session_factory
-    from tiffany.wire.control import ControlError
-    from tiffany.wire.shards import engine_of
-
-    store = make_engine(url)
-    try:
-        with session_factory(store)() as session:
-            start = queries.start_seq_of(session, run_id)
-    finally:
-        store.dispose()
-    async with _database_requests(url) as requests:
-        owner = engine_of(start) if start is not None else await requests.owner(run_id)
-        if owner is None:
-            raise ControlError(404, f"no run {run_id!r}")
-        return await requests.request(op, owner, run_id, **fields)
+    return owner
 
 
 #: How long a request through the database waits for its listener to connect, in seconds
 #: (without it the answer is read from its row a second later; a database that is down
 #: fails the request itself).
 LISTEN_WAIT_S = 1.0
-
-
-async def _submit_through_database(
-    url: str, key: str | None, fields: dict[str, Any]
-) -> dict[str, Any]:
-    """A submission as a row of ``engine_requests`` (``tiffany/api/db_requests.py``)."""
-    async with _database_requests(url) as requests:
-        rest = dict(fields)
-        plan, inputs = rest.pop("plan", None), rest.pop("inputs", None)
-        return await requests.submit(plan, inputs, key, extra=rest or None)
-
-
-@contextlib.asynccontextmanager
-async def _database_requests(url: str) -> AsyncIterator[DbRequests]:
-    """The API's requests through the database (``tiffany/api/db_requests.py``), listening."""
-    from tiffany.api.db_requests import DbRequests
-
-    requests = DbRequests(url)
-    requests.start()
-    try:
-        # Listening first: the answer comes as a notification (else a re-read, a second later).
-        deadline = asyncio.get_running_loop().time() + LISTEN_WAIT_S
-        while not requests.listening and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.01)
-        yield requests
-    finally:
-        await requests.close()
 
 
 def submit(
@@ -209,7 +148,8 @@ def submit(
             run = client.submit(doc, inputs=given, idempotency_key=key)
         answer = {"run_id": run.run_id, "created": run.created}
     else:
-        answer = _submit(ctx, key, plan=doc, inputs=given)
+        done = _command(ctx, lambda commands: commands.submit(doc, given, key))
+        answer = {"run_id": done.run_id, "created": done.created}
     typer.echo(answer["run_id"])
     if not answer.get("created", True):
         typer.echo("(an earlier submission with this idempotency key)", err=True)
@@ -228,8 +168,8 @@ def cancel(
             done = client.cancel(run_id)
         typer.echo(f"run {done.run_id}: {done.status}")
         return
-    answer = _for_run(ctx, "cancel", run_id)
-    typer.echo(f"run {answer['run_id']}: {answer['status']}")
+    answer = _command(ctx, lambda commands: commands.cancel(run_id, "cancelled"))
+    typer.echo(f"run {answer.run_id}: {answer.status}")
 
 
 def rerun(
@@ -260,65 +200,11 @@ def rerun(
             )
         typer.echo(again.run_id)
         return
-    fields: dict[str, Any] = {"rerun_of": run_id, "inputs": _parse_inputs(inputs, ctx)}
-    if from_step is not None:
-        fields["from_step"] = from_step
-    answer = _submit_rerun(ctx, run_id, fields)
-    typer.echo(answer["run_id"])
-
-
-#: How long ``rerun`` waits for the store to hold an engine's writes, in seconds.
-RERUN_SOURCE_WAIT_S = 5.0
-
-
-def _submit_rerun(ctx: typer.Context, run_id: str, fields: dict[str, Any]) -> dict[str, Any]:
-    """Submit a re-run to the engine that holds its source run, as the API does.
-
-    The engine that takes a re-run reads the source run from the store once
-    its own projection holds what it has written; another engine's would
-    not wait for the source run's end (a 404 or 409 right after it
-    finished). The store names the run's engine (its ``start_seq``); a run
-    it does not show yet is looked up again once every engine's writes are
-    in (``tiffany/api/engines.py``). An engine away: any other.
-    """
-    from tiffany.cli import _settings
-    from tiffany.wire.control import ControlError, ControlUnavailable, call
-
-    homes = _homes(ctx)
-    if _settings(ctx).journal == "postgres" or len(homes) == 1:
-        return _submit(ctx, None, **fields)
-    engine = _engine_of_run(ctx, run_id)
-    if engine is None:
-        with _answered(ctx):
-            for home in homes:
-                with contextlib.suppress(ControlUnavailable):
-                    call(home, "wait_projected", written=True, wait_s=RERUN_SOURCE_WAIT_S)
-        engine = _engine_of_run(ctx, run_id)
-    if engine is not None and engine < len(homes):
-        with _answered(ctx):
-            try:
-                return call(homes[engine], "submit", key=None, **fields)
-            except ControlUnavailable:
-                pass
-            except ControlError as exc:
-                if exc.status != 503:
-                    raise
-    return _submit(ctx, None, **fields)
-
-
-def _engine_of_run(ctx: typer.Context, run_id: str) -> int | None:
-    """The engine whose journal started ``run_id``, as the store says (None: not there)."""
-    from tiffany.cli import _settings
-    from tiffany.store import make_engine, queries, session_factory
-    from tiffany.wire.shards import engine_of
-
-    store = make_engine(_settings(ctx).database_url)
-    try:
-        with session_factory(store)() as session:
-            start = queries.start_seq_of(session, run_id)
-    finally:
-        store.dispose()
-    return None if start is None else engine_of(start)
+    given = _parse_inputs(inputs, ctx)
+    again = _command(
+        ctx, lambda commands: commands.rerun(run_id, inputs=given, from_step=from_step, key=None)
+    )
+    typer.echo(again.run_id)
 
 
 def signal(
@@ -354,13 +240,11 @@ def signal(
         if sent.warning:
             typer.echo(f"tiffany: warning: {printable(sent.warning)}", err=True)
         return
-    fields: dict[str, Any] = {"name": name, "payload": payload}
-    if signal_id is not None:
-        fields["signal_id"] = signal_id
-    answer = _for_run(ctx, "signal", run_id, **fields)
-    typer.echo(f"run {answer['run_id']}: signal {answer['name']} journaled (seq {answer['seq']})")
-    if answer.get("warning"):  # no step waits for that name (it may be early)
-        typer.echo(f"tiffany: warning: {printable(answer['warning'])}", err=True)
+    sid = signal_id or uuid.uuid4().hex  # one id: a retry of this command is journaled once
+    answer = _command(ctx, lambda commands: commands.signal(run_id, name, payload, sid))
+    typer.echo(f"run {answer.run_id}: signal {answer.name} journaled (seq {answer.seq})")
+    if answer.warning:  # no step waits for that name (it may be early)
+        typer.echo(f"tiffany: warning: {printable(answer.warning)}", err=True)
 
 
 def status(
@@ -382,8 +266,6 @@ def status(
     With RUN: that run as ``tiffany run`` prints it when it ends (from the
     store, or --url's server), a failed python step's traceback on stderr.
     """
-    from tiffany.wire.control import ControlError, ControlUnavailable, call
-
     if run_id is not None:
         _run_status(ctx, run_id, url, token)
         return
@@ -395,16 +277,20 @@ def status(
         if not ready.get("ready"):
             raise typer.Exit(exits.UNAVAILABLE)
         return
-    homes = _homes(ctx)
-    if len(homes) == 1:
-        typer.echo(json.dumps(_with_local_times(_call(ctx, "status")), indent=2))
+    answers = _command(ctx, lambda commands: commands.status(ANSWER_WAIT_S))
+    if len(answers) == 1:
+        with _answered(ctx):
+            if isinstance(answers[0], Exception):
+                raise answers[0]
+        assert isinstance(answers[0], dict)
+        typer.echo(json.dumps(_with_local_times(answers[0]), indent=2))
         return
     listed: list[dict[str, Any]] = []
-    for i, home in enumerate(homes):
-        try:
-            listed.append(_with_local_times(call(home, "status")))
-        except (ControlUnavailable, ControlError) as exc:
-            listed.append({"engine": i, "error": str(exc)})
+    for i, answer in enumerate(answers):
+        if isinstance(answer, dict):
+            listed.append(_with_local_times(answer))
+        else:
+            listed.append({"engine": i, "error": str(answer)})
     typer.echo(json.dumps({"engines": listed}, indent=2))
     if all("error" in e for e in listed):
         raise typer.Exit(EXIT_NO_ENGINE)

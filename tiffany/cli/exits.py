@@ -17,11 +17,29 @@ code   name             meaning
 130    INTERRUPTED      Ctrl-C (the run stays in the data dir: ``tiffany replay``
                         resumes it)
 =====  ===============  ==========================================================
+
+The engine's refusals (:class:`~tiffany.errors.Refusal`) map to these in
+one table, :data:`REFUSAL_EXITS`; the HTTP API's errors by their status
+(:func:`for_status`).
 """
 
 from __future__ import annotations
 
 from typing import Final
+
+from tiffany.errors import (
+    CommandTooLarge,
+    EngineFault,
+    EngineNotReady,
+    InvalidCommand,
+    MalformedCommand,
+    Refusal,
+    RunConflict,
+    RunNotFound,
+    SignalBytesHeldFull,
+    SignalsHeldFull,
+    VerifyTimedOut,
+)
 
 __all__ = [
     "FAILED",
@@ -31,6 +49,7 @@ __all__ = [
     "UNAVAILABLE",
     "USAGE",
     "WAL_DAMAGED",
+    "for_refusal",
     "for_status",
 ]
 
@@ -52,3 +71,28 @@ def for_status(status: int) -> int:
     if status in (502, 503, 504):
         return UNAVAILABLE
     return FAILED
+
+
+def for_refusal(exc: Refusal) -> int:
+    """The exit code for a refusal of the engine (:data:`REFUSAL_EXITS`, by its nearest class)."""
+    for cls in type(exc).__mro__:
+        code = REFUSAL_EXITS.get(cls)
+        if code is not None:
+            return code
+    return FAILED
+
+
+#: The exit code of each of the engine's refusals (a subclass takes its class's row).
+REFUSAL_EXITS: Final[dict[type, int]] = {
+    Refusal: FAILED,
+    MalformedCommand: USAGE,
+    InvalidCommand: USAGE,
+    CommandTooLarge: USAGE,
+    SignalBytesHeldFull: USAGE,
+    RunNotFound: NOT_FOUND,
+    RunConflict: FAILED,
+    SignalsHeldFull: FAILED,
+    EngineFault: FAILED,
+    EngineNotReady: UNAVAILABLE,
+    VerifyTimedOut: UNAVAILABLE,
+}

@@ -28,8 +28,10 @@ cost the answer a wait for the GIL (measured at 500 submissions a second:
 0.8 + 1.2 ms of a 8 ms mean, 12 + 7 ms of the slowest 1%'s 62;
 bench/README.md).
 
-A bad request line (over :data:`~tiffany.wire.control.MAX_FRAME_BYTES`, not
-JSON, nested too deep to decode) is refused on its own, with its ``id``
+Each line is decoded once, here, into its typed command
+(:func:`~tiffany.wire.control.decode_command`); the handler dispatches it by
+type. A bad request line (over :data:`~tiffany.wire.control.MAX_FRAME_BYTES`,
+not JSON, no command, a field of the wrong type) is refused on its own, with its ``id``
 when the line's head names one, and the connection goes on: other requests
 pipelined on it (the API's submissions) never see a reset. An over-cap line
 is not buffered: its bytes are skipped up to the next newline.
@@ -49,8 +51,23 @@ from typing import Any, Final
 import msgspec
 import structlog
 
-from tiffany.errors import TiffanyError
-from tiffany.wire.control import MAX_FRAME_BYTES, ControlError, decode_frame, encode_frame, frame_id
+from tiffany.errors import (
+    CommandTooLarge,
+    EngineFault,
+    EngineNotReady,
+    Refusal,
+    TiffanyError,
+)
+from tiffany.wire.control import (
+    MAX_FRAME_BYTES,
+    Command,
+    answer_fields,
+    command_name,
+    decode_command,
+    encode_frame,
+    frame_id,
+    refusal_fields,
+)
 
 __all__ = ["ControlServer"]
 
@@ -59,17 +76,18 @@ log = structlog.get_logger(__name__)
 #: Requests handled at once (the rest queue in the pool).
 WORKERS: Final = 16
 
-#: ``handle(request)``: the answer's fields, or a future of them (answered when done).
-Handler = Callable[[dict[str, Any]], "dict[str, Any] | Future[dict[str, Any]]"]
-#: ``quick(request)``: whether ``handle`` answers it without blocking (no pool needed).
-Quick = Callable[[dict[str, Any]], bool]
+#: ``handle(command)``: the answer (typed, or its fields), or a future of it (answered when done).
+Handler = Callable[[Command], Any]
+#: ``quick(command)``: whether ``handle`` answers it without blocking (no pool needed).
+Quick = Callable[[Command], bool]
 
 
 class ControlServer:
-    """Serve control requests on ``path`` with ``handle(request) -> answer fields``.
+    """Serve control commands on ``path`` with ``handle(command) -> answer``.
 
-    ``handle`` raises :class:`~tiffany.wire.control.ControlError` to refuse; any
-    other exception answers 500 with its message (and is logged).
+    ``handle`` raises a :class:`~tiffany.errors.Refusal` to refuse; any other
+    exception answers as an :class:`~tiffany.errors.EngineFault` with its
+    message (and is logged).
     """
 
     def __init__(
@@ -168,65 +186,45 @@ class ControlServer:
 
     def _refuse_long(self, conn: socket.socket, write_lock: threading.Lock, head: bytes) -> None:
         log.warning("control.frame_too_large", limit=MAX_FRAME_BYTES)
-        error = f"request line over the limit of {MAX_FRAME_BYTES} bytes"
-        answer = {"id": frame_id(head), "ok": False, "status": 413, "error": error}
-        self._send(conn, write_lock, answer)
+        error = CommandTooLarge(f"request line over the limit of {MAX_FRAME_BYTES} bytes")
+        self._send(conn, write_lock, _refusal(frame_id(head), error))
 
     def _submit(self, conn: socket.socket, write_lock: threading.Lock, line: bytes) -> None:
         try:
-            request = decode_frame(line)
-        except (msgspec.DecodeError, ValueError, RecursionError) as exc:
-            error = f"bad request line: {exc or type(exc).__name__}"
-            answer = {"id": frame_id(line[:64]), "ok": False, "status": 422, "error": error}
-            self._send(conn, write_lock, answer)
+            command = decode_command(line)
+        except Refusal as exc:  # not JSON, no command, a field of the wrong type
+            self._send(conn, write_lock, _refusal(frame_id(line[:64]), exc))
             return
-        if not isinstance(request, dict):
-            self._send(
-                conn,
-                write_lock,
-                {"id": None, "ok": False, "status": 400, "error": "a request is a JSON object"},
-            )
-            return
-        if self.quick is not None and self.quick(request):
-            self._answer(conn, write_lock, request)
+        if self.quick is not None and self.quick(command):
+            self._answer(conn, write_lock, command)
             return
         try:
-            self._pool.submit(self._answer, conn, write_lock, request)
+            self._pool.submit(self._answer, conn, write_lock, command)
         except RuntimeError:  # shutting down
-            self._send(
-                conn,
-                write_lock,
-                {
-                    "id": request.get("id"),
-                    "ok": False,
-                    "status": 503,
-                    "error": "the engine is stopping",
-                },
-            )
+            stopping = EngineNotReady("the engine is stopping")
+            self._send(conn, write_lock, _refusal(command.id, stopping))
 
-    def _answer(
-        self, conn: socket.socket, write_lock: threading.Lock, request: dict[str, Any]
-    ) -> None:
+    def _answer(self, conn: socket.socket, write_lock: threading.Lock, command: Command) -> None:
         try:
-            result = self.handle(request)
+            result = self.handle(command)
         except Exception as exc:  # noqa: BLE001 - answered as a refusal below
-            self._send(conn, write_lock, self._envelope(request, None, exc))
+            self._send(conn, write_lock, self._envelope(command, None, exc))
             return
         if isinstance(result, Future):
-            result.add_done_callback(lambda fut: self._answer_later(conn, write_lock, request, fut))
+            result.add_done_callback(lambda fut: self._answer_later(conn, write_lock, command, fut))
             return
-        self._send(conn, write_lock, self._envelope(request, result, None))
+        self._send(conn, write_lock, self._envelope(command, result, None))
 
     def _answer_later(
         self,
         conn: socket.socket,
         write_lock: threading.Lock,
-        request: dict[str, Any],
-        fut: Future[dict[str, Any]],
+        command: Command,
+        fut: Future[Any],
     ) -> None:
         """Send a deferred answer now if that cannot block, else from the pool (module doc)."""
         if not fut.cancelled() and fut.exception() is None:
-            data = self._frame(self._envelope(request, fut.result(), None))
+            data = self._frame(self._envelope(command, fut.result(), None))
             if write_lock.acquire(blocking=False):
                 try:
                     sent = conn.send(data, socket.MSG_DONTWAIT)
@@ -249,7 +247,7 @@ class ControlServer:
             return
 
         def send() -> None:  # a refusal: its envelope may log
-            self._send(conn, write_lock, self._envelope(request, None, fut.exception()))
+            self._send(conn, write_lock, self._envelope(command, None, fut.exception()))
 
         with contextlib.suppress(RuntimeError):  # shutting down: the connection goes too
             self._pool.submit(send)
@@ -263,38 +261,22 @@ class ControlServer:
         finally:
             write_lock.release()
 
-    def _envelope(
-        self, request: dict[str, Any], fields: dict[str, Any] | None, exc: BaseException | None
-    ) -> dict[str, Any]:
+    def _envelope(self, command: Command, answer: Any, exc: BaseException | None) -> dict[str, Any]:
         """The answer line's object: ``{"id", "ok": true, ...}`` or a refusal."""
-        rid = request.get("id")
         if exc is None:
-            return {"id": rid, "ok": True, **(fields or {})}
-        if isinstance(exc, ControlError):
-            status, error, detail = exc.status, exc.message, exc.detail
-        elif isinstance(exc, TiffanyError):
-            status, error, detail = 500, exc.message, exc.to_dict()
-        else:
-            log.error("control.failed", op=request.get("op"), exc_info=exc)
-            status, error, detail = 500, repr(exc), None
-        return {"id": rid, "ok": False, "status": status, "error": error, "detail": detail}
+            return {"id": command.id, "ok": True, **answer_fields(answer)}
+        return _refusal(command.id, as_refusal(exc, command_name(command)))
 
     @staticmethod
     def _frame(answer: dict[str, Any]) -> bytes:
-        """The answer's line, or a 500 naming why it cannot be sent."""
+        """The answer's line, or a fault naming why it cannot be sent."""
         try:
             data = encode_frame(answer)
             if len(data) > MAX_FRAME_BYTES:
                 raise ValueError(f"{len(data)} bytes, over the limit of {MAX_FRAME_BYTES}")
         except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError) as exc:
-            data = encode_frame(
-                {
-                    "id": answer.get("id"),
-                    "ok": False,
-                    "status": 500,
-                    "error": f"answer not encodable: {exc}",
-                }
-            )
+            fault = EngineFault(f"answer not encodable: {exc}")
+            data = encode_frame(_refusal(answer.get("id"), fault))
         return data
 
     def _send(
@@ -306,3 +288,17 @@ class ControlServer:
     def _send_line(conn: socket.socket, write_lock: threading.Lock, data: bytes) -> None:
         with write_lock, contextlib.suppress(OSError):
             conn.sendall(data)
+
+
+def as_refusal(exc: BaseException, op: str) -> Refusal:
+    """What a handler of ``op`` raised, as the refusal the caller gets (a bug is logged)."""
+    if isinstance(exc, Refusal):
+        return exc
+    if isinstance(exc, TiffanyError):
+        return EngineFault(exc.message, detail=exc.to_dict())
+    log.error("control.failed", op=op, exc_info=exc)
+    return EngineFault(repr(exc))
+
+
+def _refusal(rid: int | None, exc: Refusal) -> dict[str, Any]:
+    return {"id": rid, "ok": False, **refusal_fields(exc)}

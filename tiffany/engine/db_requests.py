@@ -42,10 +42,12 @@ from typing import Any, Final
 import psycopg
 import structlog
 
+from tiffany.engine.control_server import as_refusal
+from tiffany.errors import EngineNotReady
 from tiffany.store.models import ANSWERS_CHANNEL, DB_NOW_SQL, REQUESTS_CHANNEL, channel
 from tiffany.store.models import MAX_NOTIFY_BYTES as MAX_PAYLOAD_BYTES
 from tiffany.wal.pg import conninfo
-from tiffany.wire.control import ControlError
+from tiffany.wire.control import Command, answer_fields, command_of, refusal_fields
 
 __all__ = ["POLL_S", "RequestClaimer"]
 
@@ -116,7 +118,7 @@ class RequestClaimer:
         url: str,
         engine: int,
         lease: Callable[[], tuple[str, int]],
-        handle: Callable[[dict[str, Any]], Mapping[str, Any] | Future[dict[str, Any]]],
+        handle: Callable[[Command], Any],
         *,
         window_s: float = 86_400.0,
         load: Callable[[], int] = lambda: 0,
@@ -231,12 +233,20 @@ class RequestClaimer:
         return rows
 
     def _carry_out(self, rid: int, op: str, run_id: str | None, key: str | None, body: Any) -> None:
-        request = dict(body) if isinstance(body, Mapping) else {}
-        request |= {"op": op, "run_id": run_id}
+        """Decode the row's command and hand it to the engine's handler.
+
+        The row's ``op`` column routes it (``submit``: any engine may take
+        it; otherwise the engine named in the row); its body is the command,
+        with its own ``op`` (a re-run's row is routed as a ``submit``, its
+        body is a ``rerun``).
+        """
+        fields = dict(body) if isinstance(body, Mapping) else {}
+        fields.setdefault("op", op)
+        fields["run_id"] = run_id
         if op == "submit":
-            request["key"] = key
+            fields["key"] = key
         try:
-            answer = self.handle(request)
+            answer = self.handle(command_of(fields))
         except Exception as exc:  # noqa: BLE001 - settled below as the answer
             self._settle(rid, op, None, exc)
             return
@@ -247,29 +257,24 @@ class RequestClaimer:
             return
         self._settle(rid, op, answer, None)
 
-    def _finish_later(self, rid: int, op: str, fut: Future[dict[str, Any]]) -> None:
+    def _finish_later(self, rid: int, op: str, fut: Future[Any]) -> None:
         exc = fut.exception()
         try:
             self._pool.submit(self._settle, rid, op, None if exc else fut.result(), exc)
         except RuntimeError:  # shutting down: the row stays claimed, the next holder settles it
             return
 
-    def _settle(
-        self, rid: int, op: str, answer: Mapping[str, Any] | None, error: BaseException | None
-    ) -> None:
-        """Write the answer (or the refusal) to the request's row; 503 puts it back."""
-        try:
-            if error is not None:
-                raise error
-            result: dict[str, Any] = dict(answer or {})
-        except ControlError as exc:
-            if exc.status == 503:  # stopping, or busy: another engine (or a later try) takes it
-                self._requeue(rid)
-                return
-            result = {"error": {"status": exc.status, "message": exc.message, "detail": exc.detail}}
-        except Exception as exc:
-            log.exception("engine.request_failed", id=rid, op=op)
-            result = {"error": {"status": 500, "message": f"{type(exc).__name__}: {exc}"}}
+    def _settle(self, rid: int, op: str, answer: Any, error: BaseException | None) -> None:
+        """Write the answer (or the refusal) to the request's row; not ready puts it back."""
+        result: dict[str, Any]
+        if error is None:
+            result = dict(answer_fields(answer or {}))
+        elif isinstance(error, EngineNotReady):
+            # Stopping, or busy: another engine (or a later try) takes it.
+            self._requeue(rid)
+            return
+        else:
+            result = {"error": refusal_fields(as_refusal(error, op))}
         try:
             self._answer(rid, result)
         except psycopg.Error as exc:

@@ -27,8 +27,8 @@ from typing import Any, Final
 
 import structlog
 
+from tiffany.errors import EngineNotReady
 from tiffany.kernel import ReadWait
-from tiffany.wire.control import ControlError
 
 __all__ = ["INBOX_BATCH", "DurableWaits", "Inbox", "settle"]
 
@@ -70,8 +70,9 @@ class Inbox:
     def call_later(self, fn: Callable[[], Any], fut: Future[Any]) -> None:
         """Queue ``fn``, which resolves ``fut`` itself, now or later.
 
-        The inbox fails ``fut`` with what ``fn`` raises, or with 503 when it
-        closes before ``fn`` ran; ``fn`` is skipped if ``fut`` was cancelled.
+        The inbox fails ``fut`` with what ``fn`` raises, or with
+        :class:`~tiffany.errors.EngineNotReady` when it closes before ``fn``
+        ran; ``fn`` is skipped if ``fut`` was cancelled.
         """
         self._queue.append((fn, fut, False))
         os.eventfd_write(self._fd, 1)
@@ -106,7 +107,7 @@ class Inbox:
         while self._queue:
             _, fut, _ = self._queue.popleft()
             if fut.set_running_or_notify_cancel():
-                fut.set_exception(ControlError(503, "the engine is stopping"))
+                fut.set_exception(EngineNotReady("the engine is stopping"))
         os.close(self._fd)
 
 

@@ -1,13 +1,15 @@
 """The engine's answers to requests: the control channel's ops, on behalf of the loop.
 
 :class:`ControlRequests` answers one request of the control channel
-(:mod:`tiffany.wire.control`): ``status``, ``submit`` (a re-run too), ``cancel``,
-``signal``, ``verify``, ``export``, ``wait_projected``, ``metrics``,
-``tools`` and ``check_plan``. The control server (``control_server.py``) calls
-:meth:`ControlRequests.handle` for each line it reads; on the PostgreSQL
-journal the request claimer (``db_requests.py``) calls it for each request
-row it claims; engine 0's schedules (``schedules.py``) submit their ticks
-through :meth:`ControlRequests.submit`. The engine process's lifecycle
+(:mod:`tiffany.wire.control`): ``status``, ``submit``, ``rerun``, ``cancel``,
+``signal``, ``verify``, ``export``, ``wait_projected``, ``metrics``, ``tools`` and
+``check_plan``, each a typed command dispatched by its type (one handler a
+command type, in a table built once). The control server
+(``control_server.py``) decodes each line it reads into its command and
+calls :meth:`ControlRequests.handle`; on the PostgreSQL journal the request
+claimer (``db_requests.py``) does the same for each request row it claims;
+engine 0's schedules (``schedules.py``) submit their ticks through
+:meth:`ControlRequests.submit`. The engine process's lifecycle
 (build, sockets, recovery, the loop, shutdown) is ``service.py``'s.
 
 Invariants:
@@ -24,8 +26,9 @@ Invariants:
 - A submission holds no thread while it waits to be durable: its answer is
   a future the commit that covers its seq resolves
   (:class:`~tiffany.engine.inbox.DurableWaits`), its deadline an entry in
-  ``timeouts.py``: 503 after :data:`SUBMIT_TIMEOUT_S`, "busy" if the loop
-  never took it, "not durable" if it did.
+  ``timeouts.py``: :class:`~tiffany.errors.EngineNotReady` after
+  :data:`SUBMIT_TIMEOUT_S`, "busy" if the loop never took it, "not
+  durable" if it did.
 - The engine trusts no caller (``tiffany submit`` and ``tiffany signal``
   bypass the API's checks): plans, inputs and payloads are checked here,
   and a signal named in the engine's reserved namespace
@@ -33,15 +36,20 @@ Invariants:
   slot) is refused here, whichever way it came (socket, database row).
 - A signal's payload is held to the payload schema of every ``signal.wait``
   step of its run that waits for its name (``Engine.signals``): one that
-  does not satisfy it is refused (422 naming the field by its JSON
-  pointer) before anything is journaled, whichever way it came. A signal
-  no step waits for is taken (it may be early) and its answer carries a
-  ``warning`` naming what the run waits for.
+  does not satisfy it is refused (:class:`~tiffany.errors.InvalidCommand`
+  naming the field by its JSON pointer) before anything is journaled,
+  whichever way it came. A signal no step waits for is taken (it may be
+  early) and its answer carries a ``warning`` naming what the run waits for.
 - A run holds at most ``max_pending_signals`` clients' signals no step has
   received, of ``max_pending_signal_bytes`` in all: one more is refused
-  (429, 413), naming the setting; a run's are let go when it ends.
+  (:class:`~tiffany.errors.SignalsHeldFull`,
+  :class:`~tiffany.errors.SignalBytesHeldFull`), naming the setting; a
+  run's are let go when it ends.
 - A run the engine no longer holds (``run_table.py`` keeps the newest
-  finished ones) is answered from the store: 409 with its status, not 404.
+  finished ones) is answered from the store: :class:`~tiffany.errors.RunFinished`
+  with its status, not :class:`~tiffany.errors.RunNotFound`.
+- The engine refuses with domain errors (``tiffany/errors.py``), never with
+  HTTP statuses: the API maps them once (``tiffany/api/problems.py``).
 
 Discussion: the parts are given, not the service. :class:`ControlRequests`
 is built with what it uses (the engine, hub, inbox, durable waits,
@@ -76,8 +84,43 @@ from tiffany.config import Settings
 from tiffany.durable import signal_bytes
 from tiffany.durable.checkpoint import KeyEntry
 from tiffany.engine.inbox import DurableWaits, Inbox, settle
-from tiffany.errors import LimitExceeded
-from tiffany.wire.control import MAX_WAIT_PROJECTED_S, ControlError, submission_digest
+from tiffany.errors import (
+    CommandTooLarge,
+    EngineNotReady,
+    InvalidCommand,
+    KeyReused,
+    LimitExceeded,
+    MalformedCommand,
+    RunExists,
+    RunFinished,
+    RunNotFinished,
+    RunNotFound,
+    SignalBytesHeldFull,
+    SignalsHeldFull,
+)
+from tiffany.wire.control import (
+    MAX_WAIT_PROJECTED_S,
+    Cancel,
+    Cancelling,
+    CheckPlan,
+    Command,
+    Export,
+    Metrics,
+    MetricsText,
+    PlanChecked,
+    Projected,
+    Rerun,
+    Signal,
+    Signalled,
+    Status,
+    Submit,
+    Submitted,
+    Tools,
+    Verify,
+    WaitProjected,
+    command_name,
+    submission_digest,
+)
 from tiffany.wire.documents import SIGNAL_NAME_PATTERN, DocumentError
 from tiffany.wire.documents import check as check_document
 from tiffany.wire.records import reserved_signal, reserved_signal_message
@@ -118,7 +161,7 @@ SIGNAL_LOOKUP_WAIT_S: Final = 5.0
 #: How long a re-run waits for the store to hold what the journal has
 #: written (the earlier run's end) before it reads the run there, in seconds.
 RERUN_SOURCE_WAIT_S: Final = 5.0
-#: The 503 of a submission or signal whose record was not durable in time
+#: The refusal (not ready) of a submission or signal whose record was not durable in time
 #: (the service fails the durable waits with it when the loop fails).
 NOT_DURABLE: Final = "the submission was not made durable in time"
 _SIGNAL_NAME: Final = re.compile(SIGNAL_NAME_PATTERN)
@@ -147,16 +190,18 @@ class Lifecycle:
     started_at: float
 
 
-def quick(request: dict[str, Any]) -> bool:
-    """Whether :meth:`ControlRequests.handle` answers ``request`` without blocking.
+def quick(command: Command) -> bool:
+    """Whether :meth:`ControlRequests.handle` answers ``command`` without blocking.
 
-    Such requests are handled on their connection's thread, not the control
+    Such commands are handled on their connection's thread, not the control
     pool's (``engine/control_server.py``): a submission checks its plan and
-    queues it for the loop (a re-run's reads the store: not quick), a
+    queues it for the loop (a re-run reads the store: not quick), a
     ``wait_projected`` registers a future.
     """
-    op = request.get("op")
-    return op == "wait_projected" or (op == "submit" and request.get("rerun_of") is None)
+    return type(command) in _QUICK
+
+
+_QUICK: Final = frozenset({Submit, WaitProjected})
 
 
 def _sandbox_status(mode: str) -> str:
@@ -212,6 +257,20 @@ class ControlRequests:
         self.lifecycle = lifecycle
         self._store: Any = None  # the store's SQLAlchemy engine, for _stored_status
         self._store_lock = threading.Lock()
+        #: One handler a command type (a table built once: no chain of ``if op ==``).
+        self._handlers: dict[type[Any], Callable[[Any], Any]] = {
+            Status: lambda _: self._status(),
+            Submit: self.submit,
+            Rerun: self.rerun,
+            Cancel: self._cancel_command,
+            Signal: self._signal,
+            Verify: self._verify,
+            Export: self._export,
+            WaitProjected: self._wait_projected,
+            CheckPlan: self._check_plan,
+            Metrics: lambda _: MetricsText(text=self.metrics.render()),
+            Tools: lambda _: self.engine.env.registry.describe(),
+        }
 
     def close(self) -> None:
         """Let the store's connections go (at the engine's stop, after the loop)."""
@@ -220,76 +279,82 @@ class ControlRequests:
 
     # -- control threads -----------------------------------------------------------------
 
-    def handle(self, request: dict[str, Any]) -> dict[str, Any] | Future[dict[str, Any]]:
-        """Answer one control request (see :mod:`tiffany.wire.control`)."""
-        op = request.get("op")
-        if op == "status":
-            return self._status()
-        if op == "submit":
-            return self.submit(request)
-        if op == "cancel":
-            run_id = str(request.get("run_id") or "")
-            reason = str(request.get("reason") or "cancelled")
-            answer: dict[str, Any] = self._for_run(
-                run_id, lambda: self._cancel(run_id, reason), live=bool(request.get("live"))
-            )
-            return answer
-        if op == "signal":
-            return self._signal(request)
-        if op == "check_plan":  # a schedule's plan, checked when it is added
-            plan, inputs = request.get("plan"), request.get("inputs") or {}
-            try:
-                check_document(plan, loc=["plan"])
-                check_document(inputs, loc=["inputs"])
-                _, name = self.engine.prepare_plan(plan, inputs, checked=True)  # type: ignore[arg-type]
-            except DocumentError as exc:
-                raise ControlError(422, exc.message, exc.detail) from None
-            except PlanError as exc:
-                raise ControlError(422, exc.message, exc.errors) from None
-            return {"name": name}
-        if op == "wait_projected":
-            return self._wait_projected(request)
-        if op == "verify":
-            return self._verify(str(request.get("run_id") or ""), live=bool(request.get("live")))
-        if op == "export":
-            return self._export(str(request.get("run_id") or ""), live=bool(request.get("live")))
-        if op == "metrics":
-            return {"text": self.metrics.render()}
-        if op == "tools":  # GET /api/tools: the API imports no tools, the engine knows its own
-            return self.engine.env.registry.describe()
-        raise ControlError(400, f"unknown op {op!r}")
+    def handle(self, command: Command) -> Any:
+        """Answer one command (see :mod:`tiffany.wire.control`): its answer, or a future of it.
 
-    def submit(self, request: dict[str, Any]) -> Future[dict[str, Any]]:
-        """Start a run; a future of ``{"run_id", "created", "seq"}`` once it is durable.
+        Raises:
+            Refusal: The command is refused (a subclass names why).
+        """
+        handler = self._handlers.get(type(command))
+        if handler is None:
+            raise MalformedCommand(f"no command {command_name(command)!r}")
+        return handler(command)
+
+    def _check_plan(self, command: CheckPlan) -> PlanChecked:
+        """A schedule's plan, checked when it is added: its name, or the refusal."""
+        inputs = command.inputs or {}
+        try:
+            check_document(command.plan, loc=["plan"])
+            check_document(inputs, loc=["inputs"])
+            _, name = self.engine.prepare_plan(command.plan, inputs, checked=True)
+        except DocumentError as exc:
+            raise InvalidCommand(exc.message, field="plan", detail=exc.detail) from None
+        except PlanError as exc:
+            raise InvalidCommand(exc.message, field="plan", detail=exc.errors) from None
+        return PlanChecked(name=name)
+
+    def _cancel_command(self, command: Cancel) -> Cancelling:
+        run_id = command.run_id
+        reason = command.reason or "cancelled"
+        answer: Cancelling = self._for_run(
+            run_id, lambda: self._cancel(run_id, reason), live=command.live
+        )
+        return answer
+
+    def submit(self, command: Submit) -> Future[Submitted]:
+        """Start a run; a future of its :class:`Submitted` answer once it is durable.
 
         Holds no thread while it waits (``engine/timeouts.py``): after
-        ``SUBMIT_TIMEOUT_S`` the future fails with 503, busy if the loop
-        never took the submission, not durable if it did.
+        ``SUBMIT_TIMEOUT_S`` the future fails with :class:`EngineNotReady`,
+        busy if the loop never took the submission, not durable if it did.
         """
-        plan = request.get("plan")
-        inputs = request.get("inputs") or {}
-        rerun: dict[str, Any] | None = None
-        if request.get("rerun_of") is not None:
-            plan, inputs, rerun = self._rerun_of(request, inputs)
-        key = request.get("key")
+        return self._submit(
+            command.plan, command.inputs or {}, command.key, command.run_id, command.schedule
+        )
+
+    def rerun(self, command: Rerun) -> Future[Submitted]:
+        """Start a re-run of a finished run (control threads: it reads the store)."""
+        plan, inputs, rerun = self._rerun_of(command)
+        return self._submit(plan, inputs, command.key, command.run_id, None, rerun)
+
+    def _submit(
+        self,
+        plan: Any,
+        inputs: Any,
+        key: Any,
+        given: str | None,
+        schedule: dict[str, Any] | None,
+        rerun: dict[str, Any] | None = None,
+    ) -> Future[Submitted]:
+        """Check a run's plan and inputs and queue its start (``given``: the caller's run id)."""
         if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 255):
-            raise ControlError(
-                422,
+            raise InvalidCommand(
                 "invalid Idempotency-Key",
-                [{"loc": "Idempotency-Key", "msg": "must be 1 to 255 characters"}],
+                field="key",
+                detail=[{"loc": "Idempotency-Key", "msg": "must be 1 to 255 characters"}],
             )
         try:  # the engine trusts no caller: `tiffany submit` bypasses the API's checks
             if rerun is None:  # a re-run's plan is the store's, checked when first submitted
                 check_document(plan, loc=["plan"])
             check_document(inputs, loc=["inputs"])
         except DocumentError as exc:
-            raise ControlError(422, exc.message, exc.detail) from None
+            field = str(exc.detail[0]["loc"][0]) if _located(exc.detail) else None
+            raise InvalidCommand(exc.message, field=field, detail=exc.detail) from None
         try:  # checked just above (or, for a re-run, when it was first submitted)
-            entry, name = self.engine.prepare_plan(plan, inputs, checked=True)  # type: ignore[arg-type]
+            entry, name = self.engine.prepare_plan(plan, inputs, checked=True)
         except PlanError as exc:
-            raise ControlError(422, exc.message, exc.errors) from None
-        schedule = request.get("schedule")
-        if isinstance(schedule, dict):  # a schedule's tick (engine/schedules.py)
+            raise InvalidCommand(exc.message, field="plan", detail=exc.errors) from None
+        if schedule is not None:  # a schedule's tick (engine/schedules.py)
             entry["schedule"] = {"id": str(schedule.get("id")), "tick": str(schedule.get("tick"))}
         if rerun is not None:  # the earlier run and the restart point name the plan and reuse
             entry["rerun_of"], entry["reuse"] = rerun["rerun_of"], rerun["reuse"]
@@ -297,17 +362,14 @@ class ControlRequests:
         if key is not None:
             digest = submission_digest(plan if rerun is None else rerun["rerun_of"], inputs)
             entry["idempotency"] = {"key": key, "digest": digest}
-        given = request.get("run_id")  # through the database: the API named the run
-        answer: Future[dict[str, Any]] = Future()  # the inbox runs it, the commit resolves it
-        reply: Future[dict[str, Any]] = Future()  # the caller's: the answer, or the timeout
+        answer: Future[Submitted] = Future()  # the inbox runs it, the commit resolves it
+        reply: Future[Submitted] = Future()  # the caller's: the answer, or the timeout
 
         def start() -> None:  # on the loop; the answer is resolved when its seq is durable
-            run_id, created, seq = self._start(
-                entry, name, key, digest, given if isinstance(given, str) else None
-            )
-            self.durable.when(seq, answer, {"run_id": run_id, "created": created, "seq": seq})
+            run_id, created, seq = self._start(entry, name, key, digest, given)
+            self.durable.when(seq, answer, Submitted(run_id=run_id, created=created, seq=seq))
 
-        def relay(done: Future[dict[str, Any]]) -> None:
+        def relay(done: Future[Submitted]) -> None:
             if not done.cancelled():
                 exc = done.exception()
                 settle(reply, None if exc is not None else done.result(), exc)
@@ -315,19 +377,17 @@ class ControlRequests:
         def expire() -> None:
             if not reply.done():
                 never_taken = answer.cancel()  # the inbox skips it; False once it ran
-                settle(reply, exc=ControlError(503, _BUSY if never_taken else NOT_DURABLE))
+                settle(reply, exc=EngineNotReady(_BUSY if never_taken else NOT_DURABLE))
 
         if self.lifecycle.phase() == "stopping":
-            raise ControlError(503, "the engine is stopping")
+            raise EngineNotReady("the engine is stopping")
         answer.add_done_callback(relay)
         token = self.timeouts.start(expire)
         reply.add_done_callback(lambda _: self.timeouts.cancel(token))
         self.inbox.call_later(start, answer)
         return reply
 
-    def _rerun_of(
-        self, request: dict[str, Any], inputs: Any
-    ) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    def _rerun_of(self, command: Rerun) -> tuple[Any, dict[str, Any], dict[str, Any]]:
         """A re-run's plan, inputs and reuse (``tiffany/agents/rerun.py``), from the store.
 
         Control threads only (SQL). The earlier run must be finished and in
@@ -336,42 +396,36 @@ class ControlRequests:
         from tiffany.agents.rerun import journal_reuse, rerun_reuse
         from tiffany.store import queries, session_factory
 
-        source_id, from_step = request.get("rerun_of"), request.get("from_step")
-        if not isinstance(source_id, str) or not source_id:
-            raise ControlError(422, "rerun_of must be a run id", [{"loc": "rerun_of"}])
-        if from_step is not None and not isinstance(from_step, str):
-            raise ControlError(422, "from_step must be a step id", [{"loc": "from_step"}])
-        if not isinstance(inputs, dict):
-            raise ControlError(422, "inputs must be an object", [{"loc": "inputs"}])
+        source_id, from_step, inputs = command.rerun_of, command.from_step, command.inputs
+        if not source_id:
+            raise InvalidCommand("rerun_of must be a run id", field="rerun_of")
         # The store is let catch up with what the journal has written first: a
         # run whose end was just on the feed (`tiffany tail`, the dashboard) is
-        # finished there too, not a 404 or "not finished" for a few ms.
+        # finished there too, not "not found" or "not finished" for a few ms.
         written = self.runtime.wal.next_seq - 1
         caught = self.projector.when_projected(written, RERUN_SOURCE_WAIT_S).result()
         if not caught["reached"]:
-            raise ControlError(
-                503,
+            raise EngineNotReady(
                 f"the store is at seq {caught['last_seq']} and did not reach seq {written} "
                 f"within {RERUN_SOURCE_WAIT_S:g} s; retry",
-                {"min_seq": written, "store_seq": caught["last_seq"]},
+                detail={"min_seq": written, "store_seq": caught["last_seq"]},
             )
         with session_factory(self._store_engine())() as session:
             source = queries.rerun_source(session, source_id)
         if source is None:
-            raise ControlError(404, f"no run {source_id!r}")
+            raise RunNotFound(f"no run {source_id!r}")
         status, entry = source["status"], source["entry"]
         if status not in TERMINAL:
-            raise ControlError(
-                409,
+            raise RunNotFinished(
                 f"run {source_id} has not finished ({status}); re-run a finished run",
-                {"status": status},
+                detail={"status": status},
             )
         if not isinstance(entry, dict) or entry.get("kind") != "plan":
-            raise ControlError(422, f"run {source_id} is not a plan run", [{"loc": "rerun_of"}])
+            raise InvalidCommand(f"run {source_id} is not a plan run", field="rerun_of")
         try:
             reuse, restart = rerun_reuse(source["after"], source["steps"], from_step, source_id)
         except PlanError as exc:
-            raise ControlError(422, exc.message, exc.errors) from None
+            raise InvalidCommand(exc.message, field="from_step", detail=exc.errors) from None
         # The outputs themselves come from the journal, not the store's projection.
         reuse, projected = journal_reuse(reuse, self._settling_records(reuse))
         if projected:
@@ -417,58 +471,61 @@ class ControlRequests:
         return found
 
     def _for_run(self, run_id: str, fn: Callable[[], Any], *, live: bool) -> Any:
-        """Run a run's command on the loop; a run the engine no longer holds: 409 from the store.
+        """Run a run's command on the loop; a run the engine no longer holds: finished (the store).
 
         ``live``: the API asks every engine; only the one holding the run
-        answers, the others 404 (the store is not asked).
+        answers, the others "not found" (the store is not asked).
         """
         try:
             return self._on_loop(fn)
-        except ControlError as exc:
-            stored = self._stored_status(run_id) if exc.status == 404 and not live else None
+        except RunNotFound:
+            stored = None if live else self._stored_status(run_id)
             if stored is None:
                 raise
-            raise ControlError(
-                409, f"run {run_id} already finished ({stored})", {"status": stored}
+            raise RunFinished(
+                f"run {run_id} already finished ({stored})", detail={"status": stored}
             ) from None
 
-    def _signal(self, request: dict[str, Any]) -> dict[str, Any]:
+    def _signal(self, command: Signal) -> Signalled:
         """Journal a signal for a running run; answer once its record is durable.
 
-        Request: ``run_id``, ``name``, ``payload`` (any JSON), ``signal_id``
+        Command: ``run_id``, ``name``, ``payload`` (any JSON), ``signal_id``
         (optional: a signal sent again with the same id is journaled once;
         the API sends one per request, so a request retried after an engine
-        died is not delivered twice). Answer: ``{"run_id", "name", "seq",
-        "signal_id"}``, ``seq`` the WAL seq of the signal's record, and
-        ``warning`` when no step of the run waits for that name.
+        died is not delivered twice). Answer: :class:`Signalled`, ``seq`` the
+        WAL seq of the signal's record, and ``warning`` when no step of the
+        run waits for that name.
 
         Raises:
-            ControlError: 422 for a bad name or id, or a payload its waits'
-                schema refuses (``detail``: the fields, ``signal.payload_invalid``);
-                404, 409, 413, 429, 503 as the module docstring says.
+            InvalidCommand: A bad name or id, or a payload its waits' schema
+                refuses (``detail``: the fields, ``signal.payload_invalid``).
+            Refusal: Not found, finished, too many held, not ready: as the
+                module docstring says.
         """
-        run_id = str(request.get("run_id") or "")
-        name, payload = request.get("name"), request.get("payload")
-        given = request.get("signal_id")  # the caller's id: it may send the signal again
+        run_id, name, payload = command.run_id, command.name, command.payload
+        given = command.signal_id  # the caller's id: it may send the signal again
         signal_id = given or uuid.uuid4().hex
-        if not isinstance(name, str) or not _SIGNAL_NAME.match(name):
+        if not _SIGNAL_NAME.match(name):
             msg = f"must match {SIGNAL_NAME_PATTERN}"
-            raise ControlError(422, f"signal name {msg}", [{"loc": "name", "msg": msg}])
+            raise InvalidCommand(f"signal name {msg}", field="name", detail=[_at("name", msg)])
         if reserved_signal(name) is not None:
             msg = reserved_signal_message(name)
-            raise ControlError(422, msg, [{"loc": "name", "msg": msg}])
-        if not isinstance(signal_id, str) or not 0 < len(signal_id) <= 255:
+            raise InvalidCommand(msg, field="name", detail=[_at("name", msg)])
+        if not 0 < len(signal_id) <= 255:
             msg = "must be 1 to 255 characters"
-            raise ControlError(422, f"signal_id {msg}", [{"loc": "signal_id", "msg": msg}])
+            raise InvalidCommand(
+                f"signal_id {msg}", field="signal_id", detail=[_at("signal_id", msg)]
+            )
         try:  # the engine trusts no caller: `tiffany signal` bypasses the API's checks
             check_document(payload, loc=["payload"])
         except DocumentError as exc:
-            raise ControlError(422, exc.message, exc.detail) from None
+            raise InvalidCommand(exc.message, field="payload", detail=exc.detail) from None
         waits = self.engine.signals.get(run_id)  # a plan run the engine holds
         if waits is not None:  # checked here, off the loop, before anything is journaled
             refused = waits.refusal(name, payload)
             if refused is not None:
-                raise ControlError(422, *refused)
+                message, items = refused
+                raise InvalidCommand(message, field="payload", detail=items)
         size = signal_bytes(payload)  # measured here, off the loop
         deadline = time.monotonic() + SUBMIT_TIMEOUT_S
         journaled: Future[int] = Future()
@@ -477,7 +534,9 @@ class ControlRequests:
         def done(seq: int, ended: str | None) -> None:  # on the loop
             if ended is not None:
                 journaled.set_exception(
-                    ControlError(409, f"run {run_id} already finished ({ended})", {"status": ended})
+                    RunFinished(
+                        f"run {run_id} already finished ({ended})", detail={"status": ended}
+                    )
                 )
                 return
             journaled.set_result(seq)
@@ -494,38 +553,41 @@ class ControlRequests:
             run = journal.runs.get(run_id)
             status = run.status if run is not None else self.runs.status(run_id)
             if status is None:
-                raise ControlError(404, f"no run {run_id!r}")
+                raise RunNotFound(f"no run {run_id!r}")
             if status == "running" and journal.signal_seq(run_id, signal_id) is None:
                 self._check_held(run_id, size)  # a repeat holds nothing more
             if not journal.request_signal(run_id, name, payload, signal_id, done, size):
-                raise ControlError(
-                    409, f"run {run_id} already finished ({status})", {"status": status}
+                raise RunFinished(
+                    f"run {run_id} already finished ({status})", detail={"status": status}
                 )
             said = _unawaited(run_id, name, waits, journal.awaited_signals(run_id))
             if said is not None:
                 warning.append(said)
 
         try:
-            self._for_run(run_id, queue, live=bool(request.get("live")))
+            self._for_run(run_id, queue, live=command.live)
             try:
                 seq = journaled.result(max(0.0, deadline - time.monotonic()))
             except FutureTimeout:
-                raise ControlError(503, _BUSY) from None
-        except ControlError as exc:
+                raise EngineNotReady(_BUSY) from None
+        except RunFinished:
             # Sent again (a client retried after a lost answer) once the run had
             # finished, perhaps because of it: the first delivery's answer.
-            sent = self._signal_sent(run_id, given) if exc.status == 409 and given else None
+            sent = self._signal_sent(run_id, given) if given else None
             if sent is None or sent[1] != name:  # not that signal: the run had finished
                 raise
             seq = sent[0]
         self._wait_durable(seq, deadline)
-        answer = {"run_id": run_id, "name": name, "seq": seq, "signal_id": signal_id}
-        if warning:
-            answer["warning"] = warning[0]
-        return answer
+        return Signalled(
+            run_id=run_id,
+            name=name,
+            seq=seq,
+            signal_id=signal_id,
+            warning=warning[0] if warning else None,
+        )
 
     def _check_held(self, run_id: str, size: int) -> None:
-        """Refuse a signal the run cannot hold: 429 past the count, 413 past the bytes."""
+        """Refuse a signal the run cannot hold: past the count, or past the bytes."""
         count, held = self.runtime.journal.held_signals(run_id)
         settings = self.settings
         if count + 1 > settings.max_pending_signals:
@@ -537,7 +599,7 @@ class ControlRequests:
                 "a step takes one",
                 held=count,
             )
-            raise ControlError(429, refusal.message, refusal.to_dict())
+            raise SignalsHeldFull(refusal.message, detail=refusal.to_dict())
         if held + size > settings.max_pending_signal_bytes:
             refusal = LimitExceeded(
                 "max_pending_signal_bytes",
@@ -548,7 +610,7 @@ class ControlRequests:
                 held_bytes=held,
                 bytes=size,
             )
-            raise ControlError(413, refusal.message, refusal.to_dict())
+            raise SignalBytesHeldFull(refusal.message, detail=refusal.to_dict())
 
     def _signal_sent(self, run_id: str, signal_id: str) -> tuple[int, str] | None:
         """A finished run's signal ``signal_id``: ``(seq, name)`` from the store, or None.
@@ -564,48 +626,45 @@ class ControlRequests:
         with session_factory(self._store_engine())() as session:
             return signal_record(session, run_id, signal_id)
 
-    def _wait_projected(self, request: dict[str, Any]) -> Future[dict[str, Any]]:
+    def _wait_projected(self, command: WaitProjected) -> Future[Any]:
         """Answer once the store holds ``seq`` (or after ``wait_s``); holds no thread.
 
-        ``"written": true`` instead of a ``seq``: everything this engine has
-        written so far (a reader of another engine's run, a re-run, ``tail
-        --run``: what it saw on the feed is in the store then). The answer
-        names that seq (``written_seq``).
+        ``written``: everything this engine has written so far (a reader of
+        another engine's run, a re-run, ``tail --run``: what it saw on the
+        feed is in the store then). The answer names that seq (``written_seq``).
         """
-        seq, wait_s = request.get("seq"), request.get("wait_s", MAX_WAIT_PROJECTED_S)
-        if request.get("written") is True:
-            seq = self.runtime.wal.next_seq - 1
-            return _with_seq(self.projector.when_projected(seq, _bounded(wait_s)), seq)
-        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
-            msg = "must be an integer >= 0"
-            raise ControlError(422, f"seq {msg}", [{"loc": "seq", "msg": msg}])
-        if not isinstance(wait_s, int | float) or isinstance(wait_s, bool) or wait_s < 0:
-            msg = "must be a number >= 0"
-            raise ControlError(422, f"wait_s {msg}", [{"loc": "wait_s", "msg": msg}])
-        max_seq = request.get("max_seq")
+        wait_s = min(command.wait_s, MAX_WAIT_PROJECTED_S)
+        if command.written:
+            written = self.runtime.wal.next_seq - 1
+            return _with_seq(self.projector.when_projected(written, wait_s), written)
+        seq = command.seq
+        if seq is None:
+            raise InvalidCommand("seq is required (or written)", field="seq")
+        max_seq = command.max_seq
         written = self.runtime.wal.next_seq - 1
-        if isinstance(max_seq, int) and max_seq > written:
+        if max_seq is not None and max_seq > written:
             # A read asks for a seq never written: answer now, the API refuses it (422).
-            done: Future[dict[str, Any]] = Future()
+            done: Future[Any] = Future()
             last = self.projector.last_seq
-            done.set_result({"last_seq": last, "reached": last >= seq, "written_seq": written})
+            done.set_result(Projected(last_seq=last, reached=last >= seq, written_seq=written))
             return done
-        return self.projector.when_projected(seq, _bounded(wait_s))
+        return self.projector.when_projected(seq, wait_s)
 
-    def _verify(self, run_id: str, *, live: bool = False) -> dict[str, Any]:
+    def _verify(self, command: Verify) -> dict[str, Any]:
+        run_id = command.run_id
         if not run_id:
-            raise ControlError(422, "run_id is required", [{"loc": "run_id", "msg": "required"}])
-        status = self.runs.status(run_id) or (None if live else self._stored_status(run_id))
+            raise InvalidCommand("run_id is required", field="run_id", detail=[_at("run_id")])
+        status = self.runs.status(run_id) or (None if command.live else self._stored_status(run_id))
         if status is None:
-            raise ControlError(404, f"no run {run_id!r}")
+            raise RunNotFound(f"no run {run_id!r}")
         if status == "running":
-            raise ControlError(409, f"run {run_id} has not finished; only finished runs verify")
+            raise RunNotFinished(f"run {run_id} has not finished; only finished runs verify")
         report = self.verifier.verify(run_id)
         # "ok" is the envelope's: the report's verdict travels as "identical".
         report["identical"] = bool(report.pop("ok", False))
         return report
 
-    def _export(self, run_id: str, *, live: bool = False) -> dict[str, Any]:
+    def _export(self, command: Export) -> dict[str, Any]:
         """The run's export file (docs/replay.md), base64: read from the journal, on this thread.
 
         A control thread reads the journal as ``tiffany export`` does (the
@@ -621,24 +680,24 @@ class ControlRequests:
         from tiffany.durable.export import export_run
         from tiffany.engine import journal_source
 
+        run_id = command.run_id
         if not run_id:
-            raise ControlError(422, "run_id is required", [{"loc": "run_id", "msg": "required"}])
-        if live and self.runs.status(run_id) is None:
-            raise ControlError(404, f"no run {run_id!r}")  # another engine's, if any
+            raise InvalidCommand("run_id is required", field="run_id", detail=[_at("run_id")])
+        if command.live and self.runs.status(run_id) is None:
+            raise RunNotFound(f"no run {run_id!r}")  # another engine's, if any
         out = io.BytesIO()
         source = journal_source(self.settings)
         try:
             meta = export_run(source, run_id, out, tiffany_version=tiffany.__version__)
         except UnknownRun:
-            raise ControlError(404, f"no run {run_id!r}") from None
+            raise RunNotFound(f"no run {run_id!r}") from None
         finally:
             close = getattr(source, "close", None)
             if close is not None:
                 close()
         data = out.getvalue()
         if len(data) > MAX_EXPORT_BYTES:
-            raise ControlError(
-                413,
+            raise CommandTooLarge(
                 f"the export of run {run_id} is {len(data)} bytes; the API sends up to "
                 f"{MAX_EXPORT_BYTES}: run `tiffany export {run_id}` where the journal is",
             )
@@ -695,16 +754,16 @@ class ControlRequests:
 
     def _on_loop(self, fn: Callable[[], Any], timeout: float = SUBMIT_TIMEOUT_S) -> Any:
         if self.lifecycle.phase() == "stopping":
-            raise ControlError(503, "the engine is stopping")
+            raise EngineNotReady("the engine is stopping")
         fut = self.inbox.call(fn)
         try:
             return fut.result(timeout)
         except FutureTimeout:
             fut.cancel()
-            raise ControlError(503, _BUSY) from None
+            raise EngineNotReady(_BUSY) from None
 
     def _wait_durable(self, seq: int, deadline: float) -> None:
-        """Until the WAL is durable past ``seq`` (control threads; 503 at ``deadline``)."""
+        """Until the WAL is durable past ``seq`` (control threads; not ready at ``deadline``)."""
         if self.durable.seq >= seq:
             return
         durable: Future[None] = Future()
@@ -713,7 +772,7 @@ class ControlRequests:
             durable.result(max(0.0, deadline - time.monotonic()))
         except FutureTimeout:
             durable.cancel()
-            raise ControlError(503, NOT_DURABLE) from None
+            raise EngineNotReady(NOT_DURABLE) from None
 
     def _stored_status(self, run_id: str) -> str | None:
         """The store's status of a run the engine no longer holds (control threads only).
@@ -747,21 +806,20 @@ class ControlRequests:
         run_id: str | None = None,
     ) -> tuple[str, bool, int]:
         if self.lifecycle.stopping():
-            raise ControlError(503, "the engine is stopping")
+            raise EngineNotReady("the engine is stopping")
         now = time.time()  # noqa: TID251 - the key window, like RUN_START's own time
         if key is not None:
             known = self.runs.key(key, now)
             if known is not None:
                 if known.digest != digest:
-                    raise ControlError(
-                        409,
+                    raise KeyReused(
                         f"Idempotency-Key {key!r} was used for a different submission "
                         f"(run {known.run_id})",
-                        {"run_id": known.run_id},
+                        detail={"run_id": known.run_id},
                     )
                 return known.run_id, False, known.seq
         if run_id is not None and self.runs.status(run_id) is not None:
-            raise ControlError(409, f"run {run_id} exists already", {"run_id": run_id})
+            raise RunExists(f"run {run_id} exists already", detail={"run_id": run_id})
         run_id = run_id or f"run-{uuid.uuid4().hex[:12]}"
         # Published first, so the feed shows the run before its tasks; it
         # announces the RUN_START record that submit_entry appends next.
@@ -781,27 +839,38 @@ class ControlRequests:
         )
         return run_id, True, start_seq
 
-    def _cancel(self, run_id: str, reason: str) -> dict[str, Any]:
+    def _cancel(self, run_id: str, reason: str) -> Cancelling:
         run = self.runtime.journal.runs.get(run_id)
         status = run.status if run is not None else self.runs.status(run_id)
         if status is None:
-            raise ControlError(404, f"no run {run_id!r}")
+            raise RunNotFound(f"no run {run_id!r}")
         if run is None or status != "running":
-            raise ControlError(409, f"run {run_id} already finished ({status})", {"status": status})
+            raise RunFinished(
+                f"run {run_id} already finished ({status})", detail={"status": status}
+            )
         if not self.engine.cancel(run_id, reason):  # its tree stops growing first
-            raise ControlError(409, f"run {run_id} already finished", {"status": run.status})
-        return {"run_id": run_id, "status": "cancelling"}
+            raise RunFinished(f"run {run_id} already finished", detail={"status": run.status})
+        return Cancelling(run_id=run_id, status="cancelling")
 
 
-def _bounded(wait_s: Any) -> float:
-    """A ``wait_projected`` wait, within :data:`MAX_WAIT_PROJECTED_S` (a bad one: none)."""
-    if not isinstance(wait_s, int | float) or isinstance(wait_s, bool) or wait_s < 0:
-        return 0.0
-    return min(float(wait_s), MAX_WAIT_PROJECTED_S)
+def _located(detail: Any) -> bool:
+    """Whether a document's refusal names where (``[{"loc": [field, ...]}, ...]``)."""
+    return bool(
+        isinstance(detail, list)
+        and detail
+        and isinstance(detail[0], dict)
+        and isinstance(detail[0].get("loc"), list)
+        and detail[0]["loc"]
+    )
+
+
+def _at(loc: str, msg: str = "required") -> dict[str, Any]:
+    """One item of an invalid command's detail."""
+    return {"loc": loc, "msg": msg}
 
 
 def _with_seq(fut: Future[dict[str, Any]], seq: int) -> Future[dict[str, Any]]:
-    """``fut``'s answer with ``written_seq`` (the seq it waited for) added."""
+    """``fut``'s answer (:class:`Projected`'s fields) with ``written_seq``, the seq it awaited."""
     out: Future[dict[str, Any]] = Future()
     fut.add_done_callback(lambda f: out.set_result({**f.result(), "written_seq": seq}))
     return out

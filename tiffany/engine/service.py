@@ -71,7 +71,7 @@ from tiffany.engine.requests import NOT_DURABLE, SUBMIT_TIMEOUT_S, ControlReques
 from tiffany.engine.run_table import RunTable
 from tiffany.engine.timeouts import Timeouts
 from tiffany.engine.verifier import Verifier
-from tiffany.errors import KernelError, NondeterminismError
+from tiffany.errors import EngineNotReady, KernelError, NondeterminismError
 from tiffany.feed import EVENT_KINDS, FEED_SEQ_FILE, Hub
 from tiffany.feed.activity import ActivityLog
 from tiffany.feed.transport import FEED_SOCKET, FeedServer
@@ -80,7 +80,7 @@ from tiffany.observe.metrics import EngineMetrics, project_health
 from tiffany.projector.link import ProjectorLink
 from tiffany.schedules.runner import ScheduleRunner
 from tiffany.wal import Wal
-from tiffany.wire.control import CONTROL_SOCKET, ControlError
+from tiffany.wire.control import CONTROL_SOCKET, Submit, answer_fields
 from tiffany.wire.shards import note_owner, seq_base
 
 if TYPE_CHECKING:
@@ -281,7 +281,7 @@ class EngineService:
             if self.settings.engine == 0:  # engine 0 fires the schedules' ticks
                 self.schedules = ScheduleRunner(
                     self.settings.database_url,
-                    lambda request: self.requests.submit(request).result(),
+                    lambda request: answer_fields(self.requests.submit(Submit(**request)).result()),
                 )
                 self.schedules.start()
             self._replaying = set(resumed)
@@ -347,7 +347,7 @@ class EngineService:
             self.control.stop()
             self.verifier.close()
             if self._loop_error is not None:  # nothing more becomes durable
-                self.durable.fail(ControlError(503, NOT_DURABLE))
+                self.durable.fail(EngineNotReady(NOT_DURABLE))
             self.inbox.close()
             self.timeouts.close()
             if self.claimer is not None:
@@ -362,7 +362,7 @@ class EngineService:
                 log.exception("engine.close_failed")
             if self._owner_note is not None:  # its lease is given back
                 self._owner_note.unlink(missing_ok=True)
-            self.durable.fail(ControlError(503, "the engine is stopping"))
+            self.durable.fail(EngineNotReady("the engine is stopping"))
             self.projector.stop(timeout=WAL_FAILED_STOP_S if wal_failed else 15.0)
             if self.checkpointer is not None and not wal_failed:
                 self.checkpointer.stop()  # a last checkpoint: the next start reads little

@@ -21,8 +21,9 @@ Invariants:
   (``journal=postgres``, which it reads), the database URL; its environment
   comes without the secret variables (``scrub_secrets``). A replay runs no
   tool and writes nothing.
-* A replay past :data:`VERIFY_TIMEOUT_S` answers 504 and its worker is
-  killed (a pool whose worker died is replaced on the next verify).
+* A replay past :data:`VERIFY_TIMEOUT_S` is refused
+  (:class:`~tiffany.errors.VerifyTimedOut`) and its worker is killed (a
+  pool whose worker died is replaced on the next verify).
 
 Rejected: ``subprocess.run(tiffany replay --verify --json)`` and scraping its
 stdout (the previous design): a Python start-up per verify, and a contract
@@ -45,7 +46,7 @@ from typing import Any, Final
 import structlog
 
 from tiffany.config import Settings
-from tiffany.wire.control import ControlError
+from tiffany.errors import EngineFault, EngineNotReady, RunNotFound, VerifyTimedOut, refusal
 
 __all__ = ["VERIFY_TIMEOUT_S", "VERIFY_WORKERS", "Verifier"]
 
@@ -101,8 +102,8 @@ def _exit_with(pid: int) -> None:
     os._exit(0)
 
 
-def _verify(settings: Settings, run_id: str) -> tuple[int, Any]:
-    """Replay ``run_id`` (in a worker process): (200, report dict) or (status, message).
+def _verify(settings: Settings, run_id: str) -> tuple[str, Any]:
+    """Replay ``run_id`` (in a worker): ``("ok", report)`` or ``(refusal kind, message)``.
 
     Plain data goes back, not exceptions: an exception whose constructor
     takes other arguments than its ``args`` does not survive unpickling.
@@ -121,10 +122,13 @@ def _verify(settings: Settings, run_id: str) -> tuple[int, Any]:
             log=journal_source(settings),
         )
     except UnknownRun as exc:
-        return 404, f"{exc}{released_note(journal_source(settings), seq_base(settings.engine) + 1)}"
+        return (
+            RunNotFound.kind,
+            f"{exc}{released_note(journal_source(settings), seq_base(settings.engine) + 1)}",
+        )
     except TiffanyError as exc:  # the run's code cannot be loaded, the WAL is damaged...
-        return 500, f"verify failed: {exc}"
-    return 200, report.to_dict()
+        return EngineFault.kind, f"verify failed: {exc}"
+    return "ok", report.to_dict()
 
 
 class Verifier:
@@ -155,20 +159,22 @@ class Verifier:
         """Return ``run_id``'s replay report (``tiffany.durable.VerifyReport.to_dict()``).
 
         Raises:
-            ControlError: 404 unknown run, 504 past the timeout, 503 when the
-                engine is stopping, 500 when the worker died.
+            RunNotFound: The run is not in the journal.
+            VerifyTimedOut: The replay took longer than ``timeout_s``.
+            EngineNotReady: The engine is stopping.
+            EngineFault: The worker died, or the replay failed.
         """
         fut = self._submit(run_id)
         try:
             status, answer = fut.result(self.timeout_s)
         except FutureTimeout:
             self._kill(fut)
-            raise ControlError(504, f"verify of {run_id} took over {self.timeout_s:g} s") from None
+            raise VerifyTimedOut(f"verify of {run_id} took over {self.timeout_s:g} s") from None
         except BrokenProcessPool as exc:
             self._kill(fut)
-            raise ControlError(500, f"the verify worker died: {exc}") from None
-        if status != 200:
-            raise ControlError(status, str(answer))
+            raise EngineFault(f"the verify worker died: {exc}") from None
+        if status != "ok":
+            raise refusal(status, str(answer))
         report: dict[str, Any] = answer
         return report
 
@@ -180,10 +186,10 @@ class Verifier:
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def _submit(self, run_id: str) -> Future[tuple[int, Any]]:
+    def _submit(self, run_id: str) -> Future[tuple[str, Any]]:
         with self._lock:
             if self._closed:
-                raise ControlError(503, "the engine is stopping")
+                raise EngineNotReady("the engine is stopping")
             if self._pool is None:
                 self._context.set_forkserver_preload(_PRELOAD)
                 self._pool = self._new_pool()
@@ -201,7 +207,7 @@ class Verifier:
             initargs=(self.settings, os.getpid()),
         )
 
-    def _kill(self, fut: Future[tuple[int, Any]]) -> None:
+    def _kill(self, fut: Future[tuple[str, Any]]) -> None:
         """Drop the pool ``fut`` ran in and kill its workers (the replay may spin)."""
         with self._lock:
             pool, self._pool = self._pool, None

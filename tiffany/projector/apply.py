@@ -394,7 +394,7 @@ class Projector:
             report.statements += 1
             if self._notify:
                 # On PostgreSQL, API replicas on any host learn the mark at the
-                # commit (``min_seq`` reads: tiffany/api/db_requests.py).
+                # commit (``min_seq`` reads: tiffany/ports/commands_pg.py).
                 payload = f"{self.shard} {report.last_seq}"
                 conn.execute(select(func.pg_notify(self._channel, payload)))
                 report.statements += 1

@@ -22,7 +22,7 @@ own and one round trip:
   finds another value) makes the statement write nothing and return no row:
   :class:`MarkMoved`, retried after the mark is read again;
 * the statement's result is the ``pg_notify`` of the new mark (API replicas
-  learn it at the commit: ``tiffany/api/db_requests.py``).
+  learn it at the commit: ``tiffany/ports/commands_pg.py``).
 
 PostgreSQL runs a statement's CTEs on one snapshot, and checks foreign keys
 at its end: a task and its run inserted by the same batch are one

@@ -74,6 +74,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from tiffany.errors import EngineNotReady, Refusal
 from tiffany.projector.apply import is_transient
 from tiffany.schedules.store import (
     MAX_CATCHUP_TICKS,
@@ -87,7 +88,6 @@ from tiffany.schedules.store import (
 )
 from tiffany.store import make_engine, session_factory
 from tiffany.store.models import Schedule
-from tiffany.wire.control import ControlError
 
 __all__ = [
     "BUSY_RETRY_S",
@@ -218,7 +218,7 @@ class ScheduleRunner:
         retrying = tenacity.Retrying(
             wait=tenacity.wait_exponential(multiplier=BUSY_RETRY_S, max=MAX_BACKOFF_S),
             retry=tenacity.retry_if_exception(
-                lambda exc: not isinstance(exc, ControlError) and not self._stop.is_set()
+                lambda exc: not isinstance(exc, Refusal) and not self._stop.is_set()
             ),
             sleep=self._nap,
             before_sleep=self._failed,
@@ -228,7 +228,7 @@ class ScheduleRunner:
         while not self._stop.wait(wait):
             try:
                 retrying(self._poll)
-            except ControlError as exc:  # the engine is stopping or busy: a little later
+            except Refusal as exc:  # the engine is stopping or busy: a little later
                 log.info("schedules.later", reason=exc.message)
                 wait = BUSY_RETRY_S
                 continue
@@ -269,7 +269,7 @@ class ScheduleRunner:
 
         Each row on its own (see the module docstring): what a row raises is
         that row's failure, but for the store's errors and the engine's
-        ControlError (busy, stopping), which end the look (it backs off)
+        Refusal (busy, stopping), which end the look (it backs off)
         and leave the row due.
         """
         started = 0
@@ -282,7 +282,7 @@ class ScheduleRunner:
                 del self._due[sid]
                 try:
                     started += self._look(session, sid, now)
-                except (ControlError, SQLAlchemyError, OSError):
+                except (Refusal, SQLAlchemyError, OSError):
                     self._push(sid, at)
                     raise
         return started
@@ -337,7 +337,7 @@ class ScheduleRunner:
             if upcoming is not None and upcoming <= now:
                 started = self._row(session, row, now)
                 upcoming = self._upcoming(row, now)
-        except (ControlError, SQLAlchemyError, OSError):
+        except (Refusal, SQLAlchemyError, OSError):
             raise
         except Exception as exc:  # noqa: BLE001 - the row's own: its last_error, logged once
             session.rollback()
@@ -445,10 +445,10 @@ class ScheduleRunner:
         }
         try:
             answer = self._submit(request)
-        except ControlError as exc:
-            if exc.status == 503:
+        except Refusal as exc:
+            if isinstance(exc, EngineNotReady):
                 raise
-            fired(session, row.id, tick, None, f"{exc.status}: {exc.message}")
+            fired(session, row.id, tick, None, f"{exc.kind}: {exc.message}")
             log.warning("schedules.tick_refused", schedule=row.id, tick=at, error=exc.message)
             return 0
         fired(session, row.id, tick, str(answer["run_id"]), None)

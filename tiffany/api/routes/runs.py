@@ -184,10 +184,8 @@ async def submit_run(
     with timed("parse"):
         sub = await parse_off_loop(body, request.headers.get("content-type"))
     with timed("engine"):  # until the run is durable
-        answer = await state.engines.submit(idempotency_key, plan=sub.plan, inputs=sub.inputs)
-    run_id = str(answer["run_id"])
-    created = bool(answer.get("created", True))
-    seq = int(answer["seq"])
+        answer = await state.engines.commands.submit(sub.plan, sub.inputs, idempotency_key)
+    run_id, created, seq = answer.run_id, answer.created, answer.seq
     # On the request's own log line (one line a request: see api/middleware.py).
     structlog.contextvars.bind_contextvars(
         run_id=run_id, created=created, seq=seq, plan=sub.plan.get("name")
@@ -385,14 +383,6 @@ async def _read_run(
     return result
 
 
-async def _owner(state: State, run_id: str) -> int | None:
-    """The engine that runs ``run_id`` (None: the store does not show the run yet)."""
-    if len(state.engines) == 1 and state.engines.db is None:
-        return 0  # one engine, and it is this host's
-    start = await state.read(lambda s: queries.start_seq_of(s, run_id))
-    return None if start is None else state.engines.engine_of(start)
-
-
 @router.get("/{run_id}", response_model=RunDetail, responses={**_NOT_FOUND, **_ERRORS})
 async def get_run(
     run_id: str,
@@ -499,11 +489,9 @@ async def step_conversation(
 async def cancel_run(run_id: str, state: State) -> CancelAnswer:
     """Ask the engine to cancel a running run (it ends ``cancelled`` shortly)."""
     _check_run_id(run_id)
-    answer = await state.engines.for_run(
-        await _owner(state, run_id), "cancel", run_id, reason="cancelled over HTTP"
-    )
+    answer = await state.engines.commands.cancel(run_id, "cancelled over HTTP")
     log.info("run cancel requested")
-    return CancelAnswer(run_id=str(answer.get("run_id", run_id)))
+    return CancelAnswer(run_id=answer.run_id)
 
 
 @router.post(
@@ -544,12 +532,10 @@ async def rerun_run(
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         raise InvalidBody(["body", *errors[0]["loc"]], errors[0]["msg"]) from None
-    fields: dict[str, Any] = {"rerun_of": run_id, "inputs": asked.inputs or {}}
-    if asked.from_step is not None:
-        fields["from_step"] = asked.from_step
-    answer = await state.engines.rerun(idempotency_key, lambda: _owner(state, run_id), **fields)
-    new_id, seq = str(answer["run_id"]), int(answer["seq"])
-    created = bool(answer.get("created", True))
+    answer = await state.engines.commands.rerun(
+        run_id, inputs=asked.inputs or {}, from_step=asked.from_step, key=idempotency_key
+    )
+    new_id, seq, created = answer.run_id, answer.seq, answer.created
     structlog.contextvars.bind_contextvars(run_id=new_id, rerun_of=run_id, seq=seq)
     return _json(
         {"run_id": new_id, "seq": seq, "created": created},
@@ -633,24 +619,19 @@ async def signal_run(
         "TIFFANY_MAX_SIGNAL_BYTES",
     )
     payload = await parse_json_off_loop(body, ["body"])
-    answer = await state.engines.for_run(
-        await _owner(state, run_id),
-        "signal",
-        run_id,
-        name=name,
-        payload=payload,
-        signal_id=idempotency_key or uuid.uuid4().hex,
+    answer = await state.engines.commands.signal(
+        run_id, name, payload, idempotency_key or uuid.uuid4().hex
     )
-    seq = int(answer["seq"])
+    seq = answer.seq
     structlog.contextvars.bind_contextvars(run_id=run_id, signal=name, seq=seq)
     sent: dict[str, Any] = {
         "run_id": run_id,
         "name": name,
         "seq": seq,
-        "signal_id": str(answer["signal_id"]),
+        "signal_id": answer.signal_id,
     }
-    if answer.get("warning"):  # no step waits for that name (it may be early)
-        sent["warning"] = str(answer["warning"])
+    if answer.warning:  # no step waits for that name (it may be early)
+        sent["warning"] = answer.warning
         log.warning("signal not awaited", warning=sent["warning"])
     return _json(sent, status=202)
 
@@ -681,9 +662,7 @@ async def export_run(run_id: str, state: State) -> Response:
     decoded records, ``/events``, are not the bytes a replay compares).
     """
     _check_run_id(run_id)
-    answer = await state.engines.for_run(
-        await _owner(state, run_id), "export", run_id, timeout=EXPORT_TIMEOUT_S
-    )
+    answer = await state.engines.commands.export(run_id, EXPORT_TIMEOUT_S)
     data = base64.b64decode(str(answer.get("export", "")))
     log.info("run exported", bytes=len(data), records=answer.get("records"))
     return Response(
@@ -710,9 +689,7 @@ async def verify_run(run_id: str, state: State) -> dict[str, Any]:
     (where the replay first differed) and ``problems``.
     """
     _check_run_id(run_id)
-    answer = await state.engines.for_run(
-        await _owner(state, run_id), "verify", run_id, timeout=VERIFY_TIMEOUT_S
-    )
+    answer = await state.engines.commands.verify(run_id, VERIFY_TIMEOUT_S)
     nested = answer.get("report")
     report = nested if isinstance(nested, dict) else {k: v for k, v in answer.items() if k != "id"}
     # Over the control channel "ok" is the envelope's; the verdict is "identical".

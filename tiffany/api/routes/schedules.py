@@ -85,7 +85,7 @@ async def add_schedule(request: Request, state: State) -> dict[str, Any]:
     errors = schedules.check(body.cron, body.timezone, body.catchup)
     if errors:
         raise InvalidBody(["body", errors[0]["loc"]], errors[0]["msg"])
-    await state.engines.check_plan(body.plan, body.inputs)
+    await state.engines.commands.check_plan(body.plan, body.inputs)
     now = time.time()  # noqa: TID251 - a schedule's ticks are wall-clock times
     limit = state.settings.max_schedules
     return await state.read(

@@ -18,8 +18,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from tiffany.api.deps import State, StoreUnavailable
 from tiffany.api.engines import merge_metrics
 from tiffany.api.schemas import Readiness
+from tiffany.errors import EngineUnavailable, Refusal
 from tiffany.store import queries
-from tiffany.wire.control import ControlError, ControlUnavailable
 from tiffany.wire.shards import owners_here
 
 __all__ = ["STATIC_DIR", "router"]
@@ -63,7 +63,7 @@ async def readyz(state: State) -> Any:
     <reason>"``. Lag alone, while the projector makes progress, is not
     unready: a burst of submissions makes lag and the store catches up.
     """
-    answers = await state.engines.each("status", ENGINE_PROBE_TIMEOUT_S)
+    answers = await state.engines.commands.status(ENGINE_PROBE_TIMEOUT_S)
     several = len(answers) > 1
     reasons: list[str] = []
     stores: list[Any] = []
@@ -71,9 +71,9 @@ async def readyz(state: State) -> Any:
         # With several engines the reason names the one that is not ready.
         who = f"engine {engine}" if several else "engine"
         stores.append(status.get("projector") if isinstance(status, dict) else None)
-        if isinstance(status, ControlUnavailable):
+        if isinstance(status, EngineUnavailable):
             reasons.append(f"{who} unreachable")
-        elif isinstance(status, ControlError):
+        elif isinstance(status, Refusal):
             reasons.append(f"{who}: {status.message}")
         elif isinstance(status, BaseException):
             raise status
@@ -90,16 +90,16 @@ async def readyz(state: State) -> Any:
     store = stores if several else stores[0]
     # Ready while some engine takes work: submissions pass over the others
     # (a standby's engine waiting for its stream, one restarting).
-    db = state.engines.db
-    nobody_here = all(isinstance(status, ControlUnavailable) for status in answers)
-    if nobody_here and db is not None and state.relay.connected:
+    commands = state.engines.commands
+    nobody_here = all(isinstance(status, EngineUnavailable) for status in answers)
+    if nobody_here and commands.remote and state.relay.connected:
         # No engine here (a standby's waits for its stream before it listens),
         # but the database carries requests, the feed and the store's marks:
         # ready while engines elsewhere hold their streams. An engine here
         # that answers "recovering" is this host's own start: not ready yet.
         try:
-            alive = await db.engines_alive(owners_here(state.settings.data_dir))
-        except ControlUnavailable:
+            alive = await commands.engines_elsewhere(owners_here(state.settings.data_dir))
+        except EngineUnavailable:
             alive = 0
         if alive:
             return {"ready": True, "reason": f"{alive} engine(s) elsewhere", "store": None}
@@ -114,8 +114,7 @@ async def readyz(state: State) -> Any:
 @router.get("/metrics", tags=["system"], response_class=Response)
 async def metrics_text(state: State) -> Response:
     """Prometheus metrics: this process's registry, then the engine's (see ``api/metrics.py``)."""
-    answers = await state.engines.each("metrics", ENGINE_PROBE_TIMEOUT_S)
-    texts = [str(a.get("text", "")) if isinstance(a, dict) else None for a in answers]
+    texts = await state.engines.commands.metrics(ENGINE_PROBE_TIMEOUT_S)
     # Engine 0's text alone, or every engine's, each sample labelled engine="i".
     engine_text = None if None in texts else merge_metrics(texts)
     try:

@@ -24,7 +24,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from tiffany.api.deps import State
 from tiffany.api.schemas import ErrorBody
 from tiffany.errors import TiffanyError
-from tiffany.wire.control import ControlUnavailable
 
 __all__ = ["ToolInfo", "ToolList", "router"]
 
@@ -74,13 +73,7 @@ class ToolNotFound(TiffanyError):
 
 
 async def _ask(state: State) -> dict[str, Any]:
-    refused: ControlUnavailable | None = None
-    for control in state.engines.controls:
-        try:
-            return await control.request("tools", timeout=TOOLS_TIMEOUT_S)
-        except ControlUnavailable as exc:
-            refused = exc
-    raise refused or ControlUnavailable("no engine to ask")
+    return await state.engines.commands.tools(TOOLS_TIMEOUT_S)
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {

@@ -1,9 +1,9 @@
-"""The API's side of the requests that go through the database (``TIFFANY_JOURNAL=postgres``).
+"""The ``Commands`` port over PostgreSQL (``TIFFANY_JOURNAL=postgres``): requests as rows.
 
-A submission (or a run's cancel or verify) is a row of ``engine_requests``,
+A submission (or a run's cancel, signal or verify) is a row of ``engine_requests``,
 inserted and notified in one transaction; an engine claims it, carries it
 out and stores its answer (``tiffany/engine/db_requests.py``,
-docs/engines.md). This process LISTENs on ``tiffany_answers`` on one
+docs/engines.md). The client (the API, the CLI) LISTENs on ``tiffany_answers`` on one
 connection and wakes the request waiting for that row; a request re-reads
 its row after every wake-up, and after a reconnect, so a lost notification
 costs a wait of :data:`RECHECK_S` at most, never an answer.
@@ -20,6 +20,12 @@ to the timeout the caller gives. Retried with its ``Idempotency-Key``, a
 withdrawn submission is submitted again: its row goes back to ``pending``
 (only while still withdrawn, in one ``UPDATE``), with the same run id.
 
+The row's ``op`` column routes it: ``submit`` for what starts a run (any
+engine may claim it; the idempotency key and the run's owner are looked up
+by it), the command's own ``op`` otherwise; the body is the command, with
+its own ``op`` (a re-run's row is routed as a ``submit``, its body is a
+``rerun``).
+
 Discussion: the retry used to find the withdrawn row and answer 503 again,
 for the rest of the idempotency window: an engine paused (SIGSTOP) or away
 for 10 s turned every keyed submission made meanwhile into a key no retry
@@ -35,24 +41,41 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from typing import Any, Final
+from collections.abc import Awaitable, Sequence
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from typing import Any, Final, Protocol
 
+import msgspec
 import psycopg
 import structlog
 
-from tiffany.api.pg_async import AsyncPool, Listener, projected_mark
 from tiffany.config import conninfo
+from tiffany.errors import EngineFault, EngineUnavailable, KeyReused, RunNotFound
+from tiffany.ports.commands import LocalEngines, Owner
 from tiffany.store.models import (
     ANSWERS_CHANNEL,
     DB_NOW_SQL,
-    PROJECTED_CHANNEL,
     REQUESTS_CHANNEL,
     channel,
 )
-from tiffany.wire.control import ControlError, ControlUnavailable, submission_digest
+from tiffany.wire.control import (
+    Cancel,
+    Cancelling,
+    Command,
+    Export,
+    Rerun,
+    Signal,
+    Signalled,
+    Submit,
+    Submitted,
+    Verify,
+    answer_of,
+    refused,
+    submission_digest,
+)
 
-__all__ = ["RECHECK_S", "SUBMIT_WAIT_S", "DbRequests"]
+__all__ = ["RECHECK_S", "SUBMIT_WAIT_S", "DbRequests", "PgCommands"]
 
 log = structlog.get_logger(__name__)
 
@@ -62,6 +85,8 @@ SUBMIT_WAIT_S: Final = 10.0
 ANSWER_WAIT_S: Final = 30.0
 #: A waiting request re-reads its row at least this often, in seconds.
 RECHECK_S: Final = 1.0
+#: How often :meth:`PgCommands.connected` looks whether the listener is up, in seconds.
+LISTEN_POLL_S: Final = 0.01
 #: Connections for statements (the listener has its own).
 POOL_SIZE: Final = 4
 
@@ -100,6 +125,29 @@ _OWNER: Final = (
 _LEASES: Final = f"SELECT count(*) FROM wal_streams WHERE lease_until > {_NOW} AND owner <> ALL(%s)"
 
 
+class Connections(Protocol):
+    """Autocommit connections to the database, for statements on the event loop."""
+
+    def connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
+        """A connection, for one statement or a few."""
+        ...
+
+    async def close(self) -> None:
+        """Close every connection."""
+
+
+class Listening(Protocol):
+    """One connection LISTENing on some channels, reconnecting until closed."""
+
+    listening: bool
+
+    def start(self) -> None:
+        """Start listening (in the running loop)."""
+
+    async def close(self) -> None:
+        """Stop listening."""
+
+
 class DbRequests:
     """Requests to the engines through ``engine_requests`` (module docstring).
 
@@ -108,19 +156,19 @@ class DbRequests:
     """
 
     def __init__(self, url: str) -> None:
+        from tiffany.ports.pg import AsyncPool, Listener  # the postgres extra
+
         self.dsn = conninfo(url)
         self._requests = channel(REQUESTS_CHANNEL, url)
-        #: Called with ``(engine, last seq)`` when an engine's projector moves its mark.
-        self.on_projected: Callable[[int, int], None] | None = None
         self._waiters: dict[int, asyncio.Event] = {}
         #: Answers carried by their notification, by row id, until taken.
         self._answers: dict[int, Any] = {}
         self._pool = AsyncPool(self.dsn, POOL_SIZE)
         self._listener = Listener(
             self.dsn,
-            {ANSWERS_CHANNEL: self._answered, PROJECTED_CHANNEL: self._projected},
+            {ANSWERS_CHANNEL: self._answered},
             "tiffany-api-db-answers",
-            on_connect=self._reconnected,
+            self._reconnected,
         )
 
     # -- lifecycle -------------------------------------------------------------------
@@ -156,9 +204,9 @@ class DbRequests:
         ``from_step``), in its body and its idempotency digest.
 
         Raises:
-            ControlError: The engine refused it (422), or the key names
-                another body (409).
-            ControlUnavailable: No engine took it in time (withdrawn: nothing
+            Refusal: The engine refused it (invalid), or the key names another
+                body (:class:`~tiffany.errors.KeyReused`).
+            EngineUnavailable: No engine took it in time (withdrawn: nothing
                 starts), or the engine that took it did not answer in time.
         """
         digest = submission_digest(plan if not extra else {"plan": plan, **extra}, inputs)
@@ -173,11 +221,10 @@ class DbRequests:
                 return await self.submit(plan, inputs, key, timeout=timeout, extra=extra)
             first, first_digest, first_run = row
             if first_digest != digest:
-                raise ControlError(
-                    409,
+                raise KeyReused(
                     f"Idempotency-Key {key!r} was used for a different submission "
                     f"(run {first_run})",
-                    {"run_id": first_run},
+                    detail={"run_id": first_run},
                 )
             if await self._fetch(_REOPEN, {"id": first, "channel": self._requests}):
                 # Withdrawn, so nothing started: this retry submits it (created, if it runs now).
@@ -189,7 +236,7 @@ class DbRequests:
     async def request(
         self, op: str, engine: int, run_id: str, *, timeout: float = ANSWER_WAIT_S, **fields: Any
     ) -> dict[str, Any]:
-        """Ask engine ``engine`` to do ``op`` (cancel, verify) for ``run_id``; its answer."""
+        """Ask engine ``engine`` to do ``op`` (cancel, signal, verify) for ``run_id``."""
         rid = await self._insert(op, engine, run_id, None, None, fields)
         assert rid is not None
         return await self._answer(rid, timeout, withdraw=True, fresh=True)
@@ -226,11 +273,6 @@ class DbRequests:
         """After a (re)connect: what was answered meanwhile is re-read by its request."""
         for event in list(self._waiters.values()):
             event.set()
-
-    def _projected(self, payload: str) -> None:
-        mark = projected_mark(payload)
-        if self.on_projected is not None and mark is not None:
-            self.on_projected(*mark)
 
     # -- internals -------------------------------------------------------------------
 
@@ -286,17 +328,17 @@ class DbRequests:
                 if state == "done":
                     return _unwrap(answer)
                 if state == "withdrawn":
-                    raise ControlUnavailable("the request was withdrawn before an engine took it")
+                    raise EngineUnavailable("the request was withdrawn before an engine took it")
                 now = time.monotonic()
                 if state == "pending" and now >= taken_by and withdraw:
                     if await self._fetch(_WITHDRAW, (rid,)) is not None:
-                        raise ControlUnavailable(
+                        raise EngineUnavailable(
                             f"no engine took the request within {taken_by - start:g} s "
                             "(are the engines up?); it was withdrawn: nothing started"
                         )
                     continue  # an engine took it just now
                 if now - start >= timeout:
-                    raise ControlUnavailable(
+                    raise EngineUnavailable(
                         f"the engine that took the request did not answer within {timeout:g} s; "
                         "retry with the same Idempotency-Key"
                     )
@@ -311,18 +353,122 @@ class DbRequests:
             async with self._pool.connection() as conn:
                 yield conn
         except psycopg.OperationalError as exc:
-            raise ControlUnavailable(f"the database cannot be reached: {exc}") from exc
+            raise EngineUnavailable(f"the database cannot be reached: {exc}") from exc
 
 
 def _unwrap(answer: Any) -> dict[str, Any]:
-    """The engine's answer, or its refusal raised as :class:`ControlError`."""
+    """The engine's answer, or its refusal raised (``tiffany.wire.control.refusal_fields``)."""
     if isinstance(answer, str):
         answer = json.loads(answer)
     if not isinstance(answer, dict):
-        raise ControlError(500, f"the engine's answer is not an object: {answer!r}")
+        raise EngineFault(f"the engine's answer is not an object: {answer!r}")
     error = answer.get("error")
     if isinstance(error, dict):
-        raise ControlError(
-            int(error.get("status", 500)), str(error.get("message", "")), error.get("detail")
-        )
+        raise refused(error)
     return answer
+
+
+class PgCommands(LocalEngines):
+    """The :class:`~tiffany.ports.commands.Commands` port through ``engine_requests``.
+
+    Submissions go to whichever engine claims them first, a run's commands
+    to the engine that took the run's submission (the store's ``start_seq``
+    names it; else the row of its submission), on any host. Status, metrics,
+    tools and plan checks ask the engines of this host over their sockets.
+
+    Args:
+        url: The database (``TIFFANY_DATABASE_URL``, a PostgreSQL URL).
+        homes: This host's engines' homes (their control sockets).
+        owner: The engine that started a run, as the store says.
+    """
+
+    remote = True
+
+    def __init__(self, url: str, homes: Sequence[Path], owner: Owner) -> None:
+        super().__init__(homes)
+        self.db = DbRequests(url)
+        self._owner = owner
+
+    @property
+    def listening(self) -> bool:
+        """Whether the answers' notifications arrive (else a row is re-read each second)."""
+        return self.db.listening
+
+    def start(self) -> None:
+        """Start listening for the answers."""
+        self.db.start()
+
+    async def connected(self, wait_s: float) -> None:
+        """Until the listener is up (the answers come as notifications), ``wait_s`` at most."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while not self.db.listening and loop.time() < deadline:
+            await asyncio.sleep(LISTEN_POLL_S)
+
+    async def close(self) -> None:
+        """Close the sockets and the database's connections."""
+        await super().close()
+        await self.db.close()
+
+    async def submit(self, plan: Any, inputs: Any, key: str | None) -> Submitted:
+        """A submission as a row; any engine claims it."""
+        answer: Submitted = _typed(Submit(), await self.db.submit(plan, inputs, key))
+        return answer
+
+    async def rerun(
+        self, run_id: str, *, inputs: dict[str, Any], from_step: str | None, key: str | None
+    ) -> Submitted:
+        """A re-run as a row routed as a submission (its body a ``rerun``)."""
+        extra: dict[str, Any] = {"op": "rerun", "rerun_of": run_id}
+        if from_step is not None:
+            extra["from_step"] = from_step
+        answer: Submitted = _typed(Submit(), await self.db.submit(None, inputs, key, extra=extra))
+        return answer
+
+    async def cancel(self, run_id: str, reason: str) -> Cancelling:
+        """Cancel a run, through its engine's row."""
+        answer: Cancelling = await self._for_run(Cancel(run_id=run_id, reason=reason))
+        return answer
+
+    async def signal(self, run_id: str, name: str, payload: Any, signal_id: str) -> Signalled:
+        """Signal a run, through its engine's row."""
+        command = Signal(run_id=run_id, name=name, payload=payload, signal_id=signal_id)
+        answer: Signalled = await self._for_run(command)
+        return answer
+
+    async def verify(self, run_id: str, timeout: float) -> dict[str, Any]:
+        """Verify a run, through its engine's row."""
+        report: dict[str, Any] = await self._for_run(Verify(run_id=run_id), timeout)
+        return report
+
+    async def export(self, run_id: str, timeout: float) -> dict[str, Any]:
+        """A run's export file, through its engine's row."""
+        answer: dict[str, Any] = await self._for_run(Export(run_id=run_id), timeout)
+        return answer
+
+    async def engines_elsewhere(self, besides: Sequence[str]) -> int:
+        """How many journal streams are held under a current lease, by owners not in ``besides``."""
+        return await self.db.engines_alive(besides)
+
+    async def _for_run(
+        self, command: Cancel | Signal | Verify | Export, timeout: float | None = None
+    ) -> Any:
+        run_id = command.run_id
+        owner = await self._owner(run_id)
+        if owner is None:
+            owner = await self.db.owner(run_id)
+        if owner is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        fields = msgspec.to_builtins(command)
+        op = fields.pop("op")
+        fields.pop("run_id", None)
+        asked: Awaitable[dict[str, Any]] = (
+            self.db.request(op, owner, run_id, **fields)
+            if timeout is None
+            else self.db.request(op, owner, run_id, timeout=timeout, **fields)
+        )
+        return _typed(command, await asked)
+
+
+def _typed(command: Command | Rerun, fields: dict[str, Any]) -> Any:
+    return answer_of(command, fields)
