@@ -59,14 +59,13 @@ MIN_SEQ_WAIT_S: Final = 5.0
 #: connections and no more (``app.create_app``). A read beyond them waits for
 #: a turn instead of opening a connection of its own: with the pool's default
 #: overflow, a burst of reads on PostgreSQL opened and closed connections
-#: (430 in one 15 s run at 200 req/s), and each new one cost a backend's fork
+#: (hundreds in a short run under load), and each new one cost a backend's fork
 #: and a connect, which tipped the machine into saturation.
 STORE_READERS: Final = 16
 #: A run read on the event loop (:meth:`ApiState.read_on_loop`) has at most
 #: this many dispatches; a larger one is read in the threadpool. Its rows
-#: and the Python that shapes them grow with its dispatches: some 3 us each
-#: on the 2-core machine (a 1,000-step run, 7,003 dispatches: 22.7 ms; a
-#: one-step run: 0.2 ms), so the loop is held 1.5 ms at most.
+#: and the Python that shapes them grow with its dispatches, so this bound
+#: keeps the loop's hold to a millisecond or two (bench/README.md).
 LOOP_READ_DISPATCHES: Final = 500
 #: How long a SQLite read on the event loop waits for a lock before it is
 #: handed to the threadpool instead, in milliseconds. In WAL mode a reader
@@ -355,12 +354,12 @@ class ApiState:
         """``fn(session)`` on the event loop on a SQLite store; else :meth:`read` of ``fallback``.
 
         A small SQLite read costs less than the thread it would run in: a
-        one-step run's three SELECTs take 0.2 ms, but in the threadpool of a
+        one-step run's three SELECTs are quick, but in the threadpool of a
         busy API each statement gives the GIL up and waits to take it back
         (up to the interpreter's 5 ms switch interval), and the thread's
-        answer waits for the loop. At 200 read-your-writes a second the
-        slowest 1% of these reads spent 14-28 ms in the store read and its
-        queue; on the loop, 1-2 ms (bench/read_your_writes.py; bench/README.md).
+        answer waits for the loop. Under read-your-writes load the slowest
+        of these reads spent many times longer in the store read and its
+        queue than on the loop (bench/read_your_writes.py; bench/HISTORY.md).
         What shapes the rows is Python, which holds the GIL on any thread.
 
         ``fn`` bounds its own work: it raises :class:`~tiffany.store.queries.TooLarge`

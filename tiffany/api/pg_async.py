@@ -16,9 +16,9 @@ Discussion: with a PostgreSQL store under the file journal, the engine
 also tells the API where the store is (``Watermark``: the projector
 reports to its engine, which answers the API's ``wait_projected``). The
 notification comes straight from the database at the projector's commit,
-with no process in between: at 200 reads/s on two cores the slowest
-reads waited 6.5-17 ms for the projection with it, against 21-33 ms
-through the engine alone (bench/README.md). Both paths stay: the engine's
+with no process in between: under load the slowest reads waited about
+half as long for the projection with it as through the engine alone
+(bench/HISTORY.md). Both paths stay: the engine's
 covers the notifications lost while the listener reconnects, and the
 notification covers a busy engine.
 
@@ -27,9 +27,9 @@ notification covers a busy engine.
 PostgreSQL store: ``ApiState.read_async``). A statement on the loop waits
 for its socket in the loop's own poll; a read in the thread pool paid a
 thread hop and GIL hand-offs to and from a busy loop, up to a switch
-interval (5 ms) each: at 200 reads/s the slowest 1% of reads of a run
-spent 13-37 ms queued for a thread and 16-54 ms in the read, against none
-and 4-16 ms on the loop (bench/README.md).
+interval (5 ms) each: under load the slowest reads of a run spent most of
+their time queued for a thread and in the read, against no queue and a
+short read on the loop (bench/HISTORY.md).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from tiffany.agents.tools.base import ToolSettings
     from tiffany.agents.tools.signal import RunSignals
 
-# The agents (plans, tools: a third of a second of imports) are imported where
+# The agents (plans, tools: a heavy share of the imports) are imported where
 # they are used: the projector's process imports this package, and needs none.
 
 __all__ = ["Engine", "build", "replay_resolvers", "take_slot", "tool_settings"]
