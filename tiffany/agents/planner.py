@@ -107,10 +107,9 @@ def run_plan(
     reuse = reuse or {}
     # A budget (plan.budget) counts the model tokens and dollars of the run's
     # steps (their outputs' "usage" and "cost_usd": llm, agent); only then is
-    # "usage" part of the run's result (runs journaled before stay as they were).
-    # From version 3 on, a ledger the workers share (budget.py) checks each
-    # model call before it starts and counts every attempt, failed or not;
-    # runs of earlier versions count succeeded steps here, as they did.
+    # "usage" part of the run's result. From version 3 on, a ledger the workers
+    # share (budget.py) checks each model call before it starts and counts every
+    # attempt, failed or not (old layout: see docs/wal-format.md, compatibility).
     budget = plan.budget
     ledger = Ledger(budget) if budget is not None and compat >= BUDGET_COMPAT else None
     usage: dict[str, float] | None = None
