@@ -9,7 +9,7 @@ through the loop per message.
 Discussion: each primitive binds to the scheduler of the first task that
 parks on it, and the call objects it hands out are created once and reused:
 a ``yield q.get()`` allocates nothing. Waiter lists and the item buffer are
-created lazily so an idle queue costs about 100 bytes.
+created lazily so an idle queue costs little memory.
 """
 
 from __future__ import annotations
