@@ -212,7 +212,7 @@ class Settings(BaseSettings):
             store (``engine/projector_proc.py``: ``Priority``). The projector
             catches up in batches, so when both cores are busy the submission
             path (the engine and the API) gets the CPU first
-            (bench/README.md). 0: the engine's priority.
+            (bench/HISTORY.md). 0: the engine's priority.
         tool_modules: Python modules an engine imports at start, so that
             their ``@python_tool`` functions register without packaging
             (``mytools,pkg.more``: comma-separated or a JSON list; the
