@@ -1,6 +1,6 @@
 """LangGraph side of bench/plans.py; runs inside the bench's LangGraph environment.
 
-    python langgraph_driver.py WORKDIR STEPS [sync|async]
+    python langgraph_driver.py WORKDIR STEPS [sync|async|exit]
 
 A chain: one node that runs STEPS times, looping through a conditional edge.
 A fan-out: STEPS parallel branches through ``Send`` in one super-step. Both
@@ -12,7 +12,9 @@ it ``checkpoint_during``):
   super-step starts (the loop waits on the checkpoint's future);
 * ``async`` (LangGraph's default): the checkpoint is written by a
   background thread while the next super-step already runs, so a crash
-  can lose a step whose successor has started.
+  can lose a step whose successor has started;
+* ``exit``: checkpoints are written only when the graph's run ends, so a
+  crash loses every step of the run.
 
 The saver puts the database in ``journal_mode=WAL`` and commits once per
 ``put`` and ``put_writes``; it leaves ``synchronous`` alone. We set
@@ -56,8 +58,8 @@ class Fan(TypedDict):
 def main() -> None:
     workdir, steps = sys.argv[1], int(sys.argv[2])
     durability = sys.argv[3] if len(sys.argv) > 3 else "sync"
-    if durability not in ("sync", "async"):
-        raise SystemExit(f"durability must be sync or async, not {durability!r}")
+    if durability not in ("sync", "async", "exit"):
+        raise SystemExit(f"durability must be sync, async or exit, not {durability!r}")
     conn = sqlite3.connect(os.path.join(workdir, "lg.sqlite"), check_same_thread=False)
     saver = SqliteSaver(conn)
     saver.setup()  # journal_mode=WAL and the tables

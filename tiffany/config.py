@@ -111,8 +111,8 @@ class Settings(BaseSettings):
             ``batch`` (one fsync per loop iteration, group commit) or ``off``.
         wal_preallocate: Zero-fill the WAL's next segment ahead, off the
             scheduler thread, so that commits overwrite written blocks and
-            their fdatasync journals no file-system metadata (about a third
-            less time a commit here; a spare segment of disk: 64 MiB).
+            their fdatasync journals no file-system metadata (a shorter
+            commit, for a spare segment of disk).
         wal_retain: What happens to WAL segments whose runs all finished and
             were projected into the store, once a checkpoint covers them:
             ``archive`` (moved to ``<data_dir>/wal/archive/``, still read by
@@ -211,8 +211,8 @@ class Settings(BaseSettings):
             as a batch process (``SCHED_BATCH``) while no read waits on the
             store (``engine/projector_proc.py``: ``Priority``). The projector
             catches up in batches, so when both cores are busy the submission
-            path (the engine and the API) gets the CPU first (measured at 500
-            submissions a second: bench/README.md). 0: the engine's priority.
+            path (the engine and the API) gets the CPU first
+            (bench/HISTORY.md). 0: the engine's priority.
         tool_modules: Python modules an engine imports at start, so that
             their ``@python_tool`` functions register without packaging
             (``mytools,pkg.more``: comma-separated or a JSON list; the

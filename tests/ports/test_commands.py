@@ -67,10 +67,6 @@ async def _nobody(_run_id: str) -> int | None:
     return None
 
 
-def _no_pg() -> Any:
-    raise AssertionError("the file journal asks for no PostgreSQL connection")
-
-
 # -- the file WAL: a real engine behind its socket -----------------------------------------
 
 
@@ -88,7 +84,7 @@ def test_the_file_journal_gets_the_sockets_and_a_real_engine_answers(
     engine: EngineProc, settings: Settings
 ) -> None:
     settings = settings.model_copy(update={"data_dir": engine.data_dir})
-    commands = commands_for(settings, _nobody, _no_pg)  # chosen once, here
+    commands = commands_for(settings, _nobody)  # chosen once, here
     assert isinstance(commands, SocketCommands)
     assert not commands.remote
 

@@ -36,10 +36,8 @@ Invariants:
       the total crossed it (one per step running a model call at that
       moment: the plan's parallel ``llm`` steps, and agents mid-turn), and
       no call starts after that.
-    - Runs journaled before version 3 (``JOURNAL_COMPAT``) keep the rules
-      they ran under: the planner counts the usage of the steps that
-      succeeded, when they report (:func:`legacy_spend`); a replay of such a
-      run decides as it did.
+    - Runs of versions before 3 keep the rules they ran under
+      (:func:`legacy_spend`; old layout: see docs/wal-format.md, compatibility).
 
 Discussion: the bound is the one peers give for their limits. Temporal's
 activity timeouts and LangGraph's ``recursion_limit`` stop what has not
@@ -191,7 +189,7 @@ class Ledger:
 def legacy_spend(usage: dict[str, float], output: Any, budget: BudgetSpec) -> bool:
     """Version 2's rule: add a succeeded step's usage to the run's; True if that crosses the budget.
 
-    Kept for runs journaled before :data:`BUDGET_COMPAT`, which replay as they ran.
+    Old layout: see docs/wal-format.md, compatibility.
     """
     if isinstance(output, Mapping):  # word for word as version 2 did it: its replays compare
         used = output.get("usage")

@@ -157,10 +157,9 @@ class _PlanRun:
         self.workspace = env.workspace_root / run_id  # made by the first tool needing it
         # A budget (plan.budget) counts the model tokens and dollars of the run's
         # steps (their outputs' "usage" and "cost_usd": llm, agent); only then is
-        # "usage" part of the run's result (runs journaled before stay as they were).
-        # From version 3 on, a ledger the workers share (budget.py) checks each
-        # model call before it starts and counts every attempt, failed or not;
-        # runs of earlier versions count succeeded steps here (``usage``), as they did.
+        # "usage" part of the run's result. From version 3 on, a ledger the workers
+        # share (budget.py) checks each model call before it starts and counts every
+        # attempt, failed or not (old layout: see docs/wal-format.md, compatibility).
         budget = plan.budget
         self.ledger = Ledger(budget) if budget is not None and compat >= BUDGET_COMPAT else None
         self.usage: dict[str, float] | None = None

@@ -33,9 +33,8 @@ Invariants:
       longer holds the record (``TIFFANY_WAL_RETAIN=delete`` released it),
       the store's, marked so: the step's ``reused`` origin says
       ``projected: true``. Never silently the projection.
-    - A run journaled before version 3 held its worker's outcome with
-      tuples and sets as lists and bytes as base64 text (``to_builtins``):
-      its re-runs reuse what that record holds.
+    - A re-run of a run before version 3 reuses what its workers' records
+      hold (old layout: see docs/wal-format.md, compatibility).
 """
 
 from __future__ import annotations

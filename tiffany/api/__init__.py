@@ -12,7 +12,7 @@ the routes' contract.
 
 The names are imported on first use (a module ``__getattr__``): a process that
 needs only a part of the package (the CLI submitting through the database,
-with ``pg_async.py``'s connections) does not pay for FastAPI's import (about a second).
+``ports/pg.py``) does not pay for FastAPI's import (most of a start).
 """
 
 from __future__ import annotations

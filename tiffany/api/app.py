@@ -82,8 +82,8 @@ def create_app(settings: Settings) -> FastAPI:
         state.engines.start()
         # The start-up heap (FastAPI, pydantic, SQLAlchemy, the routes) lives as
         # long as the process: out of the collector's reach, a full collection
-        # walks the requests' objects only (each one paused the loop 60-80 ms,
-        # the p99 of reads at 200 req/s; as the engine does, engine/__init__.py).
+        # walks the requests' objects only (each one paused the loop long enough
+        # to set the p99 of reads; as the engine does, engine/__init__.py).
         gc.collect()
         gc.freeze()
         log.info(

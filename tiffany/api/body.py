@@ -28,17 +28,17 @@ Discussion:
     submission, a few hundred bytes) are parsed on the event loop: a
     fraction of a millisecond, less than the hand-over to a thread and back
     costs, and a thread would hold the GIL for the same parse anyway
-    (``bench/api.py`` at 200 req/s: the API's thread hops were a sixth of
-    its loop's time). Other small bodies (up to :data:`BIG_BODY_BYTES`, and
+    (``bench/api.py``: under load the API's thread hops were a large share
+    of its loop's time). Other small bodies (up to :data:`BIG_BODY_BYTES`, and
     YAML, whose parser is several times slower) are parsed in a worker
     thread: a millisecond, interleaved with the loop by the GIL's switch
     interval. Bigger ones go to a worker *process*
     (:data:`PARSE_WORKERS`, started by forkserver on first use, its address
-    space capped at :data:`WORKER_MEMORY_BYTES`): a thread parsing a 1 MB
-    YAML body holds the GIL for up to a few hundred milliseconds, and
-    ``bench/hostile.py`` showed the loop starving behind it (normal
-    submissions' p50 4.3x slower beside four hostile clients with parse
-    threads, 2.3x with the worker process, on a loaded 2-core box). In a
+    space capped at :data:`WORKER_MEMORY_BYTES`): a thread parsing a large
+    YAML body holds the GIL for the whole parse, and ``bench/hostile.py``
+    showed the loop starving behind it (normal submissions several times
+    slower beside hostile clients with parse threads, about half as much
+    with the worker process). In a
     process the parse costs the API no GIL time and no memory but the
     bytes sent and the checked tree pickled back (bounded by the document
     limits); hostile bodies queue behind one another, not

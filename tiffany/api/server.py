@@ -146,7 +146,7 @@ def run_api(
             is written here (atomically; port 0 becomes the bound port).
         after: Files to wait for before the app is made and the port bound
             (``serve`` passes its engines' ready files). The process imports
-            its modules meanwhile, about a second of CPU that then overlaps
+            its modules meanwhile, most of its start-up CPU, which then overlaps
             the engines' start, and no client sees an API whose engine is
             not up yet. 1 if they are not there within ``AFTER_TIMEOUT_S``.
     """

@@ -233,7 +233,7 @@ class _Supervisor:
 
     Otherwise the API starts with the engines but listens only once they
     are up (``tiffany api --after``, their ready files): it imports its
-    modules meanwhile, a second of start-up that no longer follows the
+    modules meanwhile, most of its start-up, which no longer follows the
     engines', and no client sees an API (its log line, its ``/healthz``)
     whose engine cannot take a submission yet (a 503: the test of the
     dashboard in a browser got one when both simply started at once).

@@ -120,10 +120,9 @@ def same(recorded: Any, actual: Any) -> bool:
     packs as itself. A whole value's stand-in (a result too large for its
     record) is compared with the text the value would have been kept as.
 
-    A value that differs is compared once more as earlier versions packed
-    both (:func:`~tiffany.wire.values.legacy_canonical`: the sets inside a
-    dataclass unsorted), so that a journal they wrote replays as it did
-    then. Only a divergence pays for it.
+    A value that differs is compared once more with
+    :func:`~tiffany.wire.values.legacy_canonical` (old layout: see
+    docs/wal-format.md, compatibility). Only a divergence pays for it.
     """
     if recorded.__class__ is Unencodable:
         return recorded.repr == stand_in_text(actual)

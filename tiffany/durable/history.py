@@ -364,7 +364,7 @@ def load_run(wal_dir: Source, run_id: str) -> tuple[RunInfo, ReplayCursor]:
     it keeps a run is known only at the run's end (recovery drops finished
     runs). Here the run is wanted whatever its end, so the spans are not
     kept: one loop over the records instead of two, and a million span
-    tuples less (0.15 s of 1.3 s for ``bench/replay.py``'s verify). Nor
+    tuples less (a visible share of ``bench/replay.py``'s verify). Nor
     are the dispatches' seqs, which only an error names: the cursor reads
     them again if it needs one (:meth:`ReplayCursor.seq_of`).
 
@@ -416,9 +416,9 @@ def _gc_paused() -> Iterator[None]:
     In a process that froze its start-up heap already (the engine, after it
     built everything: ``tiffany/engine/__init__.py``), ``unfreeze`` would
     give all of it back to the collector: every full collection then walked
-    the 110,000 objects of the engine's modules and schemas again (measured:
-    35-270 ms on the scheduler thread, a full collection every second under
-    a re-run load). There the records stay frozen with it: they are plain
+    every object of the engine's modules and schemas again (measured: long
+    pauses of the scheduler thread, a full collection every second under a
+    re-run load). There the records stay frozen with it: they are plain
     data, freed by reference counting when the replay is done with them.
     """
     enabled = gc.isenabled()

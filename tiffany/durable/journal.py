@@ -27,8 +27,8 @@ dispatch. The rule a reader applies (``history.py``, the store's projector)
 is that dispatch counts only grow: a SPAWN, OUTCOME, STEP_START or
 TASK_EXIT whose ``n`` is above the last dispatch seen is the dispatch ``n``
 itself, with the call's kind and argument implied by the record
-(``tiffany.wire.records.carried``). Journals written before this rule (a DISPATCH record,
-then the SPAWN at the same ``n``) read the same way. The run's root keeps
+(``tiffany.wire.records.carried``). Older journals read the same way (old
+layout: see docs/wal-format.md, compatibility). The run's root keeps
 the DISPATCH record of its final ``return``: the run's last dispatch stays
 an explicit record (its count is what readers show for the run).
 

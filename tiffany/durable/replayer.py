@@ -109,8 +109,8 @@ class ReplayCursor:
         """Return the WAL seq of dispatch ``i`` (reading the seqs again if none were kept).
 
         Discussion: only an error names a dispatch's seq. A million kept
-        seqs cost a one-pass load 0.05 s of its 0.65 s (``bench/replay.py``),
-        so ``verify`` does not keep them, and a divergence reads the run's
+        seqs cost a one-pass load a noticeable share of its time
+        (``bench/replay.py``), so ``verify`` does not keep them, and a divergence reads the run's
         records again to find its seq.
         """
         if self.reread is not None:

@@ -31,8 +31,8 @@ Each pass resumes its walk of the log where the last one stopped
 not the whole live segment. The fold stays on this thread: in a worker
 process (tried, with the process at ``SCHED_IDLE``) the loop's longest
 dispatches fell, but starting the process cost the busy two cores a burst
-of CPU, and read-your-writes at 200 req/s got slower on both stores
-(bench/README.md, ``api.py``).
+of CPU, and read-your-writes under load got slower on both stores
+(bench/HISTORY.md, ``api.py``).
 
 Invariants: a failed pass is logged and changes nothing that a later pass
 or a start-up cannot redo (observers fail soft); releasing is idempotent

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from tiffany.agents.tools.base import ToolSettings
     from tiffany.agents.tools.signal import RunSignals
 
-# The agents (plans, tools: a third of a second of imports) are imported where
+# The agents (plans, tools: a heavy share of the imports) are imported where
 # they are used: the projector's process imports this package, and needs none.
 
 __all__ = ["Engine", "build", "replay_resolvers", "take_slot", "tool_settings"]
@@ -546,8 +546,8 @@ def build(
     # Everything loaded so far (modules, schemas, the tool registry) lives as
     # long as the process: move it out of the collector's reach, so a full
     # collection during a run traverses the run's objects only (measured: a
-    # gen-2 collection over the start-up heap cost a 1,000-step fan-out a
-    # third of its throughput).
+    # gen-2 collection over the start-up heap cost a large fan-out a large
+    # share of its throughput; bench/README.md).
     children = ChildLimits(
         settings.max_child_depth, settings.max_children, settings.max_descendants
     )

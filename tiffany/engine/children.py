@@ -177,8 +177,8 @@ class RunTree:
         after its checkpoint, and every unfinished one: a parent missing
         from it has ended). An unfinished child gets its node back; every
         child counts for its parent and its root (at least what its entry
-        says: the n-th descendant). Entries written before they carried
-        ``root`` and ``depth`` take them from their parent's.
+        says: the n-th descendant). Old entries take ``root`` and ``depth``
+        from their parent's (old layout: see docs/wal-format.md, compatibility).
 
         Returns the unfinished children whose parent has ended (the cancel
         the parent's end asked for was lost with its engine): the caller

@@ -24,9 +24,8 @@ connection's lock is free and the socket takes the whole line at once
 (``MSG_DONTWAIT``). Otherwise, or for a refusal (which may be logged), the
 pool writes it. So the scheduler thread never waits on a socket: it makes
 one non-blocking ``send`` a submission, where each hop to another thread
-cost the answer a wait for the GIL (measured at 500 submissions a second:
-0.8 + 1.2 ms of a 8 ms mean, 12 + 7 ms of the slowest 1%'s 62;
-bench/README.md).
+cost the answer a wait for the GIL (a visible share of the mean and of the
+tail at high rates; bench/README.md).
 
 Each line is decoded once, here, into its typed command
 (:func:`~tiffany.wire.control.decode_command`); the handler dispatches it by

@@ -7,10 +7,10 @@ waiting for the WAL to be durable past a seq.
 Each waiter has its own future, woken once, when its seq is durable: a
 submission costs its control thread one sleep and one wake. The shared
 condition this replaces (``notify_all`` at every group commit) woke every
-waiting thread at each commit, most of them only to sleep again; at 300
-submissions a second the engine's sixteen control threads then made about
-17 context switches a run and half the engine's CPU time was the kernel's
-(bench/README.md, ``api.py``).
+waiting thread at each commit, most of them only to sleep again; under
+load the engine's sixteen control threads then made many context switches
+a run and the kernel took a large share of the engine's CPU time
+(bench/HISTORY.md, ``api.py``).
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ within milliseconds that is nearly every one, a wake-up and a wait for the
 GIL each.)
 
 Discussion: the control workers used to wait in ``Future.result(timeout)``.
-Sixteen of them capped the submissions in flight at sixteen: at 500
-submissions a second a commit cycle over 32 ms left the queue growing and
-longer passes made the cycle longer still (bench/README.md, 2026-11-25).
+Sixteen of them capped the submissions in flight at sixteen: once a commit
+cycle outlasted sixteen submissions' arrivals the queue grew, and longer
+passes made the cycle longer still (bench/HISTORY.md, 2026-11-25).
 """
 
 from __future__ import annotations

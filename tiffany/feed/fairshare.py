@@ -1,6 +1,6 @@
 """Fair turns at the event loop for many senders (the activity feed's ASGI senders).
 
-Every websocket message sent through ASGI costs the loop some 15 us; a
+Every websocket message sent through ASGI costs the loop a fixed price; a
 burst that wakes hundreds of senders at once would hold one pass of the
 loop for tens of milliseconds while every HTTP request of the process
 waits. :class:`FairShare` gives the senders :data:`FANOUT_SLICE_S` of each
@@ -39,11 +39,11 @@ class FairShare:
     async def turn(self) -> None:
         """Wait for this sender's turn at the loop (before each send).
 
-        Discussion: every websocket message costs the loop some 15 us, so 300
-        senders woken by one burst of events would hold one pass of the loop for
+        Discussion: every websocket message costs the loop a fixed price, so
+        hundreds of senders woken by one burst of events would hold one pass of the loop for
         tens of milliseconds, and every HTTP request in the process waits for
         that pass (with 200 subscribers that never read, whose sockets took
-        every event until their buffers filled, submissions were 5 to 10 times
+        every event until their buffers filled, submissions were several times
         slower; see :func:`tiffany.feed.wsdirect.bound_send_buffer`). Instead the senders share
         :data:`FANOUT_SLICE_S` of each pass; once it is spent, the others queue
         (FIFO) and the next passes wake as many of them as fitted in the last

@@ -37,7 +37,7 @@ partition, rather than a queue per subscriber):
   :data:`DEADLINE_CHECK_S`), and its websocket handler ends even though the
   client neither reads nor closes. Each websocket's kernel send buffer is
   fixed (:func:`tiffany.feed.wsdirect.bound_send_buffer`), so a client that
-  never reads blocks after some 200 KB instead of 3 MB;
+  never reads blocks after some 200 KB instead of megabytes;
 * a cap (``max_subscribers``): the route refuses one more with close code
   1013 (try again later), logged as a warning;
 * fairness: the senders take turns at the loop (:meth:`FeedRelay.turn`), a
@@ -63,11 +63,11 @@ each new WAL record), so the ring covers a resume point ``since`` when
 ``since`` is at least the key of the last entry it dropped (or, before it
 dropped any, of its first entry); an older one catches up from the engine.
 
-Capacity: a websocket message costs the API about 15 us (uvicorn, the
+Capacity: a websocket message costs the API a fixed price (uvicorn, the
 websockets framing and a ``send`` system call) however small it is, so one
-event a message tops out near 60,000 messages a second for the whole
-process: 100 websockets following everything at 20,000 events/s need
-``?batch=true`` (a JSON array of up to 512 frames a message); without it they
+event a message caps the whole process's message rate well below what a
+hundred websockets following everything at the engine's full event rate
+need: they need ``?batch=true`` (a JSON array of up to 512 frames a message); without it they
 are cut off and resume, and the engine is never slowed. Senders yield to the
 loop after every round so the relay's reading is never starved; should the
 relay still fall a hub queue behind the engine, see :meth:`FeedRelay._run`.

@@ -3,8 +3,8 @@
 ASGI sends one message per ``await send(...)``: through every middleware's
 ``send`` wrapper, uvicorn's framing (and per-connection compression) and
 one write, in the sender's own task. For the activity feed that is the
-cost of fan-out: 100 websockets following the engine cost the API some
-70 us each per run, ~7 ms of CPU per submission (bench/fanout.py). The
+cost of fan-out: a hundred websockets following the engine cost the API
+more CPU per submission than the submission itself (bench/fanout.py). The
 relay (:mod:`tiffany.feed.relay`) instead frames each message once and writes
 the same bytes to every subscriber that is due it, in one pass, from the
 relay's callback: no task switch, no framing per subscriber.
@@ -66,22 +66,22 @@ def bound_send_buffer(transport: BaseTransport) -> None:
 
     Discussion: Linux grows a TCP socket's send buffer up to ``tcp_wmem``'s
     maximum (4 MiB by default), so a websocket whose client never reads
-    took some 3 MB, ten thousand events, before a send blocked: until then it
-    cost the API as much as a reading one, and 200 of them held 600 MB of
-    kernel memory. With the buffer fixed, a stalled client blocks after some
-    200 KB (twice this buffer, and asyncio's 64 KiB) and is cut off by the
-    feed's send deadline.
+    took megabytes, thousands of events, before a send blocked: until then
+    it cost the API as much as a reading one, and a few hundred of them held
+    hundreds of megabytes of kernel memory. With the buffer fixed, a stalled
+    client blocks after some 200 KB (twice this buffer, and asyncio's 64 KiB)
+    and is cut off by the feed's send deadline.
 
     Not smaller: a fixed buffer turns the kernel's tuning of it off, and one
     of 32 KiB or less (16 KiB asked, doubled) is smaller than a loopback
-    segment (64 KiB), so a large write waits for delayed acknowledgements:
-    20 MB in 4.7-5.2 s against 0.006 s with 64 KiB asked, in 64 KiB writes
-    (with 4 KiB writes all sizes took 0.02-0.04 s). The relay writes a burst
+    segment (64 KiB), so a large write waits for delayed acknowledgements,
+    hundreds of times longer than with 64 KiB asked (small writes do not
+    show it; bench/HISTORY.md, ``fanout.py``). The relay writes a burst
     of events in one write, so with 16 KiB a client reading 4 KiB events
     as fast as they came fell behind and was cut off as a stalled one.
-    Only websockets: HTTP answers keep the kernel's tuned buffer (a 5 MB
-    run page took 2.1 s to download, 0.04 s without the bound, when the
-    listening socket had it and every connection inherited it).
+    Only websockets: HTTP answers keep the kernel's tuned buffer (a large
+    run page took some fifty times longer to download when the listening
+    socket had the bound and every connection inherited it).
     """
     sock = transport.get_extra_info("socket")
     if sock is not None:

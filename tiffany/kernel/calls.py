@@ -17,7 +17,7 @@ Design principles:
 * Calls are small slotted classes with a stable ``kind`` and JSON-able
   ``fields()``, so the journal and the activity log can serialise them. No
   tuples, no string dispatch (curio's traps), no frozen dataclasses (building
-  one costs 220-330 ns, which the hot path cannot afford).
+  one costs several times a slotted class, which the hot path cannot afford).
 * Only operations that may *block* are system calls. Non-blocking operations
   such as ``Queue.put`` and ``Event.set`` are plain method calls: making them
   system calls would double the trips through the loop per message.

@@ -14,7 +14,7 @@ handler and unparker tables.
 Discussion: each primitive binds to the scheduler of the first task that
 parks on it, and the call objects it hands out are created once and reused:
 a ``yield q.get()`` allocates nothing. Waiter lists and the item buffer are
-created lazily so an idle queue costs about 100 bytes.
+created lazily so an idle queue costs little memory.
 
 Discussion: two paths stay inlined across this module's edge, because each
 runs once per message: :meth:`Queue.put` hands an item to a parked getter

@@ -169,8 +169,8 @@ class Projector:
     Args:
         engine: The store's engine; the schema must exist (``tiffany db upgrade``).
         journal: The journal this projector applies (``file:<hex>``, a WAL's
-            name; ``postgres:<stream>``; None, a WAL written before WALs were
-            named): an empty store is claimed for it, and a
+            name; ``postgres:<stream>``; None, an unnamed WAL, old layout:
+            see docs/wal-format.md, compatibility): an empty store is claimed for it, and a
             store holding another journal's rows is refused
             (:class:`StoreJournalMismatch`), unless ``claim`` is false (a
             rebuild, which empties the store first).
@@ -469,10 +469,8 @@ def _claim(
     """Mark an empty store as ``journal``'s; refuse one that holds another journal's rows.
 
     ``journal``: ``file:<hex>`` (a named WAL), ``postgres:<stream>``, or
-    None (a WAL written before WALs were named). A store fed before names
-    existed (its journal None) is taken over by the first named file WAL
-    whose records reach its mark: that is the upgrade of a data dir whose
-    WAL had no name yet. ``reaches(seq)``: whether the journal holds a
+    None (an unnamed WAL; old layout, and how its store is taken over: see
+    docs/wal-format.md, compatibility). ``reaches(seq)``: whether the journal holds a
     record at or after ``seq`` (None: not checked).
 
     Raises:

@@ -51,11 +51,10 @@ What the journal says, and what the projection makes of it:
   fields) is final: status, error and attempts of every step. Steps a
   cancelled run never finished are ``skipped``.
 
-Run identity: records name their run by ``run_no``; a WAL written before
-run numbers were reserved per data dir may hold several runs with one
-number. A record belongs to the latest RUN_START with its number (as
-``tiffany/durable/history.py`` reads it); ``runs.start_seq`` keeps the
-runs apart and orders them.
+Run identity: records name their run by ``run_no``, which an old WAL may
+reuse (old layout: see docs/wal-format.md, compatibility). A record belongs
+to the latest RUN_START with its number (as ``tiffany/durable/history.py``
+reads it); ``runs.start_seq`` keeps the runs apart and orders them.
 
 Discussion: a task's state between records is a guess the journal cannot
 settle: a wake-up from inside the run (a joined task ending, a queue put)

@@ -9,8 +9,8 @@ cannot (the pipe is full because the process is busy, the pipe is being
 replaced, or the process died), it sets an event instead, and a notifier
 thread writes the newest value, coalesced: however many commits happened
 since, one number goes; the same thread restarts a process that died. (It
-used to write every notice: at 300 submissions a second that thread woke
-1,800 times a second, for 8 bytes each time.) A reader thread takes the
+used to write every notice: under load that thread woke at every group
+commit, several times a submission, for 8 bytes each time.) A reader thread takes the
 process's progress reports (``last_seq``, the store's watermark) and
 answers the readers waiting for it (:meth:`when_projected`).
 

@@ -6,7 +6,7 @@ are a few ``executemany`` calls on a local file. On PostgreSQL each
 statement is a round trip to a server process that shares the machine, and
 ``executemany`` costs the driver's Python per row: a batch of 22 records
 took twelve round trips (``BEGIN``, the mark's lock, eight statements, the
-mark, ``COMMIT``) and 90 us of client CPU a record.
+mark, ``COMMIT``) and the driver's Python for every row.
 
 Here the whole batch is one statement in autocommit, so it is atomic on its
 own and one round trip:

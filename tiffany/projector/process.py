@@ -3,8 +3,7 @@
 The engine process starts it (``tiffany projector``, hidden). Decoding and
 SQL happen here, in a process of its own, so they never take the engine's
 GIL away from the scheduler loop (measured: a projector thread held the
-engine's GIL 62% of the time at 200 submissions/s and made the loop wait
-for it).
+engine's GIL most of the time under load and made the loop wait for it).
 
 The engine tells it how far the WAL is durable; it reads the records from
 the WAL on disk itself (:class:`~tiffany.projector.tail.WalTail`, a
@@ -106,22 +105,21 @@ BATCH_RECORDS: Final = 5_000
 MAX_REPORTED_SEQS: Final = 20
 #: How long the journal must be quiet before the projector checkpoints a
 #: SQLite store, in seconds: a few group commits' time, so a running plan's
-#: stream of commits (one every 1-3 ms) does not checkpoint at each pause
+#: stream of commits (milliseconds apart) does not checkpoint at each pause
 #: (each checkpoint syncs the database file), while the pause before a
 #: user's next request does (with 20 ms, bench/rerun.py's re-run, which
 #: follows its original within milliseconds, could still meet SQLite's own).
 IDLE_S: Final = 0.005
 #: The shortest time between two transactions while commits keep coming, in
 #: seconds: what arrives meanwhile joins the next one. Each transaction costs
-#: the same few statements and a commit whatever it carries; at 300
-#: submissions/s the engine commits some 1,800 times a second, and one
-#: transaction each cost the projector more than the records did. The price
+#: the same few statements and a commit whatever it carries; under load the
+#: engine commits several times per submission, and one transaction each
+#: cost the projector more than the records did. The price
 #: is at most this much more before a read with ``min_seq`` sees its write.
 GATHER_S: Final = 0.005
 #: The same while no read waits on the store (the engine says so in each
-#: message): longer batches cost less a record (bench/projector.py: 0.63 ms
-#: of CPU a run in batches of 200 records on SQLite, 1.04 ms in batches of
-#: 22). A read that starts waiting ends the gathering at once (its message
+#: message): longer batches cost less a record (bench/projector.py). A read
+#: that starts waiting ends the gathering at once (its message
 #: wakes the process). Only for the file WAL: on PostgreSQL, API replicas
 #: elsewhere wait through the database and their engine cannot tell.
 GATHER_IDLE_S: Final = 0.02
@@ -380,7 +378,7 @@ def run_projector(
     # The engine sends its log's durable seq as it starts us; it is usually
     # here by now. A store mark at or below it is reached by the journal (its
     # writer says so), which spares the check a walk of a segment's records
-    # (up to 64 MiB: 0.4 s of a restart with a full live segment).
+    # (up to a whole live segment: a visible share of a restart).
     known = notices.wait(block=False)
     applier = _Applier(
         database_url,

@@ -45,9 +45,10 @@ def records_span(session: Session, run_id: str) -> tuple[int, int, int] | None:
     if run is None:
         return None
     run_no, start = run.run_no, run.start_seq or 0
-    # A legacy WAL may reuse the number, and other engines have their own
-    # numbers (tiffany/wire/shards.py): the run's records lie between its RUN_START
-    # and the next RUN_START with the same number, within its engine's seqs.
+    # An old WAL may reuse the number (docs/wal-format.md, compatibility), and
+    # other engines have their own numbers (tiffany/wire/shards.py): the run's records
+    # lie between its RUN_START and the next RUN_START with the same number,
+    # within its engine's seqs.
     last = seq_last(engine_of(start))
     end = session.scalar(
         select(func.min(Run.start_seq)).where(

@@ -174,8 +174,7 @@ class Run(Base):
 
     run_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     #: The run's number in the WAL (the 4-byte prefix of its records). Not
-    #: unique: WALs written before run numbers were reserved per data dir hold
-    #: several runs with the same number (docs/store.md, "Run identity").
+    #: unique: an old WAL may reuse it (old layout: see docs/wal-format.md, compatibility).
     run_no: Mapped[int] = mapped_column(Integer)
     #: The WAL sequence number of the run's RUN_START (unique by construction;
     #: the runs list's order). Null only for rows projected before revision 0003

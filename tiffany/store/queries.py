@@ -297,8 +297,8 @@ def run_detail_of(
     """Return :func:`run_detail` of a run read with three plain SELECTs, or None.
 
     Discussion: what ``GET /api/runs/{id}`` serves. The rows are read as
-    rows, not ORM objects (no identity map, no ``selectinload``): a fifth
-    of the API's time went to loading a run's objects at 200 reads/s.
+    rows, not ORM objects (no identity map, no ``selectinload``): loading a
+    run's objects was a large share of the API's time under read load.
 
     ``outputs=False`` (``?outputs=false``) reads the run without what its
     steps and tasks produced: the run's ``outputs``, each step's ``output``
@@ -308,8 +308,8 @@ def run_detail_of(
     the database at all (:data:`LEAN_COLUMNS`). A run's result is there
     four times in a full read: the run's outputs and its planner's result,
     the step's output and its worker's result (each row carries its own),
-    so a 60 MB result was a 240 MB answer, at every poll of a waiting
-    client.
+    so a large result made an answer four times its size, at every poll of
+    a waiting client.
 
     Raises:
         TooLarge: ``max_dispatches`` is given and the run has more (its
@@ -338,9 +338,9 @@ def _detail_pipelined(conn: Connection, run_id: str, outputs: bool = True) -> di
     psycopg's pipeline sends them together and reads their results after
     one sync. Each round trip of a read in the API's threadpool ends with
     its thread waiting for the GIL in a busy process: three of them were
-    most of the slowest reads' time at 200 reads/s, against about 1 ms of
-    work. The rows are the driver's, with the engine's JSON loader
-    (SQLAlchemy sets it on the connection).
+    most of the slowest reads' time under load, against little work. The
+    rows are the driver's, with the engine's JSON loader (SQLAlchemy sets it
+    on the connection).
     """
     from psycopg.rows import namedtuple_row
 

@@ -92,7 +92,7 @@ def make_engine(
     parsed = normalize_url(url)
     # JSON columns hold values records.jsonable made plain: msgspec writes and
     # reads them several times faster than the json module (the projector
-    # spent a tenth of its time in json.dumps).
+    # spent a noticeable share of its time in json.dumps).
     kwargs.setdefault("json_serializer", json_text)
     kwargs.setdefault("json_deserializer", msgspec.json.decode)
     if parsed.get_backend_name() == "sqlite":

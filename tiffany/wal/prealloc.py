@@ -3,9 +3,9 @@
 Why (docs/wal-format.md, "Preallocation"): a commit's ``fdatasync`` into a
 file that grows must also journal the new blocks and the new size, a
 metadata commit of the file system; into blocks that were written before,
-it flushes the data alone. On this project's ext4 machine, a 5 KB write
-then ``fdatasync`` took 0.11-0.14 ms in a zero-filled file against
-0.21-0.25 ms at the end of a growing one (``bench/wal_append.py``, Table 4).
+it flushes the data alone, so a small commit's ``fdatasync`` into a
+zero-filled file costs about half what it costs at the end of a growing one
+(``bench/wal_append.py``, Table 4; the figures are on the bench page).
 ``posix_fallocate``, which etcd uses, did not help here: its unwritten
 extents are converted at the first write, metadata again. PostgreSQL
 zero-fills its WAL files (``wal_init_zero``), as we do.

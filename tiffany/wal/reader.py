@@ -27,11 +27,11 @@ Invariants:
 Discussion: segments are read whole (``read()``, 64 MiB at most by default)
 and parsed with ``unpack_from`` and slices. ``mmap`` would save the copy, but
 every payload has to become ``bytes`` anyway, and the copy is cheap next to
-the parsing (about 35 ms of the 500 ms it takes to read 1 M small records).
+the parsing (a small fraction of a read's time).
 The loops below inline :func:`frame.decode` for the good case (see
 ``frame.py``) and build ``Record`` with ``tuple.__new__``, which skips the
-NamedTuple constructor's argument parsing: about 2 M small records/s
-instead of 1.4 M.
+NamedTuple constructor's argument parsing, a clearly faster read of small
+records.
 """
 
 from __future__ import annotations
@@ -245,7 +245,7 @@ def iter_spans(
     the open of the writer that holds the log's lock) maps segment names to
     offsets up to which every record's checksum was just verified: those are
     not summed again (a start reads its live segments right after opening
-    them; a 1 M-record segment took 0.15 s to sum twice).
+    them; summing a large segment twice is a visible share of a start).
 
     ``at`` (a :data:`Position` an earlier pass over this log found, at or
     before ``from_seq``) starts the walk of its segment there: the records

@@ -173,7 +173,7 @@ def _resync(data: bytes, offset: int) -> int | None:
 
     The candidates are :func:`~tiffany.wal.frame.next_frame`'s, which skips
     a run of zeros in one search (a preallocated segment's: a byte at a time,
-    16 MiB took 1.7 s).
+    a segment's zeros took seconds).
     """
     k = next_frame(data, offset)
     while k is not None:

@@ -224,7 +224,7 @@ class Wal(LogState):
         """Give the WAL its name if it has none (``JOURNAL``, :mod:`tiffany.wal.identity`).
 
         A full disk leaves an old WAL unnamed until a later open (the store
-        then treats it as it treated every file WAL before names existed)
+        then treats it as an unnamed WAL of old: see docs/wal-format.md, compatibility)
         rather than keeping the engine from starting on what it holds.
         """
         try:

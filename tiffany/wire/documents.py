@@ -40,7 +40,7 @@ Discussion:
     scanned, in C loops only (strings blanked by one regex substitution,
     then counts of commas, colons and brackets, and a running sum of the
     brackets for the depth): refused past ``max_depth`` or ``max_nodes``
-    before the parser sees it (2 ms for 1 MB), the parser then runs on at
+    before the parser sees it (cheap next to parsing), the parser then runs on at
     most ``max_depth`` levels and ``max_nodes`` values.
     ``parse_int`` keeps long integer literals as :class:`_BigInt` markers
     (so :func:`check` can name their path) and ``parse_constant`` lets
@@ -48,9 +48,9 @@ Discussion:
     decoder (fast, with its own depth guard) reports a lone surrogate as
     "Input data was truncated" with no position and decodes 30-digit
     integers as Python ints; hand-writing an iterative JSON parser in
-    Python is ten times slower than the scan plus the C parser. A
-    ``str.translate`` table for the bracket scan was rejected too: the
-    table of every code point held 70 MB in each process.
+    Python is an order of magnitude slower than the scan plus the C parser.
+    A ``str.translate`` table for the bracket scan was rejected too: a
+    table of every code point is too large to hold in every process.
 
     YAML: PyYAML's composer and constructor recurse, and its constructor
     materializes aliases (the billion-laughs body that drove the API to

@@ -9,7 +9,7 @@ Every record of a run starts with the run's number as a 4-byte
 little-endian prefix, so a reader can skip other runs' records without
 decoding them; the rest is a msgpack array, one struct per record type
 (``msgspec.Struct(array_like=True)``: the array is the struct's fields in
-order, the same bytes the positional lists of earlier versions were)::
+order; old layout: see docs/wal-format.md, compatibility)::
 
     RUN_START  1  run_no | [run_id, name, entry, ts, compat?]
     SPAWN      2  run_no | [n, ltid, parent_ltid, name, role?, step_id?, tool?]
@@ -22,9 +22,8 @@ order, the same bytes the positional lists of earlier versions were)::
     (9)           reserved: CANCEL, never written (see below)
     HOLD      10  run_no | [n, ltid, ordinal, name, reason]  a step held, not started
 
-``?`` marks optional trailing fields: a record written before they existed
-decodes with their defaults (``compat`` 1; a SPAWN's role from its name,
-see :func:`legacy_role`, in this module and nowhere else). The full grammar,
+``?`` marks optional trailing fields, which decode with their defaults when
+absent (old layout: see docs/wal-format.md, compatibility). The full grammar,
 the version history and how to change it are in ``docs/wal-format.md``.
 
 Carried dispatches: every dispatch has exactly one record whose ``n``
@@ -44,7 +43,7 @@ these types whose ``n`` does not pass the last dispatch seen carries
 nothing: the root's SPAWN (``n`` 0), an OUTCOME after its DISPATCH
 (``Sleep``), a step re-run at recovery, the exit of a task closed by a
 second kill (no dispatch), the root's exit (after its explicit
-``return``), and everything in journals written before this rule.
+``return``), and older journals' records (old layout: see docs/wal-format.md, compatibility).
 
 Discussion: CANCEL (type 9) was declared and never written. A cancel
 request enters a run at a wait stage like any other external event, and
@@ -162,7 +161,7 @@ class RunStart(msgspec.Struct, array_like=True, frozen=True):
     """A run begins: its id, name, entry (how to rebuild its root) and start time.
 
     ``compat``: the journal-compatibility version the run started under
-    (absent in journals written before versions: 1).
+    (absent: 1; old layout: see docs/wal-format.md, compatibility).
     """
 
     rtype: ClassVar[int] = RecordType.RUN_START
@@ -178,9 +177,9 @@ class Spawn(msgspec.Struct, array_like=True, frozen=True, gc=False):
 
     ``role``, ``step_id`` and ``tool`` say what the task is (``Role``),
     which plan step it serves and with which tool (a :class:`TaskLabel`
-    the spawning code gave). A record written before they existed has
-    none; :func:`decode` fills them from the name (:func:`legacy_role`),
-    except the root's role, which the run's entry says (:func:`root_role`):
+    the spawning code gave). Old layout (see docs/wal-format.md, compatibility):
+    :func:`decode` fills them from the name (:func:`legacy_role`), except
+    the root's role, which the run's entry says (:func:`root_role`):
     ``role`` is None only there.
     """
 
@@ -364,7 +363,7 @@ def decode_body(rtype: int, body: bytes | memoryview) -> Record | Unknown:
 
 
 def _with_role(spawn: Spawn) -> Spawn:
-    """A SPAWN as it decodes: one written before roles gets its label from its name."""
+    """A SPAWN as it decodes: one without a role gets its label from its name (old layout)."""
     if spawn.role is not None or not spawn.parent_ltid:
         return spawn
     label = legacy_role(spawn.name)
@@ -472,10 +471,10 @@ def root_role(entry: Any) -> Role:
 
 
 def legacy_role(name: str) -> TaskLabel:
-    """Return the label of a task of a journal written before SPAWN had one.
+    """Return the label of a SPAWN that has none, from its task's name.
 
-    Such journals named tasks ``worker:STEP``, ``tool:TOOL:STEP`` and
-    ``step:NAME``; this is the only place that reads a role from a name.
+    Old layout: see docs/wal-format.md, compatibility. This is the only place that
+    reads a role from a name.
     """
     head, _, rest = name.partition(":")
     if head == "worker" and rest:

@@ -125,8 +125,8 @@ def note_owner(data_dir: str | Path, owner: str) -> Path:
     answering beside it is ready while engines elsewhere hold their streams
     (a standby's, an API replica's). Its own engine, between taking its lease
     and listening on its socket, is not elsewhere: counted, the API said
-    ready and its first submissions waited for an engine still starting (a
-    second, in ``bench/read_your_writes.py``). A lease row does not say
+    ready and its first submissions waited for an engine still starting
+    (``bench/read_your_writes.py``). A lease row does not say
     which data dir its holder serves; this note does.
     """
     folder = Path(data_dir) / OWNERS_DIR

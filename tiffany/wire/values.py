@@ -209,13 +209,8 @@ def _order_sets(src: Any, out: Any) -> None:
     enum's value) it stops, and ``out`` stays as ``to_builtins`` made it.
 
     Discussion: the order of a dict, the tuples and everything else are left
-    as they were: journals of earlier versions hold them that way, and a
-    replay compares its values with theirs byte for byte. Only the sets
-    change, and a set that hung on the hash seed (of strings, bytes, or
-    anything holding them) was journaled in an order no other process
-    reproduces, so no replay could verify it anyway; one of numbers, whose
-    hashes are not seeded, was reproducible, and :func:`legacy_canonical`
-    still gives a replay the bytes it was journaled as.
+    as they are, because a replay compares its values with the journal's
+    byte for byte; only the sets change (old layout: see docs/wal-format.md, compatibility).
 
     Rejected: ``to_builtins(order="deterministic")``, which sorts the sets in
     C but also every dict (by key): the journaled order of a dataclass's
@@ -224,8 +219,8 @@ def _order_sets(src: Any, out: Any) -> None:
     (renamed and omitted fields, tags, enums).
 
     Cost: a container whose items are all plain is passed over in C
-    (:data:`_all_plain`); a step's result of 1,000 strings adds about 15 us
-    to the 7 us of packing it, where the WAKE that brought it took more.
+    (:data:`_all_plain`); a step's result of many strings adds about twice
+    the cost of packing it, where the WAKE that brought it took more.
     """
     cls = src.__class__
     pairs: Any
@@ -439,16 +434,10 @@ def canonical(value: Any) -> bytes:
 
 
 def legacy_canonical(value: Any) -> bytes:
-    """Return the bytes earlier versions journaled ``value`` as (sets inside objects unsorted).
+    """Return ``value`` packed with the sets inside objects unsorted (``durable/dispatch.py``).
 
-    Before :func:`pack_value` sorted the sets inside a dataclass or Struct
-    (``_order_sets``), they were journaled in their iteration order. For a
-    set of numbers (their hashes are not seeded) that order was the same in
-    every process, and such journals replayed; a replay that finds its value
-    differs from one of them compares it this way too (``durable/dispatch.py``:
-    ``same``). The same as :func:`canonical` for a value without such a set.
-    (A set on its own is compared as it is packed now: the journal's decodes
-    to a set, packed again.)
+    Old layout: see docs/wal-format.md, compatibility. The same as :func:`canonical`
+    for a value without such a set.
     """
     return _encoder.encode(_legacy_pack(value))
 
