@@ -96,8 +96,11 @@ LAYERS: dict[str, Layer] = {
     "feed.upstream": Layer(_parts("errors", "feed", "store")),
     "feed.relay": Layer(_parts("errors", "feed", "feed.upstream")),
     "store": Layer(_parts("errors", "config")),
+    # Child processes started, restarted after backoff, stopped; the
+    # parent-death lifeline (serve's engines and API, an engine's projector).
+    "supervisor": Layer(STDLIB_ONLY, _parts("structlog", "tenacity")),
     # The journal folded into the store, and the process that tails it.
-    "projector": Layer(_parts("errors", "config", "log", "wal", "wal.pg", "store")),
+    "projector": Layer(_parts("errors", "config", "log", "wal", "wal.pg", "store", "supervisor")),
     # records: only TaskLabel, the role and plan step a spawned task serves.
     "agents": Layer(_parts("errors", "kernel", "io")),
     # Data only: the plans that ship with Tiffany (the demo plan).
@@ -122,6 +125,7 @@ LAYERS: dict[str, Layer] = {
             "agents",
             "observe",
             "schedules",
+            "supervisor",
         )
     ),
     # The API side-process never imports kernel, wal, durable or agents.
