@@ -84,7 +84,10 @@ LAYERS: dict[str, Layer] = {
     # The WAL treats payloads as opaque bytes.
     "wal": Layer(_parts("errors"), CODEC_LIBS | _parts("structlog")),
     # The WAL's records as rows of a PostgreSQL stream, under a fenced lease.
-    "wal.pg": Layer(_parts("errors", "config", "wal"), _parts("psycopg", "structlog")),
+    "wal.pg": Layer(
+        _parts("errors", "config", "wal"),
+        _parts("psycopg", "psycopg_pool", "structlog", "tenacity"),
+    ),
     "durable": Layer(_parts("errors", "kernel", "wal")),
     # The activity feed: events, hub, rings, transports, the API's relay.
     "feed": Layer(_parts("errors")),

@@ -9,7 +9,6 @@ adds the activity log, the store projector and the control channel.
 from __future__ import annotations
 
 import gc
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -454,6 +453,7 @@ def take_slot(settings: Settings, owner: str | None = None) -> tuple[Settings, L
     stream: its lease row admits one; the other tries the next, or waits.
     """
     import structlog
+    import tenacity
 
     from tiffany.errors import WalLockedError
     from tiffany.store.migrate import upgrade_url
@@ -461,15 +461,16 @@ def take_slot(settings: Settings, owner: str | None = None) -> tuple[Settings, L
 
     log = structlog.get_logger(__name__)
     upgrade_url(settings.database_url)  # the journal's tables are Alembic's too
-    said = False
-    while True:
-        soonest = settings.journal_lease_s
+    lease_s = settings.journal_lease_s
+
+    def first_free() -> tuple[Settings, Log]:
+        soonest = lease_s
         for i in range(settings.engine_slots):
             try:
                 opened = PgLog.open(
                     settings.database_url,
                     engine_stream(settings.journal_stream, i),
-                    lease_s=settings.journal_lease_s,
+                    lease_s=lease_s,
                     first_seq=seq_base(i) + 1,
                     owner=owner,
                 )
@@ -478,10 +479,32 @@ def take_slot(settings: Settings, owner: str | None = None) -> tuple[Settings, L
                 continue
             log.info("engine.slot_taken", engine=i, slots=settings.engine_slots)
             return settings.model_copy(update={"engine": i}), opened
-        if not said:
-            said = True
+        raise _EverySlotHeld(soonest)
+
+    def until_one_frees(state: tenacity.RetryCallState) -> float:
+        """The soonest lease's end, at least 50 ms, at most a quarter lease and a second."""
+        exc = state.outcome.exception() if state.outcome is not None else None
+        soonest = exc.soonest_s if isinstance(exc, _EverySlotHeld) else lease_s
+        return min(max(soonest, 0.05), lease_s / 4, 1.0)
+
+    def standby(state: tenacity.RetryCallState) -> None:
+        if state.attempt_number == 1:  # once, not once a try
             log.info("engine.standby", slots=settings.engine_slots, reason="every slot held")
-        time.sleep(min(max(soonest, 0.05), settings.journal_lease_s / 4, 1.0))
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(_EverySlotHeld),
+        wait=until_one_frees,
+        before_sleep=standby,
+    )
+    return retrying(first_free)
+
+
+class _EverySlotHeld(Exception):
+    """Every stream of the slots is leased to another engine (:func:`take_slot` waits)."""
+
+    def __init__(self, soonest_s: float) -> None:
+        super().__init__(f"every slot held; the soonest lease ends in {soonest_s:.1f} s")
+        self.soonest_s = soonest_s
 
 
 def journal_source(settings: Settings) -> Source:

@@ -41,7 +41,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
 import structlog
@@ -227,7 +227,7 @@ class Child:
         log.warning("child.kill", child=self.name, pid=pid, after_s=timeout)
 
 
-def stop_all(children: list[Child], timeout: float = STOP_TIMEOUT_S) -> list[int | None]:
+def stop_all(children: Sequence[Child], timeout: float = STOP_TIMEOUT_S) -> list[int | None]:
     """Stop children together (SIGTERM to all, then wait for each); return their codes."""
     for child in children:
         child.due = None
