@@ -151,10 +151,12 @@ class Child:
         #: When :meth:`tend` starts it (monotonic): 0 before its first start,
         #: a deadline once it died, None while it runs (or after :meth:`stop`).
         self.due: float | None = 0.0
+        self._stopped = False  # by stop(): its end is no death
 
     def start(self) -> subprocess.Popen[bytes]:
         """Start a process of it now (``OSError`` if it cannot be)."""
         self.due = None
+        self._stopped = False
         self.started_at = time.monotonic()
         pipe = subprocess.PIPE if self.pipes else None
         self.proc = subprocess.Popen(
@@ -177,9 +179,12 @@ class Child:
         new process starts. Raises :class:`NoRestart` for an exit code the
         policy says no restart mends, and ``OSError`` from a start that
         failed (the restart is due again after the policy's next wait).
+        A child :meth:`stop` stopped is left alone.
         """
         now = time.monotonic() if now is None else now
         proc = self.proc
+        if self._stopped:
+            return False
         if self.due is not None:
             if now < self.due or not may_start:
                 return False
@@ -206,9 +211,11 @@ class Child:
     def stop(self, timeout: float = STOP_TIMEOUT_S, *, term: bool = True) -> int | None:
         """Stop its process: SIGTERM (unless ``term`` is false: asked already), wait, SIGKILL.
 
-        Returns its exit code, or None if it never started.
+        Returns its exit code, or None if it never started. A stopped
+        child is not restarted (:meth:`tend`) until :meth:`start`.
         """
         self.due = None
+        self._stopped = True
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return None if proc is None else proc.returncode
@@ -230,7 +237,6 @@ class Child:
 def stop_all(children: Sequence[Child], timeout: float = STOP_TIMEOUT_S) -> list[int | None]:
     """Stop children together (SIGTERM to all, then wait for each); return their codes."""
     for child in children:
-        child.due = None
         proc = child.proc
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
