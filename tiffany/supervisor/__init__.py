@@ -42,14 +42,25 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 
-import structlog
-import tenacity
+if TYPE_CHECKING:
+    import tenacity
 
 __all__ = ["Child", "NoRestart", "RestartPolicy", "stop_all"]
 
-log = structlog.get_logger(__name__)
+
+def _log() -> Any:
+    """This module's logger.
+
+    structlog and tenacity are imported on first use, not with the module:
+    every CLI process imports it (``serve``'s children hold their lifeline
+    from here), and a client command needs neither.
+    """
+    import structlog
+
+    return structlog.get_logger(__name__)
+
 
 #: How long a child gets to stop before SIGKILL, unless told, in seconds.
 STOP_TIMEOUT_S: Final = 20.0
@@ -87,7 +98,11 @@ class RestartPolicy:
         self.max_s = max_s
         self.stable_s = stable_s
         self.no_restart = frozenset(no_restart)
-        self._wait = tenacity.wait_exponential(multiplier=first_s, max=max_s)
+        import tenacity  # on first use (_log)
+
+        self._wait: tenacity.wait.wait_base = tenacity.wait_exponential(
+            multiplier=first_s, max=max_s
+        )
         self._deaths = 0  # in a row
 
     def delay(self, ran_s: float) -> float:
@@ -95,6 +110,8 @@ class RestartPolicy:
         if self.stable_s is not None and ran_s >= self.stable_s:
             self._deaths = 0
         self._deaths += 1
+        import tenacity
+
         state = tenacity.RetryCallState(None, None, (), {})  # type: ignore[arg-type]
         state.attempt_number = self._deaths
         return float(self._wait(state))
@@ -105,7 +122,7 @@ class RestartPolicy:
 
 
 def _log_death(child: Child, code: int, delay: float) -> None:
-    log.warning("child.died", child=child.name, code=code, restart_in_s=delay)
+    _log().warning("child.died", child=child.name, code=code, restart_in_s=delay)
 
 
 class Child:
@@ -162,7 +179,7 @@ class Child:
         self.proc = subprocess.Popen(
             self.argv, env=self.env, pass_fds=self.pass_fds, stdin=pipe, stdout=pipe, bufsize=0
         )
-        log.debug("child.started", child=self.name, pid=self.proc.pid)
+        _log().debug("child.started", child=self.name, pid=self.proc.pid)
         if self.on_start is not None:
             self.on_start(self.proc)
         return self.proc
@@ -231,7 +248,7 @@ class Child:
     def killing(self, timeout: float) -> None:
         """Tell that its process did not stop within ``timeout`` seconds and is killed."""
         pid = self.proc.pid if self.proc is not None else None
-        log.warning("child.kill", child=self.name, pid=pid, after_s=timeout)
+        _log().warning("child.kill", child=self.name, pid=pid, after_s=timeout)
 
 
 def stop_all(children: Sequence[Child], timeout: float = STOP_TIMEOUT_S) -> list[int | None]:
