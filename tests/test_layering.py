@@ -136,7 +136,7 @@ LAYERS: dict[str, Layer] = {
         _parts("errors", "config", "log", "store", "feed", "projector", "observe", "schedules")
     ),
     # The Python SDK: a client of the HTTP API, never of the server's modules.
-    "sdk": Layer(_parts("errors"), _parts("httpx", "websockets", "pydantic")),
+    "sdk": Layer(_parts("errors"), _parts("httpx", "websockets", "pydantic", "tenacity")),
     "cli": Layer(ANYTHING),
     "__main__": Layer(_parts("cli")),
 }
