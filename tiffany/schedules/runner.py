@@ -128,6 +128,7 @@ def _row_retry_s(tries: int) -> float:
     state.attempt_number = tries
     return float(_ROW_BACKOFF(state))
 
+
 #: ``submit(request)``: the engine's submission (the control op's handler).
 Submit = Callable[[dict[str, Any]], dict[str, Any]]
 
