@@ -50,6 +50,7 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
@@ -231,6 +232,7 @@ class PgStream:
         self.stream = stream
         self._pool: psycopg_pool.ConnectionPool[Any] | None = None  # opened on first use
         self._pool_lock = threading.Lock()
+        self._pool_closer: weakref.finalize[Any, Any] | None = None
 
     @contextlib.contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[Any]]:
@@ -241,7 +243,10 @@ class PgStream:
         background, and the checkpointer's statements reuse connections
         instead of opening one each. The writer's connection and the
         heartbeat's stay out of it: the fence's statement and the lease's
-        renewal never wait behind a reader.
+        renewal never wait behind a reader. A stream dropped without
+        :meth:`close` (a verify's, a re-run's look-up of reused records)
+        closes its pool as it is collected: the pool's threads hold the pool,
+        not the stream, so nothing outlives it.
         """
         pool = self._pool
         if pool is None:
@@ -256,6 +261,7 @@ class PgStream:
                         name=f"tiffany-wal-{self.stream}",
                         open=True,
                     )
+                    self._pool_closer = weakref.finalize(self, pool.close)
         try:
             with pool.connection(timeout=CONNECT_WAIT_S) as conn:
                 yield conn
@@ -323,9 +329,9 @@ class PgStream:
     def close(self) -> None:
         """Close the readers' connections (the pool; a later read opens it again)."""
         with self._pool_lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.close()
+            closer, self._pool, self._pool_closer = self._pool_closer, None, None
+        if closer is not None:
+            closer()  # pool.close(), once
 
     def spans(self, from_seq: int = 1, checked: Mapping[str, int] | None = None) -> Iterator[Span]:
         """Yield the committed records with ``seq >= from_seq``, in order (:func:`spans_of`).
