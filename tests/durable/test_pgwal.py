@@ -117,7 +117,7 @@ def test_a_streams_readers_share_a_pool_that_mends_a_killed_connection(pg_url: s
     import psycopg
 
     from tiffany.config import conninfo
-    from tiffany.wal.pg import PgLog, PgStream
+    from tiffany.wal.pg import READ_POOL_SIZE, PgLog, PgStream
 
     with PgLog.open(pg_url) as log:
         for i in range(3):
@@ -130,12 +130,18 @@ def test_a_streams_readers_share_a_pool_that_mends_a_killed_connection(pg_url: s
             pid = conn.info.backend_pid
         with psycopg.connect(conninfo(pg_url), autocommit=True) as killer:
             killer.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        results = []
-        for _ in range(2):  # the killed connection fails one read at most, then is replaced
+            deadline = time.monotonic() + 60  # the signal is sent; wait for the backend's exit
+            alive = "SELECT 1 FROM pg_stat_activity WHERE pid = %s"
+            while killer.execute(alive, (pid,)).fetchone():
+                assert time.monotonic() < deadline, "the backend outlived its termination"
+        results: list[list[int] | None] = []
+        for _ in range(READ_POOL_SIZE + 1):  # the pool hands its connections out in turn
             try:
                 results.append([seq for seq, _t, _p in stream.rows(1, 3, 10)])
             except psycopg.OperationalError:
                 results.append(None)
+        # The killed connection fails the one read it is handed to, and is replaced.
+        assert results.count(None) == 1
         assert results[-1] == [2, 3]
     finally:
         stream.close()

@@ -8,6 +8,7 @@ adds the activity log, the store projector and the control channel.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -541,19 +542,41 @@ def build(
     if emit is not None:
         env.emit = emit
     watchdog = SlowDispatchWatchdog(settings.slow_dispatch_threshold_s)
-    runtime = Runtime(
-        data_dir,
-        fsync=settings.wal_fsync,
-        preallocate=settings.wal_preallocate,
-        instruments=[watchdog],
-        resolvers={"plan": plan_resolver(env)},
-        key_window_s=settings.idempotency_window_s,
+    # What opens here closes again if a later part fails (one ExitStack):
+    # the journal (its lock, or its lease), then the runtime that owns it.
+    with contextlib.ExitStack() as on_failure:
         # A server waits for the lease as long as another engine holds it (a
         # standby; a restart after a crash waits out the dead one's lease).
-        log=log or journal_log(settings, wait_s=float("inf") if server else 0.0),
-        # This engine's seqs (tiffany/wire/shards.py): never another engine's.
-        seqs=(seq_base(settings.engine) + 1, seq_last(settings.engine) + 1),
-    )
+        log = log or journal_log(settings, wait_s=float("inf") if server else 0.0)
+        if log is not None:
+            on_failure.callback(log.close)
+        runtime = Runtime(
+            data_dir,
+            fsync=settings.wal_fsync,
+            preallocate=settings.wal_preallocate,
+            instruments=[watchdog],
+            resolvers={"plan": plan_resolver(env)},
+            key_window_s=settings.idempotency_window_s,
+            log=log,
+            # This engine's seqs (tiffany/wire/shards.py): never another engine's.
+            seqs=(seq_base(settings.engine) + 1, seq_last(settings.engine) + 1),
+        )
+        on_failure.pop_all()  # the runtime owns the journal now
+        on_failure.callback(runtime.close)
+        engine = _assemble(settings, runtime, env, watchdog, registry, instruments)
+        on_failure.pop_all()  # built: the caller closes it (engine.runtime.close())
+    return engine
+
+
+def _assemble(
+    settings: Settings,
+    runtime: Runtime,
+    env: Any,
+    watchdog: SlowDispatchWatchdog,
+    registry: Any,
+    instruments: Iterable[Instrument],
+) -> Engine:
+    """The engine around an open runtime: gates, limits, instruments, spans (:func:`build`)."""
     # A step of a tool disabled here waits instead of starting (before recovery).
     runtime.journal.step_gate = registry.step_gate
     limits = parse_rate_limits(settings.rate_limits)
