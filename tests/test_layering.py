@@ -86,7 +86,10 @@ LAYERS: dict[str, Layer] = {
     # The WAL treats payloads as opaque bytes.
     "wal": Layer(_parts("errors"), CODEC_LIBS | _parts("structlog")),
     # The WAL's records as rows of a PostgreSQL stream, under a fenced lease.
-    "wal.pg": Layer(_parts("errors", "config", "wal"), _parts("psycopg", "structlog")),
+    "wal.pg": Layer(
+        _parts("errors", "config", "wal"),
+        _parts("psycopg", "psycopg_pool", "structlog", "tenacity"),
+    ),
     "durable": Layer(_parts("errors", "kernel", "wal")),
     # The activity feed: events, hub, rings, transports, the API's relay.
     "feed": Layer(_parts("errors")),
@@ -98,8 +101,11 @@ LAYERS: dict[str, Layer] = {
     "feed.upstream": Layer(_parts("errors", "feed")),
     "feed.relay": Layer(_parts("errors", "feed", "feed.upstream")),
     "store": Layer(_parts("errors", "config")),
+    # Child processes started, restarted after backoff, stopped; the
+    # parent-death lifeline (serve's engines and API, an engine's projector).
+    "supervisor": Layer(STDLIB_ONLY, _parts("structlog", "tenacity")),
     # The journal folded into the store, and the process that tails it.
-    "projector": Layer(_parts("errors", "config", "log", "wal", "wal.pg", "store")),
+    "projector": Layer(_parts("errors", "config", "log", "wal", "wal.pg", "store", "supervisor")),
     # records: only TaskLabel, the role and plan step a spawned task serves.
     "agents": Layer(_parts("errors", "kernel", "io")),
     # Data only: the plans that ship with Tiffany (the demo plan).
@@ -127,6 +133,7 @@ LAYERS: dict[str, Layer] = {
             "agents",
             "observe",
             "schedules",
+            "supervisor",
         )
     ),
     # The API side-process never imports kernel, wal, durable or agents.
@@ -136,7 +143,7 @@ LAYERS: dict[str, Layer] = {
         )
     ),
     # The Python SDK: a client of the HTTP API, never of the server's modules.
-    "sdk": Layer(_parts("errors"), _parts("httpx", "websockets", "pydantic")),
+    "sdk": Layer(_parts("errors"), _parts("httpx", "websockets", "pydantic", "tenacity")),
     # Users' tests: replay an exported run with the engine's resolvers.
     "testing": Layer(_parts("errors", "config", "durable", "engine")),
     "cli": Layer(ANYTHING),

@@ -6,16 +6,19 @@ its own migrated by Alembic, as ``tiffany db upgrade`` does.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
+import structlog
 from sqlalchemy import text
 
 from tiffany.durable import Runtime, scan, verify
@@ -76,6 +79,85 @@ def test_a_second_writer_is_refused_while_the_lease_is_current(pg_url: str) -> N
         first.close()
     with PgLog.open(pg_url, lease_s=30) as second:
         assert second.epoch == first.epoch + 1
+
+
+def test_a_held_lease_is_waited_for_up_to_wait_s_then_taken_once_given_back(
+    pg_url: str,
+) -> None:
+    """``PgLog.open(wait_s=...)``: tenacity retries the lease, tells the holder once."""
+    from tiffany.wal.pg import PgLog
+
+    first = PgLog.open(pg_url, lease_s=30)
+    try:
+        started = time.monotonic()
+        with pytest.raises(WalLockedError):
+            PgLog.open(pg_url, lease_s=30, wait_s=0.5)
+        assert time.monotonic() - started >= 0.5  # it waited before giving up
+        taken: list[PgLog] = []
+        with structlog.testing.capture_logs() as logs:
+            waiter = threading.Thread(
+                target=lambda: taken.append(PgLog.open(pg_url, lease_s=30, wait_s=120))
+            )
+            waiter.start()
+            deadline = time.monotonic() + 60
+            while not any(e["event"] == "pgwal.waiting" for e in logs):
+                assert time.monotonic() < deadline, "the second writer never waited"
+                waiter.join(0.05)
+            first.close()  # the lease given back: the waiter takes it at its next try
+            waiter.join(120)
+        assert [e["owner"] for e in logs if e["event"] == "pgwal.waiting"] == [first.owner]
+        assert [log.epoch for log in taken] == [first.epoch + 1]
+    finally:
+        first.close()
+        for log in taken:
+            log.close()
+
+
+def test_a_streams_readers_share_a_pool_that_mends_a_killed_connection(pg_url: str) -> None:
+    import psycopg
+
+    from tiffany.config import conninfo
+    from tiffany.wal.pg import READ_POOL_SIZE, PgLog, PgStream
+
+    with PgLog.open(pg_url) as log:
+        for i in range(3):
+            log.append(5, b"\x01\x00\x00\x00" + bytes([i]))
+        log.commit()
+    stream = PgStream(pg_url)
+    try:
+        assert [seq for seq, _t, _p in stream.rows(0, 3, 10)] == [1, 2, 3]
+        with stream._connection() as conn:
+            pid = conn.info.backend_pid
+        with psycopg.connect(conninfo(pg_url), autocommit=True) as killer:
+            killer.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            deadline = time.monotonic() + 60  # the signal is sent; wait for the backend's exit
+            alive = "SELECT 1 FROM pg_stat_activity WHERE pid = %s"
+            while killer.execute(alive, (pid,)).fetchone():
+                assert time.monotonic() < deadline, "the backend outlived its termination"
+        results: list[list[int] | None] = []
+        for _ in range(READ_POOL_SIZE + 1):  # the pool hands its connections out in turn
+            try:
+                results.append([seq for seq, _t, _p in stream.rows(1, 3, 10)])
+            except psycopg.OperationalError:
+                results.append(None)
+        # The killed connection fails the one read it is handed to, and is replaced.
+        assert results.count(None) == 1
+        assert results[-1] == [2, 3]
+    finally:
+        stream.close()
+
+
+def test_a_stream_dropped_unclosed_closes_its_pool(pg_url: str) -> None:
+    from tiffany.wal.pg import PgStream
+
+    stream = PgStream(pg_url)
+    assert stream.first_seq() == 1
+    pool = stream._pool
+    assert pool is not None
+    assert not pool.closed
+    del stream
+    gc.collect()
+    assert pool.closed
 
 
 def test_the_heartbeat_keeps_the_lease_past_its_length(pg_url: str) -> None:

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
-from tiffany.cli import serve
+from tiffany.cli import exits, serve
 
 
 def test_a_crash_loop_backs_off_to_the_cap() -> None:
-    child = serve._Child("engine", ["true"], {}, Path("engine.json"))
-    child.started_at = time.monotonic()  # died at once, every time
-    delays = [child.restart_delay() for _ in range(10)]
+    policy = serve._Child("engine", ["true"], {}, Path("engine.json")).policy
+    delays = [policy.delay(0.0) for _ in range(10)]  # died at once, every time
     assert delays[:3] == [
         serve.RESTART_DELAY_S,
         serve.RESTART_DELAY_S * 2,
@@ -22,9 +20,12 @@ def test_a_crash_loop_backs_off_to_the_cap() -> None:
 
 
 def test_a_child_that_stayed_up_restarts_at_once_again() -> None:
-    child = serve._Child("engine", ["true"], {}, Path("engine.json"))
-    child.started_at = time.monotonic()
+    policy = serve._Child("engine", ["true"], {}, Path("engine.json")).policy
     for _ in range(8):
-        child.restart_delay()
-    child.started_at = time.monotonic() - serve.STABLE_S  # then it ran a good while
-    assert child.restart_delay() == serve.RESTART_DELAY_S
+        policy.delay(0.0)
+    assert policy.delay(serve.STABLE_S) == serve.RESTART_DELAY_S  # then it ran a good while
+
+
+def test_a_bad_setting_or_a_damaged_wal_is_no_restart() -> None:
+    policy = serve._Child("engine", ["true"], {}, Path("engine.json")).policy
+    assert policy.no_restart == {exits.USAGE, exits.WAL_DAMAGED}

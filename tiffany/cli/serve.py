@@ -29,7 +29,7 @@ The supervisor survives what its children survive (issue 38):
   output) is told and retried, never fatal: once space is freed, the next
   restart of a child comes up and ``serve.json`` is written again.
 * Its children die with it: every way out of ``serve`` stops them, and each
-  holds a lifeline (``tiffany/cli/lifeline.py``: the parent-death signal)
+  holds a lifeline (``tiffany/supervisor/lifeline.py``: the parent-death signal)
   for the ways out that run no code of ours (``kill -9``).
 
 Each child gets only the secrets it uses (docs/security.md): the API the
@@ -60,9 +60,10 @@ from typing import Annotated, Any, Final, NoReturn
 
 import typer
 
-from tiffany.cli import DataDirOption, exits, hints, lifeline
+from tiffany.cli import DataDirOption, exits, hints
 from tiffany.cli.imports import ImportOption, import_tool_modules, tool_modules
 from tiffany.config import scrub_secrets
+from tiffany.supervisor import Child, NoRestart, RestartPolicy, lifeline, stop_all
 from tiffany.wire.shards import engine_for_key, engine_home, homes
 
 __all__ = ["register"]
@@ -85,6 +86,8 @@ POLL_S: Final = 0.2
 #: it comes (a crash, a fail-stop on a full disk, a fence, while starting
 #: too), is a restart with backoff.
 NO_RESTART: Final = frozenset({exits.USAGE, exits.WAL_DAMAGED})
+#: How serve starts a child: this interpreter, this Tiffany.
+_EXE: Final = (sys.executable, "-m", "tiffany")
 
 
 def demo_key(plan: Mapping[str, Any]) -> str:
@@ -153,8 +156,12 @@ class _GiveUp(Exception):
         self.code = code
 
 
-class _Child:
-    """One supervised child process."""
+class _Child(Child):
+    """One child of serve (:class:`~tiffany.supervisor.Child`), up once its ready file is.
+
+    Its deaths are told to the operator on stderr; a code in :data:`NO_RESTART`
+    stops serve.
+    """
 
     def __init__(
         self,
@@ -164,26 +171,23 @@ class _Child:
         ready_file: Path,
         pass_fds: tuple[int, ...] = (),
     ) -> None:
-        self.name = name
-        self.argv = [*argv, "--ready-file", str(ready_file), "--supervisor", str(os.getpid())]
+        super().__init__(
+            name,
+            [*argv, "--ready-file", str(ready_file), "--supervisor", str(os.getpid())],
+            env,
+            RestartPolicy(
+                RESTART_DELAY_S, MAX_RESTART_DELAY_S, stable_s=STABLE_S, no_restart=NO_RESTART
+            ),
+            pass_fds=pass_fds,
+            on_died=_told_death,
+        )
         self.ready_file = ready_file  # written by the child once it is up
-        self.env = env
-        #: File descriptors each of its processes inherits (the API's listening sockets).
-        self.pass_fds = pass_fds
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.restarts = 0
-        self.started_at = 0.0
-        #: When to start it again (monotonic), once it died; None while it runs.
-        self.due: float | None = None
         #: Its latest process wrote its ready file (it is up, or was).
         self.came_up = False
-        self._delay = RESTART_DELAY_S
 
-    def start(self) -> None:
-        self.due = None
+    def start(self) -> subprocess.Popen[bytes]:
         self.came_up = False
-        self.started_at = time.monotonic()
-        self.proc = subprocess.Popen(self.argv, env=self.env, pass_fds=self.pass_fds)
+        return super().start()
 
     def check_up(self) -> bool:
         """Whether its latest process came up (its ready file is read until it has)."""
@@ -201,26 +205,19 @@ class _Child:
                 return data
         return None
 
-    def restart_delay(self) -> float:
-        """The wait before restarting this child (a crash loop backs off, a stable child not)."""
-        if time.monotonic() - self.started_at >= STABLE_S:
-            self._delay = RESTART_DELAY_S
-        delay, self._delay = self._delay, min(self._delay * 2, MAX_RESTART_DELAY_S)
-        return delay
+    def killing(self, timeout: float) -> None:
+        _say(f"tiffany: {self.name} did not stop in {timeout:g}s; killing it", err=True)
 
-    def stop(self, *, signalled: bool = False) -> int | None:
-        """SIGTERM the child (unless ``signalled`` already), wait, SIGKILL at the deadline."""
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return None if proc is None else proc.returncode
-        if not signalled:  # a second SIGTERM could land after its handler is gone
-            proc.send_signal(signal.SIGTERM)
-        try:
-            return proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            _say(f"tiffany: {self.name} did not stop in {STOP_TIMEOUT_S:g}s; killing it", err=True)
-            proc.kill()
-            return proc.wait()
+
+def _told_death(child: Child, code: int, delay: float) -> None:
+    """Tell the operator a child died and when it restarts (its ``on_died``)."""
+    assert isinstance(child, _Child)
+    when = " while starting" if not child.check_up() else ""
+    _say(
+        f"tiffany: the {child.name} process exited with code {code}{when}; "
+        f"restarting it in {delay:g}s",
+        err=True,
+    )
 
 
 class _Supervisor:
@@ -288,33 +285,18 @@ class _Supervisor:
                 self._write_serve_file()
 
     def _tend(self) -> None:
-        """Restart the children that died, each when its backoff is over."""
+        """Restart the children that died, each when its backoff is over (never waiting)."""
         now = time.monotonic()
         for child in (*self.engines, self.api):
-            proc = child.proc
-            if child.due is not None:
-                if now >= child.due and not self.stop.is_set():
-                    child.restarts += 1
-                    child.start()
-                    if self.url is not None:  # the old pid is dead: never leave it there
-                        self._serve_file_due = True
-                continue
-            if proc is None:
-                continue
-            if proc.poll() is None:
+            restarting = child.due is not None
+            try:
+                running = child.tend(now, may_start=not self.stop.is_set())
+            except NoRestart as exc:
+                raise _GiveUp(self._no_restart(child, exc.code), exc.code) from None
+            if running and restarting and self.url is not None:
+                self._serve_file_due = True  # the old pid is dead: never leave it there
+            elif running:
                 child.check_up()
-                continue
-            code = proc.returncode
-            if code in NO_RESTART:
-                raise _GiveUp(self._no_restart(child, code), code)
-            delay = child.restart_delay()
-            child.due = now + delay
-            when = " while starting" if not child.check_up() else ""
-            _say(
-                f"tiffany: the {child.name} process exited with code {code}{when}; "
-                f"restarting it in {delay:g}s",
-                err=True,
-            )
 
     def _no_restart(self, child: _Child, code: int) -> str:
         if code == exits.WAL_DAMAGED:
@@ -382,17 +364,6 @@ class _Supervisor:
         if self._serve_file_told:
             self._serve_file_told = False
             _say(f"tiffany: {self.serve_file} written again")
-
-
-def _stop_all(children: list[_Child]) -> list[int | None]:
-    """Stop children together (SIGTERM to all, then wait for each); return their codes."""
-    if len(children) == 1:
-        return [children[0].stop()]
-    for child in children:
-        proc = child.proc
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    return [child.stop(signalled=True) for child in children]
 
 
 def bind_api_sockets(host: str, port: int) -> list[socket.socket]:
@@ -485,14 +456,46 @@ def serve(
 ) -> None:
     """Serve the dashboard and API, and run submitted plans (engine + API processes)."""
     from tiffany.cli import _settings
-    from tiffany.wire.control import ControlError, ControlUnavailable, call
 
     settings = _settings(ctx)
     # Imported here first, so a broken module is told before anything starts;
     # the engines import them again (TIFFANY_TOOL_MODULES), from this directory.
     modules = import_tool_modules(tool_modules(settings.tool_modules, imports))
-    data_dir = Path(settings.data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    home = Path(settings.data_dir)
+    home.mkdir(parents=True, exist_ok=True)
+    env = _serve_env(settings, home, modules, host, port, enable_tool, demo=demo)
+    listeners = bind_api_sockets(env["TIFFANY_HOST"], int(env["TIFFANY_PORT"]))
+    engine_homes = _engine_homes(home, engines if engines is not None else settings.engines)
+    env["TIFFANY_ENGINES"] = str(len(engine_homes))
+    for stale in (
+        home / "api.json",
+        home / "serve.json",
+        *(h / "engine.json" for h in engine_homes),
+    ):
+        stale.unlink(missing_ok=True)
+    children = _engine_children(settings, env, engine_homes)
+    # An API started with the engines listens once they are up (see _Supervisor).
+    standby = settings.journal == "postgres"
+    api = _api_child(env, home / "api.json", listeners, [] if standby else children)
+    stop = threading.Event()
+    supervisor = _Supervisor(
+        children, api, standby=standby, serve_file=home / "serve.json", stop=stop
+    )
+    serving = _announcer(home, len(engine_homes), stop, demo=demo)
+    _supervise(supervisor, listeners, serving)
+
+
+def _serve_env(
+    settings: Any,
+    data_dir: Path,
+    modules: list[str],
+    host: str | None,
+    port: int | None,
+    enable_tool: list[str] | None,
+    *,
+    demo: bool,
+) -> dict[str, str]:
+    """The environment serve's children start from (each then drops the secrets it does not use)."""
     env = dict(os.environ)
     if modules:
         env["TIFFANY_TOOL_MODULES"] = ",".join(modules)
@@ -501,7 +504,6 @@ def serve(
     env["TIFFANY_LOG_LEVEL"] = settings.log_level
     env["TIFFANY_HOST"] = host if host is not None else settings.host
     env["TIFFANY_PORT"] = str(port if port is not None else settings.port)
-    listeners = bind_api_sockets(env["TIFFANY_HOST"], int(env["TIFFANY_PORT"]))
     if enable_tool:
         tools = list(dict.fromkeys([*settings.enabled_tools, *enable_tool]))
         env["TIFFANY_ENABLED_TOOLS"] = ",".join(tools)
@@ -512,7 +514,11 @@ def serve(
             "the demo's llm steps use the offline scripted provider (TIFFANY_LLM_MODEL=scripted); "
             "set TIFFANY_LLM_BASE_URL and TIFFANY_LLM_MODEL for a real model"
         )
-    count = engines if engines is not None else settings.engines
+    return env
+
+
+def _engine_homes(data_dir: Path, count: int) -> list[Path]:
+    """The engines' homes: ``count``, or more if the data dir holds more journals (told)."""
     engine_homes = homes(data_dir, count)
     if len(engine_homes) > count:
         typer.echo(
@@ -520,13 +526,12 @@ def serve(
             f"(an earlier --engines {len(engine_homes)}); starting them all, so that "
             "their runs resume"
         )
-    env["TIFFANY_ENGINES"] = str(len(engine_homes))
-    api_ready = data_dir / "api.json"
-    for stale in (api_ready, data_dir / "serve.json", *(h / "engine.json" for h in engine_homes)):
-        stale.unlink(missing_ok=True)
-    exe = [sys.executable, "-m", "tiffany"]
+    return engine_homes
+
+
+def _engine_children(settings: Any, env: dict[str, str], engine_homes: list[Path]) -> list[_Child]:
+    """One child per engine home, each with the LLM key but not the API token."""
     engine_env = scrub_secrets(env, keep=("TIFFANY_LLM_API_KEY",))
-    api_env = scrub_secrets(env, keep=("TIFFANY_API_TOKEN",))
     children = []
     for i, home in enumerate(engine_homes):
         # Engine i lives in its home (its WAL, sockets, workspaces), writes
@@ -539,24 +544,32 @@ def serve(
             "TIFFANY_ENGINE": str(i),
         }
         name = "engine" if len(engine_homes) == 1 else f"engine {i}"
-        children.append(_Child(name, [*exe, "engine"], env_i, home / "engine.json"))
-    # An API started with the engines listens once they are up (see _Supervisor).
-    standby = settings.journal == "postgres"
-    after = [] if standby else [c.ready_file for c in children]
-    # Every API process listens on serve's sockets: the same port across its restarts.
+        children.append(_Child(name, [*_EXE, "engine"], env_i, home / "engine.json"))
+    return children
+
+
+def _api_child(
+    env: dict[str, str], ready_file: Path, listeners: list[socket.socket], after: list[_Child]
+) -> _Child:
+    """The API child: on serve's sockets (the same port across restarts), after ``after`` are up."""
     fds = [sock.fileno() for sock in listeners]
-    api_argv = [*exe, "api", *(a for fd in fds for a in ("--fd", str(fd)))]
-    api_argv += [a for f in after for a in ("--after", str(f))]
-    api = _Child("api", api_argv, api_env, api_ready, pass_fds=tuple(fds))
-    serve_file = data_dir / "serve.json"
-    stop = threading.Event()
-    supervisor = _Supervisor(children, api, standby=standby, serve_file=serve_file, stop=stop)
+    argv = [*_EXE, "api", *(a for fd in fds for a in ("--fd", str(fd)))]
+    argv += [a for c in after for a in ("--after", str(c.ready_file))]
+    api_env = scrub_secrets(env, keep=("TIFFANY_API_TOKEN",))
+    return _Child("api", argv, api_env, ready_file, pass_fds=tuple(fds))
+
+
+def _announcer(
+    data_dir: Path, engines: int, stop: threading.Event, *, demo: bool
+) -> Callable[[str], None]:
+    """What serve does once everything is up: say where, and submit the demo if asked."""
+    from tiffany.wire.control import ControlError, ControlUnavailable, call
 
     def serving(url: str) -> None:
         _say(f"Tiffany is serving the dashboard at {url}  (data dir {data_dir}; Ctrl-C stops)")
         if demo and not stop.is_set():
             try:
-                run_id, created = submit_demo(data_dir, call, len(engine_homes))
+                run_id, created = submit_demo(data_dir, call, engines)
                 if created:
                     _say(f"submitted the demo plan: run {run_id}  ({url}#/run/{run_id})")
                 else:  # `make run` again on the same data dir: the same run
@@ -566,13 +579,24 @@ def serve(
         with contextlib.suppress(OSError):
             sys.stdout.flush()
 
+    return serving
+
+
+def _supervise(
+    supervisor: _Supervisor, listeners: list[socket.socket], serving: Callable[[str], None]
+) -> None:
+    """Run ``supervisor`` until a signal or a give-up; stop every child on every way out.
+
+    Raises:
+        typer.Exit: The give-up's code, or 1 if a child did not exit cleanly.
+    """
+
     def on_signal(signum: int, frame: object) -> None:
-        stop.set()
+        supervisor.stop.set()
 
     old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     failure: _GiveUp | None = None
     ended = False
-    codes: list[tuple[str, int | None]] = []
     try:
         supervisor.run(serving)
         ended = True
@@ -589,12 +613,7 @@ def serve(
             _say("tiffany: stopping (API first, then the engine flushes the WAL)")
         else:
             _say("tiffany: serve failed; stopping its children", err=True)
-        for sock in listeners:  # the API's stop closes the port: no connection waits on
-            sock.close()
-        codes = [("api", api.stop())]
-        codes += zip([c.name for c in children], _stop_all(children), strict=True)
-        with contextlib.suppress(OSError):
-            serve_file.unlink(missing_ok=True)
+        codes = _stop_children(supervisor, listeners)
     if failure is not None:
         raise typer.Exit(failure.code)
     bad = [(n, c) for n, c in codes if c not in (0, None)]
@@ -602,6 +621,20 @@ def serve(
         _say(f"tiffany: {', '.join(f'{n} exited {c}' for n, c in bad)}", err=True)
         raise typer.Exit(1)
     _say("tiffany: stopped cleanly")
+
+
+def _stop_children(
+    supervisor: _Supervisor, listeners: list[socket.socket]
+) -> list[tuple[str, int | None]]:
+    """Close the port, stop the API, then the engines together; return each one's code."""
+    for sock in listeners:  # the API's stop closes the port: no connection waits on
+        sock.close()
+    api, engines = supervisor.api, supervisor.engines
+    codes = [(api.name, api.stop(STOP_TIMEOUT_S))]
+    codes += zip([c.name for c in engines], stop_all(engines, STOP_TIMEOUT_S), strict=True)
+    with contextlib.suppress(OSError):
+        supervisor.serve_file.unlink(missing_ok=True)
+    return codes
 
 
 #: ``--supervisor PID``: the ``serve`` process whose death this child follows (lifeline.py).

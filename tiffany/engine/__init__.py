@@ -8,8 +8,8 @@ adds the activity log, the store projector and the control channel.
 
 from __future__ import annotations
 
+import contextlib
 import gc
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -454,6 +454,7 @@ def take_slot(settings: Settings, owner: str | None = None) -> tuple[Settings, L
     stream: its lease row admits one; the other tries the next, or waits.
     """
     import structlog
+    import tenacity
 
     from tiffany.errors import WalLockedError
     from tiffany.store.migrate import upgrade_url
@@ -461,15 +462,16 @@ def take_slot(settings: Settings, owner: str | None = None) -> tuple[Settings, L
 
     log = structlog.get_logger(__name__)
     upgrade_url(settings.database_url)  # the journal's tables are Alembic's too
-    said = False
-    while True:
-        soonest = settings.journal_lease_s
+    lease_s = settings.journal_lease_s
+
+    def first_free() -> tuple[Settings, Log]:
+        soonest = lease_s
         for i in range(settings.engine_slots):
             try:
                 opened = PgLog.open(
                     settings.database_url,
                     engine_stream(settings.journal_stream, i),
-                    lease_s=settings.journal_lease_s,
+                    lease_s=lease_s,
                     first_seq=seq_base(i) + 1,
                     owner=owner,
                 )
@@ -478,10 +480,32 @@ def take_slot(settings: Settings, owner: str | None = None) -> tuple[Settings, L
                 continue
             log.info("engine.slot_taken", engine=i, slots=settings.engine_slots)
             return settings.model_copy(update={"engine": i}), opened
-        if not said:
-            said = True
+        raise _EverySlotHeld(soonest)
+
+    def until_one_frees(state: tenacity.RetryCallState) -> float:
+        """The soonest lease's end, at least 50 ms, at most a quarter lease and a second."""
+        exc = state.outcome.exception() if state.outcome is not None else None
+        soonest = exc.soonest_s if isinstance(exc, _EverySlotHeld) else lease_s
+        return min(max(soonest, 0.05), lease_s / 4, 1.0)
+
+    def standby(state: tenacity.RetryCallState) -> None:
+        if state.attempt_number == 1:  # once, not once a try
             log.info("engine.standby", slots=settings.engine_slots, reason="every slot held")
-        time.sleep(min(max(soonest, 0.05), settings.journal_lease_s / 4, 1.0))
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(_EverySlotHeld),
+        wait=until_one_frees,
+        before_sleep=standby,
+    )
+    return retrying(first_free)
+
+
+class _EverySlotHeld(Exception):
+    """Every stream of the slots is leased to another engine (:func:`take_slot` waits)."""
+
+    def __init__(self, soonest_s: float) -> None:
+        super().__init__(f"every slot held; the soonest lease ends in {soonest_s:.1f} s")
+        self.soonest_s = soonest_s
 
 
 def journal_source(settings: Settings) -> Source:
@@ -518,19 +542,41 @@ def build(
     if emit is not None:
         env.emit = emit
     watchdog = SlowDispatchWatchdog(settings.slow_dispatch_threshold_s)
-    runtime = Runtime(
-        data_dir,
-        fsync=settings.wal_fsync,
-        preallocate=settings.wal_preallocate,
-        instruments=[watchdog],
-        resolvers={"plan": plan_resolver(env)},
-        key_window_s=settings.idempotency_window_s,
+    # What opens here closes again if a later part fails (one ExitStack):
+    # the journal (its lock, or its lease), then the runtime that owns it.
+    with contextlib.ExitStack() as on_failure:
         # A server waits for the lease as long as another engine holds it (a
         # standby; a restart after a crash waits out the dead one's lease).
-        log=log or journal_log(settings, wait_s=float("inf") if server else 0.0),
-        # This engine's seqs (tiffany/wire/shards.py): never another engine's.
-        seqs=(seq_base(settings.engine) + 1, seq_last(settings.engine) + 1),
-    )
+        log = log or journal_log(settings, wait_s=float("inf") if server else 0.0)
+        if log is not None:
+            on_failure.callback(log.close)
+        runtime = Runtime(
+            data_dir,
+            fsync=settings.wal_fsync,
+            preallocate=settings.wal_preallocate,
+            instruments=[watchdog],
+            resolvers={"plan": plan_resolver(env)},
+            key_window_s=settings.idempotency_window_s,
+            log=log,
+            # This engine's seqs (tiffany/wire/shards.py): never another engine's.
+            seqs=(seq_base(settings.engine) + 1, seq_last(settings.engine) + 1),
+        )
+        on_failure.pop_all()  # the runtime owns the journal now
+        on_failure.callback(runtime.close)
+        engine = _assemble(settings, runtime, env, watchdog, registry, instruments)
+        on_failure.pop_all()  # built: the caller closes it (engine.runtime.close())
+    return engine
+
+
+def _assemble(
+    settings: Settings,
+    runtime: Runtime,
+    env: Any,
+    watchdog: SlowDispatchWatchdog,
+    registry: Any,
+    instruments: Iterable[Instrument],
+) -> Engine:
+    """The engine around an open runtime: gates, limits, instruments, spans (:func:`build`)."""
     # A step of a tool disabled here waits instead of starting (before recovery).
     runtime.journal.step_gate = registry.step_gate
     limits = parse_rate_limits(settings.rate_limits)

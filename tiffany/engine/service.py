@@ -249,30 +249,78 @@ class EngineService:
         self._ended_since_checkpoint = 0
         self._leaving = threading.Event()  # the loop has ended
         self._loop_error: BaseException | None = None
+        self._announcer: threading.Thread | None = None  # calls serve's ``ready``
+        self._wal_failed = False  # the WAL had failed when the runtime closed
 
     # -- lifecycle (main thread) -----------------------------------------------------
 
     def serve(
         self, *, install_signals: bool = True, ready: Callable[[], None] | None = None
     ) -> int:
-        """Start everything, recover, run the loop until stopped; return an exit code."""
-        wakeup: tuple[int, int] | None = None
-        announcer: threading.Thread | None = None
-        if install_signals:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, lambda *_: self.request_stop())
-            # A signal may land on any thread; the Python handler only runs
-            # once the main thread runs bytecode. The wakeup fd makes the
-            # loop's epoll return (a kernel task drains it), so it does.
-            wakeup = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-            signal.set_wakeup_fd(wakeup[1], warn_on_full_buffer=False)
-        _migrate(self.settings.database_url)  # the API reads the store as soon as we are up
-        self.hub.start()
-        self.feed.start()
-        if self.pg_feed is not None:
-            self.pg_feed.start()
-        self.projector.start()
-        self.control.start()
+        """Start everything, recover, run the loop until stopped; return an exit code.
+
+        The process's parts start through one :class:`contextlib.ExitStack`:
+        each registers its stop as it starts, so every way out (the loop's
+        end, an error, a part that failed to start) stops what started, in
+        reverse, each stop run even if one before it raised.
+
+        Discussion: a stop is registered where the stopping order needs it,
+        which is not always where its part starts. The control server stops
+        first of all (no new request), yet the request claimer, started
+        after it, stops after the inbox (what it holds is answered); the
+        runtime closes (the WAL's last commit) before the projector is told
+        the last durable seq, and the checkpointer's last checkpoint comes
+        after the projector's last report. Those stops are registered early
+        and do nothing for a part that never started.
+        """
+        with contextlib.ExitStack() as parts:
+            parts.callback(lambda: log.info("engine.stopped", durable_seq=self.durable_seq))
+            wakeup = self._install_signals(parts) if install_signals else None
+            _migrate(self.settings.database_url)  # the API reads the store as soon as we are up
+            parts.callback(self.requests.close)
+            self.hub.start()
+            parts.callback(self.hub.stop)
+            self.feed.start()
+            parts.callback(self.feed.stop)
+            if self.pg_feed is not None:
+                self.pg_feed.start()
+                parts.callback(self.pg_feed.stop)
+            parts.callback(self._stop_checkpointer)
+            self.projector.start()
+            parts.callback(self._stop_projector)
+            parts.callback(self.durable.fail, EngineNotReady("the engine is stopping"))
+            if self._owner_note is not None:  # its lease is given back
+                parts.callback(self._owner_note.unlink, missing_ok=True)
+            parts.callback(self._close_runtime)
+            parts.callback(self._stop_claimer)
+            parts.callback(self.timeouts.close)
+            parts.callback(self.inbox.close)
+            parts.callback(self._fail_not_durable)
+            parts.callback(self.verifier.close)
+            self.control.start()
+            parts.callback(self.control.stop)
+            parts.callback(self._stop_schedules)
+            parts.callback(self._leave)
+            return self._run(wakeup, ready)
+
+    def _install_signals(self, parts: contextlib.ExitStack) -> int:
+        """SIGINT and SIGTERM stop the engine; return the wakeup pipe's read end.
+
+        A signal may land on any thread; the Python handler only runs once
+        the main thread runs bytecode. The wakeup fd makes the loop's epoll
+        return (a kernel task drains it), so it does.
+        """
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: self.request_stop())
+        wakeup = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        parts.callback(os.close, wakeup[0])
+        parts.callback(os.close, wakeup[1])
+        signal.set_wakeup_fd(wakeup[1], warn_on_full_buffer=False)
+        parts.callback(signal.set_wakeup_fd, -1)
+        return wakeup[0]
+
+    def _run(self, wakeup: int | None, ready: Callable[[], None] | None) -> int:
+        """Recover, start what needs recovery's results, run the loop; return the exit code."""
         try:
             self._phase = "scanning"
             resumed = self.engine.recover_runs(self._on_end)
@@ -286,35 +334,20 @@ class EngineService:
                 self.schedules.start()
             self._replaying = set(resumed)
             self._phase = "replaying" if resumed else "ready"
-            log.info(
-                "engine.started",
-                data_dir=str(self.data_dir),
-                resumed=len(resumed),
-                control=str(self.control.path),
-                feed=str(self.feed.path),
-            )
-            if self.settings.shell_sandbox == "none":
-                log.warning(
-                    "engine.shell_unsandboxed",
-                    message="TIFFANY_SHELL_SANDBOX=none: shell steps run UNSANDBOXED",
-                )
-            llm = provider_status(self.engine.env.settings)
-            enabled = self.engine.env.registry.enabled
-            if llm["provider"] is None and {"llm", "agent"} & enabled:
-                log.warning("engine.llm_not_configured", message=llm["note"])
+            self._log_started(len(resumed))
             self.runtime.sched.spawn(self.inbox.task(), name="engine-inbox")
             if wakeup is not None:
-                self.runtime.sched.spawn(_drain(wakeup[0]), name="engine-signals", daemon=True)
+                self.runtime.sched.spawn(_drain(wakeup), name="engine-signals", daemon=True)
             if resumed:
                 self.inbox.call(self._watch_replay)
             if ready is not None:
                 # Off the loop: once the projector has reported, reads with
                 # ``min_seq`` are answered and /readyz says ready (serve's API
                 # listens once this is called: its first client sees no 503).
-                announcer = threading.Thread(
+                self._announcer = threading.Thread(
                     target=self._announce, args=(ready,), name="tiffany-ready", daemon=True
                 )
-                announcer.start()
+                self._announcer.start()
             self.runtime.run()
             # Since the stop (the signal, the lost lease), nothing has started.
             log.info("engine.stopping", fenced=self._fenced, halted=self.runtime.sched.halted)
@@ -337,45 +370,61 @@ class EngineService:
                 return 1
             log.exception("engine.failed")
             return 1
-        finally:
-            self._leaving.set()  # an engine that exits at once (a diverged run) says so too
-            if announcer is not None:
-                announcer.join()
-            self._phase = "stopping"
-            if self.schedules is not None:
-                self.schedules.stop()
-            self.control.stop()
-            self.verifier.close()
-            if self._loop_error is not None:  # nothing more becomes durable
-                self.durable.fail(EngineNotReady(NOT_DURABLE))
-            self.inbox.close()
-            self.timeouts.close()
-            if self.claimer is not None:
-                self.claimer.stop()  # what it holds is answered, or goes back to pending
-            # Fail-stop (docs/wal-format.md): when the WAL failed, the disk may be
-            # full or broken, and whatever writes to it (the projector) may hang
-            # on it; wait on nothing for long, so that `serve` restarts us soon.
-            wal_failed = self.runtime.wal.failed
-            try:
-                self.runtime.close()
-            except Exception:
-                log.exception("engine.close_failed")
-            if self._owner_note is not None:  # its lease is given back
-                self._owner_note.unlink(missing_ok=True)
-            self.durable.fail(EngineNotReady("the engine is stopping"))
-            self.projector.stop(timeout=WAL_FAILED_STOP_S if wal_failed else 15.0)
-            if self.checkpointer is not None and not wal_failed:
-                self.checkpointer.stop()  # a last checkpoint: the next start reads little
-            self.feed.stop()
-            if self.pg_feed is not None:
-                self.pg_feed.stop()
-            self.hub.stop()
-            self.requests.close()
-            if wakeup is not None:
-                signal.set_wakeup_fd(-1)
-                for fd in wakeup:
-                    os.close(fd)
-            log.info("engine.stopped", durable_seq=self.durable_seq)
+
+    def _log_started(self, resumed: int) -> None:
+        log.info(
+            "engine.started",
+            data_dir=str(self.data_dir),
+            resumed=resumed,
+            control=str(self.control.path),
+            feed=str(self.feed.path),
+        )
+        if self.settings.shell_sandbox == "none":
+            log.warning(
+                "engine.shell_unsandboxed",
+                message="TIFFANY_SHELL_SANDBOX=none: shell steps run UNSANDBOXED",
+            )
+        llm = provider_status(self.engine.env.settings)
+        enabled = self.engine.env.registry.enabled
+        if llm["provider"] is None and {"llm", "agent"} & enabled:
+            log.warning("engine.llm_not_configured", message=llm["note"])
+
+    # -- the stops, in the order the ExitStack runs them (serve) ----------------------
+
+    def _leave(self) -> None:
+        self._leaving.set()  # an engine that exits at once (a diverged run) says so too
+        if self._announcer is not None:
+            self._announcer.join()
+        self._phase = "stopping"
+
+    def _stop_schedules(self) -> None:
+        if self.schedules is not None:
+            self.schedules.stop()
+
+    def _fail_not_durable(self) -> None:
+        if self._loop_error is not None:  # nothing more becomes durable
+            self.durable.fail(EngineNotReady(NOT_DURABLE))
+
+    def _stop_claimer(self) -> None:
+        if self.claimer is not None:
+            self.claimer.stop()  # what it holds is answered, or goes back to pending
+
+    def _close_runtime(self) -> None:
+        # Fail-stop (docs/wal-format.md): when the WAL failed, the disk may be
+        # full or broken, and whatever writes to it (the projector) may hang
+        # on it; wait on nothing for long, so that `serve` restarts us soon.
+        self._wal_failed = self.runtime.wal.failed
+        try:
+            self.runtime.close()
+        except Exception:
+            log.exception("engine.close_failed")
+
+    def _stop_projector(self) -> None:
+        self.projector.stop(timeout=WAL_FAILED_STOP_S if self._wal_failed else 15.0)
+
+    def _stop_checkpointer(self) -> None:
+        if self.checkpointer is not None and not self._wal_failed:
+            self.checkpointer.stop()  # a last checkpoint: the next start reads little
 
     def _start_requests(self) -> None:
         """On the PostgreSQL journal, take requests from the database too (docs/engines.md)."""

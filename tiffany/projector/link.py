@@ -8,9 +8,11 @@ bytes, with one non-blocking ``write`` (no copy, never blocks). When it
 cannot (the pipe is full because the process is busy, the pipe is being
 replaced, or the process died), it sets an event instead, and a notifier
 thread writes the newest value, coalesced: however many commits happened
-since, one number goes; the same thread restarts a process that died. (It
-used to write every notice: under load that thread woke at every group
-commit, several times a submission, for 8 bytes each time.) A reader thread takes the
+since, one number goes; the same thread restarts a process that died,
+through the one supervisor every child process has
+(:class:`tiffany.supervisor.Child`: exponential backoff from
+``RESTART_DELAY_S`` to ``MAX_RESTART_DELAY_S``, reset after a run of
+``RESTART_STABLE_S``). A reader thread takes the
 process's progress reports (``last_seq``, the store's watermark) and
 answers the readers waiting for it (:meth:`when_projected`).
 
@@ -60,13 +62,18 @@ from typing import IO, Any, Final
 import structlog
 
 from tiffany.projector.process import DURABLE, READ_WANTS, READER_WAITS
+from tiffany.supervisor import Child, RestartPolicy
 
 __all__ = ["ProjectorLink"]
 
 log = structlog.get_logger(__name__)
 
-#: Longest wait before restarting a projector process that died, in seconds.
+#: The wait before restarting a projector process that died, in seconds;
+#: doubled at each death in a row up to ``MAX_RESTART_DELAY_S``, and back to
+#: this for a process that ran ``RESTART_STABLE_S`` before it died.
+RESTART_DELAY_S: Final = 0.2
 MAX_RESTART_DELAY_S: Final = 10.0
+RESTART_STABLE_S: Final = 60.0
 #: Records waiting and none applied for this long: the store is stalled, in seconds.
 STALL_AFTER_S: Final = 5.0
 #: Failures in a row the process reports before the store counts as stalled.
@@ -95,7 +102,15 @@ class ProjectorLink:
         self.env = env
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._child = Child(
+            "projector",
+            [sys.executable, "-m", "tiffany", "--data-dir", str(data_dir), "projector"],
+            env,
+            RestartPolicy(RESTART_DELAY_S, MAX_RESTART_DELAY_S, stable_s=RESTART_STABLE_S),
+            pipes=True,  # its lifeline is its stdin's EOF (tiffany/supervisor/__init__.py)
+            on_start=self._started,
+            on_died=self._died,
+        )
         self._thread: threading.Thread | None = None
         #: The last WAL sequence number the store holds (the process's report).
         self.last_seq = 0
@@ -261,14 +276,7 @@ class ProjectorLink:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
-        proc = self._proc
-        if proc is not None:
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                log.warning("projector.kill", pid=proc.pid)
-                proc.kill()
-                proc.wait()
+        self._child.stop(timeout, term=False)  # the notifier closed its stdin: it drains and exits
         self._expire(float("inf"))  # nobody is left to answer them
 
     @property
@@ -327,14 +335,8 @@ class ProjectorLink:
                 fut.set_result(answer)
         return nearest
 
-    def _spawn(self) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tiffany", "--data-dir", str(self.data_dir), "projector"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=self.env,
-            bufsize=0,
-        )
+    def _started(self, proc: subprocess.Popen[bytes]) -> None:
+        """A new process (the supervisor's ``on_start``): a reader for its reports."""
         assert proc.stdout is not None
         assert proc.stdin is not None
         os.set_blocking(proc.stdin.fileno(), False)  # the notifier never waits on the pipe
@@ -345,28 +347,31 @@ class ProjectorLink:
             daemon=True,
         ).start()
         log.info("projector.started", pid=proc.pid)
-        return proc
 
-    def _ensure_process(self, delay: float) -> tuple[subprocess.Popen[bytes] | None, float]:
-        """Return a live process (starting one, with backoff, if it died) and the next delay."""
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            return proc, delay
+    def _died(self, child: Child, code: int, delay: float) -> None:
+        """A process died (the supervisor's ``on_died``): count it for :meth:`health`."""
+        log.warning("projector.died", code=code, restart_in_s=delay)
+        self.restarts += 1
+        self._restarted_at.append(time.monotonic())
+
+    def _live(self) -> subprocess.Popen[bytes] | None:
+        """The live process, starting one when due; None while a restart waits (then waits).
+
+        The wait is the restart's backoff (:class:`~tiffany.supervisor.Child`),
+        cut short by :meth:`stop`.
+        """
+        child = self._child
+        if child.alive():
+            return child.proc
         self._attach(None)
-        if proc is not None:
-            log.warning("projector.died", code=proc.returncode, restart_in_s=delay)
-            self.restarts += 1
-            self._restarted_at.append(time.monotonic())
-            if self._stop.wait(delay):
-                return None, delay
-            delay = min(delay * 2, MAX_RESTART_DELAY_S)
         try:
-            self._proc = self._spawn()
+            if child.tend(may_start=not self._stop.is_set()):
+                return child.proc
         except OSError as exc:
             log.error("projector.spawn_failed", error=repr(exc))
-            self._stop.wait(delay)
-            return None, delay
-        return self._proc, delay
+        if child.due is not None:
+            self._stop.wait(max(0.0, child.due - time.monotonic()))
+        return None
 
     def _attach(self, proc: subprocess.Popen[bytes] | None) -> None:
         """Point the loop's writes at ``proc``'s stdin (None: at nothing); it is told afresh."""
@@ -375,25 +380,24 @@ class ProjectorLink:
             self._pipe_fd, self._sent = fd, -1
 
     def _notify(self) -> None:
-        delay = 0.2
+        attached: subprocess.Popen[bytes] | None = None
         while True:
-            proc = self._proc
-            fresh, delay = self._ensure_process(delay)
-            if fresh is None:
+            proc = self._live()
+            if proc is None:
                 if self._stop.is_set():
                     return
                 continue
-            if fresh is not proc or self._pipe_fd < 0:
-                self._attach(fresh)
+            if proc is not attached or self._pipe_fd < 0:
+                self._attach(proc)
+                attached = proc
             self._wake.clear()  # before looking: a commit from here on wakes us again
             try:
-                if self._send(block=True):
-                    delay = 0.2
+                self._send(block=True)
             except OSError as exc:
                 log.warning("projector.pipe_failed", error=repr(exc))
                 continue
             if self._stop.is_set():
-                self._close(fresh)
+                self._close(proc)
                 return
             nearest = self._expire(time.monotonic())
             self._wake.wait(min(IDLE_WAKE_S, max(0.0, nearest - time.monotonic())))

@@ -114,6 +114,20 @@ SKIP_GRACE_S: Final = 1.0
 ROW_RETRY_S: Final = 0.25
 #: The longest wait before a failing row is looked at again, in seconds.
 ROW_RETRY_MAX_S: Final = 30.0
+#: The row's backoff: tenacity's exponential wait, by failures in a row.
+_ROW_BACKOFF: Final = tenacity.wait_exponential(multiplier=ROW_RETRY_S, max=ROW_RETRY_MAX_S)
+
+
+def _row_retry_s(tries: int) -> float:
+    """When a row that failed ``tries`` times in a row is looked at again, in seconds from now.
+
+    A deadline in the runner's heap, not a sleep: the thread keeps firing
+    the other schedules meanwhile, so only the wait strategy is tenacity's.
+    """
+    state = tenacity.RetryCallState(None, None, (), {})  # type: ignore[arg-type]
+    state.attempt_number = tries
+    return float(_ROW_BACKOFF(state))
+
 
 #: ``submit(request)``: the engine's submission (the control op's handler).
 Submit = Callable[[dict[str, Any]], dict[str, Any]]
@@ -344,7 +358,7 @@ class ScheduleRunner:
             self.seen.pop(sid, None)  # what comes due until it works is missed
             self._row_failed(session, row, exc)
             tries = self._retries[sid] = self._retries.get(sid, 0) + 1
-            self._push(sid, now + min(ROW_RETRY_S * 2 ** min(tries - 1, 16), ROW_RETRY_MAX_S))
+            self._push(sid, now + _row_retry_s(tries))
             return 0
         self.seen[sid] = now
         self._retries.pop(sid, None)

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 
 import httpx
+import tenacity
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
@@ -117,16 +118,13 @@ class AsyncClient:
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         headers = {**self._headers, **kwargs.pop("headers", {})}
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return await self._http.request(method, self.url + path, headers=headers, **kwargs)
-            except httpx.TransportError as exc:
-                delay = protocol.retry_delay(exc, method, headers, attempt, self.retries)
-                if delay is None:
-                    raise protocol.unreachable(self.url, exc) from exc
-            await asyncio.sleep(delay)
+        retrying = tenacity.AsyncRetrying(**protocol.resending(method, headers, self.retries))
+        try:
+            return await retrying(
+                self._http.request, method, self.url + path, headers=headers, **kwargs
+            )
+        except httpx.TransportError as exc:
+            raise protocol.unreachable(self.url, exc) from exc
 
     def _remember(self, answer: SubmitAnswer) -> None:
         self._seqs[answer.run_id] = answer.seq

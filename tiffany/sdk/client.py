@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 import httpx
+import tenacity
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
@@ -144,16 +145,11 @@ class Client:
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         headers = {**self._headers, **kwargs.pop("headers", {})}
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return self._http.request(method, self.url + path, headers=headers, **kwargs)
-            except httpx.TransportError as exc:
-                delay = protocol.retry_delay(exc, method, headers, attempt, self.retries)
-                if delay is None:
-                    raise protocol.unreachable(self.url, exc) from exc
-            time.sleep(delay)
+        retrying = tenacity.Retrying(**protocol.resending(method, headers, self.retries))
+        try:
+            return retrying(self._http.request, method, self.url + path, headers=headers, **kwargs)
+        except httpx.TransportError as exc:
+            raise protocol.unreachable(self.url, exc) from exc
 
     def _remember(self, answer: SubmitAnswer) -> None:
         self._seqs[answer.run_id] = answer.seq

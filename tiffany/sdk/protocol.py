@@ -3,7 +3,10 @@
 Both speak the same HTTP API (docs/sdk.md); they differ only in how they do
 I/O. Everything that is not I/O lives here, once: building request bodies,
 turning answers into models or exceptions, reading feed frames, and the
-backoff of ``wait``.
+policies their loops follow: when a request is sent again (:func:`resending`,
+tenacity's retry, stop and exponential wait, which both clients hand to
+``tenacity.Retrying`` or ``AsyncRetrying``) and the intervals of ``wait``
+(:class:`Backoff`, tenacity's exponential wait).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any, Final, TypeVar
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
 import httpx
+import tenacity
 from pydantic import BaseModel
 from websockets.exceptions import InvalidStatus
 
@@ -48,6 +52,7 @@ __all__ = [
     "read_frame",
     "readiness",
     "refusal",
+    "resending",
     "resolve_token",
     "resolve_url",
     "retry_delay",
@@ -291,6 +296,35 @@ def _request_line(response: httpx.Response) -> str:
     return f"{response.request.method} {response.request.url}"
 
 
+#: The wait before sending a request again: ``RETRY_FIRST_S``, then twice as long each time.
+_RESEND_WAIT: Final = tenacity.wait_exponential(multiplier=RETRY_FIRST_S)
+
+
+def may_resend(exc: BaseException, method: str, headers: Mapping[str, str]) -> bool:
+    """Whether a request that failed with ``exc`` may be sent again (:func:`retry_delay`)."""
+    if not isinstance(exc, httpx.TransportError) or isinstance(exc, httpx.TimeoutException):
+        return False
+    never_sent = isinstance(exc, httpx.ConnectError)
+    keyed = any(k.lower() == "idempotency-key" for k in headers)
+    broken = isinstance(exc, httpx.NetworkError | httpx.RemoteProtocolError)
+    return never_sent or (broken and (method == "GET" or keyed))
+
+
+def resending(method: str, headers: Mapping[str, str], retries: int) -> dict[str, Any]:
+    """The arguments of ``tenacity.Retrying`` (or ``AsyncRetrying``) that send a request again.
+
+    What may be sent again is :func:`may_resend`'s; at most ``retries``
+    times more, after :func:`retry_delay`; the last error is raised as is
+    (the client turns it into :class:`~tiffany.sdk.errors.ConnectionFailed`).
+    """
+    return {
+        "retry": tenacity.retry_if_exception(lambda exc: may_resend(exc, method, headers)),
+        "stop": tenacity.stop_after_attempt(retries + 1),
+        "wait": _RESEND_WAIT,
+        "reraise": True,
+    }
+
+
 def retry_delay(
     exc: httpx.TransportError, method: str, headers: Mapping[str, str], attempt: int, retries: int
 ) -> float | None:
@@ -305,14 +339,16 @@ def retry_delay(
     reached. Timeouts are not retried (the server may be busy with it).
     ``attempt``: how many times the request was sent already (from 1).
     """
-    if attempt > retries or isinstance(exc, httpx.TimeoutException):
+    if attempt > retries or not may_resend(exc, method, headers):
         return None
-    never_sent = isinstance(exc, httpx.ConnectError)
-    keyed = any(k.lower() == "idempotency-key" for k in headers)
-    broken = isinstance(exc, httpx.NetworkError | httpx.RemoteProtocolError)
-    if never_sent or (broken and (method == "GET" or keyed)):
-        return RETRY_FIRST_S * 2.0 ** (attempt - 1)
-    return None
+    return _wait_at(_RESEND_WAIT, attempt)
+
+
+def _wait_at(wait: tenacity.wait.wait_base, attempt: int) -> float:
+    """What tenacity's ``wait`` gives after ``attempt`` tries (from 1)."""
+    state = tenacity.RetryCallState(None, None, (), {})  # type: ignore[arg-type]
+    state.attempt_number = attempt
+    return float(wait(state))
 
 
 def refusal(exc: Exception, url: str) -> ApiError | None:
@@ -426,13 +462,16 @@ class Outage:
 
 
 class Backoff:
-    """The intervals ``wait`` reads the run at while the feed is quiet: doubling, capped."""
+    """The intervals ``wait`` reads the run at while the feed is quiet: doubling, capped.
+
+    Tenacity's exponential wait from ``first`` up to ``most``.
+    """
 
     def __init__(self, first: float = WAIT_POLL_FIRST_S, most: float = WAIT_POLL_MAX_S) -> None:
-        self.next = first
-        self.most = most
+        self._wait = tenacity.wait_exponential(multiplier=first, max=most)
+        self._steps = 0
 
     def step(self) -> float:
         """Return the next interval, in seconds."""
-        value, self.next = self.next, min(self.next * 2, self.most)
-        return value
+        self._steps += 1
+        return _wait_at(self._wait, self._steps)

@@ -44,16 +44,20 @@ writer, so readers, ``min_seq`` and the feed keep their meaning.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 import psycopg
+import psycopg_pool
 import structlog
+import tenacity
 
 from tiffany.config import conninfo
 from tiffany.errors import WalCorruptionError, WalFailedError, WalFormatError, WalLockedError
@@ -81,6 +85,12 @@ DEFAULT_STREAM: Final = "main"
 DEFAULT_LEASE_S: Final = 10.0
 #: Rows a reader fetches per round trip.
 READ_BATCH: Final = 20_000
+#: Connections a stream keeps for its readers' statements (the projector's
+#: tail; the checkpointer's checkpoints and releases), opened on first use.
+READ_POOL_SIZE: Final = 2
+#: How long a reader waits for one of them (while the database cannot be
+#: reached) before :class:`~tiffany.errors.WalFailedError`, in seconds.
+CONNECT_WAIT_S: Final = 10.0
 
 _NOW: Final = "extract(epoch from clock_timestamp())::float8"
 
@@ -163,6 +173,47 @@ def _connect(url: str, **kwargs: Any) -> psycopg.Connection[Any]:
         ) from exc
 
 
+class _LeaseWait:
+    """Waiting for a held lease (:meth:`PgLog.open`'s ``wait_s``), on tenacity.
+
+    Only :class:`~tiffany.errors.WalLockedError` is retried, until ``wait_s``
+    has passed since the first try (then it is raised). The wait before the
+    next try is the lease's time left (a lease given back is taken at the
+    next try), at most a quarter of a lease and a second, never past
+    ``wait_s``. The holder is logged once, not once a try.
+    """
+
+    def __init__(self, wait_s: float, lease_s: float) -> None:
+        self.wait_s = wait_s
+        self.lease_s = lease_s
+        self._told: object = None
+
+    def retrying(self) -> tenacity.Retrying:
+        return tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(WalLockedError),
+            stop=tenacity.stop_after_delay(self.wait_s),
+            wait=self._wait,
+            before_sleep=self._tell,
+            reraise=True,
+        )
+
+    @staticmethod
+    def _held(state: tenacity.RetryCallState) -> dict[str, Any]:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        return exc.fields if isinstance(exc, WalLockedError) else {"lease_left_s": 0.0}
+
+    def _wait(self, state: tenacity.RetryCallState) -> float:
+        left = self.wait_s - (state.seconds_since_start or 0.0)
+        lease_left = float(self._held(state)["lease_left_s"])
+        return max(0.0, min(left, lease_left + 0.05, self.lease_s / 4, 1.0))
+
+    def _tell(self, state: tenacity.RetryCallState) -> None:
+        fields = self._held(state)
+        if fields.get("owner") != self._told:  # once per holder, not per try
+            self._told = fields.get("owner")
+            log.warning("pgwal.waiting", **fields)
+
+
 def new_owner() -> str:
     """A lease holder's name: ``host:pid:random`` (unique across restarts of a pid)."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -179,7 +230,46 @@ class PgStream:
     def __init__(self, url: str, stream: str = DEFAULT_STREAM) -> None:
         self.url = url
         self.stream = stream
-        self._tail: psycopg.Connection[Any] | None = None  # rows()' kept connection
+        self._pool: psycopg_pool.ConnectionPool[Any] | None = None  # opened on first use
+        self._pool_lock = threading.Lock()
+        self._pool_closer: weakref.finalize[Any, Any] | None = None
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """An autocommit connection of the stream's pool for the ``with`` block.
+
+        Discussion: psycopg_pool, not a connection kept by hand: a connection
+        that broke is dropped on its return and a new one made in the
+        background, and the checkpointer's statements reuse connections
+        instead of opening one each. The writer's connection and the
+        heartbeat's stay out of it: the fence's statement and the lease's
+        renewal never wait behind a reader. A stream dropped without
+        :meth:`close` (a verify's, a re-run's look-up of reused records)
+        closes its pool as it is collected: the pool's threads hold the pool,
+        not the stream, so nothing outlives it.
+        """
+        pool = self._pool
+        if pool is None:
+            with self._pool_lock:
+                pool = self._pool
+                if pool is None:
+                    pool = self._pool = psycopg_pool.ConnectionPool(
+                        conninfo(self.url),
+                        min_size=1,
+                        max_size=READ_POOL_SIZE,
+                        kwargs={"autocommit": True},
+                        name=f"tiffany-wal-{self.stream}",
+                        open=True,
+                    )
+                    self._pool_closer = weakref.finalize(self, pool.close)
+        try:
+            with pool.connection(timeout=CONNECT_WAIT_S) as conn:
+                yield conn
+        except psycopg_pool.PoolTimeout as exc:
+            raise WalFailedError(
+                f"cannot reach the journal's database within {CONNECT_WAIT_S:g} s: {exc}",
+                reason="unreachable",
+            ) from exc
 
     def rows(self, after: int, upto: int, limit: int) -> list[tuple[int, int, bytes]]:
         """Return ``(seq, rtype, payload)`` of the records with ``after < seq <= upto``.
@@ -188,11 +278,8 @@ class PgStream:
         tail reads after every commit). ``upto`` must be committed: a record
         missing below it raises :class:`~tiffany.errors.WalCorruptionError`.
         """
-        conn = self._tail
-        if conn is None or conn.closed:
-            conn = self._tail = _connect(self.url, autocommit=True)
         try:
-            with conn.cursor(binary=True) as cur:
+            with self._connection() as conn, conn.cursor(binary=True) as cur:
                 got = cur.execute(_RANGE, (self.stream, after, upto, limit)).fetchall()
         except psycopg.errors.UndefinedTable as exc:
             raise WalFailedError(_MISSING_TABLES, reason="schema") from exc
@@ -211,7 +298,7 @@ class PgStream:
 
     def checkpoints(self) -> list[tuple[int, bytes]]:
         """Return the stream's checkpoints as ``(seq, bytes)``, newest first."""
-        with _connect(self.url, autocommit=True) as conn:
+        with self._connection() as conn:
             try:
                 rows = conn.execute(_CHECKPOINTS, (self.stream,), binary=True).fetchall()
             except psycopg.errors.UndefinedTable as exc:
@@ -220,7 +307,7 @@ class PgStream:
 
     def first_seq(self) -> int:
         """The stream's first seq still held (records before it were released); 1 if empty."""
-        with _connect(self.url, autocommit=True) as conn:
+        with self._connection() as conn:
             row = conn.execute(_FIRST, (self.stream,)).fetchone()
         return int(row[0]) if row and row[0] is not None else 1
 
@@ -230,20 +317,21 @@ class PgStream:
         The caller (the checkpointer) passes a bound below every unfinished
         run's first record, the newest checkpoint and the store's mark.
         """
-        with _connect(self.url, autocommit=True) as conn:
+        with self._connection() as conn:
             return int(conn.execute(_RELEASE_BEFORE, (self.stream, seq)).rowcount)
 
     def save_checkpoint(self, seq: int, data: bytes, keep: int) -> None:
         """Store the checkpoint at ``seq`` and keep only the newest ``keep`` (one transaction)."""
-        with _connect(self.url) as conn:
+        with self._connection() as conn, conn.transaction():
             conn.execute(_SAVE_CHECKPOINT, (self.stream, seq, data))
             conn.execute(_PRUNE_CHECKPOINTS, (self.stream, self.stream, keep))
 
     def close(self) -> None:
-        """Close the connection :meth:`rows` keeps."""
-        if self._tail is not None:
-            self._tail.close()
-            self._tail = None
+        """Close the readers' connections (the pool; a later read opens it again)."""
+        with self._pool_lock:
+            closer, self._pool, self._pool_closer = self._pool_closer, None, None
+        if closer is not None:
+            closer()  # pool.close(), once
 
     def spans(self, from_seq: int = 1, checked: Mapping[str, int] | None = None) -> Iterator[Span]:
         """Yield the committed records with ``seq >= from_seq``, in order (:func:`spans_of`).
@@ -351,21 +439,8 @@ class PgLog(PgStream, LogState):
         pg = cls(url, stream, lease_s, owner)
         pg._base = first_seq - 1
         pg._conn = _connect(url, autocommit=True)  # each commit is one statement
-        deadline = time.monotonic() + wait_s
-        holder = None
         try:
-            while True:
-                try:
-                    pg._acquire()
-                    break
-                except WalLockedError as exc:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise
-                    if exc.fields["owner"] != holder:  # once per holder, not per poll
-                        holder = exc.fields["owner"]
-                        log.warning("pgwal.waiting", **exc.fields)
-                    time.sleep(min(left, exc.fields["lease_left_s"] + 0.05, lease_s / 4, 1.0))
+            _LeaseWait(wait_s, lease_s).retrying()(pg._acquire)
         except BaseException:
             pg._conn.close()
             raise
