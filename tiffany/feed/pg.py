@@ -25,7 +25,6 @@ the relays mark the gap.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import AsyncIterator
 from typing import Any, Final
@@ -35,7 +34,7 @@ import psycopg
 import structlog
 
 from tiffany.feed import Hub
-from tiffany.feed.transport import MAX_RECONNECT_DELAY_S, RECONNECT_DELAY_S, frame_head
+from tiffany.feed.transport import Reconnects, frame_head
 from tiffany.feed.upstream import Sink, Upstream
 from tiffany.store.models import FEED_CHANNEL, channel
 from tiffany.store.models import MAX_NOTIFY_BYTES as MAX_PAYLOAD_BYTES
@@ -184,24 +183,27 @@ class PgFeed:
         A notification is one engine's batch: its number on the first line,
         then its frames, one a line (:func:`split_payloads`).
         """
-        delay, listened = RECONNECT_DELAY_S, False
-        while True:
-            try:
+        listened = False
+
+        def lost(exc: BaseException, _wait: float) -> None:
+            if self._up:
+                log.warning("feed relay lost the database's feed", error=str(exc))
+            self._up = False
+
+        policy = Reconnects(lost, transient=lambda exc: isinstance(exc, (psycopg.Error, OSError)))
+        async for attempt in policy.attempts():
+            with attempt:
                 conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
                 async with conn:
                     await conn.execute(f'LISTEN "{channel(FEED_CHANNEL, self.dsn)}"')
                     if listened:
                         reason = "the API's feed from the database dropped: reload state over HTTP"
                         sink.mark_gap(None, reason)
-                    listened, self._up, delay = True, True, RECONNECT_DELAY_S
+                    listened, self._up = True, True
+                    policy.progressed(attempt)
                     async for note in conn.notifies():
                         self._take(note.payload, sink)
-            except (psycopg.Error, OSError) as exc:
-                if self._up:
-                    log.warning("feed relay lost the database's feed", error=str(exc))
-                self._up = False
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, MAX_RECONNECT_DELAY_S)
+                raise OSError("the database closed the feed's connection")
 
     def _take(self, payload: str, sink: Sink) -> None:
         number, _, body = payload.partition("\n")

@@ -204,15 +204,24 @@ class Reconnects:
     Args:
         on_retry: Called with the error and the wait before each reconnect.
         sleep: The coroutine that waits (tests pass one that does not).
+        first_s: The first wait, in seconds.
+        max_s: The longest wait, in seconds.
+        transient: Which errors are retried (the rest are raised at once).
     """
 
     def __init__(
         self,
         on_retry: Callable[[BaseException, float], None] | None = None,
         sleep: Callable[[float], Awaitable[None]] | None = None,
+        *,
+        first_s: float = RECONNECT_DELAY_S,
+        max_s: float = MAX_RECONNECT_DELAY_S,
+        transient: Callable[[BaseException], bool] | None = None,
     ) -> None:
         self._on_retry = on_retry
         self._sleep = sleep
+        self._first, self._max = first_s, max_s
+        self._transient = transient or is_transient
         self._base = 0
         self._now = False
 
@@ -220,7 +229,7 @@ class Reconnects:
         """The attempts (``async for attempt in policy.attempts(): with attempt: ...``)."""
         extra: dict[str, Any] = {} if self._sleep is None else {"sleep": self._sleep}
         return tenacity.AsyncRetrying(
-            retry=tenacity.retry_if_exception(is_transient),
+            retry=tenacity.retry_if_exception(self._transient),
             wait=self._wait,
             before_sleep=self._before_sleep,
             reraise=True,
@@ -240,7 +249,7 @@ class Reconnects:
             self._now = False
             return 0.0
         failures = max(1, state.attempt_number - self._base)
-        return float(min(MAX_RECONNECT_DELAY_S, RECONNECT_DELAY_S * 2 ** (failures - 1)))
+        return float(min(self._max, self._first * 2 ** (failures - 1)))
 
     def _before_sleep(self, state: tenacity.RetryCallState) -> None:
         if self._on_retry is not None and state.outcome is not None:

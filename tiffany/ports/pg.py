@@ -101,28 +101,41 @@ class Listener:
             log.error("api.notification_failed", name=self.name, error=repr(exc))
 
     async def _run(self) -> None:
-        delay = RECONNECT_S
-        while True:
-            try:
+        from tiffany.feed.transport import Reconnects
+
+        def lost(exc: BaseException, _wait: float) -> None:
+            if self.listening:
+                log.warning("api.notifications_lost", name=self.name, error=str(exc))
+            self.listening = False
+
+        policy = Reconnects(
+            lost,
+            first_s=RECONNECT_S,
+            max_s=MAX_RECONNECT_S,
+            transient=lambda exc: isinstance(exc, (psycopg.Error, OSError, ValueError)),
+        )
+        async for attempt in policy.attempts():
+            with attempt:
                 conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
                 async with conn:
                     for name in self.channels:
                         await conn.execute(f'LISTEN "{name}"')
-                    self.listening, delay = True, RECONNECT_S
+                    self.listening = True
+                    policy.progressed(attempt)
                     if self.on_connect is not None:
                         self.on_connect()
                     async for note in conn.notifies():
                         self._deliver(note.channel, note.payload)
-            except (psycopg.Error, OSError, ValueError) as exc:
-                if self.listening:
-                    log.warning("api.notifications_lost", name=self.name, error=str(exc))
-                self.listening = False
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, MAX_RECONNECT_S)
+                raise OSError("the database closed the notifications' connection")
 
 
 class AsyncPool:
     """At most ``size`` autocommit connections to ``dsn``, opened on demand and reused.
+
+    Not psycopg_pool's ``AsyncConnectionPool``: without a check at checkout
+    (a round trip each read) it hands out connections the server dropped
+    while they were idle, one after another; this pool's caller retries once
+    on a fresh connection, and a broken one is never put back.
 
     A connection comes back to the pool only if it is still open and idle:
     one that broke, or that a cancelled statement left mid-way, is closed,
