@@ -57,7 +57,7 @@ CODEC_LIBS = _parts("msgspec", "crc32c", "google_crc32c", "orjson", "cbor2")
 #: module ``__getattr__`` imports the public names (the SDK's ``Client``, the
 #: agents' ``python_tool``) on first use (tests/sdk/test_lazy_root.py).
 LAYERS: dict[str, Layer] = {
-    "": Layer(_parts("sdk", "agents"), STDLIB_ONLY),
+    "": Layer(_parts("sdk", "agents", "workflows"), STDLIB_ONLY),
     # Bottom: the error tree, settings, logging setup.
     "errors": Layer(STDLIB_ONLY, STDLIB_ONLY),
     # Engines' shares of a data dir or database: seq ranges, homes, streams.
@@ -89,6 +89,10 @@ LAYERS: dict[str, Layer] = {
     "store": Layer(_parts("errors", "config", "records", "shards")),
     # records: only TaskLabel, the role and plan step a spawned task serves.
     "agents": Layer(_parts("errors", "kernel", "io", "documents", "records", "values")),
+    # Users' durable code: @workflow, its run-level calls (tool, signal, child, patched).
+    "workflows": Layer(
+        _parts("errors", "kernel", "agents", "documents", "records", "values")
+    ),
     # Data only: the plans that ship with Tiffany (the demo plan).
     "plans": Layer(STDLIB_ONLY, STDLIB_ONLY),
     # The kernel demo run by `tiffany demo`.
@@ -107,6 +111,7 @@ LAYERS: dict[str, Layer] = {
             "pal",
             "store",
             "agents",
+            "workflows",
             "control",
             "documents",
             "records",

@@ -92,6 +92,7 @@ from tiffany.kernel import (
     Instrument,
     NewTask,
     Now,
+    Patched,
     Random,
     ReadWait,
     Receive,
@@ -530,6 +531,11 @@ class Journal(Instrument):
                 # journaled at the last recorded ``n``, so they carry no dispatch.
                 self.replayer.go_live(run)
             else:
+                if yielded.__class__ is Patched and not _marks(rec, run.n + 1, meta.ltid, yielded):
+                    # A run recorded before the marker existed: the old code's
+                    # path, and no dispatch counted (its journal has none here).
+                    yielded.applies = False
+                    return
                 n = run.n = run.n + 1
                 if yielded is None:
                     if (
@@ -934,6 +940,16 @@ class Journal(Instrument):
         meta = task.meta
         if isinstance(meta, TaskMeta) and meta.run.replay is not None:
             meta.run.replay.parked.pop(task, None)
+
+
+def _marks(rec: Any, n: int, ltid: int, call: Patched) -> bool:
+    """True if recorded dispatch ``rec`` is the marker ``call`` (dispatch ``n`` of task ``ltid``)."""
+    return (
+        rec.n == n
+        and rec.ltid == ltid
+        and rec.kind == "patched"
+        and rec.arg == text_of(call.patch_id)[:MAX_ARG_CHARS]
+    )
 
 
 def _label_of(call: Any, task: Task) -> TaskLabel:

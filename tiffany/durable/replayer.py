@@ -32,9 +32,11 @@ field by field, and the WAL seq is looked up only to report a divergence
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -65,6 +67,23 @@ log = structlog.get_logger("tiffany.durable")
 
 #: ``restart(task, call, ordinal, attempt)``: start a step again at go-live.
 Restart = Callable[[Task, Any, int, int], Any]
+
+
+#: Tiffany's own source tree: frames under it are not the user's code.
+_OWN_CODE = str(Path(__file__).resolve().parent.parent) + os.sep
+
+
+def user_source(frames: list[tuple[str, str, int]]) -> str | None:
+    """``path:line (function)`` of the innermost frame of the user's code, or None.
+
+    ``frames`` are a task's (``Task.frames()``, outermost first): the user's
+    generator is suspended at the yield that diverged, possibly under
+    Tiffany's own helpers (a workflow's ``tool(...)``), which are skipped.
+    """
+    for fn, path, line in reversed(frames):
+        if not path.startswith(_OWN_CODE):
+            return f"{path}:{line} ({fn})"
+    return None
 
 
 class RecoveryError(TiffanyError):
@@ -341,12 +360,16 @@ class Replayer:
         if not isinstance(expected, list):
             expected = as_list(expected)
         meta = task.meta
-        frames = [f"{fn} ({path}:{line})" for fn, path, line in task.frames()]
+        stack = task.frames()
+        frames = [f"{fn} ({path}:{line})" for fn, path, line in stack]
+        source = user_source(stack)
+        at = f" at {source}" if source else ""
         err = NondeterminismError(
             f"run {run.run_id}: {what} #{run.n} of task {meta.ltid if meta else '?'} "
-            f"({text_of(task.name)}) diverged from the journal: expected "
+            f"({text_of(task.name)}){at} diverged from the journal (seq {seq}): expected "
             f"{stand_in_text(expected)}, got {stand_in_text(actual)}",
             run_id=run.run_id,
+            source=source,
             task=meta.ltid if meta else None,
             task_name=task.name,
             dispatch=run.n,

@@ -231,6 +231,9 @@ class Runtime:
         self.index: RunIndex | None = None
         #: Unfinished runs recovery left alone: a newer engine started them.
         self.too_new: list[JournalTooNew] = []
+        #: Unfinished runs recovery left alone: their entry does not resolve here
+        #: (a workflow whose module was not imported).
+        self.unresolved: list[str] = []
 
     # -- runs ----------------------------------------------------------------
 
@@ -283,6 +286,7 @@ class Runtime:
         index, cursors = loaded.index, loaded.cursors()
         self.index = index
         self.too_new = []
+        self.unresolved = []
         self.journal.reserve_run_no(index.max_run_no)
         resumed = []
         for run_id, cursor in cursors.items():
@@ -298,7 +302,16 @@ class Runtime:
                 log.error("recovery.too_new", **err.fields)
                 self.too_new.append(err)
                 continue
-            coro = self._resolve(info.entry, info.run_id, info.compat)
+            try:
+                coro = self._resolve(info.entry, info.run_id, info.compat)
+            except TiffanyError as exc:
+                if wanted is not None:  # asked for by name: say why it cannot resume
+                    raise
+                # Its code is not here (a workflow whose module this engine did
+                # not import): left unfinished, for an engine that has it.
+                log.error("recovery.unresolved", run_id=info.run_id, error=str(exc))
+                self.unresolved.append(info.run_id)
+                continue
             self.journal.start_run(
                 info.run_id,
                 info.name,

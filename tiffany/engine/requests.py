@@ -72,6 +72,7 @@ import structlog
 
 from tiffany.agents import PlanError
 from tiffany.agents.tools.llm import provider_status
+from tiffany.workflows import WorkflowInputError
 from tiffany.config import Settings
 from tiffany.control import MAX_WAIT_PROJECTED_S, ControlError, submission_digest
 from tiffany.documents import SIGNAL_NAME_PATTERN, DocumentError
@@ -263,6 +264,7 @@ class ControlRequests:
         """
         plan = request.get("plan")
         inputs = request.get("inputs") or {}
+        workflow = request.get("workflow")
         rerun: dict[str, Any] | None = None
         if request.get("rerun_of") is not None:
             plan, inputs, rerun = self._rerun_of(request, inputs)
@@ -273,16 +275,25 @@ class ControlRequests:
                 "invalid Idempotency-Key",
                 [{"loc": "Idempotency-Key", "msg": "must be 1 to 255 characters"}],
             )
+        if workflow is not None and (plan is not None or rerun is not None):
+            msg = "send either a workflow or a plan, not both"
+            raise ControlError(422, msg, [{"loc": "workflow", "msg": msg}])
         try:  # the engine trusts no caller: `tiffany submit` bypasses the API's checks
-            if rerun is None:  # a re-run's plan is the store's, checked when first submitted
+            if rerun is None and workflow is None:  # a re-run's plan was checked when first run
                 check_document(plan, loc=["plan"])
             check_document(inputs, loc=["inputs"])
         except DocumentError as exc:
             raise ControlError(422, exc.message, exc.detail) from None
-        try:  # checked just above (or, for a re-run, when it was first submitted)
-            entry, name = self.engine.prepare_plan(plan, inputs, checked=True)  # type: ignore[arg-type]
-        except PlanError as exc:
-            raise ControlError(422, exc.message, exc.errors) from None
+        if workflow is not None:  # a user's @workflow (tiffany/workflows), known here by import
+            try:
+                entry, name = self.engine.prepare_workflow(workflow, inputs)
+            except WorkflowInputError as exc:
+                raise ControlError(422, exc.message, exc.errors) from None
+        else:
+            try:  # checked just above (or, for a re-run, when it was first submitted)
+                entry, name = self.engine.prepare_plan(plan, inputs, checked=True)  # type: ignore[arg-type]
+            except PlanError as exc:
+                raise ControlError(422, exc.message, exc.errors) from None
         schedule = request.get("schedule")
         if isinstance(schedule, dict):  # a schedule's tick (engine/schedules.py)
             entry["schedule"] = {"id": str(schedule.get("id")), "tick": str(schedule.get("tick"))}
@@ -290,7 +301,8 @@ class ControlRequests:
             entry["rerun_of"], entry["reuse"] = rerun["rerun_of"], rerun["reuse"]
         digest = ""  # only a key is tied to a body (a sorted JSON dump and a hash a run)
         if key is not None:
-            digest = submission_digest(plan if rerun is None else rerun["rerun_of"], inputs)
+            body = {"workflow": workflow} if workflow is not None else plan
+            digest = submission_digest(body if rerun is None else rerun["rerun_of"], inputs)
             entry["idempotency"] = {"key": key, "digest": digest}
         given = request.get("run_id")  # through the database: the API named the run
         answer: Future[dict[str, Any]] = Future()  # the inbox runs it, the commit resolves it

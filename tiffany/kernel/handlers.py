@@ -21,6 +21,7 @@ from tiffany.errors import KernelError, SystemCallMisuse, TaskKilled, UnknownTas
 from tiffany.kernel.calls import (
     Coroutine,
     GetTid,
+    Patched,
     KillTask,
     NewTask,
     Now,
@@ -44,6 +45,10 @@ __all__ = ["HANDLERS", "Handler"]
 Handler = Callable[["Scheduler", Task, Any], Any]
 
 _READY = TaskState.READY
+
+
+def _h_patched(sched: Scheduler, task: Task, call: Patched) -> Any:
+    return call.applies
 
 
 def _h_get_tid(sched: Scheduler, task: Task, call: GetTid) -> Any:
@@ -217,6 +222,7 @@ def step_body(sched: Scheduler, caller: Task, call: Step) -> Coroutine:
 HANDLERS: dict[type, Handler] = {
     Step: _h_step,
     GetTid: _h_get_tid,
+    Patched: _h_patched,
     NewTask: _h_new_task,
     WaitTask: _h_wait_task,
     KillTask: _h_kill_task,
