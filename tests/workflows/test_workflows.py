@@ -32,3 +32,114 @@ def test_a_workflow_runs_and_its_returned_dict_is_the_runs_outputs(settings) -> 
         }
     finally:
         engine.runtime.close()
+
+
+def test_a_tool_call_is_a_journaled_step_and_bad_arguments_fail_naming_the_field(
+    settings,
+) -> None:
+    engine = _engine(settings)
+    try:
+        state = _run(engine, "tests.tool", {"seconds": 0.01})
+        assert state.status == "succeeded", state.error
+        assert state.result["outputs"]["slept"] == {"slept": 0.01}
+        state = _run(engine, "tests.bad_tool")
+        assert state.status == "failed"
+        assert state.error.code == "workflow.tool_failed"
+        assert "args.seconds" in str(state.error)
+    finally:
+        engine.runtime.close()
+
+
+def test_a_non_dict_return_fails_the_run_naming_the_function(settings) -> None:
+    engine = _engine(settings)
+    try:
+        state = _run(engine, "tests.not_a_dict")
+        assert state.status == "failed"
+        assert "(flows:not_a_dict) returned list" in str(state.error)
+    finally:
+        engine.runtime.close()
+
+
+def test_submission_checks_the_name_and_the_inputs_against_the_signature(settings) -> None:
+    engine = _engine(settings)
+    try:
+        with pytest.raises(WorkflowInputError) as bad:
+            engine.prepare_workflow("tests.helo", {})
+        assert bad.value.errors[0]["loc"] == "workflow"
+        assert "did you mean 'tests.hello'" in bad.value.errors[0]["msg"]
+        assert "--import" in bad.value.errors[0]["msg"]
+        assert "tests.hello" in bad.value.errors[0]["msg"]
+        with pytest.raises(WorkflowInputError) as bad:
+            engine.prepare_workflow("tests.hello", {"nam": "x"})
+        locs = sorted(e["loc"] for e in bad.value.errors)
+        assert locs == ["inputs.nam", "inputs.name"]
+        assert "did you mean 'name'" in bad.value.message
+    finally:
+        engine.runtime.close()
+
+
+def test_a_signal_wait_takes_the_payload_and_a_schema_refuses_a_bad_one(settings) -> None:
+    engine = _engine(settings)
+    try:
+        schema = {"type": "object", "required": ["by"], "properties": {"by": {"type": "string"}}}
+        entry, name = engine.prepare_workflow("tests.signal", {"schema": schema})
+        run_id = engine.start_entry(entry, name=name)
+        engine.runtime.run()  # until it waits
+        journal = engine.runtime.journal
+        assert journal.awaited_signals(run_id) == ["approve"]
+        refused = engine.signals[run_id].refusal("approve", {"by": 3})
+        assert refused is not None and refused[1][0]["pointer"] == "/by"
+        journal.request_signal(run_id, "approve", {"by": "bob"}, "s1", lambda seq, ended: None)
+        engine.runtime.run()
+        state = engine.runtime.status(run_id)
+        assert state.status == "succeeded", state.error
+        assert state.result["outputs"] == {"approved_by": "bob"}
+    finally:
+        engine.runtime.close()
+
+
+def test_a_signal_timeout_raises_at_the_yield_and_finally_runs(settings) -> None:
+    engine = _engine(settings)
+    try:
+        state = _run(engine, "tests.signal", {"timeout_s": 0.05})
+        assert state.status == "failed"
+        assert state.error.code == "signal.timeout"
+    finally:
+        engine.runtime.close()
+
+
+def test_cancel_raises_at_the_current_yield_and_finally_runs(settings) -> None:
+    engine = _engine(settings)
+    try:
+        entry, name = engine.prepare_workflow("tests.signal", {})
+        run_id = engine.start_entry(entry, name=name)
+        engine.runtime.run()
+        assert engine.cancel(run_id)
+        engine.runtime.run()
+        state = engine.runtime.status(run_id)
+        assert state.status == "cancelled"
+        # The finally's step ran (a STEP_START after the cancel): counted by the journal.
+        assert state.n > 2
+    finally:
+        engine.runtime.close()
+
+
+def test_child_runs_of_a_workflow_and_of_a_plan_give_their_outputs(settings) -> None:
+    engine = _engine(settings)
+    try:
+        state = _run(engine, "tests.child", {"n": 2})
+        assert state.status == "succeeded", state.error
+        outs = state.result["outputs"]["children"]
+        assert outs[0]["greeting"] == "hello c0" and outs[1]["greeting"] == "hello c1"
+        assert len(outs) == 3
+        kids = sorted(r for r in engine.runtime.journal.runs if r.startswith(state.run_id + "."))
+        assert kids == [f"{state.run_id}.child_{i}.1" for i in (1, 2, 3)]
+    finally:
+        engine.runtime.close()
+
+
+def test_a_call_outside_a_workflow_is_refused_naming_the_call() -> None:
+    from tiffany.workflows import WorkflowCallError, tool
+
+    with pytest.raises(WorkflowCallError, match=r"tool\(\) is a workflow's call"):
+        tool("sleep", seconds=1)

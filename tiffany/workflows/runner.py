@@ -8,9 +8,10 @@ does a plan run's planner.
 
 The root task (:func:`run_workflow`) gives itself the run's
 :class:`~tiffany.workflows.calls.WorkflowContext` (its children inherit
-it), calls the user's function with the inputs and runs its generator as a
-nested coroutine, so that the user's frames are the task's (a divergence
-names the user's line). Its result is ``{"outputs": <the returned dict>}``,
+it), calls the user's function with the inputs and delegates to its
+generator (``yield from``: no dispatch of its own, so renaming the function
+changes nothing in the journal; the user's frames are the task's, and a
+divergence names the user's line). Its result is ``{"outputs": <the returned dict>}``,
 the shape a plan run's result has, so the store, the API and a parent's
 ``child(...)`` read a workflow run's outputs as they read a plan's.
 """
@@ -110,7 +111,7 @@ def run_workflow(
     task = current_task()
     assert task is not None  # a root task, dispatched
     task.context = WorkflowContext(env, run_id, wf.name)
-    result = yield wf.fn(**inputs)
+    result = yield from wf.fn(**inputs)
     if not isinstance(result, dict):
         raise WorkflowResultError(
             f"workflow {wf.name} ({wf.where}) returned {type(result).__name__}: a workflow "
