@@ -29,7 +29,7 @@ from tiffany.api.feed import FeedRelay, feed_path
 from tiffany.api.metrics import ApiMetrics
 from tiffany.api.middleware import RequestLog, TokenAuth
 from tiffany.api.routes import activity, runs, schedules, system, tools
-from tiffany.api.schemas import RerunRequest, SubmitRequest
+from tiffany.api.schemas import RerunRequest, SubmitRequest, WorkflowSubmitRequest
 from tiffany.api.timing import Timings
 from tiffany.config import Settings, conninfo
 from tiffany.shards import homes
@@ -108,7 +108,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     openapi.install(
         app,
-        [SubmitRequest, RerunRequest, schedules.ScheduleRequest],
+        [SubmitRequest, WorkflowSubmitRequest, RerunRequest, schedules.ScheduleRequest],
         token=settings.api_token is not None,
     )
     app.mount("/static", StaticFiles(directory=system.STATIC_DIR, check_dir=False), name="static")

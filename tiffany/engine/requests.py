@@ -301,7 +301,8 @@ class ControlRequests:
             entry["rerun_of"], entry["reuse"] = rerun["rerun_of"], rerun["reuse"]
         digest = ""  # only a key is tied to a body (a sorted JSON dump and a hash a run)
         if key is not None:
-            body = {"workflow": workflow} if workflow is not None else plan
+            # the API's digest of a database submission: its body's plan (none) and workflow
+            body = {"plan": None, "workflow": workflow} if workflow is not None else plan
             digest = submission_digest(body if rerun is None else rerun["rerun_of"], inputs)
             entry["idempotency"] = {"key": key, "digest": digest}
         given = request.get("run_id")  # through the database: the API named the run

@@ -183,6 +183,8 @@ class _RunCtx:
     status: str = RunStatus.RUNNING.value
     #: Who in the run waits for a person (``runs.waiting_for``; ``waits.py``).
     waits: RunWaits = field(default_factory=lambda: RunWaits(False))
+    #: A workflow run (entry kind ``workflow``): its result's ``outputs`` are its outputs.
+    workflow: bool = False
 
 
 def _marked(attempts: Any, reruns: set[int]) -> Any:
@@ -325,9 +327,13 @@ class RowFold:
                 **(defaults if isinstance(defaults, Mapping) else {}),
                 **(given if isinstance(given, Mapping) else {}),
             }
+        elif entry.get("kind") == "workflow":  # a @workflow's keyword arguments
+            given = entry.get("inputs")
+            inputs = given if isinstance(given, Mapping) else {}
         else:
             inputs = {"args": entry.get("args", []), "kwargs": entry.get("kwargs", {})}
         ctx = _RunCtx(text(run_id), plan, root_role(entry), clock, 0, False)
+        ctx.workflow = entry.get("kind") == "workflow"
         ctx.waits = RunWaits(plan, ctx.root)
         # Queued behind a concurrency limit until its slot's signal.
         ctx.status = (
@@ -583,6 +589,8 @@ class RowFold:
             if ctx.plan and isinstance(value, Mapping):
                 outputs, summary = _part(made, "outputs", value), value.get("steps")
                 usage = value.get("usage")
+            elif ctx.workflow and isinstance(value, Mapping):  # {"outputs": the returned dict}
+                outputs = _part(made, "outputs", value)
             b.runs.update((ctx.run_id,), status=final.value, ended_at=ctx.clock, outputs=outputs)
         else:
             if ctx.plan and isinstance(value, list | tuple) and len(value) > 3:
@@ -683,6 +691,7 @@ class RowFold:
         plan = entry.get("kind") == "plan" and isinstance(entry.get("plan"), Mapping)
         finished = run.status in _RUN_END_STATUSES
         ctx = _RunCtx(run.run_id, plan, root_role(entry), run.updated_at, run.dispatches, finished)
+        ctx.workflow = entry.get("kind") == "workflow"
         ctx.status = run.status
         unfinished = []
         used = run.usage if _HAS_USAGE else None
