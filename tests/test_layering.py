@@ -90,9 +90,7 @@ LAYERS: dict[str, Layer] = {
     # records: only TaskLabel, the role and plan step a spawned task serves.
     "agents": Layer(_parts("errors", "kernel", "io", "documents", "records", "values")),
     # Users' durable code: @workflow, its run-level calls (tool, signal, child, patched).
-    "workflows": Layer(
-        _parts("errors", "kernel", "agents", "documents", "records", "values")
-    ),
+    "workflows": Layer(_parts("errors", "kernel", "agents", "documents", "records", "values")),
     # Data only: the plans that ship with Tiffany (the demo plan).
     "plans": Layer(STDLIB_ONLY, STDLIB_ONLY),
     # The kernel demo run by `tiffany demo`.

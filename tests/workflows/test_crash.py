@@ -65,7 +65,9 @@ def test_a_killed_workflow_resumes_without_redoing_journaled_effects(tmp_path: P
         # Both children past their second effect: b*-0 and b*-1 are journaled
         # (each child went on past them), b*-2 ran or is running.
         wait_for(
-            lambda: _lines(effects, "b0-2") and _lines(effects, "b1-2") or proc.poll() is not None,
+            lambda: (
+                (_lines(effects, "b0-2") and _lines(effects, "b1-2")) or proc.poll() is not None
+            ),
             120,
             "each child's third effect",
             interval=0.01,
@@ -85,7 +87,11 @@ def test_a_killed_workflow_resumes_without_redoing_journaled_effects(tmp_path: P
     run_id = run_ids[0]
 
     resumed = subprocess.run(
-        [*_tiffany("replay", run_id, "--import", "flows", "--no-live", "--json", data_dir=data_dir)],
+        [
+            *_tiffany(
+                "replay", run_id, "--import", "flows", "--no-live", "--json", data_dir=data_dir
+            )
+        ],
         cwd=HERE,
         env=_env(),
         capture_output=True,
@@ -95,9 +101,7 @@ def test_a_killed_workflow_resumes_without_redoing_journaled_effects(tmp_path: P
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     result = json.loads(resumed.stdout.strip().splitlines()[-1])
     assert result["status"] == "succeeded"
-    assert result["outputs"] == {
-        "done": [[f"b{c}-{i}" for i in range(STEPS)] for c in (0, 1)]
-    }
+    assert result["outputs"] == {"done": [[f"b{c}-{i}" for i in range(STEPS)] for c in (0, 1)]}
     after = {f"b{c}-{i}": _lines(effects, f"b{c}-{i}") for c in (0, 1) for i in range(STEPS)}
     # Journaled before the kill: never run again. In flight (at most one per
     # child, the third or fourth): run again once. Not started: run once.
@@ -118,7 +122,8 @@ def test_a_killed_workflow_resumes_without_redoing_journaled_effects(tmp_path: P
     )
     assert verified.returncode == 0, verified.stdout + verified.stderr
     report = json.loads(verified.stdout)
-    assert report["ok"] is True and report["status"] == "succeeded", report
+    assert report["ok"] is True, report
+    assert report["status"] == "succeeded"
     # The verify ran no effect.
     assert after == {
         f"b{c}-{i}": _lines(effects, f"b{c}-{i}") for c in (0, 1) for i in range(STEPS)

@@ -129,13 +129,15 @@ def test_a_change_of_the_yields_is_named_with_its_source_line(
     fields = div
     assert fields["run_id"] == run_id
     assert fields["task"] == 1
-    assert isinstance(fields["seq"], int) and fields["seq"] > 0
+    assert isinstance(fields["seq"], int)
+    assert fields["seq"] > 0
     assert fields["source"].startswith(f"{HERE}:{_line_of(mutant, marker)} ")
     message = div["message"]
     assert f"run {run_id}:" in message
     assert f"at {HERE}:{_line_of(mutant, marker)} ({mutant.__name__})" in message
     assert f"(seq {fields['seq']})" in message
-    assert expected in str(fields["expected"]) and actual in str(fields["actual"])
+    assert expected in str(fields["expected"])
+    assert actual in str(fields["actual"])
     assert fields["expected"] != fields["actual"]
 
 
@@ -151,13 +153,13 @@ def test_a_removed_step_is_a_divergence_at_the_runs_end(settings) -> None:
     assert "step" in str(div["expected"])
 
 
-_START = time.time()
+_START = time.time()  # noqa: TID251 - the mistake this test makes on purpose
 
 
 def wall_clock():
     # The mistake: time read outside a system call. Recorded and replayed
     # at different times, the Sleep's argument differs.
-    yield Sleep(round(time.time() - _START, 6))
+    yield Sleep(round(time.time() - _START, 6))  # noqa: TID251
     return {}
 
 
@@ -166,7 +168,8 @@ def test_a_wall_clock_read_is_a_divergence_at_the_yield_it_changes(settings) -> 
     report = _verify(settings, run_id, wall_clock)
     assert not report.ok
     fields = report.divergence
-    assert fields["expected"][2] == "sleep" and fields["actual"][2] == "sleep"
+    assert fields["expected"][2] == "sleep"
+    assert fields["actual"][2] == "sleep"
     assert fields["expected"][3] != fields["actual"][3]
     assert fields["source"].startswith(f"{HERE}:{_line_of(wall_clock, 'yield Sleep')} ")
 

@@ -12,11 +12,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "sdk"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sdk_support import Served, serve, short_dir  # noqa: E402
+from sdk_support import Served, serve, short_dir
 
-from tiffany.sdk import Client  # noqa: E402
+from tiffany.sdk import Client
 
-WF_MODULE = '''
+WF_MODULE = """
 from tiffany import workflow
 from tiffany.kernel import Sleep, Step
 from tiffany.workflows import signal, tool
@@ -46,7 +46,7 @@ def forever():
     finally:
         yield Step(add, 1, 1)
     return {}
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,8 @@ def test_an_unknown_workflow_and_bad_inputs_are_422s_naming_the_field(served) ->
     bad = httpx.post(served.url + "/api/runs", json={"workflow": "srv.ad", "inputs": {}})
     assert bad.status_code == 422, bad.text
     text = bad.text
-    assert "workflow" in text and "srv.add" in text and "--import" in text
+    for said in ("workflow", "srv.add", "--import"):
+        assert said in text
     missing = httpx.post(served.url + "/api/runs", json={"workflow": "srv.add", "inputs": {}})
     assert missing.status_code == 422
     assert "inputs.a" in missing.text

@@ -35,9 +35,9 @@ __all__ = [
     "StepSpec",
     "SubmitAnswer",
     "SubmitRequest",
-    "WorkflowSubmitRequest",
     "TaskOut",
     "WaitingFor",
+    "WorkflowSubmitRequest",
 ]
 
 

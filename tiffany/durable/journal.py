@@ -943,8 +943,8 @@ class Journal(Instrument):
 
 
 def _marks(rec: Any, n: int, ltid: int, call: Patched) -> bool:
-    """True if recorded dispatch ``rec`` is the marker ``call`` (dispatch ``n`` of task ``ltid``)."""
-    return (
+    """True if recorded dispatch ``rec`` is marker ``call`` (dispatch ``n`` of task ``ltid``)."""
+    return bool(
         rec.n == n
         and rec.ltid == ltid
         and rec.kind == "patched"

@@ -436,7 +436,6 @@ def replay_resolvers(settings: Settings) -> dict[str, Any]:
     """Return the entry resolvers a local replay needs (plans with every tool known)."""
     from tiffany.agents import AgentEnv, plan_resolver
     from tiffany.agents.registry import ToolRegistry
-
     from tiffany.workflows import workflow_resolver
 
     registry = ToolRegistry.default(enabled=ToolRegistry.default().all_names())

@@ -72,7 +72,6 @@ import structlog
 
 from tiffany.agents import PlanError
 from tiffany.agents.tools.llm import provider_status
-from tiffany.workflows import WorkflowInputError
 from tiffany.config import Settings
 from tiffany.control import MAX_WAIT_PROJECTED_S, ControlError, submission_digest
 from tiffany.documents import SIGNAL_NAME_PATTERN, DocumentError
@@ -84,6 +83,7 @@ from tiffany.errors import LimitExceeded
 from tiffany.records import reserved_signal, reserved_signal_message
 from tiffany.shards import engine_of, engine_stream
 from tiffany.wire.status import TERMINAL
+from tiffany.workflows import WorkflowInputError
 
 if TYPE_CHECKING:
     from tiffany.engine import Engine

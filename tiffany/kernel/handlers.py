@@ -21,10 +21,10 @@ from tiffany.errors import KernelError, SystemCallMisuse, TaskKilled, UnknownTas
 from tiffany.kernel.calls import (
     Coroutine,
     GetTid,
-    Patched,
     KillTask,
     NewTask,
     Now,
+    Patched,
     Random,
     ReadWait,
     RunInThread,

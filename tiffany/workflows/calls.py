@@ -152,7 +152,7 @@ def _digest(value: Any) -> str:
 
 
 def _named(gen: Coroutine, name: str) -> Coroutine:
-    gen.__qualname__ = name  # what the journal records for the yield (see the docstring)
+    gen.__qualname__ = name  # type: ignore[attr-defined]  # the journal records it (docstring)
     return gen
 
 

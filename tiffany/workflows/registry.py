@@ -168,7 +168,7 @@ def workflow(name: str) -> Callable[[F], F]:
     """
     if callable(name):
         raise WorkflowDefinitionError(
-            f"@workflow needs a name: @workflow(\"...\") above {_where(name)}",
+            f'@workflow needs a name: @workflow("...") above {_where(name)}',
             function=_where(name),
         )
 

@@ -256,7 +256,7 @@ class RunSignals:
 
     @classmethod
     def open(cls) -> RunSignals:
-        """A code run's (a workflow's): any name may be awaited; schemas join as waits are reached."""
+        """A code run's (a workflow's): any name may be awaited; schemas join as it waits."""
         return cls([_Wait("code", None, None, True)])
 
     def plus(self, steps: Any, inputs: Mapping[str, Any]) -> RunSignals:

@@ -200,7 +200,11 @@ async def submit_run(
         run_id=run_id,
         created=created,
         seq=seq,
-        **({"workflow": sub.workflow} if sub.workflow is not None else {"plan": sub.plan.get("name")}),
+        **(
+            {"workflow": sub.workflow}
+            if sub.workflow is not None
+            else {"plan": sub.plan.get("name")}
+        ),
     )
     return _json(
         {"run_id": run_id, "seq": seq, "created": created},
