@@ -239,3 +239,13 @@ def test_patched_markers_under_a_fan_out_of_tasks(settings) -> None:
     assert _verify(settings, old_run, fanned_after).ok
     new_run = _record(settings, fanned_after)
     assert _verify(settings, new_run, fanned_after).ok
+
+
+def test_verify_of_a_workflow_whose_module_is_not_imported_says_so(settings) -> None:
+    run_id = _record(settings, original)
+    unregister(NAME)
+    report = verify(settings.data_dir, run_id, replay_resolvers(settings))
+    assert not report.ok
+    assert report.problems
+    assert f"unknown workflow {NAME!r}" in report.problems[0]
+    assert "--import" in report.problems[0]

@@ -18,7 +18,7 @@ from tiffany.sdk import Client
 
 WF_MODULE = """
 from tiffany import workflow
-from tiffany.kernel import Sleep, Step
+from tiffany.kernel import NewTask, Sleep, Step, WaitTask
 from tiffany.workflows import signal, tool
 
 
@@ -37,6 +37,27 @@ def add_flow(a: int, b: int = 1):
 def approve():
     ok = yield signal("approve", schema={"type": "object", "required": ["by"]})
     return {"by": ok["by"]}
+
+
+def effect(effects, tag):
+    with open(f"{effects}/{tag}.count", "a") as f:
+        f.write("1\\n")
+    return tag
+
+
+def branch(effects, tag, pause_s):
+    out = []
+    for i in range(4):
+        out.append((yield Step(effect, effects, f"{tag}-{i}")))
+        yield Sleep(pause_s)
+    return out
+
+
+@workflow("srv.fanout")
+def fanout(effects: str, pause_s: float = 0.3):
+    a = yield NewTask(branch(effects, "a", pause_s), name="a")
+    b = yield NewTask(branch(effects, "b", pause_s), name="b")
+    return {"a": (yield WaitTask(a)), "b": (yield WaitTask(b))}
 
 
 @workflow("srv.forever")
@@ -121,3 +142,67 @@ def test_cancel_ends_a_workflow_run_cancelled(served) -> None:
         handle = client.submit(workflow="srv.forever")
         handle.cancel()
         assert handle.wait(timeout=60).status == "cancelled"
+
+
+def test_submit_workflow_from_the_cli(served) -> None:
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")}
+    argv = [sys.executable, "-m", "tiffany", "submit", "--workflow", "srv.add"]
+    argv += ["--input", "a=5", "--data-dir", str(served.data_dir)]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_id = done.stdout.strip()
+    with Client(served.url) as client:
+        assert client.wait(run_id, timeout=60).outputs == {"total": 6}
+    unknown = subprocess.run(
+        [*argv[:5], "srv.nope", "--data-dir", str(served.data_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert unknown.returncode == 2, unknown.stdout + unknown.stderr
+    assert "srv.add" in unknown.stderr
+
+
+def test_an_engine_killed_mid_run_resumes_the_workflow_at_its_restart(tmp_path: Path) -> None:
+    import os
+    import signal as signals
+
+    from process_support import serve_json, wait_for
+
+    cwd = short_dir("tfk-")
+    (cwd / "wfmod.py").write_text(WF_MODULE)
+    effects = tmp_path / "effects"
+    effects.mkdir()
+    srv = serve(cwd, "--import", "wfmod")
+    try:
+
+        def lines(tag: str) -> int:
+            path = effects / f"{tag}.count"
+            return len(path.read_text().splitlines()) if path.exists() else 0
+
+        with Client(srv.url) as client:
+            handle = client.submit(workflow="srv.fanout", inputs={"effects": str(effects)})
+            wait_for(lambda: lines("a-2") and lines("b-2"), 120, "the third effects", interval=0.01)
+            engine = serve_json(srv.data_dir)["engine_pid"]
+            os.kill(engine, signals.SIGKILL)
+            wait_for(
+                lambda: (serve_json(srv.data_dir) or {}).get("engine_pid") not in (None, engine),
+                120,
+                "serve to restart its engine",
+            )
+            detail = handle.wait(timeout=120)
+            assert detail.status == "succeeded"
+            assert detail.outputs == {t: [f"{t}-{i}" for i in range(4)] for t in ("a", "b")}
+            for t in ("a", "b"):
+                assert lines(f"{t}-0") == 1
+                assert lines(f"{t}-1") == 1
+                assert sum(lines(f"{t}-{i}") for i in (2, 3)) in (2, 3)  # one in flight at most
+            verified = httpx.post(f"{srv.url}/api/runs/{handle.run_id}/verify", timeout=120)
+            assert verified.status_code == 200, verified.text
+            assert verified.json()["ok"] is True, verified.text
+    finally:
+        srv.stop()

@@ -460,13 +460,18 @@ def verify_loaded(
             f"journal version {info.compat} is newer than this code's ({JOURNAL_COMPAT})"
         )
         return report
+    try:
+        root = resolver(info.entry, info.run_id, info.compat)
+    except TiffanyError as exc:  # its code is not here (a workflow whose module is not imported)
+        report.problems.append(exc.message)
+        return report
     with Scheduler() as sched:
         journal = Journal(None, sched, allow_live=False)
         run = journal.start_run(
             info.run_id,
             info.name,
             info.entry,
-            resolver(info.entry, info.run_id, info.compat),
+            root,
             run_no=info.run_no,
             replay=cursor,
             compat=info.compat,
