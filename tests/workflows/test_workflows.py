@@ -144,3 +144,39 @@ def test_a_call_outside_a_workflow_is_refused_naming_the_call() -> None:
 
     with pytest.raises(WorkflowCallError, match=r"tool\(\) is a workflow's call"):
         tool("sleep", seconds=1)
+
+
+def test_an_unfinished_run_resumes_at_engine_start_and_waits_for_its_module(settings) -> None:
+    from tiffany.workflows import lookup, register, unregister
+
+    engine = _engine(settings)
+    try:
+        entry, name = engine.prepare_workflow("tests.signal", {})
+        run_id = engine.start_entry(entry, name=name)
+        engine.runtime.run()  # it waits for "approve"
+    finally:
+        engine.runtime.close()
+    wf = lookup("tests.signal")
+    unregister("tests.signal")
+    try:  # an engine that did not import the module: the run is left for one that did
+        engine = _engine(settings)
+        try:
+            assert engine.recover_runs() == []
+            assert engine.runtime.unresolved == [run_id]
+        finally:
+            engine.runtime.close()
+    finally:
+        register("tests.signal", wf.fn)
+    engine = _engine(settings)
+    try:
+        assert engine.recover_runs() == [run_id]
+        engine.runtime.run()
+        journal = engine.runtime.journal
+        assert journal.awaited_signals(run_id) == ["approve"]
+        journal.request_signal(run_id, "approve", {"by": "eve"}, "s1", lambda seq, ended: None)
+        engine.runtime.run()
+        state = engine.runtime.status(run_id)
+        assert state.status == "succeeded", state.error
+        assert state.result == {"outputs": {"approved_by": "eve"}}
+    finally:
+        engine.runtime.close()
