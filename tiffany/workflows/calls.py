@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -105,6 +105,9 @@ class WorkflowContext:
     workflow: str
     #: ``tool`` and ``child`` calls so far (in dispatch order: deterministic).
     calls: int = 0
+    #: The waits (name and schema digest) told to the engine already: a wait
+    #: in a loop is told once, not once per turn.
+    told: set[str] = field(default_factory=set)
 
     def next_call(self, what: str) -> str:
         """The id of the run's next tool or child call (``tool_3``, ``child_4``)."""
@@ -203,11 +206,14 @@ def signal(
         field = ".".join(str(p) for p in first["loc"]) or "name"
         raise WorkflowCallError(f"signal(): {field}: {first['msg']}", field=field) from None
     waits: RunSignals | None = None
+    digest = _digest(raw)
     if schema is not None:
         wait = {"id": f"signal:{name}", "tool": SignalWaitTool.name, "args": raw}
         waits = RunSignals.of_steps([wait], {})
-        ctx.env.steps_added(ctx.run_id, [wait])  # the engine refuses a payload sent from now on
-    return _named(_signal(ctx, args, waits), f"signal:{name}#{_digest(raw)}")
+        if digest not in ctx.told:  # the engine refuses a payload sent from now on
+            ctx.told.add(digest)
+            ctx.env.steps_added(ctx.run_id, [wait])
+    return _named(_signal(ctx, args, waits), f"signal:{name}#{digest}")
 
 
 def _signal(ctx: WorkflowContext, args: SignalWaitArgs, waits: RunSignals | None) -> Coroutine:
