@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from tiffany import workflow
@@ -89,7 +90,16 @@ def branch(effects: str, tag: str, steps: int, pause_s: float):
 
 
 def effect(effects: str, tag: str) -> str:
-    """An effect counted by files: one line appended per call."""
-    with open(Path(effects) / f"{tag}.count", "a", encoding="utf-8") as f:
+    """An effect counted by files: one line appended per call.
+
+    With a file ``TAG.hold`` beside it, the call then waits (in its thread)
+    for ``TAG.release``: the crash test kills the process while it is in flight.
+    """
+    where = Path(effects)
+    with open(where / f"{tag}.count", "a", encoding="utf-8") as f:
         f.write(f"{os.getpid()}\n")
+    if (where / f"{tag}.hold").exists():
+        deadline = time.monotonic() + 120
+        while not (where / f"{tag}.release").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
     return tag

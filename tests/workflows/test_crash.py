@@ -3,11 +3,12 @@
 The workflow (``flows.fanout``) starts two child tasks, each doing four
 effects (``Step``) with a ``Sleep`` between. ``tiffany run flows:fanout``
 is killed with SIGKILL once each child's third effect has run (waited on
-through the effect files, not a fixed time); ``tiffany replay RUN --import
-flows`` resumes the run to its end; every effect whose result was journaled
-before the kill ran once (counted by the files' lines), at most the one in
-flight per child ran twice, and ``tiffany replay RUN --verify --import
-flows`` replays it identically.
+through the effect files, not a fixed time), child ``b0``'s third effect
+held in flight (it waits for a file); ``tiffany replay RUN --import flows``
+resumes the run to its end; every effect whose result was journaled before
+the kill ran once (counted by the files' lines), the one in flight ran again
+as its second attempt (its STEP_START says so), and ``tiffany replay RUN
+--verify --import flows`` replays it identically.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tiffany.durable.history import read_runs
+from tiffany.durable.history import load_run, read_runs
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -46,6 +47,7 @@ def _lines(effects: Path, tag: str) -> int:
 def test_a_killed_workflow_resumes_without_redoing_journaled_effects(tmp_path: Path) -> None:
     data_dir, effects = tmp_path / "data", tmp_path / "effects"
     effects.mkdir()
+    (effects / "b0-2.hold").touch()  # b0-2 is in flight when the process is killed
     argv = _tiffany(
         "run",
         "flows:fanout",
@@ -81,6 +83,7 @@ def test_a_killed_workflow_resumes_without_redoing_journaled_effects(tmp_path: P
             proc.wait()
     before = {f"b{c}-{i}": _lines(effects, f"b{c}-{i}") for c in (0, 1) for i in range(STEPS)}
     assert all(before[f"b{c}-{i}"] == 1 for c in (0, 1) for i in (0, 1, 2)), before
+    (effects / "b0-2.release").touch()
     unfinished = read_runs(data_dir / "wal", None, unfinished_only=True).index.runs
     run_ids = [r for r, info in unfinished.items() if not info.finished]
     assert len(run_ids) == 1, unfinished
@@ -111,6 +114,17 @@ def test_a_killed_workflow_resumes_without_redoing_journaled_effects(tmp_path: P
         again = [i for i in (2, 3) if after[f"b{c}-{i}"] == 2]
         assert len(again) <= 1, after
         assert all(after[f"b{c}-{i}"] in (1, 2) for i in (2, 3)), after
+    assert after["b0-2"] == 2, after  # in flight at the kill: run again
+
+    # The step in flight at the kill was started again, as its next attempt
+    # (its STEP_START says so): every effect that ran twice is one of those.
+    _, cursor = load_run(data_dir / "wal", run_id)
+    restarted = {key for key, attempt in cursor.attempts.items() if attempt > 1}
+    for c in (0, 1):
+        for i in range(STEPS):
+            if after[f"b{c}-{i}"] == 2:  # task b{c} is ltid 2 + c; effect i its step i + 1
+                assert (2 + c, i + 1) in restarted, (after, cursor.attempts)
+    assert cursor.attempts[(2, 3)] == 2
 
     verified = subprocess.run(
         _tiffany("replay", run_id, "--verify", "--import", "flows", "--json", data_dir=data_dir),
