@@ -103,3 +103,21 @@ def effect(effects: str, tag: str) -> str:
         while not (where / f"{tag}.release").exists() and time.monotonic() < deadline:
             time.sleep(0.01)
     return tag
+
+
+@workflow("tests.forever")
+def forever():
+    yield signal("never")  # parked with no timer: the scheduler's run() returns
+    return {}
+
+
+@workflow("tests.parent_of_forever")
+def parent_of_forever():
+    out = yield child("tests.forever", {})
+    return {"child": out}
+
+
+@workflow("tests.not_json")
+def not_json():
+    yield Step(double, 1)
+    return {"fine": 1, "bad": {1, 2}}

@@ -180,3 +180,32 @@ def test_an_unfinished_run_resumes_at_engine_start_and_waits_for_its_module(sett
         assert state.result == {"outputs": {"approved_by": "eve"}}
     finally:
         engine.runtime.close()
+
+
+def test_a_child_run_is_cancelled_with_its_parent(settings) -> None:
+    engine = _engine(settings)
+    try:
+        entry, name = engine.prepare_workflow("tests.parent_of_forever", {})
+        parent = engine.start_entry(entry, name=name)
+        engine.runtime.run()  # the parent waits for its child, which waits for a signal
+        child_id = f"{parent}.child_1.1"
+        journal = engine.runtime.journal
+        assert journal.runs[child_id].status == "running"
+        assert engine.cancel(parent)
+        engine.runtime.run()
+        assert journal.runs[parent].status == "cancelled"
+        assert journal.runs[child_id].status == "cancelled"
+    finally:
+        engine.runtime.close()
+
+
+def test_outputs_that_are_not_json_fail_the_run_naming_the_field(settings) -> None:
+    engine = _engine(settings)
+    try:
+        state = _run(engine, "tests.not_json")
+        assert state.status == "failed"
+        assert state.error.code == "workflow.result"
+        assert "(flows:not_json) returned outputs that are not JSON" in str(state.error)
+        assert state.error.fields["field"] == "outputs.bad"
+    finally:
+        engine.runtime.close()
