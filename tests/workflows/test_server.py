@@ -206,3 +206,21 @@ def test_an_engine_killed_mid_run_resumes_the_workflow_at_its_restart(tmp_path: 
             assert verified.json()["ok"] is True, verified.text
     finally:
         srv.stop()
+
+
+def test_the_async_client_submits_a_workflow(served) -> None:
+    import asyncio
+
+    from tiffany.sdk import AsyncClient
+
+    async def go() -> dict:
+        async with AsyncClient(served.url) as client:
+            handle = await client.submit(workflow="srv.add", inputs={"a": 1, "b": 1})
+            detail = await handle.wait(timeout=60)
+            return detail.outputs
+
+    assert asyncio.run(go()) == {"total": 2}
+    with pytest.raises(TypeError, match="not both"):
+        from tiffany.sdk import protocol
+
+        protocol.submit_body({"steps": []}, None, "srv.add")

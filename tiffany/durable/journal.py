@@ -531,11 +531,6 @@ class Journal(Instrument):
                 # journaled at the last recorded ``n``, so they carry no dispatch.
                 self.replayer.go_live(run)
             else:
-                if yielded.__class__ is Patched and not _marks(rec, run.n + 1, meta.ltid, yielded):
-                    # A run recorded before the marker existed: the old code's
-                    # path, and no dispatch counted (its journal has none here).
-                    yielded.applies = False
-                    return
                 n = run.n = run.n + 1
                 if yielded is None:
                     if (
@@ -548,6 +543,12 @@ class Journal(Instrument):
                         return
                 elif yielded.__class__ is NewTask:
                     self._spawning = yielded  # task_spawned, next, takes its label
+                elif yielded.__class__ is Patched and not _marks(rec, n, meta.ltid, yielded):
+                    # A run recorded before the marker existed: the old code's
+                    # path, and no dispatch counted (its journal has none here).
+                    run.n = n - 1
+                    yielded.applies = False
+                    return
                 self.replayer.check_dispatch(run, cur, task, yielded)
                 return
         run.n += 1
