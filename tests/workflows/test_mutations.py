@@ -172,6 +172,14 @@ def test_a_wall_clock_read_is_a_divergence_at_the_yield_it_changes(settings) -> 
     assert fields["actual"][2] == "sleep"
     assert fields["expected"][3] != fields["actual"][3]
     assert fields["source"].startswith(f"{HERE}:{_line_of(wall_clock, 'yield Sleep')} ")
+    # The hint names the function and the fix (read from its code when the error is made).
+    assert "wall_clock uses time (use yield Now())" in fields["hint"]
+    assert fields["hint"] in fields["message"]
+
+
+def test_a_divergence_with_no_suspect_read_has_no_hint(settings) -> None:
+    run_id = _record(settings, original)
+    assert _verify(settings, run_id, reordered).divergence["hint"] is None
 
 
 def before_patch():

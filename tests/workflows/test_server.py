@@ -220,7 +220,7 @@ def test_the_async_client_submits_a_workflow(served) -> None:
             return detail.outputs
 
     assert asyncio.run(go()) == {"total": 2}
-    with pytest.raises(TypeError, match="not both"):
-        from tiffany.sdk import protocol
+    from tiffany.sdk import protocol
 
+    with pytest.raises(TypeError, match="not both"):
         protocol.submit_body({"steps": []}, None, "srv.add")

@@ -200,6 +200,8 @@ def replay(
                     )
                     if d.get("source"):
                         typer.echo(f"  at {d.get('source')}", err=True)
+                    if d.get("hint"):
+                        typer.echo(f"  hint: {d.get('hint')}", err=True)
                     typer.echo(f"  expected (journal): {d.get('expected')}", err=True)
                     typer.echo(f"  actual   (code):    {d.get('actual')}", err=True)
                     for frame in d.get("stack") or ():
