@@ -55,3 +55,18 @@ def test_patched_is_true_without_a_journal() -> None:
         tid = sched.spawn(root())
         sched.run()
         assert sched.result(tid) is True
+
+
+def test_a_generator_steps_body_does_not_inherit_the_context() -> None:
+    def body():
+        yield
+        return current_task().context
+
+    def root():
+        current_task().context = "ctx"
+        return (yield Step(body))
+
+    with Scheduler() as sched:
+        tid = sched.spawn(root())
+        sched.run()
+        assert sched.result(tid) is None

@@ -121,3 +121,14 @@ def parent_of_forever():
 def not_json():
     yield Step(double, 1)
     return {"fine": 1, "bad": {1, 2}}
+
+
+def _calls_a_tool():
+    yield
+    return (yield tool("sleep", seconds=0))
+
+
+@workflow("tests.tool_in_step")
+def tool_in_step():
+    yield Step(_calls_a_tool)
+    return {}

@@ -209,3 +209,13 @@ def test_outputs_that_are_not_json_fail_the_run_naming_the_field(settings) -> No
         assert state.error.fields["field"] == "outputs.bad"
     finally:
         engine.runtime.close()
+
+
+def test_a_workflow_call_inside_a_generator_step_is_refused(settings) -> None:
+    engine = _engine(settings)
+    try:
+        state = _run(engine, "tests.tool_in_step")
+        assert state.status == "failed"
+        assert "tool() is a workflow's call" in str(state.error)
+    finally:
+        engine.runtime.close()

@@ -177,6 +177,10 @@ def _h_step(sched: Scheduler, task: Task, call: Step) -> Any:
         return sched.start_thread(task, call)
     name = call.fields()["fn"]
     child = sched._spawn(step_body(sched, task, call), f"step:{name}", task, True)
+    # A step's body is one unit whose outcome alone is journaled: it is not
+    # its caller's code, and does not inherit its context (a workflow's calls
+    # made there would not replay: a replay does not run the body again).
+    child.context = None
     call.child = child.id
     return sched.park(task, call, TaskState.BLOCKED_JOIN)
 

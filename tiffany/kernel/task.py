@@ -93,7 +93,8 @@ class Task:
         context: Free for the layers above, like ``meta``, but inherited:
             a task spawned by this one starts with the same ``context``
             (a workflow run's calls find their run through it:
-            ``tiffany/workflows``). The kernel only copies it.
+            ``tiffany/workflows``), except a generator step's body, which
+            starts with None. The kernel only copies it.
     """
 
     __slots__ = (
