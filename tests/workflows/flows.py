@@ -36,12 +36,21 @@ def bad_tool():
     return {}
 
 
+#: What the ``finally`` of ``tests.signal`` cleaned up (its step ran), in this process.
+CLEANED: list[str] = []
+
+
+def clean_up(tag: str) -> str:
+    CLEANED.append(tag)
+    return tag
+
+
 @workflow("tests.signal")
-def waits(schema: dict | None = None, timeout_s: float | None = None):
+def waits(schema: dict | None = None, timeout_s: float | None = None, tag: str = ""):
     try:
         ok = yield signal("approve", schema=schema, timeout_s=timeout_s)
     finally:
-        yield Step(double, 0)
+        yield Step(clean_up, tag)  # a step in a finally: it runs on a cancel too
     return {"approved_by": ok["by"]}
 
 

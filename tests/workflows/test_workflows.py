@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import flows  # noqa: F401 - registers the test workflows
+import flows  # registers the test workflows
 import pytest
 
 from tiffany.engine import build
@@ -112,15 +112,16 @@ def test_a_signal_timeout_raises_at_the_yield_and_finally_runs(settings) -> None
 def test_cancel_raises_at_the_current_yield_and_finally_runs(settings) -> None:
     engine = _engine(settings)
     try:
-        entry, name = engine.prepare_workflow("tests.signal", {})
+        entry, name = engine.prepare_workflow("tests.signal", {"tag": "cancel-test"})
         run_id = engine.start_entry(entry, name=name)
         engine.runtime.run()
+        assert "cancel-test" not in flows.CLEANED
         assert engine.cancel(run_id)
         engine.runtime.run()
         state = engine.runtime.status(run_id)
         assert state.status == "cancelled"
-        # The finally's step ran (a STEP_START after the cancel): counted by the journal.
-        assert state.n > 2
+        assert type(state.error).__name__ == "TaskCancelled"
+        assert "cancel-test" in flows.CLEANED  # the finally's step ran
     finally:
         engine.runtime.close()
 
