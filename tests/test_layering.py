@@ -57,7 +57,7 @@ CODEC_LIBS = _parts("msgspec", "crc32c", "google_crc32c", "orjson", "cbor2")
 #: module ``__getattr__`` imports the public names (the SDK's ``Client``, the
 #: agents' ``python_tool``) on first use (tests/sdk/test_lazy_root.py).
 LAYERS: dict[str, Layer] = {
-    "": Layer(_parts("sdk", "agents"), STDLIB_ONLY),
+    "": Layer(_parts("sdk", "agents", "workflows"), STDLIB_ONLY),
     # Bottom: the error tree, settings, logging setup.
     "errors": Layer(STDLIB_ONLY, STDLIB_ONLY),
     "config": Layer(_parts("errors", "wire.shards", "wire.redaction"), BOTTOM_LIBS),
@@ -108,6 +108,8 @@ LAYERS: dict[str, Layer] = {
     "projector": Layer(_parts("errors", "config", "log", "wal", "wal.pg", "store", "supervisor")),
     # records: only TaskLabel, the role and plan step a spawned task serves.
     "agents": Layer(_parts("errors", "kernel", "io")),
+    # Users' durable code: @workflow, its run-level calls (tool, signal, child, patched).
+    "workflows": Layer(_parts("errors", "kernel", "agents")),
     # Data only: the plans that ship with Tiffany (the demo plan).
     "plans": Layer(STDLIB_ONLY, STDLIB_ONLY),
     # Metrics and spans: what the system says about itself.
@@ -134,6 +136,7 @@ LAYERS: dict[str, Layer] = {
             "observe",
             "schedules",
             "supervisor",
+            "workflows",
         )
     ),
     # The API side-process never imports kernel, wal, durable or agents.

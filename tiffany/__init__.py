@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["ApiError", "AsyncClient", "Client", "__version__", "python_tool"]
+__all__ = ["ApiError", "AsyncClient", "Client", "__version__", "python_tool", "workflow"]
 
 if TYPE_CHECKING:
     from tiffany.agents.tools.python import python_tool
     from tiffany.sdk import ApiError, AsyncClient, Client
+    from tiffany.workflows import workflow
 
 #: Public name -> the module that defines it.
 _LAZY = {
@@ -25,6 +26,7 @@ _LAZY = {
     "AsyncClient": "tiffany.sdk",
     "ApiError": "tiffany.sdk",
     "python_tool": "tiffany.agents.tools.python",
+    "workflow": "tiffany.workflows",
 }
 
 

@@ -92,9 +92,12 @@ def test_the_submission_schema_describes_the_plan_the_engine_validates(authed: L
     body = doc["paths"]["/api/runs"]["post"]["requestBody"]
     json_schema = body["content"]["application/json"]["schema"]
     assert body["content"]["application/yaml"]["schema"] == json_schema  # YAML: the same document
-    # The envelope, or the bare plan.
+    # The envelope, a workflow's name and inputs, or the bare plan.
     refs = [s["$ref"].rsplit("/", 1)[1] for s in json_schema["anyOf"]]
-    assert refs == ["SubmitRequest", "Plan"]
+    assert refs == ["SubmitRequest", "WorkflowSubmitRequest", "Plan"]
+    workflow = _deref(doc, json_schema["anyOf"][1])
+    assert workflow["additionalProperties"] is False
+    assert workflow["required"] == ["workflow"]
     envelope = _deref(doc, json_schema["anyOf"][0])
     assert envelope["additionalProperties"] is False  # "unknown field beside the plan": 422
     plan_forms = envelope["properties"]["plan"]["anyOf"]

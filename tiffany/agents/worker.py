@@ -49,7 +49,7 @@ from tiffany.wire.values import text_of
 if TYPE_CHECKING:
     from tiffany.agents.registry import ToolRegistry
 
-__all__ = ["AgentEnv", "StepOutcome", "error_info", "worker"]
+__all__ = ["AgentEnv", "StepOutcome", "error_info", "tool_call", "worker"]
 
 Co = Generator[Any, Any, Any]
 
@@ -311,6 +311,17 @@ def worker(
     return outcome.record() if compat >= EXACT_OUTCOME_COMPAT else outcome
 
 
+def tool_call(env: AgentEnv, run_id: str, spec: StepSpec, workspace: Path | None = None) -> Co:
+    """One tool call outside a plan (a workflow's ``tool(...)``); returns the :class:`StepOutcome`.
+
+    The step's attempts exactly as a plan's worker makes them (arguments
+    checked against the tool's model, a tool task or a ready-made step,
+    retries, the step's timeout), in the calling task, with no ``${...}``
+    reference resolved: the arguments are values already.
+    """
+    return (yield from _attempts(env, run_id, spec, {}, {}, workspace, None, refs=False))
+
+
 def _attempts(
     env: AgentEnv,
     run_id: str,
@@ -319,13 +330,18 @@ def _attempts(
     outputs: Mapping[str, Any],
     workspace: Path | None,
     ledger: Ledger | None,
+    *,
+    refs: bool = True,
 ) -> Co:
-    """The step's attempts (:func:`worker`); returns the :class:`StepOutcome`."""
+    """The step's attempts (:func:`worker`); returns the :class:`StepOutcome`.
+
+    ``refs``: resolve the arguments' ``${...}`` references (a plan's step).
+    """
     outcome = StepOutcome(spec.id, False)
     try:
         # Enabled or not: the engine holds a disabled tool's step (registry.py).
         tool = env.registry.lookup(spec.tool)
-        args = _tool_args(tool, spec, inputs, outputs)
+        args = _tool_args(tool, spec, inputs, outputs, refs=refs)
     except ValidationError as exc:
         outcome.error = _args_error(exc)
         return outcome
@@ -366,22 +382,27 @@ def _attempts(
 
 
 def _tool_args(
-    tool: Any, spec: StepSpec, inputs: Mapping[str, Any], outputs: Mapping[str, Any]
+    tool: Any,
+    spec: StepSpec,
+    inputs: Mapping[str, Any],
+    outputs: Mapping[str, Any],
+    *,
+    refs: bool = True,
 ) -> Any:
-    """The step's arguments, references resolved, validated by the tool's ``Args``.
+    """The step's arguments, references resolved (``refs``), validated by the tool's ``Args``.
 
     Raises:
         ValidationError: The arguments do not fit the tool.
         RefError: A reference names no input or earlier output.
     """
     raw = spec.args
-    opaque = OPAQUE_ARGS.get(spec.tool)
+    opaque = OPAQUE_ARGS.get(spec.tool) if refs else None
     if opaque:  # resolved without them, then put back as they are
         kept = {k: raw[k] for k in opaque if k in raw}
         rest = {k: v for k, v in raw.items() if k not in opaque}
         raw = {**(resolve(rest, inputs, outputs) if _has_refs(rest) else rest), **kept}
     return tool.Args.model_validate(
-        resolve(raw, inputs, outputs) if not opaque and _has_refs(raw) else raw
+        resolve(raw, inputs, outputs) if refs and not opaque and _has_refs(raw) else raw
     )
 
 

@@ -32,7 +32,12 @@ from tiffany.api import openapi, problems, timing
 from tiffany.api.deps import ApiState
 from tiffany.api.middleware import RequestLog, TokenAuth
 from tiffany.api.routes import activity, meta, runs, schedules, system, tools
-from tiffany.api.schemas import RerunRequest, ScheduleRequest, SubmitRequest
+from tiffany.api.schemas import (
+    RerunRequest,
+    ScheduleRequest,
+    SubmitRequest,
+    WorkflowSubmitRequest,
+)
 from tiffany.api.timing import Timings
 from tiffany.config import Settings
 from tiffany.feed.relay import FeedRelay
@@ -124,7 +129,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     openapi.install(
         app,
-        [SubmitRequest, RerunRequest, ScheduleRequest],
+        [SubmitRequest, WorkflowSubmitRequest, RerunRequest, ScheduleRequest],
         token=settings.api_token is not None,
     )
     app.mount("/static", StaticFiles(directory=system.STATIC_DIR, check_dir=False), name="static")

@@ -122,6 +122,8 @@ class Submission:
 
     plan: dict[str, Any]
     inputs: dict[str, Any]
+    #: A workflow's name (``{"workflow": NAME, "inputs": ...}``); then ``plan`` is empty.
+    workflow: str | None = None
 
 
 async def read_capped(
@@ -296,6 +298,22 @@ def _shape(doc: Any) -> Submission:
     if not isinstance(doc, dict):
         raise InvalidBody(["body"], f"expected an object, got {type(doc).__name__}")
 
+    if "workflow" in doc and "plan" not in doc:
+        name = doc["workflow"]
+        if not isinstance(name, str) or not name:
+            raise InvalidBody(["body", "workflow"], "the workflow must be its registered name")
+        extra = sorted(set(doc) - {"workflow", "inputs"})
+        if extra:
+            hint = did_you_mean(extra[0], ("workflow", "inputs"))
+            raise InvalidBody(
+                ["body", extra[0]], f"unknown field {extra[0]!r} beside the workflow{hint}"
+            )
+        inputs = doc.get("inputs")
+        if inputs is None:
+            inputs = {}
+        if not isinstance(inputs, dict):
+            raise InvalidBody(["body", "inputs"], "inputs must be an object")
+        return Submission(plan={}, inputs=inputs, workflow=name)
     if "plan" in doc:
         plan = doc["plan"]
         if isinstance(plan, str):

@@ -34,6 +34,7 @@ from tiffany.wire.http import (
     TaskOut,
     Vocabulary,
     WaitingFor,
+    WorkflowSubmitRequest,
 )
 
 __all__ = [
@@ -63,4 +64,5 @@ __all__ = [
     "TaskOut",
     "Vocabulary",
     "WaitingFor",
+    "WorkflowSubmitRequest",
 ]

@@ -128,27 +128,47 @@ LISTEN_WAIT_S = 1.0
 
 def submit(
     ctx: typer.Context,
-    plan_path: Annotated[Path, typer.Argument(metavar="PLAN", help="A plan file (JSON or YAML).")],
+    plan_path: Annotated[
+        Path | None,
+        typer.Argument(metavar="[PLAN]", help="A plan file (JSON or YAML); or --workflow."),
+    ] = None,
     inputs: InputsOption = None,
     key: Annotated[
         str | None,
         typer.Option("--idempotency-key", help="Resubmitting with it returns the same run."),
     ] = None,
+    workflow: Annotated[
+        str | None,
+        typer.Option(
+            "--workflow",
+            metavar="NAME",
+            help="Run this @workflow instead of a plan (the server imports its module).",
+        ),
+    ] = None,
     url: UrlOption = None,
     token: TokenOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
-    """Submit a plan to the running engine (or --url's server); print its run id once durable."""
+    """Submit a plan, or a workflow by name, to the running engine (or --url's server).
+
+    Prints its run id once it is durable. A workflow (``--workflow NAME``) is a
+    ``@workflow`` function of a module the server imported (``--import MOD``
+    or ``TIFFANY_TOOL_MODULES``); ``--input`` gives its keyword arguments.
+    """
     from tiffany.cli.run import _load, _parse_inputs
 
-    doc = _load(plan_path)
+    if (plan_path is None) == (workflow is None):
+        typer.echo("tiffany: submit wants a PLAN file or --workflow NAME (one of them)", err=True)
+        raise typer.Exit(exits.USAGE)
     given = _parse_inputs(inputs, ctx)
+    fields: dict[str, Any] = {"workflow": workflow} if workflow is not None else {}
+    doc = _load(plan_path) if plan_path is not None else None
     if url:
         with remote(url, token, ctx) as client:
-            run = client.submit(doc, inputs=given, idempotency_key=key)
+            run = client.submit(doc, inputs=given, idempotency_key=key, **fields)
         answer = {"run_id": run.run_id, "created": run.created}
     else:
-        done = _command(ctx, lambda commands: commands.submit(doc, given, key))
+        done = _command(ctx, lambda commands: commands.submit(doc, given, key, workflow=workflow))
         answer = {"run_id": done.run_id, "created": done.created}
     typer.echo(answer["run_id"])
     if not answer.get("created", True):

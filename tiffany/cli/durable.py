@@ -162,6 +162,10 @@ def print_report(report: VerifyReport, as_json: bool, source: str = "") -> None:
                 f"task {d.get('task')} ({d.get('task_name')})",
                 err=True,
             )
+            if d.get("source"):
+                typer.echo(f"  at {d.get('source')}", err=True)
+            if d.get("hint"):
+                typer.echo(f"  hint: {d.get('hint')}", err=True)
             typer.echo(f"  expected (journal): {d.get('expected')}", err=True)
             typer.echo(f"  actual   (code):    {d.get('actual')}", err=True)
             for frame in d.get("stack") or ():
@@ -276,6 +280,7 @@ def replay(
             state = rt.status(run_id)
             waits = _signals_awaited(rt.journal.runs.get(run_id))
             held = [h.reason for h in rt.journal.held.values() if h.run_id == run_id]
+            workflow = rt.index is not None and rt.index.get(run_id).entry.get("kind") == "workflow"
         # The data dir, modules and paths this replay was given go with the commands it prints.
         root = _settings(ctx)
         again = hints.again(root.data_dir, imports=tool_modules((), imports))
@@ -297,7 +302,9 @@ def replay(
         if state.status == "running" and held:
             for reason in dict.fromkeys(held):
                 typer.echo(f"tiffany: run {run_id} cannot go on here: {reason}", err=True)
-        code = print_result(settings, run_id, state, view.summary(), use_live, as_json)
+        code = print_result(
+            settings, run_id, state, view.summary(), use_live, as_json, workflow=workflow
+        )
         raise typer.Exit(code)
     except UnknownRun as exc:
         _unknown_run(ctx, engine_no, exc)

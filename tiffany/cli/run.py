@@ -162,7 +162,12 @@ def _print_plan_errors(exc: Any, ctx: typer.Context | None = None) -> None:
 
 def run(
     ctx: typer.Context,
-    plan_path: Annotated[Path, typer.Argument(metavar="PLAN", help="A plan file (JSON or YAML).")],
+    plan_path: Annotated[
+        Path,
+        typer.Argument(
+            metavar="PLAN|MOD:FN", help="A plan file (JSON or YAML), or a @workflow function."
+        ),
+    ],
     inputs: InputsOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON only.")] = False,
     live: Annotated[
@@ -179,7 +184,11 @@ def run(
     imports: ImportOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
-    """Run a plan in this process, every tool enabled, with a live view; print its outputs.
+    """Run a plan, or a workflow, in this process, every tool enabled, with a live view.
+
+    Prints the run's outputs. ``MOD:FN`` names a ``@workflow`` generator
+    function: its module is imported (the working directory is importable)
+    and ``--input`` gives its keyword arguments.
 
     A ``signal.wait`` step takes the ``--signal`` of its name (sent at the
     run's start and kept until it waits). A run left waiting for a signal
@@ -199,28 +208,35 @@ def run(
     from tiffany.cli.live import LiveView
 
     settings = _settings(ctx)
-    doc = _load(plan_path)
+    target = _workflow_target(plan_path)
+    if target is not None:  # mod:fn, a @workflow: its module is imported like --import's
+        imports = [*(imports or ()), target[0]]
+    doc = _load(plan_path) if target is None else {}
     given = _parse_inputs(inputs, ctx)
     sent = _parse_signals(signals)
     import_tool_modules(tool_modules(settings.tool_modules, imports))
+    workflow: tuple[dict[str, Any], str] | None = None
+    if target is not None:
+        workflow = _workflow_entry(target, given, ctx)
     from tiffany.agents import parse_plan
     from tiffany.agents.plan import check_inputs
     from tiffany.agents.registry import ToolRegistry
     from tiffany.agents.tools.python import check_python_steps
 
-    try:  # validate before the engine opens the data directory, as a server checks a submission
-        plan = parse_plan(doc, ToolRegistry.default().all_names(), strict=True)
-        unknown = check_inputs(plan, given)
-        if unknown:
-            raise PlanError(unknown)
-    except PlanError as exc:
-        _print_plan_errors(exc, ctx)
-        raise typer.Exit(EXIT_INVALID) from None
-    _check_signals(doc, {**plan.inputs, **given}, sent)
-    uncallable = check_python_steps(plan.steps)  # here: the functions this process imported
-    if uncallable:
-        _print_plan_errors(PlanError(uncallable), ctx)
-        raise typer.Exit(EXIT_INVALID)
+    if workflow is None:
+        try:  # validate before the engine opens the data dir, as a server checks a submission
+            plan = parse_plan(doc, ToolRegistry.default().all_names(), strict=True)
+            unknown = check_inputs(plan, given)
+            if unknown:
+                raise PlanError(unknown)
+        except PlanError as exc:
+            _print_plan_errors(exc, ctx)
+            raise typer.Exit(EXIT_INVALID) from None
+        _check_signals(doc, {**plan.inputs, **given}, sent)
+        uncallable = check_python_steps(plan.steps)  # here: the functions this process imported
+        if uncallable:
+            _print_plan_errors(PlanError(uncallable), ctx)
+            raise typer.Exit(EXIT_INVALID)
     from tiffany.wal.lock import holder
 
     user = holder(Path(settings.data_dir) / "wal")
@@ -241,7 +257,10 @@ def run(
     with CtrlC(engine.runtime.sched) as ctrl_c:  # until the run's state is read and the WAL closed
         try:
             try:
-                run_id = engine.submit_plan(doc, given)
+                if workflow is not None:
+                    run_id = engine.start_entry(workflow[0], name=workflow[1])
+                else:
+                    run_id = engine.submit_plan(doc, given)
             except PlanError as exc:
                 _print_plan_errors(exc, ctx)
                 raise typer.Exit(EXIT_INVALID) from None
@@ -280,11 +299,54 @@ def run(
             f"`tiffany signal {run_id} NAME --data JSON{data_dir_flag}` or the dashboard",
             err=True,
         )
-    raise typer.Exit(report(settings, run_id, state, view.summary(), use_live, as_json))
+    code = report(
+        settings, run_id, state, view.summary(), use_live, as_json, workflow=workflow is not None
+    )
+    raise typer.Exit(code)
 
 
 #: Where ``tiffany run`` keeps its runs while another process holds the data dir.
 LOCAL_DATA_DIR = "local"
+
+
+def _workflow_target(path: Path) -> tuple[str, str] | None:
+    """``(module, function)`` of a ``mod:fn`` argument (not a file), or None for a plan file."""
+    text = str(path)
+    module, sep, function = text.partition(":")
+    if not sep or path.exists() or not module or not function.isidentifier():
+        return None
+    if not all(part.isidentifier() for part in module.split(".")):
+        return None
+    return module, function
+
+
+def _workflow_entry(
+    target: tuple[str, str], given: dict[str, Any], ctx: typer.Context
+) -> tuple[dict[str, Any], str]:
+    """The run entry of ``mod:fn`` (imported already), a ``@workflow``; exit 2 if it is none."""
+    import sys
+
+    from tiffany.cli.remote import print_problem
+    from tiffany.workflows import WorkflowInputError, names, prepare_workflow
+    from tiffany.workflows import lookup as lookup_workflow
+
+    module, function = target
+    fn = getattr(sys.modules[module], function, None)
+    name = next((n for n in names() if lookup_workflow(n).fn is fn), None)
+    if fn is None or name is None:
+        what = "has no function" if fn is None else "has no @workflow function"
+        typer.echo(
+            f"tiffany: module {module} {what} {function!r}: `tiffany run MOD:FN` runs a "
+            '@workflow("name") generator function (registered: '
+            f"{', '.join(names()) or 'none'})",
+            err=True,
+        )
+        raise typer.Exit(EXIT_INVALID)
+    try:
+        return prepare_workflow(name, given)
+    except WorkflowInputError as exc:
+        print_problem(exc.message, [(e["loc"], e["msg"]) for e in exc.errors], ctx)
+        raise typer.Exit(EXIT_INVALID) from None
 
 
 def _beside(settings: Any, pid: int) -> Any:
@@ -336,7 +398,14 @@ def _beside(settings: Any, pid: int) -> Any:
 
 
 def report(
-    settings: Any, run_id: str, state: Any, summary: Any, use_live: bool, as_json: bool
+    settings: Any,
+    run_id: str,
+    state: Any,
+    summary: Any,
+    use_live: bool,
+    as_json: bool,
+    *,
+    workflow: bool = False,
 ) -> int:
     """Project the run into the store, print its result; return the exit code.
 
@@ -359,7 +428,7 @@ def report(
     from tiffany.store.records import jsonable
 
     result = jsonable(
-        run_result(run_id, state)
+        run_result(run_id, state, workflow=workflow)
     )  # tuple keys, NaN, big ints: as the store shows them
     if as_json:
         typer.echo(json.dumps(result, default=repr))
@@ -371,13 +440,17 @@ def report(
     return exits.OK if state.status == "succeeded" and stale is None else exits.FAILED
 
 
-def run_result(run_id: str, state: Any) -> dict[str, Any]:
-    """A finished (or stopped) run as ``run`` and ``replay`` print it."""
+def run_result(run_id: str, state: Any, *, workflow: bool = False) -> dict[str, Any]:
+    """A finished (or stopped) run as ``run`` and ``replay`` print it.
+
+    ``workflow``: a workflow run, whose result is ``{"outputs": ...}``.
+    """
     result: dict[str, Any] = {"run_id": run_id, "status": state.status}
     value = state.result
     if state.status == "succeeded":
         plan = isinstance(value, dict) and "steps" in value
-        result["outputs"] = value.get("outputs") if plan else value
+        shaped = plan or (workflow and isinstance(value, dict))
+        result["outputs"] = value.get("outputs") if shaped else value
         if plan:
             result["steps"] = {k: v["status"] for k, v in value["steps"].items()}
         return result

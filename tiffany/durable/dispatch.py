@@ -21,6 +21,7 @@ from tiffany.kernel import (
     KillTask,
     NewTask,
     Now,
+    Patched,
     Random,
     Receive,
     RunInThread,
@@ -78,6 +79,8 @@ def _described(ltid_of: Callable[[int], int | None], y: Any) -> tuple[str, Any]:
         return "receive", y.channel
     if cls is NewTask:
         return "new_task", y.fields()["name"]
+    if cls is Patched:
+        return "patched", y.patch_id
     if cls is Step or cls is RunInThread:
         return y.kind, y.fields()["fn"]
     if isinstance(y, SystemCall):

@@ -92,6 +92,7 @@ from tiffany.kernel import (
     Instrument,
     NewTask,
     Now,
+    Patched,
     Random,
     ReadWait,
     Receive,
@@ -549,6 +550,12 @@ class Journal(Instrument):
                         return
                 elif yielded.__class__ is NewTask:
                     self._spawning = yielded  # task_spawned, next, takes its label
+                elif yielded.__class__ is Patched and not _marks(rec, n, meta.ltid, yielded):
+                    # A run recorded before the marker existed: the old code's
+                    # path, and no dispatch counted (its journal has none here).
+                    run.n = n - 1
+                    yielded.applies = False
+                    return
                 self.replayer.check_dispatch(run, cur, task, yielded)
                 return
         run.n += 1
@@ -941,6 +948,16 @@ class Journal(Instrument):
         meta = task.meta
         if isinstance(meta, TaskMeta) and meta.run.replay is not None:
             meta.run.replay.parked.pop(task, None)
+
+
+def _marks(rec: Any, n: int, ltid: int, call: Patched) -> bool:
+    """True if recorded dispatch ``rec`` is marker ``call`` (dispatch ``n`` of task ``ltid``)."""
+    return bool(
+        rec.n == n
+        and rec.ltid == ltid
+        and rec.kind == "patched"
+        and rec.arg == text_of(call.patch_id)[:MAX_ARG_CHARS]
+    )
 
 
 def _label_of(call: Any, task: Task) -> TaskLabel:

@@ -32,10 +32,12 @@ field by field, and the WAL seq is looked up only to report a divergence
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
@@ -65,6 +67,64 @@ log = structlog.get_logger("tiffany.durable")
 
 #: ``restart(task, call, ordinal, attempt)``: start a step again at go-live.
 Restart = Callable[[Task, Any, int, int], Any]
+
+
+#: Tiffany's own source tree: frames under it are not the user's code.
+_OWN_CODE = str(Path(__file__).resolve().parent.parent) + os.sep
+
+
+#: Names whose use in a task's own code usually means time or randomness read
+#: outside a system call (the commonest cause of a divergence), and the fix.
+_SUSPECT_NAMES: Final = {
+    "time": "yield Now()",
+    "monotonic": "yield Now()",
+    "perf_counter": "yield Now()",
+    "datetime": "yield Now()",
+    "random": "yield Random()",
+    "randint": "yield Random()",
+    "uuid4": "yield Random() (or a Step)",
+    "urandom": "yield Random() (or a Step)",
+}
+
+
+def suspect_reads(task: Task) -> str | None:
+    """A hint naming the user's functions on ``task``'s stack that read time or randomness.
+
+    Read from their code objects' names (``co_names``) when a divergence is
+    reported, so it costs a run nothing: a function that calls
+    ``time.time()`` or ``random.random()`` itself, instead of yielding
+    ``Now()`` or ``Random()``, replays differently.
+    """
+    gens: list[Any] = list(task.stack or ())
+    gen: Any = task.coro
+    while gen is not None:
+        gens.append(gen)
+        gen = getattr(gen, "gi_yieldfrom", None)
+    found: list[str] = []
+    for g in gens:
+        code = getattr(getattr(g, "gi_frame", None), "f_code", None)
+        if code is None or code.co_filename.startswith(_OWN_CODE):
+            continue
+        names = sorted(set(code.co_names) & _SUSPECT_NAMES.keys())
+        if names:
+            fixes = sorted({_SUSPECT_NAMES[n] for n in names})
+            found.append(f"{code.co_qualname} uses {', '.join(names)} (use {' / '.join(fixes)})")
+    if not found:
+        return None
+    return "time or randomness read outside a system call replays differently: " + "; ".join(found)
+
+
+def user_source(frames: list[tuple[str, str, int]]) -> str | None:
+    """``path:line (function)`` of the innermost frame of the user's code, or None.
+
+    ``frames`` are a task's (``Task.frames()``, outermost first): the user's
+    generator is suspended at the yield that diverged, possibly under
+    Tiffany's own helpers (a workflow's ``tool(...)``), which are skipped.
+    """
+    for fn, path, line in reversed(frames):
+        if not path.startswith(_OWN_CODE):
+            return f"{path}:{line} ({fn})"
+    return None
 
 
 class RecoveryError(TiffanyError):
@@ -355,12 +415,19 @@ class Replayer:
         if not isinstance(expected, list):
             expected = as_list(expected)
         meta = task.meta
-        frames = [f"{fn} ({path}:{line})" for fn, path, line in task.frames()]
+        stack = task.frames()
+        frames = [f"{fn} ({path}:{line})" for fn, path, line in stack]
+        source = user_source(stack)
+        at = f" at {source}" if source else ""
+        hint = suspect_reads(task)
         err = (JournalEnded if ended else NondeterminismError)(
             f"run {run.run_id}: {what} #{run.n} of task {meta.ltid if meta else '?'} "
-            f"({text_of(task.name)}) diverged from the journal: expected "
-            f"{stand_in_text(expected)}, got {stand_in_text(actual)}",
+            f"({text_of(task.name)}){at} diverged from the journal (seq {seq}): expected "
+            f"{stand_in_text(expected)}, got {stand_in_text(actual)}"
+            + (f"; {hint}" if hint else ""),
             run_id=run.run_id,
+            source=source,
+            hint=hint,
             task=meta.ltid if meta else None,
             task_name=task.name,
             dispatch=run.n,

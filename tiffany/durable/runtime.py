@@ -239,6 +239,9 @@ class Runtime:
         self.index: RunIndex | None = None
         #: Unfinished runs recovery left alone: a newer engine started them.
         self.too_new: list[JournalTooNew] = []
+        #: Unfinished runs recovery left alone: their entry does not resolve here
+        #: (a workflow whose module was not imported).
+        self.unresolved: list[str] = []
 
     # -- runs ----------------------------------------------------------------
 
@@ -291,6 +294,7 @@ class Runtime:
         index, cursors = loaded.index, loaded.cursors()
         self.index = index
         self.too_new = []
+        self.unresolved = []
         self.journal.reserve_run_no(index.max_run_no)
         resumed = []
         for run_id, cursor in cursors.items():
@@ -306,7 +310,16 @@ class Runtime:
                 log.error("recovery.too_new", **err.fields)
                 self.too_new.append(err)
                 continue
-            coro = self._resolve(info.entry, info.run_id, info.compat)
+            try:
+                coro = self._resolve(info.entry, info.run_id, info.compat)
+            except TiffanyError as exc:
+                if wanted is not None:  # asked for by name: say why it cannot resume
+                    raise
+                # Its code is not here (a workflow whose module this engine did
+                # not import): left unfinished, for an engine that has it.
+                log.error("recovery.unresolved", run_id=info.run_id, error=str(exc))
+                self.unresolved.append(info.run_id)
+                continue
             self.journal.start_run(
                 info.run_id,
                 info.name,
@@ -466,13 +479,18 @@ def verify_loaded(
             f"journal version {info.compat} is newer than this code's ({JOURNAL_COMPAT})"
         )
         return report
+    try:
+        root = resolver(info.entry, info.run_id, info.compat)
+    except TiffanyError as exc:  # its code is not here (a workflow whose module is not imported)
+        report.problems.append(exc.message)
+        return report
     with Scheduler() as sched:
         journal = Journal(None, sched, allow_live=False)
         run = journal.start_run(
             info.run_id,
             info.name,
             info.entry,
-            resolver(info.entry, info.run_id, info.compat),
+            root,
             run_no=info.run_no,
             replay=cursor,
             compat=info.compat,

@@ -105,6 +105,9 @@ class Engine:
         """Hold run ``run_id``'s signals to its plan's waits (a code run has none known)."""
         from tiffany.agents.tools.signal import RunSignals
 
+        if entry.get("kind") == "workflow":  # its waits' schemas are told as it reaches them
+            self.signals[run_id] = RunSignals.open()
+            return
         plan = entry.get("plan")
         if entry.get("kind") != "plan" or not isinstance(plan, Mapping):
             return
@@ -260,12 +263,18 @@ class Engine:
         step fails with it.
         """
         from tiffany.agents import PlanError
+        from tiffany.wire.documents import DocumentError, check
+        from tiffany.workflows import WorkflowInputError, prepare_workflow
 
         if child in self.runtime.journal.runs or self.known_run(child):
             return {"run_id": child, "existing": True}
         try:
-            entry, name = self.prepare_plan(plan, inputs)
-        except PlanError as exc:
+            if isinstance(plan, str):  # a workflow's child(NAME, inputs)
+                check(inputs, loc=["inputs"])
+                entry, name = prepare_workflow(plan, inputs)
+            else:
+                entry, name = self.prepare_plan(plan, inputs)
+        except (PlanError, WorkflowInputError, DocumentError) as exc:
             return {"error": exc.message}
         try:  # the bounds on child runs, and a tree being cancelled (children.py)
             fields = self.tree.admit(parent)
@@ -375,6 +384,19 @@ class Engine:
         self.env.remember_plan(entry["plan"], plan)
         return entry, plan.name
 
+    def prepare_workflow(
+        self, name: Any, inputs: Mapping[str, Any] | None = None
+    ) -> tuple[dict[str, Any], str]:
+        """Check a workflow submission; return its run entry and name (any thread).
+
+        Raises:
+            WorkflowInputError: An unknown workflow or inputs its signature
+                refuses (``errors`` name ``workflow`` or ``inputs.NAME``).
+        """
+        from tiffany.workflows import prepare_workflow
+
+        return prepare_workflow(name, inputs)
+
     def waiting(self) -> dict[str, Any]:
         """Return the status fields of the steps held back (their tool is disabled here).
 
@@ -414,10 +436,11 @@ def replay_resolvers(settings: Settings) -> dict[str, Any]:
     """Return the entry resolvers a local replay needs (plans with every tool known)."""
     from tiffany.agents import AgentEnv, plan_resolver
     from tiffany.agents.registry import ToolRegistry
+    from tiffany.workflows import workflow_resolver
 
     registry = ToolRegistry.default(enabled=ToolRegistry.default().all_names())
     env = AgentEnv(registry, Path(settings.data_dir) / "workspaces", tool_settings(settings))
-    return {"plan": plan_resolver(env)}
+    return {"plan": plan_resolver(env), "workflow": workflow_resolver(env)}
 
 
 def journal_log(settings: Settings, *, wait_s: float = 0.0, owner: str | None = None) -> Log | None:
@@ -533,6 +556,7 @@ def build(
     """
     from tiffany.agents import AgentEnv, plan_resolver
     from tiffany.agents.registry import ToolRegistry
+    from tiffany.workflows import workflow_resolver
 
     data_dir = Path(settings.data_dir)
     registry = ToolRegistry.default(
@@ -555,7 +579,7 @@ def build(
             fsync=settings.wal_fsync,
             preallocate=settings.wal_preallocate,
             instruments=[watchdog],
-            resolvers={"plan": plan_resolver(env)},
+            resolvers={"plan": plan_resolver(env), "workflow": workflow_resolver(env)},
             key_window_s=settings.idempotency_window_s,
             log=log,
             # This engine's seqs (tiffany/wire/shards.py): never another engine's.

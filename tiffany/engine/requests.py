@@ -126,6 +126,7 @@ from tiffany.wire.documents import check as check_document
 from tiffany.wire.records import reserved_signal, reserved_signal_message
 from tiffany.wire.shards import engine_of, engine_stream
 from tiffany.wire.status import TERMINAL
+from tiffany.workflows import WorkflowInputError
 
 if TYPE_CHECKING:
     from tiffany.engine import Engine
@@ -319,7 +320,12 @@ class ControlRequests:
         busy if the loop never took the submission, not durable if it did.
         """
         return self._submit(
-            command.plan, command.inputs or {}, command.key, command.run_id, command.schedule
+            command.plan,
+            command.inputs or {},
+            command.key,
+            command.run_id,
+            command.schedule,
+            workflow=command.workflow,
         )
 
     def rerun(self, command: Rerun) -> Future[Submitted]:
@@ -335,6 +341,8 @@ class ControlRequests:
         given: str | None,
         schedule: dict[str, Any] | None,
         rerun: dict[str, Any] | None = None,
+        *,
+        workflow: str | None = None,
     ) -> Future[Submitted]:
         """Check a run's plan and inputs and queue its start (``given``: the caller's run id)."""
         if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 255):
@@ -343,24 +351,36 @@ class ControlRequests:
                 field="key",
                 detail=[{"loc": "Idempotency-Key", "msg": "must be 1 to 255 characters"}],
             )
+        if workflow is not None and (plan is not None or rerun is not None):
+            msg = "send either a workflow or a plan, not both"
+            raise InvalidCommand(msg, field="workflow", detail=[{"loc": "workflow", "msg": msg}])
         try:  # the engine trusts no caller: `tiffany submit` bypasses the API's checks
-            if rerun is None:  # a re-run's plan is the store's, checked when first submitted
+            if rerun is None and workflow is None:  # a re-run's plan was checked when first run
                 check_document(plan, loc=["plan"])
             check_document(inputs, loc=["inputs"])
         except DocumentError as exc:
             field = str(exc.detail[0]["loc"][0]) if _located(exc.detail) else None
             raise InvalidCommand(exc.message, field=field, detail=exc.detail) from None
-        try:  # checked just above (or, for a re-run, when it was first submitted)
-            entry, name = self.engine.prepare_plan(plan, inputs, checked=True)
-        except PlanError as exc:
-            raise InvalidCommand(exc.message, field="plan", detail=exc.errors) from None
+        if workflow is not None:  # a user's @workflow (tiffany/workflows), known here by import
+            try:
+                entry, name = self.engine.prepare_workflow(workflow, inputs)
+            except WorkflowInputError as exc:
+                field = str(exc.errors[0]["loc"]) if exc.errors else "workflow"
+                raise InvalidCommand(exc.message, field=field, detail=exc.errors) from None
+        else:
+            try:  # checked just above (or, for a re-run, when it was first submitted)
+                entry, name = self.engine.prepare_plan(plan, inputs, checked=True)
+            except PlanError as exc:
+                raise InvalidCommand(exc.message, field="plan", detail=exc.errors) from None
         if schedule is not None:  # a schedule's tick (engine/schedules.py)
             entry["schedule"] = {"id": str(schedule.get("id")), "tick": str(schedule.get("tick"))}
         if rerun is not None:  # the earlier run and the restart point name the plan and reuse
             entry["rerun_of"], entry["reuse"] = rerun["rerun_of"], rerun["reuse"]
         digest = ""  # only a key is tied to a body (a sorted JSON dump and a hash a run)
         if key is not None:
-            digest = submission_digest(plan if rerun is None else rerun["rerun_of"], inputs)
+            # the API's digest of a database submission: its body's plan (none) and workflow
+            body = {"plan": None, "workflow": workflow} if workflow is not None else plan
+            digest = submission_digest(body if rerun is None else rerun["rerun_of"], inputs)
             entry["idempotency"] = {"key": key, "digest": digest}
         answer: Future[Submitted] = Future()  # the inbox runs it, the commit resolves it
         reply: Future[Submitted] = Future()  # the caller's: the answer, or the timeout

@@ -69,9 +69,32 @@ def _init_worker(settings: Settings, engine_pid: int) -> None:
     for key in set(os.environ) - set(keep):
         del os.environ[key]
     configure_logging(settings)
+    _import_user_modules(settings.tool_modules)
     threading.Thread(
         target=_exit_with, args=(engine_pid,), name="tiffany-verify-watch", daemon=True
     ).start()
+
+
+def _import_user_modules(names: list[str]) -> None:
+    """The operator's modules (``TIFFANY_TOOL_MODULES``), as the engine imported them.
+
+    A workflow run replays only with its ``@workflow`` function registered;
+    a module that fails here is logged, and the verify of a run that needs
+    it answers why (an unknown workflow).
+    """
+    import importlib
+    import sys
+
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - logged; the verify that needs it says so
+            structlog.get_logger("tiffany.engine").error(
+                "verify.import_failed", module=name, error=f"{type(exc).__name__}: {exc}"
+            )
 
 
 def _exit_with(pid: int) -> None:

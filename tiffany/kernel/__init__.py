@@ -15,6 +15,7 @@ from tiffany.kernel.calls import (
     KillTask,
     NewTask,
     Now,
+    Patched,
     Random,
     ReadWait,
     Receive,
@@ -27,7 +28,7 @@ from tiffany.kernel.calls import (
 )
 from tiffany.kernel.clock import Clock, ManualClock, MonotonicClock
 from tiffany.kernel.instrument import HOOKS, Instrument
-from tiffany.kernel.scheduler import PARKED, RETURNED, Handler, Scheduler
+from tiffany.kernel.scheduler import PARKED, RETURNED, Handler, Scheduler, current_task
 from tiffany.kernel.sync import Event, Queue
 from tiffany.kernel.task import Task, TaskState
 from tiffany.kernel.watchdog import SlowDispatch, SlowDispatchWatchdog
@@ -47,6 +48,7 @@ __all__ = [
     "MonotonicClock",
     "NewTask",
     "Now",
+    "Patched",
     "Queue",
     "Random",
     "ReadWait",
@@ -66,4 +68,5 @@ __all__ = [
     "WaitTask",
     "WaitTimeout",
     "WriteWait",
+    "current_task",
 ]

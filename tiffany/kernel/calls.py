@@ -41,6 +41,7 @@ __all__ = [
     "KillTask",
     "NewTask",
     "Now",
+    "Patched",
     "Random",
     "ReadWait",
     "Receive",
@@ -236,6 +237,32 @@ class Now(SystemCall):
 
     __slots__ = ()
     kind = "now"
+
+
+class Patched(SystemCall):
+    """Ask whether a code change marked ``patch_id`` applies to this run: True or False.
+
+    A version marker (Temporal's ``patched``): ``if (yield Patched("fix-1")):
+    new code, else: old code``. The kernel alone always answers True. The
+    durable journal records the marker in a live run (True), finds it again
+    when replaying a run that recorded it (True), and answers False, without
+    counting a dispatch, when replaying a run recorded before the marker
+    existed: such a run keeps replaying the old code's yields.
+    """
+
+    __slots__ = ("applies", "patch_id")
+    kind = "patched"
+
+    def __init__(self, patch_id: str) -> None:
+        if not isinstance(patch_id, str) or not patch_id:
+            raise ValueError(f"Patched: the id must be a non-empty string, got {patch_id!r}")
+        self.patch_id = patch_id
+        #: The answer; the journal sets it False for a run recorded before the marker.
+        self.applies = True
+
+    def fields(self) -> dict[str, Any]:
+        """Return the marker's id."""
+        return {"patch_id": self.patch_id}
 
 
 class Random(SystemCall):

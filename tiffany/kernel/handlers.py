@@ -28,6 +28,7 @@ from tiffany.kernel.calls import (
     KillTask,
     NewTask,
     Now,
+    Patched,
     Random,
     ReadWait,
     RunInThread,
@@ -54,6 +55,10 @@ __all__ = ["HANDLERS", "UNPARKERS", "Handler", "Unparker"]
 
 Handler = Callable[["Scheduler", Task, Any], Any]
 Unparker = Callable[["Scheduler", Task, Any], None]
+
+
+def _h_patched(sched: Scheduler, task: Task, call: Patched) -> Any:
+    return call.applies
 
 
 def _h_get_tid(sched: Scheduler, task: Task, call: GetTid) -> Any:
@@ -141,6 +146,10 @@ def _h_step(sched: Scheduler, task: Task, call: Step) -> Any:
         return sched.start_thread(task, call)
     name = call.fields()["fn"]
     child = sched._spawn(step_body(sched, task, call), f"step:{name}", task, True)
+    # A step's body is one unit whose outcome alone is journaled: it is not
+    # its caller's code, and does not inherit its context (a workflow's calls
+    # made there would not replay: a replay does not run the body again).
+    child.context = None
     call.child = child.id
     return sched.park(task, call, TaskState.BLOCKED_JOIN)
 
@@ -194,6 +203,7 @@ def step_body(sched: Scheduler, caller: Task, call: Step) -> Coroutine:
 HANDLERS: dict[type, Handler] = {
     Step: _h_step,
     GetTid: _h_get_tid,
+    Patched: _h_patched,
     NewTask: _h_new_task,
     WaitTask: _h_wait_task,
     KillTask: _h_kill_task,

@@ -47,6 +47,7 @@ the task and later wakes it with :meth:`Scheduler.wake` or
 
 from __future__ import annotations
 
+import threading
 import types
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -73,7 +74,14 @@ from tiffany.kernel.reactor import Reactor
 from tiffany.kernel.sync import QueueGet, queue_get
 from tiffany.kernel.task import Task, TaskState
 
-__all__ = ["MAX_IMMEDIATE_RESUMES", "PARKED", "RETURNED", "Handler", "Scheduler"]
+__all__ = [
+    "MAX_IMMEDIATE_RESUMES",
+    "PARKED",
+    "RETURNED",
+    "Handler",
+    "Scheduler",
+    "current_task",
+]
 
 log = structlog.get_logger("tiffany.kernel")
 
@@ -86,8 +94,26 @@ _BLOCKED_SYNC = TaskState.BLOCKED_SYNC
 _QUEUE_GET = QueueGet
 _GENERATOR = types.GeneratorType
 _Hook = Callable[..., None]
+#: The scheduler running on this thread (``Scheduler.run`` sets it): :func:`current_task`.
+_running = threading.local()
 #: ``_wait_timeout`` when nothing can wake a task (the hook hears ``None``).
 _NOTHING_TO_WAIT_FOR: Final = -1.0
+
+
+def current_task() -> Task | None:
+    """Return the task this thread's scheduler is dispatching, or None.
+
+    For code that a task calls (not yields), which must know which task it
+    runs in: a workflow's ``tool(...)`` finds its run through the task's
+    inherited ``context`` (``tiffany/workflows``). None outside a dispatch
+    (another thread, a handler between passes, no scheduler running).
+
+    Discussion: trio's ``current_task()``. The loop pays one attribute store
+    per turn; nothing else reads it. Rejected: a system call answering the
+    context, which costs a journaled dispatch for every call that needs it.
+    """
+    sched = getattr(_running, "sched", None)
+    return sched.current if sched is not None else None
 
 
 class Scheduler:
@@ -138,6 +164,8 @@ class Scheduler:
         self._closed = False
         #: How many turns (a task run until it parks or requeues) so far.
         self.turns = 0
+        #: The task being dispatched (None between passes): :func:`current_task`.
+        self.current: Task | None = None
         # Hooks the handlers call (the loop keeps its own locals).
         self._on_block: Callable[[Task, SystemCall], None] | None = None
         self._on_wake: Callable[[Task, Any], None] | None = None
@@ -163,6 +191,8 @@ class Scheduler:
         if self._closed:
             raise KernelError("the scheduler is closed")
         self._running = True
+        outer = getattr(_running, "sched", None)
+        _running.sched = self
         self._hooks_dirty = True  # the loop's cached hooks are its own: a new loop reads them
         hooks = self._instruments.hooks
         if not self._stop_requested:  # stopped before it ran: it returns at once
@@ -177,6 +207,8 @@ class Scheduler:
             # a kernel bug, no task left), nothing starts until it runs again.
             self._reactor.halt()
             self._running = False
+            self.current = None
+            _running.sched = outer
             after_run = hooks["after_run"]
             if after_run is not None:
                 after_run()
@@ -411,6 +443,7 @@ class Scheduler:
             while ntodo:
                 ntodo -= 1
                 task = popleft()
+                self.current = task
                 task.state = _RUNNING
                 task.blocked_on = None  # a queue hand-off leaves it set until now
                 value = task._send
@@ -486,6 +519,7 @@ class Scheduler:
                     task.state = _READY
                     append(task)
                     break
+            self.current = None
             if self._hooks_dirty:  # a critical failure stops the loop before the commit
                 before, after, wait_hooks, fast_queue = self._refresh_hooks()
             # -- stages 2 and 3: commit, then wait for events ------------------
@@ -654,6 +688,7 @@ class Scheduler:
         task = Task(tid, coro, name, parent.id if parent is not None else None, daemon)
         self._tasks[tid] = task
         if parent is not None:
+            task.context = parent.context
             if parent.children is None:
                 parent.children = {}
             parent.children[tid] = task

@@ -90,6 +90,11 @@ class Task:
         kills: How many times ``KillTask`` targeted it.
         meta: Free for the layers above (the journal keeps the task's run
             and run-local id here); the kernel never reads it.
+        context: Free for the layers above, like ``meta``, but inherited:
+            a task spawned by this one starts with the same ``context``
+            (a workflow run's calls find their run through it:
+            ``tiffany/workflows``), except a generator step's body, which
+            starts with None. The kernel only copies it.
     """
 
     __slots__ = (
@@ -100,6 +105,7 @@ class Task:
         "_timer",
         "blocked_on",
         "children",
+        "context",
         "coro",
         "daemon",
         "error",
@@ -135,6 +141,7 @@ class Task:
         self.error: BaseException | None = None
         self.kills = 0
         self.meta: Any = None
+        self.context: Any = None
         self._send: Any = None
         self._throw: BaseException | None = None
         self._timer: Any = None

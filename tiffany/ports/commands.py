@@ -107,8 +107,10 @@ class Commands(Protocol):
         is still had, a little later, from where it is kept.
         """
 
-    async def submit(self, plan: Any, inputs: Any, key: str | None) -> Submitted:
-        """Start a run of ``plan``; its answer once the run is durable."""
+    async def submit(
+        self, plan: Any, inputs: Any, key: str | None, *, workflow: str | None = None
+    ) -> Submitted:
+        """Start a run of ``plan`` (or of ``workflow``); its answer once the run is durable."""
 
     async def rerun(
         self, run_id: str, *, inputs: dict[str, Any], from_step: str | None, key: str | None
@@ -227,9 +229,12 @@ class SocketCommands(LocalEngines):
         # Round robin from a random engine: one-shot clients (the CLI) spread too.
         self._turn = itertools.count(secrets.randbelow(len(self.controls)))
 
-    async def submit(self, plan: Any, inputs: Any, key: str | None) -> Submitted:
+    async def submit(
+        self, plan: Any, inputs: Any, key: str | None, *, workflow: str | None = None
+    ) -> Submitted:
         """Submit to the key's engine, or round robin (module docstring)."""
-        return await self._submit(Submit(plan=plan, inputs=inputs, key=key), key)
+        command = Submit(plan=plan, workflow=workflow, inputs=inputs, key=key)
+        return await self._submit(command, key)
 
     async def rerun(
         self, run_id: str, *, inputs: dict[str, Any], from_step: str | None, key: str | None

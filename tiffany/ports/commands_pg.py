@@ -410,9 +410,12 @@ class PgCommands(LocalEngines):
         await super().close()
         await self.db.close()
 
-    async def submit(self, plan: Any, inputs: Any, key: str | None) -> Submitted:
+    async def submit(
+        self, plan: Any, inputs: Any, key: str | None, *, workflow: str | None = None
+    ) -> Submitted:
         """A submission as a row; any engine claims it."""
-        answer: Submitted = _typed(Submit(), await self.db.submit(plan, inputs, key))
+        extra = {"workflow": workflow} if workflow is not None else None
+        answer: Submitted = _typed(Submit(), await self.db.submit(plan, inputs, key, extra=extra))
         return answer
 
     async def rerun(

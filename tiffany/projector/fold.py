@@ -184,6 +184,8 @@ class _RunCtx:
     status: str = RunStatus.RUNNING.value
     #: Who in the run waits for a person (``runs.waiting_for``; ``waits.py``).
     waits: RunWaits = field(default_factory=lambda: RunWaits(False))
+    #: A workflow run (entry kind ``workflow``): its result's ``outputs`` are its outputs.
+    workflow: bool = False
 
 
 def _marked(attempts: Any, reruns: set[int]) -> Any:
@@ -319,6 +321,7 @@ class RowFold:
         plan = opening.plan
         clock = float(ts) if isinstance(ts, int | float) else None
         ctx = _RunCtx(text(run_id), plan, opening.root, clock, 0, False)
+        ctx.workflow = entry.get("kind") == "workflow"
         ctx.waits = RunWaits(plan, ctx.root)
         ctx.status = opening.status.value  # pending: queued for a concurrency slot
         self.run_ids[run_no] = ctx.run_id
@@ -550,7 +553,7 @@ class RowFold:
     def _run_end(self, b: Batch, ctx: _RunCtx, rec: RunEnd, made: Any) -> None:
         """The run's end; ``made`` is ``jsonable(rec.value)`` (its journal row's)."""
         value, ts = rec.value, rec.ts
-        ending = run_ending(rec.status, value, plan=ctx.plan)
+        ending = run_ending(rec.status, value, plan=ctx.plan, workflow=ctx.workflow)
         if ending is None:
             return
         final = ending.status
@@ -564,7 +567,7 @@ class RowFold:
         summary, usage = ending.steps, ending.usage  # a plan with a budget reports its usage
         if final is RunStatus.SUCCEEDED:
             outputs = made
-            if ctx.plan and isinstance(value, Mapping):
+            if (ctx.plan or ctx.workflow) and isinstance(value, Mapping):
                 outputs = _part(made, "outputs", ending.outputs)
             b.runs.update((ctx.run_id,), status=final.value, ended_at=ctx.clock, outputs=outputs)
         else:
@@ -662,6 +665,7 @@ class RowFold:
         plan = entry.get("kind") == "plan" and isinstance(entry.get("plan"), Mapping)
         finished = run_end_status(run.status) is not None
         ctx = _RunCtx(run.run_id, plan, root_role(entry), run.updated_at, run.dispatches, finished)
+        ctx.workflow = entry.get("kind") == "workflow"
         ctx.status = run.status
         unfinished = []
         used = run.usage if _HAS_USAGE else None

@@ -138,13 +138,15 @@ class AsyncClient:
 
     async def submit(
         self,
-        plan: Any,
+        plan: Any = None,
         inputs: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
+        *,
+        workflow: str | None = None,
     ) -> AsyncRunHandle:
-        """Submit a plan (a dict, JSON or YAML text, or a path); its run once durable."""
+        """Submit a plan (a dict, JSON or YAML text, or a path), or ``workflow=NAME``; its run."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        body = protocol.plan_body(plan, inputs)
+        body = protocol.submit_body(plan, inputs, workflow)
         response = await self._request("POST", "/api/runs", json=body, headers=headers)
         got = protocol.answer(response, SubmitAnswer)
         self._remember(got)

@@ -171,9 +171,11 @@ class Client:
 
     def submit(
         self,
-        plan: Any,
+        plan: Any = None,
         inputs: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
+        *,
+        workflow: str | None = None,
     ) -> RunHandle:
         """Submit a plan; return its run once the run is durable on the server.
 
@@ -181,16 +183,20 @@ class Client:
             plan: The plan: a dict, its JSON or YAML text, or a path to a
                 plan file (a :class:`~pathlib.Path`, or a string naming an
                 existing file).
-            inputs: Inputs, merged over the plan's own.
+            inputs: Inputs, merged over the plan's own (a workflow's: its
+                keyword arguments).
             idempotency_key: Submitting again with it returns the first run
                 (``created`` False) instead of starting another.
+            workflow: Instead of a plan, the name of a ``@workflow`` the
+                server imported (``--import MOD``): ``submit(workflow="triage",
+                inputs={"repo": "x"})``.
 
         Raises:
             InvalidRequest: The plan or inputs are invalid (``errors`` name the fields).
             PayloadTooLarge: The plan is larger than the server accepts.
         """
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        body = protocol.plan_body(plan, inputs)
+        body = protocol.submit_body(plan, inputs, workflow)
         got = protocol.answer(
             self._request("POST", "/api/runs", json=body, headers=headers), SubmitAnswer
         )

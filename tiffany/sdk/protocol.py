@@ -168,6 +168,27 @@ def _segment(text: str) -> str:
     return quoted.replace(".", "%2E") if quoted in (".", "..") else quoted
 
 
+def submit_body(
+    plan: Any, inputs: Mapping[str, Any] | None, workflow: str | None
+) -> dict[str, Any]:
+    """The body of ``POST /api/runs``: a plan's (:func:`plan_body`), or a workflow's.
+
+    Raises:
+        TypeError: Both or neither of ``plan`` and ``workflow``; inputs not a mapping.
+    """
+    if workflow is None:
+        if plan is None:
+            raise TypeError("submit: give a plan, or workflow=NAME")
+        return plan_body(plan, inputs)
+    if plan is not None:
+        raise TypeError("submit: give a plan or workflow=NAME, not both")
+    if not isinstance(workflow, str) or not workflow:
+        raise TypeError(f"workflow: a workflow's registered name, not {workflow!r}")
+    if inputs is not None and not isinstance(inputs, Mapping):
+        raise TypeError(f"inputs: a mapping, not {type(inputs).__name__}")
+    return {"workflow": workflow, "inputs": dict(inputs or {})}
+
+
 def plan_body(plan: Any, inputs: Mapping[str, Any] | None) -> dict[str, Any]:
     """The body of ``POST /api/runs`` for ``plan`` (a dict, JSON or YAML text, or a path).
 

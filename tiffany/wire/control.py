@@ -244,7 +244,7 @@ class Status(_Command, tag="status", kw_only=True):
 
 
 class Submit(_Command, tag="submit", kw_only=True):
-    """Start a run of ``plan`` with ``inputs``.
+    """Start a run of ``plan`` (or of the registered ``@workflow`` ``workflow``) with ``inputs``.
 
     ``key``: an idempotency key (the same key and body: the same run).
     ``run_id``: the run's id, named by the caller (through the database).
@@ -253,6 +253,7 @@ class Submit(_Command, tag="submit", kw_only=True):
 
     answer = Submitted
     plan: Any = None
+    workflow: str | None = None
     inputs: Any = None
     key: Any = None
     run_id: str | None = None

@@ -60,6 +60,7 @@ __all__ = [
     "TaskOut",
     "Vocabulary",
     "WaitingFor",
+    "WorkflowSubmitRequest",
 ]
 
 
@@ -114,6 +115,25 @@ class SubmitRequest(BaseModel):
     )
     inputs: dict[str, Any] | None = Field(
         default=None, description="Inputs, merged over the plan's own (null: none)."
+    )
+
+
+class WorkflowSubmitRequest(BaseModel):
+    """A submission of a workflow: a ``@workflow`` function the server registered, by name.
+
+    The server registers a workflow by importing its module (``--import
+    MOD`` or ``TIFFANY_TOOL_MODULES``); an unknown name is a 422 naming
+    ``workflow`` and the registered names. The inputs are the function's
+    keyword arguments, checked against its signature (422 naming ``inputs.NAME``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    workflow: str = Field(
+        min_length=1, max_length=100, description="The workflow's registered name."
+    )
+    inputs: dict[str, Any] | None = Field(
+        default=None, description="The function's keyword arguments (null: none)."
     )
 
 

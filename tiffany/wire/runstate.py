@@ -120,6 +120,9 @@ def run_opening(entry: Any) -> RunOpening:
             if isinstance(spec, Mapping) and isinstance(spec.get("id"), str):
                 tool = spec.get("tool")
                 steps.append((spec["id"], tool if isinstance(tool, str) else None))
+    elif entry.get("kind") == "workflow":  # a @workflow's keyword arguments
+        given = entry.get("inputs")
+        inputs = given if isinstance(given, Mapping) else {}
     else:
         inputs = {"args": entry.get("args", []), "kwargs": entry.get("kwargs", {})}
     # Queued behind a concurrency limit until its slot's signal.
@@ -211,8 +214,10 @@ class RunEnding:
     usage: Mapping[str, Any] | None
 
 
-def run_ending(status: Any, value: Any, *, plan: bool) -> RunEnding | None:
+def run_ending(status: Any, value: Any, *, plan: bool, workflow: bool = False) -> RunEnding | None:
     """Read a RUN_END (its ``status`` and ``value``) of a plan run or not; None: no end.
+
+    A workflow's value is ``{"outputs": the dict its function returned}``.
 
     A plan that succeeded reports its steps in its value; one that failed
     in its error's fields (the ``PlanFailed`` error, packed as ``[type,
@@ -228,6 +233,8 @@ def run_ending(status: Any, value: Any, *, plan: bool) -> RunEnding | None:
         outputs = value
         if plan and isinstance(value, Mapping):
             outputs, summary, usage = value.get("outputs"), value.get("steps"), value.get("usage")
+        elif workflow and isinstance(value, Mapping):
+            outputs = value.get("outputs")
     elif plan and isinstance(value, list | tuple) and len(value) > 3:
         fields = value[3]
         if isinstance(fields, Mapping):

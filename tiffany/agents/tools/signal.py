@@ -254,6 +254,11 @@ class RunSignals:
         """
         return cls(_waits_of(steps, inputs, checked=True))
 
+    @classmethod
+    def open(cls) -> RunSignals:
+        """A code run's (a workflow's): any name may be awaited; schemas join as it waits."""
+        return cls([_Wait("code", None, None, True)])
+
     def plus(self, steps: Any, inputs: Mapping[str, Any]) -> RunSignals:
         """These waits and those among ``steps`` (a dynamic step's, schemas checked here)."""
         return RunSignals([*self._waits, *_waits_of(steps, inputs, checked=False)])

@@ -46,6 +46,7 @@ from tiffany.api.schemas import (
     SignalAnswer,
     SubmitAnswer,
     SubmitRequest,
+    WorkflowSubmitRequest,
 )
 from tiffany.api.timing import timed
 from tiffany.errors import TiffanyError
@@ -133,9 +134,13 @@ MinSeq = Annotated[
 
 _SUBMIT_BODY = request_body(
     SubmitRequest,
+    WorkflowSubmitRequest,
     Plan,
     yaml=True,
-    description="The envelope, or the bare plan (with its own inputs), as JSON or YAML.",
+    description=(
+        "The envelope, a workflow's name and inputs, or the bare plan (with its own "
+        "inputs), as JSON or YAML."
+    ),
 )
 
 
@@ -172,8 +177,9 @@ async def submit_run(
 ) -> Response:
     """Submit a plan; answers ``{"run_id", "seq"}`` once the run is durable in the WAL.
 
-    The body is ``{"plan": ..., "inputs": {...}}`` or the bare plan, as JSON
-    or YAML. With an ``Idempotency-Key`` header, repeating the submission
+    The body is ``{"plan": ..., "inputs": {...}}``, ``{"workflow": NAME,
+    "inputs": {...}}`` (a ``@workflow`` the server imported), or the bare
+    plan, as JSON or YAML. With an ``Idempotency-Key`` header, repeating the submission
     answers 200 with the first run's id and seq instead of starting another.
     ``GET /api/runs/{run_id}?min_seq={seq}`` (the ``Location``) reads it back.
     """
@@ -184,11 +190,21 @@ async def submit_run(
     with timed("parse"):
         sub = await parse_off_loop(body, request.headers.get("content-type"))
     with timed("engine"):  # until the run is durable
-        answer = await state.engines.commands.submit(sub.plan, sub.inputs, idempotency_key)
+        plan = None if sub.workflow is not None else sub.plan  # a workflow's has none
+        answer = await state.engines.commands.submit(
+            plan, sub.inputs, idempotency_key, workflow=sub.workflow
+        )
     run_id, created, seq = answer.run_id, answer.created, answer.seq
     # On the request's own log line (one line a request: see api/middleware.py).
     structlog.contextvars.bind_contextvars(
-        run_id=run_id, created=created, seq=seq, plan=sub.plan.get("name")
+        run_id=run_id,
+        created=created,
+        seq=seq,
+        **(
+            {"workflow": sub.workflow}
+            if sub.workflow is not None
+            else {"plan": sub.plan.get("name")}
+        ),
     )
     return _json(
         {"run_id": run_id, "seq": seq, "created": created},

@@ -1,0 +1,86 @@
+"""@workflow refuses, at registration and naming the function, what cannot be a workflow."""
+
+from __future__ import annotations
+
+import pytest
+
+from tiffany.workflows import (
+    WorkflowDefinitionError,
+    input_problems,
+    lookup,
+    names,
+    unregister,
+    workflow,
+)
+
+
+def _refused(name: str, fn) -> str:
+    with pytest.raises(WorkflowDefinitionError) as bad:
+        workflow(name)(fn)
+    return bad.value.message
+
+
+def test_a_plain_function_is_refused_naming_it() -> None:
+    def plain(x: int) -> dict:
+        return {}
+
+    msg = _refused("reg.plain", plain)
+    assert "test_registry:test_a_plain_function_is_refused_naming_it.<locals>.plain" in msg
+    assert "is not a generator function" in msg
+
+
+def test_positional_only_and_var_positional_parameters_are_refused() -> None:
+    def by_position(x, /):
+        yield
+
+    def var_args(*xs):
+        yield
+
+    assert "parameter 'x'" in _refused("reg.pos", by_position)
+    assert "positional-only" in _refused("reg.pos", by_position)
+    assert "takes *xs" in _refused("reg.var", var_args)
+
+
+@pytest.mark.parametrize("name", ["plan", "workflow", "tiffany.x", "", "has space", "9x"])
+def test_reserved_and_malformed_names_are_refused(name: str) -> None:
+    def fn():
+        yield
+
+    assert "workflow" in _refused(name, fn)
+
+
+def test_a_name_taken_by_another_function_is_refused_the_same_again_replaces() -> None:
+    def first():
+        yield
+
+    def second():
+        yield
+
+    try:
+        workflow("reg.taken")(first)
+        workflow("reg.taken")(first)  # a module imported again
+        msg = _refused("reg.taken", second)
+        assert "is registered already, by" in msg
+        assert "first" in msg
+        assert "reg.taken" in names()
+    finally:
+        unregister("reg.taken")
+
+
+def test_inputs_are_checked_against_the_signature_and_kwargs_take_any() -> None:
+    def fn(a: int, b: int = 2):
+        yield
+
+    def open_fn(a: int, **rest):
+        yield
+
+    try:
+        wf = lookup(workflow("reg.sig")(fn) and "reg.sig")
+        assert input_problems(wf, {"a": 1}) == []
+        problems = input_problems(wf, {"b": 1, "c": 3})
+        assert [p["loc"] for p in problems] == ["inputs.c", "inputs.a"]
+        workflow("reg.open")(open_fn)
+        assert input_problems(lookup("reg.open"), {"a": 1, "zzz": 2}) == []
+    finally:
+        unregister("reg.sig")
+        unregister("reg.open")

@@ -1,0 +1,227 @@
+"""``@workflow("name")``: a user's generator function, registered as a durable run's entry.
+
+A workflow is registered when the user's module is imported (``--import
+MOD``, ``TIFFANY_TOOL_MODULES``: the mechanism ``@python_tool`` uses), by
+name, in a process-wide table. Its keyword arguments are the run's inputs
+(JSON values); its returned dict is the run's outputs.
+
+What is refused, and when:
+
+* at registration (:class:`WorkflowDefinitionError`, naming the function):
+  a function that is not a generator function, a positional-only or
+  ``*args`` parameter (inputs are given by name), a name that is not a
+  workflow name or is the engine's (``tiffany.`` and ``plan``), a name
+  already taken by another function;
+* at submission (:func:`input_problems`, 422 items naming ``inputs.X``): a
+  required input missing, an input the function does not take (unless it
+  has ``**kwargs``). That inputs are JSON is checked where every
+  submission's inputs are (``tiffany.wire.documents``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+from tiffany.errors import TiffanyError
+from tiffany.wire.documents import did_you_mean
+
+__all__ = [
+    "WORKFLOW_NAME_PATTERN",
+    "UnknownWorkflow",
+    "Workflow",
+    "WorkflowDefinitionError",
+    "input_problems",
+    "lookup",
+    "names",
+    "register",
+    "unregister",
+    "workflow",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: What a workflow's name may be (it is a run's name, and an entry's field).
+WORKFLOW_NAME_PATTERN: Final = r"^[A-Za-z_][A-Za-z0-9_.\-]{0,99}$"
+_NAME = re.compile(WORKFLOW_NAME_PATTERN)
+#: Names the engine keeps for itself.
+_RESERVED_NAMES: Final = frozenset({"plan", "callable", "workflow"})
+_RESERVED_PREFIX: Final = "tiffany."
+
+_WORKFLOWS: dict[str, Workflow] = {}
+_LOCK = threading.Lock()
+
+
+class WorkflowDefinitionError(TiffanyError):
+    """A function cannot be a workflow (refused at registration, naming it)."""
+
+    code = "workflow.definition"
+
+
+class UnknownWorkflow(TiffanyError):
+    """No workflow is registered under the name (the message lists those that are)."""
+
+    code = "workflow.unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Workflow:
+    """A registered workflow: its name, its function and what inputs it takes."""
+
+    name: str
+    fn: Callable[..., Any]
+    #: Its keyword parameters, in order.
+    params: tuple[str, ...]
+    #: The parameters with no default (a submission must give them).
+    required: tuple[str, ...]
+    #: It has ``**kwargs``: any input name is taken.
+    open: bool
+
+    @property
+    def where(self) -> str:
+        """``module:qualname`` of the function (errors name it)."""
+        return f"{self.fn.__module__}:{self.fn.__qualname__}"
+
+
+def _where(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def register(name: str, fn: Callable[..., Any]) -> Workflow:
+    """Register generator function ``fn`` as workflow ``name``; return it.
+
+    Raises:
+        WorkflowDefinitionError: ``fn`` or ``name`` cannot be a workflow
+            (the message names the function and what is wrong).
+    """
+    where = _where(fn)
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise WorkflowDefinitionError(
+            f"workflow {name!r} ({where}): a workflow's name must match {WORKFLOW_NAME_PATTERN}",
+            function=where,
+        )
+    if name in _RESERVED_NAMES or name.startswith(_RESERVED_PREFIX):
+        raise WorkflowDefinitionError(
+            f"workflow {name!r} ({where}): the name is the engine's (plan, callable, "
+            f"workflow and names starting with {_RESERVED_PREFIX!r} are reserved)",
+            function=where,
+        )
+    if not inspect.isgeneratorfunction(fn):
+        raise WorkflowDefinitionError(
+            f"workflow {name!r}: {where} is not a generator function; a workflow yields "
+            "system calls (Step, Sleep, NewTask, tool(...)) and returns a dict",
+            function=where,
+        )
+    sig = inspect.signature(fn)
+    params, required, var_kw = [], [], False
+    for p in sig.parameters.values():
+        if p.kind is p.POSITIONAL_ONLY:
+            raise WorkflowDefinitionError(
+                f"workflow {name!r}: parameter {p.name!r} of {where} is positional-only; "
+                "a workflow's inputs are keyword arguments",
+                function=where,
+                parameter=p.name,
+            )
+        if p.kind is p.VAR_POSITIONAL:
+            raise WorkflowDefinitionError(
+                f"workflow {name!r}: {where} takes *{p.name}; a workflow's inputs are "
+                "keyword arguments",
+                function=where,
+                parameter=p.name,
+            )
+        if p.kind is p.VAR_KEYWORD:
+            var_kw = True
+            continue
+        params.append(p.name)
+        if p.default is p.empty:
+            required.append(p.name)
+    wf = Workflow(name, fn, tuple(params), tuple(required), var_kw)
+    with _LOCK:
+        old = _WORKFLOWS.get(name)
+        # The same function again (its module imported a second time) replaces it.
+        if old is not None and _where(old.fn) != where:
+            raise WorkflowDefinitionError(
+                f"workflow {name!r} ({where}) is registered already, by {old.where}",
+                function=where,
+            )
+        _WORKFLOWS[name] = wf
+    return wf
+
+
+def unregister(name: str) -> None:
+    """Forget workflow ``name`` (no error if there is none): for tests."""
+    with _LOCK:
+        _WORKFLOWS.pop(name, None)
+
+
+def workflow(name: str) -> Callable[[F], F]:
+    """Decorator: register the decorated generator function as workflow ``name``.
+
+    Returns the function unchanged (a test may call it and drive it).
+
+    Raises:
+        WorkflowDefinitionError: At decoration, naming the function.
+    """
+    if callable(name):
+        raise WorkflowDefinitionError(
+            f'@workflow needs a name: @workflow("...") above {_where(name)}',
+            function=_where(name),
+        )
+
+    def decorate(fn: F) -> F:
+        register(name, fn)
+        return fn
+
+    return decorate
+
+
+def names() -> list[str]:
+    """The registered workflows' names, sorted."""
+    return sorted(_WORKFLOWS)
+
+
+def lookup(name: str) -> Workflow:
+    """Return workflow ``name``.
+
+    Raises:
+        UnknownWorkflow: None is registered under it (the message says how
+            a module registers its workflows, and lists the names).
+    """
+    wf = _WORKFLOWS.get(name)
+    if wf is None:
+        raise UnknownWorkflow(unknown_message(name), workflow=name)
+    return wf
+
+
+def unknown_message(name: Any) -> str:
+    """Why ``name`` is no workflow here: the registered names, and how a module adds one."""
+    known = names()
+    hint = did_you_mean(str(name), known) if isinstance(name, str) else ""
+    return (
+        f"unknown workflow {name!r}{hint}; registered workflows: "
+        f"{', '.join(known) or 'none'} (the server registers a workflow by importing its "
+        "module: --import MOD or TIFFANY_TOOL_MODULES)"
+    )
+
+
+def input_problems(wf: Workflow, inputs: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The 422 items of ``inputs`` that ``wf``'s signature refuses (empty: none)."""
+    problems = []
+    if not wf.open:
+        for key in inputs:
+            if key not in wf.params:
+                msg = (
+                    f"workflow {wf.name!r} ({wf.where}) takes no input {key!r}"
+                    f"{did_you_mean(str(key), wf.params)} (inputs: "
+                    f"{', '.join(wf.params) or 'none'})"
+                )
+                problems.append({"loc": f"inputs.{key}", "msg": msg})
+    for key in wf.required:
+        if key not in inputs:
+            msg = f"missing required input {key!r} of workflow {wf.name!r} ({wf.where})"
+            problems.append({"loc": f"inputs.{key}", "msg": msg})
+    return problems

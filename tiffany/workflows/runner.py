@@ -1,0 +1,131 @@
+"""A workflow run: its entry (RUN_START), its resolver, and its root task.
+
+The entry is ``{"kind": "workflow", "workflow": NAME, "inputs": {...}}``;
+the durable runtime rebuilds the run's root from it with
+:func:`workflow_resolver`, whether it starts the run, resumes it at engine
+start or replays it (``tiffany replay RUN --verify --import MOD``), as it
+does a plan run's planner.
+
+The root task (:func:`run_workflow`) gives itself the run's
+:class:`~tiffany.workflows.calls.WorkflowContext` (its children inherit
+it), calls the user's function with the inputs and delegates to its
+generator (``yield from``: no dispatch of its own, so renaming the function
+changes nothing in the journal; the user's frames are the task's, and a
+divergence names the user's line). Its result is ``{"outputs": <the returned dict>}``,
+the shape a plan run's result has, so the store, the API and a parent's
+``child(...)`` read a workflow run's outputs as they read a plan's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Mapping
+from typing import Any
+
+from tiffany.agents.worker import AgentEnv
+from tiffany.errors import TiffanyError
+from tiffany.kernel import Coroutine, current_task
+from tiffany.wire.documents import DocumentError, check
+from tiffany.workflows.calls import WorkflowContext
+from tiffany.workflows.registry import Workflow, input_problems, lookup
+
+__all__ = [
+    "WorkflowInputError",
+    "WorkflowResultError",
+    "prepare_workflow",
+    "run_workflow",
+    "workflow_entry",
+    "workflow_resolver",
+]
+
+
+class WorkflowInputError(TiffanyError):
+    """A submission's workflow or inputs are refused; ``errors`` are its 422 items."""
+
+    code = "workflow.inputs"
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        self.errors = errors
+        super().__init__("; ".join(f"{e['loc']}: {e['msg']}" for e in errors), count=len(errors))
+
+
+class WorkflowResultError(TiffanyError):
+    """A workflow returned something that cannot be a run's outputs (the run fails)."""
+
+    code = "workflow.result"
+    outcome = True
+
+
+def workflow_entry(name: str, inputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Return the run entry (journaled in RUN_START) of workflow ``name`` with ``inputs``."""
+    return {"kind": "workflow", "workflow": name, "inputs": dict(inputs or {})}
+
+
+def prepare_workflow(name: Any, inputs: Any) -> tuple[dict[str, Any], str]:
+    """Check a submission of workflow ``name``: return its run entry and the run's name.
+
+    Pure (any thread). The inputs' JSON-ness is checked by the caller
+    (``tiffany.wire.documents``, as every submission's).
+
+    Raises:
+        WorkflowInputError: An unknown workflow (``loc`` ``workflow``: the
+            registered names and how to register one), inputs that are not
+            an object or that its signature refuses (``inputs.NAME``).
+    """
+    from tiffany.workflows.registry import UnknownWorkflow
+
+    if not isinstance(name, str):
+        raise WorkflowInputError([{"loc": "workflow", "msg": "must be a workflow's name"}])
+    try:
+        wf = lookup(name)
+    except UnknownWorkflow as exc:
+        raise WorkflowInputError([{"loc": "workflow", "msg": exc.message}]) from None
+    if inputs is None:
+        inputs = {}
+    if not isinstance(inputs, Mapping):
+        raise WorkflowInputError([{"loc": "inputs", "msg": "inputs must be a JSON object"}])
+    problems = input_problems(wf, inputs)
+    if problems:
+        raise WorkflowInputError(problems)
+    return workflow_entry(name, inputs), name
+
+
+def workflow_resolver(env: AgentEnv) -> Callable[[dict[str, Any], str, int], Coroutine]:
+    """Return the runtime resolver that rebuilds a workflow run's root task.
+
+    Raises (when resolving) :class:`~tiffany.workflows.registry.UnknownWorkflow`
+    for a workflow this process has not registered (its module not imported).
+    """
+
+    def resolve(entry: dict[str, Any], run_id: str, compat: int) -> Coroutine:
+        wf = lookup(str(entry.get("workflow")))
+        inputs = entry.get("inputs")
+        return run_workflow(env, run_id, wf, inputs if isinstance(inputs, Mapping) else {})
+
+    return resolve
+
+
+def run_workflow(
+    env: AgentEnv, run_id: str, wf: Workflow, inputs: Mapping[str, Any]
+) -> Generator[Any, Any, dict[str, Any]]:
+    """The root task of a workflow run; returns ``{"outputs": <the function's dict>}``."""
+    task = current_task()
+    assert task is not None  # a root task, dispatched
+    task.context = WorkflowContext(env, run_id, wf.name)
+    result = yield from wf.fn(**inputs)
+    if not isinstance(result, dict):
+        raise WorkflowResultError(
+            f"workflow {wf.name} ({wf.where}) returned {type(result).__name__}: a workflow "
+            "returns a dict, the run's outputs",
+            workflow=wf.name,
+            function=wf.where,
+        )
+    try:
+        check(result, loc=["outputs"])
+    except DocumentError as exc:
+        raise WorkflowResultError(
+            f"workflow {wf.name} ({wf.where}) returned outputs that are not JSON: {exc.message}",
+            workflow=wf.name,
+            function=wf.where,
+            field=".".join(str(p) for p in exc.loc),
+        ) from None
+    return {"outputs": result}
