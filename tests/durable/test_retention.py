@@ -307,9 +307,10 @@ def test_a_deleted_run_is_not_found_by_dump_or_replay_and_they_say_why(tmp_path:
     # The engine's verify (the dashboard's "Verify replay") says the same.
     from tiffany.config import Settings
     from tiffany.engine.verifier import _verify
+    from tiffany.errors import RunNotFound
 
-    status, message = _verify(Settings(data_dir=deleted), ids[0])
-    assert status == 404
+    kind, message = _verify(Settings(data_dir=deleted), ids[0])
+    assert kind == RunNotFound.kind
     assert f"its segments before seq {start} were deleted" in message
     kept, _ = archived_dir(tmp_path / "kept", Retain.ARCHIVE)
     proc = tiffany(kept, "wal", "dump", "--run", "run-nobody")
