@@ -44,7 +44,7 @@ SYSTEM = (
 
 
 def decide(reply: str) -> dict[str, Any]:
-    """The model's move from its reply: a tool call or an answer (a reply that is no JSON answers)."""
+    """The model's move: a tool call, or an answer (so is a reply that is no JSON)."""
     try:
         move = json.loads(reply)
     except ValueError:

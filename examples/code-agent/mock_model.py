@@ -40,7 +40,7 @@ def move(messages: list[dict[str, str]]) -> dict[str, Any]:
 class Handler(BaseHTTPRequestHandler):
     calls = 0
 
-    def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
+    def do_POST(self) -> None:
         if self.path.rstrip("/") != "/v1/chat/completions":
             self.send_error(404)
             return
@@ -69,7 +69,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(reply)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         pass  # the "call N" lines are the log
 
 

@@ -40,7 +40,8 @@ class MockModel:
 
     def _listening(self) -> str | None:
         assert self.proc.poll() is None, self.log.read_text()
-        return next((s for s in self.log.read_text().splitlines() if s.startswith("listening")), None)
+        lines = self.log.read_text().splitlines()
+        return next((s for s in lines if s.startswith("listening")), None)
 
     @property
     def calls(self) -> int:
@@ -108,7 +109,8 @@ def test_the_code_agent_runs_against_the_model_and_replays_without_it(
                         data_dir=data_dir)  # fmt: skip
     assert verified.returncode == 0, verified.stdout + verified.stderr
     report = json.loads(verified.stdout)
-    assert report["ok"] is True and report["divergence"] is None
+    assert report["ok"] is True
+    assert report["divergence"] is None
     assert report["status"] == "succeeded"
 
     # The run as a CI fixture: exported to one file, replayed by the CLI and by the pytest helper.
@@ -128,7 +130,8 @@ def test_the_code_agent_runs_against_the_model_and_replays_without_it(
         env={k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")},
     )  # fmt: skip
     assert helper.returncode == 0, helper.stdout + helper.stderr
-    assert helper.stdout.splitlines()[-1].split() == ["True", "succeeded", str(report["dispatches"])]
+    last = helper.stdout.splitlines()[-1].split()
+    assert last == ["True", "succeeded", str(report["dispatches"])]
 
 
 def test_a_changed_agent_fails_the_replay_of_the_recorded_run_naming_its_line(
@@ -172,4 +175,3 @@ def test_a_refused_approval_ends_the_run_before_any_change(
     assert result["outputs"] == {"answer": None, "calls": [], "refused_by": "bob"}
     assert not (data_dir / "workspaces" / result["run_id"] / "calc.py").exists()
     assert model.calls == 1  # the model proposed the write; nothing after the refusal
-
