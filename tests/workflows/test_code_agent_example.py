@@ -10,14 +10,21 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from process_support import terminate, wait_for
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "sdk"))
+from sdk_support import serve, short_dir
+
+from tiffany.sdk import Client
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "code-agent"
 TASK = "task=write add() in calc.py and check it"
@@ -175,3 +182,38 @@ def test_a_refused_approval_ends_the_run_before_any_change(
     assert result["outputs"] == {"answer": None, "calls": [], "refused_by": "bob"}
     assert not (data_dir / "workspaces" / result["run_id"] / "calc.py").exists()
     assert model.calls == 1  # the model proposed the write; nothing after the refusal
+
+
+def test_on_a_server_the_run_waits_for_the_human_and_the_form_refuses_a_bad_answer(
+    tmp_path: Path, model: MockModel
+) -> None:
+    cwd = short_dir("tfca-")
+    shutil.copy(EXAMPLE / "agent.py", cwd / "agent.py")
+    llm = {"TIFFANY_LLM_BASE_URL": f"http://127.0.0.1:{model.port}", "TIFFANY_LLM_MODEL": "mock"}
+    served = serve(cwd, "--import", "agent", env_extra=llm)
+    try:
+        with Client(served.url) as client:
+            handle = client.submit(workflow="code-agent", inputs={"task": TASK.split("=", 1)[1]})
+            run_id = handle.run_id
+            wait_for(lambda: client.get(run_id).status == "waiting", 90, "the approval wait")
+            assert model.calls == 1  # the model proposed the write; it waits for the human
+            url = f"{served.url}/api/runs/{run_id}/signals/approve"
+            bad = httpx.post(url, json={"approved": "yes", "by": "ann"})
+            assert bad.status_code == 422, bad.text
+            assert "approved" in bad.text
+            handle.signal("approve", {"approved": True, "by": "ann"})
+            done = handle.wait(timeout=90)
+            assert done.status == "succeeded", done
+            assert done.outputs["approved_by"] == "ann"
+            assert [c["tool"] for c in done.outputs["calls"]] == ["file.write", "file.read"]
+            exported = client.export(run_id)
+    finally:
+        served.stop()
+    assert model.calls == 3
+    model.stop()
+    fixture = tmp_path / "served-run.tfx"
+    fixture.write_bytes(exported)
+    replayed = _tiffany("replay", str(fixture), "--verify", "--import", "agent", "--json",
+                        data_dir=tmp_path / "elsewhere")  # fmt: skip
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    assert json.loads(replayed.stdout)["ok"] is True
