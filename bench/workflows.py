@@ -52,15 +52,18 @@ import argparse
 import contextlib
 import gc
 import json
+import logging
 import os
 import subprocess
 import sys
 import tempfile
 import time
 import venv
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import structlog
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -180,19 +183,23 @@ def _load() -> str:
 # -- part 1: against DBOS ------------------------------------------------------------
 
 
-def tiffany_sequential(root: Path, n: int) -> float:
-    """Steps/s of one workflow of ``n`` sequential steps."""
-    with _engine(root) as (engine, _), Timer() as t:
-        run_id = _start(engine, "bench.sequential", {"n": n})
-        engine.runtime.run()
-    assert _outputs(engine, run_id) == {"total": n * (n + 1) // 2}
-    return n / t.wall
+def tiffany_sequential(root: Path, n: int, inline: bool) -> tuple[float, Timed]:
+    """Steps/s of one workflow of ``n`` sequential steps, and its WAL's fdatasyncs."""
+    with _engine(root) as (engine, _):
+        timed = Timed(engine.runtime.wal._fdatasync)  # type: ignore[attr-defined]
+        engine.runtime.wal._fdatasync = timed  # type: ignore[attr-defined]
+        with Timer() as t:
+            run_id = _start(engine, "bench.sequential", {"n": n, "inline": inline})
+            engine.runtime.run()
+        assert _outputs(engine, run_id) == {"total": n * (n + 1) // 2}
+    return n / t.wall, timed
 
 
-def tiffany_concurrent(root: Path, runs: int, per_run: int) -> float:
+def tiffany_concurrent(root: Path, runs: int, per_run: int, inline: bool) -> float:
     """Steps/s of ``runs`` workflows of ``per_run`` steps, started at once."""
     with _engine(root) as (engine, _), Timer() as t:
-        ids = [_start(engine, "bench.sequential", {"n": per_run}) for _ in range(runs)]
+        inputs = {"n": per_run, "inline": inline}
+        ids = [_start(engine, "bench.sequential", inputs) for _ in range(runs)]
         engine.runtime.run()
     for run_id in ids:
         assert _outputs(engine, run_id) == {"total": per_run * (per_run + 1) // 2}
@@ -224,14 +231,47 @@ def dbos(root: Path, seq: int, runs: int, per_run: int) -> dict[str, Any] | None
 # -- part 2: the fsync ceiling -------------------------------------------------------
 
 
-def fsync_ceiling(root: Path, seconds: float) -> float:
-    """Sequential appends/s, each committed (one ``fdatasync``), for ``seconds``."""
+class Timed:
+    """Counts and times the calls of an ``fdatasync``-like function."""
+
+    def __init__(self, sync: Callable[[int], None] = os.fdatasync) -> None:
+        self.sync = sync
+        self.n = 0
+        self.seconds = 0.0
+
+    def __call__(self, fd: int) -> None:
+        t0 = time.perf_counter()
+        self.sync(fd)
+        self.seconds += time.perf_counter() - t0
+        self.n += 1
+
+    @property
+    def mean_ms(self) -> float:
+        return self.seconds / max(1, self.n) * 1000
+
+
+def fsync_ceiling(root: Path, seconds: float, *, preallocate: bool) -> tuple[float, Timed]:
+    """Sequential appends/s, each committed (one ``fdatasync``), for ``seconds``.
+
+    ``preallocate``: after a warm-up that moves the writer into a zero-filled
+    segment (where a long-running engine writes); without it, into the
+    segment that grows (where a fresh data dir's first 1 MiB goes, as
+    part 1's runs do).
+    """
     with tempfile.TemporaryDirectory(dir=root) as d:
-        wal = Wal.open(Path(d), fsync=FsyncPolicy.BATCH)
+        wal = Wal.open(Path(d), fsync=FsyncPolicy.BATCH, preallocate=preallocate)
         payload = os.urandom(CEILING_RECORD_BYTES)
         append, commit = wal.append, wal.commit
         n = 0
         try:
+            warm_until = time.perf_counter() + 10.0
+            while preallocate and not wal.preallocated:
+                append(CEILING_RTYPE, os.urandom(4096))
+                commit()
+                if time.perf_counter() > warm_until:
+                    raise RuntimeError("no prepared segment after 10 s")
+            timed = Timed()
+            wal._fdatasync = timed
             start = time.perf_counter()
             deadline = start + seconds
             while True:
@@ -243,7 +283,7 @@ def fsync_ceiling(root: Path, seconds: float) -> float:
             elapsed = time.perf_counter() - start
         finally:
             wal.close()
-    return n / elapsed
+    return n / elapsed, timed
 
 
 # -- part 3: verify against recording -------------------------------------------------
@@ -341,6 +381,7 @@ def main() -> None:
     if args.quick:
         args.seq, args.runs, args.steps = 200, 10, 20
         args.ceiling_s, args.verify_steps, args.cost_steps = 1.0, 5_000, 200
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     root = args.dir or Path(tempfile.mkdtemp(prefix="bench-workflows-", dir=ROOT / "bench"))
     root.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -356,33 +397,77 @@ def main() -> None:
 
 
 def _run(args: argparse.Namespace, root: Path) -> None:
-    # Parts 1 and 2: the ceiling measured right before and after the sequential run.
-    ceiling_before = fsync_ceiling(root, args.ceiling_s)
-    seq = tiffany_sequential(root, args.seq)
-    ceiling_after = fsync_ceiling(root, args.ceiling_s)
-    conc = tiffany_concurrent(root, args.runs, args.steps)
+    # Parts 1 and 2. The host's sync latency drifts from minute to minute, so
+    # Tiffany's sequential runs go in two rounds, before and after DBOS's, and
+    # the ceiling is measured between the runs (a growing segment, as a fresh
+    # data dir's runs write into).
+    def ceiling() -> tuple[float, Timed]:
+        return fsync_ceiling(root, args.ceiling_s, preallocate=False)
+
+    def seq_round() -> list[tuple[str, float, Timed]]:
+        out = []
+        for inline in (False, True):
+            rate, timed = tiffany_sequential(root, args.seq, inline=inline)
+            out.append(("inline" if inline else "Step(fn)", rate, timed))
+        return out
+
+    c0 = ceiling()
+    round_a = seq_round()
+    c1 = ceiling()
+    conc = tiffany_concurrent(root, args.runs, args.steps, inline=False)
+    conc_inline = tiffany_concurrent(root, args.runs, args.steps, inline=True)
+    c2 = ceiling()
     peer = None if args.no_dbos else dbos(root, args.seq, args.runs, args.steps)
+    c3 = ceiling()
+    round_b = seq_round()
+    c4 = ceiling()
+    prealloc, prealloc_syncs = fsync_ceiling(root, args.ceiling_s, preallocate=True)
+
     nan = float("nan")
     d_seq = peer["sequential_steps_per_s"] if peer else nan
     d_conc = peer["concurrent_steps_per_s"] if peer else nan
     where = f"DBOS {peer['version']} on SQLite {peer['synchronous']}" if peer else "no DBOS"
     print(f"\n1. workflows of trivial steps: Tiffany (file WAL, fsync {WAL_FSYNC}) against {where}")
-    print(f"{'workload':<36}{'Tiffany steps/s':>16}{'DBOS steps/s':>14}{'ratio':>9}")
-    for label, mine, theirs in (
-        (f"sequential: 1 x {args.seq:,} steps", seq, d_seq),
-        (f"concurrent: {args.runs} x {args.steps} steps", conc, d_conc),
-    ):
-        print(f"{label:<36}{mine:>16,.0f}{theirs:>14,.0f}{mine / theirs:>8.1f}x")
+    print("(Step(fn): fn runs in the thread pool; inline: Step(fn, inline=True), on the loop's")
+    print(" thread at the commit point, as a DBOS step runs in its workflow's thread)")
+    print(f"{'workload':<54}{'Tiffany steps/s':>16}{'DBOS steps/s':>14}{'ratio':>9}")
+    rows = [
+        (f"sequential: 1 x {args.seq:,} steps, {label}, {when}", rate, d_seq)
+        for when, rnd in (("before DBOS", round_a), ("after DBOS", round_b))
+        for label, rate, _ in rnd
+    ]
+    rows += [
+        (f"concurrent: {args.runs} x {args.steps} steps, Step(fn)", conc, d_conc),
+        (f"concurrent: {args.runs} x {args.steps} steps, inline", conc_inline, d_conc),
+    ]
+    for label, mine, theirs in rows:
+        print(f"{label:<54}{mine:>16,.0f}{theirs:>14,.0f}{mine / theirs:>8.1f}x")
 
-    ceiling = max(ceiling_before, ceiling_after)
-    print("\n2. the fsync ceiling: one record appended + committed at a time (batch)")
+    print("\n2. the fsync ceiling: one record appended + committed at a time (fsync batch)")
+    print("growing segment (where part 1's runs write), appends/s (mean fdatasync ms):")
+    for label, (rate, timed) in (
+        ("before round 1", c0),
+        ("after round 1", c1),
+        ("before DBOS", c2),
+        ("after DBOS", c3),
+        ("after round 2", c4),
+    ):
+        print(f"  {label:<16}{rate:>8,.0f}  ({timed.mean_ms:.2f} ms)")
     print(
-        f"appends/s before / after the sequential run: {ceiling_before:,.0f} / {ceiling_after:,.0f}"
+        f"preallocated segment (where a long-running engine writes): {prealloc:,.0f} "
+        f"({prealloc_syncs.mean_ms:.2f} ms)"
     )
     print(
-        f"sequential workflow steps/s / ceiling (the higher): {seq / ceiling:.2f} "
-        f"({seq / min(ceiling_before, ceiling_after):.2f} of the lower)"
+        f"{'sequential workflow':<30}{'fdatasyncs/step':>16}{'mean ms':>9}"
+        f"{'share of wall':>15}{'/ ceiling around it':>21}"
     )
+    for n, rnd, (before, after) in ((1, round_a, (c0, c1)), (2, round_b, (c3, c4))):
+        around = (before[0] + after[0]) / 2
+        for label, rate, timed in rnd:
+            print(
+                f"{f'round {n}, {label}':<30}{timed.n / args.seq:>16.2f}{timed.mean_ms:>9.2f}"
+                f"{timed.seconds * rate / args.seq:>15.0%}{rate / around:>21.2f}"
+            )
 
     # Part 4 before part 3: the 100,000-step run leaves the most garbage.
     print(f"\n4. a step's cost: a chain of {args.cost_steps:,} calls of the trivial function")
