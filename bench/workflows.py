@@ -20,13 +20,20 @@ default a temporary directory beside this script, the repository's disk):
    Equal durability: Tiffany releases a step only after the commit that
    made its STEP_START durable, and with it the previous step's result;
    DBOS commits each step's outcome in a transaction of its own before the
-   step returns. Printed: steps/s of each and the ratio.
+   step returns. Tiffany's steps run in the thread pool (``Step(fn)``) and
+   ``inline=True`` (on the loop's thread, as a DBOS step runs in its
+   workflow's thread). The sequential runs go in two rounds, before and
+   after DBOS's process: the host's sync latency drifts by an order of
+   magnitude from minute to minute. Printed: steps/s of each and the ratio.
 2. **The fsync ceiling.** One record appended and committed at a time
    (``Wal.append`` + ``Wal.commit``, policy ``batch``: one ``fdatasync``
-   each) on the same filesystem for ``--ceiling-s`` seconds, right before
-   and right after Tiffany's sequential workflow: a chain of dependent
-   steps cannot sync less than once a step, so this is the most it can
-   reach. Printed: appends/s and the workflow's steps/s as a fraction.
+   each) on the same filesystem for ``--ceiling-s`` seconds, between the
+   runs of part 1, into a segment that grows (as a fresh data dir's first
+   MiB, where part 1's runs write), and once into a preallocated one: a
+   chain of dependent steps cannot sync less than once a step, so this is
+   the most it can reach. Printed: appends/s, and for each sequential run
+   its own fdatasyncs a step, their mean time and share of its wall time,
+   and its steps/s as a fraction of the ceiling measured around it.
 3. **Verify against recording.** One workflow of ``--verify-steps``
    (100,000) steps in ``--verify-tasks`` (100) concurrent child tasks
    (``NewTask`` of a generator of steps; a sequential one would spend the
