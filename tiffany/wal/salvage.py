@@ -35,7 +35,7 @@ records the caller adds (``finish``) go after them; nothing is deleted but
 the temporary directory of a previous, interrupted salvage.
 
 Discussion: the WAL knows nothing of runs; attributing losses and failing
-runs is the caller's ``finish`` callback (``tiffany/cli/durable.py``), which
+runs is the caller's ``finish`` callback (``tiffany/cli/wal.py``), which
 gets the salvaged records and the losses and returns records to append.
 We rejected salvaging in place (truncate and rewrite behind the damage):
 renumbering touches every later segment anyway, and writing a new log
