@@ -13,14 +13,14 @@ See ``journal.py`` for what is recorded and why replay is exact.
 """
 
 from tiffany.durable.history import RunIndex, RunInfo, UnknownRun, load, scan
-from tiffany.durable.journal import Journal, RecoveryError, RunState, signal_bytes
+from tiffany.durable.journal import JournalInstrument, RecoveryError, RunState, signal_bytes
 from tiffany.durable.runtime import EntryError, Runtime, VerifyReport, resolve_callable, verify
 from tiffany.durable.step import Step
 from tiffany.wire.records import RecordType
 
 __all__ = [
     "EntryError",
-    "Journal",
+    "JournalInstrument",
     "RecordType",
     "RecoveryError",
     "RunIndex",

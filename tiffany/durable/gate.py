@@ -5,7 +5,7 @@ engine may run is one. Such a setting must not change what a run's code
 yields (it is not part of the run's history, so a replay on an engine set
 differently would diverge from its journal). The durable layer therefore
 offers one port where a setting may act: the moment a step's effect would
-leave the process. ``Journal.step_gate(task, call)`` is asked when a live
+leave the process. ``JournalInstrument.step_gate(task, call)`` is asked when a live
 step would start (a fresh ``Step`` past the end of the journal, or a step
 restarted at go-live after a crash); ``None`` lets it start, a string is why
 it must wait.

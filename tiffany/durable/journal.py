@@ -16,8 +16,8 @@ What is recorded (see ``tiffany/wire/records.py`` for the layout):
 * spawns, step starts (with the attempt number), task exits, the run's end;
 * every signal sent to the run (a WAKE of task 0, cause ``signal``), at the
   wait stage that delivered it: to the task parked on ``Receive`` of its
-  name, or into the run's mailbox until one asks (:meth:`Journal.request_signal`,
-  a client's; :meth:`Journal.request_internal_signal`, the engine's own).
+  name, or into the run's mailbox until one asks (:meth:`JournalInstrument.request_signal`,
+  a client's; :meth:`JournalInstrument.request_internal_signal`, the engine's own).
 
 One record per dispatch at most: a dispatch whose own record would follow
 at once (a ``NewTask`` and its SPAWN, a ``Now()`` or ``Random()`` and its
@@ -62,7 +62,7 @@ Invariants:
   (``gate.py``).
 * The engine's own signals (a name in ``records.RESERVED_SIGNAL_PREFIXES``:
   a sub-plan's end, a concurrency slot) enter only through
-  :meth:`Journal.request_internal_signal`; the clients' path refuses those
+  :meth:`JournalInstrument.request_internal_signal`; the clients' path refuses those
   names, and their ids live apart from the clients' (a client's signal id
   cannot make the engine's signal a "repeat" that is never delivered).
 * A client's signal costs memory from its request until a task receives
@@ -135,7 +135,7 @@ from tiffany.wire.values import (
 
 __all__ = [
     "GROUP_COMMIT_MAX_S",
-    "Journal",
+    "JournalInstrument",
     "RecoveryError",
     "ReplayCursor",
     "RunState",
@@ -222,7 +222,7 @@ class TaskMeta:
     label: TaskLabel = _PLAIN_TASK
 
 
-class Journal(Instrument):
+class JournalInstrument(Instrument):
     """Record runs into the WAL, and replay them from it.
 
     Args:

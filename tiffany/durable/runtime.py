@@ -41,7 +41,7 @@ from tiffany.durable.history import (
     load_run,
     read_runs,
 )
-from tiffany.durable.journal import Journal, RunState
+from tiffany.durable.journal import JournalInstrument, RunState
 from tiffany.durable.replayer import JournalEnded, ReplayCursor
 from tiffany.errors import (
     InstrumentFailure,
@@ -214,7 +214,7 @@ class Runtime:
         if self.wal.lease_deadline is not None:  # a leased stream (PostgreSQL)
             self.sched.gate_effects(self._lease_held)
             self.wal.on_renewed = self.sched.reopen_effects
-        self.journal = Journal(self.wal, self.sched)
+        self.journal = JournalInstrument(self.wal, self.sched)
         #: The newest usable checkpoint (docs/wal-format.md): a start reads the WAL after it.
         self.checkpoint: Checkpoint | None = read_checkpoint(
             self.wal_dir if isinstance(log, Wal) else cast(CheckpointStore, log), log.durable_seq
@@ -485,7 +485,7 @@ def verify_loaded(
         report.problems.append(exc.message)
         return report
     with Scheduler() as sched:
-        journal = Journal(None, sched, allow_live=False)
+        journal = JournalInstrument(None, sched, allow_live=False)
         run = journal.start_run(
             info.run_id,
             info.name,

@@ -136,7 +136,7 @@ class ActivityLog(Instrument):
             self.hub.publish_task("blocked", ids, _label(call), {"state": task.state.value})
 
     def step_held(self, task: Task, held: HeldStep) -> None:
-        """Publish ``blocked``: the journal held a step back (``Journal.on_hold``)."""
+        """Publish ``blocked``: the journal held a step back (``JournalInstrument.on_hold``)."""
         ids = self._ids(task)
         if ids is not None:
             data = {"state": "waiting", "step": held.step, "reason": held.reason}

@@ -131,7 +131,7 @@ CHILD_SIGNAL_PREFIX: Final = "child:"
 #: The engine's own signal names: a name that starts with one of these is
 #: never a client's. The API, the control channel and the CLI refuse it (422
 #: naming ``name``), the journal takes it only from the engine
-#: (``Journal.request_internal_signal``), and ``signal.wait`` cannot wait for
+#: (``JournalInstrument.request_internal_signal``), and ``signal.wait`` cannot wait for
 #: it. ``tiffany.`` is kept for the engine's signals to come.
 RESERVED_SIGNAL_PREFIXES: Final = (CHILD_SIGNAL_PREFIX, "concurrency.", "tiffany.")
 #: Longest argument text kept in a DISPATCH record (names in carried ones too).
