@@ -25,7 +25,7 @@ def test_a_plain_function_is_refused_naming_it() -> None:
         return {}
 
     msg = _refused("reg.plain", plain)
-    assert "test_registry:test_a_plain_function_is_refused_naming_it.<locals>.plain" in msg
+    assert "test_workflow_registry:test_a_plain_function_is_refused_naming_it.<locals>.plain" in msg
     assert "is not a generator function" in msg
 
 
