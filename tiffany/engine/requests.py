@@ -555,6 +555,8 @@ class ControlRequests:
             durable.cancel()
             raise EngineNotReady(NOT_DURABLE) from None
 
+    # -- scheduler thread (queued on the inbox) -------------------------------------------
+
     def _start(
         self,
         entry: dict[str, Any],

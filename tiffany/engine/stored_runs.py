@@ -95,8 +95,6 @@ class StoredRuns:
                 self._store = make_engine(self.settings.database_url)
             return self._store
 
-    # -- scheduler thread (queued on the inbox) -------------------------------------------
-
     def signal_sent(self, run_id: str, signal_id: str) -> tuple[int, str] | None:
         """A finished run's signal ``signal_id``: ``(seq, name)`` from the store, or None.
 
