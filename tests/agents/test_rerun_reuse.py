@@ -1,7 +1,7 @@
 """Which steps a re-run reuses (``tiffany/agents/rerun.py``): the DAG, dynamic children, errors.
 
 The DAG is the store's reading of the run (``tiffany/store/graph.py``), as
-the engine passes it (``tiffany/engine/requests.py``).
+the engine passes it (``tiffany/engine/stored_runs.py``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``records_at``: the records at given seqs, from a file WAL (archive included) or PostgreSQL.
 
-What a re-run reads its reused outputs from (``tiffany/engine/requests.py``).
+What a re-run reads its reused outputs from (``tiffany/engine/stored_runs.py``).
 """
 
 from __future__ import annotations

@@ -38,6 +38,9 @@ API token (``TIFFANY_API_TOKEN``), the engine the LLM key
 (:func:`tiffany.config.is_secret_name`) is left out of both. A shell step
 that escapes its sandbox, or runs without one, finds no API token in the
 engine's ``/proc/<pid>/environ``.
+
+The children's side (the hidden ``tiffany engine``, ``tiffany api`` and
+``tiffany projector`` commands, each a process alone) is ``processes.py``'s.
 """
 
 from __future__ import annotations
@@ -62,8 +65,9 @@ import typer
 
 from tiffany.cli import DataDirOption, exits, hints
 from tiffany.cli.imports import ImportOption, import_tool_modules, tool_modules
+from tiffany.cli.processes import api_cmd, engine_cmd, projector_cmd
 from tiffany.config import scrub_secrets
-from tiffany.supervisor import Child, NoRestart, RestartPolicy, lifeline, stop_all
+from tiffany.supervisor import Child, NoRestart, RestartPolicy, stop_all
 from tiffany.wire.shards import engine_for_key, engine_home, homes
 
 __all__ = ["register"]
@@ -637,117 +641,8 @@ def _stop_children(
     return codes
 
 
-#: ``--supervisor PID``: the ``serve`` process whose death this child follows (lifeline.py).
-SupervisorOption = Annotated[
-    int | None,
-    typer.Option(help="Stop when this process (tiffany serve, the parent) dies.", hidden=True),
-]
-
-
-def engine_cmd(
-    ctx: typer.Context,
-    ready_file: Annotated[
-        Path | None,
-        typer.Option(
-            help="Write {pid, control, feed} here once up (the sockets, the projector's report)."
-        ),
-    ] = None,
-    enable_tool: Annotated[
-        list[str] | None, typer.Option("--enable-tool", metavar="TOOL", help="Also run this tool.")
-    ] = None,
-    imports: ImportOption = None,
-    supervisor: SupervisorOption = None,
-) -> None:
-    """Run the engine process alone (what ``serve`` starts): loop, WAL, PAL, projector."""
-    from tiffany.cli import _settings
-    from tiffany.engine.service import EXIT_WAL_DAMAGED, EngineService
-    from tiffany.errors import WalCorruptionError, WalError
-
-    if supervisor is not None:
-        lifeline.hold(supervisor)  # SIGTERM (a clean stop) when serve dies
-    settings = _settings(ctx)
-    import_tool_modules(tool_modules(settings.tool_modules, imports))
-    tools = list(dict.fromkeys([*settings.enabled_tools, *(enable_tool or [])]))
-    # Until the service installs its own handlers: a stop while the engine
-    # opens its journal (a standby waiting for the lease) is a clean exit.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    try:
-        service = EngineService(settings, enabled_tools=tools)
-    except WalCorruptionError as exc:
-        typer.echo(f"tiffany engine: {exc.message}", err=True)
-        raise typer.Exit(EXIT_WAL_DAMAGED) from None
-    except WalError as exc:  # held by another engine (a WAL lock, a stream lease), or failed
-        typer.echo(f"tiffany engine: {exc.message}", err=True)
-        raise typer.Exit(1) from None
-
-    def ready() -> None:
-        if ready_file is not None:
-            tmp = ready_file.with_suffix(".tmp")
-            tmp.write_text(
-                json.dumps(
-                    {
-                        "pid": os.getpid(),
-                        "control": str(service.control.path),
-                        "feed": str(service.feed.path),
-                    }
-                )
-            )
-            tmp.replace(ready_file)
-
-    raise typer.Exit(service.serve(ready=ready))
-
-
-def projector_cmd(ctx: typer.Context) -> None:
-    """Run the projector process (what the engine starts): tails the WAL into the SQL store."""
-    from tiffany.cli import _settings
-    from tiffany.engine import journal_source
-    from tiffany.projector.process import run_projector
-
-    settings = _settings(ctx)
-    raise typer.Exit(
-        run_projector(
-            settings.database_url,
-            journal_source(settings),
-            shard=settings.engine,
-            nice=settings.projector_nice,
-        )
-    )
-
-
-def api_cmd(
-    ctx: typer.Context,
-    ready_file: Annotated[
-        Path | None, typer.Option(help="Write {url, pid} here once listening.")
-    ] = None,
-    after: Annotated[
-        list[Path] | None,
-        typer.Option(
-            metavar="FILE",
-            help="Listen once this file exists (repeatable: engines' ready files).",
-        ),
-    ] = None,
-    fd: Annotated[
-        list[int] | None,
-        typer.Option(
-            metavar="FD",
-            help="Listen on this inherited bound socket, not on --host/--port (repeatable).",
-        ),
-    ] = None,
-    supervisor: SupervisorOption = None,
-) -> None:
-    """Run the API side-process alone (what ``serve`` starts)."""
-    from tiffany.api import run_api
-    from tiffany.cli import _settings
-
-    if supervisor is not None:
-        lifeline.hold(supervisor)  # SIGTERM (its port closed first) when serve dies
-    raise typer.Exit(
-        run_api(_settings(ctx), ready_file=ready_file, after=after or (), fds=fd or ())
-    )
-
-
 def register(app: typer.Typer) -> None:
-    """Add ``serve``, and the hidden ``engine`` and ``api`` commands, to ``app``."""
+    """Add ``serve``, and the hidden commands of the processes it starts, to ``app``."""
     app.command("serve")(serve)
     app.command("engine", hidden=True)(engine_cmd)
     app.command("api", hidden=True)(api_cmd)

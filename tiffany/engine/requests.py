@@ -4,7 +4,13 @@
 (:mod:`tiffany.wire.control`): ``status``, ``submit``, ``rerun``, ``cancel``,
 ``signal``, ``verify``, ``export``, ``wait_projected``, ``metrics``, ``tools`` and
 ``check_plan``, each a typed command dispatched by its type (one handler a
-command type, in a table built once). The control server
+command type, in a table built once). It answers the commands that change a
+run (``submit``, ``rerun``, ``cancel``, ``signal``) itself; the reads
+(``status``, ``verify``, ``export``, ``wait_projected``, ``metrics``,
+``tools``, ``check_plan``) are :class:`~tiffany.engine.reads.EngineReads`'s,
+and what is read of the store (a finished run's status, a signal's first
+delivery, a re-run's source) is
+:class:`~tiffany.engine.stored_runs.StoredRuns`'s. The control server
 (``control_server.py``) decodes each line it reads into its command and
 calls :meth:`ControlRequests.handle`; on the PostgreSQL journal the request
 claimer (``db_requests.py``) does the same for each request row it claims;
@@ -61,13 +67,14 @@ service, in turn, uses only :meth:`~ControlRequests.handle`,
 :meth:`~ControlRequests.submit` and :meth:`~ControlRequests.close`.
 Rejected: a back-reference to ``EngineService``: every handler could reach
 any part of the process, and the split would only have moved lines.
+The reads and the store's answers are parts it builds from what it was
+given and delegates to, each seeing only what it reads. Rejected: mixins
+on one class: every method would again share every attribute.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -79,13 +86,13 @@ from typing import TYPE_CHECKING, Any, Final
 import structlog
 
 from tiffany.agents import PlanError
-from tiffany.agents.tools.llm import provider_status
 from tiffany.config import Settings
 from tiffany.durable import signal_bytes
 from tiffany.durable.checkpoint import KeyEntry
 from tiffany.engine.inbox import DurableWaits, Inbox, settle
+from tiffany.engine.reads import EngineReads, detail_at
+from tiffany.engine.stored_runs import StoredRuns
 from tiffany.errors import (
-    CommandTooLarge,
     EngineNotReady,
     InvalidCommand,
     KeyReused,
@@ -93,22 +100,17 @@ from tiffany.errors import (
     MalformedCommand,
     RunExists,
     RunFinished,
-    RunNotFinished,
     RunNotFound,
     SignalBytesHeldFull,
     SignalsHeldFull,
 )
 from tiffany.wire.control import (
-    MAX_WAIT_PROJECTED_S,
     Cancel,
     Cancelling,
     CheckPlan,
     Command,
     Export,
     Metrics,
-    MetricsText,
-    PlanChecked,
-    Projected,
     Rerun,
     Signal,
     Signalled,
@@ -124,8 +126,6 @@ from tiffany.wire.control import (
 from tiffany.wire.documents import SIGNAL_NAME_PATTERN, DocumentError
 from tiffany.wire.documents import check as check_document
 from tiffany.wire.records import reserved_signal, reserved_signal_message
-from tiffany.wire.shards import engine_of, engine_stream
-from tiffany.wire.status import TERMINAL
 from tiffany.workflows import WorkflowInputError
 
 if TYPE_CHECKING:
@@ -138,7 +138,6 @@ if TYPE_CHECKING:
     from tiffany.projector.link import ProjectorLink
 
 __all__ = [
-    "MAX_RUNNING_LISTED",
     "NOT_DURABLE",
     "SUBMIT_TIMEOUT_S",
     "ControlRequests",
@@ -148,20 +147,9 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
-#: Running runs a status lists by id (the count is always exact).
-MAX_RUNNING_LISTED: Final = 100
-#: Largest run export (``export``) sent over the control channel: base64 makes
-#: it 4/3 as large, and a frame holds ``MAX_FRAME_BYTES`` (64 MiB).
-MAX_EXPORT_BYTES: Final = 32 * 1024 * 1024
 #: How long a submission waits for the loop and its group commit, in seconds.
 SUBMIT_TIMEOUT_S: Final = 30.0
 _BUSY: Final = "the engine is busy or recovering; try again"
-#: How long a signal sent again to a finished run waits for the store to hold
-#: the run's end before its first delivery is looked up there, in seconds.
-SIGNAL_LOOKUP_WAIT_S: Final = 5.0
-#: How long a re-run waits for the store to hold what the journal has
-#: written (the earlier run's end) before it reads the run there, in seconds.
-RERUN_SOURCE_WAIT_S: Final = 5.0
 #: The refusal (not ready) of a submission or signal whose record was not durable in time
 #: (the service fails the durable waits with it when the loop fails).
 NOT_DURABLE: Final = "the submission was not made durable in time"
@@ -203,10 +191,6 @@ def quick(command: Command) -> bool:
 
 
 _QUICK: Final = frozenset({Submit, WaitProjected})
-
-
-def _sandbox_status(mode: str) -> str:
-    return "none (UNSANDBOXED)" if mode == "none" else mode
 
 
 class ControlRequests:
@@ -256,27 +240,38 @@ class ControlRequests:
         self.metrics = metrics
         self._on_end = on_end
         self.lifecycle = lifecycle
-        self._store: Any = None  # the store's SQLAlchemy engine, for _stored_status
-        self._store_lock = threading.Lock()
+        #: The store's answers about runs the engine no longer holds (stored_runs.py).
+        self.stored = StoredRuns(settings, self.runtime, durable, projector)
+        #: The answers to the requests that change nothing (reads.py).
+        self.reads = EngineReads(
+            settings,
+            engine,
+            durable=durable,
+            runs=runs,
+            stored=self.stored,
+            projector=projector,
+            verifier=verifier,
+            metrics=metrics,
+            lifecycle=lifecycle,
+        )
         #: One handler a command type (a table built once: no chain of ``if op ==``).
         self._handlers: dict[type[Any], Callable[[Any], Any]] = {
-            Status: lambda _: self._status(),
+            Status: lambda _: self.reads.status(),
             Submit: self.submit,
             Rerun: self.rerun,
             Cancel: self._cancel_command,
             Signal: self._signal,
-            Verify: self._verify,
-            Export: self._export,
-            WaitProjected: self._wait_projected,
-            CheckPlan: self._check_plan,
-            Metrics: lambda _: MetricsText(text=self.metrics.render()),
-            Tools: lambda _: self.engine.env.registry.describe(),
+            Verify: self.reads.verify,
+            Export: self.reads.export,
+            WaitProjected: self.reads.wait_projected,
+            CheckPlan: self.reads.check_plan,
+            Metrics: lambda _: self.reads.metrics_text(),
+            Tools: lambda _: self.reads.tools(),
         }
 
     def close(self) -> None:
         """Let the store's connections go (at the engine's stop, after the loop)."""
-        if self._store is not None:
-            self._store.dispose()
+        self.stored.close()
 
     # -- control threads -----------------------------------------------------------------
 
@@ -290,19 +285,6 @@ class ControlRequests:
         if handler is None:
             raise MalformedCommand(f"no command {command_name(command)!r}")
         return handler(command)
-
-    def _check_plan(self, command: CheckPlan) -> PlanChecked:
-        """A schedule's plan, checked when it is added: its name, or the refusal."""
-        inputs = command.inputs or {}
-        try:
-            check_document(command.plan, loc=["plan"])
-            check_document(inputs, loc=["inputs"])
-            _, name = self.engine.prepare_plan(command.plan, inputs, checked=True)
-        except DocumentError as exc:
-            raise InvalidCommand(exc.message, field="plan", detail=exc.detail) from None
-        except PlanError as exc:
-            raise InvalidCommand(exc.message, field="plan", detail=exc.errors) from None
-        return PlanChecked(name=name)
 
     def _cancel_command(self, command: Cancel) -> Cancelling:
         run_id = command.run_id
@@ -330,7 +312,7 @@ class ControlRequests:
 
     def rerun(self, command: Rerun) -> Future[Submitted]:
         """Start a re-run of a finished run (control threads: it reads the store)."""
-        plan, inputs, rerun = self._rerun_of(command)
+        plan, inputs, rerun = self.stored.rerun_source(command)
         return self._submit(plan, inputs, command.key, command.run_id, None, rerun)
 
     def _submit(
@@ -407,89 +389,6 @@ class ControlRequests:
         self.inbox.call_later(start, answer)
         return reply
 
-    def _rerun_of(self, command: Rerun) -> tuple[Any, dict[str, Any], dict[str, Any]]:
-        """A re-run's plan, inputs and reuse (``tiffany/agents/rerun.py``), from the store.
-
-        Control threads only (SQL). The earlier run must be finished and in
-        the store; ``inputs`` given here override its inputs.
-        """
-        from tiffany.agents.rerun import journal_reuse, rerun_reuse
-        from tiffany.store import queries, session_factory
-
-        source_id, from_step, inputs = command.rerun_of, command.from_step, command.inputs
-        if not source_id:
-            raise InvalidCommand("rerun_of must be a run id", field="rerun_of")
-        # The store is let catch up with what the journal has written first: a
-        # run whose end was just on the feed (`tiffany tail`, the dashboard) is
-        # finished there too, not "not found" or "not finished" for a few ms.
-        written = self.runtime.wal.next_seq - 1
-        caught = self.projector.when_projected(written, RERUN_SOURCE_WAIT_S).result()
-        if not caught["reached"]:
-            raise EngineNotReady(
-                f"the store is at seq {caught['last_seq']} and did not reach seq {written} "
-                f"within {RERUN_SOURCE_WAIT_S:g} s; retry",
-                detail={"min_seq": written, "store_seq": caught["last_seq"]},
-            )
-        with session_factory(self._store_engine())() as session:
-            source = queries.rerun_source(session, source_id)
-        if source is None:
-            raise RunNotFound(f"no run {source_id!r}")
-        status, entry = source["status"], source["entry"]
-        if status not in TERMINAL:
-            raise RunNotFinished(
-                f"run {source_id} has not finished ({status}); re-run a finished run",
-                detail={"status": status},
-            )
-        if not isinstance(entry, dict) or entry.get("kind") != "plan":
-            raise InvalidCommand(f"run {source_id} is not a plan run", field="rerun_of")
-        try:
-            reuse, restart = rerun_reuse(source["after"], source["steps"], from_step, source_id)
-        except PlanError as exc:
-            raise InvalidCommand(exc.message, field="from_step", detail=exc.errors) from None
-        # The outputs themselves come from the journal, not the store's projection.
-        reuse, projected = journal_reuse(reuse, self._settling_records(reuse))
-        if projected:
-            log.warning(
-                "rerun.projected_outputs",
-                run_id=source_id,
-                steps=projected,
-                reason="the journal no longer holds their records (TIFFANY_WAL_RETAIN)",
-            )
-        merged = {**(entry.get("inputs") or {}), **inputs}
-        return (
-            entry.get("plan"),
-            merged,
-            {
-                "rerun_of": {"run_id": source_id, "restart": restart},
-                "reuse": reuse,
-            },
-        )
-
-    def _settling_records(self, reuse: dict[str, dict[str, Any]]) -> dict[int, Any]:
-        """The journal records that settled the reused steps, by seq (control threads only).
-
-        A seq names the engine whose journal wrote it (``tiffany/wire/shards.py``):
-        each engine's journal is read once, from its lowest wanted seq to its
-        highest, archived segments included. A journal that is not there
-        (an engine directory removed) reads as holding none of them.
-        """
-        from tiffany.durable.history import records_at
-        from tiffany.engine import journal_source
-
-        by_engine: dict[int, list[int]] = {}
-        for given in reuse.values():
-            seq = given.get("seq")
-            if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0:
-                by_engine.setdefault(engine_of(seq), []).append(seq)
-        found: dict[int, Any] = {}
-        for engine, seqs in sorted(by_engine.items()):
-            source = journal_source(self.settings.for_engine(engine))
-            try:
-                found.update(records_at(source, seqs))
-            except FileNotFoundError:
-                continue
-        return found
-
     def _for_run(self, run_id: str, fn: Callable[[], Any], *, live: bool) -> Any:
         """Run a run's command on the loop; a run the engine no longer holds: finished (the store).
 
@@ -499,7 +398,7 @@ class ControlRequests:
         try:
             return self._on_loop(fn)
         except RunNotFound:
-            stored = None if live else self._stored_status(run_id)
+            stored = None if live else self.stored.status(run_id)
             if stored is None:
                 raise
             raise RunFinished(
@@ -527,14 +426,16 @@ class ControlRequests:
         signal_id = given or uuid.uuid4().hex
         if not _SIGNAL_NAME.match(name):
             msg = f"must match {SIGNAL_NAME_PATTERN}"
-            raise InvalidCommand(f"signal name {msg}", field="name", detail=[_at("name", msg)])
+            raise InvalidCommand(
+                f"signal name {msg}", field="name", detail=[detail_at("name", msg)]
+            )
         if reserved_signal(name) is not None:
             msg = reserved_signal_message(name)
-            raise InvalidCommand(msg, field="name", detail=[_at("name", msg)])
+            raise InvalidCommand(msg, field="name", detail=[detail_at("name", msg)])
         if not 0 < len(signal_id) <= 255:
             msg = "must be 1 to 255 characters"
             raise InvalidCommand(
-                f"signal_id {msg}", field="signal_id", detail=[_at("signal_id", msg)]
+                f"signal_id {msg}", field="signal_id", detail=[detail_at("signal_id", msg)]
             )
         try:  # the engine trusts no caller: `tiffany signal` bypasses the API's checks
             check_document(payload, loc=["payload"])
@@ -593,7 +494,7 @@ class ControlRequests:
         except RunFinished:
             # Sent again (a client retried after a lost answer) once the run had
             # finished, perhaps because of it: the first delivery's answer.
-            sent = self._signal_sent(run_id, given) if given else None
+            sent = self.stored.signal_sent(run_id, given) if given else None
             if sent is None or sent[1] != name:  # not that signal: the run had finished
                 raise
             seq = sent[0]
@@ -632,146 +533,6 @@ class ControlRequests:
             )
             raise SignalBytesHeldFull(refusal.message, detail=refusal.to_dict())
 
-    def _signal_sent(self, run_id: str, signal_id: str) -> tuple[int, str] | None:
-        """A finished run's signal ``signal_id``: ``(seq, name)`` from the store, or None.
-
-        Control threads only (SQL). The store is first let catch up with what
-        is durable now (the run's end, and so the signal before it), for
-        :data:`SIGNAL_LOOKUP_WAIT_S` at most.
-        """
-        from tiffany.store import session_factory
-        from tiffany.store.journal import signal_record
-
-        self.projector.when_projected(self.durable.seq, SIGNAL_LOOKUP_WAIT_S).result()
-        with session_factory(self._store_engine())() as session:
-            return signal_record(session, run_id, signal_id)
-
-    def _wait_projected(self, command: WaitProjected) -> Future[Any]:
-        """Answer once the store holds ``seq`` (or after ``wait_s``); holds no thread.
-
-        ``written``: everything this engine has written so far (a reader of
-        another engine's run, a re-run, ``tail --run``: what it saw on the
-        feed is in the store then). The answer names that seq (``written_seq``).
-        """
-        wait_s = min(command.wait_s, MAX_WAIT_PROJECTED_S)
-        if command.written:
-            written = self.runtime.wal.next_seq - 1
-            return _with_seq(self.projector.when_projected(written, wait_s), written)
-        seq = command.seq
-        if seq is None:
-            raise InvalidCommand("seq is required (or written)", field="seq")
-        max_seq = command.max_seq
-        written = self.runtime.wal.next_seq - 1
-        if max_seq is not None and max_seq > written:
-            # A read asks for a seq never written: answer now, the API refuses it (422).
-            done: Future[Any] = Future()
-            last = self.projector.last_seq
-            done.set_result(Projected(last_seq=last, reached=last >= seq, written_seq=written))
-            return done
-        return self.projector.when_projected(seq, wait_s)
-
-    def _verify(self, command: Verify) -> dict[str, Any]:
-        run_id = command.run_id
-        if not run_id:
-            raise InvalidCommand("run_id is required", field="run_id", detail=[_at("run_id")])
-        status = self.runs.status(run_id) or (None if command.live else self._stored_status(run_id))
-        if status is None:
-            raise RunNotFound(f"no run {run_id!r}")
-        if status == "running":
-            raise RunNotFinished(f"run {run_id} has not finished; only finished runs verify")
-        report = self.verifier.verify(run_id)
-        # "ok" is the envelope's: the report's verdict travels as "identical".
-        report["identical"] = bool(report.pop("ok", False))
-        return report
-
-    def _export(self, command: Export) -> dict[str, Any]:
-        """The run's export file (docs/replay.md), base64: read from the journal, on this thread.
-
-        A control thread reads the journal as ``tiffany export`` does (the
-        scheduler writes on); a run still running is exported as far as its
-        journal goes. A file too large for one control frame is refused (413)
-        rather than sent in a frame the API cannot read.
-        """
-        import base64
-        import io
-
-        import tiffany
-        from tiffany.durable import UnknownRun
-        from tiffany.durable.export import export_run
-        from tiffany.engine import journal_source
-
-        run_id = command.run_id
-        if not run_id:
-            raise InvalidCommand("run_id is required", field="run_id", detail=[_at("run_id")])
-        if command.live and self.runs.status(run_id) is None:
-            raise RunNotFound(f"no run {run_id!r}")  # another engine's, if any
-        out = io.BytesIO()
-        source = journal_source(self.settings)
-        try:
-            meta = export_run(source, run_id, out, tiffany_version=tiffany.__version__)
-        except UnknownRun:
-            raise RunNotFound(f"no run {run_id!r}") from None
-        finally:
-            close = getattr(source, "close", None)
-            if close is not None:
-                close()
-        data = out.getvalue()
-        if len(data) > MAX_EXPORT_BYTES:
-            raise CommandTooLarge(
-                f"the export of run {run_id} is {len(data)} bytes; the API sends up to "
-                f"{MAX_EXPORT_BYTES}: run `tiffany export {run_id}` where the journal is",
-            )
-        return {
-            "run_id": run_id,
-            "records": meta.records,
-            "export": base64.b64encode(data).decode("ascii"),
-        }
-
-    def _status(self) -> dict[str, Any]:
-        return {
-            "engine": self.settings.engine,
-            "ready": self.lifecycle.ready(),
-            "phase": self.lifecycle.phase(),
-            "recovering": self.lifecycle.recovering(),
-            "pid": os.getpid(),
-            "started_at": self.lifecycle.started_at,
-            "runs_active": len(self.runs.running),
-            # Concurrency limits: per key, runs holding a slot and runs queued.
-            "concurrency": self.engine.slots.status(),
-            # Which runs (``tiffany status`` lists them engine by engine), the first few.
-            "running": sorted(self.runs.running)[:MAX_RUNNING_LISTED],
-            "durable_seq": self.durable.seq,
-            **self.engine.waiting(),  # steps held back: their tool is disabled here
-            # Runs whose state the journal holds in memory (running ones, and
-            # finished ones until they are forgotten, right after their end).
-            "runs_held": len(self.runtime.journal.runs),
-            # Clients' signals no step has received yet, in all runs, and their bytes.
-            "signals_held": self.runtime.journal.signals_held,
-            "signal_bytes_held": self.runtime.journal.signal_bytes_held,
-            # Runs in a tree of child runs (plan.run), live: engine/children.py.
-            "tree_runs": len(self.engine.tree),
-            "tasks_held": self.runtime.sched.records,
-            "projector": self.projector.health(),
-            "shell_sandbox": _sandbox_status(self.settings.shell_sandbox),
-            # The model llm and agent steps call, or why they fail (tools/llm.py).
-            "llm": provider_status(self.engine.env.settings),
-            "journal": self._journal_status(),
-        }
-
-    def _journal_status(self) -> dict[str, Any]:
-        """Where the journal is; on PostgreSQL, the stream and this engine's lease."""
-        wal = self.runtime.wal
-        if self.settings.journal != "postgres":
-            return {"backend": "file", "path": str(self.runtime.wal_dir)}
-        return {
-            "backend": "postgres",
-            "stream": engine_stream(self.settings.journal_stream, self.settings.engine),
-            "owner": getattr(wal, "owner", None),
-            "epoch": getattr(wal, "epoch", None),
-            "lease_s": self.settings.journal_lease_s,
-            "fenced": self.lifecycle.fenced() or wal.failed,
-        }
-
     def _on_loop(self, fn: Callable[[], Any], timeout: float = SUBMIT_TIMEOUT_S) -> Any:
         if self.lifecycle.phase() == "stopping":
             raise EngineNotReady("the engine is stopping")
@@ -793,27 +554,6 @@ class ControlRequests:
         except FutureTimeout:
             durable.cancel()
             raise EngineNotReady(NOT_DURABLE) from None
-
-    def _stored_status(self, run_id: str) -> str | None:
-        """The store's status of a run the engine no longer holds (control threads only).
-
-        The engine keeps the newest finished runs (``run_table.py``); the
-        store is the source of truth for older ones. Never on the loop: SQL.
-        """
-        from tiffany.store import queries, session_factory
-
-        with session_factory(self._store_engine())() as session:
-            run = queries.get_run(session, run_id)
-            return None if run is None else str(run.status)
-
-    def _store_engine(self) -> Any:
-        """The store's SQLAlchemy engine, made on first use (control threads only)."""
-        from tiffany.store import make_engine
-
-        with self._store_lock:
-            if self._store is None:
-                self._store = make_engine(self.settings.database_url)
-            return self._store
 
     # -- scheduler thread (queued on the inbox) -------------------------------------------
 
@@ -882,18 +622,6 @@ def _located(detail: Any) -> bool:
         and isinstance(detail[0].get("loc"), list)
         and detail[0]["loc"]
     )
-
-
-def _at(loc: str, msg: str = "required") -> dict[str, Any]:
-    """One item of an invalid command's detail."""
-    return {"loc": loc, "msg": msg}
-
-
-def _with_seq(fut: Future[dict[str, Any]], seq: int) -> Future[dict[str, Any]]:
-    """``fut``'s answer (:class:`Projected`'s fields) with ``written_seq``, the seq it awaited."""
-    out: Future[dict[str, Any]] = Future()
-    fut.add_done_callback(lambda f: out.set_result({**f.result(), "written_seq": seq}))
-    return out
 
 
 def _unawaited(run_id: str, name: str, waits: Any, awaited: list[str]) -> str | None:

@@ -1,8 +1,10 @@
-"""``/api/runs``: submit, list, inspect, page the journal of, signal, cancel and verify runs.
+"""``/api/runs``: submit, list, inspect and page the journal of runs.
 
 Reads come from the SQL store (a projection of the journal, sync
-SQLAlchemy in the threadpool); commands go to the engine over the control
-channel, which answers a submission only once the run is durable in the WAL.
+SQLAlchemy in the threadpool); a submission goes to the engine over the
+control channel, which answers it only once the run is durable in the WAL.
+A run's other commands (cancel, re-run, signal, export, verify) are
+``run_commands.py``'s, on the same prefix.
 
 The WAL seq is the clock (docs/clock.md): a submission answers the seq of
 the run's RUN_START, and a read with ``min_seq=N`` answers once the store
@@ -16,34 +18,29 @@ is a 404 at once.
 from __future__ import annotations
 
 import asyncio
-import base64
 import math
 import re
-import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final
 
 import msgspec
 import structlog
-from fastapi import APIRouter, Header, Path, Query, Request, Response
-from pydantic import Field, ValidationError
+from fastapi import APIRouter, Header, Query, Request, Response
+from pydantic import Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from tiffany.api.body import InvalidBody, parse_json_off_loop, parse_off_loop, read_capped
+from tiffany.api.body import InvalidBody, parse_off_loop, read_capped
 from tiffany.api.deps import State
 from tiffany.api.openapi import request_body
 from tiffany.api.schemas import (
     AgentConversation,
-    CancelAnswer,
     ErrorBody,
     Plan,
-    RerunRequest,
     RunDetail,
     RunEvents,
     RunList,
-    SignalAnswer,
     SubmitAnswer,
     SubmitRequest,
     WorkflowSubmitRequest,
@@ -52,10 +49,16 @@ from tiffany.api.timing import timed
 from tiffany.errors import TiffanyError
 from tiffany.store import Run, RunStatus, queries
 from tiffany.store.conversation import NotAgentStep, agent_conversation
-from tiffany.wire.documents import SIGNAL_NAME_PATTERN
-from tiffany.wire.records import RESERVED_SIGNAL_PREFIXES, reserved_signal, reserved_signal_message
 
-__all__ = ["DEFAULT_EVENTS_PAGE", "MAX_EVENTS_PAGE", "router"]
+__all__ = [
+    "DEFAULT_EVENTS_PAGE",
+    "ERRORS",
+    "MAX_EVENTS_PAGE",
+    "NOT_FOUND",
+    "check_run_id",
+    "json_response",
+    "router",
+]
 
 log = structlog.get_logger("tiffany.api")
 
@@ -66,14 +69,6 @@ MAX_EVENTS_PAGE: Final = 1_000
 MAX_INT64: Final = 2**63 - 1
 #: What a run id can look like; anything else (NUL, surrogates, 10 kB) is a 404 at once.
 _RUN_ID: Final = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
-_SIGNAL_NAME: Final = re.compile(SIGNAL_NAME_PATTERN)
-#: What the schema says of a signal name: the pattern, less the engine's own names.
-SIGNAL_NAME_SCHEMA_PATTERN: Final = (
-    "^(?!"
-    + "|".join(re.escape(p) for p in RESERVED_SIGNAL_PREFIXES)
-    + ")"
-    + SIGNAL_NAME_PATTERN[1:]
-)
 #: What ``since`` and ``until`` take (the schema's pattern; the calendar is checked after):
 #: nothing, epoch seconds, or an ISO-8601 date or date-time, with or without a zone.
 INSTANT_PATTERN: Final = (
@@ -82,10 +77,6 @@ INSTANT_PATTERN: Final = (
     r"(Z|[+-][0-9]{2}:[0-9]{2})?)?)$"
 )
 _INSTANT: Final = re.compile(INSTANT_PATTERN)
-#: How long a ``verify`` replay may take, in seconds (a little over the engine's own limit).
-VERIFY_TIMEOUT_S: Final = 630.0
-#: How long an export may take (the engine reads the run's journal once).
-EXPORT_TIMEOUT_S: Final = 120.0
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 
@@ -111,11 +102,11 @@ class NoConversation(TiffanyError):
     http_status = 422
 
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
+ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "Missing or wrong bearer token."},
     503: {"model": ErrorBody, "description": "The engine or the store is not available."},
 }
-_NOT_FOUND: dict[int | str, dict[str, Any]] = {
+NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorBody, "description": "No such run."}
 }
 
@@ -144,7 +135,7 @@ _SUBMIT_BODY = request_body(
 )
 
 
-def _json(doc: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+def json_response(doc: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     """``doc`` as a JSON response, encoded by msgspec.
 
     Discussion: the routes a client calls at every submission answer this
@@ -167,7 +158,7 @@ def _json(doc: Any, status: int = 200, headers: dict[str, str] | None = None) ->
         413: {"model": ErrorBody, "description": "The body is larger than max_plan_bytes."},
         422: {"model": ErrorBody, "description": "Malformed body or invalid plan."},
         409: {"model": ErrorBody, "description": "Idempotency-Key reused for another plan."},
-        **_ERRORS,
+        **ERRORS,
     },
 )
 async def submit_run(
@@ -206,7 +197,7 @@ async def submit_run(
             else {"plan": sub.plan.get("name")}
         ),
     )
-    return _json(
+    return json_response(
         {"run_id": run_id, "seq": seq, "created": created},
         status=201 if created else 200,
         headers={"Location": f"/api/runs/{run_id}?min_seq={seq}"},
@@ -293,7 +284,7 @@ def _page(
     }
 
 
-@router.get("", response_model=RunList, responses=_ERRORS)
+@router.get("", response_model=RunList, responses=ERRORS)
 async def list_runs(
     state: State,
     status: Annotated[
@@ -370,7 +361,7 @@ async def list_runs(
     return await state.read(lambda s: _page(s, status, limit, before, by_time=by_time, where=where))
 
 
-def _check_run_id(run_id: str) -> None:
+def check_run_id(run_id: str) -> None:
     """Answer 404 at once for an id no run can have (never reaches SQL or the engine)."""
     if _RUN_ID.fullmatch(run_id) is None:
         shown = run_id[:80].encode("utf-8", "backslashreplace").decode("ascii", "replace")
@@ -390,7 +381,7 @@ async def _read_run(
     ``read``: the same read through another of the store's ports
     (``state.reads.run_detail``: off the thread hop, on the store it has).
     """
-    _check_run_id(run_id)
+    check_run_id(run_id)
     if min_seq is not None:
         await state.wait_projected(min_seq)
     result = await (read() if read is not None else state.read(fn))
@@ -399,7 +390,7 @@ async def _read_run(
     return result
 
 
-@router.get("/{run_id}", response_model=RunDetail, responses={**_NOT_FOUND, **_ERRORS})
+@router.get("/{run_id}", response_model=RunDetail, responses={**NOT_FOUND, **ERRORS})
 async def get_run(
     run_id: str,
     state: State,
@@ -417,7 +408,7 @@ async def get_run(
     ] = True,
 ) -> Response:
     """A run with its steps and tasks (as of at least ``min_seq``, when given)."""
-    return _json(
+    return json_response(
         await _read_run(
             state,
             run_id,
@@ -428,7 +419,7 @@ async def get_run(
     )
 
 
-@router.get("/{run_id}/events", response_model=RunEvents, responses={**_NOT_FOUND, **_ERRORS})
+@router.get("/{run_id}/events", response_model=RunEvents, responses={**NOT_FOUND, **ERRORS})
 async def run_events(
     run_id: str,
     state: State,
@@ -452,7 +443,7 @@ async def run_events(
     responses={
         404: {"model": ErrorBody, "description": "No such run, or no such step in it."},
         422: {"model": ErrorBody, "description": "The step is not an agent step."},
-        **_ERRORS,
+        **ERRORS,
     },
 )
 async def step_conversation(
@@ -463,7 +454,7 @@ async def step_conversation(
     Read from the step's journaled model and tool calls (as of at least
     ``min_seq``, when given); a running step's turns so far.
     """
-    _check_run_id(run_id)
+    check_run_id(run_id)
     if min_seq is not None:
         await state.wait_projected(min_seq)
 
@@ -489,227 +480,4 @@ async def step_conversation(
         raise StepNotFound(
             f"run {run_id} has no step {step_id[:80]!r}", run_id=run_id, step_id=step_id[:80]
         )
-    return _json(found)
-
-
-@router.post(
-    "/{run_id}/cancel",
-    status_code=202,
-    response_model=CancelAnswer,
-    responses={
-        **_NOT_FOUND,
-        409: {"model": ErrorBody, "description": "The run has already finished."},
-        **_ERRORS,
-    },
-)
-async def cancel_run(run_id: str, state: State) -> CancelAnswer:
-    """Ask the engine to cancel a running run (it ends ``cancelled`` shortly)."""
-    _check_run_id(run_id)
-    answer = await state.engines.commands.cancel(run_id, "cancelled over HTTP")
-    log.info("run cancel requested")
-    return CancelAnswer(run_id=answer.run_id)
-
-
-@router.post(
-    "/{run_id}/rerun",
-    status_code=201,
-    response_model=SubmitAnswer,
-    openapi_extra={"requestBody": request_body(RerunRequest, required=False)},
-    responses={
-        200: {"model": SubmitAnswer, "description": "The Idempotency-Key named an earlier re-run."},
-        **_NOT_FOUND,
-        409: {"model": ErrorBody, "description": "The run has not finished."},
-        413: {"model": ErrorBody, "description": "The body is larger than max_plan_bytes."},
-        422: {"model": ErrorBody, "description": "No such step, no failed step, or a bad body."},
-        **_ERRORS,
-    },
-)
-async def rerun_run(
-    run_id: str,
-    request: Request,
-    state: State,
-    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
-) -> Response:
-    """Re-run a finished run from a step (default: from its failed steps).
-
-    The new run reuses the recorded output of every step not downstream of
-    the restart point, without calling its tool again (each says which run
-    and WAL seq it came from), copies the earlier run's workspace, and runs
-    the rest. It replays and verifies on its own. Answers like a submission:
-    201 ``{"run_id", "seq"}`` once journaled.
-    """
-    _check_run_id(run_id)
-    body = await read_capped(
-        request.headers.get("content-length"), request.stream(), state.settings.max_plan_bytes
-    )
-    doc = await parse_json_off_loop(body, ["body"])
-    try:
-        asked = RerunRequest.model_validate({} if doc is None else doc)
-    except ValidationError as exc:
-        errors = exc.errors(include_url=False)
-        raise InvalidBody(["body", *errors[0]["loc"]], errors[0]["msg"]) from None
-    answer = await state.engines.commands.rerun(
-        run_id, inputs=asked.inputs or {}, from_step=asked.from_step, key=idempotency_key
-    )
-    new_id, seq, created = answer.run_id, answer.seq, answer.created
-    structlog.contextvars.bind_contextvars(run_id=new_id, rerun_of=run_id, seq=seq)
-    return _json(
-        {"run_id": new_id, "seq": seq, "created": created},
-        status=201 if created else 200,
-        headers={"Location": f"/api/runs/{new_id}?min_seq={seq}"},
-    )
-
-
-@router.post(
-    "/{run_id}/signals/{name:path}",  # "a/b" is a bad name (422), not another route
-    status_code=202,
-    response_model=SignalAnswer,
-    openapi_extra={
-        "requestBody": {
-            "description": "The signal's payload: any JSON (an empty body is null).",
-            "content": {"application/json": {"schema": {}}},
-        }
-    },
-    responses={
-        **_NOT_FOUND,
-        409: {"model": ErrorBody, "description": "The run has already finished."},
-        413: {
-            "model": ErrorBody,
-            "description": "The body is larger than max_signal_bytes, or the run holds "
-            "max_pending_signal_bytes of signals no step has received.",
-        },
-        422: {
-            "model": ErrorBody,
-            "description": "A bad signal name (one in the engine's reserved namespace: "
-            "child:, concurrency., tiffany.), a malformed body, or a payload the waiting "
-            "step's schema refuses (code signal.payload_invalid; each detail item names the "
-            "field: loc, its JSON pointer, the step). Nothing is journaled.",
-        },
-        429: {
-            "model": ErrorBody,
-            "description": "The run holds max_pending_signals signals no step has received.",
-        },
-        **_ERRORS,
-    },
-)
-async def signal_run(
-    run_id: str,
-    name: Annotated[
-        str,
-        Path(
-            description=(
-                "The signal's name; names starting with "
-                + ", ".join(RESERVED_SIGNAL_PREFIXES)
-                + " are the engine's own."
-            ),
-            # In the schema only: the route checks it, answering 422 in its own words.
-            json_schema_extra={"pattern": SIGNAL_NAME_SCHEMA_PATTERN},
-        ),
-    ],
-    request: Request,
-    state: State,
-    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
-) -> Response:
-    """Send signal ``name`` to a running run; 202 once it is journaled.
-
-    A step ``{"tool": "signal.wait", "args": {"name": NAME}}`` outputs the
-    payload; a signal sent before the step waits is kept for it, and each
-    wait takes one signal, oldest first. With an ``Idempotency-Key``, sending
-    the same signal again journals it once (the answer names the first).
-    Names starting with ``child:``, ``concurrency.`` or ``tiffany.`` are the
-    engine's own (422); a run holds a bounded number and size of signals no
-    step has received (429, 413, naming the setting). A payload that does not
-    satisfy the ``schema`` of the steps waiting for ``name`` is refused (422
-    naming the field, nothing journaled); a name no step waits for is taken
-    with a ``warning`` naming what the run waits for.
-    """
-    _check_run_id(run_id)
-    if _SIGNAL_NAME.match(name) is None:
-        raise InvalidBody(["path", "name"], f"a signal name must match {SIGNAL_NAME_PATTERN}")
-    if reserved_signal(name) is not None:  # the engine's own (a sub-plan's end, a slot)
-        raise InvalidBody(["path", "name"], reserved_signal_message(name))
-    body = await read_capped(
-        request.headers.get("content-length"),
-        request.stream(),
-        state.settings.max_signal_bytes,
-        "TIFFANY_MAX_SIGNAL_BYTES",
-    )
-    payload = await parse_json_off_loop(body, ["body"])
-    answer = await state.engines.commands.signal(
-        run_id, name, payload, idempotency_key or uuid.uuid4().hex
-    )
-    seq = answer.seq
-    structlog.contextvars.bind_contextvars(run_id=run_id, signal=name, seq=seq)
-    sent: dict[str, Any] = {
-        "run_id": run_id,
-        "name": name,
-        "seq": seq,
-        "signal_id": answer.signal_id,
-    }
-    if answer.warning:  # no step waits for that name (it may be early)
-        sent["warning"] = answer.warning
-        log.warning("signal not awaited", warning=sent["warning"])
-    return _json(sent, status=202)
-
-
-#: The media type of a run export (docs/replay.md, "Export format").
-EXPORT_MEDIA_TYPE: Final = "application/vnd.tiffany.run-export"
-
-
-@router.get(
-    "/{run_id}/export",
-    response_class=Response,
-    responses={
-        200: {
-            "description": "The run's journal in one file (`tiffany export`'s; docs/replay.md): "
-            "replay it with `tiffany replay FILE --verify` or `tiffany.testing.replay_file`. "
-            "A run not finished yet is exported as far as its journal goes.",
-            "content": {EXPORT_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}},
-        },
-        **_NOT_FOUND,
-        413: {"model": ErrorBody, "description": "Too large to send: export it on the host."},
-        **_ERRORS,
-    },
-)
-async def export_run(run_id: str, state: State) -> Response:
-    """The run's export file: its journal records as journaled, with a header.
-
-    Read from the journal by the engine that holds the run (the store's
-    decoded records, ``/events``, are not the bytes a replay compares).
-    """
-    _check_run_id(run_id)
-    answer = await state.engines.commands.export(run_id, EXPORT_TIMEOUT_S)
-    data = base64.b64decode(str(answer.get("export", "")))
-    log.info("run exported", bytes=len(data), records=answer.get("records"))
-    return Response(
-        data,
-        media_type=EXPORT_MEDIA_TYPE,
-        headers={"Content-Disposition": f'attachment; filename="{run_id}.tfx"'},
-    )
-
-
-@router.post(
-    "/{run_id}/verify",
-    responses={
-        200: {"description": "The replay report (as `tiffany replay --verify --json`)."},
-        **_NOT_FOUND,
-        409: {"model": ErrorBody, "description": "The run has not finished."},
-        **_ERRORS,
-    },
-)
-async def verify_run(run_id: str, state: State) -> dict[str, Any]:
-    """Replay a finished run against its journal and report whether it matches.
-
-    The report is ``tiffany replay --verify --json``'s: ``ok`` (also as
-    ``identical``), ``status``, ``dispatches``, ``records``, ``divergence``
-    (where the replay first differed) and ``problems``.
-    """
-    _check_run_id(run_id)
-    answer = await state.engines.commands.verify(run_id, VERIFY_TIMEOUT_S)
-    nested = answer.get("report")
-    report = nested if isinstance(nested, dict) else {k: v for k, v in answer.items() if k != "id"}
-    # Over the control channel "ok" is the envelope's; the verdict is "identical".
-    if "identical" in report:
-        report["ok"] = bool(report["identical"])
-    log.info("run verified", ok=report.get("ok"))
-    return report
+    return json_response(found)

@@ -1,0 +1,193 @@
+"""What the engine reads of the store: the runs it no longer holds (control threads only).
+
+The engine keeps the newest finished runs (``run_table.py``); the store
+(the projection of the journal, in SQL) is the source of truth for older
+ones. :class:`StoredRuns` answers the control requests' questions about
+them: a finished run's status, a signal's first delivery (a signal sent
+again to a run that has since finished), and a re-run's source (its plan,
+inputs and the outputs it reuses, those read from the journals).
+
+Invariants:
+
+- SQL runs only on control threads: never on the loop, never on a
+  connection's thread (``requests.py``'s :func:`~tiffany.engine.requests.quick`
+  names none of these reads).
+- Before a read that must see what the journal holds (a re-run's source,
+  a signal's first delivery), the store is let catch up with it, for a
+  bounded wait.
+- The store's SQLAlchemy engine is made on first use and let go by
+  :meth:`StoredRuns.close`, at the engine's stop.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any, Final
+
+import structlog
+
+from tiffany.agents import PlanError
+from tiffany.config import Settings
+from tiffany.engine.inbox import DurableWaits
+from tiffany.errors import EngineNotReady, InvalidCommand, RunNotFinished, RunNotFound
+from tiffany.wire.control import Rerun
+from tiffany.wire.shards import engine_of
+from tiffany.wire.status import TERMINAL
+
+if TYPE_CHECKING:
+    from tiffany.projector.link import ProjectorLink
+
+__all__ = ["RERUN_SOURCE_WAIT_S", "SIGNAL_LOOKUP_WAIT_S", "StoredRuns"]
+
+log = structlog.get_logger(__name__)
+
+#: How long a signal sent again to a finished run waits for the store to hold
+#: the run's end before its first delivery is looked up there, in seconds.
+SIGNAL_LOOKUP_WAIT_S: Final = 5.0
+#: How long a re-run waits for the store to hold what the journal has
+#: written (the earlier run's end) before it reads the run there, in seconds.
+RERUN_SOURCE_WAIT_S: Final = 5.0
+
+
+class StoredRuns:
+    """The store's answers about runs the engine no longer holds (control threads only).
+
+    Args:
+        settings: The engine's settings (its database URL, its journals).
+        runtime: The engine's runtime (the WAL's next seq: what is written).
+        durable: The waits for the WAL to be durable (the seq durable now).
+        projector: The projector process (how far the store has caught up).
+    """
+
+    def __init__(
+        self, settings: Settings, runtime: Any, durable: DurableWaits, projector: ProjectorLink
+    ) -> None:
+        self.settings = settings
+        self.runtime = runtime
+        self.durable = durable
+        self.projector = projector
+        self._store: Any = None  # the store's SQLAlchemy engine, made on first use
+        self._store_lock = threading.Lock()
+
+    def close(self) -> None:
+        """Let the store's connections go (at the engine's stop, after the loop)."""
+        if self._store is not None:
+            self._store.dispose()
+
+    def status(self, run_id: str) -> str | None:
+        """The store's status of a run the engine no longer holds (control threads only).
+
+        The engine keeps the newest finished runs (``run_table.py``); the
+        store is the source of truth for older ones. Never on the loop: SQL.
+        """
+        from tiffany.store import queries, session_factory
+
+        with session_factory(self._engine())() as session:
+            run = queries.get_run(session, run_id)
+            return None if run is None else str(run.status)
+
+    def _engine(self) -> Any:
+        """The store's SQLAlchemy engine, made on first use (control threads only)."""
+        from tiffany.store import make_engine
+
+        with self._store_lock:
+            if self._store is None:
+                self._store = make_engine(self.settings.database_url)
+            return self._store
+
+    def signal_sent(self, run_id: str, signal_id: str) -> tuple[int, str] | None:
+        """A finished run's signal ``signal_id``: ``(seq, name)`` from the store, or None.
+
+        Control threads only (SQL). The store is first let catch up with what
+        is durable now (the run's end, and so the signal before it), for
+        :data:`SIGNAL_LOOKUP_WAIT_S` at most.
+        """
+        from tiffany.store import session_factory
+        from tiffany.store.journal import signal_record
+
+        self.projector.when_projected(self.durable.seq, SIGNAL_LOOKUP_WAIT_S).result()
+        with session_factory(self._engine())() as session:
+            return signal_record(session, run_id, signal_id)
+
+    def rerun_source(self, command: Rerun) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+        """A re-run's plan, inputs and reuse (``tiffany/agents/rerun.py``), from the store.
+
+        Control threads only (SQL). The earlier run must be finished and in
+        the store; ``inputs`` given here override its inputs.
+        """
+        from tiffany.agents.rerun import journal_reuse, rerun_reuse
+        from tiffany.store import queries, session_factory
+
+        source_id, from_step, inputs = command.rerun_of, command.from_step, command.inputs
+        if not source_id:
+            raise InvalidCommand("rerun_of must be a run id", field="rerun_of")
+        # The store is let catch up with what the journal has written first: a
+        # run whose end was just on the feed (`tiffany tail`, the dashboard) is
+        # finished there too, not "not found" or "not finished" for a few ms.
+        written = self.runtime.wal.next_seq - 1
+        caught = self.projector.when_projected(written, RERUN_SOURCE_WAIT_S).result()
+        if not caught["reached"]:
+            raise EngineNotReady(
+                f"the store is at seq {caught['last_seq']} and did not reach seq {written} "
+                f"within {RERUN_SOURCE_WAIT_S:g} s; retry",
+                detail={"min_seq": written, "store_seq": caught["last_seq"]},
+            )
+        with session_factory(self._engine())() as session:
+            source = queries.rerun_source(session, source_id)
+        if source is None:
+            raise RunNotFound(f"no run {source_id!r}")
+        status, entry = source["status"], source["entry"]
+        if status not in TERMINAL:
+            raise RunNotFinished(
+                f"run {source_id} has not finished ({status}); re-run a finished run",
+                detail={"status": status},
+            )
+        if not isinstance(entry, dict) or entry.get("kind") != "plan":
+            raise InvalidCommand(f"run {source_id} is not a plan run", field="rerun_of")
+        try:
+            reuse, restart = rerun_reuse(source["after"], source["steps"], from_step, source_id)
+        except PlanError as exc:
+            raise InvalidCommand(exc.message, field="from_step", detail=exc.errors) from None
+        # The outputs themselves come from the journal, not the store's projection.
+        reuse, projected = journal_reuse(reuse, self._settling_records(reuse))
+        if projected:
+            log.warning(
+                "rerun.projected_outputs",
+                run_id=source_id,
+                steps=projected,
+                reason="the journal no longer holds their records (TIFFANY_WAL_RETAIN)",
+            )
+        merged = {**(entry.get("inputs") or {}), **inputs}
+        return (
+            entry.get("plan"),
+            merged,
+            {
+                "rerun_of": {"run_id": source_id, "restart": restart},
+                "reuse": reuse,
+            },
+        )
+
+    def _settling_records(self, reuse: dict[str, dict[str, Any]]) -> dict[int, Any]:
+        """The journal records that settled the reused steps, by seq (control threads only).
+
+        A seq names the engine whose journal wrote it (``tiffany/wire/shards.py``):
+        each engine's journal is read once, from its lowest wanted seq to its
+        highest, archived segments included. A journal that is not there
+        (an engine directory removed) reads as holding none of them.
+        """
+        from tiffany.durable.history import records_at
+        from tiffany.engine import journal_source
+
+        by_engine: dict[int, list[int]] = {}
+        for given in reuse.values():
+            seq = given.get("seq")
+            if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0:
+                by_engine.setdefault(engine_of(seq), []).append(seq)
+        found: dict[int, Any] = {}
+        for engine, seqs in sorted(by_engine.items()):
+            source = journal_source(self.settings.for_engine(engine))
+            try:
+                found.update(records_at(source, seqs))
+            except FileNotFoundError:
+                continue
+        return found
