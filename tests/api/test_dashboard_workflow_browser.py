@@ -26,7 +26,7 @@ chromium_path = base.chromium_path
 #: Playwright's timeout for one expectation, in milliseconds.
 EXPECT_TIMEOUT_MS = 20_000
 
-REVIEW_MODULE = '''\
+REVIEW_MODULE = """\
 from tiffany import workflow
 from tiffany.kernel import NewTask, Step, WaitTask
 from tiffany.workflows import signal
@@ -53,7 +53,7 @@ def review(topic: str):
     text = yield WaitTask(tid)
     ok = yield signal("approve", schema=APPROVAL)
     return {"text": text, "by": ok["by"]}
-'''
+"""
 
 
 def _submit_workflow(url: str, name: str, inputs: dict[str, Any]) -> str:
@@ -71,8 +71,9 @@ def test_a_workflow_runs_page_shows_its_tree_its_wait_and_sends_the_signal(
     expect.set_options(timeout=EXPECT_TIMEOUT_MS)
     (tmp_path / "reviewflow.py").write_text(REVIEW_MODULE)
     with (
-        _serving(tmp_path, "--import", "reviewflow", env_extra={"PYTHONPATH": str(tmp_path)})
-        as service,
+        _serving(
+            tmp_path, "--import", "reviewflow", env_extra={"PYTHONPATH": str(tmp_path)}
+        ) as service,
         _dashboard(chromium_path) as (page, errors),
     ):
         url = service["url"]
