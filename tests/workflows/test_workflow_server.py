@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -165,6 +168,59 @@ def test_submit_workflow_from_the_cli(served) -> None:
     )
     assert unknown.returncode == 2, unknown.stdout + unknown.stderr
     assert "srv.add" in unknown.stderr
+
+
+def _cli(served: Served, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")}
+    argv = [sys.executable, "-m", "tiffany", *args]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_runs_status_and_tail_speak_of_a_workflow_run_as_of_a_plan(served) -> None:
+    """``runs`` (local, --json, --url) gives its kind, ``status RUN`` its workflow,
+    inputs, tasks (each live one's current call) and what it waits for, ``tail --run``
+    its kind beside its name."""
+    from process_support import wait_for
+
+    data = ("--data-dir", str(served.data_dir))
+    with Client(served.url) as client:
+        handle = client.submit(workflow="srv.approve")
+        run_id = handle.run_id
+        wait_for(lambda: client.get(run_id).status == "waiting", 60, "the run to wait")
+
+        for way in (data, ("--url", served.url)):
+            listed = _cli(served, "runs", *way)
+            assert listed.returncode == 0, listed.stderr
+            (line,) = [x for x in listed.stdout.splitlines() if x.startswith(run_id)]
+            assert line.split()[1] == "waiting", line
+            assert line.split()[-2:] == ["workflow", "srv.approve"], line
+        rows = [json.loads(x) for x in _cli(served, "runs", "--json", *data).stdout.splitlines()]
+        (row,) = [r for r in rows if r["run_id"] == run_id]
+        assert (row["kind"], row["name"], row["status"]) == ("workflow", "srv.approve", "waiting")
+
+        for way in (data, ("--url", served.url)):
+            shown = _cli(served, "status", run_id, *way)
+            assert shown.returncode == 0, shown.stderr
+            status = json.loads(shown.stdout)
+            assert status["kind"] == "workflow"
+            assert (status["workflow"], status["inputs"]) == ("srv.approve", {})
+            assert status["status"] == "waiting"
+            (root,) = status["tasks"]
+            assert (root["name"], root["call"]) == ("srv.approve", "receive approve")
+            assert [(w["kind"], w["name"]) for w in status["waiting_for"]] == [
+                ("signal", "approve")
+            ]
+
+        handle.signal("approve", {"by": "ann"})
+        assert handle.wait(timeout=60).status == "succeeded"
+        tail = _cli(served, "tail", "--run", run_id, *data)
+        assert tail.returncode == 0, tail.stderr
+        started = [x for x in tail.stdout.splitlines() if "run started" in x]
+        assert started, tail.stdout
+        assert started[0].endswith("srv.approve (workflow)"), started
+        done = json.loads(_cli(served, "status", run_id, *data).stdout)
+        assert (done["status"], done["outputs"]) == ("succeeded", {"by": "ann"})
+        assert "waiting_for" not in done
 
 
 def test_an_engine_killed_mid_run_resumes_the_workflow_at_its_restart(tmp_path: Path) -> None:

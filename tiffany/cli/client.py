@@ -338,6 +338,12 @@ def _run_status(ctx: typer.Context, run_id: str, url: str | None, token: str | N
             raise typer.Exit(exits.NOT_FOUND)
     assert detail is not None
     result: dict[str, Any] = {"run_id": run_id, "name": detail.get("name")}
+    result["kind"] = detail.get("kind")
+    entry = detail.get("entry")
+    workflow = entry.get("workflow") if isinstance(entry, dict) else None
+    if result["kind"] == "workflow":  # the function's name and inputs; its tasks, not steps
+        result["workflow"] = workflow
+        result["inputs"] = detail.get("inputs")
     result["status"] = detail.get("status")
     steps = {s["step_id"]: s for s in detail.get("steps") or ()}
     if result["status"] == "succeeded":
@@ -350,6 +356,20 @@ def _run_status(ctx: typer.Context, run_id: str, url: str | None, token: str | N
             k: {"status": s.get("status"), "error": s.get("error")} for k, s in steps.items()
         }
         print_failures(result["steps"])
+    if result["kind"] == "workflow":
+        # Each task: its function's name, its state, and (live) its current call.
+        result["tasks"] = [
+            {
+                "ltid": t.get("ltid"),
+                "name": t.get("name"),
+                "parent": t.get("parent_ltid"),
+                "state": t.get("state"),
+                **({"call": t["blocked_on"]} if t.get("blocked_on") else {}),
+            }
+            for t in detail.get("tasks") or ()
+        ]
+        if detail.get("waiting_for") and result["status"] not in ("succeeded", "failed"):
+            result["waiting_for"] = detail["waiting_for"]
     typer.echo(json.dumps(result, indent=2, default=repr))
 
 

@@ -368,6 +368,7 @@ def runs(
             row = {
                 "run_id": info.run_id,
                 "name": info.name,
+                "kind": info.kind,
                 "status": run.status,
                 "interrupted": run.interrupted,
                 "held": held,
@@ -381,7 +382,10 @@ def runs(
         shown_as = "interrupted" if run.interrupted else run.status
         started = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(info.started_at))
         age = _age(now - info.started_at)
-        typer.echo(f"{info.run_id}  {shown_as:<11} {age:>8}  {started}  {printable(info.name)}")
+        kind = printable(info.kind or "-")
+        typer.echo(
+            f"{info.run_id}  {shown_as:<11} {age:>8}  {started}  {kind:<8} {printable(info.name)}"
+        )
     if as_json:
         return
     if len(shown) < len(listed):
@@ -500,7 +504,8 @@ def _remote_runs(
                 started = run.started_at or run.created_at or now
                 when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started))
                 age, name = _age(now - started), printable(run.name)
-                typer.echo(f"{run.run_id}  {run.status:<11} {age:>8}  {when}  {name}")
+                kind = printable(run.kind or "-")
+                typer.echo(f"{run.run_id}  {run.status:<11} {age:>8}  {when}  {kind:<8} {name}")
                 if run.waiting_for and not run.finished:
                     waits.append((run.run_id, run.waiting_for))
             before = page.next_before

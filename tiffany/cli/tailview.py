@@ -6,7 +6,7 @@ kernel dispatch: a three-step plan makes some fifty (``queue_get``,
 story, not the run's. By default ``tail`` keeps the events a person follows
 a run by, and prints each as one line:
 
-    run started     NAME
+    run started     NAME (KIND)         (plan, workflow...)
     step started    STEP
     step retrying   STEP  attempt N failed; next in D s
     step finished   STEP  DURATION
@@ -131,6 +131,8 @@ class TailView:
         if kind == "run.started":
             self._runs[run] = at
             event, detail = "run started", str(data.get("name") or label)
+            if data.get("kind"):  # a plan or a workflow, said as the runs list says it
+                detail += f" ({data['kind']})"
         elif kind == "run.finished":
             began = self._runs.pop(run, None)
             self._steps.pop(run, None)

@@ -102,6 +102,8 @@ class RunInfo:
     compat: int = 1
     #: Its RUN_START payload, as the WAL holds it (what a checkpoint keeps).
     start: bytes = b""
+    #: Its entry's kind (``plan``, ``workflow``...): kept when a finished run's entry is dropped.
+    kind: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -142,8 +144,17 @@ class RunIndex:
         run_no = run_of(payload)
         rec: RunStart = decode(RecordType.RUN_START, payload)  # type: ignore[assignment]
         run_id, entry, ts = rec.run_id, rec.entry, rec.ts
+        kind = entry.get("kind") if isinstance(entry, dict) else None
         info = RunInfo(
-            run_no, run_id, rec.name, entry, ts, seq, compat=rec.compat, start=bytes(payload)
+            run_no,
+            run_id,
+            rec.name,
+            entry,
+            ts,
+            seq,
+            compat=rec.compat,
+            start=bytes(payload),
+            kind=kind if isinstance(kind, str) else None,
         )
         self.runs[run_id] = info
         self.by_no[run_no] = info

@@ -590,7 +590,8 @@ class ControlRequests:
             task=name,
             task_kind="planner",
             label=name,
-            data={"name": name},
+            # What kind of run (``plan``, ``workflow``...): ``tail`` says it beside the name.
+            data={"name": name, "kind": entry.get("kind")},
         )
         start_seq = self.runtime.wal.next_seq  # the RUN_START's: the run's first record
         self.engine.start_entry(entry, run_id=run_id, name=name, on_end=self._on_end)

@@ -21,6 +21,14 @@
 // sub-plan's child run, the schedule and tick that started it; a run queued
 // behind its plan's concurrency limit says so while it waits for its slot. A
 // `plan.run` step links to its child run, one for each of its attempts.
+// A workflow run (a `@workflow` generator function: its entry's kind is
+// `workflow`) has no plan: its page shows the workflow's name, its task
+// tree (the root task is the function, each child named by its function),
+// each live task's current call (the store's `blocked_on`: the call it
+// yielded and waits on), and the signals its tasks wait for, each with the
+// form that sends it (signalform.js). The form has no schema to draw
+// fields from (the wait's schema reaches the engine, not the store): it is
+// the JSON box, and the engine's refusal of a payload names the field.
 
 import { api, ApiError, rerunRun, sendSignal } from "./api.js";
 import {
@@ -140,6 +148,13 @@ export class RunPage {
     this.taskEl = h("div", { class: "task-detail", testid: "task-detail" });
     this.stepsEl = h("div", { class: "steps", testid: "steps" });
     this.ioEl = h("div", { class: "io" });
+    this.workflowEl = h("div", { class: "workflow-body" });
+    // The cards a plan run shows and a workflow run does not (and back): set once the kind is known.
+    this.graphCard = card("Plan", this.graphEl, "graph-card", "steps and what they run after; click a step");
+    this.stepsCard = card("Steps", this.stepsEl, "steps-card");
+    this.tasksCard = card("Tasks", h("div", null, this.treeEl, this.taskEl), "tasks-card", "planner → workers → tools; click a task");
+    this.workflowCard = card("Workflow", this.workflowEl, "workflow-card", "a @workflow function: its tasks' calls and the signals they wait for");
+    this.workflowCard.hidden = true;
     const journalEl = h("div", { class: "journal-wrap" });
     fill(
       this.root,
@@ -149,15 +164,11 @@ export class RunPage {
         this.headEl,
         this.verifyEl,
         this.errorEl,
-        card("Plan", this.graphEl, "graph-card", "steps and what they run after; click a step"),
+        this.graphCard,
+        this.workflowCard,
         this.talkEl,
         card("Timeline", this.timelineEl, "timeline-card"),
-        h(
-          "div",
-          { class: "two-col" },
-          card("Tasks", h("div", null, this.treeEl, this.taskEl), "tasks-card", "planner → workers → tools; click a task"),
-          card("Steps", this.stepsEl, "steps-card"),
-        ),
+        h("div", { class: "two-col" }, this.tasksCard, this.stepsCard),
         card("Inputs and outputs", this.ioEl, "io-card"),
         card("Journal", journalEl, "journal-card", "decoded WAL records; click a row for its payload"),
       ),
@@ -335,7 +346,8 @@ export class RunPage {
         { class: "run-meta-grid" },
         meta("run", h("code", { class: "copy", title: "click to copy", onclick: () => navigator.clipboard?.writeText(this.runId) }, this.runId), "run-id"),
         meta("no.", runNo(d)),
-        meta("kind", d.kind),
+        meta("kind", d.kind, "run-kind"),
+        isWorkflow(d) ? meta("workflow", h("code", null, String(d.entry.workflow)), "run-workflow") : null,
         d.entry && d.entry.rerun_of && d.entry.rerun_of.run_id
           ? meta("re-run of", runLink(d.entry.rerun_of.run_id), "run-rerun-of")
           : null,
@@ -365,7 +377,10 @@ export class RunPage {
     const rows = treeOrder(tasks);
     const now = Date.now() / 1000;
     const failedSteps = new Set((d.steps || []).filter((s) => s.status === "failed").map((s) => s.step_id));
-    this.renderGraph(d, tasks);
+    const workflow = isWorkflow(d);
+    if (workflow !== this.shownAsWorkflow) this.showKind(workflow);
+    if (workflow) this.renderWorkflow(d, tasks);
+    else this.renderGraph(d, tasks);
     this.renderTalks(d);
     renderTimeline(this.timelineEl, rows, {
       now,
@@ -379,8 +394,75 @@ export class RunPage {
     });
     this.renderTree(rows, now, failedSteps);
     this.renderTask(tasks);
-    this.renderSteps(d, tasks);
+    if (!workflow) this.renderSteps(d, tasks);
     this.renderErrorAndIo(d);
+  }
+
+  /** Show the cards of a workflow run (true) or of a plan run (false). */
+  showKind(workflow) {
+    this.shownAsWorkflow = workflow;
+    this.graphCard.hidden = workflow;
+    this.stepsCard.hidden = workflow;
+    this.workflowCard.hidden = !workflow;
+    this.stepsCard.parentElement.classList.toggle("one-col", workflow);
+    const hint = this.tasksCard.querySelector(".card-head .muted");
+    if (hint) hint.textContent = workflow ? "the workflow's function → the tasks it started; click a task" : "planner → workers → tools; click a task";
+  }
+
+  /**
+   * A workflow run's card: its name, and each signal its tasks wait for
+   * (oldest first, as the store lists them) with the task that waits and
+   * the form that sends it. Rebuilt only when what it shows changed (a
+   * form keeps its typed text and focus across renders).
+   */
+  renderWorkflow(d, tasks) {
+    const runLive = !TERMINAL_RUN.has(d.status);
+    const waits = runLive ? (d.waiting_for || []).filter((w) => w.kind === "signal" && typeof w.name === "string") : [];
+    const names = new Map(tasks.map((t) => [t.ltid, t.name]));
+    const sig = `${d.entry.workflow}|${JSON.stringify([d.inputs, d.outputs])}|${d.status}|${waits.map((w) => `${w.task}:${w.name}`).join(",")}|${waits.map((w) => names.get(w.task) || "").join(",")}`;
+    if (sig === this.workflowSig) return;
+    this.workflowSig = sig;
+    const keys = new Set(waits.map((w) => `task ${w.task}\n${w.name}`));
+    for (const key of this.signalForms.keys()) if (!keys.has(key)) this.signalForms.delete(key);
+    const active = document.activeElement;
+    const focus = active && active !== document.body && this.workflowEl.contains(active) ? active : null;
+    const caret = focus && focus.tagName === "TEXTAREA" ? [focus.selectionStart, focus.selectionEnd] : null;
+    fill(
+      this.workflowEl,
+      h(
+        "div",
+        { class: "workflow-head" },
+        h("span", { class: "pill pill-sm tone-idle", testid: "workflow-kind" }, "workflow"),
+        " ",
+        h(
+          "span",
+          { class: "workflow-call" },
+          h("strong", { testid: "workflow-name" }, String(d.entry.workflow)),
+          h("span", { testid: "workflow-inputs" }, `(${callArgs(d.inputs)})`),
+          d.status === "succeeded" ? h("span", { class: "muted" }, " → ", h("span", { testid: "workflow-outputs" }, compact(d.outputs, 200))) : null,
+        ),
+      ),
+      waits.length
+        ? waits.map((w) =>
+            h(
+              "div",
+              { class: "step workflow-wait tone-border-wait", testid: "workflow-wait", dataset: { signal: w.name, ltid: String(w.task ?? "") } },
+              h(
+                "div",
+                { class: "step-head" },
+                h("span", { class: "status-dot tone-wait" }),
+                h("span", { class: "pill pill-sm tone-wait waiting-badge", testid: "step-waiting", dataset: { waiting: w.name } }, `waiting for ${w.name}`),
+                w.task != null ? h("span", { class: "muted small" }, ` in task ${names.get(w.task) || "?"} #${w.task}`) : null,
+              ),
+              this.signalForm(`task ${w.task}`, w.name),
+            ),
+          )
+        : h("div", { class: "muted small", testid: "workflow-no-waits" }, runLive ? "No task waits for a signal." : "The run has ended."),
+    );
+    if (focus && focus.isConnected && document.activeElement !== focus) {
+      focus.focus({ preventScroll: true });
+      if (caret) focus.setSelectionRange(caret[0], caret[1]);
+    }
   }
 
   renderGraph(d, tasks) {
@@ -438,6 +520,15 @@ export class RunPage {
   }
 
   renderTree(rows, now, failedSteps) {
+    const d = this.detail;
+    const workflow = isWorkflow(d);
+    // The signals each task waits for (by ltid), as the store lists them.
+    const signals = new Map();
+    for (const w of (d && !TERMINAL_RUN.has(d.status) && d.waiting_for) || []) {
+      if (w.kind !== "signal" || w.task == null) continue;
+      if (!signals.has(w.task)) signals.set(w.task, []);
+      signals.get(w.task).push(w.name);
+    }
     const hidden = new Set();
     const out = [];
     let notDrawn = 0;
@@ -493,7 +584,15 @@ export class RunPage {
           h("span", { class: "tree-name" }, task.name, h("span", { class: "muted small" }, ` #${task.ltid}`)),
           h("span", { class: `pill pill-sm tone-${look.tone}`, testid: "task-state" }, look.label),
           task.blocked_on && !TERMINAL_TASK.has(st)
-            ? h("span", { class: "blocked-on", testid: "task-blocked-on", title: "blocked on" }, h("span", { class: "on" }, "on"), task.blocked_on)
+            ? h(
+                "span",
+                { class: "blocked-on", testid: "task-blocked-on", title: workflow ? "its current call: what it yielded and waits on" : "blocked on" },
+                h("span", { class: "on" }, workflow ? "call" : "on"),
+                task.blocked_on,
+              )
+            : null,
+          signals.has(task.ltid) && !TERMINAL_TASK.has(st)
+            ? h("span", { class: "pill pill-sm tone-wait", testid: "task-waiting", dataset: { waiting: signals.get(task.ltid).join(",") } }, `waits for ${signals.get(task.ltid).join(", ")}`)
             : null,
           task.lastOutput && !TERMINAL_TASK.has(st) ? h("span", { class: "muted small mono ellipsis" }, compact(task.lastOutput, 60)) : null,
           h("span", { class: "tree-dur muted small" }, task.started_at != null && end != null ? duration(end - task.started_at) : ""),
@@ -814,6 +913,19 @@ export class RunPage {
       this.renderHead();
     }
   }
+}
+
+/** Whether run detail `d` is a workflow run (a `@workflow` function), not a plan run. */
+function isWorkflow(d) {
+  return !!d && !!d.entry && d.entry.kind === "workflow" && typeof d.entry.workflow === "string";
+}
+
+/** A workflow's inputs as its call's keyword arguments: `repo="x", limit=3`. */
+function callArgs(inputs) {
+  if (!inputs || typeof inputs !== "object") return "";
+  return Object.entries(inputs)
+    .map(([k, v]) => `${k}=${compact(JSON.stringify(v) ?? "null", 80)}`)
+    .join(", ");
 }
 
 /** Where a re-run took step `step` from: `{run_id, seq}`, else null. */

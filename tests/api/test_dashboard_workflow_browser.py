@@ -1,0 +1,149 @@
+"""A workflow run's page in a real browser against ``tiffany serve --import MOD``.
+
+A ``@workflow`` generator function (written to the test's directory and
+imported by the server) starts a child task, waits for it, then waits for
+signal ``approve`` with a schema. Its page shows that it is a workflow (its
+name, its inputs as the call's arguments), no plan graph and no steps, the
+task tree (the function, and its child named by its function), the root
+task's current call and the signal it waits for, with the form that sends
+it; a payload the wait's schema refuses is refused beside the form (the
+engine's 422 names the field); a good one ends the run, its outputs shown.
+A screenshot of the page while it waits is saved in the suite's artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import test_dashboard_browser as base
+from test_dashboard_browser import _dashboard, _http_json, _save_screenshot, _serving
+
+#: The system chromium and Playwright (the fixture of tests/api/test_dashboard_browser.py).
+chromium_path = base.chromium_path
+
+#: Playwright's timeout for one expectation, in milliseconds.
+EXPECT_TIMEOUT_MS = 20_000
+
+REVIEW_MODULE = """\
+from tiffany import workflow
+from tiffany.kernel import NewTask, Step, WaitTask
+from tiffany.workflows import signal
+
+APPROVAL = {
+    "type": "object",
+    "required": ["by"],
+    "properties": {"by": {"type": "string"}},
+}
+
+
+def write(topic):
+    return f"a draft on {topic}"
+
+
+def draft(topic):
+    text = yield Step(write, topic)
+    return text
+
+
+@workflow("review")
+def review(topic: str):
+    tid = yield NewTask(draft(topic))
+    text = yield WaitTask(tid)
+    ok = yield signal("approve", schema=APPROVAL)
+    return {"text": text, "by": ok["by"]}
+"""
+
+
+def _submit_workflow(url: str, name: str, inputs: dict[str, Any]) -> str:
+    """Submit workflow ``name``; return its run id once the store has the run."""
+    created = _http_json(url + "api/runs", {"workflow": name, "inputs": inputs})
+    _http_json(f"{url}api/runs/{created['run_id']}?min_seq={created['seq']}")
+    return str(created["run_id"])
+
+
+def test_a_workflow_runs_page_shows_its_tree_its_wait_and_sends_the_signal(
+    chromium_path: str, tmp_path: Path, artifacts_dir: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    (tmp_path / "reviewflow.py").write_text(REVIEW_MODULE)
+    with (
+        _serving(
+            tmp_path, "--import", "reviewflow", env_extra={"PYTHONPATH": str(tmp_path)}
+        ) as service,
+        _dashboard(chromium_path) as (page, errors),
+    ):
+        url = service["url"]
+        run_id = _submit_workflow(url, "review", {"topic": "tides"})
+        page.goto(f"{url}#/run/{run_id}")
+        expect(page.get_by_test_id("run-page")).to_have_attribute("data-run-id", run_id)
+        expect(page.get_by_test_id("run-status")).to_have_attribute("data-status", "waiting")
+
+        # -- a workflow: its name and inputs; no plan, no steps ----------------------
+        expect(page.get_by_test_id("run-kind")).to_contain_text("workflow")
+        expect(page.get_by_test_id("run-workflow")).to_contain_text("review")
+        wf = page.get_by_test_id("workflow-card")
+        expect(wf).to_be_visible()
+        expect(wf.get_by_test_id("workflow-name")).to_have_text("review")
+        expect(wf.get_by_test_id("workflow-inputs")).to_have_text('(topic="tides")')
+        expect(page.get_by_test_id("graph-card")).to_be_hidden()
+        expect(page.get_by_test_id("steps-card")).to_be_hidden()
+
+        # -- the tree: the function, its child named by its function ------------------
+        nodes = page.get_by_test_id("task-node")
+        expect(nodes).to_have_count(2)
+        root = page.locator('[data-testid=task-node][data-ltid="1"]')
+        child = page.locator('[data-testid=task-node][data-ltid="2"]')
+        expect(root).to_have_attribute("data-name", "review")
+        expect(child).to_have_attribute("data-name", "draft")
+        expect(child).to_have_attribute("data-state", "done")
+        indent = [n.evaluate("el => parseFloat(el.style.paddingLeft)") for n in (root, child)]
+        assert indent[1] > indent[0], indent  # the child under its parent
+        # The root's current call, and the signal it waits for.
+        expect(root.get_by_test_id("task-blocked-on")).to_contain_text("receive approve")
+        expect(root.get_by_test_id("task-waiting")).to_have_attribute("data-waiting", "approve")
+        expect(child.get_by_test_id("task-waiting")).to_have_count(0)
+
+        # -- the wait and its form ------------------------------------------------
+        wait = wf.locator('[data-testid=workflow-wait][data-signal="approve"]')
+        expect(wait).to_have_attribute("data-ltid", "1")
+        expect(wait.get_by_test_id("step-waiting")).to_have_text("waiting for approve")
+        form = wait.locator('form[data-signal="approve"]')
+        expect(form).to_be_visible()
+        png = tmp_path / "dashboard-workflow.png"
+        page.screenshot(path=str(png), full_page=True)
+        _save_screenshot(png, png.name, artifacts_dir)
+
+        # A payload the wait's schema refuses: the engine's 422 names the field.
+        payload = form.get_by_label("Payload for approve")
+        payload.fill('{"who": "eve"}')
+        send = form.get_by_role("button", name="Send", exact=True)
+        with page.expect_response(lambda r: "/signals/" in r.url) as refused:
+            send.click()
+        assert refused.value.status == 422
+        error = form.get_by_test_id("signal-error")
+        expect(error).to_be_visible()
+        expect(error).to_contain_text("by")
+        expect(page.get_by_test_id("run-status")).to_have_attribute("data-status", "waiting")
+
+        # A good one: journaled (202), the run ends with it.
+        payload.fill('{"by": "eve"}')
+        with page.expect_response(lambda r: "/signals/" in r.url) as answered:
+            send.click()
+        assert answered.value.status == 202
+        expect(page.get_by_test_id("run-status")).to_have_attribute(
+            "data-status", "succeeded", timeout=30_000
+        )
+        expect(wf.get_by_test_id("workflow-wait")).to_have_count(0)
+        expect(form).to_have_count(0)
+        expect(root.get_by_test_id("task-waiting")).to_have_count(0)
+        expect(wf.get_by_test_id("workflow-outputs")).to_contain_text('"by":"eve"')
+        outputs = json.loads(page.get_by_test_id("run-outputs").locator("pre").inner_text())
+        assert outputs == {"text": "a draft on tides", "by": "eve"}
+        png = tmp_path / "dashboard-workflow-done.png"
+        page.screenshot(path=str(png), full_page=True)
+        _save_screenshot(png, png.name, artifacts_dir)
+    assert not errors, "\n".join(errors)
