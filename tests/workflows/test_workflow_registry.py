@@ -84,3 +84,24 @@ def test_inputs_are_checked_against_the_signature_and_kwargs_take_any() -> None:
     finally:
         unregister("reg.sig")
         unregister("reg.open")
+
+
+def test_an_annotated_input_of_another_type_is_refused_naming_it() -> None:
+    def fn(name: str, times: int = 2, rate: float = 1.0, tags: list[str] | None = None, free=None):
+        yield
+
+    try:
+        wf = lookup(workflow("reg.types")(fn) and "reg.types")
+        fine = {"name": "x", "times": 3, "rate": 2, "tags": ["a"], "free": {"any": [1]}}
+        assert input_problems(wf, fine) == []  # an int is a float; unannotated takes any
+        problems = input_problems(wf, {"name": 5, "times": "lots", "tags": [1]})
+        assert [p["loc"] for p in problems] == ["inputs.name", "inputs.times", "inputs.tags"]
+        assert "valid integer, got 'lots'" in problems[1]["msg"]
+        assert "workflow 'reg.types'" in problems[1]["msg"]
+        # strict: no coercion of a bool or a numeric string into an int
+        assert [p["loc"] for p in input_problems(wf, {"name": "x", "times": True})] == [
+            "inputs.times"
+        ]
+        assert input_problems(wf, {"name": "x", "times": "3"})
+    finally:
+        unregister("reg.types")

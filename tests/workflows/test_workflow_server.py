@@ -109,6 +109,13 @@ def test_an_unknown_workflow_and_bad_inputs_are_422s_naming_the_field(served) ->
     )
     assert unknown.status_code == 422
     assert "inputs.c" in unknown.text
+    assert unknown.json()["code"] == "workflow.inputs"
+    typed = httpx.post(
+        served.url + "/api/runs", json={"workflow": "srv.add", "inputs": {"a": "two"}}
+    )
+    assert typed.status_code == 422, typed.text
+    assert typed.json()["detail"][0]["loc"] == ["inputs", "a"]
+    assert "valid integer" in typed.json()["message"]
     extra = httpx.post(served.url + "/api/runs", json={"workflow": "srv.add", "plans": 1})
     assert extra.status_code == 422
     assert "plans" in extra.text

@@ -348,7 +348,9 @@ class ControlRequests:
                 entry, name = self.engine.prepare_workflow(workflow, inputs)
             except WorkflowInputError as exc:
                 field = str(exc.errors[0]["loc"]) if exc.errors else "workflow"
-                raise InvalidCommand(exc.message, field=field, detail=exc.errors) from None
+                # The body's code names what was refused: the workflow or its inputs.
+                detail = [{**error, "code": WorkflowInputError.code} for error in exc.errors]
+                raise InvalidCommand(exc.message, field=field, detail=detail) from None
         else:
             try:  # checked just above (or, for a re-run, when it was first submitted)
                 entry, name = self.engine.prepare_plan(plan, inputs, checked=True)

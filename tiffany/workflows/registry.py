@@ -23,9 +23,12 @@ from __future__ import annotations
 import inspect
 import re
 import threading
+import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
+
+from pydantic import ValidationError
 
 from tiffany.errors import TiffanyError
 from tiffany.wire.documents import did_you_mean
@@ -80,6 +83,9 @@ class Workflow:
     required: tuple[str, ...]
     #: It has ``**kwargs``: any input name is taken.
     open: bool
+    #: The annotated parameters' checks (pydantic, strict): a submission's
+    #: value of another type is refused naming the input.
+    checks: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def where(self) -> str:
@@ -139,7 +145,7 @@ def register(name: str, fn: Callable[..., Any]) -> Workflow:
         params.append(p.name)
         if p.default is p.empty:
             required.append(p.name)
-    wf = Workflow(name, fn, tuple(params), tuple(required), var_kw)
+    wf = Workflow(name, fn, tuple(params), tuple(required), var_kw, _checks(fn, params))
     with _LOCK:
         old = _WORKFLOWS.get(name)
         # The same function again (its module imported a second time) replaces it.
@@ -150,6 +156,31 @@ def register(name: str, fn: Callable[..., Any]) -> Workflow:
             )
         _WORKFLOWS[name] = wf
     return wf
+
+
+def _checks(fn: Callable[..., Any], params: list[str]) -> dict[str, Any]:
+    """A strict pydantic check for each parameter with a usable annotation.
+
+    An annotation that does not resolve (a name only a type checker sees)
+    or that pydantic cannot check is no check: the parameter takes any JSON
+    value, as an unannotated one does.
+    """
+    from pydantic import TypeAdapter
+
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # noqa: BLE001 - unresolvable annotations: nothing to check by
+        return {}
+    checks: dict[str, Any] = {}
+    for param in params:
+        hint = hints.get(param)
+        if hint is None or hint is Any:
+            continue
+        try:
+            checks[param] = TypeAdapter(hint)
+        except Exception:  # noqa: BLE001 - a type pydantic cannot check: not checked
+            continue
+    return checks
 
 
 def unregister(name: str) -> None:
@@ -223,5 +254,15 @@ def input_problems(wf: Workflow, inputs: Mapping[str, Any]) -> list[dict[str, st
     for key in wf.required:
         if key not in inputs:
             msg = f"missing required input {key!r} of workflow {wf.name!r} ({wf.where})"
+            problems.append({"loc": f"inputs.{key}", "msg": msg})
+    for key, value in inputs.items():
+        check = wf.checks.get(key)
+        if check is None:
+            continue
+        try:
+            check.validate_python(value, strict=True)
+        except ValidationError as exc:
+            why = exc.errors()[0]["msg"] if exc.errors() else str(exc)
+            msg = f"input {key!r} of workflow {wf.name!r} ({wf.where}): {why}, got {value!r:.80}"
             problems.append({"loc": f"inputs.{key}", "msg": msg})
     return problems
