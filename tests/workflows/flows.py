@@ -141,3 +141,11 @@ def _calls_a_tool():
 def tool_in_step():
     yield Step(_calls_a_tool)
     return {}
+
+
+@workflow("tests.limited", concurrency={"key": "user-${inputs.user}", "limit": 1})
+def limited(user: str, pause_s: float = 0.3):
+    start = yield Now()
+    yield Sleep(pause_s)
+    end = yield Now()
+    return {"user": user, "start": start, "end": end}

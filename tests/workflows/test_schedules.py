@@ -7,6 +7,8 @@ the run's entry, so a workflow's schedule is a plan's, not a twin of it.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from process_support import wait_for
 from sdk_support import Served, serve, short_dir
+
+from tiffany.sdk import Client
 
 WF_MODULE = """
 from tiffany import workflow
@@ -101,3 +105,41 @@ def test_a_bad_workflow_schedule_is_refused_naming_the_field(served: Served) -> 
         assert says in first["msg"], r.text
     listed = httpx.get(f"{url}/api/schedules", timeout=30).json()["schedules"]
     assert listed == []
+
+
+def test_the_cli_and_the_sdk_add_a_workflows_schedule_checked_by_the_engine(
+    served: Served,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")}
+    base = [sys.executable, "-m", "tiffany", "schedule", "add", "--cron", "0 9 * * 1-5"]
+    on_dir = ["--data-dir", str(served.data_dir)]
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*base, *args], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+
+    unknown = cli("--workflow", "sch.nope", *on_dir)
+    assert unknown.returncode == 2, unknown.stdout + unknown.stderr
+    assert "sch.add" in unknown.stderr  # the registered names, from the engine that imported them
+    missing = cli("--workflow", "sch.add", *on_dir)
+    assert missing.returncode == 2, missing.stdout + missing.stderr
+    assert "inputs.a" in missing.stderr or "'a'" in missing.stderr, missing.stderr
+    both = cli("--workflow", "sch.add", str(served.cwd / "wfmod.py"), *on_dir)
+    assert both.returncode == 2, both.stdout + both.stderr
+    assert "--workflow" in both.stderr
+    added = cli("--workflow", "sch.add", "--input", "a=4", *on_dir)
+    assert added.returncode == 0, added.stdout + added.stderr
+    remote = cli("--workflow", "sch.add", "--input", "a=5", "--url", served.url)
+    assert remote.returncode == 0, remote.stdout + remote.stderr
+    with Client(served.url) as client:
+        through_sdk = client.add_schedule(None, "0 9 * * 1-5", workflow="sch.add", inputs={"a": 6})
+        rows = {s.schedule_id: s for s in client.schedules()}
+        ids = (added.stdout.strip(), remote.stdout.strip(), through_sdk.schedule_id)
+        assert [(rows[i].workflow, rows[i].plan, rows[i].inputs["a"]) for i in ids] == [
+            ("sch.add", None, 4),
+            ("sch.add", None, 5),
+            ("sch.add", None, 6),
+        ]
+        for i in ids:
+            client.delete_schedule(i)

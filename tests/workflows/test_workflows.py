@@ -8,6 +8,7 @@ import flows  # registers the test workflows
 import pytest
 
 from tiffany.engine import build
+from tiffany.kernel import Now
 from tiffany.workflows import WorkflowInputError
 
 
@@ -220,3 +221,47 @@ def test_a_workflow_call_inside_a_generator_step_is_refused(settings) -> None:
         assert "tool() is a workflow's call" in str(state.error)
     finally:
         engine.runtime.close()
+
+
+def test_a_concurrency_limit_queues_workflow_runs_by_their_key_as_plan_runs(settings) -> None:
+    # @workflow(..., concurrency={"key": "user-${inputs.user}", "limit": 1}): the key is
+    # resolved into the entry at submission, and the engine's slots admit the runs.
+    engine = _engine(settings)
+    try:
+        prepared = [engine.prepare_workflow("tests.limited", {"user": u}) for u in "aab"]
+        assert prepared[0][0]["concurrency"] == {"key": "user-a", "limit": 1}
+        ids = [engine.start_entry(entry, name=name) for entry, name in prepared]
+        assert engine.slots.status() == {
+            "user-a": {"running": 1, "queued": 1},
+            "user-b": {"running": 1, "queued": 0},
+        }
+        engine.runtime.run()
+        states = [engine.runtime.status(run_id) for run_id in ids]
+        assert [s.status for s in states] == ["succeeded"] * 3, [s.error for s in states]
+        first, second, other = (s.result["outputs"] for s in states)
+        assert second["start"] >= first["end"]  # queued behind the first run of its key
+        assert other["start"] < first["end"]  # another key's run did not wait
+        assert engine.slots.status() == {}
+    finally:
+        engine.runtime.close()
+
+
+def test_a_bad_concurrency_or_budget_is_refused_at_registration_naming_the_field() -> None:
+    from tiffany.workflows import WorkflowDefinitionError, unregister, workflow
+
+    def body(user: str = "x"):
+        yield Now()
+        return {}
+
+    for kwargs, field in (
+        ({"concurrency": {"key": "${inputs.nope}", "limit": 1}}, "concurrency.key"),
+        ({"concurrency": {"key": "k", "limit": 0}}, "concurrency.limit"),
+        ({"concurrency": {"key": "k"}}, "concurrency.limit"),
+        ({"budget": {"usd": -1}}, "budget.usd"),
+        ({"budget": {"dollars": 1}}, "budget.dollars"),
+    ):
+        with pytest.raises(WorkflowDefinitionError) as bad:
+            workflow("tests.bad_spec", **kwargs)(body)
+        assert field in bad.value.message, bad.value.message
+        assert "test_workflows" in bad.value.message  # the function, by module
+    unregister("tests.bad_spec")

@@ -311,15 +311,22 @@ def worker(
     return outcome.record() if compat >= EXACT_OUTCOME_COMPAT else outcome
 
 
-def tool_call(env: AgentEnv, run_id: str, spec: StepSpec, workspace: Path | None = None) -> Co:
+def tool_call(
+    env: AgentEnv,
+    run_id: str,
+    spec: StepSpec,
+    workspace: Path | None = None,
+    ledger: Ledger | None = None,
+) -> Co:
     """One tool call outside a plan (a workflow's ``tool(...)``); returns the :class:`StepOutcome`.
 
     The step's attempts exactly as a plan's worker makes them (arguments
     checked against the tool's model, a tool task or a ready-made step,
-    retries, the step's timeout), in the calling task, with no ``${...}``
-    reference resolved: the arguments are values already.
+    retries, the step's timeout, the run's budget ``ledger``), in the
+    calling task, with no ``${...}`` reference resolved: the arguments are
+    values already.
     """
-    return (yield from _attempts(env, run_id, spec, {}, {}, workspace, None, refs=False))
+    return (yield from _attempts(env, run_id, spec, {}, {}, workspace, ledger, refs=False))
 
 
 def _attempts(

@@ -412,9 +412,7 @@ def create(
         )
     row = Schedule(
         id=f"sched-{uuid.uuid4().hex[:12]}",
-        name=(workflow if workflow is not None else str((plan or {}).get("name") or "plan"))[
-            :200
-        ],
+        name=(workflow if workflow is not None else str((plan or {}).get("name") or "plan"))[:200],
         plan=plan,
         workflow=workflow,
         inputs=inputs,

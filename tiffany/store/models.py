@@ -423,7 +423,9 @@ class WalCheckpoint(Base):
 
 
 class Schedule(Base):
-    """A cron schedule of a plan or a workflow: each tick starts one run (``tiffany/schedules/runner.py``).
+    """A cron schedule of a plan or a workflow: each tick starts one run.
+
+    The ticks: ``tiffany/schedules/runner.py``.
 
     Written by the API and the CLI; engine 0 fires the ticks and moves
     ``last_tick`` once a tick's run is durable (its Idempotency-Key,

@@ -323,7 +323,7 @@ class WaitProjected(_Command, tag="wait_projected", kw_only=True):
 
 
 class CheckPlan(_Command, tag="check_plan", kw_only=True):
-    """Check a plan (or a ``workflow``) and its inputs (a schedule's, when added); nothing starts."""
+    """Check a plan (or a ``workflow``) and its inputs (a schedule's); nothing starts."""
 
     answer = PlanChecked
     plan: Any = None
