@@ -149,3 +149,18 @@ def limited(user: str, pause_s: float = 0.3):
     yield Sleep(pause_s)
     end = yield Now()
     return {"user": user, "start": start, "end": end}
+
+
+@workflow("tests.budgeted", budget={"tokens": 50})
+def budgeted(calls: int = 4):
+    """Model calls until the budget stops them: the plan's ledger, shared by tool(...) calls."""
+    from tiffany.workflows import ToolFailed
+
+    done = []
+    for i in range(calls):
+        try:
+            out = yield tool("llm", prompt="one two three four five six seven eight nine ten")
+        except ToolFailed as exc:
+            return {"done": done, "stopped": i, "code": exc.fields.get("error_code")}
+        done.append(out["usage"]["total_tokens"])
+    return {"done": done, "stopped": None, "code": None}

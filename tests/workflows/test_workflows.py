@@ -265,3 +265,23 @@ def test_a_bad_concurrency_or_budget_is_refused_at_registration_naming_the_field
         assert field in bad.value.message, bad.value.message
         assert "test_workflows" in bad.value.message  # the function, by module
     unregister("tests.bad_spec")
+
+
+def test_a_budget_stops_a_workflows_model_calls_with_the_plans_ledger(settings) -> None:
+    # @workflow("tests.budgeted", budget={"tokens": 50}); each scripted call ~30 tokens:
+    # the second crosses the budget (its step fails), the third is refused before it starts.
+    engine = _engine(settings.model_copy(update={"llm_model": "scripted"}), ("llm",))
+    try:
+        entry, name = engine.prepare_workflow("tests.budgeted", {})
+        assert entry["budget"] == {"tokens": 50}
+        run_id = engine.start_entry(entry, name=name)
+        engine.runtime.run()
+        state = engine.runtime.status(run_id)
+        assert state.status == "succeeded", state.error
+        outputs, usage = state.result["outputs"], state.result["usage"]
+        assert outputs["code"] == "budget.exceeded"
+        assert outputs["stopped"] == 1  # the call that crossed it failed, none after
+        assert len(outputs["done"]) == 1
+        assert usage["tokens"] > 50  # the result's usage: the ledger's totals, as a plan's
+    finally:
+        engine.runtime.close()
