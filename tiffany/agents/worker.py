@@ -76,6 +76,10 @@ class AgentEnv:
     #: and again when a replay adds them): the engine holds signals to their
     #: waits' schemas (``tools/signal.py``).
     steps_added: Callable[[str, list[Any]], None] = lambda run_id, steps: None
+    #: Told when a workflow's ``tool(...)`` call ends (on the loop, in the calling task):
+    #: ``(run_id, step_id, tool, outcome)``. The OTel recorder makes its attempts step
+    #: spans, as it does a plan step's (``tiffany/observe/otel.py``).
+    call_ended: Callable[[str, str, str, Any], None] = lambda run_id, step_id, tool, outcome: None
 
     # Plans validated at submission, keyed by the document's identity (the
     # document itself is held, so its id cannot be reused meanwhile).

@@ -180,6 +180,7 @@ def tool(name: str, /, **args: Any) -> Coroutine:
 
 def _tool(ctx: WorkflowContext, spec: StepSpec) -> Coroutine:
     outcome = yield tool_call(ctx.env, ctx.run_id, spec, ledger=ctx.ledger)
+    ctx.env.call_ended(ctx.run_id, spec.id, spec.tool, outcome)  # its spans (observe/otel.py)
     if outcome.ok:
         return outcome.output
     error = outcome.error or {}
