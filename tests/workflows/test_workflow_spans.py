@@ -60,8 +60,10 @@ def test_a_workflow_run_is_a_span_with_a_step_span_per_tool_call(settings) -> No
     assert step.attributes["tiffany.attempt"] == 1
     assert step.attributes["tiffany.status"] == "succeeded"
     assert step.status.status_code is StatusCode.OK
-    assert run.start_time is not None and run.end_time is not None
-    assert step.start_time is not None and step.end_time is not None
+    assert run.start_time is not None
+    assert run.end_time is not None
+    assert step.start_time is not None
+    assert step.end_time is not None
     assert run.start_time <= step.start_time < step.end_time <= run.end_time
     assert step.end_time - step.start_time >= 50_000_000  # the tool's own 0.05 s
 

@@ -94,7 +94,7 @@ def add(
             )
         typer.echo(added.schedule_id)
         return
-    if workflow is not None:
+    if doc is None:  # a workflow's: the engine that imported it checks it
         from tiffany.cli.client import _command
 
         _command(ctx, lambda commands: commands.check_plan(None, given, workflow=workflow))
