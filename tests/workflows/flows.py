@@ -164,3 +164,15 @@ def budgeted(calls: int = 4):
             return {"done": done, "stopped": i, "code": exc.fields.get("error_code")}
         done.append(out["usage"]["total_tokens"])
     return {"done": done, "stopped": None, "code": None}
+
+
+#: How long ``tests.two_tools`` naps between its tool calls (a test stops the engine there).
+NAP_S = 0.25
+
+
+@workflow("tests.two_tools")
+def two_tools():
+    first = yield tool("sleep", seconds=0.01)
+    yield Sleep(NAP_S)
+    second = yield tool("sleep", seconds=0.01)
+    return {"first": first, "second": second}

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import flows  # noqa: F401 - registers the test workflows
+import flows  # registers the test workflows
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
 from tiffany.engine import build
+from tiffany.kernel import Instrument, Sleep, Task
 from tiffany.observe.otel import attach, build_tracer_provider, trace_id_of
 
 
@@ -77,3 +78,52 @@ def test_a_workflow_run_is_a_span_with_a_step_span_per_tool_call(settings) -> No
     assert step.status.status_code is StatusCode.ERROR
     assert "seconds" in step.attributes["tiffany.error"]
     assert run.status.status_code is StatusCode.ERROR
+
+
+class _StopAtTheNap(Instrument):
+    """Stops the loop (as an engine stop does) once the workflow naps between its calls."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def task_blocked(self, task: Task, call: Any) -> None:
+        if isinstance(call, Sleep) and call.seconds == flows.NAP_S:
+            self.engine.runtime.sched.stop()
+
+
+def test_a_resumed_workflow_run_exports_only_the_calls_of_its_new_life(settings) -> None:
+    # The first life makes tool_1 and stops at the nap; the next resumes the run:
+    # tool_1 replays (its span is the first life's, not made again), tool_2 is new.
+    exporter = InMemorySpanExporter()
+    engine = build(settings, enabled_tools=["sleep"])
+    engine.runtime.sched.add_instrument(_StopAtTheNap(engine))
+    recorder = attach(engine.runtime, build_tracer_provider(exporter=exporter), env=engine.env)
+    try:
+        entry, name = engine.prepare_workflow("tests.two_tools", {})
+        run_id = engine.start_entry(entry, name=name)
+        engine.runtime.run()  # returns at the stop, the run napping
+        assert engine.runtime.status(run_id).status == "running"
+    finally:
+        engine.runtime.close()
+        recorder.close()
+    first = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(first) == {"run tests.two_tools", "step tool_1"}
+
+    exporter2 = InMemorySpanExporter()
+    engine = build(settings, enabled_tools=["sleep"])
+    recorder = attach(engine.runtime, build_tracer_provider(exporter=exporter2), env=engine.env)
+    try:
+        assert engine.recover_runs() == [run_id]
+        engine.runtime.run()
+        assert engine.runtime.status(run_id).status == "succeeded"
+    finally:
+        engine.runtime.close()
+        recorder.close()
+    second = {s.name: s for s in exporter2.get_finished_spans()}
+    assert set(second) == {"run tests.two_tools", "step tool_2"}
+    run, step = second["run tests.two_tools"], second["step tool_2"]
+    assert step.parent is not None
+    assert step.parent.span_id == run.context.span_id
+    assert step.context.trace_id == trace_id_of(run_id)
+    assert step.attributes is not None
+    assert step.attributes["tiffany.tool"] == "sleep"
