@@ -116,14 +116,18 @@ def test_the_submission_schema_describes_the_plan_the_engine_validates(authed: L
     # after's "each step once", which the engine checks in code, is in the schema too.
     assert served["StepSpec"]["properties"]["after"]["uniqueItems"] is True
 
-    # A schedule's plan is the same plan.
     schedule = _deref(
         doc,
         doc["paths"]["/api/schedules"]["post"]["requestBody"]["content"]["application/json"][
             "schema"
         ],
     )
-    assert schedule["properties"]["plan"]["$ref"] == "#/components/schemas/Plan"
+    # A schedule's plan is the same plan (or null: a schedule of a workflow, by name).
+    plan_forms = schedule["properties"]["plan"]["anyOf"]
+    assert {"$ref": "#/components/schemas/Plan"} in plan_forms
+    assert {"type": "null"} in plan_forms
+    workflow_forms = schedule["properties"]["workflow"]["anyOf"]
+    assert {"type": "string", "minLength": 1, "maxLength": 100} in workflow_forms
 
 
 _PLAN_MODELS = ("Plan", "StepSpec", "ConcurrencySpec", "BudgetSpec")

@@ -141,3 +141,38 @@ def _calls_a_tool():
 def tool_in_step():
     yield Step(_calls_a_tool)
     return {}
+
+
+@workflow("tests.limited", concurrency={"key": "user-${inputs.user}", "limit": 1})
+def limited(user: str, pause_s: float = 0.3):
+    start = yield Now()
+    yield Sleep(pause_s)
+    end = yield Now()
+    return {"user": user, "start": start, "end": end}
+
+
+@workflow("tests.budgeted", budget={"tokens": 50})
+def budgeted(calls: int = 4):
+    """Model calls until the budget stops them: the plan's ledger, shared by tool(...) calls."""
+    from tiffany.workflows import ToolFailed
+
+    done = []
+    for i in range(calls):
+        try:
+            out = yield tool("llm", prompt="one two three four five six seven eight nine ten")
+        except ToolFailed as exc:
+            return {"done": done, "stopped": i, "code": exc.fields.get("error_code")}
+        done.append(out["usage"]["total_tokens"])
+    return {"done": done, "stopped": None, "code": None}
+
+
+#: How long ``tests.two_tools`` naps between its tool calls (a test stops the engine there).
+NAP_S = 0.25
+
+
+@workflow("tests.two_tools")
+def two_tools():
+    first = yield tool("sleep", seconds=0.01)
+    yield Sleep(NAP_S)
+    second = yield tool("sleep", seconds=0.01)
+    return {"first": first, "second": second}

@@ -8,6 +8,7 @@ import flows  # registers the test workflows
 import pytest
 
 from tiffany.engine import build
+from tiffany.kernel import Now
 from tiffany.workflows import WorkflowInputError
 
 
@@ -218,5 +219,69 @@ def test_a_workflow_call_inside_a_generator_step_is_refused(settings) -> None:
         state = _run(engine, "tests.tool_in_step")
         assert state.status == "failed"
         assert "tool() is a workflow's call" in str(state.error)
+    finally:
+        engine.runtime.close()
+
+
+def test_a_concurrency_limit_queues_workflow_runs_by_their_key_as_plan_runs(settings) -> None:
+    # @workflow(..., concurrency={"key": "user-${inputs.user}", "limit": 1}): the key is
+    # resolved into the entry at submission, and the engine's slots admit the runs.
+    engine = _engine(settings)
+    try:
+        prepared = [engine.prepare_workflow("tests.limited", {"user": u}) for u in "aab"]
+        assert prepared[0][0]["concurrency"] == {"key": "user-a", "limit": 1}
+        ids = [engine.start_entry(entry, name=name) for entry, name in prepared]
+        assert engine.slots.status() == {
+            "user-a": {"running": 1, "queued": 1},
+            "user-b": {"running": 1, "queued": 0},
+        }
+        engine.runtime.run()
+        states = [engine.runtime.status(run_id) for run_id in ids]
+        assert [s.status for s in states] == ["succeeded"] * 3, [s.error for s in states]
+        first, second, other = (s.result["outputs"] for s in states)
+        assert second["start"] >= first["end"]  # queued behind the first run of its key
+        assert other["start"] < first["end"]  # another key's run did not wait
+        assert engine.slots.status() == {}
+    finally:
+        engine.runtime.close()
+
+
+def test_a_bad_concurrency_or_budget_is_refused_at_registration_naming_the_field() -> None:
+    from tiffany.workflows import WorkflowDefinitionError, unregister, workflow
+
+    def body(user: str = "x"):
+        yield Now()
+        return {}
+
+    for kwargs, field in (
+        ({"concurrency": {"key": "${inputs.nope}", "limit": 1}}, "concurrency.key"),
+        ({"concurrency": {"key": "k", "limit": 0}}, "concurrency.limit"),
+        ({"concurrency": {"key": "k"}}, "concurrency.limit"),
+        ({"budget": {"usd": -1}}, "budget.usd"),
+        ({"budget": {"dollars": 1}}, "budget.dollars"),
+    ):
+        with pytest.raises(WorkflowDefinitionError) as bad:
+            workflow("tests.bad_spec", **kwargs)(body)
+        assert field in bad.value.message, bad.value.message
+        assert "test_workflows" in bad.value.message  # the function, by module
+    unregister("tests.bad_spec")
+
+
+def test_a_budget_stops_a_workflows_model_calls_with_the_plans_ledger(settings) -> None:
+    # @workflow("tests.budgeted", budget={"tokens": 50}); each scripted call ~30 tokens:
+    # the second crosses the budget (its step fails), the third is refused before it starts.
+    engine = _engine(settings.model_copy(update={"llm_model": "scripted"}), ("llm",))
+    try:
+        entry, name = engine.prepare_workflow("tests.budgeted", {})
+        assert entry["budget"] == {"tokens": 50}
+        run_id = engine.start_entry(entry, name=name)
+        engine.runtime.run()
+        state = engine.runtime.status(run_id)
+        assert state.status == "succeeded", state.error
+        outputs, usage = state.result["outputs"], state.result["usage"]
+        assert outputs["code"] == "budget.exceeded"
+        assert outputs["stopped"] == 1  # the call that crossed it failed, none after
+        assert len(outputs["done"]) == 1
+        assert usage["tokens"] > 50  # the result's usage: the ledger's totals, as a plan's
     finally:
         engine.runtime.close()

@@ -76,6 +76,10 @@ class AgentEnv:
     #: and again when a replay adds them): the engine holds signals to their
     #: waits' schemas (``tools/signal.py``).
     steps_added: Callable[[str, list[Any]], None] = lambda run_id, steps: None
+    #: Told when a workflow's ``tool(...)`` call ends (on the loop, in the calling task):
+    #: ``(run_id, step_id, tool, outcome)``. The OTel recorder makes its attempts step
+    #: spans, as it does a plan step's (``tiffany/observe/otel.py``).
+    call_ended: Callable[[str, str, str, Any], None] = lambda run_id, step_id, tool, outcome: None
 
     # Plans validated at submission, keyed by the document's identity (the
     # document itself is held, so its id cannot be reused meanwhile).
@@ -311,15 +315,22 @@ def worker(
     return outcome.record() if compat >= EXACT_OUTCOME_COMPAT else outcome
 
 
-def tool_call(env: AgentEnv, run_id: str, spec: StepSpec, workspace: Path | None = None) -> Co:
+def tool_call(
+    env: AgentEnv,
+    run_id: str,
+    spec: StepSpec,
+    workspace: Path | None = None,
+    ledger: Ledger | None = None,
+) -> Co:
     """One tool call outside a plan (a workflow's ``tool(...)``); returns the :class:`StepOutcome`.
 
     The step's attempts exactly as a plan's worker makes them (arguments
     checked against the tool's model, a tool task or a ready-made step,
-    retries, the step's timeout), in the calling task, with no ``${...}``
-    reference resolved: the arguments are values already.
+    retries, the step's timeout, the run's budget ``ledger``), in the
+    calling task, with no ``${...}`` reference resolved: the arguments are
+    values already.
     """
-    return (yield from _attempts(env, run_id, spec, {}, {}, workspace, None, refs=False))
+    return (yield from _attempts(env, run_id, spec, {}, {}, workspace, ledger, refs=False))
 
 
 def _attempts(

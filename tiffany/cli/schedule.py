@@ -1,4 +1,4 @@
-"""``tiffany schedule add|list|pause|resume|rm``: cron schedules of plans.
+"""``tiffany schedule add|list|pause|resume|rm``: cron schedules of plans or workflows.
 
 On this data dir they write the store's ``schedules``
 (``tiffany/schedules/store.py``) directly, so they work with or without a
@@ -24,7 +24,7 @@ from tiffany.cli.run import EXIT_INVALID, InputsOption
 
 __all__ = ["register"]
 
-schedule_app = typer.Typer(help="Cron schedules of plans: each tick starts one run.")
+schedule_app = typer.Typer(help="Cron schedules of plans or workflows: each tick starts one run.")
 
 
 def _sessions(ctx: typer.Context) -> Any:
@@ -44,33 +44,66 @@ def _now() -> float:
 @schedule_app.command("add")
 def add(
     ctx: typer.Context,
-    plan_path: Annotated[Path, typer.Argument(metavar="PLAN", help="A plan file (JSON or YAML).")],
-    cron: Annotated[str, typer.Option("--cron", help='e.g. "0 9 * * 1-5"; six fields: seconds.')],
+    plan_path: Annotated[
+        Path | None,
+        typer.Argument(metavar="[PLAN]", help="A plan file (JSON or YAML); or --workflow."),
+    ] = None,
+    cron: Annotated[
+        str, typer.Option("--cron", help='e.g. "0 9 * * 1-5"; six fields: seconds.')
+    ] = "",
     timezone: Annotated[str, typer.Option("--timezone", "--tz")] = "UTC",
     catchup: Annotated[str, typer.Option("--catchup", help="skip, one or all")] = "skip",
     inputs: InputsOption = None,
+    workflow: Annotated[
+        str | None,
+        typer.Option(
+            "--workflow",
+            metavar="NAME",
+            help="Schedule this @workflow instead of a plan (the server imports its module).",
+        ),
+    ] = None,
     url: UrlOption = None,
     token: TokenOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
-    """Add a schedule of a plan; print its id."""
+    """Add a schedule of a plan, or of a workflow by name; print its id.
+
+    A workflow's name and inputs are checked by the running engine (which
+    imported its module), as ``tiffany submit --workflow`` is; with no
+    engine running, at its first tick (the schedule's ``last_error``).
+    """
     from tiffany.agents import PlanError, parse_plan
     from tiffany.agents.registry import ToolRegistry
     from tiffany.cli.run import _load, _parse_inputs, _print_plan_errors
     from tiffany.schedules import store as schedules
 
-    doc = _load(plan_path)
+    if (plan_path is None) == (workflow is None):
+        typer.echo(
+            "tiffany: schedule add wants a PLAN file or --workflow NAME (one of them)", err=True
+        )
+        raise typer.Exit(exits.USAGE)
+    if not cron:
+        typer.echo("tiffany: schedule add wants --cron", err=True)
+        raise typer.Exit(exits.USAGE)
+    doc = _load(plan_path) if plan_path is not None else None
     given = _parse_inputs(inputs)
     if url:
         with remote(url, token) as client:
-            added = client.add_schedule(doc, cron, timezone=timezone, catchup=catchup, inputs=given)
+            added = client.add_schedule(
+                doc, cron, timezone=timezone, catchup=catchup, inputs=given, workflow=workflow
+            )
         typer.echo(added.schedule_id)
         return
-    try:
-        parse_plan(doc, ToolRegistry.default().all_names())
-    except PlanError as exc:
-        _print_plan_errors(exc)
-        raise typer.Exit(EXIT_INVALID) from None
+    if doc is None:  # a workflow's: the engine that imported it checks it
+        from tiffany.cli.client import _command
+
+        _command(ctx, lambda commands: commands.check_plan(None, given, workflow=workflow))
+    else:
+        try:
+            parse_plan(doc, ToolRegistry.default().all_names())
+        except PlanError as exc:
+            _print_plan_errors(exc)
+            raise typer.Exit(EXIT_INVALID) from None
     errors = schedules.check(cron, timezone, catchup)
     for e in errors:
         typer.echo(f"tiffany: --{e['loc']}: {e['msg']}", err=True)
@@ -83,6 +116,7 @@ def add(
             row = schedules.create(
                 session,
                 plan=doc,
+                workflow=workflow,
                 inputs=given,
                 cron=cron,
                 timezone=timezone,

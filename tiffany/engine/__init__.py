@@ -612,7 +612,7 @@ def _assemble(
     for inst in instruments:
         runtime.sched.add_instrument(inst)
     # Run and step spans, when OpenTelemetry's variables ask for them (engine/otel.py).
-    attach_from_env(runtime)
+    attach_from_env(runtime, env=env)
     # Everything loaded so far (modules, schemas, the tool registry) lives as
     # long as the process: move it out of the collector's reach, so a full
     # collection during a run traverses the run's objects only (measured: a

@@ -109,8 +109,25 @@ class EngineReads:
         return self.engine.env.registry.describe()
 
     def check_plan(self, command: CheckPlan) -> PlanChecked:
-        """A schedule's plan, checked when it is added: its name, or the refusal."""
+        """A schedule's plan (or workflow), checked when it is added: its name, or the refusal.
+
+        A workflow is checked as its submission is (``requests.py``): the
+        same refusal, naming ``workflow`` or ``inputs.NAME``.
+        """
         inputs = command.inputs or {}
+        if command.workflow is not None:
+            from tiffany.workflows import WorkflowInputError
+
+            try:
+                check_document(inputs, loc=["inputs"])
+                _, name = self.engine.prepare_workflow(command.workflow, inputs)
+            except DocumentError as exc:
+                raise InvalidCommand(exc.message, field="inputs", detail=exc.detail) from None
+            except WorkflowInputError as exc:
+                field = str(exc.errors[0]["loc"]) if exc.errors else "workflow"
+                detail = [{**error, "code": WorkflowInputError.code} for error in exc.errors]
+                raise InvalidCommand(exc.message, field=field, detail=detail) from None
+            return PlanChecked(name=name)
         try:
             check_document(command.plan, loc=["plan"])
             check_document(inputs, loc=["inputs"])

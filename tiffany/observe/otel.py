@@ -1,13 +1,14 @@
 """OpenTelemetry spans for runs and steps (the ``otel`` extra; docs/observability.md).
 
-A run becomes a span ``run <name>``; each attempt of each plan step becomes a
-child span ``step <id>``. They go out over OTLP/HTTP through the SDK's
-``BatchSpanProcessor`` when the environment asks for traces
-(``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or
-``OTEL_TRACES_EXPORTER``) and the extra is installed; when it asks and the
-packages are missing, one warning names the extra and the engine goes on.
-:func:`attach_from_env` is the one hook (``engine.build``), so ``tiffany run``
-and the engine of ``tiffany serve`` both trace.
+A run becomes a span ``run <name>``; each attempt of each plan step (and of
+each ``tool(...)`` call of a workflow run) becomes a child span ``step <id>``.
+They go out over OTLP/HTTP through the SDK's ``BatchSpanProcessor`` when the
+environment asks for traces (``OTEL_EXPORTER_OTLP_ENDPOINT``,
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_TRACES_EXPORTER``) and the
+extra is installed; when it asks and the packages are missing, one warning
+names the extra and the engine goes on. :func:`attach_from_env` is the one
+hook (``engine.build``), so ``tiffany run`` and the engine of ``tiffany
+serve`` both trace.
 
 Threads: :class:`SpanRecorder` is a kernel instrument. Its hooks run on the
 scheduler thread and only append a small tuple to a deque (O(1), never
@@ -25,7 +26,13 @@ Where the facts come from:
       retried step shows one span per attempt, with the attempt's real times,
       even when the first attempt ran in an earlier life of the engine;
     * a step's tool comes from the run's plan (the entry the ``plan``
-      resolver receives) or from a tool task's label (a dynamic step).
+      resolver receives) or from a tool task's label (a dynamic step);
+    * a workflow run's ``tool(...)`` call has no worker: it runs in the
+      workflow's task (``tiffany/workflows/calls.py``), which tells the
+      recorder its outcome when it ends (``AgentEnv.call_ended``, wired by
+      :func:`attach`); its attempts become step spans as a worker's report's
+      do, named by the call's id (``step tool_1``). One replayed (its run
+      catching up after a restart) is not exported again.
 
 Trace ids: a run's spans share the trace id :func:`trace_id_of` derives from
 the run id (the first 16 bytes of its SHA-256), so a run resumed after a
@@ -62,7 +69,7 @@ import structlog
 
 from tiffany import __version__
 from tiffany.durable.journal import TaskMeta
-from tiffany.kernel import Instrument, Task
+from tiffany.kernel import Instrument, Task, current_task
 from tiffany.wire.runstate import run_opening, step_report
 from tiffany.wire.status import RunStatus, StepStatus, TaskState
 from tiffany.wire.values import text_of
@@ -199,9 +206,11 @@ def _run_trace_ids() -> Any:
 
 
 def attach_from_env(
-    runtime: Runtime, environ: Mapping[str, str] | None = None
+    runtime: Runtime, environ: Mapping[str, str] | None = None, *, env: Any = None
 ) -> SpanRecorder | None:
     """Trace ``runtime``'s runs when the environment asks for it; return the recorder.
+
+    ``env``: the engine's ``AgentEnv`` (its workflows' tool calls: :func:`attach`).
 
     None when no OpenTelemetry variable asks for traces, or when the ``otel``
     extra is missing (then one warning names it, once per process).
@@ -221,21 +230,25 @@ def attach_from_env(
                 missing=exc.name,
             )
         return None
-    recorder = attach(runtime, provider)
+    recorder = attach(runtime, provider, env=env)
     atexit.register(recorder.close)
     return recorder
 
 
-def attach(runtime: Runtime, provider: TracerProvider) -> SpanRecorder:
+def attach(runtime: Runtime, provider: TracerProvider, *, env: Any = None) -> SpanRecorder:
     """Record ``runtime``'s runs and steps as spans of ``provider``; start the recorder.
 
     Call before the runtime takes runs (``engine.build`` does). The caller
-    (or the process's exit) calls :meth:`SpanRecorder.close`.
+    (or the process's exit) calls :meth:`SpanRecorder.close`. ``env``: the
+    engine's ``AgentEnv``, whose workflow runs' ``tool(...)`` calls are then
+    told to :meth:`SpanRecorder.call_ended` (None: their calls make no spans).
     """
     recorder = SpanRecorder(provider, clock=runtime.sched.clock.time)
     plan = runtime.resolvers.get("plan")
     if plan is not None:
         runtime.resolvers["plan"] = recorder.watch_plans(plan)
+    if env is not None:
+        env.call_ended = recorder.call_ended
     runtime.sched.add_instrument(recorder)
     recorder.start()
     return recorder
@@ -305,6 +318,22 @@ class SpanRecorder(Instrument):
             return resolver(entry, run_id, compat)
 
         return resolve
+
+    def call_ended(self, run_id: str, step_id: str, tool: str, outcome: Any) -> None:
+        """Queue a workflow's ``tool(...)`` call's end: its attempts, as a worker's report.
+
+        Called in the workflow's task (on the loop); a call replayed as its
+        run catches up was exported by the life that made it.
+        """
+        task = current_task()
+        meta = task.meta if task is not None else None
+        if self.disabled or (meta.__class__ is TaskMeta and meta.run.replay is not None):
+            return
+        got = step_report(outcome)
+        if got is None:
+            return
+        report = (got.ok, got.error, got.attempts or [])
+        self._queue.append(("call_end", run_id, step_id, tool, self._clock(), report))
 
     def task_spawned(self, task: Task) -> None:
         """Queue a run's start (its root) or a step's (its worker, or a tool task's tool)."""
@@ -439,6 +468,20 @@ class SpanRecorder(Instrument):
         open_run = self._runs.get(run_id)
         if open_run is not None and step_id is not None:
             open_run.tools.setdefault(step_id, tool)
+
+    def _on_call_end(
+        self,
+        run_id: str,
+        step_id: str,
+        tool: str,
+        ts: float,
+        report: tuple[bool, Mapping[str, Any] | None, list[dict[str, Any]]],
+    ) -> None:
+        open_run = self._runs.get(run_id)
+        if open_run is not None:
+            open_run.tools.setdefault(step_id, tool)
+        started = next((float(a["started_at"]) for a in report[2] if "started_at" in a), ts)
+        self._step_ended(run_id, step_id, started, ts, TaskState.DONE, report, None)
 
     def _on_step(self, tid: int, run_id: str, step_id: str, ts: float) -> None:
         self._steps[tid] = (run_id, step_id, ts)

@@ -138,8 +138,8 @@ class Commands(Protocol):
     async def tools(self, timeout: float) -> dict[str, Any]:
         """The tools of the first engine of this host that answers."""
 
-    async def check_plan(self, plan: Any, inputs: Any) -> None:
-        """Have an engine of this host check a plan (refused: invalid); none here: no check."""
+    async def check_plan(self, plan: Any, inputs: Any, *, workflow: str | None = None) -> None:
+        """Have an engine of this host check a plan or a workflow (refused: invalid); none: none."""
 
     async def engines_elsewhere(self, besides: Sequence[str]) -> int:
         """How many engines on other hosts hold their journal (lease owners not in ``besides``)."""
@@ -189,15 +189,15 @@ class LocalEngines:
                 refused = exc
         raise refused or EngineUnavailable("no engine to ask")
 
-    async def check_plan(self, plan: Any, inputs: Any) -> None:
-        """Have an engine of this host check a plan; without one, no check.
+    async def check_plan(self, plan: Any, inputs: Any, *, workflow: str | None = None) -> None:
+        """Have an engine of this host check a plan (or a workflow); without one, no check.
 
         Without an engine socket (API replicas on the PostgreSQL journal) a
         schedule's plan is checked at its first tick instead.
         """
         for control in self.controls:
             try:
-                await control.send(CheckPlan(plan=plan, inputs=inputs))
+                await control.send(CheckPlan(plan=plan, inputs=inputs, workflow=workflow))
                 return
             except EngineUnavailable:
                 continue

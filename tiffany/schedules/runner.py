@@ -23,7 +23,8 @@ puts it back at its next tick:
 * ``all``: every tick missed fires, oldest first: the last
   :data:`MAX_CATCHUP_TICKS` of them (the older ones are skipped).
 
-A tick fires as a submission with the Idempotency-Key
+A tick fires as a submission (of the row's plan, or of its ``@workflow`` by
+name: the engine's ``Submit`` takes either) with the Idempotency-Key
 ``schedule:<id>:<tick>``, and its run's entry names the schedule and the
 tick. ``last_tick`` moves once the run is durable: an engine killed between
 the two fires the tick again after its restart, and the key makes that the
@@ -446,13 +447,15 @@ class ScheduleRunner:
     def _fire(self, session: Session, row: Timing, tick: float) -> int:
         at = tick_iso(tick)
         stored = session.execute(
-            select(Schedule.plan, Schedule.inputs).where(Schedule.id == row.id)
+            select(Schedule.plan, Schedule.workflow, Schedule.inputs).where(Schedule.id == row.id)
         ).first()
         if stored is None:
             return 0  # deleted meanwhile
-        plan, inputs = stored
+        plan, workflow, inputs = stored
+        # A workflow's schedule submits it by name, as POST /api/runs does (no plan).
+        what = {"workflow": workflow} if workflow is not None else {"plan": plan}
         request = {
-            "plan": plan,
+            **what,
             "inputs": inputs or {},
             "key": f"schedule:{row.id}:{at}",
             "schedule": {"id": row.id, "tick": at},

@@ -341,6 +341,7 @@ def schedule_dict(row: Schedule, now: float) -> dict[str, Any]:
         "schedule_id": row.id,
         "name": row.name,
         "plan": row.plan,
+        "workflow": row.workflow,
         "inputs": row.inputs,
         "cron": row.cron,
         "timezone": row.timezone,
@@ -380,15 +381,19 @@ def _next_version(session: Session) -> int:
 def create(
     session: Session,
     *,
-    plan: dict[str, Any],
+    plan: dict[str, Any] | None,
     inputs: dict[str, Any],
     cron: str,
     timezone: str,
     catchup: str,
     now: float,
     max_schedules: int,
+    workflow: str | None = None,
 ) -> dict[str, Any]:
     """Add a schedule (its settings :func:`check`-ed by the caller); return it.
+
+    ``workflow``: the registered ``@workflow`` each tick runs, instead of
+    ``plan`` (None then): one of the two, as the caller checked.
 
     Raises:
         TooManySchedules: ``max_schedules`` exist already (counted after the
@@ -407,8 +412,9 @@ def create(
         )
     row = Schedule(
         id=f"sched-{uuid.uuid4().hex[:12]}",
-        name=str(plan.get("name") or "plan")[:200],
+        name=(workflow if workflow is not None else str((plan or {}).get("name") or "plan"))[:200],
         plan=plan,
+        workflow=workflow,
         inputs=inputs,
         cron=cron,
         timezone=timezone,

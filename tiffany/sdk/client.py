@@ -273,21 +273,25 @@ class Client:
 
     def add_schedule(
         self,
-        plan: Mapping[str, Any],
+        plan: Mapping[str, Any] | None,
         cron: str,
         *,
         timezone: str = "UTC",
         catchup: str = "skip",
         inputs: Mapping[str, Any] | None = None,
+        workflow: str | None = None,
     ) -> ScheduleOut:
         """Add a cron schedule of ``plan`` (a mapping); its first tick is the first after now.
+
+        ``workflow``: the name of a ``@workflow`` the server imported, run at
+        each tick instead of a plan (``plan`` is None then).
 
         Raises:
             InvalidRequest: A bad cron expression, time zone, catch-up or plan
                 (``errors`` name the field).
             ApiError: 429, the server holds its most schedules already.
         """
-        body = protocol.schedule_body(plan, cron, timezone, catchup, inputs)
+        body = protocol.schedule_body(plan, cron, timezone, catchup, inputs, workflow)
         return protocol.answer(self._request("POST", "/api/schedules", json=body), ScheduleOut)
 
     def pause_schedule(self, schedule_id: str) -> ScheduleOut:

@@ -138,24 +138,31 @@ def schedule_path(schedule_id: str, *rest: str) -> str:
 
 
 def schedule_body(
-    plan: Mapping[str, Any],
+    plan: Mapping[str, Any] | None,
     cron: str,
     timezone: str,
     catchup: str,
     inputs: Mapping[str, Any] | None,
+    workflow: str | None = None,
 ) -> dict[str, Any]:
-    """The body of ``POST /api/schedules``.
+    """The body of ``POST /api/schedules`` (of ``plan``, or of the ``@workflow`` ``workflow``).
 
     Raises:
         TypeError: ``plan`` or ``inputs`` is not a mapping (a schedule's plan
-            is a document, read by the caller).
+            is a document, read by the caller), or not one of ``plan`` and
+            ``workflow`` is given.
     """
-    if not isinstance(plan, Mapping):
+    if (plan is None) == (workflow is None):
+        raise TypeError("give a plan or a workflow (one of them)")
+    if plan is not None and not isinstance(plan, Mapping):
         raise TypeError(f"plan: a mapping, not {type(plan).__name__}")
     if inputs is not None and not isinstance(inputs, Mapping):
         raise TypeError(f"inputs: a mapping, not {type(inputs).__name__}")
+    what: dict[str, Any] = {"workflow": workflow}
+    if plan is not None:
+        what = {"plan": dict(plan)}
     return {
-        "plan": dict(plan),
+        **what,
         "inputs": dict(inputs or {}),
         "cron": cron,
         "timezone": timezone,

@@ -423,7 +423,9 @@ class WalCheckpoint(Base):
 
 
 class Schedule(Base):
-    """A cron schedule of a plan: each tick starts one run (``tiffany/schedules/runner.py``).
+    """A cron schedule of a plan or a workflow: each tick starts one run.
+
+    The ticks: ``tiffany/schedules/runner.py``.
 
     Written by the API and the CLI; engine 0 fires the ticks and moves
     ``last_tick`` once a tick's run is durable (its Idempotency-Key,
@@ -438,7 +440,10 @@ class Schedule(Base):
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
-    plan: Mapped[Any] = mapped_column(JSON)
+    #: The plan each tick runs; None for a schedule of a workflow.
+    plan: Mapped[Any | None] = mapped_column(JSON, nullable=True)
+    #: The registered ``@workflow`` each tick runs (instead of a plan), or None.
+    workflow: Mapped[str | None] = mapped_column(String(200))
     inputs: Mapped[Any] = mapped_column(JSON)
     #: Five fields (minute hour day month weekday) or six (and seconds, last).
     cron: Mapped[str] = mapped_column(String(200))

@@ -323,11 +323,12 @@ class WaitProjected(_Command, tag="wait_projected", kw_only=True):
 
 
 class CheckPlan(_Command, tag="check_plan", kw_only=True):
-    """Check a plan and its inputs (a schedule's, when it is added); nothing starts."""
+    """Check a plan (or a ``workflow``) and its inputs (a schedule's); nothing starts."""
 
     answer = PlanChecked
     plan: Any = None
     inputs: Any = None
+    workflow: str | None = None
 
 
 class Metrics(_Command, tag="metrics", kw_only=True):

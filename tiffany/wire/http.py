@@ -427,14 +427,24 @@ def _same(value: Any) -> Any:
 
 
 class ScheduleRequest(BaseModel):
-    """A schedule: a plan, its inputs, when (cron, time zone) and what to do with missed ticks."""
+    """A schedule: a plan or a workflow, its inputs, when (cron, time zone), missed ticks.
+
+    One of ``plan`` and ``workflow`` (the API refuses both or neither, 422
+    naming ``workflow``): a tick submits it as ``POST /api/runs`` would.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     # Any object here (the engine checks the plan, 422 plan.invalid naming the
     # field); the schema describes it as a plan.
-    plan: Annotated[dict[str, Any], BeforeValidator(_same, json_schema_input_type=Plan)] = Field(
-        description="The plan each tick runs."
+    plan: Annotated[
+        dict[str, Any] | None, BeforeValidator(_same, json_schema_input_type=Plan | None)
+    ] = Field(default=None, description="The plan each tick runs (or a workflow).")
+    workflow: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=100,
+        description="The registered @workflow each tick runs, by name (instead of a plan).",
     )
     inputs: dict[str, Any] = Field(default_factory=dict)
     cron: str = Field(
@@ -456,7 +466,8 @@ class ScheduleOut(BaseModel):
 
     schedule_id: str
     name: str
-    plan: dict[str, Any]
+    plan: dict[str, Any] | None = Field(description="The plan each tick runs (null: a workflow).")
+    workflow: str | None = Field(default=None, description="The workflow each tick runs, or null.")
     inputs: dict[str, Any]
     cron: str
     timezone: str

@@ -47,6 +47,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tiffany.agents.budget import Ledger
 from tiffany.agents.tools.base import ToolContext
 from tiffany.agents.tools.signal import RunSignals, SignalWaitArgs, SignalWaitTool
 from tiffany.agents.tools.subplan import ChildRefused, SubPlanFailed, child_run_id
@@ -108,6 +109,8 @@ class WorkflowContext:
     #: The waits (name and schema digest) told to the engine already: a wait
     #: in a loop is told once, not once per turn.
     told: set[str] = field(default_factory=set)
+    #: The run's budget ledger (``tiffany/agents/budget.py``), or None: no budget.
+    ledger: Ledger | None = None
 
     def next_call(self, what: str) -> str:
         """The id of the run's next tool or child call (``tool_3``, ``child_4``)."""
@@ -176,7 +179,8 @@ def tool(name: str, /, **args: Any) -> Coroutine:
 
 
 def _tool(ctx: WorkflowContext, spec: StepSpec) -> Coroutine:
-    outcome = yield tool_call(ctx.env, ctx.run_id, spec)
+    outcome = yield tool_call(ctx.env, ctx.run_id, spec, ledger=ctx.ledger)
+    ctx.env.call_ended(ctx.run_id, spec.id, spec.tool, outcome)  # its spans (observe/otel.py)
     if outcome.ok:
         return outcome.output
     error = outcome.error or {}

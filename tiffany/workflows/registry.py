@@ -16,6 +16,15 @@ What is refused, and when:
   required input missing, an input the function does not take (unless it
   has ``**kwargs``). That inputs are JSON is checked where every
   submission's inputs are (``tiffany.wire.documents``).
+
+A workflow declares a concurrency limit and a budget as a plan does, with
+the plan's own models (``tiffany.wire.plan``: :class:`ConcurrencySpec`,
+:class:`BudgetSpec`): ``@workflow("name", concurrency={"key":
+"${inputs.user}", "limit": 2}, budget={"usd": 1.0})``, checked at
+registration (the key may reference the function's parameters only). At
+submission they go into the run's entry as a plan run's do, so the engine
+admits and queues the run by the same slots, and the run's ``tool(...)``
+calls share the plan's budget ledger (``runner.py``).
 """
 
 from __future__ import annotations
@@ -28,10 +37,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from tiffany.errors import TiffanyError
 from tiffany.wire.documents import did_you_mean
+from tiffany.wire.plan import BudgetSpec, ConcurrencySpec
 
 __all__ = [
     "WORKFLOW_NAME_PATTERN",
@@ -83,6 +93,12 @@ class Workflow:
     required: tuple[str, ...]
     #: It has ``**kwargs``: any input name is taken.
     open: bool
+    #: At most ``limit`` runs of a key at once (a plan's ``concurrency``), or None.
+    concurrency: ConcurrencySpec | None = None
+    #: The most model tokens and dollars a run's tool calls may use (a plan's ``budget``).
+    budget: BudgetSpec | None = None
+    #: The parameters' defaults (a concurrency key's references read them).
+    defaults: Mapping[str, Any] | None = None
     #: The annotated parameters' checks (pydantic, strict): a submission's
     #: value of another type is refused naming the input.
     checks: Mapping[str, Any] = field(default_factory=dict)
@@ -97,8 +113,28 @@ def _where(fn: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
 
 
-def register(name: str, fn: Callable[..., Any]) -> Workflow:
+def _spec(
+    name: str, where: str, field: str, model: type[BaseModel], given: Any
+) -> BaseModel | None:
+    """``given`` (a mapping, or the model itself) as ``model``; refused naming ``field``."""
+    if given is None or isinstance(given, model):
+        return given
+    try:
+        return model.model_validate(given)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        loc = ".".join([field, *(str(p) for p in first["loc"])])
+        raise WorkflowDefinitionError(
+            f"workflow {name!r} ({where}): {loc}: {first['msg']}", function=where, field=loc
+        ) from None
+
+
+def register(
+    name: str, fn: Callable[..., Any], *, concurrency: Any = None, budget: Any = None
+) -> Workflow:
     """Register generator function ``fn`` as workflow ``name``; return it.
+
+    ``concurrency`` and ``budget``: as a plan's (module docstring).
 
     Raises:
         WorkflowDefinitionError: ``fn`` or ``name`` cannot be a workflow
@@ -145,7 +181,43 @@ def register(name: str, fn: Callable[..., Any]) -> Workflow:
         params.append(p.name)
         if p.default is p.empty:
             required.append(p.name)
-    wf = Workflow(name, fn, tuple(params), tuple(required), var_kw, _checks(fn, params))
+    limit = _spec(name, where, "concurrency", ConcurrencySpec, concurrency)
+    if isinstance(limit, ConcurrencySpec):
+        from tiffany.agents.refs import RefError, find_refs
+
+        try:
+            refs = find_refs(limit.key)
+        except RefError as exc:
+            raise WorkflowDefinitionError(
+                f"workflow {name!r} ({where}): concurrency.key: {exc.message}",
+                function=where,
+                field="concurrency.key",
+            ) from None
+        for ref in refs:
+            if ref.scope != "inputs" or (ref.name not in params and not var_kw):
+                raise WorkflowDefinitionError(
+                    f"workflow {name!r} ({where}): concurrency.key may reference the "
+                    f"function's parameters only (${{inputs.NAME}}), not ${{{ref.text}}}",
+                    function=where,
+                    field="concurrency.key",
+                )
+    spend = _spec(name, where, "budget", BudgetSpec, budget)
+    defaults = {
+        p.name: p.default
+        for p in sig.parameters.values()
+        if p.default is not p.empty and p.kind is not p.VAR_KEYWORD
+    }
+    wf = Workflow(
+        name,
+        fn,
+        tuple(params),
+        tuple(required),
+        var_kw,
+        limit,  # type: ignore[arg-type]
+        spend,  # type: ignore[arg-type]
+        defaults,
+        _checks(fn, params),
+    )
     with _LOCK:
         old = _WORKFLOWS.get(name)
         # The same function again (its module imported a second time) replaces it.
@@ -189,10 +261,12 @@ def unregister(name: str) -> None:
         _WORKFLOWS.pop(name, None)
 
 
-def workflow(name: str) -> Callable[[F], F]:
+def workflow(name: str, *, concurrency: Any = None, budget: Any = None) -> Callable[[F], F]:
     """Decorator: register the decorated generator function as workflow ``name``.
 
     Returns the function unchanged (a test may call it and drive it).
+    ``concurrency`` (``{"key": ..., "limit": N}``) and ``budget``
+    (``{"tokens": N, "usd": X}``): a plan's, with the same meaning.
 
     Raises:
         WorkflowDefinitionError: At decoration, naming the function.
@@ -204,7 +278,7 @@ def workflow(name: str) -> Callable[[F], F]:
         )
 
     def decorate(fn: F) -> F:
-        register(name, fn)
+        register(name, fn, concurrency=concurrency, budget=budget)
         return fn
 
     return decorate

@@ -21,10 +21,13 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
+from tiffany.agents.budget import Ledger
 from tiffany.agents.worker import AgentEnv
 from tiffany.errors import TiffanyError
-from tiffany.kernel import Coroutine, current_task
+from tiffany.kernel import Coroutine, Receive, current_task
 from tiffany.wire.documents import DocumentError, check
+from tiffany.wire.plan import BudgetSpec
+from tiffany.wire.records import SLOT_SIGNAL
 from tiffany.workflows.calls import WorkflowContext
 from tiffany.workflows.registry import Workflow, input_problems, lookup
 
@@ -86,7 +89,18 @@ def prepare_workflow(name: Any, inputs: Any) -> tuple[dict[str, Any], str]:
     problems = input_problems(wf, inputs)
     if problems:
         raise WorkflowInputError(problems)
-    return workflow_entry(name, inputs), name
+    entry = workflow_entry(name, inputs)
+    if wf.concurrency is not None:  # resolved now, as a plan's key (engine.prepare_plan)
+        from tiffany.agents.refs import RefError, resolve
+
+        try:
+            key = resolve(wf.concurrency.key, {**(wf.defaults or {}), **inputs}, {})
+        except RefError as exc:
+            raise WorkflowInputError([{"loc": "concurrency.key", "msg": exc.message}]) from None
+        entry["concurrency"] = {"key": str(key), "limit": wf.concurrency.limit}
+    if wf.budget is not None:  # in the entry, as a plan's is in its plan: a replay reads it
+        entry["budget"] = wf.budget.model_dump(exclude_none=True)
+    return entry, name
 
 
 def workflow_resolver(env: AgentEnv) -> Callable[[dict[str, Any], str, int], Coroutine]:
@@ -99,18 +113,42 @@ def workflow_resolver(env: AgentEnv) -> Callable[[dict[str, Any], str, int], Cor
     def resolve(entry: dict[str, Any], run_id: str, compat: int) -> Coroutine:
         wf = lookup(str(entry.get("workflow")))
         inputs = entry.get("inputs")
-        return run_workflow(env, run_id, wf, inputs if isinstance(inputs, Mapping) else {})
+        spend = entry.get("budget")
+        return run_workflow(
+            env,
+            run_id,
+            wf,
+            inputs if isinstance(inputs, Mapping) else {},
+            limited=entry.get("concurrency") is not None,
+            budget=BudgetSpec.model_validate(spend) if isinstance(spend, Mapping) else None,
+        )
 
     return resolve
 
 
 def run_workflow(
-    env: AgentEnv, run_id: str, wf: Workflow, inputs: Mapping[str, Any]
+    env: AgentEnv,
+    run_id: str,
+    wf: Workflow,
+    inputs: Mapping[str, Any],
+    *,
+    limited: bool = False,
+    budget: BudgetSpec | None = None,
 ) -> Generator[Any, Any, dict[str, Any]]:
-    """The root task of a workflow run; returns ``{"outputs": <the function's dict>}``."""
+    """The root task of a workflow run; returns ``{"outputs": <the function's dict>}``.
+
+    ``limited``: the run's entry has a concurrency limit: it waits for its
+    slot (the engine's signal :data:`SLOT_SIGNAL`, as a plan run's planner
+    does) before the function starts. ``budget``: the entry's; its
+    :class:`Ledger` is the run's ``tool(...)`` calls' (``calls.py``), and
+    its totals the result's ``usage``, as a plan run's.
+    """
     task = current_task()
     assert task is not None  # a root task, dispatched
-    task.context = WorkflowContext(env, run_id, wf.name)
+    if limited:
+        yield Receive(SLOT_SIGNAL)  # queued until the engine gives the run its slot
+    ledger = Ledger(budget) if budget is not None else None
+    task.context = WorkflowContext(env, run_id, wf.name, ledger=ledger)
     result = yield from wf.fn(**inputs)
     if not isinstance(result, dict):
         raise WorkflowResultError(
@@ -128,4 +166,6 @@ def run_workflow(
             function=wf.where,
             field=".".join(str(p) for p in exc.loc),
         ) from None
+    if ledger is not None:
+        return {"outputs": result, "usage": ledger.totals()}
     return {"outputs": result}

@@ -1,8 +1,9 @@
-"""``/api/schedules``: cron schedules of plans; each tick starts one run.
+"""``/api/schedules``: cron schedules of plans or workflows; each tick starts one run.
 
 The rows are the store's (``tiffany/schedules/store.py``); engine 0 fires
-the ticks (``tiffany/schedules/runner.py``). A schedule's plan is checked by
-an engine when it is added (422 naming the field), like a submission. Its
+the ticks (``tiffany/schedules/runner.py``). A schedule's plan (or its
+workflow's name and inputs) is checked by an engine when it is added (422
+naming the field), like a submission. Its
 body is read as a submission's is (``tiffany/api/body.py``: 413 over
 ``TIFFANY_MAX_PLAN_BYTES`` before it is buffered, 422 naming the byte or
 the path), at most ``TIFFANY_MAX_SCHEDULES`` schedules exist (429 beyond),
@@ -85,13 +86,16 @@ async def add_schedule(request: Request, state: State) -> dict[str, Any]:
     errors = schedules.check(body.cron, body.timezone, body.catchup)
     if errors:
         raise InvalidBody(["body", errors[0]["loc"]], errors[0]["msg"])
-    await state.engines.commands.check_plan(body.plan, body.inputs)
+    if (body.plan is None) == (body.workflow is None):
+        raise InvalidBody(["body", "workflow"], "send either a plan or a workflow (one of them)")
+    await state.engines.commands.check_plan(body.plan, body.inputs, workflow=body.workflow)
     now = time.time()  # noqa: TID251 - a schedule's ticks are wall-clock times
     limit = state.settings.max_schedules
     return await state.read(
         lambda s: schedules.create(
             s,
             plan=body.plan,
+            workflow=body.workflow,
             inputs=body.inputs,
             cron=body.cron,
             timezone=body.timezone,
