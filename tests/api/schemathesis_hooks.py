@@ -8,6 +8,8 @@ the request's shape, and are documented as such (README's API table):
 * ``plan.invalid``: a plan's tools, their arguments, its graph (an unknown
   tool, a cycle, a reference to a step not upstream), a re-run's
   ``from_step``: the engine's registry and the run decide;
+* ``workflow.inputs``: a ``workflow`` the server did not import, its
+  inputs against the function's signature: the registry decides;
 * ``step.no_conversation``: the step exists and is not an ``agent`` step;
 * ``min_seq`` beyond the journal's last seq: a seq this server never wrote;
 * a plan sent as text whose text is not a plan (the text is a string to
@@ -33,7 +35,7 @@ from schemathesis.openapi.checks import RejectedPositiveData
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 #: Error codes of refusals that depend on the server's state (see the module docstring).
-STATEFUL_CODES = frozenset({"plan.invalid", "step.no_conversation"})
+STATEFUL_CODES = frozenset({"plan.invalid", "workflow.inputs", "step.no_conversation"})
 #: The refusal of an integer the documents' limits leave out (tiffany/wire/documents.py).
 INT64_LIMIT = "out of the signed 64-bit range"
 #: Fields whose grammar or registry a pattern cannot hold (see the module docstring).

@@ -430,10 +430,25 @@ class ScheduleRequest(BaseModel):
     """A schedule: a plan or a workflow, its inputs, when (cron, time zone), missed ticks.
 
     One of ``plan`` and ``workflow`` (the API refuses both or neither, 422
-    naming ``workflow``): a tick submits it as ``POST /api/runs`` would.
+    naming ``workflow``): a tick submits it as ``POST /api/runs`` would. The
+    schema says so too (``oneOf``), so a client generated from it knows.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [
+                {
+                    "required": ["plan"],
+                    "properties": {"plan": {"type": "object"}, "workflow": {"type": "null"}},
+                },
+                {
+                    "required": ["workflow"],
+                    "properties": {"workflow": {"type": "string"}, "plan": {"type": "null"}},
+                },
+            ]
+        },
+    )
 
     # Any object here (the engine checks the plan, 422 plan.invalid naming the
     # field); the schema describes it as a plan.
