@@ -214,6 +214,35 @@ class LocalEngines:
             )
         )
 
+    # -- a run's commands: typed here, sent by each transport's _for_run -------------
+
+    async def cancel(self, run_id: str, reason: str) -> Cancelling:
+        """Cancel a run, on the engine that holds it."""
+        answer: Cancelling = await self._for_run(Cancel(run_id=run_id, reason=reason))
+        return answer
+
+    async def signal(self, run_id: str, name: str, payload: Any, signal_id: str) -> Signalled:
+        """Signal a run, on the engine that holds it."""
+        command = Signal(run_id=run_id, name=name, payload=payload, signal_id=signal_id)
+        answer: Signalled = await self._for_run(command)
+        return answer
+
+    async def verify(self, run_id: str, timeout: float) -> dict[str, Any]:
+        """Verify a run, on the engine that journaled it."""
+        report: dict[str, Any] = await self._for_run(Verify(run_id=run_id), timeout)
+        return report
+
+    async def export(self, run_id: str, timeout: float) -> dict[str, Any]:
+        """A run's export file, from the engine that journaled it."""
+        answer: dict[str, Any] = await self._for_run(Export(run_id=run_id), timeout)
+        return answer
+
+    async def _for_run(
+        self, command: Cancel | Signal | Verify | Export, timeout: float | None = None
+    ) -> Any:
+        """Send a run's command to the engine that holds the run (each transport's way)."""
+        raise NotImplementedError
+
 
 class SocketCommands(LocalEngines):
     """Commands over the engines' control sockets (the file WAL; module docstring).
@@ -266,27 +295,6 @@ class SocketCommands(LocalEngines):
         if engine != shards.engine_for_key(key, n):
             await self._caught_up([engine])
         return await self._submit(command, key)
-
-    async def cancel(self, run_id: str, reason: str) -> Cancelling:
-        """Cancel a run, on the engine that holds it."""
-        answer: Cancelling = await self._for_run(Cancel(run_id=run_id, reason=reason))
-        return answer
-
-    async def signal(self, run_id: str, name: str, payload: Any, signal_id: str) -> Signalled:
-        """Signal a run, on the engine that holds it."""
-        command = Signal(run_id=run_id, name=name, payload=payload, signal_id=signal_id)
-        answer: Signalled = await self._for_run(command)
-        return answer
-
-    async def verify(self, run_id: str, timeout: float) -> dict[str, Any]:
-        """Verify a run, on the engine that journaled it."""
-        report: dict[str, Any] = await self._for_run(Verify(run_id=run_id), timeout)
-        return report
-
-    async def export(self, run_id: str, timeout: float) -> dict[str, Any]:
-        """A run's export file, from the engine that journaled it."""
-        answer: dict[str, Any] = await self._for_run(Export(run_id=run_id), timeout)
-        return answer
 
     async def _submit(self, command: Submit | Rerun, key: str | None) -> Submitted:
         n = len(self.controls)

@@ -61,12 +61,10 @@ from tiffany.store.models import (
 )
 from tiffany.wire.control import (
     Cancel,
-    Cancelling,
     Command,
     Export,
     Rerun,
     Signal,
-    Signalled,
     Submit,
     Submitted,
     Verify,
@@ -426,27 +424,6 @@ class PgCommands(LocalEngines):
         if from_step is not None:
             extra["from_step"] = from_step
         answer: Submitted = _typed(Submit(), await self.db.submit(None, inputs, key, extra=extra))
-        return answer
-
-    async def cancel(self, run_id: str, reason: str) -> Cancelling:
-        """Cancel a run, through its engine's row."""
-        answer: Cancelling = await self._for_run(Cancel(run_id=run_id, reason=reason))
-        return answer
-
-    async def signal(self, run_id: str, name: str, payload: Any, signal_id: str) -> Signalled:
-        """Signal a run, through its engine's row."""
-        command = Signal(run_id=run_id, name=name, payload=payload, signal_id=signal_id)
-        answer: Signalled = await self._for_run(command)
-        return answer
-
-    async def verify(self, run_id: str, timeout: float) -> dict[str, Any]:
-        """Verify a run, through its engine's row."""
-        report: dict[str, Any] = await self._for_run(Verify(run_id=run_id), timeout)
-        return report
-
-    async def export(self, run_id: str, timeout: float) -> dict[str, Any]:
-        """A run's export file, through its engine's row."""
-        answer: dict[str, Any] = await self._for_run(Export(run_id=run_id), timeout)
         return answer
 
     async def engines_elsewhere(self, besides: Sequence[str]) -> int:
