@@ -25,6 +25,17 @@ allowed on such a connection (RFC 7692, section 6). The API turns
 compression off for its websockets anyway (``server.uvicorn_config``):
 compressing every message once per subscriber is the fan-out cost this
 module removes.
+
+Rejected: the feed on public APIs only (each message built once for every
+subscriber at a ring position and sent with ASGI ``websocket.send``, the
+per-connection bounds set on the listening sockets with
+``TCP_NOTSENT_LOWAT`` and ``TCP_USER_TIMEOUT``). Every feed behaviour held,
+but a message per event through ASGI is framed and written per socket: the
+fan-out cost the API several times its CPU a submission beside stalled
+one-event-a-message sockets, and more beside batch readers (bench/README.md,
+"The feed through ASGI, side by side"). This module builds on uvicorn's
+protocol internals, so the dependency is pinned to the minor it is tested
+with (pyproject.toml).
 """
 
 from __future__ import annotations
