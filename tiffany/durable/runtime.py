@@ -269,12 +269,27 @@ class Runtime:
         run_id: str | None = None,
         name: str | None = None,
         on_end: Callable[[RunState], None] | None = None,
+        fork: Iterable[tuple[int, bytes]] | None = None,
+        compat: int = JOURNAL_COMPAT,
     ) -> str:
-        """Start a run from an entry record (``{"kind": ..., ...}``)."""
+        """Start a run from an entry record (``{"kind": ..., ...}``).
+
+        ``fork``: the run's journal begins with these records of another run
+        (a prefix of it: ``fork.py``), which it replays before it goes live;
+        ``compat`` is that run's journal version.
+        """
         run_id = run_id or f"run-{uuid.uuid4().hex[:12]}"
         self._unfinished = None  # recover() reads the log again if it comes later
-        coro = self._resolve(entry, run_id, JOURNAL_COMPAT)
-        self.journal.start_run(run_id, name or str(entry.get("kind")), entry, coro, on_end=on_end)
+        coro = self._resolve(entry, run_id, compat)
+        self.journal.start_run(
+            run_id,
+            name or str(entry.get("kind")),
+            entry,
+            coro,
+            on_end=on_end,
+            fork=fork,
+            compat=compat,
+        )
         return run_id
 
     def recover(self, only: Iterable[str] | None = None) -> list[str]:

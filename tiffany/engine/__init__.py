@@ -154,22 +154,35 @@ class Engine:
         run_id: str | None = None,
         name: str | None = None,
         on_end: Callable[[Any], None] | None = None,
+        fork: tuple[list[tuple[int, bytes]], int | None] | None = None,
     ) -> str:
         """Start a run (on the loop's thread, or before it runs); return its id.
 
         A run with a concurrency limit gets its slot or queues (``concurrency.py``).
+        ``fork``: a workflow's re-run: the earlier run's records its journal
+        begins with, and their journal version (``tiffany/durable/fork.py``).
         """
         spec = spec_of(entry)
         on_end = self._ending(entry, on_end)
+        records, compat = fork if fork is not None else (None, None)
+        forked: dict[str, Any] = {} if records is None else {"fork": records}
+        if compat is not None:
+            forked["compat"] = compat
         if spec is None:
-            run_id = self.runtime.submit_entry(entry, run_id=run_id, name=name, on_end=on_end)
+            run_id = self.runtime.submit_entry(
+                entry, run_id=run_id, name=name, on_end=on_end, **forked
+            )
             self._watch_signals(run_id, entry)
             return run_id
         run_id = self.runtime.submit_entry(
-            entry, run_id=run_id, name=name, on_end=self._releasing(on_end)
+            entry, run_id=run_id, name=name, on_end=self._releasing(on_end), **forked
         )
         self._watch_signals(run_id, entry)
-        self.slots.admit(run_id, *spec)
+        run = self.runtime.journal.runs[run_id]
+        if any(_signal_name(w) == SLOT_SIGNAL for _, w in _wakes(run)):
+            self.slots.holding(run_id, spec[0])  # a fork whose copy holds the slot's signal
+        else:
+            self.slots.admit(run_id, *spec)
         return run_id
 
     def recover_runs(

@@ -75,6 +75,7 @@ on one class: every method would again share every attribute.
 from __future__ import annotations
 
 import re
+import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -311,9 +312,39 @@ class ControlRequests:
         )
 
     def rerun(self, command: Rerun) -> Future[Submitted]:
-        """Start a re-run of a finished run (control threads: it reads the store)."""
-        plan, inputs, rerun = self.stored.rerun_source(command)
-        return self._submit(plan, inputs, command.key, command.run_id, None, rerun)
+        """Start a re-run of a finished run (control threads: it reads the store).
+
+        A workflow run's re-run is a fork of its journal (``stored_runs.py``):
+        its run id is chosen here, and the earlier run's workspace copied
+        into the new run's before it starts (a plan's re-run copies it in a
+        step of its planner; a fork's journal is the earlier run's, so the
+        copy is made outside it, as the run's files are).
+        """
+        source = self.stored.rerun_source(command)
+        if source.fork is None:
+            return self._submit(
+                source.plan, source.inputs, command.key, command.run_id, None, source.rerun
+            )
+        run_id = command.run_id or f"run-{uuid.uuid4().hex[:12]}"
+        env = self.engine.env
+        env.copy_workspace(source.rerun["rerun_of"]["run_id"], run_id)
+        answer = self._submit(
+            None,
+            source.inputs,
+            command.key,
+            run_id,
+            None,
+            source.rerun,
+            workflow=source.workflow,
+            fork=(source.fork, source.compat),
+        )
+
+        def unused(done: Future[Submitted]) -> None:  # a repeated key answered another run
+            if done.cancelled() or done.exception() is not None or done.result().run_id != run_id:
+                shutil.rmtree(env.workspace_root / run_id, ignore_errors=True)
+
+        answer.add_done_callback(unused)
+        return answer
 
     def _submit(
         self,
@@ -325,15 +356,20 @@ class ControlRequests:
         rerun: dict[str, Any] | None = None,
         *,
         workflow: str | None = None,
+        fork: tuple[list[tuple[int, bytes]], int | None] | None = None,
     ) -> Future[Submitted]:
-        """Check a run's plan and inputs and queue its start (``given``: the caller's run id)."""
+        """Check a run's plan and inputs and queue its start (``given``: the caller's run id).
+
+        ``fork``: a workflow's re-run: the records its journal begins with and
+        their journal version (``tiffany/durable/fork.py``).
+        """
         if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 255):
             raise InvalidCommand(
                 "invalid Idempotency-Key",
                 field="key",
                 detail=[{"loc": "Idempotency-Key", "msg": "must be 1 to 255 characters"}],
             )
-        if workflow is not None and (plan is not None or rerun is not None):
+        if workflow is not None and (plan is not None or (rerun is not None and fork is None)):
             msg = "send either a workflow or a plan, not both"
             raise InvalidCommand(msg, field="workflow", detail=[{"loc": "workflow", "msg": msg}])
         try:  # the engine trusts no caller: `tiffany submit` bypasses the API's checks
@@ -358,7 +394,9 @@ class ControlRequests:
                 raise InvalidCommand(exc.message, field="plan", detail=exc.errors) from None
         if schedule is not None:  # a schedule's tick (engine/schedules.py)
             entry["schedule"] = {"id": str(schedule.get("id")), "tick": str(schedule.get("tick"))}
-        if rerun is not None:  # the earlier run and the restart point name the plan and reuse
+        if rerun is not None and fork is not None:  # a fork replays the earlier run's entry
+            entry = {**rerun["entry"], "rerun_of": rerun["rerun_of"]}
+        elif rerun is not None:  # the earlier run and the restart point name the plan and reuse
             entry["rerun_of"], entry["reuse"] = rerun["rerun_of"], rerun["reuse"]
         digest = ""  # only a key is tied to a body (a sorted JSON dump and a hash a run)
         if key is not None:
@@ -370,7 +408,7 @@ class ControlRequests:
         reply: Future[Submitted] = Future()  # the caller's: the answer, or the timeout
 
         def start() -> None:  # on the loop; the answer is resolved when its seq is durable
-            run_id, created, seq = self._start(entry, name, key, digest, given)
+            run_id, created, seq = self._start(entry, name, key, digest, given, fork)
             self.durable.when(seq, answer, Submitted(run_id=run_id, created=created, seq=seq))
 
         def relay(done: Future[Submitted]) -> None:
@@ -566,6 +604,7 @@ class ControlRequests:
         key: str | None,
         digest: str,
         run_id: str | None = None,
+        fork: tuple[list[tuple[int, bytes]], int | None] | None = None,
     ) -> tuple[str, bool, int]:
         if self.lifecycle.stopping():
             raise EngineNotReady("the engine is stopping")
@@ -596,7 +635,7 @@ class ControlRequests:
             data={"name": name, "kind": entry.get("kind")},
         )
         start_seq = self.runtime.wal.next_seq  # the RUN_START's: the run's first record
-        self.engine.start_entry(entry, run_id=run_id, name=name, on_end=self._on_end)
+        self.engine.start_entry(entry, run_id=run_id, name=name, on_end=self._on_end, fork=fork)
         self.runs.started(
             run_id, None if key is None else KeyEntry(key, run_id, digest, now, start_seq)
         )
