@@ -196,9 +196,7 @@ class StoredRuns:
             },
         )
 
-    def _workflow_fork(
-        self, source_id: str, source: dict[str, Any], command: Rerun
-    ) -> RerunSource:
+    def _workflow_fork(self, source_id: str, source: dict[str, Any], command: Rerun) -> RerunSource:
         """A workflow run's re-run: its journal forked before the call to restart from.
 
         Control threads only (reads the journal). ``tiffany/workflows/rerun.py``

@@ -284,7 +284,10 @@ class AsyncClient:
         inputs: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
     ) -> AsyncRunHandle:
-        """Re-run a finished run from ``from_step`` (default: its failed steps) as a new run."""
+        """Re-run a finished run from ``from_step`` (default: its failed steps) as a new run.
+
+        A workflow run is re-run from a call (``tool_2``): see :meth:`Client.rerun`.
+        """
         body: dict[str, Any] = {}
         if from_step is not None:
             body["from_step"] = from_step

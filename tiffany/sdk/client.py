@@ -378,6 +378,10 @@ class Client:
 
         Steps not downstream of the restart point reuse their recorded
         outputs; ``inputs`` replace the earlier run's (the others are kept).
+        A workflow run is re-run from a call (``from_step="tool_2"``; default:
+        the one it failed at): its journal is forked before that call, and
+        the calls before it are replayed, not made again (its inputs cannot
+        change).
 
         Raises:
             Conflict: The run has not finished.

@@ -55,7 +55,7 @@ class RerunRefused(TiffanyError):
 
 
 def call_dispatches(records: Sequence[Any]) -> dict[str, int]:
-    """The run's numbered calls: call id (``tool_1``, ``child_2``) -> index of its dispatch record."""
+    """The run's numbered calls: call id (``tool_1``, ``child_2``) -> its dispatch's index."""
     calls: dict[str, int] = {}
     k = 0
     for i, rec in enumerate(records):
