@@ -6,8 +6,11 @@ signal ``approve`` with a schema. Its page shows that it is a workflow (its
 name, its inputs as the call's arguments), no plan graph and no steps, the
 task tree (the function, and its child named by its function), the root
 task's current call and the signal it waits for, with the form that sends
-it; a payload the wait's schema refuses is refused beside the form (the
-engine's 422 names the field); a good one ends the run, its outputs shown.
+it, drawn from the wait's schema (which the page asks the engine for:
+``GET /api/runs/{id}/waits``): a field per property, the required one
+refused in the page when empty, a value the schema refuses beyond what the
+form checks refused beside its field (the engine's 422 names it); a good
+one ends the run, its outputs shown.
 A screenshot of the page while it waits is saved in the suite's artifacts.
 """
 
@@ -26,16 +29,19 @@ chromium_path = base.chromium_path
 #: Playwright's timeout for one expectation, in milliseconds.
 EXPECT_TIMEOUT_MS = 20_000
 
+#: The schema of the workflow's wait for ``approve``.
+APPROVAL: dict[str, Any] = {
+    "type": "object",
+    "required": ["by"],
+    "properties": {"by": {"type": "string", "minLength": 2, "description": "who approves"}},
+}
+
 REVIEW_MODULE = """\
 from tiffany import workflow
 from tiffany.kernel import NewTask, Step, WaitTask
 from tiffany.workflows import signal
 
-APPROVAL = {
-    "type": "object",
-    "required": ["by"],
-    "properties": {"by": {"type": "string"}},
-}
+APPROVAL = SCHEMA
 
 
 def write(topic):
@@ -53,7 +59,7 @@ def review(topic: str):
     text = yield WaitTask(tid)
     ok = yield signal("approve", schema=APPROVAL)
     return {"text": text, "by": ok["by"]}
-"""
+""".replace("SCHEMA", repr(APPROVAL))
 
 
 def _submit_workflow(url: str, name: str, inputs: dict[str, Any]) -> str:
@@ -111,26 +117,38 @@ def test_a_workflow_runs_page_shows_its_tree_its_wait_and_sends_the_signal(
         wait = wf.locator('[data-testid=workflow-wait][data-signal="approve"]')
         expect(wait).to_have_attribute("data-ltid", "1")
         expect(wait.get_by_test_id("step-waiting")).to_have_text("waiting for approve")
-        form = wait.locator('form[data-signal="approve"]')
+        # The engine's answer for the wait: its schema, which the form is drawn from.
+        told = _http_json(f"{url}api/runs/{run_id}/waits")
+        assert told["signals"] == [{"name": "approve", "schema": APPROVAL}], told
+        form = wait.locator('form[data-signal="approve"][data-schema="fields"]')
         expect(form).to_be_visible()
+        by = form.locator('[data-testid=signal-input][data-field="by"]')
+        expect(by).to_have_attribute("aria-required", "true")
+        expect(by).to_have_attribute("placeholder", "who approves")
+        expect(form.get_by_test_id("signal-payload")).to_have_count(0)  # no JSON box
         png = tmp_path / "dashboard-workflow.png"
         page.screenshot(path=str(png), full_page=True)
         _save_screenshot(png, png.name, artifacts_dir)
 
-        # A payload the wait's schema refuses: the engine's 422 names the field.
-        payload = form.get_by_label("Payload for approve")
-        payload.fill('{"who": "eve"}')
+        # The required field left empty: refused here, nothing sent.
         send = form.get_by_role("button", name="Send", exact=True)
+        send.click()
+        field_error = form.locator('[data-testid=signal-field-error][data-field="by"]')
+        expect(field_error).to_have_text("by is required")
+        # A value the schema refuses beyond what the form checks: the engine's 422, beside it.
+        by.fill("e")
         with page.expect_response(lambda r: "/signals/" in r.url) as refused:
             send.click()
         assert refused.value.status == 422
-        error = form.get_by_test_id("signal-error")
-        expect(error).to_be_visible()
-        expect(error).to_contain_text("by")
+        expect(field_error).to_be_visible()
+        expect(field_error).to_contain_text("short")
         expect(page.get_by_test_id("run-status")).to_have_attribute("data-status", "waiting")
+        png = tmp_path / "dashboard-workflow-refused.png"
+        page.screenshot(path=str(png), full_page=True)
+        _save_screenshot(png, png.name, artifacts_dir)
 
         # A good one: journaled (202), the run ends with it.
-        payload.fill('{"by": "eve"}')
+        by.fill("eve")
         with page.expect_response(lambda r: "/signals/" in r.url) as answered:
             send.click()
         assert answered.value.status == 202

@@ -124,6 +124,19 @@ class Engine:
         if known is not None:
             self.signals[run_id] = known.plus(steps, {})
 
+    def awaited(self, run_id: str) -> list[dict[str, Any]]:
+        """The signals run ``run_id``'s tasks are parked on now, with each wait's schema (the loop).
+
+        ``[{"name", "schema"}]``, names sorted; ``schema`` the one the wait
+        declared (a plan's step, or told by a workflow's ``signal(...)`` as it
+        was reached: ``_steps_added``), or None.
+        """
+        known = self.signals.get(run_id)
+        return [
+            {"name": name, "schema": None if known is None else known.schema(name)}
+            for name in self.runtime.journal.awaited_signals(run_id)
+        ]
+
     def cancel(self, run_id: str, reason: str = "cancelled") -> bool:
         """Cancel a running run (on the loop); False if it already ended.
 

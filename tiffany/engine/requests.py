@@ -121,6 +121,7 @@ from tiffany.wire.control import (
     Tools,
     Verify,
     WaitProjected,
+    Waits,
     command_name,
     submission_digest,
 )
@@ -264,6 +265,7 @@ class ControlRequests:
             Signal: self._signal,
             Verify: self.reads.verify,
             Export: self.reads.export,
+            Waits: self._waits,
             WaitProjected: self.reads.wait_projected,
             CheckPlan: self.reads.check_plan,
             Metrics: lambda _: self.reads.metrics_text(),
@@ -293,6 +295,18 @@ class ControlRequests:
         answer: Cancelling = self._for_run(
             run_id, lambda: self._cancel(run_id, reason), live=command.live
         )
+        return answer
+
+    def _waits(self, command: Waits) -> dict[str, Any]:
+        """The signals a running run waits for now, with their schemas (read on the loop)."""
+        run_id = command.run_id
+
+        def read() -> dict[str, Any]:
+            if run_id not in self.runtime.journal.runs:
+                raise RunNotFound(f"no run {run_id!r}")
+            return {"run_id": run_id, "signals": self.engine.awaited(run_id)}
+
+        answer: dict[str, Any] = self._for_run(run_id, read, live=command.live)
         return answer
 
     def submit(self, command: Submit) -> Future[Submitted]:

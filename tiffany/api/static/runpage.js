@@ -26,11 +26,13 @@
 // tree (the root task is the function, each child named by its function),
 // each live task's current call (the store's `blocked_on`: the call it
 // yielded and waits on), and the signals its tasks wait for, each with the
-// form that sends it (signalform.js). The form has no schema to draw
-// fields from (the wait's schema reaches the engine, not the store): it is
-// the JSON box, and the engine's refusal of a payload names the field.
+// form that sends it (signalform.js). A wait's schema is told to the engine
+// as the code reaches it, not kept in the store: the page asks the engine
+// (`GET /api/runs/{id}/waits`) whenever the waits change, and draws the
+// form's fields from the schema (the JSON box until it is known, or when
+// the wait declares none); the engine's refusal of a payload names the field.
 
-import { api, ApiError, rerunRun, sendSignal } from "./api.js";
+import { api, ApiError, rerunRun, runWaits, sendSignal } from "./api.js";
 import {
   clock,
   compact,
@@ -419,10 +421,15 @@ export class RunPage {
     const runLive = !TERMINAL_RUN.has(d.status);
     const waits = runLive ? (d.waiting_for || []).filter((w) => w.kind === "signal" && typeof w.name === "string") : [];
     const names = new Map(tasks.map((t) => [t.ltid, t.name]));
-    const sig = `${d.entry.workflow}|${JSON.stringify([d.inputs, d.outputs])}|${d.status}|${waits.map((w) => `${w.task}:${w.name}`).join(",")}|${waits.map((w) => names.get(w.task) || "").join(",")}`;
+    const waited = waits.map((w) => w.name).sort().join(",");
+    if (waited && waited !== this.schemasFor) this.askSchemas(waited);
+    const schemas = waited === this.schemasFor ? this.waitSchemas : null;
+    const schemaOf = (name) => (schemas && schemas.has(name) ? schemas.get(name) : null);
+    const sig = `${d.entry.workflow}|${JSON.stringify([d.inputs, d.outputs])}|${d.status}|${waits.map((w) => `${w.task}:${w.name}`).join(",")}|${waits.map((w) => names.get(w.task) || "").join(",")}|${waits.map((w) => JSON.stringify(schemaOf(w.name))).join(",")}`;
     if (sig === this.workflowSig) return;
     this.workflowSig = sig;
-    const keys = new Set(waits.map((w) => `task ${w.task}\n${w.name}`));
+    const formKey = (w) => `task ${w.task}${schemaOf(w.name) ? " (schema)" : ""}`;
+    const keys = new Set(waits.map((w) => `${formKey(w)}\n${w.name}`));
     for (const key of this.signalForms.keys()) if (!keys.has(key)) this.signalForms.delete(key);
     const active = document.activeElement;
     const focus = active && active !== document.body && this.workflowEl.contains(active) ? active : null;
@@ -454,7 +461,7 @@ export class RunPage {
                 h("span", { class: "pill pill-sm tone-wait waiting-badge", testid: "step-waiting", dataset: { waiting: w.name } }, `waiting for ${w.name}`),
                 w.task != null ? h("span", { class: "muted small" }, ` in task ${names.get(w.task) || "?"} #${w.task}`) : null,
               ),
-              this.signalForm(`task ${w.task}`, w.name),
+              this.signalForm(formKey(w), w.name, schemaOf(w.name)),
             ),
           )
         : h("div", { class: "muted small", testid: "workflow-no-waits" }, runLive ? "No task waits for a signal." : "The run has ended."),
@@ -463,6 +470,28 @@ export class RunPage {
       focus.focus({ preventScroll: true });
       if (caret) focus.setSelectionRange(caret[0], caret[1]);
     }
+  }
+
+  /**
+   * Ask the engine for the schemas of the signals a workflow run waits for
+   * (`waited`: their names, sorted and joined), once per set of names; the
+   * card is drawn again when they come. A refusal (the run ended meanwhile)
+   * leaves the JSON box.
+   */
+  async askSchemas(waited) {
+    if (this.schemasAsked === waited) return;
+    this.schemasAsked = waited;
+    let schemas = new Map();
+    try {
+      const answer = await runWaits(this.runId);
+      for (const s of answer.signals || []) schemas.set(s.name, s.schema && typeof s.schema === "object" ? s.schema : null);
+    } catch {
+      schemas = new Map();
+    }
+    if (this.schemasAsked !== waited) return;
+    this.schemasFor = waited;
+    this.waitSchemas = schemas;
+    if (this.detail && isWorkflow(this.detail)) this.renderWorkflow(this.detail, this.tasks());
   }
 
   renderGraph(d, tasks) {
