@@ -10,7 +10,10 @@ it, drawn from the wait's schema (which the page asks the engine for:
 ``GET /api/runs/{id}/waits``): a field per property, the required one
 refused in the page when empty, a value the schema refuses beyond what the
 form checks refused beside its field (the engine's 422 names it); a good
-one ends the run, its outputs shown.
+one ends the run, its outputs shown. Each call and step the workflow makes
+while the page listens is listed with the line of the code that made it
+(the feed's ``step`` event carries it), and every one of them once "Verify
+replay" ran (the replay's report lists them against the code as it is now).
 A screenshot of the page while it waits is saved in the suite's artifacts.
 """
 
@@ -58,6 +61,7 @@ def review(topic: str):
     tid = yield NewTask(draft(topic))
     text = yield WaitTask(tid)
     ok = yield signal("approve", schema=APPROVAL)
+    yield Step(write, "after the approval")
     return {"text": text, "by": ok["by"]}
 """.replace("SCHEMA", repr(APPROVAL))
 
@@ -161,6 +165,38 @@ def test_a_workflow_runs_page_shows_its_tree_its_wait_and_sends_the_signal(
         expect(wf.get_by_test_id("workflow-outputs")).to_contain_text('"by":"eve"')
         outputs = json.loads(page.get_by_test_id("run-outputs").locator("pre").inner_text())
         assert outputs == {"text": "a draft on tides", "by": "eve"}
+
+        # -- each call with its source line ------------------------------------------
+        lines = REVIEW_MODULE.splitlines()
+
+        def line_of(text: str) -> int:
+            return next(i for i, x in enumerate(lines, 1) if text in x)
+
+        calls = wf.get_by_test_id("workflow-call")
+        expect(wf.get_by_test_id("workflow-calls-from")).to_have_attribute("data-from", "live")
+        # The feed's events since the page subscribed (and those the feed still held then).
+        last = calls.last.get_by_test_id("workflow-call-source")
+        expect(last).to_have_text(f"reviewflow.py:{line_of('after the approval')} (review)")
+        expect(last).to_have_attribute(
+            "title", f"{tmp_path / 'reviewflow.py'}:{line_of('after the approval')} (review)"
+        )
+        page.get_by_test_id("verify-button").click()
+        expect(page.get_by_test_id("verify-status")).to_have_text("identical")
+        expect(wf.get_by_test_id("workflow-calls-from")).to_have_attribute("data-from", "replay")
+        expect(calls).to_have_count(3)  # every call and step, from the replay
+        sources = calls.get_by_test_id("workflow-call-source").all_inner_texts()
+        at = [int(x.rsplit(":", 1)[1].split()[0]) for x in sources]
+        assert at == [
+            line_of("yield Step(write, topic)"),
+            line_of("yield signal("),
+            line_of("after the approval"),
+        ], sources
+        labels = calls.get_by_test_id("workflow-call-label").all_inner_texts()
+        assert labels[0] == "step reviewflow:write", labels
+        assert labels[1].startswith("call signal:approve#"), labels
+        png = tmp_path / "dashboard-workflow-calls.png"
+        page.screenshot(path=str(png), full_page=True)
+        _save_screenshot(png, png.name, artifacts_dir)
         png = tmp_path / "dashboard-workflow-done.png"
         page.screenshot(path=str(png), full_page=True)
         _save_screenshot(png, png.name, artifacts_dir)

@@ -36,12 +36,12 @@ from typing import Any, Final
 
 from tiffany.errors import TiffanyError
 from tiffany.wire.documents import did_you_mean
-from tiffany.wire.records import Dispatch, RunEnd, StepStart, Wake
+from tiffany.wire.records import WORKFLOW_CALL_PREFIXES, Dispatch, RunEnd, StepStart, Wake
 
 __all__ = ["CALL_PREFIXES", "RerunRefused", "call_dispatches", "fork_point"]
 
 #: The names of the nested coroutines a workflow's numbered calls are (``calls.py``).
-CALL_PREFIXES: Final = ("tool:", "child:")
+CALL_PREFIXES: Final = tuple(p for p in WORKFLOW_CALL_PREFIXES if p != "signal:")
 
 
 class RerunRefused(TiffanyError):

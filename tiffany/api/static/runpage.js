@@ -155,7 +155,8 @@ export class RunPage {
     this.graphCard = card("Plan", this.graphEl, "graph-card", "steps and what they run after; click a step");
     this.stepsCard = card("Steps", this.stepsEl, "steps-card");
     this.tasksCard = card("Tasks", h("div", null, this.treeEl, this.taskEl), "tasks-card", "planner → workers → tools; click a task");
-    this.workflowCard = card("Workflow", this.workflowEl, "workflow-card", "a @workflow function: its tasks' calls and the signals they wait for");
+    this.callsEl = h("div", { class: "workflow-calls", testid: "workflow-calls" });
+    this.workflowCard = card("Workflow", h("div", null, this.workflowEl, this.callsEl), "workflow-card", "a @workflow function: its tasks' calls and the signals they wait for");
     this.workflowCard.hidden = true;
     const journalEl = h("div", { class: "journal-wrap" });
     fill(
@@ -381,8 +382,10 @@ export class RunPage {
     const failedSteps = new Set((d.steps || []).filter((s) => s.status === "failed").map((s) => s.step_id));
     const workflow = isWorkflow(d);
     if (workflow !== this.shownAsWorkflow) this.showKind(workflow);
-    if (workflow) this.renderWorkflow(d, tasks);
-    else this.renderGraph(d, tasks);
+    if (workflow) {
+      this.renderWorkflow(d, tasks);
+      this.renderCalls(tasks);
+    } else this.renderGraph(d, tasks);
     this.renderTalks(d);
     renderTimeline(this.timelineEl, rows, {
       now,
@@ -470,6 +473,51 @@ export class RunPage {
       focus.focus({ preventScroll: true });
       if (caret) focus.setSelectionRange(caret[0], caret[1]);
     }
+  }
+
+  /**
+   * A workflow run's calls and steps with the line of the user's code that
+   * made each: from the live feed (each `step` event of the workflow's tasks
+   * carries `data.source`: only the calls made while this page listened),
+   * or, once "Verify replay" ran, from the replay's report (`calls`: every
+   * call, against the code as it is now). Lines are not journaled.
+   */
+  renderCalls(tasks) {
+    const names = new Map(tasks.map((t) => [t.ltid, t.name]));
+    const replayed = Array.isArray(this.verifyCalls) ? this.verifyCalls : null;
+    const rows = replayed
+      ? replayed.map((c) => ({ task: c.task, call: c.call, source: c.source, dispatch: c.dispatch }))
+      : this.live.events
+          .filter((e) => e.run === this.runId && e.kind === "step" && e.data && typeof e.data.source === "string")
+          .map((e) => ({ task: e.ltid, call: e.label, source: e.data.source, dispatch: null }));
+    const sig = `${replayed ? "replay" : "live"}|${rows.length}|${rows.length ? rows[rows.length - 1].source : ""}`;
+    if (sig === this.callsSig) return;
+    this.callsSig = sig;
+    if (!rows.length) {
+      fill(this.callsEl);
+      return;
+    }
+    fill(
+      this.callsEl,
+      h(
+        "div",
+        { class: "workflow-calls-head small muted", testid: "workflow-calls-from", dataset: { from: replayed ? "replay" : "live" } },
+        replayed ? `Calls and steps, from the replay (${rows.length}):` : `Calls and steps seen live (${rows.length}):`,
+      ),
+      h(
+        "ol",
+        { class: "workflow-call-list" },
+        rows.slice(-CALLS_SHOWN).map((r) =>
+          h(
+            "li",
+            { class: "workflow-call-row small", testid: "workflow-call", dataset: { ltid: String(r.task ?? ""), dispatch: r.dispatch != null ? String(r.dispatch) : "" } },
+            h("code", { testid: "workflow-call-label" }, r.call),
+            h("span", { class: "muted" }, ` in ${names.get(r.task) || "task"} #${r.task ?? "?"} at `),
+            h("code", { class: "workflow-call-source", testid: "workflow-call-source", title: r.source }, shortSource(r.source)),
+          ),
+        ),
+      ),
+    );
   }
 
   /**
@@ -932,6 +980,10 @@ export class RunPage {
     try {
       const v = await api(`api/runs/${encodeURIComponent(this.runId)}/verify`, { method: "POST" });
       renderVerify(this.verifyEl, v);
+      if (Array.isArray(v.calls) && v.calls.length && isWorkflow(this.detail)) {
+        this.verifyCalls = v.calls;
+        this.renderCalls(this.tasks());
+      }
     } catch (err) {
       fill(
         this.verifyEl,
@@ -943,6 +995,15 @@ export class RunPage {
     }
   }
 }
+
+/** `path/to/mod.py:12 (fn)` as `mod.py:12 (fn)` (the whole path is the element's title). */
+function shortSource(source) {
+  const m = /^(.*?)([^/\\]+:\d+(?: \(.*\))?)$/.exec(String(source));
+  return m ? m[2] : String(source);
+}
+
+/** The most calls the workflow card lists (the newest ones). */
+const CALLS_SHOWN = 200;
 
 /** Whether run detail `d` is a workflow run (a `@workflow` function), not a plan run. */
 function isWorkflow(d) {
