@@ -76,6 +76,15 @@ def with_a_step(where: str):
     return {"a": a, "b": b}
 
 
+@workflow("rr.drift")
+def drift(where: str):
+    # Reads a file outside a step (against the rules): the way a code change looks to a replay.
+    tag = (Path(where) / "tag").read_text()
+    a = yield tool("python", function="rr.count", kwargs={"where": where, "tag": tag})
+    b = yield tool("python", function="rr.gate", kwargs={"where": where})
+    return {"a": a, "b": b}
+
+
 @workflow("rr.wait")
 def waits():
     got = yield signal("go")
@@ -190,3 +199,26 @@ def test_a_rerun_that_cannot_fork_is_refused_naming_why(served: Served, tmp_path
         r = httpx.post(f"{served.url}/api/runs/{waiting.run_id}/rerun", json={})
         assert r.status_code == 422, r.text  # it failed nowhere: name the call
         assert r.json()["detail"][0]["loc"] == ["from_step"]
+
+
+def test_a_rerun_whose_code_no_longer_replays_the_copy_is_refused(
+    served: Served, tmp_path: Path
+) -> None:
+    where = tmp_path / "drift"
+    where.mkdir()
+    (where / "tag").write_text("a")
+    with Client(served.url) as client:
+        first = client.submit(workflow="rr.drift", inputs={"where": str(where)})
+        assert first.wait(timeout=60).status == "failed"
+        (where / "tag").write_text("z")  # the first call's arguments change: a divergence
+        (where / "open").write_text("")
+        r = httpx.post(f"{served.url}/api/runs/{first.run_id}/rerun", json={}, timeout=120)
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["loc"] == ["from_step"]
+        assert "does not replay" in r.text
+        assert "rrmod.py" in r.text  # the divergence names the line of the code
+        # From the first call, nothing is replayed: the re-run goes.
+        again = client.rerun(first.run_id, from_step="tool_1").wait(timeout=60)
+        assert again.status == "succeeded", again.error
+        assert again.outputs == {"a": "z", "b": ""}
+    assert _counts(where) == {"a": 1, "gate": 2, "z": 1}

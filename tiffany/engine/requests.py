@@ -92,7 +92,7 @@ from tiffany.durable import signal_bytes
 from tiffany.durable.checkpoint import KeyEntry
 from tiffany.engine.inbox import DurableWaits, Inbox, settle
 from tiffany.engine.reads import EngineReads, detail_at
-from tiffany.engine.stored_runs import StoredRuns
+from tiffany.engine.stored_runs import RerunSource, StoredRuns
 from tiffany.errors import (
     EngineNotReady,
     InvalidCommand,
@@ -339,6 +339,7 @@ class ControlRequests:
             return self._submit(
                 source.plan, source.inputs, command.key, command.run_id, None, source.rerun
             )
+        self._check_fork(source)
         run_id = command.run_id or f"run-{uuid.uuid4().hex[:12]}"
         env = self.engine.env
         env.copy_workspace(source.rerun["rerun_of"]["run_id"], run_id)
@@ -359,6 +360,29 @@ class ControlRequests:
 
         answer.add_done_callback(unused)
         return answer
+
+    def _check_fork(self, source: RerunSource) -> None:
+        """Refuse a workflow's re-run whose code no longer replays the copy (control threads).
+
+        The copy is replayed against the code as it is now, in the verify
+        pool (no side effect): a fork whose replay would diverge is refused
+        here, naming the divergence, instead of failing the new run (and
+        restarting the engine, as any divergence of a live run does).
+        """
+        assert source.head is not None
+        assert source.copied is not None
+        report = self.verifier.verify_fork(source.head, source.copied)
+        if report.get("ok"):
+            return
+        what = report.get("divergence") or {}
+        why = what.get("message") if isinstance(what, dict) else None
+        problems = "; ".join(str(p) for p in report.get("problems") or [])
+        msg = (
+            f"the workflow's code as it is now does not replay run {source.head['run_id']} "
+            f"up to {', '.join(source.rerun['rerun_of']['restart'])}: {why or problems}; restart "
+            "from a call before the change (from_step), or submit a new run"
+        )
+        raise InvalidCommand(msg, field="from_step", detail=[{"loc": "from_step", "msg": msg}])
 
     def _submit(
         self,

@@ -71,6 +71,11 @@ class RerunSource:
     workflow: str | None = None
     fork: list[tuple[int, bytes]] | None = None
     compat: int | None = None
+    #: The earlier run's id, number, name, entry, first seq and journal
+    #: version, and the copy with its seqs (``(seq, type, body)``): what
+    #: the copy's replay check reads (``verifier.py``, ``verify_fork``).
+    head: dict[str, Any] | None = None
+    copied: list[tuple[int, int, bytes]] | None = None
 
 
 class StoredRuns:
@@ -236,6 +241,15 @@ class StoredRuns:
         except RerunRefused as exc:
             raise InvalidCommand(exc.message, field="from_step", detail=exc.errors) from None
         fork = held.prefix(cut)
+        copied = [(seq, rtype, body) for seq, rtype, body, _ in held.records[:cut]]
+        head = {
+            "run_id": source_id,
+            "run_no": held.run_no,
+            "name": str(entry.get("workflow")),
+            "entry": entry,
+            "start_seq": start_seq,
+            "compat": held.compat,
+        }
         kept = {k: v for k, v in entry.items() if k in _FORK_KEEPS}
         rerun = {
             "rerun_of": {
@@ -247,7 +261,14 @@ class StoredRuns:
             "entry": kept,
         }
         return RerunSource(
-            None, dict(given), rerun, workflow=entry.get("workflow"), fork=fork, compat=held.compat
+            None,
+            dict(given),
+            rerun,
+            workflow=entry.get("workflow"),
+            fork=fork,
+            compat=held.compat,
+            head=head,
+            copied=copied,
         )
 
     def _settling_records(self, reuse: dict[str, dict[str, Any]]) -> dict[int, Any]:
