@@ -30,8 +30,8 @@ from pathlib import Path
 
 from tiffany import workflow
 from tiffany.agents.tools.python import python_tool
-from tiffany.kernel import Sleep, Step
-from tiffany.workflows import signal, tool
+from tiffany.kernel import NewTask, Sleep, Step, WaitTask
+from tiffany.workflows import child, signal, tool
 
 
 def _count(where, tag):
@@ -83,6 +83,35 @@ def drift(where: str):
     a = yield tool("python", function="rr.count", kwargs={"where": where, "tag": tag})
     b = yield tool("python", function="rr.gate", kwargs={"where": where})
     return {"a": a, "b": b}
+
+
+@workflow("rr.leaf")
+def leaf(where: str):
+    return {"leaf": (yield Step(_tagged, where, "leaf"))}
+
+
+def _tagged(where, tag):
+    _count(where, tag)
+    return tag
+
+
+def branch(where, tag):
+    first = yield Step(_tagged, where, tag)
+    yield Sleep(0.01)
+    return first
+
+
+@workflow("rr.tree")
+def tree(where: str):
+    kids = []
+    for i in range(2):
+        kids.append((yield NewTask(branch(where, f"b{i}"), name=f"b{i}")))
+    done = []
+    for k in kids:
+        done.append((yield WaitTask(k)))
+    sub = yield child("rr.leaf", {"where": where})
+    gated = yield tool("python", function="rr.gate", kwargs={"where": where})
+    return {"done": done, "sub": sub, "gated": gated}
 
 
 @workflow("rr.wait")
@@ -222,3 +251,24 @@ def test_a_rerun_whose_code_no_longer_replays_the_copy_is_refused(
         assert again.status == "succeeded", again.error
         assert again.outputs == {"a": "z", "b": ""}
     assert _counts(where) == {"a": 1, "gate": 2, "z": 1}
+
+
+def test_a_rerun_replays_concurrent_tasks_and_a_child_run_before_the_fork(
+    served: Served, tmp_path: Path
+) -> None:
+    where = tmp_path / "tree"
+    where.mkdir()
+    with Client(served.url) as client:
+        first = client.submit(workflow="rr.tree", inputs={"where": str(where)})
+        assert first.wait(timeout=60).status == "failed"
+        assert _counts(where) == {"b0": 1, "b1": 1, "gate": 1, "leaf": 1}
+        (where / "open").write_text("yes")
+        second = client.rerun(first.run_id)
+        detail = second.wait(timeout=60)
+        assert detail.status == "succeeded", detail.error
+        assert detail.outputs == {"done": ["b0", "b1"], "sub": {"leaf": "leaf"}, "gated": "yes"}
+        # The children's steps and the child run are the earlier run's: not made again.
+        assert _counts(where) == {"b0": 1, "b1": 1, "gate": 2, "leaf": 1}
+        assert client.get(second.run_id).entry["rerun_of"]["restart"] == ["tool_2"]
+        verified = httpx.post(f"{served.url}/api/runs/{second.run_id}/verify", timeout=120)
+        assert verified.json()["ok"] is True, verified.text
