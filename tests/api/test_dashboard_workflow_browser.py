@@ -201,3 +201,90 @@ def test_a_workflow_runs_page_shows_its_tree_its_wait_and_sends_the_signal(
         page.screenshot(path=str(png), full_page=True)
         _save_screenshot(png, png.name, artifacts_dir)
     assert not errors, "\n".join(errors)
+
+
+GATED_MODULE = """\
+from pathlib import Path
+
+from tiffany import workflow
+from tiffany.agents.tools.python import python_tool
+from tiffany.workflows import tool
+
+
+def _count(where, tag):
+    with open(Path(where) / f"{tag}.count", "a") as f:
+        f.write("1\\n")
+
+
+@python_tool("gated.count")
+def count(where: str, tag: str) -> str:
+    _count(where, tag)
+    return tag
+
+
+@python_tool("gated.gate")
+def gate(where: str) -> str:
+    _count(where, "gate")
+    if not (Path(where) / "open").exists():
+        raise RuntimeError("the gate is shut")
+    return "open"
+
+
+@workflow("gated")
+def gated(where: str):
+    a = yield tool("python", function="gated.count", kwargs={"where": where, "tag": "a"})
+    b = yield tool("python", function="gated.gate", kwargs={"where": where})
+    return {"a": a, "b": b}
+"""
+
+
+def test_a_failed_workflow_run_is_re_run_from_its_page(
+    chromium_path: str, tmp_path: Path, artifacts_dir: Path
+) -> None:
+    """ "Re-run from failure" forks the run before its failed call; after "Verify
+    replay", each call offers "Re-run from tool_N"; the new run's page opens."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    (tmp_path / "gatedflow.py").write_text(GATED_MODULE)
+    where = tmp_path / "effects"
+    where.mkdir()
+
+    def counts() -> dict[str, int]:
+        return {p.stem: len(p.read_text().splitlines()) for p in sorted(where.glob("*.count"))}
+
+    with (
+        _serving(
+            tmp_path, "--import", "gatedflow", env_extra={"PYTHONPATH": str(tmp_path)}
+        ) as service,
+        _dashboard(chromium_path) as (page, errors),
+    ):
+        url = service["url"]
+        run_id = _submit_workflow(url, "gated", {"where": str(where)})
+        page.goto(f"{url}#/run/{run_id}")
+        expect(page.get_by_test_id("run-status")).to_have_attribute("data-status", "failed")
+        assert counts() == {"a": 1, "gate": 1}
+        (where / "open").write_text("")
+
+        page.get_by_test_id("rerun-failed").click()
+        expect(page.get_by_test_id("run-page")).not_to_have_attribute("data-run-id", run_id)
+        expect(page.get_by_test_id("run-status")).to_have_attribute("data-status", "succeeded")
+        expect(page.get_by_test_id("run-rerun-of")).to_contain_text(run_id)
+        assert counts() == {"a": 1, "gate": 2}  # the first call was replayed, not made
+
+        # Back on the failed run: after a verify, each call can be re-run from.
+        page.goto(f"{url}#/run/{run_id}")
+        expect(page.get_by_test_id("run-status")).to_have_attribute("data-status", "failed")
+        page.get_by_test_id("verify-button").click()
+        expect(page.get_by_test_id("verify-status")).to_have_text("identical")
+        buttons = page.get_by_test_id("rerun-from-call")
+        expect(buttons).to_have_count(2)
+        assert [b.get_attribute("data-call") for b in buttons.all()] == ["tool_1", "tool_2"]
+        png = tmp_path / "dashboard-workflow-rerun.png"
+        page.screenshot(path=str(png), full_page=True)
+        _save_screenshot(png, png.name, artifacts_dir)
+        buttons.first.click()
+        expect(page.get_by_test_id("run-page")).not_to_have_attribute("data-run-id", run_id)
+        expect(page.get_by_test_id("run-status")).to_have_attribute("data-status", "succeeded")
+        assert counts() == {"a": 2, "gate": 3}  # from tool_1: every call made again
+    assert not errors, "\n".join(errors)

@@ -300,14 +300,16 @@ export class RunPage {
           : null,
         h("div", { class: "spacer" }),
         this.rerunError(null, "span"),
-        this.canRerun() && (d.steps || []).some((s) => s.status === "failed")
+        this.canRerun() && ((d.steps || []).some((s) => s.status === "failed") || (isWorkflow(d) && d.status === "failed"))
           ? h(
               "button",
               {
                 class: "btn btn-primary",
                 testid: "rerun-failed",
                 disabled: this.rerun.busy,
-                title: "Start a new run that reuses the steps that succeeded and runs the failed ones and what depends on them",
+                title: isWorkflow(d)
+                  ? "Start a new run that replays this one's calls up to the one it failed at (not made again) and runs that call and what follows"
+                  : "Start a new run that reuses the steps that succeeded and runs the failed ones and what depends on them",
                 onclick: () => this.doRerun(null),
               },
               this.rerun.busy && this.rerun.from == null ? "Re-running…" : "Re-run from failure",
@@ -490,7 +492,17 @@ export class RunPage {
       : this.live.events
           .filter((e) => e.run === this.runId && e.kind === "step" && e.data && typeof e.data.source === "string")
           .map((e) => ({ task: e.ltid, call: e.label, source: e.data.source, dispatch: null }));
-    const sig = `${replayed ? "replay" : "live"}|${rows.length}|${rows.length ? rows[rows.length - 1].source : ""}`;
+    // A finished run's replayed calls are numbered as the run numbers its
+    // tool and child calls (tool_1, child_2: workflows/rerun.py), in order:
+    // each can be re-run from (a fork of the journal before it).
+    const rerunnable = replayed && this.canRerun();
+    let k = 0;
+    for (const r of rows) {
+      const m = /^call (tool|child):/.exec(r.call || "");
+      r.id = m ? `${m[1]}_${++k}` : null;
+    }
+    const rr = this.rerun;
+    const sig = `${replayed ? "replay" : "live"}|${rows.length}|${rows.length ? rows[rows.length - 1].source : ""}|${rerunnable}|${rr.busy}|${rr.from}|${rr.error ? rr.error.message : ""}`;
     if (sig === this.callsSig) return;
     this.callsSig = sig;
     if (!rows.length) {
@@ -514,6 +526,24 @@ export class RunPage {
             h("code", { testid: "workflow-call-label" }, r.call),
             h("span", { class: "muted" }, ` in ${names.get(r.task) || "task"} #${r.task ?? "?"} at `),
             h("code", { class: "workflow-call-source", testid: "workflow-call-source", title: r.source }, shortSource(r.source)),
+            rerunnable && r.id
+              ? [
+                  " ",
+                  h(
+                    "button",
+                    {
+                      class: "btn btn-sm btn-ghost step-rerun",
+                      testid: "rerun-from-call",
+                      dataset: { call: r.id },
+                      disabled: rr.busy,
+                      title: `Start a new run that replays the calls before ${r.id} (not made again) and runs ${r.id} and what follows`,
+                      onclick: () => this.doRerun(r.id),
+                    },
+                    rr.busy && rr.from === r.id ? "Re-running…" : `Re-run from ${r.id}`,
+                  ),
+                  this.rerunError(r.id, "div"),
+                ]
+              : null,
           ),
         ),
       ),
