@@ -31,6 +31,10 @@
 // (`GET /api/runs/{id}/waits`) whenever the waits change, and draws the
 // form's fields from the schema (the JSON box until it is known, or when
 // the wait declares none); the engine's refusal of a payload names the field.
+// Its calls and steps are listed with the line of code that made each (the
+// feed's, live; every one after "Verify replay"); a failed workflow run is
+// re-run from its failed call ("Re-run from failure"), and, once verified,
+// from any of its calls ("Re-run from tool_2"): a fork of its journal.
 
 import { api, ApiError, rerunRun, runWaits, sendSignal } from "./api.js";
 import {
