@@ -7,7 +7,8 @@ active engine) is mid-way when the active server's process group is killed
 with SIGKILL; the standby takes the stream over after the lease, replays
 the run, finishes it (the effects journaled before the kill are not made
 again), it verifies identically, and a failed workflow run is re-run there
-from its failed call (a fork of its journal in the database).
+from its failed call (a fork of its journal in the database); a wait's
+schema is asked of the engine through the database.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 from tiffany import workflow
 from tiffany.agents.tools.python import python_tool
 from tiffany.kernel import Sleep, Step
-from tiffany.workflows import tool
+from tiffany.workflows import signal, tool
 
 
 def effect(where, tag):
@@ -45,6 +46,12 @@ def steps(where: str, n: int = 3, pause_s: float = 0.0):
         done.append((yield Step(effect, where, f"s{i}")))
         yield Sleep(pause_s)
     return {"done": done}
+
+
+@workflow("pg.approve")
+def approve():
+    ok = yield signal("approve", schema={"type": "object", "required": ["by"]})
+    return {"by": ok["by"]}
 
 
 @python_tool("pg.gate")
@@ -164,6 +171,23 @@ def test_a_workflow_on_the_postgres_journal_survives_a_kill_and_reruns(
         assert rerun["status"] == "succeeded", rerun["error"]
         assert rerun["outputs"] == {"a": "a", "b": "open"}
         assert (_count(gated, "a"), _count(gated, "gate")) == (1, 2)
+
+        # A wait's schema, asked of the engine through the database (GET .../waits).
+        waiting = _submit(standby_url, "pg.approve", {})
+        run_id = waiting["run_id"]
+
+        def waits() -> list[Any]:
+            r = httpx.get(f"{standby_url}/api/runs/{run_id}/waits", timeout=30)
+            return list(r.json()["signals"]) if r.status_code == 200 else []
+
+        wait_for(lambda: bool(waits()), 60, "the run to wait for its signal")
+        assert waits() == [{"name": "approve", "schema": {"type": "object", "required": ["by"]}}]
+        sent = httpx.post(f"{standby_url}/api/runs/{run_id}/signals/approve", json={"by": "pg"})
+        assert sent.status_code == 202, sent.text
+        approved = _finished(standby_url, waiting, 60)
+        assert approved["outputs"] == {"by": "pg"}
+        gone = httpx.get(f"{standby_url}/api/runs/{run_id}/waits", timeout=30)
+        assert gone.status_code == 409, gone.text  # finished: it waits for nothing
     finally:
         if active.poll() is None:
             os.killpg(active.pid, signal.SIGKILL)
