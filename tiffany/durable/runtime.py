@@ -172,15 +172,19 @@ class _CallSites(Instrument):
     function and the tasks it spawned) pay for the walk of their frames.
     """
 
-    def __init__(self, out: list[dict[str, Any]], ltid_of: Callable[[int], int | None]) -> None:
+    def __init__(
+        self, out: list[dict[str, Any]], ltid_of: Callable[[int], int | None], sched: Scheduler
+    ) -> None:
         self.out = out
         self.ltid_of = ltid_of
+        self.sched = sched
 
     def after_dispatch(self, task: Task, yielded: Any) -> None:
         meta = task.meta
         if not isinstance(meta, TaskMeta) or meta.label.role != "task":
             return
         if len(self.out) >= MAX_CALL_SITES:
+            self.sched.remove_instrument(self)  # the rest of the replay pays nothing
             return
         source = call_site(task, yielded)
         if source is not None:
@@ -539,7 +543,8 @@ def verify_loaded(
         return report
     with Scheduler() as sched:
         journal = JournalInstrument(None, sched, allow_live=False)
-        sched.add_instrument(_CallSites(report.calls, journal.ltid_of))  # after the journal
+        if info.entry.get("kind") == "workflow":  # after the journal: its dispatch counted
+            sched.add_instrument(_CallSites(report.calls, journal.ltid_of, sched))
         run = journal.start_run(
             info.run_id,
             info.name,
