@@ -29,6 +29,7 @@ from tiffany.sdk.models import (
     RunEvents,
     RunList,
     RunStatus,
+    RunWaits,
     ScheduleList,
     ScheduleOut,
     SignalAnswer,
@@ -261,6 +262,11 @@ class AsyncClient:
         if response.status_code >= 400:
             protocol.raise_for(response)
         return response.content
+
+    async def waits(self, run_id: str) -> RunWaits:
+        """The signals a running run waits for now, with their schemas (:meth:`Client.waits`)."""
+        response = await self._request("GET", protocol.run_path(run_id, "waits"))
+        return protocol.answer(response, RunWaits)
 
     async def cancel(self, run_id: str) -> CancelAnswer:
         """Cancel a running run."""

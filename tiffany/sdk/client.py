@@ -33,6 +33,7 @@ from tiffany.sdk.models import (
     RunEvents,
     RunList,
     RunStatus,
+    RunWaits,
     ScheduleList,
     ScheduleOut,
     SignalAnswer,
@@ -336,6 +337,19 @@ class Client:
         if response.status_code >= 400:
             protocol.raise_for(response)
         return response.content
+
+    def waits(self, run_id: str) -> RunWaits:
+        """The signals a running run waits for now, each with its wait's payload schema.
+
+        Asked of the engine that holds the run (a workflow's waits are told to
+        it as its code reaches them: the store does not have their schemas).
+
+        Raises:
+            NotFound: No such run.
+            Conflict: The run has finished.
+        """
+        response = self._request("GET", protocol.run_path(run_id, "waits"))
+        return protocol.answer(response, RunWaits)
 
     def cancel(self, run_id: str) -> CancelAnswer:
         """Cancel a running run (it ends ``cancelled`` shortly).
