@@ -24,6 +24,14 @@ Invariants:
   (``tiffany replay RUN --verify``) without the earlier run's.
 * Nothing is copied from the earlier run after the cut, its RUN_END included.
 
+Cost: the earlier run's records are read on a control thread
+(:func:`read_run_records`); the copy is appended on the loop when the new
+run starts, in one go (a run of N records costs N appends of the bytes it
+already had, and the replay of N records, as a recovery of it would).
+Before that, the engine replays the copy against the code as it is now in
+its verify pool (``engine/verifier.py``, ``verify_fork``), so a fork whose
+replay would diverge is refused instead of started.
+
 Rejected: pointing the new run at the earlier run's journal (a cursor read
 from it at every replay) instead of copying. The new run's verify and its
 export would then need a run the retention may have released, and the

@@ -354,8 +354,10 @@ class ControlRequests:
             fork=(source.fork, source.compat),
         )
 
-        def unused(done: Future[Submitted]) -> None:  # a repeated key answered another run
-            if done.cancelled() or done.exception() is not None or done.result().run_id != run_id:
+        def unused(done: Future[Submitted]) -> None:
+            # A repeated key answered another run: this id never started. (On a
+            # refusal or a timeout the run may have started all the same: kept.)
+            if not done.cancelled() and done.exception() is None and done.result().run_id != run_id:
                 shutil.rmtree(env.workspace_root / run_id, ignore_errors=True)
 
         answer.add_done_callback(unused)

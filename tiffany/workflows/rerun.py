@@ -23,6 +23,12 @@ made, which is their dispatch order (a call is yielded at once, and no
 other task runs between the call and its yield), so the k-th such record
 is call k.
 
+The engine (``engine/stored_runs.py``, ``engine/requests.py``) reads the
+earlier run's records, cuts them here, replays the copy against the code as
+it is now (a divergence refuses the re-run, naming the line) and starts the
+new run with it; the new run keeps the earlier one's inputs (the copied
+calls were made with them).
+
 Invariants:
     - The cut is a record boundary of the earlier run: what the copy holds
       is a state a crash could have left (``fork.py``).
