@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sdk_support import Served, clean_env, serve, short_dir
 
 from tiffany.sdk import Client
+from tiffany.sdk.errors import NotFound
 
 WF_MODULE = """
 from pathlib import Path
@@ -118,6 +119,11 @@ def tree(where: str):
 def waits():
     got = yield signal("go")
     return {"got": got}
+
+
+@workflow("rr.parent")
+def parent():
+    return {"child": (yield child("rr.wait", {}))}
 """
 
 
@@ -272,3 +278,23 @@ def test_a_rerun_replays_concurrent_tasks_and_a_child_run_before_the_fork(
         assert client.get(second.run_id).entry["rerun_of"]["restart"] == ["tool_2"]
         verified = httpx.post(f"{served.url}/api/runs/{second.run_id}/verify", timeout=120)
         assert verified.json()["ok"] is True, verified.text
+
+
+def test_the_waits_of_a_run_name_clients_signals_only(served: Served) -> None:
+    """A parent waiting for its child run waits for no signal of a client's; the child does."""
+    with Client(served.url) as client:
+        parent = client.submit(workflow="rr.parent")
+        kid = f"{parent.run_id}.child_1.1"
+
+        def child_waits() -> bool:
+            try:
+                return [w.name for w in client.waits(kid).signals] == ["go"]
+            except NotFound:  # not started yet
+                return False
+
+        from process_support import wait_for
+
+        wait_for(child_waits, 60, "the child run to wait for go")
+        assert client.waits(parent.run_id).signals == []  # not its child's end: the engine's own
+        client.signal(kid, "go", 7)
+        assert parent.wait(timeout=60).outputs == {"child": {"got": 7}}

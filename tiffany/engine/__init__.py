@@ -26,7 +26,7 @@ from tiffany.errors import LimitExceeded, UnjournalableValue
 from tiffany.kernel import Instrument, SlowDispatchWatchdog
 from tiffany.observe.otel import attach_from_env
 from tiffany.wal import Log, Source
-from tiffany.wire.records import CHILD_SIGNAL_PREFIX
+from tiffany.wire.records import CHILD_SIGNAL_PREFIX, reserved_signal
 from tiffany.wire.shards import engine_stream, seq_base, seq_last
 from tiffany.wire.values import text_of, unpack_value
 
@@ -135,6 +135,7 @@ class Engine:
         return [
             {"name": name, "schema": None if known is None else known.schema(name)}
             for name in self.runtime.journal.awaited_signals(run_id)
+            if reserved_signal(name) is None  # a child's end, a slot: the engine's own
         ]
 
     def cancel(self, run_id: str, reason: str = "cancelled") -> bool:
