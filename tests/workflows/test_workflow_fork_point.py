@@ -67,3 +67,23 @@ def test_a_run_that_failed_nowhere_asks_for_the_call() -> None:
     ok = [*RECORDS[:4], RunEnd("succeeded", {"outputs": {}}, 0.0)]
     with pytest.raises(RerunRefused, match="name the call to restart from"):
         fork_point("run-1", ok, None)
+
+
+def test_a_fork_that_would_leave_a_child_run_in_flight_is_refused() -> None:
+    kid = "run-1.child_1.1"
+    records = [
+        Spawn(0, 1, 0, "wf", "task"),
+        Spawn(1, 2, 1, "side", "task"),
+        Dispatch(2, 1, "call", "child:leaf#11111111"),  # child_1, in task 1
+        StepStart(3, 1, 1, "child", 1),
+        Wake(3, 1, "step", True, {"run_id": kid}),
+        Dispatch(4, 1, "receive", f"child:{kid}"),
+        Dispatch(5, 2, "call", "tool:python#22222222"),  # tool_2, in task 2: the child runs on
+        Wake(5, 0, "signal", True, [f"child:{kid}", {"status": "succeeded"}, f"end:{kid}"]),
+        Dispatch(6, 2, "call", "tool:python#33333333"),  # tool_3: after the child's end
+    ]
+    with pytest.raises(RerunRefused, match="child_1") as refused:
+        fork_point("run-1", records, "tool_2")
+    assert kid in refused.value.message
+    assert fork_point("run-1", records, "child_1") == (2, "child_1")
+    assert fork_point("run-1", records, "tool_3") == (8, "tool_3")

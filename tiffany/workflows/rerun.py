@@ -33,6 +33,9 @@ Invariants:
     - The cut is a record boundary of the earlier run: what the copy holds
       is a state a crash could have left (``fork.py``).
     - Pure: reads decoded records, no I/O.
+    - No fork leaves a child run in flight: its end is the engine's signal
+      to the earlier run, which the new run would wait for forever; such a
+      cut is refused, naming the call that started the child.
 """
 
 from __future__ import annotations
@@ -42,9 +45,22 @@ from typing import Any, Final
 
 from tiffany.errors import TiffanyError
 from tiffany.wire.documents import did_you_mean
-from tiffany.wire.records import WORKFLOW_CALL_PREFIXES, Dispatch, RunEnd, StepStart, Wake
+from tiffany.wire.records import (
+    CHILD_SIGNAL_PREFIX,
+    WORKFLOW_CALL_PREFIXES,
+    Dispatch,
+    RunEnd,
+    StepStart,
+    Wake,
+)
 
-__all__ = ["CALL_PREFIXES", "RerunRefused", "call_dispatches", "fork_point"]
+__all__ = [
+    "CALL_PREFIXES",
+    "RerunRefused",
+    "call_dispatches",
+    "children_in_flight",
+    "fork_point",
+]
 
 #: The names of the nested coroutines a workflow's numbered calls are (``calls.py``).
 CALL_PREFIXES: Final = tuple(p for p in WORKFLOW_CALL_PREFIXES if p != "signal:")
@@ -104,6 +120,33 @@ def failed_step(records: Sequence[Any]) -> int | None:
     return None
 
 
+def children_in_flight(records: Sequence[Any]) -> list[str]:
+    """The child runs whose start ``records`` hold and whose end they do not.
+
+    A ``child(...)`` call starts its run in an inline step named ``child``
+    (its result ``{"run_id"}``), and the run's end comes back as the
+    engine's own signal ``child:<id>`` (``calls.py``).
+    """
+    started: list[str] = []
+    ended: set[str] = set()
+    last_step: dict[int, str] = {}
+    for rec in records:
+        cls = rec.__class__
+        if cls is StepStart:
+            last_step[rec.ltid] = rec.name
+        elif cls is not Wake:
+            continue
+        elif rec.cause == "step" and rec.ok and last_step.get(rec.ltid) == "child":
+            value = rec.value
+            if isinstance(value, Mapping) and isinstance(value.get("run_id"), str):
+                started.append(value["run_id"])
+        elif rec.ltid == 0 and rec.cause == "signal" and isinstance(rec.value, list | tuple):
+            name = str(rec.value[0]) if rec.value else ""
+            if name.startswith(CHILD_SIGNAL_PREFIX):
+                ended.add(name[len(CHILD_SIGNAL_PREFIX) :])
+    return [c for c in started if c not in ended]
+
+
 def fork_point(run_id: str, records: Sequence[Any], from_step: str | None) -> tuple[int, str]:
     """Where to fork run ``run_id``'s journal: ``(index of the first record not copied, call)``.
 
@@ -118,6 +161,22 @@ def fork_point(run_id: str, records: Sequence[Any], from_step: str | None) -> tu
             ``from_step``, with the calls it has), or none is named and the
             run did not fail at a call or a step.
     """
+    cut, call = _restart(run_id, records, from_step)
+    running = children_in_flight(records[:cut])
+    if running:
+        kid = running[0]
+        started = kid[len(run_id) + 1 :].rsplit(".", 1)[0] if kid.startswith(f"{run_id}.") else kid
+        msg = (
+            f"child run {kid} was still running where run {run_id} would be forked ({call}): "
+            f"its end would never reach the new run; restart from the call that started it "
+            f"({started}) or from a call after its end"
+        )
+        raise RerunRefused("from_step", msg)
+    return cut, call
+
+
+def _restart(run_id: str, records: Sequence[Any], from_step: str | None) -> tuple[int, str]:
+    """:func:`fork_point`'s cut and call, before the check of child runs in flight."""
     calls = call_dispatches(records)
     if from_step is not None:
         if from_step not in calls:
