@@ -23,6 +23,7 @@ PROTECTED = [
     ("POST", "/api/runs/run-x/cancel"),
     ("POST", "/api/runs/run-x/verify"),
     ("GET", "/api/runs/run-x/export"),
+    ("GET", "/api/runs/run-x/waits"),
     ("POST", "/api/runs/run-x/rerun"),
     ("POST", "/api/runs/run-x/signals/approve"),
     ("GET", "/api/schedules"),

@@ -140,11 +140,19 @@ def test_a_signal_is_held_to_the_waits_schema_and_taken_by_the_workflow(served) 
         from process_support import wait_for
 
         wait_for(waiting, 60, "the run to wait for its signal")
+        told = client.waits(run_id)  # the wait's schema, from the engine
+        assert [(w.name, w.payload_schema) for w in told.signals] == [
+            ("approve", {"type": "object", "required": ["by"]})
+        ]
         bad = httpx.post(f"{served.url}/api/runs/{run_id}/signals/approve", json={"who": 1})
         assert bad.status_code == 422, bad.text
         assert "by" in bad.text
         handle.signal("approve", {"by": "ann"})
         assert handle.wait(timeout=60).outputs == {"by": "ann"}
+        from tiffany.sdk.errors import Conflict
+
+        with pytest.raises(Conflict):
+            client.waits(run_id)  # finished: it waits for nothing
 
 
 def test_cancel_ends_a_workflow_run_cancelled(served) -> None:

@@ -197,7 +197,10 @@ def rerun(
     run_id: Annotated[str, typer.Argument(help="The finished run to re-run.")],
     from_step: Annotated[
         str | None,
-        typer.Option("--from", help="Restart at this step (default: at the failed steps)."),
+        typer.Option(
+            "--from",
+            help="Restart at this step, or a workflow's call (tool_2) (default: where it failed).",
+        ),
     ] = None,
     inputs: InputsOption = None,
     url: UrlOption = None,
@@ -209,7 +212,9 @@ def rerun(
     Prints the new run's id once it is durable. Steps not downstream of the
     restart point are not called again (each names the run and journal seq
     its output came from); the new run starts with a copy of the old run's
-    workspace.
+    workspace. A workflow run's re-run forks its journal before the call to
+    restart from: every earlier call's result is replayed, not called again
+    (docs/workflows.md).
     """
     from tiffany.cli.run import _parse_inputs
 

@@ -66,6 +66,7 @@ __all__ = [
     "RunInfo",
     "UnknownRun",
     "checkpoint_of",
+    "cursor_of",
     "decoded_records",
     "index_of",
     "load",
@@ -443,6 +444,12 @@ def _gc_paused() -> Iterator[None]:
             gc.unfreeze()
         if enabled:
             gc.enable()
+
+
+def cursor_of(spans: Iterable[Span]) -> ReplayCursor:
+    """The replay cursor of one run's records, every span the run's (a fork's copy: ``fork.py``)."""
+    with _gc_paused():
+        return _cursor(spans)[0]
 
 
 def _cursor(

@@ -75,7 +75,7 @@ Invariants:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -83,6 +83,7 @@ import structlog
 
 from tiffany.durable.dispatch import MAX_ARG_CHARS, is_generator_step
 from tiffany.durable.gate import HeldStep, StepGate
+from tiffany.durable.history import cursor_of
 from tiffany.durable.recorder import GROUP_COMMIT_MAX_S, Recorder
 from tiffany.durable.records import pack_error
 from tiffany.durable.replayer import RecoveryError, ReplayCursor, Replayer
@@ -288,12 +289,16 @@ class JournalInstrument(Instrument):
         replay: ReplayCursor | None = None,
         on_end: Callable[[RunState], None] | None = None,
         compat: int = JOURNAL_COMPAT,
+        fork: Iterable[tuple[int, bytes]] | None = None,
     ) -> RunState:
         """Spawn ``coro`` as the root of run ``run_id`` and journal it.
 
         With ``replay``, the run's records already exist: nothing is
         appended until the replay reaches their end; ``compat`` is the
-        version its RUN_START holds.
+        version its RUN_START holds. With ``fork`` (another run's records,
+        ``(type, body)``: ``fork.py``), the run's RUN_START is followed by a
+        copy of them, which the run replays before it goes live; ``compat``
+        is the other run's.
 
         Raises:
             TiffanyError: ``run_id`` exists.
@@ -306,9 +311,13 @@ class JournalInstrument(Instrument):
         no = run_no if run_no is not None else self._next_run_no
         run = RunState(no, run_id, name, no.to_bytes(4, "little"), replay=replay, on_end=on_end)
         if replay is None:  # raises UnjournalableValue for an entry with no journaled form
+            if fork is not None:
+                run.compat = compat
             self.recorder.start(
                 run, RunStart(run_id, name, entry, self.sched.clock.time(), run.compat)
             )
+            if fork is not None:  # its journal begins with the copy, which it replays first
+                replay = run.replay = cursor_of(self.recorder.copy(run, fork))
         self._next_run_no = max(self._next_run_no, no + 1)
         if replay is not None:
             run.compat = compat

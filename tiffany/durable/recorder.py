@@ -57,7 +57,7 @@ I/O from journaled code, which is why I/O belongs inside steps.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
@@ -67,7 +67,7 @@ from tiffany.durable.dispatch import carried, describe
 from tiffany.durable.records import pack_error, unpack_error
 from tiffany.errors import UnjournalableValue
 from tiffany.kernel import RETURNED, Scheduler, Task
-from tiffany.wal import MAX_RECORD_BYTES, Log
+from tiffany.wal import MAX_RECORD_BYTES, Log, Span
 from tiffany.wire.records import (
     RUN_PREFIX,
     Dispatch,
@@ -252,6 +252,27 @@ class Recorder:
                 reason=why,
             )
         self._append_body(run, rec.rtype, body)
+
+    def copy(self, run: RunState, records: Iterable[tuple[int, bytes]]) -> list[Span]:
+        """Append another run's records under ``run``'s prefix (a journal fork: ``fork.py``).
+
+        ``records``: ``(type, body)``, each body as the other run's record
+        holds it, without its prefix. Returns each copy as a
+        :data:`~tiffany.wal.Span` of this log (its seq, type and payload),
+        which the fork's replay cursor is read from.
+        """
+        wal = self.wal
+        if wal is None:
+            raise UnjournalableValue("a journal fork needs a log to copy into", run_id=run.run_id)
+        spans: list[Span] = []
+        for rtype, body in records:
+            payload = run.prefix + body
+            seq = wal.append(rtype, payload)
+            spans.append((seq, rtype, payload, 0, len(payload), ""))
+        if spans:
+            self._dirty = True
+            self._need_sync = True  # the run is accepted once its copy is durable
+        return spans
 
     def _append_body(self, run: RunState, rtype: int, body: bytes) -> None:
         """:meth:`append` of a record already encoded (``encode_body``)."""

@@ -37,6 +37,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import GeneratorType
 from typing import TYPE_CHECKING, Any, Final
 
 import structlog
@@ -55,13 +56,22 @@ from tiffany.kernel import (
     TaskState,
     WaitTask,
 )
-from tiffany.wire.records import Dispatch, Outcome, Record, RunEnd, TaskExit, Wake, as_list
+from tiffany.wire.records import (
+    WORKFLOW_CALL_PREFIXES,
+    Dispatch,
+    Outcome,
+    Record,
+    RunEnd,
+    TaskExit,
+    Wake,
+    as_list,
+)
 from tiffany.wire.values import stand_in_text, text_of, unpack_value
 
 if TYPE_CHECKING:
     from tiffany.durable.journal import RunState
 
-__all__ = ["JournalEnded", "RecoveryError", "ReplayCursor", "Replayer"]
+__all__ = ["JournalEnded", "RecoveryError", "ReplayCursor", "Replayer", "call_site", "user_source"]
 
 log = structlog.get_logger("tiffany.durable")
 
@@ -125,6 +135,25 @@ def user_source(frames: list[tuple[str, str, int]]) -> str | None:
         if not path.startswith(_OWN_CODE):
             return f"{path}:{line} ({fn})"
     return None
+
+
+def call_site(task: Task, yielded: Any) -> str | None:
+    """``path:line (function)`` of the user's code that yielded a workflow call or a step, or None.
+
+    A workflow's run-level call (a coroutine named ``tool:``, ``child:``,
+    ``signal:``: ``WORKFLOW_CALL_PREFIXES``) or a ``Step`` / ``RunInThread``;
+    anything else, or a call yielded by Tiffany's own code only, is None.
+    Walks the task's frames: call it only where that is paid for (a
+    workflow's tasks: the activity feed, a verify's report).
+    """
+    cls = yielded.__class__
+    if cls is GeneratorType:
+        name = getattr(yielded, "__qualname__", "")
+        if not isinstance(name, str) or not name.startswith(WORKFLOW_CALL_PREFIXES):
+            return None
+    elif cls is not Step and cls is not RunInThread:
+        return None
+    return user_source(task.frames())
 
 
 class RecoveryError(TiffanyError):

@@ -23,7 +23,7 @@ from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import structlog
 
@@ -33,6 +33,7 @@ from tiffany.durable.checkpoint import (
     CheckpointStore,
     read_checkpoint,
 )
+from tiffany.durable.dispatch import describe
 from tiffany.durable.history import (
     Loaded,
     RunIndex,
@@ -41,15 +42,15 @@ from tiffany.durable.history import (
     load_run,
     read_runs,
 )
-from tiffany.durable.journal import JournalInstrument, RunState
-from tiffany.durable.replayer import JournalEnded, ReplayCursor
+from tiffany.durable.journal import JournalInstrument, RunState, TaskMeta
+from tiffany.durable.replayer import JournalEnded, ReplayCursor, call_site
 from tiffany.errors import (
     InstrumentFailure,
     KernelInternalError,
     NondeterminismError,
     TiffanyError,
 )
-from tiffany.kernel import Clock, Instrument, Scheduler
+from tiffany.kernel import Clock, Instrument, Scheduler, Task
 from tiffany.wal import FsyncPolicy, Log, Source, Wal
 from tiffany.wal.segments import history_start
 from tiffany.wal.state import lease_clock
@@ -138,6 +139,10 @@ class VerifyReport:
     problems: list[str] = field(default_factory=list)
     #: The run had not finished: the replay checked its journal up to where it ends.
     partial: bool = False
+    #: Where the user's code made each workflow call and step the replay
+    #: reproduced (:func:`~tiffany.durable.replayer.call_site`), the first
+    #: :data:`MAX_CALL_SITES`: ``{"dispatch", "task", "call", "source"}``.
+    calls: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the report as JSON-able data."""
@@ -150,7 +155,44 @@ class VerifyReport:
             "divergence": self.divergence,
             "problems": self.problems,
             "partial": self.partial,
+            "calls": self.calls,
         }
+
+
+#: The most call sites a verify report lists (a run of a million steps lists its first ones).
+MAX_CALL_SITES: Final = 1000
+
+
+class _CallSites(Instrument):
+    """Collect where a replayed workflow's code made its calls and steps (a verify's report).
+
+    Source lines are not journaled (a line is not part of what a replay
+    compares): a replay against the code as it is now is where they come
+    from for a finished run. Only tasks of role ``task`` (a workflow's
+    function and the tasks it spawned) pay for the walk of their frames.
+    """
+
+    def __init__(
+        self, out: list[dict[str, Any]], ltid_of: Callable[[int], int | None], sched: Scheduler
+    ) -> None:
+        self.out = out
+        self.ltid_of = ltid_of
+        self.sched = sched
+
+    def after_dispatch(self, task: Task, yielded: Any) -> None:
+        meta = task.meta
+        if not isinstance(meta, TaskMeta) or meta.label.role != "task":
+            return
+        if len(self.out) >= MAX_CALL_SITES:
+            self.sched.remove_instrument(self)  # the rest of the replay pays nothing
+            return
+        source = call_site(task, yielded)
+        if source is not None:
+            kind, arg = describe(self.ltid_of, yielded)
+            call = f"{kind} {arg}" if arg is not None else kind
+            self.out.append(
+                {"dispatch": meta.run.n, "task": meta.ltid, "call": call, "source": source}
+            )
 
 
 class Runtime:
@@ -269,12 +311,27 @@ class Runtime:
         run_id: str | None = None,
         name: str | None = None,
         on_end: Callable[[RunState], None] | None = None,
+        fork: Iterable[tuple[int, bytes]] | None = None,
+        compat: int = JOURNAL_COMPAT,
     ) -> str:
-        """Start a run from an entry record (``{"kind": ..., ...}``)."""
+        """Start a run from an entry record (``{"kind": ..., ...}``).
+
+        ``fork``: the run's journal begins with these records of another run
+        (a prefix of it: ``fork.py``), which it replays before it goes live;
+        ``compat`` is that run's journal version.
+        """
         run_id = run_id or f"run-{uuid.uuid4().hex[:12]}"
         self._unfinished = None  # recover() reads the log again if it comes later
-        coro = self._resolve(entry, run_id, JOURNAL_COMPAT)
-        self.journal.start_run(run_id, name or str(entry.get("kind")), entry, coro, on_end=on_end)
+        coro = self._resolve(entry, run_id, compat)
+        self.journal.start_run(
+            run_id,
+            name or str(entry.get("kind")),
+            entry,
+            coro,
+            on_end=on_end,
+            fork=fork,
+            compat=compat,
+        )
         return run_id
 
     def recover(self, only: Iterable[str] | None = None) -> list[str]:
@@ -486,6 +543,8 @@ def verify_loaded(
         return report
     with Scheduler() as sched:
         journal = JournalInstrument(None, sched, allow_live=False)
+        if info.entry.get("kind") == "workflow":  # after the journal: its dispatch counted
+            sched.add_instrument(_CallSites(report.calls, journal.ltid_of, sched))
         run = journal.start_run(
             info.run_id,
             info.name,

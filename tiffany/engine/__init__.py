@@ -26,7 +26,7 @@ from tiffany.errors import LimitExceeded, UnjournalableValue
 from tiffany.kernel import Instrument, SlowDispatchWatchdog
 from tiffany.observe.otel import attach_from_env
 from tiffany.wal import Log, Source
-from tiffany.wire.records import CHILD_SIGNAL_PREFIX
+from tiffany.wire.records import CHILD_SIGNAL_PREFIX, reserved_signal
 from tiffany.wire.shards import engine_stream, seq_base, seq_last
 from tiffany.wire.values import text_of, unpack_value
 
@@ -124,6 +124,20 @@ class Engine:
         if known is not None:
             self.signals[run_id] = known.plus(steps, {})
 
+    def awaited(self, run_id: str) -> list[dict[str, Any]]:
+        """The signals run ``run_id``'s tasks are parked on now, with each wait's schema (the loop).
+
+        ``[{"name", "schema"}]``, names sorted; ``schema`` the one the wait
+        declared (a plan's step, or told by a workflow's ``signal(...)`` as it
+        was reached: ``_steps_added``), or None.
+        """
+        known = self.signals.get(run_id)
+        return [
+            {"name": name, "schema": None if known is None else known.schema(name)}
+            for name in self.runtime.journal.awaited_signals(run_id)
+            if reserved_signal(name) is None  # a child's end, a slot: the engine's own
+        ]
+
     def cancel(self, run_id: str, reason: str = "cancelled") -> bool:
         """Cancel a running run (on the loop); False if it already ended.
 
@@ -154,22 +168,35 @@ class Engine:
         run_id: str | None = None,
         name: str | None = None,
         on_end: Callable[[Any], None] | None = None,
+        fork: tuple[list[tuple[int, bytes]], int | None] | None = None,
     ) -> str:
         """Start a run (on the loop's thread, or before it runs); return its id.
 
         A run with a concurrency limit gets its slot or queues (``concurrency.py``).
+        ``fork``: a workflow's re-run: the earlier run's records its journal
+        begins with, and their journal version (``tiffany/durable/fork.py``).
         """
         spec = spec_of(entry)
         on_end = self._ending(entry, on_end)
+        records, compat = fork if fork is not None else (None, None)
+        forked: dict[str, Any] = {} if records is None else {"fork": records}
+        if compat is not None:
+            forked["compat"] = compat
         if spec is None:
-            run_id = self.runtime.submit_entry(entry, run_id=run_id, name=name, on_end=on_end)
+            run_id = self.runtime.submit_entry(
+                entry, run_id=run_id, name=name, on_end=on_end, **forked
+            )
             self._watch_signals(run_id, entry)
             return run_id
         run_id = self.runtime.submit_entry(
-            entry, run_id=run_id, name=name, on_end=self._releasing(on_end)
+            entry, run_id=run_id, name=name, on_end=self._releasing(on_end), **forked
         )
         self._watch_signals(run_id, entry)
-        self.slots.admit(run_id, *spec)
+        run = self.runtime.journal.runs[run_id]
+        if any(_signal_name(w) == SLOT_SIGNAL for _, w in _wakes(run)):
+            self.slots.holding(run_id, spec[0])  # a fork whose copy holds the slot's signal
+        else:
+            self.slots.admit(run_id, *spec)
         return run_id
 
     def recover_runs(

@@ -75,6 +75,7 @@ on one class: every method would again share every attribute.
 from __future__ import annotations
 
 import re
+import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -91,7 +92,7 @@ from tiffany.durable import signal_bytes
 from tiffany.durable.checkpoint import KeyEntry
 from tiffany.engine.inbox import DurableWaits, Inbox, settle
 from tiffany.engine.reads import EngineReads, detail_at
-from tiffany.engine.stored_runs import StoredRuns
+from tiffany.engine.stored_runs import RerunSource, StoredRuns
 from tiffany.errors import (
     EngineNotReady,
     InvalidCommand,
@@ -120,6 +121,7 @@ from tiffany.wire.control import (
     Tools,
     Verify,
     WaitProjected,
+    Waits,
     command_name,
     submission_digest,
 )
@@ -263,6 +265,7 @@ class ControlRequests:
             Signal: self._signal,
             Verify: self.reads.verify,
             Export: self.reads.export,
+            Waits: self._waits,
             WaitProjected: self.reads.wait_projected,
             CheckPlan: self.reads.check_plan,
             Metrics: lambda _: self.reads.metrics_text(),
@@ -294,6 +297,18 @@ class ControlRequests:
         )
         return answer
 
+    def _waits(self, command: Waits) -> dict[str, Any]:
+        """The signals a running run waits for now, with their schemas (read on the loop)."""
+        run_id = command.run_id
+
+        def read() -> dict[str, Any]:
+            if run_id not in self.runtime.journal.runs:
+                raise RunNotFound(f"no run {run_id!r}")
+            return {"run_id": run_id, "signals": self.engine.awaited(run_id)}
+
+        answer: dict[str, Any] = self._for_run(run_id, read, live=command.live)
+        return answer
+
     def submit(self, command: Submit) -> Future[Submitted]:
         """Start a run; a future of its :class:`Submitted` answer once it is durable.
 
@@ -311,9 +326,65 @@ class ControlRequests:
         )
 
     def rerun(self, command: Rerun) -> Future[Submitted]:
-        """Start a re-run of a finished run (control threads: it reads the store)."""
-        plan, inputs, rerun = self.stored.rerun_source(command)
-        return self._submit(plan, inputs, command.key, command.run_id, None, rerun)
+        """Start a re-run of a finished run (control threads: it reads the store).
+
+        A workflow run's re-run is a fork of its journal (``stored_runs.py``):
+        its run id is chosen here, and the earlier run's workspace copied
+        into the new run's before it starts (a plan's re-run copies it in a
+        step of its planner; a fork's journal is the earlier run's, so the
+        copy is made outside it, as the run's files are).
+        """
+        source = self.stored.rerun_source(command)
+        if source.fork is None:
+            return self._submit(
+                source.plan, source.inputs, command.key, command.run_id, None, source.rerun
+            )
+        self._check_fork(source)
+        run_id = command.run_id or f"run-{uuid.uuid4().hex[:12]}"
+        env = self.engine.env
+        env.copy_workspace(source.rerun["rerun_of"]["run_id"], run_id)
+        answer = self._submit(
+            None,
+            source.inputs,
+            command.key,
+            run_id,
+            None,
+            source.rerun,
+            workflow=source.workflow,
+            fork=(source.fork, source.compat),
+        )
+
+        def unused(done: Future[Submitted]) -> None:
+            # A repeated key answered another run: this id never started. (On a
+            # refusal or a timeout the run may have started all the same: kept.)
+            if not done.cancelled() and done.exception() is None and done.result().run_id != run_id:
+                shutil.rmtree(env.workspace_root / run_id, ignore_errors=True)
+
+        answer.add_done_callback(unused)
+        return answer
+
+    def _check_fork(self, source: RerunSource) -> None:
+        """Refuse a workflow's re-run whose code no longer replays the copy (control threads).
+
+        The copy is replayed against the code as it is now, in the verify
+        pool (no side effect): a fork whose replay would diverge is refused
+        here, naming the divergence, instead of failing the new run (and
+        restarting the engine, as any divergence of a live run does).
+        """
+        assert source.head is not None
+        assert source.copied is not None
+        report = self.verifier.verify_fork(source.head, source.copied)
+        if report.get("ok"):
+            return
+        what = report.get("divergence") or {}
+        why = what.get("message") if isinstance(what, dict) else None
+        problems = "; ".join(str(p) for p in report.get("problems") or [])
+        msg = (
+            f"the workflow's code as it is now does not replay run {source.head['run_id']} "
+            f"up to {', '.join(source.rerun['rerun_of']['restart'])}: {why or problems}; restart "
+            "from a call before the change (from_step), or submit a new run"
+        )
+        raise InvalidCommand(msg, field="from_step", detail=[{"loc": "from_step", "msg": msg}])
 
     def _submit(
         self,
@@ -325,15 +396,20 @@ class ControlRequests:
         rerun: dict[str, Any] | None = None,
         *,
         workflow: str | None = None,
+        fork: tuple[list[tuple[int, bytes]], int | None] | None = None,
     ) -> Future[Submitted]:
-        """Check a run's plan and inputs and queue its start (``given``: the caller's run id)."""
+        """Check a run's plan and inputs and queue its start (``given``: the caller's run id).
+
+        ``fork``: a workflow's re-run: the records its journal begins with and
+        their journal version (``tiffany/durable/fork.py``).
+        """
         if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 255):
             raise InvalidCommand(
                 "invalid Idempotency-Key",
                 field="key",
                 detail=[{"loc": "Idempotency-Key", "msg": "must be 1 to 255 characters"}],
             )
-        if workflow is not None and (plan is not None or rerun is not None):
+        if workflow is not None and (plan is not None or (rerun is not None and fork is None)):
             msg = "send either a workflow or a plan, not both"
             raise InvalidCommand(msg, field="workflow", detail=[{"loc": "workflow", "msg": msg}])
         try:  # the engine trusts no caller: `tiffany submit` bypasses the API's checks
@@ -358,7 +434,9 @@ class ControlRequests:
                 raise InvalidCommand(exc.message, field="plan", detail=exc.errors) from None
         if schedule is not None:  # a schedule's tick (engine/schedules.py)
             entry["schedule"] = {"id": str(schedule.get("id")), "tick": str(schedule.get("tick"))}
-        if rerun is not None:  # the earlier run and the restart point name the plan and reuse
+        if rerun is not None and fork is not None:  # a fork replays the earlier run's entry
+            entry = {**rerun["entry"], "rerun_of": rerun["rerun_of"]}
+        elif rerun is not None:  # the earlier run and the restart point name the plan and reuse
             entry["rerun_of"], entry["reuse"] = rerun["rerun_of"], rerun["reuse"]
         digest = ""  # only a key is tied to a body (a sorted JSON dump and a hash a run)
         if key is not None:
@@ -370,7 +448,7 @@ class ControlRequests:
         reply: Future[Submitted] = Future()  # the caller's: the answer, or the timeout
 
         def start() -> None:  # on the loop; the answer is resolved when its seq is durable
-            run_id, created, seq = self._start(entry, name, key, digest, given)
+            run_id, created, seq = self._start(entry, name, key, digest, given, fork)
             self.durable.when(seq, answer, Submitted(run_id=run_id, created=created, seq=seq))
 
         def relay(done: Future[Submitted]) -> None:
@@ -566,6 +644,7 @@ class ControlRequests:
         key: str | None,
         digest: str,
         run_id: str | None = None,
+        fork: tuple[list[tuple[int, bytes]], int | None] | None = None,
     ) -> tuple[str, bool, int]:
         if self.lifecycle.stopping():
             raise EngineNotReady("the engine is stopping")
@@ -596,7 +675,7 @@ class ControlRequests:
             data={"name": name, "kind": entry.get("kind")},
         )
         start_seq = self.runtime.wal.next_seq  # the RUN_START's: the run's first record
-        self.engine.start_entry(entry, run_id=run_id, name=name, on_end=self._on_end)
+        self.engine.start_entry(entry, run_id=run_id, name=name, on_end=self._on_end, fork=fork)
         self.runs.started(
             run_id, None if key is None else KeyEntry(key, run_id, digest, now, start_seq)
         )

@@ -22,6 +22,7 @@ Invariants:
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import structlog
@@ -37,7 +38,7 @@ from tiffany.wire.status import TERMINAL
 if TYPE_CHECKING:
     from tiffany.projector.link import ProjectorLink
 
-__all__ = ["RERUN_SOURCE_WAIT_S", "SIGNAL_LOOKUP_WAIT_S", "StoredRuns"]
+__all__ = ["RERUN_SOURCE_WAIT_S", "SIGNAL_LOOKUP_WAIT_S", "RerunSource", "StoredRuns"]
 
 log = structlog.get_logger(__name__)
 
@@ -47,6 +48,34 @@ SIGNAL_LOOKUP_WAIT_S: Final = 5.0
 #: How long a re-run waits for the store to hold what the journal has
 #: written (the earlier run's end) before it reads the run there, in seconds.
 RERUN_SOURCE_WAIT_S: Final = 5.0
+
+
+#: What a workflow's fork keeps of the earlier run's entry: what its replay reads.
+_FORK_KEEPS: Final = frozenset({"kind", "workflow", "inputs", "concurrency", "budget"})
+_ABSENT: Final = object()
+
+
+@dataclass(slots=True)
+class RerunSource:
+    """What a re-run starts: a plan (with the outputs it reuses) or a workflow's fork.
+
+    ``rerun``: the entry's ``rerun_of`` and ``reuse`` (a plan), or
+    ``rerun_of`` and ``entry``, the earlier run's entry fields a fork keeps
+    (a workflow). ``fork``: the records the workflow's new run begins with
+    (``tiffany/durable/fork.py``), ``compat`` their journal version.
+    """
+
+    plan: Any
+    inputs: dict[str, Any]
+    rerun: dict[str, Any]
+    workflow: str | None = None
+    fork: list[tuple[int, bytes]] | None = None
+    compat: int | None = None
+    #: The earlier run's id, number, name, entry, first seq and journal
+    #: version, and the copy with its seqs (``(seq, type, body)``): what
+    #: the copy's replay check reads (``verifier.py``, ``verify_fork``).
+    head: dict[str, Any] | None = None
+    copied: list[tuple[int, int, bytes]] | None = None
 
 
 class StoredRuns:
@@ -109,11 +138,12 @@ class StoredRuns:
         with session_factory(self._engine())() as session:
             return signal_record(session, run_id, signal_id)
 
-    def rerun_source(self, command: Rerun) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    def rerun_source(self, command: Rerun) -> RerunSource:
         """A re-run's plan, inputs and reuse (``tiffany/agents/rerun.py``), from the store.
 
         Control threads only (SQL). The earlier run must be finished and in
-        the store; ``inputs`` given here override its inputs.
+        the store; ``inputs`` given here override its inputs. A workflow
+        run's re-run is a fork of its journal instead (:meth:`_workflow_fork`).
         """
         from tiffany.agents.rerun import journal_reuse, rerun_reuse
         from tiffany.store import queries, session_factory
@@ -142,8 +172,12 @@ class StoredRuns:
                 f"run {source_id} has not finished ({status}); re-run a finished run",
                 detail={"status": status},
             )
+        if isinstance(entry, dict) and entry.get("kind") == "workflow":
+            return self._workflow_fork(source_id, source, command)
         if not isinstance(entry, dict) or entry.get("kind") != "plan":
-            raise InvalidCommand(f"run {source_id} is not a plan run", field="rerun_of")
+            raise InvalidCommand(
+                f"run {source_id} is neither a plan run nor a workflow run", field="rerun_of"
+            )
         try:
             reuse, restart = rerun_reuse(source["after"], source["steps"], from_step, source_id)
         except PlanError as exc:
@@ -158,13 +192,83 @@ class StoredRuns:
                 reason="the journal no longer holds their records (TIFFANY_WAL_RETAIN)",
             )
         merged = {**(entry.get("inputs") or {}), **inputs}
-        return (
+        return RerunSource(
             entry.get("plan"),
             merged,
             {
                 "rerun_of": {"run_id": source_id, "restart": restart},
                 "reuse": reuse,
             },
+        )
+
+    def _workflow_fork(self, source_id: str, source: dict[str, Any], command: Rerun) -> RerunSource:
+        """A workflow run's re-run: its journal forked before the call to restart from.
+
+        Control threads only (reads the journal). ``tiffany/workflows/rerun.py``
+        says where the cut is, ``tiffany/durable/fork.py`` why it is sound.
+        """
+        from tiffany.durable.fork import read_run_records
+        from tiffany.durable.history import UnknownRun
+        from tiffany.engine import journal_source
+        from tiffany.workflows.rerun import RerunRefused, fork_point
+
+        entry = source["entry"]
+        given = entry.get("inputs") or {}
+        changed = sorted(k for k, v in command.inputs.items() if given.get(k, _ABSENT) != v)
+        if changed:
+            msg = (
+                f"a workflow's re-run replays run {source_id}'s calls with its inputs; "
+                f"submit a new run to change {', '.join(changed)}"
+            )
+            raise InvalidCommand(
+                msg, field="inputs", detail=[{"loc": f"inputs.{changed[0]}", "msg": msg}]
+            )
+        start_seq = source.get("start_seq")
+        if not isinstance(start_seq, int):
+            raise InvalidCommand(f"run {source_id} has no start in the store", field="rerun_of")
+        try:
+            journal = journal_source(self.settings.for_engine(engine_of(start_seq)))
+            held = read_run_records(journal, start_seq, source_id)
+        except (UnknownRun, FileNotFoundError) as exc:
+            msg = (
+                f"the journal no longer holds run {source_id}'s records (TIFFANY_WAL_RETAIN "
+                f"released them): a workflow's re-run replays them ({exc})"
+            )
+            raise InvalidCommand(msg, field="rerun_of") from None
+        decoded = [rec for _, _, _, rec in held.records]
+        try:
+            cut, call = fork_point(source_id, decoded, command.from_step)
+        except RerunRefused as exc:
+            raise InvalidCommand(exc.message, field="from_step", detail=exc.errors) from None
+        fork = held.prefix(cut)
+        copied = [(seq, rtype, body) for seq, rtype, body, _ in held.records[:cut]]
+        head = {
+            "run_id": source_id,
+            "run_no": held.run_no,
+            "name": str(entry.get("workflow")),
+            "entry": entry,
+            "start_seq": start_seq,
+            "compat": held.compat,
+        }
+        kept = {k: v for k, v in entry.items() if k in _FORK_KEEPS}
+        rerun = {
+            "rerun_of": {
+                "run_id": source_id,
+                "restart": [call],
+                # Where the copy ends in the earlier run: the first record not copied.
+                "fork": {"seq": held.records[cut][0], "records": len(fork)},
+            },
+            "entry": kept,
+        }
+        return RerunSource(
+            None,
+            dict(given),
+            rerun,
+            workflow=entry.get("workflow"),
+            fork=fork,
+            compat=held.compat,
+            head=head,
+            copied=copied,
         )
 
     def _settling_records(self, reuse: dict[str, dict[str, Any]]) -> dict[int, Any]:

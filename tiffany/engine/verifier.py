@@ -38,6 +38,7 @@ import os
 import select
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
@@ -154,6 +155,39 @@ def _verify(settings: Settings, run_id: str) -> tuple[str, Any]:
     return "ok", report.to_dict()
 
 
+def _verify_fork(
+    settings: Settings, head: dict[str, Any], records: list[tuple[int, int, bytes]]
+) -> tuple[str, Any]:
+    """Replay a fork's copy against the code as it is now (in a worker): the report, as dict.
+
+    ``head``: the earlier run's ``run_id``, ``run_no``, ``name``, ``entry``,
+    ``start_seq``, ``compat``; ``records``: the copy, ``(seq, type, body)``
+    with the earlier run's seqs (a divergence names them). The copy is an
+    unfinished run's journal: the code must reproduce every dispatch in it
+    (``verify_loaded(unfinished=True)``).
+    """
+    from tiffany.durable.history import RunInfo, cursor_of
+    from tiffany.durable.runtime import verify_loaded
+    from tiffany.engine import replay_resolvers
+    from tiffany.errors import TiffanyError
+
+    spans = [(seq, rtype, b"\0\0\0\0" + body, 0, len(body) + 4, "") for seq, rtype, body in records]
+    info = RunInfo(
+        int(head["run_no"]),
+        str(head["run_id"]),
+        str(head["name"]),
+        dict(head["entry"]),
+        0.0,
+        int(head["start_seq"]),
+        compat=int(head["compat"]),
+    )
+    try:
+        report = verify_loaded(info, cursor_of(spans), replay_resolvers(settings), unfinished=True)
+    except TiffanyError as exc:
+        return EngineFault.kind, f"verify failed: {exc}"
+    return "ok", report.to_dict()
+
+
 class Verifier:
     """Verify finished runs in a worker process (any thread may call :meth:`verify`).
 
@@ -201,6 +235,27 @@ class Verifier:
         report: dict[str, Any] = answer
         return report
 
+    def verify_fork(
+        self, head: dict[str, Any], records: list[tuple[int, int, bytes]]
+    ) -> dict[str, Any]:
+        """Replay a workflow re-run's copy of the earlier run's journal (:func:`_verify_fork`).
+
+        Raises as :meth:`verify` does.
+        """
+        fut = self._submit(head["run_id"], _verify_fork, head, records)
+        try:
+            status, answer = fut.result(self.timeout_s)
+        except FutureTimeout:
+            self._kill(fut)
+            raise VerifyTimedOut(f"replaying run {head['run_id']}'s calls took too long") from None
+        except BrokenProcessPool as exc:
+            self._kill(fut)
+            raise EngineFault(f"the verify worker died: {exc}") from None
+        if status != "ok":
+            raise refusal(status, str(answer))
+        report: dict[str, Any] = answer
+        return report
+
     def close(self) -> None:
         """Stop the pool (a replay under way is abandoned)."""
         with self._lock:
@@ -209,7 +264,10 @@ class Verifier:
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def _submit(self, run_id: str) -> Future[tuple[str, Any]]:
+    def _submit(
+        self, run_id: str, fn: Callable[..., tuple[str, Any]] = _verify, *args: Any
+    ) -> Future[tuple[str, Any]]:
+        given = args or (run_id,)
         with self._lock:
             if self._closed:
                 raise EngineNotReady("the engine is stopping")
@@ -217,10 +275,10 @@ class Verifier:
                 self._context.set_forkserver_preload(_PRELOAD)
                 self._pool = self._new_pool()
             try:
-                return self._pool.submit(_verify, self.settings, run_id)
+                return self._pool.submit(fn, self.settings, *given)
             except BrokenProcessPool:  # a worker died since the last verify: a fresh pool
                 self._pool = self._new_pool()
-                return self._pool.submit(_verify, self.settings, run_id)
+                return self._pool.submit(fn, self.settings, *given)
 
     def _new_pool(self) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(

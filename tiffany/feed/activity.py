@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from tiffany.durable.gate import HeldStep
 from tiffany.durable.journal import TaskMeta
+from tiffany.durable.replayer import call_site
 from tiffany.feed import Hub
 from tiffany.feed.events import TaskFields
 from tiffany.kernel import RETURNED, Instrument, SystemCall, Task
@@ -122,12 +123,21 @@ class ActivityLog(Instrument):
             self.hub.publish_task("tool.started", ids, task.name, data)
 
     def after_dispatch(self, task: Task, yielded: Any) -> None:
-        """Publish ``step`` with what the task yielded."""
+        """Publish ``step`` with what the task yielded.
+
+        A workflow's call or step (a task of role ``task``: a workflow's
+        function and the tasks it spawned) carries where the user's code
+        yielded it, ``data.source`` (``path:line (function)``): the run
+        page shows it beside the call. Not journaled (a line is not part
+        of what a replay compares); a plan's tasks never pay for the walk.
+        """
         self.dispatched += 1
         if self.dispatches:
             ids = self._ids(task)
             if ids is not None:
-                self.hub.publish_task("step", ids, _label(yielded))
+                source = call_site(task, yielded) if ids.task_kind == "task" else None
+                data = None if source is None else {"source": source}
+                self.hub.publish_task("step", ids, _label(yielded), data)
 
     def task_blocked(self, task: Task, call: SystemCall) -> None:
         """Publish ``blocked`` with the reason."""

@@ -63,6 +63,7 @@ from tiffany.wire.control import (
     Tools,
     Verify,
     WaitProjected,
+    Waits,
 )
 
 if TYPE_CHECKING:
@@ -128,6 +129,9 @@ class Commands(Protocol):
 
     async def export(self, run_id: str, timeout: float) -> dict[str, Any]:
         """A run's export file (base64, ``export``), from the engine that journaled it."""
+
+    async def waits(self, run_id: str) -> dict[str, Any]:
+        """The signals a running run waits for now, with their schemas (``Waits``)."""
 
     async def status(self, timeout: float) -> list[dict[str, Any] | BaseException]:
         """Each engine's status on this host, or why it did not answer (engine by engine)."""
@@ -237,8 +241,13 @@ class LocalEngines:
         answer: dict[str, Any] = await self._for_run(Export(run_id=run_id), timeout)
         return answer
 
+    async def waits(self, run_id: str) -> dict[str, Any]:
+        """The signals a running run waits for now, with their schemas, from its engine."""
+        answer: dict[str, Any] = await self._for_run(Waits(run_id=run_id))
+        return answer
+
     async def _for_run(
-        self, command: Cancel | Signal | Verify | Export, timeout: float | None = None
+        self, command: Cancel | Signal | Verify | Export | Waits, timeout: float | None = None
     ) -> Any:
         """Send a run's command to the engine that holds the run (each transport's way)."""
         raise NotImplementedError
@@ -316,7 +325,7 @@ class SocketCommands(LocalEngines):
         raise refused
 
     async def _for_run(
-        self, command: Cancel | Signal | Verify | Export, timeout: float | None = None
+        self, command: Cancel | Signal | Verify | Export | Waits, timeout: float | None = None
     ) -> Any:
         """Send a run's command to its engine; a run the store does not show: ask each, live.
 

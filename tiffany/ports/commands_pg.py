@@ -68,6 +68,7 @@ from tiffany.wire.control import (
     Submit,
     Submitted,
     Verify,
+    Waits,
     answer_of,
     refused,
     submission_digest,
@@ -431,7 +432,7 @@ class PgCommands(LocalEngines):
         return await self.db.engines_alive(besides)
 
     async def _for_run(
-        self, command: Cancel | Signal | Verify | Export, timeout: float | None = None
+        self, command: Cancel | Signal | Verify | Export | Waits, timeout: float | None = None
     ) -> Any:
         run_id = command.run_id
         owner = await self._owner(run_id)

@@ -29,6 +29,7 @@ from tiffany.sdk.models import (
     RunEvents,
     RunList,
     RunStatus,
+    RunWaits,
     ScheduleList,
     ScheduleOut,
     SignalAnswer,
@@ -262,6 +263,11 @@ class AsyncClient:
             protocol.raise_for(response)
         return response.content
 
+    async def waits(self, run_id: str) -> RunWaits:
+        """The signals a running run waits for now, with their schemas (:meth:`Client.waits`)."""
+        response = await self._request("GET", protocol.run_path(run_id, "waits"))
+        return protocol.answer(response, RunWaits)
+
     async def cancel(self, run_id: str) -> CancelAnswer:
         """Cancel a running run."""
         response = await self._request("POST", protocol.run_path(run_id, "cancel"))
@@ -284,7 +290,10 @@ class AsyncClient:
         inputs: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
     ) -> AsyncRunHandle:
-        """Re-run a finished run from ``from_step`` (default: its failed steps) as a new run."""
+        """Re-run a finished run from ``from_step`` (default: its failed steps) as a new run.
+
+        A workflow run is re-run from a call (``tool_2``): see :meth:`Client.rerun`.
+        """
         body: dict[str, Any] = {}
         if from_step is not None:
             body["from_step"] = from_step

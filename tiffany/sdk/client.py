@@ -33,6 +33,7 @@ from tiffany.sdk.models import (
     RunEvents,
     RunList,
     RunStatus,
+    RunWaits,
     ScheduleList,
     ScheduleOut,
     SignalAnswer,
@@ -337,6 +338,19 @@ class Client:
             protocol.raise_for(response)
         return response.content
 
+    def waits(self, run_id: str) -> RunWaits:
+        """The signals a running run waits for now, each with its wait's payload schema.
+
+        Asked of the engine that holds the run (a workflow's waits are told to
+        it as its code reaches them: the store does not have their schemas).
+
+        Raises:
+            NotFound: No such run.
+            Conflict: The run has finished.
+        """
+        response = self._request("GET", protocol.run_path(run_id, "waits"))
+        return protocol.answer(response, RunWaits)
+
     def cancel(self, run_id: str) -> CancelAnswer:
         """Cancel a running run (it ends ``cancelled`` shortly).
 
@@ -378,6 +392,10 @@ class Client:
 
         Steps not downstream of the restart point reuse their recorded
         outputs; ``inputs`` replace the earlier run's (the others are kept).
+        A workflow run is re-run from a call (``from_step="tool_2"``; default:
+        the one it failed at): its journal is forked before that call, and
+        the calls before it are replayed, not made again (its inputs cannot
+        change).
 
         Raises:
             Conflict: The run has not finished.

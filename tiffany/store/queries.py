@@ -442,8 +442,9 @@ def _lean(row: Any, name: str) -> dict[str, Any]:
 def rerun_source(session: Session, run_id: str) -> dict[str, Any] | None:
     """What a re-run of ``run_id`` starts from, or None for an unknown run.
 
-    ``{"status", "entry", "steps": {step_id: {"status", "output", "run_id",
-    "seq"}}, "after": {step_id: [...]}}``: the run's entry (plan and inputs)
+    ``{"status", "entry", "start_seq", "steps": {step_id: {"status", "output", "run_id",
+    "seq"}}, "after": {step_id: [...]}}``: the run's entry (plan and inputs), the
+    WAL seq of its RUN_START (where a workflow's re-run reads its journal),
     and each step's state, with where its output was recorded: this run and
     the WAL seq of its worker's exit (the record that settled it), or, for a
     step this run itself reused, the run and seq it was reused from; and the
@@ -452,7 +453,9 @@ def rerun_source(session: Session, run_id: str) -> dict[str, Any] | None:
     # Core, on the session's connection: rows of columns need no ORM loading,
     # which cost a 1,000-step run's re-run a quarter of this read.
     conn = session.connection()
-    run = conn.execute(select(Run.status, Run.entry).where(Run.run_id == run_id)).one_or_none()
+    run = conn.execute(
+        select(Run.status, Run.entry, Run.start_seq).where(Run.run_id == run_id)
+    ).one_or_none()
     if run is None:
         return None
     exits = dict(
@@ -475,7 +478,13 @@ def rerun_source(session: Session, run_id: str) -> dict[str, Any] | None:
     outputs = {sid: s["output"] for sid, s in steps.items()}
     graph = plan_graph(entry.get("plan"), outputs)
     after = {sid: node.after for sid, node in graph.items()}
-    return {"status": run.status, "entry": run.entry, "steps": steps, "after": after}
+    return {
+        "status": run.status,
+        "entry": run.entry,
+        "start_seq": run.start_seq,
+        "steps": steps,
+        "after": after,
+    }
 
 
 def _detail(run: Any, steps: Iterable[Any], tasks: Iterable[Any]) -> dict[str, Any]:

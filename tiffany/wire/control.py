@@ -133,6 +133,7 @@ __all__ = [
     "Tools",
     "Verify",
     "WaitProjected",
+    "Waits",
     "answer_of",
     "call",
     "decode_command",
@@ -312,6 +313,20 @@ class Export(_Command, tag="export", kw_only=True):
     live: bool = False
 
 
+class Waits(_Command, tag="waits", kw_only=True):
+    """The signals a running run's tasks wait for now, each with its wait's payload schema.
+
+    Answer: ``{"run_id", "signals": [{"name", "schema"}]}``, names sorted,
+    ``schema`` null for a wait that declared none. A workflow's waits are
+    told to the engine as its code reaches them (``tiffany/workflows/calls.py``):
+    the engine, not the store, knows their schemas.
+    """
+
+    for_run = True
+    run_id: str = ""
+    live: bool = False
+
+
 class WaitProjected(_Command, tag="wait_projected", kw_only=True):
     """Answer once the store holds ``seq`` (``written``: all the engine has written)."""
 
@@ -350,6 +365,7 @@ Command: TypeAlias = (
     | Signal
     | Verify
     | Export
+    | Waits
     | WaitProjected
     | CheckPlan
     | Metrics

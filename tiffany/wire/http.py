@@ -49,10 +49,12 @@ __all__ = [
     "RunEvents",
     "RunList",
     "RunSummary",
+    "RunWaits",
     "ScheduleList",
     "ScheduleOut",
     "ScheduleRequest",
     "SignalAnswer",
+    "SignalWait",
     "StepOut",
     "StepSpec",
     "SubmitAnswer",
@@ -379,6 +381,29 @@ class RerunRequest(BaseModel):
     inputs: dict[str, Any] | None = Field(
         default=None, description="Inputs that replace the earlier run's (the others are kept)."
     )
+
+
+class SignalWait(BaseModel):
+    """A signal a running run's task waits for now, and the payload schema its wait declared."""
+
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+
+    name: str
+    payload_schema: dict[str, Any] | None = Field(
+        default=None,
+        alias="schema",
+        description=(
+            "The JSON Schema a payload must satisfy (a plan's signal.wait step's, or told "
+            "by a workflow's signal(...) as its code reached it); null: any payload."
+        ),
+    )
+
+
+class RunWaits(BaseModel):
+    """What a running run waits for now, as its engine knows it (schemas included)."""
+
+    run_id: str
+    signals: list[SignalWait] = Field(description="By name, each once; empty: none waits.")
 
 
 class SignalAnswer(BaseModel):

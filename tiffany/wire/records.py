@@ -81,6 +81,7 @@ __all__ = [
     "ROLES",
     "RUN_PREFIX",
     "SLOT_SIGNAL",
+    "WORKFLOW_CALL_PREFIXES",
     "Dispatch",
     "Hold",
     "Outcome",
@@ -134,6 +135,10 @@ CHILD_SIGNAL_PREFIX: Final = "child:"
 #: (``JournalInstrument.request_internal_signal``), and ``signal.wait`` cannot wait for
 #: it. ``tiffany.`` is kept for the engine's signals to come.
 RESERVED_SIGNAL_PREFIXES: Final = (CHILD_SIGNAL_PREFIX, "concurrency.", "tiffany.")
+#: How a workflow's run-level calls' coroutines are named (``tiffany/workflows/calls.py``):
+#: ``tool:NAME#digest``, ``child:NAME#digest``, ``signal:NAME#digest``. A DISPATCH
+#: of kind ``call`` with such an argument is one of those calls.
+WORKFLOW_CALL_PREFIXES: Final = ("tool:", "child:", "signal:")
 #: Longest argument text kept in a DISPATCH record (names in carried ones too).
 MAX_ARG_CHARS: Final = 120
 

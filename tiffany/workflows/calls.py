@@ -273,6 +273,10 @@ def _child(
         raise ChildFailed(f"child run {child_id}: {started['error']}", child=child_id)
     if isinstance(started, Mapping) and isinstance(started.get("refused"), Mapping):
         raise ChildRefused(started["refused"], child=child_id)
+    if isinstance(started, Mapping) and isinstance(started.get("run_id"), str):
+        # The child that was started: this run's, or, in a re-run's fork
+        # (``rerun.py``), the earlier run's, whose start the fork's copy holds.
+        child_id = started["run_id"]
     ctx.env.emit(ctx.run_id, "tool.output", {"step": step, "child_run": child_id})
     end = yield Receive(CHILD_SIGNAL_PREFIX + child_id)
     end = end if isinstance(end, Mapping) else {}

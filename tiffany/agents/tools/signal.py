@@ -267,6 +267,13 @@ class RunSignals:
         """The signal names the run's steps wait for, sorted."""
         return sorted(self._by_name)
 
+    def schema(self, name: str) -> Mapping[str, Any] | None:
+        """The payload schema of the newest wait for ``name`` that declares one, or None."""
+        for wait in reversed(self._by_name.get(name, ())):
+            if wait.schema is not None:
+                return wait.schema
+        return None
+
     def refusal(self, name: str, payload: Any) -> tuple[str, list[dict[str, Any]]] | None:
         """Why ``payload`` cannot be signal ``name``'s: ``(message, 422 detail)``, or None.
 

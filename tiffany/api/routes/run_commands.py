@@ -23,7 +23,14 @@ from tiffany.api.body import InvalidBody, parse_json_off_loop, read_capped
 from tiffany.api.deps import State
 from tiffany.api.openapi import request_body
 from tiffany.api.routes.runs import ERRORS, NOT_FOUND, check_run_id, json_response
-from tiffany.api.schemas import CancelAnswer, ErrorBody, RerunRequest, SignalAnswer, SubmitAnswer
+from tiffany.api.schemas import (
+    CancelAnswer,
+    ErrorBody,
+    RerunRequest,
+    RunWaits,
+    SignalAnswer,
+    SubmitAnswer,
+)
 from tiffany.wire.documents import SIGNAL_NAME_PATTERN
 from tiffany.wire.records import RESERVED_SIGNAL_PREFIXES, reserved_signal, reserved_signal_message
 
@@ -209,6 +216,27 @@ async def signal_run(
 
 #: The media type of a run export (docs/replay.md, "Export format").
 EXPORT_MEDIA_TYPE: Final = "application/vnd.tiffany.run-export"
+
+
+@router.get(
+    "/{run_id}/waits",
+    response_model=RunWaits,
+    responses={
+        **NOT_FOUND,
+        409: {"model": ErrorBody, "description": "The run has finished: it waits for nothing."},
+        **ERRORS,
+    },
+)
+async def run_waits(run_id: str, state: State) -> RunWaits:
+    """The signals a running run's tasks wait for now, with each wait's payload schema.
+
+    Asked of the engine that holds the run: a workflow's waits are told to
+    the engine as its code reaches them, and their schemas are not in the
+    store (the dashboard's signal form is drawn from them).
+    """
+    check_run_id(run_id)
+    answer = await state.engines.commands.waits(run_id)
+    return RunWaits.model_validate(answer)
 
 
 @router.get(

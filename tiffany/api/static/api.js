@@ -97,6 +97,15 @@ export function sendSignal(runId, name, payload = null, { idempotencyKey } = {})
 }
 
 /**
+ * The signals running run `runId`'s tasks wait for now, each with its wait's
+ * payload schema, as the engine holding the run knows them:
+ * `{run_id, signals: [{name, schema}]}` (a workflow's schemas are not in the store).
+ */
+export function runWaits(runId) {
+  return api(`api/runs/${encodeURIComponent(runId)}/waits`);
+}
+
+/**
  * Re-run finished run `runId` as a new run: from step `fromStep` (and what
  * depends on it), or by default from its failed steps (an empty body). The
  * steps not downstream of the restart point are reused from the earlier run.

@@ -26,11 +26,17 @@
 // tree (the root task is the function, each child named by its function),
 // each live task's current call (the store's `blocked_on`: the call it
 // yielded and waits on), and the signals its tasks wait for, each with the
-// form that sends it (signalform.js). The form has no schema to draw
-// fields from (the wait's schema reaches the engine, not the store): it is
-// the JSON box, and the engine's refusal of a payload names the field.
+// form that sends it (signalform.js). A wait's schema is told to the engine
+// as the code reaches it, not kept in the store: the page asks the engine
+// (`GET /api/runs/{id}/waits`) whenever the waits change, and draws the
+// form's fields from the schema (the JSON box until it is known, or when
+// the wait declares none); the engine's refusal of a payload names the field.
+// Its calls and steps are listed with the line of code that made each (the
+// feed's, live; every one after "Verify replay"); a failed workflow run is
+// re-run from its failed call ("Re-run from failure"), and, once verified,
+// from any of its calls ("Re-run from tool_2"): a fork of its journal.
 
-import { api, ApiError, rerunRun, sendSignal } from "./api.js";
+import { api, ApiError, rerunRun, runWaits, sendSignal } from "./api.js";
 import {
   clock,
   compact,
@@ -153,7 +159,8 @@ export class RunPage {
     this.graphCard = card("Plan", this.graphEl, "graph-card", "steps and what they run after; click a step");
     this.stepsCard = card("Steps", this.stepsEl, "steps-card");
     this.tasksCard = card("Tasks", h("div", null, this.treeEl, this.taskEl), "tasks-card", "planner → workers → tools; click a task");
-    this.workflowCard = card("Workflow", this.workflowEl, "workflow-card", "a @workflow function: its tasks' calls and the signals they wait for");
+    this.callsEl = h("div", { class: "workflow-calls", testid: "workflow-calls" });
+    this.workflowCard = card("Workflow", h("div", null, this.workflowEl, this.callsEl), "workflow-card", "a @workflow function: its tasks' calls and the signals they wait for");
     this.workflowCard.hidden = true;
     const journalEl = h("div", { class: "journal-wrap" });
     fill(
@@ -297,14 +304,16 @@ export class RunPage {
           : null,
         h("div", { class: "spacer" }),
         this.rerunError(null, "span"),
-        this.canRerun() && (d.steps || []).some((s) => s.status === "failed")
+        this.canRerun() && ((d.steps || []).some((s) => s.status === "failed") || (isWorkflow(d) && d.status === "failed"))
           ? h(
               "button",
               {
                 class: "btn btn-primary",
                 testid: "rerun-failed",
                 disabled: this.rerun.busy,
-                title: "Start a new run that reuses the steps that succeeded and runs the failed ones and what depends on them",
+                title: isWorkflow(d)
+                  ? "Start a new run that replays this one's calls up to the one it failed at (not made again) and runs that call and what follows"
+                  : "Start a new run that reuses the steps that succeeded and runs the failed ones and what depends on them",
                 onclick: () => this.doRerun(null),
               },
               this.rerun.busy && this.rerun.from == null ? "Re-running…" : "Re-run from failure",
@@ -379,8 +388,10 @@ export class RunPage {
     const failedSteps = new Set((d.steps || []).filter((s) => s.status === "failed").map((s) => s.step_id));
     const workflow = isWorkflow(d);
     if (workflow !== this.shownAsWorkflow) this.showKind(workflow);
-    if (workflow) this.renderWorkflow(d, tasks);
-    else this.renderGraph(d, tasks);
+    if (workflow) {
+      this.renderWorkflow(d, tasks);
+      this.renderCalls(tasks);
+    } else this.renderGraph(d, tasks);
     this.renderTalks(d);
     renderTimeline(this.timelineEl, rows, {
       now,
@@ -419,10 +430,15 @@ export class RunPage {
     const runLive = !TERMINAL_RUN.has(d.status);
     const waits = runLive ? (d.waiting_for || []).filter((w) => w.kind === "signal" && typeof w.name === "string") : [];
     const names = new Map(tasks.map((t) => [t.ltid, t.name]));
-    const sig = `${d.entry.workflow}|${JSON.stringify([d.inputs, d.outputs])}|${d.status}|${waits.map((w) => `${w.task}:${w.name}`).join(",")}|${waits.map((w) => names.get(w.task) || "").join(",")}`;
+    const waited = waits.map((w) => w.name).sort().join(",");
+    if (waited && waited !== this.schemasFor) this.askSchemas(waited);
+    const schemas = waited === this.schemasFor ? this.waitSchemas : null;
+    const schemaOf = (name) => (schemas && schemas.has(name) ? schemas.get(name) : null);
+    const sig = `${d.entry.workflow}|${JSON.stringify([d.inputs, d.outputs])}|${d.status}|${waits.map((w) => `${w.task}:${w.name}`).join(",")}|${waits.map((w) => names.get(w.task) || "").join(",")}|${waits.map((w) => JSON.stringify(schemaOf(w.name))).join(",")}`;
     if (sig === this.workflowSig) return;
     this.workflowSig = sig;
-    const keys = new Set(waits.map((w) => `task ${w.task}\n${w.name}`));
+    const formKey = (w) => `task ${w.task}${schemaOf(w.name) ? " (schema)" : ""}`;
+    const keys = new Set(waits.map((w) => `${formKey(w)}\n${w.name}`));
     for (const key of this.signalForms.keys()) if (!keys.has(key)) this.signalForms.delete(key);
     const active = document.activeElement;
     const focus = active && active !== document.body && this.workflowEl.contains(active) ? active : null;
@@ -454,7 +470,7 @@ export class RunPage {
                 h("span", { class: "pill pill-sm tone-wait waiting-badge", testid: "step-waiting", dataset: { waiting: w.name } }, `waiting for ${w.name}`),
                 w.task != null ? h("span", { class: "muted small" }, ` in task ${names.get(w.task) || "?"} #${w.task}`) : null,
               ),
-              this.signalForm(`task ${w.task}`, w.name),
+              this.signalForm(formKey(w), w.name, schemaOf(w.name)),
             ),
           )
         : h("div", { class: "muted small", testid: "workflow-no-waits" }, runLive ? "No task waits for a signal." : "The run has ended."),
@@ -463,6 +479,101 @@ export class RunPage {
       focus.focus({ preventScroll: true });
       if (caret) focus.setSelectionRange(caret[0], caret[1]);
     }
+  }
+
+  /**
+   * A workflow run's calls and steps with the line of the user's code that
+   * made each: from the live feed (each `step` event of the workflow's tasks
+   * carries `data.source`: only the calls made while this page listened),
+   * or, once "Verify replay" ran, from the replay's report (`calls`: every
+   * call, against the code as it is now). Lines are not journaled.
+   */
+  renderCalls(tasks) {
+    const names = new Map(tasks.map((t) => [t.ltid, t.name]));
+    const replayed = Array.isArray(this.verifyCalls) ? this.verifyCalls : null;
+    const rows = replayed
+      ? replayed.map((c) => ({ task: c.task, call: c.call, source: c.source, dispatch: c.dispatch }))
+      : this.live.events
+          .filter((e) => e.run === this.runId && e.kind === "step" && e.data && typeof e.data.source === "string")
+          .map((e) => ({ task: e.ltid, call: e.label, source: e.data.source, dispatch: null }));
+    // A finished run's replayed calls are numbered as the run numbers its
+    // tool and child calls (tool_1, child_2: workflows/rerun.py), in order:
+    // each can be re-run from (a fork of the journal before it).
+    const rerunnable = replayed && this.canRerun();
+    let k = 0;
+    for (const r of rows) {
+      const m = /^call (tool|child):/.exec(r.call || "");
+      r.id = m ? `${m[1]}_${++k}` : null;
+    }
+    const rr = this.rerun;
+    const sig = `${replayed ? "replay" : "live"}|${rows.length}|${rows.length ? rows[rows.length - 1].source : ""}|${rerunnable}|${rr.busy}|${rr.from}|${rr.error ? rr.error.message : ""}`;
+    if (sig === this.callsSig) return;
+    this.callsSig = sig;
+    if (!rows.length) {
+      fill(this.callsEl);
+      return;
+    }
+    fill(
+      this.callsEl,
+      h(
+        "div",
+        { class: "workflow-calls-head small muted", testid: "workflow-calls-from", dataset: { from: replayed ? "replay" : "live" } },
+        replayed ? `Calls and steps, from the replay (${rows.length}):` : `Calls and steps seen live (${rows.length}):`,
+      ),
+      h(
+        "ol",
+        { class: "workflow-call-list" },
+        rows.slice(-CALLS_SHOWN).map((r) =>
+          h(
+            "li",
+            { class: "workflow-call-row small", testid: "workflow-call", dataset: { ltid: String(r.task ?? ""), dispatch: r.dispatch != null ? String(r.dispatch) : "" } },
+            h("code", { testid: "workflow-call-label" }, r.call),
+            h("span", { class: "muted" }, ` in ${names.get(r.task) || "task"} #${r.task ?? "?"} at `),
+            h("code", { class: "workflow-call-source", testid: "workflow-call-source", title: r.source }, shortSource(r.source)),
+            rerunnable && r.id
+              ? [
+                  " ",
+                  h(
+                    "button",
+                    {
+                      class: "btn btn-sm btn-ghost step-rerun",
+                      testid: "rerun-from-call",
+                      dataset: { call: r.id },
+                      disabled: rr.busy,
+                      title: `Start a new run that replays the calls before ${r.id} (not made again) and runs ${r.id} and what follows`,
+                      onclick: () => this.doRerun(r.id),
+                    },
+                    rr.busy && rr.from === r.id ? "Re-running…" : `Re-run from ${r.id}`,
+                  ),
+                  this.rerunError(r.id, "div"),
+                ]
+              : null,
+          ),
+        ),
+      ),
+    );
+  }
+
+  /**
+   * Ask the engine for the schemas of the signals a workflow run waits for
+   * (`waited`: their names, sorted and joined), once per set of names; the
+   * card is drawn again when they come. A refusal (the run ended meanwhile)
+   * leaves the JSON box.
+   */
+  async askSchemas(waited) {
+    if (this.schemasAsked === waited) return;
+    this.schemasAsked = waited;
+    let schemas = new Map();
+    try {
+      const answer = await runWaits(this.runId);
+      for (const s of answer.signals || []) schemas.set(s.name, s.schema && typeof s.schema === "object" ? s.schema : null);
+    } catch {
+      schemas = new Map();
+    }
+    if (this.schemasAsked !== waited) return;
+    this.schemasFor = waited;
+    this.waitSchemas = schemas;
+    if (this.detail && isWorkflow(this.detail)) this.renderWorkflow(this.detail, this.tasks());
   }
 
   renderGraph(d, tasks) {
@@ -903,6 +1014,10 @@ export class RunPage {
     try {
       const v = await api(`api/runs/${encodeURIComponent(this.runId)}/verify`, { method: "POST" });
       renderVerify(this.verifyEl, v);
+      if (Array.isArray(v.calls) && v.calls.length && isWorkflow(this.detail)) {
+        this.verifyCalls = v.calls;
+        this.renderCalls(this.tasks());
+      }
     } catch (err) {
       fill(
         this.verifyEl,
@@ -914,6 +1029,15 @@ export class RunPage {
     }
   }
 }
+
+/** `path/to/mod.py:12 (fn)` as `mod.py:12 (fn)` (the whole path is the element's title). */
+function shortSource(source) {
+  const m = /^(.*?)([^/\\]+:\d+(?: \(.*\))?)$/.exec(String(source));
+  return m ? m[2] : String(source);
+}
+
+/** The most calls the workflow card lists (the newest ones). */
+const CALLS_SHOWN = 200;
 
 /** Whether run detail `d` is a workflow run (a `@workflow` function), not a plan run. */
 function isWorkflow(d) {
