@@ -142,7 +142,16 @@ LAYERS: dict[str, Layer] = {
     # The API side-process never imports kernel, wal, durable or agents.
     "api": Layer(
         _parts(
-            "errors", "config", "log", "store", "feed", "projector", "observe", "schedules", "ports"
+            "errors",
+            "config",
+            "log",
+            "store",
+            "feed",
+            "projector",
+            "observe",
+            "schedules",
+            "ports",
+            "memory",
         )
     ),
     # The Python SDK: a client of the HTTP API, never of the server's modules.

@@ -1,0 +1,83 @@
+"""The API's handle on the agents' memory: one :class:`~tiffany.memory.MemoryStore` per app.
+
+The memory lives in the store's database (docs/memory.md): the API reads it
+there directly, as it reads runs, through one store built from the settings
+(its database URL and its embedder, which a search embeds its query with).
+The store's calls block: each runs in the threadpool, at most
+:data:`MEMORY_CALLS` at a time (the store's own connection pool bounds the
+rest), never on the event loop.
+
+The store is opened at the first call, in the threadpool: the API may start
+before the engine has created the memory's tables (``tiffany db upgrade``
+runs in the engine), and a database that cannot be read is a 503
+(:class:`~tiffany.ports.reads.StoreUnavailable`) like any other read.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final, TypeVar
+
+import anyio
+import anyio.to_thread
+from sqlalchemy.exc import OperationalError, ProgrammingError
+
+from tiffany.config import Settings
+from tiffany.ports.reads import StoreUnavailable
+
+if TYPE_CHECKING:
+    from tiffany.memory import MemoryStore
+
+__all__ = ["MEMORY_CALLS", "MemoryAccess"]
+
+T = TypeVar("T")
+
+#: Memory calls in flight at once (each holds a thread and a connection).
+MEMORY_CALLS: Final = 8
+
+
+class MemoryAccess:
+    """The app's memory store, opened once at its first call; calls in the threadpool.
+
+    Args:
+        settings: The API's settings (the database URL, the embedder's).
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._store: MemoryStore | None = None
+        self._opening = threading.Lock()
+        self._limiter: anyio.CapacityLimiter | None = None  # made in the event loop
+
+    def _opened(self) -> MemoryStore:
+        with self._opening:
+            if self._store is None:
+                from tiffany.memory import MemoryStore, embedder_from_settings
+
+                self._store = MemoryStore.open(
+                    self.settings.database_url, embedder=embedder_from_settings(self.settings)
+                )
+            return self._store
+
+    async def call(self, fn: Callable[[MemoryStore], T]) -> T:
+        """Run ``fn(store)`` in the threadpool; the store's refusals pass as they are.
+
+        Raises:
+            StoreUnavailable: The database cannot be read (no schema yet, unreachable).
+        """
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(MEMORY_CALLS)
+        try:
+            return await anyio.to_thread.run_sync(lambda: fn(self._opened()), limiter=self._limiter)
+        except (OperationalError, ProgrammingError) as exc:
+            raise StoreUnavailable(
+                f"the memory cannot be read: {exc.orig or exc}",
+                hint="is the engine running (it creates and migrates the store)?",
+            ) from exc
+
+    async def close(self) -> None:
+        """Close the store's connections (the app stops)."""
+        store, self._store = self._store, None
+        if store is not None:
+            await anyio.to_thread.run_sync(store.close)
