@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -29,12 +29,34 @@ from tiffany.ports.reads import StoreUnavailable
 if TYPE_CHECKING:
     from tiffany.memory import MemoryStore
 
-__all__ = ["MEMORY_CALLS", "MemoryAccess"]
+__all__ = ["MEMORY_CALLS", "NEIGHBOURS", "MemoryAccess", "item_detail"]
 
 T = TypeVar("T")
 
 #: Memory calls in flight at once (each holds a thread and a connection).
 MEMORY_CALLS: Final = 8
+#: Neighbours an item's detail lists at most.
+NEIGHBOURS: Final = 50
+
+
+def item_detail(
+    store: MemoryStore, namespace: str, key: str, depth: int = 1
+) -> dict[str, Any] | None:
+    """An item with its ``links``, its ``history`` and its ``neighbors``; None if absent.
+
+    What ``GET /api/memory/{namespace}/{key}`` answers and ``tiffany memory
+    get`` shows (the CLI's local reads call this too). Blocking.
+    """
+    item = store.get(namespace, key)
+    if item is None:
+        return None
+    near = store.neighbors(namespace, key, depth=depth, limit=NEIGHBOURS)
+    return {
+        **item,
+        "links": store.links(namespace, key),
+        "history": store.history(namespace, key),
+        "neighbors": near["items"],
+    }
 
 
 class MemoryAccess:

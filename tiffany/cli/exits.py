@@ -9,7 +9,7 @@ code   name             meaning
                         cancelled or signalled, a WAL check that found damage)
 2      USAGE            bad input: an invalid plan, option, input or token, or
                         a tool module that does not import
-3      NOT_FOUND        no such run, tool or schedule
+3      NOT_FOUND        no such run, tool, schedule or memory item
 4      WAL_DAMAGED      the engine refuses a damaged WAL (``tiffany wal verify``,
                         ``tiffany wal repair``)
 5      UNAVAILABLE      nothing answers: no engine serves the data dir, or the
@@ -19,7 +19,8 @@ code   name             meaning
 =====  ===============  ==========================================================
 
 The engine's refusals (:class:`~tiffany.errors.Refusal`) map to these in
-one table, :data:`REFUSAL_EXITS`; the HTTP API's errors by their status
+one table, :data:`REFUSAL_EXITS`; the memory's (``tiffany/memory``) in
+:func:`for_memory`'s; the HTTP API's errors by their status
 (:func:`for_status`).
 """
 
@@ -38,6 +39,7 @@ from tiffany.errors import (
     RunNotFound,
     SignalBytesHeldFull,
     SignalsHeldFull,
+    TiffanyError,
     VerifyTimedOut,
 )
 
@@ -49,6 +51,7 @@ __all__ = [
     "UNAVAILABLE",
     "USAGE",
     "WAL_DAMAGED",
+    "for_memory",
     "for_refusal",
     "for_status",
 ]
@@ -96,3 +99,20 @@ REFUSAL_EXITS: Final[dict[type, int]] = {
     EngineNotReady: UNAVAILABLE,
     VerifyTimedOut: UNAVAILABLE,
 }
+
+
+def for_memory(exc: TiffanyError) -> int | None:
+    """The exit code for a refusal of the memory store; None if ``exc`` is none of them.
+
+    A bad namespace, key or query is bad input (2), an unknown item 3, a
+    full namespace a refusal (1). The memory is imported here, when a
+    command met one of its errors: ``tiffany version`` imports no numpy.
+    """
+    from tiffany.memory import MemoryFull, MemoryInvalid, MemoryNotFound
+
+    table: dict[type[TiffanyError], int] = {
+        MemoryInvalid: USAGE,
+        MemoryNotFound: NOT_FOUND,
+        MemoryFull: FAILED,
+    }
+    return next((table[c] for c in type(exc).__mro__ if c in table), None)

@@ -30,6 +30,7 @@ from typing import Annotated, Any, Final, Literal
 from fastapi import APIRouter, Header, Path, Query
 
 from tiffany.api.deps import State
+from tiffany.api.memory import item_detail
 from tiffany.api.schemas import (
     ErrorBody,
     MemoryDeleted,
@@ -68,8 +69,6 @@ DEFAULT_K: Final = 10
 MAX_K: Final = 100
 #: How far an item's neighbours are followed along links, at most.
 MAX_DEPTH: Final = 3
-#: Neighbours an item's page lists at most.
-NEIGHBOURS: Final = 50
 
 
 class MemoryKeyReused(TiffanyError):
@@ -188,20 +187,7 @@ async def get_item(
     ] = 1,
 ) -> dict[str, Any]:
     """An item, its links (both ways), its versions (oldest first) and its neighbours."""
-
-    def read(store: Any) -> dict[str, Any] | None:
-        item = store.get(namespace, key)
-        if item is None:
-            return None
-        near = store.neighbors(namespace, key, depth=depth, limit=NEIGHBOURS)
-        return {
-            **item,
-            "links": store.links(namespace, key),
-            "history": store.history(namespace, key),
-            "neighbors": near["items"],
-        }
-
-    found = await state.memory.call(read)
+    found = await state.memory.call(lambda store: item_detail(store, namespace, key, depth))
     if found is None:
         raise _not_found(namespace, key)
     return found
