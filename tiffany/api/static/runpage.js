@@ -29,6 +29,9 @@
 // form that sends it (signalform.js). The form has no schema to draw
 // fields from (the wait's schema reaches the engine, not the store): it is
 // the JSON box, and the engine's refusal of a payload names the field.
+// A plan run whose steps use the memory (`memory.*` tools) has a Memory
+// card: what each of them read or wrote, each item linked to its page
+// (memory.js).
 
 import { api, ApiError, rerunRun, sendSignal } from "./api.js";
 import {
@@ -55,6 +58,7 @@ import {
 } from "./dom.js";
 import { Conversations, renderConversation } from "./conversation.js";
 import { renderGraph } from "./graph.js";
+import { memoryOfRun, renderRunMemory } from "./memory.js";
 import { waitLabel } from "./inbox.js";
 import { Journal } from "./journal.js";
 import { mergeTasks, treeOrder } from "./live.js";
@@ -155,6 +159,9 @@ export class RunPage {
     this.tasksCard = card("Tasks", h("div", null, this.treeEl, this.taskEl), "tasks-card", "planner → workers → tools; click a task");
     this.workflowCard = card("Workflow", this.workflowEl, "workflow-card", "a @workflow function: its tasks' calls and the signals they wait for");
     this.workflowCard.hidden = true;
+    this.memoryEl = h("div", { class: "run-memory-body" });
+    this.memoryCard = card("Memory", this.memoryEl, "memory-card", "what its memory.* steps read and wrote; click an item to open it");
+    this.memoryCard.hidden = true;
     const journalEl = h("div", { class: "journal-wrap" });
     fill(
       this.root,
@@ -169,6 +176,7 @@ export class RunPage {
         this.talkEl,
         card("Timeline", this.timelineEl, "timeline-card"),
         h("div", { class: "two-col" }, this.tasksCard, this.stepsCard),
+        this.memoryCard,
         card("Inputs and outputs", this.ioEl, "io-card"),
         card("Journal", journalEl, "journal-card", "decoded WAL records; click a row for its payload"),
       ),
@@ -395,7 +403,17 @@ export class RunPage {
     this.renderTree(rows, now, failedSteps);
     this.renderTask(tasks);
     if (!workflow) this.renderSteps(d, tasks);
+    this.renderMemory(workflow ? [] : memoryOfRun(d));
     this.renderErrorAndIo(d);
+  }
+
+  /** The Memory card: the rows of memoryOfRun (hidden when the run has no memory step). */
+  renderMemory(rows) {
+    const sig = JSON.stringify(rows);
+    if (sig === this.memorySig) return; // nothing new: keep the DOM
+    this.memorySig = sig;
+    this.memoryCard.hidden = !rows.length;
+    if (rows.length) renderRunMemory(this.memoryEl, rows);
   }
 
   /** Show the cards of a workflow run (true) or of a plan run (false). */

@@ -1,0 +1,213 @@
+"""The dashboard's memory page in a real browser against ``tiffany serve`` (no mocks).
+
+``tiffany serve`` on a fresh data dir; the memory is seeded as runs write
+it, through a :class:`~tiffany.memory.MemoryStore` on the store's database
+file; Debian's chromium, driven by Playwright, is used as a person would:
+
+* the namespaces with their counts, a namespace's items;
+* a search: its hits best first with their scores, and how it searched;
+* an item: its value, its versions, its neighbours drawn as a graph (the
+  items that link to it on the left, those it links to on the right, each
+  edge named by its relation); a click on a neighbour opens it;
+* deleting an item, after a confirmation naming it;
+* a key and a value that hold markup and a ``/`` are shown as text;
+* a run's page: the Memory card lists what its ``memory.*`` steps read and
+  wrote, each item linked to its page (drawn from a run's detail: see the
+  test's docstring).
+
+Screenshots of each page, light and dark, go to the suite's
+``test-artifacts/`` (``dashboard-memory-<page>-<theme>.png``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import test_dashboard_browser as base
+from test_dashboard_browser import _dashboard, _save_screenshot, _stop, _wait_for_url
+
+from tiffany.memory import MemoryStore
+
+chromium_path = base.chromium_path
+
+EXPECT_TIMEOUT_MS = 20_000
+#: A value and a key a page must show as text, never as markup.
+HOSTILE_KEY = 'x/<img src=x onerror="window.__pwned=1">'
+HOSTILE_VALUE = '<script>window.__pwned=1</script><b onmouseover="window.__pwned=1">bold?</b>'
+
+
+@pytest.fixture(scope="module")
+def memory_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """``tiffany serve`` with its memory seeded; yields (its URL, the data dir)."""
+    tmp = tmp_path_factory.mktemp("memory-page")
+    data_dir, log_path = tmp / "data", tmp / "serve.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    cmd = [sys.executable, "-m", "tiffany", "--data-dir", str(data_dir), "serve", "--port", "0"]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    try:
+        url = _wait_for_url(proc, data_dir / "serve.json", log_path)
+        _seed(f"sqlite:///{data_dir / 'tiffany.db'}")
+        yield url, data_dir
+    finally:
+        _stop(proc)
+
+
+def _seed(url: str) -> None:
+    store = MemoryStore.open(url)
+    try:
+        facts = {
+            "paris": "Paris is the capital of France and the Seine flows through it",
+            "berlin": "Berlin is the capital of Germany, on the Spree",
+            "seine": "The Seine is a river that flows through Paris to the Channel",
+            "lyon": "Lyon stands where the Rhone meets the Saone",
+            "tea": "Alice prefers green tea in the morning",
+        }
+        for key, text in facts.items():
+            store.put("facts", key, {"text": text}, text, op=f"seed/{key}")
+        store.put(
+            "facts",
+            "paris",
+            {"text": facts["paris"], "population": 2_100_000},
+            facts["paris"],
+            op="seed/paris-2",
+            run_id="run-seeded",
+            step_id="learn",
+        )
+        store.put("places.countries", "france", {"name": "France"}, op="seed/france")
+        store.put("facts", HOSTILE_KEY, HOSTILE_VALUE, op="seed/hostile")
+        store.link(("facts", "paris"), "on_river", ("facts", "seine"), op="seed/l1")
+        store.link(("facts", "paris"), "capital_of", ("places.countries", "france"), op="seed/l2")
+        store.link(("facts", "berlin"), "compared_with", ("facts", "paris"), op="seed/l3")
+        store.link(("facts", "lyon"), "near", ("facts", "paris"), op="seed/l4")
+    finally:
+        store.close()
+
+
+def _shots(page: Any, name: str, tmp_path: Path, artifacts_dir: Path) -> None:
+    for theme in ("light", "dark"):
+        page.evaluate(f"document.documentElement.dataset.theme = '{theme}'")
+        page.evaluate("new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+        png = tmp_path / f"dashboard-memory-{name}-{theme}.png"
+        page.screenshot(path=str(png))
+        _save_screenshot(png, png.name, artifacts_dir)
+        shots = Path(os.environ.get("TIFFANY_MEMORY_SHOTS", "/tmp/memory-shots"))
+        shots.mkdir(parents=True, exist_ok=True)
+        (shots / png.name).write_bytes(png.read_bytes())
+    page.evaluate("delete document.documentElement.dataset.theme")
+
+
+def test_the_memory_page_lists_searches_and_draws_an_item_and_its_neighbours(
+    chromium_path: str, memory_served: tuple[str, Path], tmp_path: Path, artifacts_dir: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    url, _ = memory_served
+    with _dashboard(chromium_path) as (page, errors):
+        page.on("dialog", lambda d: errors.append(f"dialog: {d.message}"))
+        page.goto(url)
+        page.get_by_test_id("nav-memory").click()
+        expect(page.get_by_test_id("nav-memory")).to_have_attribute("aria-current", "page")
+        spaces = page.get_by_test_id("memory-namespace")
+        expect(spaces).to_have_count(2)
+        facts = page.locator('[data-testid=memory-namespace][data-namespace="facts"]')
+        expect(facts).to_contain_text("6")
+        expect(page.get_by_test_id("memory-home")).to_contain_text("7 items in 2 namespaces")
+
+        # -- a namespace's items, by key ------------------------------------------------
+        facts.click()
+        expect(facts).to_have_attribute("aria-current", "page")
+        rows = page.get_by_test_id("memory-item-row")
+        expect(rows).to_have_count(6)
+        keys = rows.evaluate_all("rs => rs.map(r => r.dataset.key)")
+        assert keys == sorted(keys)
+        paris_row = page.locator('[data-testid=memory-item-row][data-key="paris"]')
+        expect(paris_row.get_by_test_id("memory-run-link")).to_have_text("run-seeded")
+        _shots(page, "items", tmp_path, artifacts_dir)
+
+        # -- a search ---------------------------------------------------------------------
+        page.get_by_test_id("memory-search-input").fill("capital of France")
+        page.get_by_test_id("memory-search-button").click()
+        expect(page).to_have_url(f"{url}#/memory/facts?search=capital%20of%20France")
+        hits = page.get_by_test_id("memory-hit")
+        expect(hits.first).to_have_attribute("data-key", "paris")
+        scores = hits.evaluate_all("hs => hs.map(h => Number(h.dataset.score))")
+        assert scores == sorted(scores, reverse=True), scores
+        assert len(scores) >= 2
+        info = page.get_by_test_id("memory-search-info")
+        expect(info).to_have_attribute("data-mode", "hybrid")
+        expect(info).to_contain_text("vectors:")
+        _shots(page, "search", tmp_path, artifacts_dir)
+
+        # -- an item and its neighbours -------------------------------------------------------
+        hits.first.get_by_test_id("memory-item-link").click()
+        item = page.get_by_test_id("memory-item")
+        expect(item).to_have_attribute("data-key", "paris")
+        expect(item).to_have_attribute("data-version", "2")
+        expect(page.get_by_test_id("memory-value")).to_contain_text("2100000")
+        expect(page.get_by_test_id("memory-version")).to_have_count(2)
+        expect(page.get_by_test_id("memory-link")).to_have_count(4)
+        graph = page.get_by_test_id("memory-graph")
+        expect(graph.get_by_test_id("memory-node-self")).to_have_attribute("data-key", "paris")
+        nodes = graph.get_by_test_id("memory-node")
+        expect(nodes).to_have_count(4)
+
+        def node(key: str) -> Any:
+            return graph.locator(f'[data-testid=memory-node][data-key="{key}"]')
+
+        expect(node("seine")).to_have_attribute("data-direction", "out")
+        expect(node("france")).to_have_attribute("data-namespace", "places.countries")
+        expect(node("berlin")).to_have_attribute("data-direction", "in")
+        expect(node("lyon")).to_have_attribute("data-direction", "in")
+        on_river = graph.locator('[data-testid=memory-edge][data-relation="on_river"]')
+        expect(on_river).to_have_attribute("data-to", "seine")
+        expect(on_river).to_contain_text("on_river")
+        # The left column (links to it) is left of the item, the right one right of it.
+        box = {k: node(k).bounding_box() for k in ("seine", "berlin")}
+        me = graph.get_by_test_id("memory-node-self").bounding_box()
+        assert box["berlin"]["x"] < me["x"] < box["seine"]["x"]
+        _shots(page, "item", tmp_path, artifacts_dir)
+
+        # A click on a neighbour opens it; there the item it came from links in.
+        node("seine").click()
+        expect(item).to_have_attribute("data-key", "seine")
+        expect(node("paris")).to_have_attribute("data-direction", "in")
+        page.go_back()
+        expect(item).to_have_attribute("data-key", "paris")
+
+        # -- markup in a key and a value is text ------------------------------------------------
+        page.locator('[data-testid=memory-crumb-namespace]').click()
+        hostile = page.locator("[data-testid=memory-item-row]").filter(has_text="onerror")
+        expect(hostile).to_have_count(1)
+        hostile.get_by_test_id("memory-item-link").click()
+        expect(item).to_have_attribute("data-key", HOSTILE_KEY)
+        expect(page.get_by_test_id("memory-value")).to_have_text(HOSTILE_VALUE)
+        expect(page.get_by_test_id("memory-item-key")).to_have_text(HOSTILE_KEY)
+        assert page.evaluate("window.__pwned") is None
+        assert page.locator("main img, main script, main b").count() == 0
+
+        # -- deleting an item, after a confirmation naming it --------------------------------------
+        page.goto(f"{url}#/memory/facts/tea")
+        expect(item).to_have_attribute("data-key", "tea")
+        page.get_by_test_id("memory-delete").click()
+        dialog = page.get_by_test_id("confirm-dialog")
+        expect(dialog).to_contain_text("tea")
+        page.get_by_test_id("confirm-ok").click()
+        expect(page).to_have_url(f"{url}#/memory/facts")
+        expect(page.get_by_test_id("memory-item-row")).to_have_count(5)
+        expect(facts).to_contain_text("5")
+        # Its page now says it is gone.
+        page.goto(f"{url}#/memory/facts/tea")
+        expect(page.get_by_test_id("memory-item-missing")).to_contain_text("no item 'tea'")
+        bad = [e for e in errors if "status of 404" not in e]
+        assert not bad, bad
