@@ -186,7 +186,7 @@ def test_the_memory_page_lists_searches_and_draws_an_item_and_its_neighbours(
         expect(item).to_have_attribute("data-key", "paris")
 
         # -- markup in a key and a value is text ------------------------------------------------
-        page.locator('[data-testid=memory-crumb-namespace]').click()
+        page.locator("[data-testid=memory-crumb-namespace]").click()
         hostile = page.locator("[data-testid=memory-item-row]").filter(has_text="onerror")
         expect(hostile).to_have_count(1)
         hostile.get_by_test_id("memory-item-link").click()

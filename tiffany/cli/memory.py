@@ -258,7 +258,9 @@ def search(
     ctx: typer.Context,
     namespace: Annotated[str, typer.Argument(metavar="NS")],
     query: Annotated[str, typer.Argument(metavar="QUERY", help="What to look for.")],
-    k: Annotated[int, typer.Option("-k", "--k", help="How many hits at most (1..100).")] = 10,
+    k: Annotated[
+        int, typer.Option("-k", "--k", min=1, max=100, help="How many hits at most (1..100).")
+    ] = 10,
     mode: Annotated[
         str, typer.Option("--mode", help="hybrid (full-text and vectors), text or vector.")
     ] = "hybrid",

@@ -589,7 +589,8 @@ export function memoryOfRun(d) {
     } else {
       const key = (out && out.key != null && out.key) || args.key;
       if (ns && key != null) touched.push({ namespace: ns, key: String(key) });
-      if (op === "get") detail = s.status === "succeeded" ? (out ? "found" : "not found") : null;
+      // memory.get answers {found, item, as_of} (tiffany/agents/tools/memory.py).
+      if (op === "get" && out) detail = out.found === false || (out.found == null && !out.item) ? "not found" : out.item && out.item.version != null ? `found v${out.item.version}` : "found";
       if (op === "delete" && out && "deleted" in out) detail = out.deleted ? "deleted" : "nothing to delete";
     }
     rows.push({ stepId: s.step_id, op, tool, write: WRITES.has(op), status: s.status, namespace: ns, touched, detail });
