@@ -163,8 +163,8 @@ def test_an_unknown_item_is_a_404_naming_it(served) -> None:
     assert body["code"] == "memory.not_found"
     assert "atlantis" in body["message"]
     assert "facts" in body["message"]
-    assert body["namespace"] == "facts"
-    assert body["key"] == "atlantis"
+    assert body["detail"] == {"namespace": "facts", "key": "atlantis"}
+    assert body["field"] == "key"
 
 
 @pytest.mark.parametrize(

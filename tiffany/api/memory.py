@@ -78,7 +78,9 @@ class MemoryAccess:
                 from tiffany.memory import MemoryStore, embedder_from_settings
 
                 self._store = MemoryStore.open(
-                    self.settings.database_url, embedder=embedder_from_settings(self.settings)
+                    self.settings.database_url,
+                    embedder=embedder_from_settings(self.settings),
+                    max_items=self.settings.memory_max_items,
                 )
             return self._store
 

@@ -42,6 +42,9 @@ from tiffany.errors import (
     EngineUnavailable,
     InvalidCommand,
     MalformedCommand,
+    MemoryFull,
+    MemoryInvalid,
+    MemoryNotFound,
     Refusal,
     RunConflict,
     RunNotFound,
@@ -50,7 +53,6 @@ from tiffany.errors import (
     TiffanyError,
     VerifyTimedOut,
 )
-from tiffany.memory import MemoryFull, MemoryInvalid, MemoryNotFound
 from tiffany.wire.documents import DocumentError
 
 __all__ = [
@@ -149,6 +151,10 @@ def _loc_msg(item: Any) -> Any:
     return {**item, "loc": loc, "msg": str(item.get("msg", ""))}
 
 
+#: A memory refusal's field as the request names it, where the names differ.
+_MEMORY_PARAM: Final = {"query": "q"}
+
+
 async def _memory_refusal(request: Request, exc: Exception) -> JSONResponse:
     """A memory refusal; a 422 names its field where the request had it (path, query, body)."""
     assert isinstance(exc, TiffanyError)
@@ -156,16 +162,18 @@ async def _memory_refusal(request: Request, exc: Exception) -> JSONResponse:
     body = exc.to_dict()
     code, message = body.pop("code"), body.pop("message")
     detail = body.pop("detail", None)
-    field = getattr(exc, "field", None) or body.get("field")
+    field = getattr(exc, "field", None)
     if status == 422 and isinstance(field, str):
+        name = _MEMORY_PARAM.get(field, field)
         where = (
             "path"
-            if field in request.path_params
+            if name in request.path_params
             else "query"
-            if field in request.query_params
+            if name in request.query_params
             else "body"
         )
-        detail = [{"loc": [where, field], "msg": message, "type": "value_error"}]
+        detail = [{"loc": [where, name], "msg": message, "type": "value_error"}]
+        body["field"] = name
     return error_response(status, code, message, detail, **body)
 
 

@@ -34,6 +34,9 @@ from tiffany.errors import (
     EngineNotReady,
     InvalidCommand,
     MalformedCommand,
+    MemoryFull,
+    MemoryInvalid,
+    MemoryNotFound,
     Refusal,
     RunConflict,
     RunNotFound,
@@ -46,6 +49,7 @@ from tiffany.errors import (
 __all__ = [
     "FAILED",
     "INTERRUPTED",
+    "MEMORY_EXITS",
     "NOT_FOUND",
     "OK",
     "UNAVAILABLE",
@@ -105,14 +109,14 @@ def for_memory(exc: TiffanyError) -> int | None:
     """The exit code for a refusal of the memory store; None if ``exc`` is none of them.
 
     A bad namespace, key or query is bad input (2), an unknown item 3, a
-    full namespace a refusal (1). The memory is imported here, when a
-    command met one of its errors: ``tiffany version`` imports no numpy.
+    full namespace a refusal (1).
     """
-    from tiffany.memory import MemoryFull, MemoryInvalid, MemoryNotFound
+    return next((MEMORY_EXITS[c] for c in type(exc).__mro__ if c in MEMORY_EXITS), None)
 
-    table: dict[type[TiffanyError], int] = {
-        MemoryInvalid: USAGE,
-        MemoryNotFound: NOT_FOUND,
-        MemoryFull: FAILED,
-    }
-    return next((table[c] for c in type(exc).__mro__ if c in table), None)
+
+#: The exit code of each of the memory's refusals (a subclass takes its class's row).
+MEMORY_EXITS: Final[dict[type[TiffanyError], int]] = {
+    MemoryInvalid: USAGE,
+    MemoryNotFound: NOT_FOUND,
+    MemoryFull: FAILED,
+}

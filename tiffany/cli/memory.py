@@ -57,7 +57,11 @@ def _local(ctx: typer.Context) -> Iterator[MemoryStore]:
 
     settings = _settings(ctx)
     upgrade_url(settings.database_url)
-    store = MemoryStore.open(settings.database_url, embedder=embedder_from_settings(settings))
+    store = MemoryStore.open(
+        settings.database_url,
+        embedder=embedder_from_settings(settings),
+        max_items=settings.memory_max_items,
+    )
     try:
         yield store
     except TiffanyError as exc:

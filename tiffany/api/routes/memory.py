@@ -39,7 +39,7 @@ from tiffany.api.schemas import (
     MemoryNamespaces,
     MemorySearch,
 )
-from tiffany.errors import TiffanyError
+from tiffany.errors import MemoryInvalid, MemoryNotFound, TiffanyError
 
 __all__ = [
     "DEFAULT_PAGE",
@@ -108,10 +108,10 @@ Key = Annotated[
 
 
 def _not_found(namespace: str, key: str) -> TiffanyError:
-    from tiffany.memory import MemoryNotFound
-
     return MemoryNotFound(
-        f"no item {key[:80]!r} in namespace {namespace!r}", namespace=namespace, key=key[:80]
+        f"no item {key[:80]!r} in namespace {namespace!r}",
+        field="key",
+        detail={"namespace": namespace, "key": key[:80]},
     )
 
 
@@ -214,8 +214,6 @@ async def delete_item(
     same request again answers the first one's result (200 even though the
     item is gone since). Without one, deleting what is not there is a 404.
     """
-    from tiffany.memory import MemoryInvalid
-
     op = f"api:{idempotency_key}" if idempotency_key else f"api:{uuid.uuid4()}"
     try:
         done = await state.memory.call(lambda store: store.delete(namespace, key, op=op))
@@ -231,6 +229,5 @@ async def delete_item(
     return dict(done)
 
 
-def _field(exc: TiffanyError) -> str | None:
-    field = getattr(exc, "field", None) or exc.fields.get("field")
-    return field if isinstance(field, str) else None
+def _field(exc: MemoryInvalid) -> str | None:
+    return exc.field
