@@ -182,6 +182,7 @@ def test_an_unknown_item_is_a_404_naming_it(served) -> None:
         ("/api/memory/facts/search", {}, ["query", "q"]),
         ("/api/memory/facts/search", {"q": ""}, ["query", "q"]),
         ("/api/memory/facts/search", {"q": "   "}, ["query", "q"]),
+        ("/api/memory/facts/search", {"q": "\x1c\x1d"}, ["query", "q"]),
         ("/api/memory/facts/search", {"q": "x" * 1001}, ["query", "q"]),
         ("/api/memory/facts/search", {"q": "x", "k": 0}, ["query", "k"]),
         ("/api/memory/facts/search", {"q": "x", "k": 101}, ["query", "k"]),

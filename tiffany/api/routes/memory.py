@@ -154,7 +154,8 @@ async def search(
         Query(
             min_length=1,
             max_length=MAX_QUERY_CHARS,
-            pattern=r"\S",
+            # Not only blanks (the store strips what Python calls space: \x1c-\x1f too).
+            pattern=r"[^\s\x1c-\x1f]",
             description="What to look for (words, a question).",
         ),
     ],
@@ -206,7 +207,15 @@ async def delete_item(
     namespace: Namespace,
     key: Key,
     state: State,
-    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=255)] = None,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            min_length=1,
+            max_length=255,
+            pattern=r"^[\x20-\x7e]+$",
+            description="Makes a retried DELETE answer the first one's result (printable ASCII).",
+        ),
+    ] = None,
 ) -> dict[str, Any]:
     """Delete an item (its versions stay in its history); exactly once.
 
