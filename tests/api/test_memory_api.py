@@ -250,3 +250,12 @@ def test_every_memory_route_wants_the_token(served) -> None:
     assert doc["paths"]["/api/memory/{namespace}/{key}"]["delete"]["security"] == [
         {"bearerAuth": []}
     ]
+
+
+def test_search_is_the_search_routes_not_a_key(served) -> None:
+    client, _, _ = served
+    refused = client.delete("/api/memory/facts/search")
+    assert refused.status_code == 405, refused.text
+    assert refused.headers["allow"] == "GET"
+    # A key that ends in /search is a key like any other.
+    assert client.get(_item("facts", "a/search")).status_code == 404

@@ -28,6 +28,7 @@ import uuid
 from typing import Annotated, Any, Final, Literal
 
 from fastapi import APIRouter, Header, Path, Query
+from starlette.convertors import Convertor, register_url_convertor
 
 from tiffany.api.deps import State
 from tiffany.api.memory import item_detail
@@ -69,6 +70,32 @@ DEFAULT_K: Final = 10
 MAX_K: Final = 100
 #: How far an item's neighbours are followed along links, at most.
 MAX_DEPTH: Final = 3
+
+
+class ItemKey(Convertor[str]):
+    """An item's key in a path: the rest of the path, ``/`` included, but not ``search``.
+
+    ``search`` is the search route's (the store reserves the key), so the
+    item routes do not match it: ``/api/memory/{namespace}/search`` takes
+    GET only, and its 405 says so (``Allow`` lists what matches the path).
+    Registered with Starlette's convertors under :data:`ITEM_KEY` (a
+    registry of names: registering again replaces it with the same).
+    """
+
+    regex = "(?!search$).+"
+
+    def convert(self, value: str) -> str:
+        """The key, as it is."""
+        return value
+
+    def to_string(self, value: str) -> str:
+        """The key, as it is."""
+        return value
+
+
+#: The name the item routes' paths give :class:`ItemKey` (``{key:memory_key}``).
+ITEM_KEY: Final = "memory_key"
+register_url_convertor(ITEM_KEY, ItemKey())
 
 
 class MemoryKeyReused(TiffanyError):
@@ -175,7 +202,7 @@ async def search(
 
 
 @router.get(
-    "/{namespace}/{key:path}",
+    f"/{{namespace}}/{{key:{ITEM_KEY}}}",
     response_model=MemoryItemDetail,
     responses={**_NOT_FOUND, **_ERRORS},
 )
@@ -195,7 +222,7 @@ async def get_item(
 
 
 @router.delete(
-    "/{namespace}/{key:path}",
+    f"/{{namespace}}/{{key:{ITEM_KEY}}}",
     response_model=MemoryDeleted,
     responses={
         **_NOT_FOUND,
