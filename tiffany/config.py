@@ -399,6 +399,7 @@ class Settings(BaseSettings):
         data = self.model_dump(mode="json")
         data["api_token"] = "**********" if self.api_token is not None else None
         data["llm_api_key"] = "**********" if self.llm_api_key is not None else None
+        data["embeddings_api_key"] = "**********" if self.embeddings_api_key is not None else None
         data["database_url"] = redact_url_credentials(self.database_url)
         return data
 

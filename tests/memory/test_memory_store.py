@@ -7,7 +7,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from sqlalchemy import Engine, func, select
+from memory_cases import BAD_CALLS, CORPUS, NS, WRITER, NoModel, call, count
+from sqlalchemy import Engine, select
 
 from tiffany.kernel.clock import ManualClock
 from tiffany.memory import (
@@ -30,8 +30,6 @@ from tiffany.memory.store import derived_key
 from tiffany.memory.tables import mem_applied, mem_item_versions, mem_items
 from tiffany.store.migrate import upgrade
 from tiffany.store.session import make_engine
-
-NS = "users.alice"
 
 
 @pytest.fixture
@@ -60,11 +58,6 @@ def store(engine: Engine, clock: ManualClock) -> Iterator[MemoryStore]:
     s = MemoryStore(engine, embedder=HashingEmbedder(), clock=clock)
     yield s
     s.close()
-
-
-def count(engine: Engine, table: Any) -> int:
-    with engine.connect() as conn:
-        return int(conn.execute(select(func.count()).select_from(table)).scalar_one())
 
 
 # -- Writes and reads -----------------------------------------------------------
@@ -251,15 +244,6 @@ def test_a_link_to_a_missing_item_is_refused(store: MemoryStore) -> None:
 
 # -- Search -----------------------------------------------------------------------
 
-CORPUS = {
-    "tea": "Alice prefers green tea in the morning and black tea after lunch",
-    "coffee": "Bob drinks strong coffee every morning before work",
-    "cats": "The cat sleeps on the warm windowsill all afternoon",
-    "garden": "Carol grows tomatoes and herbs in her garden",
-    "needle": "The launch code word is zanzibar and nobody else knows it",
-    "trains": "Dave takes the early train to the city on weekdays",
-}
-
 
 @pytest.fixture
 def corpus(store: MemoryStore) -> MemoryStore:
@@ -363,84 +347,12 @@ def test_a_full_namespace_refuses_a_new_key(engine: Engine, clock: ManualClock) 
     assert store.put(NS, "k3", 3, op="p3")["created"] is True
 
 
-BAD_CALLS: list[tuple[str, str, dict[str, Any]]] = [
-    ("namespace", "put", {"namespace": ""}),
-    ("namespace", "put", {"namespace": ".hidden"}),
-    ("namespace", "put", {"namespace": "a b"}),
-    ("namespace", "put", {"namespace": "x" * 129}),
-    ("namespace", "put", {"namespace": 3}),
-    ("key", "put", {"key": ""}),
-    ("key", "put", {"key": " padded"}),
-    ("key", "put", {"key": "line\nbreak"}),
-    ("key", "put", {"key": "k" * 257}),
-    ("key", "put", {"key": "search"}),
-    ("value", "put", {"value": {"a": object()}}),
-    ("value", "put", {"value": float("nan")}),
-    ("value", "put", {"value": (1, 2)}),
-    ("value", "put", {"value": {1: "int key"}}),
-    ("value", "put", {"value": "x" * (64 * 1024)}),
-    ("text", "put", {"text": "t" * (32 * 1024 + 1)}),
-    ("text", "put", {"text": 7}),
-    ("op", "put", {"op": ""}),
-    ("op", "put", {"op": "o" * 513}),
-    ("ttl_s", "put", {"ttl_s": 0}),
-    ("ttl_s", "put", {"ttl_s": -1}),
-    ("ttl_s", "put", {"ttl_s": float("inf")}),
-    ("ttl_s", "put", {"ttl_s": "10"}),
-    ("run_id", "put", {"run_id": "r" * 201}),
-    ("step_id", "put", {"step_id": ""}),
-    ("embedding", "put", {"embedding": np.ones(3, dtype=np.float32)}),
-    ("query", "search", {"query": ""}),
-    ("query", "search", {"query": "   "}),
-    ("query", "search", {"query": "q" * 4097}),
-    ("k", "search", {"k": 0}),
-    ("k", "search", {"k": 101}),
-    ("k", "search", {"k": True}),
-    ("mode", "search", {"mode": "fuzzy"}),
-    ("depth", "neighbors", {"depth": 0}),
-    ("depth", "neighbors", {"depth": 4}),
-    ("limit", "neighbors", {"limit": 0}),
-    ("relation", "neighbors", {"relation": "no spaces"}),
-    ("relation", "link", {"relation": "r" * 65}),
-    ("subject", "link", {"subject": "alice"}),
-    ("object.key", "link", {"obj": ("people", "")}),
-    ("props", "link", {"props": ["not", "an", "object"]}),
-    ("props", "link", {"props": {"big": "p" * 5000}}),
-    ("limit", "items", {"limit": 1001}),
-    ("after", "items", {"after": 5}),
-]
-
-
-def _call(store: MemoryStore, method: str, args: dict[str, Any]) -> Any:
-    if method == "put":
-        base: dict[str, Any] = {"namespace": NS, "key": "k", "value": "v", "op": "op-1"}
-        base.update(args)
-        return store.put(
-            base.pop("namespace"),
-            base.pop("key"),
-            base.pop("value"),
-            base.pop("text", None),
-            **base,
-        )
-    if method == "search":
-        base = {"namespace": NS, "query": "tea"}
-        base.update(args)
-        return store.search(base.pop("namespace"), base.pop("query"), **base)
-    if method == "neighbors":
-        return store.neighbors(NS, "k", **args)
-    if method == "link":
-        base = {"subject": ("people", "a"), "relation": "knows", "obj": ("people", "b"), "op": "l"}
-        base.update(args)
-        return store.link(base.pop("subject"), base.pop("relation"), base.pop("obj"), **base)
-    return store.items(NS, **args)
-
-
 @pytest.mark.parametrize(("field", "method", "args"), BAD_CALLS)
 def test_every_bound_is_refused_naming_its_field(
     store: MemoryStore, engine: Engine, field: str, method: str, args: dict[str, Any]
 ) -> None:
     with pytest.raises(MemoryInvalid) as refused:
-        _call(store, method, args)
+        call(store, method, args)
     assert refused.value.field == field
     assert refused.value.to_dict()["field"] == field
     assert count(engine, mem_applied) == 0
@@ -460,17 +372,6 @@ def test_values_at_their_bounds_are_taken(store: MemoryStore) -> None:
 
 
 # -- Rebuild from results ---------------------------------------------------------------
-
-
-class NoModel:
-    """An embedder that must not be called (a rebuild takes the journaled vectors)."""
-
-    id = "hashing-blake2b-v1-256"
-    dims = 256
-    kind = "offline feature hashing"
-
-    def embed(self, texts: list[str]) -> np.ndarray:
-        raise AssertionError(f"the model was called for {texts!r}")
 
 
 def test_apply_rebuilds_from_results_without_the_model(
@@ -533,20 +434,6 @@ def test_a_write_waits_for_another_writer_of_the_file(store: MemoryStore, db_url
     assert done.wait(30)
     assert isinstance(outcome[0], dict), outcome
     assert outcome[0]["created"] is True
-
-
-WRITER = textwrap.dedent(
-    """
-    import sys
-    from tiffany.memory import MemoryStore
-    url, prefix, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    store = MemoryStore.open(url)
-    for i in range(n):
-        store.put("crash", None, f"fact number {i} from {prefix}", op=f"{prefix}/{i}")
-        print(i, flush=True)
-    store.close()
-    """
-)
 
 
 def test_two_processes_write_one_file(store: MemoryStore, db_url: str, engine: Engine) -> None:
