@@ -133,6 +133,7 @@ LAYERS: dict[str, Layer] = {
             "store",
             "projector",
             "agents",
+            "memory",
             "observe",
             "schedules",
             "supervisor",
