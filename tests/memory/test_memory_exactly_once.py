@@ -63,13 +63,28 @@ def _chain(ns: str, n: int, nap_s: float) -> dict[str, Any]:
     return {"name": "puts", "steps": steps, "outputs": outputs}
 
 
-def _child(data_dir: Path, target: dict[str, Any], kill_after: int) -> subprocess.CompletedProcess[str]:
+def _child(
+    data_dir: Path, target: dict[str, Any], kill_after: int
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(CHILD), str(data_dir), json.dumps(target), str(kill_after)],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
+    )
+
+
+def _put_starts(data_dir: Path) -> int:
+    """STEP_START records of ``memory.put`` steps in the data dir's WAL (a re-run adds one)."""
+    from tiffany.projector.tail import decoded_batches
+    from tiffany.wire.records import StepStart
+
+    return sum(
+        1
+        for batch in decoded_batches(data_dir / "wal")
+        for _, _, _, record in batch
+        if isinstance(record, StepStart) and record.name == "memory.put"
     )
 
 
@@ -98,6 +113,7 @@ def test_a_put_applied_when_the_process_died_is_not_applied_again(
         result = json.loads(resumed.stdout.strip().splitlines()[-1])
         assert result["status"] == "succeeded", result
         _once_each(store, "crash.plan", PUTS, RUN_ID, "p{i}")
+        assert _put_starts(tmp_path) == PUTS + 1  # the step in flight started once more
         # The step ran again and was answered the first application's result.
         again = result["outputs"][f"p{kill_after - 1}"]
         assert (again["store_seq"], again["created"], again["version"]) == (

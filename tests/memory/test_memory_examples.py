@@ -40,7 +40,9 @@ def _verifies(data_dir: Path, run_id: str, *args: str, **env: str) -> None:
 
 def test_the_example_plans_validate_strictly() -> None:
     for name in ("learn", "recall", "agent"):
-        parse_plan(load_plan(EXAMPLE / f"{name}.yaml"), ToolRegistry.default().all_names(), strict=True)
+        parse_plan(
+            load_plan(EXAMPLE / f"{name}.yaml"), ToolRegistry.default().all_names(), strict=True
+        )
 
 
 def test_a_plan_learns_facts_and_a_second_run_recalls_them(tmp_path: Path) -> None:
@@ -64,10 +66,14 @@ def test_a_plan_learns_facts_and_a_second_run_recalls_them(tmp_path: Path) -> No
 
 def test_an_agent_remembers_a_preference_across_runs(tmp_path: Path) -> None:
     plan = str(EXAMPLE / "agent.yaml")
-    told = _run(tmp_path, plan, "--input", "message=I prefer the dark theme.", TIFFANY_LLM_SCRIPT=SCRIPT)
+    told = _run(
+        tmp_path, plan, "--input", "message=I prefer the dark theme.", TIFFANY_LLM_SCRIPT=SCRIPT
+    )
     assert told["outputs"]["answer"] == "Noted: you prefer the dark theme."
     assert told["outputs"]["calls"] == [{"turn": 1, "tool": "remember", "ok": True}]
-    asked = _run(tmp_path, plan, "--input", "message=Which theme do I like?", TIFFANY_LLM_SCRIPT=SCRIPT)
+    asked = _run(
+        tmp_path, plan, "--input", "message=Which theme do I like?", TIFFANY_LLM_SCRIPT=SCRIPT
+    )
     assert asked["outputs"]["calls"] == [{"turn": 1, "tool": "recall", "ok": True}]
     answer = asked["outputs"]["answer"]
     assert answer.startswith("From memory:")

@@ -21,7 +21,11 @@ from memory_runs import ROOT, open_store, run_plan, tiffany
 PLAN = {
     "name": "remember-things",
     "steps": [
-        {"id": "a", "tool": "memory.put", "args": {"namespace": "kb", "key": "a", "value": "alpha one"}},
+        {
+            "id": "a",
+            "tool": "memory.put",
+            "args": {"namespace": "kb", "key": "a", "value": "alpha one"},
+        },
         {
             "id": "a2",
             "tool": "memory.put",
@@ -29,7 +33,11 @@ PLAN = {
             "after": ["a"],
         },
         {"id": "b", "tool": "memory.put", "args": {"namespace": "kb", "key": "b", "value": "beta"}},
-        {"id": "c", "tool": "memory.put", "args": {"namespace": "kb", "value": {"note": "gamma ray"}}},
+        {
+            "id": "c",
+            "tool": "memory.put",
+            "args": {"namespace": "kb", "value": {"note": "gamma ray"}},
+        },
         {
             "id": "ab",
             "tool": "memory.link",

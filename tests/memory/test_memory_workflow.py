@@ -18,7 +18,7 @@ from tiffany.engine import build
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import memory_flows  # noqa: E402, F401 - registers the test workflows
+import memory_flows  # noqa: F401 - registers the test workflows
 
 
 def _run(data_dir: Path, name: str, **inputs: object) -> tuple[str, object]:
