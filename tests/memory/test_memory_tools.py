@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import pytest
 from memory_runs import ALL_TOOLS, open_store, run_plan, settings_for
 
 from tiffany.agents import PlanError
+from tiffany.agents.tools import ToolContext
 from tiffany.agents.tools import memory as tools
 from tiffany.engine import build
 
@@ -260,3 +262,25 @@ def test_the_store_opens_on_its_own_thread_at_the_first_memory_step(
         rt.run()
         assert rt.status(run_id).status == "succeeded"
     assert opened == ["tiffany-memory-open"]  # once, off the loop's (main) thread
+
+
+def test_a_writes_op_is_its_steps_place_never_its_attempt(tmp_path: Path) -> None:
+    ctx = ToolContext("run-1", "learn", 1, tmp_path)
+    assert tools.write_op(ctx) == "run-1/learn/0"
+    assert tools.write_op(replace(ctx, attempt=3)) == "run-1/learn/0"  # a retry: the same write
+    called = replace(ctx, call=2)  # an agent's second tool call
+    assert tools.write_op(called) == "run-1/learn/2"
+    # an agent's later attempt is a new conversation: its calls are writes of their own
+    assert tools.write_op(replace(called, attempt=2)) == "run-1/learn/2@2"
+
+
+def test_the_store_closes_with_the_runtime(tmp_path: Path) -> None:
+    engine = build(settings_for(tmp_path), enabled_tools=ALL_TOOLS)
+    memory = engine.env.memory
+    with engine.runtime as rt:
+        run_id = engine.submit_plan(FACTS)
+        rt.run()
+        assert rt.status(run_id).status == "succeeded"
+        assert memory.seq() >= 2
+    with pytest.raises(tools.MemoryUnavailable, match="stopping"):
+        memory.get("facts.geo", "paris")
