@@ -284,3 +284,14 @@ def test_the_store_closes_with_the_runtime(tmp_path: Path) -> None:
         assert memory.seq() >= 2
     with pytest.raises(tools.MemoryUnavailable, match="stopping"):
         memory.get("facts.geo", "paris")
+
+
+def test_an_agents_memory_needs_the_memory_tools_enabled(tmp_path: Path) -> None:
+    enabled = [t for t in ALL_TOOLS if t != "memory.search"]
+    engine = build(settings_for(tmp_path), enabled_tools=enabled)
+    step = {"id": "chat", "tool": "agent", "args": {"goal": "hi", "memory": {"namespace": "u"}}}
+    with engine.runtime, pytest.raises(PlanError) as info:
+        engine.prepare_plan({"name": "a", "steps": [step]})
+    (error,) = info.value.errors
+    assert error["loc"] == "steps[0].args.memory"
+    assert "--enable-tool memory.search" in error["msg"]
