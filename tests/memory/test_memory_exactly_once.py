@@ -203,7 +203,6 @@ def test_kill9_of_a_real_engine_mid_plan_then_recovery_writes_each_once(
         engine.proc.wait(30)
         written = len(store.items("crash.engine")["items"])
         assert written < n, "the run ended before the kill: nothing was tested"
-        assert engine.logged("memory.opened"), "the engine opens its store as it starts"
         engine = EngineProc(data_dir, env=env)  # recovers the run
         engine.wait_ready()
         run = _finished(url, run_id)

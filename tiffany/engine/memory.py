@@ -138,6 +138,6 @@ class EngineMemory:
             if closed:
                 store.close()
             else:
-                log.info("memory.opened")
+                log.debug("memory.opened")
         finally:
             self._opened.set()
