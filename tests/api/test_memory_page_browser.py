@@ -211,3 +211,145 @@ def test_the_memory_page_lists_searches_and_draws_an_item_and_its_neighbours(
         expect(page.get_by_test_id("memory-item-missing")).to_contain_text("no item 'tea'")
         bad = [e for e in errors if "status of 404" not in e]
         assert not bad, bad
+
+
+#: A run that learns, links, recalls, searches and forgets: every memory
+#: tool but neighbors, a read that finds nothing, a put without a key.
+LEARN_PLAN: dict[str, Any] = {
+    "name": "learn",
+    "steps": [
+        {
+            "id": "remember",
+            "tool": "memory.put",
+            "args": {
+                "namespace": "learned",
+                "key": "paris",
+                "value": {"text": "Paris is the capital of France"},
+            },
+        },
+        {
+            "id": "country",
+            "tool": "memory.put",
+            "args": {"namespace": "learned.places", "key": "france", "value": {"name": "France"}},
+        },
+        {
+            "id": "note",
+            "tool": "memory.put",
+            "args": {"namespace": "learned", "value": "a note with no key given"},
+        },
+        {
+            "id": "relate",
+            "tool": "memory.link",
+            "after": ["remember", "country"],
+            "args": {
+                "subject": {"namespace": "learned", "key": "paris"},
+                "relation": "capital_of",
+                "object": {"namespace": "learned.places", "key": "france"},
+            },
+        },
+        {
+            "id": "recall",
+            "tool": "memory.get",
+            "after": ["relate"],
+            "args": {"namespace": "learned", "key": "${steps.remember.output.key}"},
+        },
+        {
+            "id": "missing",
+            "tool": "memory.get",
+            "args": {"namespace": "learned", "key": "atlantis"},
+        },
+        {
+            "id": "find",
+            "tool": "memory.search",
+            "after": ["relate", "note"],
+            "args": {"namespace": "learned", "query": "capital of France", "k": 3},
+        },
+        {
+            "id": "around",
+            "tool": "memory.neighbors",
+            "after": ["relate"],
+            "args": {"namespace": "learned", "key": "paris"},
+        },
+        {
+            "id": "forget",
+            "tool": "memory.delete",
+            "after": ["find"],
+            "args": {"namespace": "learned", "key": "${steps.note.output.key}"},
+        },
+    ],
+}
+
+
+def test_a_runs_page_lists_what_its_memory_steps_read_and_wrote(
+    chromium_path: str, memory_served: tuple[str, Path], tmp_path: Path, artifacts_dir: Path
+) -> None:
+    from playwright.sync_api import expect
+    from process_support import wait_for
+    from test_dashboard_browser import _http_json
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    url, _ = memory_served
+    created = _http_json(url + "api/runs", {"plan": LEARN_PLAN})
+    run_id = str(created["run_id"])
+
+    def finished() -> dict[str, Any] | None:
+        run = _http_json(f"{url}api/runs/{run_id}?min_seq={created['seq']}")
+        return run if run["status"] in ("succeeded", "failed", "cancelled") else None
+
+    run = wait_for(finished, 60, "the learning run to finish")
+    assert run["status"] == "succeeded", run
+    with _dashboard(chromium_path) as (page, errors):
+        page.goto(f"{url}#/run/{run_id}")
+        card = page.get_by_test_id("memory-card")
+        expect(card).to_be_visible()
+        rows = card.get_by_test_id("run-memory-row")
+        expect(rows).to_have_count(len(LEARN_PLAN["steps"]))
+
+        def row(step: str) -> Any:
+            return card.locator(f'[data-testid=run-memory-row][data-step-id="{step}"]')
+
+        for step, op, write in [
+            ("remember", "put", "true"),
+            ("relate", "link", "true"),
+            ("recall", "get", "false"),
+            ("find", "search", "false"),
+            ("around", "neighbors", "false"),
+            ("forget", "delete", "true"),
+        ]:
+            expect(row(step)).to_have_attribute("data-op", op)
+            expect(row(step)).to_have_attribute("data-write", write)
+        # A put without a key shows the key the store made for it; the delete names it.
+        made = row("note").get_by_test_id("run-memory-item")
+        expect(made).to_have_count(1)
+        made_key = made.get_attribute("data-key")
+        assert made_key
+        # What is gone (deleted, or never there) is named, not linked.
+        gone = row("forget").get_by_test_id("run-memory-gone")
+        expect(gone).to_have_attribute("data-key", made_key)
+        expect(row("forget")).to_contain_text("deleted")
+        expect(row("missing").get_by_test_id("run-memory-gone")).to_have_text("atlantis")
+        expect(row("missing")).to_contain_text("not found")
+        expect(row("recall")).to_contain_text("found v1")
+        expect(row("relate").get_by_test_id("run-memory-item")).to_have_count(2)
+        expect(row("find")).to_contain_text("capital of France")
+        expect(row("find").get_by_test_id("run-memory-item").first).to_have_attribute(
+            "data-key", "paris"
+        )
+        around = row("around").get_by_test_id("run-memory-item")
+        expect(around).to_have_count(2)  # the item, and france along capital_of
+        card.scroll_into_view_if_needed()
+        _shots(page, "run", tmp_path, artifacts_dir)
+
+        # An item it wrote opens on the memory page, naming the run and step that wrote it.
+        row("remember").get_by_test_id("run-memory-item").click()
+        item = page.get_by_test_id("memory-item")
+        expect(item).to_have_attribute("data-key", "paris")
+        writer = page.locator(".memory-meta").get_by_test_id("memory-run-link")
+        expect(writer).to_have_attribute("data-run-id", run_id)
+        expect(page.locator(".memory-meta")).to_contain_text("step remember")
+        france = page.get_by_test_id("memory-graph").locator(
+            '[data-testid=memory-node][data-key="france"]'
+        )
+        expect(france).to_have_attribute("data-direction", "out")
+        bad = [e for e in errors if "status of 404" not in e]
+        assert not bad, bad

@@ -588,7 +588,9 @@ export function memoryOfRun(d) {
       if (op === "neighbors" && args.key != null && ns) touched.unshift({ namespace: ns, key: String(args.key), self: true });
     } else {
       const key = (out && out.key != null && out.key) || args.key;
-      if (ns && key != null) touched.push({ namespace: ns, key: String(key) });
+      // What a get did not find, or a delete removed, has no page to link to.
+      const gone = (op === "get" && out && out.found === false) || (op === "delete" && out && out.deleted === true);
+      if (ns && key != null) touched.push({ namespace: ns, key: String(key), gone });
       // memory.get answers {found, item, as_of} (tiffany/agents/tools/memory.py).
       if (op === "get" && out) detail = out.found === false || (out.found == null && !out.item) ? "not found" : out.item && out.item.version != null ? `found v${out.item.version}` : "found";
       if (op === "delete" && out && "deleted" in out) detail = out.deleted ? "deleted" : "nothing to delete";
@@ -620,7 +622,7 @@ export function renderRunMemory(root, rows) {
               "td",
               { class: "small" },
               r.touched.length
-                ? r.touched.slice(0, 8).map((t, i) => [i ? ", " : null, t.namespace !== r.namespace ? h("span", { class: "muted" }, `${t.namespace} / `) : null, itemLink(t.namespace, t.key, "run-memory-item")])
+                ? r.touched.slice(0, 8).map((t, i) => [i ? ", " : null, t.namespace !== r.namespace ? h("span", { class: "muted" }, `${t.namespace} / `) : null, t.gone ? h("span", { class: "mono muted", testid: "run-memory-gone", dataset: { key: t.key }, title: "not in the memory now" }, t.key) : itemLink(t.namespace, t.key, "run-memory-item")])
                 : h("span", { class: "muted" }, r.status === "succeeded" ? "none" : "-"),
               r.touched.length > 8 ? h("span", { class: "muted" }, ` and ${r.touched.length - 8} more`) : null,
             ),
