@@ -259,3 +259,36 @@ def test_search_is_the_search_routes_not_a_key(served) -> None:
     assert refused.headers["allow"] == "GET"
     # A key that ends in /search is a key like any other.
     assert client.get(_item("facts", "a/search")).status_code == 404
+
+
+def test_the_routes_read_a_postgresql_store_alike(pg_migrated_url: str) -> None:
+    """The same routes on a PostgreSQL store (tsvector search, vectors in the rows)."""
+    data_dir = short_dir("tfmp-")
+    settings = make_settings(data_dir, database_url=pg_migrated_url, api_token=TOKEN)
+    store = MemoryStore.open(pg_migrated_url)
+    live = serve_in_thread(settings)
+    try:
+        for key, text in FACTS.items():
+            store.put("facts", key, {"text": text}, text, op=f"pg/{key}")
+        store.link(("facts", "paris"), "on_river", ("facts", "seine"), op="pg/l1")
+        with httpx.Client(base_url=live.base, headers=AUTH, timeout=30) as client:
+            spaces = client.get("/api/memory").json()["namespaces"]
+            assert [(n["namespace"], n["items"]) for n in spaces] == [("facts", len(FACTS))]
+            page = client.get("/api/memory/facts", params={"limit": 2}).json()
+            assert [i["key"] for i in page["items"]] == sorted(FACTS)[:2]
+            hits = client.get("/api/memory/facts/search", params={"q": "capital of France"})
+            assert hits.status_code == 200, hits.text
+            assert hits.json()["items"][0]["key"] == "paris"
+            paris = client.get(_item("facts", "paris")).json()
+            assert [n["key"] for n in paris["neighbors"]] == ["seine"]
+            assert client.get(_item("facts", "atlantis")).status_code == 404
+            assert _field_of(client.get("/api/memory/facts/%20x")) == ["path", "key"]
+            gone = client.delete(_item("facts", "a/b c"), headers={"Idempotency-Key": "pg-rm"})
+            assert gone.status_code == 200, gone.text
+            again = client.delete(_item("facts", "a/b c"), headers={"Idempotency-Key": "pg-rm"})
+            assert again.json() == gone.json()
+            assert store.get("facts", "a/b c") is None
+    finally:
+        live.stop()
+        store.close()
+        shutil.rmtree(data_dir, ignore_errors=True)
