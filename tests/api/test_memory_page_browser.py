@@ -40,6 +40,23 @@ EXPECT_TIMEOUT_MS = 20_000
 #: A value and a key a page must show as text, never as markup.
 HOSTILE_KEY = 'x/<img src=x onerror="window.__pwned=1">'
 HOSTILE_VALUE = '<script>window.__pwned=1</script><b onmouseover="window.__pwned=1">bold?</b>'
+#: A workflow that uses the memory (``--import memory_page_flows``): its calls are steps too.
+WORKFLOW = """\
+from tiffany.workflows import memory, workflow
+
+
+@workflow("memory-page.notes")
+def notes():
+    ns = "wf.notes"
+    yield memory.put(ns, "city", {"city": "Lyon"}, text="lives in Lyon, France")
+    yield memory.put(ns, "food", "likes buckwheat crepes")
+    item = yield memory.get(ns, "city")
+    found = yield memory.search(ns, "where does the user live", k=2)
+    yield memory.link((ns, "city"), "near", (ns, "food"))
+    gone = yield memory.delete(ns, "food")
+    city = item["item"]["value"]["city"]
+    return {"city": city, "hits": len(found["items"]), "gone": gone["deleted"]}
+"""
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +64,12 @@ def memory_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
     """``tiffany serve`` with its memory seeded; yields (its URL, the data dir)."""
     tmp = tmp_path_factory.mktemp("memory-page")
     data_dir, log_path = tmp / "data", tmp / "serve.log"
+    (tmp / "memory_page_flows.py").write_text(WORKFLOW)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")}
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp), env.get("PYTHONPATH", "")])
     cmd = [sys.executable, "-m", "tiffany", "--data-dir", str(data_dir), "serve", "--port", "0"]
+    cmd += ["--import", "memory_page_flows"]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -351,5 +371,48 @@ def test_a_runs_page_lists_what_its_memory_steps_read_and_wrote(
             '[data-testid=memory-node][data-key="france"]'
         )
         expect(france).to_have_attribute("data-direction", "out")
+        bad = [e for e in errors if "status of 404" not in e]
+        assert not bad, bad
+
+
+def test_a_workflow_runs_page_lists_its_memory_calls(
+    chromium_path: str, memory_served: tuple[str, Path], tmp_path: Path, artifacts_dir: Path
+) -> None:
+    from playwright.sync_api import expect
+    from process_support import wait_for
+    from test_dashboard_browser import _http_json
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    url, _ = memory_served
+    created = _http_json(url + "api/runs", {"workflow": "memory-page.notes", "inputs": {}})
+    run_id = str(created["run_id"])
+
+    def finished() -> dict[str, Any] | None:
+        run = _http_json(f"{url}api/runs/{run_id}?min_seq={created['seq']}")
+        return run if run["status"] in ("succeeded", "failed", "cancelled") else None
+
+    run = wait_for(finished, 60, "the workflow run to finish")
+    assert run["status"] == "succeeded", run
+    with _dashboard(chromium_path) as (page, errors):
+        page.goto(f"{url}#/run/{run_id}")
+        card = page.get_by_test_id("memory-card")
+        expect(card).to_be_visible()
+        rows = card.get_by_test_id("run-memory-row")
+        expect(rows).to_have_count(6)
+        ops = rows.evaluate_all("rs => rs.map(r => r.dataset.op)")
+        assert ops == ["put", "put", "get", "search", "link", "delete"]
+        # A workflow's calls are tasks with no plan arguments: each one's result names
+        # what it touched.
+        for i in (0, 2):
+            expect(rows.nth(i).get_by_test_id("run-memory-item")).to_have_attribute(
+                "data-key", "city"
+            )
+            expect(rows.nth(i).get_by_test_id("run-memory-namespace")).to_have_text("wf.notes")
+        expect(rows.nth(2)).to_contain_text("found v1")
+        expect(rows.nth(3).get_by_test_id("run-memory-item").first).to_have_attribute(
+            "data-key", "city"
+        )
+        expect(rows.nth(4).get_by_test_id("run-memory-item")).to_have_count(2)
+        expect(rows.nth(5).get_by_test_id("run-memory-gone")).to_have_text("food")
         bad = [e for e in errors if "status of 404" not in e]
         assert not bad, bad

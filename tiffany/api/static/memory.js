@@ -16,7 +16,7 @@
 // by its relation; a click on a neighbour opens it.
 
 import { api, ApiError } from "./api.js";
-import { compact, confirmDialog, fill, h, pretty, timeEl, toast, tone } from "./dom.js";
+import { compact, confirmDialog, fill, h, pretty, statusWord, timeEl, toast, tone } from "./dom.js";
 import { svg } from "./graph.js";
 import { resolve } from "./refs.js";
 
@@ -542,6 +542,9 @@ export function renderNeighbours(root, item, neighbours) {
 
 // -- a run's memory, for the run page ------------------------------------------------------
 
+/** A workflow's memory call's task name (tiffany/workflows/calls.py): the tool, the call's id. */
+const WORKFLOW_CALL = /^tool:(memory\.[a-z_]+):(.+)$/;
+
 /** The memory tools that change the memory; the others read it. */
 const WRITES = new Set(["put", "link", "delete"]);
 
@@ -554,17 +557,25 @@ function refOf(value) {
 
 /**
  * What a run's `memory.*` steps read and wrote: one row a step, in the
- * plan's order, with its operation, whether it wrote, and the items it
- * touched (from its output when it has one: a put's key made from its op,
- * a search's hits; else from its arguments, resolved as the worker did).
+ * plan's order (a workflow's calls: in the order it made them), with its
+ * operation, whether it wrote, and the items it touched (from its output
+ * when it has one: a put's key made from its op, a search's hits, the item
+ * a get found; else from its plan arguments, resolved as the worker did).
  */
 export function memoryOfRun(d) {
   const specs = new Map();
   const plan = d.entry && d.entry.plan;
   if (plan && Array.isArray(plan.steps)) for (const s of plan.steps) specs.set(s.id, s);
   const outputs = Object.fromEntries((d.steps || []).filter((s) => s.status === "succeeded").map((s) => [s.step_id, s.output]));
+  // A plan's steps; a workflow's calls are tasks (`tool:memory.put:tool_3`), their result the output.
+  const calls = [...(d.steps || [])];
+  const stepIds = new Set(calls.map((s) => s.step_id));
+  for (const t of d.tasks || []) {
+    const m = typeof t.name === "string" ? t.name.match(WORKFLOW_CALL) : null;
+    if (m && !stepIds.has(m[2])) calls.push({ step_id: m[2], tool: m[1], status: t.status || statusWord(t.state), output: t.result });
+  }
   const rows = [];
-  for (const s of d.steps || []) {
+  for (const s of calls) {
     const tool = s.tool || (specs.get(s.step_id) || {}).tool || "";
     if (!tool.startsWith("memory.")) continue;
     const op = tool.slice("memory.".length);
@@ -575,7 +586,15 @@ export function memoryOfRun(d) {
       // not resolvable yet (a step upstream has not run): the template is shown
     }
     const out = s.output && typeof s.output === "object" ? s.output : null;
-    const ns = (out && typeof out.namespace === "string" && out.namespace) || args.namespace || null;
+    // A workflow's call has no plan args here: its output says what it touched.
+    const found = out && out.item && typeof out.item === "object" ? out.item : null;
+    const firstHit = out && Array.isArray(out.items) && out.items.length ? out.items[0] : null;
+    const ns =
+      (out && typeof out.namespace === "string" && out.namespace) ||
+      args.namespace ||
+      (found && found.namespace) ||
+      (op === "search" && firstHit && firstHit.namespace) ||
+      null;
     const touched = [];
     let detail = null;
     if (op === "link") {
@@ -587,7 +606,7 @@ export function memoryOfRun(d) {
       detail = op === "search" ? (args.query ?? args.q ?? null) : args.key != null ? `of ${args.key}` : null;
       if (op === "neighbors" && args.key != null && ns) touched.unshift({ namespace: ns, key: String(args.key), self: true });
     } else {
-      const key = (out && out.key != null && out.key) || args.key;
+      const key = (out && out.key != null && out.key) || args.key || (found && found.key);
       // What a get did not find, or a delete removed, has no page to link to.
       const gone = (op === "get" && out && out.found === false) || (op === "delete" && out && out.deleted === true);
       if (ns && key != null) touched.push({ namespace: ns, key: String(key), gone });

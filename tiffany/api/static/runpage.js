@@ -29,9 +29,9 @@
 // form that sends it (signalform.js). The form has no schema to draw
 // fields from (the wait's schema reaches the engine, not the store): it is
 // the JSON box, and the engine's refusal of a payload names the field.
-// A plan run whose steps use the memory (`memory.*` tools) has a Memory
-// card: what each of them read or wrote, each item linked to its page
-// (memory.js).
+// A run whose steps (or a workflow's calls) use the memory (`memory.*`
+// tools) has a Memory card: what each of them read or wrote, each item
+// linked to its page (memory.js).
 
 import { api, ApiError, rerunRun, sendSignal } from "./api.js";
 import {
@@ -403,7 +403,7 @@ export class RunPage {
     this.renderTree(rows, now, failedSteps);
     this.renderTask(tasks);
     if (!workflow) this.renderSteps(d, tasks);
-    this.renderMemory(workflow ? [] : memoryOfRun(d));
+    this.renderMemory(memoryOfRun(d));
     this.renderErrorAndIo(d);
   }
 
