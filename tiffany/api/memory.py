@@ -7,10 +7,15 @@ The store's calls block: each runs in the threadpool, at most
 :data:`MEMORY_CALLS` at a time (the store's own connection pool bounds the
 rest), never on the event loop.
 
-The store is opened at the first call, in the threadpool: the API may start
-before the engine has created the memory's tables (``tiffany db upgrade``
-runs in the engine), and a database that cannot be read is a 503
-(:class:`~tiffany.ports.reads.StoreUnavailable`) like any other read.
+The store is made at the first call, in the threadpool, and kept for the
+app's life: the API's start imports no numpy and opens no connection for
+it (serve's start-up is measured), the API may start before the engine has
+created the memory's tables (``tiffany db upgrade`` runs in the engine),
+and a database that cannot be read is a 503
+(:class:`~tiffany.ports.reads.StoreUnavailable`) like any other read. Like
+the engine's store, this one keeps the vectors of the namespaces it has
+searched in memory (``tiffany/memory/search.py``), brought up to date from
+the rows at each search (another process writes them).
 """
 
 from __future__ import annotations

@@ -149,6 +149,12 @@ def ls(
         return
     from rich.table import Table
 
+    if namespace is None and not doc["namespaces"]:
+        typer.echo("(no memory yet)", err=True)
+        return
+    if namespace is not None and not doc["items"]:
+        typer.echo(f"(nothing in {printable(namespace)})", err=True)
+        return
     if namespace is None:
         table = Table(title="memory namespaces", title_justify="left")
         for column in ("namespace", "items", "bytes", "updated"):
@@ -161,8 +167,6 @@ def ls(
                 _cell(row.get("updated_at") or "-"),
             )
         _console().print(table)
-        if not doc["namespaces"]:
-            typer.echo("(no memory yet)", err=True)
         return
     table = Table(title=f"memory {printable(namespace)}", title_justify="left")
     for column in ("key", "version", "updated", "run", "value"):

@@ -41,6 +41,7 @@ from tiffany.api.schemas import (
     MemorySearch,
 )
 from tiffany.errors import MemoryInvalid, MemoryNotFound, TiffanyError
+from tiffany.memory import limits
 
 __all__ = [
     "DEFAULT_PAGE",
@@ -54,22 +55,23 @@ __all__ = [
 
 router = APIRouter(prefix="/api/memory", tags=["memory"])
 
-#: A namespace (docs/memory.md): dots for hierarchy (``users.alice``).
-NAMESPACE_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
+#: A namespace (docs/memory.md): dots for hierarchy (``users.alice``); the store's rule.
+NAMESPACE_PATTERN: Final = f"^{limits.NAMESPACE_RE.pattern}$"
 #: A key: no control character, no space at either end (the store also
 #: refuses what is not printable, which no pattern states simply).
 KEY_PATTERN: Final = r"^[^\s\x00-\x1f\x7f-\x9f]([^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$"
-MAX_KEY_CHARS: Final = 256
-#: The longest search text, in characters (a question, not a document).
+MAX_KEY_CHARS: Final = limits.KEY_MAX_CHARS
+#: The longest search text, in characters: a question in a URL (the store
+#: takes up to ``limits.QUERY_MAX_CHARS``, a tool's argument).
 MAX_QUERY_CHARS: Final = 1_000
-#: Items a page holds unless asked, and at most.
+#: Items a page holds unless asked, and at most (the store's most is larger).
 DEFAULT_PAGE: Final = 50
 MAX_PAGE: Final = 500
 #: Hits a search answers unless asked, and at most.
 DEFAULT_K: Final = 10
-MAX_K: Final = 100
+MAX_K: Final = limits.K_MAX
 #: How far an item's neighbours are followed along links, at most.
-MAX_DEPTH: Final = 3
+MAX_DEPTH: Final = limits.MAX_DEPTH
 
 
 class ItemKey(Convertor[str]):
