@@ -37,6 +37,8 @@ from tiffany.memory import MemoryStore
 chromium_path = base.chromium_path
 
 EXPECT_TIMEOUT_MS = 20_000
+#: The memory examples (an agent that remembers, its scripted model).
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "memory"
 #: A value and a key a page must show as text, never as markup.
 HOSTILE_KEY = 'x/<img src=x onerror="window.__pwned=1">'
 HOSTILE_VALUE = '<script>window.__pwned=1</script><b onmouseover="window.__pwned=1">bold?</b>'
@@ -68,6 +70,7 @@ def memory_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")}
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join([str(tmp), env.get("PYTHONPATH", "")])
+    env["TIFFANY_LLM_SCRIPT"] = str(EXAMPLES / "script.yaml")  # the agent's scripted model
     cmd = [sys.executable, "-m", "tiffany", "--data-dir", str(data_dir), "serve", "--port", "0"]
     cmd += ["--import", "memory_page_flows"]
     with log_path.open("wb") as log:
@@ -414,5 +417,48 @@ def test_a_workflow_runs_page_lists_its_memory_calls(
         )
         expect(rows.nth(4).get_by_test_id("run-memory-item")).to_have_count(2)
         expect(rows.nth(5).get_by_test_id("run-memory-gone")).to_have_text("food")
+        bad = [e for e in errors if "status of 404" not in e]
+        assert not bad, bad
+
+
+def test_an_agents_remember_and_recall_are_on_its_runs_memory_card(
+    chromium_path: str, memory_served: tuple[str, Path]
+) -> None:
+    """examples/memory/agent.yaml with its scripted model: told, then asked, in two runs."""
+    import yaml
+    from playwright.sync_api import expect
+    from process_support import wait_for
+    from test_dashboard_browser import _http_json
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    url, _ = memory_served
+    plan = yaml.safe_load((EXAMPLES / "agent.yaml").read_text())
+
+    def run(message: str) -> str:
+        created = _http_json(url + "api/runs", {"plan": plan, "inputs": {"message": message}})
+
+        def finished() -> dict[str, Any] | None:
+            got = _http_json(f"{url}api/runs/{created['run_id']}?min_seq={created['seq']}")
+            return got if got["status"] in ("succeeded", "failed", "cancelled") else None
+
+        done = wait_for(finished, 60, "the agent's run to finish")
+        assert done["status"] == "succeeded", done
+        return str(created["run_id"])
+
+    told = run("I prefer the dark theme.")
+    asked = run("Which theme do I like?")
+    with _dashboard(chromium_path) as (page, errors):
+        page.goto(f"{url}#/run/{told}")
+        rows = page.get_by_test_id("memory-card").get_by_test_id("run-memory-row")
+        expect(rows).to_have_count(1)
+        expect(rows).to_have_attribute("data-step-id", "chat · remember")
+        expect(rows).to_have_attribute("data-op", "put")
+        expect(rows.get_by_test_id("run-memory-item")).to_have_attribute("data-key", "theme")
+        expect(rows.get_by_test_id("run-memory-namespace")).to_have_text("users.alice")
+        page.goto(f"{url}#/run/{asked}")
+        rows = page.get_by_test_id("memory-card").get_by_test_id("run-memory-row")
+        expect(rows).to_have_attribute("data-step-id", "chat · recall")
+        expect(rows).to_have_attribute("data-op", "search")
+        expect(rows.get_by_test_id("run-memory-item").first).to_have_attribute("data-key", "theme")
         bad = [e for e in errors if "status of 404" not in e]
         assert not bad, bad

@@ -542,8 +542,14 @@ export function renderNeighbours(root, item, neighbours) {
 
 // -- a run's memory, for the run page ------------------------------------------------------
 
-/** A workflow's memory call's task name (tiffany/workflows/calls.py): the tool, the call's id. */
-const WORKFLOW_CALL = /^tool:(memory\.[a-z_]+):(.+)$/;
+/**
+ * The task of a memory call: a workflow's (`tool:memory.put:tool_3`,
+ * tiffany/workflows/calls.py: the tool, the call's id) or an agent step's
+ * (`tool:remember:chat`, tiffany/agents/tools/agent.py: the function, the step).
+ */
+const CALL_TASK = /^tool:(memory\.[a-z_]+|remember|recall):(.+)$/;
+/** The memory tool an agent's function calls. */
+const AGENT_FUNCTIONS = { remember: "memory.put", recall: "memory.search" };
 
 /** The memory tools that change the memory; the others read it. */
 const WRITES = new Set(["put", "link", "delete"]);
@@ -567,12 +573,21 @@ export function memoryOfRun(d) {
   const plan = d.entry && d.entry.plan;
   if (plan && Array.isArray(plan.steps)) for (const s of plan.steps) specs.set(s.id, s);
   const outputs = Object.fromEntries((d.steps || []).filter((s) => s.status === "succeeded").map((s) => [s.step_id, s.output]));
-  // A plan's steps; a workflow's calls are tasks (`tool:memory.put:tool_3`), their result the output.
+  // A plan's steps; a workflow's calls and an agent's remember / recall are
+  // tasks (`tool:memory.put:tool_3`, `tool:remember:chat`), their result the output.
   const calls = [...(d.steps || [])];
   const stepIds = new Set(calls.map((s) => s.step_id));
   for (const t of d.tasks || []) {
-    const m = typeof t.name === "string" ? t.name.match(WORKFLOW_CALL) : null;
-    if (m && !stepIds.has(m[2])) calls.push({ step_id: m[2], tool: m[1], status: t.status || statusWord(t.state), output: t.result });
+    const m = typeof t.name === "string" ? t.name.match(CALL_TASK) : null;
+    if (!m) continue;
+    const agentTool = AGENT_FUNCTIONS[m[1]];
+    if (!agentTool && stepIds.has(m[2])) continue; // a plan step's own task: the step says it
+    calls.push({
+      step_id: agentTool ? `${m[2]} · ${m[1]}` : m[2],
+      tool: agentTool || m[1],
+      status: t.status || statusWord(t.state),
+      output: t.result,
+    });
   }
   const rows = [];
   for (const s of calls) {
