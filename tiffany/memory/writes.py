@@ -92,6 +92,10 @@ class Writes:
             try:
                 if self._sqlite:
                     conn.exec_driver_sql("BEGIN IMMEDIATE")
+                else:
+                    # A transaction even on an engine made for reads (the
+                    # API's is AUTOCOMMIT: each statement its own commit).
+                    conn = conn.execution_options(isolation_level="READ COMMITTED")
                 yield conn
             except BaseException:
                 conn.rollback()
