@@ -1,10 +1,9 @@
 """Search: full-text ranks and exact vector ranks, fused by reciprocal rank.
 
-* **Text**: SQLite FTS5 ``bm25()`` (lower is better), or PostgreSQL
-  ``ts_rank_cd`` over a ``tsvector`` (the ``simple`` configuration: no
-  stemming, as FTS5's ``unicode61``). The query's words are OR-ed: a
-  natural-language query finds the items that share any of its words,
-  ranked by how well.
+* **Text**: SQLite FTS5 ``bm25()``, or PostgreSQL ``ts_rank_cd`` over a
+  ``tsvector`` (tiffany/memory/fulltext.py): a natural-language query
+  finds the items that share its words (the rarer words first), ranked by
+  how well.
 * **Vector**: exact cosine over every item of the namespace embedded by the
   store's embedder: one float32 matrix per namespace held in the process
   (:class:`VectorIndex`), its rows unit-length so the cosine is one
@@ -71,14 +70,15 @@ def query_words(query: str) -> list[str]:
     return list(seen)
 
 
-def fts_query_sqlite(words: Sequence[str]) -> str:
-    """An FTS5 MATCH expression: each word a quoted string, OR-ed."""
-    return " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
+def fts_query_sqlite(words: Sequence[str], conjunction: str = "OR") -> str:
+    """An FTS5 query: each word a quoted string, joined by ``OR`` (or ``AND``)."""
+    return f" {conjunction} ".join('"' + w.replace('"', '""') + '"' for w in words)
 
 
-def fts_query_pg(words: Sequence[str]) -> str:
-    """A ``to_tsquery('simple', ...)`` text: each word a quoted lexeme, OR-ed."""
-    return " | ".join("'" + w.replace("'", "''").replace("\\", "\\\\") + "'" for w in words)
+def fts_query_pg(words: Sequence[str], conjunction: str = "|") -> str:
+    """A ``to_tsquery('simple', ...)`` text: each word a quoted lexeme, ``|``-joined (or ``&``)."""
+    quoted = ("'" + w.replace("\\", "\\\\").replace("'", "''") + "'" for w in words)
+    return f" {conjunction} ".join(quoted)
 
 
 def rrf(rankings: Iterable[Sequence[str]], k: int) -> list[tuple[str, float]]:
