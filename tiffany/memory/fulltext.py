@@ -68,8 +68,26 @@ class FullText:
         """Take items out of the index."""
         raise NotImplementedError
 
-    def matches(self, conn: Connection, ns: str, word: str, cap: int) -> int:
-        """How many of the namespace's items hold ``word``, counted up to ``cap``."""
+    def matches(self, conn: Connection, ns: str, words: list[str], cap: int) -> list[int]:
+        """How many of the namespace's items hold each word, counted up to ``cap``.
+
+        One statement: a capped count per word, ``UNION ALL``-ed.
+        """
+        parts = []
+        params: dict[str, object] = {"cap": cap, "ns": ns}
+        for i, word in enumerate(words):
+            parts.append(f"SELECT {i} AS i, count(*) AS n FROM ({self._one_word(i)}) AS m{i}")
+            params[f"q{i}"] = self._word_query(ns, word)
+        rows = conn.execute(text(" UNION ALL ".join(parts)), params).all()
+        counts: dict[int, int] = {int(i): int(n) for i, n in rows}
+        return [int(counts.get(i, 0)) for i in range(len(words))]
+
+    def _one_word(self, i: int) -> str:
+        """A capped select of the matches of the word bound as ``:q{i}``."""
+        raise NotImplementedError
+
+    def _word_query(self, ns: str, word: str) -> str:
+        """What ``:q{i}`` binds for ``word``."""
         raise NotImplementedError
 
     def ranked(
@@ -84,7 +102,7 @@ class FullText:
         """The ``n`` best items of ``ns`` for ``words``, best first (see the module's rule)."""
         if not words:
             return []
-        counted = [(self.matches(conn, ns, w, COMMON_MATCHES + 1), w) for w in words]
+        counted = list(zip(self.matches(conn, ns, words, COMMON_MATCHES + 1), words, strict=True))
         rare = sorted((c, w) for c, w in counted if 0 < c <= COMMON_MATCHES)
         chosen: list[str] = []
         total = 0
@@ -129,15 +147,11 @@ class SqliteFullText(FullText):
         joined = fts_query_sqlite(words, conjunction="AND" if every else "OR")
         return f'nsid : "{namespace_token(ns)}" AND text : ({joined})'
 
-    def matches(self, conn: Connection, ns: str, word: str, cap: int) -> int:
-        """How many of the namespace's items hold ``word``, counted up to ``cap``."""
-        found = conn.execute(
-            text(
-                "SELECT count(*) FROM (SELECT rowid FROM mem_fts WHERE mem_fts MATCH :q LIMIT :cap)"
-            ),
-            {"q": self._match(ns, [word], False), "cap": cap},
-        ).scalar()
-        return int(found or 0)
+    def _one_word(self, i: int) -> str:
+        return f"SELECT rowid FROM mem_fts WHERE mem_fts MATCH :q{i} LIMIT :cap"
+
+    def _word_query(self, ns: str, word: str) -> str:
+        return self._match(ns, [word], False)
 
     def ranked(
         self, conn: Connection, ns: str, words: list[str], every: bool, n: int, at: float
@@ -186,16 +200,14 @@ class PostgresFullText(FullText):
         for start in range(0, len(ids), 500):
             conn.execute(statement, {"ids": ids[start : start + 500]})
 
-    def matches(self, conn: Connection, ns: str, word: str, cap: int) -> int:
-        """How many of the namespace's items hold ``word``, counted up to ``cap``."""
-        found = conn.execute(
-            text(
-                "SELECT count(*) FROM (SELECT 1 FROM mem_fts WHERE namespace = :ns"
-                " AND tsv @@ to_tsquery('simple', :q) LIMIT :cap) AS m"
-            ),
-            {"ns": ns, "q": fts_query_pg([word]), "cap": cap},
-        ).scalar()
-        return int(found or 0)
+    def _one_word(self, i: int) -> str:
+        return (
+            "SELECT 1 FROM mem_fts WHERE namespace = :ns"
+            f" AND tsv @@ to_tsquery('simple', :q{i}) LIMIT :cap"
+        )
+
+    def _word_query(self, ns: str, word: str) -> str:
+        return fts_query_pg([word])
 
     def ranked(
         self, conn: Connection, ns: str, words: list[str], every: bool, n: int, at: float

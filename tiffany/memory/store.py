@@ -44,6 +44,7 @@ import numpy as np
 from sqlalchemy import (
     Connection,
     Engine,
+    bindparam,
     delete,
     func,
     insert,
@@ -83,6 +84,14 @@ __all__ = ["MemoryStore", "derived_key", "iso"]
 SCORE_DECIMALS: Final = 6
 #: Changed rows past which a namespace's vectors are loaded afresh instead of patched.
 _REFRESH_REBUILD_ROWS: Final = 5_000
+
+#: The store's newest write and the namespace's (None: no such namespace), in one statement.
+_SEQS = select(
+    select(mem_seq.c.seq).where(mem_seq.c.id == 1).scalar_subquery(),
+    select(mem_namespaces.c.store_seq)
+    .where(mem_namespaces.c.namespace == bindparam("ns"))
+    .scalar_subquery(),
+)
 
 _ITEM_COLUMNS = (
     mem_items.c.namespace,
@@ -575,10 +584,8 @@ class MemoryStore:
         if how != "text":
             qvec = normalize(self.embedder.embed([query]))[0]
         with self._read() as conn:
-            as_of = conn.execute(select(mem_seq.c.seq).where(mem_seq.c.id == 1)).scalar() or 0
-            ns_seq = conn.execute(
-                select(mem_namespaces.c.store_seq).where(mem_namespaces.c.namespace == ns)
-            ).scalar()
+            seqs = conn.execute(_SEQS, {"ns": ns}).one()
+            as_of, ns_seq = int(seqs[0] or 0), seqs[1]
             hits: list[tuple[str, float]] = []
             if ns_seq is not None:
                 wanted = candidates(n)
