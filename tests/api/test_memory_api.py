@@ -292,3 +292,14 @@ def test_the_routes_read_a_postgresql_store_alike(pg_migrated_url: str) -> None:
         live.stop()
         store.close()
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_an_items_page_holds_its_newest_versions_and_counts_them_all(served) -> None:
+    client, store, _ = served
+    for n in range(1, 106):
+        store.put("busy", "counter", {"n": n}, op=f"busy/{n}")
+    item = client.get(_item("busy", "counter")).json()
+    assert item["version"] == 105
+    assert item["versions"] == 105
+    assert [v["version"] for v in item["history"]] == list(range(6, 106))
+    assert item["link_count"] == 0

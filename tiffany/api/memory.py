@@ -34,7 +34,14 @@ from tiffany.ports.reads import StoreUnavailable
 if TYPE_CHECKING:
     from tiffany.memory import MemoryStore
 
-__all__ = ["MEMORY_CALLS", "NEIGHBOURS", "MemoryAccess", "item_detail"]
+__all__ = [
+    "HISTORY_SHOWN",
+    "LINKS_SHOWN",
+    "MEMORY_CALLS",
+    "NEIGHBOURS",
+    "MemoryAccess",
+    "item_detail",
+]
 
 T = TypeVar("T")
 
@@ -42,12 +49,20 @@ T = TypeVar("T")
 MEMORY_CALLS: Final = 8
 #: Neighbours an item's detail lists at most.
 NEIGHBOURS: Final = 50
+#: Versions and links an item's detail lists at most (the newest versions,
+#: the oldest links); ``versions`` and ``link_count`` say how many there are.
+HISTORY_SHOWN: Final = 100
+LINKS_SHOWN: Final = 200
 
 
 def item_detail(
     store: MemoryStore, namespace: str, key: str, depth: int = 1
 ) -> dict[str, Any] | None:
     """An item with its ``links``, its ``history`` and its ``neighbors``; None if absent.
+
+    At most :data:`LINKS_SHOWN` links (oldest first) and the newest
+    :data:`HISTORY_SHOWN` versions; ``link_count`` and ``versions`` count
+    them all.
 
     What ``GET /api/memory/{namespace}/{key}`` answers and ``tiffany memory
     get`` shows (the CLI's local reads call this too). Blocking.
@@ -56,10 +71,14 @@ def item_detail(
     if item is None:
         return None
     near = store.neighbors(namespace, key, depth=depth, limit=NEIGHBOURS)
+    links = store.links(namespace, key)
+    history = store.history(namespace, key)
     return {
         **item,
-        "links": store.links(namespace, key),
-        "history": store.history(namespace, key),
+        "links": links[:LINKS_SHOWN],
+        "link_count": len(links),
+        "history": history[-HISTORY_SHOWN:],
+        "versions": len(history),
         "neighbors": near["items"],
     }
 

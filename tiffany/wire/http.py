@@ -638,8 +638,14 @@ class MemoryNeighbor(_Open):
 class MemoryItemDetail(MemoryItem):
     """An item with its links, its versions and its neighbours."""
 
-    links: list[MemoryLink] = Field(default_factory=list)
-    history: list[MemoryVersion] = Field(default_factory=list)
+    links: list[MemoryLink] = Field(
+        default_factory=list, description="Its links either way, oldest first (the first 200)."
+    )
+    link_count: int | None = Field(default=None, description="How many links it has in all.")
+    history: list[MemoryVersion] = Field(
+        default_factory=list, description="Its versions, oldest first (the newest 100)."
+    )
+    versions: int | None = Field(default=None, description="How many versions it has in all.")
     neighbors: list[MemoryNeighbor] = Field(default_factory=list)
 
 

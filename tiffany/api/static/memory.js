@@ -339,9 +339,9 @@ export class MemoryPage {
         it.text != null && it.text !== it.value ? h("details", { class: "small" }, h("summary", null, "indexed text"), h("pre", { class: "payload", testid: "memory-text" }, it.text)) : null,
         h("h4", null, "Neighbours ", h("span", { class: "muted small" }, "items linked to it, either way; click one to open it")),
         graph,
-        h("h4", null, "Links"),
+        h("h4", null, "Links", it.link_count > (it.links || []).length ? h("span", { class: "muted small" }, ` the first ${it.links.length} of ${it.link_count}`) : null),
         linksTable(it.links || []),
-        h("h4", null, "Versions"),
+        h("h4", null, "Versions", it.versions > (it.history || []).length ? h("span", { class: "muted small", testid: "memory-versions-cut" }, ` the newest ${it.history.length} of ${it.versions}`) : null),
         historyList(it.history || []),
       ),
     );
