@@ -107,7 +107,11 @@ export class MemoryPage {
     const same = this.route.memNs === route.memNs && this.route.memKey === route.memKey && this.route.search === route.search;
     this.route = route;
     this.renderNamespaces();
-    if (!same || !this.mainEl.firstChild) this.loadMain();
+    if (!same || !this.mainEl.firstChild) {
+      this.loadMain();
+      // Runs write memory meanwhile: the counts are read again at each move.
+      if (this.loaded) this.loadNamespaces();
+    }
   }
 
   async loadNamespaces() {
@@ -115,6 +119,7 @@ export class MemoryPage {
       const doc = await api("api/memory");
       if (this.closed) return;
       this.namespaces = doc.namespaces || [];
+      this.loaded = true;
       this.renderNamespaces();
       if (this.route.memNs == null) this.loadMain();
     } catch (err) {
