@@ -27,6 +27,7 @@ import numpy as np
 from sqlalchemy import insert, text, update
 
 from tiffany.memory import HashingEmbedder, MemoryStore
+from tiffany.memory.fulltext import namespace_token
 from tiffany.memory.limits import canonical_json
 from tiffany.memory.tables import mem_applied, mem_item_versions, mem_items, mem_namespaces, mem_seq
 from tiffany.store.migrate import upgrade
@@ -86,8 +87,11 @@ def bulk_load(store: MemoryStore, texts: list[str]) -> None:
             ids = conn.execute(insert(mem_items).returning(mem_items.c.id), rows).scalars().all()
             if sqlite:
                 conn.execute(
-                    text("INSERT INTO mem_fts (rowid, text) VALUES (:id, :text)"),
-                    [{"id": i, "text": r["text"]} for i, r in zip(ids, rows, strict=True)],
+                    text("INSERT INTO mem_fts (rowid, nsid, text) VALUES (:id, :nsid, :text)"),
+                    [
+                        {"id": i, "nsid": namespace_token(NS), "text": r["text"]}
+                        for i, r in zip(ids, rows, strict=True)
+                    ],
                 )
             else:
                 conn.execute(
