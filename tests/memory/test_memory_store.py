@@ -533,3 +533,22 @@ def test_a_rebuild_under_another_embedder_keeps_the_journaled_vectors_apart(
     finally:
         rebuilt.close()
         other.dispose()
+
+
+def test_a_store_from_settings(tmp_path: Path) -> None:
+    from tiffany.config import Settings
+
+    settings = Settings(
+        data_dir=tmp_path / "data", memory_max_items=1, embeddings_dims=32, _env_file=None
+    )
+    engine = make_engine(settings.database_url)
+    upgrade(engine)
+    engine.dispose()
+    store = MemoryStore.from_settings(settings)
+    try:
+        assert store.embedder.dims == 32
+        store.put(NS, "a", "one", op="s1")
+        with pytest.raises(MemoryFull):
+            store.put(NS, "b", "two", op="s2")
+    finally:
+        store.close()

@@ -28,7 +28,7 @@ import hashlib
 import json
 import threading
 from collections.abc import Iterator
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 from sqlalchemy import (
@@ -51,6 +51,7 @@ from tiffany.memory.embed import (
     HashingEmbedder,
     decode_vector,
     describe,
+    embedder_from_settings,
     encode_vector,
     normalize,
 )
@@ -68,6 +69,9 @@ from tiffany.memory.tables import (
 )
 from tiffany.memory.writes import Writes
 from tiffany.store.session import make_engine
+
+if TYPE_CHECKING:
+    from tiffany.config import Settings
 
 __all__ = ["MemoryStore", "derived_key", "iso"]
 
@@ -145,6 +149,16 @@ class MemoryStore:
     def open(cls, database_url: str, **kwargs: Any) -> MemoryStore:
         """A store on its own engine for ``database_url`` (closed by :meth:`close`)."""
         return cls(make_engine(database_url), _owns_engine=True, **kwargs)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, engine: Engine | None = None) -> MemoryStore:
+        """The store ``settings`` describe: their database (or ``engine``), embedder, limit."""
+        return cls(
+            engine if engine is not None else make_engine(settings.database_url),
+            embedder=embedder_from_settings(settings),
+            max_items=settings.memory_max_items,
+            _owns_engine=engine is None,
+        )
 
     @property
     def engine(self) -> Engine:
