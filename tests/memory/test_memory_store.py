@@ -509,3 +509,46 @@ def test_threads_writing_one_store(store: MemoryStore, engine: Engine) -> None:
     assert errors == []
     assert store.namespaces()[0]["items"] == 100
     assert len(store.search("threads", "thread item", k=100, mode="vector")["items"]) == 100
+
+
+def test_a_rebuild_under_another_embedder_keeps_the_journaled_vectors_apart(
+    engine: Engine, clock: ManualClock, tmp_path: Path
+) -> None:
+    """Vectors of different embedders are never compared: a rebuilt item is found by text."""
+    small = MemoryStore(engine, embedder=HashingEmbedder(dims=64), clock=clock)
+    result = small.put("notes", "k", "the zanzibar express", op="r/1")
+    assert result["embedder"]["dims"] == 64
+    other = make_engine(f"sqlite:///{tmp_path / 'other.db'}")
+    upgrade(other)
+    rebuilt = MemoryStore(other, clock=clock)  # 256 dimensions
+    try:
+        again = rebuilt.apply(result)
+        assert again["embedder"] == result["embedder"]
+        assert again["vector"] == result["vector"]
+        assert [i["key"] for i in rebuilt.search("notes", "zanzibar", mode="text")["items"]] == [
+            "k"
+        ]
+        assert rebuilt.search("notes", "zanzibar", mode="vector")["items"] == []
+        assert [i["key"] for i in rebuilt.search("notes", "zanzibar")["items"]] == ["k"]
+    finally:
+        rebuilt.close()
+        other.dispose()
+
+
+def test_a_store_from_settings(tmp_path: Path) -> None:
+    from tiffany.config import Settings
+
+    settings = Settings(
+        data_dir=tmp_path / "data", memory_max_items=1, embeddings_dims=32, _env_file=None
+    )
+    engine = make_engine(settings.database_url)
+    upgrade(engine)
+    engine.dispose()
+    store = MemoryStore.from_settings(settings)
+    try:
+        assert store.embedder.dims == 32
+        store.put(NS, "a", "one", op="s1")
+        with pytest.raises(MemoryFull):
+            store.put(NS, "b", "two", op="s2")
+    finally:
+        store.close()

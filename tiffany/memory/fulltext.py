@@ -43,9 +43,9 @@ __all__ = [
 ]
 
 #: A word with more matches than this in a namespace is common (a stop word, nearly).
-COMMON_MATCHES: Final = 1000
+COMMON_MATCHES: Final = 500
 #: Matches a ranked query scores at most (when its words are rare).
-SCORED_MATCHES: Final = 2000
+SCORED_MATCHES: Final = 1000
 
 
 def namespace_token(namespace: str) -> str:
