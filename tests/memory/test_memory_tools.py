@@ -2,7 +2,8 @@
 
 * a plan puts facts, then gets one through a reference to the put's key and
   searches them: outputs as the tools' ``Output`` models describe, the
-  item's provenance (run, step, op ``RUN/STEP/0``) in the store;
+  item's provenance (run, step, op ``RUN/STEP/0``) in the store; on the
+  embedded store and on PostgreSQL;
 * links, neighbours and a delete;
 * refusals name the field: a bad namespace at submission
   (``steps[0].args.namespace``) and from an input when the step runs
@@ -76,8 +77,12 @@ def _error(state: Any, step: str) -> dict[str, Any]:
     return state.error.fields["steps"][step]["error"]
 
 
-def test_a_plan_puts_then_gets_and_searches_through_references(tmp_path: Path) -> None:
-    run_id, state = run_plan(tmp_path, FACTS)
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_plan_puts_then_gets_and_searches_through_references(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    url = request.getfixturevalue("pg_schema_url") if backend == "postgres" else None
+    run_id, state = run_plan(tmp_path, FACTS, **({"database_url": url} if url else {}))
     assert state.status == "succeeded", state.error
     out = state.result["outputs"]
     assert out["city"] == "Paris"
@@ -95,7 +100,7 @@ def test_a_plan_puts_then_gets_and_searches_through_references(tmp_path: Path) -
     assert out["read"]["as_of"] >= out["learn"]["store_seq"]
     assert out["find"]["as_of"] >= max(out["learn"]["store_seq"], out["note"]["store_seq"])
     assert len(out["find"]["items"]) == 2
-    store = open_store(tmp_path)
+    store = open_store(tmp_path, url)
     try:
         made = out["note"]["key"]  # no key given: one made from the op
         assert store.get("facts.geo", made)["value"] == "Berlin is the capital of Germany"
