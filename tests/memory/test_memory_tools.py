@@ -300,3 +300,62 @@ def test_an_agents_memory_needs_the_memory_tools_enabled(tmp_path: Path) -> None
     (error,) = info.value.errors
     assert error["loc"] == "steps[0].args.memory"
     assert "--enable-tool memory.search" in error["msg"]
+
+
+def test_an_opening_that_failed_is_tried_again_by_the_next_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tiffany.memory
+
+    real = tiffany.memory.MemoryStore.open
+    tries: list[int] = []
+
+    def flaky(*args: Any, **kw: Any) -> Any:
+        tries.append(1)
+        if len(tries) == 1:
+            raise OSError("the database is not there yet")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(tiffany.memory.MemoryStore, "open", staticmethod(flaky))
+    plan = {
+        "name": "retry",
+        "steps": [
+            {
+                "id": "p",
+                "tool": "memory.put",
+                "args": {"namespace": "n", "key": "k", "value": 1},
+                "retries": 1,
+                "backoff": 0.01,
+            }
+        ],
+        "outputs": {"p": "${steps.p.output}"},
+    }
+    engine = build(settings_for(tmp_path), enabled_tools=ALL_TOOLS)
+    with engine.runtime as rt:
+        run_id = engine.submit_plan(plan)
+        rt.run()
+        state = rt.status(run_id)
+    assert state.status == "succeeded", state.error
+    assert len(tries) == 2
+    assert state.result["outputs"]["p"]["version"] == 1
+
+
+def test_a_full_namespace_refuses_the_put_naming_the_setting(tmp_path: Path) -> None:
+    steps = [
+        {
+            "id": f"p{i}",
+            "tool": "memory.put",
+            "args": {"namespace": "small", "key": f"k{i}", "value": i},
+        }
+        for i in range(3)
+    ]
+    for i in (1, 2):
+        steps[i]["after"] = [f"p{i - 1}"]
+    _, state = run_plan(tmp_path, {"name": "full", "steps": steps}, memory_max_items=2)
+    assert state.status == "failed"
+    error = _error(state, "p2")
+    assert (error["code"], error["field"]) == ("memory.full", "namespace")
+    assert [s for s, v in state.error.fields["steps"].items() if v["status"] == "succeeded"] == [
+        "p0",
+        "p1",
+    ]
