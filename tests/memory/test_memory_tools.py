@@ -359,3 +359,17 @@ def test_a_full_namespace_refuses_the_put_naming_the_setting(tmp_path: Path) -> 
         "p0",
         "p1",
     ]
+
+
+def test_the_tools_bounds_are_the_stores() -> None:
+    from tiffany.memory import limits
+
+    assert tools.NAMESPACE_PATTERN == f"^{limits.NAMESPACE_RE.pattern}$"
+    assert tools.RELATION_PATTERN == f"^{limits.RELATION_RE.pattern}$"
+    assert tools.MAX_KEY_CHARS == limits.KEY_MAX_CHARS
+    assert tools.MAX_TEXT_CHARS == limits.TEXT_MAX_BYTES
+    assert tools.MAX_QUERY_CHARS == limits.QUERY_MAX_CHARS
+    assert tools.MAX_TTL_S == limits.TTL_MAX_S
+    assert tools.MAX_K == limits.K_MAX
+    assert tools.MAX_DEPTH == limits.MAX_DEPTH
+    assert tools.MAX_NEIGHBORS == limits.LIMIT_MAX
