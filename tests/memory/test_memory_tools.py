@@ -364,8 +364,8 @@ def test_a_full_namespace_refuses_the_put_naming_the_setting(tmp_path: Path) -> 
 def test_the_tools_bounds_are_the_stores() -> None:
     from tiffany.memory import limits
 
-    assert tools.NAMESPACE_PATTERN == f"^{limits.NAMESPACE_RE.pattern}$"
-    assert tools.RELATION_PATTERN == f"^{limits.RELATION_RE.pattern}$"
+    assert f"^{limits.NAMESPACE_RE.pattern}$" == tools.NAMESPACE_PATTERN
+    assert f"^{limits.RELATION_RE.pattern}$" == tools.RELATION_PATTERN
     assert tools.MAX_KEY_CHARS == limits.KEY_MAX_CHARS
     assert tools.MAX_TEXT_CHARS == limits.TEXT_MAX_BYTES
     assert tools.MAX_QUERY_CHARS == limits.QUERY_MAX_CHARS
