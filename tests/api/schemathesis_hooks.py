@@ -18,6 +18,11 @@ the request's shape, and are documented as such (README's API table):
   (croniter's) and ``timezone`` (the IANA database's); a ``since`` or
   ``until`` of the schema's pattern that the calendar lacks (2024-02-30),
   or an ``until`` before the ``since``;
+* a memory item's key (``/api/memory/{namespace}/{key}``): the store takes
+  printable text only (Python's ``str.isprintable``: no format, separator
+  or unassigned character), and ``search`` is the search route's; the
+  pattern states the control characters and the spaces at either end, not
+  Unicode's categories;
 * a document limit on a free-form value (a run's ``inputs``, a step's
   ``args``: any JSON to the schema): an integer beyond the signed 64-bit
   range (NUL, the other such limit, is not generated: schemathesis.toml).
@@ -39,7 +44,14 @@ STATEFUL_CODES = frozenset({"plan.invalid", "workflow.inputs", "step.no_conversa
 #: The refusal of an integer the documents' limits leave out (tiffany/wire/documents.py).
 INT64_LIMIT = "out of the signed 64-bit range"
 #: Fields whose grammar or registry a pattern cannot hold (see the module docstring).
-GRAMMARS = (["body", "cron"], ["body", "timezone"], ["query", "since"], ["query", "until"])
+GRAMMARS = (
+    ["body", "cron"],
+    ["body", "timezone"],
+    ["query", "since"],
+    ["query", "until"],
+)
+#: The memory store's refusal of a key its pattern allows (see the module docstring).
+MEMORY_KEY = ("memory.invalid", ["path", "key"])
 
 
 @schemathesis.check
@@ -65,6 +77,8 @@ def _stateful(response: Any, case: Any) -> bool:
         return True
     first = detail[0] if isinstance(detail, list) and detail else {}
     loc = first.get("loc") if isinstance(first, dict) else None
+    if (code, loc) == MEMORY_KEY:
+        return True
     if code != "request.invalid" or not isinstance(loc, list):
         return False
     if loc == ["query", "min_seq"] and first.get("msg") == "beyond the journal":

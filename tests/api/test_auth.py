@@ -32,6 +32,11 @@ PROTECTED = [
     ("DELETE", "/api/schedules/sched-x"),
     ("POST", "/api/schedules/sched-x/pause"),
     ("POST", "/api/schedules/sched-x/resume"),
+    ("GET", "/api/memory"),
+    ("GET", "/api/memory/notes"),
+    ("GET", "/api/memory/notes/search"),
+    ("GET", "/api/memory/notes/note-x"),
+    ("DELETE", "/api/memory/notes/note-x"),
     ("GET", "/api/tools"),
     ("GET", "/api/tools/approve"),  # {name}: the table test's stand-in for any name
     ("GET", "/readyz"),
@@ -55,6 +60,8 @@ def test_the_table_covers_every_route(client) -> None:
         .replace("{name}", "approve")
         .replace("{schedule_id}", "sched-x")
         .replace("{step_id}", "step-x")
+        .replace("{namespace}", "notes")
+        .replace("{key}", "note-x")
         for path in client.app.openapi()["paths"]
     }
     listed = {path for _, path in PROTECTED} | {"/healthz", "/api/meta"}

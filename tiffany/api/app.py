@@ -31,7 +31,16 @@ import tiffany
 from tiffany.api import openapi, problems, timing
 from tiffany.api.deps import ApiState
 from tiffany.api.middleware import RequestLog, TokenAuth
-from tiffany.api.routes import activity, meta, run_commands, runs, schedules, system, tools
+from tiffany.api.routes import (
+    activity,
+    memory,
+    meta,
+    run_commands,
+    runs,
+    schedules,
+    system,
+    tools,
+)
 from tiffany.api.schemas import (
     RerunRequest,
     ScheduleRequest,
@@ -118,6 +127,7 @@ def create_app(settings: Settings) -> FastAPI:
         runs.router,
         run_commands.router,  # the same prefix: a run's commands to the engine
         schedules.router,
+        memory.router,
         tools.router,
         activity.router,
         meta.router,

@@ -28,6 +28,7 @@ from tiffany.wire.control import AsyncControlClient
 
 if TYPE_CHECKING:
     from tiffany.api.engines import Engines
+    from tiffany.api.memory import MemoryAccess
 
 __all__ = [
     "MIN_SEQ_WAIT_S",
@@ -61,9 +62,14 @@ class ApiState:
     metrics: ApiMetrics
     #: The engines' control channels (``serve --engines N``).
     engines: Engines = field(init=False)
+    #: The agents' memory (``tiffany/api/memory.py``): one store, opened at its first call.
+    memory: MemoryAccess = field(init=False)
 
     def __post_init__(self) -> None:
         from tiffany.api.engines import Engines
+        from tiffany.api.memory import MemoryAccess
+
+        self.memory = MemoryAccess(self.settings)
         from tiffany.ports.commands import commands_for
 
         commands = commands_for(self.settings, self._owner)
@@ -112,6 +118,7 @@ class ApiState:
     async def close(self) -> None:
         """Close the store's connections (the app stops)."""
         await self.reads.close()
+        await self.memory.close()
 
 
 #: ``api/engines.py``'s name for one engine's mark, until its own marks go

@@ -5,6 +5,9 @@
   422 invalid command with ``detail`` ``[{"loc", "msg"}]``, 503 not ready
   with ``Retry-After``...); the engine itself knows nothing of HTTP;
 * :class:`~tiffany.errors.EngineUnavailable`: 503 with ``Retry-After``;
+* the memory's refusals (:mod:`tiffany.memory`): their table,
+  :data:`MEMORY_STATUS` (422 naming the field, as the request's ``path``,
+  ``query`` or ``body`` has it; 404 an unknown item; 429 a full namespace);
 * the body's :class:`~tiffany.api.body.BodyTooLarge` (413) and
   :class:`~tiffany.api.body.InvalidBody` (422), and any other
   :class:`~tiffany.wire.documents.DocumentError` (422, naming the path);
@@ -39,6 +42,9 @@ from tiffany.errors import (
     EngineUnavailable,
     InvalidCommand,
     MalformedCommand,
+    MemoryFull,
+    MemoryInvalid,
+    MemoryNotFound,
     Refusal,
     RunConflict,
     RunNotFound,
@@ -50,6 +56,7 @@ from tiffany.errors import (
 from tiffany.wire.documents import DocumentError
 
 __all__ = [
+    "MEMORY_STATUS",
     "REFUSAL_STATUS",
     "RETRY_AFTER_S",
     "AllowedMethods",
@@ -78,6 +85,15 @@ REFUSAL_STATUS: Final[dict[type[Refusal], int]] = {
     EngineFault: 500,
     EngineNotReady: 503,
     VerifyTimedOut: 504,
+}
+
+
+#: The HTTP status of each of the memory's refusals (``tiffany/memory``): the
+#: same rule, a table of its own (they are the store's, not the engine's).
+MEMORY_STATUS: Final[dict[type[TiffanyError], int]] = {
+    MemoryInvalid: 422,
+    MemoryNotFound: 404,
+    MemoryFull: 429,
 }
 
 
@@ -133,6 +149,32 @@ def _loc_msg(item: Any) -> Any:
         loc = [part for part in loc.replace("[", ".").replace("]", "").split(".") if part]
         loc = [int(p) if p.isdigit() else p for p in loc]
     return {**item, "loc": loc, "msg": str(item.get("msg", ""))}
+
+
+#: A memory refusal's field as the request names it, where the names differ.
+_MEMORY_PARAM: Final = {"query": "q"}
+
+
+async def _memory_refusal(request: Request, exc: Exception) -> JSONResponse:
+    """A memory refusal; a 422 names its field where the request had it (path, query, body)."""
+    assert isinstance(exc, TiffanyError)
+    status = next((MEMORY_STATUS[c] for c in type(exc).__mro__ if c in MEMORY_STATUS), 500)
+    body = exc.to_dict()
+    code, message = body.pop("code"), body.pop("message")
+    detail = body.pop("detail", None)
+    field = getattr(exc, "field", None)
+    if status == 422 and isinstance(field, str):
+        name = _MEMORY_PARAM.get(field, field)
+        where = (
+            "path"
+            if name in request.path_params
+            else "query"
+            if name in request.query_params
+            else "body"
+        )
+        detail = [{"loc": [where, name], "msg": message, "type": "value_error"}]
+        body["field"] = name
+    return error_response(status, code, message, detail, **body)
 
 
 async def _engine_unavailable(_request: Request, exc: Exception) -> JSONResponse:
@@ -282,6 +324,8 @@ async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
 def install(app: FastAPI) -> None:
     """Register the handlers on ``app`` (most specific first)."""
     app.add_exception_handler(Refusal, _refusal)
+    for memory_refusal in MEMORY_STATUS:
+        app.add_exception_handler(memory_refusal, _memory_refusal)
     app.add_exception_handler(EngineUnavailable, _engine_unavailable)
     app.add_exception_handler(BodyTooLarge, _too_large)
     app.add_exception_handler(InvalidBody, _invalid_body)

@@ -291,7 +291,7 @@ def main() -> None:
 
 def _register_subcommands() -> None:
     # Imported here so each command module can use ``app`` and ``_settings``.
-    from tiffany.cli import client, db, durable, export, run, schedule, serve, tools
+    from tiffany.cli import client, db, durable, export, memory, run, schedule, serve, tools
 
     durable.register(app)
     export.register(app)
@@ -300,6 +300,7 @@ def _register_subcommands() -> None:
     serve.register(app)
     client.register(app)
     schedule.register(app)
+    memory.register(app)
     tools.register(app)
 
 

@@ -9,7 +9,7 @@ code   name             meaning
                         cancelled or signalled, a WAL check that found damage)
 2      USAGE            bad input: an invalid plan, option, input or token, or
                         a tool module that does not import
-3      NOT_FOUND        no such run, tool or schedule
+3      NOT_FOUND        no such run, tool, schedule or memory item
 4      WAL_DAMAGED      the engine refuses a damaged WAL (``tiffany wal verify``,
                         ``tiffany wal repair``)
 5      UNAVAILABLE      nothing answers: no engine serves the data dir, or the
@@ -19,7 +19,8 @@ code   name             meaning
 =====  ===============  ==========================================================
 
 The engine's refusals (:class:`~tiffany.errors.Refusal`) map to these in
-one table, :data:`REFUSAL_EXITS`; the HTTP API's errors by their status
+one table, :data:`REFUSAL_EXITS`; the memory's (``tiffany/memory``) in
+:func:`for_memory`'s; the HTTP API's errors by their status
 (:func:`for_status`).
 """
 
@@ -33,22 +34,28 @@ from tiffany.errors import (
     EngineNotReady,
     InvalidCommand,
     MalformedCommand,
+    MemoryFull,
+    MemoryInvalid,
+    MemoryNotFound,
     Refusal,
     RunConflict,
     RunNotFound,
     SignalBytesHeldFull,
     SignalsHeldFull,
+    TiffanyError,
     VerifyTimedOut,
 )
 
 __all__ = [
     "FAILED",
     "INTERRUPTED",
+    "MEMORY_EXITS",
     "NOT_FOUND",
     "OK",
     "UNAVAILABLE",
     "USAGE",
     "WAL_DAMAGED",
+    "for_memory",
     "for_refusal",
     "for_status",
 ]
@@ -95,4 +102,21 @@ REFUSAL_EXITS: Final[dict[type, int]] = {
     EngineFault: FAILED,
     EngineNotReady: UNAVAILABLE,
     VerifyTimedOut: UNAVAILABLE,
+}
+
+
+def for_memory(exc: TiffanyError) -> int | None:
+    """The exit code for a refusal of the memory store; None if ``exc`` is none of them.
+
+    A bad namespace, key or query is bad input (2), an unknown item 3, a
+    full namespace a refusal (1).
+    """
+    return next((MEMORY_EXITS[c] for c in type(exc).__mro__ if c in MEMORY_EXITS), None)
+
+
+#: The exit code of each of the memory's refusals (a subclass takes its class's row).
+MEMORY_EXITS: Final[dict[type[TiffanyError], int]] = {
+    MemoryInvalid: USAGE,
+    MemoryNotFound: NOT_FOUND,
+    MemoryFull: FAILED,
 }

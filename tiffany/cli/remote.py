@@ -1,7 +1,7 @@
 """The CLI against a server's HTTP API: ``--url`` and ``--token``.
 
 ``submit``, ``status``, ``runs``, ``tail``, ``cancel``, ``signal``,
-``rerun`` and ``schedule ...`` take ``--url`` and ``--token`` (``TIFFANY_URL``,
+``rerun``, ``schedule ...`` and ``memory ...`` take ``--url`` and ``--token`` (``TIFFANY_URL``,
 ``TIFFANY_API_TOKEN``); given a URL, they go through the
 Python SDK (:class:`tiffany.Client`) to that server instead of the local
 engine's control socket. Their output is the same either way, and so are

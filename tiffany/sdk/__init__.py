@@ -11,9 +11,11 @@ Public API (also importable from ``tiffany`` itself)::
 
 Methods: ``submit``, ``get``, ``list``, ``wait``, ``cancel``, ``signal``,
 ``rerun``, ``events`` (the activity feed, resumable), ``records`` (a run's
-journal). Answers are pydantic models (:mod:`tiffany.sdk.models`); error
-answers raise :class:`~tiffany.sdk.errors.ApiError` subclasses carrying the
-API's ``code``, ``message``, ``detail`` and field errors. See docs/sdk.md.
+journal); the agents' memory: ``memory_namespaces``, ``memory_items``,
+``memory_search``, ``memory_get``, ``memory_delete``. Answers are pydantic
+models (:mod:`tiffany.sdk.models`); error answers raise
+:class:`~tiffany.sdk.errors.ApiError` subclasses carrying the API's ``code``,
+``message``, ``detail`` and field errors. See docs/sdk.md.
 
 The SDK imports only httpx, websockets and pydantic: never the server's
 modules.
@@ -38,6 +40,12 @@ from tiffany.sdk.models import (
     CancelAnswer,
     Event,
     FeedGap,
+    MemoryDeleted,
+    MemoryItem,
+    MemoryItemDetail,
+    MemoryItems,
+    MemoryNamespaces,
+    MemorySearch,
     RunDetail,
     RunEvents,
     RunList,
@@ -66,6 +74,12 @@ __all__ = [
     "FeedGap",
     "FieldError",
     "InvalidRequest",
+    "MemoryDeleted",
+    "MemoryItem",
+    "MemoryItemDetail",
+    "MemoryItems",
+    "MemoryNamespaces",
+    "MemorySearch",
     "NotFound",
     "PayloadTooLarge",
     "RunDetail",

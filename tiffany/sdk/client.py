@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
@@ -29,6 +30,11 @@ from tiffany.sdk.models import (
     CancelAnswer,
     Event,
     FeedGap,
+    MemoryDeleted,
+    MemoryItemDetail,
+    MemoryItems,
+    MemoryNamespaces,
+    MemorySearch,
     RunDetail,
     RunEvents,
     RunList,
@@ -314,6 +320,64 @@ class Client:
         response = self._request("DELETE", protocol.schedule_path(schedule_id))
         if response.status_code >= 400:
             protocol.raise_for(response)
+
+    # -- the agents' memory -------------------------------------------------------------
+
+    def memory_namespaces(self) -> MemoryNamespaces:
+        """The memory's namespaces that hold items (``.namespaces``: name, items, bytes)."""
+        return protocol.answer(self._request("GET", "/api/memory"), MemoryNamespaces)
+
+    def memory_items(
+        self, namespace: str, *, after: str | None = None, limit: int = 50
+    ) -> MemoryItems:
+        """A page of ``namespace``'s items, by key; the next with ``after=page.next``.
+
+        Raises:
+            InvalidRequest: A bad namespace or limit (``errors`` name it).
+        """
+        params = protocol.memory_items_params(after, limit)
+        path = protocol.memory_path(namespace)
+        return protocol.answer(self._request("GET", path, params=params), MemoryItems)
+
+    def memory_search(
+        self, namespace: str, q: str, k: int = 10, *, mode: str = "hybrid"
+    ) -> MemorySearch:
+        """The ``k`` items of ``namespace`` that best match ``q``, best first, with their scores.
+
+        ``mode``: ``hybrid`` (full-text and vectors), ``text`` or ``vector``.
+
+        Raises:
+            InvalidRequest: An empty or too long ``q``, ``k`` out of 1..100, a bad namespace.
+        """
+        params = protocol.memory_search_params(q, k, mode)
+        path = protocol.memory_path(namespace, "search")
+        return protocol.answer(self._request("GET", path, params=params), MemorySearch)
+
+    def memory_get(self, namespace: str, key: str, *, depth: int = 1) -> MemoryItemDetail:
+        """An item with its links, versions and neighbours (followed ``depth`` links away).
+
+        Raises:
+            NotFound: No such item.
+        """
+        path = protocol.memory_path(namespace, key)
+        response = self._request("GET", path, params={"depth": depth})
+        return protocol.answer(response, MemoryItemDetail)
+
+    def memory_delete(
+        self, namespace: str, key: str, *, idempotency_key: str | None = None
+    ) -> MemoryDeleted:
+        """Delete an item, exactly once: under ``idempotency_key`` (a new one if not given).
+
+        The key makes the request safe to send again (the client does, when
+        the connection broke): the server answers the first deletion's result.
+
+        Raises:
+            NotFound: No such item.
+            Conflict: ``idempotency_key`` named another write already.
+        """
+        headers = {"Idempotency-Key": idempotency_key or f"sdk-{uuid.uuid4()}"}
+        path = protocol.memory_path(namespace, key)
+        return protocol.answer(self._request("DELETE", path, headers=headers), MemoryDeleted)
 
     def records(self, run_id: str, after: int = 0, limit: int = 200) -> RunEvents:
         """A page of the run's journal records, decoded (``after``: the previous ``next_after``)."""

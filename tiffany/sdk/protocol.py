@@ -47,6 +47,9 @@ __all__ = [
     "auth_headers",
     "feed_url",
     "foreign",
+    "memory_items_params",
+    "memory_path",
+    "memory_search_params",
     "plan_body",
     "raise_for",
     "read_frame",
@@ -135,6 +138,25 @@ def run_path(run_id: str, *rest: str) -> str:
 def schedule_path(schedule_id: str, *rest: str) -> str:
     """The path ``/api/schedules/{schedule_id}/...``, each part encoded as :func:`run_path` does."""
     return "/".join(["/api/schedules", *(_segment(part) for part in (schedule_id, *rest))])
+
+
+def memory_path(namespace: str, *rest: str) -> str:
+    """The path ``/api/memory/{namespace}/...``, each part encoded as :func:`run_path` does.
+
+    A key is one segment whatever it holds: its ``/`` travels as ``%2F``
+    and the server takes the rest of the path as the key.
+    """
+    return "/".join(["/api/memory", *(_segment(part) for part in (namespace, *rest))])
+
+
+def memory_search_params(q: str, k: int, mode: str) -> dict[str, Any]:
+    """The query of ``GET /api/memory/{namespace}/search``."""
+    return {"q": q, "k": k, "mode": mode}
+
+
+def memory_items_params(after: str | None, limit: int) -> dict[str, Any]:
+    """The query of ``GET /api/memory/{namespace}``: ``limit``, and ``after`` when given."""
+    return {"limit": limit, **({"after": after} if after is not None else {})}
 
 
 def schedule_body(

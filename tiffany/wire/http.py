@@ -42,6 +42,19 @@ __all__ = [
     "ConcurrencySpec",
     "ErrorBody",
     "JournalRecordOut",
+    "MemoryDeleted",
+    "MemoryEmbedder",
+    "MemoryHit",
+    "MemoryItem",
+    "MemoryItemDetail",
+    "MemoryItems",
+    "MemoryLink",
+    "MemoryNamespace",
+    "MemoryNamespaces",
+    "MemoryNeighbor",
+    "MemoryRef",
+    "MemorySearch",
+    "MemoryVersion",
     "Plan",
     "Readiness",
     "RerunRequest",
@@ -531,6 +544,144 @@ class ScheduleList(BaseModel):
     next_after: str | None = Field(
         description="Pass as ``after`` for the next page; null on the last page."
     )
+
+
+# -- memory ----------------------------------------------------------------------------
+#
+# The MemoryStore's answers (``tiffany/memory``, docs/memory.md) as the API
+# serves them: items in namespaces, their versions and links, search hits.
+# Times are ISO-8601 UTC strings, as the store gives them. The models the
+# store lets grow allow extra fields.
+
+
+class MemoryNamespace(_Open):
+    """A namespace of the memory: how many items and bytes it holds, when it last changed."""
+
+    namespace: str
+    items: int
+    bytes: int = 0
+    updated_at: str | None = None
+
+
+class MemoryNamespaces(BaseModel):
+    """Every namespace that holds items."""
+
+    namespaces: list[MemoryNamespace]
+
+
+class MemoryEmbedder(_Open):
+    """The embedder that made a search's vectors (``kind`` says what it is: a model or offline)."""
+
+    id: str
+    dims: int
+    kind: str
+
+
+class MemoryRef(_Open):
+    """An item's address: its namespace and key."""
+
+    namespace: str
+    key: str
+
+
+class MemoryItem(_Open):
+    """An item of the memory: its JSON value, the text indexed, and the run step that wrote it."""
+
+    namespace: str
+    key: str
+    value: Any = None
+    text: str | None = None
+    version: int = 1
+    created_at: str | None = None
+    updated_at: str | None = None
+    run_id: str | None = Field(default=None, description="The run that wrote it (null: not a run).")
+    step_id: str | None = None
+    expires_at: str | None = Field(default=None, description="When it expires (null: never).")
+
+
+class MemoryItems(BaseModel):
+    """A page of a namespace's items, by key."""
+
+    items: list[MemoryItem]
+    next: str | None = Field(
+        default=None, description="Pass as ``after`` for the next page; null on the last page."
+    )
+
+
+class MemoryHit(MemoryItem):
+    """A search hit: an item and its score (higher is better)."""
+
+    score: float
+
+
+class MemorySearch(_Open):
+    """A search's hits, best first, with how they were found."""
+
+    items: list[MemoryHit]
+    mode: str = Field(
+        description="``hybrid`` (full-text and vector, fused), ``text`` or ``vector``."
+    )
+    embedder: MemoryEmbedder | None = None
+    as_of: int | None = Field(default=None, description="The store's write sequence searched.")
+
+
+class MemoryVersion(_Open):
+    """One version of an item (a write, or its deletion), oldest first."""
+
+    version: int
+    value: Any = None
+    text: str | None = None
+    op: str | None = Field(default=None, description="The write's exactly-once key.")
+    run_id: str | None = None
+    step_id: str | None = None
+    at: str | None = None
+    deleted: bool = False
+
+
+class MemoryLink(_Open):
+    """A link between two items: ``subject`` --``relation``--> ``object``."""
+
+    subject: MemoryRef
+    relation: str
+    object: MemoryRef
+    props: Any = None
+    op: str | None = None
+    at: str | None = None
+
+
+class MemoryNeighbor(_Open):
+    """An item reached from another along links (``direction``: along the link, or against it)."""
+
+    namespace: str
+    key: str
+    relation: str
+    direction: Literal["out", "in"]
+    depth: int = 1
+    value: Any = None
+
+
+class MemoryItemDetail(MemoryItem):
+    """An item with its links, its versions and its neighbours."""
+
+    links: list[MemoryLink] = Field(
+        default_factory=list, description="Its links either way, oldest first (the first 200)."
+    )
+    link_count: int | None = Field(default=None, description="How many links it has in all.")
+    history: list[MemoryVersion] = Field(
+        default_factory=list, description="Its versions, oldest first (the newest 100)."
+    )
+    versions: int | None = Field(default=None, description="How many versions it has in all.")
+    neighbors: list[MemoryNeighbor] = Field(default_factory=list)
+
+
+class MemoryDeleted(_Open):
+    """A deletion, done (or repeated with its Idempotency-Key: the first one's answer)."""
+
+    namespace: str
+    key: str
+    deleted: bool
+    op: str = Field(description="The deletion's exactly-once key (``api:<Idempotency-Key>``).")
+    store_seq: int | None = None
 
 
 class Vocabulary(BaseModel):

@@ -4,6 +4,7 @@
 // in the URL hash:
 //   #/                      overview (submit form)
 //   #/schedules, #/tools    the schedules; the engine's tools
+//   #/memory[/<ns>[/<key>]][?search=…]   the agents' memory (memory.js)
 //   #/inbox                 the runs that need someone (inbox.js)
 //   #/run/<run_id>?status=failed&tail=<run_id>&name=nightly&q=ticket&since=2024-05-01T09:00
 // (`since`/`until` are local date-times, as the date inputs show them).
@@ -14,6 +15,7 @@ import { adoptTokenFromUrl, api, ApiError, Feed, getToken, onUnauthorized, setTo
 import { $, fill, h, runNo, toast } from "./dom.js";
 import { Inbox, touchesWaits } from "./inbox.js";
 import { Live } from "./live.js";
+import { MemoryPage } from "./memory.js";
 import { RunPage } from "./runpage.js";
 import { RunsPane } from "./runs.js";
 import { SchedulesPage } from "./schedules.js";
@@ -37,20 +39,40 @@ function readRoute() {
   const [path, query = ""] = raw.split("?");
   const q = new URLSearchParams(query);
   const m = path.match(/^\/run\/(.+)$/);
+  // A namespace and a key are one segment each, encoded (a key may hold "/").
+  const mem = path.match(/^\/memory(?:\/([^/]+)(?:\/([^/]+))?)?\/?$/);
   const pages = { "/new": "new", "/schedules": "schedules", "/tools": "tools", "/inbox": "inbox" };
   return {
-    view: m ? "run" : pages[path] || "home",
+    view: m ? "run" : mem ? "memory" : pages[path] || "home",
     runId: m ? decodeURIComponent(m[1]) : null,
+    memNs: mem && mem[1] ? safeDecode(mem[1]) : null,
+    memKey: mem && mem[2] ? safeDecode(mem[2]) : null,
+    search: (mem && q.get("search")) || null,
     status: q.get("status") || null,
     tail: q.get("tail") || null,
     ...Object.fromEntries(FILTERS.map((k) => [k, q.get(k) || null])),
   };
 }
 
+/** A hash segment decoded (a hand-typed stray "%" is taken as it is). */
+function safeDecode(text) {
+  try {
+    return decodeURIComponent(text);
+  } catch {
+    return text;
+  }
+}
+
 function routeHash(r) {
   const page = { new: "/new", schedules: "/schedules", tools: "/tools", inbox: "/inbox" }[r.view];
-  const path = r.runId ? `/run/${encodeURIComponent(r.runId)}` : page || "/";
+  let path = r.runId ? `/run/${encodeURIComponent(r.runId)}` : page || "/";
+  if (r.view === "memory") {
+    path = "/memory";
+    if (r.memNs != null) path += `/${encodeURIComponent(r.memNs)}`;
+    if (r.memNs != null && r.memKey != null) path += `/${encodeURIComponent(r.memKey)}`;
+  }
   const q = new URLSearchParams();
+  if (r.view === "memory" && r.search) q.set("search", r.search);
   if (r.status) q.set("status", r.status);
   if (r.tail) q.set("tail", r.tail);
   for (const k of FILTERS) if (r[k]) q.set(k, r[k]);
@@ -62,6 +84,7 @@ function routeHash(r) {
 function navigate(patch, { replace = false } = {}) {
   const next = { ...readRoute(), ...patch };
   if (patch.view && patch.view !== "run") next.runId = null;
+  if (patch.view && patch.view !== "memory") Object.assign(next, { memNs: null, memKey: null, search: null });
   const hash = routeHash(next);
   if (hash === location.hash) return;
   if (replace) {
@@ -119,9 +142,10 @@ const main = $("#main");
 const created = new Map();
 
 let other = null; // the open schedules page
+let memoryPage = null; // the open memory page
 let shownView = null; // the view the main area shows
 
-const NAV = { home: "nav-runs", new: "nav-runs", run: "nav-runs", schedules: "nav-schedules", tools: "nav-tools" };
+const NAV = { home: "nav-runs", new: "nav-runs", run: "nav-runs", schedules: "nav-schedules", tools: "nav-tools", memory: "nav-memory" };
 
 function onRoute() {
   const r = readRoute();
@@ -138,8 +162,23 @@ function onRoute() {
     other.destroy();
     other = null;
   }
+  if (memoryPage && r.view !== "memory") {
+    memoryPage.destroy();
+    memoryPage = null;
+  }
   if (r.view !== "inbox") waitingInbox.unmount();
-  if (r.view === "inbox") {
+  if (r.view === "memory") {
+    if (page) page.destroy();
+    page = null;
+    pageRunId = null;
+    if (!memoryPage) {
+      const root = h("div", { class: "page" });
+      fill(main, root);
+      memoryPage = new MemoryPage(root, { onError: reportError });
+    }
+    memoryPage.show(r);
+    document.title = r.memKey != null ? `Tiffany · ${r.memNs} / ${r.memKey}` : r.memNs != null ? `Tiffany · memory ${r.memNs}` : "Tiffany · memory";
+  } else if (r.view === "inbox") {
     if (page) page.destroy();
     page = null;
     pageRunId = null;

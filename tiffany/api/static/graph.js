@@ -27,8 +27,8 @@ export const GRAPH_MAX_STEPS = 400;
 /** Barycenter passes that order each column by where its parents are. */
 const ORDER_PASSES = 2;
 
-/** An SVG element: svg("rect", {x: 1, class: "n"}, ...children). */
-function svg(tag, attrs = null, ...children) {
+/** An SVG element: svg("rect", {x: 1, class: "n"}, ...children) (memory.js draws with it too). */
+export function svg(tag, attrs = null, ...children) {
   const el = document.createElementNS(SVG, tag);
   for (const [k, v] of Object.entries(attrs || {})) {
     if (v == null || v === false) continue;

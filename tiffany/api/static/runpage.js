@@ -35,6 +35,9 @@
 // feed's, live; every one after "Verify replay"); a failed workflow run is
 // re-run from its failed call ("Re-run from failure"), and, once verified,
 // from any of its calls ("Re-run from tool_2"): a fork of its journal.
+// A run whose steps (or a workflow's calls) use the memory (`memory.*`
+// tools) has a Memory card: what each of them read or wrote, each item
+// linked to its page (memory.js).
 
 import { api, ApiError, rerunRun, runWaits, sendSignal } from "./api.js";
 import {
@@ -61,6 +64,7 @@ import {
 } from "./dom.js";
 import { Conversations, renderConversation } from "./conversation.js";
 import { renderGraph } from "./graph.js";
+import { memoryOfRun, renderRunMemory } from "./memory.js";
 import { waitLabel } from "./inbox.js";
 import { Journal } from "./journal.js";
 import { mergeTasks, treeOrder } from "./live.js";
@@ -162,6 +166,9 @@ export class RunPage {
     this.callsEl = h("div", { class: "workflow-calls", testid: "workflow-calls" });
     this.workflowCard = card("Workflow", h("div", null, this.workflowEl, this.callsEl), "workflow-card", "a @workflow function: its tasks' calls and the signals they wait for");
     this.workflowCard.hidden = true;
+    this.memoryEl = h("div", { class: "run-memory-body" });
+    this.memoryCard = card("Memory", this.memoryEl, "memory-card", "what its memory.* steps read and wrote; click an item to open it");
+    this.memoryCard.hidden = true;
     const journalEl = h("div", { class: "journal-wrap" });
     fill(
       this.root,
@@ -176,6 +183,7 @@ export class RunPage {
         this.talkEl,
         card("Timeline", this.timelineEl, "timeline-card"),
         h("div", { class: "two-col" }, this.tasksCard, this.stepsCard),
+        this.memoryCard,
         card("Inputs and outputs", this.ioEl, "io-card"),
         card("Journal", journalEl, "journal-card", "decoded WAL records; click a row for its payload"),
       ),
@@ -406,7 +414,17 @@ export class RunPage {
     this.renderTree(rows, now, failedSteps);
     this.renderTask(tasks);
     if (!workflow) this.renderSteps(d, tasks);
+    this.renderMemory(memoryOfRun(d));
     this.renderErrorAndIo(d);
+  }
+
+  /** The Memory card: the rows of memoryOfRun (hidden when the run has no memory step). */
+  renderMemory(rows) {
+    const sig = JSON.stringify(rows);
+    if (sig === this.memorySig) return; // nothing new: keep the DOM
+    this.memorySig = sig;
+    this.memoryCard.hidden = !rows.length;
+    if (rows.length) renderRunMemory(this.memoryEl, rows);
   }
 
   /** Show the cards of a workflow run (true) or of a plan run (false). */
