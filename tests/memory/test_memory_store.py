@@ -567,9 +567,15 @@ def test_common_words_act_as_stop_words_and_bound_the_scoring(
     # "tea" is in 7 items (common), "zanzibar" in 1: the rare word decides.
     found = store.search("notes", "tea zanzibar", k=5, mode="text")["items"]
     assert [i["key"] for i in found] == ["rare"]
-    # Common words only: the newest 3 items holding one are scored.
+    # Common words only: the newest items holding one, newest first, unscored.
     found = store.search("notes", "tea note", k=5, mode="text")["items"]
-    assert sorted(i["key"] for i in found) == ["k4", "k5", "rare"]
+    assert [(i["key"], i["score"]) for i in found] == [
+        ("rare", 0.0),
+        ("k5", 0.0),
+        ("k4", 0.0),
+        ("k3", 0.0),
+        ("k2", 0.0),
+    ]
     # A word in no item is no word: the others decide.
     found = store.search("notes", "zanzibar nowhere", k=5, mode="text")["items"]
     assert [i["key"] for i in found] == ["rare"]

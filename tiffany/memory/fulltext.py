@@ -21,9 +21,10 @@ the namespace on PostgreSQL); the rarer words
 are OR-ed, rarest first, while their matches together stay under
 :data:`SCORED_MATCHES`, and all of their matches are scored. Words found in
 more items than that act as stop words while rarer ones exist; a query of
-common words only scores the newest :data:`SCORED_MATCHES` items holding
-any of them. A rare word, a needle, is always searched; a query's cost is
-bounded either way.
+common words only answers the newest items holding any of them, newest
+first, unscored (score 0): scoring common words costs what it saves (bm25's
+IDF walks each word's whole doclist). A rare word, a needle, is always
+searched; a query's cost is bounded either way.
 """
 
 from __future__ import annotations
@@ -98,8 +99,8 @@ class FullText:
     ) -> list[tuple[str, float]]:
         """The ``n`` best live items holding any of ``words``: ``(key, score)``.
 
-        ``rare``: the words' matches are few (all of them are scored); else
-        the newest :data:`SCORED_MATCHES` items that hold one are.
+        ``rare``: the words' matches are few, and all are scored; else the
+        newest items that hold one, newest first, unscored (score 0).
         """
         raise NotImplementedError
 
@@ -167,31 +168,31 @@ class SqliteFullText(FullText):
     ) -> list[tuple[str, float]]:
         """The ``n`` best live items holding any of ``words`` (``rare``: all scored)."""
         # bm25() counts, once per query, the rows that hold each phrase (its
-        # IDF): the nsid phrase's rows are the whole namespace, 8 ms at
-        # 100,000. Rare words' matches are few: they are scored without it,
-        # and the join keeps the namespace's. Common words: the newest
-        # SCORED_MATCHES of the namespace (FTS5 scores only the rows it
-        # returns when not ordered by rank).
+        # IDF): a common word's rows are many, and the nsid phrase's are the
+        # whole namespace (8 ms at 100,000). Rare words' matches are few:
+        # they are scored without nsid, and the join keeps the namespace's.
+        # Common words only: the namespace's newest items holding one,
+        # unscored (FTS5 walks its doclists from the newest rowid and stops).
         if rare:
             inner = "SELECT rowid, bm25(mem_fts, 0.0, 1.0) AS r FROM mem_fts WHERE mem_fts MATCH :q"
-            match = self._match(None, words)
+            match, order = self._match(None, words), "f.r, i.key"
         else:
             inner = (
-                "SELECT rowid, bm25(mem_fts, 0.0, 1.0) AS r FROM mem_fts"
-                " WHERE mem_fts MATCH :q ORDER BY rowid DESC LIMIT :scored"
+                "SELECT rowid, 0.0 AS r FROM mem_fts"
+                " WHERE mem_fts MATCH :q ORDER BY rowid DESC LIMIT :n"
             )
-            match = self._match(ns, words)
+            match, order = self._match(ns, words), "i.id DESC"
         rows = conn.execute(
             text(
                 f"SELECT i.key, f.r FROM ({inner}) AS f"
                 " JOIN mem_items i ON i.id = f.rowid"
                 " WHERE i.namespace = :ns AND (i.expires_at IS NULL OR i.expires_at > :now)"
-                " ORDER BY f.r, i.key LIMIT :n"
+                f" ORDER BY {order} LIMIT :n"
             ),
-            {"q": match, "scored": SCORED_MATCHES, "ns": ns, "now": at, "n": n},
+            {"q": match, "ns": ns, "now": at, "n": n},
         ).all()
         # bm25() is lower-better and negative: its negation is the score.
-        return [(key, -float(rank)) for key, rank in rows]
+        return [(key, 0.0 - float(rank)) for key, rank in rows]
 
 
 class PostgresFullText(FullText):
@@ -234,19 +235,26 @@ class PostgresFullText(FullText):
     def ranked(
         self, conn: Connection, ns: str, words: list[str], rare: bool, n: int, at: float
     ) -> list[tuple[str, float]]:
-        """The ``n`` best live items holding any of ``words`` (of the newest scored)."""
-        rows = conn.execute(
-            text(
+        """The ``n`` best live items holding any of ``words`` (``rare``: all scored)."""
+        if rare:
+            statement = (
                 "SELECT i.key, ts_rank_cd(f.tsv, q) AS r"
-                " FROM (SELECT item_id, tsv FROM mem_fts"
-                "  WHERE namespace = :ns AND tsv @@ to_tsquery('simple', :q)"
-                "  ORDER BY item_id DESC LIMIT :scored) AS f"
-                " JOIN mem_items i ON i.id = f.item_id,"
+                " FROM mem_fts f JOIN mem_items i ON i.id = f.item_id,"
                 " to_tsquery('simple', :q) q"
-                " WHERE i.expires_at IS NULL OR i.expires_at > :now"
+                " WHERE f.namespace = :ns AND f.tsv @@ q"
+                " AND (i.expires_at IS NULL OR i.expires_at > :now)"
                 " ORDER BY r DESC, i.key LIMIT :n"
-            ),
-            {"q": fts_query_pg(words), "ns": ns, "scored": SCORED_MATCHES, "now": at, "n": n},
+            )
+        else:
+            # Common words only: the newest items holding one, unscored (as on SQLite).
+            statement = (
+                "SELECT i.key, 0.0 AS r FROM mem_fts f JOIN mem_items i ON i.id = f.item_id"
+                " WHERE f.namespace = :ns AND f.tsv @@ to_tsquery('simple', :q)"
+                " AND (i.expires_at IS NULL OR i.expires_at > :now)"
+                " ORDER BY i.id DESC LIMIT :n"
+            )
+        rows = conn.execute(
+            text(statement), {"q": fts_query_pg(words), "ns": ns, "now": at, "n": n}
         ).all()
         return [(key, float(rank)) for key, rank in rows]
 
