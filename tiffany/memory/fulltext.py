@@ -196,23 +196,29 @@ class SqliteFullText(FullText):
 
 
 class PostgresFullText(FullText):
-    """``mem_fts(item_id, namespace, tsv)``, GIN on ``tsv``."""
+    """``mem_fts(item_id, namespace, tsv)``, GIN on ``tsv``.
+
+    ``tsv`` holds the namespace's token (:func:`namespace_token`) beside the
+    text's words, and every query matches it: the GIN index then finds the
+    namespace's matches alone. (With the namespace as a column filter the
+    planner walked the namespace's rows by its index and tested each
+    ``tsvector``: 100 ms at 10,000 items.) Ranks use the words only.
+    """
+
+    _TSV = "to_tsvector('simple', :text) || to_tsvector('simple', :nsid)"
 
     def insert(self, conn: Connection, item_id: int, ns: str, body: str) -> None:
         """Index a new item's text."""
         conn.execute(
-            text(
-                "INSERT INTO mem_fts (item_id, namespace, tsv)"
-                " VALUES (:id, :ns, to_tsvector('simple', :text))"
-            ),
-            {"id": item_id, "ns": ns, "text": body},
+            text(f"INSERT INTO mem_fts (item_id, namespace, tsv) VALUES (:id, :ns, {self._TSV})"),
+            {"id": item_id, "ns": ns, "text": body, "nsid": namespace_token(ns)},
         )
 
     def update(self, conn: Connection, item_id: int, ns: str, body: str) -> None:
         """Index an item's new text in place of its old."""
         conn.execute(
-            text("UPDATE mem_fts SET tsv = to_tsvector('simple', :text) WHERE item_id = :id"),
-            {"id": item_id, "text": body},
+            text(f"UPDATE mem_fts SET tsv = {self._TSV} WHERE item_id = :id"),
+            {"id": item_id, "text": body, "nsid": namespace_token(ns)},
         )
 
     def delete(self, conn: Connection, ids: list[int]) -> None:
@@ -223,10 +229,14 @@ class PostgresFullText(FullText):
         for start in range(0, len(ids), 500):
             conn.execute(statement, {"ids": ids[start : start + 500]})
 
+    def matches(self, conn: Connection, ns: str, words: list[str], cap: int) -> list[int]:
+        """How many of the namespace's items hold each word, counted up to ``cap``."""
+        return super().matches(conn, namespace_token(ns), words, cap)
+
     def _one_word(self, i: int) -> str:
         return (
-            "SELECT 1 FROM mem_fts WHERE namespace = :ns"
-            f" AND tsv @@ to_tsquery('simple', :q{i}) LIMIT :cap"
+            "SELECT 1 FROM mem_fts WHERE tsv @@"
+            f" (to_tsquery('simple', :ns) && to_tsquery('simple', :q{i})) LIMIT :cap"
         )
 
     def _word_query(self, ns: str, word: str) -> str:
@@ -241,7 +251,7 @@ class PostgresFullText(FullText):
                 "SELECT i.key, ts_rank_cd(f.tsv, q) AS r"
                 " FROM mem_fts f JOIN mem_items i ON i.id = f.item_id,"
                 " to_tsquery('simple', :q) q"
-                " WHERE f.namespace = :ns AND f.tsv @@ q"
+                " WHERE f.tsv @@ (to_tsquery('simple', :nsid) && q)"
                 " AND (i.expires_at IS NULL OR i.expires_at > :now)"
                 " ORDER BY r DESC, i.key LIMIT :n"
             )
@@ -249,13 +259,12 @@ class PostgresFullText(FullText):
             # Common words only: the newest items holding one, unscored (as on SQLite).
             statement = (
                 "SELECT i.key, 0.0 AS r FROM mem_fts f JOIN mem_items i ON i.id = f.item_id"
-                " WHERE f.namespace = :ns AND f.tsv @@ to_tsquery('simple', :q)"
+                " WHERE f.tsv @@ (to_tsquery('simple', :nsid) && to_tsquery('simple', :q))"
                 " AND (i.expires_at IS NULL OR i.expires_at > :now)"
                 " ORDER BY i.id DESC LIMIT :n"
             )
-        rows = conn.execute(
-            text(statement), {"q": fts_query_pg(words), "ns": ns, "now": at, "n": n}
-        ).all()
+        params = {"q": fts_query_pg(words), "nsid": namespace_token(ns), "now": at, "n": n}
+        rows = conn.execute(text(statement), params).all()
         return [(key, float(rank)) for key, rank in rows]
 
 
