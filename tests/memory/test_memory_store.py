@@ -552,3 +552,30 @@ def test_a_store_from_settings(tmp_path: Path) -> None:
             store.put(NS, "b", "two", op="s2")
     finally:
         store.close()
+
+
+def test_common_words_act_as_stop_words_and_bound_the_scoring(
+    store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tiffany.memory import fulltext
+
+    monkeypatch.setattr(fulltext, "COMMON_MATCHES", 2)
+    monkeypatch.setattr(fulltext, "SCORED_MATCHES", 3)
+    for i in range(6):
+        store.put("notes", f"k{i}", f"tea note number {i}", op=f"p{i}")
+    store.put("notes", "rare", "tea from zanzibar", op="p-rare")
+    # "tea" is in 7 items (common), "zanzibar" in 1: the rare word decides.
+    found = store.search("notes", "tea zanzibar", k=5, mode="text")["items"]
+    assert [i["key"] for i in found] == ["rare"]
+    # Common words only: the newest items holding one, newest first, unscored.
+    found = store.search("notes", "tea note", k=5, mode="text")["items"]
+    assert [(i["key"], i["score"]) for i in found] == [
+        ("rare", 0.0),
+        ("k5", 0.0),
+        ("k4", 0.0),
+        ("k3", 0.0),
+        ("k2", 0.0),
+    ]
+    # A word in no item is no word: the others decide.
+    found = store.search("notes", "zanzibar nowhere", k=5, mode="text")["items"]
+    assert [i["key"] for i in found] == ["rare"]

@@ -15,12 +15,16 @@ best ``n`` items of a namespace for a query's words, scored by ``bm25()``
 
 Which words score (the cost of a ranked query is one score per matching
 item, about a microsecond each: a query with a word found in most of
-100,000 items took 140 ms): each word's matches in the namespace are
-counted up to :data:`COMMON_MATCHES` (cheap: no score); the rarer words
+100,000 items took 140 ms): each word's matches are counted up to
+:data:`COMMON_MATCHES` (cheap: no score; in the whole index on SQLite, in
+the namespace on PostgreSQL); the rarer words
 are OR-ed, rarest first, while their matches together stay under
-:data:`SCORED_MATCHES`. Words found in more items than that act as stop
-words while rarer ones exist; a query of common words only must match
-all of them (AND). A rare word, a needle, is always searched.
+:data:`SCORED_MATCHES`, and all of their matches are scored. Words found in
+more items than that act as stop words while rarer ones exist; a query of
+common words only answers the newest items holding any of them, newest
+first, unscored (score 0): scoring common words costs what it saves (bm25's
+IDF walks each word's whole doclist). A rare word, a needle, is always
+searched; a query's cost is bounded either way.
 """
 
 from __future__ import annotations
@@ -91,9 +95,13 @@ class FullText:
         raise NotImplementedError
 
     def ranked(
-        self, conn: Connection, ns: str, words: list[str], every: bool, n: int, at: float
+        self, conn: Connection, ns: str, words: list[str], rare: bool, n: int, at: float
     ) -> list[tuple[str, float]]:
-        """The ``n`` best live items holding any (``every``: all) of ``words``: ``(key, score)``."""
+        """The ``n`` best live items holding any of ``words``: ``(key, score)``.
+
+        ``rare``: the words' matches are few, and all are scored; else the
+        newest items that hold one, newest first, unscored (score 0).
+        """
         raise NotImplementedError
 
     def ranks(
@@ -112,10 +120,10 @@ class FullText:
             chosen.append(word)
             total += count
         if chosen:
-            return self.ranked(conn, ns, chosen, False, n, at)
+            return self.ranked(conn, ns, chosen, True, n, at)
         common = [w for c, w in counted if c > COMMON_MATCHES]
         if common:
-            return self.ranked(conn, ns, common, True, n, at)
+            return self.ranked(conn, ns, common, False, n, at)
         return []
 
 
@@ -143,53 +151,74 @@ class SqliteFullText(FullText):
             conn.execute(statement, {"ids": ids[start : start + 500]})
 
     @staticmethod
-    def _match(ns: str, words: list[str], every: bool) -> str:
-        joined = fts_query_sqlite(words, conjunction="AND" if every else "OR")
-        return f'nsid : "{namespace_token(ns)}" AND text : ({joined})'
+    def _match(ns: str | None, words: list[str]) -> str:
+        joined = f"text : ({fts_query_sqlite(words)})"
+        return joined if ns is None else f'nsid : "{namespace_token(ns)}" AND {joined}'
 
     def _one_word(self, i: int) -> str:
         return f"SELECT rowid FROM mem_fts WHERE mem_fts MATCH :q{i} LIMIT :cap"
 
     def _word_query(self, ns: str, word: str) -> str:
-        return self._match(ns, [word], False)
+        # Counted over the whole index: with the nsid token in the query the
+        # count walks the namespace's doclist (a millisecond at 100,000).
+        return self._match(None, [word])
 
     def ranked(
-        self, conn: Connection, ns: str, words: list[str], every: bool, n: int, at: float
+        self, conn: Connection, ns: str, words: list[str], rare: bool, n: int, at: float
     ) -> list[tuple[str, float]]:
-        """The ``n`` best live items holding any (``every``: all) of ``words``."""
+        """The ``n`` best live items holding any of ``words`` (``rare``: all scored)."""
+        # bm25() counts, once per query, the rows that hold each phrase (its
+        # IDF): a common word's rows are many, and the nsid phrase's are the
+        # whole namespace (8 ms at 100,000). Rare words' matches are few:
+        # they are scored without nsid, and the join keeps the namespace's.
+        # Common words only: the namespace's newest items holding one,
+        # unscored (FTS5 walks its doclists from the newest rowid and stops).
+        if rare:
+            inner = "SELECT rowid, bm25(mem_fts, 0.0, 1.0) AS r FROM mem_fts WHERE mem_fts MATCH :q"
+            match, order = self._match(None, words), "f.r, i.key"
+        else:
+            inner = (
+                "SELECT rowid, 0.0 AS r FROM mem_fts"
+                " WHERE mem_fts MATCH :q ORDER BY rowid DESC LIMIT :n"
+            )
+            match, order = self._match(ns, words), "i.id DESC"
         rows = conn.execute(
             text(
-                "SELECT i.key, f.r FROM"
-                " (SELECT rowid, bm25(mem_fts, 0.0, 1.0) AS r FROM mem_fts"
-                "  WHERE mem_fts MATCH :q) AS f"
+                f"SELECT i.key, f.r FROM ({inner}) AS f"
                 " JOIN mem_items i ON i.id = f.rowid"
-                " WHERE i.expires_at IS NULL OR i.expires_at > :now"
-                " ORDER BY f.r, i.key LIMIT :n"
+                " WHERE i.namespace = :ns AND (i.expires_at IS NULL OR i.expires_at > :now)"
+                f" ORDER BY {order} LIMIT :n"
             ),
-            {"q": self._match(ns, words, every), "now": at, "n": n},
+            {"q": match, "ns": ns, "now": at, "n": n},
         ).all()
         # bm25() is lower-better and negative: its negation is the score.
-        return [(key, -float(rank)) for key, rank in rows]
+        return [(key, 0.0 - float(rank)) for key, rank in rows]
 
 
 class PostgresFullText(FullText):
-    """``mem_fts(item_id, namespace, tsv)``, GIN on ``tsv``."""
+    """``mem_fts(item_id, namespace, tsv)``, GIN on ``tsv``.
+
+    ``tsv`` holds the namespace's token (:func:`namespace_token`) beside the
+    text's words, and every query matches it: the GIN index then finds the
+    namespace's matches alone. (With the namespace as a column filter the
+    planner walked the namespace's rows by its index and tested each
+    ``tsvector``: 100 ms at 10,000 items.) Ranks use the words only.
+    """
+
+    _TSV = "to_tsvector('simple', :text) || to_tsvector('simple', :nsid)"
 
     def insert(self, conn: Connection, item_id: int, ns: str, body: str) -> None:
         """Index a new item's text."""
         conn.execute(
-            text(
-                "INSERT INTO mem_fts (item_id, namespace, tsv)"
-                " VALUES (:id, :ns, to_tsvector('simple', :text))"
-            ),
-            {"id": item_id, "ns": ns, "text": body},
+            text(f"INSERT INTO mem_fts (item_id, namespace, tsv) VALUES (:id, :ns, {self._TSV})"),
+            {"id": item_id, "ns": ns, "text": body, "nsid": namespace_token(ns)},
         )
 
     def update(self, conn: Connection, item_id: int, ns: str, body: str) -> None:
         """Index an item's new text in place of its old."""
         conn.execute(
-            text("UPDATE mem_fts SET tsv = to_tsvector('simple', :text) WHERE item_id = :id"),
-            {"id": item_id, "text": body},
+            text(f"UPDATE mem_fts SET tsv = {self._TSV} WHERE item_id = :id"),
+            {"id": item_id, "text": body, "nsid": namespace_token(ns)},
         )
 
     def delete(self, conn: Connection, ids: list[int]) -> None:
@@ -200,35 +229,42 @@ class PostgresFullText(FullText):
         for start in range(0, len(ids), 500):
             conn.execute(statement, {"ids": ids[start : start + 500]})
 
+    def matches(self, conn: Connection, ns: str, words: list[str], cap: int) -> list[int]:
+        """How many of the namespace's items hold each word, counted up to ``cap``."""
+        return super().matches(conn, namespace_token(ns), words, cap)
+
     def _one_word(self, i: int) -> str:
         return (
-            "SELECT 1 FROM mem_fts WHERE namespace = :ns"
-            f" AND tsv @@ to_tsquery('simple', :q{i}) LIMIT :cap"
+            "SELECT 1 FROM mem_fts WHERE tsv @@"
+            f" (to_tsquery('simple', :ns) && to_tsquery('simple', :q{i})) LIMIT :cap"
         )
 
     def _word_query(self, ns: str, word: str) -> str:
         return fts_query_pg([word])
 
     def ranked(
-        self, conn: Connection, ns: str, words: list[str], every: bool, n: int, at: float
+        self, conn: Connection, ns: str, words: list[str], rare: bool, n: int, at: float
     ) -> list[tuple[str, float]]:
-        """The ``n`` best live items holding any (``every``: all) of ``words``."""
-        rows = conn.execute(
-            text(
+        """The ``n`` best live items holding any of ``words`` (``rare``: all scored)."""
+        if rare:
+            statement = (
                 "SELECT i.key, ts_rank_cd(f.tsv, q) AS r"
                 " FROM mem_fts f JOIN mem_items i ON i.id = f.item_id,"
                 " to_tsquery('simple', :q) q"
-                " WHERE f.namespace = :ns AND f.tsv @@ q"
+                " WHERE f.tsv @@ (to_tsquery('simple', :nsid) && q)"
                 " AND (i.expires_at IS NULL OR i.expires_at > :now)"
                 " ORDER BY r DESC, i.key LIMIT :n"
-            ),
-            {
-                "q": fts_query_pg(words, conjunction="&" if every else "|"),
-                "ns": ns,
-                "now": at,
-                "n": n,
-            },
-        ).all()
+            )
+        else:
+            # Common words only: the newest items holding one, unscored (as on SQLite).
+            statement = (
+                "SELECT i.key, 0.0 AS r FROM mem_fts f JOIN mem_items i ON i.id = f.item_id"
+                " WHERE f.tsv @@ (to_tsquery('simple', :nsid) && to_tsquery('simple', :q))"
+                " AND (i.expires_at IS NULL OR i.expires_at > :now)"
+                " ORDER BY i.id DESC LIMIT :n"
+            )
+        params = {"q": fts_query_pg(words), "nsid": namespace_token(ns), "now": at, "n": n}
+        rows = conn.execute(text(statement), params).all()
         return [(key, float(rank)) for key, rank in rows]
 
 
