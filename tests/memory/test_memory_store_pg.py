@@ -296,3 +296,19 @@ def test_writes_are_transactions_on_an_autocommit_engine(pg_migrated_url: str) -
     finally:
         store.close()
         engine.dispose()
+
+
+def test_common_words_act_as_stop_words_and_bound_the_scoring(
+    store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tiffany.memory import fulltext
+
+    monkeypatch.setattr(fulltext, "COMMON_MATCHES", 2)
+    monkeypatch.setattr(fulltext, "SCORED_MATCHES", 3)
+    for i in range(6):
+        store.put("notes", f"k{i}", f"tea note number {i}", op=f"p{i}")
+    store.put("notes", "rare", "tea from zanzibar", op="p-rare")
+    found = store.search("notes", "tea zanzibar", k=5, mode="text")["items"]
+    assert [i["key"] for i in found] == ["rare"]
+    found = store.search("notes", "tea note", k=5, mode="text")["items"]
+    assert sorted(i["key"] for i in found) == ["k4", "k5", "rare"]

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, or_, select, tuple_
+from sqlalchemy import Connection, bindparam, or_, select, tuple_
 
 from tiffany.memory.tables import mem_items
 
@@ -37,7 +37,8 @@ def iso(at: float | None) -> str | None:
     """ISO-8601 UTC (microseconds, ``Z``) of epoch seconds, or None."""
     if at is None:
         return None
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # isoformat is C; strftime (23 us) was a tenth of a search's time.
+    return datetime.fromtimestamp(at, UTC).replace(tzinfo=None).isoformat("T", "microseconds") + "Z"
 
 
 def epoch(at: str | None) -> float | None:
@@ -68,15 +69,19 @@ def answer(row: Any) -> dict[str, Any]:
     }
 
 
+#: The live items of a namespace among some keys: built once (a search's hot path).
+_BY_KEY = select(*ITEM_COLUMNS).where(
+    mem_items.c.namespace == bindparam("ns"),
+    mem_items.c.key.in_(bindparam("keys", expanding=True)),
+    or_(mem_items.c.expires_at.is_(None), mem_items.c.expires_at > bindparam("now")),
+)
+
+
 def by_key(conn: Connection, ns: str, keys: Sequence[str], at: float) -> dict[str, dict[str, Any]]:
     """The live items of ``ns`` among ``keys``, by key."""
     if not keys:
         return {}
-    rows = conn.execute(
-        select(*ITEM_COLUMNS).where(
-            mem_items.c.namespace == ns, mem_items.c.key.in_(list(keys)), live(at)
-        )
-    ).all()
+    rows = conn.execute(_BY_KEY, {"ns": ns, "keys": list(keys), "now": at}).all()
     return {r.key: answer(r) for r in rows}
 
 

@@ -28,7 +28,7 @@ import hashlib
 import json
 import threading
 from collections.abc import Iterator
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 from sqlalchemy import (
@@ -51,6 +51,7 @@ from tiffany.memory.embed import (
     HashingEmbedder,
     decode_vector,
     describe,
+    embedder_from_settings,
     encode_vector,
     normalize,
 )
@@ -68,6 +69,9 @@ from tiffany.memory.tables import (
 )
 from tiffany.memory.writes import Writes
 from tiffany.store.session import make_engine
+
+if TYPE_CHECKING:
+    from tiffany.config import Settings
 
 __all__ = ["MemoryStore", "derived_key", "iso"]
 
@@ -146,6 +150,16 @@ class MemoryStore:
         """A store on its own engine for ``database_url`` (closed by :meth:`close`)."""
         return cls(make_engine(database_url), _owns_engine=True, **kwargs)
 
+    @classmethod
+    def from_settings(cls, settings: Settings, engine: Engine | None = None) -> MemoryStore:
+        """The store ``settings`` describe: their database (or ``engine``), embedder, limit."""
+        return cls(
+            engine if engine is not None else make_engine(settings.database_url),
+            embedder=embedder_from_settings(settings),
+            max_items=settings.memory_max_items,
+            _owns_engine=engine is None,
+        )
+
     @property
     def engine(self) -> Engine:
         """The SQLAlchemy engine it uses."""
@@ -194,6 +208,25 @@ class MemoryStore:
             ``text``, ``ttl_s``, ``run_id``, ``step_id``, ``at``,
             ``expires_at``), so that :meth:`apply` can redo it from the result.
         """
+        return self._put(
+            namespace, key, value, text, op, ttl_s, run_id, step_id, embedding, None, now
+        )
+
+    def _put(
+        self,
+        namespace: str,
+        key: str | None,
+        value: Any,
+        text: str | None,
+        op: str,
+        ttl_s: float | None,
+        run_id: str | None,
+        step_id: str | None,
+        embedding: np.ndarray | None,
+        journaled: dict[str, Any] | None,
+        now: float | None,
+    ) -> dict[str, Any]:
+        """:meth:`put`; ``journaled``: the embedder a rebuilt put's vector came from."""
         ns = limits.check_namespace(namespace)
         op = limits.check_op(op)
         item_key = derived_key(op) if key is None else limits.check_key(key)
@@ -202,10 +235,10 @@ class MemoryStore:
         ttl = limits.check_ttl(ttl_s)
         run = limits.check_id(run_id, "run_id")
         step = limits.check_id(step_id, "step_id")
-        embedder = describe(self.embedder)
+        embedder = describe(self.embedder) if journaled is None else dict(journaled)
         vec: np.ndarray | None = None
         if embedding is not None:
-            vec = self._given_vector(embedding)
+            vec = self._given_vector(embedding, int(embedder["dims"]))
         digest = _digest(
             {
                 "write": "put",
@@ -451,18 +484,20 @@ class MemoryStore:
         write = result.get("write")
         at = epoch(result.get("at"))
         if write == "put":
-            vector = decode_vector(result["vector"])
-            return self.put(
+            # The journaled vector, labelled with the embedder that made it:
+            # under another embedder it is kept, and found by text only.
+            return self._put(
                 result["namespace"],
                 result["key"],
                 result["value"],
                 result["text"],
-                op=result["op"],
-                ttl_s=result.get("ttl_s"),
-                run_id=result.get("run_id"),
-                step_id=result.get("step_id"),
-                embedding=vector,
-                now=at,
+                result["op"],
+                result.get("ttl_s"),
+                result.get("run_id"),
+                result.get("step_id"),
+                decode_vector(result["vector"]),
+                result["embedder"],
+                at,
             )
         if write == "delete":
             return self.delete(result["namespace"], result["key"], op=result["op"], now=at)
@@ -690,13 +725,14 @@ class MemoryStore:
 
     # -- Writes' machinery ----------------------------------------------------
 
-    def _given_vector(self, embedding: Any) -> np.ndarray:
+    @staticmethod
+    def _given_vector(embedding: Any, dims: int) -> np.ndarray:
         vec = np.asarray(embedding, dtype=np.float32).reshape(-1)
-        if vec.shape[0] != self.embedder.dims or not np.all(np.isfinite(vec)):
+        if vec.shape[0] != dims or not np.all(np.isfinite(vec)):
             raise MemoryInvalid(
-                f"embedding must be {self.embedder.dims} finite numbers",
+                f"embedding must be {dims} finite numbers",
                 field="embedding",
-                detail=[{"loc": "embedding", "msg": f"{self.embedder.dims} finite numbers"}],
+                detail=[{"loc": "embedding", "msg": f"{dims} finite numbers"}],
             )
         row: np.ndarray = normalize(vec)[0]
         return row
