@@ -65,6 +65,7 @@ import sys
 import tempfile
 import time
 import venv
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,8 @@ ENVS = ROOT / "bench" / ".envs"
 LANGGRAPH_SPEC = "langgraph==1.2.24 langgraph-checkpoint-sqlite==3.1.2 numpy"
 PG_URL = os.environ.get("TIFFANY_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 NAMESPACE = "bench"
+#: Threads putting at once in Tiffany's bulk load on PostgreSQL.
+PG_BULK_THREADS = 8
 #: Issue 42's targets.
 TARGET_P99_MS = 5.0
 TARGET_VS_SQLITESTORE = 3.0
@@ -145,12 +148,25 @@ def make_corpus(n: int, n_queries: int, first_size: int, seed: int) -> dict[str,
     return {"texts": texts, "queries": queries, "query_needle": query_needle}
 
 
-def embed_all(texts: list[str], embedder: Any, chunk: int = 1000) -> tuple[np.ndarray, float]:
-    """The embedder's vectors for every text, and its seconds a text."""
-    t0 = time.perf_counter()
-    parts = [np.asarray(embedder.embed(texts[i : i + chunk])) for i in range(0, len(texts), chunk)]
-    elapsed = time.perf_counter() - t0
-    return np.ascontiguousarray(np.concatenate(parts), dtype=np.float32), elapsed / len(texts)
+def _embed_chunk(texts: list[str]) -> tuple[np.ndarray, float]:
+    from tiffany.memory import HashingEmbedder
+
+    t0 = time.process_time()
+    vectors = np.asarray(HashingEmbedder().embed(texts), dtype=np.float32)
+    return vectors, time.process_time() - t0
+
+
+def embed_all(texts: list[str], workers: int, chunk: int = 2000) -> tuple[np.ndarray, float]:
+    """The HashingEmbedder's vectors of every text (``workers`` processes), and its CPU s a text."""
+    chunks = [texts[i : i + chunk] for i in range(0, len(texts), chunk)]
+    workers = max(1, min(workers, len(chunks)))
+    if workers == 1:
+        parts = [_embed_chunk(c) for c in chunks]
+    else:
+        with ProcessPoolExecutor(workers) as pool:
+            parts = list(pool.map(_embed_chunk, chunks))
+    vectors = np.ascontiguousarray(np.concatenate([v for v, _ in parts]), dtype=np.float32)
+    return vectors, sum(cpu for _, cpu in parts) / len(texts)
 
 
 def write_corpus(workdir: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -161,8 +177,8 @@ def write_corpus(workdir: Path, n: int, args: argparse.Namespace) -> dict[str, A
     c = make_corpus(n, args.queries, min(args.sizes), args.seed)
     made_s = time.perf_counter() - t0
     embedder = HashingEmbedder()
-    vectors, per_text_s = embed_all(c["texts"], embedder)
-    qvectors, per_query_s = embed_all(c["queries"], embedder)
+    vectors, per_text_s = embed_all(c["texts"], args.embed_workers)
+    qvectors, per_query_s = embed_all(c["queries"], 1)
     (workdir / "texts.txt").write_text("\n".join(c["texts"]))
     (workdir / "queries.txt").write_text("\n".join(c["queries"]))
     np.save(workdir / "vectors.npy", vectors)
@@ -219,7 +235,12 @@ class TiffanyCell:
         self.backend, self.url, self.corpus, self.db_path = backend, url, corpus, db_path
         self.store = MemoryStore.open(url, embedder=LookupEmbedder(HashingEmbedder(), corpus))
         self.label = f"Tiffany MemoryStore ({backend})"
-        self.bulk_how = "store.put, one call an item (a transaction each): no bulk API"
+        # SQLite has one writer: more threads only queue on its lock. PostgreSQL
+        # commits concurrent transactions in one WAL flush (group commit).
+        self.bulk_threads = 1 if backend == "sqlite" else PG_BULK_THREADS
+        self.bulk_how = "store.put, one call an item (a transaction each; no bulk API)" + (
+            f", from {self.bulk_threads} threads at once" if self.bulk_threads > 1 else ""
+        )
 
     def settings(self) -> dict[str, Any]:
         from importlib.metadata import version
@@ -243,8 +264,13 @@ class TiffanyCell:
         return out
 
     def bulk(self, start: int, stop: int) -> None:
-        for i in range(start, stop):
-            self.put(i)
+        if self.bulk_threads == 1:
+            for i in range(start, stop):
+                self.put(i)
+            return
+        with ThreadPoolExecutor(self.bulk_threads) as pool:
+            for _ in pool.map(self.put, range(start, stop)):
+                pass
 
     def put(self, i: int) -> None:
         self.store.put(NAMESPACE, key(i), {"text": self.corpus.texts[i]}, op=f"bench:{i}")
@@ -288,6 +314,7 @@ def tiffany_cell(args: argparse.Namespace) -> None:
         args.sizes,
         puts=args.puts,
         queries=args.queries,
+        passes=args.passes,
         warmup=args.warmup,
         budget_s=args.budget_s,
         min_queries=args.min_queries,
@@ -306,6 +333,8 @@ def cell_args(args: argparse.Namespace) -> list[str]:
         str(args.puts),
         "--queries",
         str(args.queries),
+        "--passes",
+        str(args.passes),
         "--warmup",
         str(args.warmup),
         "--budget-s",
@@ -366,10 +395,22 @@ def wal_bytes(data_dir: Path) -> int:
     return sum(frame + len(r.payload) for r in iter_records(data_dir / "wal"))
 
 
+#: The python tool the baseline plan calls (written to the work directory, --import'ed).
+TOOLS_MODULE = """
+from tiffany.agents.tools.python import python_tool
+
+
+@python_tool("bench_noop")
+def bench_noop() -> None:
+    return None
+"""
+
+
 def plan_wal_bytes(workdir: Path, steps: list[dict[str, Any]], tag: str) -> int | None:
     data = workdir / f"journal-{tag}"
     plan = workdir / f"plan-{tag}.json"
     plan.write_text(json.dumps({"name": f"bench-{tag}", "steps": steps}))
+    (workdir / "bench_memory_tools.py").write_text(TOOLS_MODULE)
     proc = subprocess.run(
         [
             str(Path(sys.executable).parent / "tiffany"),
@@ -377,9 +418,12 @@ def plan_wal_bytes(workdir: Path, steps: list[dict[str, Any]], tag: str) -> int 
             str(plan),
             "--json",
             "--no-live",
+            "--import",
+            "bench_memory_tools",
             "--data-dir",
             str(data),
         ],
+        cwd=workdir,
         capture_output=True,
         text=True,
         check=False,
@@ -481,14 +525,23 @@ def print_tables(reports: list[dict[str, Any]], sizes: list[int]) -> None:
             )
 
 
+PEERS = (("LangGraph SqliteStore", "SqliteStore"), ("LangGraph InMemoryStore", "InMemoryStore"))
+
+
 def ratio_lines(reports: list[dict[str, Any]], sizes: list[int]) -> None:
     by = {r["label"]: r for r in reports}
-    peers = [p for p in ("LangGraph SqliteStore", "LangGraph InMemoryStore") if p in by]
+    peers = [(label, short) for label, short in PEERS if label in by]
     tiffany = [r for r in reports if r["label"].startswith("Tiffany")]
-    print("\nratios: the peer's figure / Tiffany's (above 1: Tiffany is faster)")
+    cols = [
+        (label, short, metric) for label, short in peers for metric in ("search p99", "put p50")
+    ]
     print(
-        f"{'Tiffany store, mode':<36}{'items':>9}  "
-        + "".join(f"{p + ' ' + what:>36}" for p in peers for what in ("search p99", "put p50"))
+        "\nratios: the peer's figure / Tiffany's (above 1: Tiffany is faster); a peer's search "
+        "is its vector search, beside each of Tiffany's modes"
+    )
+    print(
+        f"{'Tiffany store, mode':<22}{'items':>9}"
+        + "".join(f"{s + ' ' + m:>26}" for _, s, m in cols)
     )
     for t in tiffany:
         for n in sizes:
@@ -496,15 +549,30 @@ def ratio_lines(reports: list[dict[str, Any]], sizes: list[int]) -> None:
             if not cell:
                 continue
             for mode, s in cell["search"].items():
-                line = f"{t['label'][len('Tiffany MemoryStore ') :] + ' ' + mode:<36}{n:>9,}  "
-                for p in peers:
-                    pc = by[p]["sizes"].get(str(n))
+                backend = t["label"][len("Tiffany MemoryStore ") :].strip("()")
+                line = f"{backend + ' ' + mode:<22}{n:>9,}"
+                for label, _, metric in cols:
+                    pc = by[label]["sizes"].get(str(n))
                     if not pc:
-                        line += f"{'-':>36}" * 2
-                        continue
-                    line += f"{pc['search']['vector']['p99_ms'] / s['p99_ms']:>35.1f}x"
-                    line += f"{pc['put']['p50_ms'] / cell['put']['p50_ms']:>35.1f}x"
+                        line += f"{'-':>26}"
+                    elif metric == "search p99":
+                        line += f"{pc['search']['vector']['p99_ms'] / s['p99_ms']:>25.1f}x"
+                    else:
+                        line += f"{pc['put']['p50_ms'] / cell['put']['p50_ms']:>25.1f}x"
                 print(line)
+    if len(sizes) > 1:
+        lo, hi = sizes[0], sizes[-1]
+        print(f"\nmemory an item added from {lo:,} to {hi:,} items (the fixed costs left out):")
+        for r in reports:
+            a, b = r["sizes"].get(str(lo)), r["sizes"].get(str(hi))
+            if a and b:
+                rss = (b["rss_delta_bytes"] - a["rss_delta_bytes"]) / (hi - lo)
+                db = (
+                    "-"
+                    if b["db_bytes"] is None
+                    else f"{(b['db_bytes'] - a['db_bytes']) / (hi - lo):,.0f}"
+                )
+                print(f"  {r['label']:<36}RSS {rss:>8,.0f} bytes, database {db:>7} bytes")
     big = max(sizes)
     print(f"\ntargets (issue 42), at {big:,} items:")
     sq = by.get("LangGraph SqliteStore", {}).get("sizes", {}).get(str(big))
@@ -538,10 +606,17 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")])
     ap.add_argument("--queries", type=int)
     ap.add_argument("--puts", type=int, default=200, help="single puts timed at each size")
+    ap.add_argument("--passes", type=int, default=5, help="passes over the queries, within budget")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--budget-s", type=float, default=15.0, help="search time cap a mode a size")
     ap.add_argument("--min-queries", type=int, default=10)
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument(
+        "--embed-workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="processes embedding the corpus (once, before any store runs)",
+    )
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--no-pg", action="store_true")
     ap.add_argument("--pg-url", default=PG_URL)
@@ -630,8 +705,9 @@ def main() -> None:
     )
     print(
         f"embeddings: computed once with {e['id']} ({e['dims']} dims, {e['kind']}): "
-        f"{corpus['embed_per_text_us']:,.0f} us a text, {corpus['embed_per_query_us']:,.0f} us "
-        "a query; every store looks them up by text (none pays for embedding below)"
+        f"{corpus['embed_per_text_us']:,.0f} us of CPU a text, "
+        f"{corpus['embed_per_query_us']:,.0f} us a query; every store looks them up by text "
+        "(none pays for embedding below)"
     )
     print(
         f"machine: {m['cpu']}, {m['cores']} cores; Python {m['python']}, numpy {m['numpy']}, "

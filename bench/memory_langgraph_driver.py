@@ -152,6 +152,7 @@ def main() -> None:
     ap.add_argument("--sizes", required=True)
     ap.add_argument("--puts", type=int, default=200)
     ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--passes", type=int, default=1)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--budget-s", type=float, default=20.0)
     ap.add_argument("--min-queries", type=int, default=10)
@@ -166,6 +167,7 @@ def main() -> None:
         [int(s) for s in args.sizes.split(",")],
         puts=args.puts,
         queries=args.queries,
+        passes=args.passes,
         warmup=args.warmup,
         budget_s=args.budget_s,
         min_queries=args.min_queries,
