@@ -20,6 +20,8 @@ from alembic import context
 from sqlalchemy import engine_from_config, pool
 from sqlalchemy.engine import Connection, make_url
 
+from tiffany.memory.tables import FTS_TABLE
+from tiffany.memory.tables import metadata as memory_metadata
 from tiffany.store.models import Base
 from tiffany.store.session import normalize_url
 
@@ -28,8 +30,20 @@ config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):
     fileConfig(config.config_file_name, disable_existing_loggers=False)
 
-# The schema's metadata, for `alembic revision --autogenerate` and `alembic check`.
-target_metadata = Base.metadata
+# The schema's metadata, for `alembic revision --autogenerate` and `alembic check`:
+# the store's models and the MemoryStore's tables.
+target_metadata = [Base.metadata, memory_metadata]
+
+
+def include_name(name: str | None, type_: str, _parent: object) -> bool:
+    """Leave the memory's full-text index to its migration: a different object per dialect.
+
+    (An FTS5 virtual table and its shadow tables on SQLite, a tsvector table on
+    PostgreSQL: neither is in the metadata.)
+    """
+    if type_ == "table" and name is not None:
+        return not (name == FTS_TABLE or name.startswith(f"{FTS_TABLE}_"))
+    return True
 
 
 def database_url() -> str:
@@ -65,6 +79,7 @@ def _configure(connection: Connection | None = None, url: str | None = None) -> 
         target_metadata=target_metadata,
         render_as_batch=dialect == "sqlite",
         compare_type=True,
+        include_name=include_name,
         literal_binds=connection is None,
         dialect_opts={"paramstyle": "named"} if connection is None else {},
     )

@@ -100,7 +100,10 @@ LAYERS: dict[str, Layer] = {
     # The relay's sources: what it asks of one, and the engines' feed sockets.
     "feed.upstream": Layer(_parts("errors", "feed")),
     "feed.relay": Layer(_parts("errors", "feed", "feed.upstream")),
-    "store": Layer(_parts("errors", "config")),
+    "store": Layer(_parts("errors", "config", "store.session")),
+    # The store's engines and sessions: what a room that keeps its own tables
+    # in the store's database (memory) may take without the models.
+    "store.session": Layer(_parts("errors")),
     # Child processes started, restarted after backoff, stopped; the
     # parent-death lifeline (serve's engines and API, an engine's projector).
     "supervisor": Layer(STDLIB_ONLY, _parts("structlog", "tenacity")),
@@ -112,6 +115,12 @@ LAYERS: dict[str, Layer] = {
     "workflows": Layer(_parts("errors", "kernel", "agents")),
     # Data only: the plans that ship with Tiffany (the demo plan).
     "plans": Layer(STDLIB_ONLY, STDLIB_ONLY),
+    # Agent memory (the MemoryStore): items, links, search; in the store's
+    # database, beside the store's session glue, not its models.
+    "memory": Layer(
+        _parts("errors", "config", "log", "kernel", "store.session"),
+        _parts("sqlalchemy", "numpy", "httpx"),
+    ),
     # Metrics and spans: what the system says about itself.
     "observe": Layer(_parts("errors", "kernel", "durable", "feed")),
     # Schedules: specs, their rows, the runner (it submits through the control channel).

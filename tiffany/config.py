@@ -223,6 +223,16 @@ class Settings(BaseSettings):
             innermost ones): ``tiffany/agents/tracebacks.py``.
         traceback_chars: Characters each frame's file, function and source
             line keep there.
+        memory_max_items: Items one memory namespace may hold; a put of one
+            more is refused (``memory.full``: docs/memory.md).
+        embeddings_base_url: An OpenAI-compatible endpoint the MemoryStore
+            embeds text with (``POST {base_url}/v1/embeddings``). Unset: the
+            offline feature-hashing embedder (docs/memory.md).
+        embeddings_model: The model name sent to that endpoint.
+        embeddings_api_key: Its bearer key.
+        embeddings_dims: The vectors' length: the endpoint's answers are
+            checked against it (unset: the first answer's length); the
+            offline embedder's dimensions (unset: 256).
     """
 
     model_config = SettingsConfigDict(
@@ -284,6 +294,11 @@ class Settings(BaseSettings):
     # tiffany/agents/tracebacks.py's DEFAULT_TRACEBACK_FRAMES and _CHARS (a test holds them equal)
     traceback_frames: int = Field(default=30, gt=0)
     traceback_chars: int = Field(default=240, ge=16)
+    memory_max_items: int = Field(default=100_000, gt=0)
+    embeddings_base_url: str | None = None
+    embeddings_model: str | None = None
+    embeddings_api_key: SecretStr | None = None
+    embeddings_dims: int | None = Field(default=None, gt=0, le=8192)
 
     @field_validator("rate_limits", mode="after")
     @classmethod
@@ -384,6 +399,7 @@ class Settings(BaseSettings):
         data = self.model_dump(mode="json")
         data["api_token"] = "**********" if self.api_token is not None else None
         data["llm_api_key"] = "**********" if self.llm_api_key is not None else None
+        data["embeddings_api_key"] = "**********" if self.embeddings_api_key is not None else None
         data["database_url"] = redact_url_credentials(self.database_url)
         return data
 

@@ -349,6 +349,66 @@ class EngineFault(Refusal):
     kind = "fault"
 
 
+# -- Memory refused ------------------------------------------------------------
+#
+# The MemoryStore's refusals (tiffany/memory/): answers about the caller's
+# arguments or the store's bounds, never bugs. Each names the argument it is
+# about (``field``) and carries a stable ``code``; the HTTP API maps them to
+# statuses where it maps the others (tiffany/api/problems.py).
+
+
+class MemoryRefused(TiffanyError):
+    """Base of the MemoryStore's refusals.
+
+    Attributes:
+        field: The argument the refusal is about (``"namespace"``, ``"key"``,
+            ``"value"``, ``"op"``...), if any.
+        detail: Structured detail (for a bound: ``{"limit", "setting"}``).
+    """
+
+    code = "memory.refused"
+    outcome = True
+
+    def __init__(self, message: str, *, field: str | None = None, detail: Any = None) -> None:
+        super().__init__(message)
+        self.field = field
+        self.detail = detail
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the refusal as a JSON-able mapping: code, message, field, detail."""
+        return {
+            "code": self.code,
+            "message": self.message,
+            "field": self.field,
+            "detail": self.detail,
+        }
+
+
+class MemoryInvalid(MemoryRefused):
+    """An argument of a memory call is out of its bounds: nothing was written.
+
+    Also a write under an ``op`` already used for another write (``field="op"``).
+    The bounds are in docs/memory.md.
+    """
+
+    code = "memory.invalid"
+
+
+class MemoryNotFound(MemoryRefused):
+    """A memory call named an item that is not there (``field`` names the argument)."""
+
+    code = "memory.not_found"
+
+
+class MemoryFull(MemoryRefused):
+    """A namespace holds as many items as it may (``TIFFANY_MEMORY_MAX_ITEMS``).
+
+    ``detail``: ``{"namespace", "limit", "setting"}``.
+    """
+
+    code = "memory.full"
+
+
 class EngineUnavailable(TiffanyError):
     """No engine is reachable for the command (not started, restarting, gone, or no answer)."""
 

@@ -212,7 +212,7 @@ def configure_logging(
     out = stream if stream is not None else sys.stderr
 
     if settings is not None:
-        for secret in (settings.api_token, settings.llm_api_key):
+        for secret in (settings.api_token, settings.llm_api_key, settings.embeddings_api_key):
             register_secret(secret.get_secret_value() if secret is not None else None)
     if fmt == "auto":
         fmt = "console" if _isatty(out) else "json"

@@ -1,0 +1,284 @@
+"""Search: full-text ranks and exact vector ranks, fused by reciprocal rank.
+
+* **Text**: SQLite FTS5 ``bm25()`` (lower is better), or PostgreSQL
+  ``ts_rank_cd`` over a ``tsvector`` (the ``simple`` configuration: no
+  stemming, as FTS5's ``unicode61``). The query's words are OR-ed: a
+  natural-language query finds the items that share any of its words,
+  ranked by how well.
+* **Vector**: exact cosine over every item of the namespace embedded by the
+  store's embedder: one float32 matrix per namespace held in the process
+  (:class:`VectorIndex`), its rows unit-length so the cosine is one
+  matrix-vector product, the top found with ``np.argpartition``. The matrix
+  is keyed by the namespace's newest ``store_seq`` (``mem_namespaces``): a
+  write makes the next search fetch only the rows written since.
+* **Hybrid**: reciprocal rank fusion, ``sum(1 / (60 + rank))`` over both
+  lists (Cormack et al. 2009): scale-free, so bm25 and cosine need no
+  normalising against each other. Ties break on the key.
+
+Rejected: an approximate index (HNSW, IVF). Exact search over 100,000
+vectors of 256 dimensions is one BLAS call of a few milliseconds, its
+answers are reproducible, and its recall is 1. sqlite-vec's ``vec0`` would
+move the same scan into SQLite, where PostgreSQL without pgvector could not
+follow; one index for both dialects keeps one behaviour.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+
+__all__ = [
+    "RRF_K",
+    "NamespaceVectors",
+    "VectorIndex",
+    "candidates",
+    "fts_query_pg",
+    "fts_query_sqlite",
+    "query_words",
+    "rrf",
+]
+
+#: Reciprocal rank fusion's constant.
+RRF_K: Final = 60
+#: A query's words searched at most (the rest are ignored).
+MAX_QUERY_WORDS: Final = 32
+#: Words as FTS5's unicode61 tokenizer sees them: letters and digits.
+_WORD: Final = re.compile(r"[^\W_]+", re.UNICODE)
+#: A search fetches this many candidates of each ranking for k results.
+_CANDIDATES_PER_K: Final = 3
+_MIN_CANDIDATES: Final = 30
+#: Rows held free at the end of a namespace's matrix, as a share of its rows.
+_GROWTH: Final = 0.25
+
+
+def candidates(k: int) -> int:
+    """How many of each ranking a search of ``k`` results fuses."""
+    return max(k * _CANDIDATES_PER_K, _MIN_CANDIDATES)
+
+
+def query_words(query: str) -> list[str]:
+    """The distinct words of ``query``, lower-cased, in order (at most 32)."""
+    seen: dict[str, None] = {}
+    for word in _WORD.findall(query.lower()):
+        seen.setdefault(word, None)
+        if len(seen) >= MAX_QUERY_WORDS:
+            break
+    return list(seen)
+
+
+def fts_query_sqlite(words: Sequence[str]) -> str:
+    """An FTS5 MATCH expression: each word a quoted string, OR-ed."""
+    return " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
+
+
+def fts_query_pg(words: Sequence[str]) -> str:
+    """A ``to_tsquery('simple', ...)`` text: each word a quoted lexeme, OR-ed."""
+    return " | ".join("'" + w.replace("'", "''").replace("\\", "\\\\") + "'" for w in words)
+
+
+def rrf(rankings: Iterable[Sequence[str]], k: int) -> list[tuple[str, float]]:
+    """Fuse rankings (keys, best first) by reciprocal rank; the best ``k``, ties by key."""
+    scores: dict[str, float] = {}
+    for ranking in rankings:
+        for rank, key in enumerate(ranking, start=1):
+            scores[key] = scores.get(key, 0.0) + 1.0 / (RRF_K + rank)
+    return sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+
+
+@dataclass
+class NamespaceVectors:
+    """One namespace's vectors as of ``seq``: a matrix with a row per live item.
+
+    Rows of deleted items are zeroed and marked dead (``alive``) and reused
+    by the next new key; ``expires`` holds each row's expiry (``inf``: none).
+    """
+
+    seq: int
+    dims: int
+    matrix: np.ndarray
+    expires: np.ndarray
+    alive: np.ndarray
+    keys: list[str | None]
+    rows: dict[str, int] = field(default_factory=dict)
+    free: list[int] = field(default_factory=list)
+    used: int = 0
+    expiring: int = 0
+
+    @classmethod
+    def empty(cls, dims: int, seq: int, capacity: int = 64) -> NamespaceVectors:
+        """A namespace with no vectors yet."""
+        return cls(
+            seq=seq,
+            dims=dims,
+            matrix=np.zeros((capacity, dims), dtype=np.float32),
+            expires=np.full(capacity, np.inf),
+            alive=np.zeros(capacity, dtype=bool),
+            keys=[None] * capacity,
+        )
+
+    def _grow(self, needed: int) -> None:
+        capacity = self.matrix.shape[0]
+        if needed <= capacity:
+            return
+        new = max(needed, int(capacity * (1 + _GROWTH)) + 64)
+        matrix = np.zeros((new, self.dims), dtype=np.float32)
+        matrix[:capacity] = self.matrix
+        expires = np.full(new, np.inf)
+        expires[:capacity] = self.expires
+        alive = np.zeros(new, dtype=bool)
+        alive[:capacity] = self.alive
+        self.matrix, self.expires, self.alive = matrix, expires, alive
+        self.keys.extend([None] * (new - capacity))
+
+    def set(self, key: str, vector: np.ndarray, expires_at: float | None) -> None:
+        """Put ``key``'s vector in (a new row, a freed row, or its own)."""
+        row = self.rows.get(key)
+        if row is None:
+            if self.free:
+                row = self.free.pop()
+            else:
+                self._grow(self.used + 1)
+                row = self.used
+                self.used += 1
+            self.rows[key] = row
+            self.keys[row] = key
+        elif self.expires[row] != np.inf:
+            self.expiring -= 1
+        self.matrix[row] = vector
+        self.alive[row] = True
+        self.expires[row] = np.inf if expires_at is None else expires_at
+        if expires_at is not None:
+            self.expiring += 1
+
+    def remove(self, key: str) -> None:
+        """Take ``key`` out (its row is zeroed and reused)."""
+        row = self.rows.pop(key, None)
+        if row is None:
+            return
+        if self.expires[row] != np.inf:
+            self.expiring -= 1
+        self.matrix[row] = 0.0
+        self.alive[row] = False
+        self.expires[row] = np.inf
+        self.keys[row] = None
+        self.free.append(row)
+
+    def top(self, query: np.ndarray, n: int, now: float) -> list[tuple[str, float]]:
+        """The ``n`` live rows nearest ``query`` (cosine), best first, ties by key."""
+        used = self.used
+        if used == 0 or n <= 0:
+            return []
+        scores = self.matrix[:used] @ query
+        dead = ~self.alive[:used]
+        if self.expiring:
+            dead |= self.expires[:used] <= now
+        if self.free or self.expiring:
+            scores[dead] = -np.inf
+        live = used - int(np.count_nonzero(dead)) if (self.free or self.expiring) else used
+        n = min(n, live)
+        if n <= 0:
+            return []
+        if n < used:
+            # The n-th best score, then every row at least as good (ties at
+            # the boundary all kept, so the key decides among them).
+            pick = np.argpartition(scores, used - n)[used - n :]
+            floor = scores[pick].min()
+            pick = np.flatnonzero(scores >= floor)
+        else:
+            pick = np.flatnonzero(scores > -np.inf)
+        keys = self.keys
+        found = [(keys[i], float(scores[i])) for i in pick.tolist()]
+        found.sort(key=lambda ks: (-ks[1], ks[0]))
+        return [(k, s) for k, s in found[:n] if k is not None]
+
+
+class VectorIndex:
+    """The process's vectors, a :class:`NamespaceVectors` per namespace (thread-safe).
+
+    Callers hand it the rows written since the copy's ``seq``; it never reads
+    the database itself.
+    """
+
+    def __init__(self, dims: int) -> None:
+        self.dims = dims
+        self._lock = threading.Lock()
+        self._spaces: dict[str, NamespaceVectors] = {}
+
+    def seq_of(self, namespace: str) -> int | None:
+        """The ``store_seq`` the namespace's copy is at (None: no copy)."""
+        with self._lock:
+            space = self._spaces.get(namespace)
+            return None if space is None else space.seq
+
+    def replace(
+        self, namespace: str, seq: int, rows: Iterable[tuple[str, Any, float | None]]
+    ) -> None:
+        """Load the namespace afresh from ``(key, vector bytes, expires_at)`` rows at ``seq``."""
+        keys: list[str] = []
+        blobs: list[bytes] = []
+        expiries: list[float] = []
+        for key, blob, expires_at in rows:
+            keys.append(key)
+            blobs.append(bytes(blob))
+            expiries.append(np.inf if expires_at is None else float(expires_at))
+        n = len(keys)
+        space = NamespaceVectors.empty(self.dims, seq, capacity=max(64, int(n * (1 + _GROWTH))))
+        if n:
+            matrix = np.frombuffer(b"".join(blobs), dtype="<f4").reshape(n, self.dims)
+            space.matrix[:n] = matrix
+            space.expires[:n] = expiries
+            space.alive[:n] = True
+            space.keys[:n] = keys
+            space.rows = {k: i for i, k in enumerate(keys)}
+            space.used = n
+            space.expiring = sum(1 for e in expiries if e != np.inf)
+        with self._lock:
+            self._spaces[namespace] = space
+
+    def update(
+        self,
+        namespace: str,
+        from_seq: int,
+        seq: int,
+        changes: Iterable[tuple[str, Any, float | None]],
+    ) -> bool:
+        """Apply the changes since ``from_seq`` (a None vector: removed); False if it moved."""
+        with self._lock:
+            space = self._spaces.get(namespace)
+            if space is None or space.seq != from_seq:
+                return False
+            for key, blob, expires_at in changes:
+                if blob is None:
+                    space.remove(key)
+                else:
+                    space.set(key, np.frombuffer(bytes(blob), dtype="<f4"), expires_at)
+            space.seq = seq
+            return True
+
+    def top(
+        self, namespace: str, seq: int, query: np.ndarray, n: int, now: float
+    ) -> list[tuple[str, float]] | None:
+        """The nearest ``n`` keys if the copy is at ``seq`` or newer, else None (refresh first).
+
+        A newer copy (another thread's search refreshed it) may name keys the
+        caller's snapshot lacks: the caller reads the items in its snapshot,
+        and those drop out.
+        """
+        with self._lock:
+            space = self._spaces.get(namespace)
+            if space is None or space.seq < seq:
+                return None
+            return space.top(query, n, now)
+
+    def drop(self, namespace: str | None = None) -> None:
+        """Forget one namespace's copy (or every copy)."""
+        with self._lock:
+            if namespace is None:
+                self._spaces.clear()
+            else:
+                self._spaces.pop(namespace, None)
