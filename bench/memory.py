@@ -229,11 +229,21 @@ class LookupEmbedder:
 class TiffanyCell:
     modes = ("vector", "hybrid")
 
-    def __init__(self, backend: str, url: str, corpus: Corpus, db_path: Path | None) -> None:
+    def __init__(
+        self, backend: str, url: str, corpus: Corpus, db_path: Path | None, max_items: int
+    ) -> None:
         from tiffany.memory import HashingEmbedder, MemoryStore
+        from tiffany.store.migrate import upgrade
+        from tiffany.store.session import make_engine
 
         self.backend, self.url, self.corpus, self.db_path = backend, url, corpus, db_path
-        self.store = MemoryStore.open(url, embedder=LookupEmbedder(HashingEmbedder(), corpus))
+        engine = make_engine(url)
+        upgrade(engine)  # what `tiffany db upgrade` does: the memory tables
+        self.store = MemoryStore(
+            engine,
+            embedder=LookupEmbedder(HashingEmbedder(), corpus),
+            max_items=max_items,
+        )
         self.label = f"Tiffany MemoryStore ({backend})"
         # SQLite has one writer: more threads only queue on its lock. PostgreSQL
         # commits concurrent transactions in one WAL flush (group commit).
@@ -303,14 +313,18 @@ class TiffanyCell:
 
     def close(self) -> None:
         self.store.close()
+        self.store.engine.dispose()
 
 
 def tiffany_cell(args: argparse.Namespace) -> None:
     corpus = Corpus(args.workdir)
     db_path = args.workdir / "tiffany-memory.db" if args.cell == "sqlite" else None
+    if db_path:
+        for stale in (db_path, Path(f"{db_path}-wal"), Path(f"{db_path}-shm")):
+            stale.unlink(missing_ok=True)  # a fresh store each run
     url = f"sqlite:///{db_path}" if db_path else args.cell_url
     report = run_cell(
-        lambda: TiffanyCell(args.cell, url, corpus, db_path),
+        lambda: TiffanyCell(args.cell, url, corpus, db_path, max(args.sizes)),
         args.sizes,
         puts=args.puts,
         queries=args.queries,

@@ -79,6 +79,8 @@ class LangGraphCell:
             "text_fields": ["text"],
         }
         self.path = workdir / "langgraph-store.sqlite"
+        for stale in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
+            stale.unlink(missing_ok=True)  # a fresh store each run
         if kind == "sqlite":
             from langgraph.store.sqlite import SqliteStore
 
