@@ -119,7 +119,7 @@ LAYERS: dict[str, Layer] = {
     # database, beside the store's session glue, not its models.
     "memory": Layer(
         _parts("errors", "config", "log", "kernel", "store.session"),
-        _parts("sqlalchemy", "numpy", "httpx"),
+        _parts("sqlalchemy", "numpy", "threadpoolctl", "httpx"),
     ),
     # Metrics and spans: what the system says about itself.
     "observe": Layer(_parts("errors", "kernel", "durable", "feed")),

@@ -111,9 +111,11 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("namespace", name=op.f("pk_mem_namespaces")),
     )
     if op.get_bind().dialect.name == "sqlite":
-        # Its rowid is the item's id; written in the item's transaction.
+        # Its rowid is the item's id; nsid a token naming the namespace
+        # (tiffany/memory/fulltext.py); written in the item's transaction.
         op.execute(
-            "CREATE VIRTUAL TABLE mem_fts USING fts5(text, tokenize = 'unicode61 remove_diacritics 2')"
+            "CREATE VIRTUAL TABLE mem_fts USING fts5("
+            "nsid, text, tokenize = 'unicode61 remove_diacritics 2')"
         )
     else:
         op.execute(

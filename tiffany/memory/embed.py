@@ -142,19 +142,18 @@ class HashingEmbedder:
         return f"HashingEmbedder(dims={self.dims})"
 
     def features(self, text: str) -> dict[str, float]:
-        """The weighted features of ``text`` (words, word pairs, each word's 3-grams)."""
+        """The weighted features of ``text`` (words, word pairs, each word's 3-grams).
+
+        The definition :meth:`embed` computes faster (a word's slots cached).
+        """
         words = _WORD.findall(text.lower())
         out: dict[str, float] = {}
         for i, word in enumerate(words):
-            key = "w:" + word
-            out[key] = out.get(key, 0.0) + _UNIGRAM_WEIGHT
+            for key, weight in _word_features(word):
+                out[key] = out.get(key, 0.0) + weight
             if i:
                 key = f"b:{words[i - 1]} {word}"
                 out[key] = out.get(key, 0.0) + _BIGRAM_WEIGHT
-            padded = f"<{word}>"
-            for j in range(len(padded) - 2):
-                key = "c:" + padded[j : j + 3]
-                out[key] = out.get(key, 0.0) + _TRIGRAM_WEIGHT
         return out
 
     def embed(self, texts: list[str]) -> np.ndarray:
@@ -162,11 +161,43 @@ class HashingEmbedder:
         dims = self.dims
         out = np.zeros((len(texts), dims), dtype=np.float32)
         for row, text in enumerate(texts):
-            vec = out[row]
-            for feature, weight in self.features(text).items():
-                index, sign = _slot(feature, dims)
-                vec[index] += sign * weight
+            words = _WORD.findall(text.lower())
+            if not words:
+                continue
+            slots: list[int] = []
+            weights: list[float] = []
+            previous = ""
+            for i, word in enumerate(words):
+                word_slots, word_weights = _word_slots(word, dims)
+                slots.extend(word_slots)
+                weights.extend(word_weights)
+                if i:
+                    index, sign = _slot(f"b:{previous} {word}", dims)
+                    slots.append(index)
+                    weights.append(sign * _BIGRAM_WEIGHT)
+                previous = word
+            out[row] = np.bincount(slots, weights=weights, minlength=dims)
         return normalize(out)
+
+
+def _word_features(word: str) -> list[tuple[str, float]]:
+    """A word's own features: itself, and the 3-grams of ``<word>``."""
+    padded = f"<{word}>"
+    found = [("w:" + word, _UNIGRAM_WEIGHT)]
+    found.extend(("c:" + padded[j : j + 3], _TRIGRAM_WEIGHT) for j in range(len(padded) - 2))
+    return found
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _word_slots(word: str, dims: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """A word's features as (slots, signed weights): computed once per word and dims."""
+    slots: list[int] = []
+    weights: list[float] = []
+    for feature, weight in _word_features(word):
+        index, sign = _slot(feature, dims)
+        slots.append(index)
+        weights.append(sign * weight)
+    return tuple(slots), tuple(weights)
 
 
 def embeddings_url(base_url: str) -> str:

@@ -66,14 +66,8 @@ from tiffany.memory.embed import (
     encode_vector,
     normalize,
 )
-from tiffany.memory.search import (
-    VectorIndex,
-    candidates,
-    fts_query_pg,
-    fts_query_sqlite,
-    query_words,
-    rrf,
-)
+from tiffany.memory.fulltext import fulltext_for
+from tiffany.memory.search import VectorIndex, candidates, query_words, rrf
 from tiffany.memory.tables import (
     mem_applied,
     mem_item_versions,
@@ -90,6 +84,14 @@ __all__ = ["MemoryStore", "derived_key", "iso"]
 SCORE_DECIMALS: Final = 6
 #: Changed rows past which a namespace's vectors are loaded afresh instead of patched.
 _REFRESH_REBUILD_ROWS: Final = 5_000
+
+#: The store's newest write and the namespace's (None: no such namespace), in one statement.
+_SEQS = select(
+    select(mem_seq.c.seq).where(mem_seq.c.id == 1).scalar_subquery(),
+    select(mem_namespaces.c.store_seq)
+    .where(mem_namespaces.c.namespace == bindparam("ns"))
+    .scalar_subquery(),
+)
 
 _ITEM_COLUMNS = (
     mem_items.c.namespace,
@@ -192,6 +194,7 @@ class MemoryStore:
     ) -> None:
         self._engine = engine
         self._sqlite = engine.dialect.name == "sqlite"
+        self._fulltext = fulltext_for(engine.dialect.name)
         self.embedder: Embedder = embedder if embedder is not None else HashingEmbedder()
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self.max_items = max_items
@@ -326,12 +329,12 @@ class MemoryStore:
                     .values(namespace=ns, key=item_key, created_at=at, **row)
                     .returning(mem_items.c.id)
                 ).scalar_one()
-                self._fts_insert(conn, item_id, ns, item_text)
+                self._fulltext.insert(conn, item_id, ns, item_text)
                 self._count(conn, ns, 1, size, seq, at)
             else:
                 item_id = current.id
                 conn.execute(update(mem_items).where(mem_items.c.id == item_id).values(**row))
-                self._fts_update(conn, item_id, ns, item_text)
+                self._fulltext.update(conn, item_id, ns, item_text)
                 self._count(conn, ns, 0, size - current.bytes, seq, at)
             conn.execute(
                 insert(mem_item_versions).values(
@@ -392,7 +395,7 @@ class MemoryStore:
             version = None
             if current is not None:
                 version = self._next_version(conn, ns, item_key)
-                self._fts_delete(conn, [current.id])
+                self._fulltext.delete(conn, [current.id])
                 conn.execute(delete(mem_items).where(mem_items.c.id == current.id))
                 self._unlink(conn, [(ns, item_key)])
                 conn.execute(
@@ -581,17 +584,15 @@ class MemoryStore:
         if how != "text":
             qvec = normalize(self.embedder.embed([query]))[0]
         with self._read() as conn:
-            as_of = conn.execute(select(mem_seq.c.seq).where(mem_seq.c.id == 1)).scalar() or 0
-            ns_seq = conn.execute(
-                select(mem_namespaces.c.store_seq).where(mem_namespaces.c.namespace == ns)
-            ).scalar()
+            seqs = conn.execute(_SEQS, {"ns": ns}).one()
+            as_of, ns_seq = int(seqs[0] or 0), seqs[1]
             hits: list[tuple[str, float]] = []
             if ns_seq is not None:
                 wanted = candidates(n)
                 text_hits: list[tuple[str, float]] = []
                 vector_hits: list[tuple[str, float]] = []
                 if how != "vector" and words:
-                    text_hits = self._text_ranks(conn, ns, words, wanted, at)
+                    text_hits = self._fulltext.ranks(conn, ns, words, wanted, at)
                 if qvec is not None and np.any(qvec):
                     vector_hits = self._vector_ranks(conn, ns, ns_seq, qvec, wanted, at)
                 if how == "text":
@@ -916,7 +917,7 @@ class MemoryStore:
         if not gone:
             return
         ids = [r.id for r in gone]
-        self._fts_delete(conn, ids)
+        self._fulltext.delete(conn, ids)
         conn.execute(delete(mem_items).where(mem_items.c.id.in_(ids)))
         self._unlink(conn, [(ns, r.key) for r in gone])
         self._count(conn, ns, -len(gone), -sum(r.bytes for r in gone), seq, at)
@@ -935,39 +936,6 @@ class MemoryStore:
                 )
             )
 
-    def _fts_insert(self, conn: Connection, item_id: int, ns: str, body: str) -> None:
-        if self._sqlite:
-            conn.execute(
-                text("INSERT INTO mem_fts (rowid, text) VALUES (:id, :text)"),
-                {"id": item_id, "text": body},
-            )
-        else:
-            conn.execute(
-                text(
-                    "INSERT INTO mem_fts (item_id, namespace, tsv)"
-                    " VALUES (:id, :ns, to_tsvector('simple', :text))"
-                ),
-                {"id": item_id, "ns": ns, "text": body},
-            )
-
-    def _fts_update(self, conn: Connection, item_id: int, ns: str, body: str) -> None:
-        if self._sqlite:
-            conn.execute(text("DELETE FROM mem_fts WHERE rowid = :id"), {"id": item_id})
-            self._fts_insert(conn, item_id, ns, body)
-        else:
-            conn.execute(
-                text("UPDATE mem_fts SET tsv = to_tsvector('simple', :text) WHERE item_id = :id"),
-                {"id": item_id, "text": body},
-            )
-
-    def _fts_delete(self, conn: Connection, ids: Sequence[int]) -> None:
-        column = "rowid" if self._sqlite else "item_id"
-        statement = text(f"DELETE FROM mem_fts WHERE {column} IN :ids").bindparams(
-            bindparam("ids", expanding=True)
-        )
-        for start in range(0, len(ids), 500):
-            conn.execute(statement, {"ids": list(ids[start : start + 500])})
-
     # -- Reads' machinery -----------------------------------------------------
 
     @contextlib.contextmanager
@@ -982,35 +950,6 @@ class MemoryStore:
                 yield conn
             finally:
                 conn.rollback()
-
-    def _text_ranks(
-        self, conn: Connection, ns: str, words: list[str], n: int, at: float
-    ) -> list[tuple[str, float]]:
-        """The ``n`` best full-text matches: ``(key, score)``, higher better."""
-        if self._sqlite:
-            rows = conn.execute(
-                text(
-                    "SELECT i.key, bm25(mem_fts) AS r FROM mem_fts"
-                    " JOIN mem_items i ON i.id = mem_fts.rowid"
-                    " WHERE mem_fts MATCH :q AND i.namespace = :ns"
-                    " AND (i.expires_at IS NULL OR i.expires_at > :now)"
-                    " ORDER BY r, i.key LIMIT :n"
-                ),
-                {"q": fts_query_sqlite(words), "ns": ns, "now": at, "n": n},
-            ).all()
-            return [(key, -float(rank)) for key, rank in rows]
-        rows = conn.execute(
-            text(
-                "SELECT i.key, ts_rank_cd(f.tsv, q) AS r"
-                " FROM mem_fts f JOIN mem_items i ON i.id = f.item_id,"
-                " to_tsquery('simple', :q) q"
-                " WHERE f.namespace = :ns AND f.tsv @@ q"
-                " AND (i.expires_at IS NULL OR i.expires_at > :now)"
-                " ORDER BY r DESC, i.key LIMIT :n"
-            ),
-            {"q": fts_query_pg(words), "ns": ns, "now": at, "n": n},
-        ).all()
-        return [(key, float(rank)) for key, rank in rows]
 
     def _vector_ranks(
         self, conn: Connection, ns: str, ns_seq: int, qvec: np.ndarray, n: int, at: float

@@ -6,8 +6,8 @@ full-text index is not here: it is a different object on each dialect, made
 by the migration and named ``mem_fts`` on both (:data:`FTS_TABLE`), which
 ``alembic check`` leaves alone:
 
-* SQLite: ``CREATE VIRTUAL TABLE mem_fts USING fts5(text)``, its rowid the
-  item's ``id``;
+* SQLite: ``CREATE VIRTUAL TABLE mem_fts USING fts5(nsid, text)``, its
+  rowid the item's ``id``;
 * PostgreSQL: ``mem_fts(item_id, namespace, tsv tsvector)`` with a GIN index.
 
 Both are written in the transaction that writes the item.

@@ -1,0 +1,242 @@
+"""MemoryStore latency: search (hybrid, text, vector) and put, at N items in one namespace.
+
+Prints a table; asserts nothing. The corpus is seeded: a Zipf vocabulary,
+texts of ``--words`` words, 5% of them holding a "needle" term found nowhere
+else. The namespace is loaded in bulk (rows written as ``put`` writes them,
+in one transaction per 5,000: a 100,000-item load through ``put`` would time
+the loading, not the store); then ``--puts`` single puts and ``--queries``
+searches of each mode are timed one by one, after one warm-up search (the
+vector matrix's first load, reported apart).
+
+    .venv/bin/python bench/memory_latency.py --items 10000 100000
+    .venv/bin/python bench/memory_latency.py --items 10000 --url postgresql://postgres@127.0.0.1/test
+"""
+
+from __future__ import annotations
+
+import argparse
+import random  # noqa: TID251 - a seeded corpus, not task code
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sqlalchemy import insert, text, update
+
+from tiffany.memory import HashingEmbedder, MemoryStore
+from tiffany.memory.limits import canonical_json
+from tiffany.memory.tables import mem_applied, mem_item_versions, mem_items, mem_namespaces, mem_seq
+from tiffany.store.migrate import upgrade
+from tiffany.store.session import make_engine
+
+NS = "bench.users"
+BATCH = 5_000
+
+
+def corpus(n: int, words: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    vocab = [
+        "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 10)))
+        for _ in range(20_000)
+    ]
+    weights = [1.0 / (r + 1) for r in range(len(vocab))]
+    out = []
+    for i in range(n):
+        body = rng.choices(vocab, weights, k=words)
+        if i % 20 == 0:
+            body[rng.randrange(words)] = f"needle{i}"
+        out.append(" ".join(body))
+    return out
+
+
+def bulk_load(store: MemoryStore, texts: list[str]) -> None:
+    engine = store.engine
+    sqlite = engine.dialect.name == "sqlite"
+    embedder = store.embedder
+    seq = 0
+    for start in range(0, len(texts), BATCH):
+        chunk = texts[start : start + BATCH]
+        vectors = embedder.embed(chunk)
+        with engine.begin() as conn:
+            rows = []
+            for j, body in enumerate(chunk):
+                seq += 1
+                value = canonical_json(body)
+                rows.append(
+                    {
+                        "namespace": NS,
+                        "key": f"k{start + j:07d}",
+                        "value": value,
+                        "text": body,
+                        "version": 1,
+                        "created_at": 0.0,
+                        "updated_at": 0.0,
+                        "expires_at": None,
+                        "run_id": None,
+                        "step_id": None,
+                        "embedder": embedder.id,
+                        "vector": np.asarray(vectors[j], dtype="<f4").tobytes(),
+                        "bytes": len(value) + len(body),
+                        "store_seq": seq,
+                    }
+                )
+            ids = conn.execute(insert(mem_items).returning(mem_items.c.id), rows).scalars().all()
+            if sqlite:
+                conn.execute(
+                    text("INSERT INTO mem_fts (rowid, text) VALUES (:id, :text)"),
+                    [{"id": i, "text": r["text"]} for i, r in zip(ids, rows, strict=True)],
+                )
+            else:
+                conn.execute(
+                    text(
+                        "INSERT INTO mem_fts (item_id, namespace, tsv)"
+                        " VALUES (:id, :ns, to_tsvector('simple', :text))"
+                    ),
+                    [
+                        {"id": i, "ns": NS, "text": r["text"]}
+                        for i, r in zip(ids, rows, strict=True)
+                    ],
+                )
+            conn.execute(
+                insert(mem_item_versions),
+                [
+                    {
+                        "namespace": NS,
+                        "key": r["key"],
+                        "version": 1,
+                        "value": r["value"],
+                        "text": r["text"],
+                        "deleted": False,
+                        "op": f"bulk/{r['key']}",
+                        "run_id": None,
+                        "step_id": None,
+                        "at": 0.0,
+                        "store_seq": r["store_seq"],
+                    }
+                    for r in rows
+                ],
+            )
+            conn.execute(
+                insert(mem_applied),
+                [
+                    {"op": f"bulk/{r['key']}", "digest": "-", "result": "{}", "at": 0.0}
+                    for r in rows
+                ],
+            )
+    with engine.begin() as conn:
+        conn.execute(update(mem_seq).values(seq=seq))
+        conn.execute(
+            insert(mem_namespaces).values(
+                namespace=NS,
+                item_count=len(texts),
+                bytes=sum(len(t) * 2 for t in texts),
+                store_seq=seq,
+                updated_at=0.0,
+            )
+        )
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+def run(url: str, n: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    engine = make_engine(url)
+    upgrade(engine)
+    store = MemoryStore(engine, embedder=HashingEmbedder(args.dims), max_items=n + args.puts + 200)
+    texts = corpus(n, args.words, seed=n)
+    t0 = time.perf_counter()
+    bulk_load(store, texts)
+    load_s = time.perf_counter() - t0
+    rng = random.Random(7)
+    queries = []
+    for i in range(args.queries):
+        words = rng.choice(texts).split()
+        if i % 4 == 0:
+            queries.append(f"needle{rng.randrange(0, n, 20)}")
+        else:
+            start = rng.randrange(len(words) - 6)
+            queries.append(" ".join(words[start : start + 5]))
+    t0 = time.perf_counter()
+    store.search(NS, "warm up", k=10, mode="vector")
+    cold_ms = (time.perf_counter() - t0) * 1000
+    rows = []
+    for mode in ("hybrid", "text", "vector"):
+        times = []
+        for q in queries:
+            t = time.perf_counter()
+            store.search(NS, q, k=10, mode=mode)
+            times.append(time.perf_counter() - t)
+        rows.append(
+            {"op": f"search {mode}", "n": n, "p50": pct(times, 0.5), "p99": pct(times, 0.99)}
+        )
+    puts = []
+    for i in range(args.puts):
+        body = " ".join(rng.choice(texts).split()[: args.words])
+        t = time.perf_counter()
+        store.put(NS, None, body, op=f"bench/{uuid.uuid4()}/{i}")
+        puts.append(time.perf_counter() - t)
+    rows.append({"op": "put", "n": n, "p50": pct(puts, 0.5), "p99": pct(puts, 0.99)})
+    # A search right after a put: the matrix takes the new row (no reload).
+    after = []
+    for i in range(min(args.puts, 100)):
+        store.put(NS, None, f"fresh fact {i}", op=f"bench/after/{uuid.uuid4()}")
+        t = time.perf_counter()
+        store.search(NS, queries[i % len(queries)], k=10)
+        after.append(time.perf_counter() - t)
+    rows.append(
+        {"op": "search after a put", "n": n, "p50": pct(after, 0.5), "p99": pct(after, 0.99)}
+    )
+    for r in rows:
+        r["load_s"] = load_s
+        r["cold_ms"] = cold_ms
+    store.close()
+    engine.dispose()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--items", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--words", type=int, default=200)
+    parser.add_argument("--dims", type=int, default=256)
+    parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--puts", type=int, default=300)
+    parser.add_argument("--url", default="", help="PostgreSQL URL (default: a SQLite file)")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in args.items:
+            if args.url:
+                schema = f"bench_mem_{uuid.uuid4().hex[:8]}"
+                admin = make_engine(args.url)
+                with admin.begin() as conn:
+                    conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+                sep = "&" if "?" in args.url else "?"
+                url = f"{args.url}{sep}options=-csearch_path%3D{schema}"
+                try:
+                    rows += run(url, n, args)
+                finally:
+                    with admin.begin() as conn:
+                        conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+                    admin.dispose()
+            else:
+                rows += run(f"sqlite:///{Path(tmp) / f'mem-{n}.db'}", n, args)
+    print(f"dims={args.dims} words/text={args.words} queries={args.queries} k=10")
+    print(f"{'op':<22}{'items':>9}{'p50 ms':>9}{'p99 ms':>9}")
+    for r in rows:
+        print(f"{r['op']:<22}{r['n']:>9}{r['p50']:>9.2f}{r['p99']:>9.2f}")
+    for n in args.items:
+        r = next(r for r in rows if r["n"] == n)
+        print(
+            f"items={n}: bulk load {r['load_s']:.1f} s, first vector search {r['cold_ms']:.0f} ms"
+        )
+    print(f"mean of p99s: {statistics.mean(r['p99'] for r in rows):.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
