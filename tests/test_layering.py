@@ -142,6 +142,7 @@ LAYERS: dict[str, Layer] = {
             "store",
             "projector",
             "agents",
+            "memory",
             "observe",
             "schedules",
             "supervisor",

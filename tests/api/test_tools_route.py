@@ -75,6 +75,12 @@ def test_the_enabled_tools_with_their_schemas_and_the_disabled_ones(server) -> N
         "signal.wait",
         "plan.run",
         "agent",
+        "memory.put",
+        "memory.get",
+        "memory.search",
+        "memory.link",
+        "memory.neighbors",
+        "memory.delete",
     }
     assert body["disabled"] == ["shell"]
     sleep = next(t for t in body["tools"] if t["name"] == "sleep")

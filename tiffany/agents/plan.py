@@ -426,7 +426,28 @@ def check_args(
                 errors.append({"loc": loc + _subloc(e["loc"]), "msg": e["msg"]})
         if s.tool == "agent" and tools is not None and "tools" not in deferred:
             errors.extend(_check_agent_tools(s.args.get("tools"), tools, disabled, loc))
+        if s.tool == "agent" and tools is not None and s.args.get("memory") is not None:
+            errors.extend(_check_agent_memory(tools, disabled, loc))
     return errors
+
+
+#: The tools an ``agent`` step's ``memory`` calls (``remember``, ``recall``).
+_AGENT_MEMORY_TOOLS = ("memory.put", "memory.search")
+
+
+def _check_agent_memory(
+    tools: Iterable[str], disabled: Iterable[str], loc: str
+) -> list[dict[str, str]]:
+    """An ``agent`` step's ``memory``: remember and recall are ``memory.*`` steps, enabled here."""
+    enabled, off = set(tools), set(disabled)
+    return [
+        {
+            "loc": f"{loc}.memory",
+            "msg": f"remember and recall call {name}: {disabled_message(name)}",
+        }
+        for name in _AGENT_MEMORY_TOOLS
+        if name not in enabled and name in off
+    ]
 
 
 def _check_agent_tools(

@@ -2,7 +2,7 @@
 
 ``ToolRegistry.default()`` holds every built-in tool (``shell``, ``http``,
 ``python``, ``llm``, ``file.read``, ``file.write``, ``sleep``, ``signal.wait``,
-``plan.run``) and loads the
+``plan.run``, ``agent``, the ``memory.*`` tools) and loads the
 ``tiffany.tools`` entry points (callables for the ``python`` tool). A
 server runs only the tools its operator enabled: :data:`DEFAULT_ENABLED` is
 every built-in but ``shell``; ``tiffany run`` enables them all
@@ -46,6 +46,12 @@ DEFAULT_ENABLED: frozenset[str] = frozenset(
         "file.write",
         "http",
         "llm",
+        "memory.delete",
+        "memory.get",
+        "memory.link",
+        "memory.neighbors",
+        "memory.put",
+        "memory.search",
         "plan.run",
         "python",
         "signal.wait",

@@ -80,6 +80,9 @@ class AgentEnv:
     #: ``(run_id, step_id, tool, outcome)``. The OTel recorder makes its attempts step
     #: spans, as it does a plan step's (``tiffany/observe/otel.py``).
     call_ended: Callable[[str, str, str, Any], None] = lambda run_id, step_id, tool, outcome: None
+    #: The engine's MemoryStore for the ``memory.*`` tools (``tools/memory.py``), or
+    #: None: this engine has none (a replay's: it never calls them).
+    memory: Any = None
 
     # Plans validated at submission, keyed by the document's identity (the
     # document itself is held, so its id cannot be reused meanwhile).
@@ -457,6 +460,7 @@ def _tool_context(
         env.runs,
         env.registry,
         ledger,
+        memory=env.memory,
     )
 
 

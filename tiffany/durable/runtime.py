@@ -237,6 +237,7 @@ class Runtime:
         self.journal.reserve_run_no(self.opened.max_run_no)
         self.resolvers: dict[str, Resolver] = {"callable": resolve_callable, **(resolvers or {})}
         self.index: RunIndex | None = None
+        self._closing: list[Callable[[], None]] = []
         #: Unfinished runs recovery left alone: a newer engine started them.
         self.too_new: list[JournalTooNew] = []
         #: Unfinished runs recovery left alone: their entry does not resolve here
@@ -360,12 +361,29 @@ class Runtime:
         """Return the journal's state of a run started or recovered here."""
         return self.journal.runs[run_id]
 
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` as the runtime closes, after its threads' jobs and the WAL.
+
+        For what the engine opened beside the runtime and its tools use from
+        the thread pool (the MemoryStore: ``tiffany/engine/memory.py``). A
+        callback that raises is logged; the others still run.
+        """
+        self._closing.append(callback)
+
     def close(self) -> None:
-        """Stop the scheduler's helpers and close the WAL (committing it)."""
+        """Stop the scheduler's helpers, close the WAL (committing it), then :meth:`on_close`'s."""
         try:
             self.sched.close()
         finally:
-            self.wal.close()
+            try:
+                self.wal.close()
+            finally:
+                closing, self._closing = self._closing, []
+                for callback in closing:
+                    try:
+                        callback()
+                    except Exception as exc:  # noqa: BLE001 - logged; the rest still close
+                        log.warning("runtime.close_callback_failed", error=repr(exc))
 
     def __enter__(self) -> Runtime:
         return self

@@ -556,6 +556,7 @@ def build(
     """
     from tiffany.agents import AgentEnv, plan_resolver
     from tiffany.agents.registry import ToolRegistry
+    from tiffany.engine.memory import EngineMemory
     from tiffany.workflows import workflow_resolver
 
     data_dir = Path(settings.data_dir)
@@ -587,6 +588,9 @@ def build(
         )
         on_failure.pop_all()  # the runtime owns the journal now
         on_failure.callback(runtime.close)
+        # The memory tools' store: opened off the loop, closed with the runtime (memory.py).
+        env.memory = EngineMemory(settings)
+        runtime.on_close(env.memory.close)
         engine = _assemble(settings, runtime, env, watchdog, registry, instruments)
         on_failure.pop_all()  # built: the caller closes it (engine.runtime.close())
     return engine

@@ -2,19 +2,21 @@
 
 Public API::
 
-    from tiffany.workflows import workflow, tool, signal, child, patched
+    from tiffany.workflows import workflow, tool, signal, child, patched, memory
 
 ``@workflow("name")`` registers a generator function (``registry.py``); its
 keyword arguments are a run's inputs and its returned dict the run's
 outputs. Inside it, the kernel's system calls (``Step``, ``Sleep``,
 ``NewTask``, ``WaitTask``, ``KillTask``, ``Now``, ``Random``, ``GetTid``,
-nested generators) and the run-level calls of ``calls.py``. The engine
+nested generators), the run-level calls of ``calls.py``, and memory's
+(``memory.put(...)``, ``memory.search(...)``: ``memory.py``). The engine
 runs, resumes and replays workflow runs through :func:`workflow_resolver`
 (``runner.py``), the resolver of the ``workflow`` entry kind.
 """
 
 from __future__ import annotations
 
+from tiffany.workflows import memory
 from tiffany.workflows.calls import (
     ChildFailed,
     SignalPayloadInvalid,
@@ -60,6 +62,7 @@ __all__ = [
     "child",
     "input_problems",
     "lookup",
+    "memory",
     "names",
     "patched",
     "prepare_workflow",

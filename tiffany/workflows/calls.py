@@ -129,6 +129,7 @@ class WorkflowContext:
             lambda kind, data: env.emit(self.run_id, kind, {"step": step_id, **data}),
             env.runs,
             env.registry,
+            memory=env.memory,
         )
 
 

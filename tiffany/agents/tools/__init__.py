@@ -13,6 +13,9 @@
   a loop; each call a child task with a durable step).
 * ``plan.run`` (:class:`PlanRunTool`): in the worker task itself (a child run of
   another plan; its end comes back as a signal).
+* ``memory.put`` / ``memory.get`` / ``memory.search`` / ``memory.link`` /
+  ``memory.neighbors`` / ``memory.delete`` (``memory.py``): in a thread, on the
+  engine's MemoryStore; reads journaled with their answer, writes exactly once.
 
 :class:`~tiffany.agents.registry.ToolRegistry` holds them by name; each declares
 its ``Args`` and ``Output`` models (``schema.py`` turns them into JSON Schemas).
@@ -33,6 +36,14 @@ from tiffany.agents.tools.base import (
 from tiffany.agents.tools.file import FileReadTool, FileWriteTool
 from tiffany.agents.tools.http import HttpTool
 from tiffany.agents.tools.llm import LlmTool
+from tiffany.agents.tools.memory import (
+    MemoryDeleteTool,
+    MemoryGetTool,
+    MemoryLinkTool,
+    MemoryNeighborsTool,
+    MemoryPutTool,
+    MemorySearchTool,
+)
 from tiffany.agents.tools.python import PythonTool, python_tool
 from tiffany.agents.tools.shell import ShellTool
 from tiffany.agents.tools.signal import SignalWaitTool
@@ -47,6 +58,12 @@ __all__ = [
     "FreeFormOutput",
     "HttpTool",
     "LlmTool",
+    "MemoryDeleteTool",
+    "MemoryGetTool",
+    "MemoryLinkTool",
+    "MemoryNeighborsTool",
+    "MemoryPutTool",
+    "MemorySearchTool",
     "PlanRunTool",
     "PythonTool",
     "ShellTool",
@@ -73,4 +90,10 @@ BUILTIN_TOOLS: tuple[type, ...] = (
     SignalWaitTool,
     PlanRunTool,
     AgentTool,
+    MemoryPutTool,
+    MemoryGetTool,
+    MemorySearchTool,
+    MemoryLinkTool,
+    MemoryNeighborsTool,
+    MemoryDeleteTool,
 )

@@ -25,6 +25,15 @@ JSON (``{"error": "arguments are not valid JSON: ... at char N"}``) or do
 not fit the tool, or a tool that fails are told to the model (as the
 ``tool`` message, the call counted, not ok) so that it can correct itself,
 not raised; no answer within ``max_turns`` fails the step (``agent.max_turns``).
+
+Memory: ``"memory": {"namespace": "users.alice"}`` gives the model two more
+functions on that namespace of the engine's MemoryStore: ``remember(text,
+key?)`` (a ``memory.put`` of the text) and ``recall(query, k?)`` (a
+``memory.search``). Each is a tool call like the others (a child task, a
+durable step named after its tool, in the calls as ``remember`` /
+``recall``): a replay is given what the model was told, and a remembered
+fact is written once however often its step runs (its op is the call's:
+``tools/memory.py``, ``write_op``).
 """
 
 from __future__ import annotations
@@ -49,6 +58,15 @@ from tiffany.agents.tools.llm import (
     provider_for,
     with_usage,
 )
+from tiffany.agents.tools.memory import (
+    MAX_K,
+    MAX_KEY_CHARS,
+    MAX_QUERY_CHARS,
+    MAX_TEXT_CHARS,
+    NAMESPACE_PATTERN,
+    MemoryPutTool,
+    MemorySearchTool,
+)
 from tiffany.errors import TaskCrashed
 from tiffany.kernel import Coroutine, NewTask, Step, WaitTask
 from tiffany.wire.records import TaskLabel
@@ -56,6 +74,7 @@ from tiffany.wire.records import TaskLabel
 __all__ = [
     "AgentArgs",
     "AgentMaxTurns",
+    "AgentMemory",
     "AgentOutput",
     "AgentTool",
     "function_name",
@@ -74,6 +93,42 @@ class AgentMaxTurns(ToolError):
     code = "agent.max_turns"
 
 
+class AgentMemory(ToolArgs):
+    """The memory an ``agent`` step's model may use (``remember`` and ``recall``)."""
+
+    namespace: str = Field(
+        pattern=NAMESPACE_PATTERN,
+        description="The namespace it remembers into and recalls from (``users.alice``).",
+    )
+    k: int = Field(default=5, ge=1, le=MAX_K, description="Memories a recall returns by default.")
+
+
+class RememberArgs(ToolArgs):
+    """Remember a fact for later (it stays after this run)."""
+
+    text: str = Field(min_length=1, max_length=MAX_TEXT_CHARS, description="The fact, in words.")
+    key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_KEY_CHARS,
+        description="A key to file it under (the same key replaces it); default: a new one.",
+    )
+
+
+class RecallArgs(ToolArgs):
+    """Recall the remembered facts that best match a query."""
+
+    query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS, description="What to recall.")
+    k: int | None = Field(default=None, ge=1, le=MAX_K, description="How many facts at most.")
+
+
+#: The functions ``memory`` gives the model, with their arguments.
+MEMORY_FUNCTIONS: Final[dict[str, type[ToolArgs]]] = {
+    "remember": RememberArgs,
+    "recall": RecallArgs,
+}
+
+
 class AgentArgs(ToolArgs):
     """Arguments of ``agent``."""
 
@@ -85,6 +140,11 @@ class AgentArgs(ToolArgs):
     model: str | None = Field(default=None, description="The model (default: the operator's).")
     system: str | None = Field(default=None, description="A system message before the goal.")
     timeout_s: float = Field(default=120.0, gt=0, le=3600, description="A model call's bound.")
+    memory: AgentMemory | None = Field(
+        default=None,
+        description="Give the model ``remember(text, key?)`` and ``recall(query, k?)`` on this "
+        "namespace of memory (each call journaled, a write made once).",
+    )
 
 
 class AgentCall(ToolOutput):
@@ -128,6 +188,21 @@ def _schemas(ctx: ToolContext, names: list[str]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _memory_schemas() -> list[dict[str, Any]]:
+    """The ``remember`` and ``recall`` functions (an ``agent`` step with ``memory``)."""
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": (model.__doc__ or name).strip().splitlines()[0],
+                "parameters": model.model_json_schema(),
+            },
+        }
+        for name, model in MEMORY_FUNCTIONS.items()
+    ]
 
 
 def _chat(
@@ -253,7 +328,12 @@ def _call_task(step: Step) -> Coroutine:
 
 
 def _tool_call(
-    ctx: ToolContext, allowed: list[str], call: Mapping[str, Any], turn: int, ordinal: int
+    ctx: ToolContext,
+    allowed: list[str],
+    call: Mapping[str, Any],
+    turn: int,
+    ordinal: int,
+    memory: AgentMemory | None = None,
 ) -> Coroutine:
     """Run the ``ordinal``-th tool call of the step (in ``turn``); ``(ok, result)``.
 
@@ -269,6 +349,8 @@ def _tool_call(
         return False, {"error": f"tool {name!r} is not one of this step's tools: {allowed}"}
     if call.get("invalid"):
         return False, {"error": str(call["invalid"])}
+    if memory is not None and name in MEMORY_FUNCTIONS:
+        return (yield from _memory_call(ctx, memory, name, call.get("arguments") or {}, ordinal))
     tool = ctx.tools.lookup(name)
     try:
         args = tool.Args.model_validate(call.get("arguments") or {})
@@ -301,6 +383,57 @@ def _tool_call(
     return True, result
 
 
+def _memory_call(
+    ctx: ToolContext, memory: AgentMemory, name: str, raw: Any, ordinal: int
+) -> Coroutine:
+    """A ``remember`` or ``recall`` call: ``memory.put`` or ``memory.search``; ``(ok, result)``.
+
+    The store's call is a durable step named after its tool, in a child task
+    (as the agent's other tool calls): its whole answer is journaled (a
+    put's with its embedding, for ``tiffany db rebuild``); the model is
+    told the part that matters to it.
+    """
+    try:
+        given = MEMORY_FUNCTIONS[name].model_validate(raw)
+    except ValidationError as exc:
+        return False, {"error": f"bad arguments: {exc.errors(include_url=False)}"}
+    tool: Any
+    if isinstance(given, RememberArgs):
+        tool = MemoryPutTool()
+        args: Any = tool.Args.model_validate(
+            {"namespace": memory.namespace, "key": given.key, "value": given.text}
+        )
+    else:
+        assert isinstance(given, RecallArgs)
+        tool = MemorySearchTool()
+        args = tool.Args.model_validate(
+            {"namespace": memory.namespace, "query": given.query, "k": given.k or memory.k}
+        )
+    ctx = replace(ctx, call=ordinal)
+    step = Step(tool.run, args, ctx, name=tool.name)
+    try:
+        tid = yield NewTask(
+            _call_task(step),
+            name=f"tool:{name}:{ctx.step_id}",
+            meta=TaskLabel("tool", ctx.step_id, tool.name),
+        )
+        result = yield WaitTask(tid)
+    except Exception as exc:  # noqa: BLE001 - told to the model, as the call's result
+        cause = exc.__cause__ or exc
+        return False, {"error": f"{type(cause).__name__}: {cause}"}
+    if name == "remember":
+        return True, {
+            "remembered": True,
+            "key": result.get("key"),
+            "version": result.get("version"),
+        }
+    memories = [
+        {"key": i.get("key"), "text": i.get("text"), "score": i.get("score")}
+        for i in result.get("items") or []
+    ]
+    return True, {"memories": memories, "as_of": result.get("as_of")}
+
+
 class AgentTool:
     """Let a model call tools until it answers."""
 
@@ -316,6 +449,10 @@ class AgentTool:
         if ctx.tools is None:
             raise ToolError("this engine offers the agent no tools")
         functions = _schemas(ctx, args.tools)
+        allowed = list(args.tools)
+        if args.memory is not None:  # remember / recall (_memory_call)
+            functions += _memory_schemas()
+            allowed += [n for n in MEMORY_FUNCTIONS if n not in allowed]
         messages: list[dict[str, Any]] = []
         if args.system:
             messages.append({"role": "system", "content": args.system})
@@ -376,7 +513,9 @@ class AgentTool:
                 }
             )
             for c in wanted:
-                ok, result = yield from _tool_call(ctx, args.tools, c, turn, len(calls) + 1)
+                ok, result = yield from _tool_call(
+                    ctx, allowed, c, turn, len(calls) + 1, args.memory
+                )
                 calls.append({"turn": turn, "tool": c["name"], "ok": ok})
                 text = json.dumps(result, default=str)[:MAX_RESULT_CHARS]
                 messages.append({"role": "tool", "tool_call_id": c["id"], "content": text})

@@ -125,6 +125,8 @@ class ToolContext:
         call: For a tool an ``agent`` step calls, which of the step's tool
             calls this is (1, 2...): two calls of one attempt are two
             things (``plan.run`` starts a child each); None for the step's own tool.
+        memory: The engine's MemoryStore (``tiffany/memory/``; the ``memory.*``
+            tools: ``tools/memory.py``), or None: this engine has none.
     """
 
     run_id: str
@@ -137,6 +139,7 @@ class ToolContext:
     tools: Any = None
     budget: Any = None
     call: int | None = None
+    memory: Any = None
 
 
 class Tool(Protocol):

@@ -62,6 +62,18 @@ sent once more, and the refusal remembered for that model. An `agent`'s
 tool call whose arguments are not valid JSON goes back to the model as the
 call's result (`{"error": "arguments are not valid JSON: ... at char N"}`),
 counted as a call that failed, and the loop goes on.
+
+The `memory.*` tools read and write the engine's MemoryStore
+([memory.md](memory.md)). A read (`memory.get`, `memory.search`,
+`memory.neighbors`) is journaled with its answer and its `as_of` (the
+store's sequence number when it answered): a replay or `tiffany replay
+--verify` gives what the run read, however memory changed since, while a
+re-run (`tiffany rerun`, a new run) reads memory as it is now. A write
+(`memory.put`, `memory.link`, `memory.delete`) is applied exactly once: its
+key is the step's (`RUN/STEP/0`), so a retry or a re-run after a crash
+finds it applied and gets its first result. An `agent` step given
+`"memory": {"namespace": "..."}` lets its model `remember(text, key?)` and
+`recall(query, k?)` there.
 """
 
 
