@@ -401,12 +401,19 @@ def langgraph_python() -> Path:
 # -- a write's cost in the journal -----------------------------------------------------------
 
 
-def wal_bytes(data_dir: Path) -> int:
-    """The bytes of the WAL's records (frame and payload), not its files' preallocated size."""
+def wal_bytes(data_dir: Path) -> dict[str, int]:
+    """The bytes of the WAL's records (frame and payload) by record type, not its files' size."""
     from tiffany.wal import iter_records
+    from tiffany.wire.records import RecordType
 
     frame = 4 + 4 + 1  # crc, length, type: docs/wal-format.md
-    return sum(frame + len(r.payload) for r in iter_records(data_dir / "wal"))
+    out: dict[str, int] = {}
+    for r in iter_records(data_dir / "wal"):
+        name = (
+            RecordType(r.rtype).name if r.rtype in RecordType._value2member_map_ else str(r.rtype)
+        )
+        out[name] = out.get(name, 0) + frame + len(r.payload)
+    return out
 
 
 #: The python tool the baseline plan calls (written to the work directory, --import'ed).
@@ -420,7 +427,7 @@ def bench_noop() -> None:
 """
 
 
-def plan_wal_bytes(workdir: Path, steps: list[dict[str, Any]], tag: str) -> int | None:
+def plan_wal_bytes(workdir: Path, steps: list[dict[str, Any]], tag: str) -> dict[str, int] | None:
     data = workdir / f"journal-{tag}"
     plan = workdir / f"plan-{tag}.json"
     plan.write_text(json.dumps({"name": f"bench-{tag}", "steps": steps}))
@@ -471,7 +478,15 @@ def journal_cost(workdir: Path, texts: list[str]) -> dict[str, Any]:
     for label, make in (("memory.put", put_steps), ("python", python_steps)):
         small = plan_wal_bytes(workdir, make(10), f"{label}-10")
         large = plan_wal_bytes(workdir, make(110), f"{label}-110")
-        out[label] = None if small is None or large is None else (large - small) / 100
+        if small is None or large is None:
+            out[label] = None
+            continue
+        by_type = {t: (large[t] - small.get(t, 0)) / 100 for t in large}
+        out[label] = {
+            "bytes": sum(by_type.values()),
+            "by_type": {t: b for t, b in sorted(by_type.items(), key=lambda tb: -tb[1]) if b},
+        }
+    out["text_chars"] = sum(map(len, texts[:110])) / 110
     return out
 
 
@@ -634,6 +649,12 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--no-pg", action="store_true")
     ap.add_argument("--pg-url", default=PG_URL)
+    ap.add_argument(
+        "--pg-max",
+        type=int,
+        default=10_000,
+        help="the largest size PostgreSQL runs at (its loads go through put, a commit each)",
+    )
     ap.add_argument("--dir", type=Path, help="work directory parent (default: the system's temp)")
     ap.add_argument("--cell", choices=("sqlite", "postgresql"), help=argparse.SUPPRESS)
     ap.add_argument("--cell-url", help=argparse.SUPPRESS)
@@ -674,14 +695,19 @@ def main() -> None:
                 pg_note = f"not reachable at {args.pg_url}"
             else:
                 url, handle = made
+                pg_sizes = [s for s in args.sizes if s <= args.pg_max] or args.sizes[:1]
+                pg_cmd = [*me, "--cell", "postgresql", "--cell-url", url]
+                pg_cmd += ["--sizes", ",".join(map(str, pg_sizes))]  # the last --sizes counts
                 try:
                     reports.append(
                         child(
-                            [*me, "--cell", "postgresql", "--cell-url", url],
+                            pg_cmd,
                             "Tiffany MemoryStore (postgresql)",
                         )
                     )
-                    pg_note = "run"
+                    pg_note = f"run at {', '.join(f'{s:,}' for s in pg_sizes)} items" + (
+                        f" (--pg-max {args.pg_max:,})" if pg_sizes != args.sizes else ""
+                    )
                 finally:
                     drop_pg_schema(handle)
         if not args.no_peers:
@@ -741,8 +767,17 @@ def main() -> None:
         "\njournal: bytes a step adds to the WAL (records' frames and payloads; growth from a "
         "plan of 10 steps to one of 110, over 100, each run with tiffany run on a fresh data dir)"
     )
-    for label, b in journal.items():
-        print(f"  {label:<12}{'failed' if b is None else f'{b:,.0f} bytes':>14}")
+    for label in ("memory.put", "python"):
+        j = journal[label]
+        if j is None:
+            print(f"  {label:<12}failed")
+            continue
+        parts = ", ".join(f"{t} {b:,.0f}" for t, b in j["by_type"].items())
+        print(f"  {label:<12}{j['bytes']:>8,.0f} bytes a step ({parts})")
+    print(
+        f'  (a put\'s value is {{"text": text}}, the texts {journal["text_chars"]:,.0f} chars on '
+        "average; the put's result, journaled, carries its value, text and vector)"
+    )
 
 
 if __name__ == "__main__":
