@@ -13,7 +13,8 @@ two other words of its text, half six consecutive words of a text; every
 query's text lies in the first size's items.
 
 **The same embeddings for everyone.** Every text and query is embedded once,
-here, with Tiffany's ``HashingEmbedder`` (its default dims), and saved
+here (``--embed-workers`` processes), with Tiffany's ``HashingEmbedder`` (its
+default dims), and saved
 (``vectors.npy``, ``texts.txt``, ...) to the work directory. Every store's
 embedding function then looks the vector up by its text: LangGraph's index
 ``embed`` function and, for Tiffany, an ``Embedder`` with the
@@ -23,8 +24,11 @@ figures; what the HashingEmbedder itself costs a text is printed apart.
 **Stores**, each in a fresh process of its own (``_memory_cell.py`` times
 them all alike: bulk-load, single puts, searches, memory):
 
-* Tiffany ``MemoryStore`` on a SQLite file (``MemoryStore.open``), and on the
-  local PostgreSQL (a private schema, ``--pg-url``) when it answers;
+* Tiffany ``MemoryStore`` on a SQLite file (its engine migrated as ``tiffany
+  db upgrade`` does), and on the local PostgreSQL (a private schema,
+  ``--pg-url``) when it answers, up to ``--pg-max`` (10,000) items: the
+  MemoryStore has no bulk write, so every item is a ``put`` and a commit,
+  and 100,000 of them would take the run past its budget;
 * LangGraph ``SqliteStore`` on a file with its vector index (sqlite-vec), at
   the journal mode and ``synchronous`` Tiffany's SQLite store runs with, and
   LangGraph ``InMemoryStore`` with the same index (``memory_langgraph_driver.py``,
@@ -32,11 +36,13 @@ them all alike: bulk-load, single puts, searches, memory):
 
 **Measured**, at each size (10,000 and 100,000 items; the store grows from
 one to the next): the bulk load of all but the last ``--puts`` (200) items,
-the fastest way the store allows (each says how); then those ``--puts``
-items one call each (put p50/p99); then ``--queries`` searches for the top
-10 by vector similarity (Tiffany: its ``vector`` and ``hybrid`` modes), each
-timed, until all are done or ``--budget-s`` has passed (search p50/p99, and
-how many); memory per item (the RSS the store's process gained since before
+the fastest way the store allows (each says how: LangGraph's in batches
+of 1,000 ``PutOp``s, Tiffany's one ``put`` at a time, from 8 threads on
+PostgreSQL); then those ``--puts`` items one call each (put p50/p99); then
+``--queries`` searches for the top 10 by vector similarity (Tiffany: its
+``vector`` and ``hybrid`` modes), each timed, ``--passes`` (5) times over
+the queries, until done or ``--budget-s`` (15 s) has passed (search
+p50/p99, and how many were timed); memory per item (the RSS the store's process gained since before
 it opened the store, over N; the database's bytes over N); recall@10 of each
 vector search against numpy's exact top 10 over the same vectors (exact
 search scores 1.0, reported anyway), and the share of needle queries whose
@@ -45,8 +51,9 @@ needle's text came back in the top 10.
 **A write's cost in the journal**: a plan of ``memory.put`` steps run with
 ``tiffany run`` on a fresh data dir, once with 10 and once with 110 steps;
 the WAL's growth (the bytes of its records: frame and payload) between
-the two, over 100, is what a ``memory.put`` step adds; a plan of trivial
-``python`` steps, measured alike, is printed beside it.
+the two, over 100, is what a ``memory.put`` step adds (by record type: a
+step's result is journaled in its WAKE and in its tasks' TASK_EXITs); a
+plan of trivial ``python`` steps, measured alike, is printed beside it.
 
 The figures are printed side by side with the ratios, and the targets of
 issue 42 beside them (Tiffany's search p99 at 100,000 items under 5 ms, and
