@@ -509,3 +509,67 @@ def test_threads_writing_one_store(store: MemoryStore, engine: Engine) -> None:
     assert errors == []
     assert store.namespaces()[0]["items"] == 100
     assert len(store.search("threads", "thread item", k=100, mode="vector")["items"]) == 100
+
+
+def test_a_rebuild_under_another_embedder_keeps_the_journaled_vectors_apart(
+    engine: Engine, clock: ManualClock, tmp_path: Path
+) -> None:
+    """Vectors of different embedders are never compared: a rebuilt item is found by text."""
+    small = MemoryStore(engine, embedder=HashingEmbedder(dims=64), clock=clock)
+    result = small.put("notes", "k", "the zanzibar express", op="r/1")
+    assert result["embedder"]["dims"] == 64
+    other = make_engine(f"sqlite:///{tmp_path / 'other.db'}")
+    upgrade(other)
+    rebuilt = MemoryStore(other, clock=clock)  # 256 dimensions
+    try:
+        again = rebuilt.apply(result)
+        assert again["embedder"] == result["embedder"]
+        assert again["vector"] == result["vector"]
+        assert [i["key"] for i in rebuilt.search("notes", "zanzibar", mode="text")["items"]] == [
+            "k"
+        ]
+        assert rebuilt.search("notes", "zanzibar", mode="vector")["items"] == []
+        assert [i["key"] for i in rebuilt.search("notes", "zanzibar")["items"]] == ["k"]
+    finally:
+        rebuilt.close()
+        other.dispose()
+
+
+def test_a_store_from_settings(tmp_path: Path) -> None:
+    from tiffany.config import Settings
+
+    settings = Settings(
+        data_dir=tmp_path / "data", memory_max_items=1, embeddings_dims=32, _env_file=None
+    )
+    engine = make_engine(settings.database_url)
+    upgrade(engine)
+    engine.dispose()
+    store = MemoryStore.from_settings(settings)
+    try:
+        assert store.embedder.dims == 32
+        store.put(NS, "a", "one", op="s1")
+        with pytest.raises(MemoryFull):
+            store.put(NS, "b", "two", op="s2")
+    finally:
+        store.close()
+
+
+def test_common_words_act_as_stop_words_and_bound_the_scoring(
+    store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tiffany.memory import fulltext
+
+    monkeypatch.setattr(fulltext, "COMMON_MATCHES", 2)
+    monkeypatch.setattr(fulltext, "SCORED_MATCHES", 3)
+    for i in range(6):
+        store.put("notes", f"k{i}", f"tea note number {i}", op=f"p{i}")
+    store.put("notes", "rare", "tea from zanzibar", op="p-rare")
+    # "tea" is in 7 items (common), "zanzibar" in 1: the rare word decides.
+    found = store.search("notes", "tea zanzibar", k=5, mode="text")["items"]
+    assert [i["key"] for i in found] == ["rare"]
+    # Common words only: the newest 3 items holding one are scored.
+    found = store.search("notes", "tea note", k=5, mode="text")["items"]
+    assert sorted(i["key"] for i in found) == ["k4", "k5", "rare"]
+    # A word in no item is no word: the others decide.
+    found = store.search("notes", "zanzibar nowhere", k=5, mode="text")["items"]
+    assert [i["key"] for i in found] == ["rare"]

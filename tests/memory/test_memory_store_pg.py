@@ -279,3 +279,36 @@ def test_two_processes_write_at_once(
         seqs = conn.execute(select(mem_item_versions.c.store_seq)).scalars().all()
     assert sorted(seqs) == list(range(1, 101))
     assert [(n["namespace"], n["items"]) for n in store.namespaces()] == [("crash", 100)]
+
+
+def test_writes_are_transactions_on_an_autocommit_engine(pg_migrated_url: str) -> None:
+    """The API's reader engine commits each statement; a write through it is all or nothing."""
+    from tiffany.store.session import make_reader_engine
+
+    engine = make_reader_engine(pg_migrated_url, 2)
+    store = MemoryStore(engine, max_items=1)
+    try:
+        store.put(NS, "one", "1", op="w1")
+        with pytest.raises(MemoryFull):
+            store.put(NS, "two", "2", op="w2")  # refused after its claim and its seq bump
+        assert count(engine, mem_applied) == 1
+        assert store.put(NS, "one", "1 again", op="w3")["store_seq"] == 2
+    finally:
+        store.close()
+        engine.dispose()
+
+
+def test_common_words_act_as_stop_words_and_bound_the_scoring(
+    store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tiffany.memory import fulltext
+
+    monkeypatch.setattr(fulltext, "COMMON_MATCHES", 2)
+    monkeypatch.setattr(fulltext, "SCORED_MATCHES", 3)
+    for i in range(6):
+        store.put("notes", f"k{i}", f"tea note number {i}", op=f"p{i}")
+    store.put("notes", "rare", "tea from zanzibar", op="p-rare")
+    found = store.search("notes", "tea zanzibar", k=5, mode="text")["items"]
+    assert [i["key"] for i in found] == ["rare"]
+    found = store.search("notes", "tea note", k=5, mode="text")["items"]
+    assert sorted(i["key"] for i in found) == ["k4", "k5", "rare"]

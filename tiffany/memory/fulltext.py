@@ -18,9 +18,11 @@ item, about a microsecond each: a query with a word found in most of
 100,000 items took 140 ms): each word's matches in the namespace are
 counted up to :data:`COMMON_MATCHES` (cheap: no score); the rarer words
 are OR-ed, rarest first, while their matches together stay under
-:data:`SCORED_MATCHES`. Words found in more items than that act as stop
-words while rarer ones exist; a query of common words only must match
-all of them (AND). A rare word, a needle, is always searched.
+:data:`SCORED_MATCHES`, and all of their matches are scored. Words found in
+more items than that act as stop words while rarer ones exist; a query of
+common words only scores the newest :data:`SCORED_MATCHES` items holding
+any of them. A rare word, a needle, is always searched; a query's cost is
+bounded either way.
 """
 
 from __future__ import annotations
@@ -43,9 +45,9 @@ __all__ = [
 ]
 
 #: A word with more matches than this in a namespace is common (a stop word, nearly).
-COMMON_MATCHES: Final = 1000
+COMMON_MATCHES: Final = 500
 #: Matches a ranked query scores at most (when its words are rare).
-SCORED_MATCHES: Final = 2000
+SCORED_MATCHES: Final = 1000
 
 
 def namespace_token(namespace: str) -> str:
@@ -91,9 +93,13 @@ class FullText:
         raise NotImplementedError
 
     def ranked(
-        self, conn: Connection, ns: str, words: list[str], every: bool, n: int, at: float
+        self, conn: Connection, ns: str, words: list[str], n: int, at: float
     ) -> list[tuple[str, float]]:
-        """The ``n`` best live items holding any (``every``: all) of ``words``: ``(key, score)``."""
+        """The ``n`` best live items holding any of ``words``: ``(key, score)``.
+
+        Among the newest :data:`SCORED_MATCHES` items that hold one (all of
+        them, when the words are rare).
+        """
         raise NotImplementedError
 
     def ranks(
@@ -112,10 +118,10 @@ class FullText:
             chosen.append(word)
             total += count
         if chosen:
-            return self.ranked(conn, ns, chosen, False, n, at)
+            return self.ranked(conn, ns, chosen, n, at)
         common = [w for c, w in counted if c > COMMON_MATCHES]
         if common:
-            return self.ranked(conn, ns, common, True, n, at)
+            return self.ranked(conn, ns, common, n, at)
         return []
 
 
@@ -143,30 +149,32 @@ class SqliteFullText(FullText):
             conn.execute(statement, {"ids": ids[start : start + 500]})
 
     @staticmethod
-    def _match(ns: str, words: list[str], every: bool) -> str:
-        joined = fts_query_sqlite(words, conjunction="AND" if every else "OR")
+    def _match(ns: str, words: list[str]) -> str:
+        joined = fts_query_sqlite(words)
         return f'nsid : "{namespace_token(ns)}" AND text : ({joined})'
 
     def _one_word(self, i: int) -> str:
         return f"SELECT rowid FROM mem_fts WHERE mem_fts MATCH :q{i} LIMIT :cap"
 
     def _word_query(self, ns: str, word: str) -> str:
-        return self._match(ns, [word], False)
+        return self._match(ns, [word])
 
     def ranked(
-        self, conn: Connection, ns: str, words: list[str], every: bool, n: int, at: float
+        self, conn: Connection, ns: str, words: list[str], n: int, at: float
     ) -> list[tuple[str, float]]:
-        """The ``n`` best live items holding any (``every``: all) of ``words``."""
+        """The ``n`` best live items holding any of ``words`` (of the newest scored)."""
+        # Without ORDER BY rank, FTS5 scores only the rows it returns: the
+        # newest (rowid DESC) SCORED_MATCHES, then ranked here.
         rows = conn.execute(
             text(
                 "SELECT i.key, f.r FROM"
                 " (SELECT rowid, bm25(mem_fts, 0.0, 1.0) AS r FROM mem_fts"
-                "  WHERE mem_fts MATCH :q) AS f"
+                "  WHERE mem_fts MATCH :q ORDER BY rowid DESC LIMIT :scored) AS f"
                 " JOIN mem_items i ON i.id = f.rowid"
                 " WHERE i.expires_at IS NULL OR i.expires_at > :now"
                 " ORDER BY f.r, i.key LIMIT :n"
             ),
-            {"q": self._match(ns, words, every), "now": at, "n": n},
+            {"q": self._match(ns, words), "scored": SCORED_MATCHES, "now": at, "n": n},
         ).all()
         # bm25() is lower-better and negative: its negation is the score.
         return [(key, -float(rank)) for key, rank in rows]
@@ -210,24 +218,21 @@ class PostgresFullText(FullText):
         return fts_query_pg([word])
 
     def ranked(
-        self, conn: Connection, ns: str, words: list[str], every: bool, n: int, at: float
+        self, conn: Connection, ns: str, words: list[str], n: int, at: float
     ) -> list[tuple[str, float]]:
-        """The ``n`` best live items holding any (``every``: all) of ``words``."""
+        """The ``n`` best live items holding any of ``words`` (of the newest scored)."""
         rows = conn.execute(
             text(
                 "SELECT i.key, ts_rank_cd(f.tsv, q) AS r"
-                " FROM mem_fts f JOIN mem_items i ON i.id = f.item_id,"
+                " FROM (SELECT item_id, tsv FROM mem_fts"
+                "  WHERE namespace = :ns AND tsv @@ to_tsquery('simple', :q)"
+                "  ORDER BY item_id DESC LIMIT :scored) AS f"
+                " JOIN mem_items i ON i.id = f.item_id,"
                 " to_tsquery('simple', :q) q"
-                " WHERE f.namespace = :ns AND f.tsv @@ q"
-                " AND (i.expires_at IS NULL OR i.expires_at > :now)"
+                " WHERE i.expires_at IS NULL OR i.expires_at > :now"
                 " ORDER BY r DESC, i.key LIMIT :n"
             ),
-            {
-                "q": fts_query_pg(words, conjunction="&" if every else "|"),
-                "ns": ns,
-                "now": at,
-                "n": n,
-            },
+            {"q": fts_query_pg(words), "ns": ns, "scored": SCORED_MATCHES, "now": at, "n": n},
         ).all()
         return [(key, float(rank)) for key, rank in rows]
 

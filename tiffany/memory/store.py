@@ -1,33 +1,24 @@
 """The MemoryStore: items in namespaces, links between them, search; writes exactly once.
 
-The public interface is docs/memory.md's (and /work's MEMORY_SPEC): writes
+The public interface is docs/memory.md's: writes
 (:meth:`MemoryStore.put`, :meth:`~MemoryStore.delete`, :meth:`~MemoryStore.link`)
 take an ``op``, the exactly-once key a run derives from its journal position;
 reads answer JSON-able dicts in a deterministic order, what a run journals.
 
 Invariants:
 
-* A write is one transaction: it claims its ``op`` in ``mem_applied`` first
-  (an op already there with the same digest returns the stored result and
-  writes nothing; with another digest it is refused, ``field="op"``), then
-  applies, bumps ``mem_seq`` and stores its result in the claim. Any
-  exception rolls all of it back, so a write is applied once or not at all,
-  whatever kills the process between two writes.
+* A write is one transaction that claims its ``op`` first and is applied
+  once or not at all (tiffany/memory/writes.py).
 * A put's embedding is computed before the transaction (a model call never
   holds the database's write lock) and only when its op is new.
 * Expired items are invisible to every read (filtered at read time, against
   the reader's clock), and swept by the writes of their namespace.
-* ``mem_namespaces`` holds each namespace's live count, bytes and newest
-  ``store_seq`` (moved by puts, deletes and sweeps): the size limit and the
-  vector index's freshness read it.
+* A search reads in one snapshot (SQLite: a read transaction; PostgreSQL:
+  ``REPEATABLE READ``): its ``as_of``, its ranks and its items agree.
 
-Discussion: on SQLite a write starts with ``BEGIN IMMEDIATE``: the file is
-shared with the projector (another process that writes), and a deferred
-transaction that reads first and then writes can fail at once with
-``SQLITE_BUSY`` when another writer committed in between (the busy handler
-cannot help a stale snapshot). Taking the write lock first makes the busy
-timeout apply. On PostgreSQL the ``mem_seq`` row's update serializes the
-writes after their claims, so the counts they read are current.
+The parts: ``limits`` (bounds), ``embed`` (vectors), ``fulltext`` and
+``search`` (ranks), ``graph`` (walks), ``items`` (rows and answers),
+``writes`` (exactly once), ``tables``.
 """
 
 from __future__ import annotations
@@ -36,9 +27,8 @@ import contextlib
 import hashlib
 import json
 import threading
-from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime
-from typing import Any, Final
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 from sqlalchemy import (
@@ -50,8 +40,6 @@ from sqlalchemy import (
     insert,
     or_,
     select,
-    text,
-    tuple_,
     update,
 )
 
@@ -63,10 +51,13 @@ from tiffany.memory.embed import (
     HashingEmbedder,
     decode_vector,
     describe,
+    embedder_from_settings,
     encode_vector,
     normalize,
 )
 from tiffany.memory.fulltext import fulltext_for
+from tiffany.memory.graph import walk
+from tiffany.memory.items import ITEM_COLUMNS, answer, by_key, epoch, iso, live
 from tiffany.memory.search import VectorIndex, candidates, query_words, rrf
 from tiffany.memory.tables import (
     mem_applied,
@@ -76,7 +67,11 @@ from tiffany.memory.tables import (
     mem_namespaces,
     mem_seq,
 )
+from tiffany.memory.writes import Writes
 from tiffany.store.session import make_engine
+
+if TYPE_CHECKING:
+    from tiffany.config import Settings
 
 __all__ = ["MemoryStore", "derived_key", "iso"]
 
@@ -93,32 +88,6 @@ _SEQS = select(
     .scalar_subquery(),
 )
 
-_ITEM_COLUMNS = (
-    mem_items.c.namespace,
-    mem_items.c.key,
-    mem_items.c.value,
-    mem_items.c.text,
-    mem_items.c.version,
-    mem_items.c.created_at,
-    mem_items.c.updated_at,
-    mem_items.c.run_id,
-    mem_items.c.step_id,
-    mem_items.c.expires_at,
-)
-
-
-def iso(at: float | None) -> str | None:
-    """ISO-8601 UTC (microseconds, ``Z``) of epoch seconds, or None."""
-    if at is None:
-        return None
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _epoch(at: str | None) -> float | None:
-    if at is None:
-        return None
-    return datetime.strptime(at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
-
 
 def derived_key(op: str) -> str:
     """The key a put without one gets: a digest of its op (a re-applied put gets the same)."""
@@ -131,25 +100,6 @@ def _digest(write: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def _live(now: float) -> Any:
-    return or_(mem_items.c.expires_at.is_(None), mem_items.c.expires_at > now)
-
-
-def _item(row: Any) -> dict[str, Any]:
-    return {
-        "namespace": row.namespace,
-        "key": row.key,
-        "value": json.loads(row.value),
-        "text": row.text,
-        "version": row.version,
-        "created_at": iso(row.created_at),
-        "updated_at": iso(row.updated_at),
-        "run_id": row.run_id,
-        "step_id": row.step_id,
-        "expires_at": iso(row.expires_at),
-    }
-
-
 def _node(value: Any, field: str) -> tuple[str, str]:
     if not isinstance(value, list | tuple) or len(value) != 2:
         raise MemoryInvalid(
@@ -160,14 +110,6 @@ def _node(value: Any, field: str) -> tuple[str, str]:
     return limits.check_namespace(value[0], f"{field}.namespace"), limits.check_key(
         value[1], f"{field}.key"
     )
-
-
-class _OpTaken(Exception):
-    """Inside a write: its op was applied before; ``result`` is what it answered."""
-
-    def __init__(self, result: dict[str, Any]) -> None:
-        super().__init__("op applied before")
-        self.result = result
 
 
 class MemoryStore:
@@ -195,6 +137,7 @@ class MemoryStore:
         self._engine = engine
         self._sqlite = engine.dialect.name == "sqlite"
         self._fulltext = fulltext_for(engine.dialect.name)
+        self._writes = Writes(engine, self._fulltext)
         self.embedder: Embedder = embedder if embedder is not None else HashingEmbedder()
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self.max_items = max_items
@@ -206,6 +149,16 @@ class MemoryStore:
     def open(cls, database_url: str, **kwargs: Any) -> MemoryStore:
         """A store on its own engine for ``database_url`` (closed by :meth:`close`)."""
         return cls(make_engine(database_url), _owns_engine=True, **kwargs)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, engine: Engine | None = None) -> MemoryStore:
+        """The store ``settings`` describe: their database (or ``engine``), embedder, limit."""
+        return cls(
+            engine if engine is not None else make_engine(settings.database_url),
+            embedder=embedder_from_settings(settings),
+            max_items=settings.memory_max_items,
+            _owns_engine=engine is None,
+        )
 
     @property
     def engine(self) -> Engine:
@@ -255,6 +208,25 @@ class MemoryStore:
             ``text``, ``ttl_s``, ``run_id``, ``step_id``, ``at``,
             ``expires_at``), so that :meth:`apply` can redo it from the result.
         """
+        return self._put(
+            namespace, key, value, text, op, ttl_s, run_id, step_id, embedding, None, now
+        )
+
+    def _put(
+        self,
+        namespace: str,
+        key: str | None,
+        value: Any,
+        text: str | None,
+        op: str,
+        ttl_s: float | None,
+        run_id: str | None,
+        step_id: str | None,
+        embedding: np.ndarray | None,
+        journaled: dict[str, Any] | None,
+        now: float | None,
+    ) -> dict[str, Any]:
+        """:meth:`put`; ``journaled``: the embedder a rebuilt put's vector came from."""
         ns = limits.check_namespace(namespace)
         op = limits.check_op(op)
         item_key = derived_key(op) if key is None else limits.check_key(key)
@@ -263,10 +235,10 @@ class MemoryStore:
         ttl = limits.check_ttl(ttl_s)
         run = limits.check_id(run_id, "run_id")
         step = limits.check_id(step_id, "step_id")
-        embedder = describe(self.embedder)
+        embedder = describe(self.embedder) if journaled is None else dict(journaled)
         vec: np.ndarray | None = None
         if embedding is not None:
-            vec = self._given_vector(embedding)
+            vec = self._given_vector(embedding, int(embedder["dims"]))
         digest = _digest(
             {
                 "write": "put",
@@ -279,7 +251,7 @@ class MemoryStore:
                 "step_id": step,
             }
         )
-        earlier = self._earlier(op, digest)
+        earlier = self._writes.earlier(op, digest)
         if earlier is not None:
             return earlier
         if vec is None:
@@ -288,13 +260,13 @@ class MemoryStore:
         blob = np.asarray(vec, dtype="<f4").tobytes()
 
         def apply(conn: Connection, seq: int) -> dict[str, Any]:
-            self._sweep(conn, ns, at, seq)
+            self._writes.sweep(conn, ns, at, seq)
             current = conn.execute(
                 select(mem_items.c.id, mem_items.c.bytes, mem_items.c.created_at).where(
                     mem_items.c.namespace == ns, mem_items.c.key == item_key
                 )
             ).first()
-            version = self._next_version(conn, ns, item_key)
+            version = self._writes.next_version(conn, ns, item_key)
             size = len(value_json.encode("utf-8")) + len(item_text.encode("utf-8"))
             expires_at = None if ttl is None else at + ttl
             row = {
@@ -330,12 +302,12 @@ class MemoryStore:
                     .returning(mem_items.c.id)
                 ).scalar_one()
                 self._fulltext.insert(conn, item_id, ns, item_text)
-                self._count(conn, ns, 1, size, seq, at)
+                self._writes.count(conn, ns, 1, size, seq, at)
             else:
                 item_id = current.id
                 conn.execute(update(mem_items).where(mem_items.c.id == item_id).values(**row))
                 self._fulltext.update(conn, item_id, ns, item_text)
-                self._count(conn, ns, 0, size - current.bytes, seq, at)
+                self._writes.count(conn, ns, 0, size - current.bytes, seq, at)
             conn.execute(
                 insert(mem_item_versions).values(
                     namespace=ns,
@@ -370,7 +342,7 @@ class MemoryStore:
                 "expires_at": iso(expires_at),
             }
 
-        return self._write(op, digest, at, apply)
+        return self._writes.run(op, digest, at, apply)
 
     def delete(
         self, namespace: str, key: str, *, op: str, now: float | None = None
@@ -380,13 +352,13 @@ class MemoryStore:
         item_key = limits.check_key(key)
         op = limits.check_op(op)
         digest = _digest({"write": "delete", "namespace": ns, "key": item_key})
-        earlier = self._earlier(op, digest)
+        earlier = self._writes.earlier(op, digest)
         if earlier is not None:
             return earlier
         at = self._clock.time() if now is None else now
 
         def apply(conn: Connection, seq: int) -> dict[str, Any]:
-            self._sweep(conn, ns, at, seq)
+            self._writes.sweep(conn, ns, at, seq)
             current = conn.execute(
                 select(mem_items.c.id, mem_items.c.bytes).where(
                     mem_items.c.namespace == ns, mem_items.c.key == item_key
@@ -394,10 +366,10 @@ class MemoryStore:
             ).first()
             version = None
             if current is not None:
-                version = self._next_version(conn, ns, item_key)
+                version = self._writes.next_version(conn, ns, item_key)
                 self._fulltext.delete(conn, [current.id])
                 conn.execute(delete(mem_items).where(mem_items.c.id == current.id))
-                self._unlink(conn, [(ns, item_key)])
+                self._writes.unlink(conn, [(ns, item_key)])
                 conn.execute(
                     insert(mem_item_versions).values(
                         namespace=ns,
@@ -413,7 +385,7 @@ class MemoryStore:
                         store_seq=seq,
                     )
                 )
-                self._count(conn, ns, -1, -current.bytes, seq, at)
+                self._writes.count(conn, ns, -1, -current.bytes, seq, at)
             return {
                 "write": "delete",
                 "namespace": ns,
@@ -425,7 +397,7 @@ class MemoryStore:
                 "at": iso(at),
             }
 
-        return self._write(op, digest, at, apply)
+        return self._writes.run(op, digest, at, apply)
 
     def link(
         self,
@@ -450,7 +422,7 @@ class MemoryStore:
         digest = _digest(
             {"write": "link", "subject": src, "relation": rel, "object": dst, "props": props_json}
         )
-        earlier = self._earlier(op, digest)
+        earlier = self._writes.earlier(op, digest)
         if earlier is not None:
             return earlier
         at = self._clock.time() if now is None else now
@@ -459,7 +431,7 @@ class MemoryStore:
             for field, (ns, key) in (("subject", src), ("object", dst)):
                 there = conn.execute(
                     select(mem_items.c.id).where(
-                        mem_items.c.namespace == ns, mem_items.c.key == key, _live(at)
+                        mem_items.c.namespace == ns, mem_items.c.key == key, live(at)
                     )
                 ).first()
                 if there is None:
@@ -502,7 +474,7 @@ class MemoryStore:
                 "at": iso(at),
             }
 
-        return self._write(op, digest, at, apply)
+        return self._writes.run(op, digest, at, apply)
 
     def apply(self, result: dict[str, Any]) -> dict[str, Any]:
         """Re-apply a write from its journaled result (idempotent on its op).
@@ -510,20 +482,22 @@ class MemoryStore:
         A put keeps its journaled vector (no model call), key and times.
         """
         write = result.get("write")
-        at = _epoch(result.get("at"))
+        at = epoch(result.get("at"))
         if write == "put":
-            vector = decode_vector(result["vector"])
-            return self.put(
+            # The journaled vector, labelled with the embedder that made it:
+            # under another embedder it is kept, and found by text only.
+            return self._put(
                 result["namespace"],
                 result["key"],
                 result["value"],
                 result["text"],
-                op=result["op"],
-                ttl_s=result.get("ttl_s"),
-                run_id=result.get("run_id"),
-                step_id=result.get("step_id"),
-                embedding=vector,
-                now=at,
+                result["op"],
+                result.get("ttl_s"),
+                result.get("run_id"),
+                result.get("step_id"),
+                decode_vector(result["vector"]),
+                result["embedder"],
+                at,
             )
         if write == "delete":
             return self.delete(result["namespace"], result["key"], op=result["op"], now=at)
@@ -552,11 +526,11 @@ class MemoryStore:
         at = self._clock.time() if now is None else now
         with self._engine.connect() as conn:
             row = conn.execute(
-                select(*_ITEM_COLUMNS).where(
-                    mem_items.c.namespace == ns, mem_items.c.key == item_key, _live(at)
+                select(*ITEM_COLUMNS).where(
+                    mem_items.c.namespace == ns, mem_items.c.key == item_key, live(at)
                 )
             ).first()
-        return None if row is None else _item(row)
+        return None if row is None else answer(row)
 
     def search(
         self,
@@ -601,7 +575,7 @@ class MemoryStore:
                     hits = vector_hits[:n]
                 else:
                     hits = rrf(([k for k, _ in text_hits], [k for k, _ in vector_hits]), n)
-            items = self._items_by_key(conn, ns, [k for k, _ in hits], at)
+            items = by_key(conn, ns, [k for k, _ in hits], at)
         out = []
         for key, score in hits:
             item = items.get(key)
@@ -637,42 +611,8 @@ class MemoryStore:
         max_depth = limits.check_depth(depth)
         cap = limits.check_limit(limit)
         at = self._clock.time() if now is None else now
-        found: list[dict[str, Any]] = []
         with self._read() as conn:
-            if not self._items_by_key(conn, ns, [item_key], at):
-                return {"items": []}
-            seen = {(ns, item_key)}
-            frontier = [(ns, item_key)]
-            for level in range(1, max_depth + 1):
-                if not frontier or len(found) >= cap:
-                    break
-                edges = self._edges(conn, frontier, rel)
-                fresh: list[tuple[str, str, str, str]] = []
-                for relation_name, direction, other_ns, other_key in edges:
-                    if (other_ns, other_key) in seen:
-                        continue
-                    seen.add((other_ns, other_key))
-                    fresh.append((relation_name, direction, other_ns, other_key))
-                values = self._values(conn, [(n, k) for _, _, n, k in fresh], at)
-                frontier = []
-                for relation_name, direction, other_ns, other_key in fresh:
-                    value = values.get((other_ns, other_key), _MISSING)
-                    if value is _MISSING:
-                        continue
-                    frontier.append((other_ns, other_key))
-                    found.append(
-                        {
-                            "namespace": other_ns,
-                            "key": other_key,
-                            "relation": relation_name,
-                            "direction": direction,
-                            "depth": level,
-                            "value": value,
-                        }
-                    )
-                    if len(found) >= cap:
-                        break
-        return {"items": found}
+            return {"items": walk(conn, (ns, item_key), rel, max_depth, cap, at)}
 
     def namespaces(self, *, now: float | None = None) -> list[dict[str, Any]]:
         """Every namespace with live items: ``{"namespace", "items", "bytes", "updated_at"}``."""
@@ -685,7 +625,7 @@ class MemoryStore:
                     func.sum(mem_items.c.bytes),
                     func.max(mem_items.c.updated_at),
                 )
-                .where(_live(at))
+                .where(live(at))
                 .group_by(mem_items.c.namespace)
                 .order_by(mem_items.c.namespace)
             ).all()
@@ -713,12 +653,12 @@ class MemoryStore:
                 "after must be a key", field="after", detail=[{"loc": "after", "msg": "a key"}]
             )
         at = self._clock.time() if now is None else now
-        query = select(*_ITEM_COLUMNS).where(mem_items.c.namespace == ns, _live(at))
+        query = select(*ITEM_COLUMNS).where(mem_items.c.namespace == ns, live(at))
         if after is not None:
             query = query.where(mem_items.c.key > after)
         with self._engine.connect() as conn:
             rows = conn.execute(query.order_by(mem_items.c.key).limit(cap + 1)).all()
-        page = [_item(r) for r in rows[:cap]]
+        page = [answer(r) for r in rows[:cap]]
         return {"items": page, "next": page[-1]["key"] if len(rows) > cap else None}
 
     def history(self, namespace: str, key: str) -> list[dict[str, Any]]:
@@ -785,156 +725,17 @@ class MemoryStore:
 
     # -- Writes' machinery ----------------------------------------------------
 
-    def _given_vector(self, embedding: Any) -> np.ndarray:
+    @staticmethod
+    def _given_vector(embedding: Any, dims: int) -> np.ndarray:
         vec = np.asarray(embedding, dtype=np.float32).reshape(-1)
-        if vec.shape[0] != self.embedder.dims or not np.all(np.isfinite(vec)):
+        if vec.shape[0] != dims or not np.all(np.isfinite(vec)):
             raise MemoryInvalid(
-                f"embedding must be {self.embedder.dims} finite numbers",
+                f"embedding must be {dims} finite numbers",
                 field="embedding",
-                detail=[{"loc": "embedding", "msg": f"{self.embedder.dims} finite numbers"}],
+                detail=[{"loc": "embedding", "msg": f"{dims} finite numbers"}],
             )
         row: np.ndarray = normalize(vec)[0]
         return row
-
-    def _earlier(self, op: str, digest: str) -> dict[str, Any] | None:
-        """The stored result of ``op`` if it was applied (refused if for another write)."""
-        with self._engine.connect() as conn:
-            row = conn.execute(
-                select(mem_applied.c.digest, mem_applied.c.result).where(mem_applied.c.op == op)
-            ).first()
-        if row is None or row.result is None:
-            return None
-        return self._same(op, digest, row.digest, row.result)
-
-    @staticmethod
-    def _same(op: str, digest: str, stored_digest: str, stored: str) -> dict[str, Any]:
-        if stored_digest != digest:
-            raise MemoryInvalid(
-                f"op {op!r} was applied to another write",
-                field="op",
-                detail=[{"loc": "op", "msg": "applied to another write"}],
-            )
-        return dict(json.loads(stored))
-
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[Connection]:
-        with self._engine.connect() as conn:
-            try:
-                if self._sqlite:
-                    conn.exec_driver_sql("BEGIN IMMEDIATE")
-                yield conn
-            except BaseException:
-                conn.rollback()
-                raise
-            conn.commit()
-
-    def _write(self, op: str, digest: str, at: float, apply: Any) -> dict[str, Any]:
-        """Claim ``op``, apply, bump the seq and store the result: one transaction."""
-        try:
-            with self._transaction() as conn:
-                self._claim(conn, op, digest, at)
-                seq = conn.execute(
-                    update(mem_seq)
-                    .where(mem_seq.c.id == 1)
-                    .values(seq=mem_seq.c.seq + 1)
-                    .returning(mem_seq.c.seq)
-                ).scalar_one()
-                result: dict[str, Any] = apply(conn, seq)
-                conn.execute(
-                    update(mem_applied)
-                    .where(mem_applied.c.op == op)
-                    .values(result=json.dumps(result, sort_keys=True), store_seq=seq)
-                )
-        except _OpTaken as taken:
-            return taken.result
-        return result
-
-    def _claim(self, conn: Connection, op: str, digest: str, at: float) -> None:
-        """Insert ``op``'s claim, or raise :class:`_OpTaken` with its earlier result."""
-        if self._sqlite:
-            # The write lock is held (BEGIN IMMEDIATE): no one else can claim meanwhile.
-            row = conn.execute(
-                select(mem_applied.c.digest, mem_applied.c.result).where(mem_applied.c.op == op)
-            ).first()
-            if row is None:
-                conn.execute(insert(mem_applied).values(op=op, digest=digest, at=at))
-                return
-        else:
-            claimed = conn.execute(
-                text(
-                    "INSERT INTO mem_applied (op, digest, at) VALUES (:op, :digest, :at)"
-                    " ON CONFLICT (op) DO NOTHING RETURNING op"
-                ),
-                {"op": op, "digest": digest, "at": at},
-            ).first()
-            if claimed is not None:
-                return
-            # Another transaction claimed it and committed (ours waited on its row).
-            row = conn.execute(
-                select(mem_applied.c.digest, mem_applied.c.result).where(mem_applied.c.op == op)
-            ).first()
-            assert row is not None
-        raise _OpTaken(self._same(op, digest, row.digest, row.result))
-
-    @staticmethod
-    def _next_version(conn: Connection, ns: str, key: str) -> int:
-        last = conn.execute(
-            select(func.max(mem_item_versions.c.version)).where(
-                mem_item_versions.c.namespace == ns, mem_item_versions.c.key == key
-            )
-        ).scalar()
-        return int(last or 0) + 1
-
-    @staticmethod
-    def _count(conn: Connection, ns: str, items: int, size: int, seq: int, at: float) -> None:
-        """Move the namespace's live count and bytes; mark it changed at ``seq``."""
-        changed = conn.execute(
-            update(mem_namespaces)
-            .where(mem_namespaces.c.namespace == ns)
-            .values(
-                item_count=mem_namespaces.c.item_count + items,
-                bytes=mem_namespaces.c.bytes + size,
-                store_seq=seq,
-                updated_at=at,
-            )
-        ).rowcount
-        if not changed:
-            conn.execute(
-                insert(mem_namespaces).values(
-                    namespace=ns, item_count=items, bytes=size, store_seq=seq, updated_at=at
-                )
-            )
-
-    def _sweep(self, conn: Connection, ns: str, at: float, seq: int) -> None:
-        """Remove the namespace's expired items (their history stays)."""
-        gone = conn.execute(
-            select(mem_items.c.id, mem_items.c.key, mem_items.c.bytes).where(
-                mem_items.c.namespace == ns,
-                mem_items.c.expires_at.is_not(None),
-                mem_items.c.expires_at <= at,
-            )
-        ).all()
-        if not gone:
-            return
-        ids = [r.id for r in gone]
-        self._fulltext.delete(conn, ids)
-        conn.execute(delete(mem_items).where(mem_items.c.id.in_(ids)))
-        self._unlink(conn, [(ns, r.key) for r in gone])
-        self._count(conn, ns, -len(gone), -sum(r.bytes for r in gone), seq, at)
-
-    @staticmethod
-    def _unlink(conn: Connection, nodes: Sequence[tuple[str, str]]) -> None:
-        c = mem_links.c
-        for start in range(0, len(nodes), 200):
-            chunk = list(nodes[start : start + 200])
-            conn.execute(
-                delete(mem_links).where(
-                    or_(
-                        tuple_(c.src_ns, c.src_key).in_(chunk),
-                        tuple_(c.dst_ns, c.dst_key).in_(chunk),
-                    )
-                )
-            )
 
     # -- Reads' machinery -----------------------------------------------------
 
@@ -1009,55 +810,3 @@ class MemoryStore:
             .order_by(mem_items.c.key)
         ).all()
         self._vectors.replace(ns, ns_seq, rows_all)
-
-    def _items_by_key(
-        self, conn: Connection, ns: str, keys: Sequence[str], at: float
-    ) -> dict[str, dict[str, Any]]:
-        if not keys:
-            return {}
-        rows = conn.execute(
-            select(*_ITEM_COLUMNS).where(
-                mem_items.c.namespace == ns, mem_items.c.key.in_(list(keys)), _live(at)
-            )
-        ).all()
-        return {r.key: _item(r) for r in rows}
-
-    def _values(
-        self, conn: Connection, nodes: Sequence[tuple[str, str]], at: float
-    ) -> dict[tuple[str, str], Any]:
-        out: dict[tuple[str, str], Any] = {}
-        for start in range(0, len(nodes), 200):
-            chunk = list(nodes[start : start + 200])
-            rows = conn.execute(
-                select(mem_items.c.namespace, mem_items.c.key, mem_items.c.value).where(
-                    tuple_(mem_items.c.namespace, mem_items.c.key).in_(chunk), _live(at)
-                )
-            ).all()
-            for r in rows:
-                out[(r.namespace, r.key)] = json.loads(r.value)
-        return out
-
-    @staticmethod
-    def _edges(
-        conn: Connection, frontier: Sequence[tuple[str, str]], relation: str | None
-    ) -> list[tuple[str, str, str, str]]:
-        """Links touching ``frontier``: ``(relation, direction, other ns, other key)``, sorted."""
-        c = mem_links.c
-        edges: set[tuple[str, str, str, str]] = set()
-        for start in range(0, len(frontier), 200):
-            chunk = list(frontier[start : start + 200])
-            out_q = select(c.relation, c.dst_ns, c.dst_key).where(
-                tuple_(c.src_ns, c.src_key).in_(chunk)
-            )
-            in_q = select(c.relation, c.src_ns, c.src_key).where(
-                tuple_(c.dst_ns, c.dst_key).in_(chunk)
-            )
-            if relation is not None:
-                out_q = out_q.where(c.relation == relation)
-                in_q = in_q.where(c.relation == relation)
-            edges.update((r, "out", n, k) for r, n, k in conn.execute(out_q))
-            edges.update((r, "in", n, k) for r, n, k in conn.execute(in_q))
-        return sorted(edges, key=lambda e: (e[0], e[1] != "out", e[2], e[3]))
-
-
-_MISSING: Final = object()
