@@ -45,9 +45,9 @@ def run_plan(
         return run_id, rt.status(run_id)
 
 
-def open_store(data_dir: Path) -> MemoryStore:
-    """Another MemoryStore on the data dir's store (close it)."""
-    return MemoryStore.open(settings_for(data_dir).database_url, embedder=HashingEmbedder())
+def open_store(data_dir: Path, url: str | None = None) -> MemoryStore:
+    """Another MemoryStore on the data dir's store, or on ``url`` (close it)."""
+    return MemoryStore.open(url or settings_for(data_dir).database_url, embedder=HashingEmbedder())
 
 
 def replayed(data_dir: Path, run_id: str) -> Any:

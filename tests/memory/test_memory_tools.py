@@ -2,7 +2,8 @@
 
 * a plan puts facts, then gets one through a reference to the put's key and
   searches them: outputs as the tools' ``Output`` models describe, the
-  item's provenance (run, step, op ``RUN/STEP/0``) in the store;
+  item's provenance (run, step, op ``RUN/STEP/0``) in the store; on the
+  embedded store and on PostgreSQL;
 * links, neighbours and a delete;
 * refusals name the field: a bad namespace at submission
   (``steps[0].args.namespace``) and from an input when the step runs
@@ -76,8 +77,12 @@ def _error(state: Any, step: str) -> dict[str, Any]:
     return state.error.fields["steps"][step]["error"]
 
 
-def test_a_plan_puts_then_gets_and_searches_through_references(tmp_path: Path) -> None:
-    run_id, state = run_plan(tmp_path, FACTS)
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_plan_puts_then_gets_and_searches_through_references(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    url = request.getfixturevalue("pg_schema_url") if backend == "postgres" else None
+    run_id, state = run_plan(tmp_path, FACTS, **({"database_url": url} if url else {}))
     assert state.status == "succeeded", state.error
     out = state.result["outputs"]
     assert out["city"] == "Paris"
@@ -95,7 +100,7 @@ def test_a_plan_puts_then_gets_and_searches_through_references(tmp_path: Path) -
     assert out["read"]["as_of"] >= out["learn"]["store_seq"]
     assert out["find"]["as_of"] >= max(out["learn"]["store_seq"], out["note"]["store_seq"])
     assert len(out["find"]["items"]) == 2
-    store = open_store(tmp_path)
+    store = open_store(tmp_path, url)
     try:
         made = out["note"]["key"]  # no key given: one made from the op
         assert store.get("facts.geo", made)["value"] == "Berlin is the capital of Germany"
@@ -295,3 +300,76 @@ def test_an_agents_memory_needs_the_memory_tools_enabled(tmp_path: Path) -> None
     (error,) = info.value.errors
     assert error["loc"] == "steps[0].args.memory"
     assert "--enable-tool memory.search" in error["msg"]
+
+
+def test_an_opening_that_failed_is_tried_again_by_the_next_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tiffany.memory
+
+    real = tiffany.memory.MemoryStore.open
+    tries: list[int] = []
+
+    def flaky(*args: Any, **kw: Any) -> Any:
+        tries.append(1)
+        if len(tries) == 1:
+            raise OSError("the database is not there yet")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(tiffany.memory.MemoryStore, "open", staticmethod(flaky))
+    plan = {
+        "name": "retry",
+        "steps": [
+            {
+                "id": "p",
+                "tool": "memory.put",
+                "args": {"namespace": "n", "key": "k", "value": 1},
+                "retries": 1,
+                "backoff": 0.01,
+            }
+        ],
+        "outputs": {"p": "${steps.p.output}"},
+    }
+    engine = build(settings_for(tmp_path), enabled_tools=ALL_TOOLS)
+    with engine.runtime as rt:
+        run_id = engine.submit_plan(plan)
+        rt.run()
+        state = rt.status(run_id)
+    assert state.status == "succeeded", state.error
+    assert len(tries) == 2
+    assert state.result["outputs"]["p"]["version"] == 1
+
+
+def test_a_full_namespace_refuses_the_put_naming_the_setting(tmp_path: Path) -> None:
+    steps = [
+        {
+            "id": f"p{i}",
+            "tool": "memory.put",
+            "args": {"namespace": "small", "key": f"k{i}", "value": i},
+        }
+        for i in range(3)
+    ]
+    for i in (1, 2):
+        steps[i]["after"] = [f"p{i - 1}"]
+    _, state = run_plan(tmp_path, {"name": "full", "steps": steps}, memory_max_items=2)
+    assert state.status == "failed"
+    error = _error(state, "p2")
+    assert (error["code"], error["field"]) == ("memory.full", "namespace")
+    assert [s for s, v in state.error.fields["steps"].items() if v["status"] == "succeeded"] == [
+        "p0",
+        "p1",
+    ]
+
+
+def test_the_tools_bounds_are_the_stores() -> None:
+    from tiffany.memory import limits
+
+    assert f"^{limits.NAMESPACE_RE.pattern}$" == tools.NAMESPACE_PATTERN
+    assert f"^{limits.RELATION_RE.pattern}$" == tools.RELATION_PATTERN
+    assert tools.MAX_KEY_CHARS == limits.KEY_MAX_CHARS
+    assert tools.MAX_TEXT_CHARS == limits.TEXT_MAX_BYTES
+    assert tools.MAX_QUERY_CHARS == limits.QUERY_MAX_CHARS
+    assert tools.MAX_TTL_S == limits.TTL_MAX_S
+    assert tools.MAX_K == limits.K_MAX
+    assert tools.MAX_DEPTH == limits.MAX_DEPTH
+    assert tools.MAX_NEIGHBORS == limits.LIMIT_MAX

@@ -151,7 +151,11 @@ class MemoryWrites:
         if self._store is None:
             from tiffany.memory import MemoryStore, embedder_from_settings
 
-            self._store = MemoryStore(self._engine, embedder=embedder_from_settings(self._settings))
+            self._store = MemoryStore(
+                self._engine,
+                embedder=embedder_from_settings(self._settings),
+                max_items=self._settings.memory_max_items,
+            )
         return self._store
 
     def close(self) -> None:

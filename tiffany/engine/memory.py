@@ -12,8 +12,10 @@ its own: ``tiffany serve``'s engine starts it as it starts (after its own
 migration), so the first memory step finds it open; an engine that never
 starts it (``tiffany run``, tests) opens it on the first memory call, in
 that call's thread. A call made while it opens waits for it, in its
-thread. A store that could not be opened fails each memory step with
-``memory.unavailable`` and why. The runtime closes it as it closes
+thread. An opening that failed (the database down, a bad URL) fails the
+calls that waited for it with ``memory.unavailable`` and why; the next
+call tries again (a step's retry, after its back-off, may find the
+database back). The runtime closes the store as it closes
 (:meth:`~tiffany.durable.Runtime.on_close`), after the thread pool's jobs.
 
 Discussion: rejected, opening the store in :func:`tiffany.engine.build`.
@@ -40,8 +42,20 @@ log = structlog.get_logger(__name__)
 CLOSE_WAIT_S: Final = 10.0
 
 
+class _Opening:
+    """One attempt at opening the store: its thread's outcome."""
+
+    __slots__ = ("done", "error", "store", "thread")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.store: Any = None
+        self.error: BaseException | None = None
+        self.thread: threading.Thread | None = None
+
+
 class EngineMemory:
-    """The engine's MemoryStore, opened once on a thread; stands for it (thread-safe).
+    """The engine's MemoryStore, opened on a thread of its own; stands for it (thread-safe).
 
     Args:
         settings: The engine's settings (``database_url``, the embeddings').
@@ -50,41 +64,32 @@ class EngineMemory:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._lock = threading.Lock()
-        self._opened = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._store: Any = None
-        self._error: BaseException | None = None
+        self._opening: _Opening | None = None
         self._closed = False
 
     def start(self) -> None:
-        """Start opening the store on a thread of its own (once; returns at once)."""
-        with self._lock:
-            if self._thread is not None or self._closed:
-                return
-            self._thread = threading.Thread(
-                target=self._open, name="tiffany-memory-open", daemon=True
-            )
-            self._thread.start()
+        """Start opening the store on a thread of its own, unless under way or done (returns)."""
+        self._attempt()
 
     def store(self) -> Any:
         """The open store (blocking: a thread's; it may wait for the opening).
 
         Raises:
-            MemoryUnavailable: The store could not be opened, or the engine is stopping.
+            MemoryUnavailable: The store could not be opened (the next call
+                tries again), or the engine is stopping.
         """
         from tiffany.agents.tools.memory import MemoryUnavailable
 
-        if not self._opened.is_set():
-            self.start()
-            self._opened.wait()
-        if self._error is not None:
-            raise MemoryUnavailable(
-                f"the memory store could not be opened: {self._error}",
-                tool="memory",
-            )
-        if self._closed or self._store is None:
+        opening = self._attempt()
+        if opening is not None:
+            opening.done.wait()
+        if opening is None or self._closed:
             raise MemoryUnavailable("the engine is stopping: its memory store is closed")
-        return self._store
+        if opening.error is not None:
+            raise MemoryUnavailable(
+                f"the memory store could not be opened: {opening.error}", tool="memory"
+            )
+        return opening.store
 
     def seq(self) -> int:
         """The store's newest write's seq (``mem_seq``): a read's ``as_of`` (blocking)."""
@@ -109,15 +114,30 @@ class EngineMemory:
         """Close the store (the runtime's close, after its threads' jobs); idempotent."""
         with self._lock:
             self._closed = True
-            thread = self._thread
-        if thread is not None:
-            thread.join(CLOSE_WAIT_S)
-        store, self._store = self._store, None
-        self._opened.set()  # a call that comes now is told the engine stops
+            opening = self._opening
+        if opening is None:
+            return
+        if opening.thread is not None:
+            opening.thread.join(CLOSE_WAIT_S)
+        store, opening.store = opening.store, None
         if store is not None:
             store.close()
 
-    def _open(self) -> None:
+    def _attempt(self) -> _Opening | None:
+        """The opening under way or done, or a new one if none was or the last one failed."""
+        with self._lock:
+            if self._closed:
+                return None
+            opening = self._opening
+            if opening is None or (opening.done.is_set() and opening.error is not None):
+                opening = self._opening = _Opening()
+                opening.thread = threading.Thread(
+                    target=self._open, args=(opening,), name="tiffany-memory-open", daemon=True
+                )
+                opening.thread.start()
+            return opening
+
+    def _open(self, opening: _Opening) -> None:
         from tiffany.memory import MemoryStore, embedder_from_settings
         from tiffany.store.migrate import upgrade_url
 
@@ -125,19 +145,21 @@ class EngineMemory:
         try:
             upgrade_url(settings.database_url)  # the memory tables are Alembic's
             store = MemoryStore.open(
-                settings.database_url, embedder=embedder_from_settings(settings)
+                settings.database_url,
+                embedder=embedder_from_settings(settings),
+                max_items=settings.memory_max_items,
             )
-        except Exception as exc:  # noqa: BLE001 - each memory step says why (MemoryUnavailable)
-            self._error = exc
+        except Exception as exc:  # noqa: BLE001 - each memory call says why (MemoryUnavailable)
+            opening.error = exc
             log.warning("memory.open_failed", error=repr(exc))
         else:
             with self._lock:
                 closed = self._closed
                 if not closed:
-                    self._store = store
+                    opening.store = store
             if closed:
                 store.close()
             else:
                 log.debug("memory.opened")
         finally:
-            self._opened.set()
+            opening.done.set()

@@ -8,7 +8,8 @@ thread pool (the store blocks on SQL; the loop never does) inside the
 worker's durable ``Step``, so its answer is journaled:
 
 * a **read** (get, search, neighbors) returns the store's answer, with
-  ``as_of`` (the store's sequence number when it answered). A replay or a
+  ``as_of`` (the store's sequence number: every write up to it is in the
+  answer). A replay or a
   ``--verify`` is given that answer from the journal, however memory
   changed since; a re-run (``tiffany rerun``: a new run) calls the store
   again and reads memory as it is now, its ``as_of`` saying when.
@@ -28,8 +29,9 @@ names; a store the engine could not open fails it with
 
 This module imports no part of ``tiffany.memory`` (the agents' room does
 not depend on it): the store is reached through :class:`MemoryPort`, and
-the bounds the arguments check here are the store's (docs/memory.md), so a
-plan that breaks one is refused at submission, naming the field.
+the bounds the arguments check here are the store's (docs/memory.md; a
+test holds them equal), so a plan that breaks one is refused at
+submission, naming the field.
 """
 
 from __future__ import annotations
