@@ -367,13 +367,16 @@ def cell_args(args: argparse.Namespace) -> list[str]:
 
 def child(cmd: list[str], what: str) -> dict[str, Any] | None:
     print(f"  {what}...", end="", flush=True)
-    t0 = time.perf_counter()
+    t0, load0 = time.perf_counter(), os.getloadavg()[0]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    print(f" {time.perf_counter() - t0:.0f} s", flush=True)
+    load1 = os.getloadavg()[0]
+    print(f" {time.perf_counter() - t0:.0f} s (load {load0:.1f} to {load1:.1f})", flush=True)
     if proc.returncode != 0:
         print(f"{what} failed:\n{proc.stderr[-3000:]}", file=sys.stderr)
         return None
-    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    report["load"] = (load0, load1)
+    return report
 
 
 def langgraph_python() -> Path:
@@ -538,6 +541,15 @@ def rows(reports: list[dict[str, Any]], n: int) -> list[tuple[str, dict[str, Any
     return out
 
 
+def fmt_x(x: float) -> str:
+    """A ratio with the digits it needs (0.025x, 2.5x, 25x)."""
+    if x >= 10:
+        return f"{x:,.0f}x"
+    if x >= 1:
+        return f"{x:.1f}x"
+    return f"{x:.2f}x" if x >= 0.1 else f"{x:.3f}x"
+
+
 def fmt_ms(x: float) -> str:
     return f"{x:.3f}" if x < 10 else f"{x:.1f}"
 
@@ -592,9 +604,9 @@ def ratio_lines(reports: list[dict[str, Any]], sizes: list[int]) -> None:
                     if not pc:
                         line += f"{'-':>26}"
                     elif metric == "search p99":
-                        line += f"{pc['search']['vector']['p99_ms'] / s['p99_ms']:>25.1f}x"
+                        line += f"{fmt_x(pc['search']['vector']['p99_ms'] / s['p99_ms']):>26}"
                     else:
-                        line += f"{pc['put']['p50_ms'] / cell['put']['p50_ms']:>25.1f}x"
+                        line += f"{fmt_x(pc['put']['p50_ms'] / cell['put']['p50_ms']):>26}"
                 print(line)
     if len(sizes) > 1:
         lo, hi = sizes[0], sizes[-1]
@@ -766,7 +778,10 @@ def main() -> None:
     print("stores:")
     for r in done:
         st = ", ".join(f"{k} {v}" for k, v in r["settings"].items())
-        print(f"  {r['label']}: {st}; bulk load: {r['bulk_how']}")
+        print(
+            f"  {r['label']}: {st}; bulk load: {r['bulk_how']}; load average "
+            f"{r['load'][0]:.1f} at its start, {r['load'][1]:.1f} at its end"
+        )
     print(f"  Tiffany MemoryStore (postgresql): {pg_note}")
     print_tables(done, args.sizes)
     ratio_lines(done, args.sizes)
