@@ -1,6 +1,6 @@
 """The MemoryStore against LangGraph's stores: put and search latency, memory, recall, same run.
 
-    python bench/memory.py              # 10,000 and 100,000 items (~10 min)
+    python bench/memory.py              # 10,000 and 100,000 items (~7.5 min, more when busy)
     python bench/memory.py --quick      # 1,000 and 5,000 items, a smoke run (~1 min)
     python bench/memory.py --no-peers   # Tiffany only
 
