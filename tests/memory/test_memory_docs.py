@@ -57,7 +57,7 @@ def test_the_size_limit_and_search_constants_are_the_code() -> None:
     default = Settings.model_fields["memory_max_items"].default
     assert default == limits.DEFAULT_MAX_ITEMS
     assert f"`TIFFANY_MEMORY_MAX_ITEMS` ({default} by" in bounds.replace("\n", " ")
-    search = _section("Search").replace("\n", " ")
+    search = " ".join(_section("Search").split())
     assert f"1 / ({RRF_K} + rank)" in search
     assert f"counted up to {COMMON_MATCHES:,}" in search
     assert f"stay under {SCORED_MATCHES:,}" in search

@@ -15,8 +15,9 @@ best ``n`` items of a namespace for a query's words, scored by ``bm25()``
 
 Which words score (the cost of a ranked query is one score per matching
 item, about a microsecond each: a query with a word found in most of
-100,000 items took 140 ms): each word's matches in the namespace are
-counted up to :data:`COMMON_MATCHES` (cheap: no score); the rarer words
+100,000 items took 140 ms): each word's matches are counted up to
+:data:`COMMON_MATCHES` (cheap: no score; in the whole index on SQLite, in
+the namespace on PostgreSQL); the rarer words
 are OR-ed, rarest first, while their matches together stay under
 :data:`SCORED_MATCHES`, and all of their matches are scored. Words found in
 more items than that act as stop words while rarer ones exist; a query of
@@ -93,12 +94,12 @@ class FullText:
         raise NotImplementedError
 
     def ranked(
-        self, conn: Connection, ns: str, words: list[str], n: int, at: float
+        self, conn: Connection, ns: str, words: list[str], rare: bool, n: int, at: float
     ) -> list[tuple[str, float]]:
         """The ``n`` best live items holding any of ``words``: ``(key, score)``.
 
-        Among the newest :data:`SCORED_MATCHES` items that hold one (all of
-        them, when the words are rare).
+        ``rare``: the words' matches are few (all of them are scored); else
+        the newest :data:`SCORED_MATCHES` items that hold one are.
         """
         raise NotImplementedError
 
@@ -118,10 +119,10 @@ class FullText:
             chosen.append(word)
             total += count
         if chosen:
-            return self.ranked(conn, ns, chosen, n, at)
+            return self.ranked(conn, ns, chosen, True, n, at)
         common = [w for c, w in counted if c > COMMON_MATCHES]
         if common:
-            return self.ranked(conn, ns, common, n, at)
+            return self.ranked(conn, ns, common, False, n, at)
         return []
 
 
@@ -149,32 +150,45 @@ class SqliteFullText(FullText):
             conn.execute(statement, {"ids": ids[start : start + 500]})
 
     @staticmethod
-    def _match(ns: str, words: list[str]) -> str:
-        joined = fts_query_sqlite(words)
-        return f'nsid : "{namespace_token(ns)}" AND text : ({joined})'
+    def _match(ns: str | None, words: list[str]) -> str:
+        joined = f"text : ({fts_query_sqlite(words)})"
+        return joined if ns is None else f'nsid : "{namespace_token(ns)}" AND {joined}'
 
     def _one_word(self, i: int) -> str:
         return f"SELECT rowid FROM mem_fts WHERE mem_fts MATCH :q{i} LIMIT :cap"
 
     def _word_query(self, ns: str, word: str) -> str:
-        return self._match(ns, [word])
+        # Counted over the whole index: with the nsid token in the query the
+        # count walks the namespace's doclist (a millisecond at 100,000).
+        return self._match(None, [word])
 
     def ranked(
-        self, conn: Connection, ns: str, words: list[str], n: int, at: float
+        self, conn: Connection, ns: str, words: list[str], rare: bool, n: int, at: float
     ) -> list[tuple[str, float]]:
-        """The ``n`` best live items holding any of ``words`` (of the newest scored)."""
-        # Without ORDER BY rank, FTS5 scores only the rows it returns: the
-        # newest (rowid DESC) SCORED_MATCHES, then ranked here.
+        """The ``n`` best live items holding any of ``words`` (``rare``: all scored)."""
+        # bm25() counts, once per query, the rows that hold each phrase (its
+        # IDF): the nsid phrase's rows are the whole namespace, 8 ms at
+        # 100,000. Rare words' matches are few: they are scored without it,
+        # and the join keeps the namespace's. Common words: the newest
+        # SCORED_MATCHES of the namespace (FTS5 scores only the rows it
+        # returns when not ordered by rank).
+        if rare:
+            inner = "SELECT rowid, bm25(mem_fts, 0.0, 1.0) AS r FROM mem_fts WHERE mem_fts MATCH :q"
+            match = self._match(None, words)
+        else:
+            inner = (
+                "SELECT rowid, bm25(mem_fts, 0.0, 1.0) AS r FROM mem_fts"
+                " WHERE mem_fts MATCH :q ORDER BY rowid DESC LIMIT :scored"
+            )
+            match = self._match(ns, words)
         rows = conn.execute(
             text(
-                "SELECT i.key, f.r FROM"
-                " (SELECT rowid, bm25(mem_fts, 0.0, 1.0) AS r FROM mem_fts"
-                "  WHERE mem_fts MATCH :q ORDER BY rowid DESC LIMIT :scored) AS f"
+                f"SELECT i.key, f.r FROM ({inner}) AS f"
                 " JOIN mem_items i ON i.id = f.rowid"
-                " WHERE i.expires_at IS NULL OR i.expires_at > :now"
+                " WHERE i.namespace = :ns AND (i.expires_at IS NULL OR i.expires_at > :now)"
                 " ORDER BY f.r, i.key LIMIT :n"
             ),
-            {"q": self._match(ns, words), "scored": SCORED_MATCHES, "now": at, "n": n},
+            {"q": match, "scored": SCORED_MATCHES, "ns": ns, "now": at, "n": n},
         ).all()
         # bm25() is lower-better and negative: its negation is the score.
         return [(key, -float(rank)) for key, rank in rows]
@@ -218,7 +232,7 @@ class PostgresFullText(FullText):
         return fts_query_pg([word])
 
     def ranked(
-        self, conn: Connection, ns: str, words: list[str], n: int, at: float
+        self, conn: Connection, ns: str, words: list[str], rare: bool, n: int, at: float
     ) -> list[tuple[str, float]]:
         """The ``n`` best live items holding any of ``words`` (of the newest scored)."""
         rows = conn.execute(
