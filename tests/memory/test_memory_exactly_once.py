@@ -7,6 +7,8 @@
   that step runs again, its put is a no-op that answers the first
   application's result, and every op has exactly one version in the
   item's history; the run replays identically;
+* **an agent** killed inside its ``remember`` resumes (its model's turns
+  from the journal), runs the call again, and the fact is written once;
 * **a real engine**: ``tiffany engine`` runs a plan of puts with naps
   between them and is SIGKILLed once a few items are in the store;
   started again, it recovers the run, which ends with every item written
@@ -30,7 +32,7 @@ from typing import Any
 
 import pytest
 from engine_process import EngineProc
-from memory_runs import open_store, tiffany
+from memory_runs import ROOT, open_store, tiffany
 from sqlalchemy.orm import Session
 
 from tiffany.memory import HashingEmbedder, MemoryStore
@@ -64,13 +66,14 @@ def _chain(ns: str, n: int, nap_s: float) -> dict[str, Any]:
 
 
 def _child(
-    data_dir: Path, target: dict[str, Any], kill_after: int
+    data_dir: Path, target: dict[str, Any], kill_after: int, **env: str
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(CHILD), str(data_dir), json.dumps(target), str(kill_after)],
         capture_output=True,
         text=True,
         timeout=120,
+        env={k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")} | env,
         check=False,
     )
 
@@ -147,6 +150,37 @@ def test_a_workflow_killed_inside_a_put_resumes_and_writes_each_once(tmp_path: P
     finally:
         store.close()
     verify = tiffany(tmp_path, "replay", RUN_ID, "--verify", "--import", "memory_flows", **env)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def test_an_agent_killed_inside_its_remember_resumes_and_remembers_once(tmp_path: Path) -> None:
+    script = str(ROOT / "examples" / "memory" / "script.yaml")
+    plan = {
+        "name": "agent",
+        "steps": [
+            {
+                "id": "chat",
+                "tool": "agent",
+                "args": {"goal": "I prefer the dark theme.", "memory": {"namespace": "users.bo"}},
+            }
+        ],
+        "outputs": {"answer": "${steps.chat.output.answer}"},
+    }
+    died = _child(tmp_path, {"plan": plan}, 1, TIFFANY_LLM_SCRIPT=script)
+    assert died.returncode == -signal.SIGKILL, died.stderr[-2000:]
+    resumed = tiffany(tmp_path, "replay", RUN_ID, "--json", "--no-live", TIFFANY_LLM_SCRIPT=script)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    result = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert result["status"] == "succeeded", result
+    assert result["outputs"]["answer"] == "Noted: you prefer the dark theme."
+    store = open_store(tmp_path)
+    try:  # the model's call ran twice (before and after the kill); its write applied once
+        history = store.history("users.bo", "theme")
+        assert [h["op"] for h in history] == [f"{RUN_ID}/chat/1"]
+    finally:
+        store.close()
+    assert _put_starts(tmp_path) == 2
+    verify = tiffany(tmp_path, "replay", RUN_ID, "--verify", TIFFANY_LLM_SCRIPT="/nonexistent.yaml")
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
 

@@ -249,13 +249,13 @@ def test_the_store_opens_on_its_own_thread_at_the_first_memory_step(
     import tiffany.memory
 
     opened: list[str] = []
-    real = tiffany.memory.MemoryStore.open
+    real = tiffany.memory.MemoryStore.from_settings
 
     def watched(*args: Any, **kw: Any) -> Any:
         opened.append(threading.current_thread().name)
         return real(*args, **kw)
 
-    monkeypatch.setattr(tiffany.memory.MemoryStore, "open", staticmethod(watched))
+    monkeypatch.setattr(tiffany.memory.MemoryStore, "from_settings", staticmethod(watched))
     engine = build(settings_for(tmp_path), enabled_tools=ALL_TOOLS)
     with engine.runtime as rt:
         assert opened == []  # build opens nothing
@@ -307,7 +307,7 @@ def test_an_opening_that_failed_is_tried_again_by_the_next_call(
 ) -> None:
     import tiffany.memory
 
-    real = tiffany.memory.MemoryStore.open
+    real = tiffany.memory.MemoryStore.from_settings
     tries: list[int] = []
 
     def flaky(*args: Any, **kw: Any) -> Any:
@@ -316,7 +316,7 @@ def test_an_opening_that_failed_is_tried_again_by_the_next_call(
             raise OSError("the database is not there yet")
         return real(*args, **kw)
 
-    monkeypatch.setattr(tiffany.memory.MemoryStore, "open", staticmethod(flaky))
+    monkeypatch.setattr(tiffany.memory.MemoryStore, "from_settings", staticmethod(flaky))
     plan = {
         "name": "retry",
         "steps": [

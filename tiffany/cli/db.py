@@ -149,13 +149,9 @@ class MemoryWrites:
 
     def _open(self) -> Any:
         if self._store is None:
-            from tiffany.memory import MemoryStore, embedder_from_settings
+            from tiffany.memory import MemoryStore
 
-            self._store = MemoryStore(
-                self._engine,
-                embedder=embedder_from_settings(self._settings),
-                max_items=self._settings.memory_max_items,
-            )
+            self._store = MemoryStore.from_settings(self._settings, self._engine)
         return self._store
 
     def close(self) -> None:

@@ -138,17 +138,13 @@ class EngineMemory:
             return opening
 
     def _open(self, opening: _Opening) -> None:
-        from tiffany.memory import MemoryStore, embedder_from_settings
+        from tiffany.memory import MemoryStore
         from tiffany.store.migrate import upgrade_url
 
         settings = self._settings
         try:
             upgrade_url(settings.database_url)  # the memory tables are Alembic's
-            store = MemoryStore.open(
-                settings.database_url,
-                embedder=embedder_from_settings(settings),
-                max_items=settings.memory_max_items,
-            )
+            store = MemoryStore.from_settings(settings)  # database, embedder, size limit
         except Exception as exc:  # noqa: BLE001 - each memory call says why (MemoryUnavailable)
             opening.error = exc
             log.warning("memory.open_failed", error=repr(exc))
