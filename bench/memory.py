@@ -1,7 +1,7 @@
 """The MemoryStore against LangGraph's stores: put and search latency, memory, recall, same run.
 
     python bench/memory.py              # 10,000 and 100,000 items (~7.5 min, more when busy)
-    python bench/memory.py --quick      # 1,000 and 5,000 items, a smoke run (~1 min)
+    python bench/memory.py --quick      # 1,000 and 5,000 items, a smoke run (~1.5 min)
     python bench/memory.py --no-peers   # Tiffany only
 
 **Corpus.** ``--seed``ed synthetic texts of 180-220 words (about 200) drawn
@@ -494,7 +494,9 @@ def journal_cost(workdir: Path, texts: list[str]) -> dict[str, Any]:
         by_type = {t: (large[t] - small.get(t, 0)) / 100 for t in large}
         out[label] = {
             "bytes": sum(by_type.values()),
-            "by_type": {t: b for t, b in sorted(by_type.items(), key=lambda tb: -tb[1]) if b},
+            "by_type": {
+                t: b for t, b in sorted(by_type.items(), key=lambda tb: -tb[1]) if abs(b) >= 0.5
+            },
         }
     out["text_chars"] = sum(map(len, texts[:110])) / 110
     return out
