@@ -89,6 +89,23 @@ _SEQS = select(
 )
 
 
+# A put's statements, built once (tiffany/memory/writes.py says why).
+#: A key's live row (``ns``, ``key``).
+_CURRENT: Final = select(mem_items.c.id, mem_items.c.bytes, mem_items.c.created_at).where(
+    mem_items.c.namespace == bindparam("ns"), mem_items.c.key == bindparam("key")
+)
+#: A namespace's live count (``ns``).
+_HELD: Final = select(mem_namespaces.c.item_count).where(
+    mem_namespaces.c.namespace == bindparam("ns")
+)
+#: A new item, answering its id.
+_NEW_ITEM: Final = insert(mem_items).returning(mem_items.c.id)
+#: An item's row rewritten (``b_id``, and the columns set).
+_REWRITE_ITEM: Final = update(mem_items).where(mem_items.c.id == bindparam("b_id"))
+#: A version appended.
+_NEW_VERSION: Final = insert(mem_item_versions)
+
+
 def derived_key(op: str) -> str:
     """The key a put without one gets: a digest of its op (a re-applied put gets the same)."""
     return "m-" + hashlib.blake2b(op.encode("utf-8"), digest_size=12).hexdigest()
@@ -261,11 +278,7 @@ class MemoryStore:
 
         def apply(conn: Connection, seq: int) -> dict[str, Any]:
             self._writes.sweep(conn, ns, at, seq)
-            current = conn.execute(
-                select(mem_items.c.id, mem_items.c.bytes, mem_items.c.created_at).where(
-                    mem_items.c.namespace == ns, mem_items.c.key == item_key
-                )
-            ).first()
+            current = conn.execute(_CURRENT, {"ns": ns, "key": item_key}).first()
             version = self._writes.next_version(conn, ns, item_key)
             size = len(value_json.encode("utf-8")) + len(item_text.encode("utf-8"))
             expires_at = None if ttl is None else at + ttl
@@ -283,9 +296,7 @@ class MemoryStore:
                 "store_seq": seq,
             }
             if current is None:
-                held = conn.execute(
-                    select(mem_namespaces.c.item_count).where(mem_namespaces.c.namespace == ns)
-                ).scalar()
+                held = conn.execute(_HELD, {"ns": ns}).scalar()
                 if held is not None and held >= self.max_items:
                     raise MemoryFull(
                         f"namespace {ns!r} holds {held} items, its limit",
@@ -297,31 +308,30 @@ class MemoryStore:
                         },
                     )
                 item_id = conn.execute(
-                    insert(mem_items)
-                    .values(namespace=ns, key=item_key, created_at=at, **row)
-                    .returning(mem_items.c.id)
+                    _NEW_ITEM, {"namespace": ns, "key": item_key, "created_at": at, **row}
                 ).scalar_one()
                 self._fulltext.insert(conn, item_id, ns, item_text)
                 self._writes.count(conn, ns, 1, size, seq, at)
             else:
                 item_id = current.id
-                conn.execute(update(mem_items).where(mem_items.c.id == item_id).values(**row))
+                conn.execute(_REWRITE_ITEM, {"b_id": item_id, **row})
                 self._fulltext.update(conn, item_id, ns, item_text)
                 self._writes.count(conn, ns, 0, size - current.bytes, seq, at)
             conn.execute(
-                insert(mem_item_versions).values(
-                    namespace=ns,
-                    key=item_key,
-                    version=version,
-                    value=value_json,
-                    text=item_text,
-                    deleted=False,
-                    op=op,
-                    run_id=run,
-                    step_id=step,
-                    at=at,
-                    store_seq=seq,
-                )
+                _NEW_VERSION,
+                {
+                    "namespace": ns,
+                    "key": item_key,
+                    "version": version,
+                    "value": value_json,
+                    "text": item_text,
+                    "deleted": False,
+                    "op": op,
+                    "run_id": run,
+                    "step_id": step,
+                    "at": at,
+                    "store_seq": seq,
+                },
             )
             return {
                 "write": "put",

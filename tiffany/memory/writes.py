@@ -28,9 +28,21 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Final
 
-from sqlalchemy import Connection, Engine, delete, func, insert, or_, select, text, tuple_, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    bindparam,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    tuple_,
+    update,
+)
 
 from tiffany.errors import MemoryInvalid
 from tiffany.memory.fulltext import FullText
@@ -43,10 +55,60 @@ from tiffany.memory.tables import (
     mem_seq,
 )
 
-__all__ = ["Apply", "Writes"]
+__all__ = ["APPLIED_OF", "Apply", "Writes"]
 
 #: A write's body: given the transaction and its ``store_seq``, apply and answer the result.
 Apply = Callable[[Connection, int], dict[str, Any]]
+
+# The write path's statements, built once. Discussion: a put runs about 13
+# statements; building each anew (``select(...).where(...)``, ``.values()``)
+# and computing its cache key took more of a put's CPU than SQLite did. A
+# statement object built once keeps its cache key (SQLAlchemy memoizes it),
+# so only its parameters change from one write to the next. Bind parameters
+# are named ``b_*`` where a column of the same name is set.
+
+#: An op's claim: its digest and stored result (``op``).
+APPLIED_OF: Final = select(mem_applied.c.digest, mem_applied.c.result).where(
+    mem_applied.c.op == bindparam("op")
+)
+#: A new claim (``op``, ``digest``, ``at``).
+_CLAIM: Final = insert(mem_applied)
+#: The store's counter moved by one, answering the new ``store_seq``.
+_BUMP: Final = (
+    update(mem_seq)
+    .where(mem_seq.c.id == 1)
+    .values(seq=mem_seq.c.seq + 1)
+    .returning(mem_seq.c.seq)
+)
+#: The claim's result stored (``b_op``, ``b_result``, ``b_seq``).
+_STORE_RESULT: Final = (
+    update(mem_applied)
+    .where(mem_applied.c.op == bindparam("b_op"))
+    .values(result=bindparam("b_result"), store_seq=bindparam("b_seq"))
+)
+#: The newest version of a key (``ns``, ``key``).
+_LAST_VERSION: Final = select(func.max(mem_item_versions.c.version)).where(
+    mem_item_versions.c.namespace == bindparam("ns"), mem_item_versions.c.key == bindparam("key")
+)
+#: A namespace's counts moved (``b_ns``, ``b_items``, ``b_size``, ``b_seq``, ``b_at``).
+_COUNT: Final = (
+    update(mem_namespaces)
+    .where(mem_namespaces.c.namespace == bindparam("b_ns"))
+    .values(
+        item_count=mem_namespaces.c.item_count + bindparam("b_items"),
+        bytes=mem_namespaces.c.bytes + bindparam("b_size"),
+        store_seq=bindparam("b_seq"),
+        updated_at=bindparam("b_at"),
+    )
+)
+#: A namespace's first counts.
+_NEW_NAMESPACE: Final = insert(mem_namespaces)
+#: A namespace's expired items (``ns``, ``at``).
+_EXPIRED: Final = select(mem_items.c.id, mem_items.c.key, mem_items.c.bytes).where(
+    mem_items.c.namespace == bindparam("ns"),
+    mem_items.c.expires_at.is_not(None),
+    mem_items.c.expires_at <= bindparam("at"),
+)
 
 
 class _OpTaken(Exception):
@@ -68,9 +130,7 @@ class Writes:
     def earlier(self, op: str, digest: str) -> dict[str, Any] | None:
         """The stored result of ``op`` if it was applied (refused if for another write)."""
         with self._engine.connect() as conn:
-            row = conn.execute(
-                select(mem_applied.c.digest, mem_applied.c.result).where(mem_applied.c.op == op)
-            ).first()
+            row = conn.execute(APPLIED_OF, {"op": op}).first()
         if row is None or row.result is None:
             return None
         return self._same(op, digest, row.digest, row.result)
@@ -107,17 +167,11 @@ class Writes:
         try:
             with self.transaction() as conn:
                 self._claim(conn, op, digest, at)
-                seq = conn.execute(
-                    update(mem_seq)
-                    .where(mem_seq.c.id == 1)
-                    .values(seq=mem_seq.c.seq + 1)
-                    .returning(mem_seq.c.seq)
-                ).scalar_one()
+                seq = conn.execute(_BUMP).scalar_one()
                 result: dict[str, Any] = apply(conn, seq)
                 conn.execute(
-                    update(mem_applied)
-                    .where(mem_applied.c.op == op)
-                    .values(result=json.dumps(result, sort_keys=True), store_seq=seq)
+                    _STORE_RESULT,
+                    {"b_op": op, "b_result": json.dumps(result, sort_keys=True), "b_seq": seq},
                 )
         except _OpTaken as taken:
             return taken.result
@@ -127,11 +181,9 @@ class Writes:
         """Insert ``op``'s claim, or raise :class:`_OpTaken` with its earlier result."""
         if self._sqlite:
             # The write lock is held (BEGIN IMMEDIATE): no one else can claim meanwhile.
-            row = conn.execute(
-                select(mem_applied.c.digest, mem_applied.c.result).where(mem_applied.c.op == op)
-            ).first()
+            row = conn.execute(APPLIED_OF, {"op": op}).first()
             if row is None:
-                conn.execute(insert(mem_applied).values(op=op, digest=digest, at=at))
+                conn.execute(_CLAIM, {"op": op, "digest": digest, "at": at})
                 return
         else:
             claimed = conn.execute(
@@ -144,51 +196,37 @@ class Writes:
             if claimed is not None:
                 return
             # Another transaction claimed it and committed (ours waited on its row).
-            row = conn.execute(
-                select(mem_applied.c.digest, mem_applied.c.result).where(mem_applied.c.op == op)
-            ).first()
+            row = conn.execute(APPLIED_OF, {"op": op}).first()
             assert row is not None
         raise _OpTaken(self._same(op, digest, row.digest, row.result))
 
     @staticmethod
     def next_version(conn: Connection, ns: str, key: str) -> int:
         """The version the next write of ``(ns, key)`` takes (history continues past deletes)."""
-        last = conn.execute(
-            select(func.max(mem_item_versions.c.version)).where(
-                mem_item_versions.c.namespace == ns, mem_item_versions.c.key == key
-            )
-        ).scalar()
+        last = conn.execute(_LAST_VERSION, {"ns": ns, "key": key}).scalar()
         return int(last or 0) + 1
 
     @staticmethod
     def count(conn: Connection, ns: str, items: int, size: int, seq: int, at: float) -> None:
         """Move the namespace's live count and bytes; mark it changed at ``seq``."""
         changed = conn.execute(
-            update(mem_namespaces)
-            .where(mem_namespaces.c.namespace == ns)
-            .values(
-                item_count=mem_namespaces.c.item_count + items,
-                bytes=mem_namespaces.c.bytes + size,
-                store_seq=seq,
-                updated_at=at,
-            )
+            _COUNT, {"b_ns": ns, "b_items": items, "b_size": size, "b_seq": seq, "b_at": at}
         ).rowcount
         if not changed:
             conn.execute(
-                insert(mem_namespaces).values(
-                    namespace=ns, item_count=items, bytes=size, store_seq=seq, updated_at=at
-                )
+                _NEW_NAMESPACE,
+                {
+                    "namespace": ns,
+                    "item_count": items,
+                    "bytes": size,
+                    "store_seq": seq,
+                    "updated_at": at,
+                },
             )
 
     def sweep(self, conn: Connection, ns: str, at: float, seq: int) -> None:
         """Remove the namespace's expired items (their history stays)."""
-        gone = conn.execute(
-            select(mem_items.c.id, mem_items.c.key, mem_items.c.bytes).where(
-                mem_items.c.namespace == ns,
-                mem_items.c.expires_at.is_not(None),
-                mem_items.c.expires_at <= at,
-            )
-        ).all()
+        gone = conn.execute(_EXPIRED, {"ns": ns, "at": at}).all()
         if not gone:
             return
         ids = [r.id for r in gone]
