@@ -282,6 +282,35 @@ def test_hybrid_search_fuses_both_and_is_deterministic(corpus: MemoryStore) -> N
     assert needle["items"][0]["key"] == "needle"
 
 
+def test_hybrid_is_the_fusion_of_both_legs_run_at_once(corpus: MemoryStore) -> None:
+    """A hybrid search runs its vector product on a helper thread beside its text ranking.
+
+    Its answer is the RRF of the two single-mode rankings, also right after a
+    write (the vectors are brought up to the write on the caller's connection
+    before the helper runs) and from several threads at once.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tiffany.memory.search import candidates, rrf
+
+    def fused(query: str, k: int) -> list[str]:
+        wide = candidates(k)
+        text = [i["key"] for i in corpus.search("notes", query, k=wide, mode="text")["items"]]
+        vec = [i["key"] for i in corpus.search("notes", query, k=wide, mode="vector")["items"]]
+        return [key for key, _ in rrf((text, vec), k)]
+
+    queries = ["who drinks coffee in the morning", "zanzibar", "green tea", "river city"]
+    for round_no in range(3):
+        corpus.put("notes", f"late-{round_no}", f"coffee in zanzibar {round_no}", op=f"l{round_no}")
+        for query in queries:
+            got = [i["key"] for i in corpus.search("notes", query, k=4)["items"]]
+            assert got == fused(query, 4), (round_no, query)
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda q: corpus.search("notes", q, k=4), queries * 8))
+    for query, answer in zip(queries * 8, answers, strict=True):
+        assert [i["key"] for i in answer["items"]] == fused(query, 4), query
+
+
 def test_search_sees_updates_and_deletes(corpus: MemoryStore) -> None:
     assert corpus.search("notes", "zanzibar", k=1, mode="vector")["items"][0]["key"] == "needle"
     corpus.put("notes", "trains", "the zanzibar express leaves at noon", op="u1")

@@ -115,3 +115,28 @@ def test_the_same_query_answers_the_same_in_another_process_copy(
     keys = [[(i["key"], i["score"]) for i in a["items"]] for a in (first, patched, loaded)]
     assert keys[0] == keys[1] == keys[2]
     assert len(keys[0]) == K
+
+
+def test_a_large_namespace_splits_its_product_and_stays_exact() -> None:
+    """Past SPLIT_ROWS the product runs as two halves at once: the same sums, the same top."""
+    from tiffany.memory.search import SPLIT_ROWS, VectorIndex, _one_blas_thread, _product
+
+    rng = np.random.default_rng(7)
+    rows = SPLIT_ROWS + 1_001
+    matrix = rng.standard_normal((rows, 384)).astype(np.float32)
+    matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+    query = matrix[123] + 0.1 * rng.standard_normal(384).astype(np.float32)
+    query /= np.linalg.norm(query)
+    with _one_blas_thread():
+        whole = matrix @ query
+        split = _product(matrix, query)
+    assert np.array_equal(split, whole)  # bit for bit: the rows are split at an aligned row
+
+    index = VectorIndex(384)
+    keys = [f"k{i:06d}" for i in range(rows)]
+    index.replace("big", 1, ((k, matrix[i].tobytes(), None) for i, k in enumerate(keys)))
+    got = index.top("big", 1, query, K, now=0.0)
+    assert got is not None
+    best = np.argsort(-whole, kind="stable")[:K]
+    assert [k for k, _ in got] == [keys[i] for i in best]
+    assert got[0][0] == "k000123"

@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -113,6 +114,45 @@ def rrf(rankings: Iterable[Sequence[str]], k: int) -> list[tuple[str, float]]:
     return sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
 
 
+#: Rows from which a product is split in two halves, one on a helper thread.
+SPLIT_ROWS: Final = 32_768
+#: The halves meet at a multiple of this many rows: the kernel's blocks of
+#: rows stay whole, so every row's sum is the one thread's, bit for bit.
+_SPLIT_ALIGN: Final = 64
+_HALVES: ThreadPoolExecutor | None = None
+_HALVES_LOCK = threading.Lock()
+
+
+def _product(matrix: np.ndarray, query: np.ndarray, *, split: bool = True) -> np.ndarray:
+    """``matrix @ query``; above :data:`SPLIT_ROWS` rows, the two halves at once.
+
+    Discussion: the product is memory-bound and one core does not draw all
+    of the memory's bandwidth: on this project's 2-vCPU machine, 100,000 x
+    256 took 2.97 ms at the median on one thread and 1.98 ms as two halves
+    on two. Each row's sum is the one thread's, bit for bit: the rows are
+    split, not the columns, at a multiple of 64 rows (at an odd row the
+    kernel's blocking of the rows around it changed the last bit of some
+    sums; aligned, 35 shapes from 33,769 to 100,000 rows and 64 to 1,536
+    dims came out equal). On a busy machine the helper waits for a core, and the cost
+    is one hand-off.
+    """
+    rows = matrix.shape[0]
+    if rows < SPLIT_ROWS or not split:
+        whole: np.ndarray = matrix @ query
+        return whole
+    global _HALVES
+    with _HALVES_LOCK:
+        if _HALVES is None:
+            _HALVES = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory-product")
+        halves = _HALVES
+    out = np.empty(rows, dtype=np.result_type(matrix, query))
+    mid = rows // 2 // _SPLIT_ALIGN * _SPLIT_ALIGN  # OpenBLAS's row blocks kept whole
+    first = halves.submit(np.matmul, matrix[:mid], query, out=out[:mid])
+    np.matmul(matrix[mid:], query, out=out[mid:])
+    first.result()
+    return out
+
+
 @dataclass
 class NamespaceVectors:
     """One namespace's vectors as of ``seq``: a matrix with a row per live item.
@@ -191,13 +231,18 @@ class NamespaceVectors:
         self.keys[row] = None
         self.free.append(row)
 
-    def top(self, query: np.ndarray, n: int, now: float) -> list[tuple[str, float]]:
-        """The ``n`` live rows nearest ``query`` (cosine), best first, ties by key."""
+    def top(
+        self, query: np.ndarray, n: int, now: float, *, split: bool = True
+    ) -> list[tuple[str, float]]:
+        """The ``n`` live rows nearest ``query`` (cosine), best first, ties by key.
+
+        ``split``: a large product may run as two halves at once (:func:`_product`).
+        """
         used = self.used
         if used == 0 or n <= 0:
             return []
         with _one_blas_thread():
-            scores = self.matrix[:used] @ query
+            scores = _product(self.matrix[:used], query, split=split)
         dead = ~self.alive[:used]
         if self.expiring:
             dead |= self.expires[:used] <= now
@@ -285,7 +330,14 @@ class VectorIndex:
             return True
 
     def top(
-        self, namespace: str, seq: int, query: np.ndarray, n: int, now: float
+        self,
+        namespace: str,
+        seq: int,
+        query: np.ndarray,
+        n: int,
+        now: float,
+        *,
+        split: bool = True,
     ) -> list[tuple[str, float]] | None:
         """The nearest ``n`` keys if the copy is at ``seq`` or newer, else None (refresh first).
 
@@ -297,7 +349,7 @@ class VectorIndex:
             space = self._spaces.get(namespace)
             if space is None or space.seq < seq:
                 return None
-            return space.top(query, n, now)
+            return space.top(query, n, now, split=split)
 
     def drop(self, namespace: str | None = None) -> None:
         """Forget one namespace's copy (or every copy)."""

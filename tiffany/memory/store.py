@@ -28,6 +28,7 @@ import hashlib
 import json
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -160,6 +161,10 @@ class MemoryStore:
         self.max_items = max_items
         self._vectors = VectorIndex(self.embedder.dims)
         self._refresh_lock = threading.Lock()
+        # A hybrid search's vector product runs here while its text ranking
+        # runs on the caller's thread (both release the GIL): made at first use.
+        self._legs: ThreadPoolExecutor | None = None
+        self._legs_lock = threading.Lock()
         self._owns_engine = _owns_engine
 
     @classmethod
@@ -185,6 +190,10 @@ class MemoryStore:
     def close(self) -> None:
         """Drop the in-process vectors; dispose of the engine if :meth:`open` made it."""
         self._vectors.drop()
+        with self._legs_lock:
+            legs, self._legs = self._legs, None
+        if legs is not None:
+            legs.shutdown(wait=True)
         if self._owns_engine:
             self._engine.dispose()
 
@@ -575,9 +584,21 @@ class MemoryStore:
                 wanted = candidates(n)
                 text_hits: list[tuple[str, float]] = []
                 vector_hits: list[tuple[str, float]] = []
+                vector_leg: Future[list[tuple[str, float]] | None] | None = None
+                if qvec is not None and np.any(qvec) and how == "hybrid" and words:
+                    # Both legs at once: the product on a helper thread, the
+                    # text's SQL here (the vectors are brought to ns_seq first,
+                    # on this connection: the helper never touches it).
+                    self._ensure_vectors(conn, ns, ns_seq)
+                    # Unsplit: with the text's thread, the two cores are busy already.
+                    vector_leg = self._leg_pool().submit(
+                        self._vectors.top, ns, ns_seq, qvec, wanted, at, split=False
+                    )
                 if how != "vector" and words:
                     text_hits = self._fulltext.ranks(conn, ns, words, wanted, at)
-                if qvec is not None and np.any(qvec):
+                if vector_leg is not None:
+                    vector_hits = vector_leg.result() or []
+                elif qvec is not None and np.any(qvec):
                     vector_hits = self._vector_ranks(conn, ns, ns_seq, qvec, wanted, at)
                 if how == "text":
                     hits = text_hits[:n]
@@ -772,10 +793,23 @@ class MemoryStore:
         """The ``n`` nearest items by cosine (the namespace's vectors brought to ``ns_seq``)."""
         hits = self._vectors.top(ns, ns_seq, qvec, n, at)
         if hits is None:
-            with self._refresh_lock:
-                self._refresh(conn, ns, ns_seq)
+            self._ensure_vectors(conn, ns, ns_seq)
             hits = self._vectors.top(ns, ns_seq, qvec, n, at)
         return hits or []
+
+    def _ensure_vectors(self, conn: Connection, ns: str, ns_seq: int) -> None:
+        """Bring the namespace's vectors to ``ns_seq`` or newer (no-op when they are)."""
+        have = self._vectors.seq_of(ns)
+        if have is None or have < ns_seq:
+            with self._refresh_lock:
+                self._refresh(conn, ns, ns_seq)
+
+    def _leg_pool(self) -> ThreadPoolExecutor:
+        """The helper thread of hybrid searches (made at first use, gone at :meth:`close`)."""
+        with self._legs_lock:
+            if self._legs is None:
+                self._legs = ThreadPoolExecutor(max_workers=2, thread_name_prefix="memory-vectors")
+            return self._legs
 
     def _refresh(self, conn: Connection, ns: str, ns_seq: int) -> None:
         """Bring the namespace's vectors to ``ns_seq``: the rows written since, or all of them."""

@@ -75,10 +75,7 @@ APPLIED_OF: Final = select(mem_applied.c.digest, mem_applied.c.result).where(
 _CLAIM: Final = insert(mem_applied)
 #: The store's counter moved by one, answering the new ``store_seq``.
 _BUMP: Final = (
-    update(mem_seq)
-    .where(mem_seq.c.id == 1)
-    .values(seq=mem_seq.c.seq + 1)
-    .returning(mem_seq.c.seq)
+    update(mem_seq).where(mem_seq.c.id == 1).values(seq=mem_seq.c.seq + 1).returning(mem_seq.c.seq)
 )
 #: The claim's result stored (``b_op``, ``b_result``, ``b_seq``).
 _STORE_RESULT: Final = (
