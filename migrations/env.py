@@ -20,7 +20,7 @@ from alembic import context
 from sqlalchemy import engine_from_config, pool
 from sqlalchemy.engine import Connection, make_url
 
-from tiffany.memory.tables import FTS_TABLE
+from tiffany.memory.tables import FTS_TABLE, VECTORS_TABLE
 from tiffany.memory.tables import metadata as memory_metadata
 from tiffany.store.models import Base
 from tiffany.store.session import normalize_url
@@ -42,7 +42,8 @@ def include_name(name: str | None, type_: str, _parent: object) -> bool:
     PostgreSQL: neither is in the metadata.)
     """
     if type_ == "table" and name is not None:
-        return not (name == FTS_TABLE or name.startswith(f"{FTS_TABLE}_"))
+        # mem_vectors exists only where pgvector does (migration 0015).
+        return not (name in (FTS_TABLE, VECTORS_TABLE) or name.startswith(f"{FTS_TABLE}_"))
     return True
 
 

@@ -231,6 +231,9 @@ class Settings(BaseSettings):
             line keep there.
         memory_max_items: Items one memory namespace may hold; a put of one
             more is refused (``memory.full``: docs/memory.md).
+        memory_pgvector: ``auto``: on PostgreSQL whose database has pgvector
+            (``tiffany db pgvector``), memory's vector search runs in SQL;
+            ``off``: always exactly in the process (docs/memory.md).
         embeddings_base_url: An OpenAI-compatible endpoint the MemoryStore
             embeds text with (``POST {base_url}/v1/embeddings``). Unset: the
             offline feature-hashing embedder (docs/memory.md).
@@ -301,6 +304,7 @@ class Settings(BaseSettings):
     traceback_frames: int = Field(default=30, gt=0)
     traceback_chars: int = Field(default=240, ge=16)
     memory_max_items: int = Field(default=100_000, gt=0)
+    memory_pgvector: Literal["auto", "off"] = "auto"
     embeddings_base_url: str | None = None
     embeddings_model: str | None = None
     embeddings_api_key: SecretStr | None = None

@@ -49,7 +49,8 @@ if TYPE_CHECKING:
 __all__ = ["HistoryReleased", "MemoryWrites", "RebuildReport", "rebuild_store", "register"]
 
 db_app = typer.Typer(
-    help="The SQL store: migrate its schema, rebuild it from the WAL.", no_args_is_help=True
+    help="The SQL store: migrate its schema, rebuild it from the WAL, turn pgvector on.",
+    no_args_is_help=True,
 )
 
 #: Records per projector transaction during a rebuild.
@@ -352,6 +353,75 @@ def rebuild(
             f" in dead_letters (seq {shown_seqs}{more})",
             err=True,
         )
+
+
+@db_app.command("pgvector")
+def pgvector(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False,
+) -> None:
+    """Turn pgvector on for memory: create the extension, make and fill ``mem_vectors``.
+
+    PostgreSQL only; creating the extension needs a superuser (a database
+    where it exists already needs none). Idempotent: run again, it rewrites
+    the vector rows that are missing or stale. Exits 1, saying why, where
+    pgvector cannot be used (memory then ranks its vectors in the process).
+    """
+    from sqlalchemy.exc import DBAPIError
+
+    from tiffany.memory.pgvector import install
+    from tiffany.store.migrate import upgrade as alembic_upgrade
+
+    engine, shown = _engine(ctx)
+    try:
+        if engine.dialect.name != "postgresql":
+            typer.echo(
+                f"tiffany: {shown} is not PostgreSQL: memory ranks its vectors exactly in the "
+                "process (pgvector is PostgreSQL's)",
+                err=True,
+            )
+            raise typer.Exit(EXIT_FAILED)
+        alembic_upgrade(engine)
+        try:
+            with engine.begin() as conn:
+                report = install(conn, create_extension=True)
+        except DBAPIError as exc:
+            reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+            typer.echo(
+                f"tiffany: could not create the vector extension: {reason} (a superuser can: "
+                "CREATE EXTENSION vector; then run this again): memory ranks its vectors "
+                "exactly in the process",
+                err=True,
+            )
+            raise typer.Exit(EXIT_FAILED) from None
+    finally:
+        engine.dispose()
+    found = report.probe
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "ready": found.ready,
+                    "reason": found.why_not(),
+                    "available": found.available,
+                    "version": found.version,
+                    "schema": found.schema,
+                    "created_extension": report.created_extension,
+                    "created_table": report.created_table,
+                    "synced": report.synced,
+                    "rows": report.rows,
+                }
+            )
+        )
+    elif found.ready:
+        typer.echo(
+            f"pgvector {found.version} (schema {found.schema}) is on for {shown}: "
+            f"mem_vectors holds {report.rows} vectors ({report.synced} written now)"
+        )
+    else:
+        typer.echo(f"tiffany: {found.why_not()}: memory ranks its vectors in the process", err=True)
+    if not found.ready:
+        raise typer.Exit(EXIT_FAILED)
 
 
 def register(app: typer.Typer) -> None:

@@ -59,6 +59,7 @@ from tiffany.memory.embed import (
 from tiffany.memory.fulltext import fulltext_for
 from tiffany.memory.graph import walk
 from tiffany.memory.items import ITEM_COLUMNS, answer, by_key, epoch, iso, live
+from tiffany.memory.pgvector import PgVectors, check_mode, open_for
 from tiffany.memory.search import VectorIndex, candidates, query_words, rrf
 from tiffany.memory.tables import (
     mem_applied,
@@ -141,6 +142,9 @@ class MemoryStore:
         embedder: Computes a put's vector (default: :class:`HashingEmbedder`).
         clock: Where writes and reads read the time (TTL, ``created_at``).
         max_items: Items a namespace may hold (``TIFFANY_MEMORY_MAX_ITEMS``).
+        pgvector: ``auto``: on PostgreSQL with pgvector ready, rank vectors in
+            SQL (tiffany/memory/pgvector.py); ``off``: always in the process
+            (``TIFFANY_MEMORY_PGVECTOR``).
     """
 
     def __init__(
@@ -150,6 +154,7 @@ class MemoryStore:
         embedder: Embedder | None = None,
         clock: Clock | None = None,
         max_items: int = limits.DEFAULT_MAX_ITEMS,
+        pgvector: str = "auto",
         _owns_engine: bool = False,
     ) -> None:
         self._engine = engine
@@ -166,6 +171,10 @@ class MemoryStore:
         self._legs: ThreadPoolExecutor | None = None
         self._legs_lock = threading.Lock()
         self._owns_engine = _owns_engine
+        self._pgvector_mode = check_mode(pgvector)
+        # (writer of mem_vectors, vector path): read from the catalogue at first use.
+        self._pgv: tuple[PgVectors | None, str] | None = None
+        self._pgv_lock = threading.Lock()
 
     @classmethod
     def open(cls, database_url: str, **kwargs: Any) -> MemoryStore:
@@ -179,6 +188,7 @@ class MemoryStore:
             engine if engine is not None else make_engine(settings.database_url),
             embedder=embedder_from_settings(settings),
             max_items=settings.memory_max_items,
+            pgvector=settings.memory_pgvector,
             _owns_engine=engine is None,
         )
 
@@ -186,6 +196,21 @@ class MemoryStore:
     def engine(self) -> Engine:
         """The SQLAlchemy engine it uses."""
         return self._engine
+
+    @property
+    def vector_index(self) -> str:
+        """Which path ranks vectors: ``pgvector`` (in SQL) or ``exact`` (in the process)."""
+        return self._pgvector()[1]
+
+    def _pgvector(self) -> tuple[PgVectors | None, str]:
+        """The pgvector writer (None: no ``mem_vectors``) and the vector path, found once."""
+        found = self._pgv
+        if found is None:
+            with self._pgv_lock:
+                if self._pgv is None:
+                    self._pgv = open_for(self._engine, self._pgvector_mode)
+                found = self._pgv
+        return found
 
     def close(self) -> None:
         """Drop the in-process vectors; dispose of the engine if :meth:`open` made it."""
@@ -284,6 +309,7 @@ class MemoryStore:
             vec = normalize(self.embedder.embed([item_text]))[0]
         at = self._clock.time() if now is None else now
         blob = np.asarray(vec, dtype="<f4").tobytes()
+        pgv = self._pgvector()[0]
 
         def apply(conn: Connection, seq: int) -> dict[str, Any]:
             self._writes.sweep(conn, ns, at, seq)
@@ -326,6 +352,17 @@ class MemoryStore:
                 conn.execute(_REWRITE_ITEM, {"b_id": item_id, **row})
                 self._fulltext.update(conn, item_id, ns, item_text)
                 self._writes.count(conn, ns, 0, size - current.bytes, seq, at)
+            if pgv is not None:
+                pgv.write(
+                    conn,
+                    item_id=item_id,
+                    namespace=ns,
+                    key=item_key,
+                    embedder=embedder["id"],
+                    expires_at=expires_at,
+                    store_seq=seq,
+                    vec=vec,
+                )
             conn.execute(
                 _NEW_VERSION,
                 {
@@ -576,6 +613,7 @@ class MemoryStore:
         qvec: np.ndarray | None = None
         if how != "text":
             qvec = normalize(self.embedder.embed([query]))[0]
+        in_sql = how != "text" and self.vector_index == "pgvector"
         with self._read() as conn:
             seqs = conn.execute(_SEQS, {"ns": ns}).one()
             as_of, ns_seq = int(seqs[0] or 0), seqs[1]
@@ -585,7 +623,7 @@ class MemoryStore:
                 text_hits: list[tuple[str, float]] = []
                 vector_hits: list[tuple[str, float]] = []
                 vector_leg: Future[list[tuple[str, float]] | None] | None = None
-                if qvec is not None and np.any(qvec) and how == "hybrid" and words:
+                if qvec is not None and np.any(qvec) and how == "hybrid" and words and not in_sql:
                     # Both legs at once: the product on a helper thread, the
                     # text's SQL here (the vectors are brought to ns_seq first,
                     # on this connection: the helper never touches it).
@@ -617,6 +655,7 @@ class MemoryStore:
             "mode": how,
             "embedder": describe(self.embedder),
             "as_of": as_of,
+            "vector_index": None if how == "text" else self.vector_index,
         }
 
     def neighbors(
@@ -791,6 +830,9 @@ class MemoryStore:
         self, conn: Connection, ns: str, ns_seq: int, qvec: np.ndarray, n: int, at: float
     ) -> list[tuple[str, float]]:
         """The ``n`` nearest items by cosine (the namespace's vectors brought to ``ns_seq``)."""
+        pgv, path = self._pgvector()
+        if path == "pgvector" and pgv is not None:
+            return pgv.ranks(conn, ns, self.embedder.id, qvec, n, at)
         hits = self._vectors.top(ns, ns_seq, qvec, n, at)
         if hits is None:
             self._ensure_vectors(conn, ns, ns_seq)

@@ -39,6 +39,7 @@ from sqlalchemy import (
 
 __all__ = [
     "FTS_TABLE",
+    "VECTORS_TABLE",
     "mem_applied",
     "mem_item_versions",
     "mem_items",
@@ -61,6 +62,9 @@ metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 #: The full-text index's name on both dialects (not in :data:`metadata`).
 FTS_TABLE: Final = "mem_fts"
+#: pgvector's table of vectors, on PostgreSQL where the extension is
+#: (tiffany/memory/pgvector.py; not in :data:`metadata`).
+VECTORS_TABLE: Final = "mem_vectors"
 
 NS = 128
 KEY = 256

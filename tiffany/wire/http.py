@@ -623,6 +623,11 @@ class MemorySearch(_Open):
     )
     embedder: MemoryEmbedder | None = None
     as_of: int | None = Field(default=None, description="The store's write sequence searched.")
+    vector_index: str | None = Field(
+        default=None,
+        description="What ranked the vectors: ``pgvector`` (exact, in PostgreSQL) or ``exact`` "
+        "(in the process); null for a text search.",
+    )
 
 
 class MemoryVersion(_Open):

@@ -403,6 +403,11 @@ class MemorySearchOutput(ToolOutput):
     as_of: int | None = Field(
         description="The store's sequence number: every write up to it is in the answer."
     )
+    vector_index: str | None = Field(
+        default=None,
+        description="What ranked the vectors: ``pgvector`` (exact, in PostgreSQL) or ``exact`` "
+        "(in the process); null for a text search.",
+    )
 
 
 class MemorySearchTool:
