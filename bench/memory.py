@@ -28,7 +28,12 @@ them all alike: bulk-load, single puts, searches, memory):
   db upgrade`` does), and on the local PostgreSQL (a private schema,
   ``--pg-url``) when it answers, up to ``--pg-max`` (10,000) items: the
   MemoryStore has no bulk write, so every item is a ``put`` and a commit,
-  and 100,000 of them would take the run past its budget;
+  and 100,000 of them would take the run past its budget. The PostgreSQL
+  cell ranks vectors exactly in the process (``pgvector="off"``); a second
+  cell, ``(postgresql, pgvector)``, runs on a database with the ``vector``
+  extension (``--pgvector-url``; made, with the extension, if missing) and
+  ranks them in SQL with pgvector (exact too), up to ``--pgvector-max``
+  (100,000) items; ``--no-pgvector`` leaves it out;
 * LangGraph ``SqliteStore`` on a file with its vector index (sqlite-vec), at
   the journal mode and ``synchronous`` Tiffany's SQLite store runs with, and
   LangGraph ``InMemoryStore`` with the same index (``memory_langgraph_driver.py``,
@@ -88,6 +93,10 @@ ENVS = ROOT / "bench" / ".envs"
 #: The bench's LangGraph environment (bench/plans.py's), numpy added for the vector index.
 LANGGRAPH_SPEC = "langgraph==1.2.24 langgraph-checkpoint-sqlite==3.1.2 numpy"
 PG_URL = os.environ.get("TIFFANY_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+#: A database with the ``vector`` extension (made, with it, when missing and the user may).
+PGVECTOR_URL = os.environ.get(
+    "TIFFANY_BENCH_PGVECTOR", "postgresql+psycopg://postgres@127.0.0.1:5432/tiffany_bench_pgvector"
+)
 NAMESPACE = "bench"
 #: Threads putting at once in Tiffany's bulk load on PostgreSQL.
 PG_BULK_THREADS = 8
@@ -245,13 +254,20 @@ class TiffanyCell:
 
         self.backend, self.url, self.corpus, self.db_path = backend, url, corpus, db_path
         engine = make_engine(url)
-        upgrade(engine)  # what `tiffany db upgrade` does: the memory tables
+        upgrade(engine)  # what `tiffany db upgrade` does: the memory tables (and mem_vectors)
         self.store = MemoryStore(
             engine,
             embedder=LookupEmbedder(HashingEmbedder(), corpus),
             max_items=max_items,
+            pgvector="auto" if backend == "pgvector" else "off",
         )
-        self.label = f"Tiffany MemoryStore ({backend})"
+        if backend == "pgvector" and self.store.vector_index != "pgvector":
+            raise RuntimeError(f"pgvector is not ready at {url}: see the log line above")
+        self.label = (
+            "Tiffany MemoryStore (postgresql, pgvector)"
+            if backend == "pgvector"
+            else f"Tiffany MemoryStore ({backend})"
+        )
         # SQLite has one writer: more threads only queue on its lock. PostgreSQL
         # commits concurrent transactions in one WAL flush (group commit).
         self.bulk_threads = 1 if backend == "sqlite" else PG_BULK_THREADS
@@ -275,6 +291,7 @@ class TiffanyCell:
                     out["synchronous"] = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}[sync]
                 else:
                     out["postgresql"] = conn.execute(text("show server_version")).scalar()
+                    out["vector_index"] = self.store.vector_index
                     out["synchronous_commit"] = conn.execute(
                         text("show synchronous_commit")
                     ).scalar()
@@ -344,6 +361,39 @@ def tiffany_cell(args: argparse.Namespace) -> None:
 
 
 # -- the parent: children, scoring, tables ------------------------------------------------
+
+
+def pgvector_database(url: str) -> str | None:
+    """Make ``url``'s database and its ``vector`` extension if missing; None, or why not."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    target = make_url(url)
+    admin = create_engine(target.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            if (
+                conn.execute(
+                    text("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'")
+                ).scalar()
+                is None
+            ):
+                return "the server has no pgvector (pg_available_extensions)"
+            if not conn.execute(
+                text("SELECT 1 FROM pg_database WHERE datname = :d"), {"d": target.database}
+            ).scalar():
+                conn.execute(text(f'CREATE DATABASE "{target.database}"'))
+        db = create_engine(target)
+        try:
+            with db.begin() as conn:
+                conn.execute(text("CREATE EXTENSION IF NOT EXISTS vector SCHEMA public"))
+        finally:
+            db.dispose()
+    except Exception as exc:  # reported, and the pgvector cell skipped
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        admin.dispose()
+    return None
 
 
 def cell_args(args: argparse.Namespace) -> list[str]:
@@ -560,7 +610,7 @@ def print_tables(reports: list[dict[str, Any]], sizes: list[int]) -> None:
     for n in sizes:
         print(f"\n{n:,} items: latency ms; bulk items/s; memory bytes an item")
         print(
-            f"{'store, search mode':<44}{'bulk/s':>8}{'put p50':>9}{'put p99':>9}"
+            f"{'store, search mode':<52}{'bulk/s':>8}{'put p50':>9}{'put p99':>9}"
             f"{'search p50':>12}{'search p99':>12}{'queries':>9}{'recall@10':>11}"
             f"{'needle@10':>11}{'RSS/item':>10}{'DB/item':>9}"
         )
@@ -568,7 +618,7 @@ def print_tables(reports: list[dict[str, Any]], sizes: list[int]) -> None:
             bulk = cell["bulk_items"] / cell["bulk_s"] if cell["bulk_s"] else float("nan")
             db = cell["db_bytes"]
             print(
-                f"{label:<44}{bulk:>8,.0f}{fmt_ms(cell['put']['p50_ms']):>9}"
+                f"{label:<52}{bulk:>8,.0f}{fmt_ms(cell['put']['p50_ms']):>9}"
                 f"{fmt_ms(cell['put']['p99_ms']):>9}{fmt_ms(s['p50_ms']):>12}"
                 f"{fmt_ms(s['p99_ms']):>12}{s['n']:>9}{s['recall']:>11.3f}{s['needle']:>11.2f}"
                 f"{cell['rss_delta_bytes'] / n:>10,.0f}{'-' if db is None else f'{db / n:,.0f}':>9}"
@@ -590,7 +640,7 @@ def ratio_lines(reports: list[dict[str, Any]], sizes: list[int]) -> None:
         "is its vector search, beside each of Tiffany's modes"
     )
     print(
-        f"{'Tiffany store, mode':<22}{'items':>9}"
+        f"{'Tiffany store, mode':<30}{'items':>9}"
         + "".join(f"{s + ' ' + m:>26}" for _, s, m in cols)
     )
     for t in tiffany:
@@ -600,7 +650,7 @@ def ratio_lines(reports: list[dict[str, Any]], sizes: list[int]) -> None:
                 continue
             for mode, s in cell["search"].items():
                 backend = t["label"][len("Tiffany MemoryStore ") :].strip("()")
-                line = f"{backend + ' ' + mode:<22}{n:>9,}"
+                line = f"{backend + ' ' + mode:<30}{n:>9,}"
                 for label, _, metric in cols:
                     pc = by[label]["sizes"].get(str(n))
                     if not pc:
@@ -622,7 +672,7 @@ def ratio_lines(reports: list[dict[str, Any]], sizes: list[int]) -> None:
                     if b["db_bytes"] is None
                     else f"{(b['db_bytes'] - a['db_bytes']) / (hi - lo):,.0f}"
                 )
-                print(f"  {r['label']:<36}RSS {rss:>8,.0f} bytes, database {db:>7} bytes")
+                print(f"  {r['label']:<44}RSS {rss:>8,.0f} bytes, database {db:>7} bytes")
     big = max(sizes)
     print(f"\ntargets (issue 42), at {big:,} items:")
     sq = by.get("LangGraph SqliteStore", {}).get("sizes", {}).get(str(big))
@@ -677,7 +727,15 @@ def parse_args() -> argparse.Namespace:
         help="the largest size PostgreSQL runs at (its loads go through put, a commit each)",
     )
     ap.add_argument("--dir", type=Path, help="work directory parent (default: the system's temp)")
-    ap.add_argument("--cell", choices=("sqlite", "postgresql"), help=argparse.SUPPRESS)
+    ap.add_argument("--no-pgvector", action="store_true")
+    ap.add_argument("--pgvector-url", default=PGVECTOR_URL)
+    ap.add_argument(
+        "--pgvector-max",
+        type=int,
+        default=100_000,
+        help="the largest size the pgvector cell runs at",
+    )
+    ap.add_argument("--cell", choices=("sqlite", "postgresql", "pgvector"), help=argparse.SUPPRESS)
     ap.add_argument("--cell-url", help=argparse.SUPPRESS)
     ap.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -729,6 +787,24 @@ def main() -> None:
                     pg_note = f"run at {', '.join(f'{s:,}' for s in pg_sizes)} items" + (
                         f" (--pg-max {args.pg_max:,})" if pg_sizes != args.sizes else ""
                     )
+                finally:
+                    drop_pg_schema(handle)
+        pgv_note = "not run (--no-pgvector)" if not args.no_pg else "not run (--no-pg)"
+        if not args.no_pg and not args.no_pgvector:
+            from _pg import drop_pg_schema, pg_schema
+
+            why = pgvector_database(args.pgvector_url)
+            made = None if why else pg_schema(args.pgvector_url, "bench_memory_pgv")
+            if made is None:
+                pgv_note = f"not run: {why or 'not reachable'}"
+            else:
+                url, handle = made
+                pgv_sizes = [s for s in args.sizes if s <= args.pgvector_max] or args.sizes[:1]
+                pgv_cmd = [*me, "--cell", "pgvector", "--cell-url", url]
+                pgv_cmd += ["--sizes", ",".join(map(str, pgv_sizes))]
+                try:
+                    reports.append(child(pgv_cmd, "Tiffany MemoryStore (postgresql, pgvector)"))
+                    pgv_note = f"run at {', '.join(f'{s:,}' for s in pgv_sizes)} items"
                 finally:
                     drop_pg_schema(handle)
         if not args.no_peers:
@@ -785,6 +861,7 @@ def main() -> None:
             f"{r['load'][0]:.1f} at its start, {r['load'][1]:.1f} at its end"
         )
     print(f"  Tiffany MemoryStore (postgresql): {pg_note}")
+    print(f"  Tiffany MemoryStore (postgresql, pgvector): {pgv_note}")
     print_tables(done, args.sizes)
     ratio_lines(done, args.sizes)
     print(
