@@ -328,9 +328,13 @@ def test_turned_on_later_fills_and_resyncs_the_table(
     with engine.begin() as conn:
         conn.execute(text("UPDATE mem_vectors SET store_seq = 0 WHERE key = 'k00003'"))
         assert install(conn, create_extension=False).synced == 1
+        # A row a process that did not know the table never wrote: the next
+        # store writes it at its start, before it ranks by the table.
+        conn.execute(text("DELETE FROM mem_vectors WHERE key = 'k00003'"))
     after = MemoryStore(engine)
     try:
         assert after.vector_index == "pgvector"
+        assert len(_vector_rows(engine)) == 300
         _assert_same_ranking(after.search("ns", _corpus(300)[3][1], 10, mode="vector"), want)
     finally:
         after.close()

@@ -326,17 +326,24 @@ def open_for(engine: Engine, mode: str) -> tuple[PgVectors | None, str]:
     Answers ``(writer, path)``: ``writer`` keeps ``mem_vectors`` current
     wherever the table is ready (``off`` included, so that turning pgvector
     back on finds it whole); ``path`` is ``"pgvector"`` where it is ready and
-    ``mode`` is ``auto``, else ``"exact"``. Logs one line on PostgreSQL
-    (the path, and why not pgvector); nothing on SQLite.
+    ``mode`` is ``auto``, else ``"exact"``. Where the table is ready, the
+    rows missing or stale are written first (an anti-join of ``mem_items``
+    and ``mem_vectors``: DML only). Logs the path on PostgreSQL (and why not
+    pgvector); nothing on SQLite.
     """
     if engine.dialect.name != "postgresql":
         return None, "exact"
-    with engine.connect() as conn:
+    with engine.begin() as conn:
         found = probe(conn)
-    writer = PgVectors(found.schema) if found.ready and found.schema is not None else None
+        writer = PgVectors(found.schema) if found.ready and found.schema is not None else None
+        # Rows a process without the table's writer left out (it ran before
+        # `tiffany db pgvector`): written now, before this store ranks by them.
+        synced = 0 if writer is None else _sync(conn, writer)
     if writer is None:
         log.warning("memory vectors: path=exact (%s)", found.why_not())
         return None, "exact"
+    if synced:
+        log.info("memory vectors: %d missing or stale rows of %s written", synced, TABLE)
     if mode == "off":
         log.info("memory vectors: path=exact (TIFFANY_MEMORY_PGVECTOR=off)")
         return writer, "exact"
