@@ -136,9 +136,7 @@ def main() -> None:
     randq = rng.standard_normal((args.queries, vectors.shape[1])).astype(np.float32)
     randq /= np.linalg.norm(randq, axis=1, keepdims=True)
     query_sets = {"bench queries": qvectors, "random queries": randq}
-    truth = {
-        name: [set(exact(vectors, q).tolist()) for q in qs] for name, qs in query_sets.items()
-    }
+    truth = {name: [set(exact(vectors, q).tolist()) for q in qs] for name, qs in query_sets.items()}
     mean = vectors.mean(axis=0)
     print(
         f"{len(vectors):,} vectors x {vectors.shape[1]} dims; |mean| {np.linalg.norm(mean):.2f}, "
