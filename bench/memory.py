@@ -728,6 +728,11 @@ def parse_args() -> argparse.Namespace:
     )
     ap.add_argument("--dir", type=Path, help="work directory parent (default: the system's temp)")
     ap.add_argument("--no-pgvector", action="store_true")
+    ap.add_argument(
+        "--no-exact-cells",
+        action="store_true",
+        help="run only the pgvector cell (not the SQLite and exact PostgreSQL ones)",
+    )
     ap.add_argument("--pgvector-url", default=PGVECTOR_URL)
     ap.add_argument(
         "--pgvector-max",
@@ -763,10 +768,12 @@ def main() -> None:
         me = [sys.executable, __file__, *cell_args(args), "--workdir", str(workdir)]
         reports: list[dict[str, Any] | None] = []
         print("stores, each in a fresh process:", flush=True)
-        tiffany_sqlite = child([*me, "--cell", "sqlite"], "Tiffany MemoryStore (sqlite)")
-        reports.append(tiffany_sqlite)
-        pg_note = "not run (--no-pg)"
-        if not args.no_pg:
+        tiffany_sqlite = None
+        if not args.no_exact_cells:
+            tiffany_sqlite = child([*me, "--cell", "sqlite"], "Tiffany MemoryStore (sqlite)")
+            reports.append(tiffany_sqlite)
+        pg_note = "not run (--no-pg)" if args.no_pg else "not run (--no-exact-cells)"
+        if not args.no_pg and not args.no_exact_cells:
             from _pg import drop_pg_schema, pg_schema
 
             made = pg_schema(args.pg_url, "bench_memory")

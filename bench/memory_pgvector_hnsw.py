@@ -9,8 +9,9 @@ namespace's rows (tiffany/memory/pgvector.py). This script measures, on
 ``HashingEmbedder`` vectors, its 200 queries), what pgvector's HNSW index
 would give instead: the table is a private schema's copy of the store's
 ``mem_vectors`` shape (loaded with ``COPY``, not through the store: only the
-vector leg is measured), the exact scan is the store's statement, and the
-HNSW index (``vector_ip_ops``, pgvector's defaults ``m`` 16,
+vector leg is measured), the exact scan is the store's statement, the
+product the in-process path runs (numpy, one BLAS thread) is timed beside
+it, and the HNSW index (``vector_ip_ops``, pgvector's defaults ``m`` 16,
 ``ef_construction`` 64) is read at several ``hnsw.ef_search``. Reported:
 recall@10 against numpy's exact top 10 (mean and worst query), p50 / p99 of
 the statement's wall time (3 passes over the queries), the index's build
