@@ -17,8 +17,9 @@ Invariants:
   ``REPEATABLE READ``): its ``as_of``, its ranks and its items agree.
 
 The parts: ``limits`` (bounds), ``embed`` (vectors), ``fulltext`` and
-``search`` (ranks), ``graph`` (walks), ``items`` (rows and answers),
-``writes`` (exactly once), ``tables``.
+``search`` (ranks), ``pgvector`` (the vector ranking in PostgreSQL, where
+the database has the extension), ``graph`` (walks), ``items`` (rows and
+answers), ``writes`` (exactly once), ``tables``.
 """
 
 from __future__ import annotations
