@@ -19,6 +19,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from memory_cases import WRITER
 from memory_runs import run_plan, tiffany
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
@@ -299,6 +304,34 @@ def test_writes_are_applied_once_with_their_vector_row(
         assert ("ns", "a") not in _vector_rows(engine)
     finally:
         store.close()
+
+
+def test_kill_9_mid_puts_then_rerun_applies_each_op_once_with_its_vector(
+    pgv_url: str, engine: Engine
+) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", WRITER, pgv_url, "run-1/step", "120"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    for line in child.stdout:
+        if int(line) >= 30:
+            break
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait(30)
+    assert 31 <= len(_vector_rows(engine)) < 120
+    assert _vector_rows(engine) == _item_rows(engine)
+    rerun = subprocess.run(
+        [sys.executable, "-c", WRITER, pgv_url, "run-1/step", "120"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    assert rerun.stdout.split() == [str(i) for i in range(120)]
+    assert len(_vector_rows(engine)) == 120
+    assert _vector_rows(engine) == _item_rows(engine)  # each item once, its seq its item's
 
 
 def test_turned_on_later_fills_and_resyncs_the_table(
