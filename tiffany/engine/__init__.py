@@ -559,12 +559,10 @@ class _EverySlotHeld(Exception):
 
 
 def journal_source(settings: Settings) -> Source:
-    """Where readers find the journal ``settings`` name (no lease taken)."""
-    if settings.journal != "postgres":
-        return Path(settings.data_dir) / "wal"
-    from tiffany.wal.pg import PgStream
+    """Where readers find the journal of ``settings``' engine (no lock, no lease taken)."""
+    from tiffany.ports.journals import journals_for
 
-    return PgStream(settings.database_url, engine_stream(settings.journal_stream, settings.engine))
+    return journals_for(settings).source(settings.engine)
 
 
 def build(
