@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from tiffany.cli import app
 from tiffany.config import Settings
-from tiffany.errors import JournalUnsupported
+from tiffany.errors import JournalUnsupported, WalLockedError
 from tiffany.ports.journals import FileJournals, Journals, PgJournals, journals_for
 from tiffany.wal.lock import lock_dir, unlock
 
@@ -76,6 +76,24 @@ def test_a_file_journal_is_stopped_only_while_nobody_holds_its_lock(tmp_path: Pa
     assert journals.stopped(0)
 
 
+def test_a_rebuild_holds_every_file_journal_still_and_is_refused_beside_an_engine(
+    tmp_path: Path,
+) -> None:
+    journals = journals_for(make_settings(tmp_path))
+    for engine in (0, 1):
+        journals.wal_dir(engine).mkdir(parents=True)
+    with journals.engines_stopped():
+        assert [journals.stopped(0), journals.stopped(1)] == [False, False]  # no engine starts
+    assert [journals.stopped(0), journals.stopped(1)] == [True, True]  # and given back
+    fd = lock_dir(journals.wal_dir(1))  # engine 1 runs
+    try:
+        with pytest.raises(WalLockedError), journals.engines_stopped():
+            pytest.fail("the body ran beside a running engine")
+    finally:
+        unlock(fd)
+    assert journals.stopped(0)  # what it took before the refusal, it gave back
+
+
 def test_the_postgresql_journals_refuse_the_file_commands_without_a_connection(
     tmp_path: Path,
 ) -> None:
@@ -114,7 +132,12 @@ def test_the_postgresql_journals_count_the_engines_streams(
     for engine in (0, 1):
         log = journal_log(settings.for_engine(engine))
         assert log is not None
+        if engine == 1:  # engine 1 runs: a rebuild is refused, naming its stream
+            with pytest.raises(WalLockedError, match="'main-1'"), journals.engines_stopped():
+                pytest.fail("the body ran beside a running engine")
         log.close()
+    with journals.engines_stopped():  # every lease given back
+        pass
     assert journals.count() == 2
     assert [s["stream"] for s in journals.streams()] == ["main", "main-1"]
     source = journals.source(1)

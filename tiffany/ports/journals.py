@@ -32,11 +32,13 @@ caller relies on (a directory it may cut, a lease it may wait for).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from tiffany.config import Settings
-from tiffany.errors import JournalUnsupported
+from tiffany.errors import JournalUnsupported, WalLockedError
 from tiffany.wire.shards import engine_stream, homes
 
 if TYPE_CHECKING:  # serve's parent process reads no journal: the WAL's modules stay out
@@ -79,6 +81,18 @@ class Journals(Protocol):
 
     def stopped(self, engine: int) -> bool:
         """Whether engine ``engine`` is known to be stopped (nothing runs its runs now)."""
+        ...
+
+    def engines_stopped(self) -> contextlib.AbstractContextManager[None]:
+        """Keep every engine off its journal while the ``with`` body runs (a store's rebuild).
+
+        A rebuild empties the store and projects the journals again: beside
+        a running engine it would race that engine's projector, and read
+        records the engine has written but not yet made durable.
+
+        Raises:
+            WalLockedError: An engine runs on one of the journals.
+        """
         ...
 
     def wal_dir(self, engine: int = 0) -> Path:
@@ -127,6 +141,22 @@ class FileJournals:
 
         return holder(self.wal_dir(engine)) is None
 
+    @contextlib.contextmanager
+    def engines_stopped(self) -> Iterator[None]:
+        """Hold every WAL's lock (as ``wal repair`` does): no engine runs, none starts."""
+        from tiffany.wal.lock import lock_dir, unlock
+
+        fds: list[int] = []
+        try:
+            for engine in range(self.count()):
+                wal_dir = self.wal_dir(engine)
+                if wal_dir.is_dir():
+                    fds.append(lock_dir(wal_dir))
+            yield
+        finally:
+            for fd in fds:
+                unlock(fd)
+
     def wal_dir(self, engine: int = 0) -> Path:
         """``<engine home>/wal``."""
         return Path(self.settings.for_engine(engine).data_dir) / "wal"
@@ -152,7 +182,9 @@ class PgJournals:
 
     def count(self) -> int:
         """Engine 0's stream, and each numbered one after it while the database has it."""
-        names = {s["stream"] for s in self.streams()}
+        return self._count({s["stream"] for s in self.streams()})
+
+    def _count(self, names: set[str]) -> int:
         n = 1
         while engine_stream(self.settings.journal_stream, n) in names:
             n += 1
@@ -169,6 +201,25 @@ class PgJournals:
     def stopped(self, engine: int) -> bool:
         """Never known here: an engine on another host may hold the stream."""
         return False
+
+    @contextlib.contextmanager
+    def engines_stopped(self) -> Iterator[None]:
+        """Refuse while an engine's stream is leased (a lease is the engines' to take)."""
+        found = self.streams()
+        ours = {
+            engine_stream(self.settings.journal_stream, e)
+            for e in range(self._count({row["stream"] for row in found}))
+        }
+        for row in found:
+            if row["stream"] in ours and row["held"]:
+                raise WalLockedError(
+                    f"the journal stream {row['stream']!r} is held by {row['owner']} "
+                    f"for {row['lease_left_s']} s more: an engine is running on it "
+                    "(stop it first)",
+                    stream=row["stream"],
+                    owner=row["owner"],
+                )
+        yield
 
     def wal_dir(self, engine: int = 0) -> Path:
         """Refused: the journal is rows, not files."""
