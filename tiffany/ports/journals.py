@@ -13,17 +13,19 @@ is chosen once from the settings by :func:`journals_for`:
 
 What the rest asks of the port: how many engines' journals there are, a
 records :data:`~tiffany.wal.Source` for engine ``i`` (no lock or lease
-taken), whether engine ``i`` is known to be stopped, and what the backend
-can do (:attr:`Journals.repairable`, :attr:`Journals.leased`,
+taken), whether engine ``i`` is known to be stopped, every engine kept off
+its journal while the store is rebuilt, and what the backend can do
+(:attr:`Journals.repairable`, :attr:`Journals.leased`,
 :attr:`Journals.in_database`). A command that works on one backend only
 asks for what it needs (:meth:`Journals.wal_dir`, :meth:`Journals.streams`)
 and the other backend refuses with :class:`~tiffany.errors.JournalUnsupported`,
 whose message the CLI prints as it is.
 
-Discussion: the engine's writer side (opening the log, waiting for a lease,
-taking a free slot) stays in the engine's composition root
-(``tiffany/engine/__init__.py``): it is the one place that opens a journal
-for writing, and only there does a lease's owner mean anything.
+Discussion: the writer's side (opening the log for appending, waiting for a
+lease, taking a free slot) stays in the engine's composition root
+(``tiffany/engine/__init__.py``: ``journal_log``, ``take_slot``), which asks
+this port whether the journal is leased: only an engine opens a journal for
+writing, and only there does a lease's owner mean anything.
 
 Rejected: capabilities as one ``backend`` string compared at each use: that
 is the branch this port removes, under another name. A flag says what a
