@@ -128,6 +128,9 @@ LAYERS: dict[str, Layer] = {
     # One interface per cross-process concept (feed source, watermark, reads,
     # commands), a socket and a PostgreSQL implementation each, chosen once at start.
     "ports": Layer(_parts("errors", "config", "wire", "store", "feed", "projector")),
+    # The engines' journals as readers and operators see them (files or streams):
+    # what the engine's verifier, serve and the CLI ask instead of the backend.
+    "ports.journals": Layer(_parts("errors", "config", "wal")),
     # Composition root of the engine process: everything below the API.
     "engine": Layer(
         _parts(
@@ -147,6 +150,7 @@ LAYERS: dict[str, Layer] = {
             "schedules",
             "supervisor",
             "workflows",
+            "ports.journals",
         )
     ),
     # The API side-process never imports kernel, wal, durable or agents.

@@ -148,6 +148,16 @@ class WalFailedError(WalError):
     code = "wal.failed"
 
 
+class JournalUnsupported(TiffanyError):
+    """The journal has no such thing: a file WAL's repair on PostgreSQL, streams on files.
+
+    The message says what the journal is and where the command does work
+    (``tiffany.ports.journals``); the CLI prints it as it is.
+    """
+
+    code = "journal.unsupported"
+
+
 # -- Durable execution -------------------------------------------------------
 
 

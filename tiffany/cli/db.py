@@ -28,9 +28,7 @@ its memory (its rows deleted, its file gone) gets the runs' writes back.
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Final
@@ -249,46 +247,6 @@ def upgrade(
     typer.echo(f"store {shown} is at revision {at}")
 
 
-@contextlib.contextmanager
-def engines_stopped(sources: list[Source]) -> Iterator[None]:
-    """Hold every file WAL's lock while the body runs; refuse a stream an engine holds.
-
-    A rebuild empties the store and projects the journal again: beside a
-    running engine it would race that engine's projector, and read records
-    the engine has written but not yet made durable. With the WAL's lock
-    held (as ``wal repair`` holds it), no engine runs, and none starts
-    until the rebuild is done. A PostgreSQL stream's lease is the engine's
-    to take: a stream whose lease is held is refused.
-
-    Raises:
-        WalLockedError: An engine runs on one of the journals.
-    """
-    from tiffany.errors import WalLockedError
-    from tiffany.wal.lock import lock_dir, unlock
-    from tiffany.wal.pg import PgStream, streams
-
-    fds: list[int] = []
-    try:
-        for source in sources:
-            if isinstance(source, Path):
-                if source.is_dir():
-                    fds.append(lock_dir(source))
-            elif isinstance(source, PgStream):
-                for row in streams(source.url):
-                    if row["stream"] == source.stream and row["held"]:
-                        raise WalLockedError(
-                            f"the journal stream {source.stream!r} is held by {row['owner']} "
-                            f"for {row['lease_left_s']} s more: an engine is running on it "
-                            "(stop it first)",
-                            stream=source.stream,
-                            owner=row["owner"],
-                        )
-        yield
-    finally:
-        for fd in fds:
-            unlock(fd)
-
-
 @db_app.command("rebuild")
 def rebuild(
     ctx: typer.Context,
@@ -296,14 +254,15 @@ def rebuild(
 ) -> None:
     """Empty the store and project the whole WAL into it again (refused while an engine runs)."""
     from tiffany.cli import _settings
-    from tiffany.cli.durable import _engines, _source
+    from tiffany.cli.durable import _journals
     from tiffany.store.migrate import upgrade as alembic_upgrade
 
     engine, shown = _engine(ctx)
-    sources = [_source(ctx, e) for e in range(_engines(ctx))]
+    journals = _journals(ctx)
+    sources = [journals.source(e) for e in range(journals.count())]
     memory = MemoryWrites(engine, _settings(ctx))
     try:
-        with engines_stopped(sources):
+        with journals.engines_stopped():
             alembic_upgrade(engine)
             # Engine by engine (serve --engines N): each replaces its own rows.
             reports = [

@@ -34,6 +34,7 @@ from tiffany.cli.remote import TokenOption, UrlOption, printable, remote
 if TYPE_CHECKING:
     from tiffany.durable import VerifyReport
     from tiffany.durable.history import RunInfo
+    from tiffany.ports.journals import Journals
 
 __all__ = ["print_report", "register"]
 
@@ -42,18 +43,28 @@ EXIT_DIVERGED = exits.FAILED
 EXIT_NOT_FOUND = exits.NOT_FOUND
 
 
-def _wal_dir(ctx: typer.Context, engine: int = 0) -> Path:
+def _journals(ctx: typer.Context) -> Journals:
+    """The engines' journals as the settings place them (:mod:`tiffany.ports.journals`)."""
     from tiffany.cli import _settings
+    from tiffany.ports.journals import journals_for
 
-    return Path(_settings(ctx).for_engine(engine).data_dir) / "wal"
+    return journals_for(_settings(ctx))
+
+
+def _wal_dir(ctx: typer.Context, engine: int = 0) -> Path:
+    """An engine's WAL directory (refused with the reason on a journal that is not files)."""
+    from tiffany.errors import JournalUnsupported
+
+    try:
+        return _journals(ctx).wal_dir(engine)
+    except JournalUnsupported as exc:
+        typer.echo(f"tiffany: {exc}", err=True)
+        raise typer.Exit(exits.USAGE) from None
 
 
 def _source(ctx: typer.Context, engine: int = 0) -> Any:
     """Where an engine's journal is read: its WAL directory, or its PostgreSQL stream."""
-    from tiffany.cli import _settings
-    from tiffany.engine import journal_source
-
-    return journal_source(_settings(ctx).for_engine(engine))
+    return _journals(ctx).source(engine)
 
 
 def _unknown_run(ctx: typer.Context, engine: int, exc: Exception) -> NoReturn:
@@ -67,20 +78,8 @@ def _unknown_run(ctx: typer.Context, engine: int, exc: Exception) -> NoReturn:
 
 
 def _engines(ctx: typer.Context) -> int:
-    """How many engines' journals the data dir holds (``serve --engines N``)."""
-    from tiffany.cli import _settings
-    from tiffany.wire.shards import homes
-
-    settings = _settings(ctx)
-    if settings.journal == "postgres":
-        from tiffany.wal.pg import streams
-
-        names = {s["stream"] for s in streams(settings.database_url)}
-        n = 1
-        while f"{settings.journal_stream}-{n}" in names:
-            n += 1
-        return n
-    return len(homes(settings.data_dir))
+    """How many engines' journals there are (``serve --engines N``)."""
+    return _journals(ctx).count()
 
 
 def _engine_of_run(ctx: typer.Context, run_id: str) -> int:
@@ -94,21 +93,8 @@ def _engine_of_run(ctx: typer.Context, run_id: str) -> int:
     return 0
 
 
-def _on_postgres(ctx: typer.Context) -> bool:
-    from tiffany.cli import _settings
-
-    return _settings(ctx).journal == "postgres"
-
-
 def _existing_wal_dir(ctx: typer.Context, engine: int = 0) -> Path:
     """The WAL directory, or a clear error (exit 2 or 3) when there is none."""
-    if _on_postgres(ctx):
-        typer.echo(
-            "tiffany: the journal is in PostgreSQL (TIFFANY_JOURNAL=postgres); this command "
-            "works on the file WAL (the database keeps its own integrity)",
-            err=True,
-        )
-        raise typer.Exit(exits.USAGE)
     wal_dir = _wal_dir(ctx, engine)
     if not wal_dir.is_dir():
         typer.echo(f"tiffany: no WAL at {wal_dir} (check --data-dir)", err=True)
@@ -424,15 +410,14 @@ def _local_runs(ctx: typer.Context) -> list[_Listed]:
     """
     from tiffany.durable.history import read_runs
     from tiffany.store.waits import waits_of
-    from tiffany.wal.lock import holder
     from tiffany.wire.records import decode, root_role
 
-    on_pg = _on_postgres(ctx)
+    journals = _journals(ctx)
     out: list[_Listed] = []
-    for e in range(_engines(ctx)):
-        # Nobody holds this engine's WAL: nothing is running its runs.
-        idle = not on_pg and holder(_wal_dir(ctx, e)) is None
-        loaded = read_runs(_source(ctx, e), unfinished_only=True)
+    for e in range(journals.count()):
+        # The engine is known to be stopped (nobody holds its WAL): nothing runs its runs.
+        idle = journals.stopped(e)
+        loaded = read_runs(journals.source(e), unfinished_only=True)
         index = loaded.index
         for info in index.runs.values():
             spans = loaded.spans.get(info.run_no.to_bytes(4, "little"))

@@ -460,6 +460,7 @@ def serve(
 ) -> None:
     """Serve the dashboard and API, and run submitted plans (engine + API processes)."""
     from tiffany.cli import _settings
+    from tiffany.ports.journals import journals_for
 
     settings = _settings(ctx)
     # Imported here first, so a broken module is told before anything starts;
@@ -478,8 +479,9 @@ def serve(
     ):
         stale.unlink(missing_ok=True)
     children = _engine_children(settings, env, engine_homes)
-    # An API started with the engines listens once they are up (see _Supervisor).
-    standby = settings.journal == "postgres"
+    # An API started with the engines listens once they are up (see _Supervisor);
+    # where an engine may wait for its journal's lease, the API listens at once.
+    standby = journals_for(settings).leased
     api = _api_child(env, home / "api.json", listeners, [] if standby else children)
     stop = threading.Event()
     supervisor = _Supervisor(

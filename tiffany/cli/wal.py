@@ -25,8 +25,8 @@ from tiffany.cli.durable import (
     _emit,
     _engine_of_run,
     _existing_wal_dir,
+    _journals,
     _json,
-    _on_postgres,
     _record_time,
     _source,
     _unknown_run,
@@ -113,7 +113,7 @@ def wal_verify(
     from tiffany.wal import verify as wal_verify_fn
     from tiffany.wal.segments import ARCHIVE_DIR_NAME, list_segments
 
-    if _on_postgres(ctx):
+    if not _journals(ctx).repairable:  # the database keeps its integrity: read every record
         _verify_stream(ctx, as_json, engine)
         return
     wal_dir = _existing_wal_dir(ctx, engine)
@@ -195,21 +195,11 @@ def wal_streams(
     data_dir: DataDirOption = None,
 ) -> None:
     """List the PostgreSQL journal's streams: head, epoch, which engine holds each, for how long."""
-    from tiffany.cli import _settings
-    from tiffany.errors import WalError
-    from tiffany.wal.pg import streams
+    from tiffany.errors import JournalUnsupported, WalError
 
-    settings = _settings(ctx)
-    if settings.journal != "postgres":
-        typer.echo(
-            "tiffany: the journal is the file WAL (one engine, one data dir): "
-            "`tiffany status` shows it; streams exist with TIFFANY_JOURNAL=postgres",
-            err=True,
-        )
-        raise typer.Exit(1)
     try:
-        found = streams(settings.database_url)
-    except WalError as exc:
+        found = _journals(ctx).streams()
+    except (JournalUnsupported, WalError) as exc:
         typer.echo(f"tiffany: {exc}", err=True)
         raise typer.Exit(1) from None
     for row in found:

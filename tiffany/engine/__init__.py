@@ -473,15 +473,18 @@ def replay_resolvers(settings: Settings) -> dict[str, Any]:
 def journal_log(settings: Settings, *, wait_s: float = 0.0, owner: str | None = None) -> Log | None:
     """Open the journal ``settings`` name, or None for the WAL under the data dir.
 
-    ``journal=postgres``: migrate the database (``tiffany db upgrade``),
-    then take the lease of this engine's stream (``journal_stream``, or
-    ``<journal_stream>-<engine>``: :class:`~tiffany.wal.pg.PgLog`),
-    waiting up to ``wait_s`` for a held one; raises
+    A leased journal (:attr:`~tiffany.ports.journals.Journals.leased`: the
+    PostgreSQL one): migrate the database (``tiffany db upgrade``), then take
+    the lease of this engine's stream (``journal_stream``, or
+    ``<journal_stream>-<engine>``: :class:`~tiffany.wal.pg.PgLog`), waiting
+    up to ``wait_s`` for a held one; raises
     :class:`~tiffany.errors.WalLockedError` while another engine holds it.
     ``owner``: the lease holder's name (:func:`tiffany.wal.pg.new_owner`).
     """
-    if settings.journal != "postgres":
-        return None
+    from tiffany.ports.journals import journals_for
+
+    if not journals_for(settings).leased:
+        return None  # the runtime opens (and locks) the WAL in the data dir
     from tiffany.store.migrate import upgrade_url
     from tiffany.wal.pg import PgLog
 
@@ -559,12 +562,10 @@ class _EverySlotHeld(Exception):
 
 
 def journal_source(settings: Settings) -> Source:
-    """Where readers find the journal ``settings`` name (no lease taken)."""
-    if settings.journal != "postgres":
-        return Path(settings.data_dir) / "wal"
-    from tiffany.wal.pg import PgStream
+    """Where readers find the journal of ``settings``' engine (no lock, no lease taken)."""
+    from tiffany.ports.journals import journals_for
 
-    return PgStream(settings.database_url, engine_stream(settings.journal_stream, settings.engine))
+    return journals_for(settings).source(settings.engine)
 
 
 def build(

@@ -29,6 +29,7 @@ from tiffany.agents.tools.llm import provider_status
 from tiffany.config import Settings
 from tiffany.engine.inbox import DurableWaits
 from tiffany.errors import CommandTooLarge, InvalidCommand, RunNotFinished, RunNotFound
+from tiffany.ports.journals import journals_for
 from tiffany.wire.control import (
     MAX_WAIT_PROJECTED_S,
     CheckPlan,
@@ -90,6 +91,8 @@ class EngineReads:
         lifecycle: Lifecycle,
     ) -> None:
         self.settings = settings
+        #: This engine's journal and its peers' (:mod:`tiffany.ports.journals`).
+        self.journals = journals_for(settings)
         self.engine = engine
         self.runtime = engine.runtime
         self.durable = durable
@@ -255,7 +258,7 @@ class EngineReads:
     def _journal_status(self) -> dict[str, Any]:
         """Where the journal is; on PostgreSQL, the stream and this engine's lease."""
         wal = self.runtime.wal
-        if self.settings.journal != "postgres":
+        if not self.journals.leased:
             return {"backend": "file", "path": str(self.runtime.wal_dir)}
         return {
             "backend": "postgres",

@@ -77,6 +77,7 @@ from tiffany.feed.activity import ActivityLog
 from tiffany.feed.transport import FEED_SOCKET, FeedServer
 from tiffany.kernel import ReadWait
 from tiffany.observe.metrics import EngineMetrics, project_health
+from tiffany.ports.journals import journals_for
 from tiffany.projector.link import ProjectorLink
 from tiffany.schedules.runner import ScheduleRunner
 from tiffany.wal import Wal
@@ -139,7 +140,7 @@ class EngineService:
         log = None
         #: The note naming this engine's lease holder to its API (shards.note_owner).
         self._owner_note: Path | None = None
-        if settings.journal == "postgres":
+        if journals_for(settings).leased:
             from tiffany.wal.pg import new_owner
 
             owner = new_owner()
@@ -155,6 +156,8 @@ class EngineService:
                 self._owner_note.unlink(missing_ok=True)
                 raise
         self.settings = settings
+        #: This engine's journal and its peers' (a slot taken above included).
+        self.journals = journals_for(settings)
         self.data_dir = Path(settings.data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.hub = Hub(
@@ -177,9 +180,9 @@ class EngineService:
         self.inbox = Inbox()
         #: Submissions' timeouts (a submission holds no control thread while it waits).
         self.timeouts = Timeouts(SUBMIT_TIMEOUT_S)
-        #: The feed through the database (journal=postgres): API replicas on any host.
+        #: The feed through the database the journal is in: API replicas on any host.
         self.pg_feed: NotifyFeed | None = None
-        if settings.journal == "postgres":
+        if self.journals.in_database:
             from tiffany.feed.pg import NotifyFeed
 
             self.pg_feed = NotifyFeed(self.hub, settings.database_url, settings.engine)
@@ -429,7 +432,7 @@ class EngineService:
 
     def _start_requests(self) -> None:
         """On the PostgreSQL journal, take requests from the database too (docs/engines.md)."""
-        if self.settings.journal != "postgres":
+        if not self.journals.in_database:
             return
         from tiffany.engine.db_requests import RequestClaimer
         from tiffany.wal.pg import PgLog

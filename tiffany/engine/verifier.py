@@ -48,6 +48,7 @@ import structlog
 
 from tiffany.config import Settings
 from tiffany.errors import EngineFault, EngineNotReady, RunNotFound, VerifyTimedOut, refusal
+from tiffany.ports.journals import journals_for
 
 __all__ = ["VERIFY_TIMEOUT_S", "VERIFY_WORKERS", "Verifier"]
 
@@ -198,7 +199,7 @@ class Verifier:
     """
 
     def __init__(self, settings: Settings, *, timeout_s: float = VERIFY_TIMEOUT_S) -> None:
-        reads_db = settings.journal == "postgres"
+        reads_db = journals_for(settings).in_database
         self.settings = settings.model_copy(
             update={
                 "api_token": None,

@@ -12,7 +12,8 @@ Design (a ring with cursors, in the manner of a disruptor or a Kafka
 partition, rather than a queue per subscriber):
 
 * the relay appends each event once to a fixed-size ring of
-  ``(key, run_id, text)`` entries, each encoded to JSON text once;
+  ``(key, run_id, text)`` entries (:class:`tiffany.feed.ring.Ring`), each
+  encoded to JSON text once;
 * a subscriber is a cursor (a position in the ring). Publishing never
   touches a subscriber: an event costs the same with 1 or 1,000 websockets
   attached. When the relay wakes (:data:`FLUSH_S` after a trickle of events,
@@ -87,6 +88,7 @@ import msgspec
 import structlog
 
 from tiffany.feed.fairshare import FairShare
+from tiffany.feed.ring import Entry, Ring
 from tiffany.feed.transport import FEED_SOCKET, FrameHead
 from tiffany.feed.upstream import Source, Upstream
 from tiffany.feed.wsdirect import DirectWriter, text_frame
@@ -112,7 +114,6 @@ EVERYONE: Final = "*"
 
 _encode = msgspec.json.Encoder().encode
 
-Entry = tuple[float, str | None, str]
 _PING_FRAME: Final = text_frame('{"type":"ping"}')
 _PING_BATCH: Final = text_frame('[{"type":"ping"}]')
 
@@ -132,72 +133,6 @@ _Made = dict[tuple[int, str | None, bool], _Message]
 def feed_path(data_dir: str | Path) -> Path:
     """Return the engine's feed socket path for a data dir."""
     return Path(data_dir) / FEED_SOCKET
-
-
-class _Ring:
-    """A fixed-capacity ring of entries addressed by ever-increasing positions."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._buf: list[Entry | None] = [None] * capacity
-        # Bytes of text appended before each entry (lag in bytes is a subtraction).
-        self._before: list[int] = [0] * capacity
-        self.end = 0  # position of the next entry
-        self.total_bytes = 0
-        #: The key of the last entry overwritten (None: none yet).
-        self.dropped: float | None = None
-
-    @property
-    def start(self) -> int:
-        """Position of the oldest entry still held."""
-        return max(0, self.end - self.capacity)
-
-    def __len__(self) -> int:
-        return self.end - self.start
-
-    def append(self, entry: Entry) -> None:
-        i = self.end % self.capacity
-        old = self._buf[i]
-        if old is not None:
-            self.dropped = old[0]
-        self._buf[i] = entry
-        self._before[i] = self.total_bytes
-        self.total_bytes += len(entry[2])
-        self.end += 1
-
-    def bytes_after(self, pos: int) -> int:
-        """Bytes of text from ``pos`` (a held position, or the end) to the end."""
-        if pos >= self.end:
-            return 0
-        return self.total_bytes - self._before[max(pos, self.start) % self.capacity]
-
-    def at(self, pos: int) -> Entry:
-        entry = self._buf[pos % self.capacity]
-        assert entry is not None
-        return entry
-
-    def read(self, pos: int, limit: int) -> list[Entry]:
-        """Return up to ``limit`` entries from ``pos`` (which must be held)."""
-        n = min(self.end - pos, limit)
-        if n <= 0:
-            return []
-        a = pos % self.capacity
-        if a + n <= self.capacity:
-            out = self._buf[a : a + n]
-        else:
-            out = self._buf[a:] + self._buf[: a + n - self.capacity]
-        return out  # type: ignore[return-value]
-
-    def position_after(self, key: float) -> int:
-        """Return the first held position whose key is greater than ``key``."""
-        lo, hi = self.start, self.end
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self.at(mid)[0] <= key:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
 
 
 class FeedSubscriber:
@@ -357,7 +292,7 @@ class FeedRelay:
         #: The senders' fair share of the loop (ASGI senders only; see turn()).
         self.fair = FairShare()
         self._deadline_timer: asyncio.TimerHandle | None = None
-        self.ring = _Ring(max(ring_events, queue_frames + READ_BATCH_ENTRIES))
+        self.ring = Ring(max(ring_events, queue_frames + READ_BATCH_ENTRIES))
         self.last_seq: int | None = None
         self.subscribers: set[FeedSubscriber] = set()
         self._task: asyncio.Task[None] | None = None

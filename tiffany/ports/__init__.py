@@ -8,5 +8,7 @@ picked from the settings when a process starts; everything above uses the
 port and never asks which transport it runs on. ``feed``: where the API's
 relay gets activity events; ``watermark``: read-your-writes, waiting until
 the store holds a seq; ``reads``: the store reads the API does;
-``commands``: the engine commands the API and the CLI send.
+``commands``: the engine commands the API and the CLI send; ``journals``:
+the engines' journals (files or streams) as the CLI, ``serve`` and the
+engine's status and verifier read them.
 """
