@@ -24,12 +24,13 @@ engines (``serve --engines N``) each admits up to ``limit`` runs of a key.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
+from tiffany.wire.entries import Entry, RunConcurrency
 from tiffany.wire.records import SLOT_SIGNAL
 
 __all__ = ["SLOT_SIGNAL", "Slots", "spec_of"]
@@ -40,15 +41,12 @@ log = structlog.get_logger("tiffany.engine")
 Request = Callable[[str, dict[str, Any], str], bool]
 
 
-def spec_of(entry: Mapping[str, Any]) -> tuple[str, int] | None:
-    """The ``(key, limit)`` a run's entry holds, or None (no limit)."""
-    spec = entry.get("concurrency")
-    if not isinstance(spec, Mapping):
+def spec_of(entry: Entry) -> tuple[str, int] | None:
+    """The ``(key, limit)`` a plan or workflow run's entry holds, or None (no limit)."""
+    spec: RunConcurrency | None = getattr(entry, "concurrency", None)
+    if spec is None or spec.limit < 1:
         return None
-    key, limit = spec.get("key"), spec.get("limit")
-    if not isinstance(key, str) or not isinstance(limit, int) or limit < 1:
-        return None
-    return key, limit
+    return spec.key, spec.limit
 
 
 @dataclass(slots=True)
