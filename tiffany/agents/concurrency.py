@@ -24,21 +24,36 @@ engines (``serve --engines N``) each admits up to ``limit`` runs of a key.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
+from tiffany.agents.refs import resolve
 from tiffany.wire.entries import Entry, RunConcurrency
+from tiffany.wire.plan import ConcurrencySpec
 from tiffany.wire.records import SLOT_SIGNAL
 
-__all__ = ["SLOT_SIGNAL", "Slots", "spec_of"]
+__all__ = ["SLOT_SIGNAL", "Slots", "entry_concurrency", "spec_of"]
 
 log = structlog.get_logger("tiffany.engine")
 
 #: ``request(run_id, signal_id)``: journal the slot signal for a run (on the loop).
 Request = Callable[[str, dict[str, Any], str], bool]
+
+
+def entry_concurrency(spec: ConcurrencySpec, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``concurrency`` field of a new run's entry: ``spec``'s key resolved now.
+
+    One rule for a plan and a workflow: ``values`` are the run's inputs over
+    their defaults (a plan's ``inputs``, a function's parameters').
+
+    Raises:
+        RefError: The key references what ``values`` lack.
+    """
+    key = resolve(spec.key, values, {})
+    return {"key": str(key), "limit": spec.limit}
 
 
 def spec_of(entry: Entry) -> tuple[str, int] | None:

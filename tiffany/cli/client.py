@@ -347,7 +347,7 @@ def _run_status(ctx: typer.Context, run_id: str, url: str | None, token: str | N
     result["kind"] = detail.get("kind")
     entry = reading(detail.get("entry"))
     code_run = isinstance(entry, WorkflowEntry)  # not a plan's: its tasks, not steps
-    if isinstance(entry, WorkflowEntry):  # the function's name and inputs
+    if isinstance(entry, WorkflowEntry):  # its function's name and inputs
         result["workflow"] = entry.workflow
         result["inputs"] = detail.get("inputs")
     result["status"] = detail.get("status")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tiffany.agents.concurrency import SLOT_SIGNAL, Slots, spec_of
+from tiffany.agents.concurrency import SLOT_SIGNAL, Slots, entry_concurrency, spec_of
 from tiffany.agents.rate_limits import RateLimiter
 from tiffany.config import Settings, parse_rate_limits
 from tiffany.durable import Runtime
@@ -376,7 +376,6 @@ class Engine:
         """
         from tiffany.agents import PlanError, parse_plan, plan_entry
         from tiffany.agents.plan import check_inputs
-        from tiffany.agents.refs import resolve
         from tiffany.agents.tools.python import check_python_steps
 
         if not isinstance(doc, Mapping):
@@ -402,9 +401,10 @@ class Engine:
         entry = plan_entry(doc, inputs)
         if self.max_steps is not None:  # its dynamic steps too: the replay reads the bound here
             entry["limits"] = {"max_steps": self.max_steps}
-        if plan.concurrency is not None:
-            key = resolve(plan.concurrency.key, {**plan.inputs, **(inputs or {})}, {})
-            entry["concurrency"] = {"key": str(key), "limit": plan.concurrency.limit}
+        if plan.concurrency is not None:  # as a workflow's (one rule: entry_concurrency)
+            entry["concurrency"] = entry_concurrency(
+                plan.concurrency, {**plan.inputs, **(inputs or {})}
+            )
         self.env.remember_plan(entry["plan"], plan)
         return entry, plan.name
 

@@ -107,13 +107,14 @@ def prepare_workflow(name: Any, inputs: Any) -> tuple[dict[str, Any], str]:
         raise WorkflowInputError(problems)
     entry = workflow_entry(name, inputs)
     if wf.concurrency is not None:  # resolved now, as a plan's key (engine.prepare_plan)
-        from tiffany.agents.refs import RefError, resolve
+        from tiffany.agents.concurrency import entry_concurrency
+        from tiffany.agents.refs import RefError
 
+        values = {**(wf.defaults or {}), **inputs}
         try:
-            key = resolve(wf.concurrency.key, {**(wf.defaults or {}), **inputs}, {})
+            entry["concurrency"] = entry_concurrency(wf.concurrency, values)
         except RefError as exc:
             raise WorkflowInputError([{"loc": "concurrency.key", "msg": exc.message}]) from None
-        entry["concurrency"] = {"key": str(key), "limit": wf.concurrency.limit}
     if wf.budget is not None:  # in the entry, as a plan's is in its plan: a replay reads it
         entry["budget"] = wf.budget.model_dump(exclude_none=True)
     return entry, name
@@ -163,7 +164,7 @@ def workflow_resolver(env: AgentEnv) -> Callable[[Entry, str, int], Coroutine]:
             return cast(Coroutine, wf.root(env, run_id, typed, compat))
         if not isinstance(typed, WorkflowEntry):
             raise UnknownWorkflow(f"a {typed.kind} run is no workflow's", workflow=wf.name)
-        spend = typed.budget
+        spend = typed.budget_spec  # a plan's is its document's: the planner reads it
         return run_workflow(
             env,
             run_id,
