@@ -147,7 +147,10 @@ class _Entry(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
 class PlanEntry(_Entry, frozen=True, kw_only=True, tag="plan"):
     """A plan run: the built-in workflow ``plan`` given a document and its inputs."""
 
-    plan: dict[str, Any]
+    #: The document, the very object the entry holds (``Any``, checked
+    #: below: a ``dict`` field would be a copy, and the engine knows the
+    #: plan it validated at submission by the document's identity).
+    plan: Any
     inputs: dict[str, Any] = {}
     concurrency: RunConcurrency | None = None
     limits: RunLimits | None = None
@@ -155,6 +158,11 @@ class PlanEntry(_Entry, frozen=True, kw_only=True, tag="plan"):
     reuse: dict[str, dict[str, Any]] | None = None
     #: A re-run's earlier run: ``{"run_id", "restart"}``.
     rerun_of: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.plan, dict):
+            kind = type(self.plan).__name__
+            raise TypeError(f"Expected `object`, got `{kind}` - at `$.plan`")
 
     @property
     def workflow_name(self) -> str:
@@ -164,7 +172,8 @@ class PlanEntry(_Entry, frozen=True, kw_only=True, tag="plan"):
     @property
     def plan_doc(self) -> dict[str, Any]:
         """The plan document."""
-        return self.plan
+        doc: dict[str, Any] = self.plan  # a dict: __post_init__
+        return doc
 
     @property
     def run_inputs(self) -> dict[str, Any]:
