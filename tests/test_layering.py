@@ -73,7 +73,9 @@ LAYERS: dict[str, Layer] = {
     # Values from outside a run as the journal packs them and a replay compares them.
     "wire.values": Layer(STDLIB_ONLY, _parts("msgspec")),
     # The journal's records: one typed definition every reader and writer imports.
-    "wire.records": Layer(_parts("errors", "wire.values"), _parts("msgspec")),
+    "wire.records": Layer(_parts("errors", "wire.values", "wire.entries"), _parts("msgspec")),
+    # A run's entry (RUN_START's), read once into its typed kind: every reader imports it.
+    "wire.entries": Layer(_parts("errors"), _parts("msgspec")),
     # What the records say of a run and its steps: the one reading every fold uses.
     "wire.runstate": Layer(_parts("wire"), STDLIB_ONLY),
     # The control channel's protocol and clients (engine <- API commands).

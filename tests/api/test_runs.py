@@ -225,6 +225,16 @@ def test_an_invalid_plan_is_a_422_naming_the_field(client) -> None:
     assert "no-such-tool" in body["detail"][0]["msg"]
 
 
+def test_the_built_in_workflow_plan_is_submitted_as_a_plan_not_by_name(client) -> None:
+    # A plan run is the built-in workflow ``plan``; one way submits it (its entry holds the plan).
+    body = {"workflow": "plan", "inputs": {"plan": SLEEP_PLAN, "inputs": {}}}
+    r = client.post("/api/runs", json=body)
+    assert r.status_code == 422, r.text
+    problem = r.json()
+    assert problem["detail"][0]["loc"] == ["workflow"]
+    assert '{"plan": DOCUMENT' in problem["message"]
+
+
 def test_a_bad_step_id_is_a_422_listing_the_plans_other_problems_too(client) -> None:
     plan = {
         "name": "bad",

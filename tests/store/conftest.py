@@ -77,15 +77,16 @@ def _read_records(wal_dir: Path) -> list[Record]:
 @pytest.fixture(scope="session")
 def journal(tmp_path_factory: pytest.TempPathFactory) -> Journal:
     """Real runs journaled into a WAL (built once per session)."""
-    from tiffany.agents import AgentEnv, plan_entry, plan_resolver
+    from tiffany.agents import AgentEnv, plan_entry
     from tiffany.agents.registry import ToolRegistry
     from tiffany.durable import Runtime
+    from tiffany.workflows import workflow_resolver
 
     data_dir = tmp_path_factory.mktemp("store-journal")
     registry = ToolRegistry.default(enabled=["file.read", "file.write", "sleep"])
     env = AgentEnv(registry, data_dir / "workspaces")
     ids: dict[str, str] = {}
-    with Runtime(data_dir, resolvers={"plan": plan_resolver(env)}) as rt:
+    with Runtime(data_dir, resolvers={"workflow": workflow_resolver(env)}) as rt:
         ids["family"] = rt.submit("store_workloads:family", 2)
         ids["failing"] = rt.submit("store_workloads:failing")
         ids["sleeper"] = rt.submit("store_workloads:sleeper", 30.0)

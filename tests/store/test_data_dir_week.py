@@ -102,15 +102,16 @@ def test_a_week_of_runs_serve_and_rebuild_on_one_data_dir(tmp_path: Path) -> Non
 def _legacy_runs(data_dir: Path) -> list[str]:
     import yaml
 
-    from tiffany.agents import AgentEnv, plan_entry, plan_resolver
+    from tiffany.agents import AgentEnv, plan_entry
     from tiffany.agents.registry import ToolRegistry
     from tiffany.durable import Runtime
+    from tiffany.workflows import workflow_resolver
 
     doc = yaml.safe_load(PLAN)
     env = AgentEnv(ToolRegistry.default(enabled=["file.write", "sleep"]), data_dir / "workspaces")
     ids = []
     for day in ("mon", "tue"):
-        with Runtime(data_dir, resolvers={"plan": plan_resolver(env)}) as rt:
+        with Runtime(data_dir, resolvers={"workflow": workflow_resolver(env)}) as rt:
             rt.journal._next_run_no = 1  # the old numbering: every session started at 1
             ids.append(rt.submit_entry(plan_entry(doc, {"text": day}), name="chores"))
             rt.run()

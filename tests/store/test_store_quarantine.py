@@ -168,15 +168,16 @@ def test_values_sql_cannot_store_are_sanitized_not_fatal(store: Engine, journal:
 
 
 def test_an_undecodable_record_is_dead_lettered_and_serve_says_so(tmp_path: Path) -> None:
-    from tiffany.agents import AgentEnv, plan_entry, plan_resolver
+    from tiffany.agents import AgentEnv, plan_entry
     from tiffany.agents.registry import ToolRegistry
     from tiffany.durable import Runtime
     from tiffany.wal import Wal
+    from tiffany.workflows import workflow_resolver
 
     data = tmp_path / "data"
     plan = {"name": "nap", "steps": [{"id": "a", "tool": "sleep", "args": {"seconds": 0}}]}
     env = AgentEnv(ToolRegistry.default(enabled=["sleep"]), data / "workspaces")
-    with Runtime(data, resolvers={"plan": plan_resolver(env)}) as rt:
+    with Runtime(data, resolvers={"workflow": workflow_resolver(env)}) as rt:
         before = rt.submit_entry(plan_entry(plan), name="before")
         rt.run()
     wal = Wal.open(data / "wal")

@@ -44,13 +44,24 @@ def test_a_plan_run_opens_with_its_steps_tools_and_merged_inputs() -> None:
 
 
 def test_a_limited_run_opens_pending_and_a_callable_with_its_arguments() -> None:
-    assert run_opening({**PLAN_ENTRY, "concurrency": {"key": "k"}}).status is RunStatus.PENDING
-    callable_run = run_opening({"kind": "task", "args": [1], "kwargs": {"k": 2}})
+    limited = {**PLAN_ENTRY, "concurrency": {"key": "k", "limit": 1}}
+    assert run_opening(limited).status is RunStatus.PENDING
+    callable_run = run_opening(
+        {"kind": "callable", "target": "m:f", "args": [1], "kwargs": {"k": 2}}
+    )
     assert not callable_run.plan
     assert callable_run.root == "task"
     assert callable_run.steps == ()
     assert callable_run.inputs == {"args": [1], "kwargs": {"k": 2}}
-    assert run_opening(None).inputs == {"args": [], "kwargs": {}}
+
+
+def test_a_malformed_entry_opens_as_a_run_of_no_plan() -> None:
+    # The fold lists every run; only the runtime refuses to run a malformed entry.
+    for raw in (None, {"kind": "task", "args": [1]}, {**PLAN_ENTRY, "concurrency": {"key": "k"}}):
+        opening = run_opening(raw)
+        assert (opening.plan, opening.root, opening.kind) == (False, "task", None)
+        assert opening.status is RunStatus.RUNNING
+        assert opening.inputs == {}
 
 
 @dataclass

@@ -105,3 +105,36 @@ def test_an_annotated_input_of_another_type_is_refused_naming_it() -> None:
         assert input_problems(wf, {"name": "x", "times": "3"})
     finally:
         unregister("reg.types")
+
+
+def test_plan_is_the_built_in_workflow_that_runs_plans_and_no_user_s() -> None:
+    def mine():
+        yield
+
+    msg = _refused("plan", mine)
+    assert "built-in workflow" in msg
+    assert "planner" in msg
+    built_in = lookup("plan")
+    assert built_in.root is not None
+    assert built_in.params == ("plan", "inputs")
+    assert "plan" not in names()  # the users' workflows
+
+
+def test_one_resolver_rebuilds_plan_and_workflow_runs(tmp_path) -> None:
+    from tiffany.agents import AgentEnv, plan_entry
+    from tiffany.agents.registry import ToolRegistry
+    from tiffany.durable import Runtime
+    from tiffany.workflows import WorkflowInputError, prepare_workflow, workflow_resolver
+
+    env = AgentEnv(ToolRegistry.default(enabled=["sleep"]), tmp_path / "workspaces")
+    plan = {"name": "one", "steps": [{"id": "a", "tool": "sleep", "args": {"seconds": 0}}]}
+    with Runtime(tmp_path, resolvers={"workflow": workflow_resolver(env)}) as rt:
+        run_id = rt.submit_entry(plan_entry(plan), name="one")
+        rt.run()
+        assert rt.status(run_id).status == "succeeded"
+        assert rt.journal.runs[run_id].result["outputs"] == {}
+    with pytest.raises(ValueError, match="built-in workflow 'plan'"):
+        Runtime(tmp_path / "other", resolvers={"plan": workflow_resolver(env)})
+    with pytest.raises(WorkflowInputError) as refused:
+        prepare_workflow("plan", {"plan": plan})
+    assert refused.value.errors[0]["loc"] == "workflow"

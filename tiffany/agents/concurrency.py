@@ -30,9 +30,12 @@ from typing import Any
 
 import structlog
 
+from tiffany.agents.refs import resolve
+from tiffany.wire.entries import Entry, RunConcurrency
+from tiffany.wire.plan import ConcurrencySpec
 from tiffany.wire.records import SLOT_SIGNAL
 
-__all__ = ["SLOT_SIGNAL", "Slots", "spec_of"]
+__all__ = ["SLOT_SIGNAL", "Slots", "entry_concurrency", "spec_of"]
 
 log = structlog.get_logger("tiffany.engine")
 
@@ -40,15 +43,25 @@ log = structlog.get_logger("tiffany.engine")
 Request = Callable[[str, dict[str, Any], str], bool]
 
 
-def spec_of(entry: Mapping[str, Any]) -> tuple[str, int] | None:
-    """The ``(key, limit)`` a run's entry holds, or None (no limit)."""
-    spec = entry.get("concurrency")
-    if not isinstance(spec, Mapping):
+def entry_concurrency(spec: ConcurrencySpec, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``concurrency`` field of a new run's entry: ``spec``'s key resolved now.
+
+    One rule for a plan and a workflow: ``values`` are the run's inputs over
+    their defaults (a plan's ``inputs``, a function's parameters').
+
+    Raises:
+        RefError: The key references what ``values`` lack.
+    """
+    key = resolve(spec.key, values, {})
+    return {"key": str(key), "limit": spec.limit}
+
+
+def spec_of(entry: Entry) -> tuple[str, int] | None:
+    """The ``(key, limit)`` a plan or workflow run's entry holds, or None (no limit)."""
+    spec: RunConcurrency | None = getattr(entry, "concurrency", None)
+    if spec is None or spec.limit < 1:
         return None
-    key, limit = spec.get("key"), spec.get("limit")
-    if not isinstance(key, str) or not isinstance(limit, int) or limit < 1:
-        return None
-    return key, limit
+    return spec.key, spec.limit
 
 
 @dataclass(slots=True)

@@ -30,6 +30,7 @@ from tiffany.cli.remote import (
     remote,
 )
 from tiffany.cli.run import InputsOption
+from tiffany.wire.entries import WorkflowEntry, reading
 from tiffany.wire.status import TERMINAL
 
 if TYPE_CHECKING:
@@ -344,10 +345,10 @@ def _run_status(ctx: typer.Context, run_id: str, url: str | None, token: str | N
     assert detail is not None
     result: dict[str, Any] = {"run_id": run_id, "name": detail.get("name")}
     result["kind"] = detail.get("kind")
-    entry = detail.get("entry")
-    workflow = entry.get("workflow") if isinstance(entry, dict) else None
-    if result["kind"] == "workflow":  # the function's name and inputs; its tasks, not steps
-        result["workflow"] = workflow
+    entry = reading(detail.get("entry"))
+    code_run = isinstance(entry, WorkflowEntry)  # not a plan's: its tasks, not steps
+    if isinstance(entry, WorkflowEntry):  # its function's name and inputs
+        result["workflow"] = entry.workflow
         result["inputs"] = detail.get("inputs")
     result["status"] = detail.get("status")
     steps = {s["step_id"]: s for s in detail.get("steps") or ()}
@@ -361,7 +362,7 @@ def _run_status(ctx: typer.Context, run_id: str, url: str | None, token: str | N
             k: {"status": s.get("status"), "error": s.get("error")} for k, s in steps.items()
         }
         print_failures(result["steps"])
-    if result["kind"] == "workflow":
+    if code_run:
         # Each task: its function's name, its state, and (live) its current call.
         result["tasks"] = [
             {

@@ -30,6 +30,7 @@ from tiffany.cli import DataDirOption, exits, hints
 from tiffany.cli.imports import ImportOption, import_tool_modules, tool_modules
 from tiffany.cli.interrupt import CtrlC
 from tiffany.cli.remote import TokenOption, UrlOption, printable, remote
+from tiffany.wire.entries import EntryKind, WorkflowEntry, entry_kind, read_entry
 
 if TYPE_CHECKING:
     from tiffany.durable import VerifyReport
@@ -245,9 +246,9 @@ def replay(
             if not resumed:
                 typer.echo(f"run {run_id} has already finished; nothing to resume", err=True)
                 raise typer.Exit(0)
-            steps = (
-                (rt.index.get(run_id).entry.get("plan") or {}).get("steps") if rt.index else None
-            )
+            entry = read_entry(rt.index.get(run_id).entry) if rt.index else None
+            plan = entry.plan_doc if entry is not None else None
+            steps = plan.get("steps") if plan is not None else None
             view.total_steps = len(steps) if isinstance(steps, list) else 0
             with ctrl_c.loop():
                 if use_live:
@@ -264,7 +265,7 @@ def replay(
             state = rt.status(run_id)
             waits = _signals_awaited(rt.journal.runs.get(run_id))
             held = [h.reason for h in rt.journal.held.values() if h.run_id == run_id]
-            workflow = rt.index is not None and rt.index.get(run_id).entry.get("kind") == "workflow"
+            workflow = isinstance(entry, WorkflowEntry)
         # The data dir, modules and paths this replay was given go with the commands it prints.
         root = _settings(ctx)
         again = hints.again(root.data_dir, imports=tool_modules((), imports))
@@ -424,7 +425,7 @@ def _local_runs(ctx: typer.Context) -> list[_Listed]:
             if info.finished or spans is None:
                 out.append(_Listed(info, info.status, False, []))
                 continue
-            plan = isinstance(info.entry, dict) and info.entry.get("kind") == "plan"
+            plan = entry_kind(info.entry) is EntryKind.PLAN
             records = (decode(rtype, data[start:end]) for _, rtype, data, start, end, _ in spans)
             waits = waits_of(plan, root_role(info.entry), records)
             status = "waiting" if waits.waiting() else "running"

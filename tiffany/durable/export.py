@@ -306,8 +306,8 @@ def verify_export(export: Export, resolvers: dict[str, Resolver] | None = None) 
     :func:`~tiffany.durable.runtime.verify_loaded` on the run the file
     holds: a finished run must replay identically to its end; an unfinished
     one must reproduce every recorded dispatch (the report says ``partial``).
-    ``resolvers``: the entry kinds besides ``callable`` (``plan``, and any
-    other the engine registers: ``tiffany.engine.replay_resolvers``).
+    ``resolvers``: the runners besides ``callable`` (``workflow``, which
+    rebuilds plan and workflow runs: ``tiffany.engine.replay_resolvers``).
     """
     info, cursor = load_run(export, export.meta.run_id)
     return verify_loaded(info, cursor, resolvers, unfinished=True)

@@ -39,6 +39,7 @@ from tiffany.durable.replayer import ReplayCursor
 from tiffany.errors import TiffanyError
 from tiffany.wal import Position, Source, Span, spans_of
 from tiffany.wal.format import RECORD_HEADER_SIZE_BYTES
+from tiffany.wire.entries import entry_kind
 from tiffany.wire.records import (
     RUN_PREFIX,
     Dispatch,
@@ -145,7 +146,7 @@ class RunIndex:
         run_no = run_of(payload)
         rec: RunStart = decode(RecordType.RUN_START, payload)  # type: ignore[assignment]
         run_id, entry, ts = rec.run_id, rec.entry, rec.ts
-        kind = entry.get("kind") if isinstance(entry, dict) else None
+        kind = entry_kind(entry)
         info = RunInfo(
             run_no,
             run_id,
@@ -155,7 +156,7 @@ class RunIndex:
             seq,
             compat=rec.compat,
             start=bytes(payload),
-            kind=kind if isinstance(kind, str) else None,
+            kind=kind.value if kind is not None else None,
         )
         self.runs[run_id] = info
         self.by_no[run_no] = info

@@ -54,6 +54,7 @@ from tiffany.kernel import Clock, Instrument, Scheduler, Task
 from tiffany.wal import FsyncPolicy, Log, Source, Wal
 from tiffany.wal.segments import history_start
 from tiffany.wal.state import lease_clock
+from tiffany.wire.entries import CallableEntry, Entry, EntryKind, read_entry
 from tiffany.wire.records import JOURNAL_COMPAT
 
 __all__ = [
@@ -69,10 +70,13 @@ __all__ = [
 
 log = structlog.get_logger("tiffany.durable")
 
-#: Builds a run's root coroutine from the entry recorded in RUN_START, the run id
-#: and the journal-compatibility version the run started under (its code keeps
-#: the dispatch sequence of that version: docs/wal-format.md, "Versions").
-Resolver = Callable[[dict[str, Any], str, int], Generator[Any, Any, Any]]
+#: Builds a run's root coroutine from the entry recorded in RUN_START (read
+#: once: ``tiffany/wire/entries.py``), the run id and the journal-compatibility
+#: version the run started under (its code keeps the dispatch sequence of that
+#: version: docs/wal-format.md, "Versions"). The runtime keeps one per
+#: ``runner``: ``callable``, and ``workflow`` (plan runs too: a plan run is the
+#: built-in workflow ``plan``).
+Resolver = Callable[[Entry, str, int], Generator[Any, Any, Any]]
 
 
 class JournalTooNew(TiffanyError):
@@ -104,13 +108,16 @@ def callable_entry(
 
 
 def resolve_callable(
-    entry: dict[str, Any], run_id: str = "", compat: int = JOURNAL_COMPAT
+    entry: Entry | Mapping[str, Any], run_id: str = "", compat: int = JOURNAL_COMPAT
 ) -> Generator[Any, Any, Any]:
-    """Import ``entry['target']`` and call it with the recorded arguments.
+    """Import the entry's ``target`` and call it with the recorded arguments.
 
     (A callable's dispatch sequence is its own code's: ``compat`` changes nothing.)
     """
-    target = str(entry.get("target", ""))
+    typed = read_entry(entry)
+    if not isinstance(typed, CallableEntry):
+        raise EntryError(f"a {typed.kind} run's entry is not a callable's", kind=typed.kind.value)
+    target = typed.target
     module_name, _, qualname = target.partition(":")
     if not module_name or not qualname:
         raise EntryError(f"entry target {target!r} is not module:qualname", target=target)
@@ -120,7 +127,7 @@ def resolve_callable(
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
         raise EntryError(f"cannot import {target!r}: {exc}", target=target) from exc
-    coro = obj(*entry.get("args", ()), **entry.get("kwargs", {}))
+    coro = obj(*typed.args, **typed.kwargs)
     if not isinstance(coro, Generator):
         raise EntryError(f"{target} did not return a generator", target=target)
     return coro
@@ -204,7 +211,8 @@ class Runtime:
         clock: The scheduler's clock.
         seed: The scheduler's random seed.
         instruments: More observers (activity log, watchdog...).
-        resolvers: Entry kinds besides ``callable`` (the agents layer adds ``plan``).
+        resolvers: Runners besides ``callable``, by name (the engine adds
+            ``workflow``, which resolves plan runs too).
         segment_size_bytes: The WAL's rotation size (tests shrink it).
         key_window_s: How long idempotency keys are remembered (checkpoint.py).
         log: An open log to journal into instead of the WAL under ``data_dir``
@@ -277,7 +285,7 @@ class Runtime:
         # Run numbers are unique per data dir, whoever starts the run (a CLI
         # run, a server, recovery): new runs are numbered above the WAL's.
         self.journal.reserve_run_no(self.opened.max_run_no)
-        self.resolvers: dict[str, Resolver] = {"callable": resolve_callable, **(resolvers or {})}
+        self.resolvers: dict[str, Resolver] = _runners(resolvers)
         self.index: RunIndex | None = None
         self._closing: list[Callable[[], None]] = []
         #: Unfinished runs recovery left alone: a newer engine started them.
@@ -323,10 +331,11 @@ class Runtime:
         """
         run_id = run_id or f"run-{uuid.uuid4().hex[:12]}"
         self._unfinished = None  # recover() reads the log again if it comes later
-        coro = self._resolve(entry, run_id, compat)
+        typed = read_entry(entry)
+        coro = self._resolve(typed, run_id, compat)
         self.journal.start_run(
             run_id,
-            name or str(entry.get("kind")),
+            name or typed.kind.value,
             entry,
             coro,
             on_end=on_end,
@@ -450,11 +459,32 @@ class Runtime:
 
     # -- internals -------------------------------------------------------------
 
-    def _resolve(self, entry: dict[str, Any], run_id: str, compat: int) -> Generator[Any, Any, Any]:
-        resolver = self.resolvers.get(str(entry.get("kind")))
+    def _resolve(
+        self, entry: Entry | dict[str, Any], run_id: str, compat: int
+    ) -> Generator[Any, Any, Any]:
+        typed = read_entry(entry)
+        resolver = self.resolvers.get(typed.runner)
         if resolver is None:
-            raise EntryError(f"unknown entry kind {entry.get('kind')!r}", kind=entry.get("kind"))
-        return resolver(entry, run_id, compat)
+            raise EntryError(
+                f"no resolver for {typed.kind} runs here ({typed.runner!r})", kind=typed.kind.value
+            )
+        return resolver(typed, run_id, compat)
+
+
+def _runners(resolvers: Mapping[str, Resolver] | None) -> dict[str, Resolver]:
+    """The runtime's resolvers by runner: ``callable``'s, and those given.
+
+    Raises:
+        ValueError: A resolver keyed ``plan``: plan runs are the ``workflow``
+            resolver's (a plan run is the built-in workflow ``plan``).
+    """
+    given = dict(resolvers or {})
+    if EntryKind.PLAN.value in given:
+        raise ValueError(
+            "a plan run is the built-in workflow 'plan': give the workflow resolver "
+            "(tiffany.workflows.workflow_resolver), keyed 'workflow'"
+        )
+    return {EntryKind.CALLABLE.value: resolve_callable, **given}
 
 
 def _read_opened(
@@ -544,10 +574,14 @@ def verify_loaded(
         report.problems.append("the run has not finished; resume it with `tiffany replay RUN_ID`")
         return report
     report.partial = not info.finished
-    all_resolvers: dict[str, Resolver] = {"callable": resolve_callable, **(resolvers or {})}
-    resolver = all_resolvers.get(str(info.entry.get("kind")))
+    try:
+        entry = read_entry(info.entry)
+    except TiffanyError as exc:
+        report.problems.append(exc.message)
+        return report
+    resolver = _runners(resolvers).get(entry.runner)
     if resolver is None:
-        report.problems.append(f"unknown entry kind {info.entry.get('kind')!r}")
+        report.problems.append(f"no resolver for {entry.kind} runs ({entry.runner!r})")
         return report
     if info.compat > JOURNAL_COMPAT:
         report.problems.append(
@@ -555,13 +589,13 @@ def verify_loaded(
         )
         return report
     try:
-        root = resolver(info.entry, info.run_id, info.compat)
+        root = resolver(entry, info.run_id, info.compat)
     except TiffanyError as exc:  # its code is not here (a workflow whose module is not imported)
         report.problems.append(exc.message)
         return report
     with Scheduler() as sched:
         journal = JournalInstrument(None, sched, allow_live=False)
-        if info.entry.get("kind") == "workflow":  # after the journal: its dispatch counted
+        if entry.kind is EntryKind.WORKFLOW:  # after the journal: its dispatch counted
             sched.add_instrument(_CallSites(report.calls, journal.ltid_of, sched))
         run = journal.start_run(
             info.run_id,

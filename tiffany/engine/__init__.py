@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tiffany.agents.concurrency import SLOT_SIGNAL, Slots, spec_of
+from tiffany.agents.concurrency import SLOT_SIGNAL, Slots, entry_concurrency, spec_of
 from tiffany.agents.rate_limits import RateLimiter
 from tiffany.config import Settings, parse_rate_limits
 from tiffany.durable import Runtime
@@ -26,6 +26,7 @@ from tiffany.errors import LimitExceeded, UnjournalableValue
 from tiffany.kernel import Instrument, SlowDispatchWatchdog
 from tiffany.observe.otel import attach_from_env
 from tiffany.wal import Log, Source
+from tiffany.wire.entries import Entry, read_entry
 from tiffany.wire.records import CHILD_SIGNAL_PREFIX, reserved_signal
 from tiffany.wire.shards import engine_stream, seq_base, seq_last
 from tiffany.wire.values import text_of, unpack_value
@@ -101,22 +102,17 @@ class Engine:
         self.tree = RunTree(self.child_limits, self.runtime.journal.request_cancel)
         self.env.steps_added = self._steps_added
 
-    def _watch_signals(self, run_id: str, entry: Mapping[str, Any]) -> None:
+    def _watch_signals(self, run_id: str, entry: Entry) -> None:
         """Hold run ``run_id``'s signals to its plan's waits (a code run has none known)."""
         from tiffany.agents.tools.signal import RunSignals
 
-        if entry.get("kind") == "workflow":  # its waits' schemas are told as it reaches them
+        plan = entry.plan_doc
+        if plan is not None:
+            defaults = plan.get("inputs")
+            inputs = {**(defaults if isinstance(defaults, Mapping) else {}), **entry.run_inputs}
+            self.signals[run_id] = RunSignals.of_steps(plan.get("steps"), inputs)
+        elif entry.workflow_name is not None:  # its waits' schemas are told as it reaches them
             self.signals[run_id] = RunSignals.open()
-            return
-        plan = entry.get("plan")
-        if entry.get("kind") != "plan" or not isinstance(plan, Mapping):
-            return
-        defaults, given = plan.get("inputs"), entry.get("inputs")
-        inputs = {
-            **(defaults if isinstance(defaults, Mapping) else {}),
-            **(given if isinstance(given, Mapping) else {}),
-        }
-        self.signals[run_id] = RunSignals.of_steps(plan.get("steps"), inputs)
 
     def _steps_added(self, run_id: str, steps: list[Any]) -> None:
         """A dynamic step added ``steps`` to a running run: their waits count too."""
@@ -176,8 +172,9 @@ class Engine:
         ``fork``: a workflow's re-run: the earlier run's records its journal
         begins with, and their journal version (``tiffany/durable/fork.py``).
         """
-        spec = spec_of(entry)
-        on_end = self._ending(entry, on_end)
+        typed = read_entry(entry)
+        spec = spec_of(typed)
+        on_end = self._ending(typed, on_end)
         records, compat = fork if fork is not None else (None, None)
         forked: dict[str, Any] = {} if records is None else {"fork": records}
         if compat is not None:
@@ -186,12 +183,12 @@ class Engine:
             run_id = self.runtime.submit_entry(
                 entry, run_id=run_id, name=name, on_end=on_end, **forked
             )
-            self._watch_signals(run_id, entry)
+            self._watch_signals(run_id, typed)
             return run_id
         run_id = self.runtime.submit_entry(
             entry, run_id=run_id, name=name, on_end=self._releasing(on_end), **forked
         )
-        self._watch_signals(run_id, entry)
+        self._watch_signals(run_id, typed)
         run = self.runtime.journal.runs[run_id]
         if any(_signal_name(w) == SLOT_SIGNAL for _, w in _wakes(run)):
             self.slots.holding(run_id, spec[0])  # a fork whose copy holds the slot's signal
@@ -210,7 +207,7 @@ class Engine:
         limited = []
         for run_id in resumed:
             run = journal.runs[run_id]
-            entry = index.get(run_id).entry
+            entry = read_entry(index.get(run_id).entry)  # resolved: recover() read it
             self._watch_signals(run_id, entry)
             spec = spec_of(entry)
             ending = self._ending(entry, on_end)
@@ -314,7 +311,7 @@ class Engine:
         return {"run_id": child}
 
     def _ending(
-        self, entry: Mapping[str, Any], on_end: Callable[[Any], None] | None
+        self, entry: Entry, on_end: Callable[[Any], None] | None
     ) -> Callable[[Any], None] | None:
         """``on_end``, after the run's children still running are asked to cancel.
 
@@ -322,8 +319,8 @@ class Engine:
         engine's own signal ``child:<id>``, taken from the child's end
         (its RUN_END), through the path no client request reaches.
         """
-        parent = entry.get("parent")
-        if not isinstance(parent, Mapping) or not isinstance(parent.get("run_id"), str):
+        parent = entry.parent
+        if parent is None or not isinstance(parent.get("run_id"), str):
 
             def parent_ended(state: Any) -> None:
                 self.signals.pop(state.run_id, None)
@@ -379,7 +376,6 @@ class Engine:
         """
         from tiffany.agents import PlanError, parse_plan, plan_entry
         from tiffany.agents.plan import check_inputs
-        from tiffany.agents.refs import resolve
         from tiffany.agents.tools.python import check_python_steps
 
         if not isinstance(doc, Mapping):
@@ -405,9 +401,10 @@ class Engine:
         entry = plan_entry(doc, inputs)
         if self.max_steps is not None:  # its dynamic steps too: the replay reads the bound here
             entry["limits"] = {"max_steps": self.max_steps}
-        if plan.concurrency is not None:
-            key = resolve(plan.concurrency.key, {**plan.inputs, **(inputs or {})}, {})
-            entry["concurrency"] = {"key": str(key), "limit": plan.concurrency.limit}
+        if plan.concurrency is not None:  # as a workflow's (one rule: entry_concurrency)
+            entry["concurrency"] = entry_concurrency(
+                plan.concurrency, {**plan.inputs, **(inputs or {})}
+            )
         self.env.remember_plan(entry["plan"], plan)
         return entry, plan.name
 
@@ -422,6 +419,8 @@ class Engine:
         """
         from tiffany.workflows import prepare_workflow
 
+        # Twin kept: the built-in workflow ``plan``'s input is checked against
+        # this engine's tools (prepare_plan), a user's against its signature.
         return prepare_workflow(name, inputs)
 
     def waiting(self) -> dict[str, Any]:
@@ -461,13 +460,13 @@ def _signal_name(wake: Any) -> str | None:
 
 def replay_resolvers(settings: Settings) -> dict[str, Any]:
     """Return the entry resolvers a local replay needs (plans with every tool known)."""
-    from tiffany.agents import AgentEnv, plan_resolver
+    from tiffany.agents import AgentEnv
     from tiffany.agents.registry import ToolRegistry
     from tiffany.workflows import workflow_resolver
 
     registry = ToolRegistry.default(enabled=ToolRegistry.default().all_names())
     env = AgentEnv(registry, Path(settings.data_dir) / "workspaces", tool_settings(settings))
-    return {"plan": plan_resolver(env), "workflow": workflow_resolver(env)}
+    return {"workflow": workflow_resolver(env)}  # plan runs: the built-in workflow plan
 
 
 def journal_log(settings: Settings, *, wait_s: float = 0.0, owner: str | None = None) -> Log | None:
@@ -582,7 +581,7 @@ def build(
     A ``server`` also waits for the journal's lease (``journal=postgres``).
     ``log``: a journal already open (:func:`take_slot`'s).
     """
-    from tiffany.agents import AgentEnv, plan_resolver
+    from tiffany.agents import AgentEnv
     from tiffany.agents.registry import ToolRegistry
     from tiffany.engine.memory import EngineMemory
     from tiffany.workflows import workflow_resolver
@@ -608,7 +607,7 @@ def build(
             fsync=settings.wal_fsync,
             preallocate=settings.wal_preallocate,
             instruments=[watchdog],
-            resolvers={"plan": plan_resolver(env), "workflow": workflow_resolver(env)},
+            resolvers={"workflow": workflow_resolver(env)},  # plan runs too: workflow plan
             key_window_s=settings.idempotency_window_s,
             log=log,
             # This engine's seqs (tiffany/wire/shards.py): never another engine's.

@@ -127,6 +127,7 @@ from tiffany.wire.control import (
 )
 from tiffany.wire.documents import SIGNAL_NAME_PATTERN, DocumentError
 from tiffany.wire.documents import check as check_document
+from tiffany.wire.entries import read_entry
 from tiffany.wire.records import reserved_signal, reserved_signal_message
 from tiffany.workflows import WorkflowInputError
 
@@ -672,7 +673,7 @@ class ControlRequests:
             task_kind="planner",
             label=name,
             # What kind of run (``plan``, ``workflow``...): ``tail`` says it beside the name.
-            data={"name": name, "kind": entry.get("kind")},
+            data={"name": name, "kind": read_entry(entry).kind.value},
         )
         start_seq = self.runtime.wal.next_seq  # the RUN_START's: the run's first record
         self.engine.start_entry(entry, run_id=run_id, name=name, on_end=self._on_end, fork=fork)

@@ -32,6 +32,7 @@ from tiffany.config import Settings
 from tiffany.engine.inbox import DurableWaits
 from tiffany.errors import EngineNotReady, InvalidCommand, RunNotFinished, RunNotFound
 from tiffany.wire.control import Rerun
+from tiffany.wire.entries import MalformedEntry, PlanEntry, WorkflowEntry, read_entry
 from tiffany.wire.shards import engine_of
 from tiffany.wire.status import TERMINAL
 
@@ -172,9 +173,16 @@ class StoredRuns:
                 f"run {source_id} has not finished ({status}); re-run a finished run",
                 detail={"status": status},
             )
-        if isinstance(entry, dict) and entry.get("kind") == "workflow":
-            return self._workflow_fork(source_id, source, command)
-        if not isinstance(entry, dict) or entry.get("kind") != "plan":
+        try:
+            typed = read_entry(entry)
+        except MalformedEntry as exc:
+            raise InvalidCommand(f"run {source_id}: {exc.message}", field="rerun_of") from None
+        # The one twin left of the two kinds: a plan's re-run reuses its steps'
+        # outputs by step id (a journal that stands alone); a workflow's forks
+        # its journal (its calls have no ids a new run could settle by).
+        if isinstance(typed, WorkflowEntry):
+            return self._workflow_fork(source_id, source, typed, command)
+        if not isinstance(typed, PlanEntry):
             raise InvalidCommand(
                 f"run {source_id} is neither a plan run nor a workflow run", field="rerun_of"
             )
@@ -191,9 +199,9 @@ class StoredRuns:
                 steps=projected,
                 reason="the journal no longer holds their records (TIFFANY_WAL_RETAIN)",
             )
-        merged = {**(entry.get("inputs") or {}), **inputs}
+        merged = {**typed.inputs, **inputs}
         return RerunSource(
-            entry.get("plan"),
+            typed.plan,
             merged,
             {
                 "rerun_of": {"run_id": source_id, "restart": restart},
@@ -201,7 +209,9 @@ class StoredRuns:
             },
         )
 
-    def _workflow_fork(self, source_id: str, source: dict[str, Any], command: Rerun) -> RerunSource:
+    def _workflow_fork(
+        self, source_id: str, source: dict[str, Any], typed: WorkflowEntry, command: Rerun
+    ) -> RerunSource:
         """A workflow run's re-run: its journal forked before the call to restart from.
 
         Control threads only (reads the journal). ``tiffany/workflows/rerun.py``
@@ -213,7 +223,7 @@ class StoredRuns:
         from tiffany.workflows.rerun import RerunRefused, fork_point
 
         entry = source["entry"]
-        given = entry.get("inputs") or {}
+        given = typed.inputs
         changed = sorted(k for k, v in command.inputs.items() if given.get(k, _ABSENT) != v)
         if changed:
             msg = (
@@ -245,7 +255,7 @@ class StoredRuns:
         head = {
             "run_id": source_id,
             "run_no": held.run_no,
-            "name": str(entry.get("workflow")),
+            "name": typed.workflow,
             "entry": entry,
             "start_seq": start_seq,
             "compat": held.compat,
@@ -264,7 +274,7 @@ class StoredRuns:
             None,
             dict(given),
             rerun,
-            workflow=entry.get("workflow"),
+            workflow=typed.workflow,
             fork=fork,
             compat=held.compat,
             head=head,

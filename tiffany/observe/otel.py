@@ -25,8 +25,9 @@ Where the facts come from:
       clock readings the journal recorded, its error the attempt's own. So a
       retried step shows one span per attempt, with the attempt's real times,
       even when the first attempt ran in an earlier life of the engine;
-    * a step's tool comes from the run's plan (the entry the ``plan``
-      resolver receives) or from a tool task's label (a dynamic step);
+    * a step's tool comes from the run's plan (the plan entry the ``workflow``
+      resolver receives: a plan run is the built-in workflow ``plan``) or
+      from a tool task's label (a dynamic step);
     * a workflow run's ``tool(...)`` call has no worker: it runs in the
       workflow's task (``tiffany/workflows/calls.py``), which tells the
       recorder its outcome when it ends (``AgentEnv.call_ended``, wired by
@@ -70,6 +71,7 @@ import structlog
 from tiffany import __version__
 from tiffany.durable.journal import TaskMeta
 from tiffany.kernel import Instrument, Task, current_task
+from tiffany.wire.entries import Entry, EntryKind
 from tiffany.wire.runstate import run_opening, step_report
 from tiffany.wire.status import RunStatus, StepStatus, TaskState
 from tiffany.wire.values import text_of
@@ -115,7 +117,7 @@ ENABLING_VARS: Final = (
 
 _warned: set[str] = set()  # "missing": the extra's absence is said once per process
 
-Resolver = Callable[[dict[str, Any], str, int], Generator[Any, Any, Any]]
+Resolver = Callable[[Entry, str, int], Generator[Any, Any, Any]]
 
 
 def tracing_wanted(environ: Mapping[str, str]) -> bool:
@@ -244,9 +246,9 @@ def attach(runtime: Runtime, provider: TracerProvider, *, env: Any = None) -> Sp
     told to :meth:`SpanRecorder.call_ended` (None: their calls make no spans).
     """
     recorder = SpanRecorder(provider, clock=runtime.sched.clock.time)
-    plan = runtime.resolvers.get("plan")
-    if plan is not None:
-        runtime.resolvers["plan"] = recorder.watch_plans(plan)
+    runs = runtime.resolvers.get(EntryKind.WORKFLOW.value)  # plan runs' too: workflow plan
+    if runs is not None:
+        runtime.resolvers[EntryKind.WORKFLOW.value] = recorder.watch_plans(runs)
     if env is not None:
         env.call_ended = recorder.call_ended
     runtime.sched.add_instrument(recorder)
@@ -309,11 +311,11 @@ class SpanRecorder(Instrument):
     # -- scheduler thread: O(1) appends only ------------------------------------------
 
     def watch_plans(self, resolver: Resolver) -> Resolver:
-        """Wrap the ``plan`` resolver: note each run's entry (its steps' tools)."""
+        """Wrap the ``workflow`` resolver: note each plan run's entry (its steps' tools)."""
         queue = self._queue
 
-        def resolve(entry: dict[str, Any], run_id: str, compat: int) -> Generator[Any, Any, Any]:
-            if not self.disabled:
+        def resolve(entry: Entry, run_id: str, compat: int) -> Generator[Any, Any, Any]:
+            if not self.disabled and entry.plan_doc is not None:
                 queue.append(("plan", run_id, entry))
             return resolver(entry, run_id, compat)
 
@@ -438,7 +440,7 @@ class SpanRecorder(Instrument):
         if flush.is_alive():
             log.warning("otel.flush_timeout", waited_s=CLOSE_FLUSH_S, note="spans not sent")
 
-    def _on_plan(self, run_id: str, entry: Mapping[str, Any]) -> None:
+    def _on_plan(self, run_id: str, entry: Entry) -> None:
         opening = run_opening(entry)
         self._plans[run_id] = {sid: tool for sid, tool in opening.steps if tool is not None}
 

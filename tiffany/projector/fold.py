@@ -76,6 +76,7 @@ from tiffany.projector.rows import Batch
 from tiffany.store.models import DeadLetter, Run, Step, Task, TaskKind
 from tiffany.store.records import BLOCKING_KINDS, attempt_times, error_dict, jsonable, text
 from tiffany.store.waits import RunWaits
+from tiffany.wire.entries import EntryKind
 from tiffany.wire.records import (
     MAX_ARG_CHARS,
     SLOT_SIGNAL,
@@ -92,7 +93,6 @@ from tiffany.wire.records import (
     Unknown,
     Wake,
     carried,
-    root_role,
 )
 from tiffany.wire.runstate import (
     UNSETTLED_STEPS,
@@ -321,7 +321,7 @@ class RowFold:
         plan = opening.plan
         clock = float(ts) if isinstance(ts, int | float) else None
         ctx = _RunCtx(text(run_id), plan, opening.root, clock, 0, False)
-        ctx.workflow = entry.get("kind") == "workflow"
+        ctx.workflow = opening.kind is EntryKind.WORKFLOW
         ctx.waits = RunWaits(plan, ctx.root)
         ctx.status = opening.status.value  # pending: queued for a concurrency slot
         self.run_ids[run_no] = ctx.run_id
@@ -661,11 +661,12 @@ class RowFold:
         run = conn.execute(select(*columns).where(Run.run_id == run_id)).one_or_none()
         if run is None:
             return None
-        entry = run.entry if isinstance(run.entry, Mapping) else {}
-        plan = entry.get("kind") == "plan" and isinstance(entry.get("plan"), Mapping)
+        opening = run_opening(run.entry)
         finished = run_end_status(run.status) is not None
-        ctx = _RunCtx(run.run_id, plan, root_role(entry), run.updated_at, run.dispatches, finished)
-        ctx.workflow = entry.get("kind") == "workflow"
+        ctx = _RunCtx(
+            run.run_id, opening.plan, opening.root, run.updated_at, run.dispatches, finished
+        )
+        ctx.workflow = opening.kind is EntryKind.WORKFLOW
         ctx.status = run.status
         unfinished = []
         used = run.usage if _HAS_USAGE else None
@@ -690,7 +691,7 @@ class RowFold:
             .order_by(Step.position)
         ):
             ctx.steps[step_id] = _StepInfo(status, tool, _reruns_in(attempts))
-        ctx.waits = RunWaits.reloaded(plan, ctx.root, unfinished, run.waiting_for)
+        ctx.waits = RunWaits.reloaded(opening.plan, ctx.root, unfinished, run.waiting_for)
         self._ctx[run_no] = ctx
         self._finished += finished
         return ctx

@@ -44,6 +44,7 @@ from tiffany.store.graph import plan_graph
 from tiffany.store.journal import records_span
 from tiffany.store.models import JournalRecord, Run, Step, Task, TaskKind
 from tiffany.store.queries import TASK_STATUS
+from tiffany.wire.entries import reading
 from tiffany.wire.records import RecordType
 
 __all__ = ["AGENT_TOOL", "MODEL_TOOL", "NotAgentStep", "agent_conversation"]
@@ -250,7 +251,8 @@ def _settle_unmatched(turns: list[dict[str, Any]], calls: Any) -> None:
 
 def _declared_args(session: Session, run_id: str, entry: Any, step_id: str) -> Any:
     """The step's ``args`` as declared: in the plan, or in its dynamic parent's output."""
-    plan = entry.get("plan") if isinstance(entry, Mapping) else None
+    typed = reading(entry)
+    plan = typed.plan_doc if typed is not None else None
     node = plan_graph(plan, {}).get(step_id)
     if node is None:  # added by a dynamic step: the graph needs the outputs
         rows = session.execute(select(Step.step_id, Step.output).where(Step.run_id == run_id))

@@ -42,6 +42,7 @@ from tiffany.store.models import (
     Task,
 )
 from tiffany.store.session import driver_errors
+from tiffany.wire.entries import entry_kind, reading
 from tiffany.wire.shards import engine_of, seq_base
 from tiffany.wire.status import TASK_STATUS
 
@@ -210,10 +211,7 @@ def run_summary(run: Any) -> dict[str, Any]:
 
     ``run``: a ``Run``, or a row of :func:`summary_select` (its ``kind``).
     """
-    if hasattr(run, "entry"):
-        kind = (run.entry or {}).get("kind") if isinstance(run.entry, dict) else None
-    else:
-        kind = run.kind
+    kind = entry_kind(run.entry) if hasattr(run, "entry") else run.kind
     return {
         "run_id": run.run_id,
         "run_no": run.run_no,
@@ -474,9 +472,9 @@ def rerun_source(session: Session, run_id: str) -> dict[str, Any] | None:
         if not isinstance(origin, dict):
             origin = {"run_id": run_id, "seq": exits.get(step_id)}
         steps[step_id] = {"status": status, "output": output, **origin}
-    entry = run.entry if isinstance(run.entry, dict) else {}
+    typed = reading(run.entry)
     outputs = {sid: s["output"] for sid, s in steps.items()}
-    graph = plan_graph(entry.get("plan"), outputs)
+    graph = plan_graph(typed.plan_doc if typed is not None else None, outputs)
     after = {sid: node.after for sid, node in graph.items()}
     return {
         "status": run.status,
@@ -509,7 +507,8 @@ def _with_graph(entry: Any, steps: list[dict[str, Any]]) -> list[dict[str, Any]]
     it runs after, the dynamic step that added it (None: the plan's), and
     whether its output adds steps. A step of no plan (a workflow's) has none.
     """
-    plan = entry.get("plan") if isinstance(entry, dict) and entry.get("kind") == "plan" else None
+    typed = reading(entry)
+    plan = typed.plan_doc if typed is not None else None
     graph = plan_graph(plan, {s["step_id"]: s["output"] for s in steps})
     for s in steps:
         node = graph.get(s["step_id"])

@@ -55,8 +55,9 @@ def replay_file(
         imports: Modules to import first (the ``--import`` of ``tiffany
             replay``): where the run's ``@python_tool`` functions, generator
             functions or workflows are registered.
-        resolvers: Entry kinds besides ``callable`` (default: the engine's,
-            ``tiffany.engine.replay_resolvers``: plans and every registered kind).
+        resolvers: Runners besides ``callable`` (default: the engine's,
+            ``tiffany.engine.replay_resolvers``: ``workflow``, which rebuilds
+            plan runs, the built-in workflow ``plan``, and users' workflows).
 
     Returns:
         The report (``partial`` for a run exported before its end: its

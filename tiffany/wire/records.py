@@ -3,7 +3,7 @@
 The WAL stores opaque ``(type, payload)`` records; this module gives them a
 meaning, for every layer that reads or writes them (the durable layer
 records and replays, the store projects, the CLI dumps). It is a leaf: it
-imports only the standard library, msgspec and ``tiffany.wire.values``.
+imports only the standard library, msgspec, ``tiffany.wire.values`` and ``tiffany.wire.entries``.
 
 Every record of a run starts with the run's number as a 4-byte
 little-endian prefix, so a reader can skip other runs' records without
@@ -71,6 +71,7 @@ from typing import Any, ClassVar, Final, Literal
 
 import msgspec
 
+from tiffany.wire.entries import EntryKind, entry_kind
 from tiffany.wire.values import ext_hook
 
 __all__ = [
@@ -471,8 +472,7 @@ def held_for(name: str, reason: str) -> tuple[Literal["tool", "function"], str]:
 
 def root_role(entry: Any) -> Role:
     """Return the role of a run's root task, from the run's entry (RUN_START)."""
-    is_plan = isinstance(entry, dict) and entry.get("kind") == "plan"
-    return "planner" if is_plan else "task"
+    return "planner" if entry_kind(entry) is EntryKind.PLAN else "task"
 
 
 def legacy_role(name: str) -> TaskLabel:

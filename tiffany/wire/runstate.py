@@ -42,6 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from tiffany.wire.entries import Entry, EntryKind, MalformedEntry, read_entry
 from tiffany.wire.records import root_role
 from tiffany.wire.status import TASK_STATUS, TERMINAL_TASK, RunStatus, StepStatus
 
@@ -92,6 +93,7 @@ class RunOpening:
             None when the step names none (or names it with no string).
         inputs: A plan's inputs (its defaults under the caller's), or a
             callable's ``{"args", "kwargs"}``.
+        kind: The entry's kind, None for a malformed entry.
     """
 
     plan: bool
@@ -99,35 +101,36 @@ class RunOpening:
     status: RunStatus
     steps: tuple[tuple[str, str | None], ...]
     inputs: Any
+    kind: EntryKind | None = None
 
 
 def run_opening(entry: Any) -> RunOpening:
-    """Read a run's entry (its RUN_START's ``entry``): see :class:`RunOpening`."""
-    root = root_role(entry)
-    entry = entry if isinstance(entry, Mapping) else {}
-    plan_doc = entry.get("plan") if entry.get("kind") == "plan" else None
-    plan = isinstance(plan_doc, Mapping)
+    """Read a run's entry (its RUN_START's ``entry``): see :class:`RunOpening`.
+
+    A malformed entry reads as a run of no plan, no inputs (the fold and the
+    spans list every run; the runtime refuses to run it).
+    """
+    try:
+        typed: Entry | None = read_entry(entry)
+    except MalformedEntry:
+        typed = None
+    if typed is None:
+        return RunOpening(False, "task", RunStatus.RUNNING, (), {}, None)
+    plan_doc = typed.plan_doc
     steps: list[tuple[str, str | None]] = []
-    if isinstance(plan_doc, Mapping):
+    inputs: Any = typed.run_inputs
+    if plan_doc is not None:
         defaults = plan_doc.get("inputs")
-        given = entry.get("inputs")
-        inputs: Any = {
-            **(defaults if isinstance(defaults, Mapping) else {}),
-            **(given if isinstance(given, Mapping) else {}),
-        }
+        inputs = {**(defaults if isinstance(defaults, Mapping) else {}), **inputs}
         declared = plan_doc.get("steps")
         for spec in declared if isinstance(declared, list) else ():
             if isinstance(spec, Mapping) and isinstance(spec.get("id"), str):
                 tool = spec.get("tool")
                 steps.append((spec["id"], tool if isinstance(tool, str) else None))
-    elif entry.get("kind") == "workflow":  # a @workflow's keyword arguments
-        given = entry.get("inputs")
-        inputs = given if isinstance(given, Mapping) else {}
-    else:
-        inputs = {"args": entry.get("args", []), "kwargs": entry.get("kwargs", {})}
     # Queued behind a concurrency limit until its slot's signal.
-    status = RunStatus.PENDING if entry.get("concurrency") else RunStatus.RUNNING
-    return RunOpening(plan, root, status, tuple(steps), inputs)
+    status = RunStatus.PENDING if typed.concurrency_key is not None else RunStatus.RUNNING
+    root = root_role(typed)
+    return RunOpening(plan_doc is not None, root, status, tuple(steps), inputs, typed.kind)
 
 
 # -- a step's outcome ------------------------------------------------------------------

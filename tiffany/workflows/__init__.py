@@ -11,7 +11,8 @@ outputs. Inside it, the kernel's system calls (``Step``, ``Sleep``,
 nested generators), the run-level calls of ``calls.py``, and memory's
 (``memory.put(...)``, ``memory.search(...)``: ``memory.py``). The engine
 runs, resumes and replays workflow runs through :func:`workflow_resolver`
-(``runner.py``), the resolver of the ``workflow`` entry kind.
+(``runner.py``), the resolver of ``workflow`` entries and of ``plan``
+entries: a plan run is the built-in workflow ``plan``, whose root is the planner.
 """
 
 from __future__ import annotations

@@ -48,6 +48,7 @@ __all__ = [
     "UnknownWorkflow",
     "Workflow",
     "WorkflowDefinitionError",
+    "builtin",
     "input_problems",
     "lookup",
     "names",
@@ -66,6 +67,8 @@ _RESERVED_NAMES: Final = frozenset({"plan", "callable", "workflow"})
 _RESERVED_PREFIX: Final = "tiffany."
 
 _WORKFLOWS: dict[str, Workflow] = {}
+#: The engine's own workflows (``plan``: ``runner.py``), under reserved names.
+_BUILTIN: dict[str, Workflow] = {}
 _LOCK = threading.Lock()
 
 
@@ -102,6 +105,10 @@ class Workflow:
     #: The annotated parameters' checks (pydantic, strict): a submission's
     #: value of another type is refused naming the input.
     checks: Mapping[str, Any] = field(default_factory=dict)
+    #: A built-in workflow's root, built from its run's whole entry
+    #: (``root(env, run_id, entry, compat)``: the planner, for ``plan``);
+    #: None for a user's, whose ``fn`` is called with the inputs.
+    root: Callable[..., Any] | None = None
 
     @property
     def where(self) -> str:
@@ -144,6 +151,12 @@ def register(
     if not isinstance(name, str) or not _NAME.match(name):
         raise WorkflowDefinitionError(
             f"workflow {name!r} ({where}): a workflow's name must match {WORKFLOW_NAME_PATTERN}",
+            function=where,
+        )
+    if name in _BUILTIN:
+        raise WorkflowDefinitionError(
+            f"workflow {name!r} ({where}): {name!r} is the engine's built-in workflow (the "
+            "planner, which runs plan documents); name yours otherwise",
             function=where,
         )
     if name in _RESERVED_NAMES or name.startswith(_RESERVED_PREFIX):
@@ -284,19 +297,29 @@ def workflow(name: str, *, concurrency: Any = None, budget: Any = None) -> Calla
     return decorate
 
 
+def builtin(wf: Workflow) -> Workflow:
+    """Install the engine's own workflow ``wf`` (a reserved name; ``wf.root`` builds its root)."""
+    if wf.name not in _RESERVED_NAMES or wf.root is None:
+        raise WorkflowDefinitionError(
+            f"a built-in workflow has a reserved name and a root: {wf.name!r}", function=wf.where
+        )
+    _BUILTIN[wf.name] = wf
+    return wf
+
+
 def names() -> list[str]:
-    """The registered workflows' names, sorted."""
+    """The users' registered workflows' names, sorted (the built-in ``plan`` is not listed)."""
     return sorted(_WORKFLOWS)
 
 
 def lookup(name: str) -> Workflow:
-    """Return workflow ``name``.
+    """Return workflow ``name``: a built-in one (``plan``) or a user's.
 
     Raises:
         UnknownWorkflow: None is registered under it (the message says how
             a module registers its workflows, and lists the names).
     """
-    wf = _WORKFLOWS.get(name)
+    wf = _BUILTIN.get(name) or _WORKFLOWS.get(name)
     if wf is None:
         raise UnknownWorkflow(unknown_message(name), workflow=name)
     return wf

@@ -3,8 +3,16 @@
 The entry is ``{"kind": "workflow", "workflow": NAME, "inputs": {...}}``;
 the durable runtime rebuilds the run's root from it with
 :func:`workflow_resolver`, whether it starts the run, resumes it at engine
-start or replays it (``tiffany replay RUN --verify --import MOD``), as it
-does a plan run's planner.
+start or replays it (``tiffany replay RUN --verify --import MOD``).
+
+One runtime: a plan run is the built-in workflow ``plan`` (:data:`PLAN`),
+whose root is the planner (``tiffany/agents/planner.py``) given the plan
+document and its inputs. Its entry stays ``{"kind": "plan", "plan", "inputs",
+...}`` (``tiffany/wire/entries.py`` reads it as workflow ``plan``), so the
+journals of every release replay byte for byte, and one resolver, this
+module's, rebuilds the root of every plan and workflow run. The planner is
+its root as it always was (no wrapper task, no dispatch of its own): a plan
+run's dispatch sequence is unchanged.
 
 The root task (:func:`run_workflow`) gives itself the run's
 :class:`~tiffany.workflows.calls.WorkflowContext` (its children inherit
@@ -19,19 +27,23 @@ the shape a plan run's result has, so the store, the API and a parent's
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Mapping
-from typing import Any
+from typing import Any, cast
 
 from tiffany.agents.budget import Ledger
+from tiffany.agents.plan import MAX_STEPS
+from tiffany.agents.planner import run_plan
 from tiffany.agents.worker import AgentEnv
 from tiffany.errors import TiffanyError
 from tiffany.kernel import Coroutine, Receive, current_task
 from tiffany.wire.documents import DocumentError, check
+from tiffany.wire.entries import PLAN_WORKFLOW, Entry, PlanEntry, WorkflowEntry, read_entry
 from tiffany.wire.plan import BudgetSpec
 from tiffany.wire.records import SLOT_SIGNAL
 from tiffany.workflows.calls import WorkflowContext
-from tiffany.workflows.registry import Workflow, input_problems, lookup
+from tiffany.workflows.registry import UnknownWorkflow, Workflow, builtin, input_problems, lookup
 
 __all__ = [
+    "PLAN",
     "WorkflowInputError",
     "WorkflowResultError",
     "prepare_workflow",
@@ -74,10 +86,14 @@ def prepare_workflow(name: Any, inputs: Any) -> tuple[dict[str, Any], str]:
             registered names and how to register one), inputs that are not
             an object or that its signature refuses (``inputs.NAME``).
     """
-    from tiffany.workflows.registry import UnknownWorkflow
-
     if not isinstance(name, str):
         raise WorkflowInputError([{"loc": "workflow", "msg": "must be a workflow's name"}])
+    if name == PLAN_WORKFLOW:  # one way to submit a plan: its entry records the document
+        msg = (
+            "the built-in workflow 'plan' is submitted as a plan: send "
+            '{"plan": DOCUMENT, "inputs": {...}}, not {"workflow": "plan"}'
+        )
+        raise WorkflowInputError([{"loc": "workflow", "msg": msg}])
     try:
         wf = lookup(name)
     except UnknownWorkflow as exc:
@@ -91,36 +107,71 @@ def prepare_workflow(name: Any, inputs: Any) -> tuple[dict[str, Any], str]:
         raise WorkflowInputError(problems)
     entry = workflow_entry(name, inputs)
     if wf.concurrency is not None:  # resolved now, as a plan's key (engine.prepare_plan)
-        from tiffany.agents.refs import RefError, resolve
+        from tiffany.agents.concurrency import entry_concurrency
+        from tiffany.agents.refs import RefError
 
+        values = {**(wf.defaults or {}), **inputs}
         try:
-            key = resolve(wf.concurrency.key, {**(wf.defaults or {}), **inputs}, {})
+            entry["concurrency"] = entry_concurrency(wf.concurrency, values)
         except RefError as exc:
             raise WorkflowInputError([{"loc": "concurrency.key", "msg": exc.message}]) from None
-        entry["concurrency"] = {"key": str(key), "limit": wf.concurrency.limit}
     if wf.budget is not None:  # in the entry, as a plan's is in its plan: a replay reads it
         entry["budget"] = wf.budget.model_dump(exclude_none=True)
     return entry, name
 
 
-def workflow_resolver(env: AgentEnv) -> Callable[[dict[str, Any], str, int], Coroutine]:
-    """Return the runtime resolver that rebuilds a workflow run's root task.
+def plan_root(env: AgentEnv, run_id: str, entry: Entry, compat: int) -> Coroutine:
+    """The built-in workflow ``plan``'s root: the planner, given the entry's plan and inputs.
+
+    Raises:
+        UnknownWorkflow: ``entry`` is not a plan run's (a workflow entry
+            naming ``plan``: no user's workflow has that name).
+    """
+    if not isinstance(entry, PlanEntry):
+        raise UnknownWorkflow(
+            f"workflow {PLAN_WORKFLOW!r} runs plan entries only", workflow=PLAN_WORKFLOW
+        )
+    return run_plan(
+        env,
+        run_id,
+        entry.plan,
+        entry.inputs,
+        compat,
+        entry.reuse,
+        entry.rerun_source,
+        entry.concurrency is not None,
+        entry.max_steps or MAX_STEPS,
+    )
+
+
+#: The built-in workflow ``plan``: its inputs are the plan document and the plan's inputs.
+PLAN: Workflow = builtin(
+    Workflow(PLAN_WORKFLOW, run_plan, ("plan", "inputs"), ("plan",), False, root=plan_root)
+)
+
+
+def workflow_resolver(env: AgentEnv) -> Callable[[Entry, str, int], Coroutine]:
+    """Return the runtime resolver that rebuilds a plan or workflow run's root task.
 
     Raises (when resolving) :class:`~tiffany.workflows.registry.UnknownWorkflow`
     for a workflow this process has not registered (its module not imported).
     """
 
-    def resolve(entry: dict[str, Any], run_id: str, compat: int) -> Coroutine:
-        wf = lookup(str(entry.get("workflow")))
-        inputs = entry.get("inputs")
-        spend = entry.get("budget")
+    def resolve(entry: Entry | dict[str, Any], run_id: str, compat: int) -> Coroutine:
+        typed = read_entry(entry)
+        wf = lookup(str(typed.workflow_name))
+        if wf.root is not None:  # a built-in: the planner
+            return cast(Coroutine, wf.root(env, run_id, typed, compat))
+        if not isinstance(typed, WorkflowEntry):
+            raise UnknownWorkflow(f"a {typed.kind} run is no workflow's", workflow=wf.name)
+        spend = typed.budget_spec  # a plan's is its document's: the planner reads it
         return run_workflow(
             env,
             run_id,
             wf,
-            inputs if isinstance(inputs, Mapping) else {},
-            limited=entry.get("concurrency") is not None,
-            budget=BudgetSpec.model_validate(spend) if isinstance(spend, Mapping) else None,
+            typed.inputs,
+            limited=typed.concurrency is not None,
+            budget=BudgetSpec.model_validate(spend) if spend is not None else None,
         )
 
     return resolve
