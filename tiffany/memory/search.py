@@ -62,9 +62,12 @@ _MIN_CANDIDATES: Final = 30
 #: Rows held free at the end of a namespace's matrix, as a share of its rows.
 _GROWTH: Final = 0.25
 
+#: The process's BLAS libraries (found once: it reads the loaded libraries).
+_BLAS: ThreadpoolController | None = None
 
-class _OneBlasThread:
-    """A context in which BLAS runs on the calling thread only (one, process-wide).
+
+def _one_blas_thread() -> Any:
+    """A context in which BLAS runs on the calling thread only.
 
     Discussion: a matrix-vector product of 100,000 x 256 is memory-bound;
     OpenBLAS splits it over every core and its threads then spin between
@@ -73,44 +76,17 @@ class _OneBlasThread:
     core the caller needed). One thread: a steady cost, and the same
     floating-point sums on every machine.
 
-    The thread count is the process's setting, so the context is counted:
-    the first thread in sets it to 1, the last one out restores it. The
-    libraries are found once (threadpoolctl reads the loaded libraries);
-    ``ThreadpoolController.limit`` would find them again at every search.
+    Rejected: a counted context over the libraries found once, setting the
+    count directly (a fraction of ``limit``'s cost), entered by one thread
+    and left by another: with this OpenBLAS (0.3.31, pthreads) a
+    ``set_num_threads(2)`` from a second thread, after the first had set 1,
+    was ignored, and the process stayed at one thread. The context is
+    entered and left by the thread that owns the product.
     """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._libs: list[Any] | None = None
-        self._saved: list[int] = []
-        self._inside = 0
-
-    def __enter__(self) -> None:
-        with self._lock:
-            if self._libs is None:
-                self._libs = list(ThreadpoolController().select(user_api="blas").lib_controllers)
-            if not self._inside:
-                self._saved = [lib.get_num_threads() for lib in self._libs]
-                for lib, threads in zip(self._libs, self._saved, strict=True):
-                    if threads != 1:
-                        lib.set_num_threads(1)
-            self._inside += 1
-
-    def __exit__(self, *exc: object) -> None:
-        with self._lock:
-            self._inside -= 1
-            if not self._inside and self._libs is not None:
-                for lib, threads in zip(self._libs, self._saved, strict=True):
-                    if threads != 1:
-                        lib.set_num_threads(threads)
-
-
-_ONE_BLAS_THREAD: Final = _OneBlasThread()
-
-
-def _one_blas_thread() -> _OneBlasThread:
-    """The context in which BLAS runs on the calling thread only (:class:`_OneBlasThread`)."""
-    return _ONE_BLAS_THREAD
+    global _BLAS
+    if _BLAS is None:
+        _BLAS = ThreadpoolController()
+    return _BLAS.limit(limits=1, user_api="blas")
 
 
 def candidates(k: int) -> int:
