@@ -167,7 +167,17 @@ class SharedProduct:
     by the owner for the whole product (it is the process's setting).
     """
 
-    __slots__ = ("_bounds", "_done", "_left", "_lock", "_matrix", "_next", "_query", "out")
+    __slots__ = (
+        "_bounds",
+        "_done",
+        "_failed",
+        "_left",
+        "_lock",
+        "_matrix",
+        "_next",
+        "_query",
+        "out",
+    )
 
     def __init__(self, matrix: np.ndarray, query: np.ndarray) -> None:
         rows = matrix.shape[0]
@@ -180,6 +190,7 @@ class SharedProduct:
         self._left = len(self._bounds)
         self._lock = threading.Lock()
         self._done = threading.Event()
+        self._failed: BaseException | None = None
         if not self._bounds:
             self._done.set()
 
@@ -193,16 +204,23 @@ class SharedProduct:
                     return
                 self._next = i + 1
             a, b = bounds[i]
-            np.matmul(self._matrix[a:b], self._query, out=self.out[a:b])
-            with self._lock:
-                self._left -= 1
-                if not self._left:
-                    self._done.set()
+            try:
+                np.matmul(self._matrix[a:b], self._query, out=self.out[a:b])
+            except BaseException as exc:  # the owner raises it: it must not wait forever
+                self._failed = exc
+                raise
+            finally:
+                with self._lock:
+                    self._left -= 1
+                    if not self._left:
+                        self._done.set()
 
     def result(self) -> np.ndarray:
         """The whole product: the owner computes what is left, then waits for pieces in flight."""
         self.work()
         self._done.wait()
+        if self._failed is not None:
+            raise self._failed
         return self.out
 
 
