@@ -61,7 +61,6 @@ _CANDIDATES_PER_K: Final = 3
 _MIN_CANDIDATES: Final = 30
 #: Rows held free at the end of a namespace's matrix, as a share of its rows.
 _GROWTH: Final = 0.25
-
 #: The process's BLAS libraries (found once: it reads the loaded libraries).
 _BLAS: ThreadpoolController | None = None
 
