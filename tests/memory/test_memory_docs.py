@@ -7,8 +7,8 @@ from pathlib import Path
 
 from tiffany.config import Settings
 from tiffany.memory import limits
-from tiffany.memory.fulltext import COMMON_MATCHES, SCORED_MATCHES
-from tiffany.memory.search import RRF_K
+from tiffany.memory.fulltext import COMMON_MATCHES, RANKED_FIRST_PER_RESULT, SCORED_MATCHES
+from tiffany.memory.search import PIECE_ROWS, RRF_K, SPLIT_ROWS
 from tiffany.memory.tables import metadata
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "memory.md"
@@ -61,6 +61,8 @@ def test_the_size_limit_and_search_constants_are_the_code() -> None:
     assert f"1 / ({RRF_K} + rank)" in search
     assert f"counted up to {COMMON_MATCHES:,}" in search
     assert f"stay under {SCORED_MATCHES:,}" in search
+    assert f"the best `{RANKED_FIRST_PER_RESULT}n` matches only" in search
+    assert f"From {SPLIT_ROWS:,} rows the product is cut in pieces of {PIECE_ROWS:,} rows" in search
 
 
 def test_every_table_is_documented() -> None:

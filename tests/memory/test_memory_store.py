@@ -311,6 +311,27 @@ def test_hybrid_is_the_fusion_of_both_legs_run_at_once(corpus: MemoryStore) -> N
         assert [i["key"] for i in answer["items"]] == fused(query, 4), query
 
 
+def test_hybrid_with_a_shared_product_answers_as_with_one_thread(
+    store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The product cut in pieces that the search's own thread helps with: the same answers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tiffany.memory import search
+
+    words = ["tea", "coffee", "river", "city", "garden", "train", "cat", "code", "noon", "herbs"]
+    for i in range(300):
+        body = " ".join(words[(i * j) % len(words)] for j in range(1, 6)) + f" item{i}"
+        store.put("many", f"k{i:03d}", body, op=f"many-{i}")
+    queries = ["tea river", "coffee city item7", "garden train cat", "item42 code", "noon"]
+    whole = [store.search("many", q, k=10) for q in queries]
+    monkeypatch.setattr(search, "SPLIT_ROWS", 128)  # 300 rows: 5 pieces of 64
+    monkeypatch.setattr(search, "PIECE_ROWS", 64)
+    assert [store.search("many", q, k=10) for q in queries] == whole
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(lambda q: store.search("many", q, k=10), queries * 6)) == whole * 6
+
+
 def test_search_sees_updates_and_deletes(corpus: MemoryStore) -> None:
     assert corpus.search("notes", "zanzibar", k=1, mode="vector")["items"][0]["key"] == "needle"
     corpus.put("notes", "trains", "the zanzibar express leaves at noon", op="u1")

@@ -118,7 +118,7 @@ def test_the_same_query_answers_the_same_in_another_process_copy(
 
 
 def test_a_large_namespace_splits_its_product_and_stays_exact() -> None:
-    """Past SPLIT_ROWS the product runs as two halves at once: the same sums, the same top."""
+    """Past SPLIT_ROWS the product runs in pieces two threads share: the same sums, the same top."""
     from tiffany.memory.search import SPLIT_ROWS, VectorIndex, _one_blas_thread, _product
 
     rng = np.random.default_rng(7)
@@ -140,3 +140,41 @@ def test_a_large_namespace_splits_its_product_and_stays_exact() -> None:
     best = np.argsort(-whole, kind="stable")[:K]
     assert [k for k, _ in got] == [keys[i] for i in best]
     assert got[0][0] == "k000123"
+
+
+@pytest.mark.parametrize(("rows", "dims"), [(33_769, 256), (50_000, 384), (100_000, 64)])
+def test_a_shared_product_is_one_threads_bit_for_bit_whoever_takes_the_pieces(
+    rows: int, dims: int
+) -> None:
+    """A SharedProduct's pieces, taken by the owner alone or by two threads, sum as one thread."""
+    import threading
+
+    from tiffany.memory.search import PIECE_ROWS, Helping, SharedProduct, _one_blas_thread, _product
+
+    rng = np.random.default_rng(rows)
+    matrix = rng.standard_normal((rows, dims)).astype(np.float32)
+    query = rng.standard_normal(dims).astype(np.float32)
+    with _one_blas_thread():
+        whole = matrix @ query
+        alone = SharedProduct(matrix, query).result()
+        shared = SharedProduct(matrix, query)
+        started = threading.Event()
+
+        def helper() -> None:
+            started.set()
+            shared.work()
+
+        thread = threading.Thread(target=helper)
+        thread.start()
+        started.wait(timeout=30)
+        both = shared.result()
+        thread.join(timeout=30)
+        # A hybrid search's way: the product offered, the caller's thread helping.
+        helping = Helping()
+        leg = threading.Thread(target=lambda: _product(matrix, query, helping=helping))
+        leg.start()
+        helping.help()
+        leg.join(timeout=30)
+    assert PIECE_ROWS % 64 == 0
+    assert np.array_equal(alone, whole)
+    assert np.array_equal(both, whole)

@@ -38,6 +38,7 @@ from tiffany.memory.search import fts_query_pg, fts_query_sqlite
 
 __all__ = [
     "COMMON_MATCHES",
+    "RANKED_FIRST_PER_RESULT",
     "SCORED_MATCHES",
     "FullText",
     "PostgresFullText",
@@ -50,6 +51,9 @@ __all__ = [
 COMMON_MATCHES: Final = 500
 #: Matches a ranked query scores at most (when its words are rare).
 SCORED_MATCHES: Final = 1000
+#: A rare-word query on SQLite looks up its best ``n`` times this many matches
+#: first (its ``n`` results), and every match only when those do not settle it.
+RANKED_FIRST_PER_RESULT: Final = 2
 
 
 def namespace_token(namespace: str) -> str:
@@ -174,6 +178,9 @@ class SqliteFullText(FullText):
         # Common words only: the namespace's newest items holding one,
         # unscored (FTS5 walks its doclists from the newest rowid and stops).
         if rare:
+            bounded = self._ranked_bounded(conn, ns, words, n, at)
+            if bounded is not None:
+                return bounded
             inner = "SELECT rowid, bm25(mem_fts, 0.0, 1.0) AS r FROM mem_fts WHERE mem_fts MATCH :q"
             match, order = self._match(None, words), "f.r, i.key"
         else:
@@ -193,6 +200,49 @@ class SqliteFullText(FullText):
         ).all()
         # bm25() is lower-better and negative: its negation is the score.
         return [(key, 0.0 - float(rank)) for key, rank in rows]
+
+    def _ranked_bounded(
+        self, conn: Connection, ns: str, words: list[str], n: int, at: float
+    ) -> list[tuple[str, float]] | None:
+        """The rare words' ``n`` best live items of ``ns``, from their best matches only.
+
+        Only the best ``RANKED_FIRST_PER_RESULT * n`` matches by bm25 are
+        looked up in ``mem_items`` (the namespace and expiry filter). None
+        when they do not settle the answer (fewer than ``n`` of them are the
+        namespace's live items, or the ``n``-th ties with the worst of
+        them): the caller then ranks every match, and the answer is the same
+        either way.
+        """
+        rows = conn.execute(
+            _RANKED_BOUNDED,
+            {
+                "q": self._match(None, words),
+                "ns": ns,
+                "now": at,
+                "n": n,
+                "m": n * RANKED_FIRST_PER_RESULT,
+            },
+        ).all()
+        if not rows:
+            return None  # (no match at all is rare: the words were counted)
+        seen, worst = int(rows[0].seen), float(rows[0].worst)
+        if seen == n * RANKED_FIRST_PER_RESULT and (len(rows) < n or rows[-1].r >= worst):
+            return None
+        return [(key, 0.0 - float(rank)) for key, rank, _, _ in rows]
+
+
+#: A rare-word query's best ``:m`` matches by bm25, then the namespace's live
+#: ones among them (``:ns``, ``:now``), best first, ties by key, at most ``:n``;
+#: each row also says how many matches were looked at and the worst bm25 of them.
+_RANKED_BOUNDED: Final = text(
+    "WITH f AS MATERIALIZED ("
+    "SELECT rowid, bm25(mem_fts, 0.0, 1.0) AS r FROM mem_fts"
+    " WHERE mem_fts MATCH :q ORDER BY r LIMIT :m)"
+    " SELECT i.key, f.r, (SELECT count(*) FROM f) AS seen, (SELECT max(r) FROM f) AS worst"
+    " FROM f JOIN mem_items i ON i.id = f.rowid"
+    " WHERE i.namespace = :ns AND (i.expires_at IS NULL OR i.expires_at > :now)"
+    " ORDER BY f.r, i.key LIMIT :n"
+)
 
 
 class PostgresFullText(FullText):

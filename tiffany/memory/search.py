@@ -39,7 +39,9 @@ from threadpoolctl import ThreadpoolController
 
 __all__ = [
     "RRF_K",
+    "Helping",
     "NamespaceVectors",
+    "SharedProduct",
     "VectorIndex",
     "candidates",
     "fts_query_pg",
@@ -72,6 +74,13 @@ def _one_blas_thread() -> Any:
     16 ms at the median instead of 0.2 ms (the spinning threads took the
     core the caller needed). One thread: a steady cost, and the same
     floating-point sums on every machine.
+
+    Rejected: a counted context over the libraries found once, setting the
+    count directly (a fraction of ``limit``'s cost), entered by one thread
+    and left by another: with this OpenBLAS (0.3.31, pthreads) a
+    ``set_num_threads(2)`` from a second thread, after the first had set 1,
+    was ignored, and the process stayed at one thread. The context is
+    entered and left by the thread that owns the product.
     """
     global _BLAS
     if _BLAS is None:
@@ -114,43 +123,152 @@ def rrf(rankings: Iterable[Sequence[str]], k: int) -> list[tuple[str, float]]:
     return sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
 
 
-#: Rows from which a product is split in two halves, one on a helper thread.
+#: Rows from which a product is cut in pieces that two threads share.
 SPLIT_ROWS: Final = 32_768
-#: The halves meet at a multiple of this many rows: the kernel's blocks of
+#: Rows of one piece of a shared product (a multiple of :data:`_SPLIT_ALIGN`).
+PIECE_ROWS: Final = 8_192
+#: Pieces meet at a multiple of this many rows: the kernel's blocks of
 #: rows stay whole, so every row's sum is the one thread's, bit for bit.
 _SPLIT_ALIGN: Final = 64
-_HALVES: ThreadPoolExecutor | None = None
-_HALVES_LOCK = threading.Lock()
+_HELPER: ThreadPoolExecutor | None = None
+_HELPER_LOCK = threading.Lock()
 
 
-def _product(matrix: np.ndarray, query: np.ndarray, *, split: bool = True) -> np.ndarray:
-    """``matrix @ query``; above :data:`SPLIT_ROWS` rows, the two halves at once.
+def _helper() -> ThreadPoolExecutor:
+    """The thread that shares a vector search's product (made at first use)."""
+    global _HELPER
+    with _HELPER_LOCK:
+        if _HELPER is None:
+            _HELPER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory-product")
+        return _HELPER
+
+
+class SharedProduct:
+    """``matrix @ query`` in aligned pieces, computed by whichever threads call :meth:`work`.
+
+    The thread that owns the product (it holds the matrix still, under the
+    :class:`VectorIndex`'s lock) calls :meth:`result`; any other thread may
+    call :meth:`work` meanwhile and take pieces that are not yet started. No
+    thread waits for another to start: a helper that comes late finds the
+    pieces done, and the owner has done them itself.
 
     Discussion: the product is memory-bound and one core does not draw all
-    of the memory's bandwidth: on this project's 2-vCPU machine, 100,000 x
-    256 took 2.97 ms at the median on one thread and 1.98 ms as two halves
-    on two. Each row's sum is the one thread's, bit for bit: the rows are
-    split, not the columns, at a multiple of 64 rows (at an odd row the
-    kernel's blocking of the rows around it changed the last bit of some
-    sums; aligned, 35 shapes from 33,769 to 100,000 rows and 64 to 1,536
-    dims came out equal). On a busy machine the helper waits for a core, and the cost
-    is one hand-off.
+    of the memory's bandwidth, so two threads finish it sooner than one. The
+    pieces are handed out one at a time rather than as two fixed halves: a
+    hybrid search's caller first runs its text ranking and then takes the
+    pieces that are left, so the two cores stay busy whatever each leg
+    costs, and on a busy machine a helper that waits for a core holds no
+    half that the owner must wait for. Each row's sum is the one thread's,
+    bit for bit: the rows are split, not the columns, at multiples of 64
+    rows (at an odd row the kernel's blocking of the rows around it changed
+    the last bit of some sums; aligned, 35 shapes from 33,769 to 100,000
+    rows and 64 to 1,536 dims came out equal). The BLAS thread limit is set
+    by the owner for the whole product (it is the process's setting).
+    """
+
+    __slots__ = (
+        "_bounds",
+        "_done",
+        "_failed",
+        "_left",
+        "_lock",
+        "_matrix",
+        "_next",
+        "_query",
+        "out",
+    )
+
+    def __init__(self, matrix: np.ndarray, query: np.ndarray) -> None:
+        rows = matrix.shape[0]
+        self._matrix = matrix
+        self._query = query
+        self.out = np.empty(rows, dtype=np.result_type(matrix, query))
+        step = max(_SPLIT_ALIGN, PIECE_ROWS // _SPLIT_ALIGN * _SPLIT_ALIGN)
+        self._bounds = [(a, min(a + step, rows)) for a in range(0, rows, step)]
+        self._next = 0
+        self._left = len(self._bounds)
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._failed: BaseException | None = None
+        if not self._bounds:
+            self._done.set()
+
+    def work(self) -> None:
+        """Compute pieces until none is left to start (pieces others started are theirs)."""
+        bounds = self._bounds
+        while True:
+            with self._lock:
+                i = self._next
+                if i >= len(bounds):
+                    return
+                self._next = i + 1
+            a, b = bounds[i]
+            try:
+                np.matmul(self._matrix[a:b], self._query, out=self.out[a:b])
+            except BaseException as exc:  # the owner raises it: it must not wait forever
+                self._failed = exc
+                raise
+            finally:
+                with self._lock:
+                    self._left -= 1
+                    if not self._left:
+                        self._done.set()
+
+    def result(self) -> np.ndarray:
+        """The whole product: the owner computes what is left, then waits for pieces in flight."""
+        self.work()
+        self._done.wait()
+        if self._failed is not None:
+            raise self._failed
+        return self.out
+
+
+class Helping:
+    """Where a search's product is offered to the search's own thread.
+
+    A hybrid search's vector leg runs on a helper thread and offers its
+    product here (:meth:`offer`); the search's thread, its text ranking done,
+    calls :meth:`help` and computes the pieces that are left.
+    """
+
+    __slots__ = ("_lock", "_product")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._product: SharedProduct | None = None
+
+    def offer(self, product: SharedProduct) -> None:
+        """Make ``product`` available to :meth:`help` (called by its owner)."""
+        with self._lock:
+            self._product = product
+
+    def help(self) -> None:
+        """Take the offered product's pieces that are left (nothing offered yet: none)."""
+        with self._lock:
+            product = self._product
+        if product is not None:
+            product.work()
+
+
+def _product(
+    matrix: np.ndarray, query: np.ndarray, *, split: bool = True, helping: Helping | None = None
+) -> np.ndarray:
+    """``matrix @ query``; from :data:`SPLIT_ROWS` rows, in pieces shared with a second thread.
+
+    The second thread is the search's own (``helping``: a hybrid search's
+    caller, once its text ranking is done) or else the module's helper.
+    ``split=False``: the whole product on this thread.
     """
     rows = matrix.shape[0]
     if rows < SPLIT_ROWS or not split:
         whole: np.ndarray = matrix @ query
         return whole
-    global _HALVES
-    with _HALVES_LOCK:
-        if _HALVES is None:
-            _HALVES = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory-product")
-        halves = _HALVES
-    out = np.empty(rows, dtype=np.result_type(matrix, query))
-    mid = rows // 2 // _SPLIT_ALIGN * _SPLIT_ALIGN  # OpenBLAS's row blocks kept whole
-    first = halves.submit(np.matmul, matrix[:mid], query, out=out[:mid])
-    np.matmul(matrix[mid:], query, out=out[mid:])
-    first.result()
-    return out
+    product = SharedProduct(matrix, query)
+    if helping is not None:
+        helping.offer(product)
+    else:
+        _helper().submit(product.work)
+    return product.result()
 
 
 @dataclass
@@ -232,17 +350,23 @@ class NamespaceVectors:
         self.free.append(row)
 
     def top(
-        self, query: np.ndarray, n: int, now: float, *, split: bool = True
+        self,
+        query: np.ndarray,
+        n: int,
+        now: float,
+        *,
+        split: bool = True,
+        helping: Helping | None = None,
     ) -> list[tuple[str, float]]:
         """The ``n`` live rows nearest ``query`` (cosine), best first, ties by key.
 
-        ``split``: a large product may run as two halves at once (:func:`_product`).
+        ``split``, ``helping``: how a large product is shared (:func:`_product`).
         """
         used = self.used
         if used == 0 or n <= 0:
             return []
         with _one_blas_thread():
-            scores = _product(self.matrix[:used], query, split=split)
+            scores = _product(self.matrix[:used], query, split=split, helping=helping)
         dead = ~self.alive[:used]
         if self.expiring:
             dead |= self.expires[:used] <= now
@@ -338,6 +462,7 @@ class VectorIndex:
         now: float,
         *,
         split: bool = True,
+        helping: Helping | None = None,
     ) -> list[tuple[str, float]] | None:
         """The nearest ``n`` keys if the copy is at ``seq`` or newer, else None (refresh first).
 
@@ -349,7 +474,7 @@ class VectorIndex:
             space = self._spaces.get(namespace)
             if space is None or space.seq < seq:
                 return None
-            return space.top(query, n, now, split=split)
+            return space.top(query, n, now, split=split, helping=helping)
 
     def drop(self, namespace: str | None = None) -> None:
         """Forget one namespace's copy (or every copy)."""

@@ -61,7 +61,7 @@ from tiffany.memory.fulltext import fulltext_for
 from tiffany.memory.graph import walk
 from tiffany.memory.items import ITEM_COLUMNS, answer, by_key, epoch, iso, live
 from tiffany.memory.pgvector import PgVectors, check_mode, open_for
-from tiffany.memory.search import VectorIndex, candidates, query_words, rrf
+from tiffany.memory.search import Helping, VectorIndex, candidates, query_words, rrf
 from tiffany.memory.tables import (
     mem_applied,
     mem_item_versions,
@@ -167,7 +167,7 @@ class MemoryStore:
         self.max_items = max_items
         self._vectors = VectorIndex(self.embedder.dims)
         self._refresh_lock = threading.Lock()
-        # A hybrid search's vector product runs here while its text ranking
+        # A hybrid search's vector product starts here while its text ranking
         # runs on the caller's thread (both release the GIL): made at first use.
         self._legs: ThreadPoolExecutor | None = None
         self._legs_lock = threading.Lock()
@@ -624,18 +624,22 @@ class MemoryStore:
                 text_hits: list[tuple[str, float]] = []
                 vector_hits: list[tuple[str, float]] = []
                 vector_leg: Future[list[tuple[str, float]] | None] | None = None
+                helping = Helping()
                 if qvec is not None and np.any(qvec) and how == "hybrid" and words and not in_sql:
                     # Both legs at once: the product on a helper thread, the
                     # text's SQL here (the vectors are brought to ns_seq first,
-                    # on this connection: the helper never touches it).
+                    # on this connection: the helper never touches it); then
+                    # this thread takes the product's pieces that are left.
                     self._ensure_vectors(conn, ns, ns_seq)
-                    # Unsplit: with the text's thread, the two cores are busy already.
                     vector_leg = self._leg_pool().submit(
-                        self._vectors.top, ns, ns_seq, qvec, wanted, at, split=False
+                        self._vectors.top, ns, ns_seq, qvec, wanted, at, helping=helping
                     )
                 if how != "vector" and words:
                     text_hits = self._fulltext.ranks(conn, ns, words, wanted, at)
+                if vector_leg is not None and vector_leg.cancel():
+                    vector_leg = None  # the helper was busy: the product is this thread's
                 if vector_leg is not None:
+                    helping.help()
                     vector_hits = vector_leg.result() or []
                 elif qvec is not None and np.any(qvec):
                     vector_hits = self._vector_ranks(conn, ns, ns_seq, qvec, wanted, at)
