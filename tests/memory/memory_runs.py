@@ -24,6 +24,7 @@ from tiffany.durable.history import load_run
 from tiffany.engine import build, replay_resolvers
 from tiffany.kernel import Scheduler
 from tiffany.memory import HashingEmbedder, MemoryStore
+from tiffany.wire.entries import read_entry
 
 ROOT = Path(__file__).resolve().parents[2]
 ALL_TOOLS = ToolRegistry.default().all_names()
@@ -58,7 +59,7 @@ def replayed(data_dir: Path, run_id: str) -> Any:
     (``memory.unavailable``) and the result would differ.
     """
     info, cursor = load_run(data_dir / "wal", run_id)
-    root = replay_resolvers(settings_for(data_dir))[str(info.entry["kind"])](
+    root = replay_resolvers(settings_for(data_dir))[read_entry(info.entry).runner](
         info.entry, info.run_id, info.compat
     )
     with Scheduler() as sched:
