@@ -131,3 +131,28 @@ def test_a_tie_at_the_edge_makes_it_rank_every_match_and_the_key_decides(
     assert paths == ["all"]
     assert got == _unbounded(store, "ties", "qzr", "text")
     assert [k for k, _ in got] == [f"t{i:03d}" for i in range(K)]
+
+
+def test_common_words_answer_the_newest_live_items_with_expired_ones_newer(
+    store: MemoryStore,
+) -> None:
+    """A common-word query walks further when expired items hold its newest matches.
+
+    The walk stops at ``n`` matches, newest first; expired items (not swept:
+    the sweep runs on writes) among them used to leave the answer short on
+    SQLite, where PostgreSQL filters before its limit.
+    """
+    from tiffany.memory.fulltext import COMMON_MATCHES
+
+    clock = store._clock
+    assert isinstance(clock, ManualClock)
+    live = [f"a{i:03d}" for i in range(COMMON_MATCHES + 5)]
+    for i, key in enumerate(live):  # in order: a later key is a newer item
+        store.put("newest", key, f"common words {i}", op=f"newest/{key}")
+    # The newest items expire, more than a search's candidates (so more than
+    # its first walk, and more than one walk further would hold).
+    for i in range(5 * candidates(K)):
+        store.put("newest", f"z{i:03d}", "common words", op=f"newest/z{i}", ttl_s=10.0)
+    clock.advance(60.0)
+    got = [k for k, _ in _search(store, "newest", "common", "text")]
+    assert got == live[::-1][:K]

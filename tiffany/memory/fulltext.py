@@ -49,6 +49,8 @@ __all__ = [
 
 #: A word with more matches than this in a namespace is common (a stop word, nearly).
 COMMON_MATCHES: Final = 500
+#: How much further a common-word walk goes each time expired items left it short.
+NEWEST_GROWTH: Final = 4
 #: Matches a ranked query scores at most (when its words are rare).
 SCORED_MATCHES: Final = 1000
 #: A rare-word query on SQLite looks up its best ``n`` times this many matches
@@ -177,18 +179,13 @@ class SqliteFullText(FullText):
         # they are scored without nsid, and the join keeps the namespace's.
         # Common words only: the namespace's newest items holding one,
         # unscored (FTS5 walks its doclists from the newest rowid and stops).
-        if rare:
-            bounded = self._ranked_bounded(conn, ns, words, n, at)
-            if bounded is not None:
-                return bounded
-            inner = "SELECT rowid, bm25(mem_fts, 0.0, 1.0) AS r FROM mem_fts WHERE mem_fts MATCH :q"
-            match, order = self._match(None, words), "f.r, i.key"
-        else:
-            inner = (
-                "SELECT rowid, 0.0 AS r FROM mem_fts"
-                " WHERE mem_fts MATCH :q ORDER BY rowid DESC LIMIT :n"
-            )
-            match, order = self._match(ns, words), "i.id DESC"
+        if not rare:
+            return self._newest(conn, ns, words, n, at)
+        bounded = self._ranked_bounded(conn, ns, words, n, at)
+        if bounded is not None:
+            return bounded
+        inner = "SELECT rowid, bm25(mem_fts, 0.0, 1.0) AS r FROM mem_fts WHERE mem_fts MATCH :q"
+        match, order = self._match(None, words), "f.r, i.key"
         rows = conn.execute(
             text(
                 f"SELECT i.key, f.r FROM ({inner}) AS f"
@@ -200,6 +197,41 @@ class SqliteFullText(FullText):
         ).all()
         # bm25() is lower-better and negative: its negation is the score.
         return [(key, 0.0 - float(rank)) for key, rank in rows]
+
+    def _newest(
+        self, conn: Connection, ns: str, words: list[str], n: int, at: float
+    ) -> list[tuple[str, float]]:
+        """Common words only: the namespace's ``n`` newest live items holding one, score 0.
+
+        FTS5 walks the words' doclists from the newest rowid and stops at
+        ``:cap`` matches; expired items among them (not swept yet: a sweep
+        runs on writes) would leave fewer than ``n``, so a short answer from
+        a walk that hit its cap walks again, ``NEWEST_GROWTH`` times further
+        (PostgreSQL filters before its limit: both dialects answer alike).
+        """
+        cap = n
+        while True:
+            rows = conn.execute(
+                _NEWEST, {"q": self._match(ns, words), "ns": ns, "now": at, "n": n, "cap": cap}
+            ).all()
+            if len(rows) >= n:
+                break
+            walked = int(rows[0].seen) if rows else self._walked(conn, ns, words, cap)
+            if walked < cap:  # every match was walked: the answer is short
+                break
+            cap *= NEWEST_GROWTH
+        return [(key, 0.0) for key, _ in rows]
+
+    def _walked(self, conn: Connection, ns: str, words: list[str], cap: int) -> int:
+        """How many of ``ns``'s matches of ``words`` a walk capped at ``cap`` sees."""
+        seen = conn.execute(
+            text(
+                "SELECT count(*) FROM"
+                " (SELECT rowid FROM mem_fts WHERE mem_fts MATCH :q LIMIT :cap)"
+            ),
+            {"q": self._match(ns, words), "cap": cap},
+        ).scalar()
+        return int(seen or 0)
 
     def _ranked_bounded(
         self, conn: Connection, ns: str, words: list[str], n: int, at: float
@@ -230,6 +262,18 @@ class SqliteFullText(FullText):
             return None
         return [(key, 0.0 - float(rank)) for key, rank, _, _ in rows]
 
+
+#: Common words only: the namespace's newest ``:cap`` matches, then its live
+#: ones among them, newest first, at most ``:n``; each row also says how many
+#: matches were walked (``seen``).
+_NEWEST: Final = text(
+    "WITH f AS MATERIALIZED ("
+    "SELECT rowid FROM mem_fts WHERE mem_fts MATCH :q ORDER BY rowid DESC LIMIT :cap)"
+    " SELECT i.key, (SELECT count(*) FROM f) AS seen"
+    " FROM f JOIN mem_items i ON i.id = f.rowid"
+    " WHERE i.namespace = :ns AND (i.expires_at IS NULL OR i.expires_at > :now)"
+    " ORDER BY i.id DESC LIMIT :n"
+)
 
 #: A rare-word query's best ``:m`` matches by bm25, then the namespace's live
 #: ones among them (``:ns``, ``:now``), best first, ties by key, at most ``:n``;
