@@ -226,8 +226,7 @@ class SqliteFullText(FullText):
         """How many of ``ns``'s matches of ``words`` a walk capped at ``cap`` sees."""
         seen = conn.execute(
             text(
-                "SELECT count(*) FROM"
-                " (SELECT rowid FROM mem_fts WHERE mem_fts MATCH :q LIMIT :cap)"
+                "SELECT count(*) FROM (SELECT rowid FROM mem_fts WHERE mem_fts MATCH :q LIMIT :cap)"
             ),
             {"q": self._match(ns, words), "cap": cap},
         ).scalar()

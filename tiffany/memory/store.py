@@ -17,8 +17,9 @@ Invariants:
   ``REPEATABLE READ``): its ``as_of``, its ranks and its items agree.
 
 The parts: ``limits`` (bounds), ``embed`` (vectors), ``fulltext`` and
-``search`` (ranks), ``pgvector`` (the vector ranking in PostgreSQL, where
-the database has the extension), ``graph`` (walks), ``items`` (rows and
+``search`` (ranks), ``vectors`` (the in-process ranking's matrices, kept
+at each namespace's newest write), ``pgvector`` (the vector ranking in
+PostgreSQL, where the database has the extension), ``graph`` (walks), ``items`` (rows and
 answers), ``writes`` (exactly once), ``tables``.
 """
 
@@ -29,7 +30,7 @@ import hashlib
 import json
 import threading
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -61,7 +62,7 @@ from tiffany.memory.fulltext import fulltext_for
 from tiffany.memory.graph import walk
 from tiffany.memory.items import ITEM_COLUMNS, answer, by_key, epoch, iso, live
 from tiffany.memory.pgvector import PgVectors, check_mode, open_for
-from tiffany.memory.search import Helping, VectorIndex, candidates, query_words, rrf
+from tiffany.memory.search import Helping, candidates, query_words, rrf
 from tiffany.memory.tables import (
     mem_applied,
     mem_item_versions,
@@ -70,6 +71,7 @@ from tiffany.memory.tables import (
     mem_namespaces,
     mem_seq,
 )
+from tiffany.memory.vectors import InProcessVectors
 from tiffany.memory.writes import Writes
 from tiffany.store.session import make_engine
 
@@ -80,9 +82,6 @@ __all__ = ["MemoryStore", "derived_key", "iso"]
 
 #: Decimals a score keeps in an answer (a journaled answer must not carry float noise).
 SCORE_DECIMALS: Final = 6
-#: Changed rows past which a namespace's vectors are loaded afresh instead of patched.
-_REFRESH_REBUILD_ROWS: Final = 5_000
-
 #: The store's newest write and the namespace's (None: no such namespace), in one statement.
 _SEQS = select(
     select(mem_seq.c.seq).where(mem_seq.c.id == 1).scalar_subquery(),
@@ -165,12 +164,7 @@ class MemoryStore:
         self.embedder: Embedder = embedder if embedder is not None else HashingEmbedder()
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self.max_items = max_items
-        self._vectors = VectorIndex(self.embedder.dims)
-        self._refresh_lock = threading.Lock()
-        # A hybrid search's vector product starts here while its text ranking
-        # runs on the caller's thread (both release the GIL): made at first use.
-        self._legs: ThreadPoolExecutor | None = None
-        self._legs_lock = threading.Lock()
+        self._vectors = InProcessVectors(self.embedder.dims, self.embedder.id)
         self._owns_engine = _owns_engine
         self._pgvector_mode = check_mode(pgvector)
         # (writer of mem_vectors, vector path): read from the catalogue at first use.
@@ -215,11 +209,7 @@ class MemoryStore:
 
     def close(self) -> None:
         """Drop the in-process vectors; dispose of the engine if :meth:`open` made it."""
-        self._vectors.drop()
-        with self._legs_lock:
-            legs, self._legs = self._legs, None
-        if legs is not None:
-            legs.shutdown(wait=True)
+        self._vectors.close()
         if self._owns_engine:
             self._engine.dispose()
 
@@ -630,10 +620,8 @@ class MemoryStore:
                     # text's SQL here (the vectors are brought to ns_seq first,
                     # on this connection: the helper never touches it); then
                     # this thread takes the product's pieces that are left.
-                    self._ensure_vectors(conn, ns, ns_seq)
-                    vector_leg = self._leg_pool().submit(
-                        self._vectors.top, ns, ns_seq, qvec, wanted, at, helping=helping
-                    )
+                    self._vectors.ensure(conn, ns, ns_seq)
+                    vector_leg = self._vectors.start(ns, ns_seq, qvec, wanted, at, helping)
                 if how != "vector" and words:
                     text_hits = self._fulltext.ranks(conn, ns, words, wanted, at)
                 if vector_leg is not None and vector_leg.cancel():
@@ -838,70 +826,4 @@ class MemoryStore:
         pgv, path = self._pgvector()
         if path == "pgvector" and pgv is not None:
             return pgv.ranks(conn, ns, self.embedder.id, qvec, n, at)
-        hits = self._vectors.top(ns, ns_seq, qvec, n, at)
-        if hits is None:
-            self._ensure_vectors(conn, ns, ns_seq)
-            hits = self._vectors.top(ns, ns_seq, qvec, n, at)
-        return hits or []
-
-    def _ensure_vectors(self, conn: Connection, ns: str, ns_seq: int) -> None:
-        """Bring the namespace's vectors to ``ns_seq`` or newer (no-op when they are)."""
-        have = self._vectors.seq_of(ns)
-        if have is None or have < ns_seq:
-            with self._refresh_lock:
-                self._refresh(conn, ns, ns_seq)
-
-    def _leg_pool(self) -> ThreadPoolExecutor:
-        """The helper thread of hybrid searches (made at first use, gone at :meth:`close`)."""
-        with self._legs_lock:
-            if self._legs is None:
-                self._legs = ThreadPoolExecutor(max_workers=2, thread_name_prefix="memory-vectors")
-            return self._legs
-
-    def _refresh(self, conn: Connection, ns: str, ns_seq: int) -> None:
-        """Bring the namespace's vectors to ``ns_seq``: the rows written since, or all of them."""
-        have = self._vectors.seq_of(ns)
-        if have is not None and have >= ns_seq:
-            return  # another search brought it here, or past (newer rows drop out by key)
-        embedder_id = self.embedder.id
-        if have is not None and have < ns_seq:
-            v = mem_item_versions.c
-            changed = (
-                conn.execute(
-                    select(v.key)
-                    .where(v.namespace == ns, v.store_seq > have, v.store_seq <= ns_seq)
-                    .distinct()
-                    .limit(_REFRESH_REBUILD_ROWS + 1)
-                )
-                .scalars()
-                .all()
-            )
-            # Swept items have no version row: their rows stay, masked by
-            # their expiry, until their key is written again.
-            if len(changed) <= _REFRESH_REBUILD_ROWS:
-                rows = {
-                    r.key: r
-                    for r in conn.execute(
-                        select(
-                            mem_items.c.key,
-                            mem_items.c.vector,
-                            mem_items.c.expires_at,
-                            mem_items.c.embedder,
-                        ).where(mem_items.c.namespace == ns, mem_items.c.key.in_(changed))
-                    )
-                }
-                changes = []
-                for key in sorted(changed):
-                    r = rows.get(key)
-                    if r is None or r.embedder != embedder_id:
-                        changes.append((key, None, None))
-                    else:
-                        changes.append((key, r.vector, r.expires_at))
-                if self._vectors.update(ns, have, ns_seq, changes):
-                    return
-        rows_all = conn.execute(
-            select(mem_items.c.key, mem_items.c.vector, mem_items.c.expires_at)
-            .where(mem_items.c.namespace == ns, mem_items.c.embedder == embedder_id)
-            .order_by(mem_items.c.key)
-        ).all()
-        self._vectors.replace(ns, ns_seq, rows_all)
+        return self._vectors.ranks(conn, ns, ns_seq, qvec, n, at)
