@@ -223,18 +223,7 @@ class Verifier:
             EngineFault: The worker died, or the replay failed.
         """
         fut = self._submit(run_id)
-        try:
-            status, answer = fut.result(self.timeout_s)
-        except FutureTimeout:
-            self._kill(fut)
-            raise VerifyTimedOut(f"verify of {run_id} took over {self.timeout_s:g} s") from None
-        except BrokenProcessPool as exc:
-            self._kill(fut)
-            raise EngineFault(f"the verify worker died: {exc}") from None
-        if status != "ok":
-            raise refusal(status, str(answer))
-        report: dict[str, Any] = answer
-        return report
+        return self._answer(fut, f"verify of {run_id} took over {self.timeout_s:g} s")
 
     def verify_fork(
         self, head: dict[str, Any], records: list[tuple[int, int, bytes]]
@@ -244,11 +233,15 @@ class Verifier:
         Raises as :meth:`verify` does.
         """
         fut = self._submit(head["run_id"], _verify_fork, head, records)
+        return self._answer(fut, f"replaying run {head['run_id']}'s calls took too long")
+
+    def _answer(self, fut: Future[tuple[str, Any]], too_long: str) -> dict[str, Any]:
+        """The worker's report for ``fut``, waited for up to ``timeout_s``."""
         try:
             status, answer = fut.result(self.timeout_s)
         except FutureTimeout:
             self._kill(fut)
-            raise VerifyTimedOut(f"replaying run {head['run_id']}'s calls took too long") from None
+            raise VerifyTimedOut(too_long) from None
         except BrokenProcessPool as exc:
             self._kill(fut)
             raise EngineFault(f"the verify worker died: {exc}") from None
