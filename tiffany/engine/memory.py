@@ -8,12 +8,13 @@ it never waits for the store to open.
 
 Opening (the store's schema brought up to date with Alembic, then
 ``MemoryStore.open`` with the settings' embedder) happens on a thread of
-its own: ``tiffany serve``'s engine starts it as it starts (after its own
-migration), so the first memory step finds it open; an engine that never
-starts it (``tiffany run``, tests) opens it on the first memory call, in
-that call's thread. A call made while it opens waits for it, in its
-thread. An opening that failed (the database down, a bad URL) fails the
-calls that waited for it with ``memory.unavailable`` and why; the next
+its own at the first memory call, which waits for it in its thread (a
+pool thread, never the loop's); so does every call made while it opens.
+An engine whose runs use no memory never opens it: opening it as
+``serve``'s engine started made every start pay for numpy and an
+SQLAlchemy engine (bench/README.md, "The house, before and after") for
+the first memory step's sake. An opening that failed (the database down,
+a bad URL) fails the calls that waited for it with ``memory.unavailable`` and why; the next
 call tries again (a step's retry, after its back-off, may find the
 database back). The runtime closes the store as it closes
 (:meth:`~tiffany.durable.Runtime.on_close`), after the thread pool's jobs.
@@ -66,10 +67,6 @@ class EngineMemory:
         self._lock = threading.Lock()
         self._opening: _Opening | None = None
         self._closed = False
-
-    def start(self) -> None:
-        """Start opening the store on a thread of its own, unless under way or done (returns)."""
-        self._attempt()
 
     def store(self) -> Any:
         """The open store (blocking: a thread's; it may wait for the opening).

@@ -280,7 +280,6 @@ class EngineService:
             parts.callback(lambda: log.info("engine.stopped", durable_seq=self.durable_seq))
             wakeup = self._install_signals(parts) if install_signals else None
             _migrate(self.settings.database_url)  # the API reads the store as soon as we are up
-            self.engine.env.memory.start()  # opened on its own thread (engine/memory.py)
             parts.callback(self.requests.close)
             self.hub.start()
             parts.callback(self.hub.stop)
