@@ -10,33 +10,15 @@ unbounded ranking, and checks which path answered.
 from __future__ import annotations
 
 import random  # noqa: TID251 - a seeded shuffle of test data
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tiffany.kernel.clock import ManualClock
-from tiffany.memory import HashingEmbedder, MemoryStore
+from tiffany.memory import MemoryStore
 from tiffany.memory.fulltext import RANKED_FIRST_PER_RESULT, SqliteFullText
 from tiffany.memory.search import candidates
-from tiffany.store.migrate import upgrade
-from tiffany.store.session import make_engine
 
 K = 10
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[MemoryStore]:
-    engine = make_engine(f"sqlite:///{tmp_path / 'tiffany.db'}")
-    upgrade(engine)
-    s = MemoryStore(
-        engine,
-        embedder=HashingEmbedder(),
-        clock=ManualClock(epoch=1_800_000_000.0, autojump=False),
-    )
-    yield s
-    s.close()
-    engine.dispose()
 
 
 @pytest.fixture

@@ -7,34 +7,16 @@ writes (a changed item re-scored, a deleted one gone).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tiffany.kernel.clock import ManualClock
 from tiffany.memory import HashingEmbedder, MemoryStore
-from tiffany.store.migrate import upgrade
-from tiffany.store.session import make_engine
 
 NS = "exact"
 ITEMS = 1_500
 K = 10
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[MemoryStore]:
-    engine = make_engine(f"sqlite:///{tmp_path / 'tiffany.db'}")
-    upgrade(engine)
-    s = MemoryStore(
-        engine,
-        embedder=HashingEmbedder(),
-        clock=ManualClock(epoch=1_800_000_000.0, autojump=False),
-    )
-    yield s
-    s.close()
-    engine.dispose()
 
 
 def _texts(n: int, seed: int) -> list[str]:
