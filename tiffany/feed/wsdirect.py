@@ -33,7 +33,7 @@ per-connection bounds set on the listening sockets with
 but a message per event through ASGI is framed and written per socket: the
 fan-out cost the API several times its CPU a submission beside stalled
 one-event-a-message sockets, and more beside batch readers (bench/README.md,
-"The feed through ASGI, side by side"). This module builds on uvicorn's
+"Figures behind design choices in the code"). This module builds on uvicorn's
 protocol internals, so the dependency is pinned to the minor it is tested
 with (pyproject.toml).
 """
