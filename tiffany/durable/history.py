@@ -422,7 +422,8 @@ def _gc_paused() -> Iterator[None]:
     Discussion: ``freeze`` then ``unfreeze`` moves every tracked object to
     the oldest generation in two list splices. Without it, the first young
     collection after the pause walks the million lists just built, and two
-    more walks follow as they age (about 0.3 s per million records).
+    more walks follow as they age (bench/README.md, "Figures behind design
+    choices in the code").
     Objects in the oldest generation are still collected, by the full
     collections the interpreter runs as the heap grows.
 

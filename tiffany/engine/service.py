@@ -98,7 +98,8 @@ EXIT_RUN_DIVERGED: Final = 3
 #: Exit code of an engine that refused a damaged WAL: restarting it cannot
 #: help (``tiffany serve`` stops instead); a person runs ``tiffany wal repair``.
 #: The CLI's table's ``WAL_DAMAGED`` (tiffany/cli/exits.py), which serve reads
-#: without importing the engine (0.6 s before its first child could start).
+#: without importing the engine (which delayed its first child's start:
+#: bench/README.md, "Figures behind design choices in the code").
 EXIT_WAL_DAMAGED: Final = 4
 #: How long the stop waits on the projector after the WAL failed (disk full or
 #: broken: the projector may hang on the same disk; it is killed after this).

@@ -14,8 +14,9 @@ best ``n`` items of a namespace for a query's words, scored by ``bm25()``
   ``unicode61``).
 
 Which words score (the cost of a ranked query is one score per matching
-item, about a microsecond each: a query with a word found in most of
-100,000 items took 140 ms): each word's matches are counted up to
+item, so a query with a word found in most of a large namespace's items
+pays for all of them: bench/README.md, "Figures behind design choices in
+the code"): each word's matches are counted up to
 :data:`COMMON_MATCHES` (cheap: no score; in the whole index on SQLite, in
 the namespace on PostgreSQL); the rarer words
 are OR-ed, rarest first, while their matches together stay under
@@ -175,7 +176,8 @@ class SqliteFullText(FullText):
         """The ``n`` best live items holding any of ``words`` (``rare``: all scored)."""
         # bm25() counts, once per query, the rows that hold each phrase (its
         # IDF): a common word's rows are many, and the nsid phrase's are the
-        # whole namespace (8 ms at 100,000). Rare words' matches are few:
+        # whole namespace (bench/README.md, "Figures behind design choices
+        # in the code"). Rare words' matches are few:
         # they are scored without nsid, and the join keeps the namespace's.
         # Common words only: the namespace's newest items holding one,
         # unscored (FTS5 walks its doclists from the newest rowid and stops).
@@ -295,7 +297,8 @@ class PostgresFullText(FullText):
     text's words, and every query matches it: the GIN index then finds the
     namespace's matches alone. (With the namespace as a column filter the
     planner walked the namespace's rows by its index and tested each
-    ``tsvector``: 100 ms at 10,000 items.) Ranks use the words only.
+    ``tsvector``, a cost that grows with the namespace: bench/README.md,
+    "Figures behind design choices in the code".) Ranks use the words only.
     """
 
     _TSV = "to_tsvector('simple', :text) || to_tsvector('simple', :nsid)"

@@ -37,7 +37,8 @@ def iso(at: float | None) -> str | None:
     """ISO-8601 UTC (microseconds, ``Z``) of epoch seconds, or None."""
     if at is None:
         return None
-    # isoformat is C; strftime (23 us) was a tenth of a search's time.
+    # isoformat is C; strftime took a share of a search's time worth saving
+    # (bench/README.md, "Figures behind design choices in the code").
     return datetime.fromtimestamp(at, UTC).replace(tzinfo=None).isoformat("T", "microseconds") + "Z"
 
 

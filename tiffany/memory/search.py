@@ -70,10 +70,11 @@ def _one_blas_thread() -> Any:
 
     Discussion: a matrix-vector product of 100,000 x 256 is memory-bound;
     OpenBLAS splits it over every core and its threads then spin between
-    calls. On a busy two-core machine that made a 10,000-item search take
-    16 ms at the median instead of 0.2 ms (the spinning threads took the
-    core the caller needed). One thread: a steady cost, and the same
-    floating-point sums on every machine.
+    calls. On a busy two-core machine that made a 10,000-item search many
+    times slower at the median (the spinning threads took the core the
+    caller needed; bench/README.md, "Figures behind design choices in the
+    code"). One thread: a steady cost, and the same floating-point sums on
+    every machine.
 
     Rejected: a counted context over the libraries found once, setting the
     count directly (a fraction of ``limit``'s cost), entered by one thread

@@ -810,9 +810,10 @@ class MemoryStore:
                 conn.exec_driver_sql("BEGIN")
             else:
                 conn = conn.execution_options(isolation_level="REPEATABLE READ")
-                # The planner walked every row's tsvector (100 ms at 10,000:
-                # a LIMIT looked cheap) instead of asking the GIN index; a
-                # search's statements all have an index to use.
+                # The planner walked every row's tsvector (a LIMIT looked
+                # cheap; bench/README.md, "Figures behind design choices in
+                # the code") instead of asking the GIN index; a search's
+                # statements all have an index to use.
                 conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
             try:
                 yield conn

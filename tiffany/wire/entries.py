@@ -265,7 +265,8 @@ def read_entry(raw: Any) -> Entry:
             f"a run's entry must be an object, not {type(raw).__name__}", field="entry"
         )
     kind = raw.get("kind")
-    # Rejected: converting to the union; msgspec then takes ~15x a struct's time.
+    # Rejected: converting to the union; msgspec then takes many times a
+    # struct's time (bench/README.md, "Figures behind design choices in the code").
     typed = _BY_KIND.get(kind) if isinstance(kind, str) else None
     if typed is None:
         known = ", ".join(_BY_KIND)
