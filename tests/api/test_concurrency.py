@@ -22,7 +22,10 @@ PLAN = {
     "name": "limited",
     "inputs": {"user": "alice"},
     "concurrency": {"key": "user-${inputs.user}", "limit": 2},
-    "steps": [{"id": "work", "tool": "sleep", "args": {"seconds": 0.3}}],
+    # 1.5 s a step: ten runs at two at once take 7.5 s, so the kill
+    # after the third run's end finds runs queued and running (at 0.3 s a
+    # loaded machine's ten submissions outlasted every run).
+    "steps": [{"id": "work", "tool": "sleep", "args": {"seconds": 1.5}}],
 }
 
 
@@ -58,6 +61,8 @@ def test_ten_runs_on_one_key_never_run_more_than_the_limit_across_a_kill_9(serve
         "three runs to finish",
     )
     before = json.loads((data_dir / "serve.json").read_text())["engine_pid"]
+    ended = httpx.get(f"{url}/api/runs", params={"status": "succeeded"}).json()["counts"]
+    assert ended.get("succeeded", 0) < 10, "every run ended before the kill: none crossed it"
     os.kill(before, signal.SIGKILL)
     wait_for(
         lambda: json.loads((data_dir / "serve.json").read_text())["engine_pid"] != before,
@@ -74,6 +79,8 @@ def test_ten_runs_on_one_key_never_run_more_than_the_limit_across_a_kill_9(serve
     # First come, first served: the runs started their work in submission order.
     starts = [s for s, _ in intervals]
     assert starts == sorted(starts)
+    # Verify is the engine's: wait for the restarted one to answer, not only to exist.
+    wait_for(lambda: httpx.get(f"{url}/readyz").status_code == 200, 60, "the restarted engine")
     for run_id in runs[:3] + runs[-2:]:
         verdict = httpx.post(f"{url}/api/runs/{run_id}/verify", timeout=120).json()
         assert verdict.get("identical"), verdict
