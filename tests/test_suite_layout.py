@@ -19,3 +19,13 @@ def test_every_test_file_has_a_basename_of_its_own() -> None:
         seen[path.name].append(str(path.relative_to(TESTS)))
     clashes = {name: paths for name, paths in seen.items() if len(paths) > 1}
     assert not clashes, f"rename one of each (pytest imports them by basename): {clashes}"
+
+
+def test_the_slow_files_started_first_exist() -> None:
+    """A renamed or moved slow file would silently start last again."""
+    from conftest import SLOW_FILES_FIRST
+
+    root = Path(__file__).resolve().parent.parent
+    missing = [name for name in SLOW_FILES_FIRST if not (root / name).is_file()]
+    assert not missing, missing
+    assert len(set(SLOW_FILES_FIRST)) == len(SLOW_FILES_FIRST)

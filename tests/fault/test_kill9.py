@@ -1,6 +1,6 @@
 """kill -9 of the whole ``tiffany serve`` group at seeded points, with ~20 mixed runs in flight.
 
-One data dir lives through ``TIFFANY_FAULT_SEEDS`` (default 20) crashes: each
+One data dir lives through ``TIFFANY_FAULT_SEEDS`` (default 12) crashes: each
 serve lifetime tops the in-flight runs up to :data:`IN_FLIGHT` with new mixed
 plans (fan-out, chain, retry with a flaky step, sleeps) submitted concurrently
 over HTTP, then the whole process group (serve, engine, projector, API) gets
@@ -55,7 +55,7 @@ from fault_support import (
 )
 
 #: Crash points (``TIFFANY_FAULT_SEEDS`` runs more).
-CRASHES = int(os.environ.get("TIFFANY_FAULT_SEEDS", "20"))
+CRASHES = int(os.environ.get("TIFFANY_FAULT_SEEDS", "12"))
 #: Runs kept in flight at each crash.
 IN_FLIGHT = 20
 SEED = 9

@@ -1,6 +1,6 @@
-"""4,000 submissions over loopback, 10% reusing an Idempotency-Key: none lost, none duplicated.
+"""2,500 submissions over loopback, 10% reusing an Idempotency-Key: none lost, none duplicated.
 
-A real served instance takes ``TIFFANY_FAULT_SUBMISSIONS`` (default 4,000)
+A real served instance takes ``TIFFANY_FAULT_SUBMISSIONS`` (default 2,500)
 ``POST /api/runs`` from :data:`CONCURRENCY` concurrent clients. Every
 submission carries an ``Idempotency-Key``; one in ten repeats the key (and
 the body) of an earlier one, possibly still in flight. Each answer is 201
@@ -25,7 +25,7 @@ import httpx
 import pytest
 from fault_support import ServeFactory, cli
 
-TOTAL = int(os.environ.get("TIFFANY_FAULT_SUBMISSIONS", "4000"))
+TOTAL = int(os.environ.get("TIFFANY_FAULT_SUBMISSIONS", "2500"))
 CONCURRENCY = 64
 REUSE = 0.10
 PLAN = {"name": "tiny", "steps": [{"id": "a", "tool": "sleep", "args": {"seconds": 0}}]}
