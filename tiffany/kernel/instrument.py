@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from tiffany.kernel.calls import SystemCall
     from tiffany.kernel.task import Task
 
-__all__ = ["HOOKS", "Instrument", "InstrumentSet"]
+__all__ = ["DISPATCH_HOOKS", "HOOKS", "Instrument", "InstrumentSet"]
 
 log = structlog.get_logger("tiffany.kernel")
 
@@ -127,6 +127,8 @@ class Instrument:
 
 
 Hook = Callable[..., None]
+#: The hooks the loop calls on every dispatch (see :class:`InstrumentSet`, ``bare``).
+DISPATCH_HOOKS: tuple[str, ...] = ("before_dispatch", "after_dispatch")
 #: Called as ``failed(instrument, hook, error)`` by a guard whose hook raised.
 _Failed = Callable[["Instrument", str, Exception], None]
 
@@ -138,6 +140,13 @@ class InstrumentSet:
     callable that calls every instrument defining it, each guarded: a hook
     that raises is reported to :meth:`failed` and the others are still
     called. The scheduler calls ``hooks[name]`` bare.
+
+    The two hooks called once per dispatch (:data:`DISPATCH_HOOKS`) are also
+    in ``bare``: with one instrument defining it, its method itself, which
+    the loop calls inside its own ``try`` and reports with :meth:`raised`;
+    with several, the guarded fan-out (which never raises). A guard's frame
+    on every dispatch was a tenth of a replay's time (bench/README.md, "The
+    house, before and after"); the policy is still the set's, in one place.
 
     Args:
         on_change: Called after ``hooks`` changed (an instrument attached,
@@ -156,6 +165,10 @@ class InstrumentSet:
         self._on_fatal = on_fatal
         self.instruments: list[Instrument] = []
         self.hooks: dict[str, Hook | None] = dict.fromkeys(HOOKS)
+        #: The dispatch hooks for the loop: unguarded when one instrument has it.
+        self.bare: dict[str, Hook | None] = dict.fromkeys(DISPATCH_HOOKS)
+        #: The one instrument behind each unguarded ``bare`` hook.
+        self._bare_owner: dict[str, Instrument] = {}
 
     def add(self, instrument: Instrument) -> None:
         """Attach ``instrument`` (attaching twice is an error)."""
@@ -200,6 +213,18 @@ class InstrumentSet:
             )
         self.remove(inst)
 
+    def raised(self, hook: str, exc: Exception) -> None:
+        """Apply :meth:`failed` to the instrument whose unguarded ``bare[hook]`` raised ``exc``.
+
+        Raises:
+            Exception: ``exc`` again when no single instrument owns ``hook``
+                (a fan-out guards its hooks itself: it does not raise).
+        """
+        inst = self._bare_owner.get(hook)
+        if inst is None:
+            raise exc
+        self.failed(inst, hook, exc)
+
     def _compile(self) -> None:
         for name in HOOKS:
             base = getattr(Instrument, name)
@@ -215,6 +240,12 @@ class InstrumentSet:
                 self.hooks[name] = _GUARDS[_ARITY[name]](inst, name, fn, self.failed)
             else:
                 self.hooks[name] = _fan_out(name, fns, self.failed)
+            if name in self.bare:
+                self._bare_owner.pop(name, None)
+                if len(fns) == 1:
+                    self._bare_owner[name], self.bare[name] = fns[0]
+                else:
+                    self.bare[name] = self.hooks[name]
         self._on_change()
 
 

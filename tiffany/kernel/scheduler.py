@@ -450,7 +450,10 @@ class Scheduler:
                 budget = MAX_IMMEDIATE_RESUMES
                 while True:  # the task's turn
                     if before is not None:
-                        before(task)
+                        try:
+                            before(task)
+                        except Exception as hook_exc:  # noqa: BLE001 - the set's policy
+                            self._instruments.raised("before_dispatch", hook_exc)
                         if self._hooks_dirty:  # an instrument went or came
                             before, after, wait_hooks, fast_queue = self._refresh_hooks()
                     coro = task.coro
@@ -467,7 +470,10 @@ class Scheduler:
                     except BaseException as err:  # noqa: BLE001 - the task's outcome
                         y, value, error = returned, None, err
                     if after is not None:
-                        after(task, y)
+                        try:
+                            after(task, y)
+                        except Exception as hook_exc:  # noqa: BLE001 - the set's policy
+                            self._instruments.raised("after_dispatch", hook_exc)
                         if self._hooks_dirty:
                             before, after, wait_hooks, fast_queue = self._refresh_hooks()
                     if y is None:  # a bare yield
@@ -676,7 +682,8 @@ class Scheduler:
             or bool(self._injectors)
         )
         fast_queue = self._handlers.get(QueueGet) is queue_get and self._on_block is None
-        return hooks["before_dispatch"], hooks["after_dispatch"], wait_hooks, fast_queue
+        bare = self._instruments.bare  # called inside the loop's try (InstrumentSet.raised)
+        return bare["before_dispatch"], bare["after_dispatch"], wait_hooks, fast_queue
 
     def _spawn(self, coro: Coroutine, name: str | None, parent: Task | None, daemon: bool) -> Task:
         if coro.__class__ is not _GENERATOR:
