@@ -389,8 +389,6 @@ def check_args(
     holding a ``${...}`` reference is left to the run (see the module
     docstring). ``agent``'s ``tools`` must name tools that exist here.
     """
-    from tiffany.agents.tools.schema import arg_fields
-
     models = _arg_models()
     errors: list[dict[str, str]] = []
     for i, s in enumerate(steps):
@@ -398,37 +396,61 @@ def check_args(
         if model is None:
             continue
         loc = f"{loc_prefix}steps[{i}].args"
-        fields = arg_fields(model)
-        allowed = [k for k, f in fields.items() if f.shown]
         opaque = OPAQUE_ARGS.get(s.tool, frozenset())
         deferred = {k for k, v in s.args.items() if k not in opaque and find_refs(v)}
-        for key in s.args:
-            if key not in fields:
-                msg = (
-                    f"unknown argument {key!r} of tool {s.tool!r}{did_you_mean(key, allowed)} "
-                    f"(allowed: {', '.join(allowed)})"
-                )
-                errors.append({"loc": f"{loc}.{key}", "msg": msg})
-        given = {fields[k].name for k in s.args if k in fields}
-        for key, f in fields.items():
-            if f.required and f.name not in given and f.shown:
-                msg = f"missing required argument {key!r} of tool {s.tool!r}"
-                errors.append({"loc": f"{loc}.{key}", "msg": msg})
-        literal = {k: v for k, v in s.args.items() if k in fields and k not in deferred}
-        try:
-            model.model_validate(literal)
-        except ValidationError as exc:
-            for e in exc.errors(include_url=False):
-                if e["type"] in ("missing", "extra_forbidden") and len(e["loc"]) == 1:
-                    continue  # told above (or deferred to the run)
-                if not e["loc"] and deferred:
-                    continue  # a check across fields, one of them not known yet
-                errors.append({"loc": loc + _subloc(e["loc"]), "msg": e["msg"]})
+        errors.extend(_check_arg_names(s, model, loc))
+        errors.extend(_check_arg_values(s, model, deferred, loc))
         if s.tool == "agent" and tools is not None and "tools" not in deferred:
             errors.extend(_check_agent_tools(s.args.get("tools"), tools, disabled, loc))
         if s.tool == "agent" and tools is not None and s.args.get("memory") is not None:
             errors.extend(_check_agent_memory(tools, disabled, loc))
     return errors
+
+
+def _check_arg_names(s: StepSpec, model: type[BaseModel], loc: str) -> list[dict[str, str]]:
+    """A step's unknown arguments (with a did-you-mean) and its missing required ones."""
+    from tiffany.agents.tools.schema import arg_fields
+
+    fields = arg_fields(model)
+    allowed = [k for k, f in fields.items() if f.shown]
+    errors = [
+        {
+            "loc": f"{loc}.{key}",
+            "msg": f"unknown argument {key!r} of tool {s.tool!r}{did_you_mean(key, allowed)} "
+            f"(allowed: {', '.join(allowed)})",
+        }
+        for key in s.args
+        if key not in fields
+    ]
+    given = {fields[k].name for k in s.args if k in fields}
+    errors.extend(
+        {"loc": f"{loc}.{key}", "msg": f"missing required argument {key!r} of tool {s.tool!r}"}
+        for key, f in fields.items()
+        if f.required and f.name not in given and f.shown
+    )
+    return errors
+
+
+def _check_arg_values(
+    s: StepSpec, model: type[BaseModel], deferred: set[str], loc: str
+) -> list[dict[str, str]]:
+    """The literal arguments validated by the tool's model (references left to the run)."""
+    from tiffany.agents.tools.schema import arg_fields
+
+    fields = arg_fields(model)
+    literal = {k: v for k, v in s.args.items() if k in fields and k not in deferred}
+    try:
+        model.model_validate(literal)
+    except ValidationError as exc:
+        errors = []
+        for e in exc.errors(include_url=False):
+            if e["type"] in ("missing", "extra_forbidden") and len(e["loc"]) == 1:
+                continue  # told by _check_arg_names (or deferred to the run)
+            if not e["loc"] and deferred:
+                continue  # a check across fields, one of them not known yet
+            errors.append({"loc": loc + _subloc(e["loc"]), "msg": e["msg"]})
+        return errors
+    return []
 
 
 #: The tools an ``agent`` step's ``memory`` calls (``remember``, ``recall``).

@@ -128,52 +128,79 @@ class TailView:
         data = frame.get("data") or {}
         label = str(frame.get("label") or "")
         step = str(frame.get("step_id") or data.get("step") or "")
+        task = int(frame.get("task_id") or 0)
+        if kind in ("run.started", "run.finished"):
+            event, detail = self._run_event(kind, run, at, data, label)
+        elif kind in _LIVE_EVENTS:
+            event, detail = self._live_event(str(kind), run, at, task, data, label, step)
+        else:  # the worker ended: exit (its step's outcome in data.ok), crash, cancelled
+            began = self._steps.get(run, {}).pop(task, None)
+            event, detail = _ended_event(kind, data, step + self._took(began, at))
+        return f"{_when(ts)}  {printable(run):<18} {event:<15} {printable(detail)}"
+
+    def _run_event(
+        self, kind: Any, run: str, at: float, data: Mapping[str, Any], label: str
+    ) -> tuple[str, str]:
+        """``run started`` (its name and kind) or ``run finished`` (its time, its error)."""
         if kind == "run.started":
             self._runs[run] = at
-            event, detail = "run started", str(data.get("name") or label)
+            detail = str(data.get("name") or label)
             if data.get("kind"):  # a plan or a workflow, said as the runs list says it
                 detail += f" ({data['kind']})"
-        elif kind == "run.finished":
-            began = self._runs.pop(run, None)
-            self._steps.pop(run, None)
-            event, detail = "run finished", label + self._took(began, at)
-            error = data.get("error")
-            if isinstance(error, Mapping) and error.get("message"):
-                detail += f": {_error_text(error)}"
-        elif kind == "retry":
-            event = "step retrying"
-            detail = (
-                f"{step}  attempt {data.get('attempt')} failed; next in {data.get('delay_s')} s"
-            )
-        elif kind == "signal":
-            event, detail = "signal", str(data.get("name") or label)
-        elif kind == "store.quarantined":
-            event, detail = "store", label
-        elif kind == "spawned":
-            self._steps.setdefault(run, {})[int(frame.get("task_id") or 0)] = at
-            event, detail = "step started", step
-        elif kind == "blocked":
-            event, detail = "step waiting", f"{step}  {data.get('reason') or label}"
-        else:  # the worker ended: exit (its step's outcome in data.ok), crash, cancelled
-            began = self._steps.get(run, {}).pop(int(frame.get("task_id") or 0), None)
-            took = self._took(began, at)
-            if kind == "cancelled":
-                event, detail = "step cancelled", step + took
-            elif kind == "crash" or data.get("ok") is False:
-                event, detail = "step failed", step + took
-                attempts = data.get("attempts")
-                if isinstance(attempts, int) and attempts > 1:
-                    detail += f", {attempts} attempts"
-                error = data if kind == "crash" else data.get("error")
-                if isinstance(error, Mapping) and error.get("message"):
-                    detail += f": {_error_text(error)}"
-            else:
-                event, detail = "step finished", step + took
-        return f"{_when(ts)}  {printable(run):<18} {event:<15} {printable(detail)}"
+            return "run started", detail
+        began = self._runs.pop(run, None)
+        self._steps.pop(run, None)
+        detail = label + self._took(began, at)
+        error = data.get("error")
+        if isinstance(error, Mapping) and error.get("message"):
+            detail += f": {_error_text(error)}"
+        return "run finished", detail
+
+    def _live_event(
+        self,
+        kind: str,
+        run: str,
+        at: float,
+        task: int,
+        data: Mapping[str, Any],
+        label: str,
+        step: str,
+    ) -> tuple[str, str]:
+        """A step started, waiting or retrying; a signal; the store's quarantine."""
+        if kind == "spawned":
+            self._steps.setdefault(run, {})[task] = at
+            return "step started", step
+        if kind == "blocked":
+            return "step waiting", f"{step}  {data.get('reason') or label}"
+        if kind == "retry":
+            attempt, delay = data.get("attempt"), data.get("delay_s")
+            return "step retrying", f"{step}  attempt {attempt} failed; next in {delay} s"
+        if kind == "signal":
+            return "signal", str(data.get("name") or label)
+        return "store", label  # store.quarantined
 
     @staticmethod
     def _took(began: float | None, at: float) -> str:
         return f"  {duration(at - began)}" if began is not None and at >= began else ""
+
+
+#: Events of a live run that are neither its start and end nor a worker's end.
+_LIVE_EVENTS = frozenset({"spawned", "blocked", "retry", "signal", "store.quarantined"})
+
+
+def _ended_event(kind: Any, data: Mapping[str, Any], detail: str) -> tuple[str, str]:
+    """A worker's end: its step cancelled, failed (attempts, the error) or finished."""
+    if kind == "cancelled":
+        return "step cancelled", detail
+    if kind == "crash" or data.get("ok") is False:
+        attempts = data.get("attempts")
+        if isinstance(attempts, int) and attempts > 1:
+            detail += f", {attempts} attempts"
+        error = data if kind == "crash" else data.get("error")
+        if isinstance(error, Mapping) and error.get("message"):
+            detail += f": {_error_text(error)}"
+        return "step failed", detail
+    return "step finished", detail
 
 
 def _error_text(error: Mapping[str, Any]) -> str:
