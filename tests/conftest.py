@@ -38,39 +38,11 @@ DEFAULT_ARTIFACTS_DIR = Path(__file__).resolve().parent.parent / "test-artifacts
 
 SERVICE_CONNECT_TIMEOUT_S = 2.0
 
-#: Files that take minutes, slowest first: they start first. ``make test``
-#: hands whole files to its workers (``--dist loadfile``) in collection order
-#: (``--no-loadscope-reorder``: xdist would otherwise sort them by their
-#: number of tests, which put these one- and two-test files last, and the
-#: suite's last minutes on one worker). Longest first is the classic
-#: makespan rule; the order is from a ``--durations`` run on a 2-core
-#: machine, and a file missing here only starts later.
-SLOW_FILES_FIRST: tuple[str, ...] = (
-    "tests/fault/test_kill9.py",
-    "tests/fault/test_submissions.py",
-    "tests/serve/test_serve_engines.py",
-    "tests/engine/test_service.py",
-    "tests/api/test_schemathesis.py",
-    "tests/fault/test_soak_short.py",
-    "tests/test_cli_remote.py",
-    "tests/sdk/test_sdk.py",
-    "tests/durable/test_crash.py",
-    "tests/api/test_postgres.py",
-    "tests/durable/test_journal.py",
-    "tests/serve/test_supervisor.py",
-    "tests/serve/test_engine_slots.py",
-    "tests/api/test_dashboard_browser.py",
-    "tests/memory/test_memory_pgvector.py",
-    "tests/serve/test_serve_pg_claims.py",
-    "tests/fault/test_poison_outputs.py",
-    "tests/serve/test_serve.py",
-    "tests/memory/test_memory_vector_exact.py",
-    "tests/engine/test_stop_effects.py",
-)
-
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Put :data:`SLOW_FILES_FIRST` first, in its order; every file keeps its tests' order."""
+    """Put ``suite_order.SLOW_FILES_FIRST`` first, in order; each file keeps its tests' order."""
+    from suite_order import SLOW_FILES_FIRST
+
     rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
     last = len(SLOW_FILES_FIRST)
     items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], last))

@@ -23,7 +23,7 @@ def test_every_test_file_has_a_basename_of_its_own() -> None:
 
 def test_the_slow_files_started_first_exist() -> None:
     """A renamed or moved slow file would silently start last again."""
-    from conftest import SLOW_FILES_FIRST
+    from suite_order import SLOW_FILES_FIRST
 
     root = Path(__file__).resolve().parent.parent
     missing = [name for name in SLOW_FILES_FIRST if not (root / name).is_file()]

@@ -47,7 +47,11 @@ def test_serve_runs_the_demo_survives_a_dead_engine_and_stops_cleanly(tmp_path: 
     proc, url = _serve(data, "--demo")
     try:
         # Up means ready: the first client finds the projector reporting (no 503).
-        assert _get(url + "readyz")["ready"] is True
+        try:
+            ready = _get(url + "readyz")
+        except urllib.error.HTTPError as exc:  # the reason, for whoever reads the failure
+            raise AssertionError(f"readyz {exc.code} right after start: {exc.read()!r}") from exc
+        assert ready["ready"] is True
         runs = _wait(lambda: _get(url + "api/runs?status=succeeded")["runs"], 30, "the demo run")
         assert runs[0]["name"] == "demo-research"
         detail = _get(url + f"api/runs/{runs[0]['run_id']}")
