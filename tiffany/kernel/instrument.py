@@ -145,8 +145,8 @@ class InstrumentSet:
     in ``bare``: with one instrument defining it, its method itself, which
     the loop calls inside its own ``try`` and reports with :meth:`raised`;
     with several, the guarded fan-out (which never raises). A guard's frame
-    on every dispatch was a tenth of a replay's time (bench/README.md, "The
-    house, before and after"); the policy is still the set's, in one place.
+    on every dispatch was a measurable share of a replay (bench/README.md,
+    "The house, before and after"); the policy is still the set's, in one place.
 
     Args:
         on_change: Called after ``hooks`` changed (an instrument attached,

@@ -412,8 +412,11 @@ class Scheduler:
         requeue, :meth:`_reschedule` inlined).
 
         Hooks are guarded by the instrument set, so calling one never
-        raises; a failure dirties the hooks, and the re-read after the call
-        (:meth:`_refresh_hooks`) raises a critical instrument's failure.
+        raises, but for the two dispatch hooks: the loop calls those bare in
+        a ``try`` of its own and hands a failure to the set
+        (``InstrumentSet.raised``). A failure dirties the hooks, and the
+        re-read after the call (:meth:`_refresh_hooks`) raises a critical
+        instrument's failure.
 
         Discussion: everything the loop reads per dispatch is a local, and
         the two commonest yields are completed inline: a bare ``yield``, and
