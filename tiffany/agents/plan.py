@@ -389,6 +389,8 @@ def check_args(
     holding a ``${...}`` reference is left to the run (see the module
     docstring). ``agent``'s ``tools`` must name tools that exist here.
     """
+    from tiffany.agents.tools.schema import arg_fields
+
     models = _arg_models()
     errors: list[dict[str, str]] = []
     for i, s in enumerate(steps):
@@ -396,10 +398,11 @@ def check_args(
         if model is None:
             continue
         loc = f"{loc_prefix}steps[{i}].args"
+        fields = arg_fields(model)
         opaque = OPAQUE_ARGS.get(s.tool, frozenset())
         deferred = {k for k, v in s.args.items() if k not in opaque and find_refs(v)}
-        errors.extend(_check_arg_names(s, model, loc))
-        errors.extend(_check_arg_values(s, model, deferred, loc))
+        errors.extend(_check_arg_names(s, fields, loc))
+        errors.extend(_check_arg_values(s, model, fields, deferred, loc))
         if s.tool == "agent" and tools is not None and "tools" not in deferred:
             errors.extend(_check_agent_tools(s.args.get("tools"), tools, disabled, loc))
         if s.tool == "agent" and tools is not None and s.args.get("memory") is not None:
@@ -407,11 +410,8 @@ def check_args(
     return errors
 
 
-def _check_arg_names(s: StepSpec, model: type[BaseModel], loc: str) -> list[dict[str, str]]:
+def _check_arg_names(s: StepSpec, fields: Mapping[str, Any], loc: str) -> list[dict[str, str]]:
     """A step's unknown arguments (with a did-you-mean) and its missing required ones."""
-    from tiffany.agents.tools.schema import arg_fields
-
-    fields = arg_fields(model)
     allowed = [k for k, f in fields.items() if f.shown]
     errors = [
         {
@@ -432,12 +432,13 @@ def _check_arg_names(s: StepSpec, model: type[BaseModel], loc: str) -> list[dict
 
 
 def _check_arg_values(
-    s: StepSpec, model: type[BaseModel], deferred: set[str], loc: str
+    s: StepSpec,
+    model: type[BaseModel],
+    fields: Mapping[str, Any],
+    deferred: set[str],
+    loc: str,
 ) -> list[dict[str, str]]:
     """The literal arguments validated by the tool's model (references left to the run)."""
-    from tiffany.agents.tools.schema import arg_fields
-
-    fields = arg_fields(model)
     literal = {k: v for k, v in s.args.items() if k in fields and k not in deferred}
     try:
         model.model_validate(literal)
