@@ -169,6 +169,14 @@ def _pause_at(
     with psycopg.connect(servers.dsn) as lock:
         lock.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
         posted = _submitted_in_background(url)
+        # The request's row first: the claimer's poll runs every second, and a
+        # poll that met the lock before the API committed the row would wake
+        # to find nothing to claim (the engine paused, the claim never comes).
+        # A statement's snapshot is taken once it has its locks, so a waiting
+        # poll sees a row committed before the lock is let go.
+        wait_for(
+            lambda: _one(db, "SELECT count(*) FROM engine_requests"), 60, "the request's row"
+        )
         wait_for(
             lambda: _one(
                 db,
