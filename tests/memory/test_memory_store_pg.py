@@ -38,7 +38,9 @@ def clock() -> ManualClock:
 
 @pytest.fixture
 def store(engine: Engine, clock: ManualClock) -> Iterator[MemoryStore]:
-    s = MemoryStore(engine, clock=clock)
+    # The in-process ranking on PostgreSQL, whether or not the server has
+    # pgvector (tests/memory/test_memory_pgvector.py tests that path).
+    s = MemoryStore(engine, clock=clock, pgvector="off")
     yield s
     s.close()
 

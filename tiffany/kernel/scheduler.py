@@ -408,8 +408,9 @@ class Scheduler:
         :meth:`_wait`). A task's *turn* resumes it until it parks or ends;
         a system call that completes at once resumes it again, up to
         ``MAX_IMMEDIATE_RESUMES`` times, and a bare ``yield`` or the spent
-        budget ends the turn at the back of the ready queue (the turn's one
-        requeue, :meth:`_reschedule` inlined).
+        budget ends the turn at the back of the ready queue (:meth:`_reschedule`
+        inlined at both: the bare yield's is the commonest turn, and a shared
+        tail costs it a store and a jump).
 
         Hooks are guarded by the instrument set, so calling one never
         raises, but for the two dispatch hooks: the loop calls those bare in
@@ -479,51 +480,52 @@ class Scheduler:
                             self._instruments.raised("after_dispatch", hook_exc)
                         if self._hooks_dirty:
                             before, after, wait_hooks, fast_queue = self._refresh_hooks()
-                    if y is None:  # a bare yield
-                        value = None
-                    else:
-                        if y is returned:
-                            if task.stack:  # a nested coroutine returned to its caller
-                                task.coro = task.stack.pop()
-                                task._throw = error
-                                continue
-                            self._task_returned(task, value, error)
-                            break
-                        cls = y.__class__
-                        if cls is _QUEUE_GET and fast_queue:
-                            q = y.queue
-                            if q._items:
-                                value = q._items.popleft()
-                            elif q._sched is self:
-                                if q._getters is None:
-                                    q._getters = [task]
-                                else:
-                                    q._getters.append(task)
-                                task.state = _BLOCKED_SYNC
-                                task.blocked_on = y
-                                break
-                            else:
-                                value = queue_get(self, task, y)
-                                if value is PARKED:
-                                    break
-                        else:
-                            handler = handlers.get(cls)
-                            if handler is None:
-                                value = self._no_handler(task, y)
-                            else:
-                                try:
-                                    value = handler(self, task, y)
-                                except Exception as handler_exc:
-                                    raise KernelInternalError(
-                                        f"handler for {cls.__name__} failed", tid=task.id
-                                    ) from handler_exc
-                                if value is PARKED:
-                                    break
-                        budget -= 1
-                        if budget:  # completed at once: resume it again
+                    if y is None:  # a bare yield: to the back of the queue
+                        task._send = None
+                        task.state = _READY
+                        append(task)
+                        break
+                    if y is returned:
+                        if task.stack:  # a nested coroutine returned to its caller
+                            task.coro = task.stack.pop()
+                            task._throw = error
                             continue
-                    # The turn is over (a bare yield, or the budget spent): to
-                    # the back of the queue (_reschedule, inlined).
+                        self._task_returned(task, value, error)
+                        break
+                    cls = y.__class__
+                    if cls is _QUEUE_GET and fast_queue:
+                        q = y.queue
+                        if q._items:
+                            value = q._items.popleft()
+                        elif q._sched is self:
+                            if q._getters is None:
+                                q._getters = [task]
+                            else:
+                                q._getters.append(task)
+                            task.state = _BLOCKED_SYNC
+                            task.blocked_on = y
+                            break
+                        else:
+                            value = queue_get(self, task, y)
+                            if value is PARKED:
+                                break
+                    else:
+                        handler = handlers.get(cls)
+                        if handler is None:
+                            value = self._no_handler(task, y)
+                        else:
+                            try:
+                                value = handler(self, task, y)
+                            except Exception as handler_exc:
+                                raise KernelInternalError(
+                                    f"handler for {cls.__name__} failed", tid=task.id
+                                ) from handler_exc
+                            if value is PARKED:
+                                break
+                    budget -= 1
+                    if budget:  # completed at once: resume it again
+                        continue
+                    # The budget is spent: to the back of the queue, as a bare yield.
                     task._send = value
                     task.state = _READY
                     append(task)
