@@ -160,3 +160,30 @@ def test_a_shared_product_is_one_threads_bit_for_bit_whoever_takes_the_pieces(
     assert PIECE_ROWS % 64 == 0
     assert np.array_equal(alone, whole)
     assert np.array_equal(both, whole)
+
+
+def test_a_sparse_query_reads_its_columns_and_ranks_as_the_whole_product() -> None:
+    """A short query hashed has a few dozen nonzero slots: those columns alone, the same top."""
+    from tiffany.memory.search import SPARSE_SHARE, SPLIT_ROWS, _one_blas_thread, _product
+
+    embedder = HashingEmbedder()
+    texts = _texts(2_000, seed=11)
+    rows = np.asfortranarray(embedder.embed(texts))  # the index's layout
+    for query in ("w3x21 w17x119 w5x35", texts[42][:60]):
+        q = embedder.embed([query])[0]
+        nonzero = np.count_nonzero(q)
+        assert 0 < nonzero * SPARSE_SHARE <= embedder.dims  # the sparse path is the one taken
+        with _one_blas_thread():
+            got = _product(rows, q)
+        whole = np.ascontiguousarray(rows) @ q
+        assert np.allclose(got, whole, rtol=0, atol=1e-6)
+        assert list(np.argsort(-got, kind="stable")[:K]) == list(
+            np.argsort(-whole, kind="stable")[:K]
+        )
+
+    # A dense query on the column-major layout, past SPLIT_ROWS: pieces, bit for bit.
+    rng = np.random.default_rng(3)
+    big = np.asfortranarray(rng.standard_normal((SPLIT_ROWS + 1_001, 256)).astype(np.float32))
+    dense = rng.standard_normal(256).astype(np.float32)
+    with _one_blas_thread():
+        assert np.array_equal(_product(big, dense), big @ dense)

@@ -39,6 +39,7 @@ from threadpoolctl import ThreadpoolController
 
 __all__ = [
     "RRF_K",
+    "SPARSE_SHARE",
     "Helping",
     "NamespaceVectors",
     "SharedProduct",
@@ -124,6 +125,9 @@ def rrf(rankings: Iterable[Sequence[str]], k: int) -> list[tuple[str, float]]:
     return sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
 
 
+#: A query with at most one in this many of its dimensions nonzero is
+#: multiplied by its nonzero columns alone (:func:`_product`).
+SPARSE_SHARE: Final = 3
 #: Rows from which a product is cut in pieces that two threads share.
 SPLIT_ROWS: Final = 32_768
 #: Rows of one piece of a shared product (a multiple of :data:`_SPLIT_ALIGN`).
@@ -254,13 +258,25 @@ class Helping:
 def _product(
     matrix: np.ndarray, query: np.ndarray, *, split: bool = True, helping: Helping | None = None
 ) -> np.ndarray:
-    """``matrix @ query``; from :data:`SPLIT_ROWS` rows, in pieces shared with a second thread.
+    """``matrix @ query``: a sparse query's columns, or from :data:`SPLIT_ROWS` rows in pieces.
 
-    The second thread is the search's own (``helping``: a hybrid search's
-    caller, once its text ranking is done) or else the module's helper.
-    ``split=False``: the whole product on this thread.
+    A query with at most one in :data:`SPARSE_SHARE` of its dimensions
+    nonzero (a short text hashed by the ``HashingEmbedder``: a few dozen of
+    256) is multiplied by those columns alone, on this thread: the matrix is
+    column-major, so each column is one contiguous read, and zeros add
+    nothing to a sum. Otherwise from :data:`SPLIT_ROWS` rows the product is
+    cut in pieces shared with a second thread: the search's own
+    (``helping``: a hybrid search's caller, once its text ranking is done)
+    or else the module's helper. ``split=False``: the whole product on this
+    thread.
     """
-    rows = matrix.shape[0]
+    rows, dims = matrix.shape
+    nonzero = np.flatnonzero(query)
+    if len(nonzero) * SPARSE_SHARE <= dims:
+        # A sparse query (a short text hashed: a few dozen of 256 slots) needs
+        # only its own columns, each contiguous in the column-major matrix.
+        sparse: np.ndarray = matrix[:, nonzero] @ query[nonzero]
+        return sparse
     if rows < SPLIT_ROWS or not split:
         whole: np.ndarray = matrix @ query
         return whole
@@ -275,6 +291,9 @@ def _product(
 @dataclass
 class NamespaceVectors:
     """One namespace's vectors as of ``seq``: a matrix with a row per live item.
+
+    The matrix is column-major (``order="F"``): a dimension's values over
+    every row are contiguous, so a sparse query reads only its own columns.
 
     Rows of deleted items are zeroed and marked dead (``alive``) and reused
     by the next new key; ``expires`` holds each row's expiry (``inf``: none).
@@ -297,7 +316,7 @@ class NamespaceVectors:
         return cls(
             seq=seq,
             dims=dims,
-            matrix=np.zeros((capacity, dims), dtype=np.float32),
+            matrix=np.zeros((capacity, dims), dtype=np.float32, order="F"),
             expires=np.full(capacity, np.inf),
             alive=np.zeros(capacity, dtype=bool),
             keys=[None] * capacity,
@@ -308,7 +327,7 @@ class NamespaceVectors:
         if needed <= capacity:
             return
         new = max(needed, int(capacity * (1 + _GROWTH)) + 64)
-        matrix = np.zeros((new, self.dims), dtype=np.float32)
+        matrix = np.zeros((new, self.dims), dtype=np.float32, order="F")
         matrix[:capacity] = self.matrix
         expires = np.full(new, np.inf)
         expires[:capacity] = self.expires
