@@ -7,7 +7,8 @@
 * **Vector**: exact cosine over every item of the namespace embedded by the
   store's embedder: one float32 matrix per namespace held in the process
   (:class:`VectorIndex`), its rows unit-length so the cosine is one
-  matrix-vector product, the top found with ``np.argpartition``. The matrix
+  matrix-vector product (column-major: a sparse query reads only its
+  nonzero columns), the top found with ``np.argpartition``. The matrix
   is keyed by the namespace's newest ``store_seq`` (``mem_namespaces``): a
   write makes the next search fetch only the rows written since.
 * **Hybrid**: reciprocal rank fusion, ``sum(1 / (60 + rank))`` over both
