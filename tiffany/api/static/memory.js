@@ -255,7 +255,7 @@ export class MemoryPage {
       h(
         "table",
         { class: "schema-table memory-table", testid: "memory-items" },
-        h("thead", null, h("tr", null, h("th", null, "key"), h("th", null, "version"), h("th", null, "updated"), h("th", null, "written by"), h("th", null, "value"))),
+        h("thead", null, h("tr", null, h("th", null, "key · version · updated"), h("th", null, "written by"), h("th", null, "value"))),
         rows,
       ),
       more,
@@ -385,10 +385,21 @@ function itemRow(it) {
   return h(
     "tr",
     { testid: "memory-item-row", dataset: { key: it.key } },
-    h("td", null, itemLink(it.namespace, it.key)),
-    h("td", { class: "mono small" }, String(it.version)),
-    h("td", { class: "small nowrap" }, at != null ? timeEl(at, SHORT.format(new Date(at * 1000))) : "-"),
-    h("td", { class: "small" }, it.run_id ? runRef(it.run_id, it.step_id) : h("span", { class: "muted" }, "-")),
+    // The key with its version and time under it: three columns fit the
+    // page's middle pane, where five squeezed the value to a word a line.
+    h(
+      "td",
+      null,
+      itemLink(it.namespace, it.key),
+      h(
+        "div",
+        { class: "muted small nowrap" },
+        h("span", { class: "mono", testid: "memory-item-version" }, `v${it.version}`),
+        " · ",
+        at != null ? timeEl(at, SHORT.format(new Date(at * 1000))) : "-",
+      ),
+    ),
+    h("td", { class: "small memory-writer" }, it.run_id ? runRef(it.run_id, it.step_id) : h("span", { class: "muted" }, "-")),
     h("td", { class: "small memory-preview" }, compact(it.value, PREVIEW)),
   );
 }
