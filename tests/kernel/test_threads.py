@@ -15,6 +15,7 @@ from tiffany.kernel import (
     RunInThread,
     Scheduler,
     Sleep,
+    Step,
     TaskState,
     WaitTask,
 )
@@ -326,3 +327,46 @@ def test_a_timed_step_returns_its_clock_readings(inline: bool) -> None:
         (value, started, ended), error = sched.result(tid)
     assert (value, error) == (42, "nope")
     assert started == ended == 1_000.0  # the manual clock did not move
+
+
+def test_a_chain_through_the_pool_waits_once_a_step(sched: Scheduler) -> None:
+    # A thread job released at a wait stage is pending from that stage on:
+    # the stage blocks for its completion (timeout None, as the commit hook
+    # hears) instead of polling once for nothing and waiting in a second,
+    # empty pass (what it did: two passes and two epoll calls a step).
+    waits = Recorder()
+    sched.add_instrument(waits)
+
+    def chain():
+        x = 0
+        for _ in range(50):
+            x = yield RunInThread(lambda v: v + 1, x)
+        return x
+
+    tid = sched.spawn(chain())
+    sched.run()
+    assert sched.result(tid) == 50
+    timeouts = [e[1] for e in waits.events if e[0] == "before_wait"]
+    # One stage a step, and the last one (nothing left to wait for).
+    assert timeouts == [None] * 51, timeouts
+
+
+def test_an_inline_step_in_the_outbox_still_polls(sched: Scheduler) -> None:
+    # An inline step makes its task ready when it is released, so the stage
+    # that releases it must not block (the task would wait for an event).
+    waits = Recorder()
+    sched.add_instrument(waits)
+
+    def chain():
+        x = 0
+        for _ in range(5):
+            x = yield Step(lambda v: v + 1, x, inline=True)
+        return x
+
+    tid = sched.spawn(chain())
+    t0 = time.monotonic()
+    sched.run()
+    assert sched.result(tid) == 5
+    assert time.monotonic() - t0 < 30
+    timeouts = [e[1] for e in waits.events if e[0] == "before_wait"]
+    assert timeouts[:5] == [0.0] * 5, timeouts  # then the last stage: nothing left

@@ -92,6 +92,8 @@ class Reactor:
         self._pool: ThreadPool | None = None
         self.threads_pending = 0
         self.outbox: list[tuple[Task, Any]] = []
+        #: How many of ``outbox`` are inline steps (they wake their task when released).
+        self.outbox_inline = 0
         #: ``admit(call)``: how many seconds a thread job must wait before it
         #: starts (a rate limit), or None: every job starts at once.
         self.admit: Callable[[Any], float] | None = None
@@ -116,6 +118,7 @@ class Reactor:
         self.halt()
         discarded = len(self.outbox) + len(self.delayed)
         self.outbox, self.delayed = [], []
+        self.outbox_inline = 0
         if self._pool is not None:
             discarded += self._pool.close()
         if self._selector is not None:
@@ -378,6 +381,8 @@ class Reactor:
         """Queue ``call.fn(*call.args)`` for ``task``; it starts at :meth:`release`."""
         self.outbox.append((task, call))
         self.threads_pending += 1
+        if getattr(call, "inline", False):
+            self.outbox_inline += 1
 
     def release(self) -> None:
         """Start the queued jobs: in the pool, or here for inline steps (unless halted)."""
@@ -392,6 +397,7 @@ class Reactor:
             if self.halted:  # halted while the pool was made (see ``halt``)
                 pool.halt()
         outbox, self.outbox = self.outbox, []
+        self.outbox_inline = 0
         admit = self.admit
         for task, call in outbox:
             if admit is not None and not getattr(call, "inline", False):
@@ -409,6 +415,7 @@ class Reactor:
             elif getattr(call, "inline", False):
                 if self.halted:  # halted meanwhile (a signal handler): it stays unstarted
                     self.outbox.append((task, call))
+                    self.outbox_inline += 1
                     continue
                 self.threads_pending -= 1
                 self._run_inline(task, fn, args)

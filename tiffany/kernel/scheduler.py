@@ -639,17 +639,30 @@ class Scheduler:
     def _poll(self, timeout: float | None) -> int:
         """Release the pass's effects (unless held), then wait for events; return wake-ups."""
         reactor = self._reactor
-        if reactor.outbox and not self._effects_held:
-            reactor.release()
-            if self._ready:  # inline steps completed: do not block
+        if reactor.outbox:
+            if not self._effects_held:
+                reactor.release()
+            if self._ready or reactor.outbox:  # inline steps completed, or effects held
                 timeout = 0.0
         return reactor.poll(timeout, idle=not self._ready)
 
     def _wait_timeout(self) -> float | None:
-        """How long this wait stage may block: 0 (poll), seconds, None (until an event)."""
-        if self._ready or self._deferred or self._reactor.outbox:
-            return 0.0
+        """How long this wait stage may block: 0 (poll), seconds, None (until an event).
+
+        Thread jobs in the outbox start at this stage (``_poll``) and count
+        as pending already, so they block like jobs in flight: a chain of
+        steps through the pool then waits once a step, not once for
+        nothing and again for its worker. Inline steps (they make their
+        task ready) and jobs a rate limit may delay (a timer ``poll`` would
+        not know of yet) poll instead.
+        """
         reactor = self._reactor
+        if (
+            self._ready
+            or self._deferred
+            or (reactor.outbox and (reactor.outbox_inline or reactor.admit is not None))
+        ):
+            return 0.0
         if reactor.timers or reactor.delayed:
             return reactor.timeout()
         if reactor.io_waiting or reactor.threads_pending:

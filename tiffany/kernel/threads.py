@@ -70,8 +70,11 @@ class ThreadPool:
         self._threads: list[threading.Thread] = []
         # One permit per worker that finished a job and is back at ``get``;
         # ``submit`` takes one to hand its job to that worker, or else starts
-        # a thread (the scheme of ``concurrent.futures.thread``).
-        self._idle = threading.Semaphore(0)
+        # a thread (the scheme of ``concurrent.futures.thread``). A queue of
+        # tokens, not a ``threading.Semaphore``: its put and get are one C
+        # call each where the semaphore's are a Python ``Condition`` (a
+        # measurable share of a step's trip through the pool).
+        self._idle: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._closed = False
         # Set by ``halt``: workers set the jobs they take aside, unstarted.
         self._halted = False
@@ -94,7 +97,11 @@ class ThreadPool:
         if self._closed:
             raise RuntimeError("thread pool is closed")
         self._jobs.put((token, fn, args))
-        if not self._idle.acquire(blocking=False) and len(self._threads) < self.max_workers:
+        try:
+            self._idle.get_nowait()  # an idle worker takes the job
+        except queue.Empty:
+            if len(self._threads) >= self.max_workers:
+                return
             t = threading.Thread(
                 target=self._work, name=f"tiffany-pool-{len(self._threads)}", daemon=True
             )
@@ -195,7 +202,7 @@ class ThreadPool:
                 del job
                 if not self._halted and not self._closed and (gate is None or gate()):
                     self._requeue()  # resumed or reopened meanwhile: not stranded
-                self._idle.release()
+                self._idle.put(None)
                 continue
             token, fn, args = job
             try:
@@ -204,7 +211,7 @@ class ThreadPool:
                 outcome = (token, None, exc)
             done.append(outcome)
             del job, token, fn, args, outcome
-            self._idle.release()
+            self._idle.put(None)
             try:
                 if eventfd:
                     os.eventfd_write(wfd, 1)
