@@ -214,6 +214,31 @@ def test_run_beside_serve_runs_here_with_every_tool_in_a_data_dir_of_its_own(
     assert listed.stdout.split()[:2] == [result["run_id"], "succeeded"], listed.stderr
     verified = tiffany(served, "replay", result["run_id"], "--verify", "--data-dir", str(local))
     assert verified.returncode == 0, verified.stderr
+    # Named by the data dir the run was started with (the README's `tiffany replay
+    # RUN_ID --verify` after `tiffany run`, while `make run` serves): found in local.
+    found = tiffany(
+        served,
+        "replay",
+        result["run_id"],
+        "--verify",
+        "--import",
+        "usertools",
+        "--data-dir",
+        str(data_dir),
+    )
+    assert found.returncode == 0, found.stderr
+    assert "replays identically" in found.stdout
+    assert f"run {result['run_id']} is in d/local, where `tiffany run` keeps" in found.stderr
+    exported = tiffany(
+        served, "export", result["run_id"], "-o", "kept.tfx", "--data-dir", str(data_dir)
+    )
+    assert exported.returncode == 0, exported.stderr
+    assert (served.cwd / "kept.tfx").stat().st_size > 0
+    unknown_run = tiffany(
+        served, "replay", "run-0123456789ab", "--verify", "--data-dir", str(data_dir)
+    )
+    assert unknown_run.returncode == 3, unknown_run.stderr
+    assert "is in d/local" not in unknown_run.stderr
     # A run left waiting: the commands it prints name the data dir it is kept in.
     waited = tiffany(served, "run", "approve.yaml", "--data-dir", str(data_dir), "--no-live")
     assert waited.returncode == 1, waited.stderr

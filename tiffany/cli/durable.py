@@ -78,6 +78,48 @@ def _unknown_run(ctx: typer.Context, engine: int, exc: Exception) -> NoReturn:
     raise typer.Exit(EXIT_NOT_FOUND)
 
 
+def use_local_run(ctx: typer.Context, run_id: str) -> bool:
+    """Switch this invocation to DATA_DIR/local when the run is there; True if it was.
+
+    ``tiffany run`` beside a server (which holds the data dir) keeps its run
+    in ``DATA_DIR/local`` and says so. A command given that run's id reads
+    the data dir's journal first, then this one, so the README's ``tiffany
+    replay RUN_ID --verify`` after ``tiffany run`` works while ``make run``
+    serves. Says on stderr where the run was found.
+    """
+    from tiffany.cli import _Options, _settings
+    from tiffany.cli.run import LOCAL_DATA_DIR
+    from tiffany.config import SQLITE_FILE_NAME
+    from tiffany.durable import scan
+    from tiffany.ports.journals import journals_for
+
+    settings = _settings(ctx)
+    data_dir = Path(settings.data_dir)
+    local = data_dir / LOCAL_DATA_DIR
+    if data_dir.name == LOCAL_DATA_DIR or not local.is_dir():
+        return False
+    there = settings.model_copy(
+        update={"data_dir": local, "database_url": f"sqlite:///{local / SQLITE_FILE_NAME}"}
+    )
+    try:
+        if run_id not in scan(journals_for(there).source(0)).runs:
+            return False
+    except Exception:  # noqa: BLE001 - no readable journal there: the run is unknown
+        return False
+    options = ctx.find_object(_Options)
+    if options is None:
+        return False
+    options.data_dir, options.settings = local, there
+    if ctx.params.get("data_dir") is not None:
+        ctx.params["data_dir"] = local
+    typer.echo(
+        f"tiffany: run {run_id} is in {hints.shown_path(local)}, where `tiffany run` keeps "
+        f"a run while a server holds {hints.shown_path(data_dir)}: reading it there",
+        err=True,
+    )
+    return True
+
+
 def _engines(ctx: typer.Context) -> int:
     """How many engines' journals there are (``serve --engines N``)."""
     return _journals(ctx).count()
@@ -292,6 +334,8 @@ def replay(
         )
         raise typer.Exit(code)
     except UnknownRun as exc:
+        if use_local_run(ctx, run_id):
+            replay(ctx, run_id, verify_only, as_json, live, path, imports, None)
         _unknown_run(ctx, engine_no, exc)
 
 

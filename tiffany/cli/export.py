@@ -60,7 +60,7 @@ def export(
     the server at ``--url`` is unreachable.
     """
     import tiffany
-    from tiffany.cli.durable import _engine_of_run, _source, _unknown_run
+    from tiffany.cli.durable import _engine_of_run, _source, _unknown_run, use_local_run
     from tiffany.durable import UnknownRun
     from tiffany.durable.export import export_run
     from tiffany.errors import WalError
@@ -82,6 +82,9 @@ def export(
             tiffany_version=tiffany.__version__,
         )
     except UnknownRun as exc:
+        if use_local_run(ctx, run_id):
+            export(ctx, run_id, output, engine, url, token, None)
+            return
         _unknown_run(ctx, engine, exc)
     except WalError as exc:
         typer.echo(f"tiffany: the journal cannot be read: {exc}", err=True)
