@@ -88,8 +88,7 @@ def use_local_run(ctx: typer.Context, run_id: str) -> bool:
     serves. Says on stderr where the run was found.
     """
     from tiffany.cli import _Options, _settings
-    from tiffany.cli.run import LOCAL_DATA_DIR
-    from tiffany.config import SQLITE_FILE_NAME
+    from tiffany.cli.run import LOCAL_DATA_DIR, local_settings
     from tiffany.durable import scan
     from tiffany.ports.journals import journals_for
 
@@ -98,9 +97,7 @@ def use_local_run(ctx: typer.Context, run_id: str) -> bool:
     local = data_dir / LOCAL_DATA_DIR
     if data_dir.name == LOCAL_DATA_DIR or not local.is_dir():
         return False
-    there = settings.model_copy(
-        update={"data_dir": local, "database_url": f"sqlite:///{local / SQLITE_FILE_NAME}"}
-    )
+    there = local_settings(settings)
     try:
         if run_id not in scan(journals_for(there).source(0)).runs:
             return False

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -12,6 +12,9 @@ from tiffany.cli import DataDirOption, exits, hints
 from tiffany.cli.failures import print_failures
 from tiffany.cli.imports import ImportOption, import_tool_modules, tool_modules
 from tiffany.cli.interrupt import CtrlC
+
+if TYPE_CHECKING:
+    from tiffany.config import Settings
 
 __all__ = ["register"]
 
@@ -309,6 +312,15 @@ def run(
 LOCAL_DATA_DIR = "local"
 
 
+def local_settings(settings: Settings) -> Settings:
+    """The settings of ``DATA_DIR/local``: its own WAL and SQLite store (``tiffany run``)."""
+    from tiffany.config import SQLITE_FILE_NAME
+
+    local = Path(settings.data_dir) / LOCAL_DATA_DIR
+    url = f"sqlite:///{local / SQLITE_FILE_NAME}"
+    return settings.model_copy(update={"data_dir": local, "database_url": url})
+
+
 def _workflow_target(path: Path) -> tuple[str, str] | None:
     """``(module, function)`` of a ``mod:fn`` argument (not a file), or None for a plan file."""
     text = str(path)
@@ -393,8 +405,7 @@ def _beside(settings: Any, pid: int) -> Any:
         "instead, with the server's tools)",
         err=True,
     )
-    url = f"sqlite:///{local / SQLITE_FILE_NAME}"
-    return settings.model_copy(update={"data_dir": local, "database_url": url})
+    return local_settings(settings)
 
 
 def report(
