@@ -142,6 +142,10 @@ class Settings(BaseSettings):
             takes a dead one's stream. 0: the stream of ``engine``.
         journal_lease_s: How long an engine's lease on its stream lasts
             without renewal: a dead engine's stream is taken over after it.
+        engine_wait_s: With ``journal=postgres``, how long a submission waits
+            for an engine to take it before the API withdraws it and answers
+            503 (nothing starts later; retried with its key, it is submitted
+            again).
         idempotency_window_s: How long an ``Idempotency-Key`` keeps answering
             the run it started (run start to run start, across restarts).
         slow_dispatch_threshold_s: A task step slower than this many seconds is
@@ -267,6 +271,7 @@ class Settings(BaseSettings):
     engine: int = Field(default=0, ge=0, lt=MAX_ENGINES)
     engines: int = Field(default=1, ge=1, le=MAX_ENGINES)
     engine_slots: int = Field(default=0, ge=0, le=MAX_ENGINES)
+    engine_wait_s: float = Field(default=10.0, gt=0, le=3_600.0)
     idempotency_window_s: float = Field(default=86_400.0, gt=0)
     slow_dispatch_threshold_s: float = Field(default=0.1, gt=0)
     enabled_tools: Annotated[list[str], NoDecode] = Field(

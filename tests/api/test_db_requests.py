@@ -202,16 +202,11 @@ def test_two_api_replicas_without_an_engine_socket_lose_and_duplicate_nothing(
         engine.stop()
 
 
-def test_a_submission_no_engine_takes_is_withdrawn(
-    pg_migrated_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from tiffany.ports import commands_pg
+def test_a_submission_no_engine_takes_is_withdrawn(pg_migrated_url: str) -> None:
     from tiffany.ports.commands_pg import DbRequests
 
-    monkeypatch.setattr(commands_pg, "SUBMIT_WAIT_S", 0.3)
-
     async def main() -> float:
-        db = DbRequests(pg_migrated_url)
+        db = DbRequests(pg_migrated_url, submit_wait_s=0.3)
         db.start()
         t0 = time.monotonic()
         try:

@@ -44,6 +44,12 @@ from tiffany.config import conninfo
 PLAN = {"name": "claimed", "steps": [{"id": "a", "tool": "sleep", "args": {"seconds": 0}}]}
 KEY = "claimed-1"
 LEASE_S = 2
+#: The API's wait for an engine to take a submission, but in the withdrawal's
+#: own test (10 s, the default): a pause test takes its lock, waits for the
+#: engine's statement to block on it and stops the engine while the API
+#: holds the submission, which on a loaded CI host took longer than 10 s;
+#: the API then withdrew the row, and the claim it was pausing found nothing.
+ENGINE_WAIT_S = 300.0
 _NOW = "extract(epoch from clock_timestamp())"
 
 
@@ -55,14 +61,19 @@ class _Servers:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.paused: list[int] = []
 
-    def start(self, name: str) -> str:
-        """Start a server; its URL once ``serve.json`` is there (the API is up)."""
+    def start(self, name: str, engine_wait_s: float = ENGINE_WAIT_S) -> str:
+        """Start a server; its URL once ``serve.json`` is there (the API is up).
+
+        ``engine_wait_s``: how long its API lets a submission wait for an
+        engine before withdrawing it (``TIFFANY_ENGINE_WAIT_S``).
+        """
         env = {k: v for k, v in os.environ.items() if not k.startswith("TIFFANY_")}
         env |= {
             "TIFFANY_LOG_FORMAT": "json",
             "TIFFANY_DATABASE_URL": self.url,
             "TIFFANY_JOURNAL": "postgres",
             "TIFFANY_JOURNAL_LEASE_S": str(LEASE_S),
+            "TIFFANY_ENGINE_WAIT_S": str(engine_wait_s),
         }
         data = self.base / name
         data.mkdir(parents=True)
@@ -174,9 +185,7 @@ def _pause_at(
         # to find nothing to claim (the engine paused, the claim never comes).
         # A statement's snapshot is taken once it has its locks, so a waiting
         # poll sees a row committed before the lock is let go.
-        wait_for(
-            lambda: _one(db, "SELECT count(*) FROM engine_requests"), 60, "the request's row"
-        )
+        wait_for(lambda: _one(db, "SELECT count(*) FROM engine_requests"), 60, "the request's row")
         wait_for(
             lambda: _one(
                 db,
@@ -211,7 +220,7 @@ def _answered_once(url: str, db: psycopg.Connection[Any], first: tuple[int, Any]
 def test_a_withdrawn_submission_is_taken_again_when_retried_with_its_key(
     servers: _Servers, db: psycopg.Connection[Any]
 ) -> None:
-    url = servers.start("first")
+    url = servers.start("first", engine_wait_s=10.0)  # the default
     wait_for(lambda: _ready(url), 120, "the engine")
     engine = servers.engine("first")
     servers.pause(engine)

@@ -388,4 +388,4 @@ def commands_for(settings: Settings, owner: Owner) -> Commands:
         return SocketCommands(homes, owner)
     from tiffany.ports.commands_pg import PgCommands
 
-    return PgCommands(settings.database_url, homes, owner)
+    return PgCommands(settings.database_url, homes, owner, settings.engine_wait_s)

@@ -13,7 +13,8 @@ engine, serve the same engines. The ``Idempotency-Key`` is unique in SQL:
 a repeated key on any replica finds the first submission's row (409 if the
 body differs, else the first answer with ``created: false``).
 
-A submission no engine took within :data:`SUBMIT_WAIT_S` is withdrawn (only
+A submission no engine took within ``TIFFANY_ENGINE_WAIT_S`` (default
+:data:`SUBMIT_WAIT_S`) is withdrawn (only
 while still pending, in one ``UPDATE``): the client gets 503 and nothing
 starts later behind its back. One an engine took is waited for longer, up
 to the timeout the caller gives. Retried with its ``Idempotency-Key``, a
@@ -78,7 +79,8 @@ __all__ = ["RECHECK_S", "SUBMIT_WAIT_S", "DbRequests", "PgCommands"]
 
 log = structlog.get_logger(__name__)
 
-#: How long a submission waits for an engine to take it before it is withdrawn, in seconds.
+#: How long a submission waits for an engine to take it before it is withdrawn, in
+#: seconds, by default (``Settings.engine_wait_s``).
 SUBMIT_WAIT_S: Final = 10.0
 #: How long a request waits for the engine's answer once taken, in seconds (default).
 ANSWER_WAIT_S: Final = 30.0
@@ -152,12 +154,15 @@ class DbRequests:
 
     Args:
         url: The database (``TIFFANY_DATABASE_URL``, a PostgreSQL URL).
+        submit_wait_s: How long a submission waits for an engine to take it
+            before it is withdrawn (``TIFFANY_ENGINE_WAIT_S``).
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, submit_wait_s: float = SUBMIT_WAIT_S) -> None:
         from tiffany.ports.pg import AsyncPool, Listener  # the postgres extra
 
         self.dsn = conninfo(url)
+        self.submit_wait_s = submit_wait_s
         self._requests = channel(REQUESTS_CHANNEL, url)
         self._waiters: dict[int, asyncio.Event] = {}
         #: Answers carried by their notification, by row id, until taken.
@@ -312,7 +317,7 @@ class DbRequests:
         """
         event = self._waiters.setdefault(rid, asyncio.Event())
         start = time.monotonic()
-        taken_by = start + (min(SUBMIT_WAIT_S, timeout) if withdraw else timeout)
+        taken_by = start + (min(self.submit_wait_s, timeout) if withdraw else timeout)
         read = not fresh
         try:
             while True:
@@ -379,13 +384,21 @@ class PgCommands(LocalEngines):
         url: The database (``TIFFANY_DATABASE_URL``, a PostgreSQL URL).
         homes: This host's engines' homes (their control sockets).
         owner: The engine that started a run, as the store says.
+        submit_wait_s: How long a submission waits for an engine to take it
+            before it is withdrawn (``TIFFANY_ENGINE_WAIT_S``).
     """
 
     remote = True
 
-    def __init__(self, url: str, homes: Sequence[Path], owner: Owner) -> None:
+    def __init__(
+        self,
+        url: str,
+        homes: Sequence[Path],
+        owner: Owner,
+        submit_wait_s: float = SUBMIT_WAIT_S,
+    ) -> None:
         super().__init__(homes)
-        self.db = DbRequests(url)
+        self.db = DbRequests(url, submit_wait_s)
         self._owner = owner
 
     @property
