@@ -10,9 +10,11 @@ and restarted (or replaced by the stream's next owner) to finish the run.
 What must hold: no effect starts after the engine's stop decision (the
 ``engine.stopping`` log line, the fence's ``pgwal.failed``/``lease_lost``
 line: each is logged after the scheduler was stopped), and after the
-restart every step ran, each once, except steps whose first run was in
-flight at the stop (started before it, completion not journaled): those
-run once more. Before the fix the pool ran every queued job on its way out
+restart every step ran, each once, except, after a fence, steps whose
+first run was in flight at the stop (started before it, completion not
+journaled): those run once more. A SIGTERM'd engine waits for those and
+journals their ends first (``Scheduler.drain``): none runs twice (8, one
+per pool thread, before it did). Before the fix the pool ran every queued job on its way out
 (its stop markers queued behind them): hundreds of effects after the stop,
 hundreds of steps twice.
 """
@@ -112,9 +114,17 @@ def _wait_finished(eng: EngineProc) -> None:
 
 
 def _check(
-    effects: Path, stop_at: float, run_status: str, fenced_from: float | None = None
+    effects: Path,
+    stop_at: float,
+    run_status: str,
+    fenced_from: float | None = None,
+    *,
+    drained: bool = False,
 ) -> None:
     """Nothing started after ``stop_at``; every step ran, twice only if in flight then.
+
+    ``drained``: the engine waited for its workers' steps and journaled their
+    ends (a SIGTERM: ``Scheduler.drain``): no step runs twice.
 
     ``fenced_from``: when the stream was taken over, before the engine learnt it
     at ``stop_at`` (its next commit): a queued job a worker took in between is
@@ -135,6 +145,8 @@ def _check(
     assert run_status == "succeeded"
     assert sorted(counts) == list(range(STEPS)), "a step never ran"
     assert max(counts.values()) <= 2, counts.most_common(3)
+    if drained:
+        assert twice == [], f"{len(twice)} steps in flight at the stop ran again: {twice}"
     # Each step that ran twice had started before the stop: it was in
     # flight (a worker ran it), not a queued job the stop let through.
     late = [step for step in twice if first[step] > stop_at]
@@ -177,6 +189,9 @@ def test_sigterm_with_hundreds_of_queued_steps_starts_none_of_them(tmp_path: Pat
     # than the pool runs at once.
     assert len(after_signal) <= POOL, after_signal
     assert len(starts) < STEPS // 2  # the queued ones stayed unstarted
+    # It waited for its workers' steps and journaled their ends.
+    drained = [rec["steps_still_running"] for rec in eng.logged("engine.drained")]
+    assert drained == [0], eng.log()[-3000:]
 
     again = EngineProc(data, "--import", "stop_effects", env=env)
     try:
@@ -184,7 +199,7 @@ def test_sigterm_with_hundreds_of_queued_steps_starts_none_of_them(tmp_path: Pat
     finally:
         assert again.stop() == 0, again.log()[-3000:]
     info = scan(data / "wal").get(run_id)
-    _check(effects, stop_at, info.status)
+    _check(effects, stop_at, info.status, drained=True)
 
 
 def _pg_env(tmp_path: Path, url: str) -> tuple[Path, dict[str, str]]:

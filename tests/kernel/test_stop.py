@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 from process_support import wait_for
@@ -324,3 +325,103 @@ def test_a_shut_gate_sets_jobs_aside_until_reopened_and_a_halt_still_wins() -> N
         wait_for(lambda: 9 in ran, 30, "the job to run once resumed")
     finally:
         pool.close()
+
+
+def _stopped_with_a_job_in_flight(
+    sched: Scheduler, jobs: int
+) -> tuple[list[int], list[object], threading.Event]:
+    """Run ``jobs`` tasks of one thread job each on a 1-worker pool; stop with job 0 in flight.
+
+    Returns what ran, what the tasks got back, and the in-flight job's gate
+    (set it to let the job end).
+    """
+    from tiffany.kernel import RunInThread
+
+    ran: list[int] = []
+    got: list[object] = []
+    started, gate = threading.Event(), threading.Event()
+
+    def first() -> int:
+        started.set()
+        gate.wait(60)
+        ran.append(0)
+        return 0
+
+    def job(i: int):
+        got.append((yield RunInThread(first if i == 0 else (lambda: ran.append(i) or i))))
+
+    def stopper():
+        while not started.is_set():
+            yield Sleep(0.01)
+        sched.stop()
+
+    for i in range(jobs):
+        sched.spawn(job(i))
+    sched.spawn(stopper())
+    sched.run()
+    return ran, got, gate
+
+
+def test_drain_delivers_the_jobs_in_flight_at_a_stop_and_starts_none() -> None:
+    """A SIGTERM'd engine waits for its workers' steps: their ends reach the journal."""
+    from tiffany.kernel import Instrument
+
+    woken: list[object] = []
+    commits: list[str] = []
+
+    class Journal(Instrument):
+        def task_woken(self, task, value) -> None:
+            if value is not None:  # not the stopper's sleeps
+                woken.append(value)
+
+        def after_run(self) -> None:
+            commits.append("commit")
+
+    sched = Scheduler(max_threads=1, instruments=[Journal()])
+    ran, got, gate = _stopped_with_a_job_in_flight(sched, 10)
+    assert woken == []  # run() returned before the job's end
+    threading.Timer(0.2, gate.set).start()
+    assert sched.drain(60) == 0
+    assert woken == [0]  # the job's end, delivered (and so journaled) by the drain...
+    assert commits == ["commit", "commit"]  # ...and committed: run's end, the drain's
+    assert ran == [0]  # none of the 9 queued jobs started
+    assert got == []  # no task ran: the woken one resumes when run() runs again
+    sched.run()
+    assert sorted(got) == list(range(10))  # 0: the drained job's value, kept for its task
+    assert sorted(ran) == list(range(10))  # each job once
+    sched.close()
+
+
+def test_drain_returns_at_its_bound_with_the_jobs_still_running() -> None:
+    sched = Scheduler(max_threads=1)
+    ran, _, gate = _stopped_with_a_job_in_flight(sched, 3)
+    t0 = time.monotonic()
+    assert sched.drain(0.3) == 1  # still running: the next start runs it again
+    assert time.monotonic() - t0 >= 0.3
+    gate.set()
+    wait_for(lambda: ran == [0], 30, "the job to end")
+    assert sched.drain(30) == 0  # its completion, delivered now
+    sched.close()
+
+
+def test_drain_is_for_a_stopped_scheduler() -> None:
+    import pytest
+
+    from tiffany.errors import KernelError
+
+    sched = Scheduler()
+    errors: list[BaseException] = []
+
+    def main():
+        try:
+            sched.drain(1)
+        except KernelError as exc:
+            errors.append(exc)
+        yield
+
+    sched.spawn(main())
+    sched.run()
+    assert len(errors) == 1  # while running
+    sched.close()
+    with pytest.raises(KernelError):
+        Scheduler().drain(1)  # never run nor stopped

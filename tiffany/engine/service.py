@@ -40,9 +40,11 @@ effect starts from the signal on (``Scheduler.stop``: steps queued for the
 thread pool and not begun stay unstarted; the ones in flight finish), the
 control server stops taking requests, the loop stops at the next pass
 (nothing is killed, so unfinished runs stay unfinished in the WAL and are
-resumed by the next start, where each step that had not finished runs once
-more, marked as a re-run), the journal commits, the projector applies what
-is left, and the process exits 0. A fail-stop (the WAL cannot write) and a
+resumed by the next start, where each step that had not begun runs, marked
+as a re-run), the steps the workers had begun are waited for up to
+:data:`DRAIN_S` and their ends journaled (``Scheduler.drain``: the next
+start does not run them again), the journal commits, the projector applies
+what is left, and the process exits 0. A fail-stop (the WAL cannot write) and a
 fence (the stream's lease was taken over) stop the scheduler the same way,
 from the log itself (``on_failed``), before anything else.
 """
@@ -104,6 +106,11 @@ EXIT_WAL_DAMAGED: Final = 4
 #: How long the stop waits on the projector after the WAL failed (disk full or
 #: broken: the projector may hang on the same disk; it is killed after this).
 WAL_FAILED_STOP_S: Final = 0.3
+#: On a stop, how long the engine waits for the steps its workers had begun,
+#: to journal their ends (``Scheduler.drain``), in seconds. Below ``serve``'s
+#: 20 s before a SIGKILL, leaving time for the commit, the projector and the
+#: checkpoint. A step still running then runs again on the next start.
+DRAIN_S: Final = 10.0
 #: How long the engine waits for its projector's first report before it says
 #: it is up (``ready``, the ready file) anyway, in seconds: a projector that
 #: cannot reach its store reports that too, so this bound is seldom reached.
@@ -355,6 +362,8 @@ class EngineService:
             self.runtime.run()
             # Since the stop (the signal, the lost lease), nothing has started.
             log.info("engine.stopping", fenced=self._fenced, halted=self.runtime.sched.halted)
+            if not self._fenced and not self.runtime.wal.failed:
+                self._drain()
             return 1 if self._fenced else 0  # stepped down: not a clean stop
         except NondeterminismError as exc:
             # A run's code no longer matches its journal. Fail that run (its
@@ -392,6 +401,23 @@ class EngineService:
         enabled = self.engine.env.registry.enabled
         if llm["provider"] is None and {"llm", "agent"} & enabled:
             log.warning("engine.llm_not_configured", message=llm["note"])
+
+    def _drain(self) -> None:
+        """Journal the ends of the steps a worker had begun at the stop (up to ``DRAIN_S``).
+
+        A fenced engine or a failed log writes nothing more: there the steps
+        in flight run again on the next start, marked as re-runs.
+        """
+        started = time.monotonic()
+        left = self.runtime.sched.drain(DRAIN_S)
+        log.info(
+            "engine.drained",
+            steps_still_running=left,
+            waited_s=round(time.monotonic() - started, 3),
+            note="their ends are journaled: the next start does not run them again"
+            if not left
+            else f"{left} step(s) still running after {DRAIN_S:g} s run again on the next start",
+        )
 
     # -- the stops, in the order the ExitStack runs them (serve) ----------------------
 

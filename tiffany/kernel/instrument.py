@@ -79,7 +79,7 @@ class Instrument:
         """Call when ``Scheduler.run`` starts its loop."""
 
     def after_run(self) -> None:
-        """Call when ``Scheduler.run`` returns or raises."""
+        """Call when ``Scheduler.run`` (or ``Scheduler.drain``) returns or raises."""
 
     def task_spawned(self, task: Task) -> None:
         """Call after ``task`` was created and put on the ready queue."""

@@ -109,6 +109,12 @@ class Reactor:
         """True while something here can still wake a task (or is about to start)."""
         return bool(self.timers or self.io_waiting or self.threads_pending or self.outbox)
 
+    @property
+    def in_flight(self) -> int:
+        """Thread jobs begun and not yet delivered (``ThreadPool.in_flight``)."""
+        pool = self._pool
+        return 0 if pool is None else pool.in_flight
+
     def close(self) -> int:
         """Stop the thread pool and release the selector; return the jobs never started.
 

@@ -48,6 +48,7 @@ the task and later wakes it with :meth:`Scheduler.wake` or
 from __future__ import annotations
 
 import threading
+import time
 import types
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -254,6 +255,49 @@ class Scheduler:
         """
         self._stop_requested = True
         self._reactor.halt()
+
+    def drain(self, timeout: float) -> int:
+        """After a stop, wait up to ``timeout`` s for the thread jobs in flight; return those left.
+
+        Only wait stages run, and they start nothing (the scheduler stays
+        halted): no task is dispatched, but the completions of the jobs a
+        worker had begun are delivered to their tasks, which the journal
+        records as wake-ups and commits (``before_wait``, ``after_run``).
+        Recovery then finds those steps ended and does not run them again;
+        without a drain each was journaled as started only and ran twice.
+        Timers and descriptors that fire meanwhile wake their tasks too
+        (recorded the same way); the tasks run when ``run`` runs again, or
+        are replayed by the next start.
+
+        Call it from the scheduler's thread once :meth:`run` returned
+        halted (a :meth:`stop`). A critical instrument's failure (the
+        journal cannot write) ends it and is raised.
+
+        Raises:
+            KernelError: The scheduler is running, closed or not halted.
+            InstrumentFailure: A critical instrument failed.
+        """
+        if self._running or self._closed or not self._reactor.halted:
+            raise KernelError("drain() is for a stopped scheduler, between runs")
+        reactor = self._reactor
+        deadline = time.monotonic() + timeout
+        self._running = True
+        try:
+            while reactor.in_flight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._wait_hook("before_wait", left)
+                woken = reactor.poll(left, idle=False)
+                self._wait_hook("after_wait", woken)
+        finally:
+            self._running = False
+            after_run = self._instruments.hooks["after_run"]
+            if after_run is not None:
+                after_run()  # the commit of what was delivered
+        if self._fatal is not None:
+            raise self._fatal
+        return reactor.in_flight
 
     @property
     def halted(self) -> bool:

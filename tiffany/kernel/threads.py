@@ -68,6 +68,9 @@ class ThreadPool:
         self._jobs: queue.SimpleQueue[tuple[Any, Any, tuple[Any, ...]] | None] = queue.SimpleQueue()
         self._done: deque[Completion] = deque()
         self._threads: list[threading.Thread] = []
+        # One flag per worker: True from taking a job until its completion is
+        # in ``_done`` (or it set the job aside). A list store each way, no lock.
+        self._busy: list[bool] = []
         # One permit per worker that finished a job and is back at ``get``;
         # ``submit`` takes one to hand its job to that worker, or else starts
         # a thread (the scheme of ``concurrent.futures.thread``). A queue of
@@ -102,8 +105,12 @@ class ThreadPool:
         except queue.Empty:
             if len(self._threads) >= self.max_workers:
                 return
+            self._busy.append(False)
             t = threading.Thread(
-                target=self._work, name=f"tiffany-pool-{len(self._threads)}", daemon=True
+                target=self._work,
+                args=(len(self._threads),),
+                name=f"tiffany-pool-{len(self._threads)}",
+                daemon=True,
             )
             self._threads.append(t)
             t.start()
@@ -122,6 +129,18 @@ class ThreadPool:
         while done:
             out.append(done.popleft())
         return out
+
+    @property
+    def in_flight(self) -> int:
+        """Jobs a worker took and has not finished or set aside, plus completions not drained.
+
+        Read by the scheduler while halted (``Scheduler.drain``). A worker
+        marks itself busy before it asks whether it may start the job, so a
+        job read as not in flight after a halt never starts. A worker that
+        sets a job aside while halted signals the descriptor: a drain
+        waiting on it looks again.
+        """
+        return sum(self._busy) + len(self._done)
 
     def halt(self) -> None:
         """Start no job from now on; jobs in flight finish, the others stay unstarted.
@@ -188,21 +207,25 @@ class ThreadPool:
             os.close(self._wfd)
         return discarded
 
-    def _work(self) -> None:
-        jobs, done, wfd = self._jobs, self._done, self._wfd
+    def _work(self, me: int) -> None:
+        jobs, done, wfd, busy = self._jobs, self._done, self._wfd, self._busy
         eventfd = self._rfd == self._wfd
         while True:
             job = jobs.get()
             if job is None:
                 return
+            busy[me] = True  # before the halt is read: see ``in_flight``
             gate = self.gate
             if self._halted or (gate is not None and not gate()):
                 # Not started: kept for resume or reopen, or discarded by close.
                 self._unstarted.append(job)
+                busy[me] = False
                 del job
                 if not self._halted and not self._closed and (gate is None or gate()):
                     self._requeue()  # resumed or reopened meanwhile: not stranded
                 self._idle.put(None)
+                if self._halted and not self._closed:
+                    self._signal(wfd, eventfd)  # a drain counts in-flight jobs: look again
                 continue
             token, fn, args = job
             try:
@@ -210,12 +233,25 @@ class ThreadPool:
             except BaseException as exc:  # noqa: BLE001 - delivered to the task
                 outcome = (token, None, exc)
             done.append(outcome)
+            busy[me] = False
             del job, token, fn, args, outcome
             self._idle.put(None)
-            try:
+            try:  # inline, not ``_signal``: a call less on every step's way back
                 if eventfd:
                     os.eventfd_write(wfd, 1)
                 else:  # pragma: no cover
                     os.write(wfd, b"\0")
             except OSError:  # closed during shutdown
                 return
+
+    @staticmethod
+    def _signal(wfd: int, eventfd: bool) -> bool:
+        """Make the descriptor readable; False once it was closed."""
+        try:
+            if eventfd:
+                os.eventfd_write(wfd, 1)
+            else:  # pragma: no cover
+                os.write(wfd, b"\0")
+        except OSError:
+            return False
+        return True
