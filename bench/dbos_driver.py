@@ -1,6 +1,9 @@
 """DBOS side of bench/durable_steps.py; runs inside the bench's DBOS environment.
 
-    python dbos_driver.py WORKDIR SEQ_STEPS RUNS STEPS_PER_RUN [sqlite|postgres]
+    python dbos_driver.py WORKDIR SEQ_STEPS RUNS STEPS_PER_RUN [sqlite|postgres] [WARMUP]
+
+WARMUP (default 0): the steps of a sequential workflow run first and not
+timed, as bench/workflows.py warms Tiffany up.
 
 Prints one JSON object: sequential steps/s and concurrent steps/s, and the
 system database's durability settings as DBOS's own connections read them
@@ -53,6 +56,7 @@ def main() -> None:
         int(sys.argv[4]),
     )
     backend = sys.argv[5] if len(sys.argv) > 5 else "sqlite"
+    warmup = int(sys.argv[6]) if len(sys.argv) > 6 else 0
     url = (
         f"sqlite:///{os.path.join(workdir, 'dbos.sqlite')}"
         if backend == "sqlite"
@@ -78,6 +82,8 @@ def main() -> None:
 
     DBOS.launch()
     settings = durability(dbos, backend)
+    if warmup:
+        assert sequential(warmup) == sum(range(1, warmup + 1))
     t0 = time.perf_counter()
     assert sequential(seq_steps) == sum(range(1, seq_steps + 1))
     seq_s = time.perf_counter() - t0
