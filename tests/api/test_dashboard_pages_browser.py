@@ -313,6 +313,8 @@ def test_the_activity_pane_follows_the_open_run_and_tells_its_steps(
     with _dashboard(chromium_path) as (page, errors):
         page.goto(url)
         expect(page.get_by_test_id("conn-status")).to_have_attribute("data-state", "live")
+        empty = page.get_by_test_id("tail-empty")
+        expect(empty).to_have_text("Waiting for activity…")
         first = _submit(url, wait)
         other = _submit(url, AGENT_PLAN)
         rows = page.get_by_test_id("tail-row")
@@ -322,6 +324,8 @@ def test_the_activity_pane_follows_the_open_run_and_tells_its_steps(
         tail_pane = page.get_by_test_id("tail-pane")
         expect(tail_pane).to_have_attribute("data-following", "true")
         expect(page.get_by_test_id("tail-run-filter")).to_have_value(first)
+        # Shown while nothing of it came since the page opened (a finished run's page).
+        expect(empty).to_have_text(re.compile(r"^Nothing from this run since the page opened"))
         mine = rows.and_(page.locator(f'[data-run-id="{first}"]')).get_by_test_id("tail-what")
         expect(mine.filter(has_text="step ok waiting for signal go")).to_have_count(1)
         assert set(rows.evaluate_all("rs => rs.map(r => r.dataset.runId)")) == {first}

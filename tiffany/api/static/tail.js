@@ -139,7 +139,7 @@ export class Tail {
     this.stepsLabel = h("label", { class: "check small", hidden: true }, this.stepsBox, "hide dispatches");
     this.note = h("span", { class: "muted small", testid: "tail-note" });
     this.list = h("ol", { class: "tail-list", testid: "activity-tail", "aria-live": "off" });
-    this.emptyEl = h("div", { class: "empty" }, "Waiting for activity…");
+    this.emptyEl = h("div", { class: "empty", testid: "tail-empty" }, "Waiting for activity…");
     fill(
       this.root,
       h(
@@ -263,6 +263,11 @@ export class Tail {
         ? `${n}${n >= TAIL_ROWS ? "+" : ""} events`
         : "";
     this.emptyEl.hidden = n > 0;
+    // The feed holds what happened since the page opened: a run filtered on
+    // that was quiet since (a finished run) has its history in its timeline.
+    this.emptyEl.textContent = this.runFilter
+      ? "Nothing from this run since the page opened: its steps are in the run's timeline."
+      : "Waiting for activity…";
   }
 
   row(ev) {
