@@ -53,6 +53,11 @@ from typing import Any
 #: The kinds of stop (and the causes duplicates are charged to).
 KILL9, SIGTERM, FENCE, UNPLANNED, NONE = "kill -9", "SIGTERM", "fence", "unplanned", "none"
 CAUSES = (KILL9, SIGTERM, FENCE, UNPLANNED, NONE)
+#: After SIGCONT, how soon a worker caught between the lease gate and its
+#: effect by the SIGSTOP starts the effect, at most (s; generous: a loaded host).
+RESUME_S = 0.5
+#: The engine's pool threads: workers that can be caught so at once.
+POOL = 8
 
 
 @dataclass(frozen=True)
@@ -76,12 +81,22 @@ class Stop:
             stop: an execution it started later is ``after``.
         seq: The last journal seq that engine wrote (None: unknown, every
             result counts as not durable).
+        t_resume: For a SIGSTOP (:data:`FENCE`): when the harness was about
+            to send SIGCONT. An execution the engine started within
+            :data:`RESUME_S` of it, of a step it had not started before,
+            counts as in flight at the stop (at most :data:`POOL` of them).
+            A worker that asked the lease gate before the SIGSTOP landed
+            goes on into the step once continued: a check-then-act window
+            no check in the engine closes (only a fencing token at the
+            effect's destination would). A gate that let a job start after
+            the lease was lost would show as later executions, or more.
     """
 
     kind: str
     pid: int
     t_cut: float
     seq: int | None
+    t_resume: float | None = None
 
 
 def read_executions(eff: Path) -> list[Execution]:
@@ -138,6 +153,7 @@ def classify(
         if run is not None:
             by_step[(run, e.step)].append(e)
             verdict.executions += 1
+    resumed: Counter[int] = Counter()  # by pid: executions counted as caught by a SIGSTOP
     for key, runs in by_step.items():
         durable = durable_at.get(key, math.inf)
         in_flight, after, done = 0, [], []
@@ -145,7 +161,9 @@ def classify(
             stop = stops.get(e.pid)
             if stop is None:
                 continue
-            if e.t >= stop.t_cut:
+            if e.t >= stop.t_cut and _caught(e, stop, runs, resumed):
+                in_flight += 1
+            elif e.t >= stop.t_cut:
                 after.append(stop.kind)
                 verdict.after_cut[stop.kind] += 1
             elif stop.seq is not None and durable <= stop.seq:
@@ -164,6 +182,16 @@ def classify(
                 f"{in_flight} in flight at a stop; charged to {', '.join(charged)}"
             )
     return verdict
+
+
+def _caught(e: Execution, stop: Stop, runs: list[Execution], resumed: Counter[int]) -> bool:
+    """Whether ``e``, started after its engine's SIGSTOP, was in flight at it (``t_resume``)."""
+    if stop.t_resume is None or not stop.t_resume <= e.t <= stop.t_resume + RESUME_S:
+        return False
+    if any(o.pid == e.pid and o.t < e.t for o in runs) or resumed[e.pid] >= POOL:
+        return False  # it had started the step before; or more than its workers at once
+    resumed[e.pid] += 1
+    return True
 
 
 # --- the journal, read cold -------------------------------------------------------------

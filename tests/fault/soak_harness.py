@@ -550,12 +550,13 @@ class Soak:
                 time.sleep(0.1)
             time.sleep(1.0)  # the new engine resumes the runs meanwhile
         finally:
+            t_resume = time.monotonic()  # before the signal: the engine's clock reads later
             os.kill(pid, signal.SIGCONT)
         if not taken():
             self.faults["SIGSTOP not taken over"] += 1
             return
         self.faults["SIGSTOP taken over"] += 1
-        self.stops[pid] = Stop(FENCE, pid, t_cut, None)
+        self.stops[pid] = Stop(FENCE, pid, t_cut, None, t_resume)
         if wait_gone([pid], 60):
             self.faults["fenced engine still running"] += 1
 

@@ -300,7 +300,7 @@ def pg_stops(
         if stop is None:
             out[pid] = Stop(UNPLANNED, pid, at, int(row["old_head"]))
         else:
-            out[pid] = Stop(stop.kind, pid, stop.t_cut, int(row["old_head"]))
+            out[pid] = Stop(stop.kind, pid, stop.t_cut, int(row["old_head"]), stop.t_resume)
     for pid, stop in planned.items():
         out.setdefault(pid, stop)  # never held the lease: it wrote nothing
     return out

@@ -7,7 +7,17 @@ in flight at a stop) and as duplicated, and to which cause it charges it.
 
 from __future__ import annotations
 
-from soak_account import FENCE, KILL9, NONE, SIGTERM, Execution, Stop, Verdict, classify
+from soak_account import (
+    FENCE,
+    KILL9,
+    NONE,
+    POOL,
+    SIGTERM,
+    Execution,
+    Stop,
+    Verdict,
+    classify,
+)
 
 RUN = {"t1": "run-1"}
 
@@ -51,6 +61,29 @@ def test_a_fenced_engine_that_starts_the_step_after_its_successor_did_is_charged
     assert (
         _one(lines[::-1], durable=70, stops=[Stop(FENCE, 10, 2.0, 40)]).duplicated == v.duplicated
     )
+
+
+def test_a_step_a_sigstop_caught_past_the_lease_gate_may_run_once_more() -> None:
+    # The worker asked the gate before the SIGSTOP at 2.0 and went on into the
+    # effect right after SIGCONT (8.0); the successor ran the step at 5.0.
+    fence = Stop(FENCE, 10, 2.0, None, t_resume=8.0)
+    v = _one([(11, 5.0), (10, 8.01)], durable=70, stops=[fence])
+    assert (v.in_flight_reruns, sum(v.duplicated.values()), v.after_cut[FENCE]) == (1, 0, 0)
+    # Later than just after SIGCONT: a job the engine began after the stop.
+    v = _one([(11, 5.0), (10, 9.0)], durable=70, stops=[fence])
+    assert (v.in_flight_reruns, v.duplicated[FENCE]) == (0, 1)
+    # A step it had started before the stop is not started again by a caught worker.
+    v = _one([(10, 1.0), (11, 5.0), (10, 8.01)], durable=70, stops=[fence])
+    assert (v.in_flight_reruns, v.duplicated[FENCE]) == (1, 1)
+
+
+def test_no_more_executions_are_caught_by_a_sigstop_than_the_pool_has_workers() -> None:
+    fence = Stop(FENCE, 10, 2.0, None, t_resume=8.0)
+    steps = [f"s{i}" for i in range(POOL + 2)]
+    executions = [Execution("t1", s, 11, 5.0) for s in steps]
+    executions += [Execution("t1", s, 10, 8.01) for s in steps]
+    v = classify(executions, RUN, {("run-1", s): 70 for s in steps}, {10: fence})
+    assert (v.in_flight_reruns, v.duplicated[FENCE]) == (POOL, 2)
 
 
 def test_a_rerun_no_stop_explains_is_charged_to_none() -> None:
