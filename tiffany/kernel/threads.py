@@ -245,13 +245,10 @@ class ThreadPool:
                 return
 
     @staticmethod
-    def _signal(wfd: int, eventfd: bool) -> bool:
-        """Make the descriptor readable; False once it was closed."""
-        try:
+    def _signal(wfd: int, eventfd: bool) -> None:
+        """Make the descriptor readable (nothing once it was closed)."""
+        with contextlib.suppress(OSError):
             if eventfd:
                 os.eventfd_write(wfd, 1)
             else:  # pragma: no cover
                 os.write(wfd, b"\0")
-        except OSError:
-            return False
-        return True
