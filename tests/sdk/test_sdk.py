@@ -466,9 +466,12 @@ def test_wait_waits_out_a_restart_of_the_whole_server() -> None:
             threading.Thread(target=wait_sync),
             threading.Thread(target=lambda: asyncio.run(wait_async())),
         ]
+        # The waiters start once the store shows both runs: the async client did
+        # not submit its run, so it has no ``min_seq`` for it, and a read
+        # before the projection got there was a 404 (NotFound) under load.
+        wait_for(lambda: len(sync.list(status="waiting").runs) == 2, 30, "both runs waiting")
         for waiter in waiters:
             waiter.start()
-        wait_for(lambda: len(sync.list(status="waiting").runs) == 2, 30, "both runs waiting")
         assert terminate(served.proc) == 0, served.log()
         served = serve(cwd, port=port)  # the same data dir, port and URL
         for run in runs:
