@@ -51,7 +51,7 @@ import msgspec
 import psycopg
 import structlog
 
-from tiffany.config import conninfo
+from tiffany.config import Settings, conninfo
 from tiffany.errors import EngineFault, EngineUnavailable, KeyReused, RunNotFound
 from tiffany.ports.commands import LocalEngines, Owner
 from tiffany.store.models import (
@@ -80,8 +80,8 @@ __all__ = ["RECHECK_S", "SUBMIT_WAIT_S", "DbRequests", "PgCommands"]
 log = structlog.get_logger(__name__)
 
 #: How long a submission waits for an engine to take it before it is withdrawn, in
-#: seconds, by default (``Settings.engine_wait_s``).
-SUBMIT_WAIT_S: Final = 10.0
+#: seconds, by default: the setting's own default (``Settings.engine_wait_s``).
+SUBMIT_WAIT_S: Final[float] = Settings.model_fields["engine_wait_s"].default
 #: How long a request waits for the engine's answer once taken, in seconds (default).
 ANSWER_WAIT_S: Final = 30.0
 #: A waiting request re-reads its row at least this often, in seconds.
