@@ -253,3 +253,46 @@ def wait_for_go() -> object:
 def wait_for_child() -> object:
     """One of the engine's own signals (a sub-plan's end), waited for as plan.run does."""
     return (yield Receive("child:kid"))
+
+
+#: Set by ``release_blocked``: lets ``blocks_until_released`` return.
+RELEASED = {"event": None}
+
+
+def blocks_until_released() -> str:
+    """A step that holds its thread until another step of the same run releases it."""
+    event = RELEASED["event"]
+    assert event is not None
+    assert event.wait(60), "the loop did not run while the step blocked"  # type: ignore[attr-defined]
+    return "released"
+
+
+def release_blocked(ticks: int) -> int:
+    RELEASED["event"].set()  # type: ignore[attr-defined]
+    return ticks
+
+
+def _releaser() -> object:
+    ticks = 0
+    for _ in range(5):
+        yield Sleep(0.005)
+        ticks += 1
+    return (yield Step(release_blocked, ticks))
+
+
+def blocked_step_beside_timers() -> object:
+    """A lone step that blocks (helped, then taken over: kernel/sysmon.py) while a child runs.
+
+    The child starts after the step did, so the step is alone when it is
+    released and the loop must run on another thread for the child to
+    release it.
+    """
+    helper = yield NewTask(_late(_releaser()), name="releaser")
+    got = yield Step(blocks_until_released)
+    ticks = yield WaitTask(helper)
+    return [got, ticks]
+
+
+def _late(gen: object) -> object:
+    yield Sleep(0.05)
+    return (yield gen)

@@ -127,13 +127,28 @@ def _migrate(database_url: str) -> None:
         log.warning("store.migrate_failed", error=repr(exc))
 
 
-def _drain(fd: int) -> Generator[Any, Any, None]:
-    """Empty the signal wakeup pipe whenever it is readable (a kernel task)."""
+#: The signals that stop the engine (their numbers arrive on the wakeup pipe).
+STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM)
+
+
+def _drain(fd: int, on_stop: Callable[[], None]) -> Generator[Any, Any, None]:
+    """Empty the signal wakeup pipe whenever it is readable (a kernel task).
+
+    A stopping signal's number calls ``on_stop`` here, on whichever thread
+    runs the loop: the Python handler runs only on the main thread, which
+    may be in a step's function (a helped step, ``kernel/sysmon.py``) and,
+    inside a C call that does not look at signals, not run it before that
+    call returns. Both call the same idempotent stop.
+    """
+    stops = {int(sig) for sig in STOP_SIGNALS}
     while True:
         yield ReadWait(fd)
+        got = b""
         with contextlib.suppress(BlockingIOError):
-            while os.read(fd, 512):
-                pass
+            while chunk := os.read(fd, 512):
+                got += chunk
+        if stops.intersection(got):
+            on_stop()
 
 
 class EngineService:
@@ -321,7 +336,7 @@ class EngineService:
         the main thread runs bytecode. The wakeup fd makes the loop's epoll
         return (a kernel task drains it), so it does.
         """
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, lambda *_: self.request_stop())
         wakeup = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         parts.callback(os.close, wakeup[0])
@@ -348,7 +363,9 @@ class EngineService:
             self._log_started(len(resumed))
             self.runtime.sched.spawn(self.inbox.task(), name="engine-inbox")
             if wakeup is not None:
-                self.runtime.sched.spawn(_drain(wakeup), name="engine-signals", daemon=True)
+                self.runtime.sched.spawn(
+                    _drain(wakeup, self.request_stop), name="engine-signals", daemon=True
+                )
             if resumed:
                 self.inbox.call(self._watch_replay)
             if ready is not None:

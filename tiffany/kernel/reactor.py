@@ -51,6 +51,10 @@ TIMER_COMPACT_MIN: Final = 100
 
 _BLOCKED_SLEEP = TaskState.BLOCKED_SLEEP
 
+#: ``help(task, call, fn, args)``: runs a lone step job on the loop's thread
+#: (True: the loop ran elsewhere meanwhile), or declines it (None).
+Helper = Callable[[Task, Any, Callable[..., Any], tuple[Any, ...]], "bool | None"]
+
 
 def _timed_call(clock: Clock, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
     """Run a ``Step(timed=True)``: ``[value, started, ended]`` on the scheduler's clock.
@@ -390,10 +394,16 @@ class Reactor:
         if getattr(call, "inline", False):
             self.outbox_inline += 1
 
-    def release(self) -> None:
-        """Start the queued jobs: in the pool, or here for inline steps (unless halted)."""
+    def release(self, helper: Helper | None = None) -> bool:
+        """Start the queued jobs: in the pool, or here for inline steps (unless halted).
+
+        ``helper``: when given and the outbox holds a lone ``Step`` job and
+        nothing else is pending, it is offered the job
+        (``Scheduler._help``, which may decline: the pool runs it). True:
+        it ran, and the loop ran on another thread meanwhile (``sysmon.py``).
+        """
         if self.halted:
-            return
+            return False
         pool = self._pool
         if pool is None:
             pool = self._pool = ThreadPool(self._max_threads)
@@ -405,6 +415,7 @@ class Reactor:
         outbox, self.outbox = self.outbox, []
         self.outbox_inline = 0
         admit = self.admit
+        lone = helper is not None and len(outbox) == 1 and self.threads_pending == 1
         for task, call in outbox:
             if admit is not None and not getattr(call, "inline", False):
                 delay = admit(call)
@@ -426,7 +437,26 @@ class Reactor:
                 self.threads_pending -= 1
                 self._run_inline(task, fn, args)
             else:
+                if (
+                    lone
+                    and getattr(call, "inline", None) is False
+                    and (self._gate is None or self._gate())
+                ):
+                    took = helper(task, call, fn, args)  # type: ignore[misc]
+                    if took is not None:
+                        return took
                 pool.submit((task, call), fn, args)
+        return False
+
+    def complete(self, token: tuple[Task, Any], value: Any, exc: BaseException | None) -> None:
+        """Hand in a job's outcome as a worker would (the pool exists: the job was released)."""
+        assert self._pool is not None
+        self._pool.complete((token, value, exc))
+
+    def nudge(self) -> None:
+        """Make a wait for thread completions return (any thread)."""
+        if self._pool is not None:
+            self._pool.nudge()
 
     def _run_inline(self, task: Task, fn: Any, args: tuple[Any, ...]) -> None:
         """Run a quick step on this thread; its outcome wakes the task now."""

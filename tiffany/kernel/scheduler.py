@@ -73,6 +73,7 @@ from tiffany.kernel.instrument import Instrument, InstrumentSet
 from tiffany.kernel.markers import PARKED, RETURNED, CloseTask, join_error
 from tiffany.kernel.reactor import Reactor
 from tiffany.kernel.sync import QueueGet, queue_get
+from tiffany.kernel.sysmon import DEFAULT_BOUND_S, Sysmon
 from tiffany.kernel.task import Task, TaskState
 
 __all__ = [
@@ -99,6 +100,10 @@ _Hook = Callable[..., None]
 _running = threading.local()
 #: ``_wait_timeout`` when nothing can wake a task (the hook hears ``None``).
 _NOTHING_TO_WAIT_FOR: Final = -1.0
+#: What ``_loop`` returns when it ended for a stop, or on a substitute when
+#: the helped call's thread took the loop back (see ``sysmon.py``).
+_STOPPED: Final = "stopped"
+_HANDED_BACK: Final = "handed back"
 
 
 def current_task() -> Task | None:
@@ -127,6 +132,10 @@ class Scheduler:
         max_threads: Size of the ``RunInThread`` pool.
         handlers: Extra ``{call type: handler}`` entries (extensions such as
             the durable layer's system calls).
+        help_bound_s: A lone ``Step(fn)`` (nothing else ready or pending) runs
+            on the loop's thread, and one that runs longer than this is
+            handed the loop's passes to another thread (``sysmon.py``);
+            0 sends every step to the pool.
     """
 
     def __init__(
@@ -137,14 +146,22 @@ class Scheduler:
         instruments: Iterable[Instrument] = (),
         max_threads: int = 8,
         handlers: dict[type[SystemCall], Handler] | None = None,
+        help_bound_s: float = DEFAULT_BOUND_S,
     ) -> None:
         self.clock: Clock = clock or MonotonicClock()
         self._reactor = Reactor(self.clock, self.wake, self.remove_joiner, max_threads)
         # While true, the wait stage keeps the effects tasks requested queued
         # (see ``hold_effects``).
         self._effects_held = False
-        # Set by ``stop``: the loop returns before the next pass.
+        # Set by ``stop``: the loop returns before the next pass. Also set,
+        # with ``_handback``, to make a substitute return (``_ask_back``);
+        # ``_stop_asked`` then tells whether a stop was asked as well.
         self._stop_requested = False
+        self._stop_asked = False
+        self._handback = False
+        # The monitor of helped steps, and how a substitute's loop ended.
+        self._sysmon = Sysmon(self._substitute, help_bound_s) if help_bound_s > 0 else None
+        self._sub_outcome: Any = None
         self.entropy = Entropy(seed)
         self._ready: deque[Task] = deque()
         self._tasks: dict[int, Task] = {}
@@ -194,6 +211,9 @@ class Scheduler:
         self._running = True
         outer = getattr(_running, "sched", None)
         _running.sched = self
+        sysmon = self._sysmon
+        if sysmon is not None:
+            sysmon.claim.acquire()  # this thread runs the loop (sysmon.py's invariants)
         self._hooks_dirty = True  # the loop's cached hooks are its own: a new loop reads them
         hooks = self._instruments.hooks
         if not self._stop_requested:  # stopped before it ran: it returns at once
@@ -211,8 +231,12 @@ class Scheduler:
             self.current = None
             _running.sched = outer
             after_run = hooks["after_run"]
-            if after_run is not None:
-                after_run()
+            try:
+                if after_run is not None:
+                    after_run()
+            finally:
+                if sysmon is not None:
+                    sysmon.claim.release()
 
     def wake(self, task: Task, value: Any = None) -> None:
         """Make the parked ``task`` ready; ``value`` is what its yield returns.
@@ -253,6 +277,7 @@ class Scheduler:
         task has not begun does not begin. A step so left is journaled as
         started and not finished, and recovery runs it once, as a re-run.
         """
+        self._stop_asked = True  # first: see ``_reclaimed``
         self._stop_requested = True
         self._reactor.halt()
 
@@ -424,6 +449,8 @@ class Scheduler:
         if self._closed:
             return
         self._closed = True
+        if self._sysmon is not None:
+            self._sysmon.close()
         for task in list(self._tasks.values()):
             if not task.finished:
                 for gen in [task.coro, *reversed(task.stack or ())]:
@@ -444,8 +471,11 @@ class Scheduler:
 
     # -- the loop ------------------------------------------------------------
 
-    def _loop(self) -> None:
+    def _loop(self) -> str | None:
         """Run passes until no task is left, :meth:`stop`, or a fatal failure.
+
+        Returns ``_STOPPED`` after a stop, ``_HANDED_BACK`` on a substitute
+        whose helped call returned (``sysmon.py``), None when nothing is left.
 
         The shape is trio's ``unrolled_run``: a pass dispatches the tasks
         that were ready when it began (stage 1), then waits (stages 2 and 3,
@@ -482,9 +512,14 @@ class Scheduler:
             if self._hooks_dirty:
                 before, after, wait_hooks, fast_queue = self._refresh_hooks()
             if self._stop_requested:  # Scheduler.stop(): one read per pass
-                self._stop_requested = False
-                log.info("kernel.stopped", alive=self._alive)
-                return
+                if self._handback:  # a substitute: the helped call's thread takes the loop
+                    self._handback = False
+                    self._stop_requested = self._stop_asked
+                    return _HANDED_BACK
+                self._stop_requested = self._stop_asked = False
+                if self._sysmon is None or not self._sysmon.taken:
+                    log.info("kernel.stopped", alive=self._alive)  # (a substitute: its owner logs)
+                return _STOPPED
             ntodo = len(ready)
             self.turns += ntodo
             # -- stage 1: dispatch what was ready when the pass began --------
@@ -595,6 +630,7 @@ class Scheduler:
                 break
         if self._alive:
             log.info("kernel.stalled", blocked=self._alive)
+        return None
 
     def _no_handler(self, task: Task, y: Any) -> Any:
         """Handle a yield no handler is registered for; return what to send back.
@@ -668,7 +704,10 @@ class Scheduler:
         woken = self._wake_deferred() if self._deferred else 0
         alive = bool(self._ready) or reactor.busy
         if alive:
-            woken += self._poll(timeout)
+            polled = self._poll(timeout)
+            if polled < 0:  # a substitute ran this stage's end and more passes
+                return self._reclaimed()
+            woken += polled
         self._wait_hook("after_wait", woken)
         return alive
 
@@ -681,14 +720,125 @@ class Scheduler:
                 raise self._fatal
 
     def _poll(self, timeout: float | None) -> int:
-        """Release the pass's effects (unless held), then wait for events; return wake-ups."""
+        """Release the pass's effects (unless held), then wait for events; return wake-ups.
+
+        -1: a helped step blocked and a substitute ran the loop meanwhile
+        (``sysmon.py``); the stage is over, the substitute ended it.
+        """
         reactor = self._reactor
         if reactor.outbox:
             if not self._effects_held:
-                reactor.release()
+                sysmon = self._sysmon
+                helping = (
+                    sysmon is not None
+                    and not sysmon.taken
+                    and not self._ready
+                    and not self._deferred
+                )
+                if reactor.release(self._help if helping else None):
+                    return -1
             if self._ready or reactor.outbox:  # inline steps completed, or effects held
                 timeout = 0.0
         return reactor.poll(timeout, idle=not self._ready)
+
+    # -- helped steps (sysmon.py) ----------------------------------------------
+
+    def _help(
+        self, task: Task, call: Any, fn: Callable[..., Any], args: tuple[Any, ...]
+    ) -> bool | None:
+        """Run the lone step ``call`` on this thread; True if the loop ran elsewhere meanwhile.
+
+        None: declined (its function blocked here before), the pool runs it.
+        Its outcome wakes the task as a worker's would; a KeyboardInterrupt
+        (a SIGINT on this, the main, thread) leaves the step started and
+        not finished, as it leaves an ``inline`` step, and ends the loop.
+        """
+        sysmon = self._sysmon
+        assert sysmon is not None
+        if not sysmon.helps(call.fn):
+            return None
+        _running.sched = None  # current_task() in a step's function is None, as on a worker
+        sysmon.begin(call.fn)
+        try:
+            value, error = fn(*args), None
+        except BaseException as exc:  # noqa: BLE001 - the step's outcome, as a worker's
+            value, error = None, exc
+        took = sysmon.end(call.fn, self._ask_back)
+        _running.sched = self
+        reactor = self._reactor
+        if self._handback and not took:  # asked, but no substitute ran
+            self._handback = False
+            self._stop_requested = self._stop_asked
+        if isinstance(error, KeyboardInterrupt):
+            reactor.threads_pending -= 1
+            if took:
+                self._reclaimed()
+            raise error
+        if took:
+            # The loop moved on meanwhile: the outcome arrives as a worker's
+            # does, at a wait stage (where the journal records wake-ups as
+            # external), not here, between two of the substitute's passes.
+            reactor.complete((task, call), value, error)
+            return True
+        reactor.threads_pending -= 1
+        if task.blocked_on is call:
+            if error is not None:
+                task._throw = error
+            self.wake(task, value)
+        return took
+
+    def _ask_back(self) -> None:
+        """Make a substitute return at its next pass boundary (the helped call's thread)."""
+        self._handback = True
+        self._stop_requested = True
+        self._reactor.nudge()
+
+    def _substitute(self) -> None:
+        """Run the loop on the monitor's thread until the helped call's thread asks it back.
+
+        It ends the wait stage the helped call interrupted (a poll that does
+        not block, and ``after_wait``), then runs passes. How they ended is
+        left in ``_sub_outcome`` for the loop's own thread (``_reclaimed``).
+        """
+        _running.sched = self
+        self._hooks_dirty = True  # the loop's cached hooks are its own thread's
+        sysmon = self._sysmon
+        assert sysmon is not None
+        fn = sysmon.fn
+        log.info(
+            "kernel.step_blocked",
+            fn=f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}",
+            bound_ms=sysmon.bound_s * 1000,
+            note="the loop goes on on another thread; this function runs in the pool from now on",
+        )
+        outcome: Any
+        try:
+            woken = self._reactor.poll(0.0, idle=False)
+            self._wait_hook("after_wait", woken)
+            outcome = self._loop()
+        except BaseException as exc:  # noqa: BLE001 - raised on the loop's own thread
+            outcome = exc
+        finally:
+            self.current = None
+            _running.sched = None
+            self._hooks_dirty = True
+        self._sub_outcome = outcome
+
+    def _reclaimed(self) -> bool:
+        """The loop's thread has the loop back after a substitute: carry on as it left it.
+
+        A stop the substitute took is taken again here; a failure it met is
+        raised here, on the thread that called :meth:`run`.
+        """
+        outcome, self._sub_outcome = self._sub_outcome, None
+        self._handback = False
+        self._hooks_dirty = True
+        if isinstance(outcome, BaseException):
+            raise outcome
+        if outcome == _STOPPED:
+            self._stop_asked = True
+        self._stop_requested = self._stop_asked
+        return True
 
     def _wait_timeout(self) -> float | None:
         """How long this wait stage may block: 0 (poll), seconds, None (until an event).

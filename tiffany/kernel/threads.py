@@ -115,6 +115,16 @@ class ThreadPool:
             self._threads.append(t)
             t.start()
 
+    def complete(self, outcome: Completion) -> None:
+        """Hand in the outcome of a job run elsewhere (a helped step): it arrives as a worker's."""
+        self._done.append(outcome)
+        self.nudge()
+
+    def nudge(self) -> None:
+        """Make the descriptor readable with no completion (any thread): a waiter looks again."""
+        if not self._closed:
+            self._signal(self._wfd, self._rfd == self._wfd)
+
     def drain(self) -> list[Completion]:
         """Return the completions that arrived, oldest first (scheduler only)."""
         try:
