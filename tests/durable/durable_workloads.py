@@ -283,11 +283,11 @@ def _releaser() -> object:
 def blocked_step_beside_timers() -> object:
     """A lone step that blocks (helped, then taken over: kernel/sysmon.py) while a child runs.
 
-    The child starts after the step did, so the step is alone when it is
-    released and the loop must run on another thread for the child to
-    release it.
+    The child sleeps when the step starts, so the step is alone (helped),
+    and the loop must run on another thread for the child to release it.
     """
     helper = yield NewTask(_late(_releaser()), name="releaser")
+    yield Sleep(0.01)  # the child is asleep (in _late): the step is then the only thing to do
     got = yield Step(blocks_until_released)
     ticks = yield WaitTask(helper)
     return [got, ticks]

@@ -8,7 +8,16 @@ import time
 import pytest
 
 from tiffany.errors import InstrumentFailure
-from tiffany.kernel import Instrument, RunInThread, Scheduler, Sleep, Step, current_task
+from tiffany.kernel import (
+    Instrument,
+    NewTask,
+    RunInThread,
+    Scheduler,
+    Sleep,
+    Step,
+    WaitTask,
+    current_task,
+)
 
 BOUND_S = 0.001
 
@@ -274,3 +283,62 @@ def test_a_scheduler_dropped_unclosed_is_not_kept_alive_by_its_monitor() -> None
     del sched
     gc.collect()
     assert ref() is None
+
+
+def test_many_helped_calls_of_mixed_lengths_beside_timers_all_finish() -> None:
+    """Takeovers and hand-backs in quick succession, fast and slow calls mixed.
+
+    Before the call's thread cleared ``job`` first, a monitor could take the
+    claim back from its own substitute (a lock is not fair) and run the loop
+    again for a call that had returned: a deadlock, 1 run in ~200 here
+    beside two CPU hogs.
+    """
+    import random  # noqa: TID251 - picks the test's durations, not task code
+
+    rng = random.Random(20261130)
+
+    def make(i: int):
+        def f(d: float) -> float:
+            end = time.perf_counter() + d
+            while time.perf_counter() < end:
+                if i % 2:
+                    time.sleep(0.0002)  # blocks (the GIL released)
+            return d
+
+        f.__qualname__ = f"f{i}"
+        return f
+
+    fns = [make(i) for i in range(200)]
+
+    def chain(k: int):
+        total = 0.0
+        for _ in range(30):
+            total += yield Step(rng.choice(fns), rng.choice([0, 0, 0, 0.0005, 0.0015, 0.003]))
+            if rng.random() < 0.3:
+                yield Sleep(rng.choice([0, 0.001, 0.002]))
+        return total
+
+    def root():
+        tids = []
+        for k in range(3):
+            tids.append((yield NewTask(chain(k))))
+            yield Sleep(0.003)
+        results = []
+        for t in tids:
+            results.append((yield WaitTask(t)))
+        return results
+
+    takeovers = 0
+    for _ in range(15):
+        sched = Scheduler(help_bound_s=BOUND_S)
+        tid = sched.spawn(root())
+        done = threading.Event()
+        runner = threading.Thread(target=lambda s=sched, e=done: (s.run(), e.set()))
+        runner.start()
+        assert done.wait(60), "the loop did not finish: a hand-back was lost"
+        runner.join()
+        assert len(sched.result(tid)) == 3
+        assert sched._sysmon is not None
+        takeovers += sched._sysmon.takeovers
+        sched.close()
+    assert takeovers > 0  # the hand-off path ran

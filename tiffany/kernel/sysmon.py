@@ -116,11 +116,14 @@ class Sysmon:
         substitute return at its next pass boundary. True when it was
         called or a substitute ran: the loop's state moved meanwhile.
         """
+        # First: a monitor that gets the claim from now on (a lock is not
+        # fair: it may get it back from its own substitute before this
+        # thread does) finds no call to take over.
+        self.job = 0
         asked = not self.claim.acquire(blocking=False)
         if asked:
             ask_back()
             self.claim.acquire()
-        self.job = 0
         if not self.taken:
             return asked  # the monitor held the claim a moment, and let go
         self.taken = False
