@@ -28,8 +28,9 @@ default a temporary directory beside this script, the repository's disk):
 2. **The fsync ceiling.** One record appended and committed at a time
    (``Wal.append`` + ``Wal.commit``, policy ``batch``: one ``fdatasync``
    each) on the same filesystem for ``--ceiling-s`` seconds, between the
-   runs of part 1, into a segment that grows (as a fresh data dir's first
-   MiB, where part 1's runs write), and once into a preallocated one: a
+   runs of part 1, into a new log's first segment as an engine writes it
+   (zero-filled ahead of its records, where part 1's runs write), and once
+   each into a prepared segment and one that grows at each commit: a
    chain of dependent steps cannot sync less than once a step, so this is
    the most it can reach. Printed: appends/s, and for each sequential run
    its own fdatasyncs a step, their mean time and share of its wall time,
@@ -257,22 +258,29 @@ class Timed:
         return self.seconds / max(1, self.n) * 1000
 
 
-def fsync_ceiling(root: Path, seconds: float, *, preallocate: bool) -> tuple[float, Timed]:
+def fsync_ceiling(root: Path, seconds: float, *, where: str) -> tuple[float, Timed]:
     """Sequential appends/s, each committed (one ``fdatasync``), for ``seconds``.
 
-    ``preallocate``: after a warm-up that moves the writer into a zero-filled
-    segment (where a long-running engine writes); without it, into the
-    segment that grows (where a fresh data dir's first 1 MiB goes, as
-    part 1's runs do).
+    ``where``: ``"ahead"``, a new log's first segment as an engine writes it
+    (``preallocate``: it grows, zero-filled ahead of its records; where
+    part 1's runs write; no prepared file is made, as none is in a run's
+    first MiB); ``"prepared"``, after a warm-up that moves the writer into a
+    prepared segment (where a long-running engine writes); ``"grow"``, a
+    segment that grows by each commit (no ``preallocate``: the engine's
+    first MiB before the fill ahead).
     """
     with tempfile.TemporaryDirectory(dir=root) as d:
-        wal = Wal.open(Path(d), fsync=FsyncPolicy.BATCH, preallocate=preallocate)
+        preallocate = where != "grow"
+        kw: dict[str, Any] = {}
+        if where == "ahead":
+            kw["_spawn"] = lambda prepare: None  # no prepared file: stay in the first segment
+        wal = Wal.open(Path(d), fsync=FsyncPolicy.BATCH, preallocate=preallocate, **kw)
         payload = os.urandom(CEILING_RECORD_BYTES)
         append, commit = wal.append, wal.commit
         n = 0
         try:
             warm_until = time.perf_counter() + 10.0
-            while preallocate and not wal.preallocated:
+            while where == "prepared" and not wal.preallocated:
                 append(CEILING_RTYPE, os.urandom(4096))
                 commit()
                 if time.perf_counter() > warm_until:
@@ -409,10 +417,10 @@ def main() -> None:
 def _run(args: argparse.Namespace, root: Path) -> None:
     # Parts 1 and 2. The host's sync latency drifts from minute to minute, so
     # Tiffany's sequential runs go in two rounds, before and after DBOS's, and
-    # the ceiling is measured between the runs (a growing segment, as a fresh
+    # the ceiling is measured between the runs (a first segment, as a fresh
     # data dir's runs write into).
     def ceiling() -> tuple[float, Timed]:
-        return fsync_ceiling(root, args.ceiling_s, preallocate=False)
+        return fsync_ceiling(root, args.ceiling_s, where="ahead")
 
     def seq_round() -> list[tuple[str, float, Timed]]:
         out = []
@@ -437,7 +445,8 @@ def _run(args: argparse.Namespace, root: Path) -> None:
     c3 = ceiling()
     round_b = seq_round()
     c4 = ceiling()
-    prealloc, prealloc_syncs = fsync_ceiling(root, args.ceiling_s, preallocate=True)
+    prealloc, prealloc_syncs = fsync_ceiling(root, args.ceiling_s, where="prepared")
+    grow, grow_syncs = fsync_ceiling(root, args.ceiling_s, where="grow")
 
     nan = float("nan")
     d_seq = peer["sequential_steps_per_s"] if peer else nan
@@ -460,7 +469,10 @@ def _run(args: argparse.Namespace, root: Path) -> None:
         print(f"{label:<54}{mine:>16,.0f}{theirs:>14,.0f}{mine / theirs:>8.1f}x")
 
     print("\n2. the fsync ceiling: one record appended + committed at a time (fsync batch)")
-    print("growing segment (where part 1's runs write), appends/s (mean fdatasync ms):")
+    print(
+        "first segment, zero-filled ahead (where part 1's runs write), appends/s "
+        "(mean fdatasync ms):"
+    )
     for label, (rate, timed) in (
         ("before round 1", c0),
         ("after round 1", c1),
@@ -470,8 +482,12 @@ def _run(args: argparse.Namespace, root: Path) -> None:
     ):
         print(f"  {label:<16}{rate:>8,.0f}  ({timed.mean_ms:.2f} ms)")
     print(
-        f"preallocated segment (where a long-running engine writes): {prealloc:,.0f} "
+        f"prepared segment (where a long-running engine writes): {prealloc:,.0f} "
         f"({prealloc_syncs.mean_ms:.2f} ms)"
+    )
+    print(
+        f"a segment that grows at each commit (no fill ahead): {grow:,.0f} "
+        f"({grow_syncs.mean_ms:.2f} ms)"
     )
     print(
         f"{'sequential workflow':<30}{'fdatasyncs/step':>16}{'mean ms':>9}"

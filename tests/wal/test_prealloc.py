@@ -18,6 +18,7 @@ from tiffany.wal.format import HEADER_SIZE_BYTES, segment_name
 from tiffany.wal.prealloc import PREPARED_NAME, Preparer
 from tiffany.wal.salvage import scan_salvage
 from tiffany.wal.segments import list_segments
+from tiffany.wal.writer import GROW_AHEAD_BYTES
 
 SEG = 4096
 
@@ -75,11 +76,12 @@ def test_rotation_takes_the_prepared_segment_and_a_growing_one_is_left_for_it(
         durable = wal.commit()
     segments = list_segments(tmp_path)
     sizes = [s.path.stat().st_size for s in segments]
-    # The first segment grew until a prepared one was ready (half a segment
-    # in), then was left early; every later one was zero-filled ahead.
-    assert HEADER_SIZE_BYTES < sizes[0] < SEG
+    # The first segment grew (zero-filled ahead by its commits, here to the
+    # end: GROW_AHEAD_BYTES > SEG) until a prepared one was ready, half a
+    # segment in, then was left early; every later one was prepared.
+    assert HEADER_SIZE_BYTES < _records_end(segments[0].path) < 3 * SEG // 4  # left early
     assert len(segments) > 5
-    assert all(size == SEG for size in sizes[1:])
+    assert all(size == SEG for size in sizes)
     assert not (tmp_path / PREPARED_NAME).exists()  # closing removed the spare
     assert [r.payload for r in iter_records(tmp_path)] == payloads
     report = verify(tmp_path)
@@ -91,13 +93,64 @@ def test_rotation_takes_the_prepared_segment_and_a_growing_one_is_left_for_it(
     assert [r.payload for r in iter_records(tmp_path)] == [*payloads, b"after"]
 
 
-def test_a_short_lived_log_never_writes_zeros(tmp_path: Path) -> None:
+def test_a_short_lived_log_prepares_no_segment_and_zero_fills_only_ahead(tmp_path: Path) -> None:
     calls: list[object] = []
     with Wal.open(tmp_path, preallocate=True, _spawn=calls.append) as wal:
         for i in range(50):
             wal.append(1, _payload(i))
             wal.commit()
     assert calls == []  # under 1 MiB since the open: no preparation asked for
+    [seg] = list_segments(tmp_path)
+    # One fill ahead of the records, made by the first commit and not yet crossed.
+    first_end = HEADER_SIZE_BYTES + 9 + len(_payload(0))  # a record's header is 9 bytes
+    assert seg.path.stat().st_size == first_end + GROW_AHEAD_BYTES
+
+
+def test_a_growing_segment_is_zero_filled_ahead_and_a_restart_writes_over_the_zeros(
+    tmp_path: Path,
+) -> None:
+    payloads = [os.urandom(2999) + b"\x01" for _ in range(200)]  # 600 KB: crossed twice
+    with Wal.open(tmp_path, preallocate=True, _spawn=lambda prepare: None) as wal:
+        for i, p in enumerate(payloads):
+            wal.append(1, p)
+            wal.commit()
+            size = (tmp_path / segment_name(1)).stat().st_size
+            end = _records_end(tmp_path / segment_name(1))
+            assert end < size <= end + GROW_AHEAD_BYTES, i  # always zeros ahead to write into
+    with Wal.open(tmp_path, preallocate=True, _spawn=lambda prepare: None) as wal:
+        assert wal.recovery is None  # the zero fill is no torn tail
+        wal.append(1, b"after")
+        wal.commit()
+    assert [r.payload for r in iter_records(tmp_path)] == [*payloads, b"after"]
+    report = verify(tmp_path)
+    assert (report.ok, report.torn, report.last_seq) == (True, None, 201)
+
+
+def test_a_fill_ahead_that_fails_is_logged_and_the_records_are_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    import tiffany.wal.writer as writer
+
+    def full(fd: int, data: object, offset: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with structlog.testing.capture_logs() as logs, _open(tmp_path) as wal:
+        monkeypatch.setattr(writer.os, "pwrite", full)  # once open (its lock file is written)
+        for i in range(5):
+            wal.append(1, _payload(i))
+            assert wal.commit() == i + 1  # not the records' failure: no fail-stop
+    failed = [e for e in logs if e["event"] == "wal.grow_ahead_failed"]
+    assert len(failed) == 1  # not again in that segment
+    assert failed[0]["log_level"] == "warning"
+    assert [r.payload for r in iter_records(tmp_path)] == [_payload(i) for i in range(5)]
+
+
+def _records_end(path: Path) -> int:
+    """Where a segment's records end (its zero fill, if any, begins)."""
+    data = path.read_bytes()
+    return len(data.rstrip(b"\0"))
 
 
 def test_a_preparation_that_fails_is_logged_and_segments_grow_as_before(tmp_path: Path) -> None:
@@ -111,9 +164,10 @@ def test_a_preparation_that_fails_is_logged_and_segments_grow_as_before(tmp_path
     failed = [e for e in logs if e["event"] == "wal.prepare_failed"]
     assert len(failed) == 1  # asked again only after RETRY_S
     assert failed[0]["log_level"] == "warning"
-    sizes = [s.path.stat().st_size for s in list_segments(tmp_path)]
-    assert len(sizes) > 5
-    assert all(size < SEG for size in sizes)
+    segments = list_segments(tmp_path)
+    assert len(segments) > 5
+    # No prepared segment: each grew by its commits, zero-filled ahead.
+    assert all(_records_end(s.path) < SEG for s in segments)
     assert [r.payload for r in iter_records(tmp_path)] == [_payload(i) for i in range(300)]
 
 

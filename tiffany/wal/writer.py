@@ -88,6 +88,11 @@ _pack_record_header = RECORD_HEADER.pack
 #: A growing segment asks for a prepared one once this much was written since the open
 #: (a short-lived log, a test's, a one-off ``tiffany run``, never writes a zero-filled file).
 PREPARE_AFTER_BYTES = 1 << 20
+#: How far ahead of its records a growing segment is zero-filled (with
+#: ``preallocate``): a commit into those bytes extends no file, so its
+#: ``fdatasync`` journals no metadata, as one into a prepared segment.
+GROW_AHEAD_BYTES = 256 << 10
+_ZEROS = bytes(GROW_AHEAD_BYTES)
 
 
 class FsyncPolicy(enum.StrEnum):
@@ -144,6 +149,7 @@ class Wal(LogState):
         self._closed = False
         self._prep: Preparer | None = None  # preallocation (see open's ``preallocate``)
         self._prealloc = False  # the current segment was zero-filled to the rotation size
+        self._zeroed_to = 0  # a growing segment's file size (zero-filled ahead of its records)
         self._written = 0  # bytes written since the open (while a growing segment waits)
         self._seg_name = ""  # the current segment's file name
         #: (current segment, where its written records end), replaced whole at each commit.
@@ -214,7 +220,8 @@ class Wal(LogState):
             if preallocate and wal.policy is not FsyncPolicy.OFF:
                 kw = {} if _spawn is None else {"spawn": _spawn}
                 wal._prep = Preparer(wal.path, segment_size_bytes, **kw)
-                wal._prealloc = os.fstat(wal._fd).st_size >= segment_size_bytes
+                wal._zeroed_to = os.fstat(wal._fd).st_size
+                wal._prealloc = wal._zeroed_to >= segment_size_bytes
         except BaseException:
             wal._release()
             raise
@@ -328,6 +335,8 @@ class Wal(LogState):
             written = self._write(fd, tail)
             if written != len(tail):
                 write_all(self._write, fd, memoryview(tail)[written:])
+            if self._seg_bytes + len(tail) > self._zeroed_to and sync is not None:
+                self._grow_ahead(fd, self._seg_bytes + len(tail))
             if sync is not None:
                 if listener is not None:
                     t0 = time.perf_counter()
@@ -377,10 +386,36 @@ class Wal(LogState):
         self._seg_start = 0
         return buf[start:]
 
+    def _grow_ahead(self, fd: int, end: int) -> None:
+        """Zero-fill a growing segment from ``end`` (its records' end) ``GROW_AHEAD_BYTES`` on.
+
+        With ``preallocate`` only, in the commit that crossed the last fill,
+        before its ``fdatasync``: that one sync journals the new size, the
+        next ones into the filled bytes only their data (``bench/workflows.py``:
+        0.15 ms against 0.2 for a commit that extends the file). The records
+        overwrite the zeros; zero fill to the end of a segment is where its
+        records end (docs/wal-format.md), so nothing reads them as records.
+        Best effort: a short or failed write (a full disk) is not the
+        records' failure; the segment then grows by its commits as before.
+        """
+        if self._prep is None or self._prealloc:
+            self._zeroed_to = self.segment_size_bytes  # nothing to fill ahead here
+            return
+        stop = min(end + GROW_AHEAD_BYTES, self.segment_size_bytes)
+        start = max(end, self._zeroed_to)
+        try:
+            wrote = os.pwrite(fd, memoryview(_ZEROS)[: stop - start], start) if stop > start else 0
+        except OSError as exc:
+            log.warning("wal.grow_ahead_failed", segment=self._seg_name, error=repr(exc))
+            self._zeroed_to = self.segment_size_bytes  # not again in this segment
+            return
+        self._zeroed_to = start + wrote
+
     def _new_segment(self, first_seq: int, fsync: SyncFn | None) -> int:
         """Open the segment of ``first_seq``: the prepared file if one is ready, else a new one."""
         prepared = None if self._prep is None else self._prep.take()
         self._prealloc = prepared is not None
+        self._zeroed_to = 0
         self._seg_name = segment_name(first_seq)
         if prepared is not None:
             return install_segment(self.path, prepared, first_seq, write=self._write, fsync=fsync)
