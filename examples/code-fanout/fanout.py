@@ -19,7 +19,7 @@ from tiffany.workflows import tool
 
 
 def score(word: str) -> int:
-    """The work of one child (blocking code is fine: it runs in the thread pool)."""
+    """The work of one child (blocking code is fine: it never stalls the engine)."""
     return sum(ord(c) for c in word) % 97
 
 
