@@ -57,6 +57,7 @@ def test_metrics_of_both_processes_parse_and_move_after_a_run(tmp_path: Path) ->
         assert types["tiffany_wal_fsync_seconds"] == "histogram"
         assert types["tiffany_loop_slow_dispatch_seconds"] == "histogram"
         assert types["tiffany_dispatches"] == "counter"
+        assert types["tiffany_loop_steps_handed_over"] == "counter"
         # Each process's own CPU and memory, under a prefix of its own.
         assert before[("tiffany_engine_process_resident_memory_bytes", ())] > 0
         assert before[("tiffany_api_process_resident_memory_bytes", ())] > 0

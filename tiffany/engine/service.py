@@ -638,6 +638,7 @@ class EngineService:
         """The values ``/metrics`` reads at scrape time (a control thread)."""
         return {
             "dispatches": self.activity.dispatched,
+            "steps_handed_over": self.runtime.sched.handed_over,
             "runs_active": len(self.runs.running),
             "max_dispatch_s": self.engine.watchdog.longest_s,
             "feed_published": self.hub.published,

@@ -325,6 +325,11 @@ class Scheduler:
         return reactor.in_flight
 
     @property
+    def handed_over(self) -> int:
+        """How many helped steps blocked past the bound, the loop handed to another thread."""
+        return 0 if self._sysmon is None else self._sysmon.takeovers
+
+    @property
     def halted(self) -> bool:
         """True from :meth:`stop` (or the end of :meth:`run`) until ``run`` starts again."""
         return self._reactor.halted

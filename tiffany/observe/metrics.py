@@ -81,6 +81,11 @@ SLOW_DISPATCH_BUCKETS_S: Final = (0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 #: Counters read at scrape time: (name without ``_total``, help, key in the sources' dict).
 _PULLED_COUNTERS: Final = (
     ("tiffany_dispatches", "Task dispatches by the kernel loop.", "dispatches"),
+    (
+        "tiffany_loop_steps_handed_over",
+        "Lone steps that blocked on the loop's thread past the bound: the loop went on elsewhere.",
+        "steps_handed_over",
+    ),
     ("tiffany_feed_published", "Activity events the engine's hub published.", "feed_published"),
     (
         "tiffany_feed_dropped_subscribers",
