@@ -126,24 +126,6 @@ def test_a_step_that_blocks_hands_the_loop_over_and_others_run_meanwhile() -> No
     sched.close()
 
 
-def test_a_step_that_raises_on_the_loops_thread_raises_in_its_task() -> None:
-    sched = Scheduler(help_bound_s=BOUND_S)
-
-    def fails() -> None:
-        raise ZeroDivisionError("helped")
-
-    def task():
-        try:
-            yield Step(fails)
-        except ZeroDivisionError as exc:
-            return str(exc)
-
-    tid = sched.spawn(task())
-    sched.run()
-    assert sched.result(tid) == "helped"
-    sched.close()
-
-
 def test_a_stop_while_a_helped_step_blocks_ends_the_loop_and_starts_nothing_more() -> None:
     """The substitute takes the stop; run() returns once the blocked call does."""
     sched = Scheduler(help_bound_s=BOUND_S)

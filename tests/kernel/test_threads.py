@@ -37,13 +37,16 @@ def test_result_is_delivered(sched: Scheduler) -> None:
     assert thread.startswith("tiffany-pool-")
 
 
-def test_exception_is_raised_in_the_task(sched: Scheduler) -> None:
+@pytest.mark.parametrize("call", [RunInThread, Step], ids=["in the pool", "a helped step"])
+def test_exception_is_raised_in_the_task(sched: Scheduler, call: type) -> None:
+    """From a worker, or from a lone step's call on the loop's thread (kernel/sysmon.py)."""
+
     def fails():
         raise ZeroDivisionError("in thread")
 
     def task():
         try:
-            yield RunInThread(fails)
+            yield call(fails)
         except ZeroDivisionError as exc:
             return str(exc)
 
