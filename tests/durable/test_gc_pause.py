@@ -20,7 +20,12 @@ def test_a_pause_keeps_what_the_process_froze() -> None:
         assert before > 0
         with _gc_paused():
             records = [[i, {"n": i}] for i in range(1000)]
-        assert gc.get_freeze_count() >= before + 1000  # theirs and the records
+        # Not given back (``unfreeze`` would leave 0); other threads may free
+        # a few frozen objects meanwhile, so no exact count.
+        assert gc.get_freeze_count() > before // 2
+        # The records frozen with it: out of the collector's generations.
+        tracked = {id(o) for o in gc.get_objects()}
+        assert not any(id(r) in tracked or id(r[1]) in tracked for r in records)
         assert gc.isenabled()
         assert len(records) == 1000
     finally:

@@ -186,11 +186,13 @@ def _pause_at(
         # A statement's snapshot is taken once it has its locks, so a waiting
         # poll sees a row committed before the lock is let go.
         wait_for(lambda: _one(db, "SELECT count(*) FROM engine_requests"), 60, "the request's row")
+        # Blocked by this lock, not another test's (the database is shared).
         wait_for(
             lambda: _one(
                 db,
                 "SELECT count(*) FROM pg_stat_activity "
-                "WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                "WHERE %s = ANY(pg_blocking_pids(pid)) AND query LIKE %s",
+                lock.info.backend_pid,
                 f"%{statement}%",
             ),
             60,

@@ -79,7 +79,7 @@ class Sysmon:
         self.taken = False
         #: How many helped calls were taken over.
         self.takeovers = 0
-        #: Functions taken over once: they go to the pool from then on.
+        #: The code of functions taken over once (``_code_of``): to the pool from then on.
         self.slow: dict[Any, None] = {}
         #: The function of the helped call (the last one).
         self.fn: Any = None
@@ -91,10 +91,10 @@ class Sysmon:
         self._closed = False
 
     def helps(self, fn: Any) -> bool:
-        """Whether a call of ``fn`` may run on the loop's thread (it never blocked there)."""
+        """Whether a call of ``fn`` may run on the loop's thread (its code never blocked there)."""
         try:
-            return fn not in self.slow
-        except TypeError:  # unhashable: a bound method of an unhashable object
+            return _code_of(fn) not in self.slow
+        except TypeError:  # unhashable: a callable object that is not
             return True
 
     def begin(self, fn: Any) -> None:
@@ -124,6 +124,7 @@ class Sysmon:
         if asked:
             ask_back()
             self.claim.acquire()
+        self.fn = None  # kept no longer than the call: it may hold a whole object graph
         if not self.taken:
             return asked  # the monitor held the claim a moment, and let go
         self.taken = False
@@ -131,7 +132,7 @@ class Sysmon:
         if len(slow) >= MAX_SLOW:
             slow.clear()
         with contextlib.suppress(TypeError):  # unhashable: helped again next time
-            slow[fn] = None
+            slow[_code_of(fn)] = None
         return True
 
     def close(self) -> None:
@@ -186,3 +187,15 @@ class Sysmon:
                 pass
         self._parked = False
         self._unpark.clear()
+
+
+def _code_of(fn: Any) -> Any:
+    """What ``slow`` remembers of ``fn``: its code object, else ``fn`` itself.
+
+    The code, not the function: a bound method is a new object at each
+    attribute read, and a function held here would keep what it refers to
+    alive (a tool, its engine) as long as the scheduler lives. Closures of
+    one ``def`` share their code, and so their fate.
+    """
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    return fn if code is None else code
