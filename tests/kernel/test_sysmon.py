@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -324,3 +325,50 @@ def test_many_helped_calls_of_mixed_lengths_beside_timers_all_finish() -> None:
         takeovers += sched._sysmon.takeovers
         sched.close()
     assert takeovers > 0  # the hand-off path ran
+
+
+def test_a_call_that_returns_as_the_monitor_looks_keeps_its_wait_stage_whole() -> None:
+    """The monitor holds the claim as the call returns, and lets go: no substitute ran.
+
+    The call's thread asked the loop back and must undo that, and its wait
+    stage must end as any does (``after_wait``: the journal treats wake-ups
+    as external until then).
+    """
+    sched = Scheduler(help_bound_s=60.0)  # the real monitor never takes over here
+    assert sched._sysmon is not None
+    claim = sched._sysmon.claim
+    stages: list[str] = []
+
+    class Stages(Instrument):
+        def before_wait(self, timeout: float | None) -> None:
+            stages.append("before")
+
+        def after_wait(self, events: int) -> None:
+            stages.append("after")
+
+    sched.add_instrument(Stages())
+    held = threading.Event()
+
+    def hold_the_claim() -> None:
+        with claim:  # as the monitor does while it looks at a call
+            held.set()
+            time.sleep(0.05)
+
+    def returns_while_held() -> str:
+        threading.Thread(target=hold_the_claim).start()
+        assert held.wait(60)
+        return "value"
+
+    def task():
+        first = yield Step(returns_while_held)
+        second = yield Step(str, "after")  # the loop went on normally
+        return first, second
+
+    tid = sched.spawn(task())
+    sched.run()
+    assert sched.result(tid) == ("value", "after")
+    assert sched.handed_over == 0
+    assert stages.count("before") == stages.count("after")  # every stage ended
+    assert all(a != b for a, b in itertools.pairwise(stages))  # paired, in turn
+    assert not sched._handback
+    sched.close()

@@ -771,7 +771,7 @@ class Scheduler:
         took = sysmon.end(call.fn, self._ask_back)
         _running.sched = self
         reactor = self._reactor
-        if self._handback and not took:  # asked, but no substitute ran
+        if self._handback and not took:  # asked back, but no substitute ran: the stage goes on
             self._handback = False
             self._stop_requested = self._stop_asked
         if isinstance(error, KeyboardInterrupt):

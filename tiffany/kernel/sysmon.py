@@ -109,24 +109,23 @@ class Sysmon:
         self.claim.release()
 
     def end(self, fn: Any, ask_back: Callable[[], None]) -> bool:
-        """The helped call returned: take the loop back; True if it may have run elsewhere.
+        """The helped call returned: take the loop back; True if a substitute ran meanwhile.
 
-        ``ask_back()`` is called when another thread holds the loop (a
-        substitute, or the monitor about to start one): it must make a
-        substitute return at its next pass boundary. True when it was
-        called or a substitute ran: the loop's state moved meanwhile.
+        ``ask_back()`` is called when another thread holds the claim (a
+        substitute, or the monitor that found the call returned and lets
+        go): it must make a substitute return at its next pass boundary,
+        and the caller undoes it when none ran (False).
         """
         # First: a monitor that gets the claim from now on (a lock is not
         # fair: it may get it back from its own substitute before this
         # thread does) finds no call to take over.
         self.job = 0
-        asked = not self.claim.acquire(blocking=False)
-        if asked:
+        if not self.claim.acquire(blocking=False):
             ask_back()
             self.claim.acquire()
         self.fn = None  # kept no longer than the call: it may hold a whole object graph
         if not self.taken:
-            return asked  # the monitor held the claim a moment, and let go
+            return False  # the loop stayed where it was (the monitor let go)
         self.taken = False
         slow = self.slow
         if len(slow) >= MAX_SLOW:
