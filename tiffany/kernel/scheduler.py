@@ -810,7 +810,9 @@ class Scheduler:
         sysmon = self._sysmon
         assert sysmon is not None
         fn = sysmon.fn
-        log.info(
+        # Debug, not info: expected and handled (``make run``'s demo meets it
+        # at its first file write); /metrics counts them.
+        log.debug(
             "kernel.step_blocked",
             fn=f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}",
             bound_ms=sysmon.bound_s * 1000,
