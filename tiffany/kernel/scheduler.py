@@ -768,7 +768,7 @@ class Scheduler:
             value, error = fn(*args), None
         except BaseException as exc:  # noqa: BLE001 - the step's outcome, as a worker's
             value, error = None, exc
-        took = sysmon.end(call.fn, self._ask_back)
+        took = sysmon.end(self._ask_back)
         _running.sched = self
         reactor = self._reactor
         if self._handback and not took:  # asked back, but no substitute ran: the stage goes on

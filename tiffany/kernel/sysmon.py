@@ -108,7 +108,7 @@ class Sysmon:
             self._unpark.set()
         self.claim.release()
 
-    def end(self, fn: Any, ask_back: Callable[[], None]) -> bool:
+    def end(self, ask_back: Callable[[], None]) -> bool:
         """The helped call returned: take the loop back; True if a substitute ran meanwhile.
 
         ``ask_back()`` is called when another thread holds the claim (a
@@ -123,7 +123,7 @@ class Sysmon:
         if not self.claim.acquire(blocking=False):
             ask_back()
             self.claim.acquire()
-        self.fn = None  # kept no longer than the call: it may hold a whole object graph
+        fn, self.fn = self.fn, None  # kept no longer than the call: it may hold a whole graph
         if not self.taken:
             return False  # the loop stayed where it was (the monitor let go)
         self.taken = False

@@ -149,7 +149,10 @@ class Wal(LogState):
         self._closed = False
         self._prep: Preparer | None = None  # preallocation (see open's ``preallocate``)
         self._prealloc = False  # the current segment was zero-filled to the rotation size
-        self._zeroed_to = 0  # a growing segment's file size (zero-filled ahead of its records)
+        # A growing segment's file size (zero-filled ahead of its records);
+        # the rotation size where nothing is filled ahead (no ``preallocate``,
+        # or a prepared segment).
+        self._zeroed_to = segment_size_bytes
         self._written = 0  # bytes written since the open (while a growing segment waits)
         self._seg_name = ""  # the current segment's file name
         #: (current segment, where its written records end), replaced whole at each commit.
@@ -335,7 +338,7 @@ class Wal(LogState):
             written = self._write(fd, tail)
             if written != len(tail):
                 write_all(self._write, fd, memoryview(tail)[written:])
-            if self._seg_bytes + len(tail) > self._zeroed_to and sync is not None:
+            if self._seg_bytes + len(tail) > self._zeroed_to:
                 self._grow_ahead(fd, self._seg_bytes + len(tail))
             if sync is not None:
                 if listener is not None:
@@ -398,9 +401,6 @@ class Wal(LogState):
         Best effort: a short or failed write (a full disk) is not the
         records' failure; the segment then grows by its commits as before.
         """
-        if self._prep is None or self._prealloc:
-            self._zeroed_to = self.segment_size_bytes  # nothing to fill ahead here
-            return
         stop = min(end + GROW_AHEAD_BYTES, self.segment_size_bytes)
         start = max(end, self._zeroed_to)
         try:
@@ -415,7 +415,9 @@ class Wal(LogState):
         """Open the segment of ``first_seq``: the prepared file if one is ready, else a new one."""
         prepared = None if self._prep is None else self._prep.take()
         self._prealloc = prepared is not None
-        self._zeroed_to = 0
+        self._zeroed_to = (
+            0 if prepared is None and self._prep is not None else self.segment_size_bytes
+        )
         self._seg_name = segment_name(first_seq)
         if prepared is not None:
             return install_segment(self.path, prepared, first_seq, write=self._write, fsync=fsync)
